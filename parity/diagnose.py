@@ -1,0 +1,229 @@
+"""What an error pattern suggests: hints printed beside a failing tensor's numbers.
+
+Two kinds of evidence:
+
+* structure of (target - golden) alone: a sign flip, one constant factor, per-channel or
+  per-token factors, permuted output channels, error concentrated on channels with a period
+  along the hidden dim;
+* for a linear operator, *re-decoding*: the operator is recomputed from the target's own
+  captured input under plausible wrong decodes of its packed weight (±1 codes swapped,
+  bit order reversed, other lane layouts, scale inverted or missing).  A variant that
+  reproduces the target's output names the bug exactly.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from . import names as N
+
+PERIODS = (2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def _fit(t: torch.Tensor, g: torch.Tensor, dim: Optional[int]):
+    """Least-squares factor c with t ~ c*g (over everything, or per index along ``dim`` of the
+    2-D views), and the worst residual relative to max|t|."""
+    if dim is None:
+        c = (t * g).sum() / (g * g).sum().clamp(min=1e-300)
+        res = (t - c * g).abs().max() / t.abs().max().clamp(min=1e-300)
+        return c, float(res)
+    c = (t * g).sum(dim, keepdim=True) / (g * g).sum(dim, keepdim=True).clamp(min=1e-300)
+    res = (t - c * g).abs().max() / t.abs().max().clamp(min=1e-300)
+    return c.flatten(), float(res)
+
+
+def structural_hints(t: torch.Tensor, g: torch.Tensor) -> list[str]:
+    F = t.shape[-1]
+    t2 = t.reshape(-1, F).double()
+    g2 = g.reshape(-1, F).double()
+    hints: list[str] = []
+    cos = float((t2.flatten() @ g2.flatten()) / (t2.norm() * g2.norm()).clamp(min=1e-300))
+    c, res = _fit(t2, g2, None)
+    cp, res_p = _fit(t2, g2, 1)  # one factor per token
+    spread_p = float((cp.max() - cp.min()) / cp.abs().mean().clamp(min=1e-300))
+    if cos < -0.95:
+        hints.append(f"output negated (cosine {cos:.3f}): +1/-1 codes swapped (code table) or a negative scale")
+    elif res_p < 1e-2 and spread_p > 1e-4 and float((cp - 1).abs().max()) > 1e-4:
+        hints.append(f"each token is scaled by its own factor (range {float(cp.min()):.5g}..{float(cp.max()):.5g}): "
+                     f"normalisation (RMSNorm eps or weight) or the activation-quantisation scale")
+    elif res < 1e-2 and abs(float(c) - 1) > 1e-3:
+        hints.append(f"every element is {float(c):.5g} x golden (1/x = {1 / float(c):.5g}): a scale missing, applied "
+                     f"twice, or multiplied where it should divide (scale)")
+    else:
+        cc, res_c = _fit(t2, g2, 0)  # per output channel
+        if res_c < 1e-2:
+            off = (cc - 1).abs() > 1e-3
+            neg = cc < -0.5
+            if bool(neg.any()):
+                hints.append(f"sign flipped on {int(neg.sum())}/{F} channels (e.g. {neg.nonzero().flatten()[:6].tolist()}): "
+                             f"code table or lane layout")
+            elif bool(off.any()):
+                hints.append(f"{int(off.sum())}/{F} output channels off by constant factors (e.g. channel "
+                             f"{int(off.nonzero()[0])}: x{float(cc[off][0]):.4g}): per-channel or per-block scale")
+    if not hints and t2.shape[0] >= 4 and F >= 4:
+        hints += _permutation_hint(t2, g2)
+    if not hints:
+        hints += _periodic_hint(t2, g2)
+    if not hints:
+        rel = float((t2 - g2).abs().max() / g2.abs().max().clamp(min=1e-300))
+        spread = float((t2 - g2).pow(2).mean(0).sqrt().std() / (t2 - g2).pow(2).mean(0).sqrt().mean().clamp(min=1e-300))
+        hints.append(f"unstructured error (max_rel {rel:.2e}, channel spread {spread:.2f}, cosine {cos:.4f}): "
+                     f"{'noise-like: accumulation / dtype' if cos > 0.999 else 'a different computation: wrong weights or wiring'}")
+    return hints
+
+
+def _permutation_hint(t2: torch.Tensor, g2: torch.Tensor) -> list[str]:
+    F = t2.shape[1]
+    if F > 4096:
+        return []
+    tz = (t2 - t2.mean(0)) / t2.std(0).clamp(min=1e-30)
+    gz = (g2 - g2.mean(0)) / g2.std(0).clamp(min=1e-30)
+    corr = (tz.t() @ gz) / (t2.shape[0] - 1)  # (F target, F golden)
+    best = corr.abs().max(dim=1)
+    matched = best.values > 0.99
+    moved = matched & (best.indices != torch.arange(F))
+    if int(matched.sum()) < 0.5 * F or int(moved.sum()) == 0:
+        return []
+    j = moved.nonzero().flatten()
+    k = best.indices[j]
+    disp = (k - j)
+    common = torch.mode(disp).values.item()
+    desc = f"e.g. channel {int(j[0])} holds golden channel {int(k[0])}"
+    return [f"output channels permuted: {int(moved.sum())}/{F} channels hold another golden channel ({desc}; most "
+            f"common displacement {common:+d}): lane layout / bit order along the output axis, or a wrong "
+            f"qkv / gate_up split"]
+
+
+def _periodic_hint(t2: torch.Tensor, g2: torch.Tensor) -> list[str]:
+    F = t2.shape[1]
+    e = (t2 - g2).pow(2).mean(0)  # error energy per channel
+    if float(e.sum()) == 0:
+        return []
+    total = float(((e - e.mean()) ** 2).sum())
+    if total == 0:
+        return []
+    for p in PERIODS:
+        if F < 2 * p:
+            break
+        idx = torch.arange(F) % p
+        means = torch.zeros(p, dtype=e.dtype).index_add_(0, idx, e) / torch.bincount(idx, minlength=p)
+        explained = 1 - float(((e - means[idx]) ** 2).sum()) / total
+        if explained > 0.9 and float(means.max()) > 10 * float(means.min()) + 1e-30:
+            hot = (means > means.mean()).nonzero().flatten().tolist()
+            return [f"error concentrated on channels j % {p} in {hot[:8]}: periodic along the hidden dim with period "
+                    f"{p} -> lane layout, bit order or block-scale size"]
+    return []
+
+
+def depth_hint(results) -> Optional[str]:
+    """If layer outputs' errors grow steadily with depth (no single jump), say so."""
+    outs = [r for r in results if r.name.endswith(".output") and r.max_abs == r.max_abs]
+    errs = [r.max_rel for r in outs]
+    if len(errs) < 3 or errs[0] <= 0:
+        return None
+    growth = [b / max(a, 1e-30) for a, b in zip(errs, errs[1:])]
+    if all(1.05 < g < 10 for g in growth):
+        return (f"error grows steadily with depth ({errs[0]:.2e} -> {errs[-1]:.2e} over {len(errs)} layers, no jump): "
+                f"accumulation (norm eps, residual scaling, compute dtype) rather than one broken operator")
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# re-decoding a linear operator under wrong-decode variants
+
+
+def decode_variants(entry) -> dict:
+    """Plausible wrong decodes of one LinearEntry: {description: LinearEntry}."""
+    out = {}
+    p = entry.pack
+    if p is not None:
+        codes = list(p.codes)
+        if 1 in codes and -1 in codes:
+            sw = [(-v if v in (1, -1) else v) for v in codes]
+            out["+1/-1 codes swapped (code table)"] = dataclasses.replace(entry, pack=p.replace(codes=tuple(sw)))
+        out["bit order reversed (code table read LSB<->MSB)"] = dataclasses.replace(
+            entry, pack=p.replace(bit_order="msb" if p.bit_order == "lsb" else "lsb"))
+        for lanes, block in (("interleaved", None), ("blocked", None), ("block_interleaved", 128)):
+            if (lanes, block) != (p.lanes, p.block):
+                try:
+                    out[f"lane layout {lanes}{'/' + str(block) if block else ''} instead of {p.lanes}"] = \
+                        dataclasses.replace(entry, pack=p.replace(lanes=lanes, block=block))
+                except ValueError:
+                    pass
+    if entry.scale is not None:
+        s = entry.scale
+        out[f"scale {'multiplied' if s.op == 'divide' else 'divided'} instead of {s.op + 'd'} (scale)"] = \
+            dataclasses.replace(entry, scale=dataclasses.replace(s, op="multiply" if s.op == "divide" else "divide"))
+        out["scale not applied (scale)"] = dataclasses.replace(entry, scale=None)
+    return out
+
+
+class DecodeProbe:
+    """Recomputes linear operators of a model from a target's captured inputs."""
+
+    def __init__(self, model_dir: Path, spec_path: Optional[Path] = None):
+        from reference.checkpoint import Checkpoint
+        from reference.config import ModelConfig
+        from reference.spec import spec_for
+
+        self.cfg = ModelConfig.load(model_dir)
+        self.spec = spec_for(model_dir, self.cfg, spec_path)
+        self.ckpt = Checkpoint(model_dir)
+
+    def _run(self, entry, mod: str, x: torch.Tensor) -> Optional[torch.Tensor]:
+        from reference.model import Linear
+        from reference.spec import decode_linear
+
+        try:
+            d = decode_linear(self.ckpt, entry, mod, strict=False)
+        except Exception:
+            return None
+        return Linear(d, self.spec.activation_quant == "int8_per_token", torch.float32)(x.float())
+
+    def hints(self, name: str, t: torch.Tensor, target: dict) -> list[str]:
+        mod = N.hf_module(name)
+        entry = self.spec.linears.get(mod) if mod else None
+        x_name = N.linear_input(name, target)
+        if entry is None or x_name is None:
+            return []
+        x = target[x_name]
+        scale = float(t.abs().max()) or 1.0
+        y = self._run(entry, mod, x)
+        if y is None:
+            return []
+        err_spec = float((y - t).abs().max()) / scale
+        best, best_err = None, err_spec
+        for desc, e in decode_variants(entry).items():
+            yv = self._run(e, mod, x)
+            if yv is None or yv.shape != t.shape:
+                continue
+            err = float((yv - t).abs().max()) / scale
+            if err < best_err:
+                best, best_err = desc, err
+        if best is not None and best_err < 1e-2 and best_err < 0.1 * err_spec:
+            return [f"re-decoding {mod} with {best} reproduces the target's output (max_rel {best_err:.1e}, "
+                    f"vs {err_spec:.1e} with the spec's decode)"]
+        if err_spec < 1e-3:
+            return [f"{mod} computed by the reference from the target's own input {x_name} matches the target "
+                    f"(max_rel {err_spec:.1e}): the operator is right, its input drifted (look upstream)"]
+        return []
+
+
+class Diagnoser:
+    """Callable for parity.compare: structural hints + (optionally) re-decoding."""
+
+    def __init__(self, probe: Optional[DecodeProbe] = None, max_tensors: int = 4):
+        self.probe = probe
+        self.left = max_tensors
+
+    def __call__(self, name, t, g, target) -> list[str]:
+        if self.left <= 0:
+            return []
+        self.left -= 1
+        hints = []
+        if self.probe is not None and N.hf_module(name):
+            hints += self.probe.hints(name, t, target)
+        return hints + structural_hints(t, g)

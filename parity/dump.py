@@ -1,0 +1,60 @@
+"""Make golden sets from the fp32 reference.
+
+    python -m parity.dump --ref [--model models/tiny-bitnet] [--out golden/tiny-bitnet] [--force]
+
+``--ref`` is the only source of goldens (the reference is the ground truth by definition);
+the flag is explicit so that nobody dumps a target under test as a golden by accident.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from reference.checkpoint import CheckpointError
+from reference.config import ModelConfig
+from reference.model import REFERENCE_VERSION, ReferenceModel
+from reference.spec import spec_for
+
+from . import names as N
+from .golden import GoldenError, write_golden
+from .inputs import fixed_inputs
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = ROOT / "models" / "tiny-bitnet"
+DEFAULT_GOLDEN = ROOT / "golden" / "tiny-bitnet"
+
+
+def dump_reference(model_dir: Path, out: Path, *, spec_path=None, force: bool = False) -> Path:
+    cfg = ModelConfig.load(model_dir)
+    spec = spec_for(model_dir, cfg, spec_path)
+    input_ids, desc = fixed_inputs(model_dir, cfg.vocab_size)
+    model = ReferenceModel.from_dir(model_dir, spec_path=spec_path)
+    captured = {}
+    model.forward(input_ids, lambda n, t: captured.__setitem__(n, t.detach().float().clone()))
+    order = N.canonical_names(cfg.num_layers, cfg.arch)
+    return write_golden(out, captured, order, input_ids, model_dir=model_dir, spec=spec, inputs_desc=desc,
+                        reference_version=REFERENCE_VERSION, arch=cfg.arch, num_layers=cfg.num_layers,
+                        force=force)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m parity.dump", description=__doc__.split("\n")[1])
+    ap.add_argument("--ref", action="store_true", required=True, help="dump the fp32 reference (required)")
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--spec", type=Path, default=None, help="format spec JSON (default: from the model dir)")
+    ap.add_argument("--out", type=Path, default=None, help="golden dir (default golden/<model dir name>)")
+    ap.add_argument("--force", action="store_true", help="replace an existing set (kept aside as .prev-*)")
+    a = ap.parse_args(argv)
+    out = a.out or ROOT / "golden" / a.model.name
+    try:
+        path = dump_reference(a.model, out, spec_path=a.spec, force=a.force)
+    except (GoldenError, CheckpointError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote golden set {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Planted faults: deliberate, localised bugs for testing the harness itself.
+
+Each returns a ``reference.model.Overrides`` for ``parity.targets.reference.FaultyTarget``;
+the harness must name exactly the planted layer and operator first, with the right hint.
+Module names are HF names (``model.layers.3.self_attn.v_proj``).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from reference.model import Overrides
+
+
+def _only(module: str, fn):
+    return lambda name, obj: fn(obj) if name == module else obj
+
+
+def code_table_swapped(module: str) -> Overrides:
+    """+1 and -1 codes exchanged when decoding one module."""
+    def swap(entry):
+        codes = tuple(-v if v in (1, -1) else v for v in entry.pack.codes)
+        return dataclasses.replace(entry, pack=entry.pack.replace(codes=codes))
+    return Overrides(spec_hook=_only(module, swap))
+
+
+def bit_order_reversed(module: str) -> Overrides:
+    """2-bit fields read MSB-first instead of LSB-first in one module."""
+    def flip(entry):
+        return dataclasses.replace(entry, pack=entry.pack.replace(
+            bit_order="msb" if entry.pack.bit_order == "lsb" else "lsb"))
+    return Overrides(spec_hook=_only(module, flip))
+
+
+def scale_dropped(module: str) -> Overrides:
+    """The weight scale of one module is never applied."""
+    def drop(d):
+        return dataclasses.replace(d, mult=torch.ones(1, 1), div=None)
+    return Overrides(linear_hook=_only(module, drop))
+
+
+def norm_eps(norms: list[str], eps: float) -> Overrides:
+    """RMSNorm epsilon changed for the given canonical norm names."""
+    return Overrides(norm_eps={n: eps for n in norms})
+
+
+def wrong_qkv_split(layer: int) -> Overrides:
+    """k and v rows exchanged, as a loader that splits a fused qkv in the wrong order would."""
+    state = {}
+
+    def hook(name, d):
+        p = f"model.layers.{layer}.self_attn."
+        if name == p + "k_proj":
+            state["k"] = d
+        if name == p + "v_proj":
+            k = state["k"]
+            state["swap"] = (d, k)
+            return k
+        return d
+    return Overrides(linear_hook=hook)

@@ -1,0 +1,169 @@
+"""Golden sets on disk: tensors.safetensors + manifest.json, written atomically.
+
+    golden/NAME/
+      manifest.json        canonical names (execution order), shapes, dtypes, sha256 per tensor,
+                           tiers, the inputs, the model's and spec's digests, reference version
+      tensors.safetensors  every canonical tensor (float32) + "input_ids" + "top10_ids"
+
+A set is built in a temporary sibling directory and renamed into place.  An existing set is
+never replaced silently: ``force=True`` moves it aside to ``NAME.prev-<timestamp>`` first.
+A set whose manifest no longer matches the model/spec/inputs/reference is *stale*: that is
+reported as such, never as a numeric failure.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from . import names as N
+
+FORMAT = 1
+TENSORS = "tensors.safetensors"
+MANIFEST = "manifest.json"
+
+
+class GoldenError(RuntimeError):
+    pass
+
+
+class StaleGolden(GoldenError):
+    """The golden set was made from another model, spec, input set or reference version."""
+
+
+def sha256_tensor(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.contiguous().cpu().numpy().tobytes()).hexdigest()
+
+
+def sha256_file(p: Path) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_identity(model_dir: Path, spec) -> dict:
+    """What a golden set depends on: config, every weight file, the spec."""
+    model_dir = Path(model_dir)
+    files = {p.name: sha256_file(p) for p in sorted(model_dir.glob("*.safetensors"))}
+    return {"config_sha256": sha256_file(model_dir / "config.json"), "weights_sha256": files,
+            "spec_name": spec.name, "spec_sha256": spec.digest()}
+
+
+@dataclass
+class GoldenSet:
+    path: Path
+    manifest: dict
+    tensors: dict  # canonical name -> float32 tensor
+    input_ids: torch.Tensor
+    top10: Optional[torch.Tensor]
+
+    @property
+    def order(self) -> list:
+        return self.manifest["order"]
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, verify: bool = True) -> "GoldenSet":
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        mf = path / MANIFEST
+        if not mf.exists():
+            raise GoldenError(f"{path}: no golden set here (no {MANIFEST}); make one with "
+                              f"`python -m parity.dump --ref --out {path}`")
+        try:
+            manifest = json.loads(mf.read_text())
+        except json.JSONDecodeError as e:
+            raise GoldenError(f"{mf}: invalid JSON ({e})")
+        if manifest.get("format") != FORMAT:
+            raise StaleGolden(f"{mf}: golden format {manifest.get('format')}, this harness reads {FORMAT}")
+        from reference.checkpoint import read_header
+
+        read_header(path / TENSORS)  # validates offsets: a truncated golden file says so
+        data = load_file(str(path / TENSORS))
+        tensors = {}
+        for name in manifest["order"]:
+            meta = manifest["tensors"].get(name)
+            if name not in data or meta is None:
+                raise GoldenError(f"{path}: manifest lists {name!r} but {TENSORS} lacks it")
+            t = data[name]
+            if list(t.shape) != meta["shape"]:
+                raise GoldenError(f"{path}: {name} has shape {list(t.shape)}, manifest says {meta['shape']}")
+            if verify and sha256_tensor(t) != meta["sha256"]:
+                raise GoldenError(f"{path}: {name} does not match its sha256 in the manifest (file corrupted "
+                                  f"or edited by hand); regenerate with `python -m parity.dump --ref --force`")
+            tensors[name] = t
+        return cls(path, manifest, tensors, data["input_ids"], data.get("top10_ids"))
+
+    def staleness(self, model_dir: Path, spec, reference_version: str) -> list[str]:
+        """Reasons this set no longer describes the model (empty when fresh)."""
+        now = model_identity(model_dir, spec)
+        then = self.manifest["model"]
+        why = []
+        if then["config_sha256"] != now["config_sha256"]:
+            why.append("config.json changed")
+        if then["weights_sha256"] != now["weights_sha256"]:
+            why.append("weight files changed")
+        if then["spec_sha256"] != now["spec_sha256"]:
+            why.append(f"format spec changed ({then['spec_name']} -> {now['spec_name']})")
+        if self.manifest["reference_version"] != reference_version:
+            why.append(f"reference version {self.manifest['reference_version']} -> {reference_version}")
+        return why
+
+
+def write_golden(out: Path, tensors: dict, order: list, input_ids: torch.Tensor, *, model_dir: Path, spec,
+                 inputs_desc: dict, reference_version: str, arch: str, num_layers: int,
+                 force: bool = False) -> Path:
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    if out.exists() and not force:
+        raise GoldenError(f"{out} already holds a golden set; pass --force to replace it (the old set is "
+                          f"kept as {out.name}.prev-<timestamp>)")
+    missing = [n for n in order if n not in tensors]
+    if missing:
+        raise GoldenError(f"the reference did not capture {missing[:5]}")
+    logits = tensors["logits"]
+    top10 = logits.topk(10, dim=-1).indices
+    data = {n: tensors[n].contiguous().float() for n in order}
+    data["input_ids"] = input_ids.contiguous()
+    data["top10_ids"] = top10.contiguous()
+    manifest = {
+        "format": FORMAT,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "reference_version": reference_version,
+        "torch_version": torch.__version__,
+        "arch": arch,
+        "num_layers": num_layers,
+        "model": {"dir": str(model_dir), **model_identity(model_dir, spec)},
+        "inputs": {**inputs_desc, "input_ids_sha256": sha256_tensor(input_ids)},
+        "order": list(order),
+        "tensors": {n: {"shape": list(data[n].shape), "dtype": "float32", "sha256": sha256_tensor(data[n]),
+                        "tier": N.tier(n), "order": i} for i, n in enumerate(order)},
+        "top10_sha256": sha256_tensor(top10),
+    }
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{time.time_ns()}")
+    tmp.mkdir(parents=True)
+    try:
+        save_file(data, str(tmp / TENSORS))
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if out.exists():
+            aside = out.with_name(f"{out.name}.prev-{time.strftime('%Y%m%d-%H%M%S')}")
+            n = 0
+            while aside.exists():
+                n += 1
+                aside = aside.with_name(f"{aside.name}-{n}")
+            out.rename(aside)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

@@ -1,0 +1,101 @@
+"""pytest integration: one test per captured tensor, ids = canonical names.
+
+    pytest parity/                        # bf16 target against golden/tiny-bitnet
+    pytest parity/ -k layer3              # only layer 3's tensors
+    pytest parity/ --target vllm --tol attention=2e-2
+
+The target runs once per session; each test reports its own tensor, and the terminal
+summary names the first divergent layer and operator.  A stale golden set fails every test
+with the reason (what changed), never with numbers.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from .dump import DEFAULT_GOLDEN, DEFAULT_MODEL, ROOT
+
+_STATE: dict = {}
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("parity", "layer-by-layer numerical parity")
+    g.addoption("--target", default="bf16", help="target under test (reference, bf16, transformers, vllm, ...)")
+    g.addoption("--model", default=str(DEFAULT_MODEL), help="model directory")
+    g.addoption("--golden", default=None, help="golden set directory (default golden/<model dir name>)")
+    g.addoption("--spec", default=None, help="format spec JSON (default: from the model dir)")
+    g.addoption("--tol", action="append", default=[], metavar="TIER[.atol|.rtol]=X",
+                help="override a tolerance tier, e.g. --tol attention=2e-2")
+    g.addoption("--jump-gate", action="store_true", help="fail tensors flagged as error jumps")
+    g.addoption("--runs", default=str(ROOT / "parity_runs"), help="where run reports and snapshots go")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "parity: a per-tensor parity test (collected from the golden manifest)")
+
+
+def _paths(config):
+    model = Path(config.getoption("--model"))
+    golden = Path(config.getoption("--golden") or ROOT / "golden" / model.name)
+    spec = config.getoption("--spec")
+    return model, golden, (Path(spec) if spec else None)
+
+
+def parity_names(config) -> list[str]:
+    _, golden, _ = _paths(config)
+    mf = golden / "manifest.json"
+    if not mf.exists():
+        return ["golden-missing"]
+    return list(json.loads(mf.read_text())["order"]) + ["top10"]
+
+
+def pytest_generate_tests(metafunc):
+    if "parity_name" in metafunc.fixturenames:
+        names = parity_names(metafunc.config)
+        metafunc.parametrize("parity_name", names, ids=names)
+
+
+@pytest.fixture(scope="session")
+def parity_result(request):
+    from .run import run_parity
+    from .tolerances import parse_overrides
+
+    cfg = request.config
+    if "result" not in _STATE:
+        model, golden, spec = _paths(cfg)
+        try:
+            _STATE["result"] = run_parity(cfg.getoption("--target"), model_dir=model, golden_dir=golden,
+                                          spec_path=spec, tol_overrides=parse_overrides(cfg.getoption("--tol")),
+                                          runs_dir=Path(cfg.getoption("--runs")))
+        except Exception as e:  # stale golden, bad checkpoint, target failure: say it once per test
+            _STATE["result"] = e
+    res = _STATE["result"]
+    if isinstance(res, Exception):
+        pytest.fail(f"{type(res).__name__}: {res}", pytrace=False)
+    return res
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    res = _STATE.get("result")
+    if res is None:
+        return
+    tr = terminalreporter
+    if isinstance(res, Exception):
+        tr.write_sep("=", "parity", red=True)
+        tr.write_line(f"{type(res).__name__}: {res}")
+        return
+    cmp = res.comparison
+    tr.write_sep("=", "parity", red=not cmp.passed, green=cmp.passed)
+    if not cmp.passed:
+        from .report import format_table, table
+
+        df = table(cmp)
+        fd = cmp.first_divergence
+        if fd is not None:
+            lo = max(0, fd.order - 3)
+            tr.write_line(format_table(df.iloc[lo:fd.order + 8]))
+    tr.write_line(cmp.summary())
+    if res.run_dir:
+        tr.write_line(f"report and snapshots: {res.run_dir}")

@@ -1,0 +1,109 @@
+"""One parity run: a target against a golden set, with table, report and snapshots.
+
+    python -m parity.run [--target bf16] [--model DIR] [--golden DIR] [--tol operator=1e-2] [--runs DIR]
+
+Exit status: 0 pass, 1 divergence (the table and the first divergent layer are printed),
+2 bad input or a stale golden set.  The pytest suite (``pytest parity/``) calls the same
+functions; this is the one-command form the README and CI use.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from reference.checkpoint import CheckpointError
+from reference.config import ModelConfig
+from reference.model import REFERENCE_VERSION
+from reference.spec import spec_for
+
+from .compare import Comparison, compare
+from .diagnose import DecodeProbe, Diagnoser, depth_hint
+from .dump import DEFAULT_GOLDEN, DEFAULT_MODEL, ROOT
+from .golden import GoldenError, GoldenSet, StaleGolden
+from .report import format_table, new_run_dir, table, write_report
+from .targets import Target, get_target
+from .tolerances import parse_overrides
+
+DEFAULT_RUNS = ROOT / "parity_runs"
+
+
+@dataclass
+class RunResult:
+    comparison: Comparison
+    golden: GoldenSet
+    captured: dict
+    run_dir: Optional[Path]
+    seconds: float
+
+
+def load_fresh_golden(golden_dir: Path, model_dir: Path, spec_path=None) -> GoldenSet:
+    """The golden set, or StaleGolden naming what changed since it was made."""
+    gs = GoldenSet.load(golden_dir)
+    cfg = ModelConfig.load(model_dir)
+    spec = spec_for(model_dir, cfg, spec_path)
+    why = gs.staleness(model_dir, spec, REFERENCE_VERSION)
+    if why:
+        raise StaleGolden(f"golden set {golden_dir} is stale for {model_dir}: {'; '.join(why)}. Regenerate it with "
+                          f"`python -m parity.dump --ref --model {model_dir} --out {golden_dir} --force`")
+    return gs
+
+
+def run_parity(target: Target | str, *, model_dir: Path = DEFAULT_MODEL, golden_dir: Path = DEFAULT_GOLDEN,
+               spec_path=None, tol_overrides=None, runs_dir: Optional[Path] = DEFAULT_RUNS,
+               diagnose: bool = True) -> RunResult:
+    t0 = time.time()
+    target = get_target(target) if isinstance(target, str) else target
+    gs = load_fresh_golden(golden_dir, model_dir, spec_path)
+    captured = target.capture(model_dir, gs.input_ids, spec_path=spec_path)
+    diag = Diagnoser(DecodeProbe(model_dir, spec_path)) if diagnose else None
+    cmp = compare(gs.tensors, captured, order=gs.order, dtype=target.compute_dtype, target_name=target.name,
+                  tol_overrides=tol_overrides, diagnose=diag)
+    fd = cmp.first_divergence
+    if fd is not None:
+        h = depth_hint(cmp.results)
+        if h and not any("permuted" in x or "re-decoding" in x or "negated" in x for x in fd.hints):
+            fd.hints.append(h)
+    run_dir = None
+    if runs_dir is not None:
+        run_dir = new_run_dir(runs_dir, target.name)
+        write_report(cmp, run_dir, golden=gs.tensors, target=captured, meta={
+            "model": str(model_dir), "golden": str(golden_dir), "target": target.describe(),
+            "seconds": round(time.time() - t0, 2)})
+    return RunResult(cmp, gs, captured, run_dir, time.time() - t0)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m parity.run", description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default="bf16")
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--golden", type=Path, default=None)
+    ap.add_argument("--spec", type=Path, default=None)
+    ap.add_argument("--tol", action="append", default=[], metavar="TIER[.atol|.rtol]=X")
+    ap.add_argument("--runs", type=Path, default=DEFAULT_RUNS, help="where run directories go")
+    ap.add_argument("--all", action="store_true", help="print every row, not only layers around failures")
+    a = ap.parse_args(argv)
+    golden = a.golden or ROOT / "golden" / a.model.name
+    try:
+        res = run_parity(a.target, model_dir=a.model, golden_dir=golden, spec_path=a.spec,
+                         tol_overrides=parse_overrides(a.tol), runs_dir=a.runs)
+    except StaleGolden as e:
+        print(f"STALE GOLDEN: {e}", file=sys.stderr)
+        return 2
+    except (GoldenError, CheckpointError, KeyError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    cmp = res.comparison
+    print(format_table(table(cmp)))
+    print()
+    print(cmp.summary())
+    if res.run_dir:
+        print(f"report: {res.run_dir}/report.md (csv, errors.png, summary.json{', failures.safetensors' if not cmp.passed else ''})")
+    return 0 if cmp.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""The target interface: anything that runs a model and hands back canonical intermediates."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+
+class Target(ABC):
+    """A path under test.  ``capture`` runs the model on fixed prompts and returns
+    {canonical name (parity.names): float32 tensor (B, T, features)} in (prompt, position)
+    order.  ``compute_dtype`` ("fp32" | "bf16" | "fp16") picks the tolerance column."""
+
+    name: str = "?"
+    compute_dtype: str = "fp32"
+
+    @abstractmethod
+    def capture(self, model_dir: Path, input_ids: torch.Tensor, *, spec_path: Optional[Path] = None
+                ) -> dict[str, torch.Tensor]:
+        ...
+
+    def generate(self, model_dir: Path, input_ids: torch.Tensor, max_new_tokens: int, *,
+                 spec_path: Optional[Path] = None) -> torch.Tensor:
+        """Greedy continuation ids (B, max_new_tokens).  Optional."""
+        raise NotImplementedError(f"target {self.name!r} does not generate")
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.compute_dtype})"

@@ -1,0 +1,92 @@
+"""transformers as a target: the oracle for the reference model.
+
+Loads the packed checkpoint with transformers' own BitNet quantizer (BitLinear /
+AutoBitLinear, HF-BitNet unpacking, per-token int8 activation quantisation) and captures
+the canonical intermediates with forward hooks.  fp32, eager attention.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from reference.config import ModelConfig
+
+from .base import Target
+
+
+class TransformersTarget(Target):
+    name = "transformers"
+    compute_dtype = "fp32"
+
+    def load(self, model_dir: Path):
+        os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")  # BitLinear's @torch.compile: eager on CPU
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                                     attn_implementation="eager")
+        return model.eval()
+
+    def capture(self, model_dir, input_ids, *, spec_path=None):
+        if spec_path is not None:
+            raise ValueError("the transformers target reads config.json's quantization_config, not a spec file")
+        cfg = ModelConfig.load(model_dir)
+        model = self.load(Path(model_dir))
+        out: dict[str, torch.Tensor] = {}
+        hooks = []
+
+        def save(name, t):
+            out[name] = t.detach().float().clone()
+
+        def on_out(name):
+            return lambda m, args, res: save(name, res[0] if isinstance(res, tuple) else res)
+
+        def on_in(name):
+            return lambda m, args: save(name, args[0])
+
+        inner = model.model
+        hooks.append(inner.embed_tokens.register_forward_hook(on_out("embed")))
+        for L, layer in enumerate(inner.layers):
+            n = f"layer{L}"
+            att, mlp = layer.self_attn, layer.mlp
+            hooks += [
+                layer.input_layernorm.register_forward_hook(on_out(f"{n}.input_norm")),
+                att.q_proj.register_forward_hook(on_out(f"{n}.attn.q_proj")),
+                att.k_proj.register_forward_hook(on_out(f"{n}.attn.k_proj")),
+                att.v_proj.register_forward_hook(on_out(f"{n}.attn.v_proj")),
+                att.o_proj.register_forward_hook(on_out(f"{n}.attn.o_proj")),
+                layer.post_attention_layernorm.register_forward_hook(on_out(f"{n}.post_attn_norm")),
+                mlp.gate_proj.register_forward_hook(on_out(f"{n}.mlp.gate_proj")),
+                mlp.up_proj.register_forward_hook(on_out(f"{n}.mlp.up_proj")),
+                mlp.down_proj.register_forward_hook(on_out(f"{n}.mlp.down_proj")),
+                layer.register_forward_hook(on_out(f"{n}.output")),
+            ]
+            if cfg.arch == "bitnet":
+                hooks += [
+                    att.attn_sub_norm.register_forward_pre_hook(on_in(f"{n}.attn.attn_out")),
+                    att.attn_sub_norm.register_forward_hook(on_out(f"{n}.attn.sub_norm")),
+                    mlp.ffn_sub_norm.register_forward_pre_hook(on_in(f"{n}.mlp.act")),
+                    mlp.ffn_sub_norm.register_forward_hook(on_out(f"{n}.mlp.sub_norm")),
+                ]
+            else:
+                hooks += [
+                    att.o_proj.register_forward_pre_hook(on_in(f"{n}.attn.attn_out")),
+                    mlp.down_proj.register_forward_pre_hook(on_in(f"{n}.mlp.act")),
+                ]
+        hooks.append(inner.norm.register_forward_hook(on_out("final_norm")))
+        try:
+            with torch.no_grad():
+                logits = model(input_ids=input_ids, use_cache=False).logits
+        finally:
+            for h in hooks:
+                h.remove()
+        save("logits", logits)
+        return out
+
+    def generate(self, model_dir, input_ids, max_new_tokens, *, spec_path=None):
+        model = self.load(Path(model_dir))
+        with torch.no_grad():
+            out = model.generate(input_ids=input_ids, max_new_tokens=max_new_tokens, do_sample=False,
+                                 attention_mask=torch.ones_like(input_ids))
+        return out[:, input_ids.shape[1]:]

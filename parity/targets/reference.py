@@ -1,0 +1,122 @@
+"""Targets built on the reference architecture.
+
+* ``reference`` — the fp32 reference itself (the goldens must reproduce bit-for-bit; a
+  self-check that catches a changed reference or stale goldens).
+* ``bf16`` — the same architecture computed in bf16 from the packed weights, decoded by an
+  *independent* path (a 256-entry byte lookup table and reshapes, not the index arithmetic
+  of ``reference.formats``), so the tolerance tiers are exercised by real rounding error and
+  a decode bug in either path shows.
+* ``FaultyTarget`` — the reference with deliberate, localised faults (tests of the harness).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from reference.checkpoint import Checkpoint
+from reference.config import ModelConfig
+from reference.formats import PackSpec, expand_scale
+from reference.model import Overrides, ReferenceModel
+from reference.spec import DecodedLinear, LinearEntry, decode_linear, spec_for
+
+from .base import Target
+
+
+def _capture(model: ReferenceModel, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+
+    def tap(name, t):
+        out[name] = t.detach().float().clone()
+
+    model.forward(input_ids, tap)
+    return out
+
+
+class ReferenceTarget(Target):
+    name = "reference"
+    compute_dtype = "fp32"
+
+    def __init__(self, overrides: Optional[Overrides] = None, dtype: torch.dtype = torch.float32):
+        self.overrides = overrides
+        self.dtype = dtype
+
+    def model(self, model_dir: Path, spec_path=None) -> ReferenceModel:
+        return ReferenceModel.from_dir(model_dir, spec_path=spec_path, dtype=self.dtype, overrides=self.overrides)
+
+    def capture(self, model_dir, input_ids, *, spec_path=None):
+        return _capture(self.model(Path(model_dir), spec_path), input_ids)
+
+    def generate(self, model_dir, input_ids, max_new_tokens, *, spec_path=None):
+        return self.model(Path(model_dir), spec_path).generate(input_ids, max_new_tokens)
+
+
+class FaultyTarget(ReferenceTarget):
+    """The fp32 reference with planted faults (see ``parity.faults``)."""
+
+    name = "faulty-reference"
+
+
+# ---------------------------------------------------------------------------------------
+# independent byte-LUT decoder (uint8 containers, every lane layout and bit order)
+
+
+def _byte_lut(pack: PackSpec) -> torch.Tensor:
+    """lut[byte, slot] = value of slot ``slot`` (slot order, not bit order) in that byte."""
+    v = pack.values_per_container
+    table = torch.zeros(256, v, dtype=torch.int16)
+    for byte in range(256):
+        for slot in range(v):
+            shift = slot * pack.bits if pack.bit_order == "lsb" else (v - 1 - slot) * pack.bits
+            code = (byte >> shift) & ((1 << pack.bits) - 1)
+            val = pack.codes[code]
+            table[byte, slot] = 0 if val is None else int(val)
+    return table
+
+
+def lut_decode(packed: torch.Tensor, pack: PackSpec, shape: tuple[int, int]) -> torch.Tensor:
+    """Decode a uint8-packed matrix with a byte table: (N, K) int16."""
+    if pack.container != "uint8":
+        raise NotImplementedError(f"the bf16 target's independent decoder reads uint8 containers, not {pack.container}")
+    p = packed.t() if pack.transposed else packed
+    if pack.pack_axis == 0:
+        p = p.t()  # now (rows, packed_len) with packing along dim 1
+    rows, plen = p.shape
+    v = pack.values_per_container
+    vals = _byte_lut(pack)[p.long()]  # (rows, plen, V): value of each slot
+    length = (shape[0], shape[1])[pack.pack_axis]
+    if pack.lanes == "interleaved":
+        full = vals.reshape(rows, plen * v)  # container-major, slot-minor = consecutive
+    else:
+        blk = plen * v if pack.lanes == "blocked" else pack.block
+        per = blk // v  # containers per block
+        nblk = plen // per
+        # (rows, nblk, per, V) -> slot-major inside a block
+        full = vals.reshape(rows, nblk, per, v).permute(0, 1, 3, 2).reshape(rows, nblk * blk)
+    full = full[:, :length]
+    return (full.t() if pack.pack_axis == 0 else full).contiguous()
+
+
+def lut_decoder(ckpt: Checkpoint, entry: LinearEntry, name: str) -> DecodedLinear:
+    if entry.pack is None or entry.pack.container != "uint8":
+        return decode_linear(ckpt, entry, name)  # unpacked or wide containers: shared path
+    vals = lut_decode(ckpt.get(entry.weight_key), entry.pack, entry.shape)
+    if entry.rows is not None:
+        vals = vals[entry.rows[0]:entry.rows[1]]
+    mult = torch.ones(1, 1)
+    if entry.scale is not None:
+        mult = expand_scale(ckpt.get(entry.scale.key), entry.scale, entry.shape, rows=entry.rows, name=name)
+    bias = ckpt.get(entry.bias_key).float() if entry.bias_key else None
+    return DecodedLinear(vals.to(torch.int8), mult, bias)  # multiplies by 1/s: bf16 needs no ulp mimicry
+
+
+class Bf16Target(ReferenceTarget):
+    name = "bf16"
+    compute_dtype = "bf16"
+
+    def __init__(self, overrides: Optional[Overrides] = None):
+        ov = overrides or Overrides()
+        if ov.decoder is None:
+            ov.decoder = lut_decoder
+        super().__init__(overrides=ov, dtype=torch.bfloat16)

@@ -1,0 +1,205 @@
+"""Safe, strict access to safetensors checkpoints (single file or sharded with an index).
+
+Never unpickles.  The header of every file is validated before any tensor is read (offsets
+inside the file, no overlaps, sizes that match dtype x shape), so a truncated or corrupted
+file fails with a message naming the file and tensor instead of a bare traceback.
+Tensors are read one at a time through memory maps.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
+    "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+}
+TORCH_DTYPES = {
+    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "F16": torch.float16,
+    "BF16": torch.bfloat16, "I32": torch.int32, "F32": torch.float32, "I64": torch.int64,
+    "F64": torch.float64, "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file or directory is unusable; the message names file and tensor."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str  # safetensors dtype string, e.g. "U8"
+    shape: tuple[int, ...]
+    file: Path
+    nbytes: int
+
+
+def _header_int(x) -> int:
+    """A JSON integer from a header (bools, floats and strings are malformed, not coerced)."""
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"expected an integer, got {x!r}")
+    return x
+
+
+def read_header(path: Path) -> dict:
+    """Parse and validate one safetensors header.  Returns {name: TensorInfo}."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size < 8:
+        raise CheckpointError(f"{path}: {size} bytes, too short for a safetensors file (needs an 8-byte header length)")
+    with open(path, "rb") as f:
+        (hlen,) = struct.unpack("<Q", f.read(8))
+        if hlen > size - 8 or hlen > 100 * 1024 * 1024:
+            raise CheckpointError(
+                f"{path}: header claims {hlen} bytes but the file has {size - 8} after the length field "
+                f"(truncated or not a safetensors file)")
+        raw = f.read(hlen)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise CheckpointError(f"{path}: header is not valid JSON ({e}); the file is corrupted or not safetensors")
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: header is not a JSON object")
+    data_len = size - 8 - hlen
+    out: dict[str, TensorInfo] = {}
+    spans = []
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(meta, dict) or not {"dtype", "shape", "data_offsets"} <= set(meta):
+            raise CheckpointError(f"{path}: tensor {name!r}: header entry lacks dtype/shape/data_offsets")
+        dt = meta["dtype"]
+        if not isinstance(dt, str) or dt not in DTYPE_BYTES:
+            raise CheckpointError(f"{path}: tensor {name!r}: unknown dtype {dt!r}")
+        try:  # a corrupted header may hold anything here: never let a TypeError escape
+            shape = tuple(_header_int(s) for s in meta["shape"])
+            begin, end = (_header_int(x) for x in meta["data_offsets"])
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{path}: tensor {name!r}: malformed shape {meta['shape']!r} or data_offsets "
+                                  f"{meta['data_offsets']!r} in the header ({e})") from None
+        if any(s < 0 for s in shape):
+            raise CheckpointError(f"{path}: tensor {name!r}: negative dimension in shape {shape}")
+        numel = 1
+        for s in shape:
+            numel *= s
+        want = numel * DTYPE_BYTES[dt]
+        if end - begin != want or begin < 0:
+            raise CheckpointError(
+                f"{path}: tensor {name!r}: offsets [{begin}, {end}) hold {end - begin} bytes, "
+                f"dtype {dt} x shape {list(shape)} needs {want}")
+        if end > data_len:
+            raise CheckpointError(
+                f"{path}: tensor {name!r}: data ends at byte {end} but the file has only {data_len} data bytes "
+                f"(truncated file?)")
+        spans.append((begin, end, name))
+        out[name] = TensorInfo(name, dt, shape, path, want)
+    spans.sort()
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+        if b1 < e0:
+            raise CheckpointError(f"{path}: tensors {n0!r} and {n1!r} overlap in the data section (header lies)")
+    return out
+
+
+class Checkpoint:
+    """All tensors of a model directory (or one .safetensors file), validated, read lazily."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.infos: dict[str, TensorInfo] = {}
+        files = self._files()
+        for f in files:
+            for name, info in read_header(f).items():
+                if name in self.infos:
+                    raise CheckpointError(f"tensor {name!r} appears in both {self.infos[name].file} and {f}")
+                self.infos[name] = info
+        self._check_index()
+        self._handles: dict[Path, object] = {}
+
+    def _files(self) -> list[Path]:
+        p = self.path
+        if p.is_file():
+            if p.suffix in PICKLE_SUFFIXES:
+                raise refuse_pickle(p)
+            return [p]
+        if not p.is_dir():
+            raise CheckpointError(f"{p}: no such checkpoint file or directory")
+        files = sorted(p.glob("*.safetensors"))
+        if not files:
+            pickles = [f for f in sorted(p.iterdir()) if f.suffix in PICKLE_SUFFIXES]
+            if pickles:
+                raise refuse_pickle(pickles[0])
+            raise CheckpointError(f"{p}: no *.safetensors files in the directory")
+        return files
+
+    def _check_index(self):
+        idx = self.path / "model.safetensors.index.json" if self.path.is_dir() else None
+        if idx is None or not idx.exists():
+            return
+        try:
+            wm = json.loads(idx.read_text())["weight_map"]
+        except (KeyError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{idx}: not a valid safetensors index ({e})")
+        for name, fname in wm.items():
+            info = self.infos.get(name)
+            if info is None:
+                raise CheckpointError(f"{idx}: maps {name!r} to {fname}, but no shard holds that tensor")
+            if info.file.name != fname:
+                raise CheckpointError(f"{idx}: maps {name!r} to {fname}, but it is in {info.file.name}")
+
+    def keys(self) -> list[str]:
+        return list(self.infos)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.infos
+
+    def info(self, name: str) -> TensorInfo:
+        if name not in self.infos:
+            near = [k for k in self.infos if k.split(".")[-1] == name.split(".")[-1]][:3]
+            raise CheckpointError(f"{self.path}: no tensor {name!r}" + (f" (similar: {near})" if near else ""))
+        return self.infos[name]
+
+    def get(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        info = self.info(name)
+        h = self._handles.get(info.file)
+        if h is None:
+            try:
+                h = safe_open(str(info.file), framework="pt", device="cpu")
+            except Exception as e:  # safetensors raises its own error types
+                raise CheckpointError(f"{info.file}: cannot open ({e})") from e
+            self._handles[info.file] = h
+        try:
+            return h.get_tensor(name)
+        except Exception as e:
+            raise CheckpointError(f"{info.file}: tensor {name!r}: cannot read ({e})") from e
+
+    def items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name in self.infos:
+            yield name, self.get(name)
+
+
+def refuse_pickle(path: Path) -> CheckpointError:
+    return CheckpointError(
+        f"{path}: refusing to load a pickle checkpoint — unpickling runs arbitrary code. Convert it once, in a "
+        f"sandbox you trust, to safetensors (e.g. `transformers` save_pretrained(..., safe_serialization=True) "
+        f"or safetensors.torch.save_file(torch.load(path, weights_only=True), 'model.safetensors')).")
+
+
+def load_config(model_dir: str | os.PathLike) -> dict:
+    p = Path(model_dir) / "config.json"
+    if not p.exists():
+        raise CheckpointError(f"{model_dir}: no config.json")
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{p}: invalid JSON ({e})")

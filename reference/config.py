@@ -1,0 +1,128 @@
+"""Model configuration: a frozen dataclass built once from a Hugging Face config.json."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .checkpoint import CheckpointError, load_config
+
+ARCHITECTURES = {"BitNetForCausalLM": "bitnet", "LlamaForCausalLM": "llama"}
+MODEL_TYPES = {"bitnet": "bitnet", "llama": "llama"}
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    kind: str = "default"  # "default" | "llama3"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str  # "llama" | "bitnet"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    tie_word_embeddings: bool
+    hidden_act: str  # "silu" | "relu2"
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    max_position_embeddings: int = 2048
+    quantization: Optional[dict] = field(default=None, compare=False, hash=False)
+
+    @classmethod
+    def from_dict(cls, d: dict, *, where: str = "config.json") -> "ModelConfig":
+        archs = d.get("architectures") or []
+        arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+        if arch is None:
+            arch = MODEL_TYPES.get(d.get("model_type", ""))
+        if arch is None:
+            raise CheckpointError(
+                f"{where}: architectures={archs} model_type={d.get('model_type')!r}: only Llama-family and "
+                f"BitNet b1.58 models are supported (LlamaForCausalLM, BitNetForCausalLM)")
+        try:
+            hidden = int(d["hidden_size"])
+            heads = int(d["num_attention_heads"])
+            head_dim = int(d.get("head_dim") or hidden // heads)
+            rp = d.get("rope_parameters") or d.get("rope_scaling") or {}
+            theta = float(rp.get("rope_theta", d.get("rope_theta", 10000.0 if arch == "llama" else 500000.0)))
+            kind = rp.get("rope_type", rp.get("type", "default")) or "default"
+            if kind not in ("default", "llama3"):
+                raise CheckpointError(f"{where}: rope_type {kind!r} is not supported (default, llama3)")
+            rope = RopeConfig(
+                theta=theta, kind=kind, factor=float(rp.get("factor", 1.0)),
+                low_freq_factor=float(rp.get("low_freq_factor", 1.0)),
+                high_freq_factor=float(rp.get("high_freq_factor", 4.0)),
+                original_max_position_embeddings=int(rp.get("original_max_position_embeddings", 8192)))
+            act = d.get("hidden_act", "relu2" if arch == "bitnet" else "silu")
+            if act not in ("silu", "relu2"):
+                raise CheckpointError(f"{where}: hidden_act {act!r} is not supported (silu, relu2)")
+            cfg = cls(
+                arch=arch,
+                vocab_size=int(d["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(d["intermediate_size"]),
+                num_layers=int(d["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(d.get("num_key_value_heads") or heads),
+                head_dim=head_dim,
+                rms_norm_eps=float(d.get("rms_norm_eps", 1e-5 if arch == "bitnet" else 1e-6)),
+                rope=rope,
+                tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+                hidden_act=act,
+                attention_bias=bool(d.get("attention_bias", False)),
+                mlp_bias=bool(d.get("mlp_bias", False)),
+                max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
+                quantization=d.get("quantization_config"),
+            )
+        except KeyError as e:
+            raise CheckpointError(f"{where}: missing required field {e.args[0]!r}")
+        if cfg.num_heads % cfg.num_kv_heads:
+            raise CheckpointError(f"{where}: num_attention_heads {cfg.num_heads} is not a multiple of "
+                                  f"num_key_value_heads {cfg.num_kv_heads}")
+        if cfg.head_dim % 2:
+            raise CheckpointError(f"{where}: head_dim {cfg.head_dim} must be even for RoPE")
+        return cfg
+
+    @classmethod
+    def load(cls, model_dir) -> "ModelConfig":
+        return cls.from_dict(load_config(model_dir), where=f"{model_dir}/config.json")
+
+    # logical [out, in] shape of every linear module, by its HF module name
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        h, i = self.hidden_size, self.intermediate_size
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        out = {}
+        for L in range(self.num_layers):
+            p = f"model.layers.{L}"
+            out[f"{p}.self_attn.q_proj"] = (q, h)
+            out[f"{p}.self_attn.k_proj"] = (kv, h)
+            out[f"{p}.self_attn.v_proj"] = (kv, h)
+            out[f"{p}.self_attn.o_proj"] = (h, q)
+            out[f"{p}.mlp.gate_proj"] = (i, h)
+            out[f"{p}.mlp.up_proj"] = (i, h)
+            out[f"{p}.mlp.down_proj"] = (h, i)
+        out["lm_head"] = (self.vocab_size, h)
+        return out
+
+    def float_params(self) -> dict[str, tuple[int, ...]]:
+        """Non-linear parameters (HF names) and their shapes."""
+        h = self.hidden_size
+        out = {"model.embed_tokens.weight": (self.vocab_size, h), "model.norm.weight": (h,)}
+        for L in range(self.num_layers):
+            p = f"model.layers.{L}"
+            out[f"{p}.input_layernorm.weight"] = (h,)
+            out[f"{p}.post_attention_layernorm.weight"] = (h,)
+            if self.arch == "bitnet":
+                out[f"{p}.self_attn.attn_sub_norm.weight"] = (h,)
+                out[f"{p}.mlp.ffn_sub_norm.weight"] = (self.intermediate_size,)
+        return out

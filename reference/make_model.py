@@ -1,0 +1,188 @@
+"""Deterministic generator of ternary test checkpoints in the transformers HF-BitNet convention.
+
+    python -m reference.make_model --preset tiny-bitnet --out models/tiny-bitnet
+
+Weights are drawn from a seeded generator, ternarised by absmean (BitNet b1.58:
+s = 1/mean|W|, T = round(W*s).clamp(-1, 1)), packed with the HF-BitNet layout and saved as
+safetensors with a ``quantization_config`` (``quant_method: bitnet``) that transformers loads
+with its own BitLinear.  ``linear_class: bitlinear`` stores s and divides; ``autobitlinear``
+stores 1/s and multiplies.  ``--dtype bf16`` writes bf16 float tensors (large presets).
+Presets of real model shapes (BitNet-2B, Llama-3-8B) are here too, for the GPU benchmarks.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .formats import HF_BITNET, pack
+from .io import atomic_write_text
+
+CORPUS = Path(__file__).resolve().parent.parent / "models" / "corpus.txt"
+
+
+@dataclass(frozen=True)
+class Preset:
+    arch: str  # "bitnet" | "llama"
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    tie: bool
+    head_dim: Optional[int] = None
+    linear_class: str = "bitlinear"
+    eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None
+    max_pos: int = 512
+    seed: int = 0
+    quantized: bool = True
+    tokenizer_vocab: Optional[int] = None  # train a BPE tokenizer of this size (tiny models)
+
+
+PRESETS: dict[str, Preset] = {
+    # the bundled default model: 4 layers (so `-k layer3` selects something), GQA, odd sizes
+    "tiny-bitnet": Preset("bitnet", 128, 344, 4, 4, 2, 512, True, tokenizer_vocab=512, seed=1),
+    # oracle configs (transformers must hold them: out_features % 4 == 0)
+    "oracle-bitnet-gqa": Preset("bitnet", 72, 100, 2, 3, 1, 97, True, seed=2),
+    "oracle-bitnet-auto": Preset("bitnet", 64, 176, 2, 4, 4, 101, False, linear_class="autobitlinear", seed=3),
+    "oracle-llama-gqa": Preset("llama", 96, 200, 2, 6, 2, 89, False, eps=1e-5, seed=4),
+    "oracle-llama-auto": Preset("llama", 80, 132, 2, 5, 5, 83, True, linear_class="autobitlinear", seed=5,
+                                rope_theta=500000.0,
+                                rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    # shapes transformers' BitLinear cannot hold (out_features % 4 != 0); our format pads
+    "odd-bitnet": Preset("bitnet", 70, 102, 2, 5, 1, 61, True, head_dim=14, seed=6),
+    # real model shapes (GPU benchmarks; not committed)
+    "bitnet-2b": Preset("bitnet", 2560, 6912, 30, 20, 5, 128256, True, eps=1e-5, rope_theta=500000.0,
+                        max_pos=4096, seed=7),
+    "llama-2b-twin": Preset("llama", 2560, 6912, 30, 20, 5, 128256, True, eps=1e-5, rope_theta=500000.0,
+                            max_pos=4096, seed=7),
+    "llama3-8b": Preset("llama", 4096, 14336, 32, 32, 8, 128256, False, eps=1e-5, rope_theta=500000.0,
+                        max_pos=8192, seed=8),
+}
+
+
+def config_dict(p: Preset) -> dict:
+    head_dim = p.head_dim or p.hidden // p.heads
+    d = {
+        "architectures": ["BitNetForCausalLM" if p.arch == "bitnet" else "LlamaForCausalLM"],
+        "model_type": p.arch,
+        "vocab_size": p.vocab, "hidden_size": p.hidden, "intermediate_size": p.intermediate,
+        "num_hidden_layers": p.layers, "num_attention_heads": p.heads, "num_key_value_heads": p.kv_heads,
+        "head_dim": head_dim,
+        "hidden_act": "relu2" if p.arch == "bitnet" else "silu",
+        "max_position_embeddings": p.max_pos, "rms_norm_eps": p.eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": p.rope_theta, **(p.rope_scaling or {})},
+        "tie_word_embeddings": p.tie, "attention_bias": False, "initializer_range": 0.02,
+        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+        "torch_dtype": "float32", "use_cache": True,
+    }
+    if p.rope_scaling:
+        d["rope_parameters"]["rope_theta"] = p.rope_theta
+    if p.arch == "llama":
+        d["mlp_bias"] = False
+    if p.quantized:
+        d["quantization_config"] = {"quant_method": "bitnet", "linear_class": p.linear_class,
+                                    "quantization_mode": "offline", "use_rms_norm": False,
+                                    "modules_to_not_convert": None}
+    return d
+
+
+def ternarize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """absmean ternarisation: returns (T int8 in {-1,0,1}, s = 1/mean|W|) — BitNet b1.58."""
+    s = 1.0 / w.abs().mean().clamp(min=1e-5)
+    return (w * s).round().clamp(-1, 1).to(torch.int8), s.reshape(1)
+
+
+def make_state_dict(p: Preset, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    from .config import ModelConfig
+
+    cfg = ModelConfig.from_dict(config_dict(p))
+    g = torch.Generator().manual_seed(p.seed)
+
+    def randn(*shape, std=0.02):
+        return torch.randn(*shape, generator=g) * std
+
+    sd: dict[str, torch.Tensor] = {}
+    sd["model.embed_tokens.weight"] = randn(p.vocab, p.hidden).to(dtype)
+    for name, shape in cfg.float_params().items():
+        if name.endswith("norm.weight"):
+            sd[name] = (1.0 + randn(*shape, std=0.1)).to(dtype)  # not all-ones: norm-weight bugs must show
+    for mod, (n, k) in cfg.linear_shapes().items():
+        if mod == "lm_head":
+            if not p.tie:
+                sd["lm_head.weight"] = randn(n, k).to(dtype)
+            continue
+        w = randn(n, k, std=1.0 / k ** 0.5)
+        if not p.quantized:
+            sd[mod + ".weight"] = w.to(dtype)
+            continue
+        t, s = ternarize(w)
+        sd[mod + ".weight"] = pack(t, HF_BITNET)
+        sd[mod + ".weight_scale"] = (s if p.linear_class == "bitlinear" else 1.0 / s).to(dtype)
+    return sd
+
+
+def train_tokenizer(vocab: int, out: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([CORPUS.read_text()], trainer=trainer)
+    tok.save(str(out / "tokenizer.json"))
+    atomic_write_text(out / "tokenizer_config.json", json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "pad_token": "<pad>", "model_max_length": 512, "add_bos_token": False}, indent=1))
+
+
+def write_model(preset: str | Preset, out: str | Path, *, dtype: torch.dtype = torch.float32,
+                force: bool = False) -> Path:
+    from safetensors.torch import save_file
+
+    p = PRESETS[preset] if isinstance(preset, str) else preset
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not force:
+        raise FileExistsError(f"{out} exists and is not empty; pass force=True / --force to replace it")
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    cfg = config_dict(p)
+    cfg["torch_dtype"] = {torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype]
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+    (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    sd = make_state_dict(p, dtype)
+    save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    if p.tokenizer_vocab:
+        train_tokenizer(p.tokenizer_vocab, tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--force", action="store_true")
+    a = ap.parse_args(argv)
+    path = write_model(a.preset, a.out, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype],
+                       force=a.force)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""Pure-PyTorch reference model: Llama family and BitNet b1.58, fp32 accumulation.
+
+Loads the packed checkpoint through its spec (``reference.spec``); every intermediate
+that the parity harness compares is handed to a ``tap(name, tensor)`` callback under its
+canonical name (``parity.names``).  The same code runs in another compute dtype (bf16) for
+the harness's bf16 target; the fp32 reference is ``dtype=torch.float32``.
+
+Shapes: B = batch, T = tokens, H = heads, Hkv = kv heads, D = head_dim, C = hidden.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .checkpoint import Checkpoint
+from .config import ModelConfig, RopeConfig
+from .spec import CheckpointSpec, DecodedLinear, decode_linear, spec_for
+
+Tap = Callable[[str, torch.Tensor], None]
+
+REFERENCE_VERSION = "reference-1"  # bump when the reference's numerics change (goldens go stale)
+
+
+def _no_tap(name: str, t: torch.Tensor) -> None:
+    pass
+
+
+def act_quant_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """BitNet per-token absmax int8 quantisation, in fp32 (transformers' BitLinear.activation_quant).
+    Returns (xq as float with integer values in [-128, 127], xs = 127 / absmax)."""
+    x = x.float()
+    xs = 127.0 / x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-5)
+    return (x * xs).round().clamp(-128, 127), xs
+
+
+class Linear:
+    """y = x @ (values * mult)^T (+ bias), optionally with int8 activation quantisation.
+
+    The order of operations follows the checkpoint's defining implementation (transformers'
+    BitLinear: ``F.linear(xq, T) / (xs * s)`` for a divided scale; AutoBitLinear:
+    ``F.linear(xq / xs, T) * s`` for a multiplied one), because with int8 activation
+    quantisation a 1-ulp difference upstream moves a rounding boundary downstream."""
+
+    def __init__(self, d: DecodedLinear, act_quant: bool, dtype: torch.dtype):
+        self.act_quant = act_quant
+        self.dtype = dtype
+        self.per_row = d.mult.shape[-1] == 1  # tensor/channel scale: apply after the matmul
+        self.div = None
+        if self.per_row:
+            self.w = d.values.to(dtype)  # (N, K) integers, exact in bf16
+            self.mult = d.mult.reshape(1, -1).to(torch.float32)  # (1, N) or (1, 1)
+            if d.div is not None:
+                self.div = d.div.reshape(1, -1).to(torch.float32)
+        else:
+            self.w = d.effective().to(dtype)  # group scales: fold into the matrix
+            self.mult = None
+        self.bias = d.bias
+
+    @property
+    def out_features(self) -> int:
+        return self.w.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (..., N)
+        if self.act_quant:
+            xq, xs = act_quant_int8(x)
+            if self.div is not None:
+                y = F.linear(xq.to(self.dtype), self.w).float() / (xs * self.div)
+            elif self.mult is not None:
+                y = F.linear((xq / xs).to(self.dtype), self.w).float() * self.mult
+            else:
+                y = F.linear((xq / xs).to(self.dtype), self.w).float()
+        else:
+            y = F.linear(x.to(self.dtype), self.w).float()
+            if self.div is not None:
+                y = y / self.div
+            elif self.mult is not None:
+                y = y * self.mult
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(self.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in fp32, cast back (as transformers does)."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.float() * y).to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, rope: RopeConfig) -> torch.Tensor:
+    # float32 arithmetic, as transformers and vLLM compute it: 1-ulp differences in RoPE flip
+    # int8 activation-quantisation boundaries downstream
+    inv = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if rope.kind == "llama3":
+        low_wl = rope.original_max_position_embeddings / rope.low_freq_factor
+        high_wl = rope.original_max_position_embeddings / rope.high_freq_factor
+        wl = 2 * math.pi / inv
+        smooth = (rope.original_max_position_embeddings / wl - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor)
+        scaled = torch.where(wl > low_wl, inv / rope.factor, inv)
+        mid = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        is_mid = (wl >= high_wl) & (wl <= low_wl)
+        inv = torch.where(is_mid, mid, scaled)
+    return inv
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+@dataclass
+class Overrides:
+    """Deliberate deviations, used by fault-injection tests and alternative targets.
+
+    norm_eps: {norm canonical name (e.g. "layer2.post_attn_norm"): eps}.
+    linear_hook: called as hook(module_name, DecodedLinear) -> DecodedLinear after decode.
+    spec_hook: called as hook(module_name, LinearEntry) -> LinearEntry before decode.
+    """
+
+    norm_eps: dict = field(default_factory=dict)
+    linear_hook: Optional[Callable] = None
+    spec_hook: Optional[Callable] = None
+    decoder: Optional[Callable] = None  # (ckpt, entry, name) -> DecodedLinear; default decode_linear
+
+
+class ReferenceModel:
+    def __init__(self, cfg: ModelConfig, spec: CheckpointSpec, ckpt: Checkpoint, *,
+                 dtype: torch.dtype = torch.float32, overrides: Optional[Overrides] = None,
+                 validate: bool = True):
+        self.cfg, self.spec, self.dtype = cfg, spec, dtype
+        self.ov = overrides or Overrides()
+        if validate:
+            spec.validate(cfg, ckpt)
+        act_quant = spec.activation_quant == "int8_per_token"
+        decoder = self.ov.decoder or decode_linear
+
+        def lin(mod: str) -> Linear:
+            entry = spec.linears.get(mod)
+            if entry is None:  # unquantised linear kept as float in the checkpoint
+                w = ckpt.get(spec.tensors[mod + ".weight"]).float()
+                return Linear(DecodedLinear(w, torch.ones(1, 1)), False, dtype)
+            if self.ov.spec_hook:
+                entry = self.ov.spec_hook(mod, entry)
+            d = decoder(ckpt, entry, mod)
+            if self.ov.linear_hook:
+                d = self.ov.linear_hook(mod, d)
+            return Linear(d, act_quant, dtype)
+
+        def param(name: str) -> torch.Tensor:
+            return ckpt.get(spec.tensors[name]).float()
+
+        self.embed = param("model.embed_tokens.weight")  # (V, C)
+        self.layers = []
+        for L in range(cfg.num_layers):
+            p = f"model.layers.{L}"
+            layer = {n: lin(f"{p}.{n}") for n in (
+                "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+            layer["input_norm"] = param(f"{p}.input_layernorm.weight")
+            layer["post_attn_norm"] = param(f"{p}.post_attention_layernorm.weight")
+            if cfg.arch == "bitnet":
+                layer["attn_sub_norm"] = param(f"{p}.self_attn.attn_sub_norm.weight")
+                layer["ffn_sub_norm"] = param(f"{p}.mlp.ffn_sub_norm.weight")
+            self.layers.append(layer)
+        self.final_norm = param("model.norm.weight")
+        if cfg.tie_word_embeddings:
+            self.lm_head = self.embed
+        elif "lm_head" in spec.linears:
+            self.lm_head = None
+            self.lm_head_q = lin("lm_head")
+        else:
+            self.lm_head = param("lm_head.weight")
+        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope)
+
+    @classmethod
+    def from_dir(cls, model_dir, *, spec_path=None, **kw) -> "ReferenceModel":
+        cfg = ModelConfig.load(model_dir)
+        spec = spec_for(model_dir, cfg, spec_path)
+        return cls(cfg, spec, Checkpoint(model_dir), **kw)
+
+    def _eps(self, name: str) -> float:
+        return self.ov.norm_eps.get(name, self.cfg.rms_norm_eps)
+
+    def _norm(self, name: str, x: torch.Tensor, w: torch.Tensor, tap: Tap) -> torch.Tensor:
+        y = rms_norm(x, w, self._eps(name))
+        tap(name, y)
+        return y
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, tap: Tap = _no_tap) -> torch.Tensor:
+        """input_ids (B, T) -> logits (B, T, V) fp32.  Positions are 0..T-1 (no padding)."""
+        cfg, dt = self.cfg, self.dtype
+        B, T = input_ids.shape
+        H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        pos = torch.arange(T, dtype=torch.float32)
+        freqs = pos[:, None] * self.inv_freq[None, :]  # (T, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(dt), emb.sin().to(dt)  # (T, D)
+        causal = torch.full((T, T), float("-inf")).triu(1)
+
+        h = self.embed[input_ids].to(dt)  # (B, T, C)
+        tap("embed", h)
+        for L, layer in enumerate(self.layers):
+            n = f"layer{L}"
+            x = self._norm(f"{n}.input_norm", h, layer["input_norm"], tap)
+            q = layer["self_attn.q_proj"](x)  # (B, T, H*D)
+            k = layer["self_attn.k_proj"](x)  # (B, T, Hkv*D)
+            v = layer["self_attn.v_proj"](x)
+            tap(f"{n}.attn.q_proj", q)
+            tap(f"{n}.attn.k_proj", k)
+            tap(f"{n}.attn.v_proj", v)
+            q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+            k = k.view(B, T, Hkv, D).transpose(1, 2)
+            v = v.view(B, T, Hkv, D).transpose(1, 2)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            rep = H // Hkv
+            k = k.repeat_interleave(rep, dim=1)  # (B, H, T, D)
+            v = v.repeat_interleave(rep, dim=1)
+            scores = (q.float() @ k.float().transpose(-1, -2)) * D ** -0.5 + causal  # (B, H, T, T)
+            probs = torch.softmax(scores, dim=-1).to(dt)
+            a = (probs @ v).transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
+            tap(f"{n}.attn.attn_out", a)
+            if cfg.arch == "bitnet":
+                a = self._norm(f"{n}.attn.sub_norm", a, layer["attn_sub_norm"], tap)
+            o = layer["self_attn.o_proj"](a)
+            tap(f"{n}.attn.o_proj", o)
+            h = h + o
+            x = self._norm(f"{n}.post_attn_norm", h, layer["post_attn_norm"], tap)
+            g = layer["mlp.gate_proj"](x)
+            u = layer["mlp.up_proj"](x)
+            tap(f"{n}.mlp.gate_proj", g)
+            tap(f"{n}.mlp.up_proj", u)
+            if cfg.hidden_act == "relu2":
+                act = torch.relu(g).square() * u
+            else:
+                act = F.silu(g) * u
+            tap(f"{n}.mlp.act", act)
+            if cfg.arch == "bitnet":
+                act = self._norm(f"{n}.mlp.sub_norm", act, layer["ffn_sub_norm"], tap)
+            d = layer["mlp.down_proj"](act)
+            tap(f"{n}.mlp.down_proj", d)
+            h = h + d
+            tap(f"{n}.output", h)
+        x = self._norm("final_norm", h, self.final_norm, tap)
+        if self.lm_head is not None:
+            logits = x.float() @ self.lm_head.float().t()
+        else:
+            logits = self.lm_head_q(x).float()
+        tap("logits", logits)
+        return logits
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Greedy continuation (full recompute per step; the reference favours clarity)."""
+        ids = input_ids
+        for _ in range(max_new_tokens):
+            nxt = self.forward(ids)[:, -1].argmax(-1, keepdim=True)
+            ids = torch.cat([ids, nxt], dim=1)
+        return ids[:, input_ids.shape[1]:]

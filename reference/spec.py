@@ -1,0 +1,286 @@
+"""Checkpoint spec: how every linear weight of a model is stored, in one JSON file.
+
+The spec is what the inspector produces and what the reference model, ``parity.dump`` and
+the vLLM plugin consume.  It is explicit per module, so mixed precision per layer, fused
+tensors and odd key names need no special cases:
+
+    {"spec_version": 1, "name": "hf-bitnet-bitlinear", "activation_quant": "int8_per_token",
+     "linears": {"model.layers.0.self_attn.q_proj": {
+         "weight_key": "model.layers.0.self_attn.q_proj.weight",
+         "shape": [128, 128],            # logical [N, K] of the stored (maybe fused) tensor
+         "rows": null,                   # [start, stop) of a fused tensor's rows, or null
+         "pack": {...PackSpec...},       # null = stored unpacked (float ternary, TriLM)
+         "scale": {...ScaleSpec...},     # null = no scale
+         "bias_key": null}, ...},
+     "tensors": {"model.embed_tokens.weight": "model.embed_tokens.weight", ...}}
+
+Module names are the Hugging Face Llama / BitNet names (``model.layers.N.self_attn.q_proj``);
+``tensors`` maps every float parameter's HF name to its checkpoint key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .checkpoint import Checkpoint, CheckpointError
+from .config import ModelConfig
+from .formats import HF_BITNET, FormatError, PackSpec, ScaleSpec, expand_scale, unpack
+
+SPEC_VERSION = 1
+ACT_QUANT = ("none", "int8_per_token")
+SPEC_FILENAME = "ternary_spec.json"
+
+
+@dataclass(frozen=True)
+class LinearEntry:
+    weight_key: str
+    shape: tuple[int, int]
+    pack: Optional[PackSpec] = None
+    scale: Optional[ScaleSpec] = None
+    rows: Optional[tuple[int, int]] = None
+    bias_key: Optional[str] = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        if self.rows is not None:
+            object.__setattr__(self, "rows", tuple(int(r) for r in self.rows))
+
+    @property
+    def out_shape(self) -> tuple[int, int]:
+        if self.rows is None:
+            return self.shape
+        return (self.rows[1] - self.rows[0], self.shape[1])
+
+    def to_dict(self) -> dict:
+        return {
+            "weight_key": self.weight_key,
+            "shape": list(self.shape),
+            "rows": list(self.rows) if self.rows else None,
+            "pack": self.pack.to_dict() if self.pack else None,
+            "scale": dataclasses.asdict(self.scale) if self.scale else None,
+            "bias_key": self.bias_key,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LinearEntry":
+        return cls(
+            weight_key=d["weight_key"], shape=tuple(d["shape"]),
+            rows=tuple(d["rows"]) if d.get("rows") else None,
+            pack=PackSpec.from_dict(d["pack"]) if d.get("pack") else None,
+            scale=ScaleSpec(**d["scale"]) if d.get("scale") else None,
+            bias_key=d.get("bias_key"))
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    name: str
+    linears: dict = field(hash=False)  # module name -> LinearEntry
+    tensors: dict = field(hash=False)  # HF float param name -> checkpoint key
+    activation_quant: str = "none"
+
+    def __post_init__(self):
+        if self.activation_quant not in ACT_QUANT:
+            raise FormatError(f"spec {self.name!r}: activation_quant must be one of {ACT_QUANT}")
+
+    def to_dict(self) -> dict:
+        return {"spec_version": SPEC_VERSION, "name": self.name, "activation_quant": self.activation_quant,
+                "linears": {k: v.to_dict() for k, v in self.linears.items()}, "tensors": dict(self.tensors)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "spec") -> "CheckpointSpec":
+        if d.get("spec_version") != SPEC_VERSION:
+            raise FormatError(f"{where}: spec_version {d.get('spec_version')!r}, this code reads {SPEC_VERSION}")
+        try:
+            return cls(name=d["name"], activation_quant=d.get("activation_quant", "none"),
+                       linears={k: LinearEntry.from_dict(v) for k, v in d["linears"].items()},
+                       tensors=dict(d["tensors"]))
+        except (KeyError, TypeError) as e:
+            raise FormatError(f"{where}: malformed spec ({e!r})")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "CheckpointSpec":
+        p = Path(path)
+        return cls.from_dict(json.loads(p.read_text()), where=str(p))
+
+    def save(self, path: str | os.PathLike) -> None:
+        from .io import atomic_write_text
+
+        atomic_write_text(Path(path), self.to_json())
+
+    def digest(self) -> str:
+        import hashlib
+
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    # -- validation against a model ---------------------------------------------------
+    def validate(self, cfg: ModelConfig, ckpt: Checkpoint) -> None:
+        """Every module the architecture needs is covered, shapes agree, every key exists,
+        and every checkpoint key is used by something (an unknown key is an error)."""
+        need = cfg.linear_shapes()
+        if cfg.tie_word_embeddings:
+            need.pop("lm_head")
+        used: set[str] = set()
+        for mod, shape in need.items():
+            e = self.linears.get(mod)
+            if e is None:
+                if mod == "lm_head" and "lm_head.weight" in self.tensors:
+                    used.add(self.tensors["lm_head.weight"])
+                    continue
+                raise CheckpointError(f"spec {self.name!r}: no entry for module {mod!r} (expected logical shape {shape})")
+            if e.out_shape != shape:
+                raise CheckpointError(f"spec {self.name!r}: {mod} has logical shape {e.out_shape}, config.json "
+                                      f"implies {shape}")
+            info = ckpt.info(e.weight_key)
+            if e.pack is not None:
+                want = e.pack.packed_shape(e.shape)
+                if tuple(info.shape) != want:
+                    raise CheckpointError(
+                        f"{info.file}: tensor {e.weight_key!r} has shape {list(info.shape)}, a logical "
+                        f"{list(e.shape)} matrix in format {e.pack.container}/{e.pack.lanes}/axis{e.pack.pack_axis} "
+                        f"needs {list(want)}")
+            elif tuple(info.shape) != e.shape:
+                raise CheckpointError(f"{info.file}: tensor {e.weight_key!r} has shape {list(info.shape)}, "
+                                      f"expected {list(e.shape)}")
+            used.add(e.weight_key)
+            if e.scale:
+                ckpt.info(e.scale.key)
+                used.add(e.scale.key)
+            if e.bias_key:
+                ckpt.info(e.bias_key)
+                used.add(e.bias_key)
+        for extra in set(self.linears) - set(need):
+            raise CheckpointError(f"spec {self.name!r}: module {extra!r} is not part of this architecture")
+        for hf, shape in cfg.float_params().items():
+            key = self.tensors.get(hf)
+            if key is None:
+                raise CheckpointError(f"spec {self.name!r}: no checkpoint key for parameter {hf!r}")
+            info = ckpt.info(key)
+            if tuple(info.shape) != tuple(shape):
+                raise CheckpointError(f"{info.file}: tensor {key!r} ({hf}) has shape {list(info.shape)}, "
+                                      f"config.json implies {list(shape)}")
+            used.add(key)
+        for hf, key in self.tensors.items():
+            if hf not in cfg.float_params() and hf != "lm_head.weight":
+                raise CheckpointError(f"spec {self.name!r}: maps unknown parameter {hf!r} -> {key!r}")
+            used.add(key)
+        unknown = [k for k in ckpt.keys() if k not in used]
+        if unknown:
+            raise CheckpointError(
+                f"{ckpt.path}: {len(unknown)} checkpoint tensors are not used by spec {self.name!r}: "
+                f"{unknown[:5]}{' ...' if len(unknown) > 5 else ''} (unknown keys; fix the spec's key mapping)")
+
+
+# ---------------------------------------------------------------------------------------
+# loading one linear
+
+
+@dataclass
+class DecodedLinear:
+    """Integer matrix + float multiplier of one module: W_eff = values * mult."""
+
+    values: torch.Tensor  # (N, K) int8 (or float for unpacked storage)
+    mult: torch.Tensor  # float32, broadcastable to (N, K): (1,1) | (N,1) | (N,K)
+    bias: Optional[torch.Tensor] = None
+    div: Optional[torch.Tensor] = None  # the stored scale when the format divides (mult = 1/div)
+
+    def effective(self) -> torch.Tensor:
+        return self.values.to(torch.float32) * self.mult
+
+
+def decode_linear(ckpt: Checkpoint, entry: LinearEntry, name: str, *, strict: bool = True) -> DecodedLinear:
+    """Read and decode one module's weight through its spec entry (fp32 multiplier)."""
+    raw = ckpt.get(entry.weight_key)
+    where = f"{ckpt.info(entry.weight_key).file}: tensor {entry.weight_key!r} ({name})"
+    if entry.pack is not None:
+        try:
+            vals = unpack(raw, entry.pack, entry.shape, name=where, strict=strict)
+        except FormatError as e:
+            raise CheckpointError(str(e) if where in str(e) else f"{where}: {e}") from None
+    else:
+        if tuple(raw.shape) != entry.shape:
+            raise CheckpointError(f"{where}: shape {list(raw.shape)}, expected {list(entry.shape)}")
+        vals = raw.to(torch.float32)
+        if not bool(torch.isfinite(vals).all()):
+            raise CheckpointError(f"{where}: has NaN/Inf values")
+    if entry.rows is not None:
+        vals = vals[entry.rows[0]:entry.rows[1]]
+    div = None
+    if entry.scale is not None:
+        try:
+            mult = expand_scale(ckpt.get(entry.scale.key), entry.scale, entry.shape, rows=entry.rows, name=where)
+            if entry.scale.op == "divide":
+                div = expand_scale(ckpt.get(entry.scale.key), dataclasses.replace(entry.scale, op="multiply"),
+                                   entry.shape, rows=entry.rows, name=where)
+        except FormatError as e:
+            raise CheckpointError(str(e)) from None
+    else:
+        mult = torch.ones(1, 1)
+    bias = ckpt.get(entry.bias_key).to(torch.float32) if entry.bias_key else None
+    return DecodedLinear(vals.contiguous(), mult, bias, div)
+
+
+# ---------------------------------------------------------------------------------------
+# spec builders for known conventions
+
+
+def linear_modules(cfg: ModelConfig) -> list[str]:
+    return [m for m in cfg.linear_shapes() if m != "lm_head"]
+
+
+def _float_tensors(cfg: ModelConfig, ckpt_keys) -> dict[str, str]:
+    t = {k: k for k in cfg.float_params()}
+    if not cfg.tie_word_embeddings:
+        t["lm_head.weight"] = "lm_head.weight"
+    return t
+
+
+def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
+    """The transformers ``quant_method: bitnet`` convention (BitLinear / AutoBitLinear)."""
+    q = cfg.quantization or {}
+    if q.get("quant_method") != "bitnet":
+        raise CheckpointError(f"quantization_config.quant_method is {q.get('quant_method')!r}, not 'bitnet'")
+    if q.get("use_rms_norm"):
+        raise CheckpointError("quantization_config.use_rms_norm=true (an RMSNorm inside every BitLinear) is not "
+                              "supported by the reference yet")
+    if q.get("quantization_mode", "offline") != "offline":
+        raise CheckpointError("quantization_mode 'online' stores float weights; only offline (packed) is supported")
+    linear_class = q.get("linear_class", "bitlinear")
+    op = "divide" if linear_class == "bitlinear" else "multiply"
+    skip = set(q.get("modules_to_not_convert") or []) | {"lm_head"}
+    shapes = cfg.linear_shapes()
+    linears = {}
+    tensors = _float_tensors(cfg, ckpt_keys)
+    for mod in linear_modules(cfg):
+        if mod in skip or any(mod.endswith("." + s) or mod.startswith(s + ".") for s in skip):
+            tensors[mod + ".weight"] = mod + ".weight"
+            continue
+        linears[mod] = LinearEntry(weight_key=f"{mod}.weight", shape=shapes[mod], pack=HF_BITNET,
+                                   scale=ScaleSpec(key=f"{mod}.weight_scale", granularity="tensor", op=op))
+    return CheckpointSpec(name=f"hf-bitnet-{linear_class}", linears=linears, tensors=tensors,
+                          activation_quant="int8_per_token")
+
+
+def spec_for(model_dir, cfg: Optional[ModelConfig] = None, spec_path=None) -> CheckpointSpec:
+    """The spec of a model directory: an explicit file, the directory's ternary_spec.json,
+    or one built from config.json's quantization_config."""
+    cfg = cfg or ModelConfig.load(model_dir)
+    if spec_path:
+        return CheckpointSpec.load(spec_path)
+    p = Path(model_dir) / SPEC_FILENAME
+    if p.exists():
+        return CheckpointSpec.load(p)
+    q = cfg.quantization or {}
+    if q.get("quant_method") == "bitnet":
+        return spec_from_hf_bitnet(cfg)
+    raise CheckpointError(
+        f"{model_dir}: no {SPEC_FILENAME} and quantization_config is {q or None}; run "
+        f"`python -m reference.inspect {model_dir}` to infer the format")

@@ -1,0 +1,123 @@
+"""Format specs: pack/unpack are exact inverses for every combination (hypothesis), and the
+built-in conventions match their public definitions bit for bit."""
+import json
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from reference.formats import (HF_BITNET, SEED, FormatError, PackSpec, ScaleSpec, expand_scale, pack,
+                               pack_codes, unpack, unpack_codes)
+
+CONTAINERS = ["uint8", "int8", "int16", "int32", "int64"]
+
+
+@st.composite
+def specs(draw):
+    container = draw(st.sampled_from(CONTAINERS))
+    bits = draw(st.sampled_from([b for b in (1, 2, 4, 8) if {"uint8": 8, "int8": 8, "int16": 16, "int32": 32,
+                                                               "int64": 64}[container] % b == 0]))
+    v = {"uint8": 8, "int8": 8, "int16": 16, "int32": 32, "int64": 64}[container] // bits
+    lanes = draw(st.sampled_from(["interleaved", "blocked", "block_interleaved"]))
+    block = v * draw(st.integers(1, 8)) if lanes == "block_interleaved" else None
+    n = 1 << bits
+    perm = draw(st.permutations(list(range(-(n // 2), n - n // 2))))
+    codes = list(perm)
+    if n >= 4 and draw(st.booleans()):
+        codes[draw(st.integers(0, n - 1))] = None  # an unused code
+    pad = next(i for i, c in enumerate(codes) if c is not None)
+    return PackSpec(bits=bits, container=container, pack_axis=draw(st.sampled_from([0, 1])), lanes=lanes,
+                    block=block, bit_order=draw(st.sampled_from(["lsb", "msb"])), codes=tuple(codes),
+                    transposed=draw(st.booleans()), pad_code=pad)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=specs(), n=st.integers(1, 37), k=st.integers(1, 70), seed=st.integers(0, 2 ** 31))
+def test_roundtrip_every_combination(spec, n, k, seed):
+    vals = torch.tensor([c for c in spec.codes if c is not None])
+    g = torch.Generator().manual_seed(seed)
+    w = vals[torch.randint(len(vals), (n, k), generator=g)]
+    p = pack(w, spec)
+    assert tuple(p.shape) == spec.packed_shape((n, k))
+    assert p.dtype == spec.torch_dtype
+    assert torch.equal(unpack(p, spec, (n, k)).long(), w)
+    # the spec survives JSON
+    assert PackSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+
+
+@settings(max_examples=100, deadline=None)
+@given(spec=specs(), n=st.integers(1, 20), k=st.integers(1, 40), seed=st.integers(0, 2 ** 31))
+def test_pack_of_unpack_is_identity_on_valid_packed(spec, n, k, seed):
+    """Every bit pattern with pad slots holding pad_code survives unpack -> pack."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(1 << spec.bits, (n, k), generator=g)
+    p = pack_codes(codes, spec)
+    assert torch.equal(unpack_codes(p, spec, (n, k)), codes)
+    assert torch.equal(pack_codes(unpack_codes(p, spec, (n, k)), spec), p)
+
+
+@pytest.mark.parametrize("n,k", [(8, 5), (10, 7), (1, 1), (129, 3)])
+def test_hf_bitnet_matches_transformers_pack_weights(n, k):
+    from transformers.integrations.bitnet import pack_weights, unpack_weights
+
+    w = torch.randint(-1, 2, (n, k), generator=torch.Generator().manual_seed(n * k))
+    ours = pack(w, HF_BITNET)
+    theirs = pack_weights(w.clone())
+    assert torch.equal(ours, theirs)
+    if n % 4 == 0:  # transformers' unpack only restores multiples of 4 rows
+        import os
+        os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+        assert torch.equal(unpack_weights(theirs, torch.float32)[:n].long(), w)
+
+
+def test_seed_layout_is_the_seeds_unpacker():
+    """The seed's unpack_ternary_packed: element 4j+i at bits 2i of byte j; 0->0, 1->+1, 2->-1."""
+    packed = torch.tensor([[0b00_10_01_00, 0b01_01_10_10]], dtype=torch.uint8)
+    assert unpack(packed, SEED, (1, 8)).tolist() == [[0, 1, -1, 0, -1, -1, 1, 1]]
+
+
+def test_i2s_block_interleave():
+    """bitnet.cpp I2_S: byte j of a 128-block holds j, 32+j, 64+j, 96+j at bits 7-6, 5-4, 3-2, 1-0."""
+    spec = PackSpec(bits=2, container="uint8", pack_axis=1, lanes="block_interleaved", block=128,
+                    bit_order="msb", codes=(-1, 0, 1, None))
+    w = torch.zeros(1, 128, dtype=torch.long)
+    w[0, 0], w[0, 32], w[0, 64], w[0, 96] = 1, -1, 1, 0  # codes 2, 0, 2, 1
+    p = pack(w, spec)
+    assert p[0, 0].item() == (2 << 6) | (0 << 4) | (2 << 2) | 1
+
+
+def test_unused_code_is_reported_with_position():
+    p = torch.tensor([[0b11]], dtype=torch.uint8)  # code 3 = unused in HF-BitNet
+    with pytest.raises(FormatError, match=r"code 3 at logical index \(0, 0\).*unused"):
+        unpack(p, HF_BITNET.replace(pack_axis=1, lanes="interleaved"), (1, 4), name="x")
+
+
+def test_wrong_packed_shape_names_expectation():
+    with pytest.raises(FormatError, match=r"needs \(2, 3\)"):
+        unpack(torch.zeros(3, 3, dtype=torch.uint8), HF_BITNET, (8, 3))
+
+
+def test_bad_specs_rejected():
+    with pytest.raises(FormatError):
+        PackSpec(bits=3, container="uint8")
+    with pytest.raises(FormatError):
+        PackSpec(codes=(0, 1))
+    with pytest.raises(FormatError):
+        PackSpec(lanes="block_interleaved", block=6)
+    with pytest.raises(FormatError):
+        PackSpec.from_dict({**HF_BITNET.to_dict(), "surprise": 1})
+
+
+def test_scales():
+    s = torch.tensor([2.0])
+    assert expand_scale(s, ScaleSpec("s", "tensor", "divide"), (4, 4)).item() == 0.5
+    ch = expand_scale(torch.arange(1.0, 5.0), ScaleSpec("s", "channel"), (4, 6), rows=(1, 3))
+    assert ch.flatten().tolist() == [2.0, 3.0]
+    grp = expand_scale(torch.tensor([[1.0, 2.0]]), ScaleSpec("s", "group", group_size=4), (1, 6))
+    assert grp.tolist() == [[1, 1, 1, 1, 2, 2]]
+    with pytest.raises(FormatError, match="NaN"):
+        expand_scale(torch.tensor([float("nan")]), ScaleSpec("s"), (1, 1))
+    with pytest.raises(FormatError, match="zero"):
+        expand_scale(torch.tensor([0.0]), ScaleSpec("s", op="divide"), (1, 1))
+    with pytest.raises(FormatError, match="must have 4 elements"):
+        expand_scale(torch.ones(3), ScaleSpec("s", "channel"), (4, 1))
