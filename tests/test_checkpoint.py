@@ -1,0 +1,123 @@
+"""Bad input to the reference loader: clear errors naming file, tensor and expectation."""
+import json
+import shutil
+import struct
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from parity.dump import DEFAULT_MODEL
+from reference.checkpoint import Checkpoint, CheckpointError, read_header
+from reference.model import ReferenceModel
+
+
+@pytest.fixture
+def model(tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(DEFAULT_MODEL, d)
+    return d
+
+
+def _rewrite(d, fn):
+    from safetensors.torch import load_file
+    sd = load_file(str(d / "model.safetensors"))
+    fn(sd)
+    save_file(sd, str(d / "model.safetensors"))
+
+
+def test_truncated_file(model):
+    f = model / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-1000])
+    with pytest.raises(CheckpointError, match=r"model.safetensors: tensor .*truncated"):
+        Checkpoint(model)
+
+
+def test_header_lies_about_offsets(tmp_path):
+    f = tmp_path / "x.safetensors"
+    save_file({"a": torch.zeros(4), "b": torch.ones(4)}, str(f))
+    raw = f.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    h = json.loads(raw[8:8 + n])
+    h["b"]["data_offsets"] = [8, 24]  # overlaps a
+    hb = json.dumps(h).encode()
+    f.write_bytes(struct.pack("<Q", len(hb)) + hb + raw[8 + n:])
+    with pytest.raises(CheckpointError, match="overlap"):
+        read_header(f)
+
+
+def test_garbage_and_tiny_files(tmp_path):
+    f = tmp_path / "x.safetensors"
+    f.write_bytes(b"\x05")
+    with pytest.raises(CheckpointError, match="too short"):
+        read_header(f)
+    f.write_bytes(struct.pack("<Q", 10) + b"not json!!")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        read_header(f)
+
+
+def test_pickle_refused(tmp_path):
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
+    with pytest.raises(CheckpointError, match="refusing to load a pickle.*safetensors"):
+        Checkpoint(tmp_path)
+
+
+def test_nan_scale(model):
+    _rewrite(model, lambda sd: sd.__setitem__("model.layers.1.self_attn.k_proj.weight_scale",
+                                              torch.tensor([float("nan")])))
+    with pytest.raises(CheckpointError, match=r"k_proj.weight_scale.*NaN"):
+        ReferenceModel.from_dir(model)
+
+
+def test_zero_divided_scale(model):
+    _rewrite(model, lambda sd: sd.__setitem__("model.layers.0.mlp.up_proj.weight_scale", torch.tensor([0.0])))
+    with pytest.raises(CheckpointError, match=r"up_proj.*zero"):
+        ReferenceModel.from_dir(model)
+
+
+def test_unknown_key(model):
+    _rewrite(model, lambda sd: sd.__setitem__("model.layers.0.mystery", torch.zeros(3)))
+    with pytest.raises(CheckpointError, match=r"not used by spec.*model.layers.0.mystery"):
+        ReferenceModel.from_dir(model)
+
+
+def test_missing_key(model):
+    _rewrite(model, lambda sd: sd.pop("model.layers.2.mlp.down_proj.weight"))
+    with pytest.raises(CheckpointError, match=r"no tensor 'model.layers.2.mlp.down_proj.weight'"):
+        ReferenceModel.from_dir(model)
+
+
+def test_wrong_packed_shape(model):
+    _rewrite(model, lambda sd: sd.__setitem__("model.layers.0.self_attn.q_proj.weight",
+                                              torch.zeros(31, 128, dtype=torch.uint8)))
+    with pytest.raises(CheckpointError, match=r"q_proj.weight' has shape \[31, 128\].*needs \[32, 128\]"):
+        ReferenceModel.from_dir(model)
+
+
+def test_config_inconsistent_with_shapes(model):
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["intermediate_size"] = 352
+    (model / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"gate_proj.weight' has shape \[86, 128\].*needs \[88, 128\]"):
+        ReferenceModel.from_dir(model)
+
+
+def test_unused_code_occurs(model):
+    def plant(sd):
+        w = sd["model.layers.3.mlp.up_proj.weight"]
+        w[5, 7] = 0b11  # code 3 is unused in HF-BitNet
+    _rewrite(model, plant)
+    with pytest.raises(CheckpointError, match=r"up_proj.weight.*code 3 .*unused"):
+        ReferenceModel.from_dir(model)
+
+
+def test_sharded_index_consistency(tmp_path):
+    save_file({"a": torch.zeros(2)}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file({"b": torch.zeros(2)}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    idx = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(idx))
+    with pytest.raises(CheckpointError, match="maps 'b' to model-00001"):
+        Checkpoint(tmp_path)
+    idx["weight_map"]["b"] = "model-00002-of-00002.safetensors"
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(idx))
+    assert sorted(Checkpoint(tmp_path).keys()) == ["a", "b"]

@@ -1,0 +1,104 @@
+"""Comparison mechanics: metrics, tiers and overrides, first divergence, jumps, top-10."""
+import math
+
+import pytest
+import torch
+
+from parity import names as N
+from parity.compare import compare, tensor_metrics, topk_agreement
+from parity.diagnose import structural_hints
+from parity.tolerances import parse_overrides, resolve
+
+
+def _golden(L=3, F=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    order = N.canonical_names(L, "llama")
+    return order, {n: torch.randn(2, 5, F, generator=g) for n in order}
+
+
+def test_metrics():
+    g = torch.tensor([[1.0, -2.0, 4.0]])
+    t = torch.tensor([[1.0, -2.5, 4.0]])
+    m = tensor_metrics(t, g)
+    assert m["max_abs"] == 0.5 and m["max_rel"] == 0.125 and m["worst_index"] == (0, 1)
+    assert m["worst_target"] == -2.5 and m["worst_golden"] == -2.0
+    assert math.isclose(m["sqnr_db"], 10 * math.log10(21 / 0.25))
+    assert tensor_metrics(g, g)["sqnr_db"] == math.inf
+
+
+def test_first_divergence_is_earliest_in_execution_order():
+    order, gold = _golden()
+    tgt = {n: t.clone() for n, t in gold.items()}
+    tgt["layer2.mlp.down_proj"] += 1.0
+    tgt["layer1.attn.v_proj"] += 1.0
+    cmp = compare(gold, tgt, order=order, dtype="fp32")
+    assert cmp.first_divergence.name == "layer1.attn.v_proj"
+    assert not cmp.passed
+    assert "FIRST DIVERGENCE: layer1.attn.v_proj (layer 1, operator attn.v_proj)" in cmp.summary()
+
+
+def test_attention_tier_is_looser_and_overrides_apply():
+    order, gold = _golden()
+    tgt = {n: t.clone() for n, t in gold.items()}
+    absmax = float(gold["layer0.attn.attn_out"].abs().max())
+    tgt["layer0.attn.attn_out"] = gold["layer0.attn.attn_out"] * (1 + 5e-3)  # 5e-3 relative
+    assert compare(gold, tgt, order=order, dtype="fp32").passed  # attention tier 1e-2
+    tgt["layer0.attn.attn_out"] = gold["layer0.attn.attn_out"] * (1 + 5e-2)
+    assert not compare(gold, tgt, order=order, dtype="fp32").passed
+    assert compare(gold, tgt, order=order, dtype="fp32", tol_overrides={"attention": 0.1}).passed
+    with pytest.raises(KeyError):
+        resolve("fp32", {"bogus": 1.0})
+    assert parse_overrides(["operator.atol=1e-4"]) == {"operator.atol": 1e-4}
+
+
+def test_missing_shape_nonfinite():
+    order, gold = _golden(L=1)
+    tgt = {n: t.clone() for n, t in gold.items()}
+    del tgt["layer0.attn.q_proj"]
+    tgt["layer0.attn.k_proj"] = tgt["layer0.attn.k_proj"][:, :, :3]
+    tgt["layer0.mlp.act"][0, 0, 0] = float("nan")
+    r = compare(gold, tgt, order=order, dtype="fp32").by_name()
+    assert r["layer0.attn.q_proj"].status == "missing"
+    assert r["layer0.attn.k_proj"].status == "shape"
+    assert r["layer0.mlp.act"].status == "nonfinite"
+
+
+def test_jump_flagged_inside_tolerance():
+    order, gold = _golden(L=4)
+    tgt = {n: t.clone() for n, t in gold.items()}
+    for L, rel in enumerate([1e-6, 1.2e-6, 8e-4, 9e-4]):  # layer 2 jumps x600, still < 1e-3
+        n = f"layer{L}.mlp.down_proj"
+        tgt[n] = gold[n] + rel * gold[n].abs().max()
+    cmp = compare(gold, tgt, order=order, dtype="fp32")
+    assert cmp.passed
+    assert [r.name for r in cmp.jumps] == ["layer2.mlp.down_proj"]
+    assert "jumps: layer2.mlp.down_proj" in cmp.summary()
+
+
+def test_topk_near_ties_are_explained():
+    g = torch.zeros(1, 3, 20)
+    g[..., :10] = torch.arange(10, 0, -1).float()  # clear top-10 at positions 0 and 2
+    g[0, 1, 9], g[0, 1, 10] = 1.0, 0.999  # position 1: near tie between ids 9 and 10
+    t = g.clone()
+    t[0, 1, 10] = 1.001  # swaps the near tie: explained
+    assert topk_agreement(t, g, limit=0.01).passed
+    t[0, 2, 15] = 100.0  # an id far outside the golden top-10 jumps in: unexplained
+    r = topk_agreement(t, g, limit=0.01)
+    assert not r.passed and r.unexplained == 1 and "position 2" in r.worst
+
+
+def test_structural_hints():
+    g = torch.randn(4, 8, 64, generator=torch.Generator().manual_seed(1))
+    assert "negated" in structural_hints(-g, g)[0]
+    assert "scale" in structural_hints(g * 3.0, g)[0]
+    perm = torch.arange(64).roll(16)
+    assert "permuted" in structural_hints(g[..., perm], g)[0]
+    per_tok = g * (1 + 0.01 * torch.rand(4, 8, 1))
+    assert "normalisation" in structural_hints(per_tok, g)[0]
+    e = torch.zeros(64)
+    e[::4] = 1.0
+    noisy = g + 0.05 * e * torch.randn(4, 8, 64)
+    assert "period 4" in structural_hints(noisy, g)[0]
+    ch = g.clone()
+    ch[..., 5] *= 2
+    assert "per-channel" in structural_hints(ch, g)[0]

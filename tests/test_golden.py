@@ -1,0 +1,93 @@
+"""Golden sets: atomic, never overwritten silently, stale when the model changes, verified."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from parity.dump import DEFAULT_MODEL, dump_reference, main as dump_main
+from parity.golden import GoldenError, GoldenSet, StaleGolden
+from parity.run import load_fresh_golden, run_parity
+from parity.inputs import NUM_PROMPTS, SEQ_LEN
+
+
+@pytest.fixture(scope="module")
+def gold(tmp_path_factory):
+    out = tmp_path_factory.mktemp("g") / "tiny"
+    dump_reference(DEFAULT_MODEL, out)
+    return out
+
+
+def test_manifest_contents(gold):
+    gs = GoldenSet.load(gold)
+    m = gs.manifest
+    assert gs.input_ids.shape == (NUM_PROMPTS, SEQ_LEN)
+    assert m["inputs"]["source"] == "tokenizer" and len(m["inputs"]["prompts"]) == 4
+    assert m["order"][0] == "embed" and m["order"][-1] == "logits"
+    assert "layer3.attn.v_proj" in m["order"] and m["tensors"]["layer3.attn.v_proj"]["tier"] == "operator"
+    assert m["reference_version"] and m["model"]["spec_name"] == "hf-bitnet-bitlinear"
+    assert gs.top10.shape == (NUM_PROMPTS, SEQ_LEN, 10)
+    for n in ("layer0.attn.q_proj", "layer0.mlp.act", "layer0.attn.attn_out", "final_norm"):
+        assert m["tensors"][n]["dtype"] == "float32" and len(m["tensors"][n]["sha256"]) == 64
+
+
+def test_committed_golden_is_fresh_and_reproducible(gold):
+    committed = load_fresh_golden(DEFAULT_MODEL.parent.parent / "golden" / "tiny-bitnet", DEFAULT_MODEL)
+    new = GoldenSet.load(gold)
+    assert committed.order == new.order
+    for n in new.order:
+        assert torch.allclose(new.tensors[n], committed.tensors[n], rtol=0, atol=1e-6 * float(
+            committed.tensors[n].abs().max())), n
+
+
+def test_no_silent_overwrite_and_force_keeps_old(gold, tmp_path):
+    out = tmp_path / "g"
+    shutil.copytree(gold, out)
+    before = (out / "manifest.json").read_text()
+    assert dump_main(["--ref", "--out", str(out)]) == 2  # refused, nothing touched
+    assert (out / "manifest.json").read_text() == before
+    assert dump_main(["--ref", "--out", str(out), "--force"]) == 0
+    aside = list(tmp_path.glob("g.prev-*"))
+    assert len(aside) == 1 and (aside[0] / "manifest.json").read_text() == before
+    assert not list(tmp_path.glob(".g.tmp-*"))
+
+
+def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
+    import parity.golden as G
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+    monkeypatch.setattr("safetensors.torch.save_file", boom)
+    with pytest.raises(OSError):
+        dump_reference(DEFAULT_MODEL, tmp_path / "x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stale_golden_is_reported_as_stale(gold, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(DEFAULT_MODEL, model)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["rms_norm_eps"] = 1e-5
+    (model / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(StaleGolden, match="config.json changed"):
+        run_parity("reference", model_dir=model, golden_dir=gold, runs_dir=None)
+
+
+def test_corrupted_golden_detected(gold, tmp_path):
+    out = tmp_path / "g"
+    shutil.copytree(gold, out)
+    m = json.loads((out / "manifest.json").read_text())
+    m["tensors"]["logits"]["sha256"] = "0" * 64
+    (out / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(GoldenError, match="logits does not match its sha256"):
+        GoldenSet.load(out)
+    t = out / "tensors.safetensors"
+    t.write_bytes(t.read_bytes()[:-100])
+    from reference.checkpoint import CheckpointError
+    with pytest.raises(CheckpointError, match="truncated"):
+        GoldenSet.load(out)
+
+
+def test_missing_golden_message(tmp_path):
+    with pytest.raises(GoldenError, match="python -m parity.dump --ref"):
+        GoldenSet.load(tmp_path)

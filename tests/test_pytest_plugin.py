@@ -1,0 +1,59 @@
+"""The pytest integration, run as a user would: ids carry canonical names, -k selects a
+layer, the session summary names the first divergence, stale goldens say so."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pytest(*args, cwd=ROOT):
+    env = {**os.environ, "TORCH_COMPILE_DISABLE": "1"}
+    p = subprocess.run([sys.executable, "-m", "pytest", "parity/", "-q", "-p", "no:cacheprovider", *args],
+                       cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
+    return p.returncode, p.stdout + p.stderr
+
+
+def test_k_layer3_selects_only_layer3(tmp_path):
+    rc, out = _pytest("--target", "reference", "-k", "layer3", "--runs", str(tmp_path), "-v", "-v")
+    assert rc == 0, out
+    ids = [l for l in out.splitlines() if "test_parity[" in l and "PASSED" in l]
+    assert len(ids) == 14 and all("test_parity[layer3." in l for l in ids), out
+    assert "no divergence" in out
+
+
+def test_failure_names_first_divergent_layer(tmp_path):
+    from parity.golden import sha256_tensor
+    from safetensors.torch import load_file, save_file
+
+    g = tmp_path / "golden"
+    shutil.copytree(ROOT / "golden" / "tiny-bitnet", g)
+    data = load_file(str(g / "tensors.safetensors"))
+    data["layer2.attn.o_proj"] = data["layer2.attn.o_proj"] * 1.5
+    save_file(data, str(g / "tensors.safetensors"))
+    m = json.loads((g / "manifest.json").read_text())
+    m["tensors"]["layer2.attn.o_proj"]["sha256"] = sha256_tensor(data["layer2.attn.o_proj"])
+    (g / "manifest.json").write_text(json.dumps(m))
+    rc, out = _pytest("--target", "reference", "--golden", str(g), "--runs", str(tmp_path / "runs"))
+    assert rc == 1, out
+    assert "1 failed, 59 passed" in out, out
+    assert "FIRST DIVERGENCE: layer2.attn.o_proj (layer 2, operator attn.o_proj)" in out
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1 and (runs[0] / "failures.safetensors").exists()
+
+
+def test_stale_golden_fails_every_test_with_reason(tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(ROOT / "models" / "tiny-bitnet", model)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["rope_parameters"]["rope_theta"] = 500000.0
+    (model / "config.json").write_text(json.dumps(cfg))
+    rc, out = _pytest("--target", "reference", "--model", str(model), "--golden",
+                      str(ROOT / "golden" / "tiny-bitnet"), "-k", "layer0.attn", "--runs", str(tmp_path))
+    assert rc == 1
+    assert "StaleGolden" in out and "config.json changed" in out and "parity.dump --ref" in out
