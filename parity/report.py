@@ -61,6 +61,7 @@ def plot(cmp: Comparison, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     from . import names as N
 
@@ -80,6 +81,7 @@ def plot(cmp: Comparison, path: Path) -> None:
     if fd is not None and fd.layer is not None:
         ax.axvline(fd.layer, color="red", linewidth=1.5, label=f"first divergence: {fd.name}")
     ax.set_xlabel("layer")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_ylabel("max_abs / max|golden|")
     ax.set_title(f"parity error vs depth — target {cmp.target} ({cmp.dtype} tiers; dashed: rtol per tier)")
     ax.legend(fontsize=7, ncol=3)

@@ -26,7 +26,7 @@ from .dump import DEFAULT_GOLDEN, DEFAULT_MODEL, ROOT
 from .golden import GoldenError, GoldenSet, StaleGolden
 from .report import format_table, new_run_dir, table, write_report
 from .targets import Target, get_target
-from .tolerances import parse_overrides
+from .tolerances import column as tolerance_column, parse_overrides
 
 DEFAULT_RUNS = ROOT / "parity_runs"
 
@@ -58,9 +58,11 @@ def run_parity(target: Target | str, *, model_dir: Path = DEFAULT_MODEL, golden_
     t0 = time.time()
     target = get_target(target) if isinstance(target, str) else target
     gs = load_fresh_golden(golden_dir, model_dir, spec_path)
+    spec = spec_for(model_dir, ModelConfig.load(model_dir), spec_path)
     captured = target.capture(model_dir, gs.input_ids, spec_path=spec_path)
     diag = Diagnoser(DecodeProbe(model_dir, spec_path)) if diagnose else None
-    cmp = compare(gs.tensors, captured, order=gs.order, dtype=target.compute_dtype, target_name=target.name,
+    col = tolerance_column(target.compute_dtype, spec.activation_quant, target.bit_faithful)
+    cmp = compare(gs.tensors, captured, order=gs.order, dtype=col, target_name=target.name,
                   tol_overrides=tol_overrides, diagnose=diag)
     fd = cmp.first_divergence
     if fd is not None:

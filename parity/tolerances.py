@@ -10,6 +10,13 @@ target legitimately does differently (summation order; an int8 activation-quanti
 boundary flipped by a 1-ulp difference moves one input by 1/127 of the token's absmax,
 ~1e-3 of an output) and still catch every planted fault (the smallest, RMSNorm eps
 1e-5 vs 1e-6 on the first norm, moves it by ~1e-2).
+fp32-a8: fp32 targets of models with int8 activation quantisation (BitNet W1.58A8) that are
+*independent* implementations.  A 1-ulp difference anywhere upstream (another summation order,
+multiplying by 1/s instead of dividing by s) moves some x*127/absmax across a .5 boundary; each
+such flip shifts an input by one int8 step, and the effect compounds with depth.  Measured on
+the bundled model (trit.ops CPU kernels vs the reference, 2026-11-30): worst normalised error
+2.0e-2 (layer 2 down_proj), SQNR >= 45 dB.  Targets that reproduce the reference's arithmetic
+bit for bit (the reference itself, planted-fault copies of it, transformers) use plain fp32.
 bf16: measured on the bundled model (bf16 target vs fp32 goldens, 2026-11-30): worst
 normalised error 1.1e-2 in layer 0 growing to 6.6e-2 at layer 3 (int8 activation
 quantisation of bf16 inputs flips many boundaries); 0.12 keeps ~2x margin.  bf16 runs
@@ -34,6 +41,8 @@ class Tol:
 TABLE: dict[str, dict[str, Tol]] = {
     "fp32": {"operator": Tol(1e-6, 1e-3), "attention": Tol(1e-6, 1e-2), "block": Tol(1e-6, 1e-3),
              "model": Tol(1e-6, 1e-3)},
+    "fp32-a8": {"operator": Tol(1e-6, 5e-2), "attention": Tol(1e-6, 5e-2), "block": Tol(1e-6, 5e-2),
+                "model": Tol(1e-6, 5e-2)},
     "bf16": {"operator": Tol(1e-3, 0.12), "attention": Tol(1e-3, 0.12), "block": Tol(1e-3, 0.12),
              "model": Tol(1e-3, 0.15)},
     "fp16": {"operator": Tol(1e-3, 3e-2), "attention": Tol(1e-3, 5e-2), "block": Tol(1e-3, 3e-2),
@@ -47,6 +56,14 @@ JUMP_FLOOR = 0.1
 #: top-10 agreement: positions whose top-10 sets differ must be explained by a golden logit
 #: gap (10th vs 11th) below the model tier's limit
 TOPK = 10
+
+
+def column(compute_dtype: str, activation_quant: str, bit_faithful: bool) -> str:
+    """The tolerance column for a target: its compute dtype, or fp32-a8 for an independent
+    fp32 implementation of an int8-activation model."""
+    if compute_dtype == "fp32" and activation_quant == "int8_per_token" and not bit_faithful:
+        return "fp32-a8"
+    return compute_dtype
 
 
 def resolve(dtype: str, overrides: dict[str, float] | None = None) -> dict[str, Tol]:

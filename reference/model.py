@@ -84,6 +84,13 @@ class Linear:
         return y.to(self.dtype)
 
 
+def _to(d: DecodedLinear, device: torch.device) -> DecodedLinear:
+    if device.type == "cpu":
+        return d
+    mv = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return DecodedLinear(d.values.to(device), d.mult.to(device), mv(d.bias), mv(d.div))
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in fp32, cast back (as transformers does)."""
     xf = x.float()
@@ -126,13 +133,15 @@ class Overrides:
     linear_hook: Optional[Callable] = None
     spec_hook: Optional[Callable] = None
     decoder: Optional[Callable] = None  # (ckpt, entry, name) -> DecodedLinear; default decode_linear
+    linear_factory: Optional[Callable] = None  # (DecodedLinear, act_quant, dtype, name) -> callable x -> y
 
 
 class ReferenceModel:
     def __init__(self, cfg: ModelConfig, spec: CheckpointSpec, ckpt: Checkpoint, *,
                  dtype: torch.dtype = torch.float32, overrides: Optional[Overrides] = None,
-                 validate: bool = True):
+                 validate: bool = True, device: str | torch.device = "cpu"):
         self.cfg, self.spec, self.dtype = cfg, spec, dtype
+        self.device = torch.device(device)
         self.ov = overrides or Overrides()
         if validate:
             spec.validate(cfg, ckpt)
@@ -143,16 +152,18 @@ class ReferenceModel:
             entry = spec.linears.get(mod)
             if entry is None:  # unquantised linear kept as float in the checkpoint
                 w = ckpt.get(spec.tensors[mod + ".weight"]).float()
-                return Linear(DecodedLinear(w, torch.ones(1, 1)), False, dtype)
+                return Linear(_to(DecodedLinear(w, torch.ones(1, 1)), self.device), False, dtype)
             if self.ov.spec_hook:
                 entry = self.ov.spec_hook(mod, entry)
             d = decoder(ckpt, entry, mod)
             if self.ov.linear_hook:
                 d = self.ov.linear_hook(mod, d)
-            return Linear(d, act_quant, dtype)
+            if self.ov.linear_factory:
+                return self.ov.linear_factory(d, act_quant, dtype, mod)
+            return Linear(_to(d, self.device), act_quant, dtype)
 
         def param(name: str) -> torch.Tensor:
-            return ckpt.get(spec.tensors[name]).float()
+            return ckpt.get(spec.tensors[name]).float().to(self.device)
 
         self.embed = param("model.embed_tokens.weight")  # (V, C)
         self.layers = []
@@ -197,11 +208,13 @@ class ReferenceModel:
         cfg, dt = self.cfg, self.dtype
         B, T = input_ids.shape
         H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        pos = torch.arange(T, dtype=torch.float32)
-        freqs = pos[:, None] * self.inv_freq[None, :]  # (T, D/2)
+        dev = self.device
+        input_ids = input_ids.to(dev)
+        pos = torch.arange(T, dtype=torch.float32, device=dev)
+        freqs = pos[:, None] * self.inv_freq.to(dev)[None, :]  # (T, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(dt), emb.sin().to(dt)  # (T, D)
-        causal = torch.full((T, T), float("-inf")).triu(1)
+        causal = torch.full((T, T), float("-inf"), device=dev).triu(1)
 
         h = self.embed[input_ids].to(dt)  # (B, T, C)
         tap("embed", h)
@@ -258,8 +271,8 @@ class ReferenceModel:
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         """Greedy continuation (full recompute per step; the reference favours clarity)."""
-        ids = input_ids
+        ids = input_ids.to(self.device)
         for _ in range(max_new_tokens):
             nxt = self.forward(ids)[:, -1].argmax(-1, keepdim=True)
             ids = torch.cat([ids, nxt], dim=1)
-        return ids[:, input_ids.shape[1]:]
+        return ids[:, input_ids.shape[1]:].cpu()

@@ -121,3 +121,16 @@ def test_scales():
         expand_scale(torch.tensor([0.0]), ScaleSpec("s", op="divide"), (1, 1))
     with pytest.raises(FormatError, match="must have 4 elements"):
         expand_scale(torch.ones(3), ScaleSpec("s", "channel"), (4, 1))
+
+
+@settings(max_examples=150, deadline=None)
+@given(spec=specs(), n=st.integers(1, 30), k=st.integers(1, 60), seed=st.integers(0, 2 ** 31))
+def test_bf16_targets_lut_decoder_agrees(spec, n, k, seed):
+    """The bf16 target's independent byte-LUT decoder == reference.formats.unpack (uint8 only)."""
+    from parity.targets.reference import lut_decode
+
+    spec = spec.replace(container="uint8", bits=2, codes=(-1, 0, 1, None), pad_code=0,
+                        block=(spec.block and 4 * max(1, spec.block // spec.values_per_container)))
+    w = torch.randint(-1, 2, (n, k), generator=torch.Generator().manual_seed(seed))
+    p = pack(w, spec)
+    assert torch.equal(lut_decode(p, spec, (n, k)).long(), w)

@@ -10,6 +10,7 @@ REGISTRY: dict[str, str] = {
     "reference": "parity.targets.reference:ReferenceTarget",  # fp32 reference (self-check)
     "bf16": "parity.targets.reference:Bf16Target",  # same architecture, bf16, independent decode
     "transformers": "parity.targets.hf:TransformersTarget",  # transformers' own BitLinear
+    "kernel": "parity.targets.kernel:KernelTarget",  # reference architecture + trit.ops kernels
     "vllm": "parity.targets.vllm:VllmTarget",  # vLLM + the trit plugin
 }
 

@@ -15,6 +15,9 @@ class Target(ABC):
 
     name: str = "?"
     compute_dtype: str = "fp32"
+    #: True when the target reproduces the reference's arithmetic order exactly (so no int8
+    #: activation-quantisation boundary flips are legitimate): it keeps the strict fp32 column
+    bit_faithful: bool = False
 
     @abstractmethod
     def capture(self, model_dir: Path, input_ids: torch.Tensor, *, spec_path: Optional[Path] = None

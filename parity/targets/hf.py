@@ -19,6 +19,7 @@ from .base import Target
 class TransformersTarget(Target):
     name = "transformers"
     compute_dtype = "fp32"
+    bit_faithful = True
 
     def load(self, model_dir: Path):
         os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")  # BitLinear's @torch.compile: eager on CPU

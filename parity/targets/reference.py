@@ -28,7 +28,7 @@ def _capture(model: ReferenceModel, input_ids: torch.Tensor) -> dict[str, torch.
     out: dict[str, torch.Tensor] = {}
 
     def tap(name, t):
-        out[name] = t.detach().float().clone()
+        out[name] = t.detach().float().cpu().clone()
 
     model.forward(input_ids, tap)
     return out
@@ -37,6 +37,7 @@ def _capture(model: ReferenceModel, input_ids: torch.Tensor) -> dict[str, torch.
 class ReferenceTarget(Target):
     name = "reference"
     compute_dtype = "fp32"
+    bit_faithful = True
 
     def __init__(self, overrides: Optional[Overrides] = None, dtype: torch.dtype = torch.float32):
         self.overrides = overrides
@@ -114,6 +115,7 @@ def lut_decoder(ckpt: Checkpoint, entry: LinearEntry, name: str) -> DecodedLinea
 class Bf16Target(ReferenceTarget):
     name = "bf16"
     compute_dtype = "bf16"
+    bit_faithful = False
 
     def __init__(self, overrides: Optional[Overrides] = None):
         ov = overrides or Overrides()
