@@ -23,6 +23,8 @@ _STATE: dict = {}
 def pytest_addoption(parser):
     g = parser.getgroup("parity", "layer-by-layer numerical parity")
     g.addoption("--target", default="bf16", help="target under test (reference, bf16, transformers, vllm, ...)")
+    g.addoption("--target-opt", action="append", default=[], metavar="KEY=VALUE",
+                help="option for the target's constructor (repeatable), e.g. --target-opt dtype=bfloat16")
     g.addoption("--model", default=str(DEFAULT_MODEL), help="model directory")
     g.addoption("--golden", default=None, help="golden set directory (default golden/<model dir name>)")
     g.addoption("--spec", default=None, help="format spec JSON (default: from the model dir)")
@@ -66,7 +68,10 @@ def parity_result(request):
     if "result" not in _STATE:
         model, golden, spec = _paths(cfg)
         try:
-            _STATE["result"] = run_parity(cfg.getoption("--target"), model_dir=model, golden_dir=golden,
+            from .targets import parse_options
+            _STATE["result"] = run_parity(cfg.getoption("--target"),
+                                          target_options=parse_options(cfg.getoption("target_opt")),
+                                          model_dir=model, golden_dir=golden,
                                           spec_path=spec, tol_overrides=parse_overrides(cfg.getoption("--tol")),
                                           runs_dir=Path(cfg.getoption("--runs")))
         except Exception as e:  # stale golden, bad checkpoint, target failure: say it once per test

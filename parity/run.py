@@ -25,7 +25,7 @@ from .diagnose import DecodeProbe, Diagnoser, depth_hint
 from .dump import DEFAULT_GOLDEN, DEFAULT_MODEL, ROOT
 from .golden import GoldenError, GoldenSet, StaleGolden
 from .report import format_table, new_run_dir, table, write_report
-from .targets import Target, get_target
+from .targets import Target, get_target, parse_options
 from .tolerances import column as tolerance_column, parse_overrides
 
 DEFAULT_RUNS = ROOT / "parity_runs"
@@ -52,11 +52,11 @@ def load_fresh_golden(golden_dir: Path, model_dir: Path, spec_path=None) -> Gold
     return gs
 
 
-def run_parity(target: Target | str, *, model_dir: Path = DEFAULT_MODEL, golden_dir: Path = DEFAULT_GOLDEN,
+def run_parity(target: Target | str, *, target_options: Optional[dict] = None, model_dir: Path = DEFAULT_MODEL, golden_dir: Path = DEFAULT_GOLDEN,
                spec_path=None, tol_overrides=None, runs_dir: Optional[Path] = DEFAULT_RUNS,
                diagnose: bool = True) -> RunResult:
     t0 = time.time()
-    target = get_target(target) if isinstance(target, str) else target
+    target = get_target(target, **(target_options or {})) if isinstance(target, str) else target
     gs = load_fresh_golden(golden_dir, model_dir, spec_path)
     spec = spec_for(model_dir, ModelConfig.load(model_dir), spec_path)
     captured = target.capture(model_dir, gs.input_ids, spec_path=spec_path)
@@ -81,6 +81,8 @@ def run_parity(target: Target | str, *, model_dir: Path = DEFAULT_MODEL, golden_
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m parity.run", description=__doc__.split("\n")[0])
     ap.add_argument("--target", default="bf16")
+    ap.add_argument("--target-opt", action="append", default=[], metavar="KEY=VALUE",
+                    help="option for the target's constructor, e.g. --target-opt dtype=bfloat16")
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--golden", type=Path, default=None)
     ap.add_argument("--spec", type=Path, default=None)
@@ -90,7 +92,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     golden = a.golden or ROOT / "golden" / a.model.name
     try:
-        res = run_parity(a.target, model_dir=a.model, golden_dir=golden, spec_path=a.spec,
+        res = run_parity(a.target, target_options=parse_options(a.target_opt), model_dir=a.model, golden_dir=golden, spec_path=a.spec,
                          tol_overrides=parse_overrides(a.tol), runs_dir=a.runs)
     except StaleGolden as e:
         print(f"STALE GOLDEN: {e}", file=sys.stderr)

@@ -15,8 +15,35 @@ REGISTRY: dict[str, str] = {
 }
 
 
+def parse_options(items) -> dict:
+    """['dtype=bfloat16', 'enforce_eager=false', 'tp=2'] -> {'dtype': 'bfloat16', 'enforce_eager': False, 'tp': 2}."""
+    out = {}
+    for it in items or []:
+        k, sep, v = it.partition("=")
+        if not sep:
+            raise ValueError(f"target option {it!r} must look like KEY=VALUE")
+        low = v.lower()
+        if low in ("true", "false"):
+            out[k] = low == "true"
+        else:
+            try:
+                out[k] = int(v)
+            except ValueError:
+                try:
+                    out[k] = float(v)
+                except ValueError:
+                    out[k] = v
+    return out
+
+
 def get_target(name: str, **options) -> Target:
     if name not in REGISTRY:
         raise KeyError(f"unknown target {name!r}; known: {sorted(REGISTRY)}")
     mod, cls = REGISTRY[name].split(":")
-    return getattr(importlib.import_module(mod), cls)(**options)
+    klass = getattr(importlib.import_module(mod), cls)
+    try:
+        return klass(**options)
+    except TypeError as e:
+        import inspect
+        raise ValueError(f"target {name!r} does not take options {sorted(options)} ({e}); its constructor is "
+                         f"{cls}{inspect.signature(klass)}") from None
