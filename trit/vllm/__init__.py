@@ -1,0 +1,35 @@
+"""vLLM plugin: the ``ternary`` quantization method and the BitNet b1.58 architecture.
+
+vLLM calls ``register()`` in every process (API server, engine core, workers) through the
+``vllm.general_plugins`` entry point declared in pyproject.toml:
+
+    [project.entry-points."vllm.general_plugins"]
+    trit = "trit.vllm:register"
+
+Nothing is patched: the method goes through ``register_quantization_config`` and the model
+through ``ModelRegistry.register_model``, the two public registries (same API in vLLM 0.26 and
+0.32).  ``register()`` is idempotent: vLLM may call it more than once per process.
+"""
+from __future__ import annotations
+
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    from vllm import ModelRegistry
+    from vllm.model_executor.layers.quantization import register_quantization_config
+
+    from .quant import NAME, TernaryConfig
+
+    register_quantization_config(NAME)(TernaryConfig)  # re-registering the same class is harmless
+    if "BitNetForCausalLM" not in ModelRegistry.get_supported_archs():
+        # the class itself, not a lazy "module:Class" string: vLLM inspects lazy models in a
+        # subprocess that may not have this repository on sys.path
+        from .bitnet import BitNetForCausalLM
+
+        ModelRegistry.register_model("BitNetForCausalLM", BitNetForCausalLM)
+    _registered = True
+

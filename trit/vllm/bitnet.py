@@ -1,0 +1,276 @@
+"""BitNet b1.58 for vLLM (``BitNetForCausalLM``), registered when vLLM lacks it.
+
+Same math as ``reference.model`` with arch "bitnet" and transformers' ``BitNetForCausalLM``:
+
+    x = input_layernorm(h)
+    q, k, v = qkv_proj(x)                       fused QKVParallelLinear (GQA), RoPE (neox)
+    a = attn(q, k, v)                           (T, H*D)
+    h = h + o_proj(attn_sub_norm(a))            sub-norm over H*D, before o_proj
+    x = post_attention_layernorm(h)
+    g, u = gate_up_proj(x)                      fused MergedColumnParallelLinear
+    h = h + down_proj(ffn_sub_norm(relu(g)^2 * u))
+    logits = norm(h) @ embed_tokens^T           tied embeddings (untied: lm_head)
+
+The residual stream uses vLLM's fused add+RMSNorm (``norm(x, residual)``), like its Llama.
+Under tensor parallelism the sub-norms see a slice of their features (heads / intermediate
+columns); ``ShardedRMSNorm`` all-reduces the sum of squares so the result equals the unsharded
+norm.  Weights load through the explicit key map (``keymap.build_key_map``), driven by the spec;
+an unknown or missing checkpoint key is an error naming it.
+
+Every vLLM API used here exists with the same signature in 0.26 and 0.32 (QKVParallelLinear,
+MergedColumnParallelLinear, RowParallelLinear, RMSNorm, get_rope(head_size, max_position,
+is_neox_style, rope_parameters), Attention (vllm.model_executor.layers.attention),
+VocabParallelEmbedding / ParallelLMHead.tie_weights, LogitsProcessor, support_torch_compile
+(dynamic_arg_dims), make_layers, embed_input_ids).  0.32's Llama adds compute_logits_local /
+aux-hidden-state plumbing for speculative decoding, which this model does not implement.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from itertools import islice
+from typing import Optional
+
+import torch
+from torch import nn
+
+from vllm.compilation.decorators import support_torch_compile
+from vllm.config import VllmConfig
+from vllm.distributed import (get_pp_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size,
+                              tensor_model_parallel_all_reduce)
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.models.utils import PPMissingLayer, make_layers, maybe_prefix
+from vllm.sequence import IntermediateTensors
+
+from .keymap import KeyMapError, build_key_map, check_coverage, expected_float_params
+
+
+class ShardedRMSNorm(nn.Module):
+    """RMSNorm over features that tensor parallelism splits across ranks (the BitNet
+    sub-norms): the mean of squares is all-reduced, the weight is sharded like the features."""
+
+    def __init__(self, total_size: int, eps: float):
+        super().__init__()
+        self.tp_size = get_tensor_model_parallel_world_size()
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.total_size, self.eps = total_size, eps
+        self.weight = nn.Parameter(torch.ones(total_size // self.tp_size), requires_grad=False)
+        self.weight.weight_loader = self._load
+
+    def _load(self, param, loaded):
+        n = param.shape[0]
+        param.data.copy_(loaded.narrow(0, self.tp_rank * n, n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, F / tp)
+        xf = x.float()
+        ss = xf.pow(2).sum(-1, keepdim=True)
+        ss = tensor_model_parallel_all_reduce(ss)
+        y = xf * torch.rsqrt(ss / self.total_size + self.eps)
+        return (y * self.weight.float()).to(x.dtype)
+
+
+def sub_norm(size: int, eps: float) -> nn.Module:
+    # unsharded: vLLM's RMSNorm (its fused kernel, same numerics as the other norms)
+    return RMSNorm(size, eps=eps) if get_tensor_model_parallel_world_size() == 1 else ShardedRMSNorm(size, eps)
+
+
+class BitNetMLP(nn.Module):
+    def __init__(self, config, quant_config, prefix: str):
+        super().__init__()
+        h, i = config.hidden_size, config.intermediate_size
+        if getattr(config, "hidden_act", "relu2") != "relu2":
+            raise ValueError(f"BitNet expects hidden_act relu2, config has {config.hidden_act!r}")
+        self.gate_up_proj = MergedColumnParallelLinear(h, [i, i], bias=False, quant_config=quant_config,
+                                                       prefix=f"{prefix}.gate_up_proj")
+        self.ffn_sub_norm = sub_norm(i, config.rms_norm_eps)
+        self.down_proj = RowParallelLinear(i, h, bias=False, quant_config=quant_config, prefix=f"{prefix}.down_proj")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gu, _ = self.gate_up_proj(x)  # (T, 2 * I / tp)
+        g, u = gu.chunk(2, dim=-1)
+        x = torch.relu(g).square() * u  # relu^2(gate) * up
+        x = self.ffn_sub_norm(x)
+        x, _ = self.down_proj(x)
+        return x
+
+
+class BitNetAttention(nn.Module):
+    def __init__(self, config, quant_config, cache_config, prefix: str):
+        super().__init__()
+        tp = get_tensor_model_parallel_world_size()
+        self.total_num_heads = config.num_attention_heads
+        self.total_num_kv_heads = getattr(config, "num_key_value_heads", None) or self.total_num_heads
+        if self.total_num_heads % tp or (self.total_num_kv_heads % tp and tp % self.total_num_kv_heads):
+            raise ValueError(f"tensor_parallel_size {tp} does not divide {self.total_num_heads} heads / "
+                             f"{self.total_num_kv_heads} kv heads")
+        self.num_heads = self.total_num_heads // tp
+        self.num_kv_heads = max(1, self.total_num_kv_heads // tp)
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.total_num_heads
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, self.total_num_heads,
+                                          self.total_num_kv_heads, bias=getattr(config, "attention_bias", False),
+                                          quant_config=quant_config, prefix=f"{prefix}.qkv_proj")
+        self.attn_sub_norm = sub_norm(self.total_num_heads * self.head_dim, config.rms_norm_eps)
+        self.o_proj = RowParallelLinear(self.total_num_heads * self.head_dim, config.hidden_size,
+                                        bias=getattr(config, "attention_bias", False), quant_config=quant_config,
+                                        prefix=f"{prefix}.o_proj")
+        self.rotary_emb = get_rope(self.head_dim, max_position=getattr(config, "max_position_embeddings", 8192),
+                                   is_neox_style=True, rope_parameters=_rope_parameters(config))
+        self.attn = Attention(self.num_heads, self.head_dim, self.head_dim ** -0.5, num_kv_heads=self.num_kv_heads,
+                              cache_config=cache_config, quant_config=quant_config, prefix=f"{prefix}.attn")
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        qkv, _ = self.qkv_proj(hidden_states)  # (T, (H + 2 Hkv) D / tp)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q, k)
+        a = self.attn(q, k, v)  # (T, H D / tp)
+        a = self.attn_sub_norm(a)
+        out, _ = self.o_proj(a)
+        return out
+
+
+def _rope_parameters(config) -> dict:
+    """transformers 5 keeps rope_theta inside rope_parameters; older configs have it top-level."""
+    rp = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    rp.setdefault("rope_type", rp.pop("type", "default"))
+    rp.setdefault("rope_theta", getattr(config, "rope_theta", 500000.0))
+    return rp
+
+
+class BitNetDecoderLayer(nn.Module):
+    def __init__(self, vllm_config: VllmConfig, prefix: str):
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        qc, cc = vllm_config.quant_config, vllm_config.cache_config
+        self.self_attn = BitNetAttention(config, qc, cc, prefix=f"{prefix}.self_attn")
+        self.mlp = BitNetMLP(config, qc, prefix=f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, positions, hidden_states, residual):
+        # (mlp_out, residual): the layer's output h is their sum (fused into the next norm)
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": -1, "intermediate_tensors": 0,
+                                         "inputs_embeds": 0})
+class BitNetModel(nn.Module):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        self.config = config
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.start_layer, self.end_layer, self.layers = make_layers(
+            config.num_hidden_layers, lambda prefix: BitNetDecoderLayer(vllm_config, prefix),
+            prefix=f"{prefix}.layers")
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if get_pp_group().is_last_rank \
+            else PPMissingLayer()
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+        if get_pp_group().is_first_rank:
+            hidden_states = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
+            residual = None
+        else:
+            hidden_states, residual = intermediate_tensors["hidden_states"], intermediate_tensors["residual"]
+        for layer in islice(self.layers, self.start_layer, self.end_layer):
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        if not get_pp_group().is_last_rank:
+            return IntermediateTensors({"hidden_states": hidden_states, "residual": residual})
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class BitNetForCausalLM(nn.Module):
+    # fused vLLM layer -> HF modules, read by vLLM's SupportsQuant/LoRA machinery
+    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        self.config, self.quant_config = config, vllm_config.quant_config
+        if self.quant_config is not None:
+            self.quant_config.packed_modules_mapping = dict(self.packed_modules_mapping)
+        self.model = BitNetModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
+        if get_pp_group().is_last_rank:
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
+                                          prefix=maybe_prefix(prefix, "lm_head"))
+            if getattr(config, "tie_word_embeddings", False):
+                self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
+            self.logits_processor = LogitsProcessor(config.vocab_size)
+        else:
+            self.lm_head = PPMissingLayer()
+
+    def make_empty_intermediate_tensors(self, batch_size: int, dtype: torch.dtype, device: torch.device):
+        h = self.config.hidden_size
+        return IntermediateTensors({k: torch.zeros((batch_size, h), dtype=dtype, device=device)
+                                    for k in ("hidden_states", "residual")})
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_input_ids(input_ids)
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
+        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor, *args) -> Optional[torch.Tensor]:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    # -- weights -----------------------------------------------------------------------
+    def key_map(self):
+        """The explicit {checkpoint key: [Target]} of this model (see keymap.build_key_map)."""
+        spec = getattr(self.quant_config, "spec", None)
+        if spec is None:
+            raise KeyMapError("BitNetForCausalLM on vLLM needs the ternary quantization method (a spec); got "
+                              f"quant_config={self.quant_config!r}")
+        floats = expected_float_params(self.config.num_hidden_layers, "bitnet",
+                                       bool(getattr(self.config, "tie_word_embeddings", False)))
+        return build_key_map(spec, floats)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        key_map = self.key_map()
+        params = dict(self.named_parameters())
+        seen: set[str] = set()
+        loaded: set[str] = set()
+        for key, tensor in weights:
+            targets = key_map.get(key)
+            if targets is None:
+                raise KeyMapError(f"checkpoint tensor {key!r} has no vLLM parameter in the BitNet key map "
+                                  f"(unknown key; the spec's mapping does not name it)")
+            seen.add(key)
+            for t in targets:
+                if t.param not in params:
+                    if _pp_missing(t.param, self):
+                        continue
+                    raise KeyMapError(f"checkpoint tensor {key!r} maps to vLLM parameter {t.param!r}, which this "
+                                      f"model does not have")
+                p = params[t.param]
+                loader = getattr(p, "weight_loader", default_weight_loader)
+                if t.shard_id is None:
+                    loader(p, tensor)
+                else:
+                    loader(p, tensor, t.shard_id)
+                loaded.add(t.param)
+        check_coverage({k: v for k, v in key_map.items()}, seen, where="BitNet checkpoint")
+        if getattr(self.config, "tie_word_embeddings", False):
+            loaded.add("lm_head.weight")
+        return loaded
+
+
+def _pp_missing(name: str, model: nn.Module) -> bool:
+    from vllm.model_executor.models.utils import is_pp_missing_parameter
+
+    return is_pp_missing_parameter(name, model)

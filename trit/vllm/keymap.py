@@ -1,0 +1,241 @@
+"""Checkpoint key -> vLLM parameter mapping, and the loader's staging layout.
+
+Everything the loader does to a checkpoint tensor is declared here, per format, as data:
+
+* ``FUSED`` — which Hugging Face modules vLLM fuses into one layer and under which shard id
+  (``qkv_proj`` <- q/k/v, ``gate_up_proj`` <- gate/up).  vLLM's own ``weight_loader`` then
+  places (and, under tensor parallelism, slices) each shard.
+* ``FLOAT_PARAMS`` — float tensors (embeddings, norms) by HF suffix -> vLLM suffix.
+* ``build_key_map(spec, ...)`` — the explicit dict {checkpoint key: [Target, ...]} for one model,
+  driven by the ``CheckpointSpec``: the weight, scale and bias keys of every linear, split into
+  the fused vLLM parameter + shard id.  A checkpoint key not in the dict, or a dict key the
+  checkpoint lacks, is an error that names the key (``KeyMapError``).
+
+Staging layout (what a ternary ``weight`` parameter holds between loading and
+``process_weights_after_loading``): HF-BitNet packs 4 values per byte along the *output* axis in
+*blocked* lanes (row r of an N-row matrix in byte r % ceil(N/4)), so a fused qkv cannot be made
+by concatenating packed rows and a TP shard is not a contiguous byte range.  The loader therefore
+decodes each shard to int8 through the spec and re-packs it into the staging layout
+
+    stage: uint8 (ceil(N / f), K); f = 4: element (n, k) at bits 2*(n % 4) of byte [n // 4, k];
+           f = 1: one code per byte.  code = w + 1 (0 -> -1, 1 -> 0, 2 -> +1).
+
+which *is* sliceable along the output axis in units of f rows, so it carries vLLM's
+``packed_dim=0, packed_factor=f, output_dim=0, input_dim=1`` attributes and vLLM's loaders do the
+qkv/gate_up placement and the TP slicing.  f = 4 when every output partition is a multiple of 4
+(0.25 byte per weight while loading), else f = 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+from reference.formats import FormatError, expand_scale, unpack
+from reference.spec import CheckpointSpec, LinearEntry
+
+ShardId = Union[str, int, None]
+
+#: vLLM fused layer (last name component) -> {shard id: HF module (last name component)}
+FUSED: dict[str, dict[ShardId, str]] = {
+    "qkv_proj": {"q": "q_proj", "k": "k_proj", "v": "v_proj"},
+    "gate_up_proj": {0: "gate_proj", 1: "up_proj"},
+}
+#: HF module (last component) -> (vLLM layer (last component), shard id)
+UNFUSE: dict[str, tuple[str, ShardId]] = {
+    hf: (fused, sid) for fused, shards in FUSED.items() for sid, hf in shards.items()}
+
+#: float parameters by HF name suffix -> vLLM parameter suffix (BitNet and Llama share them)
+FLOAT_PARAMS: dict[str, str] = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "post_attention_layernorm.weight": "post_attention_layernorm.weight",
+    "self_attn.attn_sub_norm.weight": "self_attn.attn_sub_norm.weight",
+    "mlp.ffn_sub_norm.weight": "mlp.ffn_sub_norm.weight",
+    "model.embed_tokens.weight": "model.embed_tokens.weight",
+    "model.norm.weight": "model.norm.weight",
+    "lm_head.weight": "lm_head.weight",
+}
+
+STAGE_BITS = 2
+
+
+class KeyMapError(KeyError):
+    """A checkpoint key has no vLLM parameter, or a vLLM parameter has no checkpoint key."""
+
+    def __str__(self):  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+# ---------------------------------------------------------------------------------------
+# names
+
+
+def hf_modules(vllm_prefix: str) -> dict[ShardId, str]:
+    """'model.layers.0.self_attn.qkv_proj' -> {'q': 'model.layers.0.self_attn.q_proj', ...};
+    an unfused layer -> {None: its own name}."""
+    head, _, last = vllm_prefix.rpartition(".")
+    shards = FUSED.get(last)
+    if shards is None:
+        return {None: vllm_prefix}
+    return {sid: (f"{head}.{hf}" if head else hf) for sid, hf in shards.items()}
+
+
+def vllm_target(hf_module: str) -> tuple[str, ShardId]:
+    """'model.layers.0.self_attn.k_proj' -> ('model.layers.0.self_attn.qkv_proj', 'k')."""
+    head, _, last = hf_module.rpartition(".")
+    if last in UNFUSE:
+        fused, sid = UNFUSE[last]
+        return (f"{head}.{fused}" if head else fused), sid
+    return hf_module, None
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one checkpoint tensor goes: vLLM parameter name, shard id, and what it is."""
+
+    param: str  # e.g. "model.layers.0.self_attn.qkv_proj.weight"
+    shard_id: ShardId
+    kind: str  # "weight" | "scale" | "bias" | "float"
+    hf_module: Optional[str] = None  # the spec's module name (linears only)
+
+
+def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[str, list[Target]]:
+    """The explicit {checkpoint key: [Target]} dict of one model.
+
+    ``float_params`` is {HF parameter name: vLLM parameter name} for the model's float tensors
+    (``expected_float_params``).  Linear weights, scales and biases come from the spec; a fused
+    checkpoint tensor (entries with ``rows``) maps to several targets."""
+    out: dict[str, list[Target]] = {}
+
+    def add(key: str, t: Target):
+        out.setdefault(key, []).append(t)
+
+    for mod, e in spec.linears.items():
+        layer, sid = vllm_target(mod)
+        add(e.weight_key, Target(f"{layer}.weight", sid, "weight", mod))
+        if e.scale is not None:
+            add(e.scale.key, Target(f"{layer}.weight_scale", sid, "scale", mod))
+        if e.bias_key:
+            add(e.bias_key, Target(f"{layer}.bias", sid, "bias", mod))
+    for hf, vname in float_params.items():
+        key = spec.tensors.get(hf)
+        if key is None:
+            raise KeyMapError(f"spec {spec.name!r}: no checkpoint key for parameter {hf!r} (vLLM {vname!r})")
+        add(key, Target(vname, None, "float"))
+    # a float linear kept unquantised (modules_to_not_convert) is listed in spec.tensors
+    for hf, key in spec.tensors.items():
+        if hf in float_params or hf == "lm_head.weight":
+            continue
+        if hf.endswith(".weight") and hf[: -len(".weight")] not in spec.linears:
+            layer, sid = vllm_target(hf[: -len(".weight")])
+            add(key, Target(f"{layer}.weight", sid, "float"))
+    return out
+
+
+def expected_float_params(num_layers: int, arch: str, tie_word_embeddings: bool) -> dict[str, str]:
+    """HF float parameter -> vLLM parameter of the BitNet/Llama models in this package."""
+    out = {"model.embed_tokens.weight": "model.embed_tokens.weight", "model.norm.weight": "model.norm.weight"}
+    per_layer = ["input_layernorm.weight", "post_attention_layernorm.weight"]
+    if arch == "bitnet":
+        per_layer += ["self_attn.attn_sub_norm.weight", "mlp.ffn_sub_norm.weight"]
+    for L in range(num_layers):
+        for s in per_layer:
+            out[f"model.layers.{L}.{s}"] = f"model.layers.{L}.{FLOAT_PARAMS[s]}"
+    if not tie_word_embeddings:
+        out["lm_head.weight"] = "lm_head.weight"
+    return out
+
+
+def check_coverage(key_map: dict[str, list[Target]], checkpoint_keys, where: str = "checkpoint") -> None:
+    """Every checkpoint key is mapped and every mapped key exists; errors name the keys."""
+    ck = set(checkpoint_keys)
+    unknown = sorted(ck - set(key_map))
+    if unknown:
+        raise KeyMapError(f"{where}: {len(unknown)} checkpoint tensor(s) have no vLLM parameter in the key map: "
+                          f"{unknown[:5]}{' ...' if len(unknown) > 5 else ''} (unknown key; fix the spec's mapping)")
+    missing = sorted(set(key_map) - ck)
+    if missing:
+        first = key_map[missing[0]][0]
+        raise KeyMapError(f"{where}: missing checkpoint tensor {missing[0]!r} (for vLLM parameter {first.param!r}"
+                          f"{'' if first.shard_id is None else f', shard {first.shard_id!r}'})"
+                          f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}")
+
+
+# ---------------------------------------------------------------------------------------
+# decode one shard through the spec
+
+
+def decode_weight(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bool = False) -> torch.Tensor:
+    """Checkpoint tensor -> int8 (n, K) ternary values of module ``name`` (its ``rows`` of a
+    fused tensor, or the whole fused tensor when ``fused``)."""
+    where = f"tensor {entry.weight_key!r} ({name})"
+    raw = raw.detach().cpu()  # safetensors hands CPU tensors; unpack runs there once per tensor
+    if entry.pack is not None:
+        try:
+            vals = unpack(raw, entry.pack, entry.shape, name=where)
+        except FormatError as e:
+            raise FormatError(str(e) if where in str(e) else f"{where}: {e}") from None
+    else:
+        if tuple(raw.shape) != entry.shape:
+            raise FormatError(f"{where}: shape {list(raw.shape)}, the spec says {list(entry.shape)}")
+        vals = raw.float()
+        if not bool(((vals == -1) | (vals == 0) | (vals == 1)).all()):
+            raise FormatError(f"{where}: stored unpacked but not ternary; the trit ops need values in "
+                              f"{{-1, 0, 1}} (fold float weights into the scale first)")
+        vals = vals.to(torch.int8)
+    if entry.rows is not None and not fused:
+        vals = vals[entry.rows[0]:entry.rows[1]]
+    if vals.dtype != torch.int8 or (vals.numel() and int(vals.abs().max()) > 1):
+        raise FormatError(f"{where}: values outside {{-1, 0, 1}}; the trit ops are ternary only")
+    return vals.contiguous()
+
+
+def shard_scale(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bool = False) -> torch.Tensor:
+    """Checkpoint scale -> fp32 (n,) multiplier per output row of module ``name``
+    ('divide' scales inverted here, once, at load time)."""
+    if entry.scale is None:
+        n = entry.shape[0] if fused else entry.out_shape[0]
+        return torch.ones(n)
+    if entry.scale.granularity == "group":
+        raise FormatError(f"{name}: group-wise scale {entry.scale.key!r} (group_size {entry.scale.group_size}) is not "
+                          f"supported by the trit ops, which take one scale per output row")
+    m = expand_scale(raw.detach().cpu(), entry.scale, entry.shape, rows=None if fused else entry.rows,
+                     name=f"tensor {entry.scale.key!r} ({name})")  # (1, 1) or (n, 1)
+    n = entry.shape[0] if fused else entry.out_shape[0]
+    return m.reshape(-1).expand(n).contiguous() if m.numel() == 1 else m.reshape(-1).contiguous()
+
+
+# ---------------------------------------------------------------------------------------
+# staging layout (see module docstring)
+
+
+def stage_factor(output_partition_sizes: list[int]) -> int:
+    return 4 if all(s % 4 == 0 for s in output_partition_sizes) else 1
+
+
+def stage_pack(w: torch.Tensor, f: int) -> torch.Tensor:
+    """int8 (N, K) -> uint8 (ceil(N/f), K) staging layout."""
+    codes = (w.to(torch.int16) + 1).to(torch.uint8)  # (N, K) in {0, 1, 2}
+    if f == 1:
+        return codes.contiguous()
+    n, k = codes.shape
+    pad = (-n) % f
+    if pad:
+        codes = torch.cat([codes, torch.ones(pad, k, dtype=torch.uint8)])  # code 1 = value 0
+    c = codes.view(-1, f, k)  # (N/f, f, K)
+    out = torch.zeros(c.shape[0], k, dtype=torch.uint8)
+    for s in range(f):
+        out |= c[:, s] << (STAGE_BITS * s)
+    return out
+
+
+def stage_unpack(staged: torch.Tensor, f: int, n: int) -> torch.Tensor:
+    """uint8 (ceil(n/f), K) staging layout -> int8 (n, K)."""
+    if f == 1:
+        codes = staged
+    else:
+        shifts = torch.arange(f, device=staged.device, dtype=torch.uint8) * STAGE_BITS
+        codes = (staged.unsqueeze(1) >> shifts.view(1, f, 1)) & 3  # (N/f, f, K)
+        codes = codes.reshape(-1, staged.shape[-1])
+    return (codes[:n].to(torch.int16) - 1).to(torch.int8).contiguous()

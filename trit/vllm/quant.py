@@ -1,0 +1,283 @@
+"""vLLM quantization method ``ternary``: a QuantizationConfig + LinearMethodBase pair.
+
+Which checkpoints: ``quantization_config.quant_method`` ``bitnet`` (transformers' HF-BitNet
+convention; picked up automatically through ``override_quantization_method``) or ``ternary``,
+or any model directory with the inspector's ``ternary_spec.json`` (``--quantization ternary``).
+In every case the per-module format comes from ``reference.spec.spec_for(model_dir)``.
+
+Life of a ternary linear layer:
+  create_weights   ``weight``: uint8 staging (N_part / f, K_part) with packed_dim=0,
+                   packed_factor=f, output_dim=0, input_dim=1 (see ``keymap`` for the layout),
+                   ``weight_scale``: fp32 (N_part,) with output_dim=0 — one multiplier per
+                   output row, so q/k/v (or gate/up) keep their own per-tensor scales.
+  weight_loader    decode the checkpoint shard through the spec (unpack, invert 'divide'
+                   scales), re-pack into the staging layout, then hand it to vLLM's own loader
+                   of the layer, which places the shard (qkv / gate_up) and slices it for TP.
+  process_weights_after_loading
+                   check every shard arrived, unpack the staging buffer once and
+                   ``repack`` it into the kernel's layout (offline repack).
+  apply            reshape to 2-D, call the op, reshape back.  Which op (A8 or not, TP absmax
+                   all-gather or not) is fixed at load time: no host sync, no value-dependent
+                   branch, so CUDA graphs capture it.
+
+vLLM 0.26 vs 0.32: everything used here exists in both with the same signature
+(register_quantization_config, QuantizationConfig's abstract methods,
+override_quantization_method(hf_quant_cfg, user_quant, hf_config), maybe_update_config(model_name,
+hf_config, revision), LinearMethodBase.create_weights(layer, input_size_per_partition,
+output_partition_sizes, input_size, output_size, params_dtype, **extra), the v1 ``weight_loader``
+of Column/Merged/QKV/RowParallelLinear with packed_dim/packed_factor).  0.32 routes
+get_quant_method through ``resolve_quant_method`` (online requantisation; a no-op for us) and adds
+``QuantizeMethodBase.requires_device_loading`` / ``supports_pre_processed_weights`` (left at their
+defaults).  Neither version lists our method in WEIGHT_LOADER_V2_SUPPORTED, so both hand
+``create_weights`` the v1 loader, which is what we wrap.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch.nn import Parameter
+
+from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, RowParallelLinear, UnquantizedLinearMethod
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
+from vllm.model_executor.utils import set_weight_attrs
+
+from reference.spec import SPEC_FILENAME, CheckpointSpec
+
+from .kernels import Backend, get_backend
+from .keymap import KeyMapError, decode_weight, hf_modules, shard_scale, stage_factor, stage_pack, stage_unpack
+
+logger = logging.getLogger(__name__)
+
+NAME = "ternary"
+#: quant_method values in config.json that this method takes over
+CLAIMS = ("bitnet", "ternary")
+
+
+class TernaryConfig(QuantizationConfig):
+    """Frozen after ``maybe_update_config``: the checkpoint's spec + the kernel backend."""
+
+    def __init__(self, spec: Optional[CheckpointSpec] = None, hf_quant_config: Optional[dict] = None,
+                 backend: str = "auto"):
+        super().__init__()
+        self.spec = spec
+        self.hf_quant_config = dict(hf_quant_config or {})
+        self.backend_name = self.hf_quant_config.get("trit_backend", backend)
+
+    def __repr__(self) -> str:
+        return f"TernaryConfig(spec={self.spec.name if self.spec else None!r}, backend={self.backend_name!r})"
+
+    # -- QuantizationConfig interface --------------------------------------------------
+    @classmethod
+    def get_name(cls) -> str:
+        return NAME
+
+    @classmethod
+    def get_supported_act_dtypes(cls) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 70
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        # read only when config.json has no quantization_config (vLLM then json-loads this file
+        # and passes it to from_config)
+        return [SPEC_FILENAME]
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "TernaryConfig":
+        if "spec_version" in config:  # the ternary_spec.json itself
+            return cls(spec=CheckpointSpec.from_dict(config, where=SPEC_FILENAME))
+        return cls(hf_quant_config=config)
+
+    @classmethod
+    def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None) -> Optional[str]:
+        if (hf_quant_cfg or {}).get("quant_method") in CLAIMS and user_quant in (None, NAME, "bitnet"):
+            return NAME
+        return None
+
+    def maybe_update_config(self, model_name, hf_config=None, revision=None):
+        """Called once by vLLM with the model path: build the spec (``spec_for``: the
+        directory's ternary_spec.json, else config.json's quantization_config)."""
+        if self.spec is None:
+            self.spec = load_spec(model_name, hf_config, self.hf_quant_config.get("spec_path"))
+        if "lm_head" in self.spec.linears:
+            raise NotImplementedError(f"spec {self.spec.name!r}: a ternary lm_head is not supported on the vLLM "
+                                      f"path yet (ParallelLMHead needs its own quant method)")
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Optional[QuantizeMethodBase]:
+        if not isinstance(layer, LinearBase):
+            return None  # embeddings, lm_head, attention (no KV-cache quant): vLLM's defaults
+        if self.spec is None:
+            raise RuntimeError("TernaryConfig has no spec: maybe_update_config(model_dir) was not called")
+        mods = hf_modules(prefix)
+        have = [m in self.spec.linears for m in mods.values()]
+        if not any(have):
+            return UnquantizedLinearMethod()  # a float linear (modules_to_not_convert)
+        if not all(have):
+            missing = [m for m, h in zip(mods.values(), have) if not h]
+            raise KeyMapError(f"vLLM layer {prefix!r} fuses {list(mods.values())}, but spec {self.spec.name!r} "
+                              f"has no ternary entry for {missing} (mixed float/ternary fused layers are not "
+                              f"supported)")
+        return TernaryLinearMethod(self, prefix)
+
+
+def load_spec(model_dir, hf_config=None, spec_path=None) -> CheckpointSpec:
+    """``spec_path`` (quantization_config's ``spec_path``, e.g. from ``hf_overrides``) wins,
+    then the directory's ternary_spec.json, then config.json's quantization_config."""
+    from reference.config import ModelConfig
+    from reference.spec import spec_for, spec_from_hf_bitnet
+
+    if spec_path:
+        return CheckpointSpec.load(spec_path)
+    if Path(str(model_dir)).is_dir():
+        return spec_for(model_dir)
+    if hf_config is not None:  # hub id: build from the config object (no ternary_spec.json there)
+        return spec_from_hf_bitnet(ModelConfig.from_dict(hf_config.to_dict(), where=str(model_dir)))
+    raise FileNotFoundError(f"{model_dir}: not a local model directory; cannot find its {SPEC_FILENAME}")
+
+
+class TernaryLinearMethod(LinearMethodBase):
+    """One instance per vLLM linear layer (it knows the layer's HF module names)."""
+
+    def __init__(self, quant_config: TernaryConfig, prefix: str):
+        self.quant_config = quant_config
+        self.spec: CheckpointSpec = quant_config.spec
+        self.prefix = prefix
+        self.modules = hf_modules(prefix)  # {shard id: HF module name}
+        self.act_quant = self.spec.activation_quant == "int8_per_token"
+        self.backend: Backend = get_backend(quant_config.backend_name)
+
+    def _entry(self, shard_id):
+        if shard_id not in self.modules:
+            raise KeyMapError(f"vLLM layer {self.prefix!r} got shard {shard_id!r}; it holds {self.modules}")
+        name = self.modules[shard_id]
+        return name, self.spec.linears[name]
+
+    def _fused_entries(self, what: str):
+        """[(module, entry)] in shard order for a tensor that vLLM hands over fused (shard_id None)."""
+        out = [(m, self.spec.linears[m]) for m in self.modules.values()]
+        keys = {(e.weight_key if what == "weight_key" else (e.scale.key if e.scale else None)) for _, e in out}
+        if len(keys) != 1 or None in keys:
+            raise KeyMapError(f"vLLM passed one fused tensor for {self.prefix!r}, but the spec stores its modules "
+                              f"{[m for m, _ in out]} under different {what} keys {sorted(map(str, keys))}")
+        return out
+
+    # -- create ------------------------------------------------------------------------
+    def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
+                       output_partition_sizes: list[int], input_size: int, output_size: int,
+                       params_dtype: torch.dtype, **extra_weight_attrs):
+        vllm_loader = extra_weight_attrs.pop("weight_loader")
+        n_part, k_part = sum(output_partition_sizes), input_size_per_partition
+        f = stage_factor(output_partition_sizes)
+        for sid, name in self.modules.items():
+            e = self.spec.linears[name]
+            if e.out_shape[1] != input_size:
+                raise KeyMapError(f"{name}: spec says in_features {e.out_shape[1]}, vLLM layer {self.prefix!r} has "
+                                  f"{input_size}")
+        weight = Parameter(torch.empty(n_part // f, k_part, dtype=torch.uint8), requires_grad=False)
+        set_weight_attrs(weight, {"output_dim": 0, "input_dim": 1, "packed_dim": 0, "packed_factor": f,
+                                  "weight_loader": self._weight_loader(layer, vllm_loader, f)})
+        set_weight_attrs(weight, extra_weight_attrs)
+        # ones: a module without a scale in the spec keeps multiplier 1
+        scale = Parameter(torch.ones(n_part, dtype=torch.float32), requires_grad=False)
+        set_weight_attrs(scale, {"output_dim": 0, "weight_loader": self._scale_loader(layer, vllm_loader)})
+        layer.register_parameter("weight", weight)
+        layer.register_parameter("weight_scale", scale)
+        layer.trit_n, layer.trit_k, layer.trit_stage_factor = n_part, k_part, f
+        layer.trit_loaded = set()
+        # BitNet's per-token absmax is over the *whole* input row; a row-parallel layer under TP
+        # sees only its K slice, so the absmax is all-gathered across the TP group (see apply).
+        layer.trit_global_absmax = bool(self.act_quant and isinstance(layer, RowParallelLinear)
+                                        and getattr(layer, "tp_size", 1) > 1)
+
+    def _weight_loader(self, layer, vllm_loader, f: int):
+        def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
+            if shard_id is None and len(self.modules) > 1:
+                # fused on disk: every sub-module's entry names this one tensor with its rows;
+                # decode each and concatenate in vLLM's shard order (q|k|v, gate|up), whatever
+                # order the checkpoint keeps them in
+                w = torch.cat([decode_weight(loaded_weight, e, m) for m, e in self._fused_entries("weight_key")])
+                layer.trit_loaded.update(("weight", s) for s in self.modules)
+            else:
+                name, entry = self._entry(shard_id)
+                w = decode_weight(loaded_weight, entry, name)
+                layer.trit_loaded.add(("weight", shard_id))
+            staged = stage_pack(w, f).to(param.device)
+            if shard_id is None:
+                vllm_loader(param, staged)
+            else:
+                vllm_loader(param, staged, shard_id)
+        return load
+
+    def _scale_loader(self, layer, vllm_loader):
+        def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
+            if shard_id is None and len(self.modules) > 1:
+                s = torch.cat([shard_scale(loaded_weight, e, m) for m, e in self._fused_entries("scale")])
+                layer.trit_loaded.update(("scale", sid) for sid in self.modules)
+            else:
+                name, entry = self._entry(shard_id)
+                s = shard_scale(loaded_weight, entry, name)
+                layer.trit_loaded.add(("scale", shard_id))
+            s = s.to(device=param.device, dtype=param.dtype)
+            if shard_id is None:
+                vllm_loader(param, s)
+            else:
+                vllm_loader(param, s, shard_id)
+        return load
+
+    # -- after loading -----------------------------------------------------------------
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        for sid, name in self.modules.items():
+            e = self.spec.linears[name]
+            if ("weight", sid) not in layer.trit_loaded:
+                raise KeyMapError(f"missing checkpoint tensor {e.weight_key!r}: ternary weight of {name} (vLLM "
+                                  f"{self.prefix}.weight{'' if sid is None else f', shard {sid!r}'}) was never loaded")
+            if e.scale is not None and ("scale", sid) not in layer.trit_loaded:
+                raise KeyMapError(f"missing checkpoint tensor {e.scale.key!r}: scale of {name} (vLLM "
+                                  f"{self.prefix}.weight_scale{'' if sid is None else f', shard {sid!r}'}) was never "
+                                  f"loaded")
+        w = stage_unpack(layer.weight.data, layer.trit_stage_factor, layer.trit_n)  # int8 (N_part, K_part)
+        set_ternary_weight(layer, w, self.backend)
+
+    # -- forward -----------------------------------------------------------------------
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        N, K = layer.trit_n, layer.trit_k
+        x2 = x.reshape(-1, K)  # (M, K) — vLLM may hand 3-D inputs
+        if layer.trit_global_absmax:
+            y = _a8_global_absmax(self.backend, x2, layer.weight, layer.weight_scale, N, K, bias)
+        elif self.act_quant:
+            y = self.backend.linear_a8(x2, layer.weight, layer.weight_scale, N, K, bias)
+        else:
+            y = self.backend.linear(x2, layer.weight, layer.weight_scale, N, K, bias)
+        return y.reshape(*x.shape[:-1], N)
+
+
+def set_ternary_weight(layer: torch.nn.Module, w_int8: torch.Tensor, backend: Optional[Backend] = None) -> None:
+    """Install an int8 (N_part, K_part) ternary matrix as the layer's packed kernel weight
+    (the offline repack; tests use it to plant faults).  ``backend`` defaults to the layer's."""
+    backend = backend or layer.trit_backend
+    if tuple(w_int8.shape) != (layer.trit_n, layer.trit_k):
+        raise ValueError(f"weight shape {tuple(w_int8.shape)} != layer ({layer.trit_n}, {layer.trit_k})")
+    packed = backend.repack(w_int8.to(layer.weight_scale.device))
+    layer.weight = Parameter(packed, requires_grad=False)
+    layer.trit_backend = backend
+
+
+def _a8_global_absmax(backend: Backend, x: torch.Tensor, packed, scale, N: int, K: int, bias):
+    """W1.58A8 for a row-parallel layer under TP: absmax over the full row = max over ranks."""
+    from vllm.distributed import tensor_model_parallel_all_gather
+
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1, keepdim=True)  # (M, 1) local
+    amax = tensor_model_parallel_all_gather(amax, dim=-1).amax(dim=-1, keepdim=True)  # (M, 1) global
+    xs = 127.0 / amax.clamp(min=1e-5)
+    xq = (xf * xs).round().clamp(-128, 127).to(x.dtype)
+    y = backend.linear(xq, packed, scale, N, K).float() / xs
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
