@@ -83,14 +83,20 @@ class CheckpointSpec:
     linears: dict = field(hash=False)  # module name -> LinearEntry
     tensors: dict = field(hash=False)  # HF float param name -> checkpoint key
     activation_quant: str = "none"
+    # checkpoint keys that were checked and are not needed to compute (GPTQ g_idx / constant qzeros,
+    # compressed-tensors weight_shape): key -> why.  Optional; omitted from JSON when empty.
+    ignored: dict = field(default_factory=dict, hash=False)
 
     def __post_init__(self):
         if self.activation_quant not in ACT_QUANT:
             raise FormatError(f"spec {self.name!r}: activation_quant must be one of {ACT_QUANT}")
 
     def to_dict(self) -> dict:
-        return {"spec_version": SPEC_VERSION, "name": self.name, "activation_quant": self.activation_quant,
-                "linears": {k: v.to_dict() for k, v in self.linears.items()}, "tensors": dict(self.tensors)}
+        d = {"spec_version": SPEC_VERSION, "name": self.name, "activation_quant": self.activation_quant,
+             "linears": {k: v.to_dict() for k, v in self.linears.items()}, "tensors": dict(self.tensors)}
+        if self.ignored:
+            d["ignored"] = dict(self.ignored)
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, sort_keys=True)
@@ -102,7 +108,7 @@ class CheckpointSpec:
         try:
             return cls(name=d["name"], activation_quant=d.get("activation_quant", "none"),
                        linears={k: LinearEntry.from_dict(v) for k, v in d["linears"].items()},
-                       tensors=dict(d["tensors"]))
+                       tensors=dict(d["tensors"]), ignored=dict(d.get("ignored") or {}))
         except (KeyError, TypeError) as e:
             raise FormatError(f"{where}: malformed spec ({e!r})")
 
@@ -171,6 +177,9 @@ class CheckpointSpec:
         for hf, key in self.tensors.items():
             if hf not in cfg.float_params() and hf != "lm_head.weight":
                 raise CheckpointError(f"spec {self.name!r}: maps unknown parameter {hf!r} -> {key!r}")
+            used.add(key)
+        for key in self.ignored:
+            ckpt.info(key)  # must exist: a spec naming a missing key is wrong
             used.add(key)
         unknown = [k for k in ckpt.keys() if k not in used]
         if unknown:

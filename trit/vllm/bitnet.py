@@ -233,11 +233,13 @@ class BitNetForCausalLM(nn.Module):
     def key_map(self):
         """The explicit {checkpoint key: [Target]} of this model (see keymap.build_key_map)."""
         spec = getattr(self.quant_config, "spec", None)
-        if spec is None:
-            raise KeyMapError("BitNetForCausalLM on vLLM needs the ternary quantization method (a spec); got "
-                              f"quant_config={self.quant_config!r}")
         floats = expected_float_params(self.config.num_hidden_layers, "bitnet",
                                        bool(getattr(self.config, "tie_word_embeddings", False)))
+        if spec is None:
+            if self.quant_config is not None:
+                raise KeyMapError(f"BitNetForCausalLM on vLLM supports the ternary method or no quantization; got "
+                                  f"quant_config={self.quant_config!r}")
+            spec = _unquantized_spec(self.config.num_hidden_layers, floats)
         return build_key_map(spec, floats)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -268,6 +270,19 @@ class BitNetForCausalLM(nn.Module):
         if getattr(self.config, "tie_word_embeddings", False):
             loaded.add("lm_head.weight")
         return loaded
+
+
+def _unquantized_spec(num_layers: int, floats: dict):
+    """A float BitNet checkpoint (e.g. bf16 master weights, or the bf16 baseline of a benchmark):
+    every linear is a plain tensor under its HF name."""
+    from reference.spec import CheckpointSpec
+
+    tensors = {hf: hf for hf in floats}
+    for L in range(num_layers):
+        for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+            tensors[f"model.layers.{L}.{m}.weight"] = f"model.layers.{L}.{m}.weight"
+    return CheckpointSpec(name="unquantized", linears={}, tensors=tensors)
 
 
 def _pp_missing(name: str, model: nn.Module) -> bool:

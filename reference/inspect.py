@@ -1,0 +1,609 @@
+"""Infer the packed format of an unknown ternary / low-bit checkpoint and write its spec.
+
+    python -m reference.inspect DIR [--out SPEC] [--report MD] [--text FILE] [--no-loss]
+
+Pipeline (each step records its evidence and a confidence for the report):
+  1. scan      every tensor once (``reference.scan``): dtype, shape, code histograms, magnitudes
+  2. map keys  checkpoint names -> HF modules by a declarative alias table (q_proj / wq / attn_q
+               ...); fused qkv / gate_up split by config.json sizes; missing or extra keys fail
+  3. structure container, values per container, pack axis, transposed storage and logical shape
+               (square matrices follow the non-square ones), scale granularity / group size,
+               zero-point and g_idx sanity, code table (unused code; the +-1 pair = the two used
+               codes with the closest counts; the third is 0)
+  4. search    what statistics cannot tell (+-1 swap, bit order, lane layout and block,
+               multiply/divide when config and magnitudes are silent) is scored by the reference
+               model's loss on a text sample; identical decodes are merged; the margin to the
+               best alternative is the confidence
+  5. output    ``reference.spec.CheckpointSpec`` JSON (DIR/ternary_spec.json) + Markdown report
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .checkpoint import Checkpoint, CheckpointError
+from .config import ModelConfig
+from .formats import FormatError, PackSpec, unpack_codes
+from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
+from .inspect_search import BLOCKS, Candidate, axis_margins, build_spec, confidence, lane_options, search
+from .spec import SPEC_FILENAME, CheckpointSpec, decode_linear
+
+
+class InspectError(CheckpointError):
+    """The checkpoint cannot be described by a spec; the message names file, tensor, expectation."""
+
+
+# ---------------------------------------------------------------------------------------
+# key mapping: checkpoint names -> HF roles
+
+LAYER_TOKENS = {"layers", "layer", "h", "blk", "blocks", "block", "decoder_layers"}
+ALIASES: dict[str, set[str]] = {
+    "q": {"q_proj", "wq", "query", "attn_q", "q"},
+    "k": {"k_proj", "wk", "key", "attn_k", "k"},
+    "v": {"v_proj", "wv", "value", "attn_v", "v"},
+    "o": {"o_proj", "wo", "out_proj", "attn_output", "attn_out", "dense", "o"},
+    "qkv": {"qkv_proj", "wqkv", "query_key_value", "attn_qkv", "qkv", "c_attn"},
+    "gate": {"gate_proj", "w1", "ffn_gate", "gate"},
+    "up": {"up_proj", "w3", "ffn_up", "up"},
+    "down": {"down_proj", "w2", "ffn_down", "down"},
+    "gate_up": {"gate_up_proj", "w13", "ffn_gate_up", "gate_up"},
+    "lm_head": {"lm_head", "output"},
+    "embed": {"embed_tokens", "tok_embeddings", "token_embd", "wte", "word_embeddings", "embed"},
+    "final_norm": {"norm", "output_norm", "ln_f", "final_layernorm", "final_norm"},
+    "input_norm": {"input_layernorm", "attention_norm", "attn_norm", "ln_1"},
+    "post_norm": {"post_attention_layernorm", "ffn_norm", "ln_2"},
+    "attn_sub_norm": {"attn_sub_norm", "inner_attn_ln", "sub_norm_attn"},
+    "ffn_sub_norm": {"ffn_sub_norm", "ffn_layernorm", "sub_norm_ffn"},
+}
+LINEAR_PARTS = {"q": ("self_attn.q_proj",), "k": ("self_attn.k_proj",), "v": ("self_attn.v_proj",),
+                "o": ("self_attn.o_proj",), "gate": ("mlp.gate_proj",), "up": ("mlp.up_proj",),
+                "down": ("mlp.down_proj",), "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                "gate_up": ("mlp.gate_proj", "mlp.up_proj"), "lm_head": ("lm_head",)}
+FLOAT_HF = {"input_norm": "input_layernorm.weight", "post_norm": "post_attention_layernorm.weight",
+            "attn_sub_norm": "self_attn.attn_sub_norm.weight", "ffn_sub_norm": "mlp.ffn_sub_norm.weight"}
+
+
+def parse_key(name: str) -> tuple[Optional[int], Optional[str], str]:
+    """name -> (layer, role, prefix).  Role from the last module token that is a known alias."""
+    parts = name.split(".")
+    layer, body = None, parts
+    for i in range(len(parts) - 1):
+        if parts[i].lower() in LAYER_TOKENS and parts[i + 1].isdigit():
+            layer, body = int(parts[i + 1]), parts[i + 2:]
+            break
+    prefix = ".".join(parts[:-1])
+    for tok in reversed(body[:-1]):
+        t = tok.lower()
+        for role, names in ALIASES.items():
+            if t in names and not (role == "final_norm" and layer is not None) \
+                    and not (role in FLOAT_HF and layer is None):
+                return layer, role, prefix
+    return layer, None, prefix
+
+
+@dataclass
+class Module:
+    """One stored linear tensor (maybe fused) and its companions."""
+
+    prefix: str
+    layer: Optional[int]
+    role: str
+    weight: TensorStats
+    scale: Optional[TensorStats] = None
+    zeros: Optional[TensorStats] = None
+    g_idx: Optional[TensorStats] = None
+    shape_t: Optional[TensorStats] = None
+    bias: Optional[TensorStats] = None
+    parts: list = field(default_factory=list)  # [(hf module, (row0, row1))]
+    logical: tuple = (0, 0)  # (N, K) of the stored (fused) matrix
+    transposed: bool = False
+    pack_axis: int = 1
+    scale_kw: list = field(default_factory=list)  # per part: ScaleSpec kwargs (no key / op)
+
+    @property
+    def packed(self) -> bool:
+        return self.weight.kind == "packed"
+
+    def where(self) -> str:
+        return f"{self.weight.file}: tensor {self.weight.name!r}"
+
+
+@dataclass
+class Finding:
+    what: str
+    decision: str
+    evidence: str
+    confidence: str  # "high" | "medium" | "low" | "n/a"
+
+
+def map_keys(stats: dict[str, TensorStats], cfg: ModelConfig) -> tuple[list[Module], dict[str, str]]:
+    groups: dict[str, list[TensorStats]] = {}
+    roles: dict[str, tuple] = {}
+    unknown = []
+    for name, st in stats.items():
+        layer, role, prefix = parse_key(name)
+        if role is None:
+            unknown.append(name)
+            continue
+        if layer is not None and layer >= cfg.num_layers:
+            raise InspectError(f"{st.file}: tensor {name!r} belongs to layer {layer}, but config.json has "
+                               f"num_hidden_layers={cfg.num_layers}")
+        groups.setdefault(prefix, []).append(st)
+        roles[prefix] = (layer, role)
+    if unknown:
+        raise InspectError(f"{len(unknown)} checkpoint tensors match no known module name: {unknown[:6]}"
+                           f"{' ...' if len(unknown) > 6 else ''} (extra keys; known module names: "
+                           f"{sorted(set().union(*ALIASES.values()))})")
+    shapes = cfg.linear_shapes()
+    modules, floats = [], {}
+    for prefix, members in groups.items():
+        layer, role = roles[prefix]
+        if role in LINEAR_PARTS:
+            modules.append(_linear_module(prefix, layer, role, members, cfg, shapes))
+            continue
+        if len(members) != 1:
+            raise InspectError(f"{members[0].file}: {prefix!r} ({role}) has {len(members)} tensors "
+                               f"{[m.name for m in members]}, expected one")
+        st = members[0]
+        if st.dtype in INT_DTYPES:
+            raise InspectError(f"{st.file}: tensor {st.name!r} ({role}) is {st.dtype}, expected a float tensor")
+        hf = {"embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight"}.get(role) \
+            or f"model.layers.{layer}.{FLOAT_HF[role]}"
+        if hf in floats:
+            raise InspectError(f"{st.file}: tensors {floats[hf]!r} and {st.name!r} both map to {hf}")
+        floats[hf] = st.name
+    # lm_head: a float one is a plain parameter
+    for m in [m for m in modules if m.role == "lm_head"]:
+        if m.weight.kind in ("float", "ternary_float") and m.scale is None:
+            floats["lm_head.weight"] = m.weight.name
+            modules.remove(m)
+    _check_complete(modules, floats, cfg)
+    return modules, floats
+
+
+def _linear_module(prefix, layer, role, members, cfg: ModelConfig, shapes) -> Module:
+    mains = [m for m in members if m.kind in ("packed", "ternary_float", "float") and len(m.shape) == 2]
+    if not mains:
+        raise InspectError(f"{members[0].file}: missing key: module {prefix!r} ({role}) has "
+                           f"{[m.name for m in members]} but no 2-D weight tensor")
+    if len(mains) != 1:
+        raise InspectError(f"{members[0].file}: module {prefix!r} ({role}) has {len(mains)} candidate weight "
+                           f"tensors {[m.name for m in mains]}, expected exactly one 2-D weight")
+    mod = Module(prefix, layer, role, mains[0])
+    for m in members:
+        if m is mod.weight:
+            continue
+        slot = {"scale": "scale", "zero_point": "zeros", "index": "g_idx", "shape": "shape_t"}.get(m.kind)
+        if slot is None and m.leaf == "bias":
+            slot = "bias"
+        if slot is None and m.dtype not in INT_DTYPES and m.numel <= mod.weight.numel // 8:
+            slot = "scale"  # a small float companion of a packed weight is its scale
+        if slot is None or getattr(mod, slot) is not None:
+            raise InspectError(f"{m.file}: tensor {m.name!r} next to weight {mod.weight.name!r} is not a "
+                               f"scale / zero point / g_idx / weight_shape / bias (extra key)")
+        setattr(mod, slot, m)
+    sizes = [shapes[p if role == "lm_head" else f"model.layers.{layer}.{p}"] for p in LINEAR_PARTS[role]]
+    n0, mod.parts = 0, []
+    for p, (n, k) in zip(LINEAR_PARTS[role], sizes):
+        hf = p if role == "lm_head" else f"model.layers.{layer}.{p}"
+        mod.parts.append((hf, (n0, n0 + n)))
+        n0 += n
+    mod.logical = (n0, sizes[0][1])
+    return mod
+
+
+def _check_complete(modules: list[Module], floats: dict, cfg: ModelConfig) -> None:
+    have = {hf for m in modules for hf, _ in m.parts}
+    need = [m for m in cfg.linear_shapes() if m != "lm_head"]
+    if not cfg.tie_word_embeddings and "lm_head.weight" not in floats:
+        need.append("lm_head")
+    for hf in need:
+        if hf not in have:
+            role = hf.rsplit(".", 1)[-1].replace("_proj", "")
+            raise InspectError(f"missing key: no checkpoint tensor for module {hf!r} (config.json has "
+                               f"{cfg.num_layers} layers; looked for names like {sorted(ALIASES.get(role, {role}))})")
+    for hf in cfg.float_params():
+        if hf not in floats:
+            raise InspectError(f"missing key: no checkpoint tensor for parameter {hf!r}")
+
+
+# ---------------------------------------------------------------------------------------
+# structure: pack axis, transposition, logical shape, scale layout
+
+
+def _bits(cfg: ModelConfig) -> int:
+    q = cfg.quantization or {}
+    b = q.get("bits") or q.get("num_bits")
+    for g in (q.get("config_groups") or {}).values():
+        b = b or (g.get("weights") or {}).get("num_bits")
+    return int(b or 2)
+
+
+def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int) -> list[tuple[bool, int]]:
+    """(transposed, pack_axis) pairs under which ``stored`` can hold ``logical``."""
+    v = cbits // bits
+    out = []
+    for transposed in (False, True):
+        a, b = (stored[1], stored[0]) if transposed else stored
+        for axis in (0, 1):
+            if (a, b)[1 - axis] != logical[1 - axis]:
+                continue
+            length, packed = logical[axis], (a, b)[axis]
+            lens = {-(-length // v)} | {-(-length // blk) * (blk // v) for blk in BLOCKS if blk % v == 0 and blk > v}
+            if packed in lens:
+                out.append((transposed, axis))
+    return out
+
+
+def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> None:
+    bits = _bits(cfg)
+    votes: dict[tuple, int] = {}
+    opts_of = {}
+    for m in modules:
+        st = m.weight
+        if not m.packed:
+            if tuple(st.shape) != tuple(m.logical):
+                raise InspectError(f"{m.where()}: shape {list(st.shape)}, config.json implies "
+                                   f"{list(m.logical)} for {[p for p, _ in m.parts]} (unpacked float weight)")
+            continue
+        if st.dtype not in CONTAINER_OF:
+            raise InspectError(f"{m.where()}: container dtype {st.dtype} is not supported "
+                               f"(supported: {sorted(CONTAINER_OF)})")
+        cbits = INT_DTYPES[st.dtype]
+        if m.shape_t is not None:
+            ws = ckpt.get(m.shape_t.name).tolist()
+            if tuple(ws) != tuple(m.logical):
+                raise InspectError(f"{m.shape_t.file}: tensor {m.shape_t.name!r} says logical shape {ws}, "
+                                   f"config.json implies {list(m.logical)}")
+        opts = layout_options(tuple(st.shape), m.logical, cbits, bits)
+        if not opts:
+            n, k = m.logical
+            v = cbits // bits
+            div = "" if n % v == 0 and k % v == 0 else (f" (note: {'K' if k % v else 'N'}="
+                                                         f"{k if k % v else n} is not divisible by {v})")
+            raise InspectError(
+                f"{m.where()}: shape {list(st.shape)} {st.dtype} cannot hold the logical {n}x{k} matrix that "
+                f"config.json implies for {[p for p, _ in m.parts]} at {v} {bits}-bit values per "
+                f"{CONTAINER_OF[st.dtype]}: expected [{n}, {-(-k // v)}] or [{-(-n // v)}, {k}] (or transposed)"
+                f"{div}")
+        opts_of[m.prefix] = opts
+        if len(opts) == 1:
+            votes[opts[0]] = votes.get(opts[0], 0) + 1
+    for m in modules:
+        if not m.packed:
+            continue
+        opts = opts_of[m.prefix]
+        best = max(opts, key=lambda o: (votes.get(o, 0), o == (False, 1)))
+        m.transposed, m.pack_axis = best
+    if opts_of:
+        amb = sum(len(o) > 1 for o in opts_of.values())
+        chosen = {(m.transposed, m.pack_axis) for m in modules if m.packed}
+        conf = "high" if votes and len(chosen) == 1 else ("low" if not votes else "medium")
+        findings.append(Finding(
+            "pack axis / transposed storage",
+            ", ".join(f"pack_axis={a}{' transposed' if t else ''}" for t, a in sorted(chosen)),
+            f"{len(opts_of) - amb} modules fit a single layout "
+            f"{ {('axis%d' % a) + ('T' if t else ''): n for (t, a), n in votes.items()} }; "
+            f"{amb} shape-ambiguous (square) modules follow them", conf))
+    for m in modules:
+        _scale_layout(m, ckpt)
+
+
+def _scale_layout(m: Module, ckpt: Checkpoint) -> None:
+    n, k = m.logical
+    m.scale_kw = [None] * len(m.parts)
+    if m.scale is None:
+        return
+    s = ckpt.get(m.scale.name).to(torch.float32)
+    where = f"{m.scale.file}: scale tensor {m.scale.name!r}"
+    bad = (~torch.isfinite(s)).sum()
+    if bad:
+        raise InspectError(f"{where} has {int(bad)} NaN/Inf values (expected finite scales for {m.weight.name!r})")
+    zeros = int((s == 0).sum())
+    if zeros:
+        raise InspectError(f"{where} has {zeros} zero values: a zero scale erases the output (multiply) or "
+                           f"divides by zero (divide); expected non-zero scales for {m.weight.name!r}")
+    shape = tuple(m.scale.shape)
+    numel = m.scale.numel
+    kw: list
+    if numel == 1:
+        kw = [dict(granularity="tensor")] * len(m.parts)
+    elif len(m.parts) > 1 and numel == len(m.parts):
+        kw = [dict(granularity="tensor", index=i) for i in range(len(m.parts))]
+    elif numel == n and (len(shape) == 1 or shape[-1] == 1 or shape[0] == 1):
+        kw = [dict(granularity="channel")] * len(m.parts)
+    elif len(shape) == 2 and (shape[0] == n or shape[1] == n):
+        tr = shape[0] != n
+        g = shape[0] if tr else shape[1]
+        gs = _group_size(k, g)
+        if gs is None:
+            raise InspectError(f"{where}: shape {list(shape)} gives {g} groups, no group size splits K={k} into {g}")
+        kw = [dict(granularity="group", group_size=gs, transposed=tr)] * len(m.parts)
+    else:
+        raise InspectError(f"{where}: shape {list(shape)} fits none of per-tensor [1], per-sub-matrix "
+                           f"[{len(m.parts)}], per-channel [{n}] or per-group [{n}, G] / [G, {n}] for the "
+                           f"logical {n}x{k} weight {m.weight.name!r}")
+    m.scale_kw = kw
+
+
+def _group_size(k: int, g: int) -> Optional[int]:
+    fits = [gs for gs in range(1, k + 1) if -(-k // gs) == g]
+    if not fits:
+        return None
+    pow2 = [gs for gs in fits if gs & (gs - 1) == 0]
+    return (pow2 or [gs for gs in fits if k % gs == 0] or fits)[0]
+
+
+def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Finding]) -> Optional[int]:
+    """GPTQ-style qzeros / g_idx: symmetric ternary needs one constant zero point (folded into the
+    code table) and a trivial g_idx.  Returns the zero *code* implied (v1 stores z - 1) or None."""
+    zs = set()
+    for m in modules:
+        if m.g_idx is not None:
+            gi = ckpt.get(m.g_idx.name).to(torch.int64)
+            gs = next((kw["group_size"] for kw in m.scale_kw if kw and kw.get("granularity") == "group"), None)
+            k = m.logical[1]
+            if gs is None or gi.numel() != k or not torch.equal(gi, torch.arange(k) // gs):
+                raise InspectError(f"{m.g_idx.file}: tensor {m.g_idx.name!r} is not arange(K) // group_size "
+                                   f"(K={k}, group_size={gs}): act-order (desc_act) permutations are not supported")
+        if m.zeros is not None:
+            raw = ckpt.get(m.zeros.name)
+            if raw.dtype.is_floating_point:
+                vals = set(torch.unique(raw.float()).tolist())
+            else:  # packed like GPTQ: 2-bit fields along N, low bits first -> logical (G, N)
+                zspec = PackSpec(bits=2, container=CONTAINER_OF.get(m.zeros.dtype, "int32"), pack_axis=1,
+                                 codes=(0, 1, 2, 3))
+                try:
+                    vals = set(torch.unique(unpack_codes(raw, zspec, (raw.shape[0], m.logical[0]))).tolist())
+                except FormatError as e:
+                    raise InspectError(f"{m.zeros.file}: zero points {m.zeros.name!r}: {e} (expected 2-bit fields "
+                                       f"packed along the {m.logical[0]} output channels)") from None
+            if len(vals) != 1:
+                raise InspectError(f"{m.zeros.file}: zero points {m.zeros.name!r} take values {sorted(vals)[:8]}: "
+                                   f"asymmetric zero points are not ternary; expected one constant zero point")
+            zs |= vals
+    if not zs:
+        return None
+    if len(zs) != 1:
+        raise InspectError(f"zero points differ between modules: {sorted(zs)}; expected one constant")
+    z = int(next(iter(zs)))
+    findings.append(Finding("zero point", f"constant stored zero {z} -> zero code {z + 1} (GPTQ v1 stores z-1)",
+                            "every qzeros field holds the same value", "high"))
+    return z + 1
+
+
+# ---------------------------------------------------------------------------------------
+# code table
+
+
+def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: list[Finding]) -> list[tuple]:
+    packed = [m for m in modules if m.packed]
+    if not packed:
+        return []
+    bits = 2
+    hist = [0, 0, 0, 0]
+    for m in packed:
+        for c, n in enumerate(m.weight.code_hist):
+            hist[c] += n
+    total = sum(hist)
+    unused = min(range(4), key=lambda c: hist[c])
+    if hist[unused] > 0.002 * total:
+        raise InspectError(f"all four 2-bit codes occur in the packed weights (counts {hist}): not a ternary "
+                           f"code table (an unused code is expected); asymmetric int2 is not supported")
+    for m in packed:
+        v = INT_DTYPES[m.weight.dtype] // bits
+        pads = m.weight.numel * v - m.logical[0] * m.logical[1]
+        got = m.weight.code_hist[unused]
+        if got > pads:
+            raise InspectError(f"{m.where()}: code {unused} occurs {got} times, but it is unused in the model "
+                               f"(global counts {hist}) and this tensor has only {pads} padding slots: "
+                               f"expected 0 occurrences (corrupted weights or not ternary)")
+    used = [c for c in range(4) if c != unused]
+
+    def asym(z):
+        a, b = [c for c in used if c != z]
+        return abs(hist[a] - hist[b]) / max(1, hist[a] + hist[b])
+
+    ranked = sorted(used, key=asym)
+    shares = ", ".join(f"code {c}: {hist[c] / total:.1%}" for c in range(4))
+    if zero_hint is not None and zero_hint in used:
+        zeros, why, conf = [zero_hint], f"zero point says code {zero_hint}; count asymmetry ranks {ranked}", "high"
+    else:
+        clear = asym(ranked[1]) > 3 * asym(ranked[0]) + 0.01
+        zeros = ranked[:1] if clear else ranked[:2]
+        why = (f"the other two codes have the closest counts (asymmetry {asym(ranked[0]):.3f} vs next "
+               f"{asym(ranked[1]):.3f})")
+        conf = "high" if clear else "low (both scored by loss)"
+    findings.append(Finding("code table: unused code", f"code {unused}",
+                            f"{hist[unused]} of {total} fields ({shares})", "high"))
+    findings.append(Finding("code table: zero code", f"code {zeros[0]}", why, conf))
+    tables = []
+    for z in zeros:
+        a, b = [c for c in used if c != z]
+        for neg, pos in ((a, b), (b, a)):
+            t = [None] * 4
+            t[z], t[neg], t[pos] = 0, -1, 1
+            tables.append(tuple(t))
+    return tables
+
+
+# ---------------------------------------------------------------------------------------
+# scale op
+
+
+def op_candidates(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> list[str]:
+    scaled = [m for m in modules if m.scale is not None]
+    if not scaled:
+        return ["multiply"]
+    q = cfg.quantization or {}
+    qm = q.get("quant_method")
+    if qm == "bitnet":
+        lc = q.get("linear_class", "bitlinear")
+        op = "divide" if lc == "bitlinear" else "multiply"
+        findings.append(Finding("scale op", op, f"config.json quantization_config.linear_class={lc!r}", "high (config)"))
+        return [op]
+    if qm in ("gptq", "compressed-tensors", "awq"):
+        findings.append(Finding("scale op", "multiply", f"config.json quant_method={qm!r} defines W = s * (q - z)",
+                                "high (config)"))
+        return ["multiply"]
+    # magnitudes: effective weights of a linear with fan-in K have RMS ~ 1/sqrt(K) (within ~10x)
+    score = {"multiply": 0.0, "divide": 0.0}
+    for m in scaled:
+        s = ckpt.get(m.scale.name).float().abs()
+        typ = float(s.log().mean().exp())
+        k = m.logical[1]
+        for op, eff in (("multiply", typ), ("divide", 1.0 / typ)):
+            score[op] += abs(math.log(eff * 0.8 * math.sqrt(k)))
+    for op in score:
+        score[op] /= len(scaled)
+    best = min(score, key=score.get)
+    gap = abs(score["multiply"] - score["divide"])
+    ev = (f"|ln(RMS(W_eff) * sqrt(K))| averaged over {len(scaled)} scales: multiply {score['multiply']:.2f}, "
+          f"divide {score['divide']:.2f} (0 = the 1/sqrt(fan-in) a trained linear has)")
+    if gap > 3.0:
+        findings.append(Finding("scale op", best, ev + "; no config hint", "high (magnitudes)"))
+        return [best]
+    findings.append(Finding("scale op", best, ev + "; too close, both scored by loss", "low (magnitudes)"))
+    return [best, "divide" if best == "multiply" else "multiply"]
+
+
+# ---------------------------------------------------------------------------------------
+# the whole pipeline
+
+
+@dataclass
+class Inspection:
+    dir: Path
+    cfg: ModelConfig
+    spec: CheckpointSpec
+    stats: dict
+    modules: list
+    floats: dict
+    findings: list
+    scored: list
+    loss: Optional[float]
+    zero_ratio: dict  # HF module -> zero ratio of the decoded values
+
+
+def _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings) -> Candidate:
+    """When the loss cannot separate the best candidate from the a-priori most plausible one
+    (within PRIOR_MARGIN nats: an untrained or tiny model), keep the plausible one and say so."""
+    from .decode import model_loss
+    from .inspect_search import PRIOR_MARGIN, prior_rank
+
+    valid = [s for s in scored if math.isfinite(s.loss)]
+    prior = min(valid, key=lambda s: prior_rank(s.cand, cfg))
+    best = scored[0]
+    if prior.fp == best.fp:
+        return best.cand
+    if prior.stage != "full":
+        prior.loss = model_loss(cfg, build_spec(modules, floats, prior.cand, cfg, "prior"), ckpt, ids)
+        prior.stage = "full"
+    gap = prior.loss - best.loss
+    if gap < PRIOR_MARGIN:
+        findings.append(Finding("layout (prior tie-break)", prior.cand.label(),
+                                f"the text sample cannot tell: {best.cand.label()} scores only {gap:+.4f} nats "
+                                f"better (< {PRIOR_MARGIN}); kept the public convention that the config and "
+                                f"../shared/FORMATS.md make most likely", "low (prior)"))
+        return prior.cand
+    return best.cand
+
+
+def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True, n_seq: int = 2,
+                seq_len: int = 64) -> Inspection:
+    model_dir = Path(model_dir)
+    cfg = ModelConfig.load(model_dir)
+    ckpt = Checkpoint(model_dir)
+    stats = scan(ckpt)
+    findings: list[Finding] = []
+    modules, floats = map_keys(stats, cfg)
+    fused = [m for m in modules if len(m.parts) > 1]
+    findings.append(Finding("key mapping", f"{len(modules)} linear tensors, {len(floats)} float tensors",
+                            f"{len(fused)} fused ({sorted({m.role for m in fused})}) split by config.json sizes"
+                            if fused else "no fused tensors", "high"))
+    infer_structure(modules, cfg, ckpt, findings)
+    zero_code = check_zero_points(modules, ckpt, findings)
+    tables = code_candidates(modules, zero_code, findings)
+    ops = op_candidates(modules, cfg, ckpt, findings)
+    unpacked = [m for m in modules if m.weight.kind in ("ternary_float", "float")]
+    if unpacked:
+        findings.append(Finding("unpacked weights", f"{len(unpacked)} modules stored as float",
+                                f"kinds {sorted({m.weight.kind for m in unpacked})}; decoded as is", "high"))
+    if tables:
+        cands = [Candidate(t, bo, ln, blk, op) for ln, blk in lane_options(modules) for bo in ("lsb", "msb")
+                 for t in tables for op in ops]  # grouped by layout: DecodeCache unpacks each layout once
+    else:
+        cands = [Candidate((-1, 0, 1, None), op=op) for op in ops]
+    ids = None
+    if use_loss:
+        from .decode import text_ids
+
+        ids = text_ids(model_dir, text, n_seq=n_seq, seq_len=seq_len)
+    scored = search(modules, floats, cands, cfg, ckpt, ids)
+    if not math.isfinite(scored[0].loss):
+        raise InspectError(f"{model_dir}: no candidate decodes cleanly; first failure: {scored[0].note}")
+    best = scored[0].cand
+    if ids is not None and len(cands) > 1:
+        best = _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings)
+    if ids is not None and len(cands) > 1 and best == scored[0].cand:
+        for axis, (margin, alt) in axis_margins(scored).items():
+            if math.isnan(margin):
+                continue
+            val = {"codes": list(best.codes), "bit_order": best.bit_order, "op": best.op,
+                   "lanes": f"{best.lanes}" + (f" block={best.block}" if best.block else "")}[axis]
+            findings.append(Finding(f"{axis} (by loss)", str(val),
+                                    f"loss {scored[0].loss:.4f} nats; best alternative {alt} is "
+                                    f"+{margin:.4f}", confidence(margin)))
+    elif ids is None and len(cands) > 1:
+        findings.append(Finding("search", best.label(), "no loss scoring: prior order only", "low"))
+    spec = build_spec(modules, floats, best, cfg, f"inspected:{model_dir.name}")
+    spec.validate(cfg, ckpt)
+    zr = {}
+    for hf, e in spec.linears.items():
+        d = decode_linear(ckpt, e, hf)  # strict: an unused code at a logical position fails here
+        zr[hf] = float((d.values == 0).float().mean())
+    for m in modules:
+        vals = [zr[hf] for hf, _ in m.parts]
+        m.weight.zero_ratio_decoded = sum(vals) / len(vals)
+    loss = scored[0].loss if ids is not None else None
+    return Inspection(model_dir, cfg, spec, stats, modules, floats, findings, scored, loss, zr)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m reference.inspect", description=__doc__.split("\n")[0])
+    ap.add_argument("dir", help="checkpoint directory (config.json + *.safetensors)")
+    ap.add_argument("--out", default=None, help=f"spec JSON (default DIR/{SPEC_FILENAME})")
+    ap.add_argument("--report", default=None, help="Markdown report (default: next to the spec, .md)")
+    ap.add_argument("--text", default=None, help="text file to score candidates on (default: corpus tail)")
+    ap.add_argument("--no-loss", action="store_true", help="statistics only; no model evaluation")
+    a = ap.parse_args(argv)
+    try:
+        from .inspect_report import render
+        from .io import atomic_write_text
+
+        text = Path(a.text).read_text() if a.text else None
+        res = inspect_dir(a.dir, text=text, use_loss=not a.no_loss)
+        out = Path(a.out) if a.out else Path(a.dir) / SPEC_FILENAME
+        rep = Path(a.report) if a.report else out.with_suffix(".md")
+        res.spec.save(out)
+        atomic_write_text(rep, render(res))
+    except (CheckpointError, FormatError, OSError, UnicodeDecodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # never a bare traceback from the CLI
+        print(f"error: unexpected {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} and {rep}")
+    for f in res.findings:
+        print(f"  {f.what}: {f.decision}  [{f.confidence}]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

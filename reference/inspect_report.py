@@ -1,0 +1,157 @@
+"""Markdown report of a ``reference.inspect`` run: what was found, and the evidence for it.
+
+Sections: summary, inferences (decision / evidence / confidence), candidate losses, per-tensor
+table, zero ratios per tensor and per layer (dense vs sparse kernels), unpacked-ternary scale
+structure (TriLM shards), and the key-mapping table checkpoint key -> vLLM parameter.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .checkpoint import Checkpoint
+
+SPARSE_AT = 0.5  # zero ratio above which skipping zeros can pay (seed: 20-30% -> dense)
+
+VLLM_MERGED = {"self_attn.q_proj": ("self_attn.qkv_proj", "q"), "self_attn.k_proj": ("self_attn.qkv_proj", "k"),
+               "self_attn.v_proj": ("self_attn.qkv_proj", "v"), "mlp.gate_proj": ("mlp.gate_up_proj", "0"),
+               "mlp.up_proj": ("mlp.gate_up_proj", "1")}
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def vllm_param(hf_module: str) -> tuple[str, str]:
+    """HF module -> (vLLM parameter prefix, shard id or '')."""
+    if hf_module == "lm_head":
+        return "lm_head", ""
+    head, _, tail = hf_module.partition(".self_attn.") if ".self_attn." in hf_module else hf_module.partition(".mlp.")
+    sub = ("self_attn." if ".self_attn." in hf_module else "mlp.") + tail
+    if sub in VLLM_MERGED:
+        p, shard = VLLM_MERGED[sub]
+        return f"{head}.{p}", shard
+    return hf_module, ""
+
+
+def mapping_rows(res) -> list[str]:
+    rows = ["| checkpoint key | vLLM parameter | operation |", "|---|---|---|"]
+    for m in res.modules:
+        for hf, (r0, r1) in m.parts:
+            p, shard = vllm_param(hf)
+            ops = []
+            if len(m.parts) > 1:
+                ops.append(f"split rows [{r0}, {r1}) of fused {m.role}")
+            if shard:
+                ops.append(f"merge as shard {shard!r}")
+            if m.transposed:
+                ops.append("stored transposed")
+            pk = res.spec.linears[hf].pack
+            ops.append("unpack " + (f"{pk.container} axis{pk.pack_axis}" if pk else "none (float)"))
+            rows.append(f"| `{m.weight.name}` | `{p}.weight` | {'; '.join(ops)} |")
+            if m.scale is not None:
+                sc = res.spec.linears[hf].scale
+                what = sc.granularity + (f" [element {sc.index}]" if sc.index is not None else "") + \
+                    (f" group_size {sc.group_size}" if sc.group_size else "") + (" stored [G, N]" if sc.transposed else "")
+                rows.append(f"| `{m.scale.name}` | `{p}.weight_scale` | {what}, {sc.op}"
+                            f"{'; shard ' + repr(shard) if shard else ''} |")
+        for extra, what in ((m.zeros, "folded into code table (constant)"), (m.g_idx, "checked trivial, dropped"),
+                            (m.shape_t, "checked against config, dropped")):
+            if extra is not None:
+                rows.append(f"| `{extra.name}` | - | {what} |")
+    for hf, key in sorted(res.floats.items()):
+        rows.append(f"| `{key}` | `{hf}` | copy{'' if key == hf else ' (rename)'} |")
+    return rows
+
+
+def shard_structure(ckpt: Checkpoint, name: str) -> str:
+    """How the magnitudes of an unpacked ternary float tensor are laid out (per tensor/row/shard)."""
+    a = ckpt.get(name).to(torch.float32).abs()  # (N, K)
+    nz = a > 0
+    if not bool(nz.any()):
+        return "all zero"
+
+    def runs(vec):
+        v = vec.tolist()
+        return 1 + sum(1 for x, y in zip(v, v[1:]) if x != y)
+
+    big = torch.where(nz, a, torch.full_like(a, float("inf")))
+    row_lo, row_hi = big.min(1).values, a.max(1).values
+    has = row_hi > 0
+    if bool((row_lo[has] == row_hi[has]).all()):
+        r = runs(row_hi[has])
+        if r == 1:
+            return f"per tensor (s={float(row_hi[has][0]):.4g})"
+        return f"{r} row shards" if r <= 8 else f"per row ({r} distinct runs)"
+    col_lo, col_hi = big.min(0).values, a.max(0).values
+    hc = col_hi > 0
+    if bool((col_lo[hc] == col_hi[hc]).all()):
+        r = runs(col_hi[hc])
+        return f"{r} column shards" if r <= 8 else f"per column ({r} runs)"
+    return "mixed magnitudes (not a simple ternary layout)"
+
+
+def render(res) -> str:
+    ckpt = Checkpoint(res.dir)
+    s = res.spec
+    L = [f"# Format report: `{res.dir}`", ""]
+    L.append(f"- architecture: {res.cfg.arch}, {res.cfg.num_layers} layers, hidden {res.cfg.hidden_size}, "
+             f"intermediate {res.cfg.intermediate_size}, heads {res.cfg.num_heads}/{res.cfg.num_kv_heads}")
+    L.append(f"- spec: `{s.name}`, activation_quant `{s.activation_quant}`, digest `{s.digest()[:16]}`")
+    if res.loss is not None:
+        L.append(f"- reference loss of the chosen decode on the text sample: **{res.loss:.4f} nats**")
+    first = next(iter(s.linears.values()))
+    if first.pack:
+        p = first.pack
+        L.append(f"- packing: {p.bits}-bit in {p.container} ({p.values_per_container}/container), axis "
+                 f"{p.pack_axis}{' (stored transposed)' if p.transposed else ''}, lanes {p.lanes}"
+                 f"{f' block {p.block}' if p.block else ''}, bit order {p.bit_order}, codes {list(p.codes)}")
+    if first.scale:
+        sc = first.scale
+        L.append(f"- scale: {sc.granularity}{f' group_size {sc.group_size}' if sc.group_size else ''}, {sc.op}")
+    L += ["", "## Inferences", "", "| what | decision | evidence | confidence |", "|---|---|---|---|"]
+    for f in res.findings:
+        L.append(f"| {f.what} | {f.decision} | {f.evidence} | {f.confidence} |")
+    if len(res.scored) > 1:
+        valid = [sc for sc in res.scored if math.isfinite(sc.loss)]
+        L += ["", "## Candidate decodes scored by loss (best first)", "", "| # | candidate | loss (nats) | note |",
+              "|---|---|---|---|"]
+        for i, sc in enumerate(valid[:32]):
+            L.append(f"| {i} | {sc.cand.label()} | {sc.loss:.4f} | {sc.note} |")
+        if len(valid) > 32:
+            L.append(f"| ... | {len(valid) - 32} more | | |")
+        bad = [sc for sc in res.scored if not math.isfinite(sc.loss)]
+        if bad:
+            L += ["", f"{len(bad)} candidates were rejected without a forward pass (they do not fit the stored "
+                      f"shapes or decode an unused code), e.g. {bad[0].cand.label()}: {bad[0].note}"]
+    L += ["", "## Tensors", "", "| tensor | file | dtype | shape | bytes | kind | unique | 2-bit code counts | zero ratio |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for name, st in res.stats.items():
+        hist = st.code_hist
+        L.append(f"| `{name}` | {st.file.rsplit('/', 1)[-1]} | {st.dtype} | {list(st.shape)} | {_fmt_bytes(st.nbytes)} "
+                 f"| {st.kind} | {st.unique_str()} | {hist if hist else '-'} | {st.zero_ratio:.3f} |")
+    L += ["", "## Zero ratio (decoded)", "", "| layer | module | zero ratio |", "|---|---|---|"]
+    per_layer: dict = {}
+    for hf, z in res.zero_ratio.items():
+        layer = hf.split(".")[2] if hf.startswith("model.layers.") else "-"
+        n, k = s.linears[hf].out_shape
+        acc = per_layer.setdefault(layer, [0.0, 0])
+        acc[0] += z * n * k
+        acc[1] += n * k
+        L.append(f"| {layer} | {hf.split('.', 3)[-1]} | {z:.3f} |")
+    L += ["", "| layer | zero ratio | kernel |", "|---|---|---|"]
+    for layer, (zs, n) in per_layer.items():
+        zr = zs / max(1, n)
+        L.append(f"| {layer} | {zr:.3f} | {'sparse (skip zeros) may pay' if zr > SPARSE_AT else 'dense'} |")
+    tern = [m for m in res.modules if m.weight.kind == "ternary_float"]
+    if tern:
+        L += ["", "## Unpacked ternary floats: scale structure", "", "| tensor | scales |", "|---|---|"]
+        for m in tern:
+            L.append(f"| `{m.weight.name}` | {shard_structure(ckpt, m.weight.name)} |")
+    L += ["", "## Key mapping: checkpoint -> vLLM", ""] + mapping_rows(res) + [""]
+    return "\n".join(L)

@@ -1,0 +1,241 @@
+"""Candidate search of ``reference.inspect``: what statistics cannot decide is scored by loss.
+
+A ``Candidate`` is one global choice of code table, bit order, lane layout (+ block) and scale
+op; with the per-module structure already inferred (container, pack axis, transposition, logical
+shape, scale layout) it becomes a full ``CheckpointSpec``.  Every candidate is strictly decoded
+once (``DecodeCache``: lanes unpacked once per layout, code tables applied on top); candidates
+with identical decodes share one loss; the rest are screened on a short sequence and the best
+``FINALISTS`` re-scored on the whole text sample.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from .checkpoint import Checkpoint, CheckpointError
+from .config import ModelConfig
+from .formats import FormatError, PackSpec, ScaleSpec, code_lut, expand_scale, unpack_codes
+from .scan import CONTAINER_OF, INT_DTYPES
+from .spec import CheckpointSpec, DecodedLinear, LinearEntry, decode_linear
+
+if TYPE_CHECKING:  # Module lives in reference.inspect, which imports this file
+    from .inspect import Module
+
+BLOCKS = (8, 16, 32, 64, 128, 256, 512)  # block_interleaved block sizes tried (I2_S / TQ2_0 use 128)
+SCREEN_TOKENS = 32  # tokens per candidate in the screening pass
+FINALISTS = 3  # distinct decodes re-scored on the whole text sample
+
+
+
+
+@dataclass(frozen=True)
+class Candidate:
+    codes: tuple
+    bit_order: str = "lsb"
+    lanes: str = "interleaved"
+    block: Optional[int] = None
+    op: str = "multiply"
+
+    def label(self) -> str:
+        lanes = f"{self.lanes}({self.block})" if self.block else self.lanes
+        return f"codes={list(self.codes)} {self.bit_order} {lanes} {self.op}"
+
+
+def lane_options(modules: list[Module]) -> list[tuple[str, Optional[int]]]:
+    packed = [m for m in modules if m.packed]
+    if not packed:
+        return [("interleaved", None)]
+    v = INT_DTYPES[packed[0].weight.dtype] // 2
+    axis0 = sum(m.pack_axis == 0 for m in packed) > len(packed) / 2
+    opts = [("blocked", None), ("interleaved", None)] if axis0 else [("interleaved", None), ("blocked", None)]
+    opts += [("block_interleaved", b) for b in BLOCKS if b % v == 0 and b > v]
+    return opts
+
+
+def pack_spec(m: Module, c: Candidate) -> PackSpec:
+    v = INT_DTYPES[m.weight.dtype] // 2
+    return PackSpec(bits=2, container=CONTAINER_OF[m.weight.dtype], pack_axis=m.pack_axis, lanes=c.lanes,
+                    block=c.block, bit_order=c.bit_order, codes=c.codes, transposed=m.transposed,
+                    pad_code=c.codes.index(0))
+
+
+def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConfig, name: str) -> CheckpointSpec:
+    linears = {}
+    for m in modules:
+        pk = pack_spec(m, c) if m.packed else None
+        if pk is not None and pk.packed_shape(m.logical) != tuple(m.weight.shape):
+            raise FormatError(f"{m.where()}: {c.label()} needs shape {list(pk.packed_shape(m.logical))}")
+        for (hf, rows), kw in zip(m.parts, m.scale_kw):
+            sc = ScaleSpec(key=m.scale.name, op=c.op, **kw) if kw else None
+            linears[hf] = LinearEntry(weight_key=m.weight.name, shape=m.logical, pack=pk, scale=sc,
+                                      rows=rows if len(m.parts) > 1 else None,
+                                      bias_key=m.bias.name if m.bias is not None else None)
+    act = "int8_per_token" if cfg.arch == "bitnet" or (cfg.quantization or {}).get("quant_method") == "bitnet" \
+        else "none"
+    ignored = {}
+    for m in modules:
+        for t, why in ((m.zeros, "constant zero point, folded into the code table"),
+                       (m.g_idx, "g_idx == arange(K) // group_size (no act-order)"),
+                       (m.shape_t, "logical shape, checked against config.json")):
+            if t is not None:
+                ignored[t.name] = why
+    return CheckpointSpec(name=name, linears=linears, tensors=dict(floats), activation_quant=act, ignored=ignored)
+
+
+class DecodeCache:
+    """Strict unpack of every packed weight under a candidate, memoised by (tensor, PackSpec);
+    doubles as the reference model's decoder so each candidate is unpacked once."""
+
+    def __init__(self, ckpt: Checkpoint, modules: list[Module]):
+        self.ckpt = ckpt
+        self.raw = {m.weight.name: ckpt.get(m.weight.name) for m in modules if m.packed}
+        self.codes: dict = {}
+        self.vals: dict = {}
+
+    def values(self, key: str, pack: PackSpec, shape: tuple, where: str) -> torch.Tensor:
+        """(N, K) int8 values.  The lane/bit unpacking is shared by all code tables of one layout
+        (candidates arrive grouped by layout, so only the current layout's codes are kept)."""
+        k = (key, pack)
+        if k in self.vals:
+            return self.vals[k]
+        layout = pack.replace(codes=(0, 1, 2, 3), pad_code=0)
+        if (key, layout) not in self.codes:
+            if len(self.codes) >= len(self.raw):
+                self.codes.clear()
+            c = unpack_codes(self.raw[key], layout, shape)  # (N, K) int64
+            self.codes[(key, layout)] = (c, torch.bincount(c.reshape(-1), minlength=4).tolist())
+        codes, counts = self.codes[(key, layout)]
+        lut, unused = code_lut(pack)
+        for code in range(4):
+            if bool(unused[code]) and counts[code]:
+                raise FormatError(f"{where}: code {code} is unused in table {list(pack.codes)} but occurs "
+                                  f"{counts[code]} times at logical positions")
+        if len(self.vals) >= 2 * len(self.raw):
+            self.vals.clear()
+        self.vals[k] = lut.to(torch.int8)[codes]
+        return self.vals[k]
+
+    def fingerprint(self, modules: list[Module], c: Candidate) -> str:
+        h = hashlib.sha256(c.op.encode())
+        for m in modules:
+            if m.packed:
+                h.update(self.values(m.weight.name, pack_spec(m, c), m.logical, m.where()).numpy().tobytes())
+        return h.hexdigest()
+
+    def decoder(self, ckpt: Checkpoint, entry: LinearEntry, name: str) -> DecodedLinear:
+        if entry.pack is None:
+            return decode_linear(ckpt, entry, name)
+        vals = self.values(entry.weight_key, entry.pack, entry.shape, entry.weight_key)
+        if entry.rows is not None:
+            vals = vals[entry.rows[0]:entry.rows[1]]
+        mult = torch.ones(1, 1)
+        if entry.scale is not None:
+            mult = expand_scale(ckpt.get(entry.scale.key), entry.scale, entry.shape, rows=entry.rows, name=name)
+        bias = ckpt.get(entry.bias_key).float() if entry.bias_key else None
+        return DecodedLinear(vals, mult, bias)
+
+
+@dataclass
+class Scored:
+    cand: Candidate
+    loss: float
+    note: str = ""
+    stage: str = "screen"  # "screen": SCREEN_TOKENS tokens; "full": the whole text sample
+    screen: float = float("inf")  # loss on the screening sequence
+    fp: str = ""  # fingerprint of the decoded values (equal -> identical decode)
+
+
+def search(modules, floats, cands: list[Candidate], cfg, ckpt, ids: Optional[torch.Tensor]) -> list[Scored]:
+    """Score every candidate (identical decodes share one loss).  Sorted best first; candidates
+    that do not fit the stored shapes or decode an unused code are kept with loss inf."""
+    from .decode import model_loss
+    from .model import Overrides
+
+    cache = DecodeCache(ckpt, modules)
+    ov = Overrides(decoder=cache.decoder)
+    # stage 1 screens every distinct decode on one short sequence; stage 2 re-scores the best few
+    # on the whole sample (wrong decodes are off by nats, so the screen cannot lose the right one)
+    screen = ids[:1, : SCREEN_TOKENS + 1] if ids is not None else None
+    seen: dict[str, tuple[float, Candidate, CheckpointSpec]] = {}
+    out = []
+    for i, c in enumerate(cands):
+        try:
+            spec = build_spec(modules, floats, c, cfg, "candidate")
+            fp = cache.fingerprint(modules, c)
+        except (FormatError, CheckpointError) as e:
+            out.append(Scored(c, float("inf"), f"invalid: {str(e)[-200:]}", screen=float("inf")))
+            continue
+        if fp in seen:
+            out.append(Scored(c, seen[fp][0], f"identical decode to {seen[fp][1].label()}", screen=seen[fp][0], fp=fp))
+            continue
+        loss = model_loss(cfg, spec, ckpt, screen, overrides=ov) if screen is not None else float(i)  # prior
+        seen[fp] = (loss, c, spec)
+        out.append(Scored(c, loss, screen=loss, fp=fp))
+    if ids is not None:
+        finalists = sorted(seen.items(), key=lambda kv: kv[1][0])[:FINALISTS]
+        full = {fp: model_loss(cfg, spec, ckpt, ids) for fp, (_, c, spec) in finalists}  # plain decode path
+        for s in out:
+            if s.fp in full:
+                s.loss, s.stage = full[s.fp], "full"
+    return sorted(out, key=lambda s: (s.stage != "full", s.loss, bool(s.note)))
+
+
+def axis_margins(scored: list[Scored]) -> dict[str, tuple[float, str]]:
+    """For each axis, the loss gap from the best to the best candidate that differs in it (on the
+    whole sample when that candidate was a finalist, else on the screening sequence)."""
+    best = scored[0]
+    out = {}
+    for axis in ("codes", "bit_order", "lanes", "op"):
+        key = (lambda c: (c.lanes, c.block)) if axis == "lanes" else (lambda c, a=axis: getattr(c, a))
+        alts = [s for s in scored if key(s.cand) != key(best.cand) and math.isfinite(s.loss)]
+        if not alts:
+            out[axis] = (float("nan"), "no alternative")
+            continue
+        alt = alts[0]
+        if alt.fp == best.fp:
+            out[axis] = (0.0, "identical decode (irrelevant here)")
+        elif alt.stage == "full":
+            out[axis] = (alt.loss - best.loss, alt.cand.label())
+        else:
+            out[axis] = (alt.screen - best.screen, alt.cand.label() + f" (screen, {SCREEN_TOKENS} tokens)")
+    return out
+
+
+#: below this loss margin (nats) the text sample cannot tell candidates apart (e.g. an untrained
+#: model); the inspector then keeps the candidate that public conventions make most likely
+PRIOR_MARGIN = 0.05
+
+#: (lanes, block, bit order) of public conventions (../shared/FORMATS.md), most common first
+KNOWN_LAYOUTS = [("blocked", None, "lsb"),  # transformers HF-BitNet pack_weights
+                 ("interleaved", None, "lsb"),  # the seed, compressed-tensors, GPTQ
+                 ("block_interleaved", 128, "msb"),  # bitnet.cpp I2_S
+                 ("block_interleaved", 128, "lsb"),  # llama.cpp TQ2_0 lanes
+                 ("blocked", None, "msb"),  # HQQ: chunk 0 in the high bits
+                 ("interleaved", None, "msb")]
+
+
+def prior_rank(c: Candidate, cfg: ModelConfig) -> tuple:
+    """Smaller = more plausible a priori.  A config that names transformers' bitnet method
+    points at its layout first; codes increasing with value (-1 < 0 < +1) beat swapped tables."""
+    q = (cfg.quantization or {}).get("quant_method")
+    layout = (c.lanes, c.block, c.bit_order)
+    known = KNOWN_LAYOUTS.index(layout) if layout in KNOWN_LAYOUTS else len(KNOWN_LAYOUTS)
+    if q == "bitnet" and layout == ("blocked", None, "lsb"):
+        known = -1
+    vals = [v for v in c.codes if v is not None]
+    monotone = 0 if vals == sorted(vals) else 1
+    return (known, monotone)
+
+
+def confidence(margin: float) -> str:
+    if math.isnan(margin):
+        return "n/a"
+    if margin == 0:
+        return "equivalent"
+    return "high" if margin >= 0.5 else ("medium" if margin >= 0.05 else "low")
+
+

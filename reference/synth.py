@@ -1,0 +1,382 @@
+"""Writers for public ternary / 2-bit checkpoint conventions (see /work/shared/FORMATS.md).
+
+Input: a ``Logical`` model -- per linear module an int8 ternary matrix ``T (N, K)`` and a float32
+multiplier ``m`` (``(1, 1)`` per tensor, ``(N, 1)`` per channel, ``(N, K)`` expanded groups)
+with ``W_eff = T * m`` -- plus the float tensors and config.json.  ``write(fmt, logical, out)``
+stores it exactly as the named convention does and returns the ground truth *after* storage
+rounding (fp16 / bf16 scales), so tests can demand a bit-exact ``T`` and ``W_eff`` within the
+rounding of the stored scale.
+
+Conventions (``FORMATS`` keys):
+  hf-bitlinear        transformers pack_weights (axis 0, blocked, LSB, code w+1), weight_scale [1]
+                      = 1/m, divided (linear_class bitlinear)
+  hf-autobitlinear    same packing, weight_scale [1] = m, multiplied
+  seed                uint8 [N, K/4] 4 consecutive inputs per byte LSB-first, 0->0 1->+1 2->-1,
+                      per-channel fp16 scale [N], keys ``*.weight_ternary`` / ``*.scale``
+  seed-msb            the seed layout with slot 0 in the high bits
+  group               seed packing with per-group fp16 scales [N, K/64]
+  compressed-tensors  pack-quantized num_bits=2: weight_packed int32 [N, ceil(K/16)] (consecutive
+                      inputs, low bits first, code v+2), weight_shape, weight_scale [N, 1]
+  gptq                AutoGPTQ v1 int2: qweight int32 [K/16, N], qzeros [G, N/16] holding z-1 = 1,
+                      scales fp16 [G, N], g_idx [K]; W = s * (q - 2)
+  i2s                 bitnet.cpp I2_S: uint8 [N, K/4], per 128-block byte j = elems j, 32+j, 64+j,
+                      96+j at bits 7-6 .. 1-0, 0->-1 1->0 2->+1, one f32 scale; GGUF tensor names
+  trilm               fp16 [N, K] with values {-s, 0, +s}, one s per model-parallel shard
+  bitnet-gpu          Microsoft BitNet GPU style: fused wqkv / w13 int8 [N, K/4], code w+2,
+                      4-byte bit-interleaved lanes, bf16 scale per sub-matrix; Meta-style names
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from .checkpoint import Checkpoint
+from .config import ModelConfig
+from .formats import HF_BITNET, SEED, PackSpec, pack
+from .io import atomic_write_text
+from .spec import decode_linear, spec_for
+
+ROLES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+@dataclass
+class Logical:
+    """Ground-truth model: config.json dict, ternary matrices, multipliers, float tensors (HF names)."""
+
+    config: dict
+    ternary: dict[str, torch.Tensor]  # module -> int8 (N, K)
+    mult: dict[str, torch.Tensor]  # module -> float32 (1,1) | (N,1) | (N,K)
+    floats: dict[str, torch.Tensor]  # HF param name -> tensor
+    tokenizer_dir: Optional[Path] = None
+
+    @classmethod
+    def from_dir(cls, model_dir) -> "Logical":
+        """Read any model the reference can load (e.g. models/tiny-trained)."""
+        model_dir = Path(model_dir)
+        cfg = ModelConfig.load(model_dir)
+        spec = spec_for(model_dir, cfg)
+        ck = Checkpoint(model_dir)
+        tern, mult = {}, {}
+        for mod, e in spec.linears.items():
+            d = decode_linear(ck, e, mod)
+            tern[mod], mult[mod] = d.values.to(torch.int8), d.mult.float()
+        floats = {hf: ck.get(key) for hf, key in spec.tensors.items()}
+        tok = model_dir if (model_dir / "tokenizer.json").exists() else None
+        return cls(json.loads((model_dir / "config.json").read_text()), tern, mult, floats, tok)
+
+    def effective(self, mod: str) -> torch.Tensor:
+        return self.ternary[mod].float() * self.mult[mod]
+
+    def with_channel_jitter(self, seed: int = 0, amount: float = 0.02) -> "Logical":
+        """Per-channel multipliers m * (1 + amount * u), u in [-1, 1): realistic channel scales
+        that leave the model's function almost unchanged."""
+        g = torch.Generator().manual_seed(seed)
+        mult = {}
+        for mod, t in self.ternary.items():
+            u = torch.rand(t.shape[0], 1, generator=g) * 2 - 1
+            mult[mod] = (self.mult[mod].reshape(-1)[0] * (1 + amount * u)).float()
+        return Logical(self.config, self.ternary, mult, self.floats, self.tokenizer_dir)
+
+
+@dataclass
+class Truth:
+    """What a correct inspector must recover: T and the multiplier as stored (after rounding)."""
+
+    ternary: dict[str, torch.Tensor]
+    mult: dict[str, torch.Tensor]
+    fmt: str = ""
+    notes: dict = field(default_factory=dict)
+
+    def effective(self, mod: str) -> torch.Tensor:
+        return self.ternary[mod].float() * self.mult[mod]
+
+
+# ---------------------------------------------------------------------------------------
+# helpers
+
+
+def _scalar(m: torch.Tensor) -> float:
+    return float(m.reshape(-1)[0])
+
+
+def _channel(m: torch.Tensor, n: int) -> torch.Tensor:
+    return m.reshape(-1, 1).expand(n, 1).reshape(n) if m.numel() in (1, n) else m[:, :1].reshape(n)
+
+
+def _group(m: torch.Tensor, n: int, k: int, gs: int) -> torch.Tensor:
+    """(N, ceil(K/gs)) multipliers from any broadcastable multiplier (first column of each group)."""
+    full = m.expand(n, k) if m.shape != (n, k) else m
+    return full[:, ::gs].contiguous()
+
+
+def _rounded(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.to(dtype).to(torch.float32)
+
+
+NAME_SCHEMES: dict[str, dict[str, str]] = {
+    # HF param name template -> checkpoint key template ({L} = layer)
+    "hf": {},
+    "gguf": {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight",
+             "model.layers.{L}.input_layernorm.weight": "blk.{L}.attn_norm.weight",
+             "model.layers.{L}.post_attention_layernorm.weight": "blk.{L}.ffn_norm.weight",
+             "model.layers.{L}.self_attn.attn_sub_norm.weight": "blk.{L}.attn_sub_norm.weight",
+             "model.layers.{L}.mlp.ffn_sub_norm.weight": "blk.{L}.ffn_sub_norm.weight",
+             "model.layers.{L}.self_attn.q_proj": "blk.{L}.attn_q", "model.layers.{L}.self_attn.k_proj": "blk.{L}.attn_k",
+             "model.layers.{L}.self_attn.v_proj": "blk.{L}.attn_v",
+             "model.layers.{L}.self_attn.o_proj": "blk.{L}.attn_output",
+             "model.layers.{L}.mlp.gate_proj": "blk.{L}.ffn_gate", "model.layers.{L}.mlp.up_proj": "blk.{L}.ffn_up",
+             "model.layers.{L}.mlp.down_proj": "blk.{L}.ffn_down"},
+    "meta": {"model.embed_tokens.weight": "tok_embeddings.weight", "model.norm.weight": "norm.weight",
+             "lm_head.weight": "output.weight",
+             "model.layers.{L}.input_layernorm.weight": "layers.{L}.attention_norm.weight",
+             "model.layers.{L}.post_attention_layernorm.weight": "layers.{L}.ffn_norm.weight",
+             "model.layers.{L}.self_attn.attn_sub_norm.weight": "layers.{L}.attention.attn_sub_norm.weight",
+             "model.layers.{L}.mlp.ffn_sub_norm.weight": "layers.{L}.feed_forward.ffn_sub_norm.weight",
+             "model.layers.{L}.self_attn.qkv": "layers.{L}.attention.wqkv",
+             "model.layers.{L}.self_attn.o_proj": "layers.{L}.attention.wo",
+             "model.layers.{L}.mlp.gate_up": "layers.{L}.feed_forward.w13",
+             "model.layers.{L}.mlp.down_proj": "layers.{L}.feed_forward.w2"},
+}
+
+
+def rename(hf: str, scheme: str) -> str:
+    """HF name (module or parameter) -> the checkpoint key of naming ``scheme``."""
+    table = NAME_SCHEMES[scheme]
+    m = re.match(r"model\.layers\.(\d+)\.(.*)$", hf)
+    tmpl, layer = (f"model.layers.{{L}}.{m.group(2)}", m.group(1)) if m else (hf, "")
+    for suffix in ("", ".weight"):
+        base = tmpl[: len(tmpl) - len(suffix)] if suffix else tmpl
+        if (not suffix or tmpl.endswith(suffix)) and base in table:
+            return table[base].replace("{L}", layer) + suffix
+    return hf
+
+
+def _floats(lg: Logical, scheme: str, dtype: Optional[torch.dtype] = None) -> dict[str, torch.Tensor]:
+    return {rename(hf, scheme): (t.to(dtype) if dtype is not None else t).contiguous() for hf, t in lg.floats.items()}
+
+
+# ---------------------------------------------------------------------------------------
+# one writer per convention: (Logical) -> (state dict, quantization_config or None, Truth)
+
+
+def _packed_convention(lg: Logical, spec: PackSpec, *, scale: str, op: str, scale_dtype: torch.dtype,
+                       weight_suffix: str = "weight", scale_suffix: str = "weight_scale", scheme: str = "hf",
+                       group_size: int = 64, fmt: str = ""):
+    sd, tern, mult = _floats(lg, scheme), {}, {}
+    for mod, t in lg.ternary.items():
+        n, k = t.shape
+        base = rename(mod, scheme)
+        sd[f"{base}.{weight_suffix}"] = pack(t, spec)
+        m = lg.mult[mod]
+        if scale == "tensor":
+            s = torch.tensor([_scalar(m)])
+        elif scale == "channel":
+            s = _channel(m, n)
+        else:
+            s = _group(m, n, k, group_size)
+        stored = (1.0 / s if op == "divide" else s).to(scale_dtype)
+        sd[f"{base}.{scale_suffix}"] = stored
+        eff = 1.0 / stored.float() if op == "divide" else stored.float()
+        if scale == "tensor":
+            eff = eff.reshape(1, 1)
+        elif scale == "channel":
+            eff = eff.reshape(n, 1)
+        else:
+            eff = eff.repeat_interleave(group_size, dim=1)[:, :k]
+        tern[mod], mult[mod] = t, eff
+    return sd, Truth(tern, mult, fmt)
+
+
+def w_hf(lg: Logical, linear_class: str = "bitlinear", bit_order: str = "lsb"):
+    op = "divide" if linear_class == "bitlinear" else "multiply"
+    sd, truth = _packed_convention(lg, HF_BITNET.replace(bit_order=bit_order), scale="tensor", op=op,
+                                   scale_dtype=torch.float32, fmt=f"hf-{linear_class}")
+    q = {"quant_method": "bitnet", "linear_class": linear_class, "quantization_mode": "offline",
+         "use_rms_norm": False, "modules_to_not_convert": None}
+    return sd, q, truth
+
+
+def w_seed(lg: Logical, bit_order: str = "lsb", scale: str = "channel", group_size: int = 64):
+    sd, truth = _packed_convention(lg, SEED.replace(bit_order=bit_order), scale=scale, op="multiply",
+                                   scale_dtype=torch.float16, weight_suffix="weight_ternary", scale_suffix="scale",
+                                   group_size=group_size, fmt=f"seed-{bit_order}-{scale}")
+    return sd, None, truth
+
+
+CT_SPEC = PackSpec(bits=2, container="int32", pack_axis=1, lanes="interleaved", bit_order="lsb",
+                   codes=(None, -1, 0, 1), pad_code=0)  # pack_to_int32 pads with 0 after the +2 offset
+
+
+def w_compressed_tensors(lg: Logical, strategy: str = "channel", group_size: int = 64):
+    sd, truth = _packed_convention(lg, CT_SPEC, scale="channel" if strategy == "channel" else "group",
+                                   op="multiply", scale_dtype=torch.float16, weight_suffix="weight_packed",
+                                   group_size=group_size, fmt=f"compressed-tensors-{strategy}")
+    for mod, t in lg.ternary.items():
+        sd[f"{mod}.weight_shape"] = torch.tensor(list(t.shape), dtype=torch.int64)
+        if strategy == "channel":
+            sd[f"{mod}.weight_scale"] = sd[f"{mod}.weight_scale"].reshape(-1, 1)
+    w = {"num_bits": 2, "type": "int", "symmetric": True, "strategy": strategy, "dynamic": False}
+    if strategy == "group":
+        w["group_size"] = group_size
+    q = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+         "config_groups": {"group_0": {"targets": ["Linear"], "weights": w, "input_activations": None}},
+         "ignore": ["lm_head"]}
+    return sd, q, truth
+
+
+GPTQ_SPEC = PackSpec(bits=2, container="int32", pack_axis=1, lanes="interleaved", bit_order="lsb",
+                     codes=(None, -1, 0, 1), transposed=True, pad_code=2)
+GPTQ_ZERO_SPEC = PackSpec(bits=2, container="int32", pack_axis=1, lanes="interleaved", bit_order="lsb",
+                          codes=(0, 1, 2, 3))
+
+
+def w_gptq(lg: Logical, group_size: int = 64):
+    sd, tern, mult = _floats(lg, "hf"), {}, {}
+    for mod, t in lg.ternary.items():
+        n, k = t.shape
+        g = -(-k // group_size)
+        sd[f"{mod}.qweight"] = pack(t, GPTQ_SPEC)  # (K/16, N): q = w + 2
+        s = _group(lg.mult[mod], n, k, group_size).to(torch.float16)  # (N, G)
+        sd[f"{mod}.scales"] = s.t().contiguous()  # (G, N)
+        sd[f"{mod}.qzeros"] = pack(torch.ones(g, n, dtype=torch.int64), GPTQ_ZERO_SPEC)  # v1 stores z - 1 = 1
+        sd[f"{mod}.g_idx"] = (torch.arange(k) // group_size).to(torch.int32)
+        tern[mod], mult[mod] = t, s.float().repeat_interleave(group_size, dim=1)[:, :k]
+    q = {"quant_method": "gptq", "bits": 2, "group_size": group_size, "desc_act": False, "sym": True,
+         "checkpoint_format": "gptq"}
+    return sd, q, Truth(tern, mult, "gptq")
+
+
+I2S_SPEC = PackSpec(bits=2, container="uint8", pack_axis=1, lanes="block_interleaved", block=128,
+                    bit_order="msb", codes=(-1, 0, 1, None), pad_code=1)
+
+
+def w_i2s(lg: Logical):
+    sd, truth = _packed_convention(lg, I2S_SPEC, scale="tensor", op="multiply", scale_dtype=torch.float32,
+                                   scale_suffix="scale", scheme="gguf", fmt="i2s")
+    return sd, None, truth
+
+
+def w_trilm(lg: Logical, shards: int = 2, per_row: bool = False):
+    """fp16 [N, K] = T * s_shard; column-parallel modules (q,k,v,gate,up) shard rows, row-parallel
+    ones (o, down) shard columns (Megatron), each shard with its own absmean-style s."""
+    sd, tern, mult = _floats(lg, "hf"), {}, {}
+    for mod, t in lg.ternary.items():
+        n, k = t.shape
+        base = _scalar(lg.mult[mod])
+        if per_row:
+            m = (base * (1 + 0.02 * torch.linspace(-1, 1, n))).reshape(n, 1)
+            m = m.expand(n, k)
+        elif mod.endswith(("o_proj", "down_proj")):
+            idx = torch.arange(k) * shards // k  # (K,) shard of each column
+            m = (base * (1 + 0.03 * (idx.float() - (shards - 1) / 2))).reshape(1, k).expand(n, k)
+        else:
+            idx = torch.arange(n) * shards // n
+            m = (base * (1 + 0.03 * (idx.float() - (shards - 1) / 2))).reshape(n, 1).expand(n, k)
+        w = (t.float() * m).to(torch.float16)
+        sd[f"{mod}.weight"] = w
+        tern[mod] = t
+        mult[mod] = _rounded(m.contiguous(), torch.float16)
+    return sd, None, Truth(tern, mult, "trilm")
+
+
+BITNET_GPU_SPEC = PackSpec(bits=2, container="int8", pack_axis=1, lanes="block_interleaved", block=16,
+                           bit_order="lsb", codes=(None, -1, 0, 1), pad_code=2)
+
+
+def w_bitnet_gpu(lg: Logical):
+    sd, tern, mult = _floats(lg, "meta"), {}, {}
+    cfg = ModelConfig.from_dict(lg.config)
+    for L in range(cfg.num_layers):
+        p = f"model.layers.{L}"
+        for fused, parts in (("self_attn.qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+                             ("mlp.gate_up", ("mlp.gate_proj", "mlp.up_proj")),
+                             ("self_attn.o_proj", ("self_attn.o_proj",)), ("mlp.down_proj", ("mlp.down_proj",))):
+            ts = [lg.ternary[f"{p}.{m}"] for m in parts]
+            base = rename(f"{p}.{fused}", "meta")
+            sd[f"{base}.weight"] = pack(torch.cat(ts, 0), BITNET_GPU_SPEC)
+            s = torch.tensor([_scalar(lg.mult[f"{p}.{m}"]) for m in parts]).to(torch.bfloat16)
+            sd[f"{base}.weight_scale"] = s
+            for i, m in enumerate(parts):
+                tern[f"{p}.{m}"] = lg.ternary[f"{p}.{m}"]
+                mult[f"{p}.{m}"] = s[i].float().reshape(1, 1)
+    return sd, None, Truth(tern, mult, "bitnet-gpu")
+
+
+def w_custom(lg: Logical, pack_spec: PackSpec, *, scale: str = "channel", op: str = "multiply",
+             group_size: int = 64, scale_dtype: torch.dtype = torch.float16, scheme: str = "hf"):
+    """Any point of the PackSpec space (for generality tests: conventions nobody has named yet)."""
+    sd, truth = _packed_convention(lg, pack_spec, scale=scale, op=op, scale_dtype=scale_dtype, scheme=scheme,
+                                   group_size=group_size, fmt="custom")
+    return sd, None, truth
+
+
+FORMATS: dict[str, Callable] = {
+    "hf-bitlinear": lambda lg: w_hf(lg, "bitlinear"),
+    "hf-autobitlinear": lambda lg: w_hf(lg, "autobitlinear"),
+    "hf-msb": lambda lg: w_hf(lg, "bitlinear", bit_order="msb"),
+    "seed": lambda lg: w_seed(lg),
+    "seed-msb": lambda lg: w_seed(lg, bit_order="msb"),
+    "group": lambda lg: w_seed(lg, scale="group", group_size=64),
+    "compressed-tensors": lambda lg: w_compressed_tensors(lg, "channel"),
+    "compressed-tensors-group": lambda lg: w_compressed_tensors(lg, "group", 64),
+    "gptq": lambda lg: w_gptq(lg, 64),
+    "i2s": w_i2s,
+    "trilm": lambda lg: w_trilm(lg, shards=2),
+    "trilm-row": lambda lg: w_trilm(lg, per_row=True),
+    "bitnet-gpu": w_bitnet_gpu,
+}
+
+
+def save_checkpoint(sd: dict[str, torch.Tensor], out: Path, shards: int = 1) -> None:
+    """model.safetensors, or ``shards`` files + model.safetensors.index.json (keys in order)."""
+    from safetensors.torch import save_file
+
+    keys = list(sd)
+    if shards <= 1:
+        save_file({k: sd[k].contiguous() for k in keys}, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return
+    wm = {}
+    per = -(-len(keys) // shards)
+    for i in range(shards):
+        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = keys[i * per:(i + 1) * per]
+        save_file({k: sd[k].contiguous() for k in part}, str(out / fname), metadata={"format": "pt"})
+        wm.update({k: fname for k in part})
+    total = sum(t.numel() * t.element_size() for t in sd.values())
+    atomic_write_text(out / "model.safetensors.index.json",
+                      json.dumps({"metadata": {"total_size": total}, "weight_map": wm}, indent=1))
+
+
+def write(fmt, lg: Logical, out, *, shards: int = 1, keep_quant_config: bool = True) -> Truth:
+    """Write ``lg`` in convention ``fmt`` (a ``FORMATS`` key, or a writer ``lg -> (sd, qcfg, truth)``)
+    to directory ``out`` (replaced); return the ground truth."""
+    if callable(fmt):
+        writer, fmt = fmt, getattr(fmt, "__name__", "custom")
+    elif fmt in FORMATS:
+        writer = FORMATS[fmt]
+    else:
+        raise KeyError(f"unknown convention {fmt!r}; known: {sorted(FORMATS)}")
+    out = Path(out)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    sd, qcfg, truth = writer(lg)
+    cfg = {k: v for k, v in lg.config.items() if k != "quantization_config"}
+    if qcfg is not None and keep_quant_config:
+        cfg["quantization_config"] = qcfg
+    atomic_write_text(out / "config.json", json.dumps(cfg, indent=1))
+    save_checkpoint(sd, out, shards)
+    if lg.tokenizer_dir is not None:
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            if (Path(lg.tokenizer_dir) / f).exists():
+                shutil.copy(Path(lg.tokenizer_dir) / f, out / f)
+    truth.fmt = fmt
+    return truth

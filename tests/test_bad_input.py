@@ -1,0 +1,269 @@
+"""Bad input never ends in a bare traceback: each case gives a message naming file, tensor and
+the expectation, and the CLI prints ``error: ...`` and exits 2.  The scanner is fuzzed."""
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as hst
+from safetensors.torch import load_file, save_file
+
+from reference import synth
+from reference.checkpoint import Checkpoint, CheckpointError
+from reference.formats import FormatError
+from reference.inspect import InspectError, inspect_dir, main as inspect_main
+from reference.decode import main as decode_main
+from reference.scan import scan
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAINED = ROOT / "models" / "tiny-trained"
+W = "model.layers.1.self_attn.k_proj.weight"
+S = "model.layers.1.self_attn.k_proj.weight_scale"
+
+
+@pytest.fixture
+def model(tmp_path) -> Path:
+    d = tmp_path / "m"
+    shutil.copytree(TRAINED, d)
+    return d
+
+
+def edit(d: Path, fn, name="model.safetensors"):
+    sd = load_file(str(d / name))
+    fn(sd)
+    save_file(sd, str(d / name))
+
+
+def edit_config(d: Path, **kw):
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(kw)
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+def cli_error(d: Path, capsys) -> str:
+    assert inspect_main([str(d), "--no-loss"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err
+    return err
+
+
+# ---------------------------------------------------------------------------------------
+# file-level corruption
+
+
+def test_truncated_file(model, capsys):
+    f = model / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+    err = cli_error(model, capsys)
+    assert "model.safetensors" in err and "truncated" in err
+
+
+def test_header_lies_about_offsets(model, capsys):
+    f = model / "model.safetensors"
+    data = f.read_bytes()
+    (hlen,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + hlen])
+    b, e = header[W]["data_offsets"]
+    header[W]["data_offsets"] = [b, e + 4]  # claims 4 more bytes than dtype x shape needs
+    raw = json.dumps(header).encode()
+    raw += b" " * (hlen - len(raw)) if len(raw) <= hlen else b""
+    f.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + hlen:])
+    err = cli_error(model, capsys)
+    assert W in err and "needs" in err
+
+
+def test_overlapping_tensors(model):
+    f = model / "model.safetensors"
+    data = f.read_bytes()
+    (hlen,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + hlen])
+    names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+    a, b = names[0], names[1]
+    n_b = header[b]["data_offsets"][1] - header[b]["data_offsets"][0]
+    header[b]["data_offsets"] = [header[a]["data_offsets"][0], header[a]["data_offsets"][0] + n_b]
+    raw = json.dumps(header).encode()
+    f.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + hlen:])
+    with pytest.raises(CheckpointError, match="overlap"):
+        Checkpoint(model)
+
+
+def test_pickle_is_refused(tmp_path, capsys):
+    d = tmp_path / "pt"
+    d.mkdir()
+    shutil.copy(TRAINED / "config.json", d)
+    (d / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle, never opened")
+    err = cli_error(d, capsys)
+    assert "pytorch_model.bin" in err and "pickle" in err and "safetensors" in err and "save_file" in err
+
+
+def test_index_points_to_missing_tensor(model):
+    (model / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.layers.9.mlp.up_proj.weight": "model.safetensors"}}))
+    with pytest.raises(CheckpointError, match="model.layers.9.mlp.up_proj.weight"):
+        Checkpoint(model)
+
+
+# ---------------------------------------------------------------------------------------
+# content that contradicts the config or the format
+
+
+def test_config_inconsistent_with_shapes(model):
+    edit_config(model, intermediate_size=400)
+    with pytest.raises(InspectError) as e:
+        inspect_dir(model, use_loss=False)
+    msg = str(e.value)
+    assert "model.safetensors" in msg and "mlp" in msg and "config.json implies" in msg and "400" in msg
+
+
+def test_shape_not_divisible_by_pack_factor(tmp_path):
+    d = tmp_path / "seed"
+    synth.write("seed", synth.Logical.from_dir(TRAINED), d)
+    edit_config(d, intermediate_size=386)  # 386 rows cannot come from [384, 32] uint8 / 4 per byte
+    with pytest.raises(InspectError, match=r"not divisible by 4"):
+        inspect_dir(d, use_loss=False)
+
+
+def test_missing_key(model):
+    edit(model, lambda sd: sd.pop(W))
+    with pytest.raises(InspectError, match=r"missing key.*model\.layers\.1\.self_attn\.k_proj"):
+        inspect_dir(model, use_loss=False)
+
+
+def test_missing_float_key(model):
+    edit(model, lambda sd: sd.pop("model.layers.2.mlp.ffn_sub_norm.weight"))
+    with pytest.raises(InspectError, match=r"missing key.*ffn_sub_norm"):
+        inspect_dir(model, use_loss=False)
+
+
+def test_extra_key(model):
+    edit(model, lambda sd: sd.__setitem__("model.layers.0.self_attn.rotary_junk.weight", torch.zeros(4)))
+    with pytest.raises(InspectError, match=r"rotary_junk.*extra keys"):
+        inspect_dir(model, use_loss=False)
+
+
+def test_extra_companion_key(model):
+    edit(model, lambda sd: sd.__setitem__(W.replace(".weight", ".weight_extra"), torch.zeros(2, dtype=torch.int32)))
+    with pytest.raises(InspectError, match=r"weight_extra.*extra key"):
+        inspect_dir(model, use_loss=False)
+
+
+@pytest.mark.parametrize("bad,word", [(float("nan"), "NaN/Inf"), (float("inf"), "NaN/Inf"), (0.0, "zero")])
+def test_bad_scale(model, bad, word, capsys):
+    edit(model, lambda sd: sd.__setitem__(S, torch.tensor([bad])))
+    err = cli_error(model, capsys)
+    assert S in err and word in err and "model.safetensors" in err
+
+
+def test_unused_code_occurs(model):
+    def plant(sd):
+        w = sd[W].clone()
+        w[3, 5] = w[3, 5] | 0b11  # code 3 in slot 0: unused everywhere else
+        sd[W] = w
+    edit(model, plant)
+    with pytest.raises(InspectError) as e:
+        inspect_dir(model, use_loss=False)
+    assert W in str(e.value) and "code 3" in str(e.value) and "expected 0" in str(e.value)
+
+
+def test_asymmetric_gptq_zero_points(tmp_path):
+    d = tmp_path / "gptq"
+    synth.write("gptq", synth.Logical.from_dir(TRAINED), d)
+    qz = "model.layers.0.self_attn.q_proj.qzeros"
+    edit(d, lambda sd: sd.__setitem__(qz, sd[qz] ^ 0b11))  # one zero point per column flips 1 -> 2
+    with pytest.raises(InspectError, match=r"qzeros.*asymmetric"):
+        inspect_dir(d, use_loss=False)
+
+
+def test_act_order_g_idx(tmp_path):
+    d = tmp_path / "gptq"
+    synth.write("gptq", synth.Logical.from_dir(TRAINED), d)
+    gi = "model.layers.0.mlp.down_proj.g_idx"
+    edit(d, lambda sd: sd.__setitem__(gi, sd[gi].flip(0).contiguous()))
+    with pytest.raises(InspectError, match=r"g_idx.*act-order"):
+        inspect_dir(d, use_loss=False)
+
+
+def test_config_missing_field(model, capsys):
+    cfg = json.loads((model / "config.json").read_text())
+    del cfg["hidden_size"]
+    (model / "config.json").write_text(json.dumps(cfg))
+    err = cli_error(model, capsys)
+    assert "config.json" in err and "hidden_size" in err
+
+
+def test_cli_subprocess_no_traceback(tmp_path):
+    for mod in ("reference.inspect", "reference.decode"):
+        args = [sys.executable, "-m", mod, str(tmp_path / "nope")] + (["--out", str(tmp_path / "w")]
+                                                                      if mod == "reference.decode" else [])
+        p = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+        assert p.returncode == 2, p.stderr
+        assert p.stderr.startswith("error: ") and "Traceback" not in p.stderr and "nope" in p.stderr
+
+
+def test_decode_refuses_inconsistent_spec(model, tmp_path, capsys):
+    spec = {"spec_version": 1, "name": "x", "linears": {}, "tensors": {}}
+    (tmp_path / "s.json").write_text(json.dumps(spec))
+    assert decode_main([str(model), "--spec", str(tmp_path / "s.json"), "--out", str(tmp_path / "w")]) == 2
+    assert "no entry for module" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------
+# fuzzing the scanner: anything goes in, only CheckpointError comes out
+
+
+def _scan_file(path: Path):
+    try:
+        scan(Checkpoint(path))
+    except CheckpointError as e:
+        assert str(path) in str(e) or path.name in str(e)
+
+
+json_leaf = hst.one_of(hst.integers(-2**40, 2**40), hst.text(max_size=6), hst.booleans(), hst.none(),
+                       hst.floats(allow_nan=True))
+entry = hst.fixed_dictionaries({"dtype": hst.one_of(hst.sampled_from(["U8", "I32", "F16", "F32", "BF16", "I64"]),
+                                                    json_leaf),
+                                "shape": hst.one_of(hst.lists(hst.integers(-2, 6), max_size=3), json_leaf),
+                                "data_offsets": hst.one_of(hst.lists(hst.integers(-4, 80), min_size=2, max_size=2),
+                                                           hst.lists(json_leaf, max_size=3))})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(header=hst.dictionaries(hst.text(min_size=1, max_size=8), hst.one_of(entry, json_leaf), max_size=4),
+       payload=hst.binary(max_size=96))
+def test_fuzz_header(header, payload, tmp_path):
+    f = tmp_path / "fuzz.safetensors"
+    try:
+        raw = json.dumps(header).encode()
+    except ValueError:
+        return
+    f.write_bytes(struct.pack("<Q", len(raw)) + raw + payload)
+    _scan_file(f)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=hst.integers(0, 2000), flips=hst.lists(hst.tuples(hst.integers(0, 1500), hst.integers(1, 255)), max_size=6))
+def test_fuzz_mutated_file(cut, flips, tmp_path):
+    f = tmp_path / "mut.safetensors"
+    save_file({"a.weight": torch.arange(64, dtype=torch.uint8).reshape(8, 8),
+               "a.weight_scale": torch.tensor([0.5]), "n.weight": torch.ones(8, dtype=torch.float16)}, str(f))
+    data = bytearray(f.read_bytes())
+    for pos, x in flips:
+        if pos < len(data):
+            data[pos] ^= x
+    f.write_bytes(bytes(data[: max(0, len(data) - cut)]))
+    _scan_file(f)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=hst.binary(max_size=64))
+def test_fuzz_random_bytes(data, tmp_path):
+    f = tmp_path / "rand.safetensors"
+    f.write_bytes(data)
+    _scan_file(f)
