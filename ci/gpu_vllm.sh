@@ -16,7 +16,7 @@ if [ ! -d /tmp/site/vllm ]; then
 fi
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
        HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 CUDA_HOME=/usr/local/cuda \
-       TORCH_COMPILE_DISABLE=0 TRIT_BUILD_DIR=/tmp/trit-build PYTHONUNBUFFERED=1
+       TRIT_BUILD_DIR=/tmp/trit-build PYTHONUNBUFFERED=1
 export TRIT_COMMIT=${TRIT_COMMIT:-unknown}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/device.txt"
 python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"

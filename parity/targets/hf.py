@@ -22,7 +22,6 @@ class TransformersTarget(Target):
     bit_faithful = True
 
     def load(self, model_dir: Path):
-        os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")  # BitLinear's @torch.compile: eager on CPU
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
