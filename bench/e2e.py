@@ -39,7 +39,10 @@ SHAPES = {
 }
 
 CATEGORIES = [  # (category, substrings of kernel names), first match wins
-    ("ternary", ("trit", "ternary")),
+    ("ternary", ("a8_kernel", "quant_rows", "tmm_", "decode_kernel", "naive_kernel", "humming")),
+    # inductor's fused kernels are named after every op they touch ("..._rms_norm_ternary_mm_a8_2"):
+    # they are the norms/residual adds around our opaque op, not the op itself
+    ("norm_elementwise", ("triton_",)),
     ("humming", ("humming",)),
     ("attention", ("flash", "attn", "attention", "paged", "fmha")),
     ("dense_gemm", ("gemm", "gemv", "cublas", "cutlass", "sm90_xmma", "nvjet", "matmul")),

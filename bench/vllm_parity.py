@@ -81,6 +81,8 @@ def main(argv=None) -> int:
     cmp = res.comparison
     rec["eager"] = {"summary": cmp.summary(), "passed": cmp.passed, "seconds": round(time.time() - t0, 1),
                     "worst": max(((r.max_rel, r.name) for r in cmp.results), default=None)}
+    print(format_table(table(cmp)))
+    print(cmp.summary(), flush=True)
     eager.close()
     del eager
     torch.cuda.empty_cache() if torch.cuda.is_available() else None

@@ -95,6 +95,8 @@ class VllmTarget(Target):
         kw = dict(model=str(model_dir), dtype=DTYPES[self.compute_dtype], enforce_eager=eager, seed=0,
                   max_model_len=self.max_model_len or min(cfg.max_position_embeddings, 4096),
                   enable_prefix_caching=False, skip_tokenizer_init=not has_tok, max_num_seqs=64)
+        if torch.cuda.is_available():
+            kw["gpu_memory_utilization"] = 0.3  # an eager capture engine and a graph engine coexist in-process
         if overrides:
             kw["hf_overrides"] = overrides
         if not (cfg.quantization or {}).get("quant_method") and not overrides:

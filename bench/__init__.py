@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench.kernels` times the trit kernels against torch bf16 (and humming)."""

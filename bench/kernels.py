@@ -1,0 +1,307 @@
+"""Per-layer kernel timings: trit ternary kernels vs torch bf16 matmul (and humming), one run.
+
+    python -m bench.kernels [--shapes all|2b|8b|70b] [--ms 1,4,16,...] [--out DIR] [--quick]
+
+Every variant is timed the same way: a CUDA graph of R back-to-back calls, each on a different
+copy of the weights (R copies span >= ROTATE_BYTES, so the 60 MB L2 cannot serve them), replayed
+and timed with CUDA events; the median per call is reported. This is the kernel-plus-launch time
+that vLLM's CUDA-graph decode sees. bf16 and the production wrapper are also timed eagerly
+(Python loop), which is how the numbers in shared/gpu/README.md were taken.
+
+Writes <out>/<date>-<gpu>.json and .md with device, date, git commit and command.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+COPY_BW = 4.18e12  # measured H200 device-to-device copy (bytes read + written), shared/gpu/README.md
+ROTATE_BYTES = 200 << 20
+SHAPES = {
+    "2b": [(2560, 2560), (640, 2560), (6912, 2560), (2560, 6912)],
+    "8b": [(4096, 4096), (14336, 4096), (4096, 14336)],
+    "70b": [(8192, 8192), (28672, 8192), (8192, 28672)],
+}
+MS = [1, 4, 16, 32, 64, 256, 1024, 4096]
+HUMMING_MS = (1, 16, 64, 4096)  # humming JIT-compiles per shape and M bucket: keep it to these
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        sha = out.stdout.strip()
+        if out.returncode != 0 or not sha:
+            return "uncommitted"
+        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except Exception:  # noqa: BLE001
+        return "uncommitted"
+
+
+def n_copies(nbytes: int, cap: int = 256) -> int:
+    return max(2, min(cap, math.ceil(ROTATE_BYTES / max(nbytes, 1))))
+
+
+def time_graph(calls, reps: int = 7) -> float:
+    """Median microseconds per call of a CUDA graph that runs every callable once."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in calls[:2]:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in calls:
+            f()
+    g.replay()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ts = []
+    for _ in range(reps):
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1e3 / len(calls))
+    del g
+    return statistics.median(ts)
+
+
+def time_eager(calls, reps: int = 5) -> float:
+    for f in calls[:3]:
+        f()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ts = []
+    for _ in range(reps):
+        e0.record()
+        for f in calls:
+            f()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1e3 / len(calls))
+    return statistics.median(ts)
+
+
+def pack_hf_bitnet(w_int8: torch.Tensor) -> torch.Tensor:
+    """transformers' BitNet pack_weights: uint8 [N/4, K], row r at bits 2*(r // (N/4)), code w+1."""
+    N, K = w_int8.shape
+    P = N // 4
+    codes = (w_int8.to(torch.int32) + 1).view(4, P, K)
+    out = torch.zeros(P, K, dtype=torch.int32, device=w_int8.device)
+    for j in range(4):
+        out |= codes[j] << (2 * j)
+    return out.to(torch.uint8)
+
+
+class Humming:
+    """The humming-kernels BitNet GEMM (vLLM's `--quantization humming` path), if it runs here."""
+
+    BUDGET_S = 150.0  # JIT compiles per shape: stop trying past this much wall time
+
+    def __init__(self):
+        self.error = None
+        self.spent = 0.0
+        try:
+            from humming.layer import HummingLayer  # noqa: F401
+            self.HummingLayer = HummingLayer
+        except Exception as e:  # noqa: BLE001
+            self.error = f"import failed: {type(e).__name__}: {e}"
+
+    def make(self, w_int8: torch.Tensor, dtype=torch.bfloat16):
+        N, K = w_int8.shape
+        layer = self.HummingLayer(shape_n=N, shape_k=K, weight_config={"quant_method": "bitnet"},
+                                  torch_dtype=dtype)
+        layer.load_from_tensors({"weight": pack_hf_bitnet(w_int8).cpu(),
+                                 "weight_scale": torch.ones(1, dtype=dtype)})
+        layer = layer.cuda()
+        layer.transform()
+        return layer
+
+
+def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False):
+    from trit import ops
+
+    dev = "cuda"
+    torch.manual_seed(N * 7 + K)
+    w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device=dev)
+    scale = torch.rand(N, device=dev) + 0.5
+    packed = ops.repack(w)
+    tern_bytes = packed.numel() * 4 + N * 4
+    bf16_bytes = N * K * 2
+    nt = n_copies(tern_bytes)
+    nb = n_copies(bf16_bytes)
+    packs = [packed.clone() for _ in range(nt)]
+    wbf = [(w.to(torch.bfloat16) * scale[:, None].to(torch.bfloat16)) for _ in range(nb)]
+    hum_layers, hum_err = [], hum.error
+    if hum_err is None and hum.spent > hum.BUDGET_S:
+        hum_err = f"skipped: humming setup/JIT time budget ({hum.BUDGET_S:.0f} s) used up"
+    if hum_err is None:
+        t0 = time.time()
+        try:
+            hum_layers = [hum.make(w) for _ in range(min(nt, 32))]
+        except Exception as e:  # noqa: BLE001
+            hum_err = f"setup failed: {type(e).__name__}: {e}"
+            hum.error = hum_err  # do not retry on every shape
+            traceback.print_exc()
+        hum.spent += time.time() - t0
+
+    for M in ms:
+        x = torch.randn(M, K, device=dev).to(torch.bfloat16)
+        row = {"N": N, "K": K, "M": M, "copies_ternary": nt, "copies_bf16": nb,
+               "packed_bytes": tern_bytes, "bf16_bytes": bf16_bytes}
+        # correctness spot check of each variant against the float64 reference (first copy)
+        ref = ops.ternary_mm_ref(x, packed, scale, N, K).float()
+        denom = ref.abs().max().item()
+        big = M * N * K >= 4096 * 28672 * 8192 // 4
+        variants = {
+            "bf16": lambda i: x @ wbf[i % nb].t(),
+            "fused": lambda i: torch.ops.trit.ternary_mm(x, packs[i % nt], scale, N, K, None),
+            "dense": lambda i: x @ torch.ops.trit.ternary_decode(packs[i % nt], scale, N, K, x.dtype).t(),
+            "linear": lambda i: ops.ternary_linear(x, packs[i % nt], scale, N, K),
+            "a8": lambda i: torch.ops.trit.ternary_mm_a8(x, packs[i % nt], scale, N, K, None),
+        }
+        if hum_layers and M in HUMMING_MS:
+            variants["humming"] = lambda i: hum_layers[i % len(hum_layers)](x)
+        for name, f in variants.items():
+            if quick and name in ("a8",) and big:
+                continue
+            if name in ("fused", "a8") and M > 256:
+                continue  # not a dispatch path there (run 2 measured them 3-10x slower than dense)
+            t_start = time.time()
+            try:
+                y = f(0).float()
+                if name != "a8":
+                    row[f"{name}_relerr"] = (y - ref).abs().max().item() / denom
+                ncalls = nb if name == "bf16" else (len(hum_layers) if name == "humming" else nt)
+                if big:
+                    ncalls = max(2, min(ncalls, 8))
+                calls = [(lambda i=i: f(i)) for i in range(ncalls)]
+                row[f"{name}_us"] = time_graph(calls, reps=5 if big else 7)
+                if name in ("bf16", "linear") and M <= 64:
+                    row[f"{name}_eager_us"] = time_eager(calls)
+            except Exception as e:  # noqa: BLE001
+                row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+            torch.cuda.synchronize()
+            if name == "humming":
+                hum.spent += time.time() - t_start
+        if hum_err:
+            row["humming_error"] = hum_err[:300]
+        b = row.get("bf16_us")
+        for name in ("fused", "dense", "linear", "a8", "humming"):
+            t = row.get(f"{name}_us")
+            if t and b:
+                row[f"{name}_x_bf16"] = b / t
+        t = row.get("linear_us")
+        if t:
+            row["linear_weight_GBps"] = tern_bytes / (t * 1e-6) / 1e9
+            row["linear_pct_copy_ceiling"] = 100 * tern_bytes / (t * 1e-6) / COPY_BW
+            if row.get("humming_us"):
+                row["linear_x_humming"] = row["humming_us"] / t
+        if row.get("fused_us"):
+            row["fused_pct_copy_ceiling"] = 100 * tern_bytes / (row["fused_us"] * 1e-6) / COPY_BW
+        row["floor_us"] = tern_bytes / COPY_BW * 1e6
+        out_rows.append(row)
+        print(fmt_row(row), flush=True)
+    del packs, wbf, hum_layers
+    torch.cuda.empty_cache()
+
+
+def _f(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def fmt_row(r) -> str:
+    return (f"{r['N']:>5}x{r['K']:<5} M={r['M']:<4} bf16 {_f(r.get('bf16_us'), '8.1f')}  "
+            f"linear {_f(r.get('linear_us'), '8.1f')} ({_f(r.get('linear_x_bf16'), '5.2f')}x, "
+            f"{_f(r.get('linear_pct_copy_ceiling'), '4.0f')}% ceil)  fused {_f(r.get('fused_us'), '8.1f')}  "
+            f"dense {_f(r.get('dense_us'), '8.1f')}  a8 {_f(r.get('a8_us'), '8.1f')}  "
+            f"humming {_f(r.get('humming_us'), '8.1f')}  floor {r['floor_us']:.1f}")
+
+
+def markdown(meta, rows) -> str:
+    lines = [f"# trit kernels vs torch bf16 on {meta['device']}", "",
+             f"- date: {meta['date']}", f"- git commit: {meta['commit']}", f"- command: `{meta['command']}`",
+             f"- torch {meta['torch']}, CUDA {meta['cuda']}; copy ceiling {COPY_BW / 1e12:.2f} TB/s",
+             f"- humming: {meta.get('humming', '-')}",
+             "- timing: CUDA graph of R calls over R weight copies (L2 cannot serve them), median "
+             "per call; `eager` = Python loop. `linear` = trit.ops.ternary_linear (fused kernel for "
+             f"M <= {meta['fused_max_m']}, else dense decode + cuBLAS); `fused` = torch.ops.trit.ternary_mm "
+             "at every M; `dense` = ternary_decode + cuBLAS; `a8` = ternary_mm_a8 (W1.58A8). "
+             "x = ratio of bf16 time to ours (higher is better); % ceil = packed-weight bytes / time "
+             "against the copy ceiling; floor = packed bytes / 4.18 TB/s.", "",
+             "| N x K | M | bf16 us | linear us | x bf16 | % ceil | fused us | dense us | a8 us (x bf16) "
+             "| humming us | x humming | floor us | bf16 eager | linear eager |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        a8 = r.get("a8_us")
+        a8s = "-" if a8 is None else f"{a8:.1f} ({r.get('a8_x_bf16', 0):.2f}x)"
+        lines.append(
+            f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('bf16_us'), '.1f')} | {_f(r.get('linear_us'), '.1f')} "
+            f"| {_f(r.get('linear_x_bf16'), '.2f')} | {_f(r.get('linear_pct_copy_ceiling'), '.0f')} "
+            f"| {_f(r.get('fused_us'), '.1f')} | {_f(r.get('dense_us'), '.1f')} | {a8s} "
+            f"| {_f(r.get('humming_us'), '.1f')} | {_f(r.get('linear_x_humming'), '.2f')} "
+            f"| {r['floor_us']:.1f} | {_f(r.get('bf16_eager_us'), '.1f')} | {_f(r.get('linear_eager_us'), '.1f')} |")
+    errs = sorted({f"{k}: {v}" for r in rows for k, v in r.items() if k.endswith("_error")})
+    if errs:
+        lines += ["", "Errors:", *[f"- {e}" for e in errs]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="all", help="all | comma list of 2b,8b,70b")
+    ap.add_argument("--ms", default=",".join(map(str, MS)))
+    ap.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
+    ap.add_argument("--quick", action="store_true", help="skip a8 at the largest problems")
+    ap.add_argument("--no-humming", action="store_true")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench.kernels needs a CUDA GPU")
+    from trit import ops
+
+    groups = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
+    ms = [int(m) for m in args.ms.split(",")]
+    hum = Humming()
+    if args.no_humming:
+        hum.error = "disabled (--no-humming)"
+    props = torch.cuda.get_device_properties(0)
+    meta = {
+        "device": props.name, "sm_count": props.multi_processor_count,
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": git_commit(), "command": "python -m bench.kernels " + " ".join(argv or sys.argv[1:]),
+        "torch": torch.__version__, "cuda": torch.version.cuda, "host": platform.node(),
+        "fused_max_m": ops.FUSED_MAX_M, "extension_loaded": ops.EXTENSION_LOADED,
+        "humming": hum.error or "humming-kernels BitnetWeightSchema, bf16",
+    }
+    print(json.dumps(meta), flush=True)
+    rows = []
+    t0 = time.time()
+    for gname in groups:
+        for N, K in SHAPES[gname]:
+            bench_shape(N, K, ms, hum, rows, quick=args.quick)
+    meta["bench_seconds"] = round(time.time() - t0, 1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = dt.date.today().isoformat() + "-" + ("h200" if "H200" in props.name else props.name.replace(" ", "_"))
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    md = markdown(meta, rows)
+    (out / f"{stem}.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Compile gate for csrc/ on a machine without a GPU (runs in CI on every commit).
+#   1. nvcc compiles csrc/ternary_gemm.cu alone for sm_90a (plain CUDA, no torch headers),
+#      failing on any ptxas spill (a spilled kernel is a performance bug).
+#   2. the host compiler compiles csrc/bindings.cpp against the installed torch's headers
+#      (device-agnostic headers only, so a CPU-only torch wheel suffices).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NVCC=${NVCC:-nvcc}
+CXX=${CXX:-g++}
+PY=${PYTHON:-python3}
+BUILD=${BUILD:-$(mktemp -d)}
+ARCH=${ARCH:--gencode=arch=compute_90a,code=sm_90a}
+
+echo "== nvcc $($NVCC --version | tail -1)"
+$NVCC -std=c++17 -O3 $ARCH -lineinfo -Xptxas -v -Icsrc -c csrc/ternary_gemm.cu -o "$BUILD/ternary_gemm.o" \
+  2> "$BUILD/ptxas.txt" || { cat "$BUILD/ptxas.txt"; exit 1; }
+if grep -E "[1-9][0-9]* bytes spill (stores|loads)" "$BUILD/ptxas.txt"; then
+  echo "ptxas reports register spills (above)"; exit 1
+fi
+echo "kernels: $(grep -c 'Compiling entry' "$BUILD/ptxas.txt") entry points, no spills"
+
+TORCH_INC=$($PY -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))")
+echo "== $CXX against $TORCH_INC"
+$CXX -std=${CXX_STD:-c++20} -O2 -fPIC -Wall -Wno-unused-parameter -isystem "$TORCH_INC" -isystem "$TORCH_INC/torch/csrc/api/include" \
+  -Icsrc -c csrc/bindings.cpp -o "$BUILD/bindings.o"
+echo "compile_csrc: OK ($BUILD)"

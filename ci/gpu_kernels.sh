@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The GPU job for the trit kernels (run it on a CUDA machine, e.g. the H200 device):
+#   build the extension -> GPU + CPU tests -> compute-sanitizer memcheck/racecheck on a few
+#   representative shapes -> python -m bench.kernels.
+# Everything is written under $OUT (default /tmp/trit-out): log.txt, junit.xml, sanitizer.txt,
+# sass.txt and the bench JSON/Markdown. STAGES=build,test,sanitize,bench selects stages;
+# BENCH_ARGS passes arguments to the bench. Wheels in .whl/ (pytest, hypothesis, humming...)
+# are installed to /tmp/site first when present (the GPU machine has no network). To make them,
+# on a networked machine: pip download --no-deps --only-binary=:all: --python-version 3.12
+#   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform any -d .whl
+#   pytest pluggy iniconfig pygments packaging hypothesis sortedcontainers attrs
+#   humming-kernels==0.1.10 pyelftools        (.whl/ is git-ignored; the device run carries it)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/trit-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export TRIT_BUILD_DIR=${TRIT_BUILD_DIR:-/tmp/trit-build}
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+STAGES=${STAGES:-build,test,sanitize,bench}
+BENCH_ARGS=${BENCH_ARGS:-}
+PY=${PYTHON:-python3}
+rc=0
+has() { [[ ",$STAGES," == *",$1,"* ]]; }
+step() { echo; echo "=== $* ($(date -u +%T))"; }
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  step "install carried wheels"
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv || true
+
+if has build; then
+  step "build extension"
+  t0=$(date +%s)
+  TRIT_VERBOSE=${TRIT_VERBOSE:-} $PY -c "import trit.ops as o; assert o.EXTENSION_LOADED, o.EXTENSION_ERROR; print('extension loaded')" || exit 1
+  echo "build+load: $(( $(date +%s) - t0 )) s"
+  so=$(find "$TRIT_BUILD_DIR" -name 'trit_C*.so' | head -1)
+  if [ -n "$so" ] && command -v cuobjdump >/dev/null; then
+    cuobjdump --dump-sass "$so" > /tmp/trit-sass.txt 2>&1
+    { echo "SASS instruction counts per kernel (HMMA/IMMA = tensor cores, LDG.E.128 = 16-byte loads)";
+      awk '/Function :/{f=$3} /HMMA|IMMA|LDG.E.128|LDL|STL/{for(i=1;i<=NF;i++) if($i ~ /^(HMMA|IMMA|LDG|LDL|STL)/){split($i,a,"."); c[f" "a[1]]++}} END{for(k in c) print c[k], k}' /tmp/trit-sass.txt | sort -k2 | c++filt; } > "$OUT/sass.txt"
+  fi
+fi
+
+if has test; then
+  step "tests"
+  timeout ${TEST_TIMEOUT:-400} $PY -m pytest -q -p no:cacheprovider tests/test_ops.py tests/test_ops_cuda.py --junitxml="$OUT/junit.xml" -x || rc=1
+fi
+
+if has sanitize; then
+  step "compute-sanitizer"
+  cat > /tmp/trit_sanitize_driver.py <<'PYEOF'
+# Tiny driver: every kernel on a few representative shapes (tile edges, K tails, split-K).
+import torch
+from trit import ops
+for (M, N, K) in [(1, 33, 300), (17, 129, 1001), (70, 256, 4099)]:
+    for dt in (torch.bfloat16, torch.float32):
+        x = torch.randn(M, K, device="cuda").to(dt)
+        w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda")
+        p, s, b = ops.repack(w), torch.rand(N, device="cuda"), torch.randn(N, device="cuda").to(dt)
+        for op in (torch.ops.trit.ternary_mm, torch.ops.trit.ternary_mm_a8, torch.ops.trit.ternary_mm_naive):
+            op(x, p, s, N, K, b)
+        torch.ops.trit.ternary_decode(p, s, N, K, dt)
+    torch.ops.trit.ternary_decode(p, None, N, K, torch.int8)
+torch.cuda.synchronize()
+print("driver done")
+PYEOF
+  for tool in memcheck racecheck; do
+    echo "--- $tool" | tee -a "$OUT/sanitizer.txt"
+    PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_TIMEOUT:-100} compute-sanitizer --tool $tool --error-exitcode 9 \
+      $PY /tmp/trit_sanitize_driver.py 2>&1 | tail -25 | tee -a "$OUT/sanitizer.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "$tool FAILED"; rc=1; }
+  done
+fi
+
+if has ncu && command -v ncu >/dev/null; then
+  step "ncu: fused kernel, M=1, 28672x8192 (speed of light, occupancy, warp stalls)"
+  cat > /tmp/trit_ncu_driver.py <<'PYEOF'
+import torch
+from trit import ops
+N, K = 28672, 8192
+w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda")
+p, s = ops.repack(w), torch.rand(N, device="cuda")
+for M in (1, 16):
+    x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+    for _ in range(3):
+        torch.ops.trit.ternary_mm(x, p, s, N, K, None)
+torch.cuda.synchronize()
+PYEOF
+  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:tmm_kernel -s 2 -c 2 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+    $PY /tmp/trit_ncu_driver.py > "$OUT/ncu.txt" 2>&1 || echo "ncu failed (see ncu.txt)"
+  grep -E "tmm_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Stall|Warp Cycles Per Issued" "$OUT/ncu.txt" | head -60
+fi
+
+if has bench; then
+  step "bench"
+  timeout ${BENCH_TIMEOUT:-480} $PY -m bench.kernels --out "$OUT" $BENCH_ARGS || rc=1
+fi
+step "done rc=$rc"
+exit $rc

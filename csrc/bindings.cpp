@@ -1,0 +1,161 @@
+// CUDA implementations of the trit:: ops. The schemas, CPU kernels and fake (meta) kernels
+// are defined in trit/ops.py (so the ops exist on machines without this extension); this
+// file only adds the CUDA dispatch key. It checks shapes, allocates, and launches; it never
+// reads tensor values on the host and never synchronizes, so the ops capture in CUDA graphs.
+//
+// Only device-agnostic torch headers are used (the stream comes through c10's virtual guard),
+// so CI can compile this file against a CPU-only torch wheel (ci/compile_csrc.sh).
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+
+#include <optional>
+
+#include "ternary.h"
+
+namespace {
+
+void* current_stream(const at::Tensor& t) {
+  const auto* impl = c10::impl::getDeviceGuardImpl(t.device().type());
+  return impl->getStream(t.device()).native_handle();
+}
+
+int dtype_code(at::ScalarType s, const char* op) {
+  switch (s) {
+    case at::kFloat: return TRIT_F32;
+    case at::kHalf: return TRIT_F16;
+    case at::kBFloat16: return TRIT_BF16;
+    case at::kChar: return TRIT_I8;
+    default: TORCH_CHECK(false, op, ": unsupported dtype ", s, " (expected float32, float16 or bfloat16)");
+  }
+  return -1;
+}
+
+void check_packed(const at::Tensor& packed, int64_t N, int64_t K, const char* op) {
+  TORCH_CHECK(N >= 1 && K >= 1, op, ": N and K must be >= 1, got N=", N, " K=", K);
+  TORCH_CHECK(N < (1LL << 31) && K < (1LL << 31), op, ": N, K must fit in int32");
+  TORCH_CHECK(packed.scalar_type() == at::kInt, op, ": packed must be int32 (from trit.ops.repack), got ",
+              packed.scalar_type());
+  const int64_t rows = (N + 15) / 16, cols = (K + 127) / 128 * 128;
+  TORCH_CHECK(packed.dim() == 2 && packed.size(0) == rows && packed.size(1) == cols, op,
+              ": packed has shape ", packed.sizes(), " but N=", N, ", K=", K, " needs (", rows, ", ", cols,
+              "); was it made by trit.ops.repack for this weight?");
+  TORCH_CHECK(packed.is_cuda() && packed.is_contiguous(), op, ": packed must be a contiguous CUDA tensor");
+}
+
+void check_scale(const at::Tensor& scale, int64_t N, const at::Tensor& like, const char* op) {
+  TORCH_CHECK(scale.scalar_type() == at::kFloat, op, ": scale must be float32, got ", scale.scalar_type());
+  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == N, op, ": scale must be [N]=[", N, "], got ", scale.sizes(),
+              " (broadcast per-tensor scales to [N] first)");
+  TORCH_CHECK(scale.device() == like.device() && scale.is_contiguous(), op,
+              ": scale must be contiguous and on ", like.device());
+}
+
+struct MmArgs {
+  at::Tensor x, y, bias;
+  int M = 0;
+  int dtype = 0;
+};
+
+MmArgs prepare(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t N, int64_t K,
+               const std::optional<at::Tensor>& bias, const char* op) {
+  TORCH_CHECK(x.is_cuda(), op, ": x must be a CUDA tensor");
+  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got ", x.sizes(),
+              " (trit.ops.ternary_linear accepts any rank)");
+  TORCH_CHECK(x.size(1) == K, op, ": x.size(1)=", x.size(1), " but K=", K);
+  TORCH_CHECK(x.size(0) < (1LL << 31), op, ": M must fit in int32");
+  TORCH_CHECK(packed.device() == x.device(), op, ": packed is on ", packed.device(), ", x on ", x.device());
+  check_packed(packed, N, K, op);
+  check_scale(scale, N, x, op);
+  MmArgs a;
+  a.dtype = dtype_code(x.scalar_type(), op);
+  TORCH_CHECK(a.dtype != TRIT_I8, op, ": x must be floating point");
+  a.x = x.contiguous();
+  a.M = static_cast<int>(x.size(0));
+  if (bias.has_value()) {
+    const at::Tensor& b = *bias;
+    TORCH_CHECK(b.dim() == 1 && b.size(0) == N, op, ": bias must be [N]=[", N, "], got ", b.sizes());
+    TORCH_CHECK(b.scalar_type() == x.scalar_type(), op, ": bias dtype ", b.scalar_type(), " != x dtype ",
+                x.scalar_type());
+    TORCH_CHECK(b.device() == x.device(), op, ": bias is on ", b.device(), ", x on ", x.device());
+    a.bias = b.contiguous();
+  }
+  a.y = at::empty({x.size(0), N}, x.options());
+  return a;
+}
+
+void check_launch(int err, const char* op) {
+  TORCH_CHECK(err == 0, op, ": kernel launch failed: ", trit_error_string(err));
+}
+
+at::Tensor ternary_mm_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t N,
+                           int64_t K, const std::optional<at::Tensor>& bias) {
+  const char* op = "trit::ternary_mm";
+  c10::DeviceGuard guard(x.device());
+  MmArgs a = prepare(x, packed, scale, N, K, bias, op);
+  if (a.M == 0) return a.y;
+  check_launch(trit_mm(a.dtype, a.x.data_ptr(), packed.data_ptr<int32_t>(), scale.data_ptr<float>(),
+                       a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N, (int)K,
+                       current_stream(x)),
+               op);
+  return a.y;
+}
+
+at::Tensor ternary_mm_naive_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
+                                 int64_t N, int64_t K, const std::optional<at::Tensor>& bias) {
+  const char* op = "trit::ternary_mm_naive";
+  c10::DeviceGuard guard(x.device());
+  MmArgs a = prepare(x, packed, scale, N, K, bias, op);
+  if (a.M == 0) return a.y;
+  check_launch(trit_mm_naive(a.dtype, a.x.data_ptr(), packed.data_ptr<int32_t>(), scale.data_ptr<float>(),
+                             a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N,
+                             (int)K, current_stream(x)),
+               op);
+  return a.y;
+}
+
+at::Tensor ternary_mm_a8_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t N,
+                              int64_t K, const std::optional<at::Tensor>& bias) {
+  const char* op = "trit::ternary_mm_a8";
+  c10::DeviceGuard guard(x.device());
+  MmArgs a = prepare(x, packed, scale, N, K, bias, op);
+  if (a.M == 0) return a.y;
+  const int64_t Kp = (K + 127) / 128 * 128;
+  // one workspace: xq int8 [M, Kp] | xs f32 [M] | rowsum i32 [M]   (Kp % 128 == 0 keeps alignment)
+  at::Tensor ws = at::empty({a.M * Kp + 8 * a.M}, x.options().dtype(at::kChar));
+  int8_t* xq = ws.data_ptr<int8_t>();
+  float* xs = reinterpret_cast<float*>(xq + a.M * Kp);
+  int32_t* rowsum = reinterpret_cast<int32_t*>(xs + a.M);
+  check_launch(trit_mm_a8(a.dtype, a.x.data_ptr(), packed.data_ptr<int32_t>(), scale.data_ptr<float>(),
+                          a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N, (int)K, xq,
+                          xs, rowsum, current_stream(x)),
+               op);
+  return a.y;
+}
+
+at::Tensor ternary_decode_cuda(const at::Tensor& packed, const std::optional<at::Tensor>& scale, int64_t N,
+                               int64_t K, at::ScalarType dtype) {
+  const char* op = "trit::ternary_decode";
+  c10::DeviceGuard guard(packed.device());
+  check_packed(packed, N, K, op);
+  const int code = dtype_code(dtype, op);
+  if (scale.has_value()) {
+    check_scale(*scale, N, packed, op);
+    TORCH_CHECK(code != TRIT_I8, op, ": int8 output takes no scale");
+  }
+  at::Tensor out = at::empty({N, K}, packed.options().dtype(dtype));
+  check_launch(trit_decode(code, packed.data_ptr<int32_t>(), scale.has_value() ? scale->data_ptr<float>() : nullptr,
+                           out.data_ptr(), (int)N, (int)K, current_stream(packed)),
+               op);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(trit, CUDA, m) {
+  m.impl("ternary_mm", &ternary_mm_cuda);
+  m.impl("ternary_mm_naive", &ternary_mm_naive_cuda);
+  m.impl("ternary_mm_a8", &ternary_mm_a8_cuda);
+  m.impl("ternary_decode", &ternary_decode_cuda);
+}

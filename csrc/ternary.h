@@ -1,0 +1,51 @@
+// Plain-C interface between the CUDA kernels (ternary_gemm.cu, compiled by nvcc alone)
+// and the torch binding (bindings.cpp, compiled by the host compiler against torch headers).
+// Keeping this boundary free of torch types lets CI compile-gate both halves on a machine
+// whose torch wheel has no CUDA headers.
+//
+// Packed weight layout ("tile16x128", int32 words), for logical W int8 [N, K] in {-1, 0, +1}:
+//   packed: int32 [ceil(N/16), ceil(K/128) * 128]; row t holds output channels 16t .. 16t+15.
+//   Within row t, k-block kb (128 inputs) occupies words [kb*128, kb*128 + 128), and word
+//   kb*128 + lane*4 + i (lane = 8-row group g * 4 + c, g in 0..7, c in 0..3, i in 0..3) holds
+//   the 16 weights of rows {16t+g, 16t+g+8} x inputs {kb*128 + c*32 + 8i + kk, kk in 0..7}.
+//   Element (row 16t + g + 8*rs, kk) sits in bits [b, b+1] with
+//       b = 16*(kk & 1) + 2*(4*(kk >> 2) + 2*((kk >> 1) & 1) + rs),
+//   as the 2-bit code w + 1 (0 -> -1, 1 -> 0, 2 -> +1; 3 is never written). Padding rows and
+//   columns hold code 1 (zero weight). trit/ops.py: repack / unpack implement this in torch.
+//   Why: one 16-byte load per lane gives a warp a 16 x 128 tile whose words decode, with one
+//   LOP3 + one HFMA2 per pair, straight into mma.m16n8k16 A fragments (and with one LOP3
+//   into mma.m16n8k32 u8 fragments), with x read in natural order.
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// dtype codes shared by both sides
+enum { TRIT_F32 = 0, TRIT_F16 = 1, TRIT_BF16 = 2, TRIT_I8 = 3 };
+
+// Returns a cudaError_t as int (0 = success). `stream` is a cudaStream_t.
+// y[M,N] = scale[n] * sum_k x[m,k] W[n,k] (+ bias[n]); x, bias, y of `dtype`.
+int trit_mm(int dtype, const void* x, const int32_t* packed, const float* scale,
+            const void* bias, void* y, int M, int N, int K, void* stream);
+
+// Same output, one thread per output, decode inside the k loop: the correctness anchor.
+int trit_mm_naive(int dtype, const void* x, const int32_t* packed, const float* scale,
+                  const void* bias, void* y, int M, int N, int K, void* stream);
+
+// W1.58A8: per-row absmax int8 activations, int32 accumulation.
+// Workspace: xq int8 [M, ceil(K/128)*128], xs float [M], rowsum int32 [M].
+int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const float* scale,
+               const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
+               int32_t* rowsum, void* stream);
+
+// Dense decode: out[N,K] (out_dtype) = W[n,k] * scale[n] (scale may be null -> 1).
+int trit_decode(int out_dtype, const int32_t* packed, const float* scale, void* out, int N,
+                int K, void* stream);
+
+const char* trit_error_string(int err);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,808 @@
+// Ternary (W in {-1,0,+1}, 2-bit packed) linear kernels. Plain CUDA: no torch headers, so
+// CI can compile this file alone with nvcc on a machine without a CUDA torch.
+//
+// Kernels
+//   tmm_kernel<T, MT, WN>   fused dequant + mma.sync (bf16/fp16 tensor cores, fp32 accumulate)
+//                           for any M; the small/medium-M workhorse. fp32 x runs as three
+//                           bf16 pieces (hi + mid + lo) so its products stay fp32-exact.
+//   a8_kernel<T, MT, WN>    W1.58A8: int8 activations (per-row absmax) x 2-bit weights on
+//                           mma.m16n8k32 u8.s8 -> s32.
+//   quant_rows_kernel<T>    the a8 activation quantizer (one CTA per row).
+//   naive_kernel<T>         one thread per output: the correctness anchor.
+//   decode_kernel<T>        packed -> dense [N,K] (optionally x scale): the large-M path
+//                           hands the result to cuBLAS.
+// Packed layout: see ternary.h.
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "ternary.h"
+
+namespace {
+
+constexpr int kTileN = 16;    // output channels per packed row (one mma M dimension)
+constexpr int kBlockK = 128;  // inputs per k-block: 32 lanes x 16 bytes = 16 x 128 weights
+
+// ---------------------------------------------------------------- small helpers
+
+// Weights are read exactly once: keep them out of L1 so x (re-read by every warp) stays.
+__device__ __forceinline__ int4 ld_weights(const int4* p) {
+  int4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+template <int I>
+__device__ __forceinline__ uint32_t word_of(const int4& v) {
+  return static_cast<uint32_t>(I == 0 ? v.x : I == 1 ? v.y : I == 2 ? v.z : v.w);
+}
+
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ uint32_t fma_f16x2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+template <typename T> __device__ __forceinline__ float to_f32(T v);
+template <> __device__ __forceinline__ float to_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// ---------------------------------------------------------------- weight decode
+// One 32-bit word = 8 pairs p (bits 2p of each 16-bit half). A pair becomes one half2 register
+// holding {q_lo - 1, q_hi - 1}. Trick: OR the field into the mantissa of a magic number
+// (bf16 128.0 = 0x4300, fp16 1024.0 = 0x6400) without shifting it down: the value is
+// magic + q * 4^j for a field at bit 2j, exact; one FMA (x 4^-j, - (magic * 4^-j + 1)) then
+// gives q - 1 exactly. bf16 has 7 mantissa bits -> 3 positions per shift; fp16 has 10 -> 5.
+// Pair p feeds mma A register (p & 3) of k16 step (p >> 2): see the layout in ternary.h.
+template <typename DT> struct Decode;
+
+template <> struct Decode<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(uint32_t w, uint32_t (&o)[8]) {
+    const uint32_t src[3] = {w, w >> 6, w >> 12};
+    const uint32_t mul[3] = {0x3F803F80u, 0x3E803E80u, 0x3D803D80u};  // 1, 1/4, 1/16
+    const uint32_t add[3] = {0xC301C301u, 0xC204C204u, 0xC110C110u};  // -129, -33, -9
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      const int j = p % 3;
+      const uint32_t h = (src[p / 3] & (0x00030003u << (2 * j))) | 0x43004300u;
+      o[p] = fma_bf16x2(h, mul[j], add[j]);
+    }
+  }
+};
+
+template <> struct Decode<__half> {
+  static __device__ __forceinline__ void run(uint32_t w, uint32_t (&o)[8]) {
+    const uint32_t src[2] = {w, w >> 10};
+    // 1, 1/4, 1/16, 1/64, 1/256 and -1025, -257, -65, -17, -5
+    const uint32_t mul[5] = {0x3C003C00u, 0x34003400u, 0x2C002C00u, 0x24002400u, 0x1C001C00u};
+    const uint32_t add[5] = {0xE401E401u, 0xDC04DC04u, 0xD410D410u, 0xCC40CC40u, 0xC500C500u};
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      const int j = p < 5 ? p : p - 5;
+      const uint32_t h = (src[p < 5 ? 0 : 1] & (0x00030003u << (2 * j))) | 0x64006400u;
+      o[p] = fma_f16x2(h, mul[j], add[j]);
+    }
+  }
+};
+
+// ---------------------------------------------------------------- mma wrappers
+template <typename DT> __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t* a,
+                                                                uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&d)[4], const uint32_t* a,
+                                                                    uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma16816<__half>(float (&d)[4], const uint32_t* a,
+                                                             uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma16832_u8s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                              uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---------------------------------------------------------------- activation fragments
+// XIn<T>: 8 consecutive inputs of one x row in raw form (loaded ahead of use), and their
+// conversion to the mma B registers of two k16 steps: b[s][h][0..1] for split piece s, step h.
+// Step h covers inputs k0 + 4h + {0,1} (b0) and k0 + 4h + {2,3} (b1): natural order.
+template <typename T> struct XIn;
+
+template <typename H> struct XInHalf {  // bf16 or fp16 activations: one piece, no conversion
+  using DT = H;
+  static constexpr int kPieces = 1;
+  uint4 v;
+  template <bool VEC>
+  __device__ __forceinline__ void load(const H* row, int k0, int K) {
+    if constexpr (VEC) {
+      v = __ldg(reinterpret_cast<const uint4*>(row + k0));
+    } else {
+      uint32_t e[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        e[i] = (k0 + i < K) ? __ldg(reinterpret_cast<const unsigned short*>(row) + k0 + i) : 0u;
+      v = make_uint4(e[0] | (e[1] << 16), e[2] | (e[3] << 16), e[4] | (e[5] << 16), e[6] | (e[7] << 16));
+    }
+  }
+  __device__ __forceinline__ void frag(uint32_t (&b)[1][2][2]) const {
+    b[0][0][0] = v.x; b[0][0][1] = v.y; b[0][1][0] = v.z; b[0][1][1] = v.w;
+  }
+};
+template <> struct XIn<__nv_bfloat16> : XInHalf<__nv_bfloat16> {};
+template <> struct XIn<__half> : XInHalf<__half> {};
+
+// fp32 activations: x = hi + mid + lo, each piece bf16 (8 + 8 + 8 mantissa bits), so products
+// with the exact +-1/0 weights are fp32-exact and the tensor core accumulates in fp32.
+template <> struct XIn<float> {
+  using DT = __nv_bfloat16;
+  static constexpr int kPieces = 3;
+  float4 u, w;
+  template <bool VEC>
+  __device__ __forceinline__ void load(const float* row, int k0, int K) {
+    if constexpr (VEC) {
+      u = __ldg(reinterpret_cast<const float4*>(row + k0));
+      w = __ldg(reinterpret_cast<const float4*>(row + k0 + 4));
+    } else {
+      float e[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) e[i] = (k0 + i < K) ? __ldg(row + k0 + i) : 0.f;
+      u = make_float4(e[0], e[1], e[2], e[3]);
+      w = make_float4(e[4], e[5], e[6], e[7]);
+    }
+  }
+  __device__ __forceinline__ static uint32_t pack(float a, float c) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, c);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  __device__ __forceinline__ void frag(uint32_t (&b)[3][2][2]) const {
+    float e[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int s = 0; s < 3; ++s) {
+      float p[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        p[i] = __bfloat162float(__float2bfloat16_rn(e[i]));
+        e[i] -= p[i];  // exact: the remainder of a round-to-nearest is representable
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        b[s][h][0] = pack(p[4 * h + 0], p[4 * h + 1]);
+        b[s][h][1] = pack(p[4 * h + 2], p[4 * h + 3]);
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------- kernel shape parameters
+// MT: 8-row column tiles of x per warp (M <= 8*MT per grid row), WN: 16-row packed tiles per
+// warp. kU k-blocks form a chunk; chunk n+1's weights are loaded while chunk n computes
+// (register double buffer), so each warp keeps 2*kU*WN 16-byte loads in flight.
+template <int MT> struct Shape {
+  static constexpr int kMaxThreads = MT == 1 ? 512 : 256;
+  static constexpr int kU = MT <= 2 ? 4 : 2;
+};
+// x of k-block u+1 is loaded while k-block u computes when the registers allow it.
+// (fp32 x never: its split into three bf16 pieces already needs the registers.)
+template <typename T, int MT> struct XPrefetch {
+  static constexpr bool value = sizeof(T) == 2 && MT == 1;
+};
+
+template <int WN, int KU>
+__device__ __forceinline__ void load_chunk(int4 (&a)[KU][WN], const int4* const (&wtile)[WN], int kb,
+                                           int kb_end) {
+#pragma unroll
+  for (int u = 0; u < KU; ++u)
+#pragma unroll
+    for (int wn = 0; wn < WN; ++wn)
+      a[u][wn] = (kb + u < kb_end) ? ld_weights(wtile[wn] + (size_t)(kb + u) * 32) : make_int4(0, 0, 0, 0);
+}
+
+// ---------------------------------------------------------------- fused GEMM (fp activations)
+// Grid: x = groups of NW*WN packed rows, y = chunks of 8*MT activation rows.
+// Block: (32*KS, NW): warp (kw, nw) owns packed rows t0 + nw*WN .. and the kw-th of KS equal
+// slices of the k-blocks (split-K inside the CTA, reduced deterministically through shared
+// memory at the end: no atomics). The NW warps of a CTA read the same x slices at about the
+// same time, so x comes from L1 rather than L2 for all but one of them.
+template <typename T, int MT, int WN>
+__global__ void __launch_bounds__(Shape<MT>::kMaxThreads)
+    tmm_kernel(const T* __restrict__ x, const int4* __restrict__ wp, const float* __restrict__ scale,
+               const T* __restrict__ bias, T* __restrict__ y, int M, int N, int K, int KB, int n_tiles,
+               bool x_vec) {
+  using In = XIn<T>;
+  using DT = typename In::DT;
+  constexpr int kU = Shape<MT>::kU;
+  constexpr bool kPre = XPrefetch<T, MT>::value;
+  extern __shared__ float red[];  // [NW][KS][WN][MT][4][32]
+  const int lane = threadIdx.x & 31, kw = threadIdx.x >> 5, KS = blockDim.x >> 5;
+  const int nw = threadIdx.y, NW = blockDim.y;
+  const int g = lane >> 2, c = lane & 3;
+  const int t0 = (blockIdx.x * NW + nw) * WN;
+  const int m0 = blockIdx.y * (8 * MT);
+  const int kb_begin = (KB * kw) / KS, kb_end = (KB * (kw + 1)) / KS;
+
+  // M <= 8 has one 16x8 accumulator per warp: split it into kChains independent chains so
+  // consecutive mma do not wait on each other (summed before the reduction).
+  constexpr int kChains = 1;  // 2 measured slower at M=1 (117 vs 102 registers): kept as a knob
+  float acc[kChains][WN][MT][4];
+#pragma unroll
+  for (int q = 0; q < kChains; ++q)
+#pragma unroll
+    for (int a = 0; a < WN; ++a)
+#pragma unroll
+      for (int b = 0; b < MT; ++b)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[q][a][b][r] = 0.f;
+
+  // Rows past M read row M-1 instead: mma column g only feeds output column g, which the
+  // epilogue drops for m >= M, so no zero-fill (and no divergent branch) is needed.
+  const T* xrow[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) xrow[mt] = x + (size_t)min(m0 + mt * 8 + g, M - 1) * K;
+  const int4* wtile[WN];
+#pragma unroll
+  for (int wn = 0; wn < WN; ++wn) wtile[wn] = wp + (size_t)min(t0 + wn, n_tiles - 1) * KB * 32 + lane;
+
+  // x of one k-block: MT tiles x 4 words
+  // one uniform branch per k-block: aligned full blocks take the 16-byte path
+  auto load_x = [&](In (&xi)[MT][4], int kb) {
+    const int kblk = kb * kBlockK;
+    if (x_vec && (kblk + kBlockK <= K)) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) xi[mt][i].template load<true>(xrow[mt], kblk + c * 32 + 8 * i, K);
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) xi[mt][i].template load<false>(xrow[mt], kblk + c * 32 + 8 * i, K);
+    }
+  };
+  auto compute_word = [&](const int4 (&a)[WN], int i, const In (&xi)[MT]) {
+    uint32_t af[WN][8];
+#pragma unroll
+    for (int wn = 0; wn < WN; ++wn) {
+      const uint32_t w = i == 0 ? word_of<0>(a[wn]) : i == 1 ? word_of<1>(a[wn]) : i == 2 ? word_of<2>(a[wn])
+                                                                                            : word_of<3>(a[wn]);
+      Decode<DT>::run(w, af[wn]);
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      uint32_t b[In::kPieces][2][2];
+      xi[mt].frag(b);
+#pragma unroll
+      for (int wn = 0; wn < WN; ++wn)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int s = 0; s < In::kPieces; ++s)
+            mma16816<DT>(acc[kChains == 1 ? 0 : h % kChains][wn][mt], &af[wn][4 * h], b[s][h][0],
+                         b[s][h][1]);
+    }
+  };
+  auto process_chunk = [&](const int4 (&a)[kU][WN], int kb) {
+    if constexpr (kPre) {
+      In xi[2][MT][4];
+      load_x(xi[0], kb);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        if (kb + u >= kb_end) break;
+        if (u + 1 < kU && kb + u + 1 < kb_end) load_x(xi[(u + 1) & 1], kb + u + 1);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          In xw[MT];
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) xw[mt] = xi[u & 1][mt][i];
+          compute_word(a[u], i, xw);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        if (kb + u >= kb_end) break;
+        const int kblk = (kb + u) * kBlockK;
+        if (x_vec && (kblk + kBlockK <= K)) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            In xw[MT];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) xw[mt].template load<true>(xrow[mt], kblk + c * 32 + 8 * i, K);
+            compute_word(a[u], i, xw);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            In xw[MT];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) xw[mt].template load<false>(xrow[mt], kblk + c * 32 + 8 * i, K);
+            compute_word(a[u], i, xw);
+          }
+        }
+      }
+    }
+  };
+
+  int4 a0[kU][WN], a1[kU][WN];
+  load_chunk<WN, kU>(a0, wtile, kb_begin, kb_end);
+  for (int kb = kb_begin; kb < kb_end; kb += 2 * kU) {
+    load_chunk<WN, kU>(a1, wtile, kb + kU, kb_end);
+    process_chunk(a0, kb);
+    if (kb + kU >= kb_end) break;
+    load_chunk<WN, kU>(a0, wtile, kb + 2 * kU, kb_end);
+    process_chunk(a1, kb + kU);
+  }
+
+  // split-K reduction over the KS warps of each nw, fixed order -> deterministic
+  constexpr int kSlots = WN * MT * 4 * 32;
+  float* mine = red + (nw * KS) * kSlots;
+#pragma unroll
+  for (int wn = 0; wn < WN; ++wn)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        float v = acc[0][wn][mt][r];
+#pragma unroll
+        for (int q = 1; q < kChains; ++q) v += acc[q][wn][mt][r];
+        mine[kw * kSlots + ((wn * MT + mt) * 4 + r) * 32 + lane] = v;
+      }
+  __syncthreads();
+  const int tn0 = blockIdx.x * NW * WN;
+  for (int s = threadIdx.y * blockDim.x + threadIdx.x; s < NW * kSlots; s += blockDim.x * blockDim.y) {
+    const int q = s / kSlots, sl = s % kSlots;  // q: which nw
+    float v = 0.f;
+    for (int w = 0; w < KS; ++w) v += red[(q * KS + w) * kSlots + sl];
+    const int ln = sl & 31, r = (sl >> 5) & 3, mt = (sl >> 7) % MT, wn = (sl >> 7) / MT;
+    const int tile = tn0 + q * WN + wn;
+    const int n = tile * kTileN + (ln >> 2) + 8 * (r >> 1);
+    const int m = m0 + mt * 8 + 2 * (ln & 3) + (r & 1);
+    if (tile < n_tiles && n < N && m < M) {
+      float o = v * scale[n];
+      if (bias != nullptr) o += to_f32<T>(bias[n]);
+      y[(size_t)m * N + n] = from_f32<T>(o);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- W1.58A8
+// Activation quantizer, exactly BitNet's: xs = 127 / max(|x_row|).clamp(min=1e-5),
+// xq = rint(x * xs).clamp(-128, 127) in fp32. Also the row sum of xq, because the GEMM
+// multiplies by the raw codes q = w + 1 (unsigned) and subtracts sum(xq) at the end.
+template <typename T>
+__global__ void __launch_bounds__(256) quant_rows_kernel(const T* __restrict__ x,
+                                                         int8_t* __restrict__ xq,
+                                                         float* __restrict__ xs_out,
+                                                         int32_t* __restrict__ rowsum, int K,
+                                                         int Kp) {
+  __shared__ float sh_f[8];
+  __shared__ int sh_i[8];
+  const int m = blockIdx.x;
+  const T* row = x + (size_t)m * K;
+  float amax = 0.f;
+  for (int k = threadIdx.x; k < K; k += blockDim.x) amax = fmaxf(amax, fabsf(to_f32<T>(row[k])));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if ((threadIdx.x & 31) == 0) sh_f[threadIdx.x >> 5] = amax;
+  __syncthreads();
+  amax = sh_f[0];
+  for (int w = 1; w < (int)(blockDim.x >> 5); ++w) amax = fmaxf(amax, sh_f[w]);
+  // torch evaluates `127 / t` as reciprocal(t) * 127: do the same, bit for bit
+  const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;
+  int sum = 0;
+  for (int k = threadIdx.x; k < Kp; k += blockDim.x) {
+    int q = 0;
+    if (k < K) q = (int)fminf(fmaxf(rintf(to_f32<T>(row[k]) * xs), -128.f), 127.f);
+    xq[(size_t)m * Kp + k] = (int8_t)q;
+    sum += q;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if ((threadIdx.x & 31) == 0) sh_i[threadIdx.x >> 5] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int s = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) s += sh_i[w];
+    rowsum[m] = s;
+    xs_out[m] = xs;
+  }
+}
+
+// Word i of a lane as mma.m16n8k32 A: quad j = bits {2j, 8+2j, 16+2j, 24+2j} = register j.
+// Register j covers row g + 8*(j & 1), inputs k0 + {0,4,1,5} (j < 2) or k0 + {2,6,3,7}: B
+// (int8 x, natural order in memory) is permuted to match with two byte permutes.
+
+// Word i of a lane as mma.m16n8k32 A: quad j = bits {2j, 8+2j, 16+2j, 24+2j} = register j.
+// Register j covers row g + 8*(j & 1), inputs k0 + {0,4,1,5} (j < 2) or k0 + {2,6,3,7}: B
+// (int8 x, natural order in memory) is permuted to match with two byte permutes.
+// Same grid/block/pipeline as tmm_kernel; x here is the quantized xq [M, KB*128] (padded).
+template <typename T, int MT, int WN>
+__global__ void __launch_bounds__(Shape<MT>::kMaxThreads)
+    a8_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
+              const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
+              T* __restrict__ y, int M, int N, int KB, int n_tiles) {
+  constexpr int kU = Shape<MT>::kU;
+  extern __shared__ int redi[];
+  const int lane = threadIdx.x & 31, kw = threadIdx.x >> 5, KS = blockDim.x >> 5;
+  const int nw = threadIdx.y, NW = blockDim.y;
+  const int g = lane >> 2, c = lane & 3;
+  const int t0 = (blockIdx.x * NW + nw) * WN;
+  const int m0 = blockIdx.y * (8 * MT);
+  const int kb_begin = (KB * kw) / KS, kb_end = (KB * (kw + 1)) / KS;
+  const int Kp = KB * kBlockK;
+
+  constexpr int kChains = 1;  // independent mma chains knob, as in tmm_kernel
+  int acc[kChains][WN][MT][4];
+#pragma unroll
+  for (int q = 0; q < kChains; ++q)
+#pragma unroll
+    for (int a = 0; a < WN; ++a)
+#pragma unroll
+      for (int b = 0; b < MT; ++b)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[q][a][b][r] = 0;
+
+  const int8_t* xrow[MT];  // rows past M read row M-1: their output columns are dropped
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) xrow[mt] = xq + (size_t)min(m0 + mt * 8 + g, M - 1) * Kp;
+  const int4* wtile[WN];
+#pragma unroll
+  for (int wn = 0; wn < WN; ++wn) wtile[wn] = wp + (size_t)min(t0 + wn, n_tiles - 1) * KB * 32 + lane;
+
+  auto load_x = [&](uint4 (&xv)[MT][2], int kb) {
+    const int kbase = kb * kBlockK + c * 32;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      xv[mt][0] = __ldg(reinterpret_cast<const uint4*>(xrow[mt] + kbase));
+      xv[mt][1] = __ldg(reinterpret_cast<const uint4*>(xrow[mt] + kbase + 16));
+    }
+  };
+  auto compute_block = [&](const int4 (&a)[WN], const uint4 (&xv)[MT][2]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t af[WN][4];
+#pragma unroll
+      for (int wn = 0; wn < WN; ++wn) {
+        const uint32_t w = i == 0 ? word_of<0>(a[wn]) : i == 1 ? word_of<1>(a[wn]) : i == 2 ? word_of<2>(a[wn])
+                                                                                              : word_of<3>(a[wn]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) af[wn][j] = (w >> (2 * j)) & 0x03030303u;
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const uint4& v = xv[mt][i >> 1];
+        const uint32_t lo = (i & 1) ? v.z : v.x, hi = (i & 1) ? v.w : v.y;
+        const uint32_t b0 = __byte_perm(lo, hi, 0x5140), b1 = __byte_perm(lo, hi, 0x7362);
+#pragma unroll
+        for (int wn = 0; wn < WN; ++wn) mma16832_u8s8(acc[(i & 1) % kChains][wn][mt], af[wn], b0, b1);
+      }
+    }
+  };
+  auto process_chunk = [&](const int4 (&a)[kU][WN], int kb) {
+    if constexpr (MT <= 2) {  // x of k-block u+1 in flight while u computes
+      uint4 xv[2][MT][2];
+      load_x(xv[0], kb);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        if (kb + u >= kb_end) break;
+        if (u + 1 < kU && kb + u + 1 < kb_end) load_x(xv[(u + 1) & 1], kb + u + 1);
+        compute_block(a[u], xv[u & 1]);
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        if (kb + u >= kb_end) break;
+        uint4 xv[MT][2];
+        load_x(xv, kb + u);
+        compute_block(a[u], xv);
+      }
+    }
+  };
+
+  int4 a0[kU][WN], a1[kU][WN];
+  load_chunk<WN, kU>(a0, wtile, kb_begin, kb_end);
+  for (int kb = kb_begin; kb < kb_end; kb += 2 * kU) {
+    load_chunk<WN, kU>(a1, wtile, kb + kU, kb_end);
+    process_chunk(a0, kb);
+    if (kb + kU >= kb_end) break;
+    load_chunk<WN, kU>(a0, wtile, kb + 2 * kU, kb_end);
+    process_chunk(a1, kb + kU);
+  }
+
+  constexpr int kSlots = WN * MT * 4 * 32;
+  int* mine = redi + (nw * KS) * kSlots;
+#pragma unroll
+  for (int wn = 0; wn < WN; ++wn)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        int v = acc[0][wn][mt][r];
+#pragma unroll
+        for (int q = 1; q < kChains; ++q) v += acc[q][wn][mt][r];
+        mine[kw * kSlots + ((wn * MT + mt) * 4 + r) * 32 + lane] = v;
+      }
+  __syncthreads();
+  const int tn0 = blockIdx.x * NW * WN;
+  for (int s = threadIdx.y * blockDim.x + threadIdx.x; s < NW * kSlots; s += blockDim.x * blockDim.y) {
+    const int q = s / kSlots, sl = s % kSlots;
+    int v = 0;
+    for (int w = 0; w < KS; ++w) v += redi[(q * KS + w) * kSlots + sl];
+    const int ln = sl & 31, r = (sl >> 5) & 3, mt = (sl >> 7) % MT, wn = (sl >> 7) / MT;
+    const int tile = tn0 + q * WN + wn;
+    const int n = tile * kTileN + (ln >> 2) + 8 * (r >> 1);
+    const int m = m0 + mt * 8 + 2 * (ln & 3) + (r & 1);
+    if (tile < n_tiles && n < N && m < M) {
+      // codes are w + 1: sum_k (w+1) xq = acc_true + sum_k xq
+      float o = (float)(v - rowsum[m]) / xs[m] * scale[n];
+      if (bias != nullptr) o += to_f32<T>(bias[n]);
+      y[(size_t)m * N + n] = from_f32<T>(o);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- naive + decode
+__device__ __forceinline__ int code_at(const int32_t* __restrict__ wp, int KB, int n, int k) {
+  const int t = n >> 4, rr = n & 15, g = rr & 7, rs = rr >> 3;
+  const int kb = k >> 7, kq = k & 127, c = kq >> 5, i = (kq >> 3) & 3, kk = k & 7;
+  const int word = wp[((size_t)t * KB + kb) * 128 + (g * 4 + c) * 4 + i];
+  const int bit = 16 * (kk & 1) + 2 * (4 * (kk >> 2) + 2 * ((kk >> 1) & 1) + rs);
+  return (word >> bit) & 3;
+}
+
+template <typename T>
+__global__ void naive_kernel(const T* __restrict__ x, const int32_t* __restrict__ wp,
+                             const float* __restrict__ scale, const T* __restrict__ bias,
+                             T* __restrict__ y, int M, int N, int K, int KB) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  const int m = blockIdx.y;
+  if (n >= N || m >= M) return;
+  float acc = 0.f;
+  for (int k = 0; k < K; ++k) acc += to_f32<T>(x[(size_t)m * K + k]) * (float)(code_at(wp, KB, n, k) - 1);
+  float o = acc * scale[n];
+  if (bias != nullptr) o += to_f32<T>(bias[n]);
+  y[(size_t)m * N + n] = from_f32<T>(o);
+}
+
+template <typename T> struct OutVal {
+  static __device__ __forceinline__ T make(int w, float s) { return from_f32<T>((float)w * s); }
+};
+template <> struct OutVal<int8_t> {
+  static __device__ __forceinline__ int8_t make(int w, float) { return (int8_t)w; }
+};
+
+// Grid (words-per-row / 256, packed rows): one thread per packed word = 2 rows x 8 consecutive
+// inputs. Consecutive threads write consecutive 8-element runs of the same rows: 16 threads
+// cover 128 contiguous inputs of two rows, so stores coalesce into 256-byte runs.
+template <typename T>
+__global__ void __launch_bounds__(256) decode_kernel(const int32_t* __restrict__ wp,
+                                                     const float* __restrict__ scale, T* __restrict__ out,
+                                                     int N, int K, int words_per_row) {
+  const int widx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (widx >= words_per_row) return;
+  const int t = blockIdx.y;
+  const uint32_t w = (uint32_t)__ldg(wp + (size_t)t * words_per_row + widx);
+  const int kb = widx >> 7, lane = (widx & 127) >> 2, i = widx & 3;
+  const int g = lane >> 2, c = lane & 3;
+  const int k0 = kb * kBlockK + c * 32 + 8 * i;
+  const bool full = (k0 + 8 <= K) && (K % 8 == 0);
+#pragma unroll
+  for (int rs = 0; rs < 2; ++rs) {
+    const int n = t * kTileN + g + 8 * rs;
+    if (n >= N) continue;
+    const float s = scale != nullptr ? __ldg(scale + n) : 1.f;
+    alignas(16) T v[8];
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const int bit = 16 * (kk & 1) + 2 * (4 * (kk >> 2) + 2 * ((kk >> 1) & 1) + rs);
+      v[kk] = OutVal<T>::make((int)((w >> bit) & 3u) - 1, s);
+    }
+    T* dst = out + (size_t)n * K + k0;
+    if (full) {  // 8 elements: 8 (int8), 16 (half) or 32 (float) bytes, aligned as K % 8 == 0
+      if constexpr (sizeof(T) == 1) {
+        *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(v);
+      } else if constexpr (sizeof(T) == 2) {
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(v);
+      } else {
+        reinterpret_cast<uint4*>(dst)[0] = reinterpret_cast<const uint4*>(v)[0];
+        reinterpret_cast<uint4*>(dst)[1] = reinterpret_cast<const uint4*>(v)[1];
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+        if (k0 + kk < K) dst[kk] = v[kk];
+    }
+  }
+}
+
+// ---------------------------------------------------------------- launch configuration
+struct Cfg {
+  int mt, wn, nw, ks;
+};
+
+int max_threads(int mt) { return mt == 1 ? Shape<1>::kMaxThreads : Shape<2>::kMaxThreads; }
+
+// Chosen from shapes only (never values). M = 1..8: one 16-row tile per warp and split-K
+// (up to 16 warps per CTA) until ~4096 warps are in flight (about 31 per SM on an H200).
+// M > 8: NW = 4 warps per CTA along N share x through L1; split-K grows (NW shrinking when
+// the thread limit binds) until there are >= 2 CTAs per SM. Every warp keeps >= 2 k-blocks.
+Cfg choose_cfg(int M, int N, int K, int max_mt = 8) {
+  Cfg c;
+  c.mt = min(max_mt, M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8);
+  c.wn = c.mt == 1 ? 1 : 2;
+  c.nw = c.mt == 1 ? 1 : 4;
+  c.ks = 1;
+  const int n_tiles = (N + kTileN - 1) / kTileN;
+  const long gy = (M + 8 * c.mt - 1) / (8 * c.mt);
+  const int KB = (K + kBlockK - 1) / kBlockK;
+  const int maxw = max_threads(c.mt) / 32;
+  for (;;) {
+    const long ctas = (long)((n_tiles + c.wn * c.nw - 1) / (c.wn * c.nw)) * gy;
+    const bool enough = c.mt == 1 ? ctas * c.ks >= 4096 : (ctas >= 264 && ctas * c.nw * c.ks >= 2048);
+    if (enough || KB / (2 * c.ks) < 2) break;
+    // split-K buffer (nw*ks*wn*mt*512 bytes) stays within 32 KB: no opt-in to > 48 KB needed;
+    // trading nw for ks keeps nw*ks, hence the buffer, constant
+    const bool smem_ok = 2L * c.nw * c.ks * c.wn * c.mt * 512 <= 32768;
+    if (c.nw * c.ks * 2 <= maxw && smem_ok) {
+      c.ks *= 2;
+    } else if (c.nw > 1) {
+      c.nw /= 2;
+      c.ks *= 2;
+    } else {
+      break;
+    }
+  }
+  return c;
+}
+
+template <typename T, int MT, int WN>
+cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const float* scale,
+                       const T* bias, T* y, int M, int N, int K, cudaStream_t st) {
+  const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
+  const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
+  dim3 grid((n_tiles + WN * cfg.nw - 1) / (WN * cfg.nw), (M + 8 * MT - 1) / (8 * MT));
+  dim3 block(cfg.ks * 32, cfg.nw);
+  const size_t smem = (size_t)cfg.nw * cfg.ks * WN * MT * 128 * sizeof(float);
+  tmm_kernel<T, MT, WN><<<grid, block, smem, st>>>(x, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N,
+                                                   K, KB, n_tiles, vec);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t dispatch_tmm(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
+                         int M, int N, int K, cudaStream_t st) {
+  // MT stops at 4 (32 rows per grid row): MT = 8 spills registers
+  const Cfg cfg = choose_cfg(M, N, K, 4);
+  switch (cfg.mt) {
+    case 1: return launch_tmm<T, 1, 1>(cfg, x, wp, scale, bias, y, M, N, K, st);
+    case 2: return launch_tmm<T, 2, 2>(cfg, x, wp, scale, bias, y, M, N, K, st);
+    default: return launch_tmm<T, 4, 2>(cfg, x, wp, scale, bias, y, M, N, K, st);
+  }
+}
+
+template <typename T, int MT, int WN>
+cudaError_t launch_a8(const Cfg& cfg, const int8_t* xq, const float* xs, const int32_t* rowsum,
+                      const int32_t* wp, const float* scale, const T* bias, T* y, int M, int N,
+                      int K, cudaStream_t st) {
+  const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
+  dim3 grid((n_tiles + WN * cfg.nw - 1) / (WN * cfg.nw), (M + 8 * MT - 1) / (8 * MT));
+  dim3 block(cfg.ks * 32, cfg.nw);
+  const size_t smem = (size_t)cfg.nw * cfg.ks * WN * MT * 128 * sizeof(int);
+  a8_kernel<T, MT, WN><<<grid, block, smem, st>>>(xq, xs, rowsum, reinterpret_cast<const int4*>(wp), scale,
+                                                  bias, y, M, N, KB, n_tiles);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
+                        int M, int N, int K, int8_t* xq, float* xs, int32_t* rowsum,
+                        cudaStream_t st) {
+  const int KB = (K + kBlockK - 1) / kBlockK;
+  quant_rows_kernel<T><<<M, 256, 0, st>>>(x, xq, xs, rowsum, K, KB * kBlockK);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  const Cfg cfg = choose_cfg(M, N, K);
+  switch (cfg.mt) {
+    case 1: return launch_a8<T, 1, 1>(cfg, xq, xs, rowsum, wp, scale, bias, y, M, N, K, st);
+    case 2: return launch_a8<T, 2, 2>(cfg, xq, xs, rowsum, wp, scale, bias, y, M, N, K, st);
+    case 4: return launch_a8<T, 4, 2>(cfg, xq, xs, rowsum, wp, scale, bias, y, M, N, K, st);
+    default: return launch_a8<T, 8, 2>(cfg, xq, xs, rowsum, wp, scale, bias, y, M, N, K, st);
+  }
+}
+
+template <typename T>
+cudaError_t launch_naive(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
+                         int M, int N, int K, cudaStream_t st) {
+  dim3 grid((N + 127) / 128, M);
+  naive_kernel<T><<<grid, 128, 0, st>>>(x, wp, scale, bias, y, M, N, K, (K + kBlockK - 1) / kBlockK);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_decode(const int32_t* wp, const float* scale, T* out, int N, int K,
+                          cudaStream_t st) {
+  const int n_tiles = (N + kTileN - 1) / kTileN, words = (K + kBlockK - 1) / kBlockK * kBlockK;
+  dim3 grid((words + 255) / 256, n_tiles);
+  decode_kernel<T><<<grid, 256, 0, st>>>(wp, scale, out, N, K, words);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- extern "C" API
+extern "C" int trit_mm(int dtype, const void* x, const int32_t* packed, const float* scale,
+                       const void* bias, void* y, int M, int N, int K, void* stream) {
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case TRIT_F32: return dispatch_tmm<float>((const float*)x, packed, scale, (const float*)bias, (float*)y, M, N, K, st);
+    case TRIT_F16: return dispatch_tmm<__half>((const __half*)x, packed, scale, (const __half*)bias, (__half*)y, M, N, K, st);
+    case TRIT_BF16: return dispatch_tmm<__nv_bfloat16>((const __nv_bfloat16*)x, packed, scale, (const __nv_bfloat16*)bias, (__nv_bfloat16*)y, M, N, K, st);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+extern "C" int trit_mm_naive(int dtype, const void* x, const int32_t* packed, const float* scale,
+                             const void* bias, void* y, int M, int N, int K, void* stream) {
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case TRIT_F32: return launch_naive<float>((const float*)x, packed, scale, (const float*)bias, (float*)y, M, N, K, st);
+    case TRIT_F16: return launch_naive<__half>((const __half*)x, packed, scale, (const __half*)bias, (__half*)y, M, N, K, st);
+    case TRIT_BF16: return launch_naive<__nv_bfloat16>((const __nv_bfloat16*)x, packed, scale, (const __nv_bfloat16*)bias, (__nv_bfloat16*)y, M, N, K, st);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+extern "C" int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const float* scale,
+                          const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
+                          int32_t* rowsum, void* stream) {
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case TRIT_F32: return dispatch_a8<float>((const float*)x, packed, scale, (const float*)bias, (float*)y, M, N, K, xq, xs, rowsum, st);
+    case TRIT_F16: return dispatch_a8<__half>((const __half*)x, packed, scale, (const __half*)bias, (__half*)y, M, N, K, xq, xs, rowsum, st);
+    case TRIT_BF16: return dispatch_a8<__nv_bfloat16>((const __nv_bfloat16*)x, packed, scale, (const __nv_bfloat16*)bias, (__nv_bfloat16*)y, M, N, K, xq, xs, rowsum, st);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+extern "C" int trit_decode(int out_dtype, const int32_t* packed, const float* scale, void* out,
+                           int N, int K, void* stream) {
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  switch (out_dtype) {
+    case TRIT_F32: return launch_decode<float>(packed, scale, (float*)out, N, K, st);
+    case TRIT_F16: return launch_decode<__half>(packed, scale, (__half*)out, N, K, st);
+    case TRIT_BF16: return launch_decode<__nv_bfloat16>(packed, scale, (__nv_bfloat16*)out, N, K, st);
+    case TRIT_I8: return launch_decode<int8_t>(packed, nullptr, (int8_t*)out, N, K, st);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+extern "C" const char* trit_error_string(int err) {
+  return cudaGetErrorString(static_cast<cudaError_t>(err));
+}

