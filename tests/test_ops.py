@@ -150,3 +150,18 @@ def test_compile_cpu():
     x, w, p, s, b = make_case(4, 20, 150, torch.float32, bias=True)
     f = torch.compile(lambda x: ops.ternary_linear(x, p, s, 20, 150, b), fullgraph=True, backend="eager")
     assert_close_rel(f(x), ops.ternary_mm_ref(x, p, s, 20, 150, b), 1e-5, "compiled")
+
+
+def test_linear_dispatch_is_one_opaque_op():
+    """torch.compile must see one op (no Python branch on M to freeze at trace time)."""
+    x, w, p, s, b = make_case(5, 20, 150, torch.float32, bias=True)
+    torch.library.opcheck(torch.ops.trit.ternary_linear_2d.default, (x, p, s, 20, 150, b))
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    f = torch.compile(lambda x: ops.ternary_linear(x, p, s, 20, 150, b), backend=backend, dynamic=True)
+    assert_close_rel(f(x), ops.ternary_mm_ref(x, p, s, 20, 150, b), 1e-5, "compiled")
+    assert any("ternary_linear_2d" in t for t in seen), seen

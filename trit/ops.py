@@ -290,21 +290,39 @@ elif torch.cuda.is_available():
     _register_cuda_fallback()
 
 
+# ---------------------------------------------------------------------------------- shape dispatch
+# One opaque op that picks the path from M inside its implementation.  Why an op and not a Python
+# `if` in ternary_linear: under torch.compile (vLLM compiles the model with a symbolic token
+# count and drops guards) a Python branch on x.shape[0] is decided once at trace time and baked
+# into the graph for every M.  Inside an opaque op the branch runs at call time, on the host,
+# from the shape alone (no sync, no tensor values), so a CUDA graph captured at a fixed M replays
+# the path chosen for that M.
+_lib.define("ternary_linear_2d" + _MM_SCHEMA)
+
+
+def _linear_2d(x, packed, scale, N, K, bias=None):
+    if x.is_cuda and x.shape[0] > FUSED_MAX_M:
+        w = torch.ops.trit.ternary_decode(packed, scale, N, K, x.dtype)  # [N, K]
+        return torch.addmm(bias, x, w.t()) if bias is not None else x @ w.t()
+    return torch.ops.trit.ternary_mm(x, packed, scale, N, K, bias)
+
+
+_lib.impl("ternary_linear_2d", _linear_2d, "CPU")
+_lib.impl("ternary_linear_2d", _linear_2d, "CUDA")
+torch.library.register_fake("trit::ternary_linear_2d", _mm_fake, lib=_lib)
+
+
 # ---------------------------------------------------------------------------------- Python API
 def ternary_linear(x: Tensor, packed: Tensor, scale: Tensor, N: int, K: int,
                    bias: Optional[Tensor] = None) -> Tensor:
     """y = x @ (W * scale)^T + bias for x of any rank [..., K] -> [..., N].
 
-    Picks the path from the shape only: fused kernel for M <= FUSED_MAX_M, else dense decode
-    (W * scale in x's dtype) + cuBLAS. Both capture in CUDA graphs.
+    Path by shape only, inside the op ``trit::ternary_linear_2d``: fused kernel for
+    M <= FUSED_MAX_M, else dense decode (W * scale in x's dtype) + cuBLAS. Both capture in CUDA
+    graphs, and torch.compile cannot freeze the choice.
     """
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, K)
-    if x2.is_cuda and x2.shape[0] > FUSED_MAX_M:
-        w = torch.ops.trit.ternary_decode(packed, scale, N, K, x2.dtype)  # [N, K]
-        y = torch.addmm(bias, x2, w.t()) if bias is not None else x2 @ w.t()
-    else:
-        y = torch.ops.trit.ternary_mm(x2, packed, scale, N, K, bias)
+    y = torch.ops.trit.ternary_linear_2d(x.reshape(-1, K), packed, scale, N, K, bias)
     return y.reshape(*lead, N)
 
 
