@@ -25,13 +25,15 @@ DEFAULT_MODEL = ROOT / "models" / "tiny-bitnet"
 DEFAULT_GOLDEN = ROOT / "golden" / "tiny-bitnet"
 
 
-def dump_reference(model_dir: Path, out: Path, *, spec_path=None, force: bool = False) -> Path:
+def dump_reference(model_dir: Path, out: Path, *, spec_path=None, force: bool = False, device: str = "cpu") -> Path:
+    """fp32 reference forward on the fixed inputs; every canonical tensor into a golden set.
+    ``device="cuda"`` runs the same fp32 code on a GPU (real-sized models)."""
     cfg = ModelConfig.load(model_dir)
     spec = spec_for(model_dir, cfg, spec_path)
     input_ids, desc = fixed_inputs(model_dir, cfg.vocab_size)
-    model = ReferenceModel.from_dir(model_dir, spec_path=spec_path)
+    model = ReferenceModel.from_dir(model_dir, spec_path=spec_path, device=device)
     captured = {}
-    model.forward(input_ids, lambda n, t: captured.__setitem__(n, t.detach().float().clone()))
+    model.forward(input_ids, lambda n, t: captured.__setitem__(n, t.detach().float().cpu().clone()))
     order = N.canonical_names(cfg.num_layers, cfg.arch)
     return write_golden(out, captured, order, input_ids, model_dir=model_dir, spec=spec, inputs_desc=desc,
                         reference_version=REFERENCE_VERSION, arch=cfg.arch, num_layers=cfg.num_layers,
@@ -45,10 +47,11 @@ def main(argv=None) -> int:
     ap.add_argument("--spec", type=Path, default=None, help="format spec JSON (default: from the model dir)")
     ap.add_argument("--out", type=Path, default=None, help="golden dir (default golden/<model dir name>)")
     ap.add_argument("--force", action="store_true", help="replace an existing set (kept aside as .prev-*)")
+    ap.add_argument("--device", default="cpu", help="where the fp32 reference runs (cpu, cuda)")
     a = ap.parse_args(argv)
     out = a.out or ROOT / "golden" / a.model.name
     try:
-        path = dump_reference(a.model, out, spec_path=a.spec, force=a.force)
+        path = dump_reference(a.model, out, spec_path=a.spec, force=a.force, device=a.device)
     except (GoldenError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
