@@ -147,29 +147,7 @@ def topk_agreement(t_logits: torch.Tensor, g_logits: torch.Tensor, limit: float,
     """Top-k of target vs golden logits per (prompt, position).  A position whose top-k sets
     differ is *explained* when the golden logits of the swapped ids lie within ``limit`` of the
     golden k-th value (a near-tie the model tier cannot resolve)."""
-    g = g_logits.reshape(-1, g_logits.shape[-1]).double()
-    t = t_logits.reshape(-1, t_logits.shape[-1]).double()
-    gk = g.topk(k, dim=-1)
-    tk = t.topk(k, dim=-1).indices
-    top1 = (gk.indices[:, 0] == tk[:, 0]).double().mean().item()
-    overlaps, unexplained, worst, worst_gap = [], 0, "", -1.0
-    for p in range(g.shape[0]):
-        gs, ts = set(gk.indices[p].tolist()), set(tk[p].tolist())
-        overlaps.append(len(gs & ts) / k)
-        if gs == ts:
-            continue
-        kth = float(gk.values[p, -1])
-        # golden values of ids the target put in its top-k but the golden did not
-        intruders = [i for i in ts - gs]
-        gap = max(kth - float(g[p, i]) for i in intruders)
-        if gap > limit:
-            unexplained += 1
-            if gap > worst_gap:
-                worst_gap = gap
-                worst = (f"position {p}: target top-{k} has ids {sorted(intruders)} whose golden logits sit "
-                         f"{gap:.3g} below the golden {k}th value (limit {limit:.3g})")
-    return TopKResult(positions=g.shape[0], top1_agree=top1, overlap=sum(overlaps) / len(overlaps),
-                      unexplained=unexplained, worst=worst)
+    return topk_ids_agreement(t_logits.double().topk(k, dim=-1).indices, g_logits, limit)
 
 
 def topk_ids_agreement(t_ids: torch.Tensor, g_logits: torch.Tensor, limit: float) -> TopKResult:
