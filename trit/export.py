@@ -1,0 +1,254 @@
+"""Offline repack export: write a ternary checkpoint already in the trit kernel layout.
+
+    python -m trit.export DIR --out OUTDIR [--force] [--invert-scales] [--max-shard-gb 4]
+
+Reads any checkpoint the spec machinery understands (``reference.spec.spec_for(DIR)``: the
+directory's ``ternary_spec.json`` or config.json's ``quantization_config``), decodes every ternary
+linear once and writes OUTDIR with
+
+* ``<module>.weight``: int32 ``[ceil(N/16), ceil(K/128)*128]`` = ``trit.ops.repack`` of the
+  module's {-1, 0, +1} matrix (the ``tile16x128`` layout the kernels consume);
+* ``<module>.weight_scale``: float32 ``[N]``, one scale per output channel (a per-tensor scale
+  is broadcast), with the source's op: a multiplier, or for transformers' ``bitlinear`` the
+  divisor s, so the reference model reproduces the source's logits bit for bit (the vLLM
+  plugin inverts it at load: N fp32 reciprocals, the values its decode route computes).
+  ``--invert-scales`` stores the multiplier 1/s instead; absent when the module has no scale;
+* ``<module>.bias`` when the module has one; every float tensor (embeddings, norms, float
+  linears) unchanged, under its Hugging Face name;
+* ``ternary_spec.json`` whose entries carry ``"layout": "trit-tile16x128"`` (see
+  ``reference.spec.LAYOUTS``), so the reference model, ``parity.dump`` and the vLLM plugin read
+  the export like any other checkpoint;
+* ``config.json`` with ``quantization_config = {"quant_method": "ternary", ...}`` (the source's
+  ``quant_method: bitnet`` would make transformers expect its own packing), plus the tokenizer
+  and generation files copied as they are.
+
+Fused tensors on disk (spec entries with ``rows``) are written as separate modules.  Group
+(block) scales cannot be expressed as one multiplier per output channel: the export refuses
+them, naming the module.  The vLLM plugin then loads the int32 tiles straight into the layers
+(no decode, no staging, no repack at start-up; see ``trit.vllm.quant``).  A vLLM layer whose
+fused shards (q|k|v, gate|up) or tensor-parallel partitions are not multiples of 16 output rows
+(or, row-parallel, of 128 inputs) cannot take the tiles as stored and loads through the plugin's
+decode route instead: same weights, a repack for those layers only (tiny-bitnet: gate|up of
+344 rows each).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from reference.checkpoint import Checkpoint
+from reference.config import ModelConfig
+from reference.formats import ScaleSpec
+from reference.spec import SPEC_FILENAME, CheckpointSpec, LinearEntry, decode_linear, spec_for
+
+LAYOUT = "trit-tile16x128"
+#: files copied verbatim from the source directory (tokenizer, generation defaults, chat template)
+COPY_PATTERNS = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "generation_config.json",
+                 "vocab*", "merges.txt", "chat_template*", "*.tiktoken", "preprocessor_config.json")
+INDEX_NAME = "model.safetensors.index.json"
+
+
+class ExportError(ValueError):
+    """The checkpoint cannot be written in the kernel layout (names the module and the reason)."""
+
+
+def check_exportable(spec: CheckpointSpec) -> None:
+    """Refuse, before any decoding, what the kernel layout cannot express."""
+    for mod, e in spec.linears.items():
+        if e.scale is not None and e.scale.granularity == "group":
+            raise ExportError(
+                f"{mod}: group-wise scale {e.scale.key!r} (group_size {e.scale.group_size}) cannot be expressed as "
+                f"the per-output-channel multiplier the trit kernels take; this checkpoint cannot be exported to "
+                f"the {LAYOUT} layout")
+
+
+def export_linear(ckpt: Checkpoint, entry: LinearEntry, mod: str, *, invert_scales: bool = False):
+    """One module -> (packed int32 tiles, fp32 [N] scale or None, bias or None, new entry).
+
+    The scale keeps the source's op by default: a ``divide`` scale s is stored as the divisor s
+    (broadcast to [N], fp32), so the reference model's BitLinear arithmetic (``/ (xs * s)``) is
+    reproduced bit for bit, and the vLLM plugin inverts it at load (N reciprocals in fp32, the
+    very values its decode route computes).  ``invert_scales`` stores the multiplier 1/s instead
+    (nothing at all to compute at load; the reference then multiplies, which under int8
+    activations differs from the source's arithmetic by ulps that compound: fp32-a8 tier)."""
+    from trit.ops import repack, unpack
+
+    d = decode_linear(ckpt, entry, mod)
+    vals = d.values
+    if vals.is_floating_point():  # stored unpacked: must already be exactly ternary
+        if not bool(((vals == -1) | (vals == 0) | (vals == 1)).all()):
+            raise ExportError(f"{mod}: tensor {entry.weight_key!r} is stored unpacked but is not ternary "
+                              f"(values outside {{-1, 0, +1}}); fold float weights into the scale first")
+        vals = vals.to(torch.int8)
+    elif vals.dtype != torch.int8 or (vals.numel() and int(vals.abs().max()) > 1):
+        raise ExportError(f"{mod}: code table of {entry.weight_key!r} decodes to values outside {{-1, 0, +1}}; "
+                          f"the trit kernels are ternary only")
+    n, k = vals.shape
+    packed = repack(vals.contiguous())
+    if not torch.equal(unpack(packed, n, k), vals):  # cheap, and the file is never wrong silently
+        raise ExportError(f"{mod}: repack round trip failed (bug in trit.ops.repack)")
+    scale, op = None, "multiply"
+    if entry.scale is not None:
+        keep_div = entry.scale.op == "divide" and not invert_scales
+        m = (d.div if keep_div else d.mult).to(torch.float32)  # (1, 1) or (n, 1); d.mult = 1/s for 'divide'
+        if m.shape[-1] != 1:
+            raise ExportError(f"{mod}: scale {entry.scale.key!r} varies along the input axis; the kernel layout "
+                              f"takes one multiplier per output channel")
+        scale = m.reshape(-1).expand(n).contiguous().clone()
+        op = "divide" if keep_div else "multiply"
+    bias = ckpt.get(entry.bias_key) if entry.bias_key else None
+    new = LinearEntry(weight_key=f"{mod}.weight", shape=(n, k), layout=LAYOUT,
+                      scale=ScaleSpec(key=f"{mod}.weight_scale", granularity="channel", op=op)
+                      if scale is not None else None,
+                      bias_key=f"{mod}.bias" if bias is not None else None)
+    return packed, scale, bias, new
+
+
+class _ShardWriter:
+    """Accumulates tensors and writes safetensors shards of at most ``max_bytes`` each."""
+
+    def __init__(self, out: Path, max_bytes: int, metadata: dict):
+        self.out, self.max_bytes, self.metadata = out, max_bytes, metadata
+        self.pending: dict[str, torch.Tensor] = {}
+        self.pending_bytes = 0
+        self.written: list[tuple[Path, list[str]]] = []
+
+    def add(self, key: str, t: torch.Tensor) -> None:
+        nbytes = t.numel() * t.element_size()
+        if self.pending and self.pending_bytes + nbytes > self.max_bytes:
+            self.flush()
+        if key in self.pending or any(key in keys for _, keys in self.written):
+            raise ExportError(f"two tensors would be written under the key {key!r}")
+        self.pending[key] = t.contiguous()
+        self.pending_bytes += nbytes
+
+    def flush(self) -> None:
+        from safetensors.torch import save_file
+
+        if not self.pending:
+            return
+        path = self.out / f"shard-{len(self.written):05d}.safetensors"
+        save_file(self.pending, str(path), metadata=self.metadata)
+        self.written.append((path, list(self.pending)))
+        self.pending, self.pending_bytes = {}, 0
+
+    def finish(self) -> list[Path]:
+        self.flush()
+        if len(self.written) == 1:
+            final = [self.out / "model.safetensors"]
+        else:
+            n = len(self.written)
+            final = [self.out / f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+        for (tmp, _), dst in zip(self.written, final):
+            tmp.rename(dst)
+        if len(final) > 1:
+            wm = {k: dst.name for (_, keys), dst in zip(self.written, final) for k in keys}
+            total = sum(f.stat().st_size for f in final)
+            (self.out / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total},
+                                                            "weight_map": wm}, indent=1, sort_keys=True))
+        return final
+
+
+def export(model_dir, out_dir, *, spec_path=None, force: bool = False, invert_scales: bool = False,
+           max_shard_bytes: int = 4 << 30, log=None) -> CheckpointSpec:
+    """Write ``out_dir`` (see module docstring); returns the exported spec."""
+    src, out = Path(model_dir), Path(out_dir)
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    if out.resolve() == src.resolve():
+        raise ExportError(f"--out {out} is the source directory; export writes a new directory")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise FileExistsError(f"{out} exists and is not empty; pass --force to replace it")
+    t0 = time.perf_counter()
+    cfg = ModelConfig.load(src)
+    spec = spec_for(src, cfg, spec_path)
+    if any(e.layout is not None for e in spec.linears.values()):
+        raise ExportError(f"{src}: spec {spec.name!r} is already in a kernel layout; nothing to export")
+    check_exportable(spec)
+    ckpt = Checkpoint(src)
+    spec.validate(cfg, ckpt)
+
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        writer = _ShardWriter(tmp, max_shard_bytes, {"format": "pt", "trit_layout": LAYOUT})
+        linears: dict[str, LinearEntry] = {}
+        for mod, e in spec.linears.items():
+            packed, mult, bias, new = export_linear(ckpt, e, mod, invert_scales=invert_scales)
+            writer.add(new.weight_key, packed)
+            if mult is not None:
+                writer.add(new.scale.key, mult)
+            if bias is not None:
+                writer.add(new.bias_key, bias)
+            linears[mod] = new
+        tensors: dict[str, str] = {}
+        first_of_key: dict[str, str] = {}
+        for hf, key in spec.tensors.items():
+            if key in first_of_key:  # one stored tensor serving two parameters: keep it shared
+                tensors[hf] = first_of_key[key]
+                continue
+            writer.add(hf, ckpt.get(key))
+            tensors[hf] = first_of_key[key] = hf
+        files = writer.finish()
+        new_spec = CheckpointSpec(name=f"{spec.name}+{LAYOUT}", linears=linears, tensors=tensors,
+                                  activation_quant=spec.activation_quant)
+        new_spec.save(tmp / SPEC_FILENAME)
+        raw_cfg = json.loads((src / "config.json").read_text())
+        raw_cfg["quantization_config"] = {
+            "quant_method": "ternary", "trit_layout": LAYOUT, "trit_scales": "inverted" if invert_scales else "kept",
+            "source_spec": spec.name,
+            "source_spec_sha256": spec.digest(),
+            "source_quantization_config": raw_cfg.get("quantization_config")}
+        (tmp / "config.json").write_text(json.dumps(raw_cfg, indent=1))
+        for pat in COPY_PATTERNS:
+            for f in sorted(src.glob(pat)):
+                if f.is_file():
+                    shutil.copy2(f, tmp / f.name)
+        new_spec.validate(ModelConfig.load(tmp), Checkpoint(tmp))  # headers + keys: the export is complete
+        umask = os.umask(0)
+        os.umask(umask)
+        for f in tmp.iterdir():  # safetensors / atomic writes create 0600 files
+            os.chmod(f, 0o666 & ~umask)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    log(f"trit.export: {len(linears)} ternary linears -> {LAYOUT}, {len(tensors)} float tensors, "
+        f"{len(files)} file(s), {size / 2**20:.1f} MiB, {time.perf_counter() - t0:.1f} s -> {out}")
+    return new_spec
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trit.export", description=__doc__.split("\n")[0])
+    ap.add_argument("model_dir", help="source checkpoint directory (any format reference.spec understands)")
+    ap.add_argument("--out", required=True, help="output directory (must not exist unless --force)")
+    ap.add_argument("--spec", default=None, help="explicit spec JSON for the source (default: spec_for(DIR))")
+    ap.add_argument("--force", action="store_true", help="replace an existing output directory")
+    ap.add_argument("--invert-scales", action="store_true",
+                    help="store 'divide' scales as fp32 multipliers 1/s (default: keep the divisor, so the reference "
+                         "model reproduces the source bit for bit; vLLM computes the same 1/s at load either way)")
+    ap.add_argument("--max-shard-gb", type=float, default=4.0, help="safetensors shard size limit (GiB)")
+    a = ap.parse_args(argv)
+    try:
+        export(a.model_dir, a.out, spec_path=a.spec, force=a.force, invert_scales=a.invert_scales,
+               max_shard_bytes=int(a.max_shard_gb * 2**30))
+    except (ValueError, OSError) as e:  # ExportError, CheckpointError, FormatError, FileExistsError
+        print(f"trit.export: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
