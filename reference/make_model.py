@@ -45,6 +45,7 @@ class Preset:
     seed: int = 0
     quantized: bool = True
     tokenizer_vocab: Optional[int] = None  # train a BPE tokenizer of this size (tiny models)
+    bias: bool = False  # attention_bias (and mlp_bias for Llama)
 
 
 PRESETS: dict[str, Preset] = {
@@ -59,6 +60,9 @@ PRESETS: dict[str, Preset] = {
                                 rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
     # shapes transformers' BitLinear cannot hold (out_features % 4 != 0); our format pads
+    "oracle-llama-bias": Preset("llama", 64, 136, 2, 2, 1, 79, False, seed=9, bias=True),
+    "oracle-llama-float": Preset("llama", 64, 120, 2, 4, 1, 71, True, seed=10, quantized=False),
+    "oracle-bitnet-float": Preset("bitnet", 64, 100, 2, 4, 2, 73, True, seed=11, quantized=False),
     "odd-bitnet": Preset("bitnet", 70, 102, 2, 5, 1, 61, True, head_dim=14, seed=6),
     # real model shapes (GPU benchmarks; not committed)
     "bitnet-2b": Preset("bitnet", 2560, 6912, 30, 20, 5, 128256, True, eps=1e-5, rope_theta=500000.0,
@@ -81,14 +85,14 @@ def config_dict(p: Preset) -> dict:
         "hidden_act": "relu2" if p.arch == "bitnet" else "silu",
         "max_position_embeddings": p.max_pos, "rms_norm_eps": p.eps,
         "rope_parameters": {"rope_type": "default", "rope_theta": p.rope_theta, **(p.rope_scaling or {})},
-        "tie_word_embeddings": p.tie, "attention_bias": False, "initializer_range": 0.02,
+        "tie_word_embeddings": p.tie, "attention_bias": p.bias, "initializer_range": 0.02,
         "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
         "torch_dtype": "float32", "use_cache": True,
     }
     if p.rope_scaling:
         d["rope_parameters"]["rope_theta"] = p.rope_theta
     if p.arch == "llama":
-        d["mlp_bias"] = False
+        d["mlp_bias"] = p.bias
     if p.quantized:
         d["quantization_config"] = {"quant_method": "bitnet", "linear_class": p.linear_class,
                                     "quantization_mode": "offline", "use_rms_norm": False,
@@ -122,6 +126,8 @@ def make_state_dict(p: Preset, dtype: torch.dtype = torch.float32) -> dict[str, 
                 sd["lm_head.weight"] = randn(n, k).to(dtype)
             continue
         w = randn(n, k, std=1.0 / k ** 0.5)
+        if p.bias and (".self_attn." in mod or p.arch == "llama"):
+            sd[mod + ".bias"] = randn(n, std=0.1).to(dtype)
         if not p.quantized:
             sd[mod + ".weight"] = w.to(dtype)
             continue

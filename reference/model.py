@@ -152,7 +152,9 @@ class ReferenceModel:
             entry = spec.linears.get(mod)
             if entry is None:  # unquantised linear kept as float in the checkpoint
                 w = ckpt.get(spec.tensors[mod + ".weight"]).float()
-                return Linear(_to(DecodedLinear(w, torch.ones(1, 1)), self.device), False, dtype)
+                b = spec.tensors.get(mod + ".bias")
+                d = DecodedLinear(w, torch.ones(1, 1), ckpt.get(b).float() if b else None)
+                return Linear(_to(d, self.device), False, dtype)
             if self.ov.spec_hook:
                 entry = self.ov.spec_hook(mod, entry)
             d = decoder(ckpt, entry, mod)

@@ -160,8 +160,13 @@ class CheckpointSpec:
         for mod, shape in need.items():
             e = self.linears.get(mod)
             if e is None:
-                if mod == "lm_head" and "lm_head.weight" in self.tensors:
-                    used.add(self.tensors["lm_head.weight"])
+                key = self.tensors.get(mod + ".weight")
+                if key is not None:  # a float linear (unquantised model, modules_to_not_convert, lm_head)
+                    info = ckpt.info(key)
+                    if tuple(info.shape) != tuple(shape):
+                        raise CheckpointError(f"{info.file}: tensor {key!r} ({mod}) has shape {list(info.shape)}, "
+                                              f"config.json implies {list(shape)}")
+                    used.add(key)
                     continue
                 raise CheckpointError(f"spec {self.name!r}: no entry for module {mod!r} (expected logical shape {shape})")
             if e.out_shape != shape:
@@ -202,9 +207,11 @@ class CheckpointSpec:
                 raise CheckpointError(f"{info.file}: tensor {key!r} ({hf}) has shape {list(info.shape)}, "
                                       f"config.json implies {list(shape)}")
             used.add(key)
+        linear_params = {f"{m}.{w}" for m in need for w in ("weight", "bias")}
         for hf, key in self.tensors.items():
-            if hf not in cfg.float_params() and hf != "lm_head.weight":
+            if hf not in cfg.float_params() and hf not in linear_params:
                 raise CheckpointError(f"spec {self.name!r}: maps unknown parameter {hf!r} -> {key!r}")
+            ckpt.info(key)
             used.add(key)
         for key in self.ignored:
             ckpt.info(key)  # must exist: a spec naming a missing key is wrong
@@ -326,11 +333,28 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
     for mod in linear_modules(cfg):
         if mod in skip or any(mod.endswith("." + s) or mod.startswith(s + ".") for s in skip):
             tensors[mod + ".weight"] = mod + ".weight"
+            if _has_bias(cfg, mod):
+                tensors[mod + ".bias"] = mod + ".bias"
             continue
         linears[mod] = LinearEntry(weight_key=f"{mod}.weight", shape=shapes[mod], pack=HF_BITNET,
-                                   scale=ScaleSpec(key=f"{mod}.weight_scale", granularity="tensor", op=op))
+                                   scale=ScaleSpec(key=f"{mod}.weight_scale", granularity="tensor", op=op),
+                                   bias_key=f"{mod}.bias" if _has_bias(cfg, mod) else None)
     return CheckpointSpec(name=f"hf-bitnet-{linear_class}", linears=linears, tensors=tensors,
                           activation_quant="int8_per_token")
+
+
+def _has_bias(cfg: ModelConfig, mod: str) -> bool:
+    return cfg.attention_bias if ".self_attn." in mod else cfg.mlp_bias
+
+
+def spec_unquantized(cfg: ModelConfig) -> CheckpointSpec:
+    """A plain float checkpoint (no quantization_config): every linear under its HF name."""
+    tensors = _float_tensors(cfg, ())
+    for mod in linear_modules(cfg):
+        tensors[mod + ".weight"] = mod + ".weight"
+        if _has_bias(cfg, mod):
+            tensors[mod + ".bias"] = mod + ".bias"
+    return CheckpointSpec(name="unquantized", linears={}, tensors=tensors)
 
 
 def spec_for(model_dir, cfg: Optional[ModelConfig] = None, spec_path=None) -> CheckpointSpec:
@@ -345,6 +369,14 @@ def spec_for(model_dir, cfg: Optional[ModelConfig] = None, spec_path=None) -> Ch
     q = cfg.quantization or {}
     if q.get("quant_method") == "bitnet":
         return spec_from_hf_bitnet(cfg)
+    if not q:
+        # no quantization_config: a float model if its linears are stored as float tensors
+        # under their HF names; otherwise an undocumented format the inspector must work out
+        ckpt = Checkpoint(model_dir)
+        probe = "model.layers.0.self_attn.q_proj.weight"
+        if probe in ckpt and ckpt.info(probe).dtype in ("F32", "F16", "BF16") and \
+                tuple(ckpt.info(probe).shape) == cfg.linear_shapes()["model.layers.0.self_attn.q_proj"]:
+            return spec_unquantized(cfg)
     raise CheckpointError(
         f"{model_dir}: no {SPEC_FILENAME} and quantization_config is {q or None}; run "
         f"`python -m reference.inspect {model_dir}` to infer the format")

@@ -10,7 +10,8 @@ from reference.config import ModelConfig
 from reference.make_model import PRESETS, make_state_dict, write_model
 from reference.model import ReferenceModel
 
-ORACLE = ["oracle-bitnet-gqa", "oracle-bitnet-auto", "oracle-llama-gqa", "oracle-llama-auto"]
+ORACLE = ["oracle-bitnet-gqa", "oracle-bitnet-auto", "oracle-llama-gqa", "oracle-llama-auto",
+          "oracle-llama-bias", "oracle-llama-float", "oracle-bitnet-float"]
 
 
 @pytest.fixture(scope="module")
