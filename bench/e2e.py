@@ -66,8 +66,6 @@ def model_dir(root: Path, preset: str, unquantized: bool) -> Path:
         p = dataclasses.replace(p, quantized=False)
     big = p.hidden >= 1024
     write_model(p, d, dtype=torch.bfloat16 if big else torch.float32)
-    if p.tokenizer_vocab is None and preset == "tiny-bitnet":
-        pass
     return d
 
 
