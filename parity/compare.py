@@ -90,7 +90,8 @@ class Comparison:
 
     @property
     def jumps(self) -> list:
-        return [r for r in self.results if r.jump]
+        """Error jumps *inside* tolerance (a failing tensor reports its own jump in its line)."""
+        return [r for r in self.results if r.jump and r.passed]
 
     @property
     def passed(self) -> bool:
@@ -115,7 +116,9 @@ class Comparison:
             if fd.hints:
                 head += " | hints: " + "; ".join(fd.hints)
         if self.jumps:
-            head += "; jumps: " + ", ".join(f"{r.name} (x{r.jump:.0f})" for r in self.jumps)
+            j = self.jumps
+            head += "; jumps inside tolerance: " + ", ".join(f"{r.name} (x{r.jump:.0f})" for r in j[:5]) + (
+                f" and {len(j) - 5} more" if len(j) > 5 else "")
         return head
 
 

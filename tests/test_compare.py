@@ -72,7 +72,7 @@ def test_jump_flagged_inside_tolerance():
     cmp = compare(gold, tgt, order=order, dtype="fp32")
     assert cmp.passed
     assert [r.name for r in cmp.jumps] == ["layer2.mlp.down_proj"]
-    assert "jumps: layer2.mlp.down_proj" in cmp.summary()
+    assert "jumps inside tolerance: layer2.mlp.down_proj" in cmp.summary()
 
 
 def test_topk_near_ties_are_explained():
