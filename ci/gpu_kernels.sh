@@ -89,7 +89,7 @@ for M in (1, 16):
         torch.ops.trit.ternary_mm(x, p, s, N, K, None)
 torch.cuda.synchronize()
 PYEOF
-  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:tmm_kernel -s 2 -c 2 \
+  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:tmm_ -s 2 -c 2 \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
     $PY /tmp/trit_ncu_driver.py > "$OUT/ncu.txt" 2>&1 || echo "ncu failed (see ncu.txt)"
   grep -E "tmm_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Stall|Warp Cycles Per Issued" "$OUT/ncu.txt" | head -60

@@ -8,6 +8,11 @@
 //   a8_kernel<T, MT, WN>    W1.58A8: int8 activations (per-row absmax) x 2-bit weights on
 //                           mma.m16n8k32 u8.s8 -> s32.
 //   quant_rows_kernel<T>    the a8 activation quantizer (one CTA per row).
+//   tmm_small_kernel<T>     v5, M <= 8, bf16/fp16 x (K % 8 == 0, 16-byte aligned x): the
+//                           small-M fused kernel with per-k-block overhead cut (see its section).
+//   a8_small_kernel<T>      v5 W1.58A8 for M <= 8, fed by quant_rows_perm_kernel<T> (xq
+//                           permuted within groups of 8 so the mma B registers need no PRMT).
+//   TRIT_KERNEL=v4 (environment, read per call) sends M <= 8 back to tmm_kernel / a8_kernel.
 //   naive_kernel<T>         one thread per output: the correctness anchor.
 //   decode_kernel<T>        packed -> dense [N,K] (optionally x scale): the large-M path
 //                           hands the result to cuBLAS.
