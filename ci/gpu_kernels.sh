@@ -55,7 +55,7 @@ if has sanitize; then
 # Tiny driver: every kernel on a few representative shapes (tile edges, K tails, split-K).
 import torch
 from trit import ops
-for (M, N, K) in [(1, 33, 300), (17, 129, 1001), (70, 256, 4099)]:
+for (M, N, K) in [(1, 33, 300), (5, 100, 1000), (8, 48, 8200), (17, 129, 1001), (70, 256, 4099)]:  # 2nd, 3rd: v5 (tail k-block)
     for dt in (torch.bfloat16, torch.float32):
         x = torch.randn(M, K, device="cuda").to(dt)
         w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda")
@@ -89,7 +89,7 @@ for M in (1, 16):
         torch.ops.trit.ternary_mm(x, p, s, N, K, None)
 torch.cuda.synchronize()
 PYEOF
-  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:tmm_kernel -s 2 -c 2 \
+  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:tmm_ -s 2 -c 2 \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
     $PY /tmp/trit_ncu_driver.py > "$OUT/ncu.txt" 2>&1 || echo "ncu failed (see ncu.txt)"
   grep -E "tmm_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Stall|Warp Cycles Per Issued" "$OUT/ncu.txt" | head -60

@@ -8,6 +8,11 @@
 //   a8_kernel<T, MT, WN>    W1.58A8: int8 activations (per-row absmax) x 2-bit weights on
 //                           mma.m16n8k32 u8.s8 -> s32.
 //   quant_rows_kernel<T>    the a8 activation quantizer (one CTA per row).
+//   tmm_small_kernel<T>     v5, M <= 8, bf16/fp16 x (K % 8 == 0, 16-byte aligned x): the
+//                           small-M fused kernel with per-k-block overhead cut (see its section).
+//   a8_small_kernel<T>      v5 W1.58A8 for M <= 8, fed by quant_rows_perm_kernel<T> (xq
+//                           permuted within groups of 8 so the mma B registers need no PRMT).
+//   TRIT_KERNEL=v4 (environment, read per call) sends M <= 8 back to tmm_kernel / a8_kernel.
 //   naive_kernel<T>         one thread per output: the correctness anchor.
 //   decode_kernel<T>        packed -> dense [N,K] (optionally x scale): the large-M path
 //                           hands the result to cuBLAS.
@@ -16,6 +21,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "ternary.h"
 
@@ -568,6 +575,343 @@ __global__ void __launch_bounds__(Shape<MT>::kMaxThreads)
   }
 }
 
+// ---------------------------------------------------------------- v5: small M (M <= 8)
+// One 16 x 8 mma tile per warp (WN = MT = 1), for bf16/fp16 x and for W1.58A8. Differences from
+// the v4 kernels above (which stay, selectable with TRIT_KERNEL=v4, and serve every other case):
+//   - the hot loop runs over whole chunks of kV5U k-blocks only: no per-k-block bounds or
+//     vector-path predicates, one uniform predicate per chunk for the next chunk's loads;
+//     the remaining < kV5U full k-blocks and the partial last k-block (K % 128 != 0) are handled
+//     once, after the loop;
+//   - x and weight addresses are two pointers bumped once per k-block (immediate offsets inside
+//     a chunk): no 64-bit multiply per load;
+//   - bf16/fp16 decode: the magic constant lives in a register so each pair is one LOP3
+//     ((w & field) | magic) + one HFMA2 (ptxas split the C expression into two LOP3s in v4);
+//   - a8: xq is written by the quantizer pre-permuted within each group of 8 inputs, so the mma
+//     B registers are two plain 32-bit words (no PRMT);
+//   - __launch_bounds__(256, 3): <= 80 registers, so >= 24 warps (6 CTAs of 4 warps) per SM.
+// Requires (checked by the dispatcher): bf16/fp16 x with K % 8 == 0 and 16-byte aligned rows.
+constexpr int kV5U = 4;          // k-blocks per chunk: 4 x 16 B of weights per lane per chunk
+constexpr int kV5Threads = 256;  // split-K warps per CTA <= 8
+constexpr int kV5MinCtas = 3;    // 65536 / (256 * 3) -> register cap 80
+
+// (a & b) | c with b an immediate and c a register: one LOP3 (0xEA = (F0 & CC) | AA)
+template <uint32_t B>
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "n"(B), "r"(c));
+  return d;
+}
+
+template <typename DT> struct DecodeV5;
+template <> struct DecodeV5<__nv_bfloat16> {
+  // same arithmetic as Decode<__nv_bfloat16> (bit-identical results); magic = 0x43004300
+  static __device__ __forceinline__ void run(uint32_t w, uint32_t magic, uint32_t (&o)[8]) {
+    const uint32_t src[3] = {w, w >> 6, w >> 12};
+    const uint32_t mul[3] = {0x3F803F80u, 0x3E803E80u, 0x3D803D80u};  // 1, 1/4, 1/16
+    const uint32_t add[3] = {0xC301C301u, 0xC204C204u, 0xC110C110u};  // -129, -33, -9
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      const int j = p % 3;
+      const uint32_t s = src[p / 3];
+      const uint32_t h = j == 0 ? and_or<0x00030003u>(s, magic)
+                                : j == 1 ? and_or<0x000C000Cu>(s, magic) : and_or<0x00300030u>(s, magic);
+      o[p] = fma_bf16x2(h, mul[j], add[j]);
+    }
+  }
+};
+template <> struct DecodeV5<__half> {  // magic = 0x64006400
+  static __device__ __forceinline__ void run(uint32_t w, uint32_t magic, uint32_t (&o)[8]) {
+    const uint32_t src[2] = {w, w >> 10};
+    const uint32_t mul[5] = {0x3C003C00u, 0x34003400u, 0x2C002C00u, 0x24002400u, 0x1C001C00u};
+    const uint32_t add[5] = {0xE401E401u, 0xDC04DC04u, 0xD410D410u, 0xCC40CC40u, 0xC500C500u};
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      const int j = p < 5 ? p : p - 5;
+      const uint32_t s = src[p < 5 ? 0 : 1];
+      uint32_t h;
+      switch (j) {
+        case 0: h = and_or<0x00030003u>(s, magic); break;
+        case 1: h = and_or<0x000C000Cu>(s, magic); break;
+        case 2: h = and_or<0x00300030u>(s, magic); break;
+        case 3: h = and_or<0x00C000C0u>(s, magic); break;
+        default: h = and_or<0x03000300u>(s, magic); break;
+      }
+      o[p] = fma_f16x2(h, mul[j], add[j]);
+    }
+  }
+};
+template <typename DT> struct Magic;
+template <> struct Magic<__nv_bfloat16> { static constexpr uint32_t value = 0x43004300u; };
+template <> struct Magic<__half> { static constexpr uint32_t value = 0x64006400u; };
+
+// A constant the compiler cannot fold into an instruction immediate (keeps it in a register).
+__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+  uint32_t r;
+  asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
+  return r;
+}
+
+// word i (a compile-time constant after unrolling) of a lane's 16-byte weight load
+__device__ __forceinline__ uint32_t word_of_rt(const int4& v, int i) {
+  return static_cast<uint32_t>(i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w);
+}
+
+// Split-K partial sums of one 16 x 8 tile, reduced over the KS warps of the CTA in a fixed
+// order (deterministic), scaled and written. red: [KS][4][32] floats.
+template <typename T, bool kA8, typename Acc>
+__device__ __forceinline__ void small_epilogue(Acc (&acc)[4], Acc* red, int tile, int M, int N,
+                                               const float* __restrict__ scale, const T* __restrict__ bias,
+                                               T* __restrict__ y, const float* xs, const int32_t* rowsum) {
+  const int lane = threadIdx.x & 31, kw = threadIdx.x >> 5, KS = blockDim.x >> 5;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) red[kw * 128 + r * 32 + lane] = acc[r];
+  __syncthreads();
+  for (int s = threadIdx.x; s < 128; s += blockDim.x) {
+    const int ln = s & 31, r = s >> 5;
+    const int n = tile * kTileN + (ln >> 2) + 8 * (r >> 1);
+    const int m = 2 * (ln & 3) + (r & 1);
+    if (n < N && m < M) {
+      Acc v = 0;
+      for (int w = 0; w < KS; ++w) v += red[w * 128 + s];
+      float o;
+      if constexpr (kA8) {  // codes are w + 1, so sum_k (w+1) xq = acc_true + sum_k xq
+        o = (float)(v - rowsum[m]) / xs[m] * scale[n];
+      } else {
+        o = v * scale[n];
+      }
+      if (bias != nullptr) o += to_f32<T>(bias[n]);
+      y[(size_t)m * N + n] = from_f32<T>(o);
+    }
+  }
+}
+
+// k-block range of split-K warp kw (same split as v4: contiguous, sizes differ by <= 1)
+__device__ __forceinline__ void kb_range(int KB, int& kb0, int& kb1) {
+  const int kw = threadIdx.x >> 5, KS = blockDim.x >> 5;
+  kb0 = (KB * kw) / KS;
+  kb1 = (KB * (kw + 1)) / KS;
+}
+
+// Grid: x = packed row tiles (one per CTA), block: 32 * KS threads (split-K warps).
+template <typename T>
+__global__ void __launch_bounds__(kV5Threads, kV5MinCtas)
+    tmm_small_kernel(const T* __restrict__ x, const int4* __restrict__ wp, const float* __restrict__ scale,
+                     const T* __restrict__ bias, T* __restrict__ y, int M, int N, int K, int KB) {
+  extern __shared__ float red[];  // [KS][4][32]
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int tile = blockIdx.x;
+  int kb0, kb1;
+  kb_range(KB, kb0, kb1);
+  const int kb_full = K / kBlockK;                      // k-blocks whose 128 inputs are all < K
+  const int nfull = max(0, min(kb1, kb_full) - kb0);    // full k-blocks of this warp
+  const uint32_t magic = opaque(Magic<T>::value);
+
+  // rows past M read row M-1: their output columns are dropped by the epilogue
+  const uint4* xp = reinterpret_cast<const uint4*>(x + (size_t)min(g, M - 1) * K + (size_t)kb0 * kBlockK + c * 32);
+  const int4* wq = wp + ((size_t)tile * KB + kb0) * 32 + lane;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+
+  // one k-block: w = this lane's 4 words, xb = this lane's 32 inputs (4 x 8, natural order)
+  auto block = [&](const int4& w, const uint4 (&xb)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t o[8];
+      DecodeV5<T>::run(word_of_rt(w, i), magic, o);
+      mma16816<T>(acc, &o[0], xb[i].x, xb[i].y);
+      mma16816<T>(acc, &o[4], xb[i].z, xb[i].w);
+    }
+  };
+  auto block_at = [&](const int4& w, const uint4* xk) {
+    uint4 xb[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) xb[i] = __ldg(xk + i);
+    block(w, xb);
+  };
+  auto load_chunk = [&](int4 (&a)[kV5U], const int4* p) {
+#pragma unroll
+    for (int u = 0; u < kV5U; ++u) a[u] = ld_weights(p + u * 32);
+  };
+  auto run_chunk = [&](const int4 (&a)[kV5U]) {
+#pragma unroll
+    for (int u = 0; u < kV5U; ++u) block_at(a[u], xp + u * 16);  // 16 uint4 = 128 inputs
+    xp += kV5U * 16;
+    wq += kV5U * 32;
+  };
+
+  const int nch = nfull / kV5U;
+  int4 a0[kV5U], a1[kV5U];
+  if (nch > 0) load_chunk(a0, wq);
+  for (int j = 0; j < nch; j += 2) {
+    if (j + 1 < nch) load_chunk(a1, wq + kV5U * 32);  // uniform: predicated loads, no branch
+    run_chunk(a0);
+    if (j + 1 >= nch) break;
+    if (j + 2 < nch) load_chunk(a0, wq + kV5U * 32);
+    run_chunk(a1);
+  }
+  // < kV5U remaining full k-blocks: all weight loads first, then compute
+  const int nrem = nfull - nch * kV5U;
+  if (nrem > 0) {
+    int4 ar[kV5U - 1];
+#pragma unroll
+    for (int u = 0; u < kV5U - 1; ++u)
+      if (u < nrem) ar[u] = ld_weights(wq + u * 32);
+#pragma unroll
+    for (int u = 0; u < kV5U - 1; ++u)
+      if (u < nrem) block_at(ar[u], xp + u * 16);
+    xp += nrem * 16;
+    wq += nrem * 32;
+  }
+  // the partial last k-block (K % 128 != 0), owned by the warp whose range contains it;
+  // K % 8 == 0, so each 8-input group is wholly inside or outside [0, K): zero the outside ones
+  if (kb_full < KB && kb0 <= kb_full && kb_full < kb1) {
+    const int4 w = ld_weights(wq);
+    const int k0 = kb_full * kBlockK + c * 32;
+    uint4 xb[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) xb[i] = (k0 + 8 * i < K) ? __ldg(xp + i) : make_uint4(0, 0, 0, 0);
+    block(w, xb);
+  }
+  small_epilogue<T, false>(acc, red, tile, M, N, scale, bias, y, nullptr, nullptr);
+}
+
+// W1.58A8, M <= 8. xq: [M, KB*128] int8, zero-padded past K, each group of 8 inputs stored in
+// the order {0,4,1,5,2,6,3,7} (quant_rows_kernel<T, true>), so that the first 4 bytes of a group
+// are the mma B register b0 and the last 4 are b1 (v4 builds them with two PRMT).
+template <typename T>
+__global__ void __launch_bounds__(kV5Threads, kV5MinCtas)
+    a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
+                    const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
+                    T* __restrict__ y, int M, int N, int KB) {
+  extern __shared__ int redi[];  // [KS][4][32]
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int tile = blockIdx.x;
+  int kb0, kb1;
+  kb_range(KB, kb0, kb1);
+  const int nk = kb1 - kb0;  // every k-block is "full": xq is padded
+
+  const uint4* xp = reinterpret_cast<const uint4*>(xq + (size_t)min(g, M - 1) * KB * kBlockK +
+                                                   (size_t)kb0 * kBlockK + c * 32);
+  const int4* wq = wp + ((size_t)tile * KB + kb0) * 32 + lane;
+  int acc[4] = {0, 0, 0, 0};
+
+  auto block_at = [&](const int4& w, const uint4* xk) {
+    const uint4 x0 = __ldg(xk), x1 = __ldg(xk + 1);  // 32 inputs: words i = 0,1 | 2,3
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t wi = word_of_rt(w, i);
+      uint32_t af[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) af[j] = (wi >> (2 * j)) & 0x03030303u;
+      const uint4& v = i < 2 ? x0 : x1;
+      mma16832_u8s8(acc, af, (i & 1) ? v.z : v.x, (i & 1) ? v.w : v.y);
+    }
+  };
+  auto load_chunk = [&](int4 (&a)[kV5U], const int4* p) {
+#pragma unroll
+    for (int u = 0; u < kV5U; ++u) a[u] = ld_weights(p + u * 32);
+  };
+  auto run_chunk = [&](const int4 (&a)[kV5U]) {
+#pragma unroll
+    for (int u = 0; u < kV5U; ++u) block_at(a[u], xp + u * 8);  // 8 uint4 = 128 int8 inputs
+    xp += kV5U * 8;
+    wq += kV5U * 32;
+  };
+
+  const int nch = nk / kV5U;
+  int4 a0[kV5U], a1[kV5U];
+  if (nch > 0) load_chunk(a0, wq);
+  for (int j = 0; j < nch; j += 2) {
+    if (j + 1 < nch) load_chunk(a1, wq + kV5U * 32);
+    run_chunk(a0);
+    if (j + 1 >= nch) break;
+    if (j + 2 < nch) load_chunk(a0, wq + kV5U * 32);
+    run_chunk(a1);
+  }
+  const int nrem = nk - nch * kV5U;
+  if (nrem > 0) {
+    int4 ar[kV5U - 1];
+#pragma unroll
+    for (int u = 0; u < kV5U - 1; ++u)
+      if (u < nrem) ar[u] = ld_weights(wq + u * 32);
+#pragma unroll
+    for (int u = 0; u < kV5U - 1; ++u)
+      if (u < nrem) block_at(ar[u], xp + u * 8);
+  }
+  small_epilogue<T, true>(acc, redi, tile, M, N, scale, bias, y, xs, rowsum);
+}
+
+
+// The a8 quantizer for a8_small_kernel: the same values as quant_rows_kernel (bit for bit), xq
+// stored permuted within each group of 8 inputs ({0,4,1,5,2,6,3,7}, see a8_small_kernel), with
+// 16-byte loads (vec: K % 8 == 0 and 16-byte aligned x) and one 8-byte store per group.
+template <typename T>
+__device__ __forceinline__ void load8(const T* row, int k, int K, bool vec, float (&e)[8]) {
+  if (vec && k + 8 <= K) {
+    if constexpr (sizeof(T) == 2) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + k));
+      const T* h = reinterpret_cast<const T*>(&v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) e[i] = to_f32<T>(h[i]);
+    } else {
+      const float4 a = __ldg(reinterpret_cast<const float4*>(row + k));
+      const float4 b = __ldg(reinterpret_cast<const float4*>(row + k + 4));
+      e[0] = a.x; e[1] = a.y; e[2] = a.z; e[3] = a.w; e[4] = b.x; e[5] = b.y; e[6] = b.z; e[7] = b.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) e[i] = (k + i < K) ? to_f32<T>(row[k + i]) : 0.f;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
+                                                              float* __restrict__ xs_out,
+                                                              int32_t* __restrict__ rowsum, int K, int Kp,
+                                                              bool vec) {
+  __shared__ float sh_f[8];
+  __shared__ int sh_i[8];
+  const int m = blockIdx.x;
+  const T* row = x + (size_t)m * K;
+  float amax = 0.f;
+  for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
+    float e[8];
+    load8<T>(row, k, K, vec, e);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(e[i]));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if ((threadIdx.x & 31) == 0) sh_f[threadIdx.x >> 5] = amax;
+  __syncthreads();
+  amax = sh_f[0];
+  for (int w = 1; w < (int)(blockDim.x >> 5); ++w) amax = fmaxf(amax, sh_f[w]);
+  const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as torch: reciprocal(t) * 127
+  int sum = 0;
+  for (int k = threadIdx.x * 8; k < Kp; k += blockDim.x * 8) {
+    float e[8];
+    load8<T>(row, k, K, vec, e);  // zeros past K
+    int q[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      q[i] = (int)fminf(fmaxf(rintf(e[i] * xs), -128.f), 127.f);
+      sum += q[i];
+    }
+    const uint32_t lo = (q[0] & 0xFF) | ((q[4] & 0xFF) << 8) | ((q[1] & 0xFF) << 16) | ((uint32_t)(q[5] & 0xFF) << 24);
+    const uint32_t hi = (q[2] & 0xFF) | ((q[6] & 0xFF) << 8) | ((q[3] & 0xFF) << 16) | ((uint32_t)(q[7] & 0xFF) << 24);
+    *reinterpret_cast<uint2*>(xq + (size_t)m * Kp + k) = make_uint2(lo, hi);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if ((threadIdx.x & 31) == 0) sh_i[threadIdx.x >> 5] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int s = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) s += sh_i[w];
+    rowsum[m] = s;
+    xs_out[m] = xs;
+  }
+}
+
 // ---------------------------------------------------------------- naive + decode
 __device__ __forceinline__ int code_at(const int32_t* __restrict__ wp, int KB, int n, int k) {
   const int t = n >> 4, rr = n & 15, g = rr & 7, rs = rr >> 3;
@@ -653,7 +997,7 @@ int max_threads(int mt) { return mt == 1 ? Shape<1>::kMaxThreads : Shape<2>::kMa
 // (up to 16 warps per CTA) until ~4096 warps are in flight (about 31 per SM on an H200).
 // M > 8: NW = 4 warps per CTA along N share x through L1; split-K grows (NW shrinking when
 // the thread limit binds) until there are >= 2 CTAs per SM. Every warp keeps >= 2 k-blocks.
-Cfg choose_cfg(int M, int N, int K, int max_mt = 8) {
+Cfg choose_cfg(int M, int N, int K, int max_mt = 8, int max_thr = 0) {
   Cfg c;
   c.mt = min(max_mt, M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8);
   c.wn = c.mt == 1 ? 1 : 2;
@@ -662,7 +1006,7 @@ Cfg choose_cfg(int M, int N, int K, int max_mt = 8) {
   const int n_tiles = (N + kTileN - 1) / kTileN;
   const long gy = (M + 8 * c.mt - 1) / (8 * c.mt);
   const int KB = (K + kBlockK - 1) / kBlockK;
-  const int maxw = max_threads(c.mt) / 32;
+  const int maxw = (max_thr > 0 ? max_thr : max_threads(c.mt)) / 32;
   for (;;) {
     const long ctas = (long)((n_tiles + c.wn * c.nw - 1) / (c.wn * c.nw)) * gy;
     const bool enough = c.mt == 1 ? ctas * c.ks >= 4096 : (ctas >= 264 && ctas * c.nw * c.ks >= 2048);
@@ -695,9 +1039,32 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
   return cudaGetLastError();
 }
 
+// Kernel generation for M <= 8: 5 (tmm_small_kernel / a8_small_kernel) unless TRIT_KERNEL=v4.
+// Read on every call (host only, no sync) so that one process can time both side by side;
+// a CUDA graph keeps the kernel chosen when it was captured.
+bool use_v5() {
+  const char* e = getenv("TRIT_KERNEL");
+  return !(e != nullptr && strcmp(e, "v4") == 0);
+}
+
+template <typename T>
+cudaError_t launch_small(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y, int M, int N,
+                         int K, cudaStream_t st) {
+  const Cfg cfg = choose_cfg(M, N, K, 1, kV5Threads);  // mt = wn = nw = 1: split-K only
+  const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
+  const size_t smem = (size_t)cfg.ks * 128 * sizeof(float);
+  tmm_small_kernel<T><<<n_tiles, cfg.ks * 32, smem, st>>>(x, reinterpret_cast<const int4*>(wp), scale, bias, y,
+                                                            M, N, K, KB);
+  return cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t dispatch_tmm(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
                          int M, int N, int K, cudaStream_t st) {
+  if constexpr (sizeof(T) == 2) {
+    const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
+    if (M <= 8 && vec && use_v5()) return launch_small<T>(x, wp, scale, bias, y, M, N, K, st);
+  }
   // MT stops at 4 (32 rows per grid row): MT = 8 spills registers
   const Cfg cfg = choose_cfg(M, N, K, 4);
   switch (cfg.mt) {
@@ -725,6 +1092,18 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
                         int M, int N, int K, int8_t* xq, float* xs, int32_t* rowsum,
                         cudaStream_t st) {
   const int KB = (K + kBlockK - 1) / kBlockK;
+  if (M <= 8 && use_v5()) {
+    const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
+    quant_rows_perm_kernel<T><<<M, 256, 0, st>>>(x, xq, xs, rowsum, K, KB * kBlockK, vec);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    const Cfg cfg = choose_cfg(M, N, K, 1, kV5Threads);
+    const int n_tiles = (N + kTileN - 1) / kTileN;
+    const size_t smem = (size_t)cfg.ks * 128 * sizeof(int);
+    a8_small_kernel<T><<<n_tiles, cfg.ks * 32, smem, st>>>(xq, xs, rowsum, reinterpret_cast<const int4*>(wp), scale,
+                                                             bias, y, M, N, KB);
+    return cudaGetLastError();
+  }
   quant_rows_kernel<T><<<M, 256, 0, st>>>(x, xq, xs, rowsum, K, KB * kBlockK);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;

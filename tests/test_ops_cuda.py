@@ -143,3 +143,62 @@ def test_any_rank_cuda():
     y = ops.ternary_linear(x.view(3, 2, 2, 200), p, s, 50, 200, b)
     assert y.shape == (3, 2, 2, 50)
     assert_close_rel(y.reshape(12, 50), ops.ternary_mm_ref(x, p, s, 50, 200, b), TOL[torch.float16], "4-D")
+
+
+# ------------------------------------------------------------------ v5 small-M kernels vs v4
+# M <= 8 runs tmm_small_kernel (bf16/fp16 x, K % 8 == 0, 16-byte aligned x) and a8_small_kernel
+# + the permuted quantizer, unless TRIT_KERNEL=v4. Sizes hit: K < 128 (tail only), K % 128 != 0
+# with K % 8 == 0 (partial last k-block), K % 8 != 0 and misaligned x (v4 fallback), k-block
+# counts per warp that leave 0..3 blocks after the 4-block chunks, and large split-K.
+V5_K = [8, 120, 128, 136, 256, 384, 520, 1000, 1024, 2560, 4096, 4104, 8192, 300, 4099]
+V5_N = [1, 16, 17, 100, 640]  # larger N: test_small_m_v5_matches_v4
+
+
+@pytest.fixture(params=["v4", "v5"])
+def kernel_gen(request, monkeypatch):
+    if request.param == "v4":
+        monkeypatch.setenv("TRIT_KERNEL", "v4")
+    else:
+        monkeypatch.delenv("TRIT_KERNEL", raising=False)
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("M", [1, 2, 5, 8])
+@pytest.mark.parametrize("K", V5_K)
+def test_small_m_kernels(kernel_gen, dtype, M, K):
+    for N in V5_N:
+        x, w, p, s, b = make_case(M, N, K, dtype, True, M * 1000 + K + N, DEV)
+        ref = ops.ternary_mm_ref(x, p, s, N, K, b)
+        y = torch.ops.trit.ternary_mm(x, p, s, N, K, b)
+        assert_close_rel(y, ref, TOL[dtype], f"{kernel_gen} ternary_mm M={M} N={N} K={K} {dtype}")
+        ya = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+        assert_close_rel(ya, ops.ternary_mm_a8_ref(x, p, s, N, K, b), {torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype],
+                         f"{kernel_gen} ternary_mm_a8 M={M} N={N} K={K} {dtype}")
+
+
+@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize("NK", [(100, 1000), (2560, 2560), (1024, 8192), (640, 4104)])
+def test_small_m_v5_matches_v4(monkeypatch, M, NK):
+    """a8 accumulates in int32: v4 and v5 must agree bit for bit. fp: within rounding."""
+    N, K = NK
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        x, w, p, s, b = make_case(M, N, K, dtype, True, 17 + M, DEV)
+        monkeypatch.setenv("TRIT_KERNEL", "v4")
+        y4, a4 = torch.ops.trit.ternary_mm(x, p, s, N, K, b), torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+        monkeypatch.delenv("TRIT_KERNEL")
+        y5, a5 = torch.ops.trit.ternary_mm(x, p, s, N, K, b), torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+        assert torch.equal(a4, a5), f"a8 v4 != v5 at M={M} N={N} K={K} {dtype}"
+        assert_close_rel(y5, y4, TOL[dtype], f"v5 vs v4 M={M} N={N} K={K} {dtype}")
+
+
+def test_small_m_misaligned_x():
+    """x not 16-byte aligned takes the v4 kernel (fp) / the scalar quantizer loads (a8)."""
+    M, N, K = 4, 64, 1000
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 9, DEV)
+    ref = ops.ternary_mm_ref(x, p, s, N, K, b)
+    flat = torch.full((M * K + 8,), float("nan"), device=DEV, dtype=torch.bfloat16)
+    xo = flat[4:4 + M * K].view(M, K)  # 8-byte offset, contiguous
+    xo.copy_(x)
+    assert_close_rel(torch.ops.trit.ternary_mm(xo, p, s, N, K, b), ref, TOL[torch.bfloat16], "misaligned")
+    assert torch.equal(torch.ops.trit.ternary_mm_a8(xo, p, s, N, K, b), torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b))
