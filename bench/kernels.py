@@ -190,13 +190,13 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False):
             "linear": lambda i: ops.ternary_linear(x, packs[i % nt], scale, N, K),
             "a8": lambda i: torch.ops.trit.ternary_mm_a8(x, packs[i % nt], scale, N, K, None),
         }
-        if M <= 8:  # the v4 kernels side by side with v5 (the default for M <= 8 since kernels-v5)
-            variants["fused_v4"] = with_kernel("v4", variants["fused"])
-            variants["a8_v4"] = with_kernel("v4", variants["a8"])
+        if M <= 8:  # the opt-in v5 small-M kernels side by side with the default v4
+            variants["fused_v5"] = with_kernel("v5", variants["fused"])
+            variants["a8_v5"] = with_kernel("v5", variants["a8"])
         if hum_layers and M in HUMMING_MS:
             variants["humming"] = lambda i: hum_layers[i % len(hum_layers)](x)
         for name, f in variants.items():
-            if quick and name in ("a8", "a8_v4") and big:
+            if quick and name in ("a8", "a8_v5") and big:
                 continue
             if name in ("fused", "a8") and M > 256:
                 continue  # not a dispatch path there (run 2 measured them 3-10x slower than dense)
@@ -220,7 +220,7 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False):
         if hum_err:
             row["humming_error"] = hum_err[:300]
         b = row.get("bf16_us")
-        for name in ("fused", "fused_v4", "dense", "linear", "a8", "a8_v4", "humming"):
+        for name in ("fused", "fused_v5", "dense", "linear", "a8", "a8_v5", "humming"):
             t = row.get(f"{name}_us")
             if t and b:
                 row[f"{name}_x_bf16"] = b / t
@@ -247,8 +247,8 @@ def fmt_row(r) -> str:
     return (f"{r['N']:>5}x{r['K']:<5} M={r['M']:<4} bf16 {_f(r.get('bf16_us'), '8.1f')}  "
             f"linear {_f(r.get('linear_us'), '8.1f')} ({_f(r.get('linear_x_bf16'), '5.2f')}x, "
             f"{_f(r.get('linear_pct_copy_ceiling'), '4.0f')}% ceil)  fused {_f(r.get('fused_us'), '8.1f')}  "
-            f"(v4 {_f(r.get('fused_v4_us'), '6.1f')})  dense {_f(r.get('dense_us'), '8.1f')}  "
-            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')})  "
+            f"(v5 {_f(r.get('fused_v5_us'), '6.1f')})  dense {_f(r.get('dense_us'), '8.1f')}  "
+            f"a8 {_f(r.get('a8_us'), '8.1f')} (v5 {_f(r.get('a8_v5_us'), '6.1f')})  "
             f"humming {_f(r.get('humming_us'), '8.1f')}  floor {r['floor_us']:.1f}")
 
 
@@ -262,10 +262,10 @@ def markdown(meta, rows) -> str:
              f"M <= {meta['fused_max_m']}, else dense decode + cuBLAS); `fused` = torch.ops.trit.ternary_mm "
              "at every M; `dense` = ternary_decode + cuBLAS; `a8` = ternary_mm_a8 (W1.58A8). "
              "x = ratio of bf16 time to ours (higher is better); % ceil = packed-weight bytes / time "
-             "against the copy ceiling; floor = packed bytes / 4.18 TB/s. `v4` columns (M <= 8): the "
-             "same op with TRIT_KERNEL=v4, the kernels before the v5 small-M kernels.", "",
-             "| N x K | M | bf16 us | linear us | x bf16 | % ceil | fused us | fused v4 us | dense us "
-             "| a8 us (x bf16) | a8 v4 us "
+             "against the copy ceiling; floor = packed bytes / 4.18 TB/s. `v5` columns (M <= 8): the "
+             "same op with TRIT_KERNEL=v5, the opt-in v5 small-M kernels (default: v4).", "",
+             "| N x K | M | bf16 us | linear us | x bf16 | % ceil | fused us | fused v5 us | dense us "
+             "| a8 us (x bf16) | a8 v5 us "
              "| humming us | x humming | floor us | bf16 eager | linear eager |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -274,8 +274,8 @@ def markdown(meta, rows) -> str:
         lines.append(
             f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('bf16_us'), '.1f')} | {_f(r.get('linear_us'), '.1f')} "
             f"| {_f(r.get('linear_x_bf16'), '.2f')} | {_f(r.get('linear_pct_copy_ceiling'), '.0f')} "
-            f"| {_f(r.get('fused_us'), '.1f')} | {_f(r.get('fused_v4_us'), '.1f')} | {_f(r.get('dense_us'), '.1f')} "
-            f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} "
+            f"| {_f(r.get('fused_us'), '.1f')} | {_f(r.get('fused_v5_us'), '.1f')} | {_f(r.get('dense_us'), '.1f')} "
+            f"| {a8s} | {_f(r.get('a8_v5_us'), '.1f')} "
             f"| {_f(r.get('humming_us'), '.1f')} | {_f(r.get('linear_x_humming'), '.2f')} "
             f"| {r['floor_us']:.1f} | {_f(r.get('bf16_eager_us'), '.1f')} | {_f(r.get('linear_eager_us'), '.1f')} |")
     errs = sorted({f"{k}: {v}" for r in rows for k, v in r.items() if k.endswith("_error")})

@@ -69,7 +69,7 @@ print("driver done")
 PYEOF
   for tool in memcheck racecheck; do
     echo "--- $tool" | tee -a "$OUT/sanitizer.txt"
-    PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_TIMEOUT:-100} compute-sanitizer --tool $tool --error-exitcode 9 \
+    TRIT_KERNEL=${SAN_KERNEL:-v5} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_TIMEOUT:-100} compute-sanitizer --tool $tool --error-exitcode 9 \
       $PY /tmp/trit_sanitize_driver.py 2>&1 | tail -25 | tee -a "$OUT/sanitizer.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "$tool FAILED"; rc=1; }
   done

@@ -156,8 +156,8 @@ V5_N = [1, 16, 17, 100, 640]  # larger N: test_small_m_v5_matches_v4
 
 @pytest.fixture(params=["v4", "v5"])
 def kernel_gen(request, monkeypatch):
-    if request.param == "v4":
-        monkeypatch.setenv("TRIT_KERNEL", "v4")
+    if request.param in ("v4", "v5"):
+        monkeypatch.setenv("TRIT_KERNEL", request.param)
     else:
         monkeypatch.delenv("TRIT_KERNEL", raising=False)
     return request.param
@@ -186,14 +186,15 @@ def test_small_m_v5_matches_v4(monkeypatch, M, NK):
         x, w, p, s, b = make_case(M, N, K, dtype, True, 17 + M, DEV)
         monkeypatch.setenv("TRIT_KERNEL", "v4")
         y4, a4 = torch.ops.trit.ternary_mm(x, p, s, N, K, b), torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
-        monkeypatch.delenv("TRIT_KERNEL")
+        monkeypatch.setenv("TRIT_KERNEL", "v5")
         y5, a5 = torch.ops.trit.ternary_mm(x, p, s, N, K, b), torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
         assert torch.equal(a4, a5), f"a8 v4 != v5 at M={M} N={N} K={K} {dtype}"
         assert_close_rel(y5, y4, TOL[dtype], f"v5 vs v4 M={M} N={N} K={K} {dtype}")
 
 
-def test_small_m_misaligned_x():
-    """x not 16-byte aligned takes the v4 kernel (fp) / the scalar quantizer loads (a8)."""
+def test_small_m_misaligned_x(monkeypatch):
+    """With v5 selected, x not 16-byte aligned takes the v4 kernel (fp) / the scalar quantizer loads (a8)."""
+    monkeypatch.setenv("TRIT_KERNEL", "v5")
     M, N, K = 4, 64, 1000
     x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 9, DEV)
     ref = ops.ternary_mm_ref(x, p, s, N, K, b)

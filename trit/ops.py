@@ -31,10 +31,10 @@ Ops (all take x: [M, K] of bfloat16 | float16 | float32 and return [M, N] of x's
 and :func:`ternary_linear` / :func:`ternary_linear_a8` take x of any rank and pick the small-M
 (fused) or large-M (dense decode + cuBLAS) path from the shape alone.
 
-For M <= 8 the CUDA ops run the v5 small-M kernels (bf16/fp16 x with K % 8 == 0 and 16-byte
-aligned rows for ternary_mm; any x for ternary_mm_a8); TRIT_KERNEL=v4 in the environment (read
-on every call; a CUDA graph keeps what it captured) selects the previous kernels, for side-by-side
-timing. Same packed layout for both.
+For M <= 8, TRIT_KERNEL=v5 in the environment (read on every call; a CUDA graph keeps what it
+captured) selects the v5 small-M kernels (bf16/fp16 x with K % 8 == 0 and 16-byte aligned rows
+for ternary_mm; any x for ternary_mm_a8); the default is still the measured v4 kernels, because
+v5 has not run on a GPU yet. Same packed layout for both.
 
 CUDA kernels come from the extension in csrc/, built on first import when CUDA is available
 (cached in $TRIT_BUILD_DIR or ~/.cache/trit). Set TRIT_NO_EXT=1 to skip it; CUDA tensors then
