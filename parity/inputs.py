@@ -44,8 +44,14 @@ def fixed_inputs(model_dir, vocab_size: int, seq_len: int = SEQ_LEN) -> tuple[to
         rows = []
         for i, text in enumerate(PROMPTS):
             ids = tok.encode(text).ids
+            # a large-vocabulary tokenizer packs a prompt into fewer tokens: continue with the
+            # following prompts' text (deterministic) until the row is full
+            j = i + 1
+            while len(ids) < seq_len and j < i + 4 * len(PROMPTS):
+                ids += tok.encode(" " + PROMPTS[j % len(PROMPTS)]).ids
+                j += 1
             if len(ids) < seq_len:
-                raise ValueError(f"{tp}: prompt {i} has only {len(ids)} tokens, the parity inputs need {seq_len}")
+                raise ValueError(f"{tp}: prompt {i} yields only {len(ids)} tokens, the parity inputs need {seq_len}")
             rows.append(ids[:seq_len])
         ids = torch.tensor(rows, dtype=torch.int64)
         desc = {"source": "tokenizer", "tokenizer_sha256": hashlib.sha256(tp.read_bytes()).hexdigest(),

@@ -91,3 +91,20 @@ def test_corrupted_golden_detected(gold, tmp_path):
 def test_missing_golden_message(tmp_path):
     with pytest.raises(GoldenError, match="python -m parity.dump --ref"):
         GoldenSet.load(tmp_path)
+
+
+def test_inputs_fill_rows_with_a_large_vocabulary_tokenizer(tmp_path):
+    """A tokenizer that packs the prompts into few tokens still yields full 64-token rows."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from parity.inputs import PROMPTS, fixed_inputs
+
+    words = sorted({w for p in PROMPTS for w in p.split()})
+    vocab = {w: i + 3 for i, w in enumerate(words)}
+    vocab.update({"<pad>": 0, "<s>": 1, "[UNK]": 2})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    ids, desc = fixed_inputs(tmp_path, len(vocab) + 3)
+    assert ids.shape == (4, 64) and desc["source"] == "tokenizer"
+    assert not torch.equal(ids[0], ids[1])
