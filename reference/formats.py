@@ -375,5 +375,31 @@ SEED = PackSpec(bits=2, container="uint8", pack_axis=1, lanes="interleaved", bit
 BUILTIN: dict[str, PackSpec] = {"hf-bitnet": HF_BITNET, "seed": SEED}
 
 
+# ---------------------------------------------------------------------------------------
+# code-table builders (wide tables: 4-bit = 16 entries, one value per byte = 256 entries)
+
+
+def code_table(bits: int, values: dict) -> tuple:
+    """``2**bits`` entries from ``{code: value}``; every other code is unused (``None``).
+    E.g. int8 storing {-1, 0, +1} directly: ``code_table(8, {255: -1, 0: 0, 1: 1})``."""
+    t = [None] * (1 << bits)
+    for c, v in values.items():
+        if not 0 <= int(c) < len(t):
+            raise FormatError(f"code {c} does not fit {bits} bits")
+        t[int(c)] = int(v)
+    return tuple(t)
+
+
+def offset_table(bits: int, offset: int) -> tuple:
+    """Every code decodes to ``code - offset`` (symmetric int-b as stored by compressed-tensors /
+    GPTQ: v + 2**(bits-1))."""
+    return tuple(c - offset for c in range(1 << bits))
+
+
+def twos_complement_table(bits: int) -> tuple:
+    """Every code decodes to its two's-complement value in ``bits`` bits."""
+    return tuple(c - (1 << bits) if c >= 1 << (bits - 1) else c for c in range(1 << bits))
+
+
 def dumps(spec: PackSpec) -> str:
     return json.dumps(spec.to_dict(), sort_keys=True)

@@ -31,7 +31,8 @@ from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig
 from .formats import FormatError, PackSpec, unpack_codes
 from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
-from .inspect_search import BLOCKS, Candidate, axis_margins, build_spec, confidence, lane_options, search
+from .inspect_search import (BLOCKS, Candidate, axis_margins, build_spec, codes_str, confidence, lane_options,
+                             search)
 from .spec import SPEC_FILENAME, CheckpointSpec, decode_linear
 
 
@@ -105,6 +106,7 @@ class Module:
     transposed: bool = False
     pack_axis: int = 1
     scale_kw: list = field(default_factory=list)  # per part: ScaleSpec kwargs (no key / op)
+    bits: int = 2  # code width of a packed weight (2, 4, or 8 = one value per byte)
 
     @property
     def packed(self) -> bool:
@@ -218,11 +220,53 @@ def _check_complete(modules: list[Module], floats: dict, cfg: ModelConfig) -> No
 
 
 def _bits(cfg: ModelConfig) -> int:
+    return _config_bits(cfg) or 2
+
+
+def _config_bits(cfg: ModelConfig) -> Optional[int]:
     q = cfg.quantization or {}
-    b = q.get("bits") or q.get("num_bits")
+    b = q.get("bits") or q.get("num_bits") or q.get("nbits")
     for g in (q.get("config_groups") or {}).values():
         b = b or (g.get("weights") or {}).get("num_bits")
-    return int(b or 2)
+    return int(b) if b else None
+
+
+#: code widths tried for a packed integer weight: 2-bit (4 per byte), 4-bit nibbles (2 per byte),
+#: and 8 = one value per 8-bit element (unpacked integer ternary / int8 weights)
+BITS_TRIED = (2, 4, 8)
+
+
+def bits_options(cbits: int) -> list[int]:
+    return [b for b in BITS_TRIED if cbits % b == 0 and (b < 8 or cbits == 8)]
+
+
+def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]) -> int:
+    """One code width for the model, from the ratio of stored to config.json shapes: the width
+    under which every packed tensor can hold its logical matrix; the config's bits break ties."""
+    packed = [m for m in modules if m.packed and m.weight.dtype in CONTAINER_OF]
+    hint = _config_bits(cfg)
+    if not packed:
+        return hint or 2
+    fits: dict[int, int] = {}
+    unique: dict[int, int] = {}
+    for m in packed:
+        cbits = INT_DTYPES[m.weight.dtype]
+        ok = [b for b in bits_options(cbits) if layout_options(tuple(m.weight.shape), m.logical, cbits, b)]
+        for b in ok:
+            fits[b] = fits.get(b, 0) + 1
+            if len(ok) == 1:
+                unique[b] = unique.get(b, 0) + 1
+    if not fits:
+        return hint or 2
+    best = max(fits, key=lambda b: (fits[b], unique.get(b, 0), b == hint, b == 2, -b))
+    others = {b: n for b, n in fits.items() if b != best}
+    findings.append(Finding(
+        "code width", f"{best}-bit codes",
+        f"stored/logical shape ratios fit {fits[best]} of {len(packed)} packed tensors at {best} bits"
+        + (f" (other widths: { {f'{b}-bit': n for b, n in others.items()} })" if others else "")
+        + (f"; config.json says {hint} bits" if hint else ""),
+        "high" if fits[best] == len(packed) and not any(n == fits[best] for n in others.values()) else "medium"))
+    return best
 
 
 def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int) -> list[tuple[bool, int]]:
@@ -236,13 +280,17 @@ def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int) -> list
                 continue
             length, packed = logical[axis], (a, b)[axis]
             lens = {-(-length // v)} | {-(-length // blk) * (blk // v) for blk in BLOCKS if blk % v == 0 and blk > v}
-            if packed in lens:
+            # a layout that pads the axis to twice its length or more is not one (a block longer than
+            # the axis would let 2-bit codes "fit" an unpacked int8 matrix)
+            if packed in lens and (packed * v < 2 * length or packed == -(-length // v)):
                 out.append((transposed, axis))
     return out
 
 
 def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> None:
-    bits = _bits(cfg)
+    bits = choose_bits(modules, cfg, findings)
+    for m in modules:
+        m.bits = bits
     votes: dict[tuple, int] = {}
     opts_of = {}
     for m in modules:
@@ -357,12 +405,13 @@ def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Fi
             if raw.dtype.is_floating_point:
                 vals = set(torch.unique(raw.float()).tolist())
             else:  # packed like GPTQ: 2-bit fields along N, low bits first -> logical (G, N)
-                zspec = PackSpec(bits=2, container=CONTAINER_OF.get(m.zeros.dtype, "int32"), pack_axis=1,
-                                 codes=(0, 1, 2, 3))
+                zb = m.bits if m.bits < 8 else 2
+                zspec = PackSpec(bits=zb, container=CONTAINER_OF.get(m.zeros.dtype, "int32"), pack_axis=1,
+                                 codes=tuple(range(1 << zb)))
                 try:
                     vals = set(torch.unique(unpack_codes(raw, zspec, (raw.shape[0], m.logical[0]))).tolist())
                 except FormatError as e:
-                    raise InspectError(f"{m.zeros.file}: zero points {m.zeros.name!r}: {e} (expected 2-bit fields "
+                    raise InspectError(f"{m.zeros.file}: zero points {m.zeros.name!r}: {e} (expected {zb}-bit fields "
                                        f"packed along the {m.logical[0]} output channels)") from None
             if len(vals) != 1:
                 raise InspectError(f"{m.zeros.file}: zero points {m.zeros.name!r} take values {sorted(vals)[:8]}: "
@@ -382,36 +431,47 @@ def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Fi
 # code table
 
 
+def _signed(code: int, bits: int) -> int:
+    return code - (1 << bits) if code >= 1 << (bits - 1) else code
+
+
 def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: list[Finding]) -> list[tuple]:
+    """Code tables to score.  Three used codes: ternary (the +-1 pair = the two codes with the
+    closest counts, the third is 0; every other code unused).  More: symmetric low-bit integers
+    (int2 {-2..1}, int4 {-8..7}, ...) as offset binary (v + 2^(b-1), the zero point's or the most
+    frequent code as zero) or two's complement; every code decodes."""
     packed = [m for m in modules if m.packed]
     if not packed:
         return []
-    bits = 2
-    hist = [0, 0, 0, 0]
+    bits = packed[0].bits
+    ncodes = 1 << bits
+    hist = [0] * ncodes
     for m in packed:
-        for c, n in enumerate(m.weight.code_hist):
+        for c, n in enumerate(m.weight.hist(bits)):
             hist[c] += n
     total = sum(hist)
-    unused = min(range(4), key=lambda c: hist[c])
-    if hist[unused] > 0.002 * total:
-        raise InspectError(f"all four 2-bit codes occur in the packed weights (counts {hist}): not a ternary "
-                           f"code table (an unused code is expected); asymmetric int2 is not supported")
+    shares = ", ".join(f"code {c}: {hist[c] / total:.1%}" for c in range(ncodes) if hist[c])
+    significant = [c for c in range(ncodes) if hist[c] > 0.002 * total]
+    if len(significant) > 3:
+        return _integer_tables(hist, bits, significant, zero_hint, findings, shares)
+    used = sorted(sorted(range(ncodes), key=lambda c: -hist[c])[:3])
+    unused = [c for c in range(ncodes) if c not in used]
     for m in packed:
         v = INT_DTYPES[m.weight.dtype] // bits
         pads = m.weight.numel * v - m.logical[0] * m.logical[1]
-        got = m.weight.code_hist[unused]
+        mh = m.weight.hist(bits)
+        got = sum(mh[c] for c in unused)
         if got > pads:
-            raise InspectError(f"{m.where()}: code {unused} occurs {got} times, but it is unused in the model "
-                               f"(global counts {hist}) and this tensor has only {pads} padding slots: "
+            worst = max(unused, key=lambda c: mh[c])
+            raise InspectError(f"{m.where()}: code {worst} occurs {mh[worst]} times, but it is unused in the model "
+                               f"(global counts {_short_hist(hist)}) and this tensor has only {pads} padding slots: "
                                f"expected 0 occurrences (corrupted weights or not ternary)")
-    used = [c for c in range(4) if c != unused]
 
     def asym(z):
         a, b = [c for c in used if c != z]
         return abs(hist[a] - hist[b]) / max(1, hist[a] + hist[b])
 
     ranked = sorted(used, key=asym)
-    shares = ", ".join(f"code {c}: {hist[c] / total:.1%}" for c in range(4))
     if zero_hint is not None and zero_hint in used:
         zeros, why, conf = [zero_hint], f"zero point says code {zero_hint}; count asymmetry ranks {ranked}", "high"
     else:
@@ -420,16 +480,48 @@ def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: l
         why = (f"the other two codes have the closest counts (asymmetry {asym(ranked[0]):.3f} vs next "
                f"{asym(ranked[1]):.3f})")
         conf = "high" if clear else "low (both scored by loss)"
-    findings.append(Finding("code table: unused code", f"code {unused}",
-                            f"{hist[unused]} of {total} fields ({shares})", "high"))
+    unused_str = f"code {unused[0]}" if len(unused) == 1 else f"{len(unused)} codes (all but {used})"
+    findings.append(Finding("code table: unused code", unused_str,
+                            f"{sum(hist[c] for c in unused)} of {total} fields ({shares})", "high"))
     findings.append(Finding("code table: zero code", f"code {zeros[0]}", why, conf))
     tables = []
     for z in zeros:
         a, b = [c for c in used if c != z]
         for neg, pos in ((a, b), (b, a)):
-            t = [None] * 4
+            t = [None] * ncodes
             t[z], t[neg], t[pos] = 0, -1, 1
             tables.append(tuple(t))
+    return tables
+
+
+def _short_hist(hist: list) -> str:
+    return str(hist) if len(hist) <= 16 else str({c: n for c, n in enumerate(hist) if n})
+
+
+def _integer_tables(hist, bits, significant, zero_hint, findings, shares) -> list[tuple]:
+    ncodes, half = 1 << bits, 1 << (bits - 1)
+    mode = max(range(ncodes), key=lambda c: hist[c])
+    tables, labels = [], []
+
+    def add(t, label):
+        vals = [t[c] for c in significant]
+        # a symmetric integer range around 0: every used value within [-2^(b-1), 2^(b-1)]
+        if all(-half <= v <= half for v in vals) and 0 in t and t not in tables:
+            tables.append(t)
+            labels.append(label)
+
+    for z, why in ((zero_hint, "zero point"), (half, f"offset binary v+{half}"), (mode, "most frequent code")):
+        if z is not None and 0 <= z < ncodes:
+            add(tuple(c - z for c in range(ncodes)), f"code - {z} ({why})")
+    add(tuple(_signed(c, bits) for c in range(ncodes)), "two's complement")
+    if not tables:
+        raise InspectError(f"{len(significant)} of {ncodes} {bits}-bit codes occur in the packed weights "
+                           f"(counts {_short_hist(hist)}) and no zero code maps them to a symmetric integer range: "
+                           f"asymmetric quantisation is not supported")
+    findings.append(Finding("code table: integer levels",
+                            f"{len(significant)} of {ncodes} codes used -> symmetric {bits}-bit integers",
+                            f"{shares}; candidates: {'; '.join(labels)}",
+                            "high" if len(tables) == 1 else "medium (scored by loss)"))
     return tables
 
 
@@ -536,7 +628,9 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
         findings.append(Finding("unpacked weights", f"{len(unpacked)} modules stored as float",
                                 f"kinds {sorted({m.weight.kind for m in unpacked})}; decoded as is", "high"))
     if tables:
-        cands = [Candidate(t, bo, ln, blk, op) for ln, blk in lane_options(modules) for bo in ("lsb", "msb")
+        single = all(INT_DTYPES[m.weight.dtype] == m.bits for m in modules if m.packed)  # 1 value/element
+        orders = ("lsb",) if single else ("lsb", "msb")
+        cands = [Candidate(t, bo, ln, blk, op) for ln, blk in lane_options(modules) for bo in orders
                  for t in tables for op in ops]  # grouped by layout: DecodeCache unpacks each layout once
     else:
         cands = [Candidate((-1, 0, 1, None), op=op) for op in ops]
@@ -555,7 +649,7 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
         for axis, (margin, alt) in axis_margins(scored).items():
             if math.isnan(margin):
                 continue
-            val = {"codes": list(best.codes), "bit_order": best.bit_order, "op": best.op,
+            val = {"codes": codes_str(best.codes), "bit_order": best.bit_order, "op": best.op,
                    "lanes": f"{best.lanes}" + (f" block={best.block}" if best.block else "")}[axis]
             findings.append(Finding(f"{axis} (by loss)", str(val),
                                     f"loss {scored[0].loss:.4f} nats; best alternative {alt} is "

@@ -11,6 +11,7 @@ import math
 import torch
 
 from .checkpoint import Checkpoint
+from .inspect_search import codes_str
 
 SPARSE_AT = 0.5  # zero ratio above which skipping zeros can pay (seed: 20-30% -> dense)
 
@@ -110,7 +111,7 @@ def render(res) -> str:
         p = first.pack
         L.append(f"- packing: {p.bits}-bit in {p.container} ({p.values_per_container}/container), axis "
                  f"{p.pack_axis}{' (stored transposed)' if p.transposed else ''}, lanes {p.lanes}"
-                 f"{f' block {p.block}' if p.block else ''}, bit order {p.bit_order}, codes {list(p.codes)}")
+                 f"{f' block {p.block}' if p.block else ''}, bit order {p.bit_order}, codes {codes_str(p.codes)}")
     if first.scale:
         sc = first.scale
         L.append(f"- scale: {sc.granularity}{f' group_size {sc.group_size}' if sc.group_size else ''}, {sc.op}")

@@ -42,14 +42,30 @@ class Candidate:
 
     def label(self) -> str:
         lanes = f"{self.lanes}({self.block})" if self.block else self.lanes
-        return f"codes={list(self.codes)} {self.bit_order} {lanes} {self.op}"
+        return f"codes={codes_str(self.codes)} {self.bit_order} {lanes} {self.op}"
+
+
+def codes_str(codes) -> str:
+    """A code table for humans: the list when short (2-bit), else its rule or its used codes."""
+    codes = tuple(codes)
+    if len(codes) <= 4:
+        return str(list(codes))
+    bits = (len(codes) - 1).bit_length()
+    if None not in codes:
+        if all(v == codes[0] + c for c, v in enumerate(codes)):
+            return f"code{codes[0]:+d} ({bits}-bit offset binary)"
+        if all(v == (c - len(codes) if c >= len(codes) // 2 else c) for c, v in enumerate(codes)):
+            return f"two's complement ({bits}-bit)"
+    return "{" + ", ".join(f"{c}: {v}" for c, v in enumerate(codes) if v is not None) + f"}} ({bits}-bit, rest unused)"
 
 
 def lane_options(modules: list[Module]) -> list[tuple[str, Optional[int]]]:
     packed = [m for m in modules if m.packed]
     if not packed:
         return [("interleaved", None)]
-    v = INT_DTYPES[packed[0].weight.dtype] // 2
+    v = INT_DTYPES[packed[0].weight.dtype] // packed[0].bits
+    if v == 1:
+        return [("interleaved", None)]  # one value per element: lanes do not exist
     axis0 = sum(m.pack_axis == 0 for m in packed) > len(packed) / 2
     opts = [("blocked", None), ("interleaved", None)] if axis0 else [("interleaved", None), ("blocked", None)]
     opts += [("block_interleaved", b) for b in BLOCKS if b % v == 0 and b > v]
@@ -57,8 +73,7 @@ def lane_options(modules: list[Module]) -> list[tuple[str, Optional[int]]]:
 
 
 def pack_spec(m: Module, c: Candidate) -> PackSpec:
-    v = INT_DTYPES[m.weight.dtype] // 2
-    return PackSpec(bits=2, container=CONTAINER_OF[m.weight.dtype], pack_axis=m.pack_axis, lanes=c.lanes,
+    return PackSpec(bits=m.bits, container=CONTAINER_OF[m.weight.dtype], pack_axis=m.pack_axis, lanes=c.lanes,
                     block=c.block, bit_order=c.bit_order, codes=c.codes, transposed=m.transposed,
                     pad_code=c.codes.index(0))
 
@@ -102,21 +117,22 @@ class DecodeCache:
         k = (key, pack)
         if k in self.vals:
             return self.vals[k]
-        layout = pack.replace(codes=(0, 1, 2, 3), pad_code=0)
+        ncodes = 1 << pack.bits
+        layout = pack.replace(codes=tuple(range(ncodes)), pad_code=0)
         if (key, layout) not in self.codes:
             if len(self.codes) >= len(self.raw):
                 self.codes.clear()
             c = unpack_codes(self.raw[key], layout, shape)  # (N, K) int64
-            self.codes[(key, layout)] = (c, torch.bincount(c.reshape(-1), minlength=4).tolist())
+            self.codes[(key, layout)] = (c, torch.bincount(c.reshape(-1), minlength=ncodes).tolist())
         codes, counts = self.codes[(key, layout)]
         lut, unused = code_lut(pack)
-        for code in range(4):
+        for code in range(ncodes):
             if bool(unused[code]) and counts[code]:
                 raise FormatError(f"{where}: code {code} is unused in table {list(pack.codes)} but occurs "
                                   f"{counts[code]} times at logical positions")
         if len(self.vals) >= 2 * len(self.raw):
             self.vals.clear()
-        self.vals[k] = lut.to(torch.int8)[codes]
+        self.vals[k] = lut.to(torch.int16 if int(lut.abs().max()) > 127 else torch.int8)[codes]
         return self.vals[k]
 
     def fingerprint(self, modules: list[Module], c: Candidate) -> str:
@@ -227,7 +243,11 @@ def prior_rank(c: Candidate, cfg: ModelConfig) -> tuple:
     if q == "bitnet" and layout == ("blocked", None, "lsb"):
         known = -1
     vals = [v for v in c.codes if v is not None]
-    monotone = 0 if vals == sorted(vals) else 1
+    bits = max(1, (len(c.codes) - 1).bit_length())
+    signed = [v for _, v in sorted((code - (1 << bits) if code >= 1 << (bits - 1) else code, v)
+                                   for code, v in enumerate(c.codes) if v is not None)]
+    # codes increasing with value, read unsigned (offset binary) or as two's complement (int8 {-1, 0, 1})
+    monotone = 0 if vals == sorted(vals) else (1 if signed == sorted(signed) else 2)
     return (known, monotone)
 
 

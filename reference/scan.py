@@ -4,8 +4,9 @@ One tensor at a time through the memory-mapped ``Checkpoint`` reader, in bounded
 multi-GB model is never held in memory.  For every tensor: dtype, shape, bytes, unique values
 (capped), NaN/Inf count, zero ratio, magnitude statistics; for integer containers the histogram
 of 2-bit fields per slot (``slot_hist[s][c]`` = how often code ``c`` sits in bits
-``[2s, 2s+2)``); for 2-D floats the distinct non-zero magnitudes (capped), which reveal
-unpacked ternary weights ``{-s, 0, +s}`` (TriLM) per tensor, shard or row.
+``[2s, 2s+2)``) and of all 4- and 8-bit fields (``field_hist[bits]``); for 2-D floats the
+distinct non-zero magnitudes (capped), which reveal unpacked ternary weights ``{-s, 0, +s}``
+(TriLM) per tensor, shard or row.
 
 Kinds: ``packed`` (integer container of low-bit codes), ``ternary_float``, ``scale``,
 ``zero_point``, ``index`` (GPTQ g_idx), ``shape`` (compressed-tensors weight_shape), ``float``.
@@ -23,6 +24,7 @@ INT_DTYPES = {"U8": 8, "I8": 8, "I16": 16, "U16": 16, "I32": 32, "U32": 32, "I64
 CONTAINER_OF = {"U8": "uint8", "I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64"}
 UNIQUE_CAP = 16
 CHUNK = 1 << 20  # elements per chunk
+FIELD_BITS = (2, 4, 8)  # code widths the inspector considers (field_hist)
 
 
 @dataclass
@@ -40,6 +42,7 @@ class TensorStats:
     absmax: float = 0.0
     absmean: float = 0.0
     slot_hist: Optional[list] = None  # [V][4] 2-bit field counts (integer containers)
+    field_hist: dict = field(default_factory=dict)  # bits (2, 4, 8) -> counts of every bits-wide field
     magnitudes: Optional[list] = None  # distinct non-zero |values| of a 2-D float, if <= UNIQUE_CAP
     row_constant: bool = False  # every row of a 2-D float has a single non-zero magnitude
     zero_ratio_decoded: Optional[float] = None  # filled by the inspector after decoding
@@ -66,6 +69,12 @@ class TensorStats:
         if self.slot_hist is None:
             return None
         return [sum(s[c] for s in self.slot_hist) for c in range(4)]
+
+    def hist(self, bits: int) -> Optional[list]:
+        """Counts of every ``bits``-wide field value over all slots (integer containers)."""
+        if bits == 2:
+            return self.code_hist
+        return self.field_hist.get(bits)
 
     def unique_str(self) -> str:
         if not self.unique:
@@ -106,6 +115,15 @@ def scan_tensor(ckpt: Checkpoint, name: str) -> TensorStats:
             st.n_zero += int((c == 0).sum())
             st.absmax = max(st.absmax, float(c.to(torch.int64).abs().max()) if c.numel() else 0.0)
         st.slot_hist = hist.tolist()
+        st.field_hist[2] = [int(x) for x in hist.sum(0).tolist()]
+        for b in FIELD_BITS:
+            if bits % b == 0 and b != 2:
+                h = torch.zeros(1 << b, dtype=torch.int64)
+                for c in _chunks(flat):
+                    u = _unsigned(c, bits)
+                    for s in range(bits // b):
+                        h += torch.bincount(((u >> (b * s)) & ((1 << b) - 1)).reshape(-1), minlength=1 << b)
+                st.field_hist[b] = h.tolist()
     else:
         total = 0.0
         for c in _chunks(flat):

@@ -24,6 +24,18 @@ Conventions (``FORMATS`` keys):
   trilm               fp16 [N, K] with values {-s, 0, +s}, one s per model-parallel shard
   bitnet-gpu          Microsoft BitNet GPU style: fused wqkv / w13 int8 [N, K/4], code w+2,
                       4-byte bit-interleaved lanes, bf16 scale per sub-matrix; Meta-style names
+  int8-ternary        unpacked: int8 [N, K] holding -1 / 0 / +1 directly, bf16 scale [N] multiplied
+  uint8-ternary       unpacked: uint8 [N, K] holding codes w+1, weight_scale [1] = 1/m divided
+  uint8-ternary-perm  unpacked: uint8 [N, K], codes 0->0 1->+1 2->-1, fp16 group scales [N, K/64]
+  nibble-ternary      two 4-bit codes per uint8 [N, K/2], w+1, high nibble first, fp16 scale [N]
+  compressed-tensors-int4-ternary
+                      pack-quantized num_bits=4: int32 [N, K/8], code v+8 (ternary uses 7, 8, 9),
+                      group scales [N, K/64]
+
+Symmetric low-bit integers beyond ternary (``INT_FORMATS``; take a multi-level ``Logical``, e.g.
+``Logical.requantized(bits)``):
+  compressed-tensors-int2  num_bits=2, int32 [N, K/16], code v+2, all four levels {-2, -1, 0, 1}
+  compressed-tensors-int4  num_bits=4, int32 [N, K/8], code v+8, 16 levels {-8 .. 7}
 """
 from __future__ import annotations
 
@@ -38,7 +50,7 @@ import torch
 
 from .checkpoint import Checkpoint
 from .config import ModelConfig
-from .formats import HF_BITNET, SEED, PackSpec, pack
+from .formats import HF_BITNET, SEED, PackSpec, code_table, offset_table, pack
 from .io import atomic_write_text
 from .spec import decode_linear, spec_for
 
@@ -73,6 +85,23 @@ class Logical:
 
     def effective(self, mod: str) -> torch.Tensor:
         return self.ternary[mod].float() * self.mult[mod]
+
+    def requantized(self, bits: int, seed: int = 0, noise: float = 1.0) -> "Logical":
+        """A symmetric ``bits``-bit integer model close to this ternary one: values
+        ``clip(T * L + round(noise * N(0, 1)), -2^(b-1), 2^(b-1) - 1)`` with ``L = 2^(b-1) - 3``
+        (int4: 5; int2: 1) and multiplier ``m / L``, so every level occurs and the effective
+        weights stay near the original ones."""
+        g = torch.Generator().manual_seed(seed)
+        lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+        lev = max(1, hi - 2)
+        tern, mult = {}, {}
+        for mod, t in self.ternary.items():
+            z = torch.round(torch.randn(t.shape, generator=g) * noise)
+            if bits <= 2:  # four levels: move a fifth of the -1s to -2 (the asymmetric extra level)
+                z = -((t == -1) & (torch.rand(t.shape, generator=g) < 0.2)).float()
+            v = (t.float() * lev + z).clamp(lo, hi).to(torch.int8)
+            tern[mod], mult[mod] = v, (self.mult[mod] / lev).float()
+        return Logical(self.config, tern, mult, self.floats, self.tokenizer_dir)
 
     def with_channel_jitter(self, seed: int = 0, amount: float = 0.02) -> "Logical":
         """Per-channel multipliers m * (1 + amount * u), u in [-1, 1): realistic channel scales
@@ -318,6 +347,53 @@ def w_custom(lg: Logical, pack_spec: PackSpec, *, scale: str = "channel", op: st
     return sd, None, truth
 
 
+def w_unpacked_int(lg: Logical, codes: tuple, container: str = "int8", scale: str = "channel",
+                   op: str = "multiply", scale_dtype: torch.dtype = torch.float16, group_size: int = 64,
+                   fmt: str = "unpacked-int"):
+    """One integer per weight (no packing): ``container`` [N, K] holding ``codes`` of the values."""
+    spec = PackSpec(bits=8, container=container, pack_axis=1, codes=codes, pad_code=codes.index(0))
+    sd, truth = _packed_convention(lg, spec, scale=scale, op=op, scale_dtype=scale_dtype, group_size=group_size,
+                                   fmt=fmt)
+    return sd, None, truth
+
+
+INT8_TERNARY = code_table(8, {255: -1, 0: 0, 1: 1})  # int8 holding -1 / 0 / +1 (-1 = 0xFF)
+UINT8_W1 = code_table(8, {0: -1, 1: 0, 2: 1})  # codes w + 1
+UINT8_PERM = code_table(8, {0: 0, 1: 1, 2: -1})  # the seed's code order, one per byte
+NIBBLE_SPEC = PackSpec(bits=4, container="uint8", pack_axis=1, lanes="interleaved", bit_order="msb",
+                       codes=code_table(4, {0: -1, 1: 0, 2: 1}), pad_code=1)
+
+
+def w_nibble(lg: Logical):
+    sd, truth = _packed_convention(lg, NIBBLE_SPEC, scale="channel", op="multiply", scale_dtype=torch.float16,
+                                   fmt="nibble-ternary")
+    return sd, None, truth
+
+
+def ct_spec(bits: int, ternary: bool = False) -> PackSpec:
+    """compressed-tensors pack-quantized int-b: int32, consecutive inputs low bits first, code v + 2^(b-1)
+    (pack_to_int32 pads with code 0)."""
+    half = 1 << (bits - 1)
+    codes = code_table(bits, {half - 1: -1, half: 0, half + 1: 1}) if ternary else offset_table(bits, half)
+    return PackSpec(bits=bits, container="int32", pack_axis=1, lanes="interleaved", bit_order="lsb", codes=codes,
+                    pad_code=0 if codes[0] is not None else half)
+
+
+def w_compressed_tensors_int(lg: Logical, bits: int, ternary: bool = False, group_size: int = 64):
+    """compressed-tensors pack-quantized, symmetric int-``bits``, group strategy."""
+    sd, truth = _packed_convention(lg, ct_spec(bits, ternary), scale="group", op="multiply",
+                                   scale_dtype=torch.float16, weight_suffix="weight_packed", group_size=group_size,
+                                   fmt=f"compressed-tensors-int{bits}")
+    for mod, t in lg.ternary.items():
+        sd[f"{mod}.weight_shape"] = torch.tensor(list(t.shape), dtype=torch.int64)
+    w = {"num_bits": bits, "type": "int", "symmetric": True, "strategy": "group", "group_size": group_size,
+         "dynamic": False}
+    q = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+         "config_groups": {"group_0": {"targets": ["Linear"], "weights": w, "input_activations": None}},
+         "ignore": ["lm_head"]}
+    return sd, q, truth
+
+
 FORMATS: dict[str, Callable] = {
     "hf-bitlinear": lambda lg: w_hf(lg, "bitlinear"),
     "hf-autobitlinear": lambda lg: w_hf(lg, "autobitlinear"),
@@ -332,6 +408,19 @@ FORMATS: dict[str, Callable] = {
     "trilm": lambda lg: w_trilm(lg, shards=2),
     "trilm-row": lambda lg: w_trilm(lg, per_row=True),
     "bitnet-gpu": w_bitnet_gpu,
+    "int8-ternary": lambda lg: w_unpacked_int(lg, INT8_TERNARY, "int8", scale="channel", scale_dtype=torch.bfloat16,
+                                              fmt="int8-ternary"),
+    "uint8-ternary": lambda lg: w_unpacked_int(lg, UINT8_W1, "uint8", scale="tensor", op="divide",
+                                               scale_dtype=torch.float32, fmt="uint8-ternary"),
+    "uint8-ternary-perm": lambda lg: w_unpacked_int(lg, UINT8_PERM, "uint8", scale="group", fmt="uint8-ternary-perm"),
+    "nibble-ternary": w_nibble,
+    "compressed-tensors-int4-ternary": lambda lg: w_compressed_tensors_int(lg, 4, ternary=True),
+}
+
+#: symmetric low-bit integer conventions beyond ternary (write a ``Logical.requantized(bits)`` model)
+INT_FORMATS: dict[str, Callable] = {
+    "compressed-tensors-int2": lambda lg: w_compressed_tensors_int(lg, 2),
+    "compressed-tensors-int4": lambda lg: w_compressed_tensors_int(lg, 4),
 }
 
 
@@ -360,10 +449,10 @@ def write(fmt, lg: Logical, out, *, shards: int = 1, keep_quant_config: bool = T
     to directory ``out`` (replaced); return the ground truth."""
     if callable(fmt):
         writer, fmt = fmt, getattr(fmt, "__name__", "custom")
-    elif fmt in FORMATS:
-        writer = FORMATS[fmt]
+    elif fmt in FORMATS or fmt in INT_FORMATS:
+        writer = FORMATS.get(fmt) or INT_FORMATS[fmt]
     else:
-        raise KeyError(f"unknown convention {fmt!r}; known: {sorted(FORMATS)}")
+        raise KeyError(f"unknown convention {fmt!r}; known: {sorted(FORMATS) + sorted(INT_FORMATS)}")
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)

@@ -18,14 +18,15 @@ from reference import synth
 from reference.checkpoint import Checkpoint
 from reference.config import ModelConfig
 from reference.decode import main as decode_main, model_loss, text_ids
-from reference.formats import PackSpec
+from reference.formats import PackSpec, code_table, offset_table, twos_complement_table
 from reference.inspect import inspect_dir, main as inspect_main
 from reference.model import ReferenceModel
 from reference.spec import CheckpointSpec, decode_linear, spec_for
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINED = ROOT / "models" / "tiny-trained"
-JITTER = {"seed", "seed-msb", "group", "compressed-tensors", "compressed-tensors-group", "gptq"}  # channel scales
+JITTER = {"seed", "seed-msb", "group", "compressed-tensors", "compressed-tensors-group", "gptq", "int8-ternary",
+          "uint8-ternary-perm", "nibble-ternary", "compressed-tensors-int4-ternary"}  # channel / group scales
 SCALE_RTOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3}  # rounding of a stored scale
 
 
@@ -62,7 +63,7 @@ def test_recovers_public_format(fmt, logical, trained_loss, tmp_path):
     truth = synth.write(fmt, lg, out, shards=2 if fmt == "gptq" else 1)
     res = inspect_dir(out)
     # bf16 / fp16 stored scales; TriLM shards carry their own +-3% scales by construction
-    rtol = {"bitnet-gpu": 8e-3, "trilm": 0.05, "trilm-row": 0.05}.get(fmt, 1e-3)
+    rtol = {"bitnet-gpu": 8e-3, "int8-ternary": 8e-3, "trilm": 0.05, "trilm-row": 0.05}.get(fmt, 1e-3)
     check_recovered(out, res.spec, truth, lg, rtol)
     # the reference reproduces the trained model's loss (jittered channel scales move it a hair)
     assert res.loss == pytest.approx(trained_loss, abs=0.03 if fmt in JITTER | {"trilm", "trilm-row"} else 0.01)
@@ -84,6 +85,16 @@ UNSEEN = {
     "int64-blocked-axis1": dict(pack_spec=PackSpec(bits=2, container="int64", pack_axis=1, lanes="blocked",
                                                    codes=(-1, 0, 1, None), pad_code=1), scale="channel",
                                 scale_dtype=torch.float32),
+    # one value per byte, an arbitrary code permutation
+    "u8-unpacked-odd-codes": dict(pack_spec=PackSpec(bits=8, container="uint8", codes=code_table(8, {3: -1, 7: 0, 200: 1}),
+                                                     pad_code=7), scale="group", group_size=32),
+    # 4-bit containers: two's-complement nibbles, packed along the output axis in blocked lanes
+    "int16-nibbles-axis0-blocked": dict(pack_spec=PackSpec(bits=4, container="int16", pack_axis=0, lanes="blocked",
+                                                           codes=code_table(4, {15: -1, 0: 0, 1: 1})),
+                                        scale="tensor", op="divide", scale_dtype=torch.float32),
+    "u8-nibbles-i2s-lanes": dict(pack_spec=PackSpec(bits=4, container="uint8", pack_axis=1, lanes="block_interleaved",
+                                                    block=64, bit_order="msb", codes=code_table(4, {1: -1, 2: 0, 3: 1}),
+                                                    pad_code=2), scale="channel"),
 }
 
 
@@ -165,3 +176,66 @@ def test_untrained_model_falls_back_to_the_convention_prior(tmp_path):
         b = decode_linear(ck, truth.linears[mod], mod)
         assert torch.equal(a.values, b.values) and torch.equal(a.mult, b.mult)
     assert any(f.what.startswith("layout (prior") for f in ins.findings)
+
+
+@pytest.mark.parametrize("fmt", sorted(synth.INT_FORMATS))
+def test_recovers_symmetric_integer_formats(fmt, logical, trained_loss, tmp_path):
+    """int2 with all four levels {-2..1} and int4 with 16 levels: the used extra codes are integer
+    levels, not corruption; decode bit-exact, far below every wrong code table."""
+    bits = 2 if "int2" in fmt else 4
+    lg = logical.requantized(bits, seed=5)
+    assert len(torch.unique(torch.cat([t.reshape(-1) for t in lg.ternary.values()]))) == 1 << bits
+    out = tmp_path / fmt
+    truth = synth.write(fmt, lg, out)
+    res = inspect_dir(out)
+    check_recovered(out, res.spec, truth, lg, 1e-3)
+    pk = res.spec.linears["model.layers.0.mlp.down_proj"].pack
+    assert pk.bits == bits and pk.codes == offset_table(bits, 1 << (bits - 1))
+    assert res.spec.activation_quant == "int8_per_token"  # a BitNet architecture: as its config implies
+    assert res.loss < trained_loss + 0.5  # the requantised model is still (nearly) the trained one
+    wrong = [s for s in res.scored[1:] if s.loss != res.scored[0].loss and s.loss != float("inf")]
+    assert wrong and wrong[0].loss - res.loss > 0.5
+    assert any(f.what == "code table: integer levels" for f in res.findings)
+
+
+@pytest.mark.parametrize("bits,table", [(4, "twos"), (8, "twos"), (2, "twos")])
+def test_integer_twos_complement_storage(bits, table, logical, tmp_path):
+    """Symmetric integers stored two's complement (int8 weights, signed nibbles, signed 2-bit)."""
+    lg = logical.requantized(min(bits, 4), seed=2)
+    container = "int8" if bits == 8 else "uint8"
+    spec = PackSpec(bits=bits, container=container, pack_axis=1, codes=twos_complement_table(bits))
+    out = tmp_path / f"twos{bits}"
+    truth = synth.write(lambda g: synth.w_custom(g, spec, scale="group", group_size=32), lg, out)
+    res = inspect_dir(out)
+    check_recovered(out, res.spec, truth, lg, 1e-3)
+    assert res.spec.linears["model.layers.1.self_attn.k_proj"].pack.codes == twos_complement_table(bits)
+
+
+def test_code_width_follows_shape_ratio(logical, tmp_path):
+    """The same ternary model at 1, 2 and 4 values per byte: the width comes from the shape ratio."""
+    for bits in (2, 4, 8):
+        spec = PackSpec(bits=bits, container="uint8", codes=code_table(bits, {0: -1, 1: 0, 2: 1}), pad_code=1)
+        out = tmp_path / f"w{bits}"
+        truth = synth.write(lambda g: synth.w_custom(g, spec, scale="channel"), logical, out)
+        res = inspect_dir(out, use_loss=False)
+        check_recovered(out, res.spec, truth, logical, 1e-3)
+        assert {e.pack.bits for e in res.spec.linears.values()} == {bits}
+        assert any(f.what == "code width" and f.decision.startswith(str(bits)) for f in res.findings)
+
+
+def test_unpacked_int8_stray_value_is_named(logical, tmp_path):
+    """An int8 ternary checkpoint with one stray value 5: not a fourth level, a named corrupt tensor."""
+    from safetensors.torch import save_file
+
+    out = tmp_path / "int8"
+    synth.write("int8-ternary", logical, out)
+    sd = load_file(str(out / "model.safetensors"))
+    key = "model.layers.1.mlp.up_proj.weight"
+    sd[key] = sd[key].clone()
+    sd[key][7, 9] = 5
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    from reference.inspect import InspectError
+
+    with pytest.raises(InspectError) as e:
+        inspect_dir(out, use_loss=False)
+    assert key in str(e.value) and "code 5" in str(e.value) and "expected 0" in str(e.value)

@@ -196,3 +196,78 @@ def test_packspec_roundtrip(n, k, container, axis, lanes, order, transposed, see
     g = torch.Generator().manual_seed(seed)
     w = torch.randint(-1, 2, (n, k), generator=g).to(torch.int8)
     assert torch.equal(unpack(pack(w, spec), spec, (n, k)), w)
+
+
+# ---------------------------------------------------------------------------------------
+# unpacked integer ternary, 4-bit containers, symmetric low-bit integers
+
+
+def test_unpacked_int8_ternary_stores_values(logical, tmp_path):
+    ck, _ = _write("int8-ternary", logical, tmp_path)
+    for mod in (Q, D):
+        w = ck.get(f"{mod}.weight")
+        assert w.dtype == torch.int8 and torch.equal(w, logical.ternary[mod])  # -1 / 0 / +1 as is
+        assert ck.get(f"{mod}.weight_scale").dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("fmt,code", [("uint8-ternary", lambda t: t + 1),
+                                      ("uint8-ternary-perm", lambda t: torch.where(t < 0, 2, t))])
+def test_unpacked_uint8_codes(fmt, code, logical, tmp_path):
+    ck, _ = _write(fmt, logical, tmp_path)
+    for mod in (Q, D):
+        w = ck.get(f"{mod}.weight")
+        assert w.dtype == torch.uint8 and w.shape == logical.ternary[mod].shape
+        assert torch.equal(w.to(torch.int64), code(logical.ternary[mod].to(torch.int64)))
+
+
+def test_nibble_ternary_high_nibble_first(logical, tmp_path):
+    ck, _ = _write("nibble-ternary", logical, tmp_path)
+    for mod in (Q, D):
+        t = logical.ternary[mod].to(torch.int64)
+        w = ck.get(f"{mod}.weight").to(torch.int64)
+        assert w.shape == (t.shape[0], t.shape[1] // 2)
+        assert torch.equal(w, ((t[:, 0::2] + 1) << 4) | (t[:, 1::2] + 1))
+
+
+@pytest.mark.parametrize("fmt,bits", [("compressed-tensors-int4-ternary", 4), ("compressed-tensors-int2", 2),
+                                      ("compressed-tensors-int4", 4)])
+def test_compressed_tensors_int_matches_library(fmt, bits, logical, tmp_path):
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32, unpack_from_int32
+
+    lg = logical if fmt.endswith("ternary") else logical.requantized(bits, seed=1)
+    out = tmp_path / fmt
+    synth.write(fmt, lg, out)
+    ck = Checkpoint(out)
+    for mod in (Q, D):
+        t = lg.ternary[mod]
+        got = ck.get(f"{mod}.weight_packed")
+        assert torch.equal(got, pack_to_int32(t.to(torch.int8), bits))
+        assert torch.equal(unpack_from_int32(got, bits, t.shape), t)
+    if not fmt.endswith("ternary"):
+        levels = torch.unique(torch.cat([t.reshape(-1) for t in lg.ternary.values()]))
+        assert levels.tolist() == list(range(-(1 << (bits - 1)), 1 << (bits - 1)))  # every level used
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=hst.integers(1, 40), k=hst.integers(1, 70), container=hst.sampled_from(["uint8", "int8", "int16", "int32"]),
+       bits=hst.sampled_from([4, 8]), axis=hst.integers(0, 1),
+       lanes=hst.sampled_from(["interleaved", "blocked", "block_interleaved"]), order=hst.sampled_from(["lsb", "msb"]),
+       transposed=hst.booleans(), levels=hst.booleans(), seed=hst.integers(0, 2**16))
+def test_packspec_roundtrip_wide_codes(n, k, container, bits, axis, lanes, order, transposed, levels, seed):
+    """4-bit and one-per-element (8-bit) codes, ternary or full symmetric integer range, round-trip."""
+    from reference.formats import code_table, offset_table, twos_complement_table
+
+    if bits == 8 and container not in ("uint8", "int8"):
+        bits = 4
+    v = {"uint8": 8, "int8": 8, "int16": 16, "int32": 32}[container] // bits
+    lanes = "interleaved" if v == 1 else lanes
+    codes = (offset_table(bits, 1 << (bits - 1)) if bits == 4 else twos_complement_table(bits)) if levels \
+        else code_table(bits, {(1 << bits) - 1: -1, 0: 0, 1: 1})
+    spec = PackSpec(bits=bits, container=container, pack_axis=axis, lanes=lanes,
+                    block=4 * v if lanes == "block_interleaved" else None, bit_order=order, codes=codes,
+                    transposed=transposed, pad_code=codes.index(0))
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = (-(1 << (bits - 1)), 1 << (bits - 1)) if levels else (-1, 2)
+    w = torch.randint(lo, hi, (n, k), generator=g)
+    got = unpack(pack(w, spec), spec, (n, k))
+    assert torch.equal(got.to(torch.int64), w)
