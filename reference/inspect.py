@@ -388,7 +388,8 @@ def _group_size(k: int, g: int) -> Optional[int]:
     return (pow2 or [gs for gs in fits if k % gs == 0] or fits)[0]
 
 
-def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Finding]) -> Optional[int]:
+def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Finding],
+                      cfg: Optional[ModelConfig] = None) -> Optional[int]:
     """GPTQ-style qzeros / g_idx: symmetric ternary needs one constant zero point (folded into the
     code table) and a trivial g_idx.  Returns the zero *code* implied (v1 stores z - 1) or None."""
     zs = set()
@@ -422,6 +423,13 @@ def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Fi
     if len(zs) != 1:
         raise InspectError(f"zero points differ between modules: {sorted(zs)}; expected one constant")
     z = int(next(iter(zs)))
+    q = (cfg.quantization or {}) if cfg is not None else {}
+    floating = any(m.zeros is not None and m.zeros.dtype not in INT_DTYPES for m in modules)
+    if floating or str(q.get("checkpoint_format", "")).lower() == "gptq_v2":  # the zero point itself
+        why = "float zero points" if floating else "config checkpoint_format gptq_v2"
+        findings.append(Finding("zero point", f"constant stored zero {z} -> zero code {z} ({why} store z)",
+                                "every zero point holds the same value", "high"))
+        return z
     findings.append(Finding("zero point", f"constant stored zero {z} -> zero code {z + 1} (GPTQ v1 stores z-1)",
                             "every qzeros field holds the same value", "high"))
     return z + 1
@@ -435,7 +443,8 @@ def _signed(code: int, bits: int) -> int:
     return code - (1 << bits) if code >= 1 << (bits - 1) else code
 
 
-def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: list[Finding]) -> list[tuple]:
+def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: list[Finding],
+                    cfg: Optional[ModelConfig] = None) -> list[tuple]:
     """Code tables to score.  Three used codes: ternary (the +-1 pair = the two codes with the
     closest counts, the third is 0; every other code unused).  More: symmetric low-bit integers
     (int2 {-2..1}, int4 {-8..7}, ...) as offset binary (v + 2^(b-1), the zero point's or the most
@@ -456,16 +465,24 @@ def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: l
         return _integer_tables(hist, bits, significant, zero_hint, findings, shares)
     used = sorted(sorted(range(ncodes), key=lambda c: -hist[c])[:3])
     unused = [c for c in range(ncodes) if c not in used]
+    stray = []  # modules where an "unused" code occurs beyond their padding slots
     for m in packed:
         v = INT_DTYPES[m.weight.dtype] // bits
         pads = m.weight.numel * v - m.logical[0] * m.logical[1]
+        if sum(m.weight.hist(bits)[c] for c in unused) > pads:
+            stray.append(m)
+    qm = ((cfg.quantization or {}) if cfg is not None else {}).get("quant_method")
+    if stray and qm != "bitnet" and len(stray) >= max(2, len(packed) / 2):
+        # a rare extreme level in most tensors (symmetric int2 puts -2 only where w/s rounds to -1.5):
+        # integer levels, not corruption (one corrupted tensor is an error below)
+        return _integer_tables(hist, bits, [c for c in range(ncodes) if hist[c]], zero_hint, findings, shares)
+    for m in stray[:1]:
         mh = m.weight.hist(bits)
-        got = sum(mh[c] for c in unused)
-        if got > pads:
-            worst = max(unused, key=lambda c: mh[c])
-            raise InspectError(f"{m.where()}: code {worst} occurs {mh[worst]} times, but it is unused in the model "
-                               f"(global counts {_short_hist(hist)}) and this tensor has only {pads} padding slots: "
-                               f"expected 0 occurrences (corrupted weights or not ternary)")
+        worst = max(unused, key=lambda c: mh[c])
+        pads = m.weight.numel * (INT_DTYPES[m.weight.dtype] // bits) - m.logical[0] * m.logical[1]
+        raise InspectError(f"{m.where()}: code {worst} occurs {mh[worst]} times, but it is unused in the model "
+                           f"(global counts {_short_hist(hist)}) and this tensor has only {pads} padding slots: "
+                           f"expected 0 occurrences (corrupted weights or not ternary)")
 
     def asym(z):
         a, b = [c for c in used if c != z]
@@ -620,8 +637,8 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                             f"{len(fused)} fused ({sorted({m.role for m in fused})}) split by config.json sizes"
                             if fused else "no fused tensors", "high"))
     infer_structure(modules, cfg, ckpt, findings)
-    zero_code = check_zero_points(modules, ckpt, findings)
-    tables = code_candidates(modules, zero_code, findings)
+    zero_code = check_zero_points(modules, ckpt, findings, cfg)
+    tables = code_candidates(modules, zero_code, findings, cfg)
     ops = op_candidates(modules, cfg, ckpt, findings)
     unpacked = [m for m in modules if m.weight.kind in ("ternary_float", "float")]
     if unpacked:

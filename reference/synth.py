@@ -28,6 +28,7 @@ Conventions (``FORMATS`` keys):
   uint8-ternary       unpacked: uint8 [N, K] holding codes w+1, weight_scale [1] = 1/m divided
   uint8-ternary-perm  unpacked: uint8 [N, K], codes 0->0 1->+1 2->-1, fp16 group scales [N, K/64]
   nibble-ternary      two 4-bit codes per uint8 [N, K/2], w+1, high nibble first, fp16 scale [N]
+  gptq-int4-ternary   AutoGPTQ v1 int4 storing ternary (codes 7, 8, 9), qzeros z-1 = 7
   compressed-tensors-int4-ternary
                       pack-quantized num_bits=4: int32 [N, K/8], code v+8 (ternary uses 7, 8, 9),
                       group scales [N, K/64]
@@ -36,6 +37,7 @@ Symmetric low-bit integers beyond ternary (``INT_FORMATS``; take a multi-level `
 ``Logical.requantized(bits)``):
   compressed-tensors-int2  num_bits=2, int32 [N, K/16], code v+2, all four levels {-2, -1, 0, 1}
   compressed-tensors-int4  num_bits=4, int32 [N, K/8], code v+8, 16 levels {-8 .. 7}
+  gptq-int4                AutoGPTQ v1 int4: qweight int32 [K/8, N] (v+8), qzeros holding z-1 = 7
 """
 from __future__ import annotations
 
@@ -86,11 +88,12 @@ class Logical:
     def effective(self, mod: str) -> torch.Tensor:
         return self.ternary[mod].float() * self.mult[mod]
 
-    def requantized(self, bits: int, seed: int = 0, noise: float = 1.0) -> "Logical":
+    def requantized(self, bits: int, seed: int = 0, noise: float = 1.0, rare: bool = False) -> "Logical":
         """A symmetric ``bits``-bit integer model close to this ternary one: values
         ``clip(T * L + round(noise * N(0, 1)), -2^(b-1), 2^(b-1) - 1)`` with ``L = 2^(b-1) - 3``
         (int4: 5; int2: 1) and multiplier ``m / L``, so every level occurs and the effective
-        weights stay near the original ones."""
+        weights stay near the original ones.  ``rare`` (int2): the -2 level only once in every 8th
+        row (as symmetric int2 with scale absmax/1.5 produces: w/s = -1.5 at a row's absmax)."""
         g = torch.Generator().manual_seed(seed)
         lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
         lev = max(1, hi - 2)
@@ -99,6 +102,11 @@ class Logical:
             z = torch.round(torch.randn(t.shape, generator=g) * noise)
             if bits <= 2:  # four levels: move a fifth of the -1s to -2 (the asymmetric extra level)
                 z = -((t == -1) & (torch.rand(t.shape, generator=g) < 0.2)).float()
+                if rare:
+                    first = (t == -1).float().argmax(dim=1)  # first -1 of each row
+                    z = torch.zeros(t.shape)
+                    rows = torch.arange(0, t.shape[0], 8)
+                    z[rows, first[rows]] = -((t[rows, first[rows]] == -1).float())
             v = (t.float() * lev + z).clamp(lo, hi).to(torch.int8)
             tern[mod], mult[mod] = v, (self.mult[mod] / lev).float()
         return Logical(self.config, tern, mult, self.floats, self.tokenizer_dir)
@@ -267,20 +275,26 @@ GPTQ_ZERO_SPEC = PackSpec(bits=2, container="int32", pack_axis=1, lanes="interle
                           codes=(0, 1, 2, 3))
 
 
-def w_gptq(lg: Logical, group_size: int = 64):
+def w_gptq(lg: Logical, group_size: int = 64, bits: int = 2, ternary: bool = True):
+    half = 1 << (bits - 1)
+    spec, zspec = GPTQ_SPEC, GPTQ_ZERO_SPEC
+    if bits != 2 or not ternary:
+        codes = code_table(bits, {half - 1: -1, half: 0, half + 1: 1}) if ternary else offset_table(bits, half)
+        spec = GPTQ_SPEC.replace(bits=bits, codes=codes, pad_code=half)
+        zspec = GPTQ_ZERO_SPEC.replace(bits=bits, codes=tuple(range(1 << bits)))
     sd, tern, mult = _floats(lg, "hf"), {}, {}
     for mod, t in lg.ternary.items():
         n, k = t.shape
         g = -(-k // group_size)
-        sd[f"{mod}.qweight"] = pack(t, GPTQ_SPEC)  # (K/16, N): q = w + 2
+        sd[f"{mod}.qweight"] = pack(t, spec)  # (K*bits/32, N): q = w + 2^(bits-1)
         s = _group(lg.mult[mod], n, k, group_size).to(torch.float16)  # (N, G)
         sd[f"{mod}.scales"] = s.t().contiguous()  # (G, N)
-        sd[f"{mod}.qzeros"] = pack(torch.ones(g, n, dtype=torch.int64), GPTQ_ZERO_SPEC)  # v1 stores z - 1 = 1
+        sd[f"{mod}.qzeros"] = pack(torch.full((g, n), half - 1, dtype=torch.int64), zspec)  # v1 stores z - 1
         sd[f"{mod}.g_idx"] = (torch.arange(k) // group_size).to(torch.int32)
         tern[mod], mult[mod] = t, s.float().repeat_interleave(group_size, dim=1)[:, :k]
-    q = {"quant_method": "gptq", "bits": 2, "group_size": group_size, "desc_act": False, "sym": True,
+    q = {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": False, "sym": True,
          "checkpoint_format": "gptq"}
-    return sd, q, Truth(tern, mult, "gptq")
+    return sd, q, Truth(tern, mult, "gptq" if bits == 2 else f"gptq-int{bits}")
 
 
 I2S_SPEC = PackSpec(bits=2, container="uint8", pack_axis=1, lanes="block_interleaved", block=128,
@@ -415,12 +429,14 @@ FORMATS: dict[str, Callable] = {
     "uint8-ternary-perm": lambda lg: w_unpacked_int(lg, UINT8_PERM, "uint8", scale="group", fmt="uint8-ternary-perm"),
     "nibble-ternary": w_nibble,
     "compressed-tensors-int4-ternary": lambda lg: w_compressed_tensors_int(lg, 4, ternary=True),
+    "gptq-int4-ternary": lambda lg: w_gptq(lg, 64, bits=4),
 }
 
 #: symmetric low-bit integer conventions beyond ternary (write a ``Logical.requantized(bits)`` model)
 INT_FORMATS: dict[str, Callable] = {
     "compressed-tensors-int2": lambda lg: w_compressed_tensors_int(lg, 2),
     "compressed-tensors-int4": lambda lg: w_compressed_tensors_int(lg, 4),
+    "gptq-int4": lambda lg: w_gptq(lg, 64, bits=4, ternary=False),
 }
 
 

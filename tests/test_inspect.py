@@ -239,3 +239,14 @@ def test_unpacked_int8_stray_value_is_named(logical, tmp_path):
     with pytest.raises(InspectError) as e:
         inspect_dir(out, use_loss=False)
     assert key in str(e.value) and "code 5" in str(e.value) and "expected 0" in str(e.value)
+
+
+def test_int2_with_a_rare_extreme_level(logical, tmp_path):
+    """Symmetric int2 where -2 occurs only once per 8th row (~0.1% of weights, below the 'significant'
+    share) in every tensor: integer levels, not a corrupt ternary checkpoint."""
+    lg = logical.requantized(2, rare=True)
+    out = tmp_path / "ct2-rare"
+    truth = synth.write("compressed-tensors-int2", lg, out)
+    res = inspect_dir(out)
+    check_recovered(out, res.spec, truth, lg, 1e-3)
+    assert res.spec.linears["model.layers.2.mlp.gate_proj"].pack.codes == (-2, -1, 0, 1)

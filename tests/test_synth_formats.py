@@ -271,3 +271,22 @@ def test_packspec_roundtrip_wide_codes(n, k, container, bits, axis, lanes, order
     w = torch.randint(lo, hi, (n, k), generator=g)
     got = unpack(pack(w, spec), spec, (n, k))
     assert torch.equal(got.to(torch.int64), w)
+
+
+@pytest.mark.parametrize("fmt", ["gptq-int4-ternary", "gptq-int4"])
+def test_gptq_int4_matches_autogptq_v1(fmt, logical, tmp_path):
+    """AutoGPTQ v1 QuantLinear.pack at bits=4: intweight = w + 8, 8 per int32 along K; qzeros = z - 1 = 7."""
+    lg = logical if fmt.endswith("ternary") else logical.requantized(4, seed=4)
+    out = tmp_path / fmt
+    synth.write(fmt, lg, out)
+    ck = Checkpoint(out)
+    for mod in (Q, D):
+        t = lg.ternary[mod]
+        n, k = t.shape
+        intweight = (t.to(torch.int64) + 8).t().contiguous()  # (K, N)
+        want = torch.zeros(k // 8, n, dtype=torch.int64)
+        for row in range(k // 8):
+            for j in range(8):
+                want[row] |= intweight[row * 8 + j] << (4 * j)
+        assert torch.equal(as_u32(ck.get(f"{mod}.qweight")), want)
+        assert bool((as_u32(ck.get(f"{mod}.qzeros")) == 0x77777777).all())
