@@ -310,6 +310,8 @@ def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, f
                 raise InspectError(f"{m.shape_t.file}: tensor {m.shape_t.name!r} says logical shape {ws}, "
                                    f"config.json implies {list(m.logical)}")
         opts = layout_options(tuple(st.shape), m.logical, cbits, bits)
+        if cbits == bits:  # one value per element: no pack axis, only (maybe) transposed storage
+            opts = sorted({(t, 1) for t, _ in opts})
         if not opts:
             n, k = m.logical
             v = cbits // bits

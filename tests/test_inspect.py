@@ -88,6 +88,9 @@ UNSEEN = {
     # one value per byte, an arbitrary code permutation
     "u8-unpacked-odd-codes": dict(pack_spec=PackSpec(bits=8, container="uint8", codes=code_table(8, {3: -1, 7: 0, 200: 1}),
                                                      pad_code=7), scale="group", group_size=32),
+    # int8 holding -1 / 0 / +1, stored transposed [K, N]: square q / o follow the non-square modules
+    "i8-unpacked-transposed": dict(pack_spec=PackSpec(bits=8, container="int8", transposed=True,
+                                                      codes=code_table(8, {255: -1, 0: 0, 1: 1})), scale="channel"),
     # 4-bit containers: two's-complement nibbles, packed along the output axis in blocked lanes
     "int16-nibbles-axis0-blocked": dict(pack_spec=PackSpec(bits=4, container="int16", pack_axis=0, lanes="blocked",
                                                            codes=code_table(4, {15: -1, 0: 0, 1: 1})),
@@ -250,3 +253,24 @@ def test_int2_with_a_rare_extreme_level(logical, tmp_path):
     res = inspect_dir(out)
     check_recovered(out, res.spec, truth, lg, 1e-3)
     assert res.spec.linears["model.layers.2.mlp.gate_proj"].pack.codes == (-2, -1, 0, 1)
+
+
+UNSEEN_INT = {
+    "int4-i32-axis0-transposed-msb": (4, PackSpec(bits=4, container="int32", pack_axis=0, transposed=True, bit_order="msb",
+                                                  codes=offset_table(4, 8), pad_code=8)),
+    "int2-u8-axis0-blocked": (2, PackSpec(bits=2, container="uint8", pack_axis=0, lanes="blocked",
+                                          codes=offset_table(2, 2), pad_code=2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNSEEN_INT))
+def test_recovers_unseen_integer_layouts(name, logical, tmp_path):
+    """Symmetric integer levels in layouts no public convention uses, no quantization_config."""
+    bits, spec = UNSEEN_INT[name]
+    lg = logical.requantized(bits, seed=9)
+    out = tmp_path / name
+    truth = synth.write(lambda g: synth.w_custom(g, spec, scale="group", group_size=32), lg, out)
+    res = inspect_dir(out)
+    check_recovered(out, res.spec, truth, lg, 1e-3)
+    wrong = [s for s in res.scored[1:] if s.loss != res.scored[0].loss and s.loss != float("inf")]
+    assert wrong and wrong[0].loss - res.loss > 0.5
