@@ -1,6 +1,7 @@
-"""An unpacked integer-ternary checkpoint (int8 [N, K] holding -1 / 0 / +1, per-channel bf16 scales,
-no quantization_config) goes through the inspector and then through the vLLM plugin with no
-special case: the plugin decodes the inspected spec's 8-bit PackSpec like any other."""
+"""Unpacked integer-ternary checkpoints (int8 [N, K] holding -1 / 0 / +1 with per-channel bf16 scales;
+uint8 codes w+1 with a divided per-tensor scale) and nibble-packed ternary, no quantization_config,
+go through the inspector and then through the vLLM plugin with no special case: the plugin decodes
+the inspected spec's 8-bit / 4-bit PackSpec like any other."""
 from pathlib import Path
 
 import pytest
@@ -19,12 +20,15 @@ TRAINED = Path(__file__).resolve().parent.parent / "models" / "tiny-trained"
 
 
 @pytest.mark.vllm
-def test_int8_ternary_runs_in_vllm(tmp_path):
-    d = tmp_path / "int8-ternary"
-    synth.write("int8-ternary", synth.Logical.from_dir(TRAINED).with_channel_jitter(seed=3), d)
+@pytest.mark.parametrize("fmt,want", [("int8-ternary", (8, "int8", 1)), ("uint8-ternary", (8, "uint8", 1)),
+                                      ("nibble-ternary", (4, "uint8", 2))])
+def test_unpacked_and_nibble_ternary_run_in_vllm(fmt, want, tmp_path):
+    d = tmp_path / fmt
+    lg = synth.Logical.from_dir(TRAINED)
+    synth.write(fmt, lg if fmt == "uint8-ternary" else lg.with_channel_jitter(seed=3), d)
     assert inspect_main([str(d)]) == 0  # writes d/ternary_spec.json
     pk = CheckpointSpec.load(d / "ternary_spec.json").linears["model.layers.0.mlp.down_proj"].pack
-    assert (pk.bits, pk.container, pk.values_per_container) == (8, "int8", 1)
+    assert (pk.bits, pk.container, pk.values_per_container) == want
     ids = torch.randint(3, 512, (2, 24), generator=torch.Generator().manual_seed(0))
     ref = get_target("reference").capture(d, ids)
     v = get_target("vllm", compute_dtype="fp32").capture(d, ids)
