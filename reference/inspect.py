@@ -6,10 +6,13 @@ Pipeline (each step records its evidence and a confidence for the report):
   1. scan      every tensor once (``reference.scan``): dtype, shape, code histograms, magnitudes
   2. map keys  checkpoint names -> HF modules by a declarative alias table (q_proj / wq / attn_q
                ...); fused qkv / gate_up split by config.json sizes; missing or extra keys fail
-  3. structure container, values per container, pack axis, transposed storage and logical shape
-               (square matrices follow the non-square ones), scale granularity / group size,
-               zero-point and g_idx sanity, code table (unused code; the +-1 pair = the two used
-               codes with the closest counts; the third is 0)
+  3. structure code width (2-bit, 4-bit nibbles or one value per 8-bit element, from the ratio of
+               stored to config.json shapes), container, values per container, pack axis, transposed
+               storage and logical shape (square matrices follow the non-square ones), scale
+               granularity / group size, zero-point and g_idx sanity, code table: three used codes
+               = ternary (unused codes; the +-1 pair = the two used codes with the closest counts;
+               the third is 0), more = symmetric integer levels (int2 {-2..1}, int4 {-8..7}: offset
+               binary or two's complement)
   4. search    what statistics cannot tell (+-1 swap, bit order, lane layout and block,
                multiply/divide when config and magnitudes are silent) is scored by the reference
                model's loss on a text sample; identical decodes are merged; the margin to the

@@ -86,8 +86,9 @@ UNSEEN = {
                                                    codes=(-1, 0, 1, None), pad_code=1), scale="channel",
                                 scale_dtype=torch.float32),
     # one value per byte, an arbitrary code permutation
-    "u8-unpacked-odd-codes": dict(pack_spec=PackSpec(bits=8, container="uint8", codes=code_table(8, {3: -1, 7: 0, 200: 1}),
-                                                     pad_code=7), scale="group", group_size=32),
+    "u8-unpacked-odd-codes": dict(pack_spec=PackSpec(bits=8, container="uint8", pad_code=7,
+                                                     codes=code_table(8, {3: -1, 7: 0, 200: 1})),
+                                  scale="group", group_size=32),
     # int8 holding -1 / 0 / +1, stored transposed [K, N]: square q / o follow the non-square modules
     "i8-unpacked-transposed": dict(pack_spec=PackSpec(bits=8, container="int8", transposed=True,
                                                       codes=code_table(8, {255: -1, 0: 0, 1: 1})), scale="channel"),
@@ -256,8 +257,8 @@ def test_int2_with_a_rare_extreme_level(logical, tmp_path):
 
 
 UNSEEN_INT = {
-    "int4-i32-axis0-transposed-msb": (4, PackSpec(bits=4, container="int32", pack_axis=0, transposed=True, bit_order="msb",
-                                                  codes=offset_table(4, 8), pad_code=8)),
+    "int4-i32-axis0-transposed-msb": (4, PackSpec(bits=4, container="int32", pack_axis=0, transposed=True,
+                                                  bit_order="msb", codes=offset_table(4, 8), pad_code=8)),
     "int2-u8-axis0-blocked": (2, PackSpec(bits=2, container="uint8", pack_axis=0, lanes="blocked",
                                           codes=offset_table(2, 2), pad_code=2)),
 }
