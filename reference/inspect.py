@@ -465,7 +465,10 @@ def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: l
             hist[c] += n
     total = sum(hist)
     shares = ", ".join(f"code {c}: {hist[c] / total:.1%}" for c in range(ncodes) if hist[c])
-    significant = [c for c in range(ncodes) if hist[c] > 0.002 * total]
+    # padding slots (fused to whole containers) may hold any code: a code is significant beyond them
+    total_pads = sum(m.weight.numel * (INT_DTYPES[m.weight.dtype] // bits) - m.logical[0] * m.logical[1]
+                     for m in packed)
+    significant = [c for c in range(ncodes) if hist[c] > 0.002 * total + total_pads]
     if len(significant) > 3:
         return _integer_tables(hist, bits, significant, zero_hint, findings, shares)
     used = sorted(sorted(range(ncodes), key=lambda c: -hist[c])[:3])

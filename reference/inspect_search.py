@@ -242,8 +242,11 @@ def prior_rank(c: Candidate, cfg: ModelConfig) -> tuple:
     known = KNOWN_LAYOUTS.index(layout) if layout in KNOWN_LAYOUTS else len(KNOWN_LAYOUTS)
     if q == "bitnet" and layout == ("blocked", None, "lsb"):
         known = -1
-    vals = [v for v in c.codes if v is not None]
     bits = max(1, (len(c.codes) - 1).bit_length())
+    # GPTQ / AWQ / compressed-tensors, and 4-bit packers in general, put consecutive inputs low bits first
+    if (q in ("gptq", "awq", "compressed-tensors") or bits == 4) and layout == ("interleaved", None, "lsb"):
+        known = -1
+    vals = [v for v in c.codes if v is not None]
     signed = [v for _, v in sorted((code - (1 << bits) if code >= 1 << (bits - 1) else code, v)
                                    for code, v in enumerate(c.codes) if v is not None)]
     # codes increasing with value, read unsigned (offset binary) or as two's complement (int8 {-1, 0, 1})

@@ -275,3 +275,22 @@ def test_recovers_unseen_integer_layouts(name, logical, tmp_path):
     check_recovered(out, res.spec, truth, lg, 1e-3)
     wrong = [s for s in res.scored[1:] if s.loss != res.scored[0].loss and s.loss != float("inf")]
     assert wrong and wrong[0].loss - res.loss > 0.5
+
+
+@pytest.mark.parametrize("fmt", ["compressed-tensors", "compressed-tensors-int4-ternary", "int8-ternary",
+                                 "uint8-ternary"])
+def test_untrained_padded_model_keeps_ternary_and_config_prior(fmt, tmp_path):
+    """The random bundled model (K = 344 is not a multiple of 8 / 16: compressed-tensors pads with code
+    0): padding is not an integer level, and where the loss cannot tell layouts apart the prior picks
+    the convention (compressed-tensors / 4-bit: consecutive inputs, low bits first)."""
+    from parity.dump import DEFAULT_MODEL
+
+    lg = synth.Logical.from_dir(DEFAULT_MODEL)
+    out = tmp_path / fmt
+    truth = synth.write(fmt, lg, out)
+    res = inspect_dir(out)
+    ck = Checkpoint(out)
+    for mod, t in truth.ternary.items():
+        assert torch.equal(decode_linear(ck, res.spec.linears[mod], mod).values.to(torch.int8), t), mod
+    codes = res.spec.linears["model.layers.0.mlp.down_proj"].pack.codes
+    assert sum(v is not None for v in codes) == 3  # a ternary table
