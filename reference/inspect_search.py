@@ -18,9 +18,9 @@ import torch
 
 from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig
-from .formats import FormatError, PackSpec, ScaleSpec, code_lut, expand_scale, unpack_codes
+from .formats import FormatError, PackSpec, ScaleSpec, code_lut, unpack_codes
 from .scan import CONTAINER_OF, INT_DTYPES
-from .spec import CheckpointSpec, DecodedLinear, LinearEntry, decode_linear
+from .spec import CheckpointSpec, DecodedLinear, LinearEntry, decode_linear, finish_linear
 
 if TYPE_CHECKING:  # Module lives in reference.inspect, which imports this file
     from .inspect import Module
@@ -146,13 +146,7 @@ class DecodeCache:
         if entry.pack is None:
             return decode_linear(ckpt, entry, name)
         vals = self.values(entry.weight_key, entry.pack, entry.shape, entry.weight_key)
-        if entry.rows is not None:
-            vals = vals[entry.rows[0]:entry.rows[1]]
-        mult = torch.ones(1, 1)
-        if entry.scale is not None:
-            mult = expand_scale(ckpt.get(entry.scale.key), entry.scale, entry.shape, rows=entry.rows, name=name)
-        bias = ckpt.get(entry.bias_key).float() if entry.bias_key else None
-        return DecodedLinear(vals, mult, bias)
+        return finish_linear(ckpt, entry, vals, name)
 
 
 @dataclass

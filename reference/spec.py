@@ -282,6 +282,12 @@ def decode_linear(ckpt: Checkpoint, entry: LinearEntry, name: str, *, strict: bo
         vals = raw.to(torch.float32)
         if not bool(torch.isfinite(vals).all()):
             raise CheckpointError(f"{where}: has NaN/Inf values")
+    return finish_linear(ckpt, entry, vals, where)
+
+
+def finish_linear(ckpt: Checkpoint, entry: LinearEntry, vals: torch.Tensor, where: str) -> DecodedLinear:
+    """The shared tail of every decoder: the fused-row slice, the scale (and the stored divisor
+    of a 'divide' format, so the reference can follow its arithmetic order) and the bias."""
     if entry.rows is not None:
         vals = vals[entry.rows[0]:entry.rows[1]]
     div = None

@@ -17,9 +17,9 @@ import torch
 
 from reference.checkpoint import Checkpoint
 from reference.config import ModelConfig
-from reference.formats import PackSpec, expand_scale
+from reference.formats import PackSpec
 from reference.model import Overrides, ReferenceModel
-from reference.spec import DecodedLinear, LinearEntry, decode_linear, spec_for
+from reference.spec import DecodedLinear, LinearEntry, decode_linear, finish_linear, spec_for
 
 from .base import Target
 
@@ -102,14 +102,8 @@ def lut_decode(packed: torch.Tensor, pack: PackSpec, shape: tuple[int, int]) -> 
 def lut_decoder(ckpt: Checkpoint, entry: LinearEntry, name: str) -> DecodedLinear:
     if entry.pack is None or entry.pack.container != "uint8":
         return decode_linear(ckpt, entry, name)  # unpacked or wide containers: shared path
-    vals = lut_decode(ckpt.get(entry.weight_key), entry.pack, entry.shape)
-    if entry.rows is not None:
-        vals = vals[entry.rows[0]:entry.rows[1]]
-    mult = torch.ones(1, 1)
-    if entry.scale is not None:
-        mult = expand_scale(ckpt.get(entry.scale.key), entry.scale, entry.shape, rows=entry.rows, name=name)
-    bias = ckpt.get(entry.bias_key).float() if entry.bias_key else None
-    return DecodedLinear(vals.to(torch.int8), mult, bias)  # multiplies by 1/s: bf16 needs no ulp mimicry
+    vals = lut_decode(ckpt.get(entry.weight_key), entry.pack, entry.shape).to(torch.int8)
+    return finish_linear(ckpt, entry, vals, name)
 
 
 class Bf16Target(ReferenceTarget):
