@@ -184,8 +184,15 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--force", action="store_true")
+    ap.add_argument("--unquantized", action="store_true",
+                    help="the same shapes and seed with plain float linears (the bf16 baseline of a benchmark)")
     a = ap.parse_args(argv)
-    path = write_model(a.preset, a.out, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype],
+    import dataclasses
+
+    preset = PRESETS[a.preset]
+    if a.unquantized:
+        preset = dataclasses.replace(preset, quantized=False)
+    path = write_model(preset, a.out, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype],
                        force=a.force)
     print(f"wrote {path}")
 
