@@ -47,7 +47,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.utils import PPMissingLayer, make_layers, maybe_prefix
 from vllm.sequence import IntermediateTensors
 
-from .keymap import KeyMapError, build_key_map, check_coverage, expected_float_params
+from .keymap import IGNORED, KeyMapError, build_key_map, check_coverage, expected_float_params
 
 
 class ShardedRMSNorm(nn.Module):
@@ -254,6 +254,8 @@ class BitNetForCausalLM(nn.Module):
                                   f"(unknown key; the spec's mapping does not name it)")
             seen.add(key)
             for t in targets:
+                if t.kind == IGNORED:  # listed under the spec's "ignored" (g_idx, weight_shape, ...)
+                    continue
                 if t.param not in params:
                     if _pp_missing(t.param, self):
                         continue

@@ -110,6 +110,11 @@ class Target:
     hf_module: Optional[str] = None  # the spec's module name (linears only)
 
 
+#: ``Target.kind`` of a checkpoint key the spec lists under ``ignored`` (GPTQ g_idx / constant qzeros,
+#: compressed-tensors weight_shape): read and dropped by the model's load_weights
+IGNORED = "ignored"
+
+
 def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[str, list[Target]]:
     """The explicit {checkpoint key: [Target]} dict of one model.
 
@@ -140,6 +145,9 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
         if hf.endswith(".weight") and hf[: -len(".weight")] not in spec.linears:
             layer, sid = vllm_target(hf[: -len(".weight")])
             add(key, Target(f"{layer}.weight", sid, "float"))
+    for key in getattr(spec, "ignored", None) or {}:
+        if key not in out:
+            add(key, Target("", None, IGNORED))
     return out
 
 
@@ -219,6 +227,86 @@ def shard_scale(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bool
                      name=f"tensor {entry.scale.key!r} ({name})")  # (1, 1) or (n, 1)
     n = entry.shape[0] if fused else entry.out_shape[0]
     return m.reshape(-1).expand(n).contiguous() if m.numel() == 1 else m.reshape(-1).contiguous()
+
+
+# ---------------------------------------------------------------------------------------
+# the dense fallback (what the trit kernels cannot express)
+
+TERNARY_LEVELS = frozenset((-1, 0, 1))
+
+
+def dense_reason(entry: LinearEntry) -> Optional[str]:
+    """Why module ``entry`` cannot run on the trit kernels (so its layer takes the dense
+    fallback), or ``None``: group-wise scales, or integer levels beyond {-1, 0, +1}."""
+    why = []
+    if entry.scale is not None and entry.scale.granularity == "group":
+        why.append(f"group-wise scale (group_size {entry.scale.group_size})")
+    if entry.pack is not None:
+        levels = sorted({int(v) for v in entry.pack.codes if v is not None})
+        if not set(levels) <= TERNARY_LEVELS:
+            why.append(f"integer levels {levels[0]}..{levels[-1]} ({entry.pack.bits}-bit codes)")
+    return " and ".join(why) or None
+
+
+def decode_levels(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bool = False) -> torch.Tensor:
+    """Checkpoint tensor -> int8 (n, K) integer values of module ``name`` (any levels that fit
+    int8; the dense fallback's counterpart of ``decode_weight``)."""
+    where = f"tensor {entry.weight_key!r} ({name})"
+    raw = raw.detach().cpu()
+    if entry.layout is not None:  # always ternary
+        vals = decode_weight(raw, entry, name, fused=True)
+    elif entry.pack is not None:
+        try:
+            vals = unpack(raw, entry.pack, entry.shape, name=where)
+        except FormatError as e:
+            raise FormatError(str(e) if where in str(e) else f"{where}: {e}") from None
+    else:
+        if tuple(raw.shape) != entry.shape:
+            raise FormatError(f"{where}: shape {list(raw.shape)}, the spec says {list(entry.shape)}")
+        vals = raw.float()
+        if not bool((vals == vals.round()).all()):
+            raise FormatError(f"{where}: stored unpacked but not integer-valued; fold float weights into the "
+                              f"scale first")
+    if entry.rows is not None and not fused:
+        vals = vals[entry.rows[0]:entry.rows[1]]
+    if vals.numel() and (int(vals.min()) < -128 or int(vals.max()) > 127):
+        raise FormatError(f"{where}: integer values outside int8 [-128, 127]")
+    return vals.to(torch.int8).contiguous()
+
+
+def group_mult(raw: Optional[torch.Tensor], entry: LinearEntry, name: str, group_size: Optional[int], *,
+               fused: bool = False) -> torch.Tensor:
+    """Checkpoint scale -> fp32 (n, ceil(K / group_size)) multipliers of module ``name`` ('divide'
+    inverted; a per-tensor / per-channel scale repeated over the groups), or (n, 1) when the layer
+    has no group scale (``group_size`` None)."""
+    n = entry.shape[0] if fused else entry.out_shape[0]
+    k = entry.shape[1]
+    cols = 1 if group_size is None else -(-k // group_size)
+    rows = None if fused else entry.rows
+    if entry.scale is None:
+        return torch.ones(n, cols)
+    where = f"tensor {entry.scale.key!r} ({name})"
+    sc = entry.scale
+    if sc.granularity == "group":
+        if sc.group_size != group_size:
+            raise FormatError(f"{where}: group_size {sc.group_size}, but its fused vLLM layer uses {group_size}")
+        s = raw.detach().cpu().to(torch.float32)
+        if sc.transposed and s.dim() == 2:
+            s = s.t()
+        if tuple(s.shape) != (entry.shape[0], cols):
+            raise FormatError(f"{where}: group scale must have shape {(entry.shape[0], cols)} (group_size "
+                              f"{group_size}), has {tuple(raw.shape)}")
+        if not bool(torch.isfinite(s).all()):
+            raise FormatError(f"{where}: scale has NaN/Inf values")
+        if rows is not None:
+            s = s[rows[0]:rows[1]]
+        if sc.op == "divide":
+            if bool((s == 0).any()):
+                raise FormatError(f"{where}: scale is zero but the format divides by it")
+            s = 1.0 / s
+        return s.contiguous()
+    m = expand_scale(raw.detach().cpu(), sc, entry.shape, rows=rows, name=where)  # (1, 1) | (n, 1)
+    return m.reshape(-1, 1).expand(n, cols).contiguous()
 
 
 # ---------------------------------------------------------------------------------------

@@ -20,6 +20,10 @@ Life of a ternary linear layer:
                    all-gather or not) is fixed at load time: no host sync, no value-dependent
                    branch, so CUDA graphs capture it.
 
+Dense fallback (``DenseFallbackLinearMethod``): a layer with a module the trit ops cannot express
+(``keymap.dense_reason``: group-wise scales, integer levels beyond ternary) is decoded at load into
+its effective weight in the model dtype and computed with a dense matmul; see that class.
+
 Pre-packed checkpoints (``python -m trit.export``: spec entries with ``layout:
 "trit-tile16x128"``): ``weight`` is created as the kernel weight itself, int32
 [ceil(N_part/16), ceil(K_part/128)*128] with packed_dim=0, packed_factor=16, its loader checks
@@ -60,8 +64,8 @@ from vllm.model_executor.utils import set_weight_attrs
 from reference.spec import SPEC_FILENAME, CheckpointSpec
 
 from .kernels import Backend, get_backend
-from .keymap import (KeyMapError, decode_weight, hf_modules, prepacked_route, prepacked_shape, shard_scale,
-                     stage_factor, stage_pack, stage_unpack)
+from .keymap import (KeyMapError, decode_levels, decode_weight, dense_reason, group_mult, hf_modules,
+                     prepacked_route, prepacked_shape, shard_scale, stage_factor, stage_pack, stage_unpack)
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +84,33 @@ class TernaryConfig(QuantizationConfig):
         self.hf_quant_config = dict(hf_quant_config or {})
         self.backend_name = self.hf_quant_config.get("trit_backend", backend)
         self.decode_fallbacks: list[tuple[str, str]] = []  # pre-packed layers on the decode route: (prefix, why)
+        self._dense_warned = False
+
+    def dense_modules(self) -> dict[str, str]:
+        """{module: why} of the spec's modules the trit kernels cannot express (dense fallback)."""
+        out = {}
+        for m, e in (self.spec.linears.items() if self.spec is not None else ()):
+            why = dense_reason(e)
+            if why is not None:
+                out[m] = why
+        return out
+
+    def warn_dense_once(self) -> None:
+        """One warning per config naming every dense-fallback module and why."""
+        if self._dense_warned:
+            return
+        self._dense_warned = True
+        dense = self.dense_modules()
+        if not dense:
+            return
+        by_why: dict[str, list[str]] = {}
+        for m, why in dense.items():
+            by_why.setdefault(why, []).append(m)
+        logger.warning(
+            "trit: %d linear module(s) of spec %r are not expressible by the ternary kernels and run as dense "
+            "matmuls in the model dtype (effective weights decoded at load: 16 bits/weight in bf16/fp16, 32 in "
+            "fp32, instead of ~2): %s", len(dense), self.spec.name,
+            "; ".join(f"{why}: {', '.join(ms)}" for why, ms in by_why.items()))
 
     def note_decode_fallback(self, prefix: str, why: str) -> None:
         """A pre-packed (trit.export) layer that must take the decode route: warn once per config,
@@ -151,6 +182,9 @@ class TernaryConfig(QuantizationConfig):
             raise KeyMapError(f"vLLM layer {prefix!r} fuses {list(mods.values())}, but spec {self.spec.name!r} "
                               f"has no ternary entry for {missing} (mixed float/ternary fused layers are not "
                               f"supported)")
+        if any(dense_reason(self.spec.linears[m]) for m in mods.values()):
+            self.warn_dense_once()
+            return DenseFallbackLinearMethod(self, prefix)
         return TernaryLinearMethod(self, prefix)
 
 
@@ -348,3 +382,156 @@ def _a8_global_absmax(backend: Backend, x: torch.Tensor, packed, scale, N: int, 
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
+
+
+class DenseFallbackLinearMethod(LinearMethodBase):
+    """A layer the trit kernels cannot express (``keymap.dense_reason``: group-wise scales, or
+    integer levels beyond ternary such as int2 {-2..1} / int4 {-8..7}): decoded through the spec
+    at load into the effective weight ``integers x scale`` in the model dtype, computed with a
+    dense matmul (16 bits/weight in bf16: ``TernaryConfig.warn_dense_once`` says which layers).
+
+    create_weights   ``weight``: int8 (N_part, K_part) integer values, output_dim=0, input_dim=1
+                     (no packing, so vLLM's loaders place q/k/v or gate/up and slice either axis);
+                     ``weight_scale``: fp32 (N_part, ceil(K_part / G)) group multipliers with
+                     output_dim=0 and input_dim=1 (a row-parallel layer slices the group axis,
+                     which needs K_part % G == 0, checked here), or (N_part, 1) with output_dim
+                     only when the layer has no group scale (per-tensor / per-channel scales are
+                     repeated over the groups; 'divide' scales inverted at load).
+    process_weights_after_loading
+                     weight <- (values * repeat_interleave(scale, G)).to(model dtype); the int8
+                     values and the scales are dropped.
+    apply            with ``activation_quant: int8_per_token``: xs = 127 / absmax(x) per token
+                     (all-gathered across TP for a row-parallel layer, as on the ternary path),
+                     y = F.linear(round(x * xs).clamp(-128, 127), W) / xs (+ bias), i.e.
+                     reference.model.act_quant_int8 before the matmul; else F.linear(x, W, bias).
+    """
+
+    def __init__(self, quant_config: TernaryConfig, prefix: str):
+        self.quant_config = quant_config
+        self.spec: CheckpointSpec = quant_config.spec
+        self.prefix = prefix
+        self.modules = hf_modules(prefix)
+        self.act_quant = self.spec.activation_quant == "int8_per_token"
+        entries = [self.spec.linears[m] for m in self.modules.values()]
+        sizes = {e.scale.group_size for e in entries if e.scale is not None and e.scale.granularity == "group"}
+        if len(sizes) > 1:
+            raise KeyMapError(f"vLLM layer {prefix!r} fuses {list(self.modules.values())} with different group sizes "
+                              f"{sorted(sizes)}; one fused layer takes one group size")
+        self.group_size: Optional[int] = sizes.pop() if sizes else None
+
+    _entry = TernaryLinearMethod._entry
+    _fused_entries = TernaryLinearMethod._fused_entries
+
+    def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
+                       output_partition_sizes: list[int], input_size: int, output_size: int,
+                       params_dtype: torch.dtype, **extra_weight_attrs):
+        vllm_loader = extra_weight_attrs.pop("weight_loader")
+        n_part, k_part = sum(output_partition_sizes), input_size_per_partition
+        for name in self.modules.values():
+            e = self.spec.linears[name]
+            if e.out_shape[1] != input_size:
+                raise KeyMapError(f"{name}: spec says in_features {e.out_shape[1]}, vLLM layer {self.prefix!r} has "
+                                  f"{input_size}")
+        G = self.group_size
+        if G is not None and k_part != input_size and k_part % G:
+            tp = getattr(layer, "tp_size", input_size // max(k_part, 1))
+            raise KeyMapError(f"vLLM layer {self.prefix!r}: tensor parallelism splits its input K={input_size} over "
+                              f"TP={tp} ranks into {k_part} per rank, which is not a multiple of the group size {G}, "
+                              f"so its group scales cannot be sliced along the group axis; use a TP size with "
+                              f"(K / TP) % {G} == 0")
+        cols = 1 if G is None else -(-k_part // G)
+        values = Parameter(torch.zeros(n_part, k_part, dtype=torch.int8), requires_grad=False)
+        set_weight_attrs(values, {"output_dim": 0, "input_dim": 1,
+                                  "weight_loader": self._weight_loader(layer, vllm_loader)})
+        set_weight_attrs(values, extra_weight_attrs)
+        scale = Parameter(torch.ones(n_part, cols, dtype=torch.float32), requires_grad=False)
+        set_weight_attrs(scale, {"output_dim": 0, "weight_loader": self._scale_loader(layer, vllm_loader)})
+        if G is not None:
+            set_weight_attrs(scale, {"input_dim": 1})
+        layer.register_parameter("weight", values)
+        layer.register_parameter("weight_scale", scale)
+        layer.trit_n, layer.trit_k, layer.trit_dtype = n_part, k_part, params_dtype
+        layer.trit_dense = True
+        layer.trit_loaded = set()
+        layer.trit_global_absmax = bool(self.act_quant and isinstance(layer, RowParallelLinear)
+                                        and getattr(layer, "tp_size", 1) > 1)
+
+    def _weight_loader(self, layer, vllm_loader):
+        def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
+            if shard_id is None and len(self.modules) > 1:
+                w = torch.cat([decode_levels(loaded_weight, e, m) for m, e in self._fused_entries("weight_key")])
+                layer.trit_loaded.update(("weight", s) for s in self.modules)
+            else:
+                name, entry = self._entry(shard_id)
+                w = decode_levels(loaded_weight, entry, name)
+                layer.trit_loaded.add(("weight", shard_id))
+            w = w.to(param.device)
+            if shard_id is None:
+                vllm_loader(param, w)
+            else:
+                vllm_loader(param, w, shard_id)
+        return load
+
+    def _scale_loader(self, layer, vllm_loader):
+        G = self.group_size
+
+        def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
+            if shard_id is None and len(self.modules) > 1:
+                s = torch.cat([group_mult(loaded_weight, e, m, G) for m, e in self._fused_entries("scale")])
+                layer.trit_loaded.update(("scale", sid) for sid in self.modules)
+            else:
+                name, entry = self._entry(shard_id)
+                s = group_mult(loaded_weight, entry, name, G)
+                layer.trit_loaded.add(("scale", shard_id))
+            s = s.to(device=param.device, dtype=param.dtype)
+            if shard_id is None:
+                vllm_loader(param, s)
+            else:
+                vllm_loader(param, s, shard_id)
+        return load
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        for sid, name in self.modules.items():
+            e = self.spec.linears[name]
+            if ("weight", sid) not in layer.trit_loaded:
+                raise KeyMapError(f"missing checkpoint tensor {e.weight_key!r}: weight of {name} (vLLM "
+                                  f"{self.prefix}.weight{'' if sid is None else f', shard {sid!r}'}) was never loaded")
+            if e.scale is not None and ("scale", sid) not in layer.trit_loaded:
+                raise KeyMapError(f"missing checkpoint tensor {e.scale.key!r}: scale of {name} (vLLM "
+                                  f"{self.prefix}.weight_scale{'' if sid is None else f', shard {sid!r}'}) was never "
+                                  f"loaded")
+        layer.weight = Parameter(dense_weight(layer.weight.data, layer.weight_scale.data, self.group_size,
+                                              layer.trit_dtype), requires_grad=False)
+        del layer.weight_scale
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        x2 = x.reshape(-1, layer.trit_k)
+        w = layer.weight
+        if self.act_quant:
+            xf = x2.float()
+            amax = xf.abs().amax(dim=-1, keepdim=True)
+            if layer.trit_global_absmax:
+                from vllm.distributed import tensor_model_parallel_all_gather
+
+                amax = tensor_model_parallel_all_gather(amax, dim=-1).amax(dim=-1, keepdim=True)
+            xs = 127.0 / amax.clamp(min=1e-5)
+            xq = (xf * xs).round().clamp(-128, 127)
+            y = F.linear(xq.to(w.dtype), w).float() / xs
+            if bias is not None:
+                y = y + bias.float()
+            y = y.to(x.dtype)
+        else:
+            y = F.linear(x2.to(w.dtype), w, bias).to(x.dtype)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def dense_weight(values: torch.Tensor, mult: torch.Tensor, group_size: Optional[int], dtype: torch.dtype):
+    """int8 (N, K) values x fp32 (N, ceil(K/G)) | (N, 1) multipliers -> (N, K) effective weight in ``dtype``
+    (computed in fp32, as reference.spec.DecodedLinear.effective)."""
+    k = values.shape[1]
+    m = mult.float()
+    if group_size is not None:
+        m = m.repeat_interleave(group_size, dim=1)[:, :k]
+    return (values.float() * m).to(dtype).contiguous()

