@@ -203,8 +203,9 @@ def load_spec(model_dir, hf_config=None, spec_path=None) -> CheckpointSpec:
     raise FileNotFoundError(f"{model_dir}: not a local model directory; cannot find its {SPEC_FILENAME}")
 
 
-class TernaryLinearMethod(LinearMethodBase):
-    """One instance per vLLM linear layer (it knows the layer's HF module names)."""
+class _SpecLinearMethod(LinearMethodBase):
+    """What every spec-driven linear method shares: the layer's HF modules, shard lookup, the
+    scale loader and the check that every shard arrived."""
 
     def __init__(self, quant_config: TernaryConfig, prefix: str):
         self.quant_config = quant_config
@@ -212,7 +213,6 @@ class TernaryLinearMethod(LinearMethodBase):
         self.prefix = prefix
         self.modules = hf_modules(prefix)  # {shard id: HF module name}
         self.act_quant = self.spec.activation_quant == "int8_per_token"
-        self.backend: Backend = get_backend(quant_config.backend_name)
 
     def _entry(self, shard_id):
         if shard_id not in self.modules:
@@ -228,6 +228,42 @@ class TernaryLinearMethod(LinearMethodBase):
             raise KeyMapError(f"vLLM passed one fused tensor for {self.prefix!r}, but the spec stores its modules "
                               f"{[m for m, _ in out]} under different {what} keys {sorted(map(str, keys))}")
         return out
+
+    def _scale_loader_with(self, layer, vllm_loader, convert):
+        """vLLM loader for the scale parameter; convert(raw, entry, module) -> this shard's scale."""
+        def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
+            if shard_id is None and len(self.modules) > 1:
+                s = torch.cat([convert(loaded_weight, e, m) for m, e in self._fused_entries("scale")])
+                layer.trit_loaded.update(("scale", sid) for sid in self.modules)
+            else:
+                name, entry = self._entry(shard_id)
+                s = convert(loaded_weight, entry, name)
+                layer.trit_loaded.add(("scale", shard_id))
+            s = s.to(device=param.device, dtype=param.dtype)
+            if shard_id is None:
+                vllm_loader(param, s)
+            else:
+                vllm_loader(param, s, shard_id)
+        return load
+
+    def _check_loaded(self, layer, what: str = "ternary weight") -> None:
+        for sid, name in self.modules.items():
+            e = self.spec.linears[name]
+            if ("weight", sid) not in layer.trit_loaded:
+                raise KeyMapError(f"missing checkpoint tensor {e.weight_key!r}: {what} of {name} (vLLM "
+                                  f"{self.prefix}.weight{'' if sid is None else f', shard {sid!r}'}) was never loaded")
+            if e.scale is not None and ("scale", sid) not in layer.trit_loaded:
+                raise KeyMapError(f"missing checkpoint tensor {e.scale.key!r}: scale of {name} (vLLM "
+                                  f"{self.prefix}.weight_scale{'' if sid is None else f', shard {sid!r}'}) was never "
+                                  f"loaded")
+
+
+class TernaryLinearMethod(_SpecLinearMethod):
+    """One instance per vLLM linear layer (it knows the layer's HF module names)."""
+
+    def __init__(self, quant_config: TernaryConfig, prefix: str):
+        super().__init__(quant_config, prefix)
+        self.backend: Backend = get_backend(quant_config.backend_name)
 
     # -- create ------------------------------------------------------------------------
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
@@ -313,32 +349,11 @@ class TernaryLinearMethod(LinearMethodBase):
         return load
 
     def _scale_loader(self, layer, vllm_loader):
-        def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
-            if shard_id is None and len(self.modules) > 1:
-                s = torch.cat([shard_scale(loaded_weight, e, m) for m, e in self._fused_entries("scale")])
-                layer.trit_loaded.update(("scale", sid) for sid in self.modules)
-            else:
-                name, entry = self._entry(shard_id)
-                s = shard_scale(loaded_weight, entry, name)
-                layer.trit_loaded.add(("scale", shard_id))
-            s = s.to(device=param.device, dtype=param.dtype)
-            if shard_id is None:
-                vllm_loader(param, s)
-            else:
-                vllm_loader(param, s, shard_id)
-        return load
+        return self._scale_loader_with(layer, vllm_loader, shard_scale)
 
     # -- after loading -----------------------------------------------------------------
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        for sid, name in self.modules.items():
-            e = self.spec.linears[name]
-            if ("weight", sid) not in layer.trit_loaded:
-                raise KeyMapError(f"missing checkpoint tensor {e.weight_key!r}: ternary weight of {name} (vLLM "
-                                  f"{self.prefix}.weight{'' if sid is None else f', shard {sid!r}'}) was never loaded")
-            if e.scale is not None and ("scale", sid) not in layer.trit_loaded:
-                raise KeyMapError(f"missing checkpoint tensor {e.scale.key!r}: scale of {name} (vLLM "
-                                  f"{self.prefix}.weight_scale{'' if sid is None else f', shard {sid!r}'}) was never "
-                                  f"loaded")
+        self._check_loaded(layer)
         if layer.trit_prepacked:  # already the kernel weight (trit.export): no decode, no repack
             layer.trit_backend = self.backend
             return
@@ -384,7 +399,7 @@ def _a8_global_absmax(backend: Backend, x: torch.Tensor, packed, scale, N: int, 
     return y.to(x.dtype)
 
 
-class DenseFallbackLinearMethod(LinearMethodBase):
+class DenseFallbackLinearMethod(_SpecLinearMethod):
     """A layer the trit kernels cannot express (``keymap.dense_reason``: group-wise scales, or
     integer levels beyond ternary such as int2 {-2..1} / int4 {-8..7}): decoded through the spec
     at load into the effective weight ``integers x scale`` in the model dtype, computed with a
@@ -407,20 +422,13 @@ class DenseFallbackLinearMethod(LinearMethodBase):
     """
 
     def __init__(self, quant_config: TernaryConfig, prefix: str):
-        self.quant_config = quant_config
-        self.spec: CheckpointSpec = quant_config.spec
-        self.prefix = prefix
-        self.modules = hf_modules(prefix)
-        self.act_quant = self.spec.activation_quant == "int8_per_token"
+        super().__init__(quant_config, prefix)
         entries = [self.spec.linears[m] for m in self.modules.values()]
         sizes = {e.scale.group_size for e in entries if e.scale is not None and e.scale.granularity == "group"}
         if len(sizes) > 1:
             raise KeyMapError(f"vLLM layer {prefix!r} fuses {list(self.modules.values())} with different group sizes "
                               f"{sorted(sizes)}; one fused layer takes one group size")
         self.group_size: Optional[int] = sizes.pop() if sizes else None
-
-    _entry = TernaryLinearMethod._entry
-    _fused_entries = TernaryLinearMethod._fused_entries
 
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], input_size: int, output_size: int,
@@ -474,32 +482,10 @@ class DenseFallbackLinearMethod(LinearMethodBase):
 
     def _scale_loader(self, layer, vllm_loader):
         G = self.group_size
-
-        def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
-            if shard_id is None and len(self.modules) > 1:
-                s = torch.cat([group_mult(loaded_weight, e, m, G) for m, e in self._fused_entries("scale")])
-                layer.trit_loaded.update(("scale", sid) for sid in self.modules)
-            else:
-                name, entry = self._entry(shard_id)
-                s = group_mult(loaded_weight, entry, name, G)
-                layer.trit_loaded.add(("scale", shard_id))
-            s = s.to(device=param.device, dtype=param.dtype)
-            if shard_id is None:
-                vllm_loader(param, s)
-            else:
-                vllm_loader(param, s, shard_id)
-        return load
+        return self._scale_loader_with(layer, vllm_loader, lambda raw, e, m: group_mult(raw, e, m, G))
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        for sid, name in self.modules.items():
-            e = self.spec.linears[name]
-            if ("weight", sid) not in layer.trit_loaded:
-                raise KeyMapError(f"missing checkpoint tensor {e.weight_key!r}: weight of {name} (vLLM "
-                                  f"{self.prefix}.weight{'' if sid is None else f', shard {sid!r}'}) was never loaded")
-            if e.scale is not None and ("scale", sid) not in layer.trit_loaded:
-                raise KeyMapError(f"missing checkpoint tensor {e.scale.key!r}: scale of {name} (vLLM "
-                                  f"{self.prefix}.weight_scale{'' if sid is None else f', shard {sid!r}'}) was never "
-                                  f"loaded")
+        self._check_loaded(layer, what="weight")
         layer.weight = Parameter(dense_weight(layer.weight.data, layer.weight_scale.data, self.group_size,
                                               layer.trit_dtype), requires_grad=False)
         del layer.weight_scale
