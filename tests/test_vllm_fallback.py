@@ -31,21 +31,6 @@ SHAPES = {"self_attn.q_proj": (128, 128), "self_attn.k_proj": (64, 128), "self_a
           "mlp.gate_proj": (384, 128), "mlp.up_proj": (384, 128), "mlp.down_proj": (128, 384)}
 
 
-@pytest.fixture(scope="module")
-def vllm_env(tmp_path_factory):
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-    from vllm.distributed.parallel_state import model_parallel_is_initialized
-
-    ctx = set_current_vllm_config(VllmConfig())
-    ctx.__enter__()
-    if not model_parallel_is_initialized():
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"file://{tmp_path_factory.mktemp('dist')}/init")
-        initialize_model_parallel(1, 1)
-    yield
-    ctx.__exit__(None, None, None)
-
 
 @pytest.fixture(scope="module")
 def int4_group():

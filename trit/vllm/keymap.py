@@ -186,32 +186,12 @@ def check_coverage(key_map: dict[str, list[Target]], checkpoint_keys, where: str
 
 def decode_weight(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bool = False) -> torch.Tensor:
     """Checkpoint tensor -> int8 (n, K) ternary values of module ``name`` (its ``rows`` of a
-    fused tensor, or the whole fused tensor when ``fused``)."""
-    where = f"tensor {entry.weight_key!r} ({name})"
-    raw = raw.detach().cpu()  # safetensors hands CPU tensors; unpack runs there once per tensor
-    if entry.layout is not None:  # a trit.export checkpoint on the decode route (see quant.prepacked_route)
-        try:
-            vals = unpack_layout(raw, entry.layout, entry.shape, where=where)
-        except ValueError as e:
-            raise FormatError(str(e)) from None
-    elif entry.pack is not None:
-        try:
-            vals = unpack(raw, entry.pack, entry.shape, name=where)
-        except FormatError as e:
-            raise FormatError(str(e) if where in str(e) else f"{where}: {e}") from None
-    else:
-        if tuple(raw.shape) != entry.shape:
-            raise FormatError(f"{where}: shape {list(raw.shape)}, the spec says {list(entry.shape)}")
-        vals = raw.float()
-        if not bool(((vals == -1) | (vals == 0) | (vals == 1)).all()):
-            raise FormatError(f"{where}: stored unpacked but not ternary; the trit ops need values in "
-                              f"{{-1, 0, 1}} (fold float weights into the scale first)")
-        vals = vals.to(torch.int8)
-    if entry.rows is not None and not fused:
-        vals = vals[entry.rows[0]:entry.rows[1]]
-    if vals.dtype != torch.int8 or (vals.numel() and int(vals.abs().max()) > 1):
-        raise FormatError(f"{where}: values outside {{-1, 0, 1}}; the trit ops are ternary only")
-    return vals.contiguous()
+    fused tensor, or the whole fused tensor when ``fused``): ``decode_levels`` + the ternary check."""
+    vals = decode_levels(raw, entry, name, fused=fused)
+    if vals.numel() and int(vals.abs().max()) > 1:
+        raise FormatError(f"tensor {entry.weight_key!r} ({name}): values outside {{-1, 0, 1}}; the trit ops are "
+                          f"ternary only (the dense fallback takes other integer levels)")
+    return vals
 
 
 def shard_scale(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bool = False) -> torch.Tensor:
@@ -249,12 +229,15 @@ def dense_reason(entry: LinearEntry) -> Optional[str]:
 
 
 def decode_levels(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bool = False) -> torch.Tensor:
-    """Checkpoint tensor -> int8 (n, K) integer values of module ``name`` (any levels that fit
-    int8; the dense fallback's counterpart of ``decode_weight``)."""
+    """Checkpoint tensor -> int8 (n, K) integer values of module ``name`` (its ``rows`` of a fused
+    tensor, or the whole fused tensor when ``fused``); any levels that fit int8."""
     where = f"tensor {entry.weight_key!r} ({name})"
-    raw = raw.detach().cpu()
-    if entry.layout is not None:  # always ternary
-        vals = decode_weight(raw, entry, name, fused=True)
+    raw = raw.detach().cpu()  # safetensors hands CPU tensors; unpack runs there once per tensor
+    if entry.layout is not None:  # a trit.export checkpoint on the decode route (see quant.prepacked_route)
+        try:
+            vals = unpack_layout(raw, entry.layout, entry.shape, where=where)
+        except ValueError as e:
+            raise FormatError(str(e)) from None
     elif entry.pack is not None:
         try:
             vals = unpack(raw, entry.pack, entry.shape, name=where)
