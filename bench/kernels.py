@@ -39,6 +39,8 @@ HUMMING_MS = (1, 16, 64, 4096)  # humming JIT-compiles per shape and M bucket: k
 
 
 def git_commit() -> str:
+    if os.environ.get("TRIT_COMMIT"):  # the GPU machine gets the tree without .git
+        return os.environ["TRIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         sha = out.stdout.strip()
@@ -96,20 +98,36 @@ def time_eager(calls, reps: int = 5) -> float:
     return statistics.median(ts)
 
 
-def with_kernel(gen: str, f):
-    """f run with TRIT_KERNEL=gen (read by the extension on every call, so also while a CUDA
-    graph is captured: the graph keeps that kernel)."""
+def with_env(env: dict, f):
+    """f run with the given TRIT_* environment (read by the extension on every call, so also
+    while a CUDA graph is captured: the graph keeps what was chosen then)."""
     def g(i):
-        old = os.environ.get("TRIT_KERNEL")
-        os.environ["TRIT_KERNEL"] = gen
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
             return f(i)
         finally:
-            if old is None:
-                del os.environ["TRIT_KERNEL"]
-            else:
-                os.environ["TRIT_KERNEL"] = old
+            for k, v in old.items():
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
     return g
+
+
+# M <= 8 variants beside the default (v5 kernels, PDL, L2 bulk prefetch): what each knob buys
+SMALL_M_VARIANTS = {  # (--variants selects a subset)
+    "v4": {"TRIT_KERNEL": "v4"},
+    "nopdl": {"TRIT_KERNEL": "v5", "TRIT_PDL": "0"},
+    "nopf": {"TRIT_KERNEL": "v5", "TRIT_L2PF": "0"},
+    "pf": {"TRIT_KERNEL": "v5", "TRIT_L2PF": "2"},
+    "roll1": {"TRIT_KERNEL": "v5", "TRIT_L2PF": "3"},
+    "roll2": {"TRIT_KERNEL": "v5", "TRIT_L2PF": "4"},
+    "roll4": {"TRIT_KERNEL": "v5", "TRIT_L2PF": "6"},
+    "depth3": {"TRIT_KERNEL": "v5", "TRIT_DEPTH": "3"},
+    "depth4": {"TRIT_KERNEL": "v5", "TRIT_DEPTH": "4"},
+}
+KS_SWEEP = (1, 2, 4, 8)
 
 
 def pack_hf_bitnet(w_int8: torch.Tensor) -> torch.Tensor:
@@ -148,7 +166,7 @@ class Humming:
         return layer
 
 
-def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False):
+def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, small_variants=None):
     from trit import ops
 
     dev = "cuda"
@@ -190,13 +208,20 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False):
             "linear": lambda i: ops.ternary_linear(x, packs[i % nt], scale, N, K),
             "a8": lambda i: torch.ops.trit.ternary_mm_a8(x, packs[i % nt], scale, N, K, None),
         }
-        if M <= 8:  # the opt-in v5 small-M kernels side by side with the default v4
-            variants["fused_v5"] = with_kernel("v5", variants["fused"])
-            variants["a8_v5"] = with_kernel("v5", variants["a8"])
+        if M <= 8:  # the default small-M path against v4 and with each launch knob off
+            for tag, env in SMALL_M_VARIANTS.items():
+                if small_variants is not None and tag not in small_variants:
+                    continue
+                variants[f"fused_{tag}"] = with_env(env, variants["fused"])
+                variants[f"a8_{tag}"] = with_env(env, variants["a8"])
+            if ks_sweep and M == 1:
+                for ks in KS_SWEEP:
+                    variants[f"a8_ks{ks}"] = with_env({"TRIT_KS": str(ks)}, variants["a8"])
+                    variants[f"fused_ks{ks}"] = with_env({"TRIT_KS": str(ks)}, variants["fused"])
         if hum_layers and M in HUMMING_MS:
             variants["humming"] = lambda i: hum_layers[i % len(hum_layers)](x)
         for name, f in variants.items():
-            if quick and name in ("a8", "a8_v5") and big:
+            if quick and name.startswith("a8") and big:
                 continue
             if name in ("fused", "a8") and M > 256:
                 continue  # not a dispatch path there (run 2 measured them 3-10x slower than dense)
@@ -220,7 +245,7 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False):
         if hum_err:
             row["humming_error"] = hum_err[:300]
         b = row.get("bf16_us")
-        for name in ("fused", "fused_v5", "dense", "linear", "a8", "a8_v5", "humming"):
+        for name in list(variants):
             t = row.get(f"{name}_us")
             if t and b:
                 row[f"{name}_x_bf16"] = b / t
@@ -247,8 +272,14 @@ def fmt_row(r) -> str:
     return (f"{r['N']:>5}x{r['K']:<5} M={r['M']:<4} bf16 {_f(r.get('bf16_us'), '8.1f')}  "
             f"linear {_f(r.get('linear_us'), '8.1f')} ({_f(r.get('linear_x_bf16'), '5.2f')}x, "
             f"{_f(r.get('linear_pct_copy_ceiling'), '4.0f')}% ceil)  fused {_f(r.get('fused_us'), '8.1f')}  "
-            f"(v5 {_f(r.get('fused_v5_us'), '6.1f')})  dense {_f(r.get('dense_us'), '8.1f')}  "
-            f"a8 {_f(r.get('a8_us'), '8.1f')} (v5 {_f(r.get('a8_v5_us'), '6.1f')})  "
+            f"(v4 {_f(r.get('fused_v4_us'), '6.1f')} nopdl {_f(r.get('fused_nopdl_us'), '6.1f')} "
+            f"nopf {_f(r.get('fused_nopf_us'), '6.1f')} pf {_f(r.get('fused_pf_us'), '6.1f')})  dense {_f(r.get('dense_us'), '8.1f')}  "
+            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} nopdl "
+            f"{_f(r.get('a8_nopdl_us'), '6.1f')} nopf {_f(r.get('a8_nopf_us'), '6.1f')} pf {_f(r.get('a8_pf_us'), '6.1f')})  "
+            + "".join(f"{t} {_f(r.get(f'a8_{t}_us'), '.1f')}/{_f(r.get(f'fused_{t}_us'), '.1f')} "
+                      for t in ("roll1", "roll2", "roll4", "depth3", "depth4") if r.get(f"a8_{t}_us"))
+            + "".join(f"ks{k} {_f(r.get(f'a8_ks{k}_us'), '.1f')}/{_f(r.get(f'fused_ks{k}_us'), '.1f')} "
+                      for k in KS_SWEEP if r.get(f"a8_ks{k}_us")) +
             f"humming {_f(r.get('humming_us'), '8.1f')}  floor {r['floor_us']:.1f}")
 
 
@@ -262,22 +293,54 @@ def markdown(meta, rows) -> str:
              f"M <= {meta['fused_max_m']}, else dense decode + cuBLAS); `fused` = torch.ops.trit.ternary_mm "
              "at every M; `dense` = ternary_decode + cuBLAS; `a8` = ternary_mm_a8 (W1.58A8). "
              "x = ratio of bf16 time to ours (higher is better); % ceil = packed-weight bytes / time "
-             "against the copy ceiling; floor = packed bytes / 4.18 TB/s. `v5` columns (M <= 8): the "
-             "same op with TRIT_KERNEL=v5, the opt-in v5 small-M kernels (default: v4).", "",
-             "| N x K | M | bf16 us | linear us | x bf16 | % ceil | fused us | fused v5 us | dense us "
-             "| a8 us (x bf16) | a8 v5 us "
+             "against the copy ceiling; floor = packed bytes / 4.18 TB/s. M <= 8 runs the v5 kernels "
+             "with programmatic dependent launch (and an L2 bulk prefetch of each warp's weights); the "
+             "`v4` / `no PDL` / `L2 pf off / on` columns rerun the same op with TRIT_KERNEL=v4 / TRIT_PDL=0 / "
+             "TRIT_L2PF=0 / TRIT_L2PF=2 (the default prefetches only for a8 on layers <= 4 MiB packed).", "",
+             "| N x K | M | bf16 us | linear us | x bf16 | % ceil | fused us | fused v4 | fused no PDL "
+             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 no PDL | a8 L2 pf off / on "
              "| humming us | x humming | floor us | bf16 eager | linear eager |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         a8 = r.get("a8_us")
         a8s = "-" if a8 is None else f"{a8:.1f} ({r.get('a8_x_bf16', 0):.2f}x)"
         lines.append(
             f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('bf16_us'), '.1f')} | {_f(r.get('linear_us'), '.1f')} "
             f"| {_f(r.get('linear_x_bf16'), '.2f')} | {_f(r.get('linear_pct_copy_ceiling'), '.0f')} "
-            f"| {_f(r.get('fused_us'), '.1f')} | {_f(r.get('fused_v5_us'), '.1f')} | {_f(r.get('dense_us'), '.1f')} "
-            f"| {a8s} | {_f(r.get('a8_v5_us'), '.1f')} "
+            f"| {_f(r.get('fused_us'), '.1f')} | {_f(r.get('fused_v4_us'), '.1f')} "
+            f"| {_f(r.get('fused_nopdl_us'), '.1f')} | {_f(r.get('fused_nopf_us'), '.1f')} / {_f(r.get('fused_pf_us'), '.1f')} | {_f(r.get('dense_us'), '.1f')} "
+            f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} | {_f(r.get('a8_nopdl_us'), '.1f')} "
+            f"| {_f(r.get('a8_nopf_us'), '.1f')} / {_f(r.get('a8_pf_us'), '.1f')} "
             f"| {_f(r.get('humming_us'), '.1f')} | {_f(r.get('linear_x_humming'), '.2f')} "
             f"| {r['floor_us']:.1f} | {_f(r.get('bf16_eager_us'), '.1f')} | {_f(r.get('linear_eager_us'), '.1f')} |")
+    roll = [r for r in rows if any(r.get(f"a8_{t}_us") for t in ("roll1", "roll2", "roll4"))]
+    if roll:
+        lines += ["", "Rolling L2 prefetch (TRIT_L2PF=2+d: lane 0 of each warp keeps d chunks of 4 k-blocks "
+                  "prefetched into L2 ahead of its loads); us, a8 / fused:", "",
+                  "| N x K | M | default | no prefetch | whole range | d=1 | d=2 | d=4 |", "|---|---|---|---|---|---|---|---|"]
+        for r in roll:
+            lines.append(f"| {r['N']}x{r['K']} | {r['M']} | " + " | ".join(
+                f"{_f(r.get(f'a8{t}_us'), '.1f')} / {_f(r.get(f'fused{t}_us'), '.1f')}"
+                for t in ("", "_nopf", "_pf", "_roll1", "_roll2", "_roll4")) + " |")
+    deep = [r for r in rows if r.get("a8_depth3_us") or r.get("a8_depth4_us")]
+    if deep:
+        lines += ["", "Register ring depth (TRIT_DEPTH: weight chunks of 4 k-blocks per warp; 2 = double "
+                  "buffering at 80 registers, 3/4 up to 128); us, a8 / fused:", "",
+                  "| N x K | M | default (2) | 3 | 4 |", "|---|---|---|---|---|"]
+        for r in deep:
+            lines.append(f"| {r['N']}x{r['K']} | {r['M']} | " + " | ".join(
+                f"{_f(r.get(f'a8{t}_us'), '.1f')} / {_f(r.get(f'fused{t}_us'), '.1f')}"
+                for t in ("", "_depth3", "_depth4")) + " |")
+    sweep = [r for r in rows if r.get("a8_ks1_us")]
+    if sweep:
+        lines += ["", "Split-K sweep at M = 1 (TRIT_KS: warps per 16-row tile; us, a8 / fused; "
+                  "`default` = choose_cfg's choice):", "",
+                  "| N x K | default a8 / fused | " + " | ".join(f"ks={k}" for k in KS_SWEEP) + " |",
+                  "|---|---|" + "---|" * len(KS_SWEEP)]
+        for r in sweep:
+            lines.append(f"| {r['N']}x{r['K']} | {_f(r.get('a8_us'), '.1f')} / {_f(r.get('fused_us'), '.1f')} | "
+                         + " | ".join(f"{_f(r.get(f'a8_ks{k}_us'), '.1f')} / {_f(r.get(f'fused_ks{k}_us'), '.1f')}"
+                                      for k in KS_SWEEP) + " |")
     errs = sorted({f"{k}: {v}" for r in rows for k, v in r.items() if k.endswith("_error")})
     if errs:
         lines += ["", "Errors:", *[f"- {e}" for e in errs]]
@@ -291,6 +354,9 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
     ap.add_argument("--quick", action="store_true", help="skip a8 at the largest problems")
     ap.add_argument("--no-humming", action="store_true")
+    ap.add_argument("--ks-sweep", action="store_true", help="M=1: time every split-K choice (TRIT_KS)")
+    ap.add_argument("--variants", default=None, help="M <= 8 variants to time beside the default, comma list of "
+                    + ",".join(SMALL_M_VARIANTS) + " (default: all)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench.kernels needs a CUDA GPU")
@@ -315,7 +381,8 @@ def main(argv=None):
     t0 = time.time()
     for gname in groups:
         for N, K in SHAPES[gname]:
-            bench_shape(N, K, ms, hum, rows, quick=args.quick)
+            bench_shape(N, K, ms, hum, rows, quick=args.quick, ks_sweep=args.ks_sweep,
+                        small_variants=args.variants.split(",") if args.variants else None)
     meta["bench_seconds"] = round(time.time() - t0, 1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

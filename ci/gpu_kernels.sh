@@ -76,23 +76,23 @@ PYEOF
 fi
 
 if has ncu && command -v ncu >/dev/null; then
-  step "ncu: fused kernel, M=1, 28672x8192 (speed of light, occupancy, warp stalls)"
+  step "ncu: small-M kernels, M=1 (speed of light, occupancy, warp stalls)"
   cat > /tmp/trit_ncu_driver.py <<'PYEOF'
 import torch
 from trit import ops
-N, K = 28672, 8192
-w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda")
-p, s = ops.repack(w), torch.rand(N, device="cuda")
-for M in (1, 16):
-    x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
-    for _ in range(3):
+for N, K in ((28672, 8192), (2560, 2560)):
+    w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda")
+    p, s = ops.repack(w), torch.rand(N, device="cuda")
+    x = torch.randn(1, K, device="cuda").to(torch.bfloat16)
+    for _ in range(2):
         torch.ops.trit.ternary_mm(x, p, s, N, K, None)
+        torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)
 torch.cuda.synchronize()
 PYEOF
-  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:tmm_ -s 2 -c 2 \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:${NCU_KERNELS:-small_kernel} -s 2 -c 4 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section InstructionStats \
     $PY /tmp/trit_ncu_driver.py > "$OUT/ncu.txt" 2>&1 || echo "ncu failed (see ncu.txt)"
-  grep -E "tmm_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Stall|Warp Cycles Per Issued" "$OUT/ncu.txt" | head -60
+  grep -E "small_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Stall|Warp Cycles Per Issued|Executed Instructions " "$OUT/ncu.txt" | head -80
 fi
 
 if has bench; then

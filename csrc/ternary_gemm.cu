@@ -12,7 +12,8 @@
 //                           small-M fused kernel with per-k-block overhead cut (see its section).
 //   a8_small_kernel<T>      v5 W1.58A8 for M <= 8, fed by quant_rows_perm_kernel<T> (xq
 //                           permuted within groups of 8 so the mma B registers need no PRMT).
-//   TRIT_KERNEL=v5 (environment, read per call) sends M <= 8 to the v5 kernels (opt-in until validated).
+//   M <= 8 goes to the v5 kernels (TRIT_KERNEL=v4 in the environment: the v4 kernels), launched
+//   with programmatic dependent launch (TRIT_PDL) and an L2 bulk prefetch (TRIT_L2PF): see Knobs.
 //   naive_kernel<T>         one thread per output: the correctness anchor.
 //   decode_kernel<T>        packed -> dense [N,K] (optionally x scale): the large-M path
 //                           hands the result to cuBLAS.
@@ -651,6 +652,38 @@ __device__ __forceinline__ uint32_t opaque(uint32_t v) {
   return r;
 }
 
+// Programmatic dependent launch (Hopper): a kernel launched with programmatic stream
+// serialization (launch_ex, pdl = true) may start while its predecessor in the stream is still
+// running. It may read only what no earlier kernel writes (the packed weights, scales, bias)
+// before pdl_wait(), which returns once every predecessor grid has finished and its memory is
+// visible. Without the launch attribute pdl_wait() returns at once. pdl_trigger() lets this
+// kernel's own dependents start launching (they still pdl_wait() for its completion).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// One instruction asks the memory system to stream a contiguous range into L2 (Hopper bulk
+// prefetch; a hint: no register or smem cost, no effect on results). bytes % 16 == 0, p 16-aligned.
+__device__ __forceinline__ void l2_prefetch(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+constexpr int kFlagL2Prefetch = 1;  // small-M kernels: prefetch the warp's weight range to L2 first
+constexpr int kFlagL2Rolling = 2;   // ... or a window of (flags >> 8) chunks ahead of the loads
+
+// Rolling L2 prefetch of k-blocks [b0, b1) of a warp's range (clamped to its nk blocks), lane 0.
+__device__ __forceinline__ void l2_prefetch_blocks(const int4* wbase, int b0, int b1, int nk) {
+  b1 = min(b1, nk);
+  if (b0 < b1) l2_prefetch(wbase + (size_t)b0 * 32, (uint32_t)(b1 - b0) * 512u);
+}
+
 // word i (a compile-time constant after unrolling) of a lane's 16-byte weight load
 __device__ __forceinline__ uint32_t word_of_rt(const int4& v, int i) {
   return static_cast<uint32_t>(i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w);
@@ -693,10 +726,10 @@ __device__ __forceinline__ void kb_range(int KB, int& kb0, int& kb1) {
 }
 
 // Grid: x = packed row tiles (one per CTA), block: 32 * KS threads (split-K warps).
-template <typename T>
-__global__ void __launch_bounds__(kV5Threads, kV5MinCtas)
+template <typename T, int NBUF>
+__global__ void __launch_bounds__(kV5Threads, NBUF == 2 ? kV5MinCtas : 2)
     tmm_small_kernel(const T* __restrict__ x, const int4* __restrict__ wp, const float* __restrict__ scale,
-                     const T* __restrict__ bias, T* __restrict__ y, int M, int N, int K, int KB) {
+                     const T* __restrict__ bias, T* __restrict__ y, int M, int N, int K, int KB, int flags) {
   extern __shared__ float red[];  // [KS][4][32]
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int tile = blockIdx.x;
@@ -738,15 +771,27 @@ __global__ void __launch_bounds__(kV5Threads, kV5MinCtas)
     wq += kV5U * 32;
   };
 
+  // before pdl_wait (x may still be being written): weights only
+  const int4* wbase = wq - lane;
+  const bool roll = (flags & kFlagL2Rolling) && lane == 0;
+  const int dist = (flags >> 8) * kV5U;  // rolling window, k-blocks
+  if ((flags & kFlagL2Prefetch) && lane == 0 && kb1 > kb0) l2_prefetch(wbase, (uint32_t)(kb1 - kb0) * 512u);
+  if (roll) l2_prefetch_blocks(wbase, kV5U, kV5U + dist, kb1 - kb0);
   const int nch = nfull / kV5U;
-  int4 a0[kV5U], a1[kV5U];
-  if (nch > 0) load_chunk(a0, wq);
-  for (int j = 0; j < nch; j += 2) {
-    if (j + 1 < nch) load_chunk(a1, wq + kV5U * 32);  // uniform: predicated loads, no branch
-    run_chunk(a0);
-    if (j + 1 >= nch) break;
-    if (j + 2 < nch) load_chunk(a0, wq + kV5U * 32);
-    run_chunk(a1);
+  // ring of NBUF chunk buffers: NBUF - 1 chunks in flight while one is computed
+  int4 buf[NBUF][kV5U];
+#pragma unroll
+  for (int b = 0; b < NBUF - 1; ++b)
+    if (b < nch) load_chunk(buf[b], wq + b * kV5U * 32);
+  pdl_wait();
+  for (int j = 0; j < nch; j += NBUF) {
+    if (roll) l2_prefetch_blocks(wbase, (j + 1) * kV5U + dist, (j + 1 + NBUF) * kV5U + dist, kb1 - kb0);
+#pragma unroll
+    for (int u = 0; u < NBUF; ++u) {
+      if (j + u >= nch) break;  // uniform
+      if (j + u + NBUF - 1 < nch) load_chunk(buf[(u + NBUF - 1) % NBUF], wq + (NBUF - 1) * kV5U * 32);
+      run_chunk(buf[u]);  // advances wq and xp by one chunk
+    }
   }
   // < kV5U remaining full k-blocks: all weight loads first, then compute
   const int nrem = nfull - nch * kV5U;
@@ -777,11 +822,11 @@ __global__ void __launch_bounds__(kV5Threads, kV5MinCtas)
 // W1.58A8, M <= 8. xq: [M, KB*128] int8, zero-padded past K, each group of 8 inputs stored in
 // the order {0,4,1,5,2,6,3,7} (quant_rows_kernel<T, true>), so that the first 4 bytes of a group
 // are the mma B register b0 and the last 4 are b1 (v4 builds them with two PRMT).
-template <typename T>
-__global__ void __launch_bounds__(kV5Threads, kV5MinCtas)
+template <typename T, int NBUF>
+__global__ void __launch_bounds__(kV5Threads, NBUF == 2 ? kV5MinCtas : 2)
     a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                     const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
-                    T* __restrict__ y, int M, int N, int KB) {
+                    T* __restrict__ y, int M, int N, int KB, int flags) {
   extern __shared__ int redi[];  // [KS][4][32]
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int tile = blockIdx.x;
@@ -817,15 +862,27 @@ __global__ void __launch_bounds__(kV5Threads, kV5MinCtas)
     wq += kV5U * 32;
   };
 
+  // before pdl_wait (xq is written by the quantizer launched just before): weights only
+  const int4* wbase = wq - lane;
+  const bool roll = (flags & kFlagL2Rolling) && lane == 0;
+  const int dist = (flags >> 8) * kV5U;  // rolling window, k-blocks
+  if ((flags & kFlagL2Prefetch) && lane == 0 && nk > 0) l2_prefetch(wbase, (uint32_t)nk * 512u);
+  if (roll) l2_prefetch_blocks(wbase, kV5U, kV5U + dist, nk);
   const int nch = nk / kV5U;
-  int4 a0[kV5U], a1[kV5U];
-  if (nch > 0) load_chunk(a0, wq);
-  for (int j = 0; j < nch; j += 2) {
-    if (j + 1 < nch) load_chunk(a1, wq + kV5U * 32);
-    run_chunk(a0);
-    if (j + 1 >= nch) break;
-    if (j + 2 < nch) load_chunk(a0, wq + kV5U * 32);
-    run_chunk(a1);
+  // ring of NBUF chunk buffers: NBUF - 1 chunks in flight while one is computed
+  int4 buf[NBUF][kV5U];
+#pragma unroll
+  for (int b = 0; b < NBUF - 1; ++b)
+    if (b < nch) load_chunk(buf[b], wq + b * kV5U * 32);
+  pdl_wait();
+  for (int j = 0; j < nch; j += NBUF) {
+    if (roll) l2_prefetch_blocks(wbase, (j + 1) * kV5U + dist, (j + 1 + NBUF) * kV5U + dist, nk);
+#pragma unroll
+    for (int u = 0; u < NBUF; ++u) {
+      if (j + u >= nch) break;  // uniform
+      if (j + u + NBUF - 1 < nch) load_chunk(buf[(u + NBUF - 1) % NBUF], wq + (NBUF - 1) * kV5U * 32);
+      run_chunk(buf[u]);  // advances wq and xp by one chunk
+    }
   }
   const int nrem = nk - nch * kV5U;
   if (nrem > 0) {
@@ -870,6 +927,8 @@ __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restric
                                                               bool vec) {
   __shared__ float sh_f[8];
   __shared__ int sh_i[8];
+  pdl_trigger();  // the GEMV may launch now and stream its weights; it waits for this grid
+  pdl_wait();     // x comes from the kernel before
   const int m = blockIdx.x;
   const T* row = x + (size_t)m * K;
   float amax = 0.f;
@@ -1039,25 +1098,101 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
   return cudaGetLastError();
 }
 
-// Kernel generation for M <= 8: TRIT_KERNEL=v5 selects tmm_small_kernel / a8_small_kernel, v4 (or
-// unset) the measured v4 kernels.  v5 stays opt-in until an H200 run has validated and timed it
-// (it was written in a session without device time; see bench/results/NOTES.md).
-// Read on every call (host only, no sync) so that one process can time both side by side;
-// a CUDA graph keeps the kernel chosen when it was captured.
-bool use_v5() {
-  const char* e = getenv("TRIT_KERNEL");
-  return e != nullptr && strcmp(e, "v5") == 0;
+// Small-M (M <= 8) knobs, read from the environment on every call (host only, no sync), so one
+// process can time the variants side by side; a CUDA graph keeps what was chosen at capture.
+//   TRIT_KERNEL = v5 (default) | v4   kernel generation for M <= 8 (v4: tmm_kernel / a8_kernel)
+//   TRIT_PDL    = 1 (default) | 0     programmatic dependent launch of the v5 kernels (sm_90+):
+//                                     weights stream in while the kernel before still runs
+//   TRIT_L2PF   = 1 (default) | 0 | 2 v5 kernels bulk-prefetch each warp's weight range into L2
+//                                     (1: where it measured faster, see l2pf_flags; 2: always;
+//                                     2 + d: a rolling window d chunks ahead of the loads)
+//   TRIT_KS     = n                   split-K warps per CTA for v5 (default: small_cfg), 1..8
+//   TRIT_DEPTH  = 2 | 3 | 4           weight chunks per warp in the v5 register ring (NBUF; 2 = double
+//                                     buffering, 80 registers; 3 and 4 allow up to 128): see depth_for
+// The defaults are the measured best on the H200 (bench/results/NOTES.md).
+struct Knobs {
+  bool v5, pdl;
+  int l2pf, ks, depth;
+};
+int env_int(const char* name, int dflt) {
+  const char* e = getenv(name);
+  return (e != nullptr && *e != '\0') ? atoi(e) : dflt;
+}
+Knobs knobs() {
+  const char* k = getenv("TRIT_KERNEL");
+  Knobs n;
+  n.v5 = !(k != nullptr && strcmp(k, "v4") == 0);
+  n.pdl = env_int("TRIT_PDL", 1) != 0;
+  n.l2pf = env_int("TRIT_L2PF", 1);
+  n.ks = env_int("TRIT_KS", 0);
+  n.depth = env_int("TRIT_DEPTH", 0);
+  return n;
+}
+bool pdl_supported() {  // griddepcontrol needs sm_90+; ask once per device
+  static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  if (cached[dev] == 0) {
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cached[dev] = major >= 9 ? 1 : 2;
+  }
+  return cached[dev] == 1;
 }
 
+// cudaLaunchKernelEx with (pdl) or without programmatic stream serialization.
+template <typename... KArgs, typename... Args>
+cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl,
+                      Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+}
+
+// Split-K for the v5 kernels (one 16-row tile per CTA, ks warps along K). Measured on the H200
+// (bench.kernels --ks-sweep, M = 1, ten shapes): the best ks makes n_tiles * ks reach ~1536-2048
+// warps (about one resident wave at 24 warps/SM), e.g. 28672x8192 (1792 tiles) ks = 1,
+// 14336x4096 ks = 2, 8192x8192 and 8192x28672 ks = 4, 2560-wide shapes ks = 8; more warps only
+// add split-K reductions and a second wave. Every warp keeps >= 2 k-blocks.
+Cfg small_cfg(const Knobs& kn, int M, int N, int K) {
+  Cfg cfg{1, 1, 1, 1};
+  const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
+  while (cfg.ks < kV5Threads / 32 && n_tiles * cfg.ks < 1536 && KB / (2 * cfg.ks) >= 2) cfg.ks *= 2;
+  if (kn.ks > 0) cfg.ks = max(1, min(min(kn.ks, kV5Threads / 32), KB));
+  return cfg;
+}
+
+// L2 bulk prefetch: measured to help only the a8 path on small layers (<= 4 MiB packed), where
+// the weights stream into L2 while the quantizer runs (2560x2560: 4.6 vs 4.9 us); on large
+// layers it cost up to 10% (28672x8192: 26.3 vs 23.7 us) and the fp path never gained.
+// TRIT_L2PF=0 turns it off everywhere, TRIT_L2PF=2 forces it on.
+int l2pf_flags(int l2pf, bool a8, int N, int K) {
+  if (l2pf == 2) return kFlagL2Prefetch;
+  if (l2pf >= 3) return kFlagL2Rolling | (min(l2pf - 2, 16) << 8);  // 3: one chunk ahead, 4: two, ...
+  return (l2pf == 1 && a8 && (long)N * K <= (16L << 20)) ? kFlagL2Prefetch : 0;
+}
+
+// Chunks in the register ring: 2 (double buffering) unless TRIT_DEPTH asks for 3 or 4.
+int depth_for(const Knobs& kn) { return kn.depth == 3 || kn.depth == 4 ? kn.depth : 2; }
+
 template <typename T>
-cudaError_t launch_small(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y, int M, int N,
-                         int K, cudaStream_t st) {
-  const Cfg cfg = choose_cfg(M, N, K, 1, kV5Threads);  // mt = wn = nw = 1: split-K only
+cudaError_t launch_small(const Knobs& kn, const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
+                         int M, int N, int K, cudaStream_t st) {
+  const Cfg cfg = small_cfg(kn, M, N, K);
   const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
   const size_t smem = (size_t)cfg.ks * 128 * sizeof(float);
-  tmm_small_kernel<T><<<n_tiles, cfg.ks * 32, smem, st>>>(x, reinterpret_cast<const int4*>(wp), scale, bias, y,
-                                                            M, N, K, KB);
-  return cudaGetLastError();
+  const int depth = depth_for(kn);
+  auto kern = depth == 4 ? tmm_small_kernel<T, 4> : depth == 3 ? tmm_small_kernel<T, 3> : tmm_small_kernel<T, 2>;
+  return launch_ex(kern, dim3(n_tiles), dim3(cfg.ks * 32), smem, st, kn.pdl && pdl_supported(), x,
+                   reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, K, KB, l2pf_flags(kn.l2pf, false, N, K));
 }
 
 template <typename T>
@@ -1065,7 +1200,10 @@ cudaError_t dispatch_tmm(const T* x, const int32_t* wp, const float* scale, cons
                          int M, int N, int K, cudaStream_t st) {
   if constexpr (sizeof(T) == 2) {
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
-    if (M <= 8 && vec && use_v5()) return launch_small<T>(x, wp, scale, bias, y, M, N, K, st);
+    if (M <= 8 && vec) {
+      const Knobs kn = knobs();
+      if (kn.v5) return launch_small<T>(kn, x, wp, scale, bias, y, M, N, K, st);
+    }
   }
   // MT stops at 4 (32 rows per grid row): MT = 8 spills registers
   const Cfg cfg = choose_cfg(M, N, K, 4);
@@ -1094,17 +1232,21 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
                         int M, int N, int K, int8_t* xq, float* xs, int32_t* rowsum,
                         cudaStream_t st) {
   const int KB = (K + kBlockK - 1) / kBlockK;
-  if (M <= 8 && use_v5()) {
+  const Knobs kn = M <= 8 ? knobs() : Knobs{false, false, 0, 0, 0};
+  if (M <= 8 && kn.v5) {
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
-    quant_rows_perm_kernel<T><<<M, 256, 0, st>>>(x, xq, xs, rowsum, K, KB * kBlockK, vec);
-    cudaError_t e = cudaGetLastError();
+    const bool pdl = kn.pdl && pdl_supported();
+    cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(M), dim3(256), 0, st, pdl, x, xq, xs, rowsum, K,
+                              KB * kBlockK, vec);
     if (e != cudaSuccess) return e;
-    const Cfg cfg = choose_cfg(M, N, K, 1, kV5Threads);
+    const Cfg cfg = small_cfg(kn, M, N, K);
     const int n_tiles = (N + kTileN - 1) / kTileN;
     const size_t smem = (size_t)cfg.ks * 128 * sizeof(int);
-    a8_small_kernel<T><<<n_tiles, cfg.ks * 32, smem, st>>>(xq, xs, rowsum, reinterpret_cast<const int4*>(wp), scale,
-                                                             bias, y, M, N, KB);
-    return cudaGetLastError();
+    const int depth = depth_for(kn);
+    auto kern = depth == 4 ? a8_small_kernel<T, 4> : depth == 3 ? a8_small_kernel<T, 3> : a8_small_kernel<T, 2>;
+    return launch_ex(kern, dim3(n_tiles), dim3(cfg.ks * 32), smem, st, pdl, (const int8_t*)xq,
+                     (const float*)xs, (const int32_t*)rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M,
+                     N, KB, l2pf_flags(kn.l2pf, true, N, K));
   }
   quant_rows_kernel<T><<<M, 256, 0, st>>>(x, xq, xs, rowsum, K, KB * kBlockK);
   cudaError_t e = cudaGetLastError();
