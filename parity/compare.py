@@ -39,6 +39,7 @@ class TensorResult:
     worst_index: tuple = ()
     worst_target: float = math.nan
     worst_golden: float = math.nan
+    limit_source: str = "tier"  # "noise" when a measured noise floor widened the tier limit
     jump: Optional[float] = None  # growth factor over the previous layer, when flagged
     hints: list = field(default_factory=list)
     detail: str = ""
@@ -54,7 +55,8 @@ class TensorResult:
     def line(self) -> str:
         if self.status in ("missing", "shape", "nonfinite"):
             return f"{self.name}: {self.status.upper()} {self.detail}"
-        s = (f"{self.name} [{self.tier}] max_abs={self.max_abs:.3e} (limit {self.limit:.3e}, "
+        src = ", noise floor" if self.limit_source == "noise" else ""
+        s = (f"{self.name} [{self.tier}] max_abs={self.max_abs:.3e} (limit {self.limit:.3e}{src}, "
              f"max|golden|={self.ref_absmax:.3g}) max_rel={self.max_rel:.2e} sqnr={self.sqnr_db:.1f}dB "
              f"cos={self.cosine:.6f} worst at {list(self.worst_index)}: target {self.worst_target:.6g} "
              f"vs golden {self.worst_golden:.6g}")
@@ -83,6 +85,7 @@ class Comparison:
     results: list  # TensorResult, execution order
     topk: Optional[TopKResult] = None
     tol: dict = field(default_factory=dict)
+    noise_factor: Optional[float] = None  # set when limits may widen to a measured noise floor
 
     @property
     def first_divergence(self) -> Optional[TensorResult]:
@@ -103,7 +106,11 @@ class Comparison:
     def summary(self) -> str:
         fd = self.first_divergence
         n_fail = sum(not r.passed for r in self.results)
-        head = f"parity [{self.target}, {self.dtype} tiers]: {len(self.results) - n_fail}/{len(self.results)} tensors pass"
+        tiers = f"{self.dtype} tiers"
+        if self.noise_factor is not None:
+            nw = sum(r.limit_source == "noise" for r in self.results)
+            tiers += f" or {self.noise_factor:g}x the {self.dtype} noise floor ({nw} limits widened)"
+        head = f"parity [{self.target}, {tiers}]: {len(self.results) - n_fail}/{len(self.results)} tensors pass"
         if self.topk is not None:
             head += (f"; top-1 agreement {self.topk.top1_agree:.1%}, top-10 overlap {self.topk.overlap:.1%}"
                      f"{'' if self.topk.passed else f' ({self.topk.unexplained} unexplained top-10 differences)'}")
@@ -180,9 +187,14 @@ def topk_ids_agreement(t_ids: torch.Tensor, g_logits: torch.Tensor, limit: float
 
 
 def compare(golden: dict, target: dict, *, order: list, dtype: str, target_name: str = "?",
-            tol_overrides: Optional[dict] = None, diagnose=None) -> Comparison:
+            tol_overrides: Optional[dict] = None, diagnose=None, noise: Optional[dict] = None,
+            noise_factor: Optional[float] = None) -> Comparison:
     """golden/target: {canonical name: tensor}; order: canonical names in execution order.
-    diagnose(name, target_tensor, golden_tensor, target_dict) -> list[str] hints, for failures."""
+    diagnose(name, target_tensor, golden_tensor, target_dict) -> list[str] hints, for failures.
+    noise: {name: max-abs error of an independent same-precision implementation} (parity.noise);
+    a tensor's limit is then max(tier limit, noise_factor x floor): never tighter than the tier."""
+    from .noise import NOISE_FACTOR
+    factor = NOISE_FACTOR if noise_factor is None else noise_factor
     tol = T.resolve(dtype, tol_overrides)
     results = []
     for i, name in enumerate(order):
@@ -201,6 +213,8 @@ def compare(golden: dict, target: dict, *, order: list, dtype: str, target_name:
             for k, v in tensor_metrics(t, g).items():
                 setattr(r, k, v)
             r.limit = tol[tier].limit(r.ref_absmax)
+            if noise is not None and name in noise and factor * noise[name] > r.limit:
+                r.limit, r.limit_source = factor * noise[name], "noise"
             if r.max_abs > r.limit:
                 r.status = "FAIL"
         if not r.passed and diagnose is not None and t is not None:
@@ -214,7 +228,8 @@ def compare(golden: dict, target: dict, *, order: list, dtype: str, target_name:
     if "logits" in golden and "logits" in target and target["logits"].shape == golden["logits"].shape:
         topk = topk_agreement(target["logits"], golden["logits"], tol["model"].limit(0.0) + tol["model"].rtol *
                               float(golden["logits"].abs().max()))
-    return Comparison(target=target_name, dtype=dtype, results=results, topk=topk, tol=tol)
+    return Comparison(target=target_name, dtype=dtype, results=results, topk=topk, tol=tol,
+                      noise_factor=factor if noise is not None else None)
 
 
 def _flag_jumps(results: list, tol: dict) -> None:

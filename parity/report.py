@@ -15,7 +15,7 @@ from reference.io import atomic_write_bytes, atomic_write_text
 
 from .compare import Comparison
 
-COLUMNS = ["name", "tier", "status", "max_abs", "limit", "max_rel", "mean_abs", "sqnr_db", "cosine", "jump", "hint"]
+COLUMNS = ["name", "tier", "status", "max_abs", "limit", "limit_src", "max_rel", "mean_abs", "sqnr_db", "cosine", "jump", "hint"]
 
 
 def table(cmp: Comparison) -> pd.DataFrame:
@@ -23,7 +23,8 @@ def table(cmp: Comparison) -> pd.DataFrame:
     for r in cmp.results:
         rows.append({
             "name": r.name, "tier": r.tier, "status": r.status if r.passed else r.status.upper(),
-            "max_abs": r.max_abs, "limit": r.limit, "max_rel": r.max_rel, "mean_abs": r.mean_abs,
+            "max_abs": r.max_abs, "limit": r.limit, "limit_src": r.limit_source, "max_rel": r.max_rel,
+            "mean_abs": r.mean_abs,
             "sqnr_db": r.sqnr_db, "cosine": r.cosine,
             "jump": f"x{r.jump:.0f}" if r.jump else "",
             "hint": (r.hints[0] if r.hints else r.detail)[:160],

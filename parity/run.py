@@ -24,6 +24,7 @@ from .compare import Comparison, compare
 from .diagnose import DecodeProbe, Diagnoser, depth_hint
 from .dump import DEFAULT_GOLDEN, DEFAULT_MODEL, ROOT
 from .golden import GoldenError, GoldenSet, StaleGolden
+from .noise import load_noise
 from .report import format_table, new_run_dir, table, write_report
 from .targets import Target, get_target, parse_options
 from .tolerances import column as tolerance_column, parse_overrides
@@ -54,7 +55,9 @@ def load_fresh_golden(golden_dir: Path, model_dir: Path, spec_path=None) -> Gold
 
 def run_parity(target: Target | str, *, target_options: Optional[dict] = None, model_dir: Path = DEFAULT_MODEL, golden_dir: Path = DEFAULT_GOLDEN,
                spec_path=None, tol_overrides=None, runs_dir: Optional[Path] = DEFAULT_RUNS,
-               diagnose: bool = True) -> RunResult:
+               diagnose: bool = True, use_noise: bool = True) -> RunResult:
+    """use_noise: when the golden set holds a noise file for the target's tolerance column
+    (parity.noise), limits may widen to NOISE_FACTOR x that measured floor."""
     t0 = time.time()
     target = get_target(target, **(target_options or {})) if isinstance(target, str) else target
     gs = load_fresh_golden(golden_dir, model_dir, spec_path)
@@ -62,8 +65,9 @@ def run_parity(target: Target | str, *, target_options: Optional[dict] = None, m
     captured = target.capture(model_dir, gs.input_ids, spec_path=spec_path)
     diag = Diagnoser(DecodeProbe(model_dir, spec_path)) if diagnose else None
     col = tolerance_column(target.compute_dtype, spec.activation_quant, target.bit_faithful)
+    noise = load_noise(golden_dir, col, exclude_target=target.name) if use_noise else None
     cmp = compare(gs.tensors, captured, order=gs.order, dtype=col, target_name=target.name,
-                  tol_overrides=tol_overrides, diagnose=diag)
+                  tol_overrides=tol_overrides, diagnose=diag, noise=noise)
     fd = cmp.first_divergence
     if fd is not None:
         h = depth_hint(cmp.results)
@@ -89,11 +93,13 @@ def main(argv=None) -> int:
     ap.add_argument("--tol", action="append", default=[], metavar="TIER[.atol|.rtol]=X")
     ap.add_argument("--runs", type=Path, default=DEFAULT_RUNS, help="where run directories go")
     ap.add_argument("--all", action="store_true", help="print every row, not only layers around failures")
+    ap.add_argument("--no-noise", action="store_true",
+                    help="static tiers only, even when the golden set holds a measured noise floor (parity.noise)")
     a = ap.parse_args(argv)
     golden = a.golden or ROOT / "golden" / a.model.name
     try:
         res = run_parity(a.target, target_options=parse_options(a.target_opt), model_dir=a.model, golden_dir=golden, spec_path=a.spec,
-                         tol_overrides=parse_overrides(a.tol), runs_dir=a.runs)
+                         tol_overrides=parse_overrides(a.tol), runs_dir=a.runs, use_noise=not a.no_noise)
     except StaleGolden as e:
         print(f"STALE GOLDEN: {e}", file=sys.stderr)
         return 2

@@ -39,12 +39,15 @@ class ReferenceTarget(Target):
     compute_dtype = "fp32"
     bit_faithful = True
 
-    def __init__(self, overrides: Optional[Overrides] = None, dtype: torch.dtype = torch.float32):
+    def __init__(self, overrides: Optional[Overrides] = None, dtype: torch.dtype = torch.float32,
+                 device: str = "cpu"):
         self.overrides = overrides
         self.dtype = dtype
+        self.device = device
 
     def model(self, model_dir: Path, spec_path=None) -> ReferenceModel:
-        return ReferenceModel.from_dir(model_dir, spec_path=spec_path, dtype=self.dtype, overrides=self.overrides)
+        return ReferenceModel.from_dir(model_dir, spec_path=spec_path, dtype=self.dtype, overrides=self.overrides,
+                                       device=self.device)
 
     def capture(self, model_dir, input_ids, *, spec_path=None):
         return _capture(self.model(Path(model_dir), spec_path), input_ids)
@@ -111,8 +114,8 @@ class Bf16Target(ReferenceTarget):
     compute_dtype = "bf16"
     bit_faithful = False
 
-    def __init__(self, overrides: Optional[Overrides] = None):
+    def __init__(self, overrides: Optional[Overrides] = None, device: str = "cpu"):
         ov = overrides or Overrides()
         if ov.decoder is None:
             ov.decoder = lut_decoder
-        super().__init__(overrides=ov, dtype=torch.bfloat16)
+        super().__init__(overrides=ov, dtype=torch.bfloat16, device=device)
