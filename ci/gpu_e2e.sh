@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# GPU end-to-end job (issue 6), in stages that each fit one device call (<= 10 min):
+#   ci/gpu_e2e.sh setup      install the staged vLLM 0.26 bundle (see ci/gpu_vllm.sh), build the trit ops
+#   ci/gpu_e2e.sh parity     vLLM parity record of the bundled tiny model (eager capture + CUDA graphs)
+#   ci/gpu_e2e.sh scale      BitNet-2B-shaped model: fp32 goldens + bf16 noise floor on the GPU, vLLM parity record
+#   ci/gpu_e2e.sh e2e2b      bench.e2e --shape 2b (ours on BitNet + Llama twin, bf16 twin)
+#   ci/gpu_e2e.sh tp2        tensor parallel 2 (two GPUs): parity record (tiny) + bench.e2e 8b at TP=2
+#   ci/gpu_e2e.sh scale8b    Llama-3-8B-shaped model: fp32 goldens on the GPU, parity records at TP=1 and TP=2
+#   ci/gpu_e2e.sh e2e8b      bench.e2e --shape 8b (ours, bf16)
+# Several stages may be given in one call. Models and goldens are generated on the machine under
+# /tmp (deterministic presets); results go to $OUT. TRIT_COMMIT names the commit in the records.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" /tmp/models /tmp/golden
+export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
+       HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 CUDA_HOME=/usr/local/cuda \
+       TRIT_BUILD_DIR=/tmp/trit-build PYTHONUNBUFFERED=1
+# NVLink multicast stays off on the shared hosts (device KINDS.md)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_ALLREDUCE_USE_SYMM_MEM=0
+export TRIT_COMMIT=${TRIT_COMMIT:-unknown}
+quiet() { grep -vE "^\(EngineCore|^INFO|DEBUG|^\[rank|it/s\]|WARNING.*(deprecat|FutureWarning)" || true; }
+rc=0
+step() { echo; echo "=== $* ($(date -u +%T))"; }
+gen() {  # gen PRESET: the quantized checkpoint where bench.e2e also looks for it
+  local d=/tmp/models/$1
+  [ -f "$d/config.json" ] || python3 -m reference.make_model --preset "$1" --out "$d" --dtype bf16 >/dev/null
+  echo "$d"
+}
+
+for stage in "$@"; do
+  case $stage in
+    setup)
+      step setup
+      if [ ! -d /tmp/site/vllm ]; then
+        ( cd /tmp/vstage && cat wheels.tar.part* > wheels.tar && sha256sum -c wheels.sha256 && mkdir -p w \
+          && tar -xf wheels.tar -C w && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site w/*.whl ) || exit 1
+      fi
+      nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/device.txt"
+      python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+      python3 -c "import trit.ops as o; assert o.EXTENSION_LOADED, o.EXTENSION_ERROR; print('trit ext loaded')" || exit 1
+      ;;
+    parity)
+      step "parity: tiny-bitnet"
+      python3 -m bench.vllm_parity --out "$OUT" 2>&1 | quiet | tail -40 || rc=1
+      ;;
+    scale)
+      step "scale: bitnet-2b goldens + parity"
+      M=$(gen bitnet-2b)
+      [ -f /tmp/golden/bitnet-2b/manifest.json ] || python3 -m parity.dump --ref --model "$M" --out /tmp/golden/bitnet-2b --device cuda || rc=1
+      # the bf16 noise floor of this golden set (independent bf16 implementation), see parity/noise.py
+      [ -f /tmp/golden/bitnet-2b/noise-bf16.json ] || python3 -m parity.noise --model "$M" --golden /tmp/golden/bitnet-2b --target-opt device=cuda || rc=1
+      python3 -m bench.vllm_parity --model "$M" --golden /tmp/golden/bitnet-2b --out "$OUT" 2>&1 | quiet | tail -60 || rc=1
+      ;;
+    e2e2b)
+      step "e2e 2b"
+      python3 -m bench.e2e --shape 2b --only ours-bitnet,ours-llama,bf16-llama --models /tmp/models --out "$OUT" \
+        ${E2E_ARGS:-} 2>&1 | quiet | tail -60 || rc=1
+      ;;
+    tp2)
+      step "tensor parallel 2"
+      # The 2B shape has 5 KV heads: vLLM refuses TP=2 for it ("5 is not divisible by 2"), bf16 too.
+      # TP=2 at scale therefore runs on the Llama-3-8B shape (8 KV heads): e2e throughput here,
+      # parity (fp32 goldens of an 8B model) in the scale8b stage.
+      python3 -m bench.vllm_parity --tp 2 --out "$OUT" 2>&1 | quiet | tail -25 || rc=1
+      python3 -m bench.e2e --shape 8b --tp 2 --only ours,bf16 --models /tmp/models --out "$OUT" \
+        ${E2E_ARGS:-} 2>&1 | quiet | tail -30 || rc=1
+      ;;
+    scale8b)
+      step "scale: llama3-8b goldens + parity at TP=1 and TP=2"
+      M=$(gen llama3-8b)
+      [ -f /tmp/golden/llama3-8b/manifest.json ] || python3 -m parity.dump --ref --model "$M" --out /tmp/golden/llama3-8b --device cuda || rc=1
+      [ -f /tmp/golden/llama3-8b/noise-bf16.json ] || python3 -m parity.noise --model "$M" --golden /tmp/golden/llama3-8b --target-opt device=cuda || rc=1
+      for tp in 1 2; do
+        python3 -m bench.vllm_parity --tp $tp --model "$M" --golden /tmp/golden/llama3-8b --out "$OUT" 2>&1 | quiet | tail -25 || rc=1
+      done
+      ;;
+    e2e8b)
+      step "e2e 8b"
+      python3 -m bench.e2e --shape 8b --only ours,bf16 --models /tmp/models --out "$OUT" ${E2E_ARGS:-} 2>&1 | quiet | tail -40 || rc=1
+      ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
+ls -la "$OUT"
+exit $rc
