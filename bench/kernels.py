@@ -283,6 +283,18 @@ def fmt_row(r) -> str:
             f"humming {_f(r.get('humming_us'), '8.1f')}  floor {r['floor_us']:.1f}")
 
 
+def variant_table(rows, tags, title, heads) -> list:
+    """A Markdown table of `a8 / fused` times per variant tag, for the rows that timed tags[1:]."""
+    sel = [r for r in rows if any(r.get(f"a8{t}_us") for t in tags[1:])]
+    if not sel:
+        return []
+    out = ["", title, "", "| N x K | M | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(heads)]
+    for r in sel:
+        out.append(f"| {r['N']}x{r['K']} | {r['M']} | " + " | ".join(
+            f"{_f(r.get(f'a8{t}_us'), '.1f')} / {_f(r.get(f'fused{t}_us'), '.1f')}" for t in tags) + " |")
+    return out
+
+
 def markdown(meta, rows) -> str:
     lines = [f"# trit kernels vs torch bf16 on {meta['device']}", "",
              f"- date: {meta['date']}", f"- git commit: {meta['commit']}", f"- command: `{meta['command']}`",
@@ -313,24 +325,13 @@ def markdown(meta, rows) -> str:
             f"| {_f(r.get('a8_nopf_us'), '.1f')} / {_f(r.get('a8_pf_us'), '.1f')} "
             f"| {_f(r.get('humming_us'), '.1f')} | {_f(r.get('linear_x_humming'), '.2f')} "
             f"| {r['floor_us']:.1f} | {_f(r.get('bf16_eager_us'), '.1f')} | {_f(r.get('linear_eager_us'), '.1f')} |")
-    roll = [r for r in rows if any(r.get(f"a8_{t}_us") for t in ("roll1", "roll2", "roll4"))]
-    if roll:
-        lines += ["", "Rolling L2 prefetch (TRIT_L2PF=2+d: lane 0 of each warp keeps d chunks of 4 k-blocks "
-                  "prefetched into L2 ahead of its loads); us, a8 / fused:", "",
-                  "| N x K | M | default | no prefetch | whole range | d=1 | d=2 | d=4 |", "|---|---|---|---|---|---|---|---|"]
-        for r in roll:
-            lines.append(f"| {r['N']}x{r['K']} | {r['M']} | " + " | ".join(
-                f"{_f(r.get(f'a8{t}_us'), '.1f')} / {_f(r.get(f'fused{t}_us'), '.1f')}"
-                for t in ("", "_nopf", "_pf", "_roll1", "_roll2", "_roll4")) + " |")
-    deep = [r for r in rows if r.get("a8_depth3_us") or r.get("a8_depth4_us")]
-    if deep:
-        lines += ["", "Register ring depth (TRIT_DEPTH: weight chunks of 4 k-blocks per warp; 2 = double "
-                  "buffering at 80 registers, 3/4 up to 128); us, a8 / fused:", "",
-                  "| N x K | M | default (2) | 3 | 4 |", "|---|---|---|---|---|"]
-        for r in deep:
-            lines.append(f"| {r['N']}x{r['K']} | {r['M']} | " + " | ".join(
-                f"{_f(r.get(f'a8{t}_us'), '.1f')} / {_f(r.get(f'fused{t}_us'), '.1f')}"
-                for t in ("", "_depth3", "_depth4")) + " |")
+    lines += variant_table(rows, ("", "_nopf", "_pf", "_roll1", "_roll2", "_roll4"),
+                           "Rolling L2 prefetch (TRIT_L2PF=2+d: lane 0 of each warp keeps d chunks of 4 k-blocks "
+                           "prefetched into L2 ahead of its loads); us, a8 / fused:",
+                           ["default", "no prefetch", "whole range", "d=1", "d=2", "d=4"])
+    lines += variant_table(rows, ("", "_depth3", "_depth4"),
+                           "Register ring depth (TRIT_DEPTH: weight chunks of 4 k-blocks per warp; 2 = double "
+                           "buffering at 80 registers, 3/4 up to 128); us, a8 / fused:", ["default (2)", "3", "4"])
     sweep = [r for r in rows if r.get("a8_ks1_us")]
     if sweep:
         lines += ["", "Split-K sweep at M = 1 (TRIT_KS: warps per 16-row tile; us, a8 / fused; "

@@ -725,6 +725,34 @@ __device__ __forceinline__ void kb_range(int KB, int& kb0, int& kb1) {
   kb1 = (KB * (kw + 1)) / KS;
 }
 
+// The main loop of the v5 kernels over a warp's nch whole chunks (nk k-blocks in its range):
+// L2 prefetch hints (flags), a ring of NBUF weight chunks with NBUF - 1 in flight while one is
+// computed, and pdl_wait() between the first weight loads and the first read of x.
+// load_chunk(buf, p) loads one chunk at p; run_chunk(buf) computes it and advances wq (and x).
+template <int NBUF, typename LoadChunk, typename RunChunk>
+__device__ __forceinline__ void chunk_ring(const int4*& wq, int lane, int nk, int nch, int flags,
+                                           LoadChunk&& load_chunk, RunChunk&& run_chunk) {
+  const int4* wbase = wq - lane;
+  const bool roll = (flags & kFlagL2Rolling) && lane == 0;
+  const int dist = (flags >> 8) * kV5U;  // rolling window, k-blocks
+  if ((flags & kFlagL2Prefetch) && lane == 0 && nk > 0) l2_prefetch(wbase, (uint32_t)nk * 512u);
+  if (roll) l2_prefetch_blocks(wbase, kV5U, kV5U + dist, nk);
+  int4 buf[NBUF][kV5U];
+#pragma unroll
+  for (int b = 0; b < NBUF - 1; ++b)
+    if (b < nch) load_chunk(buf[b], wq + b * kV5U * 32);
+  pdl_wait();
+  for (int j = 0; j < nch; j += NBUF) {
+    if (roll) l2_prefetch_blocks(wbase, (j + 1) * kV5U + dist, (j + 1 + NBUF) * kV5U + dist, nk);
+#pragma unroll
+    for (int u = 0; u < NBUF; ++u) {
+      if (j + u >= nch) break;  // uniform
+      if (j + u + NBUF - 1 < nch) load_chunk(buf[(u + NBUF - 1) % NBUF], wq + (NBUF - 1) * kV5U * 32);
+      run_chunk(buf[u]);  // advances wq and x by one chunk
+    }
+  }
+}
+
 // Grid: x = packed row tiles (one per CTA), block: 32 * KS threads (split-K warps).
 template <typename T, int NBUF>
 __global__ void __launch_bounds__(kV5Threads, NBUF == 2 ? kV5MinCtas : 2)
@@ -771,28 +799,9 @@ __global__ void __launch_bounds__(kV5Threads, NBUF == 2 ? kV5MinCtas : 2)
     wq += kV5U * 32;
   };
 
-  // before pdl_wait (x may still be being written): weights only
-  const int4* wbase = wq - lane;
-  const bool roll = (flags & kFlagL2Rolling) && lane == 0;
-  const int dist = (flags >> 8) * kV5U;  // rolling window, k-blocks
-  if ((flags & kFlagL2Prefetch) && lane == 0 && kb1 > kb0) l2_prefetch(wbase, (uint32_t)(kb1 - kb0) * 512u);
-  if (roll) l2_prefetch_blocks(wbase, kV5U, kV5U + dist, kb1 - kb0);
+  // chunk_ring loads weights only before pdl_wait (x may still be being written)
   const int nch = nfull / kV5U;
-  // ring of NBUF chunk buffers: NBUF - 1 chunks in flight while one is computed
-  int4 buf[NBUF][kV5U];
-#pragma unroll
-  for (int b = 0; b < NBUF - 1; ++b)
-    if (b < nch) load_chunk(buf[b], wq + b * kV5U * 32);
-  pdl_wait();
-  for (int j = 0; j < nch; j += NBUF) {
-    if (roll) l2_prefetch_blocks(wbase, (j + 1) * kV5U + dist, (j + 1 + NBUF) * kV5U + dist, kb1 - kb0);
-#pragma unroll
-    for (int u = 0; u < NBUF; ++u) {
-      if (j + u >= nch) break;  // uniform
-      if (j + u + NBUF - 1 < nch) load_chunk(buf[(u + NBUF - 1) % NBUF], wq + (NBUF - 1) * kV5U * 32);
-      run_chunk(buf[u]);  // advances wq and xp by one chunk
-    }
-  }
+  chunk_ring<NBUF>(wq, lane, kb1 - kb0, nch, flags, load_chunk, run_chunk);
   // < kV5U remaining full k-blocks: all weight loads first, then compute
   const int nrem = nfull - nch * kV5U;
   if (nrem > 0) {
@@ -862,28 +871,9 @@ __global__ void __launch_bounds__(kV5Threads, NBUF == 2 ? kV5MinCtas : 2)
     wq += kV5U * 32;
   };
 
-  // before pdl_wait (xq is written by the quantizer launched just before): weights only
-  const int4* wbase = wq - lane;
-  const bool roll = (flags & kFlagL2Rolling) && lane == 0;
-  const int dist = (flags >> 8) * kV5U;  // rolling window, k-blocks
-  if ((flags & kFlagL2Prefetch) && lane == 0 && nk > 0) l2_prefetch(wbase, (uint32_t)nk * 512u);
-  if (roll) l2_prefetch_blocks(wbase, kV5U, kV5U + dist, nk);
+  // chunk_ring loads weights only before pdl_wait (xq is written by the quantizer launched just before)
   const int nch = nk / kV5U;
-  // ring of NBUF chunk buffers: NBUF - 1 chunks in flight while one is computed
-  int4 buf[NBUF][kV5U];
-#pragma unroll
-  for (int b = 0; b < NBUF - 1; ++b)
-    if (b < nch) load_chunk(buf[b], wq + b * kV5U * 32);
-  pdl_wait();
-  for (int j = 0; j < nch; j += NBUF) {
-    if (roll) l2_prefetch_blocks(wbase, (j + 1) * kV5U + dist, (j + 1 + NBUF) * kV5U + dist, nk);
-#pragma unroll
-    for (int u = 0; u < NBUF; ++u) {
-      if (j + u >= nch) break;  // uniform
-      if (j + u + NBUF - 1 < nch) load_chunk(buf[(u + NBUF - 1) % NBUF], wq + (NBUF - 1) * kV5U * 32);
-      run_chunk(buf[u]);  // advances wq and xp by one chunk
-    }
-  }
+  chunk_ring<NBUF>(wq, lane, nk, nch, flags, load_chunk, run_chunk);
   const int nrem = nk - nch * kV5U;
   if (nrem > 0) {
     int4 ar[kV5U - 1];
