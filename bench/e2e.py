@@ -94,6 +94,9 @@ def run_one(label: str, d: Path, quantization, batches, prompt_len, gen_len, pro
     if quantization:
         kw["quantization"] = quantization
     if tp > 1:
+        from parity.targets.vllm import check_tp_shardable
+        from reference.config import ModelConfig
+        check_tp_shardable(d, ModelConfig.load(d), tp)
         kw["tensor_parallel_size"] = tp
         profile_steps = 0  # the workers run in other processes: the in-process profiler sees none of it
     t0 = time.time()

@@ -34,3 +34,25 @@ def test_tp2_matches_goldens_at_model_level():
     assert res["passed"], res
     with pytest.raises(ValueError, match="tensor_parallel_size=2"):
         t.capture(DEFAULT_MODEL, gs.input_ids)
+
+
+def test_unshardable_heads_named_before_any_worker_starts(tmp_path):
+    """5 KV heads at TP=2 (the BitNet-2B shape): a clear error naming the model and its heads,
+    raised in this process, instead of an assertion inside a vLLM worker."""
+    import json
+    import shutil
+
+    from parity.targets.vllm import check_tp_shardable
+    from reference.config import ModelConfig
+
+    d = tmp_path / "m"
+    shutil.copytree(DEFAULT_MODEL, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_attention_heads"], cfg["num_key_value_heads"] = 10, 5
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"cannot shard 10 attention heads / 5 KV heads"):
+        VllmTarget("fp32", tensor_parallel_size=2).topk_ids(d, torch.zeros(1, 4, dtype=torch.long), 10)
+    check_tp_shardable(DEFAULT_MODEL, ModelConfig.load(DEFAULT_MODEL), 2)  # 4 / 2 heads: fine
+    check_tp_shardable(d, ModelConfig.load(d), 5)  # 10 / 5 at TP=5: fine
+    with pytest.raises(ValueError, match="tensor_parallel_size=4"):
+        check_tp_shardable(d, ModelConfig.load(d), 4)

@@ -48,6 +48,16 @@ from .base import Target
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
+def check_tp_shardable(model_dir: Path, cfg: ModelConfig, tp: int) -> None:
+    """vLLM shards attention heads across TP ranks: query heads must divide by tp, and KV heads
+    must divide by tp or divide tp (then they are replicated). Fail here, in this process, with
+    the model's numbers, rather than in a worker ("5 is not divisible by 2")."""
+    h, kv = cfg.num_heads, cfg.num_kv_heads
+    if h % tp or (kv % tp and tp % kv):
+        raise ValueError(f"{model_dir}: tensor_parallel_size={tp} cannot shard {h} attention heads / {kv} KV heads "
+                         f"(vLLM needs heads % tp == 0 and kv_heads % tp == 0 or tp % kv_heads == 0)")
+
+
 class VllmTarget(Target):
     name = "vllm"
 
@@ -104,6 +114,7 @@ class VllmTarget(Target):
         if not (cfg.quantization or {}).get("quant_method") and not overrides:
             kw["quantization"] = "ternary"  # a directory with only ternary_spec.json
         if self.tp > 1:
+            check_tp_shardable(model_dir, cfg, self.tp)
             # tensor parallel: worker processes (the model is not in this process, so capture's hooks
             # cannot attach; topk_ids and generate work)
             kw["tensor_parallel_size"] = self.tp
