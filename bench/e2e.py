@@ -17,7 +17,6 @@ its Llama-shaped twin, bf16 on the twin.  --shape 8b: ours, humming, bf16 on Lla
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import subprocess
@@ -26,6 +25,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from bench.records import commit_id, write_record
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -233,7 +234,7 @@ def main(argv=None) -> int:
     hum = next((r for r in rows if r["label"].startswith("humming") and "error" not in r), None)
     md = [f"# End-to-end vLLM throughput, shape {a.shape}, {dev}", "",
           f"- date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
-          f"- commit: {os.environ.get('TRIT_COMMIT') or _git()}",
+          f"- commit: {commit_id()}",
           f"- command: python -m bench.e2e {' '.join(argv or sys.argv[1:])}",
           f"- {a.prompt_len} prompt + {a.gen_len} output tokens, greedy; best of 3 runs at B <= 8, one run above; "
           f"tensor_parallel_size {a.tp}",
@@ -260,19 +261,10 @@ def main(argv=None) -> int:
                    "|---|---|---|---|"]
             md += [f"| {k} | {v['ms_per_step']} | {v['launches_per_step']} | {'; '.join(v['top'])} |"
                    for k, v in pr["by_category"].items()]
-    a.out.mkdir(parents=True, exist_ok=True)
     stem = f"{time.strftime('%Y-%m-%d')}-{dev.replace(' ', '-').lower()}-e2e-{a.shape}" + (f"-tp{a.tp}" if a.tp > 1 else "")
-    (a.out / f"{stem}.json").write_text(json.dumps({"device": dev, "rows": rows}, indent=1))
-    (a.out / f"{stem}.md").write_text("\n".join(md) + "\n")
+    write_record(a.out, stem, {"device": dev, "commit": commit_id(), "rows": rows}, "\n".join(md))
     print("\n".join(md))
     return 0 if all("error" not in r for r in rows) else 1
-
-
-def _git() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True, cwd=ROOT).strip()
-    except Exception:
-        return "unknown"
 
 
 if __name__ == "__main__":

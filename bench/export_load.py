@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.records import commit_id, write_record
+
 ROOT = Path(__file__).resolve().parent.parent
 
 #: name -> reference.make_model preset name, or the keyword arguments of an inline Preset
@@ -170,15 +172,6 @@ def _machine() -> tuple[str, str]:
     return "cpu", info
 
 
-def _git() -> str:
-    try:
-        rev = subprocess.check_output(["git", "rev-parse", "HEAD"], text=True, cwd=ROOT).strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
-        return rev + (" (+ uncommitted changes)" if dirty else "")
-    except Exception:
-        return "unknown"
-
-
 def _describe(d: Path) -> str:
     c = json.loads((d / "config.json").read_text())
     return (f"{c.get('architectures', ['?'])[0]}, hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
@@ -247,7 +240,7 @@ def main(argv=None) -> int:
 
     md = [f"# vLLM start-up: original vs offline-repack export ({label}, {dev})", "",
           f"- date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
-          f"- commit: {os.environ.get('TRIT_COMMIT') or _git()}",
+          f"- commit: {commit_id()}",
           f"- command: `{cmd}`",
           f"- vllm {getattr(vllm, '__version__', '?')}, torch {torch.__version__}, "
           f"{'bf16' if torch.cuda.is_available() else 'fp32'}, {'CUDA graphs on' if a.graphs else 'enforce_eager'}, "
@@ -272,13 +265,11 @@ def main(argv=None) -> int:
                f"({o['llm_s']['median'] / e['llm_s']['median']:.2f}x), model load "
                f"{o['model_load_s']['median'] - e['model_load_s']['median']:.2f} s "
                f"({o['model_load_s']['median'] / max(e['model_load_s']['median'], 1e-9):.2f}x)."]
-    a.out.mkdir(parents=True, exist_ok=True)
     stem = f"{time.strftime('%Y-%m-%d')}-{dev.replace(' ', '-').lower()}-export-load"
-    (a.out / f"{stem}.json").write_text(json.dumps({
-        "device": dev, "machine": machine, "shape": label, "source": str(src), "export": str(exp),
-        "export_s": export_s, "graphs": a.graphs, "summary": summary, "runs": runs, "tokens_identical": same},
-        indent=1))
-    (a.out / f"{stem}.md").write_text("\n".join(md) + "\n")
+    write_record(a.out, stem, {
+        "device": dev, "commit": commit_id(), "machine": machine, "shape": label, "source": str(src),
+        "export": str(exp), "export_s": export_s, "graphs": a.graphs, "summary": summary, "runs": runs,
+        "tokens_identical": same}, "\n".join(md))
     print("\n".join(md))
     return 0 if same else 1
 

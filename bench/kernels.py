@@ -19,13 +19,14 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
 
 import torch
+
+from bench.records import commit_id, write_record
 
 COPY_BW = 4.18e12  # measured H200 device-to-device copy (bytes read + written), shared/gpu/README.md
 ROTATE_BYTES = 200 << 20
@@ -36,20 +37,6 @@ SHAPES = {
 }
 MS = [1, 4, 16, 32, 64, 256, 1024, 4096]
 HUMMING_MS = (1, 16, 64, 4096)  # humming JIT-compiles per shape and M bucket: keep it to these
-
-
-def git_commit() -> str:
-    if os.environ.get("TRIT_COMMIT"):  # the GPU machine gets the tree without .git
-        return os.environ["TRIT_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        sha = out.stdout.strip()
-        if out.returncode != 0 or not sha:
-            return "uncommitted"
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
-        return sha + ("+dirty" if dirty else "")
-    except Exception:  # noqa: BLE001
-        return "uncommitted"
 
 
 def n_copies(nbytes: int, cap: int = 256) -> int:
@@ -372,7 +359,7 @@ def main(argv=None):
     meta = {
         "device": props.name, "sm_count": props.multi_processor_count,
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": git_commit(), "command": "python -m bench.kernels " + " ".join(argv or sys.argv[1:]),
+        "commit": commit_id(), "command": "python -m bench.kernels " + " ".join(argv or sys.argv[1:]),
         "torch": torch.__version__, "cuda": torch.version.cuda, "host": platform.node(),
         "fused_max_m": ops.FUSED_MAX_M, "extension_loaded": ops.EXTENSION_LOADED,
         "humming": hum.error or "humming-kernels BitnetWeightSchema, bf16",
@@ -385,13 +372,11 @@ def main(argv=None):
             bench_shape(N, K, ms, hum, rows, quick=args.quick, ks_sweep=args.ks_sweep,
                         small_variants=args.variants.split(",") if args.variants else None)
     meta["bench_seconds"] = round(time.time() - t0, 1)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = dt.date.today().isoformat() + "-" + ("h200" if "H200" in props.name else props.name.replace(" ", "_"))
-    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     md = markdown(meta, rows)
-    (out / f"{stem}.md").write_text(md)
+    js, _ = write_record(Path(args.out), stem, {"meta": meta, "rows": rows}, md)
     print(md)
+    print(f"wrote {js} (+ .md)")
 
 
 if __name__ == "__main__":

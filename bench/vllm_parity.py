@@ -15,22 +15,15 @@ Writes <date>-<device>-vllm-parity.{json,md} with device, date, commit, command 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-
-def _commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True, stderr=subprocess.DEVNULL).strip()
-    except Exception:
-        return os.environ.get("TRIT_COMMIT", "unknown")
+from bench.records import commit_id, write_record
 
 
 def generation_check(ref_model, ids, new_ids_target, limit: float) -> dict:
@@ -75,7 +68,7 @@ def main(argv=None) -> int:
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     import vllm
 
-    rec = {"device": dev, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "commit": _commit(),
+    rec = {"device": dev, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "commit": commit_id(),
            "command": "python -m bench.vllm_parity " + " ".join(argv or sys.argv[1:]),
            "vllm": vllm.__version__, "torch": torch.__version__, "model": str(a.model), "dtype": a.dtype,
            "tensor_parallel_size": a.tp, "kernel_env": {k: v for k, v in os.environ.items() if k.startswith("TRIT_")}}
@@ -121,10 +114,8 @@ def main(argv=None) -> int:
     rec["graphs_seconds"] = round(time.time() - t1, 1)
     rec["passed"] = bool((cmp is None or cmp.passed) and tk.passed and rec["graphs_generation"]["passed"])
 
-    a.out.mkdir(parents=True, exist_ok=True)
     stem = (f"{time.strftime('%Y-%m-%d')}-{dev.replace(' ', '-').lower()}-vllm-parity-{a.model.name}"
             + (f"-tp{a.tp}" if a.tp > 1 else ""))
-    (a.out / f"{stem}.json").write_text(json.dumps(rec, indent=1, default=str))
     md = [f"# vLLM parity on {dev}", "", *(f"- {k}: {rec[k]}" for k in ("date", "commit", "command", "vllm", "torch",
                                                                        "model", "dtype", "tensor_parallel_size",
                                                                        "kernel_env", "passed"))]
@@ -141,7 +132,7 @@ def main(argv=None) -> int:
           *(f"| {p['prompt']} | {p['top1']:.1%} | {p['overlap']:.1%} | {p['unexplained']} |" for p in per_prompt),
           "", f"## CUDA graphs on: greedy {a.new_tokens}-token generations vs the fp32 reference", "",
           *(f"- prompt {r['prompt']}: {'identical' if r['identical'] else r}" for r in rec["graphs_generation"]["rows"])]
-    (a.out / f"{stem}.md").write_text("\n".join(md) + "\n")
+    write_record(a.out, stem, rec, "\n".join(md))
     print("\n".join(md))
     return 0 if rec["passed"] else 1
 

@@ -20,6 +20,7 @@ import torch
 
 from . import names as N
 from . import tolerances as T
+from .noise import NOISE_FACTOR
 
 
 @dataclass
@@ -193,7 +194,6 @@ def compare(golden: dict, target: dict, *, order: list, dtype: str, target_name:
     diagnose(name, target_tensor, golden_tensor, target_dict) -> list[str] hints, for failures.
     noise: {name: max-abs error of an independent same-precision implementation} (parity.noise);
     a tensor's limit is then max(tier limit, noise_factor x floor): never tighter than the tier."""
-    from .noise import NOISE_FACTOR
     factor = NOISE_FACTOR if noise_factor is None else noise_factor
     tol = T.resolve(dtype, tol_overrides)
     results = []

@@ -23,13 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Optional
 
 import torch
+
+from reference.io import atomic_write_text
 
 from .golden import MANIFEST, GoldenError, sha256_file
 
@@ -107,9 +108,7 @@ def measure_noise(model_dir: Path, golden_dir: Path, *, target: str = "bf16", ta
            "golden_manifest_sha256": sha256_file(Path(golden_dir) / MANIFEST),
            "top10": {"top1_agree": tk.top1_agree, "overlap": tk.overlap, "unexplained": tk.unexplained},
            "max_abs": floors}
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{time.time_ns()}")
-    tmp.write_text(json.dumps(rec, indent=1))
-    os.replace(tmp, out)
+    atomic_write_text(out, json.dumps(rec, indent=1))
     return out
 
 

@@ -60,7 +60,6 @@ def text_ids(model_dir, text: Optional[str] = None, *, n_seq: int = 2, seq_len: 
         full = DEFAULT_TEXT.read_text()
         text = full[int(len(full) * 0.95):]
     ids = Tokenizer.from_file(str(tok_path)).encode(text).ids
-    need = n_seq * (seq_len + 1)
     if len(ids) < seq_len + 1:
         raise CheckpointError(f"text sample has {len(ids)} tokens, at least {seq_len + 1} are needed")
     n = min(n_seq, len(ids) // (seq_len + 1))
@@ -88,11 +87,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="output .safetensors of fp32 effective weights")
     a = ap.parse_args(argv)
     try:
-        from safetensors.torch import save_file
+        from safetensors.torch import save
+
+        from .io import atomic_write_bytes
 
         w = effective_weights(a.dir, spec_path=a.spec)
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        save_file(w, a.out, metadata={"format": "pt", "source": str(a.dir)})
+        atomic_write_bytes(Path(a.out), save(w, metadata={"format": "pt", "source": str(a.dir)}))
     except (CheckpointError, FormatError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
