@@ -89,30 +89,29 @@ void check_launch(int err, const char* op) {
   TORCH_CHECK(err == 0, op, ": kernel launch failed: ", trit_error_string(err));
 }
 
-at::Tensor ternary_mm_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t N,
-                           int64_t K, const std::optional<at::Tensor>& bias) {
-  const char* op = "trit::ternary_mm";
+// trit_mm and trit_mm_naive share one signature: one wrapper runs either.
+using MmFn = int (*)(int, const void*, const int32_t*, const float*, const void*, void*, int, int, int, void*);
+
+at::Tensor run_mm(MmFn fn, const char* op, const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
+                  int64_t N, int64_t K, const std::optional<at::Tensor>& bias) {
   c10::DeviceGuard guard(x.device());
   MmArgs a = prepare(x, packed, scale, N, K, bias, op);
   if (a.M == 0) return a.y;
-  check_launch(trit_mm(a.dtype, a.x.data_ptr(), packed.data_ptr<int32_t>(), scale.data_ptr<float>(),
-                       a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N, (int)K,
-                       current_stream(x)),
+  check_launch(fn(a.dtype, a.x.data_ptr(), packed.data_ptr<int32_t>(), scale.data_ptr<float>(),
+                  a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N, (int)K,
+                  current_stream(x)),
                op);
   return a.y;
 }
 
+at::Tensor ternary_mm_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t N,
+                           int64_t K, const std::optional<at::Tensor>& bias) {
+  return run_mm(&trit_mm, "trit::ternary_mm", x, packed, scale, N, K, bias);
+}
+
 at::Tensor ternary_mm_naive_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                                  int64_t N, int64_t K, const std::optional<at::Tensor>& bias) {
-  const char* op = "trit::ternary_mm_naive";
-  c10::DeviceGuard guard(x.device());
-  MmArgs a = prepare(x, packed, scale, N, K, bias, op);
-  if (a.M == 0) return a.y;
-  check_launch(trit_mm_naive(a.dtype, a.x.data_ptr(), packed.data_ptr<int32_t>(), scale.data_ptr<float>(),
-                             a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N,
-                             (int)K, current_stream(x)),
-               op);
-  return a.y;
+  return run_mm(&trit_mm_naive, "trit::ternary_mm_naive", x, packed, scale, N, K, bias);
 }
 
 at::Tensor ternary_mm_a8_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t N,
