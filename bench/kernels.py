@@ -108,11 +108,6 @@ SMALL_M_VARIANTS = {  # (--variants selects a subset)
     "nopdl": {"TRIT_KERNEL": "v5", "TRIT_PDL": "0"},
     "nopf": {"TRIT_KERNEL": "v5", "TRIT_L2PF": "0"},
     "pf": {"TRIT_KERNEL": "v5", "TRIT_L2PF": "2"},
-    "roll1": {"TRIT_KERNEL": "v5", "TRIT_L2PF": "3"},
-    "roll2": {"TRIT_KERNEL": "v5", "TRIT_L2PF": "4"},
-    "roll4": {"TRIT_KERNEL": "v5", "TRIT_L2PF": "6"},
-    "depth3": {"TRIT_KERNEL": "v5", "TRIT_DEPTH": "3"},
-    "depth4": {"TRIT_KERNEL": "v5", "TRIT_DEPTH": "4"},
 }
 KS_SWEEP = (1, 2, 4, 8)
 
@@ -263,23 +258,9 @@ def fmt_row(r) -> str:
             f"nopf {_f(r.get('fused_nopf_us'), '6.1f')} pf {_f(r.get('fused_pf_us'), '6.1f')})  dense {_f(r.get('dense_us'), '8.1f')}  "
             f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} nopdl "
             f"{_f(r.get('a8_nopdl_us'), '6.1f')} nopf {_f(r.get('a8_nopf_us'), '6.1f')} pf {_f(r.get('a8_pf_us'), '6.1f')})  "
-            + "".join(f"{t} {_f(r.get(f'a8_{t}_us'), '.1f')}/{_f(r.get(f'fused_{t}_us'), '.1f')} "
-                      for t in ("roll1", "roll2", "roll4", "depth3", "depth4") if r.get(f"a8_{t}_us"))
             + "".join(f"ks{k} {_f(r.get(f'a8_ks{k}_us'), '.1f')}/{_f(r.get(f'fused_ks{k}_us'), '.1f')} "
                       for k in KS_SWEEP if r.get(f"a8_ks{k}_us")) +
             f"humming {_f(r.get('humming_us'), '8.1f')}  floor {r['floor_us']:.1f}")
-
-
-def variant_table(rows, tags, title, heads) -> list:
-    """A Markdown table of `a8 / fused` times per variant tag, for the rows that timed tags[1:]."""
-    sel = [r for r in rows if any(r.get(f"a8{t}_us") for t in tags[1:])]
-    if not sel:
-        return []
-    out = ["", title, "", "| N x K | M | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(heads)]
-    for r in sel:
-        out.append(f"| {r['N']}x{r['K']} | {r['M']} | " + " | ".join(
-            f"{_f(r.get(f'a8{t}_us'), '.1f')} / {_f(r.get(f'fused{t}_us'), '.1f')}" for t in tags) + " |")
-    return out
 
 
 def markdown(meta, rows) -> str:
@@ -312,13 +293,6 @@ def markdown(meta, rows) -> str:
             f"| {_f(r.get('a8_nopf_us'), '.1f')} / {_f(r.get('a8_pf_us'), '.1f')} "
             f"| {_f(r.get('humming_us'), '.1f')} | {_f(r.get('linear_x_humming'), '.2f')} "
             f"| {r['floor_us']:.1f} | {_f(r.get('bf16_eager_us'), '.1f')} | {_f(r.get('linear_eager_us'), '.1f')} |")
-    lines += variant_table(rows, ("", "_nopf", "_pf", "_roll1", "_roll2", "_roll4"),
-                           "Rolling L2 prefetch (TRIT_L2PF=2+d: lane 0 of each warp keeps d chunks of 4 k-blocks "
-                           "prefetched into L2 ahead of its loads); us, a8 / fused:",
-                           ["default", "no prefetch", "whole range", "d=1", "d=2", "d=4"])
-    lines += variant_table(rows, ("", "_depth3", "_depth4"),
-                           "Register ring depth (TRIT_DEPTH: weight chunks of 4 k-blocks per warp; 2 = double "
-                           "buffering at 80 registers, 3/4 up to 128); us, a8 / fused:", ["default (2)", "3", "4"])
     sweep = [r for r in rows if r.get("a8_ks1_us")]
     if sweep:
         lines += ["", "Split-K sweep at M = 1 (TRIT_KS: warps per 16-row tile; us, a8 / fused; "

@@ -676,13 +676,6 @@ __device__ __forceinline__ void l2_prefetch(const void* p, uint32_t bytes) {
 #endif
 }
 constexpr int kFlagL2Prefetch = 1;  // small-M kernels: prefetch the warp's weight range to L2 first
-constexpr int kFlagL2Rolling = 2;   // ... or a window of (flags >> 8) chunks ahead of the loads
-
-// Rolling L2 prefetch of k-blocks [b0, b1) of a warp's range (clamped to its nk blocks), lane 0.
-__device__ __forceinline__ void l2_prefetch_blocks(const int4* wbase, int b0, int b1, int nk) {
-  b1 = min(b1, nk);
-  if (b0 < b1) l2_prefetch(wbase + (size_t)b0 * 32, (uint32_t)(b1 - b0) * 512u);
-}
 
 // word i (a compile-time constant after unrolling) of a lane's 16-byte weight load
 __device__ __forceinline__ uint32_t word_of_rt(const int4& v, int i) {
@@ -726,36 +719,30 @@ __device__ __forceinline__ void kb_range(int KB, int& kb0, int& kb1) {
 }
 
 // The main loop of the v5 kernels over a warp's nch whole chunks (nk k-blocks in its range):
-// L2 prefetch hints (flags), a ring of NBUF weight chunks with NBUF - 1 in flight while one is
-// computed, and pdl_wait() between the first weight loads and the first read of x.
+// the optional L2 prefetch of the range (flags), weight chunks double-buffered in registers, and
+// pdl_wait() between the first weight loads and the first read of x.
 // load_chunk(buf, p) loads one chunk at p; run_chunk(buf) computes it and advances wq (and x).
-template <int NBUF, typename LoadChunk, typename RunChunk>
-__device__ __forceinline__ void chunk_ring(const int4*& wq, int lane, int nk, int nch, int flags,
+// (Measured and dropped: a rolling L2 prefetch window and a 3-4 chunk register ring, runs 6-7 in
+// bench/results/NOTES.md; neither beat double buffering.)
+template <typename LoadChunk, typename RunChunk>
+__device__ __forceinline__ void chunk_loop(const int4*& wq, int lane, int nk, int nch, int flags,
                                            LoadChunk&& load_chunk, RunChunk&& run_chunk) {
-  const int4* wbase = wq - lane;
-  const bool roll = (flags & kFlagL2Rolling) && lane == 0;
-  const int dist = (flags >> 8) * kV5U;  // rolling window, k-blocks
-  if ((flags & kFlagL2Prefetch) && lane == 0 && nk > 0) l2_prefetch(wbase, (uint32_t)nk * 512u);
-  if (roll) l2_prefetch_blocks(wbase, kV5U, kV5U + dist, nk);
-  int4 buf[NBUF][kV5U];
-#pragma unroll
-  for (int b = 0; b < NBUF - 1; ++b)
-    if (b < nch) load_chunk(buf[b], wq + b * kV5U * 32);
+  if ((flags & kFlagL2Prefetch) && lane == 0 && nk > 0) l2_prefetch(wq - lane, (uint32_t)nk * 512u);
+  int4 a0[kV5U], a1[kV5U];
+  if (nch > 0) load_chunk(a0, wq);
   pdl_wait();
-  for (int j = 0; j < nch; j += NBUF) {
-    if (roll) l2_prefetch_blocks(wbase, (j + 1) * kV5U + dist, (j + 1 + NBUF) * kV5U + dist, nk);
-#pragma unroll
-    for (int u = 0; u < NBUF; ++u) {
-      if (j + u >= nch) break;  // uniform
-      if (j + u + NBUF - 1 < nch) load_chunk(buf[(u + NBUF - 1) % NBUF], wq + (NBUF - 1) * kV5U * 32);
-      run_chunk(buf[u]);  // advances wq and x by one chunk
-    }
+  for (int j = 0; j < nch; j += 2) {
+    if (j + 1 < nch) load_chunk(a1, wq + kV5U * 32);  // uniform: predicated loads, no branch
+    run_chunk(a0);                                     // advances wq and x by one chunk
+    if (j + 1 >= nch) break;
+    if (j + 2 < nch) load_chunk(a0, wq + kV5U * 32);
+    run_chunk(a1);
   }
 }
 
 // Grid: x = packed row tiles (one per CTA), block: 32 * KS threads (split-K warps).
-template <typename T, int NBUF>
-__global__ void __launch_bounds__(kV5Threads, NBUF == 2 ? kV5MinCtas : 2)
+template <typename T>
+__global__ void __launch_bounds__(kV5Threads, kV5MinCtas)
     tmm_small_kernel(const T* __restrict__ x, const int4* __restrict__ wp, const float* __restrict__ scale,
                      const T* __restrict__ bias, T* __restrict__ y, int M, int N, int K, int KB, int flags) {
   extern __shared__ float red[];  // [KS][4][32]
@@ -799,9 +786,9 @@ __global__ void __launch_bounds__(kV5Threads, NBUF == 2 ? kV5MinCtas : 2)
     wq += kV5U * 32;
   };
 
-  // chunk_ring loads weights only before pdl_wait (x may still be being written)
+  // chunk_loop loads weights only before pdl_wait (x may still be being written)
   const int nch = nfull / kV5U;
-  chunk_ring<NBUF>(wq, lane, kb1 - kb0, nch, flags, load_chunk, run_chunk);
+  chunk_loop(wq, lane, kb1 - kb0, nch, flags, load_chunk, run_chunk);
   // < kV5U remaining full k-blocks: all weight loads first, then compute
   const int nrem = nfull - nch * kV5U;
   if (nrem > 0) {
@@ -831,8 +818,8 @@ __global__ void __launch_bounds__(kV5Threads, NBUF == 2 ? kV5MinCtas : 2)
 // W1.58A8, M <= 8. xq: [M, KB*128] int8, zero-padded past K, each group of 8 inputs stored in
 // the order {0,4,1,5,2,6,3,7} (quant_rows_kernel<T, true>), so that the first 4 bytes of a group
 // are the mma B register b0 and the last 4 are b1 (v4 builds them with two PRMT).
-template <typename T, int NBUF>
-__global__ void __launch_bounds__(kV5Threads, NBUF == 2 ? kV5MinCtas : 2)
+template <typename T>
+__global__ void __launch_bounds__(kV5Threads, kV5MinCtas)
     a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                     const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
                     T* __restrict__ y, int M, int N, int KB, int flags) {
@@ -871,9 +858,9 @@ __global__ void __launch_bounds__(kV5Threads, NBUF == 2 ? kV5MinCtas : 2)
     wq += kV5U * 32;
   };
 
-  // chunk_ring loads weights only before pdl_wait (xq is written by the quantizer launched just before)
+  // chunk_loop loads weights only before pdl_wait (xq is written by the quantizer launched just before)
   const int nch = nk / kV5U;
-  chunk_ring<NBUF>(wq, lane, nk, nch, flags, load_chunk, run_chunk);
+  chunk_loop(wq, lane, nk, nch, flags, load_chunk, run_chunk);
   const int nrem = nk - nch * kV5U;
   if (nrem > 0) {
     int4 ar[kV5U - 1];
@@ -1094,15 +1081,12 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //   TRIT_PDL    = 1 (default) | 0     programmatic dependent launch of the v5 kernels (sm_90+):
 //                                     weights stream in while the kernel before still runs
 //   TRIT_L2PF   = 1 (default) | 0 | 2 v5 kernels bulk-prefetch each warp's weight range into L2
-//                                     (1: where it measured faster, see l2pf_flags; 2: always;
-//                                     2 + d: a rolling window d chunks ahead of the loads)
+//                                     (1: where it measured faster, see l2pf_flags; 2: always)
 //   TRIT_KS     = n                   split-K warps per CTA for v5 (default: small_cfg), 1..8
-//   TRIT_DEPTH  = 2 | 3 | 4           weight chunks per warp in the v5 register ring (NBUF; 2 = double
-//                                     buffering, 80 registers; 3 and 4 allow up to 128): see depth_for
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
   bool v5, pdl;
-  int l2pf, ks, depth;
+  int l2pf, ks;
 };
 int env_int(const char* name, int dflt) {
   const char* e = getenv(name);
@@ -1115,7 +1099,6 @@ Knobs knobs() {
   n.pdl = env_int("TRIT_PDL", 1) != 0;
   n.l2pf = env_int("TRIT_L2PF", 1);
   n.ks = env_int("TRIT_KS", 0);
-  n.depth = env_int("TRIT_DEPTH", 0);
   return n;
 }
 bool pdl_supported() {  // griddepcontrol needs sm_90+; ask once per device
@@ -1166,12 +1149,8 @@ Cfg small_cfg(const Knobs& kn, int M, int N, int K) {
 // TRIT_L2PF=0 turns it off everywhere, TRIT_L2PF=2 forces it on.
 int l2pf_flags(int l2pf, bool a8, int N, int K) {
   if (l2pf == 2) return kFlagL2Prefetch;
-  if (l2pf >= 3) return kFlagL2Rolling | (min(l2pf - 2, 16) << 8);  // 3: one chunk ahead, 4: two, ...
   return (l2pf == 1 && a8 && (long)N * K <= (16L << 20)) ? kFlagL2Prefetch : 0;
 }
-
-// Chunks in the register ring: 2 (double buffering) unless TRIT_DEPTH asks for 3 or 4.
-int depth_for(const Knobs& kn) { return kn.depth == 3 || kn.depth == 4 ? kn.depth : 2; }
 
 template <typename T>
 cudaError_t launch_small(const Knobs& kn, const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
@@ -1179,9 +1158,7 @@ cudaError_t launch_small(const Knobs& kn, const T* x, const int32_t* wp, const f
   const Cfg cfg = small_cfg(kn, M, N, K);
   const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
   const size_t smem = (size_t)cfg.ks * 128 * sizeof(float);
-  const int depth = depth_for(kn);
-  auto kern = depth == 4 ? tmm_small_kernel<T, 4> : depth == 3 ? tmm_small_kernel<T, 3> : tmm_small_kernel<T, 2>;
-  return launch_ex(kern, dim3(n_tiles), dim3(cfg.ks * 32), smem, st, kn.pdl && pdl_supported(), x,
+  return launch_ex(tmm_small_kernel<T>, dim3(n_tiles), dim3(cfg.ks * 32), smem, st, kn.pdl && pdl_supported(), x,
                    reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, K, KB, l2pf_flags(kn.l2pf, false, N, K));
 }
 
@@ -1222,7 +1199,7 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
                         int M, int N, int K, int8_t* xq, float* xs, int32_t* rowsum,
                         cudaStream_t st) {
   const int KB = (K + kBlockK - 1) / kBlockK;
-  const Knobs kn = M <= 8 ? knobs() : Knobs{false, false, 0, 0, 0};
+  const Knobs kn = M <= 8 ? knobs() : Knobs{false, false, 0, 0};
   if (M <= 8 && kn.v5) {
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
     const bool pdl = kn.pdl && pdl_supported();
@@ -1232,9 +1209,7 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     const Cfg cfg = small_cfg(kn, M, N, K);
     const int n_tiles = (N + kTileN - 1) / kTileN;
     const size_t smem = (size_t)cfg.ks * 128 * sizeof(int);
-    const int depth = depth_for(kn);
-    auto kern = depth == 4 ? a8_small_kernel<T, 4> : depth == 3 ? a8_small_kernel<T, 3> : a8_small_kernel<T, 2>;
-    return launch_ex(kern, dim3(n_tiles), dim3(cfg.ks * 32), smem, st, pdl, (const int8_t*)xq,
+    return launch_ex(a8_small_kernel<T>, dim3(n_tiles), dim3(cfg.ks * 32), smem, st, pdl, (const int8_t*)xq,
                      (const float*)xs, (const int32_t*)rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M,
                      N, KB, l2pf_flags(kn.l2pf, true, N, K));
   }
