@@ -233,6 +233,59 @@ __device__ __forceinline__ void load_chunk(int4 (&a)[KU][WN], const int4* const 
       a[u][wn] = (kb + u < kb_end) ? ld_weights(wtile[wn] + (size_t)(kb + u) * 32) : make_int4(0, 0, 0, 0);
 }
 
+// ---------------------------------------------------------------- epilogues (all kernels)
+// y[m, n] from an output's accumulated sum v. fp: v is the dot product. a8: the kernels multiply
+// the codes q = w + 1 with xq, so v = sum_k w xq + sum_k xq and the row sum comes off.
+template <typename T, bool kA8, typename Acc>
+__device__ __forceinline__ void store_out(Acc v, int m, int n, int N, const float* __restrict__ scale,
+                                          const T* __restrict__ bias, T* __restrict__ y, const float* xs,
+                                          const int32_t* rowsum) {
+  float o;
+  if constexpr (kA8) {
+    o = (float)(v - rowsum[m]) / xs[m] * scale[n];
+  } else {
+    o = v * scale[n];
+  }
+  if (bias != nullptr) o += to_f32<T>(bias[n]);
+  y[(size_t)m * N + n] = from_f32<T>(o);
+}
+
+// v4 kernels: split-K reduction over the KS warps of each nw through shared memory, in a fixed
+// order (deterministic), then the scaled store. red: [NW][KS][WN][MT][4][32] accumulators.
+template <typename T, bool kA8, int WN, int MT, int kChains, typename Acc>
+__device__ __forceinline__ void tile_epilogue(const Acc (&acc)[kChains][WN][MT][4], Acc* red, int m0, int M, int N,
+                                              int n_tiles, const float* __restrict__ scale,
+                                              const T* __restrict__ bias, T* __restrict__ y, const float* xs,
+                                              const int32_t* rowsum) {
+  const int lane = threadIdx.x & 31, kw = threadIdx.x >> 5, KS = blockDim.x >> 5;
+  const int nw = threadIdx.y, NW = blockDim.y;
+  constexpr int kSlots = WN * MT * 4 * 32;
+  Acc* mine = red + (nw * KS) * kSlots;
+#pragma unroll
+  for (int wn = 0; wn < WN; ++wn)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        Acc v = acc[0][wn][mt][r];
+#pragma unroll
+        for (int q = 1; q < kChains; ++q) v += acc[q][wn][mt][r];
+        mine[kw * kSlots + ((wn * MT + mt) * 4 + r) * 32 + lane] = v;
+      }
+  __syncthreads();
+  const int tn0 = blockIdx.x * NW * WN;
+  for (int s = threadIdx.y * blockDim.x + threadIdx.x; s < NW * kSlots; s += blockDim.x * blockDim.y) {
+    const int q = s / kSlots, sl = s % kSlots;  // q: which nw
+    Acc v = 0;
+    for (int w = 0; w < KS; ++w) v += red[(q * KS + w) * kSlots + sl];
+    const int ln = sl & 31, r = (sl >> 5) & 3, mt = (sl >> 7) % MT, wn = (sl >> 7) / MT;
+    const int tile = tn0 + q * WN + wn;
+    const int n = tile * kTileN + (ln >> 2) + 8 * (r >> 1);
+    const int m = m0 + mt * 8 + 2 * (ln & 3) + (r & 1);
+    if (tile < n_tiles && n < N && m < M) store_out<T, kA8>(v, m, n, N, scale, bias, y, xs, rowsum);
+  }
+}
+
 // ---------------------------------------------------------------- fused GEMM (fp activations)
 // Grid: x = groups of NW*WN packed rows, y = chunks of 8*MT activation rows.
 // Block: (32*KS, NW): warp (kw, nw) owns packed rows t0 + nw*WN .. and the kw-th of KS equal
@@ -368,36 +421,7 @@ __global__ void __launch_bounds__(Shape<MT>::kMaxThreads)
     process_chunk(a1, kb + kU);
   }
 
-  // split-K reduction over the KS warps of each nw, fixed order -> deterministic
-  constexpr int kSlots = WN * MT * 4 * 32;
-  float* mine = red + (nw * KS) * kSlots;
-#pragma unroll
-  for (int wn = 0; wn < WN; ++wn)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        float v = acc[0][wn][mt][r];
-#pragma unroll
-        for (int q = 1; q < kChains; ++q) v += acc[q][wn][mt][r];
-        mine[kw * kSlots + ((wn * MT + mt) * 4 + r) * 32 + lane] = v;
-      }
-  __syncthreads();
-  const int tn0 = blockIdx.x * NW * WN;
-  for (int s = threadIdx.y * blockDim.x + threadIdx.x; s < NW * kSlots; s += blockDim.x * blockDim.y) {
-    const int q = s / kSlots, sl = s % kSlots;  // q: which nw
-    float v = 0.f;
-    for (int w = 0; w < KS; ++w) v += red[(q * KS + w) * kSlots + sl];
-    const int ln = sl & 31, r = (sl >> 5) & 3, mt = (sl >> 7) % MT, wn = (sl >> 7) / MT;
-    const int tile = tn0 + q * WN + wn;
-    const int n = tile * kTileN + (ln >> 2) + 8 * (r >> 1);
-    const int m = m0 + mt * 8 + 2 * (ln & 3) + (r & 1);
-    if (tile < n_tiles && n < N && m < M) {
-      float o = v * scale[n];
-      if (bias != nullptr) o += to_f32<T>(bias[n]);
-      y[(size_t)m * N + n] = from_f32<T>(o);
-    }
-  }
+  tile_epilogue<T, false, WN, MT, kChains>(acc, red, m0, M, N, n_tiles, scale, bias, y, nullptr, nullptr);
 }
 
 // ---------------------------------------------------------------- W1.58A8
@@ -544,36 +568,7 @@ __global__ void __launch_bounds__(Shape<MT>::kMaxThreads)
     process_chunk(a1, kb + kU);
   }
 
-  constexpr int kSlots = WN * MT * 4 * 32;
-  int* mine = redi + (nw * KS) * kSlots;
-#pragma unroll
-  for (int wn = 0; wn < WN; ++wn)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        int v = acc[0][wn][mt][r];
-#pragma unroll
-        for (int q = 1; q < kChains; ++q) v += acc[q][wn][mt][r];
-        mine[kw * kSlots + ((wn * MT + mt) * 4 + r) * 32 + lane] = v;
-      }
-  __syncthreads();
-  const int tn0 = blockIdx.x * NW * WN;
-  for (int s = threadIdx.y * blockDim.x + threadIdx.x; s < NW * kSlots; s += blockDim.x * blockDim.y) {
-    const int q = s / kSlots, sl = s % kSlots;
-    int v = 0;
-    for (int w = 0; w < KS; ++w) v += redi[(q * KS + w) * kSlots + sl];
-    const int ln = sl & 31, r = (sl >> 5) & 3, mt = (sl >> 7) % MT, wn = (sl >> 7) / MT;
-    const int tile = tn0 + q * WN + wn;
-    const int n = tile * kTileN + (ln >> 2) + 8 * (r >> 1);
-    const int m = m0 + mt * 8 + 2 * (ln & 3) + (r & 1);
-    if (tile < n_tiles && n < N && m < M) {
-      // codes are w + 1: sum_k (w+1) xq = acc_true + sum_k xq
-      float o = (float)(v - rowsum[m]) / xs[m] * scale[n];
-      if (bias != nullptr) o += to_f32<T>(bias[n]);
-      y[(size_t)m * N + n] = from_f32<T>(o);
-    }
-  }
+  tile_epilogue<T, true, WN, MT, kChains>(acc, redi, m0, M, N, n_tiles, scale, bias, y, xs, rowsum);
 }
 
 // ---------------------------------------------------------------- v5: small M (M <= 8)
@@ -699,14 +694,7 @@ __device__ __forceinline__ void small_epilogue(Acc (&acc)[4], Acc* red, int tile
     if (n < N && m < M) {
       Acc v = 0;
       for (int w = 0; w < KS; ++w) v += red[w * 128 + s];
-      float o;
-      if constexpr (kA8) {  // codes are w + 1, so sum_k (w+1) xq = acc_true + sum_k xq
-        o = (float)(v - rowsum[m]) / xs[m] * scale[n];
-      } else {
-        o = v * scale[n];
-      }
-      if (bias != nullptr) o += to_f32<T>(bias[n]);
-      y[(size_t)m * N + n] = from_f32<T>(o);
+      store_out<T, kA8>(v, m, n, N, scale, bias, y, xs, rowsum);
     }
   }
 }
