@@ -229,22 +229,33 @@ class _SpecLinearMethod(LinearMethodBase):
                               f"{[m for m, _ in out]} under different {what} keys {sorted(map(str, keys))}")
         return out
 
-    def _scale_loader_with(self, layer, vllm_loader, convert):
-        """vLLM loader for the scale parameter; convert(raw, entry, module) -> this shard's scale."""
+    def _shard_loader(self, layer, vllm_loader, what: str, convert, post):
+        """vLLM loader for a layer's "weight" or "scale" parameter. convert(raw, entry, module) -> that
+        module's rows; post(rows, param) -> what vLLM's own loader receives."""
+        key = "weight_key" if what == "weight" else "scale"
+
         def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
             if shard_id is None and len(self.modules) > 1:
-                s = torch.cat([convert(loaded_weight, e, m) for m, e in self._fused_entries("scale")])
-                layer.trit_loaded.update(("scale", sid) for sid in self.modules)
+                # fused on disk: every sub-module's entry names this one tensor with its rows;
+                # convert each and concatenate in vLLM's shard order (q|k|v, gate|up), whatever
+                # order the checkpoint keeps them in
+                t = torch.cat([convert(loaded_weight, e, m) for m, e in self._fused_entries(key)])
+                layer.trit_loaded.update((what, sid) for sid in self.modules)
             else:
                 name, entry = self._entry(shard_id)
-                s = convert(loaded_weight, entry, name)
-                layer.trit_loaded.add(("scale", shard_id))
-            s = s.to(device=param.device, dtype=param.dtype)
+                t = convert(loaded_weight, entry, name)
+                layer.trit_loaded.add((what, shard_id))
+            t = post(t, param)
             if shard_id is None:
-                vllm_loader(param, s)
+                vllm_loader(param, t)
             else:
-                vllm_loader(param, s, shard_id)
+                vllm_loader(param, t, shard_id)
         return load
+
+    def _scale_loader_with(self, layer, vllm_loader, convert):
+        """vLLM loader for the scale parameter; convert(raw, entry, module) -> this shard's scale."""
+        return self._shard_loader(layer, vllm_loader, "scale", convert,
+                                  lambda s, p: s.to(device=p.device, dtype=p.dtype))
 
     def _check_loaded(self, layer, what: str = "ternary weight") -> None:
         for sid, name in self.modules.items():
@@ -310,23 +321,8 @@ class TernaryLinearMethod(_SpecLinearMethod):
                                         and getattr(layer, "tp_size", 1) > 1)
 
     def _weight_loader(self, layer, vllm_loader, f: int):
-        def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
-            if shard_id is None and len(self.modules) > 1:
-                # fused on disk: every sub-module's entry names this one tensor with its rows;
-                # decode each and concatenate in vLLM's shard order (q|k|v, gate|up), whatever
-                # order the checkpoint keeps them in
-                w = torch.cat([decode_weight(loaded_weight, e, m) for m, e in self._fused_entries("weight_key")])
-                layer.trit_loaded.update(("weight", s) for s in self.modules)
-            else:
-                name, entry = self._entry(shard_id)
-                w = decode_weight(loaded_weight, entry, name)
-                layer.trit_loaded.add(("weight", shard_id))
-            staged = stage_pack(w, f).to(param.device)
-            if shard_id is None:
-                vllm_loader(param, staged)
-            else:
-                vllm_loader(param, staged, shard_id)
-        return load
+        return self._shard_loader(layer, vllm_loader, "weight", decode_weight,
+                                  lambda w, p: stage_pack(w, f).to(p.device))
 
     def _prepacked_loader(self, layer, vllm_loader):
         from reference.spec import layout_shape
@@ -465,20 +461,7 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
                                         and getattr(layer, "tp_size", 1) > 1)
 
     def _weight_loader(self, layer, vllm_loader):
-        def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
-            if shard_id is None and len(self.modules) > 1:
-                w = torch.cat([decode_levels(loaded_weight, e, m) for m, e in self._fused_entries("weight_key")])
-                layer.trit_loaded.update(("weight", s) for s in self.modules)
-            else:
-                name, entry = self._entry(shard_id)
-                w = decode_levels(loaded_weight, entry, name)
-                layer.trit_loaded.add(("weight", shard_id))
-            w = w.to(param.device)
-            if shard_id is None:
-                vllm_loader(param, w)
-            else:
-                vllm_loader(param, w, shard_id)
-        return load
+        return self._shard_loader(layer, vllm_loader, "weight", decode_levels, lambda w, p: w.to(p.device))
 
     def _scale_loader(self, layer, vllm_loader):
         G = self.group_size
