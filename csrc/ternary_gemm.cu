@@ -1233,50 +1233,54 @@ cudaError_t launch_decode(const int32_t* wp, const float* scale, T* out, int N, 
 }  // namespace
 
 // ---------------------------------------------------------------- extern "C" API
-extern "C" int trit_mm(int dtype, const void* x, const int32_t* packed, const float* scale,
-                       const void* bias, void* y, int M, int N, int K, void* stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
+namespace {
+// The activation dtype code -> f(Tag<T>{}) with T the element type.
+template <typename T> struct Tag { using type = T; };
+template <typename F>
+int visit_float_dtype(int dtype, F&& f) {
   switch (dtype) {
-    case TRIT_F32: return dispatch_tmm<float>((const float*)x, packed, scale, (const float*)bias, (float*)y, M, N, K, st);
-    case TRIT_F16: return dispatch_tmm<__half>((const __half*)x, packed, scale, (const __half*)bias, (__half*)y, M, N, K, st);
-    case TRIT_BF16: return dispatch_tmm<__nv_bfloat16>((const __nv_bfloat16*)x, packed, scale, (const __nv_bfloat16*)bias, (__nv_bfloat16*)y, M, N, K, st);
+    case TRIT_F32: return f(Tag<float>{});
+    case TRIT_F16: return f(Tag<__half>{});
+    case TRIT_BF16: return f(Tag<__nv_bfloat16>{});
     default: return cudaErrorInvalidValue;
   }
+}
+}  // namespace
+
+extern "C" int trit_mm(int dtype, const void* x, const int32_t* packed, const float* scale,
+                       const void* bias, void* y, int M, int N, int K, void* stream) {
+  return visit_float_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return (int)dispatch_tmm<T>((const T*)x, packed, scale, (const T*)bias, (T*)y, M, N, K, (cudaStream_t)stream);
+  });
 }
 
 extern "C" int trit_mm_naive(int dtype, const void* x, const int32_t* packed, const float* scale,
                              const void* bias, void* y, int M, int N, int K, void* stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case TRIT_F32: return launch_naive<float>((const float*)x, packed, scale, (const float*)bias, (float*)y, M, N, K, st);
-    case TRIT_F16: return launch_naive<__half>((const __half*)x, packed, scale, (const __half*)bias, (__half*)y, M, N, K, st);
-    case TRIT_BF16: return launch_naive<__nv_bfloat16>((const __nv_bfloat16*)x, packed, scale, (const __nv_bfloat16*)bias, (__nv_bfloat16*)y, M, N, K, st);
-    default: return cudaErrorInvalidValue;
-  }
+  return visit_float_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return (int)launch_naive<T>((const T*)x, packed, scale, (const T*)bias, (T*)y, M, N, K, (cudaStream_t)stream);
+  });
 }
 
 extern "C" int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const float* scale,
                           const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
                           int32_t* rowsum, void* stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case TRIT_F32: return dispatch_a8<float>((const float*)x, packed, scale, (const float*)bias, (float*)y, M, N, K, xq, xs, rowsum, st);
-    case TRIT_F16: return dispatch_a8<__half>((const __half*)x, packed, scale, (const __half*)bias, (__half*)y, M, N, K, xq, xs, rowsum, st);
-    case TRIT_BF16: return dispatch_a8<__nv_bfloat16>((const __nv_bfloat16*)x, packed, scale, (const __nv_bfloat16*)bias, (__nv_bfloat16*)y, M, N, K, xq, xs, rowsum, st);
-    default: return cudaErrorInvalidValue;
-  }
+  return visit_float_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return (int)dispatch_a8<T>((const T*)x, packed, scale, (const T*)bias, (T*)y, M, N, K, xq, xs, rowsum,
+                               (cudaStream_t)stream);
+  });
 }
 
 extern "C" int trit_decode(int out_dtype, const int32_t* packed, const float* scale, void* out,
                            int N, int K, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  switch (out_dtype) {
-    case TRIT_F32: return launch_decode<float>(packed, scale, (float*)out, N, K, st);
-    case TRIT_F16: return launch_decode<__half>(packed, scale, (__half*)out, N, K, st);
-    case TRIT_BF16: return launch_decode<__nv_bfloat16>(packed, scale, (__nv_bfloat16*)out, N, K, st);
-    case TRIT_I8: return launch_decode<int8_t>(packed, nullptr, (int8_t*)out, N, K, st);
-    default: return cudaErrorInvalidValue;
-  }
+  if (out_dtype == TRIT_I8) return launch_decode<int8_t>(packed, nullptr, (int8_t*)out, N, K, st);
+  return visit_float_dtype(out_dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return (int)launch_decode<T>(packed, scale, (T*)out, N, K, st);
+  });
 }
 
 extern "C" const char* trit_error_string(int err) {
