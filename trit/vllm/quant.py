@@ -380,19 +380,32 @@ def set_ternary_weight(layer: torch.nn.Module, w_int8: torch.Tensor, backend: Op
     layer.trit_backend = backend
 
 
-def _a8_global_absmax(backend: Backend, x: torch.Tensor, packed, scale, N: int, K: int, bias):
-    """W1.58A8 for a row-parallel layer under TP: absmax over the full row = max over ranks."""
-    from vllm.distributed import tensor_model_parallel_all_gather
-
+def _a8_quant(x: torch.Tensor, across_tp: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """BitNet's per-token int8 activation quantisation in fp32: (integer-valued fp32 xq, xs), with
+    xs = 127 / absmax. across_tp: a row-parallel layer under TP sees only its K slice of the
+    row, so the absmax is the max over the TP group (all-gathered)."""
     xf = x.float()
-    amax = xf.abs().amax(dim=-1, keepdim=True)  # (M, 1) local
-    amax = tensor_model_parallel_all_gather(amax, dim=-1).amax(dim=-1, keepdim=True)  # (M, 1) global
+    amax = xf.abs().amax(dim=-1, keepdim=True)  # (M, 1)
+    if across_tp:
+        from vllm.distributed import tensor_model_parallel_all_gather
+
+        amax = tensor_model_parallel_all_gather(amax, dim=-1).amax(dim=-1, keepdim=True)
     xs = 127.0 / amax.clamp(min=1e-5)
-    xq = (xf * xs).round().clamp(-128, 127).to(x.dtype)
-    y = backend.linear(xq, packed, scale, N, K).float() / xs
+    return (xf * xs).round().clamp(-128, 127), xs
+
+
+def _a8_dequant(y_int: torch.Tensor, xs: torch.Tensor, bias, dtype: torch.dtype) -> torch.Tensor:
+    """The GEMM of xq, back to activation scale (+ bias), in ``dtype``."""
+    y = y_int.float() / xs
     if bias is not None:
         y = y + bias.float()
-    return y.to(x.dtype)
+    return y.to(dtype)
+
+
+def _a8_global_absmax(backend: Backend, x: torch.Tensor, packed, scale, N: int, K: int, bias):
+    """W1.58A8 for a row-parallel layer under TP: absmax over the full row = max over ranks."""
+    xq, xs = _a8_quant(x, across_tp=True)
+    return _a8_dequant(backend.linear(xq.to(x.dtype), packed, scale, N, K), xs, bias, x.dtype)
 
 
 class DenseFallbackLinearMethod(_SpecLinearMethod):
@@ -479,18 +492,8 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         x2 = x.reshape(-1, layer.trit_k)
         w = layer.weight
         if self.act_quant:
-            xf = x2.float()
-            amax = xf.abs().amax(dim=-1, keepdim=True)
-            if layer.trit_global_absmax:
-                from vllm.distributed import tensor_model_parallel_all_gather
-
-                amax = tensor_model_parallel_all_gather(amax, dim=-1).amax(dim=-1, keepdim=True)
-            xs = 127.0 / amax.clamp(min=1e-5)
-            xq = (xf * xs).round().clamp(-128, 127)
-            y = F.linear(xq.to(w.dtype), w).float() / xs
-            if bias is not None:
-                y = y + bias.float()
-            y = y.to(x.dtype)
+            xq, xs = _a8_quant(x2, across_tp=layer.trit_global_absmax)
+            y = _a8_dequant(F.linear(xq.to(w.dtype), w), xs, bias, x.dtype)
         else:
             y = F.linear(x2.to(w.dtype), w, bias).to(x.dtype)
         return y.reshape(*x.shape[:-1], y.shape[-1])
