@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU end-to-end job (issue 6), in stages that each fit one device call (<= 10 min):
-#   ci/gpu_e2e.sh setup      install the staged vLLM 0.26 bundle (see ci/gpu_vllm.sh), build the trit ops
+#   ci/gpu_e2e.sh setup      install the staged vLLM 0.26 bundle (staging: see ci/gpu_vllm.sh), build the trit ops
 #   ci/gpu_e2e.sh parity     vLLM parity record of the bundled tiny model (eager capture + CUDA graphs)
 #   ci/gpu_e2e.sh scale      BitNet-2B-shaped model: fp32 goldens + bf16 noise floor on the GPU, vLLM parity record
 #   ci/gpu_e2e.sh e2e2b      bench.e2e --shape 2b (ours on BitNet + Llama twin, bf16 twin)
