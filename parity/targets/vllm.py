@@ -49,13 +49,13 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def check_tp_shardable(model_dir: Path, cfg: ModelConfig, tp: int) -> None:
-    """vLLM shards attention heads across TP ranks: query heads must divide by tp, and KV heads
-    must divide by tp or divide tp (then they are replicated). Fail here, in this process, with
-    the model's numbers, rather than in a worker ("5 is not divisible by 2")."""
-    h, kv = cfg.num_heads, cfg.num_kv_heads
-    if h % tp or (kv % tp and tp % kv):
-        raise ValueError(f"{model_dir}: tensor_parallel_size={tp} cannot shard {h} attention heads / {kv} KV heads "
-                         f"(vLLM needs heads % tp == 0 and kv_heads % tp == 0 or tp % kv_heads == 0)")
+    """Fail here, in this process, with the model's numbers, rather than as an assertion inside a
+    vLLM worker ("5 is not divisible by 2")."""
+    from trit.vllm import tp_heads_error
+
+    why = tp_heads_error(cfg.num_heads, cfg.num_kv_heads, tp)
+    if why:
+        raise ValueError(f"{model_dir}: {why}")
 
 
 class VllmTarget(Target):

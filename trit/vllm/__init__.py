@@ -15,6 +15,15 @@ from __future__ import annotations
 _registered = False
 
 
+def tp_heads_error(num_heads: int, num_kv_heads: int, tp: int):
+    """None when vLLM can shard the attention heads over ``tp`` ranks, else why not: query heads
+    must divide by tp; KV heads must divide by tp or divide tp (then they are replicated)."""
+    if num_heads % tp or (num_kv_heads % tp and tp % num_kv_heads):
+        return (f"tensor_parallel_size={tp} cannot shard {num_heads} attention heads / {num_kv_heads} KV heads "
+                f"(vLLM needs heads % tp == 0 and kv_heads % tp == 0 or tp % kv_heads == 0)")
+    return None
+
+
 def register() -> None:
     global _registered
     if _registered:

@@ -47,6 +47,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.utils import PPMissingLayer, make_layers, maybe_prefix
 from vllm.sequence import IntermediateTensors
 
+from . import tp_heads_error
 from .keymap import IGNORED, KeyMapError, build_key_map, check_coverage, expected_float_params
 
 
@@ -105,9 +106,9 @@ class BitNetAttention(nn.Module):
         tp = get_tensor_model_parallel_world_size()
         self.total_num_heads = config.num_attention_heads
         self.total_num_kv_heads = getattr(config, "num_key_value_heads", None) or self.total_num_heads
-        if self.total_num_heads % tp or (self.total_num_kv_heads % tp and tp % self.total_num_kv_heads):
-            raise ValueError(f"tensor_parallel_size {tp} does not divide {self.total_num_heads} heads / "
-                             f"{self.total_num_kv_heads} kv heads")
+        why = tp_heads_error(self.total_num_heads, self.total_num_kv_heads, tp)
+        if why:
+            raise ValueError(why)
         self.num_heads = self.total_num_heads // tp
         self.num_kv_heads = max(1, self.total_num_kv_heads // tp)
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.total_num_heads
