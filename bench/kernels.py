@@ -102,7 +102,10 @@ def with_env(env: dict, f):
     return g
 
 
-# M <= 8 variants beside the default (v5 kernels, PDL, L2 bulk prefetch): what each knob buys
+V5_MAX_M_FP, V5_MAX_M_A8 = 32, 64  # csrc/ternary_gemm.cu kV5MaxMFp / kV5MaxMA8
+# (TRIT_NW, TRIT_KS) pairs timed by --cfg-sweep at M > 8 (tiles per CTA x split-K warps <= 8)
+CFG_SWEEP = [(1, 1), (2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (2, 4)]
+# v5 variants beside the default (v5 kernels, PDL, L2 bulk prefetch): what each knob buys
 SMALL_M_VARIANTS = {  # (--variants selects a subset)
     "v4": {"TRIT_KERNEL": "v4"},
     "nopdl": {"TRIT_KERNEL": "v5", "TRIT_PDL": "0"},
@@ -148,7 +151,8 @@ class Humming:
         return layer
 
 
-def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, small_variants=None):
+def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, small_variants=None,
+                cfg_sweep=()):
     from trit import ops
 
     dev = "cuda"
@@ -190,12 +194,16 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             "linear": lambda i: ops.ternary_linear(x, packs[i % nt], scale, N, K),
             "a8": lambda i: torch.ops.trit.ternary_mm_a8(x, packs[i % nt], scale, N, K, None),
         }
-        if M <= 8:  # the default small-M path against v4 and with each launch knob off
+        if M <= V5_MAX_M_A8:  # the default v5 path against v4 and with each launch knob off
             for tag, env in SMALL_M_VARIANTS.items():
                 if small_variants is not None and tag not in small_variants:
                     continue
-                variants[f"fused_{tag}"] = with_env(env, variants["fused"])
+                if M <= V5_MAX_M_FP:
+                    variants[f"fused_{tag}"] = with_env(env, variants["fused"])
                 variants[f"a8_{tag}"] = with_env(env, variants["a8"])
+            if M > 8 and M in cfg_sweep:
+                for nw, ks in CFG_SWEEP:
+                    variants[f"a8_nw{nw}ks{ks}"] = with_env({"TRIT_NW": str(nw), "TRIT_KS": str(ks)}, variants["a8"])
             if ks_sweep and M == 1:
                 for ks in KS_SWEEP:
                     variants[f"a8_ks{ks}"] = with_env({"TRIT_KS": str(ks)}, variants["a8"])
@@ -260,6 +268,8 @@ def fmt_row(r) -> str:
             f"{_f(r.get('a8_nopdl_us'), '6.1f')} nopf {_f(r.get('a8_nopf_us'), '6.1f')} pf {_f(r.get('a8_pf_us'), '6.1f')})  "
             + "".join(f"ks{k} {_f(r.get(f'a8_ks{k}_us'), '.1f')}/{_f(r.get(f'fused_ks{k}_us'), '.1f')} "
                       for k in KS_SWEEP if r.get(f"a8_ks{k}_us")) +
+            "".join(f"nw{nw}ks{ks} {_f(r.get(f'a8_nw{nw}ks{ks}_us'), '.1f')} "
+                    for nw, ks in CFG_SWEEP if r.get(f"a8_nw{nw}ks{ks}_us")) +
             f"humming {_f(r.get('humming_us'), '8.1f')}  floor {r['floor_us']:.1f}")
 
 
@@ -273,7 +283,7 @@ def markdown(meta, rows) -> str:
              f"M <= {meta['fused_max_m']}, else dense decode + cuBLAS); `fused` = torch.ops.trit.ternary_mm "
              "at every M; `dense` = ternary_decode + cuBLAS; `a8` = ternary_mm_a8 (W1.58A8). "
              "x = ratio of bf16 time to ours (higher is better); % ceil = packed-weight bytes / time "
-             "against the copy ceiling; floor = packed bytes / 4.18 TB/s. M <= 8 runs the v5 kernels "
+             "against the copy ceiling; floor = packed bytes / 4.18 TB/s. M <= 32 (fused) and M <= 64 (a8) run the v5 kernels "
              "with programmatic dependent launch (and an L2 bulk prefetch of each warp's weights); the "
              "`v4` / `no PDL` / `L2 pf off / on` columns rerun the same op with TRIT_KERNEL=v4 / TRIT_PDL=0 / "
              "TRIT_L2PF=0 / TRIT_L2PF=2 (the default prefetches only for a8 on layers <= 4 MiB packed).", "",
@@ -303,6 +313,15 @@ def markdown(meta, rows) -> str:
             lines.append(f"| {r['N']}x{r['K']} | {_f(r.get('a8_us'), '.1f')} / {_f(r.get('fused_us'), '.1f')} | "
                          + " | ".join(f"{_f(r.get(f'a8_ks{k}_us'), '.1f')} / {_f(r.get(f'fused_ks{k}_us'), '.1f')}"
                                       for k in KS_SWEEP) + " |")
+    csweep = [r for r in rows if any(r.get(f"a8_nw{nw}ks{ks}_us") for nw, ks in CFG_SWEEP)]
+    if csweep:
+        lines += ["", "a8 launch-shape sweep at M > 8 (TRIT_NW tiles per CTA, TRIT_KS split-K warps; us; "
+                  "`default` = small_cfg's choice):", "",
+                  "| N x K | M | default | " + " | ".join(f"nw={nw} ks={ks}" for nw, ks in CFG_SWEEP) + " |",
+                  "|---|---|---|" + "---|" * len(CFG_SWEEP)]
+        for r in csweep:
+            lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('a8_us'), '.1f')} | "
+                         + " | ".join(_f(r.get(f"a8_nw{nw}ks{ks}_us"), ".1f") for nw, ks in CFG_SWEEP) + " |")
     errs = sorted({f"{k}: {v}" for r in rows for k, v in r.items() if k.endswith("_error")})
     if errs:
         lines += ["", "Errors:", *[f"- {e}" for e in errs]]
@@ -317,7 +336,9 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="skip a8 at the largest problems")
     ap.add_argument("--no-humming", action="store_true")
     ap.add_argument("--ks-sweep", action="store_true", help="M=1: time every split-K choice (TRIT_KS)")
-    ap.add_argument("--variants", default=None, help="M <= 8 variants to time beside the default, comma list of "
+    ap.add_argument("--cfg-sweep", default="", help="comma list of M > 8: time the a8 kernel at every "
+                    "(TRIT_NW, TRIT_KS) in CFG_SWEEP there")
+    ap.add_argument("--variants", default=None, help="v5 (M <= 64) variants to time beside the default, comma list of "
                     + ",".join(SMALL_M_VARIANTS) + " (default: all)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -344,7 +365,8 @@ def main(argv=None):
     for gname in groups:
         for N, K in SHAPES[gname]:
             bench_shape(N, K, ms, hum, rows, quick=args.quick, ks_sweep=args.ks_sweep,
-                        small_variants=args.variants.split(",") if args.variants else None)
+                        small_variants=args.variants.split(",") if args.variants else None,
+                        cfg_sweep={int(m) for m in args.cfg_sweep.split(",") if m})
     meta["bench_seconds"] = round(time.time() - t0, 1)
     stem = dt.date.today().isoformat() + "-" + ("h200" if "H200" in props.name else props.name.replace(" ", "_"))
     md = markdown(meta, rows)

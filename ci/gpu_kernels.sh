@@ -55,7 +55,7 @@ if has sanitize; then
 # Tiny driver: every kernel on a few representative shapes (tile edges, K tails, split-K).
 import torch
 from trit import ops
-for (M, N, K) in [(1, 33, 300), (5, 100, 1000), (8, 48, 8200), (17, 129, 1001), (70, 256, 4099)]:  # 2nd, 3rd: v5 (tail k-block)
+for (M, N, K) in [(1, 33, 300), (5, 100, 1000), (8, 48, 8200), (17, 129, 1001), (24, 100, 2600), (40, 64, 1000), (70, 256, 4099)]:  # v5 MT=1 (tail k-block), MT=2/4/8, a8 M>64: int8 cuBLAS
     for dt in (torch.bfloat16, torch.float32):
         x = torch.randn(M, K, device="cuda").to(dt)
         w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda")

@@ -10,6 +10,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
+#include <cstdlib>
 #include <optional>
 
 #include "ternary.h"
@@ -114,17 +115,51 @@ at::Tensor ternary_mm_naive_cuda(const at::Tensor& x, const at::Tensor& packed, 
   return run_mm(&trit_mm_naive, "trit::ternary_mm_naive", x, packed, scale, N, K, bias);
 }
 
+// Smallest M at which ternary_mm_a8 runs as int8 weights decoded per call + cuBLAS int8 GEMM
+// (torch._int_mm, exact int32 sums) + the a8 epilogue, instead of the fused kernels: the same
+// arithmetic (bit-identical output), W decode amortised over M rows. TRIT_A8_DENSE_MIN_M
+// overrides it (read per call, like the kernel knobs). Measured on the H200:
+// bench/results/NOTES.md.
+int64_t a8_dense_min_m() {
+  const char* e = getenv("TRIT_A8_DENSE_MIN_M");
+  return (e != nullptr && *e != '\0') ? atoll(e) : 65;
+}
+
+at::Tensor a8_dense(const MmArgs& a, const at::Tensor& packed, const at::Tensor& scale, int64_t N, int64_t K,
+                    const char* op) {
+  const int64_t Kp = (K + 127) / 128 * 128;
+  void* st = current_stream(a.x);
+  at::Tensor xq = at::empty({a.M, Kp}, a.x.options().dtype(at::kChar));
+  at::Tensor xs = at::empty({a.M}, a.x.options().dtype(at::kFloat));
+  at::Tensor rowsum = at::empty({a.M}, a.x.options().dtype(at::kInt));
+  check_launch(trit_a8_quant(a.dtype, a.x.data_ptr(), xq.data_ptr<int8_t>(), xs.data_ptr<float>(),
+                             rowsum.data_ptr<int32_t>(), a.M, (int)K, st),
+               op);
+  // [N, Kp]: the padding columns of the packed layout decode to 0, matching xq's zero padding
+  at::Tensor wq = at::empty({N, Kp}, a.x.options().dtype(at::kChar));
+  check_launch(trit_decode(TRIT_I8, packed.data_ptr<int32_t>(), nullptr, wq.data_ptr(), (int)N, (int)Kp, st), op);
+  at::Tensor acc = at::_int_mm(xq, wq.t());  // [M, N] int32, exact
+  check_launch(trit_a8_epilogue(a.dtype, acc.data_ptr<int32_t>(), xs.data_ptr<float>(), scale.data_ptr<float>(),
+                                a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N, st),
+               op);
+  return a.y;
+}
+
 at::Tensor ternary_mm_a8_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t N,
                               int64_t K, const std::optional<at::Tensor>& bias) {
   const char* op = "trit::ternary_mm_a8";
   c10::DeviceGuard guard(x.device());
   MmArgs a = prepare(x, packed, scale, N, K, bias, op);
   if (a.M == 0) return a.y;
+  // torch._int_mm needs M > 16 and N % 8 == 0 (K is padded to 128 here)
+  if (a.M >= a8_dense_min_m() && a.M > 16 && N % 8 == 0) return a8_dense(a, packed, scale, N, K, op);
   const int64_t Kp = (K + 127) / 128 * 128;
-  // one workspace: xq int8 [M, Kp] | xs f32 [M] | rowsum i32 [M]   (Kp % 128 == 0 keeps alignment)
-  at::Tensor ws = at::empty({a.M * Kp + 8 * a.M}, x.options().dtype(at::kChar));
+  // one workspace: xq int8 [Mp, Kp] | xs f32 [M] | rowsum i32 [M]   (Kp % 128 == 0 keeps alignment;
+  // Mp = M rounded up to 8: the k-block-major xq of the M > 8 kernels has zero rows up to Mp)
+  const int64_t Mp = (a.M + 7) / 8 * 8;
+  at::Tensor ws = at::empty({Mp * Kp + 8 * a.M}, x.options().dtype(at::kChar));
   int8_t* xq = ws.data_ptr<int8_t>();
-  float* xs = reinterpret_cast<float*>(xq + a.M * Kp);
+  float* xs = reinterpret_cast<float*>(xq + Mp * Kp);
   int32_t* rowsum = reinterpret_cast<int32_t*>(xs + a.M);
   check_launch(trit_mm_a8(a.dtype, a.x.data_ptr(), packed.data_ptr<int32_t>(), scale.data_ptr<float>(),
                           a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N, (int)K, xq,

@@ -35,10 +35,20 @@ int trit_mm_naive(int dtype, const void* x, const int32_t* packed, const float* 
                   const void* bias, void* y, int M, int N, int K, void* stream);
 
 // W1.58A8: per-row absmax int8 activations, int32 accumulation.
-// Workspace: xq int8 [M, ceil(K/128)*128], xs float [M], rowsum int32 [M].
+// Workspace: xq int8 [8*ceil(M/8), ceil(K/128)*128] (layout chosen by the kernel), xs float [M],
+// rowsum int32 [M].
 int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const float* scale,
                const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
                int32_t* rowsum, void* stream);
+
+// Large-M W1.58A8 pieces (the op runs int8 cuBLAS between them, see bindings.cpp):
+// the activation quantizer alone, xq int8 [M, ceil(K/128)*128] row-major (zeros past K),
+// xs float [M], rowsum int32 [M]; and the epilogue y[m,n] = acc[m,n] / xs[m] * scale[n]
+// (+ bias[n]) from the exact int32 sums acc [M, N] (N % 4 == 0), the a8 kernels' arithmetic.
+int trit_a8_quant(int dtype, const void* x, int8_t* xq, float* xs, int32_t* rowsum, int M, int K,
+                  void* stream);
+int trit_a8_epilogue(int dtype, const int32_t* acc, const float* xs, const float* scale,
+                     const void* bias, void* y, int M, int N, void* stream);
 
 // Dense decode: out[N,K] (out_dtype) = W[n,k] * scale[n] (scale may be null -> 1).
 int trit_decode(int out_dtype, const int32_t* packed, const float* scale, void* out, int N,

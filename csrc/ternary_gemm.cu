@@ -8,12 +8,14 @@
 //   a8_kernel<T, MT, WN>    W1.58A8: int8 activations (per-row absmax) x 2-bit weights on
 //                           mma.m16n8k32 u8.s8 -> s32.
 //   quant_rows_kernel<T>    the a8 activation quantizer (one CTA per row).
-//   tmm_small_kernel<T>     v5, M <= 8, bf16/fp16 x (K % 8 == 0, 16-byte aligned x): the
-//                           small-M fused kernel with per-k-block overhead cut (see its section).
-//   a8_small_kernel<T>      v5 W1.58A8 for M <= 8, fed by quant_rows_perm_kernel<T> (xq
-//                           permuted within groups of 8 so the mma B registers need no PRMT).
-//   M <= 8 goes to the v5 kernels (TRIT_KERNEL=v4 in the environment: the v4 kernels), launched
-//   with programmatic dependent launch (TRIT_PDL) and an L2 bulk prefetch (TRIT_L2PF): see Knobs.
+//   tmm_small_kernel<T, MT> v5, M <= 8 * MT (MT = 1, 2, 4), bf16/fp16 x (K % 8 == 0, 16-byte
+//                           aligned x): the small-M fused kernel with per-k-block overhead cut.
+//   a8_small_kernel<T, MT>  v5 W1.58A8 for M <= 8 * MT (MT = 1, 2, 4, 8), fed by
+//                           quant_rows_perm_kernel<T> (xq permuted within groups of 8 so the mma
+//                           B registers need no PRMT; k-block-major for MT >= 2).
+//   M <= 32 (fp) / 64 (a8) goes to the v5 kernels (TRIT_KERNEL=v4 in the environment: the v4
+//   kernels), launched with programmatic dependent launch (TRIT_PDL) and an L2 bulk prefetch
+//   (TRIT_L2PF): see Knobs.
 //   naive_kernel<T>         one thread per output: the correctness anchor.
 //   decode_kernel<T>        packed -> dense [N,K] (optionally x scale): the large-M path
 //                           hands the result to cuBLAS.
@@ -24,6 +26,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <algorithm>
 
 #include "ternary.h"
 
@@ -470,10 +474,6 @@ __global__ void __launch_bounds__(256) quant_rows_kernel(const T* __restrict__ x
 // Word i of a lane as mma.m16n8k32 A: quad j = bits {2j, 8+2j, 16+2j, 24+2j} = register j.
 // Register j covers row g + 8*(j & 1), inputs k0 + {0,4,1,5} (j < 2) or k0 + {2,6,3,7}: B
 // (int8 x, natural order in memory) is permuted to match with two byte permutes.
-
-// Word i of a lane as mma.m16n8k32 A: quad j = bits {2j, 8+2j, 16+2j, 24+2j} = register j.
-// Register j covers row g + 8*(j & 1), inputs k0 + {0,4,1,5} (j < 2) or k0 + {2,6,3,7}: B
-// (int8 x, natural order in memory) is permuted to match with two byte permutes.
 // Same grid/block/pipeline as tmm_kernel; x here is the quantized xq [M, KB*128] (padded).
 template <typename T, int MT, int WN>
 __global__ void __launch_bounds__(Shape<MT>::kMaxThreads)
@@ -571,9 +571,11 @@ __global__ void __launch_bounds__(Shape<MT>::kMaxThreads)
   tile_epilogue<T, true, WN, MT, kChains>(acc, redi, m0, M, N, n_tiles, scale, bias, y, xs, rowsum);
 }
 
-// ---------------------------------------------------------------- v5: small M (M <= 8)
-// One 16 x 8 mma tile per warp (WN = MT = 1), for bf16/fp16 x and for W1.58A8. Differences from
-// the v4 kernels above (which stay, selectable with TRIT_KERNEL=v4, and serve every other case):
+// ---------------------------------------------------------------- v5: small M (M <= 32 / 64)
+// One 16-row weight tile per warp (WN = 1) against MT 8-row tiles of x (MT = 1 for M <= 8, as
+// first written and measured; 2, 4, 8 for M <= 16, 32, 64), for bf16/fp16 x and for W1.58A8.
+// Differences from the v4 kernels above (which stay, selectable with TRIT_KERNEL=v4, and serve
+// fp32 x, misaligned x and larger M):
 //   - the hot loop runs over whole chunks of kV5U k-blocks only: no per-k-block bounds or
 //     vector-path predicates, one uniform predicate per chunk for the next chunk's loads;
 //     the remaining < kV5U full k-blocks and the partial last k-block (K % 128 != 0) are handled
@@ -584,7 +586,9 @@ __global__ void __launch_bounds__(Shape<MT>::kMaxThreads)
 //     ((w & field) | magic) + one HFMA2 (ptxas split the C expression into two LOP3s in v4);
 //   - a8: xq is written by the quantizer pre-permuted within each group of 8 inputs, so the mma
 //     B registers are two plain 32-bit words (no PRMT);
-//   - __launch_bounds__(256, 3): <= 80 registers, so >= 24 warps (6 CTAs of 4 warps) per SM.
+//   - __launch_bounds__(256, 3) at MT = 1: <= 80 registers, so >= 24 warps per SM (128 at MT >= 2);
+//   - MT >= 2: NW tiles per CTA (warps along N) read the same x at the same time, so x comes
+//     from L2 once per NW tiles and from L1 otherwise.
 // Requires (checked by the dispatcher): bf16/fp16 x with K % 8 == 0 and 16-byte aligned rows.
 constexpr int kV5U = 4;          // k-blocks per chunk: 4 x 16 B of weights per lane per chunk
 constexpr int kV5Threads = 256;  // split-K warps per CTA <= 8
@@ -677,23 +681,28 @@ __device__ __forceinline__ uint32_t word_of_rt(const int4& v, int i) {
   return static_cast<uint32_t>(i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w);
 }
 
-// Split-K partial sums of one 16 x 8 tile, reduced over the KS warps of the CTA in a fixed
-// order (deterministic), scaled and written. red: [KS][4][32] floats.
-template <typename T, bool kA8, typename Acc>
-__device__ __forceinline__ void small_epilogue(Acc (&acc)[4], Acc* red, int tile, int M, int N,
+// Split-K partial sums of a warp's MT 16 x 8 tiles, reduced over the KS warps (threadIdx.x / 32)
+// of its CTA row threadIdx.y in a fixed order (deterministic), scaled and written.
+// red: [NW][KS][MT][4][32]. A warp whose tile is past the last one (NW does not divide the tile
+// count) computed a clamped copy of the last tile: its outputs have n >= N and are dropped.
+template <typename T, bool kA8, int MT, typename Acc>
+__device__ __forceinline__ void small_epilogue(Acc (&acc)[MT][4], Acc* red, int tile, int M, int N,
                                                const float* __restrict__ scale, const T* __restrict__ bias,
                                                T* __restrict__ y, const float* xs, const int32_t* rowsum) {
   const int lane = threadIdx.x & 31, kw = threadIdx.x >> 5, KS = blockDim.x >> 5;
+  Acc* r = red + threadIdx.y * KS * MT * 128;
 #pragma unroll
-  for (int r = 0; r < 4; ++r) red[kw * 128 + r * 32 + lane] = acc[r];
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) r[(kw * MT + mt) * 128 + q * 32 + lane] = acc[mt][q];
   __syncthreads();
-  for (int s = threadIdx.x; s < 128; s += blockDim.x) {
-    const int ln = s & 31, r = s >> 5;
-    const int n = tile * kTileN + (ln >> 2) + 8 * (r >> 1);
-    const int m = 2 * (ln & 3) + (r & 1);
+  for (int s = threadIdx.x; s < MT * 128; s += blockDim.x) {
+    const int mt = s >> 7, ln = s & 31, q = (s >> 5) & 3;
+    const int n = tile * kTileN + (ln >> 2) + 8 * (q >> 1);
+    const int m = 8 * mt + 2 * (ln & 3) + (q & 1);
     if (n < N && m < M) {
       Acc v = 0;
-      for (int w = 0; w < KS; ++w) v += red[w * 128 + s];
+      for (int w = 0; w < KS; ++w) v += r[(w * MT + mt) * 128 + (s & 127)];
       store_out<T, kA8>(v, m, n, N, scale, bias, y, xs, rowsum);
     }
   }
@@ -712,30 +721,43 @@ __device__ __forceinline__ void kb_range(int KB, int& kb0, int& kb1) {
 // load_chunk(buf, p) loads one chunk at p; run_chunk(buf) computes it and advances wq (and x).
 // (Measured and dropped: a rolling L2 prefetch window and a 3-4 chunk register ring, runs 6-7 in
 // bench/results/NOTES.md; neither beat double buffering.)
-template <typename LoadChunk, typename RunChunk>
+template <int U, typename LoadChunk, typename RunChunk>
 __device__ __forceinline__ void chunk_loop(const int4*& wq, int lane, int nk, int nch, int flags,
                                            LoadChunk&& load_chunk, RunChunk&& run_chunk) {
   if ((flags & kFlagL2Prefetch) && lane == 0 && nk > 0) l2_prefetch(wq - lane, (uint32_t)nk * 512u);
-  int4 a0[kV5U], a1[kV5U];
+  int4 a0[U], a1[U];
   if (nch > 0) load_chunk(a0, wq);
   pdl_wait();
   for (int j = 0; j < nch; j += 2) {
-    if (j + 1 < nch) load_chunk(a1, wq + kV5U * 32);  // uniform: predicated loads, no branch
+    if (j + 1 < nch) load_chunk(a1, wq + U * 32);  // uniform: predicated loads, no branch
     run_chunk(a0);                                     // advances wq and x by one chunk
     if (j + 1 >= nch) break;
-    if (j + 2 < nch) load_chunk(a0, wq + kV5U * 32);
+    if (j + 2 < nch) load_chunk(a0, wq + U * 32);
     run_chunk(a1);
   }
 }
 
-// Grid: x = packed row tiles (one per CTA), block: 32 * KS threads (split-K warps).
-template <typename T>
-__global__ void __launch_bounds__(kV5Threads, kV5MinCtas)
+// Register cap of the v5 kernels: MT = 1 keeps <= 80 registers (3 CTAs of 256 threads, >= 24 warps
+// per SM); MT >= 2 holds MT accumulator tiles and MT x fragments and gets 128 (2 CTAs).
+template <int MT> struct V5MinCtas { static constexpr int value = MT == 1 ? kV5MinCtas : 2; };
+// k-blocks per weight chunk: kV5U, halved from MT = 4 on (MT x fragments per k-block leave no
+// registers for two 4-block chunks without spilling; each k-block there is 4 * MT mma of work)
+template <int MT> struct V5Chunk { static constexpr int value = MT >= 4 ? kV5U / 2 : kV5U; };
+
+// Grid: x = groups of NW packed row tiles, block: (32 * KS, NW): warp (kw, nw) owns tile
+// blockIdx.x * NW + nw (clamped to the last tile) and the kw-th of KS slices of the k-blocks.
+// MT 8-row tiles of x (M <= 8 * MT) per warp: each weight fragment is decoded once and feeds MT
+// mma. The NW warps of a CTA read the same x at about the same time (L1 hits for all but one).
+template <typename T, int MT>
+__global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT>::value)
     tmm_small_kernel(const T* __restrict__ x, const int4* __restrict__ wp, const float* __restrict__ scale,
-                     const T* __restrict__ bias, T* __restrict__ y, int M, int N, int K, int KB, int flags) {
-  extern __shared__ float red[];  // [KS][4][32]
+                     const T* __restrict__ bias, T* __restrict__ y, int M, int N, int K, int KB, int n_tiles,
+                     int flags) {
+  extern __shared__ float red[];  // [NW][KS][MT][4][32]
+  constexpr int kU = V5Chunk<MT>::value;
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int tile = blockIdx.x;
+  const int tile = blockIdx.x * blockDim.y + threadIdx.y;
+  const int tl = min(tile, n_tiles - 1);
   int kb0, kb1;
   kb_range(KB, kb0, kb1);
   const int kb_full = K / kBlockK;                      // k-blocks whose 128 inputs are all < K
@@ -743,123 +765,181 @@ __global__ void __launch_bounds__(kV5Threads, kV5MinCtas)
   const uint32_t magic = opaque(Magic<T>::value);
 
   // rows past M read row M-1: their output columns are dropped by the epilogue
-  const uint4* xp = reinterpret_cast<const uint4*>(x + (size_t)min(g, M - 1) * K + (size_t)kb0 * kBlockK + c * 32);
-  const int4* wq = wp + ((size_t)tile * KB + kb0) * 32 + lane;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  const uint4* xp[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+    xp[mt] = reinterpret_cast<const uint4*>(x + (size_t)min(8 * mt + g, M - 1) * K + (size_t)kb0 * kBlockK + c * 32);
+  const int4* wq = wp + ((size_t)tl * KB + kb0) * 32 + lane;
+  float acc[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
 
-  // one k-block: w = this lane's 4 words, xb = this lane's 32 inputs (4 x 8, natural order)
-  auto block = [&](const int4& w, const uint4 (&xb)[4]) {
+  // one k-block: w = this lane's 4 words; word i meets inputs 8i..8i+7 of the lane's 32 (one
+  // uint4 of x per row tile). MT <= 2: all of the k-block's x is loaded first (as MT = 1 always
+  // did); MT > 2: per word, to bound registers. full = false: the partial last k-block, whose
+  // 8-input groups past K read as zeros (K % 8 == 0: a group is wholly inside or outside).
+  auto block_at = [&](const int4& w, int ofs, bool full, int k0) {
+    uint4 xb[MT <= 2 ? 4 : 1][MT];
+    auto ldx = [&](int i, int mt) {
+      return (full || k0 + 8 * i < K) ? __ldg(xp[mt] + ofs + i) : make_uint4(0, 0, 0, 0);
+    };
+    if constexpr (MT <= 2) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) xb[i][mt] = ldx(i, mt);
+    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
+      const int xi = MT <= 2 ? i : 0;
+      if constexpr (MT > 2) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) xb[0][mt] = ldx(i, mt);
+      }
       uint32_t o[8];
       DecodeV5<T>::run(word_of_rt(w, i), magic, o);
-      mma16816<T>(acc, &o[0], xb[i].x, xb[i].y);
-      mma16816<T>(acc, &o[4], xb[i].z, xb[i].w);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma16816<T>(acc[mt], &o[0], xb[xi][mt].x, xb[xi][mt].y);
+        mma16816<T>(acc[mt], &o[4], xb[xi][mt].z, xb[xi][mt].w);
+      }
     }
   };
-  auto block_at = [&](const int4& w, const uint4* xk) {
-    uint4 xb[4];
+  auto load_chunk = [&](int4 (&a)[kU], const int4* p) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) xb[i] = __ldg(xk + i);
-    block(w, xb);
+    for (int u = 0; u < kU; ++u) a[u] = ld_weights(p + u * 32);
   };
-  auto load_chunk = [&](int4 (&a)[kV5U], const int4* p) {
+  auto advance = [&](int nkb) {
 #pragma unroll
-    for (int u = 0; u < kV5U; ++u) a[u] = ld_weights(p + u * 32);
+    for (int mt = 0; mt < MT; ++mt) xp[mt] += nkb * 16;  // 16 uint4 = 128 inputs
+    wq += nkb * 32;
   };
-  auto run_chunk = [&](const int4 (&a)[kV5U]) {
+  auto run_chunk = [&](const int4 (&a)[kU]) {
 #pragma unroll
-    for (int u = 0; u < kV5U; ++u) block_at(a[u], xp + u * 16);  // 16 uint4 = 128 inputs
-    xp += kV5U * 16;
-    wq += kV5U * 32;
+    for (int u = 0; u < kU; ++u) block_at(a[u], u * 16, true, 0);
+    advance(kU);
   };
 
   // chunk_loop loads weights only before pdl_wait (x may still be being written)
-  const int nch = nfull / kV5U;
-  chunk_loop(wq, lane, kb1 - kb0, nch, flags, load_chunk, run_chunk);
-  // < kV5U remaining full k-blocks: all weight loads first, then compute
-  const int nrem = nfull - nch * kV5U;
+  const int nch = nfull / kU;
+  chunk_loop<kU>(wq, lane, kb1 - kb0, nch, flags, load_chunk, run_chunk);
+  // < kU remaining full k-blocks: all weight loads first, then compute
+  const int nrem = nfull - nch * kU;
   if (nrem > 0) {
-    int4 ar[kV5U - 1];
+    int4 ar[kU - 1];
 #pragma unroll
-    for (int u = 0; u < kV5U - 1; ++u)
+    for (int u = 0; u < kU - 1; ++u)
       if (u < nrem) ar[u] = ld_weights(wq + u * 32);
 #pragma unroll
-    for (int u = 0; u < kV5U - 1; ++u)
-      if (u < nrem) block_at(ar[u], xp + u * 16);
-    xp += nrem * 16;
-    wq += nrem * 32;
+    for (int u = 0; u < kU - 1; ++u)
+      if (u < nrem) block_at(ar[u], u * 16, true, 0);
+    advance(nrem);
   }
-  // the partial last k-block (K % 128 != 0), owned by the warp whose range contains it;
-  // K % 8 == 0, so each 8-input group is wholly inside or outside [0, K): zero the outside ones
-  if (kb_full < KB && kb0 <= kb_full && kb_full < kb1) {
-    const int4 w = ld_weights(wq);
-    const int k0 = kb_full * kBlockK + c * 32;
-    uint4 xb[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) xb[i] = (k0 + 8 * i < K) ? __ldg(xp + i) : make_uint4(0, 0, 0, 0);
-    block(w, xb);
-  }
-  small_epilogue<T, false>(acc, red, tile, M, N, scale, bias, y, nullptr, nullptr);
+  // the partial last k-block (K % 128 != 0), owned by the warp whose range contains it
+  if (kb_full < KB && kb0 <= kb_full && kb_full < kb1) block_at(ld_weights(wq), 0, false, kb_full * kBlockK + c * 32);
+  small_epilogue<T, false, MT>(acc, red, tile, M, N, scale, bias, y, nullptr, nullptr);
 }
 
-// W1.58A8, M <= 8. xq: [M, KB*128] int8, zero-padded past K, each group of 8 inputs stored in
-// the order {0,4,1,5,2,6,3,7} (quant_rows_kernel<T, true>), so that the first 4 bytes of a group
-// are the mma B register b0 and the last 4 are b1 (v4 builds them with two PRMT).
-template <typename T>
-__global__ void __launch_bounds__(kV5Threads, kV5MinCtas)
+// W1.58A8, M <= 8 * MT. xq: int8, zero-padded past K, each group of 8 inputs stored in the order
+// {0,4,1,5,2,6,3,7} (quant_rows_perm_kernel), so that the first 4 bytes of a group are the mma B
+// register b0 and the last 4 are b1 (v4 builds them with two PRMT). MT = 1: row-major [M, KB*128]
+// (rows past M read row M-1). MT >= 2: k-block-major [KB][Mp][128] with Mp = 8 * ceil(M / 8)
+// rows (zero rows past M), so a warp's MT row tiles sit at fixed offsets from one pointer
+// (immediate offsets, no per-row pointer registers). Grid and block as tmm_small_kernel.
+template <typename T, int MT>
+__global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT>::value)
     a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                     const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
-                    T* __restrict__ y, int M, int N, int KB, int flags) {
-  extern __shared__ int redi[];  // [KS][4][32]
+                    T* __restrict__ y, int M, int N, int KB, int n_tiles, int Mp, int flags) {
+  extern __shared__ int redi[];  // [NW][KS][MT][4][32]
+  constexpr int kU = V5Chunk<MT>::value;
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int tile = blockIdx.x;
+  const int tile = blockIdx.x * blockDim.y + threadIdx.y;
+  const int tl = min(tile, n_tiles - 1);
   int kb0, kb1;
   kb_range(KB, kb0, kb1);
   const int nk = kb1 - kb0;  // every k-block is "full": xq is padded
 
-  const uint4* xp = reinterpret_cast<const uint4*>(xq + (size_t)min(g, M - 1) * KB * kBlockK +
-                                                   (size_t)kb0 * kBlockK + c * 32);
-  const int4* wq = wp + ((size_t)tile * KB + kb0) * 32 + lane;
-  int acc[4] = {0, 0, 0, 0};
+  // xp: this lane's 32 inputs of row g in k-block kb0; row tile mt at + 64 * mt (MT >= 2);
+  // the next k-block at + kbs (uint4 units)
+  const uint4* xp = reinterpret_cast<const uint4*>(
+      MT == 1 ? xq + (size_t)min(g, M - 1) * KB * kBlockK + (size_t)kb0 * kBlockK + c * 32
+              : xq + ((size_t)kb0 * Mp + g) * kBlockK + c * 32);
+  const int kbs = MT == 1 ? 8 : Mp * 8;
+  const int4* wq = wp + ((size_t)tl * KB + kb0) * 32 + lane;
+  int acc[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0;
 
+  // one k-block: 32 inputs per lane and row tile = two uint4 (words i = 0,1 | 2,3). MT <= 2:
+  // both halves loaded first (as MT = 1 always did); MT = 4: one half (uint4) at a time; MT = 8:
+  // one word's 8 inputs (uint2) at a time, so x holds <= 16 registers next to 32 accumulators.
   auto block_at = [&](const int4& w, const uint4* xk) {
-    const uint4 x0 = __ldg(xk), x1 = __ldg(xk + 1);  // 32 inputs: words i = 0,1 | 2,3
+    if constexpr (MT <= 4) {
+      constexpr int kH = MT <= 2 ? 2 : 1;
+      uint4 xv[kH][MT];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t wi = word_of_rt(w, i);
-      uint32_t af[4];
+      for (int h = 0; h < 2; ++h) {
+        if (h == 0 || kH == 1) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) af[j] = (wi >> (2 * j)) & 0x03030303u;
-      const uint4& v = i < 2 ? x0 : x1;
-      mma16832_u8s8(acc, af, (i & 1) ? v.z : v.x, (i & 1) ? v.w : v.y);
+          for (int hh = 0; hh < kH; ++hh)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) xv[hh][mt] = __ldg(xk + 64 * mt + h + hh);
+        }
+#pragma unroll
+        for (int i = 2 * h; i < 2 * h + 2; ++i) {
+          const uint32_t wi = word_of_rt(w, i);
+          uint32_t af[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) af[j] = (wi >> (2 * j)) & 0x03030303u;
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const uint4& v = xv[kH == 2 ? h : 0][mt];
+            mma16832_u8s8(acc[mt], af, (i & 1) ? v.z : v.x, (i & 1) ? v.w : v.y);
+          }
+        }
+      }
+    } else {
+      const uint2* x2 = reinterpret_cast<const uint2*>(xk);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint2 xv[MT];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) xv[mt] = __ldg(x2 + 128 * mt + i);
+        const uint32_t wi = word_of_rt(w, i);
+        uint32_t af[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) af[j] = (wi >> (2 * j)) & 0x03030303u;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma16832_u8s8(acc[mt], af, xv[mt].x, xv[mt].y);
+      }
     }
   };
-  auto load_chunk = [&](int4 (&a)[kV5U], const int4* p) {
+  auto load_chunk = [&](int4 (&a)[kU], const int4* p) {
 #pragma unroll
-    for (int u = 0; u < kV5U; ++u) a[u] = ld_weights(p + u * 32);
+    for (int u = 0; u < kU; ++u) a[u] = ld_weights(p + u * 32);
   };
-  auto run_chunk = [&](const int4 (&a)[kV5U]) {
+  auto run_chunk = [&](const int4 (&a)[kU]) {
 #pragma unroll
-    for (int u = 0; u < kV5U; ++u) block_at(a[u], xp + u * 8);  // 8 uint4 = 128 int8 inputs
-    xp += kV5U * 8;
-    wq += kV5U * 32;
+    for (int u = 0; u < kU; ++u) block_at(a[u], xp + u * kbs);
+    xp += kU * kbs;
+    wq += kU * 32;
   };
 
   // chunk_loop loads weights only before pdl_wait (xq is written by the quantizer launched just before)
-  const int nch = nk / kV5U;
-  chunk_loop(wq, lane, nk, nch, flags, load_chunk, run_chunk);
-  const int nrem = nk - nch * kV5U;
+  const int nch = nk / kU;
+  chunk_loop<kU>(wq, lane, nk, nch, flags, load_chunk, run_chunk);
+  const int nrem = nk - nch * kU;
   if (nrem > 0) {
-    int4 ar[kV5U - 1];
+    int4 ar[kU - 1];
 #pragma unroll
-    for (int u = 0; u < kV5U - 1; ++u)
+    for (int u = 0; u < kU - 1; ++u)
       if (u < nrem) ar[u] = ld_weights(wq + u * 32);
 #pragma unroll
-    for (int u = 0; u < kV5U - 1; ++u)
-      if (u < nrem) block_at(ar[u], xp + u * 8);
+    for (int u = 0; u < kU - 1; ++u)
+      if (u < nrem) block_at(ar[u], xp + u * kbs);
   }
-  small_epilogue<T, true>(acc, redi, tile, M, N, scale, bias, y, xs, rowsum);
+  small_epilogue<T, true, MT>(acc, redi, tile, M, N, scale, bias, y, xs, rowsum);
 }
 
 
@@ -888,13 +968,22 @@ __device__ __forceinline__ void load8(const T* row, int k, int K, bool vec, floa
 template <typename T>
 __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
                                                               float* __restrict__ xs_out,
-                                                              int32_t* __restrict__ rowsum, int K, int Kp,
-                                                              bool vec) {
+                                                              int32_t* __restrict__ rowsum, int M, int K, int Kp,
+                                                              int Mp, bool vec) {
   __shared__ float sh_f[8];
   __shared__ int sh_i[8];
   pdl_trigger();  // the GEMV may launch now and stream its weights; it waits for this grid
   pdl_wait();     // x comes from the kernel before
   const int m = blockIdx.x;
+  // Mp == 0: row-major [M, Kp]; else k-block-major [Kp/128][Mp][128] (a8_small_kernel, MT >= 2)
+  auto dst = [&](int k) {
+    return reinterpret_cast<uint2*>(Mp > 0 ? xq + ((size_t)(k >> 7) * Mp + m) * kBlockK + (k & (kBlockK - 1))
+                                           : xq + (size_t)m * Kp + k);
+  };
+  if (m >= M) {  // padding row of the k-block-major layout: zeros (its outputs are never stored)
+    for (int k = threadIdx.x * 8; k < Kp; k += blockDim.x * 8) *dst(k) = make_uint2(0u, 0u);
+    return;
+  }
   const T* row = x + (size_t)m * K;
   float amax = 0.f;
   for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
@@ -922,7 +1011,7 @@ __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restric
     }
     const uint32_t lo = (q[0] & 0xFF) | ((q[4] & 0xFF) << 8) | ((q[1] & 0xFF) << 16) | ((uint32_t)(q[5] & 0xFF) << 24);
     const uint32_t hi = (q[2] & 0xFF) | ((q[6] & 0xFF) << 8) | ((q[3] & 0xFF) << 16) | ((uint32_t)(q[7] & 0xFF) << 24);
-    *reinterpret_cast<uint2*>(xq + (size_t)m * Kp + k) = make_uint2(lo, hi);
+    *dst(k) = make_uint2(lo, hi);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
@@ -1063,18 +1152,19 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
   return cudaGetLastError();
 }
 
-// Small-M (M <= 8) knobs, read from the environment on every call (host only, no sync), so one
+// Small-M (v5) knobs, read from the environment on every call (host only, no sync), so one
 // process can time the variants side by side; a CUDA graph keeps what was chosen at capture.
-//   TRIT_KERNEL = v5 (default) | v4   kernel generation for M <= 8 (v4: tmm_kernel / a8_kernel)
+//   TRIT_KERNEL = v5 (default) | v4   kernel generation for M <= 32 / 64 (v4: tmm_kernel / a8_kernel)
 //   TRIT_PDL    = 1 (default) | 0     programmatic dependent launch of the v5 kernels (sm_90+):
 //                                     weights stream in while the kernel before still runs
 //   TRIT_L2PF   = 1 (default) | 0 | 2 v5 kernels bulk-prefetch each warp's weight range into L2
 //                                     (1: where it measured faster, see l2pf_flags; 2: always)
 //   TRIT_KS     = n                   split-K warps per CTA for v5 (default: small_cfg), 1..8
+//   TRIT_NW     = n                   v5 tiles (warps along N) per CTA (default: small_cfg), 1..8
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
   bool v5, pdl;
-  int l2pf, ks;
+  int l2pf, ks, nw;
 };
 int env_int(const char* name, int dflt) {
   const char* e = getenv(name);
@@ -1087,6 +1177,7 @@ Knobs knobs() {
   n.pdl = env_int("TRIT_PDL", 1) != 0;
   n.l2pf = env_int("TRIT_L2PF", 1);
   n.ks = env_int("TRIT_KS", 0);
+  n.nw = env_int("TRIT_NW", 0);
   return n;
 }
 bool pdl_supported() {  // griddepcontrol needs sm_90+; ask once per device
@@ -1118,16 +1209,26 @@ cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sm
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
 }
 
-// Split-K for the v5 kernels (one 16-row tile per CTA, ks warps along K). Measured on the H200
+// Rows of x per v5 warp: MT 8-row tiles. The fp kernel stops at MT = 4 (M <= 32); the a8 kernel
+// goes to MT = 8 (M <= 64). Above, and for fp32 x, the v4 kernels.
+constexpr int kV5MaxMFp = 32, kV5MaxMA8 = 64;
+int v5_mt(int M) { return M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8; }
+
+// Split-K for the v5 kernels (ks warps along K per 16-row tile). Measured on the H200
 // (bench.kernels --ks-sweep, M = 1, ten shapes): the best ks makes n_tiles * ks reach ~1536-2048
 // warps (about one resident wave at 24 warps/SM), e.g. 28672x8192 (1792 tiles) ks = 1,
 // 14336x4096 ks = 2, 8192x8192 and 8192x28672 ks = 4, 2560-wide shapes ks = 8; more warps only
 // add split-K reductions and a second wave. Every warp keeps >= 2 k-blocks.
+// nw tiles per CTA (warps along N reading the same x): 1 at M <= 8 (x is one 8-row tile),
+// else up to 4 within the 256-thread CTA, so x is fetched from L2 once per 4 tiles.
 Cfg small_cfg(const Knobs& kn, int M, int N, int K) {
-  Cfg cfg{1, 1, 1, 1};
+  Cfg cfg{v5_mt(M), 1, 1, 1};
+  const int maxw = kV5Threads / 32;
   const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
-  while (cfg.ks < kV5Threads / 32 && n_tiles * cfg.ks < 1536 && KB / (2 * cfg.ks) >= 2) cfg.ks *= 2;
-  if (kn.ks > 0) cfg.ks = max(1, min(min(kn.ks, kV5Threads / 32), KB));
+  while (cfg.ks < maxw && n_tiles * cfg.ks < 1536 && KB / (2 * cfg.ks) >= 2) cfg.ks *= 2;
+  if (kn.ks > 0) cfg.ks = max(1, min(min(kn.ks, maxw), KB));
+  cfg.nw = cfg.mt == 1 ? 1 : max(1, min(4, maxw / cfg.ks));
+  if (kn.nw > 0) cfg.nw = max(1, min(kn.nw, maxw / cfg.ks));
   return cfg;
 }
 
@@ -1140,14 +1241,26 @@ int l2pf_flags(int l2pf, bool a8, int N, int K) {
   return (l2pf == 1 && a8 && (long)N * K <= (16L << 20)) ? kFlagL2Prefetch : 0;
 }
 
+template <typename T, int MT>
+cudaError_t launch_small_mt(const Cfg& cfg, bool pdl, int flags, const T* x, const int32_t* wp, const float* scale,
+                            const T* bias, T* y, int M, int N, int K, cudaStream_t st) {
+  const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
+  const size_t smem = (size_t)cfg.nw * cfg.ks * MT * 128 * sizeof(float);
+  return launch_ex(tmm_small_kernel<T, MT>, dim3((n_tiles + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem,
+                   st, pdl, x, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, K, KB, n_tiles, flags);
+}
+
 template <typename T>
 cudaError_t launch_small(const Knobs& kn, const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
                          int M, int N, int K, cudaStream_t st) {
   const Cfg cfg = small_cfg(kn, M, N, K);
-  const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
-  const size_t smem = (size_t)cfg.ks * 128 * sizeof(float);
-  return launch_ex(tmm_small_kernel<T>, dim3(n_tiles), dim3(cfg.ks * 32), smem, st, kn.pdl && pdl_supported(), x,
-                   reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, K, KB, l2pf_flags(kn.l2pf, false, N, K));
+  const bool pdl = kn.pdl && pdl_supported();
+  const int flags = l2pf_flags(kn.l2pf, false, N, K);
+  switch (cfg.mt) {
+    case 1: return launch_small_mt<T, 1>(cfg, pdl, flags, x, wp, scale, bias, y, M, N, K, st);
+    case 2: return launch_small_mt<T, 2>(cfg, pdl, flags, x, wp, scale, bias, y, M, N, K, st);
+    default: return launch_small_mt<T, 4>(cfg, pdl, flags, x, wp, scale, bias, y, M, N, K, st);
+  }
 }
 
 template <typename T>
@@ -1155,7 +1268,7 @@ cudaError_t dispatch_tmm(const T* x, const int32_t* wp, const float* scale, cons
                          int M, int N, int K, cudaStream_t st) {
   if constexpr (sizeof(T) == 2) {
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
-    if (M <= 8 && vec) {
+    if (M <= kV5MaxMFp && vec) {
       const Knobs kn = knobs();
       if (kn.v5) return launch_small<T>(kn, x, wp, scale, bias, y, M, N, K, st);
     }
@@ -1182,24 +1295,39 @@ cudaError_t launch_a8(const Cfg& cfg, const int8_t* xq, const float* xs, const i
   return cudaGetLastError();
 }
 
+template <typename T, int MT>
+cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, int flags, const int8_t* xq, const float* xs,
+                               const int32_t* rowsum, const int32_t* wp, const float* scale, const T* bias, T* y,
+                               int M, int N, int KB, cudaStream_t st) {
+  const int n_tiles = (N + kTileN - 1) / kTileN;
+  const size_t smem = (size_t)cfg.nw * cfg.ks * MT * 128 * sizeof(int);
+  return launch_ex(a8_small_kernel<T, MT>, dim3((n_tiles + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem,
+                   st, pdl, xq, xs, rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB, n_tiles,
+                   (M + 7) / 8 * 8, flags);
+}
+
 template <typename T>
 cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
                         int M, int N, int K, int8_t* xq, float* xs, int32_t* rowsum,
                         cudaStream_t st) {
   const int KB = (K + kBlockK - 1) / kBlockK;
-  const Knobs kn = M <= 8 ? knobs() : Knobs{false, false, 0, 0};
-  if (M <= 8 && kn.v5) {
+  const Knobs kn = M <= kV5MaxMA8 ? knobs() : Knobs{false, false, 0, 0, 0};
+  if (M <= kV5MaxMA8 && kn.v5) {
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
     const bool pdl = kn.pdl && pdl_supported();
-    cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(M), dim3(256), 0, st, pdl, x, xq, xs, rowsum, K,
-                              KB * kBlockK, vec);
-    if (e != cudaSuccess) return e;
     const Cfg cfg = small_cfg(kn, M, N, K);
-    const int n_tiles = (N + kTileN - 1) / kTileN;
-    const size_t smem = (size_t)cfg.ks * 128 * sizeof(int);
-    return launch_ex(a8_small_kernel<T>, dim3(n_tiles), dim3(cfg.ks * 32), smem, st, pdl, (const int8_t*)xq,
-                     (const float*)xs, (const int32_t*)rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M,
-                     N, KB, l2pf_flags(kn.l2pf, true, N, K));
+    const int Mp = cfg.mt == 1 ? 0 : (M + 7) / 8 * 8;  // k-block-major xq for MT >= 2
+    cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(cfg.mt == 1 ? M : Mp), dim3(256), 0, st, pdl, x, xq,
+                              xs, rowsum, M, K, KB * kBlockK, Mp, vec);
+    if (e != cudaSuccess) return e;
+    const int flags = l2pf_flags(kn.l2pf, true, N, K);
+    const int8_t* q = xq;
+    switch (cfg.mt) {
+      case 1: return launch_a8_small_mt<T, 1>(cfg, pdl, flags, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      case 2: return launch_a8_small_mt<T, 2>(cfg, pdl, flags, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      case 4: return launch_a8_small_mt<T, 4>(cfg, pdl, flags, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      default: return launch_a8_small_mt<T, 8>(cfg, pdl, flags, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+    }
   }
   quant_rows_kernel<T><<<M, 256, 0, st>>>(x, xq, xs, rowsum, K, KB * kBlockK);
   cudaError_t e = cudaGetLastError();
@@ -1210,6 +1338,27 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     case 2: return launch_a8<T, 2, 2>(cfg, xq, xs, rowsum, wp, scale, bias, y, M, N, K, st);
     case 4: return launch_a8<T, 4, 2>(cfg, xq, xs, rowsum, wp, scale, bias, y, M, N, K, st);
     default: return launch_a8<T, 8, 2>(cfg, xq, xs, rowsum, wp, scale, bias, y, M, N, K, st);
+  }
+}
+
+// Large-M a8 epilogue: 4 consecutive outputs per thread (N % 4 == 0), grid-stride.
+template <typename T>
+__global__ void __launch_bounds__(256) a8_epilogue_kernel(const int4* __restrict__ acc, const float* __restrict__ xs,
+                                                          const float* __restrict__ scale, const T* __restrict__ bias,
+                                                          T* __restrict__ y, int M, int N) {
+  const int n4 = N / 4;
+  const size_t total = (size_t)M * n4;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+    const int m = (int)(i / n4), n = (int)(i % n4) * 4;
+    const int4 a = __ldg(acc + i);
+    const int v[4] = {a.x, a.y, a.z, a.w};
+    const float xm = xs[m];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float o = (float)v[j] / xm * scale[n + j];  // as store_out<T, true>
+      if (bias != nullptr) o += to_f32<T>(bias[n + j]);
+      y[(size_t)m * N + n + j] = from_f32<T>(o);
+    }
   }
 }
 
@@ -1270,6 +1419,29 @@ extern "C" int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const
     using T = typename decltype(tag)::type;
     return (int)dispatch_a8<T>((const T*)x, packed, scale, (const T*)bias, (T*)y, M, N, K, xq, xs, rowsum,
                                (cudaStream_t)stream);
+  });
+}
+
+extern "C" int trit_a8_quant(int dtype, const void* x, int8_t* xq, float* xs, int32_t* rowsum, int M, int K,
+                             void* stream) {
+  return visit_float_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int Kp = (K + kBlockK - 1) / kBlockK * kBlockK;
+    quant_rows_kernel<T><<<M, 256, 0, (cudaStream_t)stream>>>((const T*)x, xq, xs, rowsum, K, Kp);
+    return (int)cudaGetLastError();
+  });
+}
+
+extern "C" int trit_a8_epilogue(int dtype, const int32_t* acc, const float* xs, const float* scale,
+                                const void* bias, void* y, int M, int N, void* stream) {
+  if (N % 4 != 0) return (int)cudaErrorInvalidValue;
+  return visit_float_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const size_t total = (size_t)M * (N / 4);
+    const int blocks = (int)std::min<size_t>((total + 255) / 256, 132 * 16);
+    a8_epilogue_kernel<T><<<blocks, 256, 0, (cudaStream_t)stream>>>(reinterpret_cast<const int4*>(acc), xs, scale,
+                                                                     (const T*)bias, (T*)y, M, N);
+    return (int)cudaGetLastError();
   });
 }
 

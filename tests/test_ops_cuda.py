@@ -164,7 +164,7 @@ def kernel_gen(request, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("M", [1, 2, 5, 8])
+@pytest.mark.parametrize("M", [1, 2, 5, 8, 9, 16, 23, 32, 33, 57, 64])  # MT = 1, 2, 4 and 8 (a8) tiles
 @pytest.mark.parametrize("K", V5_K)
 def test_small_m_kernels(kernel_gen, dtype, M, K):
     for N in V5_N:
@@ -177,7 +177,7 @@ def test_small_m_kernels(kernel_gen, dtype, M, K):
                          f"{kernel_gen} ternary_mm_a8 M={M} N={N} K={K} {dtype}")
 
 
-@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize("M", [1, 3, 8, 16, 31, 40, 64])
 @pytest.mark.parametrize("NK", [(100, 1000), (2560, 2560), (1024, 8192), (640, 4104)])
 def test_small_m_v5_matches_v4(monkeypatch, M, NK):
     """a8 accumulates in int32: v4 and v5 must agree bit for bit. fp: within rounding."""
@@ -206,10 +206,11 @@ def test_small_m_misaligned_x(monkeypatch):
 
 
 # ------------------------------------------------------------------ small-M launch knobs
-# TRIT_PDL (programmatic dependent launch), TRIT_L2PF (bulk L2 prefetch) and TRIT_KS (split-K
-# warps) change scheduling only: a8 (int32 accumulation) must be bit-identical under all of
-# them; fp is bit-identical for a fixed split and within rounding across splits.
-@pytest.mark.parametrize("M", [1, 4, 8])
+# TRIT_PDL (programmatic dependent launch), TRIT_L2PF (bulk L2 prefetch), TRIT_KS (split-K
+# warps) and TRIT_NW (tiles per CTA) change scheduling only: a8 (int32 accumulation) must be
+# bit-identical under all of them; fp is bit-identical for a fixed split and within rounding
+# across splits (TRIT_NW does not change the split: bit-identical).
+@pytest.mark.parametrize("M", [1, 4, 8, 16, 29, 64])
 @pytest.mark.parametrize("NK", [(100, 1000), (2560, 2560), (640, 4104), (48, 8200)])
 def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
     N, K = NK
@@ -229,16 +230,22 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 ks={ks}"
             assert_close_rel(torch.ops.trit.ternary_mm(x, p, s, N, K, b), y0, TOL[dtype], f"fp ks={ks}")
         monkeypatch.delenv("TRIT_KS")
+        for nw in ("1", "2", "3", "8"):  # 3: the last CTA has clamped duplicate tiles
+            monkeypatch.setenv("TRIT_NW", nw)
+            assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 nw={nw}"
+            assert torch.equal(torch.ops.trit.ternary_mm(x, p, s, N, K, b), y0), f"fp nw={nw}"
+        monkeypatch.delenv("TRIT_NW")
 
 
 @pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("kernel", ["v4", "v5"])
-def test_dependent_chain(monkeypatch, graph, kernel):
+@pytest.mark.parametrize("M", [1, 24, 64])
+def test_dependent_chain(monkeypatch, graph, kernel, M):
     """Each layer reads the previous layer's output: with PDL, a kernel that read x (or wrote y)
     before its griddepcontrol.wait would see stale data here. Our kernels back to back, a torch
     kernel in between, and the a8 workspace reused from layer to layer; eager and CUDA graph."""
     monkeypatch.setenv("TRIT_KERNEL", kernel)
-    M, D, L = 1, 1024, 6
+    D, L = 1024, 6
     gen = torch.Generator().manual_seed(5)
     layers = []
     for i in range(L):
@@ -283,3 +290,40 @@ def test_dependent_chain(monkeypatch, graph, kernel):
         torch.cuda.synchronize()
         # per-layer ops are checked elsewhere; here a stale read shows up as a gross error
         assert_close_rel(y, forward_ref(xin), 3e-2, f"chain {kernel} graph={graph} seed={seed}")
+
+
+# ------------------------------------------------------------------ large-M a8: int8 cuBLAS
+# M >= TRIT_A8_DENSE_MIN_M (default 65), M > 16 and N % 8 == 0: quantizer + int8 decode +
+# torch._int_mm + the a8 epilogue. The int32 sums are exact and the epilogue is the kernels'
+# arithmetic, so the result must equal the fused kernel's bit for bit.
+@pytest.mark.parametrize("M", [17, 65, 130, 1000])
+@pytest.mark.parametrize("NK", [(64, 1000), (2560, 2560), (1000, 4104), (24, 8200), (100, 300)])
+def test_a8_dense_path_matches_kernel(monkeypatch, M, NK):
+    N, K = NK
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        x, w, p, s, b = make_case(M, N, K, dtype, True, 5 + M + N, DEV)
+        monkeypatch.setenv("TRIT_A8_DENSE_MIN_M", "1000000000")  # never: fused kernels
+        yk = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+        monkeypatch.setenv("TRIT_A8_DENSE_MIN_M", "17")  # int8 cuBLAS whenever allowed (N % 8 == 0)
+        yd = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+        assert torch.equal(yd, yk), f"a8 dense vs kernel M={M} N={N} K={K} {dtype}"
+        assert_close_rel(yd, ops.ternary_mm_a8_ref(x, p, s, N, K, b),
+                         {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}[dtype], "a8 dense vs ref")
+
+
+def test_a8_dense_path_in_cuda_graph(monkeypatch):
+    monkeypatch.setenv("TRIT_A8_DENSE_MIN_M", "17")
+    M, N, K = 256, 512, 1024
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 3, DEV)
+    static_x = x.clone()
+    torch.ops.trit.ternary_mm_a8(static_x, p, s, N, K, b)  # warm up cuBLAS outside capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_y = torch.ops.trit.ternary_mm_a8(static_x, p, s, N, K, b)
+    for seed in (1, 2):
+        xin = torch.randn(M, K, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(DEV)
+        static_x.copy_(xin)
+        poison(static_y)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, torch.ops.trit.ternary_mm_a8(xin, p, s, N, K, b))
