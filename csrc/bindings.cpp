@@ -10,6 +10,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 
@@ -155,8 +156,8 @@ at::Tensor ternary_mm_a8_cuda(const at::Tensor& x, const at::Tensor& packed, con
   if (a.M >= a8_dense_min_m() && a.M > 16 && N % 8 == 0) return a8_dense(a, packed, scale, N, K, op);
   const int64_t Kp = (K + 127) / 128 * 128;
   // one workspace: xq int8 [Mp, Kp] | xs f32 [M] | rowsum i32 [M]   (Kp % 128 == 0 keeps alignment;
-  // Mp = M rounded up to 8: the k-block-major xq of the M > 8 kernels has zero rows up to Mp)
-  const int64_t Mp = (a.M + 7) / 8 * 8;
+  // Mp = max(M, 64): the k-block-major xq of the M <= 64 kernels has zero rows up to 8 * MT)
+  const int64_t Mp = std::max<int64_t>(a.M, 64);
   at::Tensor ws = at::empty({Mp * Kp + 8 * a.M}, x.options().dtype(at::kChar));
   int8_t* xq = ws.data_ptr<int8_t>();
   float* xs = reinterpret_cast<float*>(xq + Mp * Kp);

@@ -35,7 +35,7 @@ int trit_mm_naive(int dtype, const void* x, const int32_t* packed, const float* 
                   const void* bias, void* y, int M, int N, int K, void* stream);
 
 // W1.58A8: per-row absmax int8 activations, int32 accumulation.
-// Workspace: xq int8 [8*ceil(M/8), ceil(K/128)*128] (layout chosen by the kernel), xs float [M],
+// Workspace: xq int8 [max(M, 64), ceil(K/128)*128] (layout chosen by the kernel), xs float [M],
 // rowsum int32 [M].
 int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const float* scale,
                const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,

@@ -246,11 +246,12 @@ __device__ __forceinline__ void store_out(Acc v, int m, int n, int N, const floa
                                           const int32_t* rowsum) {
   float o;
   if constexpr (kA8) {
-    o = (float)(v - rowsum[m]) / xs[m] * scale[n];
+    o = __fmul_rn((float)(v - rowsum[m]) / xs[m], scale[n]);
   } else {
-    o = v * scale[n];
+    o = __fmul_rn(v, scale[n]);
   }
-  if (bias != nullptr) o += to_f32<T>(bias[n]);
+  // __fmul_rn / __fadd_rn: never contracted into an FMA, so y rounds as torch's unfused ops do
+  if (bias != nullptr) o = __fadd_rn(o, to_f32<T>(bias[n]));
   y[(size_t)m * N + n] = from_f32<T>(o);
 }
 
@@ -843,8 +844,8 @@ __global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT>::value)
 // W1.58A8, M <= 8 * MT. xq: int8, zero-padded past K, each group of 8 inputs stored in the order
 // {0,4,1,5,2,6,3,7} (quant_rows_perm_kernel), so that the first 4 bytes of a group are the mma B
 // register b0 and the last 4 are b1 (v4 builds them with two PRMT). MT = 1: row-major [M, KB*128]
-// (rows past M read row M-1). MT >= 2: k-block-major [KB][Mp][128] with Mp = 8 * ceil(M / 8)
-// rows (zero rows past M), so a warp's MT row tiles sit at fixed offsets from one pointer
+// (rows past M read row M-1). MT >= 2: k-block-major [KB][Mp][128] with Mp = 8 * MT rows (zero
+// rows past M), so a warp's MT row tiles sit at fixed offsets from one pointer
 // (immediate offsets, no per-row pointer registers). Grid and block as tmm_small_kernel.
 template <typename T, int MT>
 __global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT>::value)
@@ -1303,7 +1304,7 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, int flags, const int8_t
   const size_t smem = (size_t)cfg.nw * cfg.ks * MT * 128 * sizeof(int);
   return launch_ex(a8_small_kernel<T, MT>, dim3((n_tiles + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem,
                    st, pdl, xq, xs, rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB, n_tiles,
-                   (M + 7) / 8 * 8, flags);
+                   8 * MT, flags);
 }
 
 template <typename T>
@@ -1316,7 +1317,7 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
     const bool pdl = kn.pdl && pdl_supported();
     const Cfg cfg = small_cfg(kn, M, N, K);
-    const int Mp = cfg.mt == 1 ? 0 : (M + 7) / 8 * 8;  // k-block-major xq for MT >= 2
+    const int Mp = cfg.mt == 1 ? 0 : 8 * cfg.mt;  // k-block-major xq for MT >= 2, zero rows to 8 * MT
     cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(cfg.mt == 1 ? M : Mp), dim3(256), 0, st, pdl, x, xq,
                               xs, rowsum, M, K, KB * kBlockK, Mp, vec);
     if (e != cudaSuccess) return e;
@@ -1355,8 +1356,8 @@ __global__ void __launch_bounds__(256) a8_epilogue_kernel(const int4* __restrict
     const float xm = xs[m];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      float o = (float)v[j] / xm * scale[n + j];  // as store_out<T, true>
-      if (bias != nullptr) o += to_f32<T>(bias[n + j]);
+      float o = __fmul_rn((float)v[j] / xm, scale[n + j]);  // as store_out<T, true>
+      if (bias != nullptr) o = __fadd_rn(o, to_f32<T>(bias[n + j]));
       y[(size_t)m * N + n + j] = from_f32<T>(o);
     }
   }
