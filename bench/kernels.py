@@ -102,7 +102,8 @@ def with_env(env: dict, f):
     return g
 
 
-V5_MAX_M_FP, V5_MAX_M_A8 = 32, 64  # csrc/ternary_gemm.cu kV5MaxMFp / kV5MaxMA8
+V5_MAX_M_FP, V5_MAX_M_A8 = 8, 64  # csrc/ternary_gemm.cu kV5MaxMFp / kV5MaxMA8 (a8: see a8_v5)
+A8_DENSE_MIN_M = 65  # csrc/bindings.cpp a8_dense_min_m(): int8 decode + torch._int_mm from here on
 # (TRIT_NW, TRIT_KS) pairs timed by --cfg-sweep at M > 8 (tiles per CTA x split-K warps <= 8)
 CFG_SWEEP = [(1, 1), (2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (2, 4)]
 # v5 variants beside the default (v5 kernels, PDL, L2 bulk prefetch): what each knob buys
@@ -201,6 +202,9 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                 if M <= V5_MAX_M_FP:
                     variants[f"fused_{tag}"] = with_env(env, variants["fused"])
                 variants[f"a8_{tag}"] = with_env(env, variants["a8"])
+        if M >= A8_DENSE_MIN_M and M <= 256:  # the fused a8 kernel (v4) where int8 cuBLAS is the default
+            variants["a8_kernel"] = with_env({"TRIT_A8_DENSE_MIN_M": str(1 << 30)}, variants["a8"])
+        if M <= V5_MAX_M_A8:
             if M > 8 and M in cfg_sweep:
                 for nw, ks in CFG_SWEEP:
                     variants[f"a8_nw{nw}ks{ks}"] = with_env({"TRIT_NW": str(nw), "TRIT_KS": str(ks)}, variants["a8"])
@@ -213,8 +217,8 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
         for name, f in variants.items():
             if quick and name.startswith("a8") and big:
                 continue
-            if name in ("fused", "a8") and M > 256:
-                continue  # not a dispatch path there (run 2 measured them 3-10x slower than dense)
+            if name == "fused" and M > 256:
+                continue  # not a dispatch path there (run 2 measured it 3-10x slower than dense)
             t_start = time.time()
             try:
                 y = f(0).float()
@@ -264,7 +268,7 @@ def fmt_row(r) -> str:
             f"{_f(r.get('linear_pct_copy_ceiling'), '4.0f')}% ceil)  fused {_f(r.get('fused_us'), '8.1f')}  "
             f"(v4 {_f(r.get('fused_v4_us'), '6.1f')} nopdl {_f(r.get('fused_nopdl_us'), '6.1f')} "
             f"nopf {_f(r.get('fused_nopf_us'), '6.1f')} pf {_f(r.get('fused_pf_us'), '6.1f')})  dense {_f(r.get('dense_us'), '8.1f')}  "
-            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} nopdl "
+            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} nopdl "
             f"{_f(r.get('a8_nopdl_us'), '6.1f')} nopf {_f(r.get('a8_nopf_us'), '6.1f')} pf {_f(r.get('a8_pf_us'), '6.1f')})  "
             + "".join(f"ks{k} {_f(r.get(f'a8_ks{k}_us'), '.1f')}/{_f(r.get(f'fused_ks{k}_us'), '.1f')} "
                       for k in KS_SWEEP if r.get(f"a8_ks{k}_us")) +
@@ -283,14 +287,16 @@ def markdown(meta, rows) -> str:
              f"M <= {meta['fused_max_m']}, else dense decode + cuBLAS); `fused` = torch.ops.trit.ternary_mm "
              "at every M; `dense` = ternary_decode + cuBLAS; `a8` = ternary_mm_a8 (W1.58A8). "
              "x = ratio of bf16 time to ours (higher is better); % ceil = packed-weight bytes / time "
-             "against the copy ceiling; floor = packed bytes / 4.18 TB/s. M <= 32 (fused) and M <= 64 (a8) run the v5 kernels "
+             "against the copy ceiling; floor = packed bytes / 4.18 TB/s. M <= 8 (fused) and M <= 32-64 (a8) run the v5 kernels "
              "with programmatic dependent launch (and an L2 bulk prefetch of each warp's weights); the "
              "`v4` / `no PDL` / `L2 pf off / on` columns rerun the same op with TRIT_KERNEL=v4 / TRIT_PDL=0 / "
-             "TRIT_L2PF=0 / TRIT_L2PF=2 (the default prefetches only for a8 on layers <= 4 MiB packed).", "",
+             "TRIT_L2PF=0 / TRIT_L2PF=2 (the default prefetches only for a8 on layers <= 4 MiB packed). a8 at "
+             "M >= 65 runs int8 decode + torch._int_mm + epilogue; `a8 fused kernel` times the v4 a8 kernel there "
+             "(TRIT_A8_DENSE_MIN_M=2^30).", "",
              "| N x K | M | bf16 us | linear us | x bf16 | % ceil | fused us | fused v4 | fused no PDL "
-             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 no PDL | a8 L2 pf off / on "
+             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 fused kernel | a8 no PDL | a8 L2 pf off / on "
              "| humming us | x humming | floor us | bf16 eager | linear eager |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         a8 = r.get("a8_us")
         a8s = "-" if a8 is None else f"{a8:.1f} ({r.get('a8_x_bf16', 0):.2f}x)"
@@ -299,7 +305,7 @@ def markdown(meta, rows) -> str:
             f"| {_f(r.get('linear_x_bf16'), '.2f')} | {_f(r.get('linear_pct_copy_ceiling'), '.0f')} "
             f"| {_f(r.get('fused_us'), '.1f')} | {_f(r.get('fused_v4_us'), '.1f')} "
             f"| {_f(r.get('fused_nopdl_us'), '.1f')} | {_f(r.get('fused_nopf_us'), '.1f')} / {_f(r.get('fused_pf_us'), '.1f')} | {_f(r.get('dense_us'), '.1f')} "
-            f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} | {_f(r.get('a8_nopdl_us'), '.1f')} "
+            f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} | {_f(r.get('a8_kernel_us'), '.1f')} | {_f(r.get('a8_nopdl_us'), '.1f')} "
             f"| {_f(r.get('a8_nopf_us'), '.1f')} / {_f(r.get('a8_pf_us'), '.1f')} "
             f"| {_f(r.get('humming_us'), '.1f')} | {_f(r.get('linear_x_humming'), '.2f')} "
             f"| {r['floor_us']:.1f} | {_f(r.get('bf16_eager_us'), '.1f')} | {_f(r.get('linear_eager_us'), '.1f')} |")

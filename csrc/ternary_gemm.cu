@@ -8,14 +8,17 @@
 //   a8_kernel<T, MT, WN>    W1.58A8: int8 activations (per-row absmax) x 2-bit weights on
 //                           mma.m16n8k32 u8.s8 -> s32.
 //   quant_rows_kernel<T>    the a8 activation quantizer (one CTA per row).
-//   tmm_small_kernel<T, MT> v5, M <= 8 * MT (MT = 1, 2, 4), bf16/fp16 x (K % 8 == 0, 16-byte
-//                           aligned x): the small-M fused kernel with per-k-block overhead cut.
+//   tmm_small_kernel<T, MT> v5, M <= 8 * MT, bf16/fp16 x (K % 8 == 0, 16-byte aligned x): the
+//                           small-M fused kernel with per-k-block overhead cut. Dispatched at
+//                           MT = 1 only (MT = 2 / 4 measured slower than v4, see v5_mt).
 //   a8_small_kernel<T, MT>  v5 W1.58A8 for M <= 8 * MT (MT = 1, 2, 4, 8), fed by
 //                           quant_rows_perm_kernel<T> (xq permuted within groups of 8 so the mma
 //                           B registers need no PRMT; k-block-major for MT >= 2).
-//   M <= 32 (fp) / 64 (a8) goes to the v5 kernels (TRIT_KERNEL=v4 in the environment: the v4
-//   kernels), launched with programmatic dependent launch (TRIT_PDL) and an L2 bulk prefetch
-//   (TRIT_L2PF): see Knobs.
+//   M <= 8 (fp) / 32-64 (a8, see a8_v5) goes to the v5 kernels (TRIT_KERNEL=v4 in the
+//   environment: the v4 kernels), launched with programmatic dependent launch (TRIT_PDL) and an
+//   L2 bulk prefetch (TRIT_L2PF): see Knobs.
+//   a8_epilogue_kernel<T>   a8 at M >= 65: the scale/bias epilogue after int8 cuBLAS
+//                           (bindings.cpp: quantizer + int8 decode + torch._int_mm + this).
 //   naive_kernel<T>         one thread per output: the correctness anchor.
 //   decode_kernel<T>        packed -> dense [N,K] (optionally x scale): the large-M path
 //                           hands the result to cuBLAS.
@@ -1210,10 +1213,18 @@ cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sm
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
 }
 
-// Rows of x per v5 warp: MT 8-row tiles. The fp kernel stops at MT = 4 (M <= 32); the a8 kernel
-// goes to MT = 8 (M <= 64). Above, and for fp32 x, the v4 kernels.
-constexpr int kV5MaxMFp = 32, kV5MaxMA8 = 64;
+// Rows of x per v5 warp: MT 8-row tiles. Where v5 runs, from the H200 table (bench/results,
+// 2026-11-30 run 8, v5 against v4 in the same run):
+//   fp (tmm_small_kernel): M <= 8 only. MT = 2 / 4 lost to v4 on most shapes (M = 32:
+//     28672x8192 160.7 vs 106.9 us, 8192x8192 41.5 vs 29.1): the bf16 decode (LOP3 + HFMA2 per
+//     pair) is amortised over MT tiles, but the 4x larger x fragments per k-block are not.
+//   a8 (a8_small_kernel): M <= 32 on every shape (MT = 2: 28672x8192 M=16 32.0 vs 50.4 us;
+//     MT = 4: M=32 54.0 vs 76.0); MT = 8 (M <= 64) only on layers with N*K <= 16M (2560x2560
+//     12.1 vs 16.0, 4096x4096 15.9 vs 20.0) - on larger ones it lost (28672x8192 171 vs 100).
+// Elsewhere (and for fp32 or misaligned x) the v4 kernels.
+constexpr int kV5MaxMFp = 8, kV5MaxMA8 = 64;
 int v5_mt(int M) { return M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8; }
+bool a8_v5(int M, int N, int K) { return M <= 32 || (M <= kV5MaxMA8 && (long)N * K <= (16L << 20)); }
 
 // Split-K for the v5 kernels (ks warps along K per 16-row tile). Measured on the H200
 // (bench.kernels --ks-sweep, M = 1, ten shapes): the best ks makes n_tiles * ks reach ~1536-2048
@@ -1257,11 +1268,7 @@ cudaError_t launch_small(const Knobs& kn, const T* x, const int32_t* wp, const f
   const Cfg cfg = small_cfg(kn, M, N, K);
   const bool pdl = kn.pdl && pdl_supported();
   const int flags = l2pf_flags(kn.l2pf, false, N, K);
-  switch (cfg.mt) {
-    case 1: return launch_small_mt<T, 1>(cfg, pdl, flags, x, wp, scale, bias, y, M, N, K, st);
-    case 2: return launch_small_mt<T, 2>(cfg, pdl, flags, x, wp, scale, bias, y, M, N, K, st);
-    default: return launch_small_mt<T, 4>(cfg, pdl, flags, x, wp, scale, bias, y, M, N, K, st);
-  }
+  return launch_small_mt<T, 1>(cfg, pdl, flags, x, wp, scale, bias, y, M, N, K, st);  // M <= kV5MaxMFp = 8
 }
 
 template <typename T>
@@ -1312,8 +1319,9 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
                         int M, int N, int K, int8_t* xq, float* xs, int32_t* rowsum,
                         cudaStream_t st) {
   const int KB = (K + kBlockK - 1) / kBlockK;
-  const Knobs kn = M <= kV5MaxMA8 ? knobs() : Knobs{false, false, 0, 0, 0};
-  if (M <= kV5MaxMA8 && kn.v5) {
+  const bool v5 = a8_v5(M, N, K);
+  const Knobs kn = v5 ? knobs() : Knobs{false, false, 0, 0, 0};
+  if (v5 && kn.v5) {
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
     const bool pdl = kn.pdl && pdl_supported();
     const Cfg cfg = small_cfg(kn, M, N, K);

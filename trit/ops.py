@@ -31,13 +31,15 @@ Ops (all take x: [M, K] of bfloat16 | float16 | float32 and return [M, N] of x's
 and :func:`ternary_linear` / :func:`ternary_linear_a8` take x of any rank and pick the small-M
 (fused) or large-M (dense decode + cuBLAS) path from the shape alone.
 
-For M <= 32 (ternary_mm: bf16/fp16 x with K % 8 == 0 and 16-byte aligned rows) and M <= 64
+For M <= 8 (ternary_mm: bf16/fp16 x with K % 8 == 0 and 16-byte aligned rows) and M <= 32-64
 (ternary_mm_a8, any x) the v5 small-M kernels run, launched with programmatic dependent launch
 on sm_90+ (each kernel streams its weights while the kernel before it still runs) and an L2 bulk
 prefetch of each warp's weight range where that measured faster. Environment knobs, read on
 every call (a CUDA graph keeps what it captured): TRIT_KERNEL=v4 (the older kernels),
 TRIT_PDL=0, TRIT_L2PF=0|2, TRIT_KS=n (split-K warps), TRIT_NW=n (tiles per CTA). None of them
-changes a result bit for a8; see csrc/ternary_gemm.cu.
+changes a result bit for a8; see csrc/ternary_gemm.cu. ternary_mm_a8 at M >= 65 (N % 8 == 0) runs
+the quantizer, an int8 decode of W and torch._int_mm (cuBLAS int8, exact int32 sums) with the
+kernels' epilogue: bit-identical to the fused kernel (TRIT_A8_DENSE_MIN_M moves the switch).
 
 CUDA kernels come from the extension in csrc/, built on first import when CUDA is available
 (cached in $TRIT_BUILD_DIR or ~/.cache/trit). Set TRIT_NO_EXT=1 to skip it; CUDA tensors then
