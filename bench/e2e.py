@@ -205,6 +205,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", type=Path, default=Path("/tmp/trit-models"))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (labels get a -tpN suffix)")
+    ap.add_argument("--gen-only", action="store_true",
+                    help="only generate the selected models into --models (a separate device call for 8B sizes)")
     ap.add_argument("--one", nargs=3, metavar=("LABEL", "DIR", "QUANT"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     batches = [int(b) for b in a.batches.split(",")]
@@ -215,6 +217,12 @@ def main(argv=None) -> int:
         return 0
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     rows = []
+    if a.gen_only:
+        for label, preset, quant, unq in SHAPES[a.shape]:
+            if not a.only or label in a.only.split(","):
+                t0 = time.time()
+                print(f"{label}: {model_dir(a.models, preset, unq)} ({time.time() - t0:.0f} s)", flush=True)
+        return 0
     for label, preset, quant, unq in SHAPES[a.shape]:
         if a.only and label not in a.only.split(","):
             continue

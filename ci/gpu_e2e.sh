@@ -6,6 +6,8 @@
 #   ci/gpu_e2e.sh e2e2b      bench.e2e --shape 2b (ours on BitNet + Llama twin, bf16 twin)
 #   ci/gpu_e2e.sh tp2        tensor parallel 2 (two GPUs): parity record (tiny) + bench.e2e 8b at TP=2
 #   ci/gpu_e2e.sh scale8b    Llama-3-8B-shaped model: fp32 goldens on the GPU, parity records at TP=1 and TP=2
+#   ci/gpu_e2e.sh gen8b      generate the Llama-3-8B-shaped ternary + bf16 models (its own call: one e2e8b
+#                            call that also generated them ran past 470 s without a result)
 #   ci/gpu_e2e.sh e2e8b      bench.e2e --shape 8b (ours, bf16)
 # Several stages may be given in one call. Models and goldens are generated on the machine under
 # /tmp (deterministic presets); results go to $OUT. TRIT_COMMIT names the commit in the records.
@@ -74,6 +76,10 @@ for stage in "$@"; do
       for tp in 1 2; do
         python3 -m bench.vllm_parity --tp $tp --model "$M" --golden /tmp/golden/llama3-8b --out "$OUT" 2>&1 | quiet | tail -25 || rc=1
       done
+      ;;
+    gen8b)
+      step "gen 8b"
+      python3 -m bench.e2e --shape 8b --only ours,bf16 --models /tmp/models --gen-only || rc=1
       ;;
     e2e8b)
       step "e2e 8b"

@@ -119,11 +119,13 @@ at::Tensor ternary_mm_naive_cuda(const at::Tensor& x, const at::Tensor& packed, 
 // Smallest M at which ternary_mm_a8 runs as int8 weights decoded per call + cuBLAS int8 GEMM
 // (torch._int_mm, exact int32 sums) + the a8 epilogue, instead of the fused kernels: the same
 // arithmetic (bit-identical output), W decode amortised over M rows. TRIT_A8_DENSE_MIN_M
-// overrides it (read per call, like the kernel knobs). Measured on the H200:
-// bench/results/NOTES.md.
+// overrides it (read per call, like the kernel knobs). H200 run 9 (bench/results/NOTES.md), both
+// paths in one run: at M = 128 the fused v4 a8 kernel wins on 8 of 10 shapes (8192x8192 55.7 vs
+// 87.4 us), at M = 256 int8 cuBLAS wins on 7 of 10 (28672x8192 270 vs 333 us), and above that
+// the fused kernel falls far behind (run 2). torch._int_mm itself ran no faster than bf16 cuBLAS.
 int64_t a8_dense_min_m() {
   const char* e = getenv("TRIT_A8_DENSE_MIN_M");
-  return (e != nullptr && *e != '\0') ? atoll(e) : 65;
+  return (e != nullptr && *e != '\0') ? atoll(e) : 256;
 }
 
 at::Tensor a8_dense(const MmArgs& a, const at::Tensor& packed, const at::Tensor& scale, int64_t N, int64_t K,

@@ -17,7 +17,7 @@
 //   M <= 8 (fp) / 32-64 (a8, see a8_v5) goes to the v5 kernels (TRIT_KERNEL=v4 in the
 //   environment: the v4 kernels), launched with programmatic dependent launch (TRIT_PDL) and an
 //   L2 bulk prefetch (TRIT_L2PF): see Knobs.
-//   a8_epilogue_kernel<T>   a8 at M >= 65: the scale/bias epilogue after int8 cuBLAS
+//   a8_epilogue_kernel<T>   a8 at M >= 256: the scale/bias epilogue after int8 cuBLAS
 //                           (bindings.cpp: quantizer + int8 decode + torch._int_mm + this).
 //   naive_kernel<T>         one thread per output: the correctness anchor.
 //   decode_kernel<T>        packed -> dense [N,K] (optionally x scale): the large-M path

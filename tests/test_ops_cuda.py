@@ -293,7 +293,7 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
 
 
 # ------------------------------------------------------------------ large-M a8: int8 cuBLAS
-# M >= TRIT_A8_DENSE_MIN_M (default 65), M > 16 and N % 8 == 0: quantizer + int8 decode +
+# M >= TRIT_A8_DENSE_MIN_M (default 256), M > 16 and N % 8 == 0: quantizer + int8 decode +
 # torch._int_mm + the a8 epilogue. The int32 sums are exact and the epilogue is the kernels'
 # arithmetic, so the result must equal the fused kernel's bit for bit.
 @pytest.mark.parametrize("M", [17, 65, 130, 1000])

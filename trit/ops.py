@@ -37,7 +37,7 @@ on sm_90+ (each kernel streams its weights while the kernel before it still runs
 prefetch of each warp's weight range where that measured faster. Environment knobs, read on
 every call (a CUDA graph keeps what it captured): TRIT_KERNEL=v4 (the older kernels),
 TRIT_PDL=0, TRIT_L2PF=0|2, TRIT_KS=n (split-K warps), TRIT_NW=n (tiles per CTA). None of them
-changes a result bit for a8; see csrc/ternary_gemm.cu. ternary_mm_a8 at M >= 65 (N % 8 == 0) runs
+changes a result bit for a8; see csrc/ternary_gemm.cu. ternary_mm_a8 at M >= 256 (N % 8 == 0) runs
 the quantizer, an int8 decode of W and torch._int_mm (cuBLAS int8, exact int32 sums) with the
 kernels' epilogue: bit-identical to the fused kernel (TRIT_A8_DENSE_MIN_M moves the switch).
 
