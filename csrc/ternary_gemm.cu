@@ -685,28 +685,31 @@ __device__ __forceinline__ uint32_t word_of_rt(const int4& v, int i) {
   return static_cast<uint32_t>(i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w);
 }
 
-// Split-K partial sums of a warp's MT 16 x 8 tiles, reduced over the KS warps (threadIdx.x / 32)
-// of its CTA row threadIdx.y in a fixed order (deterministic), scaled and written.
-// red: [NW][KS][MT][4][32]. A warp whose tile is past the last one (NW does not divide the tile
-// count) computed a clamped copy of the last tile: its outputs have n >= N and are dropped.
-template <typename T, bool kA8, int MT, typename Acc>
-__device__ __forceinline__ void small_epilogue(Acc (&acc)[MT][4], Acc* red, int tile, int M, int N,
+// Split-K partial sums of a warp's WN x MT 16 x 8 tiles (acc[wn * MT + mt]: weight tile
+// tile + wn, x rows 8 mt ..), reduced over the KS warps (threadIdx.x / 32) of its CTA row
+// threadIdx.y in a fixed order (deterministic), scaled and written. red: [NW][KS][WN*MT][4][32].
+// A warp whose tile is past the last one (the grid does not divide the tile count) computed a
+// clamped copy of the last tile: its outputs have n >= N and are dropped.
+template <typename T, bool kA8, int MT, int WN = 1, typename Acc>
+__device__ __forceinline__ void small_epilogue(Acc (&acc)[WN * MT][4], Acc* red, int tile, int M, int N,
                                                const float* __restrict__ scale, const T* __restrict__ bias,
                                                T* __restrict__ y, const float* xs, const int32_t* rowsum) {
+  constexpr int kT = WN * MT;
   const int lane = threadIdx.x & 31, kw = threadIdx.x >> 5, KS = blockDim.x >> 5;
-  Acc* r = red + threadIdx.y * KS * MT * 128;
+  Acc* r = red + threadIdx.y * KS * kT * 128;
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
+  for (int t = 0; t < kT; ++t)
 #pragma unroll
-    for (int q = 0; q < 4; ++q) r[(kw * MT + mt) * 128 + q * 32 + lane] = acc[mt][q];
+    for (int q = 0; q < 4; ++q) r[(kw * kT + t) * 128 + q * 32 + lane] = acc[t][q];
   __syncthreads();
-  for (int s = threadIdx.x; s < MT * 128; s += blockDim.x) {
-    const int mt = s >> 7, ln = s & 31, q = (s >> 5) & 3;
-    const int n = tile * kTileN + (ln >> 2) + 8 * (q >> 1);
-    const int m = 8 * mt + 2 * (ln & 3) + (q & 1);
+  for (int s = threadIdx.x; s < kT * 128; s += blockDim.x) {
+    const unsigned t = (unsigned)s >> 7;
+    const int ln = s & 31, q = (s >> 5) & 3;
+    const int n = (tile + t / MT) * kTileN + (ln >> 2) + 8 * (q >> 1);
+    const int m = 8 * (t % MT) + 2 * (ln & 3) + (q & 1);
     if (n < N && m < M) {
       Acc v = 0;
-      for (int w = 0; w < KS; ++w) v += r[(w * MT + mt) * 128 + (s & 127)];
+      for (int w = 0; w < KS; ++w) v += r[(w * kT + t) * 128 + (s & 127)];
       store_out<T, kA8>(v, m, n, N, scale, bias, y, xs, rowsum);
     }
   }
@@ -725,11 +728,12 @@ __device__ __forceinline__ void kb_range(int KB, int& kb0, int& kb1) {
 // load_chunk(buf, p) loads one chunk at p; run_chunk(buf) computes it and advances wq (and x).
 // (Measured and dropped: a rolling L2 prefetch window and a 3-4 chunk register ring, runs 6-7 in
 // bench/results/NOTES.md; neither beat double buffering.)
-template <int U, typename LoadChunk, typename RunChunk>
+// A chunk is U k-blocks of each of the warp's tiles: NA = U * WN 16-byte loads per lane.
+template <int U, int NA, typename LoadChunk, typename RunChunk>
 __device__ __forceinline__ void chunk_loop(const int4*& wq, int lane, int nk, int nch, int flags,
                                            LoadChunk&& load_chunk, RunChunk&& run_chunk) {
   if ((flags & kFlagL2Prefetch) && lane == 0 && nk > 0) l2_prefetch(wq - lane, (uint32_t)nk * 512u);
-  int4 a0[U], a1[U];
+  int4 a0[NA], a1[NA];
   if (nch > 0) load_chunk(a0, wq);
   pdl_wait();
   for (int j = 0; j < nch; j += 2) {
@@ -826,7 +830,7 @@ __global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT>::value)
 
   // chunk_loop loads weights only before pdl_wait (x may still be being written)
   const int nch = nfull / kU;
-  chunk_loop<kU>(wq, lane, kb1 - kb0, nch, flags, load_chunk, run_chunk);
+  chunk_loop<kU, kU>(wq, lane, kb1 - kb0, nch, flags, load_chunk, run_chunk);
   // < kU remaining full k-blocks: all weight loads first, then compute
   const int nrem = nfull - nch * kU;
   if (nrem > 0) {
@@ -850,15 +854,18 @@ __global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT>::value)
 // (rows past M read row M-1). MT >= 2: k-block-major [KB][Mp][128] with Mp = 8 * MT rows (zero
 // rows past M), so a warp's MT row tiles sit at fixed offsets from one pointer
 // (immediate offsets, no per-row pointer registers). Grid and block as tmm_small_kernel.
-template <typename T, int MT>
-__global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT>::value)
+// WN = 2 (TRIT_WN, not the default until measured): each warp owns two consecutive weight tiles
+// and feeds every x fragment to both, halving x loads per weight byte; a chunk then holds kU
+// k-blocks of each tile (kU halved, see V5Chunk).
+template <typename T, int MT, int WN>
+__global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT * WN>::value)
     a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                     const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
                     T* __restrict__ y, int M, int N, int KB, int n_tiles, int Mp, int flags) {
-  extern __shared__ int redi[];  // [NW][KS][MT][4][32]
-  constexpr int kU = V5Chunk<MT>::value;
+  extern __shared__ int redi[];  // [NW][KS][WN*MT][4][32]
+  constexpr int kU = V5Chunk<MT * WN>::value;
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int tile = blockIdx.x * blockDim.y + threadIdx.y;
+  const int tile = (blockIdx.x * blockDim.y + threadIdx.y) * WN;  // first of the warp's WN tiles
   const int tl = min(tile, n_tiles - 1);
   int kb0, kb1;
   kb_range(KB, kb0, kb1);
@@ -871,14 +878,27 @@ __global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT>::value)
               : xq + ((size_t)kb0 * Mp + g) * kBlockK + c * 32);
   const int kbs = MT == 1 ? 8 : Mp * 8;
   const int4* wq = wp + ((size_t)tl * KB + kb0) * 32 + lane;
-  int acc[MT][4];
+  // the warp's second tile (clamped like the first), as an offset from wq
+  const ptrdiff_t wstep = WN == 1 ? 0 : (ptrdiff_t)(min(tile + 1, n_tiles - 1) - tl) * KB * 32;
+  int acc[WN * MT][4];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0;
+  for (int t = 0; t < WN * MT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0;
 
-  // one k-block: 32 inputs per lane and row tile = two uint4 (words i = 0,1 | 2,3). MT <= 2:
-  // both halves loaded first (as MT = 1 always did); MT = 4: one half (uint4) at a time; MT = 8:
-  // one word's 8 inputs (uint2) at a time, so x holds <= 16 registers next to 32 accumulators.
-  auto block_at = [&](const int4& w, const uint4* xk) {
+  // one k-block: 32 inputs per lane and row tile = two uint4 (words i = 0,1 | 2,3), w[wn] the
+  // k-block's weights of tile wn. MT <= 2: both halves loaded first (as MT = 1 always did);
+  // MT = 4: one half (uint4) at a time; MT = 8: one word's 8 inputs (uint2) at a time, so x holds
+  // <= 16 registers next to 32 accumulators.
+  auto mma_word = [&](const int4 (&w)[WN], int i, int mt, uint32_t b0, uint32_t b1) {
+#pragma unroll
+    for (int wn = 0; wn < WN; ++wn) {
+      const uint32_t wi = word_of_rt(w[wn], i);
+      uint32_t af[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) af[j] = (wi >> (2 * j)) & 0x03030303u;
+      mma16832_u8s8(acc[wn * MT + mt], af, b0, b1);
+    }
+  };
+  auto block_at = [&](const int4 (&w)[WN], const uint4* xk) {
     if constexpr (MT <= 4) {
       constexpr int kH = MT <= 2 ? 2 : 1;
       uint4 xv[kH][MT];
@@ -891,17 +911,12 @@ __global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT>::value)
             for (int mt = 0; mt < MT; ++mt) xv[hh][mt] = __ldg(xk + 64 * mt + h + hh);
         }
 #pragma unroll
-        for (int i = 2 * h; i < 2 * h + 2; ++i) {
-          const uint32_t wi = word_of_rt(w, i);
-          uint32_t af[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) af[j] = (wi >> (2 * j)) & 0x03030303u;
+        for (int i = 2 * h; i < 2 * h + 2; ++i)
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             const uint4& v = xv[kH == 2 ? h : 0][mt];
-            mma16832_u8s8(acc[mt], af, (i & 1) ? v.z : v.x, (i & 1) ? v.w : v.y);
+            mma_word(w, i, mt, (i & 1) ? v.z : v.x, (i & 1) ? v.w : v.y);
           }
-        }
       }
     } else {
       const uint2* x2 = reinterpret_cast<const uint2*>(xk);
@@ -910,40 +925,47 @@ __global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT>::value)
         uint2 xv[MT];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) xv[mt] = __ldg(x2 + 128 * mt + i);
-        const uint32_t wi = word_of_rt(w, i);
-        uint32_t af[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) af[j] = (wi >> (2 * j)) & 0x03030303u;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) mma16832_u8s8(acc[mt], af, xv[mt].x, xv[mt].y);
+        for (int mt = 0; mt < MT; ++mt) mma_word(w, i, mt, xv[mt].x, xv[mt].y);
       }
     }
   };
-  auto load_chunk = [&](int4 (&a)[kU], const int4* p) {
+  // chunk registers: a[wn * kU + u] = k-block u of tile wn
+  auto load_chunk = [&](int4 (&a)[kU * WN], const int4* p) {
 #pragma unroll
-    for (int u = 0; u < kU; ++u) a[u] = ld_weights(p + u * 32);
+    for (int wn = 0; wn < WN; ++wn)
+#pragma unroll
+      for (int u = 0; u < kU; ++u) a[wn * kU + u] = ld_weights(p + wn * wstep + u * 32);
   };
-  auto run_chunk = [&](const int4 (&a)[kU]) {
+  auto block_u = [&](const int4* a, int u, const uint4* xk) {  // a: a chunk, u: its k-block
+    int4 w[WN];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) block_at(a[u], xp + u * kbs);
+    for (int wn = 0; wn < WN; ++wn) w[wn] = a[wn * kU + u];
+    block_at(w, xk);
+  };
+  auto run_chunk = [&](const int4 (&a)[kU * WN]) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) block_u(a, u, xp + u * kbs);
     xp += kU * kbs;
     wq += kU * 32;
   };
 
   // chunk_loop loads weights only before pdl_wait (xq is written by the quantizer launched just before)
   const int nch = nk / kU;
-  chunk_loop<kU>(wq, lane, nk, nch, flags, load_chunk, run_chunk);
+  chunk_loop<kU, kU * WN>(wq, lane, nk, nch, flags, load_chunk, run_chunk);
   const int nrem = nk - nch * kU;
   if (nrem > 0) {
-    int4 ar[kU - 1];
+    int4 ar[kU * WN];
+#pragma unroll
+    for (int wn = 0; wn < WN; ++wn)
+#pragma unroll
+      for (int u = 0; u < kU - 1; ++u)
+        if (u < nrem) ar[wn * kU + u] = ld_weights(wq + wn * wstep + u * 32);
 #pragma unroll
     for (int u = 0; u < kU - 1; ++u)
-      if (u < nrem) ar[u] = ld_weights(wq + u * 32);
-#pragma unroll
-    for (int u = 0; u < kU - 1; ++u)
-      if (u < nrem) block_at(ar[u], xp + u * kbs);
+      if (u < nrem) block_u(ar, u, xp + u * kbs);
   }
-  small_epilogue<T, true, MT>(acc, redi, tile, M, N, scale, bias, y, xs, rowsum);
+  small_epilogue<T, true, MT, WN>(acc, redi, tile, M, N, scale, bias, y, xs, rowsum);
 }
 
 
@@ -1164,11 +1186,13 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //   TRIT_L2PF   = 1 (default) | 0 | 2 v5 kernels bulk-prefetch each warp's weight range into L2
 //                                     (1: where it measured faster, see l2pf_flags; 2: always)
 //   TRIT_KS     = n                   split-K warps per CTA for v5 (default: small_cfg), 1..8
-//   TRIT_NW     = n                   v5 tiles (warps along N) per CTA (default: small_cfg), 1..8
+//   TRIT_NW     = n                   v5 warps along N per CTA (default: small_cfg), 1..8
+//   TRIT_WN     = 1 (default) | 2     a8 v5 weight tiles per warp (2: x fragments shared by two
+//                                     tiles; M <= 16 only; not measured yet, so not the default)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
   bool v5, pdl;
-  int l2pf, ks, nw;
+  int l2pf, ks, nw, wn;
 };
 int env_int(const char* name, int dflt) {
   const char* e = getenv(name);
@@ -1182,6 +1206,7 @@ Knobs knobs() {
   n.l2pf = env_int("TRIT_L2PF", 1);
   n.ks = env_int("TRIT_KS", 0);
   n.nw = env_int("TRIT_NW", 0);
+  n.wn = env_int("TRIT_WN", 1);
   return n;
 }
 bool pdl_supported() {  // griddepcontrol needs sm_90+; ask once per device
@@ -1233,11 +1258,15 @@ bool a8_v5(int M, int N, int K) { return M <= 32 || (M <= kV5MaxMA8 && (long)N *
 // add split-K reductions and a second wave. Every warp keeps >= 2 k-blocks.
 // nw tiles per CTA (warps along N reading the same x): 1 at M <= 8 (x is one 8-row tile),
 // else up to 4 within the 256-thread CTA, so x is fetched from L2 once per 4 tiles.
-Cfg small_cfg(const Knobs& kn, int M, int N, int K) {
+// wn weight tiles per warp: 1, or 2 for a8 at MT <= 2 when TRIT_WN=2; the rules count warps
+// (n_tiles / wn of them per split) rather than tiles.
+Cfg small_cfg(const Knobs& kn, int M, int N, int K, bool a8) {
   Cfg cfg{v5_mt(M), 1, 1, 1};
+  cfg.wn = (a8 && kn.wn == 2 && cfg.mt <= 2) ? 2 : 1;
   const int maxw = kV5Threads / 32;
   const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
-  while (cfg.ks < maxw && n_tiles * cfg.ks < 1536 && KB / (2 * cfg.ks) >= 2) cfg.ks *= 2;
+  const int n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
+  while (cfg.ks < maxw && n_warps * cfg.ks < 1536 && KB / (2 * cfg.ks) >= 2) cfg.ks *= 2;
   if (kn.ks > 0) cfg.ks = max(1, min(min(kn.ks, maxw), KB));
   cfg.nw = cfg.mt == 1 ? 1 : max(1, min(4, maxw / cfg.ks));
   if (kn.nw > 0) cfg.nw = max(1, min(kn.nw, maxw / cfg.ks));
@@ -1265,7 +1294,7 @@ cudaError_t launch_small_mt(const Cfg& cfg, bool pdl, int flags, const T* x, con
 template <typename T>
 cudaError_t launch_small(const Knobs& kn, const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
                          int M, int N, int K, cudaStream_t st) {
-  const Cfg cfg = small_cfg(kn, M, N, K);
+  const Cfg cfg = small_cfg(kn, M, N, K, false);
   const bool pdl = kn.pdl && pdl_supported();
   const int flags = l2pf_flags(kn.l2pf, false, N, K);
   return launch_small_mt<T, 1>(cfg, pdl, flags, x, wp, scale, bias, y, M, N, K, st);  // M <= kV5MaxMFp = 8
@@ -1307,11 +1336,16 @@ template <typename T, int MT>
 cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, int flags, const int8_t* xq, const float* xs,
                                const int32_t* rowsum, const int32_t* wp, const float* scale, const T* bias, T* y,
                                int M, int N, int KB, cudaStream_t st) {
-  const int n_tiles = (N + kTileN - 1) / kTileN;
-  const size_t smem = (size_t)cfg.nw * cfg.ks * MT * 128 * sizeof(int);
-  return launch_ex(a8_small_kernel<T, MT>, dim3((n_tiles + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem,
-                   st, pdl, xq, xs, rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB, n_tiles,
-                   8 * MT, flags);
+  const int n_tiles = (N + kTileN - 1) / kTileN, n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
+  const size_t smem = (size_t)cfg.nw * cfg.ks * cfg.wn * MT * 128 * sizeof(int);
+  auto kernel = a8_small_kernel<T, MT, 1>;
+  if constexpr (MT <= 2) {  // MT = 4 with two tiles spills (16 bytes)
+    if (cfg.wn == 2) kernel = a8_small_kernel<T, MT, 2>;
+  }
+  // a warp with two tiles has its weights in two streams: the single-range L2 prefetch is off
+  return launch_ex(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem, st, pdl, xq, xs,
+                   rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB, n_tiles, 8 * MT,
+                   cfg.wn == 1 ? flags : 0);
 }
 
 template <typename T>
@@ -1324,7 +1358,7 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
   if (v5 && kn.v5) {
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
     const bool pdl = kn.pdl && pdl_supported();
-    const Cfg cfg = small_cfg(kn, M, N, K);
+    const Cfg cfg = small_cfg(kn, M, N, K, true);
     const int Mp = cfg.mt == 1 ? 0 : 8 * cfg.mt;  // k-block-major xq for MT >= 2, zero rows to 8 * MT
     cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(cfg.mt == 1 ? M : Mp), dim3(256), 0, st, pdl, x, xq,
                               xs, rowsum, M, K, KB * kBlockK, Mp, vec);

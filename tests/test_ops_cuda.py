@@ -235,6 +235,9 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
             monkeypatch.setenv("TRIT_NW", nw)
             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 nw={nw}"
             assert torch.equal(torch.ops.trit.ternary_mm(x, p, s, N, K, b), y0), f"fp nw={nw}"
+            monkeypatch.setenv("TRIT_WN", "2")  # two weight tiles per warp (a8, M <= 16), odd tile counts too
+            assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 wn=2 nw={nw}"
+            monkeypatch.delenv("TRIT_WN")
         monkeypatch.delenv("TRIT_NW")
 
 
