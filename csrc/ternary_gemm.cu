@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "ternary.h"
 
@@ -1384,17 +1385,19 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
   }
 }
 
-// Large-M a8 epilogue: 4 consecutive outputs per thread (N % 4 == 0), grid-stride.
-template <typename T>
-__global__ void __launch_bounds__(256) a8_epilogue_kernel(const int4* __restrict__ acc, const float* __restrict__ xs,
+// Large-M a8 epilogue: 4 consecutive outputs per thread (N % 4 == 0), grid-stride. acc holds
+// the exact integer sums, as int32 (int8 cuBLAS) or as fp32 (bf16 cuBLAS, integers < 2^24).
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(256) a8_epilogue_kernel(const Acc* __restrict__ acc, const float* __restrict__ xs,
                                                           const float* __restrict__ scale, const T* __restrict__ bias,
                                                           T* __restrict__ y, int M, int N) {
+  using Vec = typename std::conditional<std::is_same<Acc, float>::value, float4, int4>::type;
   const int n4 = N / 4;
   const size_t total = (size_t)M * n4;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
     const int m = (int)(i / n4), n = (int)(i % n4) * 4;
-    const int4 a = __ldg(acc + i);
-    const int v[4] = {a.x, a.y, a.z, a.w};
+    const Vec a = __ldg(reinterpret_cast<const Vec*>(acc) + i);
+    const Acc v[4] = {a.x, a.y, a.z, a.w};
     const float xm = xs[m];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -1475,17 +1478,27 @@ extern "C" int trit_a8_quant(int dtype, const void* x, int8_t* xq, float* xs, in
   });
 }
 
-extern "C" int trit_a8_epilogue(int dtype, const int32_t* acc, const float* xs, const float* scale,
-                                const void* bias, void* y, int M, int N, void* stream) {
+template <typename Acc>
+int a8_epilogue(int dtype, const Acc* acc, const float* xs, const float* scale, const void* bias, void* y, int M,
+                int N, void* stream) {
   if (N % 4 != 0) return (int)cudaErrorInvalidValue;
   return visit_float_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const size_t total = (size_t)M * (N / 4);
     const int blocks = (int)std::min<size_t>((total + 255) / 256, 132 * 16);
-    a8_epilogue_kernel<T><<<blocks, 256, 0, (cudaStream_t)stream>>>(reinterpret_cast<const int4*>(acc), xs, scale,
-                                                                     (const T*)bias, (T*)y, M, N);
+    a8_epilogue_kernel<T, Acc><<<blocks, 256, 0, (cudaStream_t)stream>>>(acc, xs, scale, (const T*)bias, (T*)y, M, N);
     return (int)cudaGetLastError();
   });
+}
+
+extern "C" int trit_a8_epilogue(int dtype, const int32_t* acc, const float* xs, const float* scale,
+                                const void* bias, void* y, int M, int N, void* stream) {
+  return a8_epilogue<int32_t>(dtype, acc, xs, scale, bias, y, M, N, stream);
+}
+
+extern "C" int trit_a8_epilogue_f32(int dtype, const float* acc, const float* xs, const float* scale,
+                                    const void* bias, void* y, int M, int N, void* stream) {
+  return a8_epilogue<float>(dtype, acc, xs, scale, bias, y, M, N, stream);
 }
 
 extern "C" int trit_decode(int out_dtype, const int32_t* packed, const float* scale, void* out,

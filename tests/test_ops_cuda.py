@@ -296,13 +296,18 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
         assert_close_rel(y, forward_ref(xin), 3e-2, f"chain {kernel} graph={graph} seed={seed}")
 
 
-# ------------------------------------------------------------------ large-M a8: int8 cuBLAS
-# M >= TRIT_A8_DENSE_MIN_M (default 256), M > 16 and N % 8 == 0: quantizer + int8 decode +
-# torch._int_mm + the a8 epilogue. The int32 sums are exact and the epilogue is the kernels'
-# arithmetic, so the result must equal the fused kernel's bit for bit.
+# ------------------------------------------------------------------ large-M a8: int8 / bf16 cuBLAS
+# M >= TRIT_A8_DENSE_MIN_M (default 256), M > 16 and N % 8 == 0: quantizer + W decode + cuBLAS
+# (TRIT_A8_DENSE=int8: torch._int_mm; bf16: bf16 operands, fp32 output) + the a8 epilogue. The
+# sums are exact integers and the epilogue is the kernels' arithmetic, so the result must equal
+# the fused kernel's bit for bit.
+@pytest.mark.parametrize("route", ["int8", "bf16"])
 @pytest.mark.parametrize("M", [17, 65, 130, 1000])
 @pytest.mark.parametrize("NK", [(64, 1000), (2560, 2560), (1000, 4104), (24, 8200), (100, 300)])
-def test_a8_dense_path_matches_kernel(monkeypatch, M, NK):
+def test_a8_dense_path_matches_kernel(monkeypatch, route, M, NK):
+    if route == "bf16" and not hasattr(torch.ops.aten.mm, "dtype"):
+        pytest.skip("this torch has no aten::mm.dtype (torch.mm out_dtype)")
+    monkeypatch.setenv("TRIT_A8_DENSE", route)
     N, K = NK
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         x, w, p, s, b = make_case(M, N, K, dtype, True, 5 + M + N, DEV)
