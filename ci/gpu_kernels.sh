@@ -52,18 +52,22 @@ fi
 if has sanitize; then
   step "compute-sanitizer"
   cat > /tmp/trit_sanitize_driver.py <<'PYEOF'
-# Tiny driver: every kernel on a few representative shapes (tile edges, K tails, split-K).
+# Tiny driver: every kernel on a few representative shapes (tile edges, K tails, split-K), with the
+# default knobs and with the not-yet-default variants (fused quantizer, two tiles per warp, bf16 route).
+import os
 import torch
 from trit import ops
-for (M, N, K) in [(1, 33, 300), (5, 100, 1000), (8, 48, 8200), (17, 129, 1001), (24, 100, 2600), (40, 64, 1000), (70, 256, 4099)]:  # v5 MT=1 (tail k-block), MT=2/4/8, a8 M>64: int8 cuBLAS
-    for dt in (torch.bfloat16, torch.float32):
-        x = torch.randn(M, K, device="cuda").to(dt)
-        w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda")
-        p, s, b = ops.repack(w), torch.rand(N, device="cuda"), torch.randn(N, device="cuda").to(dt)
-        for op in (torch.ops.trit.ternary_mm, torch.ops.trit.ternary_mm_a8, torch.ops.trit.ternary_mm_naive):
-            op(x, p, s, N, K, b)
-        torch.ops.trit.ternary_decode(p, s, N, K, dt)
-    torch.ops.trit.ternary_decode(p, None, N, K, torch.int8)
+for knobs in ({}, {"TRIT_A8_FUSEQ": "1", "TRIT_WN": "2", "TRIT_A8_DENSE": "bf16", "TRIT_A8_DENSE_MIN_M": "17"}):
+  os.environ.update(knobs)
+  for (M, N, K) in [(1, 33, 300), (5, 100, 1000), (8, 48, 8200), (17, 129, 1001), (24, 100, 2600), (40, 64, 1000), (70, 256, 4099)]:  # v5 MT=1 (tail k-block), MT=2/4/8, a8 M>64: int8 cuBLAS
+      for dt in (torch.bfloat16, torch.float32):
+          x = torch.randn(M, K, device="cuda").to(dt)
+          w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda")
+          p, s, b = ops.repack(w), torch.rand(N, device="cuda"), torch.randn(N, device="cuda").to(dt)
+          for op in (torch.ops.trit.ternary_mm, torch.ops.trit.ternary_mm_a8, torch.ops.trit.ternary_mm_naive):
+              op(x, p, s, N, K, b)
+          torch.ops.trit.ternary_decode(p, s, N, K, dt)
+      torch.ops.trit.ternary_decode(p, None, N, K, torch.int8)
 torch.cuda.synchronize()
 print("driver done")
 PYEOF

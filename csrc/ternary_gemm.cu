@@ -730,13 +730,19 @@ __device__ __forceinline__ void kb_range(int KB, int& kb0, int& kb1) {
 // (Measured and dropped: a rolling L2 prefetch window and a 3-4 chunk register ring, runs 6-7 in
 // bench/results/NOTES.md; neither beat double buffering.)
 // A chunk is U k-blocks of each of the warp's tiles: NA = U * WN 16-byte loads per lane.
-template <int U, int NA, typename LoadChunk, typename RunChunk>
+// after_wait() runs once, right after pdl_wait() (the fused-quantizer kernel quantizes x there).
+struct NoOp {
+  __device__ void operator()() const {}
+};
+template <int U, int NA, typename LoadChunk, typename RunChunk, typename AfterWait = NoOp>
 __device__ __forceinline__ void chunk_loop(const int4*& wq, int lane, int nk, int nch, int flags,
-                                           LoadChunk&& load_chunk, RunChunk&& run_chunk) {
+                                           LoadChunk&& load_chunk, RunChunk&& run_chunk,
+                                           AfterWait&& after_wait = AfterWait{}) {
   if ((flags & kFlagL2Prefetch) && lane == 0 && nk > 0) l2_prefetch(wq - lane, (uint32_t)nk * 512u);
   int4 a0[NA], a1[NA];
   if (nch > 0) load_chunk(a0, wq);
   pdl_wait();
+  after_wait();
   for (int j = 0; j < nch; j += 2) {
     if (j + 1 < nch) load_chunk(a1, wq + U * 32);  // uniform: predicated loads, no branch
     run_chunk(a0);                                     // advances wq and x by one chunk
@@ -1052,6 +1058,120 @@ __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restric
   }
 }
 
+// W1.58A8 for M <= 8 with the activation quantizer fused in (TRIT_A8_FUSEQ=1; not the default
+// until measured): one launch per layer instead of two. Each CTA streams its first weight chunk,
+// waits for x (PDL), quantizes all M rows of x into shared memory itself (the same arithmetic as
+// quant_rows_perm_kernel, so the output is bit-identical), then runs a8_small_kernel<T, 1, 1>'s
+// loop with x from shared memory. Every CTA reads all of x (M * K * sizeof(T) from L2): cheap next
+// to the weights for the decode shapes this is for. Shared memory: red [KS][4][32] int, xq
+// [M][Kp + 16] int8 (16-byte row pad: rows land on different banks), xs / rowsum [8] each, and
+// 2 x 8 words of reduction scratch: the dispatcher takes this path only when it fits in 48 KB.
+template <typename T>
+__global__ void __launch_bounds__(kV5Threads, kV5MinCtas)
+    a8q_small_kernel(const T* __restrict__ x, const int4* __restrict__ wp, const float* __restrict__ scale,
+                     const T* __restrict__ bias, T* __restrict__ y, int M, int N, int K, int KB, int flags) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int kU = kV5U;
+  const int KS = blockDim.x >> 5, Kp = KB * kBlockK, ld = Kp + 16;
+  int* red = reinterpret_cast<int*>(smem_raw);                  // [KS][4][32]
+  int8_t* sx = reinterpret_cast<int8_t*>(smem_raw + KS * 512);  // [M][ld]
+  float* sxs = reinterpret_cast<float*>(sx + M * ld);           // xs per row
+  int* srs = reinterpret_cast<int*>(sxs + 8);                   // rowsum per row
+  float* scr_f = reinterpret_cast<float*>(srs + 8);             // per-warp partial amax
+  int* scr_i = reinterpret_cast<int*>(scr_f + 8);               // per-warp partial sums
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, warp = threadIdx.x >> 5;
+  const int tile = blockIdx.x;
+  int kb0, kb1;
+  kb_range(KB, kb0, kb1);
+  const int nk = kb1 - kb0;
+
+  const uint4* xp = reinterpret_cast<const uint4*>(sx + min(g, M - 1) * ld + kb0 * kBlockK + c * 32);
+  const int4* wq = wp + ((size_t)tile * KB + kb0) * 32 + lane;
+  int acc[1][4] = {{0, 0, 0, 0}};
+
+  auto quantize = [&]() {
+    for (int m = 0; m < M; ++m) {
+      const T* row = x + (size_t)m * K;
+      float amax = 0.f;
+      for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
+        float e[8];
+        load8<T>(row, k, K, true, e);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(e[i]));
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      if (lane == 0) scr_f[warp] = amax;
+      __syncthreads();
+      amax = scr_f[0];
+      for (int w = 1; w < KS; ++w) amax = fmaxf(amax, scr_f[w]);
+      const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as quant_rows_perm_kernel
+      int sum = 0;
+      for (int k = threadIdx.x * 8; k < Kp; k += blockDim.x * 8) {
+        float e[8];
+        load8<T>(row, k, K, true, e);  // zeros past K
+        int q[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          q[i] = (int)fminf(fmaxf(rintf(e[i] * xs), -128.f), 127.f);
+          sum += q[i];
+        }
+        const uint32_t lo = (q[0] & 0xFF) | ((q[4] & 0xFF) << 8) | ((q[1] & 0xFF) << 16) | ((uint32_t)(q[5] & 0xFF) << 24);
+        const uint32_t hi = (q[2] & 0xFF) | ((q[6] & 0xFF) << 8) | ((q[3] & 0xFF) << 16) | ((uint32_t)(q[7] & 0xFF) << 24);
+        *reinterpret_cast<uint2*>(sx + m * ld + k) = make_uint2(lo, hi);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (lane == 0) scr_i[warp] = sum;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        int t = 0;
+        for (int w = 0; w < KS; ++w) t += scr_i[w];
+        srs[m] = t;
+        sxs[m] = xs;
+      }
+    }
+    __syncthreads();  // xq, xs and rowsum of every row are in shared memory
+  };
+  auto block_at = [&](const int4& w, const uint4* xk) {
+    const uint4 x0 = xk[0], x1 = xk[1];  // shared memory: words i = 0,1 | 2,3
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t wi = word_of_rt(w, i);
+      uint32_t af[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) af[j] = (wi >> (2 * j)) & 0x03030303u;
+      const uint4& v = i < 2 ? x0 : x1;
+      mma16832_u8s8(acc[0], af, (i & 1) ? v.z : v.x, (i & 1) ? v.w : v.y);
+    }
+  };
+  auto load_chunk = [&](int4 (&a)[kU], const int4* p) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) a[u] = ld_weights(p + u * 32);
+  };
+  auto run_chunk = [&](const int4 (&a)[kU]) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) block_at(a[u], xp + u * 8);
+    xp += kU * 8;
+    wq += kU * 32;
+  };
+
+  const int nch = nk / kU;
+  chunk_loop<kU, kU>(wq, lane, nk, nch, flags, load_chunk, run_chunk, quantize);
+  const int nrem = nk - nch * kU;
+  if (nrem > 0) {
+    int4 ar[kU - 1];
+#pragma unroll
+    for (int u = 0; u < kU - 1; ++u)
+      if (u < nrem) ar[u] = ld_weights(wq + u * 32);
+#pragma unroll
+    for (int u = 0; u < kU - 1; ++u)
+      if (u < nrem) block_at(ar[u], xp + u * 8);
+  }
+  small_epilogue<T, true, 1>(acc, red, tile, M, N, scale, bias, y, sxs, srs);
+}
+
+
 // ---------------------------------------------------------------- naive + decode
 __device__ __forceinline__ int code_at(const int32_t* __restrict__ wp, int KB, int n, int k) {
   const int t = n >> 4, rr = n & 15, g = rr & 7, rs = rr >> 3;
@@ -1190,10 +1310,13 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //   TRIT_NW     = n                   v5 warps along N per CTA (default: small_cfg), 1..8
 //   TRIT_WN     = 1 (default) | 2     a8 v5 weight tiles per warp (2: x fragments shared by two
 //                                     tiles; M <= 16 only; not measured yet, so not the default)
+//   TRIT_A8_FUSEQ = 0 (default) | 1   a8 at M <= 8: the quantizer fused into the GEMV
+//                                     (a8q_small_kernel; not measured yet, so not the default)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
   bool v5, pdl;
   int l2pf, ks, nw, wn;
+  bool fuseq;
 };
 int env_int(const char* name, int dflt) {
   const char* e = getenv(name);
@@ -1208,6 +1331,7 @@ Knobs knobs() {
   n.ks = env_int("TRIT_KS", 0);
   n.nw = env_int("TRIT_NW", 0);
   n.wn = env_int("TRIT_WN", 1);
+  n.fuseq = env_int("TRIT_A8_FUSEQ", 0) != 0;
   return n;
 }
 bool pdl_supported() {  // griddepcontrol needs sm_90+; ask once per device
@@ -1355,10 +1479,19 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
                         cudaStream_t st) {
   const int KB = (K + kBlockK - 1) / kBlockK;
   const bool v5 = a8_v5(M, N, K);
-  const Knobs kn = v5 ? knobs() : Knobs{false, false, 0, 0, 0};
+  const Knobs kn = v5 ? knobs() : Knobs{false, false, 0, 0, 0, 1, false};
   if (v5 && kn.v5) {
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
     const bool pdl = kn.pdl && pdl_supported();
+    if (kn.fuseq && M <= 8 && vec) {  // one launch: a8q_small_kernel quantizes x itself
+      const Cfg cfg = small_cfg(kn, M, N, K, true);
+      const int n_tiles = (N + kTileN - 1) / kTileN;
+      const size_t smem = (size_t)cfg.ks * 512 + (size_t)M * (KB * kBlockK + 16) + 32 * sizeof(int);
+      if (smem <= 48 * 1024)
+        return launch_ex(a8q_small_kernel<T>, dim3(n_tiles), dim3(cfg.ks * 32), smem, st, pdl, x,
+                         reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, K, KB,
+                         l2pf_flags(kn.l2pf, true, N, K));
+    }
     const Cfg cfg = small_cfg(kn, M, N, K, true);
     const int Mp = cfg.mt == 1 ? 0 : 8 * cfg.mt;  // k-block-major xq for MT >= 2, zero rows to 8 * MT
     cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(cfg.mt == 1 ? M : Mp), dim3(256), 0, st, pdl, x, xq,

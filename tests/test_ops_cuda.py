@@ -226,6 +226,9 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
             monkeypatch.setenv("TRIT_L2PF", pf)
             assert torch.equal(torch.ops.trit.ternary_mm(x, p, s, N, K, b), y0), f"fp pdl={pdl} pf={pf}"
             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 pdl={pdl} pf={pf}"
+        monkeypatch.setenv("TRIT_A8_FUSEQ", "1")  # quantizer fused into the GEMV (M <= 8, fits in 48 KB)
+        assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), "a8 fused quantizer"
+        monkeypatch.delenv("TRIT_A8_FUSEQ")
         for ks in ("1", "2", "3", "8", "64"):
             monkeypatch.setenv("TRIT_KS", ks)
             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 ks={ks}"
@@ -242,13 +245,14 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
 
 
 @pytest.mark.parametrize("graph", [False, True])
-@pytest.mark.parametrize("kernel", ["v4", "v5"])
+@pytest.mark.parametrize("kernel", ["v4", "v5", "v5-fuseq"])
 @pytest.mark.parametrize("M", [1, 24, 64])
 def test_dependent_chain(monkeypatch, graph, kernel, M):
     """Each layer reads the previous layer's output: with PDL, a kernel that read x (or wrote y)
     before its griddepcontrol.wait would see stale data here. Our kernels back to back, a torch
     kernel in between, and the a8 workspace reused from layer to layer; eager and CUDA graph."""
-    monkeypatch.setenv("TRIT_KERNEL", kernel)
+    monkeypatch.setenv("TRIT_KERNEL", kernel.split("-")[0])
+    monkeypatch.setenv("TRIT_A8_FUSEQ", "1" if kernel.endswith("fuseq") else "0")
     D, L = 1024, 6
     gen = torch.Generator().manual_seed(5)
     layers = []
