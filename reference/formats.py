@@ -230,12 +230,16 @@ def pack_codes(codes: torch.Tensor, spec: PackSpec) -> torch.Tensor:
     """codes int [N, K] (each in [0, 2**bits)) -> packed container tensor."""
     if codes.dim() != 2:
         raise FormatError(f"pack expects a 2-D code matrix, got shape {tuple(codes.shape)}")
-    codes = codes.to(torch.int64)
+    # containers of <= 16 bits are assembled in int32 (exact: words < 2**16), wider ones in int64;
+    # the narrow path keeps multi-GB checkpoints (8B shapes) to seconds per layer
+    wide = spec.bits * spec.values_per_container > 16
+    work = torch.int64 if wide else torch.int32
+    codes = codes.to(work)
     if spec.pack_axis == 0:
         codes = codes.t()
     rows, length = codes.shape
     elem = _slot_index(spec, length)  # (C, V)
-    padded = torch.cat([codes, torch.full((rows, 1), spec.pad_code, dtype=torch.int64)], dim=1)
+    padded = torch.cat([codes, torch.full((rows, 1), spec.pad_code, dtype=work)], dim=1)
     gathered = padded[:, elem.clamp(min=-1) % (length + 1)]  # -1 -> the pad column
     gathered = torch.where(elem.unsqueeze(0) >= 0, gathered, torch.full_like(gathered, spec.pad_code))
     if spec.bits * spec.values_per_container == 64:
@@ -244,7 +248,7 @@ def pack_codes(codes: torch.Tensor, spec: PackSpec) -> torch.Tensor:
         for s, sh in enumerate(_shifts(spec).tolist()):
             word |= gathered[:, :, s] << sh
     else:
-        word = (gathered << _shifts(spec)).sum(-1)  # (rows, C)
+        word = (gathered << _shifts(spec).to(work)).sum(-1, dtype=work)  # (rows, C)
     packed = _to_container(word, spec)
     if spec.pack_axis == 0:
         packed = packed.t()
@@ -309,11 +313,24 @@ def pack(values: torch.Tensor, spec: PackSpec) -> torch.Tensor:
     """logical integer values [N, K] -> packed container tensor (exact inverse of ``unpack``)."""
     if values.dim() != 2:
         raise FormatError(f"pack expects a 2-D matrix, got shape {tuple(values.shape)}")
-    v = values.to(torch.int64)
-    codes = torch.full_like(v, -1)
-    for c, val in enumerate(spec.codes):
-        if val is not None:
-            codes = torch.where((v == int(val)) & (codes < 0), torch.full_like(v, c), codes)
+    # value -> code through a table over the values' range (one gather, int32 work: a 2-bit
+    # 58M-weight matrix packs in well under a second); the first code of a value wins
+    v = values.to(torch.int32) if not values.is_floating_point() and values.element_size() <= 4 \
+        else values.to(torch.int64)
+    if v.numel() == 0:
+        return pack_codes(v, spec)
+    lo, hi = int(v.min()), int(v.max())
+    known = {int(val): c for c, val in reversed(list(enumerate(spec.codes))) if val is not None}
+    if hi - lo <= (1 << 16):
+        lut = torch.full((hi - lo + 1,), -1, dtype=torch.int32)
+        for val, c in known.items():
+            if lo <= val <= hi:
+                lut[val - lo] = c
+        codes = lut[(v - lo).long() if v.dtype != torch.int64 else v - lo]
+    else:  # a very wide value range: the compare-per-code path
+        codes = torch.full_like(v, -1, dtype=torch.int32)
+        for val, c in sorted(known.items(), key=lambda kv: kv[1], reverse=True):
+            codes = torch.where(v == val, torch.full_like(codes, c), codes)
     if bool((codes < 0).any()):
         bad = sorted(set(v[codes < 0].tolist()))[:8]
         raise FormatError(f"values {bad} have no code in table {list(spec.codes)}")
