@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from bench.records import commit_id, write_record
+from reference.io import atomic_write_text
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -217,6 +218,16 @@ def main(argv=None) -> int:
         return 0
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     rows = []
+    stem = f"{time.strftime('%Y-%m-%d')}-{dev.replace(' ', '-').lower()}-e2e-{a.shape}" + (f"-tp{a.tp}" if a.tp > 1 else "")
+    # rows so far, rewritten (atomically) after every config: a call that runs out of time still
+    # returns the configs it finished; removed once the record is written
+    partial = Path(a.out) / f"partial-{stem}.json"
+
+    def save_partial():
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        atomic_write_text(partial, json.dumps({"device": dev, "commit": commit_id(), "partial": True,
+                                               "command": "python -m bench.e2e " + " ".join(argv or sys.argv[1:]),
+                                               "rows": rows}, indent=1, default=str))
     if a.gen_only:
         for label, preset, quant, unq in SHAPES[a.shape]:
             if not a.only or label in a.only.split(","):
@@ -235,9 +246,11 @@ def main(argv=None) -> int:
         if line is None:
             rows.append({"label": label, "error": (p.stderr or p.stdout)[-3000:]})
             print(f"{label}: FAILED\n{(p.stderr or p.stdout)[-3000:]}")
+            save_partial()
             continue
         rows.append(json.loads(line[7:]))
-        print(f"{label}: {rows[-1]['throughput']}")
+        print(f"{label}: {rows[-1]['throughput']}", flush=True)
+        save_partial()
     base = next((r for r in rows if r["label"].startswith("bf16") and "error" not in r), None)
     hum = next((r for r in rows if r["label"].startswith("humming") and "error" not in r), None)
     md = [f"# End-to-end vLLM throughput, shape {a.shape}, {dev}", "",
@@ -269,8 +282,8 @@ def main(argv=None) -> int:
                    "|---|---|---|---|"]
             md += [f"| {k} | {v['ms_per_step']} | {v['launches_per_step']} | {'; '.join(v['top'])} |"
                    for k, v in pr["by_category"].items()]
-    stem = f"{time.strftime('%Y-%m-%d')}-{dev.replace(' ', '-').lower()}-e2e-{a.shape}" + (f"-tp{a.tp}" if a.tp > 1 else "")
     write_record(a.out, stem, {"device": dev, "commit": commit_id(), "rows": rows}, "\n".join(md))
+    partial.unlink(missing_ok=True)
     print("\n".join(md))
     return 0 if all("error" not in r for r in rows) else 1
 
