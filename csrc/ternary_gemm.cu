@@ -998,6 +998,53 @@ __device__ __forceinline__ void load8(const T* row, int k, int K, bool vec, floa
   }
 }
 
+// One row of BitNet's activation quantizer, computed by the whole CTA: xs = 127 / max|x| (as
+// torch: reciprocal(t) * 127), q = rint(x * xs) clamped to [-128, 127], stored by store(k, v) as
+// groups of 8 in the order {0,4,1,5,2,6,3,7} (zeros past K, up to Kp). Returns xs; thread 0 gets
+// the row sum of q in sum. scr_f / scr_i: one float / int of shared memory per warp; successive
+// calls may reuse them (each ends with a barrier after its last read of scr_f).
+template <typename T, typename Store>
+__device__ __forceinline__ float quantize_row_perm(const T* __restrict__ row, int K, int Kp, bool vec, float* scr_f,
+                                                   int* scr_i, Store&& store, int& sum) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  float amax = 0.f;
+  for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
+    float e[8];
+    load8<T>(row, k, K, vec, e);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(e[i]));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (lane == 0) scr_f[warp] = amax;
+  __syncthreads();
+  amax = scr_f[0];
+  for (int w = 1; w < nwarps; ++w) amax = fmaxf(amax, scr_f[w]);
+  const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as torch: reciprocal(t) * 127
+  int part = 0;
+  for (int k = threadIdx.x * 8; k < Kp; k += blockDim.x * 8) {
+    float e[8];
+    load8<T>(row, k, K, vec, e);  // zeros past K
+    int q[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      q[i] = (int)fminf(fmaxf(rintf(e[i] * xs), -128.f), 127.f);
+      part += q[i];
+    }
+    const uint32_t lo = (q[0] & 0xFF) | ((q[4] & 0xFF) << 8) | ((q[1] & 0xFF) << 16) | ((uint32_t)(q[5] & 0xFF) << 24);
+    const uint32_t hi = (q[2] & 0xFF) | ((q[6] & 0xFF) << 8) | ((q[3] & 0xFF) << 16) | ((uint32_t)(q[7] & 0xFF) << 24);
+    store(k, make_uint2(lo, hi));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+  if (lane == 0) scr_i[warp] = part;
+  __syncthreads();
+  sum = 0;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < nwarps; ++w) sum += scr_i[w];
+  return xs;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
                                                               float* __restrict__ xs_out,
@@ -1018,42 +1065,10 @@ __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restric
     return;
   }
   const T* row = x + (size_t)m * K;
-  float amax = 0.f;
-  for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
-    float e[8];
-    load8<T>(row, k, K, vec, e);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(e[i]));
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  if ((threadIdx.x & 31) == 0) sh_f[threadIdx.x >> 5] = amax;
-  __syncthreads();
-  amax = sh_f[0];
-  for (int w = 1; w < (int)(blockDim.x >> 5); ++w) amax = fmaxf(amax, sh_f[w]);
-  const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as torch: reciprocal(t) * 127
-  int sum = 0;
-  for (int k = threadIdx.x * 8; k < Kp; k += blockDim.x * 8) {
-    float e[8];
-    load8<T>(row, k, K, vec, e);  // zeros past K
-    int q[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      q[i] = (int)fminf(fmaxf(rintf(e[i] * xs), -128.f), 127.f);
-      sum += q[i];
-    }
-    const uint32_t lo = (q[0] & 0xFF) | ((q[4] & 0xFF) << 8) | ((q[1] & 0xFF) << 16) | ((uint32_t)(q[5] & 0xFF) << 24);
-    const uint32_t hi = (q[2] & 0xFF) | ((q[6] & 0xFF) << 8) | ((q[3] & 0xFF) << 16) | ((uint32_t)(q[7] & 0xFF) << 24);
-    *dst(k) = make_uint2(lo, hi);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if ((threadIdx.x & 31) == 0) sh_i[threadIdx.x >> 5] = sum;
-  __syncthreads();
+  int sum;
+  const float xs = quantize_row_perm<T>(row, K, Kp, vec, sh_f, sh_i, [&](int k, uint2 v) { *dst(k) = v; }, sum);
   if (threadIdx.x == 0) {
-    int s = 0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) s += sh_i[w];
-    rowsum[m] = s;
+    rowsum[m] = sum;
     xs_out[m] = xs;
   }
 }
@@ -1079,7 +1094,7 @@ __global__ void __launch_bounds__(kV5Threads, kV5MinCtas)
   int* srs = reinterpret_cast<int*>(sxs + 8);                   // rowsum per row
   float* scr_f = reinterpret_cast<float*>(srs + 8);             // per-warp partial amax
   int* scr_i = reinterpret_cast<int*>(scr_f + 8);               // per-warp partial sums
-  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int tile = blockIdx.x;
   int kb0, kb1;
   kb_range(KB, kb0, kb1);
@@ -1091,43 +1106,12 @@ __global__ void __launch_bounds__(kV5Threads, kV5MinCtas)
 
   auto quantize = [&]() {
     for (int m = 0; m < M; ++m) {
-      const T* row = x + (size_t)m * K;
-      float amax = 0.f;
-      for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
-        float e[8];
-        load8<T>(row, k, K, true, e);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(e[i]));
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      if (lane == 0) scr_f[warp] = amax;
-      __syncthreads();
-      amax = scr_f[0];
-      for (int w = 1; w < KS; ++w) amax = fmaxf(amax, scr_f[w]);
-      const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as quant_rows_perm_kernel
-      int sum = 0;
-      for (int k = threadIdx.x * 8; k < Kp; k += blockDim.x * 8) {
-        float e[8];
-        load8<T>(row, k, K, true, e);  // zeros past K
-        int q[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          q[i] = (int)fminf(fmaxf(rintf(e[i] * xs), -128.f), 127.f);
-          sum += q[i];
-        }
-        const uint32_t lo = (q[0] & 0xFF) | ((q[4] & 0xFF) << 8) | ((q[1] & 0xFF) << 16) | ((uint32_t)(q[5] & 0xFF) << 24);
-        const uint32_t hi = (q[2] & 0xFF) | ((q[6] & 0xFF) << 8) | ((q[3] & 0xFF) << 16) | ((uint32_t)(q[7] & 0xFF) << 24);
-        *reinterpret_cast<uint2*>(sx + m * ld + k) = make_uint2(lo, hi);
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      if (lane == 0) scr_i[warp] = sum;
-      __syncthreads();
+      int sum;
+      const float xs = quantize_row_perm<T>(x + (size_t)m * K, K, Kp, true, scr_f, scr_i,
+                                            [&](int k, uint2 v) { *reinterpret_cast<uint2*>(sx + m * ld + k) = v; },
+                                            sum);
       if (threadIdx.x == 0) {
-        int t = 0;
-        for (int w = 0; w < KS; ++w) t += scr_i[w];
-        srs[m] = t;
+        srs[m] = sum;
         sxs[m] = xs;
       }
     }
