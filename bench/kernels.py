@@ -204,8 +204,9 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                 variants[f"a8_{tag}"] = with_env(env, variants["a8"])
         if M <= 16:  # two weight tiles per warp sharing the x fragments (TRIT_WN=2), not yet the default
             variants["a8_wn2"] = with_env({"TRIT_WN": "2"}, variants["a8"])
-        if M <= 8:  # the quantizer fused into the GEMV (TRIT_A8_FUSEQ=1), not yet the default
+        if M <= 8:  # the quantizer fused into the GEMV / L2::256B weight loads: not yet defaults
             variants["a8_fuseq"] = with_env({"TRIT_A8_FUSEQ": "1"}, variants["a8"])
+            variants["a8_l2h"] = with_env({"TRIT_L2_256": "1"}, variants["a8"])
         if M > V5_MAX_M_A8:  # both a8 paths above the v5 range, whichever is the default at this M
             variants["a8_int8"] = with_env({"TRIT_A8_DENSE_MIN_M": "17", "TRIT_A8_DENSE": "int8"}, variants["a8"])
             variants["a8_bf16"] = with_env({"TRIT_A8_DENSE_MIN_M": "17", "TRIT_A8_DENSE": "bf16"}, variants["a8"])
@@ -275,7 +276,7 @@ def fmt_row(r) -> str:
             f"{_f(r.get('linear_pct_copy_ceiling'), '4.0f')}% ceil)  fused {_f(r.get('fused_us'), '8.1f')}  "
             f"(v4 {_f(r.get('fused_v4_us'), '6.1f')} nopdl {_f(r.get('fused_nopdl_us'), '6.1f')} "
             f"nopf {_f(r.get('fused_nopf_us'), '6.1f')} pf {_f(r.get('fused_pf_us'), '6.1f')})  dense {_f(r.get('dense_us'), '8.1f')}  "
-            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} bf16 {_f(r.get('a8_bf16_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} nopdl "
+            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} bf16 {_f(r.get('a8_bf16_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} l2h {_f(r.get('a8_l2h_us'), '6.1f')} nopdl "
             f"{_f(r.get('a8_nopdl_us'), '6.1f')} nopf {_f(r.get('a8_nopf_us'), '6.1f')} pf {_f(r.get('a8_pf_us'), '6.1f')})  "
             + "".join(f"ks{k} {_f(r.get(f'a8_ks{k}_us'), '.1f')}/{_f(r.get(f'fused_ks{k}_us'), '.1f')} "
                       for k in KS_SWEEP if r.get(f"a8_ks{k}_us")) +
@@ -302,7 +303,7 @@ def markdown(meta, rows) -> str:
              "`a8 fused kernel / int8 / bf16 cuBLAS` force one route (TRIT_A8_DENSE_MIN_M=2^30, or 17 with "
              "TRIT_A8_DENSE=int8 / bf16: bf16 operands, fp32 output, exact).", "",
              "| N x K | M | bf16 us | linear us | x bf16 | % ceil | fused us | fused v4 | fused no PDL "
-             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 WN=2 / fused quantizer | a8 fused kernel / int8 / bf16 cuBLAS | a8 no PDL | a8 L2 pf off / on "
+             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 WN=2 / fused quantizer / L2::256B | a8 fused kernel / int8 / bf16 cuBLAS | a8 no PDL | a8 L2 pf off / on "
              "| humming us | x humming | floor us | bf16 eager | linear eager |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -313,7 +314,7 @@ def markdown(meta, rows) -> str:
             f"| {_f(r.get('linear_x_bf16'), '.2f')} | {_f(r.get('linear_pct_copy_ceiling'), '.0f')} "
             f"| {_f(r.get('fused_us'), '.1f')} | {_f(r.get('fused_v4_us'), '.1f')} "
             f"| {_f(r.get('fused_nopdl_us'), '.1f')} | {_f(r.get('fused_nopf_us'), '.1f')} / {_f(r.get('fused_pf_us'), '.1f')} | {_f(r.get('dense_us'), '.1f')} "
-            f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} | {_f(r.get('a8_wn2_us'), '.1f')} / {_f(r.get('a8_fuseq_us'), '.1f')} | {_f(r.get('a8_kernel_us'), '.1f')} / {_f(r.get('a8_int8_us'), '.1f')} / {_f(r.get('a8_bf16_us'), '.1f')} | {_f(r.get('a8_nopdl_us'), '.1f')} "
+            f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} | {_f(r.get('a8_wn2_us'), '.1f')} / {_f(r.get('a8_fuseq_us'), '.1f')} / {_f(r.get('a8_l2h_us'), '.1f')} | {_f(r.get('a8_kernel_us'), '.1f')} / {_f(r.get('a8_int8_us'), '.1f')} / {_f(r.get('a8_bf16_us'), '.1f')} | {_f(r.get('a8_nopdl_us'), '.1f')} "
             f"| {_f(r.get('a8_nopf_us'), '.1f')} / {_f(r.get('a8_pf_us'), '.1f')} "
             f"| {_f(r.get('humming_us'), '.1f')} | {_f(r.get('linear_x_humming'), '.2f')} "
             f"| {r['floor_us']:.1f} | {_f(r.get('bf16_eager_us'), '.1f')} | {_f(r.get('linear_eager_us'), '.1f')} |")

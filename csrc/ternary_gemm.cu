@@ -51,6 +51,22 @@ __device__ __forceinline__ int4 ld_weights(const int4* p) {
   return v;
 }
 
+// The same load asking L2 to fetch 256-byte blocks from DRAM (a prefetch-size hint: each warp's
+// k-block is 512 contiguous bytes). TRIT_L2_256=1 selects it for the a8 kernel at M <= 8; not
+// measured yet, so not the default.
+template <bool kL2_256>
+__device__ __forceinline__ int4 ld_weights_h(const int4* p) {
+  if constexpr (kL2_256) {
+    int4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.s32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+  } else {
+    return ld_weights(p);
+  }
+}
+
 template <int I>
 __device__ __forceinline__ uint32_t word_of(const int4& v) {
   return static_cast<uint32_t>(I == 0 ? v.x : I == 1 ? v.y : I == 2 ? v.z : v.w);
@@ -864,7 +880,7 @@ __global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT>::value)
 // WN = 2 (TRIT_WN, not the default until measured): each warp owns two consecutive weight tiles
 // and feeds every x fragment to both, halving x loads per weight byte; a chunk then holds kU
 // k-blocks of each tile (kU halved, see V5Chunk).
-template <typename T, int MT, int WN>
+template <typename T, int MT, int WN, bool kL2_256 = false>
 __global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT * WN>::value)
     a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                     const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
@@ -942,7 +958,7 @@ __global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT * WN>::value)
 #pragma unroll
     for (int wn = 0; wn < WN; ++wn)
 #pragma unroll
-      for (int u = 0; u < kU; ++u) a[wn * kU + u] = ld_weights(p + wn * wstep + u * 32);
+      for (int u = 0; u < kU; ++u) a[wn * kU + u] = ld_weights_h<kL2_256>(p + wn * wstep + u * 32);
   };
   auto block_u = [&](const int4* a, int u, const uint4* xk) {  // a: a chunk, u: its k-block
     int4 w[WN];
@@ -967,7 +983,7 @@ __global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT * WN>::value)
     for (int wn = 0; wn < WN; ++wn)
 #pragma unroll
       for (int u = 0; u < kU - 1; ++u)
-        if (u < nrem) ar[wn * kU + u] = ld_weights(wq + wn * wstep + u * 32);
+        if (u < nrem) ar[wn * kU + u] = ld_weights_h<kL2_256>(wq + wn * wstep + u * 32);
 #pragma unroll
     for (int u = 0; u < kU - 1; ++u)
       if (u < nrem) block_u(ar, u, xp + u * kbs);
@@ -1296,11 +1312,13 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //                                     tiles; M <= 16 only; not measured yet, so not the default)
 //   TRIT_A8_FUSEQ = 0 (default) | 1   a8 at M <= 8: the quantizer fused into the GEMV
 //                                     (a8q_small_kernel; not measured yet, so not the default)
+//   TRIT_L2_256 = 0 (default) | 1     a8 at M <= 8: weight loads with the L2::256B prefetch-size
+//                                     hint (ld_weights_h; not measured yet, so not the default)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
   bool v5, pdl;
   int l2pf, ks, nw, wn;
-  bool fuseq;
+  bool fuseq, l2_256;
 };
 int env_int(const char* name, int dflt) {
   const char* e = getenv(name);
@@ -1316,6 +1334,7 @@ Knobs knobs() {
   n.nw = env_int("TRIT_NW", 0);
   n.wn = env_int("TRIT_WN", 1);
   n.fuseq = env_int("TRIT_A8_FUSEQ", 0) != 0;
+  n.l2_256 = env_int("TRIT_L2_256", 0) != 0;
   return n;
 }
 bool pdl_supported() {  // griddepcontrol needs sm_90+; ask once per device
@@ -1442,7 +1461,7 @@ cudaError_t launch_a8(const Cfg& cfg, const int8_t* xq, const float* xs, const i
 }
 
 template <typename T, int MT>
-cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, int flags, const int8_t* xq, const float* xs,
+cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool l2_256, int flags, const int8_t* xq, const float* xs,
                                const int32_t* rowsum, const int32_t* wp, const float* scale, const T* bias, T* y,
                                int M, int N, int KB, cudaStream_t st) {
   const int n_tiles = (N + kTileN - 1) / kTileN, n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
@@ -1450,6 +1469,9 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, int flags, const int8_t
   auto kernel = a8_small_kernel<T, MT, 1>;
   if constexpr (MT <= 2) {  // MT = 4 with two tiles spills (16 bytes)
     if (cfg.wn == 2) kernel = a8_small_kernel<T, MT, 2>;
+  }
+  if constexpr (MT == 1) {
+    if (cfg.wn == 1 && l2_256) kernel = a8_small_kernel<T, 1, 1, true>;
   }
   // a warp with two tiles has its weights in two streams: the single-range L2 prefetch is off
   return launch_ex(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem, st, pdl, xq, xs,
@@ -1463,7 +1485,7 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
                         cudaStream_t st) {
   const int KB = (K + kBlockK - 1) / kBlockK;
   const bool v5 = a8_v5(M, N, K);
-  const Knobs kn = v5 ? knobs() : Knobs{false, false, 0, 0, 0, 1, false};
+  const Knobs kn = v5 ? knobs() : Knobs{false, false, 0, 0, 0, 1, false, false};
   if (v5 && kn.v5) {
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
     const bool pdl = kn.pdl && pdl_supported();
@@ -1484,10 +1506,10 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     const int flags = l2pf_flags(kn.l2pf, true, N, K);
     const int8_t* q = xq;
     switch (cfg.mt) {
-      case 1: return launch_a8_small_mt<T, 1>(cfg, pdl, flags, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-      case 2: return launch_a8_small_mt<T, 2>(cfg, pdl, flags, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-      case 4: return launch_a8_small_mt<T, 4>(cfg, pdl, flags, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-      default: return launch_a8_small_mt<T, 8>(cfg, pdl, flags, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      case 1: return launch_a8_small_mt<T, 1>(cfg, pdl, kn.l2_256, flags, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      case 2: return launch_a8_small_mt<T, 2>(cfg, pdl, false, flags, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      case 4: return launch_a8_small_mt<T, 4>(cfg, pdl, false, flags, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      default: return launch_a8_small_mt<T, 8>(cfg, pdl, false, flags, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
     }
   }
   quant_rows_kernel<T><<<M, 256, 0, st>>>(x, xq, xs, rowsum, K, KB * kBlockK);

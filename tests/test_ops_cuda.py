@@ -229,6 +229,9 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
         monkeypatch.setenv("TRIT_A8_FUSEQ", "1")  # quantizer fused into the GEMV (M <= 8, fits in 48 KB)
         assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), "a8 fused quantizer"
         monkeypatch.delenv("TRIT_A8_FUSEQ")
+        monkeypatch.setenv("TRIT_L2_256", "1")  # L2::256B prefetch-size hint on the weight loads (M <= 8)
+        assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), "a8 L2::256B loads"
+        monkeypatch.delenv("TRIT_L2_256")
         for ks in ("1", "2", "3", "8", "64"):
             monkeypatch.setenv("TRIT_KS", ks)
             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 ks={ks}"
