@@ -8,12 +8,12 @@
 //   a8_kernel<T, MT, WN>    W1.58A8: int8 activations (per-row absmax) x 2-bit weights on
 //                           mma.m16n8k32 u8.s8 -> s32.
 //   quant_rows_kernel<T>    the a8 activation quantizer (one CTA per row).
-//   tmm_small_kernel<T, MT> v5, M <= 8 * MT, bf16/fp16 x (K % 8 == 0, 16-byte aligned x): the
-//                           small-M fused kernel with per-k-block overhead cut. Dispatched at
-//                           MT = 1 only (MT = 2 / 4 measured slower than v4, see v5_mt).
-//   a8_small_kernel<T, MT>  v5 W1.58A8 for M <= 8 * MT (MT = 1, 2, 4, 8), fed by
+//   tmm_small_kernel<T>     v5, M <= 8, bf16/fp16 x (K % 8 == 0, 16-byte aligned x): the
+//                           small-M fused kernel with per-k-block overhead cut.
+//   a8_small_kernel<T, MT, WN, ...>  v5 W1.58A8 for M <= 8 * MT (MT = 1, 2, 4, 8), fed by
 //                           quant_rows_perm_kernel<T> (xq permuted within groups of 8 so the mma
-//                           B registers need no PRMT; k-block-major for MT >= 2).
+//                           B registers need no PRMT; k-block-major for MT >= 2), or quantizing x
+//                           itself (kFuseQ).
 //   M <= 8 (fp) / 32-64 (a8, see a8_v5) goes to the v5 kernels (TRIT_KERNEL=v4 in the
 //   environment: the v4 kernels), launched with programmatic dependent launch (TRIT_PDL) and an
 //   L2 bulk prefetch (TRIT_L2PF): see Knobs.
@@ -593,8 +593,8 @@ __global__ void __launch_bounds__(Shape<MT>::kMaxThreads)
 }
 
 // ---------------------------------------------------------------- v5: small M (M <= 32 / 64)
-// One 16-row weight tile per warp (WN = 1) against MT 8-row tiles of x (MT = 1 for M <= 8, as
-// first written and measured; 2, 4, 8 for M <= 16, 32, 64), for bf16/fp16 x and for W1.58A8.
+// One 16-row weight tile per warp (WN = 1) against MT 8-row tiles of x: bf16/fp16 x with MT = 1
+// (M <= 8), W1.58A8 with MT = 1, 2, 4, 8 (M <= 8, 16, 32, 64).
 // Differences from the v4 kernels above (which stay, selectable with TRIT_KERNEL=v4, and serve
 // fp32 x, misaligned x and larger M):
 //   - the hot loop runs over whole chunks of kV5U k-blocks only: no per-k-block bounds or
@@ -775,17 +775,16 @@ template <int MT> struct V5MinCtas { static constexpr int value = MT == 1 ? kV5M
 // registers for two 4-block chunks without spilling; each k-block there is 4 * MT mma of work)
 template <int MT> struct V5Chunk { static constexpr int value = MT >= 4 ? kV5U / 2 : kV5U; };
 
+// bf16/fp16 x, M <= 8 (one 8-row x tile; an x-tile template like a8_small_kernel's was measured
+// slower than v4 for this path - run 8, bench/results/NOTES.md - and removed).
 // Grid: x = groups of NW packed row tiles, block: (32 * KS, NW): warp (kw, nw) owns tile
 // blockIdx.x * NW + nw (clamped to the last tile) and the kw-th of KS slices of the k-blocks.
-// MT 8-row tiles of x (M <= 8 * MT) per warp: each weight fragment is decoded once and feeds MT
-// mma. The NW warps of a CTA read the same x at about the same time (L1 hits for all but one).
-template <typename T, int MT>
-__global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT>::value)
+template <typename T>
+__global__ void __launch_bounds__(kV5Threads, kV5MinCtas)
     tmm_small_kernel(const T* __restrict__ x, const int4* __restrict__ wp, const float* __restrict__ scale,
                      const T* __restrict__ bias, T* __restrict__ y, int M, int N, int K, int KB, int n_tiles,
                      int flags) {
-  extern __shared__ float red[];  // [NW][KS][MT][4][32]
-  constexpr int kU = V5Chunk<MT>::value;
+  extern __shared__ float red[];  // [NW][KS][4][32]
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int tile = blockIdx.x * blockDim.y + threadIdx.y;
   const int tl = min(tile, n_tiles - 1);
@@ -796,205 +795,68 @@ __global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT>::value)
   const uint32_t magic = opaque(Magic<T>::value);
 
   // rows past M read row M-1: their output columns are dropped by the epilogue
-  const uint4* xp[MT];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-    xp[mt] = reinterpret_cast<const uint4*>(x + (size_t)min(8 * mt + g, M - 1) * K + (size_t)kb0 * kBlockK + c * 32);
+  const uint4* xp = reinterpret_cast<const uint4*>(x + (size_t)min(g, M - 1) * K + (size_t)kb0 * kBlockK + c * 32);
   const int4* wq = wp + ((size_t)tl * KB + kb0) * 32 + lane;
-  float acc[MT][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+  float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
 
-  // one k-block: w = this lane's 4 words; word i meets inputs 8i..8i+7 of the lane's 32 (one
-  // uint4 of x per row tile). MT <= 2: all of the k-block's x is loaded first (as MT = 1 always
-  // did); MT > 2: per word, to bound registers. full = false: the partial last k-block, whose
-  // 8-input groups past K read as zeros (K % 8 == 0: a group is wholly inside or outside).
-  auto block_at = [&](const int4& w, int ofs, bool full, int k0) {
-    uint4 xb[MT <= 2 ? 4 : 1][MT];
-    auto ldx = [&](int i, int mt) {
-      return (full || k0 + 8 * i < K) ? __ldg(xp[mt] + ofs + i) : make_uint4(0, 0, 0, 0);
-    };
-    if constexpr (MT <= 2) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) xb[i][mt] = ldx(i, mt);
-    }
+  // one k-block: w = this lane's 4 words, xb = this lane's 32 inputs (4 x 8, natural order)
+  auto block = [&](const int4& w, const uint4 (&xb)[4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int xi = MT <= 2 ? i : 0;
-      if constexpr (MT > 2) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) xb[0][mt] = ldx(i, mt);
-      }
       uint32_t o[8];
       DecodeV5<T>::run(word_of_rt(w, i), magic, o);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mma16816<T>(acc[mt], &o[0], xb[xi][mt].x, xb[xi][mt].y);
-        mma16816<T>(acc[mt], &o[4], xb[xi][mt].z, xb[xi][mt].w);
-      }
+      mma16816<T>(acc[0], &o[0], xb[i].x, xb[i].y);
+      mma16816<T>(acc[0], &o[4], xb[i].z, xb[i].w);
     }
   };
-  auto load_chunk = [&](int4 (&a)[kU], const int4* p) {
+  auto block_at = [&](const int4& w, const uint4* xk) {
+    uint4 xb[4];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) a[u] = ld_weights(p + u * 32);
+    for (int i = 0; i < 4; ++i) xb[i] = __ldg(xk + i);
+    block(w, xb);
   };
-  auto advance = [&](int nkb) {
+  auto load_chunk = [&](int4 (&a)[kV5U], const int4* p) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) xp[mt] += nkb * 16;  // 16 uint4 = 128 inputs
-    wq += nkb * 32;
+    for (int u = 0; u < kV5U; ++u) a[u] = ld_weights(p + u * 32);
   };
-  auto run_chunk = [&](const int4 (&a)[kU]) {
+  auto run_chunk = [&](const int4 (&a)[kV5U]) {
 #pragma unroll
-    for (int u = 0; u < kU; ++u) block_at(a[u], u * 16, true, 0);
-    advance(kU);
+    for (int u = 0; u < kV5U; ++u) block_at(a[u], xp + u * 16);  // 16 uint4 = 128 inputs
+    xp += kV5U * 16;
+    wq += kV5U * 32;
   };
 
   // chunk_loop loads weights only before pdl_wait (x may still be being written)
-  const int nch = nfull / kU;
-  chunk_loop<kU, kU>(wq, lane, kb1 - kb0, nch, flags, load_chunk, run_chunk);
-  // < kU remaining full k-blocks: all weight loads first, then compute
-  const int nrem = nfull - nch * kU;
+  const int nch = nfull / kV5U;
+  chunk_loop<kV5U, kV5U>(wq, lane, kb1 - kb0, nch, flags, load_chunk, run_chunk);
+  // < kV5U remaining full k-blocks: all weight loads first, then compute
+  const int nrem = nfull - nch * kV5U;
   if (nrem > 0) {
-    int4 ar[kU - 1];
+    int4 ar[kV5U - 1];
 #pragma unroll
-    for (int u = 0; u < kU - 1; ++u)
+    for (int u = 0; u < kV5U - 1; ++u)
       if (u < nrem) ar[u] = ld_weights(wq + u * 32);
 #pragma unroll
-    for (int u = 0; u < kU - 1; ++u)
-      if (u < nrem) block_at(ar[u], u * 16, true, 0);
-    advance(nrem);
+    for (int u = 0; u < kV5U - 1; ++u)
+      if (u < nrem) block_at(ar[u], xp + u * 16);
+    xp += nrem * 16;
+    wq += nrem * 32;
   }
-  // the partial last k-block (K % 128 != 0), owned by the warp whose range contains it
-  if (kb_full < KB && kb0 <= kb_full && kb_full < kb1) block_at(ld_weights(wq), 0, false, kb_full * kBlockK + c * 32);
-  small_epilogue<T, false, MT>(acc, red, tile, M, N, scale, bias, y, nullptr, nullptr);
+  // the partial last k-block (K % 128 != 0), owned by the warp whose range contains it;
+  // K % 8 == 0, so each 8-input group is wholly inside or outside [0, K): zero the outside ones
+  if (kb_full < KB && kb0 <= kb_full && kb_full < kb1) {
+    const int4 w = ld_weights(wq);
+    const int k0 = kb_full * kBlockK + c * 32;
+    uint4 xb[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) xb[i] = (k0 + 8 * i < K) ? __ldg(xp + i) : make_uint4(0, 0, 0, 0);
+    block(w, xb);
+  }
+  small_epilogue<T, false, 1>(acc, red, tile, M, N, scale, bias, y, nullptr, nullptr);
 }
 
-// W1.58A8, M <= 8 * MT. xq: int8, zero-padded past K, each group of 8 inputs stored in the order
-// {0,4,1,5,2,6,3,7} (quant_rows_perm_kernel), so that the first 4 bytes of a group are the mma B
-// register b0 and the last 4 are b1 (v4 builds them with two PRMT). MT = 1: row-major [M, KB*128]
-// (rows past M read row M-1). MT >= 2: k-block-major [KB][Mp][128] with Mp = 8 * MT rows (zero
-// rows past M), so a warp's MT row tiles sit at fixed offsets from one pointer
-// (immediate offsets, no per-row pointer registers). Grid and block as tmm_small_kernel.
-// WN = 2 (TRIT_WN, not the default until measured): each warp owns two consecutive weight tiles
-// and feeds every x fragment to both, halving x loads per weight byte; a chunk then holds kU
-// k-blocks of each tile (kU halved, see V5Chunk).
-template <typename T, int MT, int WN, bool kL2_256 = false>
-__global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT * WN>::value)
-    a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
-                    const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
-                    T* __restrict__ y, int M, int N, int KB, int n_tiles, int Mp, int flags) {
-  extern __shared__ int redi[];  // [NW][KS][WN*MT][4][32]
-  constexpr int kU = V5Chunk<MT * WN>::value;
-  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int tile = (blockIdx.x * blockDim.y + threadIdx.y) * WN;  // first of the warp's WN tiles
-  const int tl = min(tile, n_tiles - 1);
-  int kb0, kb1;
-  kb_range(KB, kb0, kb1);
-  const int nk = kb1 - kb0;  // every k-block is "full": xq is padded
-
-  // xp: this lane's 32 inputs of row g in k-block kb0; row tile mt at + 64 * mt (MT >= 2);
-  // the next k-block at + kbs (uint4 units)
-  const uint4* xp = reinterpret_cast<const uint4*>(
-      MT == 1 ? xq + (size_t)min(g, M - 1) * KB * kBlockK + (size_t)kb0 * kBlockK + c * 32
-              : xq + ((size_t)kb0 * Mp + g) * kBlockK + c * 32);
-  const int kbs = MT == 1 ? 8 : Mp * 8;
-  const int4* wq = wp + ((size_t)tl * KB + kb0) * 32 + lane;
-  // the warp's second tile (clamped like the first), as an offset from wq
-  const ptrdiff_t wstep = WN == 1 ? 0 : (ptrdiff_t)(min(tile + 1, n_tiles - 1) - tl) * KB * 32;
-  int acc[WN * MT][4];
-#pragma unroll
-  for (int t = 0; t < WN * MT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0;
-
-  // one k-block: 32 inputs per lane and row tile = two uint4 (words i = 0,1 | 2,3), w[wn] the
-  // k-block's weights of tile wn. MT <= 2: both halves loaded first (as MT = 1 always did);
-  // MT = 4: one half (uint4) at a time; MT = 8: one word's 8 inputs (uint2) at a time, so x holds
-  // <= 16 registers next to 32 accumulators.
-  auto mma_word = [&](const int4 (&w)[WN], int i, int mt, uint32_t b0, uint32_t b1) {
-#pragma unroll
-    for (int wn = 0; wn < WN; ++wn) {
-      const uint32_t wi = word_of_rt(w[wn], i);
-      uint32_t af[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) af[j] = (wi >> (2 * j)) & 0x03030303u;
-      mma16832_u8s8(acc[wn * MT + mt], af, b0, b1);
-    }
-  };
-  auto block_at = [&](const int4 (&w)[WN], const uint4* xk) {
-    if constexpr (MT <= 4) {
-      constexpr int kH = MT <= 2 ? 2 : 1;
-      uint4 xv[kH][MT];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (h == 0 || kH == 1) {
-#pragma unroll
-          for (int hh = 0; hh < kH; ++hh)
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) xv[hh][mt] = __ldg(xk + 64 * mt + h + hh);
-        }
-#pragma unroll
-        for (int i = 2 * h; i < 2 * h + 2; ++i)
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            const uint4& v = xv[kH == 2 ? h : 0][mt];
-            mma_word(w, i, mt, (i & 1) ? v.z : v.x, (i & 1) ? v.w : v.y);
-          }
-      }
-    } else {
-      const uint2* x2 = reinterpret_cast<const uint2*>(xk);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        uint2 xv[MT];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) xv[mt] = __ldg(x2 + 128 * mt + i);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) mma_word(w, i, mt, xv[mt].x, xv[mt].y);
-      }
-    }
-  };
-  // chunk registers: a[wn * kU + u] = k-block u of tile wn
-  auto load_chunk = [&](int4 (&a)[kU * WN], const int4* p) {
-#pragma unroll
-    for (int wn = 0; wn < WN; ++wn)
-#pragma unroll
-      for (int u = 0; u < kU; ++u) a[wn * kU + u] = ld_weights_h<kL2_256>(p + wn * wstep + u * 32);
-  };
-  auto block_u = [&](const int4* a, int u, const uint4* xk) {  // a: a chunk, u: its k-block
-    int4 w[WN];
-#pragma unroll
-    for (int wn = 0; wn < WN; ++wn) w[wn] = a[wn * kU + u];
-    block_at(w, xk);
-  };
-  auto run_chunk = [&](const int4 (&a)[kU * WN]) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) block_u(a, u, xp + u * kbs);
-    xp += kU * kbs;
-    wq += kU * 32;
-  };
-
-  // chunk_loop loads weights only before pdl_wait (xq is written by the quantizer launched just before)
-  const int nch = nk / kU;
-  chunk_loop<kU, kU * WN>(wq, lane, nk, nch, flags, load_chunk, run_chunk);
-  const int nrem = nk - nch * kU;
-  if (nrem > 0) {
-    int4 ar[kU * WN];
-#pragma unroll
-    for (int wn = 0; wn < WN; ++wn)
-#pragma unroll
-      for (int u = 0; u < kU - 1; ++u)
-        if (u < nrem) ar[wn * kU + u] = ld_weights_h<kL2_256>(wq + wn * wstep + u * 32);
-#pragma unroll
-    for (int u = 0; u < kU - 1; ++u)
-      if (u < nrem) block_u(ar, u, xp + u * kbs);
-  }
-  small_epilogue<T, true, MT, WN>(acc, redi, tile, M, N, scale, bias, y, xs, rowsum);
-}
-
-
-// The a8 quantizer for a8_small_kernel: the same values as quant_rows_kernel (bit for bit), xq
-// stored permuted within each group of 8 inputs ({0,4,1,5,2,6,3,7}, see a8_small_kernel), with
-// 16-byte loads (vec: K % 8 == 0 and 16-byte aligned x) and one 8-byte store per group.
+// 8 consecutive inputs of one x row as fp32: one 16-byte load (vec: K % 8 == 0 and 16-byte aligned
+// x), else element by element with zeros past K.
 template <typename T>
 __device__ __forceinline__ void load8(const T* row, int k, int K, bool vec, float (&e)[8]) {
   if (vec && k + 8 <= K) {
@@ -1061,6 +923,172 @@ __device__ __forceinline__ float quantize_row_perm(const T* __restrict__ row, in
   return xs;
 }
 
+// W1.58A8, M <= 8 * MT. xq: int8, zero-padded past K, each group of 8 inputs stored in the order
+// {0,4,1,5,2,6,3,7} (quant_rows_perm_kernel), so that the first 4 bytes of a group are the mma B
+// register b0 and the last 4 are b1 (v4 builds them with two PRMT). MT = 1: row-major [M, KB*128]
+// (rows past M read row M-1). MT >= 2: k-block-major [KB][Mp][128] with Mp = 8 * MT rows (zero
+// rows past M), so a warp's MT row tiles sit at fixed offsets from one pointer
+// (immediate offsets, no per-row pointer registers). Grid and block as tmm_small_kernel.
+// WN = 2 (TRIT_WN, not the default until measured): each warp owns two consecutive weight tiles
+// and feeds every x fragment to both, halving x loads per weight byte; a chunk then holds kU
+// k-blocks of each tile (kU halved, see V5Chunk).
+// kFuseQ (TRIT_A8_FUSEQ, MT = WN = NW = 1, not the default until measured): the activation
+// quantizer runs inside this kernel - one launch per layer instead of two. After the PDL wait
+// the CTA quantizes all M rows of x (raw activations, K % 8 == 0, 16-byte aligned) into shared
+// memory with quantize_row_perm (bit-identical to quant_rows_perm_kernel), then the loop reads xq
+// from there; xq / xs / rowsum are unused. Every CTA reads all of x (M * K elements, from L2).
+// Shared memory after red: xq [M][Kp + 16] (the 16-byte row pad puts rows on different banks),
+// xs / rowsum [8] each, 2 x 8 words of reduction scratch; the dispatcher checks it fits in 48 KB.
+template <typename T, int MT, int WN, bool kL2_256 = false, bool kFuseQ = false>
+__global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT * WN>::value)
+    a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
+                    const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
+                    T* __restrict__ y, int M, int N, int KB, int n_tiles, int Mp, int flags,
+                    const T* __restrict__ x, int K) {
+  static_assert(!kFuseQ || (MT == 1 && WN == 1), "the fused quantizer is the M <= 8 single-tile kernel");
+  extern __shared__ __align__(16) int redi[];  // [NW][KS][WN*MT][4][32] (+ the kFuseQ area)
+  constexpr int kU = V5Chunk<MT * WN>::value;
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int tile = (blockIdx.x * blockDim.y + threadIdx.y) * WN;  // first of the warp's WN tiles
+  const int tl = min(tile, n_tiles - 1);
+  int kb0, kb1;
+  kb_range(KB, kb0, kb1);
+  const int nk = kb1 - kb0;  // every k-block is "full": xq is padded
+
+  // kFuseQ: shared xq rows of ld bytes, then xs, rowsum and the quantizer's scratch
+  const int ld = KB * kBlockK + 16;
+  int8_t* sx = reinterpret_cast<int8_t*>(redi + (blockDim.x >> 5) * 128);
+  float* sxs = reinterpret_cast<float*>(sx + M * ld);
+  int* srs = reinterpret_cast<int*>(sxs + 8);
+  float* scr_f = reinterpret_cast<float*>(srs + 8);
+  int* scr_i = reinterpret_cast<int*>(scr_f + 8);
+
+  // xp: this lane's 32 inputs of row g in k-block kb0; row tile mt at + 64 * mt (MT >= 2);
+  // the next k-block at + kbs (uint4 units)
+  const uint4* xp = reinterpret_cast<const uint4*>(
+      kFuseQ    ? sx + min(g, M - 1) * ld + kb0 * kBlockK + c * 32
+      : MT == 1 ? xq + (size_t)min(g, M - 1) * KB * kBlockK + (size_t)kb0 * kBlockK + c * 32
+                : xq + ((size_t)kb0 * Mp + g) * kBlockK + c * 32);
+  const int kbs = MT == 1 ? 8 : Mp * 8;
+  auto ldx = [](const auto* p) {  // x: shared memory (kFuseQ) or read-only global
+    if constexpr (kFuseQ) return *p;
+    else return __ldg(p);
+  };
+  const int4* wq = wp + ((size_t)tl * KB + kb0) * 32 + lane;
+  // the warp's second tile (clamped like the first), as an offset from wq
+  const ptrdiff_t wstep = WN == 1 ? 0 : (ptrdiff_t)(min(tile + 1, n_tiles - 1) - tl) * KB * 32;
+  int acc[WN * MT][4];
+#pragma unroll
+  for (int t = 0; t < WN * MT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0;
+
+  // one k-block: 32 inputs per lane and row tile = two uint4 (words i = 0,1 | 2,3), w[wn] the
+  // k-block's weights of tile wn. MT <= 2: both halves loaded first (as MT = 1 always did);
+  // MT = 4: one half (uint4) at a time; MT = 8: one word's 8 inputs (uint2) at a time, so x holds
+  // <= 16 registers next to 32 accumulators.
+  auto mma_word = [&](const int4 (&w)[WN], int i, int mt, uint32_t b0, uint32_t b1) {
+#pragma unroll
+    for (int wn = 0; wn < WN; ++wn) {
+      const uint32_t wi = word_of_rt(w[wn], i);
+      uint32_t af[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) af[j] = (wi >> (2 * j)) & 0x03030303u;
+      mma16832_u8s8(acc[wn * MT + mt], af, b0, b1);
+    }
+  };
+  auto block_at = [&](const int4 (&w)[WN], const uint4* xk) {
+    if constexpr (MT <= 4) {
+      constexpr int kH = MT <= 2 ? 2 : 1;
+      uint4 xv[kH][MT];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (h == 0 || kH == 1) {
+#pragma unroll
+          for (int hh = 0; hh < kH; ++hh)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) xv[hh][mt] = ldx(xk + 64 * mt + h + hh);
+        }
+#pragma unroll
+        for (int i = 2 * h; i < 2 * h + 2; ++i)
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const uint4& v = xv[kH == 2 ? h : 0][mt];
+            mma_word(w, i, mt, (i & 1) ? v.z : v.x, (i & 1) ? v.w : v.y);
+          }
+      }
+    } else {
+      const uint2* x2 = reinterpret_cast<const uint2*>(xk);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint2 xv[MT];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) xv[mt] = ldx(x2 + 128 * mt + i);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma_word(w, i, mt, xv[mt].x, xv[mt].y);
+      }
+    }
+  };
+  // chunk registers: a[wn * kU + u] = k-block u of tile wn
+  auto load_chunk = [&](int4 (&a)[kU * WN], const int4* p) {
+#pragma unroll
+    for (int wn = 0; wn < WN; ++wn)
+#pragma unroll
+      for (int u = 0; u < kU; ++u) a[wn * kU + u] = ld_weights_h<kL2_256>(p + wn * wstep + u * 32);
+  };
+  auto block_u = [&](const int4* a, int u, const uint4* xk) {  // a: a chunk, u: its k-block
+    int4 w[WN];
+#pragma unroll
+    for (int wn = 0; wn < WN; ++wn) w[wn] = a[wn * kU + u];
+    block_at(w, xk);
+  };
+  auto run_chunk = [&](const int4 (&a)[kU * WN]) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) block_u(a, u, xp + u * kbs);
+    xp += kU * kbs;
+    wq += kU * 32;
+  };
+
+  // kFuseQ: after the PDL wait, all M rows of x -> shared xq, xs, rowsum
+  auto quantize = [&]() {
+    const int Kp = KB * kBlockK;
+    for (int m = 0; m < M; ++m) {
+      int sum;
+      const float s = quantize_row_perm<T>(x + (size_t)m * K, K, Kp, true, scr_f, scr_i,
+                                           [&](int k, uint2 v) { *reinterpret_cast<uint2*>(sx + m * ld + k) = v; },
+                                           sum);
+      if (threadIdx.x == 0) {
+        srs[m] = sum;
+        sxs[m] = s;
+      }
+    }
+    __syncthreads();  // xq, xs and rowsum of every row are in shared memory
+  };
+
+  // chunk_loop loads weights only before pdl_wait (xq, or x, is written by the kernel launched before)
+  const int nch = nk / kU;
+  if constexpr (kFuseQ) {
+    chunk_loop<kU, kU * WN>(wq, lane, nk, nch, flags, load_chunk, run_chunk, quantize);
+  } else {
+    chunk_loop<kU, kU * WN>(wq, lane, nk, nch, flags, load_chunk, run_chunk);
+  }
+  const int nrem = nk - nch * kU;
+  if (nrem > 0) {
+    int4 ar[kU * WN];
+#pragma unroll
+    for (int wn = 0; wn < WN; ++wn)
+#pragma unroll
+      for (int u = 0; u < kU - 1; ++u)
+        if (u < nrem) ar[wn * kU + u] = ld_weights_h<kL2_256>(wq + wn * wstep + u * 32);
+#pragma unroll
+    for (int u = 0; u < kU - 1; ++u)
+      if (u < nrem) block_u(ar, u, xp + u * kbs);
+  }
+  small_epilogue<T, true, MT, WN>(acc, redi, tile, M, N, scale, bias, y, kFuseQ ? sxs : xs, kFuseQ ? srs : rowsum);
+}
+
+
+// The a8 quantizer for a8_small_kernel: the same values as quant_rows_kernel (bit for bit), xq
+// stored permuted within each group of 8 inputs ({0,4,1,5,2,6,3,7}, see a8_small_kernel), with
+// 16-byte loads (vec: K % 8 == 0 and 16-byte aligned x) and one 8-byte store per group.
 template <typename T>
 __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
                                                               float* __restrict__ xs_out,
@@ -1088,89 +1116,6 @@ __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restric
     xs_out[m] = xs;
   }
 }
-
-// W1.58A8 for M <= 8 with the activation quantizer fused in (TRIT_A8_FUSEQ=1; not the default
-// until measured): one launch per layer instead of two. Each CTA streams its first weight chunk,
-// waits for x (PDL), quantizes all M rows of x into shared memory itself (the same arithmetic as
-// quant_rows_perm_kernel, so the output is bit-identical), then runs a8_small_kernel<T, 1, 1>'s
-// loop with x from shared memory. Every CTA reads all of x (M * K * sizeof(T) from L2): cheap next
-// to the weights for the decode shapes this is for. Shared memory: red [KS][4][32] int, xq
-// [M][Kp + 16] int8 (16-byte row pad: rows land on different banks), xs / rowsum [8] each, and
-// 2 x 8 words of reduction scratch: the dispatcher takes this path only when it fits in 48 KB.
-template <typename T>
-__global__ void __launch_bounds__(kV5Threads, kV5MinCtas)
-    a8q_small_kernel(const T* __restrict__ x, const int4* __restrict__ wp, const float* __restrict__ scale,
-                     const T* __restrict__ bias, T* __restrict__ y, int M, int N, int K, int KB, int flags) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  constexpr int kU = kV5U;
-  const int KS = blockDim.x >> 5, Kp = KB * kBlockK, ld = Kp + 16;
-  int* red = reinterpret_cast<int*>(smem_raw);                  // [KS][4][32]
-  int8_t* sx = reinterpret_cast<int8_t*>(smem_raw + KS * 512);  // [M][ld]
-  float* sxs = reinterpret_cast<float*>(sx + M * ld);           // xs per row
-  int* srs = reinterpret_cast<int*>(sxs + 8);                   // rowsum per row
-  float* scr_f = reinterpret_cast<float*>(srs + 8);             // per-warp partial amax
-  int* scr_i = reinterpret_cast<int*>(scr_f + 8);               // per-warp partial sums
-  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int tile = blockIdx.x;
-  int kb0, kb1;
-  kb_range(KB, kb0, kb1);
-  const int nk = kb1 - kb0;
-
-  const uint4* xp = reinterpret_cast<const uint4*>(sx + min(g, M - 1) * ld + kb0 * kBlockK + c * 32);
-  const int4* wq = wp + ((size_t)tile * KB + kb0) * 32 + lane;
-  int acc[1][4] = {{0, 0, 0, 0}};
-
-  auto quantize = [&]() {
-    for (int m = 0; m < M; ++m) {
-      int sum;
-      const float xs = quantize_row_perm<T>(x + (size_t)m * K, K, Kp, true, scr_f, scr_i,
-                                            [&](int k, uint2 v) { *reinterpret_cast<uint2*>(sx + m * ld + k) = v; },
-                                            sum);
-      if (threadIdx.x == 0) {
-        srs[m] = sum;
-        sxs[m] = xs;
-      }
-    }
-    __syncthreads();  // xq, xs and rowsum of every row are in shared memory
-  };
-  auto block_at = [&](const int4& w, const uint4* xk) {
-    const uint4 x0 = xk[0], x1 = xk[1];  // shared memory: words i = 0,1 | 2,3
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t wi = word_of_rt(w, i);
-      uint32_t af[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) af[j] = (wi >> (2 * j)) & 0x03030303u;
-      const uint4& v = i < 2 ? x0 : x1;
-      mma16832_u8s8(acc[0], af, (i & 1) ? v.z : v.x, (i & 1) ? v.w : v.y);
-    }
-  };
-  auto load_chunk = [&](int4 (&a)[kU], const int4* p) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) a[u] = ld_weights(p + u * 32);
-  };
-  auto run_chunk = [&](const int4 (&a)[kU]) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) block_at(a[u], xp + u * 8);
-    xp += kU * 8;
-    wq += kU * 32;
-  };
-
-  const int nch = nk / kU;
-  chunk_loop<kU, kU>(wq, lane, nk, nch, flags, load_chunk, run_chunk, quantize);
-  const int nrem = nk - nch * kU;
-  if (nrem > 0) {
-    int4 ar[kU - 1];
-#pragma unroll
-    for (int u = 0; u < kU - 1; ++u)
-      if (u < nrem) ar[u] = ld_weights(wq + u * 32);
-#pragma unroll
-    for (int u = 0; u < kU - 1; ++u)
-      if (u < nrem) block_at(ar[u], xp + u * 8);
-  }
-  small_epilogue<T, true, 1>(acc, red, tile, M, N, scale, bias, y, sxs, srs);
-}
-
 
 // ---------------------------------------------------------------- naive + decode
 __device__ __forceinline__ int code_at(const int32_t* __restrict__ wp, int KB, int n, int k) {
@@ -1311,7 +1256,7 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //   TRIT_WN     = 1 (default) | 2     a8 v5 weight tiles per warp (2: x fragments shared by two
 //                                     tiles; M <= 16 only; not measured yet, so not the default)
 //   TRIT_A8_FUSEQ = 0 (default) | 1   a8 at M <= 8: the quantizer fused into the GEMV
-//                                     (a8q_small_kernel; not measured yet, so not the default)
+//                                     (a8_small_kernel kFuseQ; not measured yet, so not the default)
 //   TRIT_L2_256 = 0 (default) | 1     a8 at M <= 8: weight loads with the L2::256B prefetch-size
 //                                     hint (ld_weights_h; not measured yet, so not the default)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
@@ -1410,22 +1355,15 @@ int l2pf_flags(int l2pf, bool a8, int N, int K) {
   return (l2pf == 1 && a8 && (long)N * K <= (16L << 20)) ? kFlagL2Prefetch : 0;
 }
 
-template <typename T, int MT>
-cudaError_t launch_small_mt(const Cfg& cfg, bool pdl, int flags, const T* x, const int32_t* wp, const float* scale,
-                            const T* bias, T* y, int M, int N, int K, cudaStream_t st) {
-  const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
-  const size_t smem = (size_t)cfg.nw * cfg.ks * MT * 128 * sizeof(float);
-  return launch_ex(tmm_small_kernel<T, MT>, dim3((n_tiles + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem,
-                   st, pdl, x, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, K, KB, n_tiles, flags);
-}
-
 template <typename T>
 cudaError_t launch_small(const Knobs& kn, const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
                          int M, int N, int K, cudaStream_t st) {
-  const Cfg cfg = small_cfg(kn, M, N, K, false);
-  const bool pdl = kn.pdl && pdl_supported();
-  const int flags = l2pf_flags(kn.l2pf, false, N, K);
-  return launch_small_mt<T, 1>(cfg, pdl, flags, x, wp, scale, bias, y, M, N, K, st);  // M <= kV5MaxMFp = 8
+  const Cfg cfg = small_cfg(kn, M, N, K, false);  // M <= kV5MaxMFp = 8: mt = 1
+  const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
+  const size_t smem = (size_t)cfg.nw * cfg.ks * 128 * sizeof(float);
+  return launch_ex(tmm_small_kernel<T>, dim3((n_tiles + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem, st,
+                   kn.pdl && pdl_supported(), x, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, K, KB,
+                   n_tiles, l2pf_flags(kn.l2pf, false, N, K));
 }
 
 template <typename T>
@@ -1460,23 +1398,34 @@ cudaError_t launch_a8(const Cfg& cfg, const int8_t* xq, const float* xs, const i
   return cudaGetLastError();
 }
 
+// Shared memory of the fused-quantizer a8 kernel beyond its split-K buffer (see a8_small_kernel).
+size_t fuseq_smem(int M, int KB) { return (size_t)M * (KB * kBlockK + 16) + 32 * sizeof(int); }
+
+// The a8 v5 launch for MT row tiles. The kernel variant follows cfg.wn and the knobs; the L2::256B
+// hint and the fused quantizer (fuseq: x is quantized inside, no xq) exist for MT = 1, one tile
+// per warp, one warp along N.
 template <typename T, int MT>
-cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool l2_256, int flags, const int8_t* xq, const float* xs,
-                               const int32_t* rowsum, const int32_t* wp, const float* scale, const T* bias, T* y,
-                               int M, int N, int KB, cudaStream_t st) {
+cudaError_t launch_a8_small_mt(const Cfg& cfg, const Knobs& kn, bool pdl, bool fuseq, int flags, const T* x, int K,
+                               const int8_t* xq, const float* xs, const int32_t* rowsum, const int32_t* wp,
+                               const float* scale, const T* bias, T* y, int M, int N, int KB, cudaStream_t st) {
   const int n_tiles = (N + kTileN - 1) / kTileN, n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
-  const size_t smem = (size_t)cfg.nw * cfg.ks * cfg.wn * MT * 128 * sizeof(int);
+  size_t smem = (size_t)cfg.nw * cfg.ks * cfg.wn * MT * 128 * sizeof(int);
   auto kernel = a8_small_kernel<T, MT, 1>;
   if constexpr (MT <= 2) {  // MT = 4 with two tiles spills (16 bytes)
     if (cfg.wn == 2) kernel = a8_small_kernel<T, MT, 2>;
   }
   if constexpr (MT == 1) {
-    if (cfg.wn == 1 && l2_256) kernel = a8_small_kernel<T, 1, 1, true>;
+    if (fuseq) {
+      kernel = kn.l2_256 ? a8_small_kernel<T, 1, 1, true, true> : a8_small_kernel<T, 1, 1, false, true>;
+      smem += fuseq_smem(M, KB);
+    } else if (cfg.wn == 1 && kn.l2_256) {
+      kernel = a8_small_kernel<T, 1, 1, true>;
+    }
   }
   // a warp with two tiles has its weights in two streams: the single-range L2 prefetch is off
   return launch_ex(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem, st, pdl, xq, xs,
                    rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB, n_tiles, 8 * MT,
-                   cfg.wn == 1 ? flags : 0);
+                   cfg.wn == 1 ? flags : 0, x, K);
 }
 
 template <typename T>
@@ -1489,27 +1438,25 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
   if (v5 && kn.v5) {
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
     const bool pdl = kn.pdl && pdl_supported();
-    if (kn.fuseq && M <= 8 && vec) {  // one launch: a8q_small_kernel quantizes x itself
-      const Cfg cfg = small_cfg(kn, M, N, K, true);
-      const int n_tiles = (N + kTileN - 1) / kTileN;
-      const size_t smem = (size_t)cfg.ks * 512 + (size_t)M * (KB * kBlockK + 16) + 32 * sizeof(int);
-      if (smem <= 48 * 1024)
-        return launch_ex(a8q_small_kernel<T>, dim3(n_tiles), dim3(cfg.ks * 32), smem, st, pdl, x,
-                         reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, K, KB,
-                         l2pf_flags(kn.l2pf, true, N, K));
+    Cfg cfg = small_cfg(kn, M, N, K, true);
+    // the fused quantizer: M <= 8, vector loads of x, its shared memory within the default 48 KB
+    const bool fuseq = kn.fuseq && cfg.mt == 1 && vec && cfg.ks * 512 + fuseq_smem(M, KB) <= 48 * 1024;
+    if (fuseq) {
+      cfg.nw = 1;
+      cfg.wn = 1;
+    } else {
+      const int Mp = cfg.mt == 1 ? 0 : 8 * cfg.mt;  // k-block-major xq for MT >= 2, zero rows to 8 * MT
+      cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(cfg.mt == 1 ? M : Mp), dim3(256), 0, st, pdl, x,
+                                xq, xs, rowsum, M, K, KB * kBlockK, Mp, vec);
+      if (e != cudaSuccess) return e;
     }
-    const Cfg cfg = small_cfg(kn, M, N, K, true);
-    const int Mp = cfg.mt == 1 ? 0 : 8 * cfg.mt;  // k-block-major xq for MT >= 2, zero rows to 8 * MT
-    cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(cfg.mt == 1 ? M : Mp), dim3(256), 0, st, pdl, x, xq,
-                              xs, rowsum, M, K, KB * kBlockK, Mp, vec);
-    if (e != cudaSuccess) return e;
     const int flags = l2pf_flags(kn.l2pf, true, N, K);
     const int8_t* q = xq;
     switch (cfg.mt) {
-      case 1: return launch_a8_small_mt<T, 1>(cfg, pdl, kn.l2_256, flags, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-      case 2: return launch_a8_small_mt<T, 2>(cfg, pdl, false, flags, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-      case 4: return launch_a8_small_mt<T, 4>(cfg, pdl, false, flags, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-      default: return launch_a8_small_mt<T, 8>(cfg, pdl, false, flags, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      case 1: return launch_a8_small_mt<T, 1>(cfg, kn, pdl, fuseq, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      case 2: return launch_a8_small_mt<T, 2>(cfg, kn, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      case 4: return launch_a8_small_mt<T, 4>(cfg, kn, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      default: return launch_a8_small_mt<T, 8>(cfg, kn, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
     }
   }
   quant_rows_kernel<T><<<M, 256, 0, st>>>(x, xq, xs, rowsum, K, KB * kBlockK);
