@@ -53,14 +53,14 @@ if has sanitize; then
   step "compute-sanitizer"
   cat > /tmp/trit_sanitize_driver.py <<'PYEOF'
 # Tiny driver: every kernel on a few representative shapes (tile edges, K tails, split-K), with the
-# default knobs and with the not-yet-default variants (fused quantizer, two tiles per warp, bf16 route).
+# default knobs (per-shape auto choices) and with each variant forced on or off.
 import os
 import torch
 from trit import ops
 for knobs in ({}, {"TRIT_A8_FUSEQ": "1", "TRIT_WN": "2", "TRIT_A8_DENSE": "bf16", "TRIT_A8_DENSE_MIN_M": "17"},
               {"TRIT_A8_FUSEQ": "0", "TRIT_WN": "1", "TRIT_L2_256": "1"}):
   os.environ.update(knobs)
-  for (M, N, K) in [(1, 33, 300), (5, 100, 1000), (8, 48, 8200), (17, 129, 1001), (24, 100, 2600), (40, 64, 1000), (70, 256, 4099)]:  # v5 MT=1 (tail k-block), MT=2/4/8, a8 M>64: int8 cuBLAS
+  for (M, N, K) in [(1, 33, 300), (5, 100, 1000), (8, 48, 8200), (17, 129, 1001), (24, 100, 2600), (40, 64, 1000), (70, 256, 4099), (3, 6160, 1000), (12, 6160, 520)]:  # v5 MT=1 (tail k-block), MT=2/4/8, a8 M>64: int8 cuBLAS
       for dt in (torch.bfloat16, torch.float32):
           x = torch.randn(M, K, device="cuda").to(dt)
           w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda")
@@ -72,11 +72,21 @@ for knobs in ({}, {"TRIT_A8_FUSEQ": "1", "TRIT_WN": "2", "TRIT_A8_DENSE": "bf16"
 torch.cuda.synchronize()
 print("driver done")
 PYEOF
+  # racecheck also instruments the cuBLAS kernels the large-M routes call; run 10 saw it report
+  # hazards inside cuBLAS's own nvjet_* GEMM (TRIT_A8_DENSE=bf16 route), which is NVIDIA's code, not
+  # ours. Hazards count against us only when the reported kernel is not a cuBLAS one.
   for tool in memcheck racecheck; do
     echo "--- $tool" | tee -a "$OUT/sanitizer.txt"
     TRIT_KERNEL=${SAN_KERNEL:-v5} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_TIMEOUT:-100} compute-sanitizer --tool $tool --error-exitcode 9 \
-      $PY /tmp/trit_sanitize_driver.py 2>&1 | tail -25 | tee -a "$OUT/sanitizer.txt"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "$tool FAILED"; rc=1; }
+      $PY /tmp/trit_sanitize_driver.py > /tmp/san-$tool.txt 2>&1
+    st=$?
+    tail -25 /tmp/san-$tool.txt | tee -a "$OUT/sanitizer.txt"
+    if [ $st -ne 0 ] && [ $tool = racecheck ] && grep -q "^driver done" /tmp/san-$tool.txt \
+       && ! grep -E "Race reported|Error:" /tmp/san-$tool.txt | grep -vqE "nvjet_|cutlass|xmma|cublas"; then
+      echo "racecheck: every hazard is inside a cuBLAS kernel ($(grep -oE "(nvjet|cutlass|xmma)[A-Za-z0-9_]*" /tmp/san-$tool.txt | sort -u | tr '\n' ' ')): none in ours" | tee -a "$OUT/sanitizer.txt"
+      st=0
+    fi
+    [ $st -eq 0 ] || { echo "$tool FAILED"; rc=1; }
   done
 fi
 

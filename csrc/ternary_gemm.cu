@@ -1253,17 +1253,17 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //                                     (1: where it measured faster, see l2pf_flags; 2: always)
 //   TRIT_KS     = n                   split-K warps per CTA for v5 (default: small_cfg), 1..8
 //   TRIT_NW     = n                   v5 warps along N per CTA (default: small_cfg), 1..8
-//   TRIT_WN     = 1 (default) | 2     a8 v5 weight tiles per warp (2: x fragments shared by two
-//                                     tiles; M <= 16 only; not measured yet, so not the default)
-//   TRIT_A8_FUSEQ = 0 (default) | 1   a8 at M <= 8: the quantizer fused into the GEMV
-//                                     (a8_small_kernel kFuseQ; not measured yet, so not the default)
+//   TRIT_WN     = 0 (default: auto) | 1 | 2   a8 v5 weight tiles per warp at M <= 16 (2: x
+//                                     fragments shared by two tiles); auto: 2 where N >= 6144 (wn_auto)
+//   TRIT_A8_FUSEQ = -1 (default: auto) | 0 | 1   a8 at M <= 8: the quantizer fused into the GEMV
+//                                     (a8_small_kernel kFuseQ); auto: at M = 1 on small layers (fuseq_auto)
 //   TRIT_L2_256 = 0 (default) | 1     a8 at M <= 8: weight loads with the L2::256B prefetch-size
-//                                     hint (ld_weights_h; not measured yet, so not the default)
+//                                     hint (ld_weights_h); measured no faster (run 10), so off
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
   bool v5, pdl;
-  int l2pf, ks, nw, wn;
-  bool fuseq, l2_256;
+  int l2pf, ks, nw, wn, fuseq;  // wn 0 and fuseq -1: auto
+  bool l2_256;
 };
 int env_int(const char* name, int dflt) {
   const char* e = getenv(name);
@@ -1277,8 +1277,8 @@ Knobs knobs() {
   n.l2pf = env_int("TRIT_L2PF", 1);
   n.ks = env_int("TRIT_KS", 0);
   n.nw = env_int("TRIT_NW", 0);
-  n.wn = env_int("TRIT_WN", 1);
-  n.fuseq = env_int("TRIT_A8_FUSEQ", 0) != 0;
+  n.wn = env_int("TRIT_WN", 0);
+  n.fuseq = env_int("TRIT_A8_FUSEQ", -1);
   n.l2_256 = env_int("TRIT_L2_256", 0) != 0;
   return n;
 }
@@ -1331,11 +1331,19 @@ bool a8_v5(int M, int N, int K) { return M <= 32 || (M <= kV5MaxMA8 && (long)N *
 // add split-K reductions and a second wave. Every warp keeps >= 2 k-blocks.
 // nw tiles per CTA (warps along N reading the same x): 1 at M <= 8 (x is one 8-row tile),
 // else up to 4 within the 256-thread CTA, so x is fetched from L2 once per 4 tiles.
-// wn weight tiles per warp: 1, or 2 for a8 at MT <= 2 when TRIT_WN=2; the rules count warps
-// (n_tiles / wn of them per split) rather than tiles.
+// wn weight tiles per warp: 1, or 2 for a8 at MT <= 2 (TRIT_WN=2, or wn_auto); the rules count
+// warps (n_tiles / wn of them per split) rather than tiles.
+//
+// wn_auto, from H200 run 10 (bench/results/NOTES.md, WN=2 column against the default in the same
+// run): two tiles per warp won at M = 16 on every layer with N >= 6144 (28672x8192 31.8 -> 24.5 us,
+// 8192x28672 33.2 -> 26.5, 14336x4096 12.3 -> 10.2, 8192x8192 13.2 -> 11.1, 6912x2560 7.7 -> 7.2)
+// and at M <= 8 matched or won there (6912x2560 M=8 6.4 -> 5.8, 28672x8192 M=8 23.7 -> 22.0); with
+// N <= 4096 it lost (2560x2560 M=16 5.6 -> 6.2, 4096x14336 13.1 -> 13.7): half as many warps
+// leave the GPU underfilled when there are few tiles.
+bool wn_auto(int N) { return N >= 6144; }
 Cfg small_cfg(const Knobs& kn, int M, int N, int K, bool a8) {
   Cfg cfg{v5_mt(M), 1, 1, 1};
-  cfg.wn = (a8 && kn.wn == 2 && cfg.mt <= 2) ? 2 : 1;
+  cfg.wn = (a8 && cfg.mt <= 2 && (kn.wn == 2 || (kn.wn == 0 && wn_auto(N)))) ? 2 : 1;
   const int maxw = kV5Threads / 32;
   const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
   const int n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
@@ -1401,6 +1409,14 @@ cudaError_t launch_a8(const Cfg& cfg, const int8_t* xq, const float* xs, const i
 // Shared memory of the fused-quantizer a8 kernel beyond its split-K buffer (see a8_small_kernel).
 size_t fuseq_smem(int M, int KB) { return (size_t)M * (KB * kBlockK + 16) + 32 * sizeof(int); }
 
+// fuseq_auto, from H200 run 10 (fused-quantizer column against the default in the same run): at
+// M = 1 one launch instead of two won on every layer up to 17.7M weights (640x2560 4.7 -> 3.7 us,
+// 2560x2560 4.5 -> 4.3, 2560x6912 7.2 -> 6.9, 4096x4096 5.8 -> 5.6) and lost from 58.7M on
+// (14336x4096 9.2 -> 11.3, 28672x8192 21.6 -> 37.7): every CTA quantizes the whole row of x, and
+// with many CTAs that redundant work outweighs the saved launch. At M = 4 / 8 it lost everywhere
+// (2560x2560 M=8 4.8 -> 14.9).
+bool fuseq_auto(int M, int N, int K) { return M == 1 && (long)N * K <= (32L << 20); }
+
 // The a8 v5 launch for MT row tiles. The kernel variant follows cfg.wn and the knobs; the L2::256B
 // hint and the fused quantizer (fuseq: x is quantized inside, no xq) exist for MT = 1, one tile
 // per warp, one warp along N.
@@ -1434,13 +1450,14 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
                         cudaStream_t st) {
   const int KB = (K + kBlockK - 1) / kBlockK;
   const bool v5 = a8_v5(M, N, K);
-  const Knobs kn = v5 ? knobs() : Knobs{false, false, 0, 0, 0, 1, false, false};
+  const Knobs kn = v5 ? knobs() : Knobs{false, false, 0, 0, 0, 1, 0, false};
   if (v5 && kn.v5) {
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
     const bool pdl = kn.pdl && pdl_supported();
     Cfg cfg = small_cfg(kn, M, N, K, true);
     // the fused quantizer: M <= 8, vector loads of x, its shared memory within the default 48 KB
-    const bool fuseq = kn.fuseq && cfg.mt == 1 && vec && cfg.ks * 512 + fuseq_smem(M, KB) <= 48 * 1024;
+    const bool want_fuseq = kn.fuseq == 1 || (kn.fuseq < 0 && cfg.wn == 1 && fuseq_auto(M, N, K));
+    const bool fuseq = want_fuseq && cfg.mt == 1 && vec && cfg.ks * 512 + fuseq_smem(M, KB) <= 48 * 1024;
     if (fuseq) {
       cfg.nw = 1;
       cfg.wn = 1;

@@ -212,7 +212,7 @@ def test_small_m_misaligned_x(monkeypatch):
 # bit-identical under all of them; fp is bit-identical for a fixed split and within rounding
 # across splits (TRIT_NW does not change the split: bit-identical).
 @pytest.mark.parametrize("M", [1, 4, 8, 16, 29, 64])
-@pytest.mark.parametrize("NK", [(100, 1000), (2560, 2560), (640, 4104), (48, 8200)])
+@pytest.mark.parametrize("NK", [(100, 1000), (2560, 2560), (640, 4104), (48, 8200), (6160, 520)])
 def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
     N, K = NK
     monkeypatch.setenv("TRIT_KERNEL", "v5")
@@ -226,8 +226,14 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
             monkeypatch.setenv("TRIT_L2PF", pf)
             assert torch.equal(torch.ops.trit.ternary_mm(x, p, s, N, K, b), y0), f"fp pdl={pdl} pf={pf}"
             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 pdl={pdl} pf={pf}"
-        monkeypatch.setenv("TRIT_A8_FUSEQ", "1")  # quantizer fused into the GEMV (M <= 8, fits in 48 KB)
-        assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), "a8 fused quantizer"
+        # the defaults choose per shape (wn_auto: 2 tiles per warp at N >= 6144; fuseq_auto: the
+        # quantizer fused into the GEMV at M = 1 on small layers): each choice forced both ways
+        for fq in ("1", "0"):  # quantizer fused into the GEMV (M <= 8, fits in 48 KB) / never
+            monkeypatch.setenv("TRIT_A8_FUSEQ", fq)
+            assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 fused quantizer={fq}"
+            monkeypatch.setenv("TRIT_WN", "1")
+            assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 wn=1 fused quantizer={fq}"
+            monkeypatch.delenv("TRIT_WN")
         monkeypatch.delenv("TRIT_A8_FUSEQ")
         monkeypatch.setenv("TRIT_L2_256", "1")  # L2::256B prefetch-size hint on the weight loads (M <= 8)
         assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), "a8 L2::256B loads"
@@ -248,14 +254,15 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
 
 
 @pytest.mark.parametrize("graph", [False, True])
-@pytest.mark.parametrize("kernel", ["v4", "v5", "v5-fuseq"])
+@pytest.mark.parametrize("kernel", ["v4", "v5", "v5-nofuseq", "v5-fuseq"])
 @pytest.mark.parametrize("M", [1, 24, 64])
 def test_dependent_chain(monkeypatch, graph, kernel, M):
     """Each layer reads the previous layer's output: with PDL, a kernel that read x (or wrote y)
     before its griddepcontrol.wait would see stale data here. Our kernels back to back, a torch
     kernel in between, and the a8 workspace reused from layer to layer; eager and CUDA graph."""
     monkeypatch.setenv("TRIT_KERNEL", kernel.split("-")[0])
-    monkeypatch.setenv("TRIT_A8_FUSEQ", "1" if kernel.endswith("fuseq") else "0")
+    if kernel.startswith("v5-"):  # plain v5: the default (fuseq_auto fuses the quantizer at M = 1 on these layers)
+        monkeypatch.setenv("TRIT_A8_FUSEQ", "0" if kernel.endswith("nofuseq") else "1")
     D, L = 1024, 6
     gen = torch.Generator().manual_seed(5)
     layers = []

@@ -40,8 +40,10 @@ TRIT_PDL=0, TRIT_L2PF=0|2, TRIT_KS=n (split-K warps), TRIT_NW=n (tiles per CTA).
 changes a result bit for a8; see csrc/ternary_gemm.cu. ternary_mm_a8 at M >= 256 (N % 8 == 0) runs
 the quantizer, an int8 decode of W and torch._int_mm (cuBLAS int8, exact int32 sums) with the
 kernels' epilogue: bit-identical to the fused kernel (TRIT_A8_DENSE_MIN_M moves the switch).
-Variants written but not yet measured, so off by default: TRIT_WN=2, TRIT_A8_FUSEQ=1,
-TRIT_L2_256=1, TRIT_A8_DENSE=bf16 (README, bench/results/NOTES.md).
+The a8 v5 launch also chooses per shape, from H200 run 10: two weight tiles per warp at M <= 16
+when N >= 6144 (TRIT_WN=0 auto, 1 or 2 forces), and the quantizer fused into the GEMV (one launch)
+at M = 1 on layers of <= 32M weights (TRIT_A8_FUSEQ=-1 auto, 0 or 1 forces). Measured no faster,
+so off: TRIT_L2_256=1 (L2::256B load hint), TRIT_A8_DENSE=bf16 (bf16 cuBLAS for large-M a8).
 
 CUDA kernels come from the extension in csrc/, built on first import when CUDA is available
 (cached in $TRIT_BUILD_DIR or ~/.cache/trit). Set TRIT_NO_EXT=1 to skip it; CUDA tensors then
