@@ -257,8 +257,9 @@ def pack_codes(codes: torch.Tensor, spec: PackSpec) -> torch.Tensor:
     return packed.contiguous()
 
 
-def unpack_codes(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int]) -> torch.Tensor:
-    """packed container tensor -> codes int64 [N, K] for the logical ``shape``."""
+def _oriented(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int]) -> tuple[torch.Tensor, int]:
+    """Validate ``packed`` against ``spec`` / ``shape``; return it as (rows, containers) with the
+    pack axis last, and the logical length of that axis."""
     n, k = shape
     want = spec.packed_shape((n, k))
     if tuple(packed.shape) != tuple(want):
@@ -270,15 +271,27 @@ def unpack_codes(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int]) -
     p = packed.t() if spec.transposed else packed
     if spec.pack_axis == 0:
         p = p.t()
-    length = (n, k)[spec.pack_axis]
+    return p, (n, k)[spec.pack_axis]
+
+
+def _place(fields: torch.Tensor, spec: PackSpec, length: int) -> torch.Tensor:
+    """(rows, C, V) per-slot fields -> (rows, length) in logical order, pads cropped.
+
+    With B the block and P = B // V containers per block, C = nb * P and container c = b * P + j
+    holds, in slot s, element b * B + s * P + j (_slot_index): a view + permute, no scatter."""
+    rows, c, v = fields.shape
+    per_block = spec.block_len(length) // v
+    nb = c // per_block
+    return fields.view(rows, nb, per_block, v).permute(0, 1, 3, 2).reshape(rows, nb * per_block * v)[:, :length]
+
+
+def unpack_codes(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int]) -> torch.Tensor:
+    """packed container tensor -> codes int64 [N, K] for the logical ``shape``."""
+    p, length = _oriented(packed, spec, shape)
     words = _from_container(p, spec)  # (rows, C)
     mask = (1 << spec.bits) - 1
-    fields = (words.unsqueeze(-1) >> _shifts(spec)) & mask  # (rows, C, V)
-    elem = _slot_index(spec, length)  # (C, V)
-    flat_e = elem.reshape(-1)
-    keep = flat_e >= 0
-    out = torch.empty((p.shape[0], length), dtype=torch.int64)
-    out[:, flat_e[keep]] = fields.reshape(p.shape[0], -1)[:, keep]
+    fields = (words.unsqueeze(-1) >> _shifts(spec).to(words.device)) & mask  # (rows, C, V)
+    out = _place(fields, spec, length)
     if spec.pack_axis == 0:
         out = out.t()
     return out.contiguous()
@@ -291,19 +304,47 @@ def code_lut(spec: PackSpec) -> tuple[torch.Tensor, torch.Tensor]:
     return vals, unused
 
 
+def _unpack_bytes(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int], dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, bool]:
+    """8-bit containers: one table lookup per byte (byte -> its V slot values) instead of shifts,
+    masks and a code gather in int64: ~10x faster on CPU, and it runs on the tensor's device.
+    Returns (values [N, K] of ``dtype``, whether any logical element holds an unused code)."""
+    p, length = _oriented(packed, spec, shape)
+    dev = p.device
+    codes = (torch.arange(256).unsqueeze(1) >> _shifts(spec)) & ((1 << spec.bits) - 1)  # (256, V)
+    vals, unused = code_lut(spec)
+    b = p.contiguous().view(torch.uint8).reshape(-1).to(torch.int32)
+    v = spec.values_per_container
+    fields = vals[codes].to(dtype).to(dev).index_select(0, b).view(p.shape[0], p.shape[1], v)
+    bad = False
+    if bool(unused.any()):
+        flags = unused[codes].to(dev).index_select(0, b).view(p.shape[0], p.shape[1], v)
+        bad = bool(_place(flags, spec, length).any())
+    out = _place(fields, spec, length)
+    if spec.pack_axis == 0:
+        out = out.t()
+    return out.contiguous(), bad
+
+
 def unpack(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int], *, name: str = "tensor",
            strict: bool = True) -> torch.Tensor:
-    """packed -> logical integer values int8 [N, K].  An unused code is an error if ``strict``."""
-    codes = unpack_codes(packed, spec, shape)
+    """packed -> logical integer values int8 [N, K] (int16 when a value does not fit int8), on
+    the device of ``packed``.  An unused code is an error if ``strict``."""
     vals, unused = code_lut(spec)
+    if CONTAINERS[spec.container][1] == 8:
+        wide = bool((vals.abs() > 127).any())
+        out, bad = _unpack_bytes(packed, spec, shape, torch.int16 if wide else torch.int8)
+        if not (strict and bad):
+            return out.to(torch.int8) if wide and not (out.numel() and bool(out.abs().max() > 127)) else out
+    codes = unpack_codes(packed, spec, shape)  # wider containers, and the error report below
     if strict and bool(unused.any()):
-        bad = unused[codes]
+        bad = unused.to(codes.device)[codes]
         if bool(bad.any()):
             idx = tuple(int(i) for i in bad.nonzero()[0])
             raise FormatError(
                 f"{name}: code {int(codes[idx])} at logical index {idx} is declared unused by the code table "
                 f"{list(spec.codes)} ({int(bad.sum())} occurrences) — wrong code table, bit order or lane layout?")
-    out = vals[codes]
+    out = vals.to(codes.device)[codes]
     if out.abs().max() > 127 if out.numel() else False:
         return out.to(torch.int16)
     return out.to(torch.int8)

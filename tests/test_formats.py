@@ -56,6 +56,28 @@ def test_pack_of_unpack_is_identity_on_valid_packed(spec, n, k, seed):
     assert torch.equal(pack_codes(unpack_codes(p, spec, (n, k)), spec), p)
 
 
+@settings(max_examples=150, deadline=None)
+@given(spec=specs(), n=st.integers(1, 20), k=st.integers(1, 40), seed=st.integers(0, 2 ** 31))
+def test_byte_lut_unpack_matches_codes_path(spec, n, k, seed):
+    """unpack of 8-bit containers goes through a byte -> slots table (reference.formats._unpack_bytes):
+    on arbitrary bytes (pad slots and unused codes included) it must equal the code table applied to
+    unpack_codes, and strict mode must fail exactly when a logical element holds an unused code."""
+    g = torch.Generator().manual_seed(seed)
+    want = spec.packed_shape((n, k))
+    p = torch.randint(0, 256, want, generator=g, dtype=torch.int16).to(torch.uint8).view(spec.torch_dtype) \
+        if spec.torch_dtype in (torch.uint8, torch.int8) else pack_codes(torch.randint(1 << spec.bits, (n, k),
+                                                                                        generator=g), spec)
+    codes = unpack_codes(p, spec, (n, k))
+    table = torch.tensor([0 if c is None else c for c in spec.codes])
+    assert torch.equal(unpack(p, spec, (n, k), strict=False).long(), table[codes])
+    holds_unused = any(spec.codes[c] is None for c in codes.unique().tolist())
+    if holds_unused:
+        with pytest.raises(FormatError, match="declared unused"):
+            unpack(p, spec, (n, k))
+    else:
+        assert torch.equal(unpack(p, spec, (n, k)).long(), table[codes])
+
+
 @pytest.mark.parametrize("n,k", [(8, 5), (10, 7), (1, 1), (129, 3)])
 def test_hf_bitnet_matches_transformers_pack_weights(n, k):
     from transformers.integrations.bitnet import pack_weights, unpack_weights

@@ -232,7 +232,7 @@ def decode_levels(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bo
     """Checkpoint tensor -> int8 (n, K) integer values of module ``name`` (its ``rows`` of a fused
     tensor, or the whole fused tensor when ``fused``); any levels that fit int8."""
     where = f"tensor {entry.weight_key!r} ({name})"
-    raw = raw.detach().cpu()  # safetensors hands CPU tensors; unpack runs there once per tensor
+    raw = raw.detach()  # unpack runs where raw is: the loaders hand it over on the layer's device
     if entry.layout is not None:  # a trit.export checkpoint on the decode route (see quant.prepacked_route)
         try:
             vals = unpack_layout(raw, entry.layout, entry.shape, where=where)
@@ -336,9 +336,9 @@ def stage_pack(w: torch.Tensor, f: int) -> torch.Tensor:
     n, k = codes.shape
     pad = (-n) % f
     if pad:
-        codes = torch.cat([codes, torch.ones(pad, k, dtype=torch.uint8)])  # code 1 = value 0
+        codes = torch.cat([codes, torch.ones(pad, k, dtype=torch.uint8, device=codes.device)])  # code 1 = value 0
     c = codes.view(-1, f, k)  # (N/f, f, K)
-    out = torch.zeros(c.shape[0], k, dtype=torch.uint8)
+    out = torch.zeros(c.shape[0], k, dtype=torch.uint8, device=codes.device)
     for s in range(f):
         out |= c[:, s] << (STAGE_BITS * s)
     return out
