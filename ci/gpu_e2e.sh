@@ -6,6 +6,7 @@
 #   ci/gpu_e2e.sh e2e2b      bench.e2e --shape 2b (ours on BitNet + Llama twin, bf16 twin)
 #   ci/gpu_e2e.sh tp2        tensor parallel 2 (two GPUs): parity record (tiny) + bench.e2e 8b at TP=2
 #   ci/gpu_e2e.sh scale8b    Llama-3-8B-shaped model: fp32 goldens on the GPU, parity records at TP=1 and TP=2
+#                            (SCALE_TPS="1" or "2" for one of them: goldens + noise + TP=1 took 585 s)
 #   ci/gpu_e2e.sh gen8b      generate the Llama-3-8B-shaped ternary + bf16 models (its own call: one e2e8b
 #                            call that also generated them ran past 470 s without a result)
 #   ci/gpu_e2e.sh e2e8b      bench.e2e --shape 8b (ours, bf16)
@@ -73,7 +74,7 @@ for stage in "$@"; do
       M=$(gen llama3-8b)
       [ -f /tmp/golden/llama3-8b/manifest.json ] || python3 -m parity.dump --ref --model "$M" --out /tmp/golden/llama3-8b --device cuda || rc=1
       [ -f /tmp/golden/llama3-8b/noise-bf16.json ] || python3 -m parity.noise --model "$M" --golden /tmp/golden/llama3-8b --target-opt device=cuda || rc=1
-      for tp in 1 2; do
+      for tp in ${SCALE_TPS:-1 2}; do  # SCALE_TPS="2": the TP=2 record alone (TP=1 + goldens: ~585 s)
         python3 -m bench.vllm_parity --tp $tp --model "$M" --golden /tmp/golden/llama3-8b --out "$OUT" 2>&1 | quiet | tail -25 || rc=1
       done
       ;;

@@ -6,7 +6,6 @@
 // Only device-agnostic torch headers are used (the stream comes through c10's virtual guard),
 // so CI can compile this file against a CPU-only torch wheel (ci/compile_csrc.sh).
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
@@ -130,29 +129,12 @@ int64_t a8_dense_min_m() {
   return (e != nullptr && *e != '\0') ? atoll(e) : 256;
 }
 
-// TRIT_A8_DENSE = int8 (default) | bf16: the GEMM of the large-M a8 route. bf16: xq and W as
-// bf16 (exact: |xq| <= 128, W in {-1, 0, 1}) through cuBLAS bf16 with an fp32 output
-// (aten::mm.dtype), whose integer sums are exact while |sum| < 2^24 (K < 131072). Run 9 measured
-// torch._int_mm no faster than bf16 cuBLAS; bf16 is not the default until measured.
-bool a8_dense_bf16() {
-  const char* e = getenv("TRIT_A8_DENSE");
-  return e != nullptr && strcmp(e, "bf16") == 0;
-}
-
-// aten::mm.dtype (bf16 x bf16 -> fp32), looked up at run time: it is missing from older torch
-// builds, and this file must still build against them.
-at::Tensor mm_fp32_out(const at::Tensor& a, const at::Tensor& b, const char* op) {
-  static const std::optional<c10::OperatorHandle> h = c10::Dispatcher::singleton().findSchema({"aten::mm", "dtype"});
-  TORCH_CHECK(h.has_value(), op, ": TRIT_A8_DENSE=bf16 needs aten::mm.dtype (torch.mm(..., out_dtype=)), which "
-              "this torch build lacks; unset TRIT_A8_DENSE to use int8 cuBLAS");
-  return h->typed<at::Tensor(const at::Tensor&, const at::Tensor&, at::ScalarType)>().call(a, b, at::kFloat);
-}
-
+// (An exact bf16 route - xq and W as bf16, cuBLAS with fp32 output, TRIT_A8_DENSE=bf16 - lost to
+// int8 cuBLAS on every shape in H200 run 10, e.g. 2560x2560 M=4096 165.0 vs 148.1 us, and was removed.)
 at::Tensor a8_dense(const MmArgs& a, const at::Tensor& packed, const at::Tensor& scale, int64_t N, int64_t K,
                     const char* op) {
   const int64_t Kp = (K + 127) / 128 * 128;
   void* st = current_stream(a.x);
-  const bool bf16 = a8_dense_bf16();
   at::Tensor xq = at::empty({a.M, Kp}, a.x.options().dtype(at::kChar));
   at::Tensor xs = at::empty({a.M}, a.x.options().dtype(at::kFloat));
   at::Tensor rowsum = at::empty({a.M}, a.x.options().dtype(at::kInt));
@@ -160,23 +142,13 @@ at::Tensor a8_dense(const MmArgs& a, const at::Tensor& packed, const at::Tensor&
                              rowsum.data_ptr<int32_t>(), a.M, (int)K, st),
                op);
   // [N, Kp]: the padding columns of the packed layout decode to 0, matching xq's zero padding
-  const at::ScalarType wt = bf16 ? at::kBFloat16 : at::kChar;
-  at::Tensor w = at::empty({N, Kp}, a.x.options().dtype(wt));
-  check_launch(trit_decode(bf16 ? TRIT_BF16 : TRIT_I8, packed.data_ptr<int32_t>(), nullptr, w.data_ptr(), (int)N,
-                           (int)Kp, st),
-               op);
+  at::Tensor w = at::empty({N, Kp}, a.x.options().dtype(at::kChar));
+  check_launch(trit_decode(TRIT_I8, packed.data_ptr<int32_t>(), nullptr, w.data_ptr(), (int)N, (int)Kp, st), op);
   const void* bias = a.bias.defined() ? a.bias.data_ptr() : nullptr;
-  if (bf16) {
-    at::Tensor acc = mm_fp32_out(xq.to(at::kBFloat16), w.t(), op);  // [M, N] fp32, exact integers
-    check_launch(trit_a8_epilogue_f32(a.dtype, acc.data_ptr<float>(), xs.data_ptr<float>(), scale.data_ptr<float>(),
-                                      bias, a.y.data_ptr(), a.M, (int)N, st),
-                 op);
-  } else {
-    at::Tensor acc = at::_int_mm(xq, w.t());  // [M, N] int32, exact
-    check_launch(trit_a8_epilogue(a.dtype, acc.data_ptr<int32_t>(), xs.data_ptr<float>(), scale.data_ptr<float>(),
-                                  bias, a.y.data_ptr(), a.M, (int)N, st),
-                 op);
-  }
+  at::Tensor acc = at::_int_mm(xq, w.t());  // [M, N] int32, exact
+  check_launch(trit_a8_epilogue(a.dtype, acc.data_ptr<int32_t>(), xs.data_ptr<float>(), scale.data_ptr<float>(),
+                                bias, a.y.data_ptr(), a.M, (int)N, st),
+               op);
   return a.y;
 }
 

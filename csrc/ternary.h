@@ -49,9 +49,6 @@ int trit_a8_quant(int dtype, const void* x, int8_t* xq, float* xs, int32_t* rows
                   void* stream);
 int trit_a8_epilogue(int dtype, const int32_t* acc, const float* xs, const float* scale,
                      const void* bias, void* y, int M, int N, void* stream);
-// The same from fp32 sums (the bf16 cuBLAS route: integer-valued, exact below 2^24).
-int trit_a8_epilogue_f32(int dtype, const float* acc, const float* xs, const float* scale,
-                         const void* bias, void* y, int M, int N, void* stream);
 
 // Dense decode: out[N,K] (out_dtype) = W[n,k] * scale[n] (scale may be null -> 1).
 int trit_decode(int out_dtype, const int32_t* packed, const float* scale, void* out, int N,

@@ -51,22 +51,6 @@ __device__ __forceinline__ int4 ld_weights(const int4* p) {
   return v;
 }
 
-// The same load asking L2 to fetch 256-byte blocks from DRAM (a prefetch-size hint: each warp's
-// k-block is 512 contiguous bytes). TRIT_L2_256=1 selects it for the a8 kernel at M <= 8; not
-// measured yet, so not the default.
-template <bool kL2_256>
-__device__ __forceinline__ int4 ld_weights_h(const int4* p) {
-  if constexpr (kL2_256) {
-    int4 v;
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.s32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
-  } else {
-    return ld_weights(p);
-  }
-}
-
 template <int I>
 __device__ __forceinline__ uint32_t word_of(const int4& v) {
   return static_cast<uint32_t>(I == 0 ? v.x : I == 1 ? v.y : I == 2 ? v.z : v.w);
@@ -929,17 +913,17 @@ __device__ __forceinline__ float quantize_row_perm(const T* __restrict__ row, in
 // (rows past M read row M-1). MT >= 2: k-block-major [KB][Mp][128] with Mp = 8 * MT rows (zero
 // rows past M), so a warp's MT row tiles sit at fixed offsets from one pointer
 // (immediate offsets, no per-row pointer registers). Grid and block as tmm_small_kernel.
-// WN = 2 (TRIT_WN, not the default until measured): each warp owns two consecutive weight tiles
+// WN = 2 (TRIT_WN; default where N >= 6144, see wn_auto): each warp owns two consecutive weight tiles
 // and feeds every x fragment to both, halving x loads per weight byte; a chunk then holds kU
 // k-blocks of each tile (kU halved, see V5Chunk).
-// kFuseQ (TRIT_A8_FUSEQ, MT = WN = NW = 1, not the default until measured): the activation
+// kFuseQ (TRIT_A8_FUSEQ; default at M = 1 on small layers, see fuseq_auto; MT = WN = NW = 1): the activation
 // quantizer runs inside this kernel - one launch per layer instead of two. After the PDL wait
 // the CTA quantizes all M rows of x (raw activations, K % 8 == 0, 16-byte aligned) into shared
 // memory with quantize_row_perm (bit-identical to quant_rows_perm_kernel), then the loop reads xq
 // from there; xq / xs / rowsum are unused. Every CTA reads all of x (M * K elements, from L2).
 // Shared memory after red: xq [M][Kp + 16] (the 16-byte row pad puts rows on different banks),
 // xs / rowsum [8] each, 2 x 8 words of reduction scratch; the dispatcher checks it fits in 48 KB.
-template <typename T, int MT, int WN, bool kL2_256 = false, bool kFuseQ = false>
+template <typename T, int MT, int WN, bool kFuseQ = false>
 __global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT * WN>::value)
     a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                     const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
@@ -1032,7 +1016,7 @@ __global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT * WN>::value)
 #pragma unroll
     for (int wn = 0; wn < WN; ++wn)
 #pragma unroll
-      for (int u = 0; u < kU; ++u) a[wn * kU + u] = ld_weights_h<kL2_256>(p + wn * wstep + u * 32);
+      for (int u = 0; u < kU; ++u) a[wn * kU + u] = ld_weights(p + wn * wstep + u * 32);
   };
   auto block_u = [&](const int4* a, int u, const uint4* xk) {  // a: a chunk, u: its k-block
     int4 w[WN];
@@ -1077,7 +1061,7 @@ __global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT * WN>::value)
     for (int wn = 0; wn < WN; ++wn)
 #pragma unroll
       for (int u = 0; u < kU - 1; ++u)
-        if (u < nrem) ar[wn * kU + u] = ld_weights_h<kL2_256>(wq + wn * wstep + u * 32);
+        if (u < nrem) ar[wn * kU + u] = ld_weights(wq + wn * wstep + u * 32);
 #pragma unroll
     for (int u = 0; u < kU - 1; ++u)
       if (u < nrem) block_u(ar, u, xp + u * kbs);
@@ -1257,13 +1241,10 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //                                     fragments shared by two tiles); auto: 2 where N >= 6144 (wn_auto)
 //   TRIT_A8_FUSEQ = -1 (default: auto) | 0 | 1   a8 at M <= 8: the quantizer fused into the GEMV
 //                                     (a8_small_kernel kFuseQ); auto: at M = 1 on small layers (fuseq_auto)
-//   TRIT_L2_256 = 0 (default) | 1     a8 at M <= 8: weight loads with the L2::256B prefetch-size
-//                                     hint (ld_weights_h); measured no faster (run 10), so off
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
   bool v5, pdl;
   int l2pf, ks, nw, wn, fuseq;  // wn 0 and fuseq -1: auto
-  bool l2_256;
 };
 int env_int(const char* name, int dflt) {
   const char* e = getenv(name);
@@ -1279,7 +1260,6 @@ Knobs knobs() {
   n.nw = env_int("TRIT_NW", 0);
   n.wn = env_int("TRIT_WN", 0);
   n.fuseq = env_int("TRIT_A8_FUSEQ", -1);
-  n.l2_256 = env_int("TRIT_L2_256", 0) != 0;
   return n;
 }
 bool pdl_supported() {  // griddepcontrol needs sm_90+; ask once per device
@@ -1417,11 +1397,12 @@ size_t fuseq_smem(int M, int KB) { return (size_t)M * (KB * kBlockK + 16) + 32 *
 // (2560x2560 M=8 4.8 -> 14.9).
 bool fuseq_auto(int M, int N, int K) { return M == 1 && (long)N * K <= (32L << 20); }
 
-// The a8 v5 launch for MT row tiles. The kernel variant follows cfg.wn and the knobs; the L2::256B
-// hint and the fused quantizer (fuseq: x is quantized inside, no xq) exist for MT = 1, one tile
-// per warp, one warp along N.
+// The a8 v5 launch for MT row tiles. The kernel variant follows cfg.wn and fuseq; the fused
+// quantizer (x is quantized inside, no xq) exists for MT = 1, one tile per warp, one warp along N.
+// (An L2::256B prefetch-size hint on the weight loads, TRIT_L2_256, measured no faster in H200
+// run 10 - equal or up to 0.6 us slower at M <= 8 on all ten shapes - and was removed.)
 template <typename T, int MT>
-cudaError_t launch_a8_small_mt(const Cfg& cfg, const Knobs& kn, bool pdl, bool fuseq, int flags, const T* x, int K,
+cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, const T* x, int K,
                                const int8_t* xq, const float* xs, const int32_t* rowsum, const int32_t* wp,
                                const float* scale, const T* bias, T* y, int M, int N, int KB, cudaStream_t st) {
   const int n_tiles = (N + kTileN - 1) / kTileN, n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
@@ -1432,10 +1413,8 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, const Knobs& kn, bool pdl, bool f
   }
   if constexpr (MT == 1) {
     if (fuseq) {
-      kernel = kn.l2_256 ? a8_small_kernel<T, 1, 1, true, true> : a8_small_kernel<T, 1, 1, false, true>;
-      smem += fuseq_smem(M, KB);
-    } else if (cfg.wn == 1 && kn.l2_256) {
       kernel = a8_small_kernel<T, 1, 1, true>;
+      smem += fuseq_smem(M, KB);
     }
   }
   // a warp with two tiles has its weights in two streams: the single-range L2 prefetch is off
@@ -1450,7 +1429,7 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
                         cudaStream_t st) {
   const int KB = (K + kBlockK - 1) / kBlockK;
   const bool v5 = a8_v5(M, N, K);
-  const Knobs kn = v5 ? knobs() : Knobs{false, false, 0, 0, 0, 1, 0, false};
+  const Knobs kn = v5 ? knobs() : Knobs{false, false, 0, 0, 0, 1, 0};
   if (v5 && kn.v5) {
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
     const bool pdl = kn.pdl && pdl_supported();
@@ -1470,10 +1449,10 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     const int flags = l2pf_flags(kn.l2pf, true, N, K);
     const int8_t* q = xq;
     switch (cfg.mt) {
-      case 1: return launch_a8_small_mt<T, 1>(cfg, kn, pdl, fuseq, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-      case 2: return launch_a8_small_mt<T, 2>(cfg, kn, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-      case 4: return launch_a8_small_mt<T, 4>(cfg, kn, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-      default: return launch_a8_small_mt<T, 8>(cfg, kn, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      case 1: return launch_a8_small_mt<T, 1>(cfg, pdl, fuseq, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      case 2: return launch_a8_small_mt<T, 2>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      case 4: return launch_a8_small_mt<T, 4>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      default: return launch_a8_small_mt<T, 8>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
     }
   }
   quant_rows_kernel<T><<<M, 256, 0, st>>>(x, xq, xs, rowsum, K, KB * kBlockK);
@@ -1489,18 +1468,17 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
 }
 
 // Large-M a8 epilogue: 4 consecutive outputs per thread (N % 4 == 0), grid-stride. acc holds
-// the exact integer sums, as int32 (int8 cuBLAS) or as fp32 (bf16 cuBLAS, integers < 2^24).
-template <typename T, typename Acc>
-__global__ void __launch_bounds__(256) a8_epilogue_kernel(const Acc* __restrict__ acc, const float* __restrict__ xs,
+// the exact int32 sums from int8 cuBLAS.
+template <typename T>
+__global__ void __launch_bounds__(256) a8_epilogue_kernel(const int32_t* __restrict__ acc, const float* __restrict__ xs,
                                                           const float* __restrict__ scale, const T* __restrict__ bias,
                                                           T* __restrict__ y, int M, int N) {
-  using Vec = typename std::conditional<std::is_same<Acc, float>::value, float4, int4>::type;
   const int n4 = N / 4;
   const size_t total = (size_t)M * n4;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
     const int m = (int)(i / n4), n = (int)(i % n4) * 4;
-    const Vec a = __ldg(reinterpret_cast<const Vec*>(acc) + i);
-    const Acc v[4] = {a.x, a.y, a.z, a.w};
+    const int4 a = __ldg(reinterpret_cast<const int4*>(acc) + i);
+    const int32_t v[4] = {a.x, a.y, a.z, a.w};
     const float xm = xs[m];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -1581,28 +1559,23 @@ extern "C" int trit_a8_quant(int dtype, const void* x, int8_t* xq, float* xs, in
   });
 }
 
-template <typename Acc>
-int a8_epilogue(int dtype, const Acc* acc, const float* xs, const float* scale, const void* bias, void* y, int M,
+int a8_epilogue(int dtype, const int32_t* acc, const float* xs, const float* scale, const void* bias, void* y, int M,
                 int N, void* stream) {
   if (N % 4 != 0) return (int)cudaErrorInvalidValue;
   return visit_float_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const size_t total = (size_t)M * (N / 4);
     const int blocks = (int)std::min<size_t>((total + 255) / 256, 132 * 16);
-    a8_epilogue_kernel<T, Acc><<<blocks, 256, 0, (cudaStream_t)stream>>>(acc, xs, scale, (const T*)bias, (T*)y, M, N);
+    a8_epilogue_kernel<T><<<blocks, 256, 0, (cudaStream_t)stream>>>(acc, xs, scale, (const T*)bias, (T*)y, M, N);
     return (int)cudaGetLastError();
   });
 }
 
 extern "C" int trit_a8_epilogue(int dtype, const int32_t* acc, const float* xs, const float* scale,
                                 const void* bias, void* y, int M, int N, void* stream) {
-  return a8_epilogue<int32_t>(dtype, acc, xs, scale, bias, y, M, N, stream);
+  return a8_epilogue(dtype, acc, xs, scale, bias, y, M, N, stream);
 }
 
-extern "C" int trit_a8_epilogue_f32(int dtype, const float* acc, const float* xs, const float* scale,
-                                    const void* bias, void* y, int M, int N, void* stream) {
-  return a8_epilogue<float>(dtype, acc, xs, scale, bias, y, M, N, stream);
-}
 
 extern "C" int trit_decode(int out_dtype, const int32_t* packed, const float* scale, void* out,
                            int N, int K, void* stream) {

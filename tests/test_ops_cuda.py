@@ -235,9 +235,6 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 wn=1 fused quantizer={fq}"
             monkeypatch.delenv("TRIT_WN")
         monkeypatch.delenv("TRIT_A8_FUSEQ")
-        monkeypatch.setenv("TRIT_L2_256", "1")  # L2::256B prefetch-size hint on the weight loads (M <= 8)
-        assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), "a8 L2::256B loads"
-        monkeypatch.delenv("TRIT_L2_256")
         for ks in ("1", "2", "3", "8", "64"):
             monkeypatch.setenv("TRIT_KS", ks)
             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 ks={ks}"
@@ -310,18 +307,13 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
         assert_close_rel(y, forward_ref(xin), 3e-2, f"chain {kernel} graph={graph} seed={seed}")
 
 
-# ------------------------------------------------------------------ large-M a8: int8 / bf16 cuBLAS
-# M >= TRIT_A8_DENSE_MIN_M (default 256), M > 16 and N % 8 == 0: quantizer + W decode + cuBLAS
-# (TRIT_A8_DENSE=int8: torch._int_mm; bf16: bf16 operands, fp32 output) + the a8 epilogue. The
-# sums are exact integers and the epilogue is the kernels' arithmetic, so the result must equal
-# the fused kernel's bit for bit.
-@pytest.mark.parametrize("route", ["int8", "bf16"])
+# ------------------------------------------------------------------ large-M a8: int8 cuBLAS
+# M >= TRIT_A8_DENSE_MIN_M (default 256), M > 16 and N % 8 == 0: quantizer + int8 W decode +
+# torch._int_mm + the a8 epilogue. The sums are exact integers and the epilogue is the kernels'
+# arithmetic, so the result must equal the fused kernel's bit for bit.
 @pytest.mark.parametrize("M", [17, 65, 130, 1000])
 @pytest.mark.parametrize("NK", [(64, 1000), (2560, 2560), (1000, 4104), (24, 8200), (100, 300)])
-def test_a8_dense_path_matches_kernel(monkeypatch, route, M, NK):
-    if route == "bf16" and not hasattr(torch.ops.aten.mm, "dtype"):
-        pytest.skip("this torch has no aten::mm.dtype (torch.mm out_dtype)")
-    monkeypatch.setenv("TRIT_A8_DENSE", route)
+def test_a8_dense_path_matches_kernel(monkeypatch, M, NK):
     N, K = NK
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         x, w, p, s, b = make_case(M, N, K, dtype, True, 5 + M + N, DEV)
