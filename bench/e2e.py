@@ -32,11 +32,12 @@ from reference.io import atomic_write_text
 ROOT = Path(__file__).resolve().parent.parent
 
 SHAPES = {
-    # name: [(label, preset, quantization, unquantized)]
+    # name: [(label, preset, quantization, unquantized)], run in this order: humming last, as its
+    # kernels JIT-compile for minutes (with --state, a call that runs out of time keeps the rest)
     "2b": [("ours-bitnet", "bitnet-2b", None, False), ("ours-llama", "llama-2b-twin", None, False),
-           ("humming-llama", "llama-2b-twin", "humming", False), ("bf16-llama", "llama-2b-twin", None, True)],
-    "8b": [("ours", "llama3-8b", None, False), ("humming", "llama3-8b", "humming", False),
-           ("bf16", "llama3-8b", None, True)],
+           ("bf16-llama", "llama-2b-twin", None, True), ("humming-llama", "llama-2b-twin", "humming", False)],
+    "8b": [("ours", "llama3-8b", None, False), ("bf16", "llama3-8b", None, True),
+           ("humming", "llama3-8b", "humming", False)],
     "tiny": [("ours-bitnet", "tiny-bitnet", None, False), ("bf16-bitnet", "tiny-bitnet", None, True)],
 }
 
@@ -206,6 +207,10 @@ def main(argv=None) -> int:
     ap.add_argument("--models", type=Path, default=Path("/tmp/trit-models"))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (labels get a -tpN suffix)")
+    ap.add_argument("--state", type=Path, default=None,
+                    help="keep the rows in DIR and resume from them: a later call on the same machine (same commit, "
+                         "shape and settings) runs only the configs not measured yet and writes a record with all "
+                         "of them, side by side (a device call is at most 10 minutes). Delete DIR to measure again")
     ap.add_argument("--gen-only", action="store_true",
                     help="only generate the selected models into --models (a separate device call for 8B sizes)")
     ap.add_argument("--one", nargs=3, metavar=("LABEL", "DIR", "QUANT"), help=argparse.SUPPRESS)
@@ -222,12 +227,28 @@ def main(argv=None) -> int:
     # rows so far, rewritten (atomically) after every config: a call that runs out of time still
     # returns the configs it finished; removed once the record is written
     partial = Path(a.out) / f"partial-{stem}.json"
+    settings = {"shape": a.shape, "tp": a.tp, "batches": a.batches, "prompt_len": a.prompt_len,
+                "gen_len": a.gen_len, "profile_steps": a.profile_steps,
+                "env": {k: v for k, v in os.environ.items() if k.startswith("TRIT_") and k != "TRIT_BUILD_DIR"}}
+    state = Path(a.state) / f"partial-{stem}.json" if a.state else None
+    resumed = []
+    if state is not None and state.exists():
+        prev = json.loads(state.read_text())
+        if prev.get("device") == dev and prev.get("commit") == commit_id() and prev.get("settings") == settings:
+            rows = [r for r in prev["rows"] if "error" not in r]
+            resumed = [r["label"] for r in rows]
+            print(f"resuming from {state}: {', '.join(resumed) or 'nothing'} already measured", flush=True)
+        else:
+            print(f"not resuming from {state}: another commit, device or settings", flush=True)
 
     def save_partial():
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        atomic_write_text(partial, json.dumps({"device": dev, "commit": commit_id(), "partial": True,
-                                               "command": "python -m bench.e2e " + " ".join(argv or sys.argv[1:]),
-                                               "rows": rows}, indent=1, default=str))
+        doc = json.dumps({"device": dev, "commit": commit_id(), "partial": True, "settings": settings,
+                          "command": "python -m bench.e2e " + " ".join(argv or sys.argv[1:]),
+                          "rows": rows}, indent=1, default=str)
+        for f in (partial, state):
+            if f is not None:
+                f.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(f, doc)
     if a.gen_only:
         for label, preset, quant, unq in SHAPES[a.shape]:
             if not a.only or label in a.only.split(","):
@@ -236,6 +257,8 @@ def main(argv=None) -> int:
         return 0
     for label, preset, quant, unq in SHAPES[a.shape]:
         if a.only and label not in a.only.split(","):
+            continue
+        if label + (f"-tp{a.tp}" if a.tp > 1 else "") in resumed:
             continue
         d = model_dir(a.models, preset, unq)
         cmd = [sys.executable, "-m", "bench.e2e", "--batches", a.batches, "--prompt-len", str(a.prompt_len),
@@ -249,6 +272,7 @@ def main(argv=None) -> int:
             save_partial()
             continue
         rows.append(json.loads(line[7:]))
+        rows[-1]["measured_at"] = time.strftime("%H:%M:%S UTC", time.gmtime())
         print(f"{label}: {rows[-1]['throughput']}", flush=True)
         save_partial()
     base = next((r for r in rows if r["label"].startswith("bf16") and "error" not in r), None)
@@ -259,7 +283,12 @@ def main(argv=None) -> int:
           f"- command: python -m bench.e2e {' '.join(argv or sys.argv[1:])}",
           f"- {a.prompt_len} prompt + {a.gen_len} output tokens, greedy; best of 3 runs at B <= 8, one run above; "
           f"tensor_parallel_size {a.tp}",
-          f"- kernel environment: {({k: v for k, v in os.environ.items() if k.startswith('TRIT_')}) or 'defaults'}", "",
+          f"- kernel environment: {({k: v for k, v in os.environ.items() if k.startswith('TRIT_')}) or 'defaults'}"]
+    if resumed:
+        md.append(f"- resumed: {', '.join(resumed)} measured by an earlier call on this machine (same commit and "
+                  f"settings; times per config: " +
+                  ", ".join(f"{r['label']} {r.get('measured_at', '?')}" for r in rows) + ")")
+    md += ["",
           "| config | " + " | ".join(f"B={b} tok/s" for b in batches) + " | TTFT ms | bits/weight | vs bf16 (B=1) | vs humming (B=1) |",
           "|---" * (len(batches) + 5) + "|"]
     for r in rows:
@@ -282,8 +311,9 @@ def main(argv=None) -> int:
                    "|---|---|---|---|"]
             md += [f"| {k} | {v['ms_per_step']} | {v['launches_per_step']} | {'; '.join(v['top'])} |"
                    for k, v in pr["by_category"].items()]
-    write_record(a.out, stem, {"device": dev, "commit": commit_id(), "rows": rows}, "\n".join(md))
-    partial.unlink(missing_ok=True)
+    write_record(a.out, stem, {"device": dev, "commit": commit_id(), "settings": settings, "resumed": resumed,
+                               "rows": rows}, "\n".join(md))
+    partial.unlink(missing_ok=True)  # the --state copy stays: later calls add their configs to it
     print("\n".join(md))
     return 0 if all("error" not in r for r in rows) else 1
 

@@ -10,6 +10,9 @@
 #   ci/gpu_e2e.sh gen8b      generate the Llama-3-8B-shaped ternary + bf16 models (its own call: one e2e8b
 #                            call that also generated them ran past 470 s without a result)
 #   ci/gpu_e2e.sh e2e8b      bench.e2e --shape 8b (ours, bf16)
+# The e2e stages keep their rows in /tmp/e2e-state (bench.e2e --state): the same stage again, e.g.
+# with E2E_ONLY=ours,bf16,humming (its JIT takes minutes), measures only what is missing and
+# writes one record with every config of this commit side by side.
 # Several stages may be given in one call. Models and goldens are generated on the machine under
 # /tmp (deterministic presets); results go to $OUT. TRIT_COMMIT names the commit in the records.
 set -uo pipefail
@@ -57,8 +60,8 @@ for stage in "$@"; do
       ;;
     e2e2b)
       step "e2e 2b"
-      python3 -m bench.e2e --shape 2b --only ours-bitnet,ours-llama,bf16-llama --models /tmp/models --out "$OUT" \
-        ${E2E_ARGS:-} 2>&1 | quiet | tail -60 || rc=1
+      python3 -m bench.e2e --shape 2b --only ${E2E_ONLY:-ours-bitnet,ours-llama,bf16-llama} --models /tmp/models \
+        --out "$OUT" --state /tmp/e2e-state ${E2E_ARGS:-} 2>&1 | quiet | tail -60 || rc=1
       ;;
     tp2)
       step "tensor parallel 2"
@@ -66,7 +69,7 @@ for stage in "$@"; do
       # TP=2 at scale therefore runs on the Llama-3-8B shape (8 KV heads): e2e throughput here,
       # parity (fp32 goldens of an 8B model) in the scale8b stage.
       python3 -m bench.vllm_parity --tp 2 --out "$OUT" 2>&1 | quiet | tail -25 || rc=1
-      python3 -m bench.e2e --shape 8b --tp 2 --only ours,bf16 --models /tmp/models --out "$OUT" \
+      python3 -m bench.e2e --shape 8b --tp 2 --only ours,bf16 --models /tmp/models --out "$OUT" --state /tmp/e2e-state \
         ${E2E_ARGS:-} 2>&1 | quiet | tail -30 || rc=1
       ;;
     scale8b)
@@ -84,7 +87,8 @@ for stage in "$@"; do
       ;;
     e2e8b)
       step "e2e 8b"
-      python3 -m bench.e2e --shape 8b --only ours,bf16 --models /tmp/models --out "$OUT" ${E2E_ARGS:-} 2>&1 | quiet | tail -40 || rc=1
+      python3 -m bench.e2e --shape 8b --only ${E2E_ONLY:-ours,bf16} --models /tmp/models --out "$OUT" \
+        --state /tmp/e2e-state ${E2E_ARGS:-} 2>&1 | quiet | tail -40 || rc=1
       ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac

@@ -23,3 +23,41 @@ def test_commit_id(monkeypatch):
     monkeypatch.delenv("TRIT_COMMIT")
     c = commit_id()
     assert c == "unknown" or len(c.split("+")[0]) == 40
+
+
+def test_e2e_state_resumes_across_calls(tmp_path, monkeypatch):
+    """bench.e2e --state: a second call (a device call is at most 10 minutes) measures only the
+    configs the first did not and writes one record with all of them; another commit does not
+    resume. vLLM itself is faked: this checks the bookkeeping, not the timing."""
+    import subprocess
+    import types
+
+    from bench import e2e
+
+    ran = []
+
+    def fake_run(cmd, **kw):
+        label = cmd[cmd.index("--one") + 1]
+        ran.append(label)
+        tp = {"1": {"seconds": 0.1, "tok_s": 10.0 if label.startswith("bf16") else 20.0}}
+        r = {"label": label, "throughput": tp, "ttft_ms": 1.0, "weights": {"bits_per_weight": 16.0}}
+        return types.SimpleNamespace(stdout="log\nRESULT " + json.dumps(r) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(e2e, "model_dir", lambda root, preset, unq: tmp_path / preset)
+    monkeypatch.setenv("TRIT_COMMIT", "c1")
+    common = ["--shape", "tiny", "--batches", "1", "--models", str(tmp_path / "m"), "--out", str(tmp_path / "o"),
+              "--state", str(tmp_path / "s")]
+    assert e2e.main(common + ["--only", "ours-bitnet"]) == 0
+    assert ran == ["ours-bitnet"]
+    assert e2e.main(common + ["--only", "ours-bitnet,bf16-bitnet"]) == 0
+    assert ran == ["ours-bitnet", "bf16-bitnet"]  # the first config came from the state
+    recs = sorted((tmp_path / "o").glob("*-e2e-tiny*.json"), key=lambda p: len(p.name))  # x.json, x-2.json
+    assert len(recs) == 2 and not list((tmp_path / "o").glob("partial-*"))
+    last = json.loads(recs[-1].read_text())
+    assert [r["label"] for r in last["rows"]] == ["ours-bitnet", "bf16-bitnet"] and last["resumed"] == ["ours-bitnet"]
+    md = recs[-1].with_suffix(".md").read_text()
+    assert "resumed: ours-bitnet" in md and "| ours-bitnet | 20 |" in md and "2.00x" in md
+    monkeypatch.setenv("TRIT_COMMIT", "c2")  # another commit measures everything again
+    assert e2e.main(common + ["--only", "ours-bitnet"]) == 0
+    assert ran[-1] == "ours-bitnet" and len(ran) == 3
