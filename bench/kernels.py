@@ -211,7 +211,8 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                 variants[f"a8_{tag}"] = with_env(env, variants["a8"])
         if M <= 16:  # the default picks per shape (wn_auto, fuseq_auto): each choice forced
             variants["a8_plain"] = with_env({"TRIT_WN": "1", "TRIT_A8_FUSEQ": "0"}, variants["a8"])
-            variants["a8_wn2"] = with_env({"TRIT_WN": "2"}, variants["a8"])  # two weight tiles per warp
+        if M <= 32:  # two weight tiles per warp (M 17-32: the MT = 4 kernel, not measured yet)
+            variants["a8_wn2"] = with_env({"TRIT_WN": "2"}, variants["a8"])
         if M <= 8:  # the quantizer fused into the GEMV
             variants["a8_fuseq"] = with_env({"TRIT_A8_FUSEQ": "1"}, variants["a8"])
         if M > V5_MAX_M_A8:  # both a8 paths above the v5 range, whichever is the default at this M

@@ -755,6 +755,11 @@ __device__ __forceinline__ void chunk_loop(const int4*& wq, int lane, int nk, in
 // Register cap of the v5 kernels: MT = 1 keeps <= 80 registers (3 CTAs of 256 threads, >= 24 warps
 // per SM); MT >= 2 holds MT accumulator tiles and MT x fragments and gets 128 (2 CTAs).
 template <int MT> struct V5MinCtas { static constexpr int value = MT == 1 ? kV5MinCtas : 2; };
+// a8_small_kernel: MT = 4 with two weight tiles per warp needs 154 registers (at the 128 of two
+// CTAs per SM it spilled): one 256-thread CTA per SM
+template <int MT, int WN> struct A8MinCtas {
+  static constexpr int value = (MT >= 4 && WN == 2) ? 1 : V5MinCtas<MT * WN>::value;
+};
 // k-blocks per weight chunk: kV5U, halved from MT = 4 on (MT x fragments per k-block leave no
 // registers for two 4-block chunks without spilling; each k-block there is 4 * MT mma of work)
 template <int MT> struct V5Chunk { static constexpr int value = MT >= 4 ? kV5U / 2 : kV5U; };
@@ -924,7 +929,7 @@ __device__ __forceinline__ float quantize_row_perm(const T* __restrict__ row, in
 // Shared memory after red: xq [M][Kp + 16] (the 16-byte row pad puts rows on different banks),
 // xs / rowsum [8] each, 2 x 8 words of reduction scratch; the dispatcher checks it fits in 48 KB.
 template <typename T, int MT, int WN, bool kFuseQ = false>
-__global__ void __launch_bounds__(kV5Threads, V5MinCtas<MT * WN>::value)
+__global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
     a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                     const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
                     T* __restrict__ y, int M, int N, int KB, int n_tiles, int Mp, int flags,
@@ -1311,7 +1316,7 @@ bool a8_v5(int M, int N, int K) { return M <= 32 || (M <= kV5MaxMA8 && (long)N *
 // add split-K reductions and a second wave. Every warp keeps >= 2 k-blocks.
 // nw tiles per CTA (warps along N reading the same x): 1 at M <= 8 (x is one 8-row tile),
 // else up to 4 within the 256-thread CTA, so x is fetched from L2 once per 4 tiles.
-// wn weight tiles per warp: 1, or 2 for a8 at MT <= 2 (TRIT_WN=2, or wn_auto); the rules count
+// wn weight tiles per warp: 1, or 2 for a8 at MT <= 2 (wn_auto) / MT <= 4 (TRIT_WN=2); the rules count
 // warps (n_tiles / wn of them per split) rather than tiles.
 //
 // wn_auto, from H200 run 10 (bench/results/NOTES.md, WN=2 column against the default in the same
@@ -1323,7 +1328,8 @@ bool a8_v5(int M, int N, int K) { return M <= 32 || (M <= kV5MaxMA8 && (long)N *
 bool wn_auto(int N) { return N >= 6144; }
 Cfg small_cfg(const Knobs& kn, int M, int N, int K, bool a8) {
   Cfg cfg{v5_mt(M), 1, 1, 1};
-  cfg.wn = (a8 && cfg.mt <= 2 && (kn.wn == 2 || (kn.wn == 0 && wn_auto(N)))) ? 2 : 1;
+  // forced (TRIT_WN=2) up to MT = 4, M <= 32: the MT = 4 kernel is not measured yet, so auto stays at MT <= 2
+  cfg.wn = (a8 && ((kn.wn == 2 && cfg.mt <= 4) || (kn.wn == 0 && cfg.mt <= 2 && wn_auto(N)))) ? 2 : 1;
   const int maxw = kV5Threads / 32;
   const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
   const int n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
@@ -1408,7 +1414,7 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
   const int n_tiles = (N + kTileN - 1) / kTileN, n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
   size_t smem = (size_t)cfg.nw * cfg.ks * cfg.wn * MT * 128 * sizeof(int);
   auto kernel = a8_small_kernel<T, MT, 1>;
-  if constexpr (MT <= 2) {  // MT = 4 with two tiles spills (16 bytes)
+  if constexpr (MT <= 4) {  // MT = 8 with two tiles: no registers left
     if (cfg.wn == 2) kernel = a8_small_kernel<T, MT, 2>;
   }
   if constexpr (MT == 1) {

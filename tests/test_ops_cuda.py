@@ -244,22 +244,24 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
             monkeypatch.setenv("TRIT_NW", nw)
             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 nw={nw}"
             assert torch.equal(torch.ops.trit.ternary_mm(x, p, s, N, K, b), y0), f"fp nw={nw}"
-            monkeypatch.setenv("TRIT_WN", "2")  # two weight tiles per warp (a8, M <= 16), odd tile counts too
+            monkeypatch.setenv("TRIT_WN", "2")  # two weight tiles per warp (a8, M <= 32), odd tile counts too
             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 wn=2 nw={nw}"
             monkeypatch.delenv("TRIT_WN")
         monkeypatch.delenv("TRIT_NW")
 
 
 @pytest.mark.parametrize("graph", [False, True])
-@pytest.mark.parametrize("kernel", ["v4", "v5", "v5-nofuseq", "v5-fuseq"])
+@pytest.mark.parametrize("kernel", ["v4", "v5", "v5-nofuseq", "v5-fuseq", "v5-wn2"])
 @pytest.mark.parametrize("M", [1, 24, 64])
 def test_dependent_chain(monkeypatch, graph, kernel, M):
     """Each layer reads the previous layer's output: with PDL, a kernel that read x (or wrote y)
     before its griddepcontrol.wait would see stale data here. Our kernels back to back, a torch
     kernel in between, and the a8 workspace reused from layer to layer; eager and CUDA graph."""
     monkeypatch.setenv("TRIT_KERNEL", kernel.split("-")[0])
-    if kernel.startswith("v5-"):  # plain v5: the default (fuseq_auto fuses the quantizer at M = 1 on these layers)
+    if kernel.endswith("fuseq"):  # plain v5: the default (fuseq_auto fuses the quantizer at M = 1 on these layers)
         monkeypatch.setenv("TRIT_A8_FUSEQ", "0" if kernel.endswith("nofuseq") else "1")
+    if kernel.endswith("wn2"):  # two weight tiles per warp (M = 24: the MT = 4 kernel)
+        monkeypatch.setenv("TRIT_WN", "2")
     D, L = 1024, 6
     gen = torch.Generator().manual_seed(5)
     layers = []
