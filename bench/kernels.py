@@ -209,6 +209,8 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                 if M <= V5_MAX_M_FP:
                     variants[f"fused_{tag}"] = with_env(env, variants["fused"])
                 variants[f"a8_{tag}"] = with_env(env, variants["a8"])
+        if M == max(ms):  # the decode alone (M-independent): how much of `dense` is not cuBLAS
+            variants["decode"] = lambda i: torch.ops.trit.ternary_decode(packs[i % nt], scale, N, K, x.dtype)
         if M <= 16:  # the default picks per shape (wn_auto, fuseq_auto): each choice forced
             variants["a8_plain"] = with_env({"TRIT_WN": "1", "TRIT_A8_FUSEQ": "0"}, variants["a8"])
         if M <= 32:  # two weight tiles per warp (M 17-32: the MT = 4 kernel, not measured yet)
@@ -240,7 +242,10 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             t_start = time.time()
             try:
                 y = f(0).float()
-                if not name.startswith("a8"):
+                if name == "decode":  # [N, K] W * scale, not an output
+                    wref = w.float() * scale[:, None]
+                    row["decode_relerr"] = (y - wref).abs().max().item() / wref.abs().max().item()
+                elif not name.startswith("a8"):
                     row[f"{name}_relerr"] = (y - ref).abs().max().item() / denom
                 ncalls = nb if name == "bf16" else (len(hum_layers) if name == "humming" else nt)
                 if big:
@@ -259,7 +264,7 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
         b = row.get("bf16_us")
         for name in list(variants):
             t = row.get(f"{name}_us")
-            if t and b:
+            if t and b and name != "decode":
                 row[f"{name}_x_bf16"] = b / t
         t = row.get("linear_us")
         if t:
@@ -324,7 +329,7 @@ def markdown(meta, rows) -> str:
             f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('bf16_us'), '.1f')} | {_f(r.get('linear_us'), '.1f')} "
             f"| {_f(r.get('linear_x_bf16'), '.2f')} | {_f(r.get('linear_pct_copy_ceiling'), '.0f')} "
             f"| {_f(r.get('fused_us'), '.1f')} | {_f(r.get('fused_v4_us'), '.1f')} "
-            f"| {_f(r.get('fused_nopdl_us'), '.1f')} | {_f(r.get('fused_nopf_us'), '.1f')} / {_f(r.get('fused_pf_us'), '.1f')} | {_f(r.get('dense_us'), '.1f')} "
+            f"| {_f(r.get('fused_nopdl_us'), '.1f')} | {_f(r.get('fused_nopf_us'), '.1f')} / {_f(r.get('fused_pf_us'), '.1f')} | {_f(r.get('dense_us'), '.1f')}{' (decode ' + _f(r.get('decode_us'), '.1f') + ')' if r.get('decode_us') else ''} "
             f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} | {_f(r.get('a8_plain_us'), '.1f')} / {_f(r.get('a8_wn2_us'), '.1f')} / {_f(r.get('a8_fuseq_us'), '.1f')} | {_f(r.get('a8_kernel_us'), '.1f')} / {_f(r.get('a8_int8_us'), '.1f')} | {_f(r.get('a8_nopdl_us'), '.1f')} "
             f"| {_f(r.get('a8_nopf_us'), '.1f')} / {_f(r.get('a8_pf_us'), '.1f')} "
             f"| {_f(r.get('humming_us'), '.1f')} | {_f(r.get('linear_x_humming'), '.2f')} "
