@@ -1443,9 +1443,13 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     // the fused quantizer: M <= 8, vector loads of x, its shared memory within the default 48 KB
     const bool want_fuseq = kn.fuseq == 1 || (kn.fuseq < 0 && cfg.wn == 1 && fuseq_auto(M, N, K));
     const bool fuseq = want_fuseq && cfg.mt == 1 && vec && cfg.ks * 512 + fuseq_smem(M, KB) <= 48 * 1024;
-    if (fuseq) {
+    if (fuseq) {  // one tile per warp, one warp along N; ks as for a WN = 1 launch
+      if (cfg.wn != 1) {
+        Knobs k1 = kn;
+        k1.wn = 1;
+        cfg = small_cfg(k1, M, N, K, true);
+      }
       cfg.nw = 1;
-      cfg.wn = 1;
     } else {
       const int Mp = cfg.mt == 1 ? 0 : 8 * cfg.mt;  // k-block-major xq for MT >= 2, zero rows to 8 * MT
       cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(cfg.mt == 1 ? M : Mp), dim3(256), 0, st, pdl, x,
