@@ -235,7 +235,7 @@ class _SpecLinearMethod(LinearMethodBase):
         key = "weight_key" if what == "weight" else "scale"
 
         def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
-            if what == "weight" and param.device.type != "cpu":
+            if what == "weight" and param.device.type == "cuda":
                 # decode where the layer lives: the packed tensor is 2 bits a weight, and on the GPU
                 # the unpack takes milliseconds where the CPU took seconds per matrix (an 8B model
                 # loaded in 187 s against bf16's 54 s; TP workers, with one torch thread each, longer)
