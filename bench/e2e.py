@@ -289,8 +289,8 @@ def main(argv=None) -> int:
                   f"settings; times per config: " +
                   ", ".join(f"{r['label']} {r.get('measured_at', '?')}" for r in rows) + ")")
     md += ["",
-          "| config | " + " | ".join(f"B={b} tok/s" for b in batches) + " | TTFT ms | bits/weight | vs bf16 (B=1) | vs humming (B=1) |",
-          "|---" * (len(batches) + 5) + "|"]
+          "| config | " + " | ".join(f"B={b} tok/s" for b in batches) + " | TTFT ms | load s | bits/weight | vs bf16 (B=1) | vs humming (B=1) |",
+          "|---" * (len(batches) + 6) + "|"]
     for r in rows:
         if "error" in r:
             md.append(f"| {r['label']} | failed: see json |")
@@ -302,7 +302,7 @@ def main(argv=None) -> int:
         vb = f"{rb(r) / rb(base):.2f}x" if base else "-"
         vh = f"{rb(r) / rb(hum):.2f}x" if hum else "-"
         md.append(f"| {r['label']} | " + " | ".join(cells) +
-                  f" | {r['ttft_ms']} | {r['weights']['bits_per_weight']} | {vb} | {vh} |")
+                  f" | {r['ttft_ms']} | {r.get('load_s', '-')} | {r['weights']['bits_per_weight']} | {vb} | {vh} |")
     for r in rows:
         if "profile" in r:
             pr = r["profile"]

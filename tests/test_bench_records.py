@@ -57,7 +57,7 @@ def test_e2e_state_resumes_across_calls(tmp_path, monkeypatch):
     last = json.loads(recs[-1].read_text())
     assert [r["label"] for r in last["rows"]] == ["ours-bitnet", "bf16-bitnet"] and last["resumed"] == ["ours-bitnet"]
     md = recs[-1].with_suffix(".md").read_text()
-    assert "resumed: ours-bitnet" in md and "| ours-bitnet | 20 |" in md and "2.00x" in md
+    assert "resumed: ours-bitnet" in md and "| ours-bitnet | 20 | 1.0 | - | 16.0 | 2.00x |" in md
     monkeypatch.setenv("TRIT_COMMIT", "c2")  # another commit measures everything again
     assert e2e.main(common + ["--only", "ours-bitnet"]) == 0
     assert ran[-1] == "ours-bitnet" and len(ran) == 3
