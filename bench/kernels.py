@@ -217,6 +217,8 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             variants["a8_wn2"] = with_env({"TRIT_WN": "2"}, variants["a8"])
         if M <= 8:  # the quantizer fused into the GEMV
             variants["a8_fuseq"] = with_env({"TRIT_A8_FUSEQ": "1"}, variants["a8"])
+        if 16 < M <= 256:  # the GEMM-shaped a8 kernel (TRIT_A8_GEMM=1, not measured yet)
+            variants["a8_gemm"] = with_env({"TRIT_A8_GEMM": "1", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}, variants["a8"])
         if M > V5_MAX_M_A8:  # both a8 paths above the v5 range, whichever is the default at this M
             variants["a8_int8"] = with_env({"TRIT_A8_DENSE_MIN_M": "17"}, variants["a8"])
             if M <= 256:  # the fused v4 kernel falls far behind above (run 2)
@@ -291,7 +293,7 @@ def fmt_row(r) -> str:
             f"{_f(r.get('linear_pct_copy_ceiling'), '4.0f')}% ceil)  fused {_f(r.get('fused_us'), '8.1f')}  "
             f"(v4 {_f(r.get('fused_v4_us'), '6.1f')} nopdl {_f(r.get('fused_nopdl_us'), '6.1f')} "
             f"nopf {_f(r.get('fused_nopf_us'), '6.1f')} pf {_f(r.get('fused_pf_us'), '6.1f')})  dense {_f(r.get('dense_us'), '8.1f')}  "
-            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} nopdl "
+            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} nopdl "
             f"{_f(r.get('a8_nopdl_us'), '6.1f')} nopf {_f(r.get('a8_nopf_us'), '6.1f')} pf {_f(r.get('a8_pf_us'), '6.1f')})  "
             + "".join(f"ks{k} {_f(r.get(f'a8_ks{k}_us'), '.1f')}/{_f(r.get(f'fused_ks{k}_us'), '.1f')} "
                       for k in KS_SWEEP if r.get(f"a8_ks{k}_us")) +
@@ -315,11 +317,12 @@ def markdown(meta, rows) -> str:
              "`v4` / `no PDL` / `L2 pf off / on` columns rerun the same op with TRIT_KERNEL=v4 / TRIT_PDL=0 / "
              "TRIT_L2PF=0 / TRIT_L2PF=2 (the default prefetches only for a8 on layers <= 4 MiB packed). a8 at "
              f"M >= {A8_DENSE_MIN_M} runs int8 decode + torch._int_mm + epilogue (below: the fused v4 a8 kernel); "
-             "`a8 fused kernel / int8 cuBLAS` force one route (TRIT_A8_DENSE_MIN_M=2^30 / 17). At M <= 16 "
+             "`a8 fused kernel / int8 cuBLAS / gemm kernel` force one route (TRIT_A8_DENSE_MIN_M=2^30 / 17 / "
+             "TRIT_A8_GEMM=1, the GEMM-shaped kernel for 16 < M <= 256, not yet a default). At M <= 16 "
              "the a8 default picks per shape; `WN=1 no fused q` / `WN=2` / `fused quantizer` force each "
              "choice (TRIT_WN=1 + TRIT_A8_FUSEQ=0 / TRIT_WN=2 / TRIT_A8_FUSEQ=1).", "",
              "| N x K | M | bf16 us | linear us | x bf16 | % ceil | fused us | fused v4 | fused no PDL "
-             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 WN=1 no fused q / WN=2 / fused quantizer | a8 fused kernel / int8 cuBLAS | a8 no PDL | a8 L2 pf off / on "
+             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 WN=1 no fused q / WN=2 / fused quantizer | a8 fused kernel / int8 cuBLAS / gemm kernel | a8 no PDL | a8 L2 pf off / on "
              "| humming us | x humming | floor us | bf16 eager | linear eager |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -330,7 +333,7 @@ def markdown(meta, rows) -> str:
             f"| {_f(r.get('linear_x_bf16'), '.2f')} | {_f(r.get('linear_pct_copy_ceiling'), '.0f')} "
             f"| {_f(r.get('fused_us'), '.1f')} | {_f(r.get('fused_v4_us'), '.1f')} "
             f"| {_f(r.get('fused_nopdl_us'), '.1f')} | {_f(r.get('fused_nopf_us'), '.1f')} / {_f(r.get('fused_pf_us'), '.1f')} | {_f(r.get('dense_us'), '.1f')}{' (decode ' + _f(r.get('decode_us'), '.1f') + ')' if r.get('decode_us') else ''} "
-            f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} | {_f(r.get('a8_plain_us'), '.1f')} / {_f(r.get('a8_wn2_us'), '.1f')} / {_f(r.get('a8_fuseq_us'), '.1f')} | {_f(r.get('a8_kernel_us'), '.1f')} / {_f(r.get('a8_int8_us'), '.1f')} | {_f(r.get('a8_nopdl_us'), '.1f')} "
+            f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} | {_f(r.get('a8_plain_us'), '.1f')} / {_f(r.get('a8_wn2_us'), '.1f')} / {_f(r.get('a8_fuseq_us'), '.1f')} | {_f(r.get('a8_kernel_us'), '.1f')} / {_f(r.get('a8_int8_us'), '.1f')} / {_f(r.get('a8_gemm_us'), '.1f')} | {_f(r.get('a8_nopdl_us'), '.1f')} "
             f"| {_f(r.get('a8_nopf_us'), '.1f')} / {_f(r.get('a8_pf_us'), '.1f')} "
             f"| {_f(r.get('humming_us'), '.1f')} | {_f(r.get('linear_x_humming'), '.2f')} "
             f"| {r['floor_us']:.1f} | {_f(r.get('bf16_eager_us'), '.1f')} | {_f(r.get('linear_eager_us'), '.1f')} |")

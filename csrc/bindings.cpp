@@ -162,8 +162,9 @@ at::Tensor ternary_mm_a8_cuda(const at::Tensor& x, const at::Tensor& packed, con
   if (a.M >= a8_dense_min_m() && a.M > 16 && N % 8 == 0) return a8_dense(a, packed, scale, N, K, op);
   const int64_t Kp = (K + 127) / 128 * 128;
   // one workspace: xq int8 [Mp, Kp] | xs f32 [M] | rowsum i32 [M]   (Kp % 128 == 0 keeps alignment;
-  // Mp = max(M, 64): the k-block-major xq of the M <= 64 kernels has zero rows up to 8 * MT)
-  const int64_t Mp = std::max<int64_t>(a.M, 64);
+  // Mp = M rounded up to 64, at least 64: the k-block-major xq of the M <= 64 kernels has zero rows
+  // up to 8 * MT, that of the a8 GEMM kernel (TRIT_A8_GEMM=1, M <= 256) up to a multiple of 64)
+  const int64_t Mp = std::max<int64_t>((a.M + 63) / 64 * 64, 64);
   at::Tensor ws = at::empty({Mp * Kp + 8 * a.M}, x.options().dtype(at::kChar));
   int8_t* xq = ws.data_ptr<int8_t>();
   float* xs = reinterpret_cast<float*>(xq + Mp * Kp);

@@ -1075,6 +1075,110 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
 }
 
 
+// ---------------------------------------------------------------- a8 GEMM-shaped kernel (M 17-256)
+// TRIT_A8_GEMM=1, not the default until measured. The v5 / v4 a8 kernels are GEMV-shaped: every
+// warp fetches its own x fragments from L1/L2 for each weight tile, about 8 bytes of x per weight
+// byte at M = 64, and latency-bound (H200 run 11: 28672x8192 M = 64 at 100 us, 1.3x bf16, where
+// humming's GEMM took 62 us in run 2). Here a CTA owns 128 output channels (8 tiles) x 64 rows of
+// x; 8 warps as 4 (N) x 2 (M), each warp 2 tiles x 4 row tiles (32 int accumulators). Each
+// k-block of W (8 tiles x 512 B, the packed layout as is) and of xq (64 rows x 128 B, from the
+// k-block-major layout of quant_rows_perm_kernel with Mp = M rounded up to 64) is copied to shared
+// memory by cp.async in a kGemmStages-deep ring: x leaves L2 once per CTA and is read by 4 warps
+// from shared memory (rows padded to 144 B: the 8 lanes of an LDS.128 phase hit distinct banks),
+// and later k-blocks are in flight while one computes. No split-K: every CTA runs all of K.
+// Same arithmetic as the other a8 kernels (exact int32 sums, store_out): bit-identical output.
+constexpr int kGemmStages = 3, kGemmBM = 64, kGemmTiles = 8, kGemmXRow = kBlockK + 16;
+constexpr int kGemmStageBytes = kGemmTiles * 512 + kGemmBM * kGemmXRow;  // 13312 B, 39936 B in all
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256, 2)
+    a8_gemm_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
+                   const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
+                   T* __restrict__ y, int M, int N, int KB, int n_tiles, int Mp) {
+  extern __shared__ __align__(16) uint8_t gsm[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wcol = warp & 3, wrow = warp >> 2;  // the warp's 2 tiles: 2 * wcol, +1; rows 32 * wrow ..
+  const int g = lane >> 2, c = lane & 3;
+  const int t0 = blockIdx.x * kGemmTiles, m0 = blockIdx.y * kGemmBM;
+  // stage s, k-block kb: thread tid copies lane (tid & 31) of tile (tid >> 5) (clamped to the last
+  // tile: its outputs are dropped) and two of the 512 16-byte pieces of the 64 x rows
+  const int4* wsrc = wp + (size_t)min(t0 + (tid >> 5), n_tiles - 1) * KB * 32 + (tid & 31);
+  auto load_stage = [&](int s, int kb) {
+    uint8_t* base = gsm + s * kGemmStageBytes;
+    cp_async16(base + tid * 16, wsrc + (size_t)kb * 32);
+#pragma unroll
+    for (int j = tid; j < kGemmBM * 8; j += 256) {
+      const int r = j >> 3, ch = j & 7;
+      cp_async16(base + kGemmTiles * 512 + r * kGemmXRow + ch * 16,
+                 xq + ((size_t)kb * Mp + m0 + r) * kBlockK + ch * 16);
+    }
+  };
+  int acc[2][4][4];
+#pragma unroll
+  for (int a = 0; a < 2; ++a)
+#pragma unroll
+    for (int b = 0; b < 4; ++b) acc[a][b][0] = acc[a][b][1] = acc[a][b][2] = acc[a][b][3] = 0;
+
+  pdl_wait();  // xq comes from the quantizer launched just before
+#pragma unroll
+  for (int s = 0; s < kGemmStages - 1; ++s) {
+    if (s < KB) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int kb = 0; kb < KB; ++kb) {
+    cp_async_wait<kGemmStages - 2>();  // k-block kb has landed (this thread's copies) ...
+    __syncthreads();                   // ... everyone's, and k-block kb - 1 is no longer read
+    if (kb + kGemmStages - 1 < KB) load_stage((kb + kGemmStages - 1) % kGemmStages, kb + kGemmStages - 1);
+    cp_async_commit();
+    const uint8_t* base = gsm + (kb % kGemmStages) * kGemmStageBytes;
+    int4 w[2];
+#pragma unroll
+    for (int wn = 0; wn < 2; ++wn) w[wn] = *reinterpret_cast<const int4*>(base + ((2 * wcol + wn) * 32 + lane) * 16);
+    const uint8_t* xb = base + kGemmTiles * 512 + (32 * wrow + g) * kGemmXRow + c * 32;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // inputs c*32 + 16h .. + 15 of the lane's rows: k-steps i = 2h, 2h+1
+      uint4 xv[4];
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) xv[mt] = *reinterpret_cast<const uint4*>(xb + mt * 8 * kGemmXRow + h * 16);
+#pragma unroll
+      for (int i = 2 * h; i < 2 * h + 2; ++i)
+#pragma unroll
+        for (int wn = 0; wn < 2; ++wn) {
+          const uint32_t wi = word_of_rt(w[wn], i);
+          uint32_t af[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) af[j] = (wi >> (2 * j)) & 0x03030303u;
+#pragma unroll
+          for (int mt = 0; mt < 4; ++mt)
+            mma16832_u8s8(acc[wn][mt], af, (i & 1) ? xv[mt].z : xv[mt].x, (i & 1) ? xv[mt].w : xv[mt].y);
+        }
+    }
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int wn = 0; wn < 2; ++wn) {
+    const int t = t0 + 2 * wcol + wn;
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int n = t * kTileN + g + 8 * (q >> 1);
+        const int m = m0 + 32 * wrow + 8 * mt + 2 * c + (q & 1);
+        if (t < n_tiles && n < N && m < M) store_out<T, true>(acc[wn][mt][q], m, n, N, scale, bias, y, xs, rowsum);
+      }
+  }
+}
+
 // The a8 quantizer for a8_small_kernel: the same values as quant_rows_kernel (bit for bit), xq
 // stored permuted within each group of 8 inputs ({0,4,1,5,2,6,3,7}, see a8_small_kernel), with
 // 16-byte loads (vec: K % 8 == 0 and 16-byte aligned x) and one 8-byte store per group.
@@ -1246,6 +1350,7 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //                                     fragments shared by two tiles); auto: 2 where N >= 6144 (wn_auto)
 //   TRIT_A8_FUSEQ = -1 (default: auto) | 0 | 1   a8 at M <= 8: the quantizer fused into the GEMV
 //                                     (a8_small_kernel kFuseQ); auto: at M = 1 on small layers (fuseq_auto)
+//   TRIT_A8_GEMM = 0 (default) | 1    a8 at 16 < M <= 256: a8_gemm_kernel (not measured yet)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
   bool v5, pdl;
@@ -1429,10 +1534,30 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
                    cfg.wn == 1 ? flags : 0, x, K);
 }
 
+// TRIT_A8_GEMM=1 (not the default until measured): a8 at 16 < M <= 256 through a8_gemm_kernel, fed
+// by the quantizer's k-block-major xq with Mp = M rounded up to 64 rows (the op's workspace has them).
+constexpr int kA8GemmMaxM = 256;
+template <typename T>
+cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y, int M, int N,
+                           int K, int8_t* xq, float* xs, int32_t* rowsum, cudaStream_t st) {
+  const int KB = (K + kBlockK - 1) / kBlockK, n_tiles = (N + kTileN - 1) / kTileN;
+  const int Mp = (M + kGemmBM - 1) / kGemmBM * kGemmBM;
+  const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
+  const bool pdl = env_int("TRIT_PDL", 1) != 0 && pdl_supported();
+  cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(Mp), dim3(256), 0, st, pdl, x, xq, xs, rowsum, M, K,
+                            KB * kBlockK, Mp, vec);
+  if (e != cudaSuccess) return e;
+  return launch_ex(a8_gemm_kernel<T>, dim3((n_tiles + kGemmTiles - 1) / kGemmTiles, Mp / kGemmBM), dim3(256),
+                   (size_t)kGemmStages * kGemmStageBytes, st, pdl, xq, xs, rowsum, reinterpret_cast<const int4*>(wp),
+                   scale, bias, y, M, N, KB, n_tiles, Mp);
+}
+
 template <typename T>
 cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
                         int M, int N, int K, int8_t* xq, float* xs, int32_t* rowsum,
                         cudaStream_t st) {
+  if (M > 16 && M <= kA8GemmMaxM && env_int("TRIT_A8_GEMM", 0) == 1)
+    return launch_a8_gemm<T>(x, wp, scale, bias, y, M, N, K, xq, xs, rowsum, st);
   const int KB = (K + kBlockK - 1) / kBlockK;
   const bool v5 = a8_v5(M, N, K);
   const Knobs kn = v5 ? knobs() : Knobs{false, false, 0, 0, 0, 1, 0};
