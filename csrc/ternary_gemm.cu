@@ -1079,16 +1079,20 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
 // TRIT_A8_GEMM=1, not the default until measured. The v5 / v4 a8 kernels are GEMV-shaped: every
 // warp fetches its own x fragments from L1/L2 for each weight tile, about 8 bytes of x per weight
 // byte at M = 64, and latency-bound (H200 run 11: 28672x8192 M = 64 at 100 us, 1.3x bf16, where
-// humming's GEMM took 62 us in run 2). Here a CTA owns 128 output channels (8 tiles) x 64 rows of
-// x; 8 warps as 4 (N) x 2 (M), each warp 2 tiles x 4 row tiles (32 int accumulators). Each
-// k-block of W (8 tiles x 512 B, the packed layout as is) and of xq (64 rows x 128 B, from the
-// k-block-major layout of quant_rows_perm_kernel with Mp = M rounded up to 64) is copied to shared
+// humming's GEMM took 62 us in run 2). Here a CTA owns 128 output channels (8 tiles) x BM = 32 * WM
+// rows of x; 4 * WM warps as 4 (N) x WM (M), each warp 2 tiles x 4 row tiles (32 int accumulators):
+// WM = 2 (64 rows, 256 threads) above M = 32, WM = 1 (32 rows, 128 threads) up to it. Each k-block
+// of W (8 tiles x 512 B, the packed layout as is) and of xq (BM rows x 128 B, from the k-block-major
+// layout of quant_rows_perm_kernel with Mp = M rounded up to BM) is copied to shared
 // memory by cp.async in a kGemmStages-deep ring: x leaves L2 once per CTA and is read by 4 warps
 // from shared memory (rows padded to 144 B: the 8 lanes of an LDS.128 phase hit distinct banks),
 // and later k-blocks are in flight while one computes. No split-K: every CTA runs all of K.
 // Same arithmetic as the other a8 kernels (exact int32 sums, store_out): bit-identical output.
-constexpr int kGemmStages = 3, kGemmBM = 64, kGemmTiles = 8, kGemmXRow = kBlockK + 16;
-constexpr int kGemmStageBytes = kGemmTiles * 512 + kGemmBM * kGemmXRow;  // 13312 B, 39936 B in all
+constexpr int kGemmStages = 3, kGemmTiles = 8, kGemmXRow = kBlockK + 16;
+template <int WM> struct Gemm {
+  static constexpr int kBM = 32 * WM, kThreads = 128 * WM;
+  static constexpr int kStageBytes = kGemmTiles * 512 + kBM * kGemmXRow;  // WM = 2: 13312 B (39936 in all)
+};
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -1100,25 +1104,32 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-template <typename T>
-__global__ void __launch_bounds__(256, 2)
+template <typename T, int WM>
+__global__ void __launch_bounds__(Gemm<WM>::kThreads, 4 / WM)
     a8_gemm_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                    const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
                    T* __restrict__ y, int M, int N, int KB, int n_tiles, int Mp) {
   extern __shared__ __align__(16) uint8_t gsm[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  using G = Gemm<WM>;
   const int wcol = warp & 3, wrow = warp >> 2;  // the warp's 2 tiles: 2 * wcol, +1; rows 32 * wrow ..
   const int g = lane >> 2, c = lane & 3;
-  const int t0 = blockIdx.x * kGemmTiles, m0 = blockIdx.y * kGemmBM;
-  // stage s, k-block kb: thread tid copies lane (tid & 31) of tile (tid >> 5) (clamped to the last
-  // tile: its outputs are dropped) and two of the 512 16-byte pieces of the 64 x rows
-  const int4* wsrc = wp + (size_t)min(t0 + (tid >> 5), n_tiles - 1) * KB * 32 + (tid & 31);
-  auto load_stage = [&](int s, int kb) {
-    uint8_t* base = gsm + s * kGemmStageBytes;
-    cp_async16(base + tid * 16, wsrc + (size_t)kb * 32);
+  const int t0 = blockIdx.x * kGemmTiles, m0 = blockIdx.y * G::kBM;
+  // stage s, k-block kb: the 256 16-byte pieces of W (piece j: lane j & 31 of tile j >> 5, clamped
+  // to the last tile: its outputs are dropped) and the 8 * BM pieces of x, 2 + 2 per thread (WM = 2)
+  const int4* wsrc[256 / G::kThreads];
 #pragma unroll
-    for (int j = tid; j < kGemmBM * 8; j += 256) {
-      const int r = j >> 3, ch = j & 7;
+  for (int q = 0; q < 256 / G::kThreads; ++q) {
+    const int j = tid + q * G::kThreads;
+    wsrc[q] = wp + (size_t)min(t0 + (j >> 5), n_tiles - 1) * KB * 32 + (j & 31);
+  }
+  auto load_stage = [&](int s, int kb) {
+    uint8_t* base = gsm + s * G::kStageBytes;
+#pragma unroll
+    for (int q = 0; q < 256 / G::kThreads; ++q) cp_async16(base + (tid + q * G::kThreads) * 16, wsrc[q] + (size_t)kb * 32);
+#pragma unroll
+    for (int q = 0; q < 8 * G::kBM / G::kThreads; ++q) {
+      const int j = tid + q * G::kThreads, r = j >> 3, ch = j & 7;
       cp_async16(base + kGemmTiles * 512 + r * kGemmXRow + ch * 16,
                  xq + ((size_t)kb * Mp + m0 + r) * kBlockK + ch * 16);
     }
@@ -1140,7 +1151,7 @@ __global__ void __launch_bounds__(256, 2)
     __syncthreads();                   // ... everyone's, and k-block kb - 1 is no longer read
     if (kb + kGemmStages - 1 < KB) load_stage((kb + kGemmStages - 1) % kGemmStages, kb + kGemmStages - 1);
     cp_async_commit();
-    const uint8_t* base = gsm + (kb % kGemmStages) * kGemmStageBytes;
+    const uint8_t* base = gsm + (kb % kGemmStages) * G::kStageBytes;
     int4 w[2];
 #pragma unroll
     for (int wn = 0; wn < 2; ++wn) w[wn] = *reinterpret_cast<const int4*>(base + ((2 * wcol + wn) * 32 + lane) * 16);
@@ -1535,21 +1546,26 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
 }
 
 // TRIT_A8_GEMM=1 (not the default until measured): a8 at 16 < M <= 256 through a8_gemm_kernel, fed
-// by the quantizer's k-block-major xq with Mp = M rounded up to 64 rows (the op's workspace has them).
+// by the quantizer's k-block-major xq with Mp = M rounded up to BM rows (the op's workspace has them).
 constexpr int kA8GemmMaxM = 256;
 template <typename T>
 cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y, int M, int N,
                            int K, int8_t* xq, float* xs, int32_t* rowsum, cudaStream_t st) {
   const int KB = (K + kBlockK - 1) / kBlockK, n_tiles = (N + kTileN - 1) / kTileN;
-  const int Mp = (M + kGemmBM - 1) / kGemmBM * kGemmBM;
+  const int BM = M <= 32 ? Gemm<1>::kBM : Gemm<2>::kBM;
+  const int Mp = (M + BM - 1) / BM * BM;
   const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
   const bool pdl = env_int("TRIT_PDL", 1) != 0 && pdl_supported();
   cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(Mp), dim3(256), 0, st, pdl, x, xq, xs, rowsum, M, K,
                             KB * kBlockK, Mp, vec);
   if (e != cudaSuccess) return e;
-  return launch_ex(a8_gemm_kernel<T>, dim3((n_tiles + kGemmTiles - 1) / kGemmTiles, Mp / kGemmBM), dim3(256),
-                   (size_t)kGemmStages * kGemmStageBytes, st, pdl, xq, xs, rowsum, reinterpret_cast<const int4*>(wp),
-                   scale, bias, y, M, N, KB, n_tiles, Mp);
+  const dim3 grid((n_tiles + kGemmTiles - 1) / kGemmTiles, Mp / BM);
+  const int4* w4 = reinterpret_cast<const int4*>(wp);
+  if (M <= 32)
+    return launch_ex(a8_gemm_kernel<T, 1>, grid, dim3(Gemm<1>::kThreads), (size_t)kGemmStages * Gemm<1>::kStageBytes,
+                     st, pdl, xq, xs, rowsum, w4, scale, bias, y, M, N, KB, n_tiles, Mp);
+  return launch_ex(a8_gemm_kernel<T, 2>, grid, dim3(Gemm<2>::kThreads), (size_t)kGemmStages * Gemm<2>::kStageBytes,
+                   st, pdl, xq, xs, rowsum, w4, scale, bias, y, M, N, KB, n_tiles, Mp);
 }
 
 template <typename T>
