@@ -131,6 +131,13 @@ int64_t a8_dense_min_m() {
 
 // (An exact bf16 route - xq and W as bf16, cuBLAS with fp32 output, TRIT_A8_DENSE=bf16 - lost to
 // int8 cuBLAS on every shape in H200 run 10, e.g. 2560x2560 M=4096 165.0 vs 148.1 us, and was removed.)
+// TRIT_A8_GEMM=1: W1.58A8 at 16 < M <= 256 (below the int8 cuBLAS route) through the GEMM-shaped
+// kernel (ternary_gemm.cu, a8_gemm_kernel); written, not yet measured, so not the default.
+bool a8_gemm_on(int64_t M) {
+  const char* e = getenv("TRIT_A8_GEMM");
+  return e != nullptr && strcmp(e, "1") == 0 && M > 16 && M <= 256;
+}
+
 at::Tensor a8_dense(const MmArgs& a, const at::Tensor& packed, const at::Tensor& scale, int64_t N, int64_t K,
                     const char* op) {
   const int64_t Kp = (K + 127) / 128 * 128;
@@ -169,6 +176,14 @@ at::Tensor ternary_mm_a8_cuda(const at::Tensor& x, const at::Tensor& packed, con
   int8_t* xq = ws.data_ptr<int8_t>();
   float* xs = reinterpret_cast<float*>(xq + Mp * Kp);
   int32_t* rowsum = reinterpret_cast<int32_t*>(xs + a.M);
+  if (a8_gemm_on(a.M)) {  // zeroed split-K partial sums + tile counters (one memset node in a graph)
+    at::Tensor gws = at::zeros({trit_mm_a8_gemm_ws_ints((int)a.M, (int)N)}, x.options().dtype(at::kInt));
+    check_launch(trit_mm_a8_gemm(a.dtype, a.x.data_ptr(), packed.data_ptr<int32_t>(), scale.data_ptr<float>(),
+                                 a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N, (int)K,
+                                 xq, xs, rowsum, gws.data_ptr<int32_t>(), current_stream(x)),
+                 op);
+    return a.y;
+  }
   check_launch(trit_mm_a8(a.dtype, a.x.data_ptr(), packed.data_ptr<int32_t>(), scale.data_ptr<float>(),
                           a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N, (int)K, xq,
                           xs, rowsum, current_stream(x)),

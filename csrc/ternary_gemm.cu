@@ -1108,10 +1108,13 @@ template <typename T, int WM>
 __global__ void __launch_bounds__(Gemm<WM>::kThreads, 4 / WM)
     a8_gemm_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                    const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
-                   T* __restrict__ y, int M, int N, int KB, int n_tiles, int Mp) {
+                   T* __restrict__ y, int M, int N, int KB, int n_tiles, int Mp, int32_t* __restrict__ ws) {
   extern __shared__ __align__(16) uint8_t gsm[];
+  __shared__ int s_last;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   using G = Gemm<WM>;
+  // split-K (gridDim.z > 1): CTA z runs k-blocks [kb_lo, kb_lo + nkb)
+  const int ks = gridDim.z, kb_lo = (KB * (int)blockIdx.z) / ks, nkb = (KB * ((int)blockIdx.z + 1)) / ks - kb_lo;
   const int wcol = warp & 3, wrow = warp >> 2;  // the warp's 2 tiles: 2 * wcol, +1; rows 32 * wrow ..
   const int g = lane >> 2, c = lane & 3;
   const int t0 = blockIdx.x * kGemmTiles, m0 = blockIdx.y * G::kBM;
@@ -1123,7 +1126,8 @@ __global__ void __launch_bounds__(Gemm<WM>::kThreads, 4 / WM)
     const int j = tid + q * G::kThreads;
     wsrc[q] = wp + (size_t)min(t0 + (j >> 5), n_tiles - 1) * KB * 32 + (j & 31);
   }
-  auto load_stage = [&](int s, int kb) {
+  auto load_stage = [&](int s, int kbi) {  // kbi: this CTA's kbi-th k-block
+    const int kb = kb_lo + kbi;
     uint8_t* base = gsm + s * G::kStageBytes;
 #pragma unroll
     for (int q = 0; q < 256 / G::kThreads; ++q) cp_async16(base + (tid + q * G::kThreads) * 16, wsrc[q] + (size_t)kb * 32);
@@ -1143,13 +1147,13 @@ __global__ void __launch_bounds__(Gemm<WM>::kThreads, 4 / WM)
   pdl_wait();  // xq comes from the quantizer launched just before
 #pragma unroll
   for (int s = 0; s < kGemmStages - 1; ++s) {
-    if (s < KB) load_stage(s, s);
+    if (s < nkb) load_stage(s, s);
     cp_async_commit();
   }
-  for (int kb = 0; kb < KB; ++kb) {
+  for (int kb = 0; kb < nkb; ++kb) {
     cp_async_wait<kGemmStages - 2>();  // k-block kb has landed (this thread's copies) ...
     __syncthreads();                   // ... everyone's, and k-block kb - 1 is no longer read
-    if (kb + kGemmStages - 1 < KB) load_stage((kb + kGemmStages - 1) % kGemmStages, kb + kGemmStages - 1);
+    if (kb + kGemmStages - 1 < nkb) load_stage((kb + kGemmStages - 1) % kGemmStages, kb + kGemmStages - 1);
     cp_async_commit();
     const uint8_t* base = gsm + (kb % kGemmStages) * G::kStageBytes;
     int4 w[2];
@@ -1176,6 +1180,30 @@ __global__ void __launch_bounds__(Gemm<WM>::kThreads, 4 / WM)
     }
   }
   cp_async_wait<0>();
+  // split-K: the partial sums go into ws (int32 [Mp][N], zeroed by the caller) with integer atomics,
+  // exact in any order; the CTA that arrives last at its counter (ws + Mp * N, one per (x, y) tile,
+  // zeroed too) reads the totals back and stores (threadFenceReduction pattern). ks = 1: no ws.
+  int32_t* part = ws;
+  if (ks > 1) {
+#pragma unroll
+    for (int wn = 0; wn < 2; ++wn) {
+      const int t = t0 + 2 * wcol + wn;
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int n = t * kTileN + g + 8 * (q >> 1);
+          const int m = m0 + 32 * wrow + 8 * mt + 2 * c + (q & 1);
+          if (t < n_tiles && n < N && m < M) atomicAdd(part + (size_t)m * N + n, acc[wn][mt][q]);
+        }
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(ws + (size_t)Mp * N + blockIdx.y * gridDim.x + blockIdx.x, 1) == ks - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+  }
 #pragma unroll
   for (int wn = 0; wn < 2; ++wn) {
     const int t = t0 + 2 * wcol + wn;
@@ -1185,7 +1213,10 @@ __global__ void __launch_bounds__(Gemm<WM>::kThreads, 4 / WM)
       for (int q = 0; q < 4; ++q) {
         const int n = t * kTileN + g + 8 * (q >> 1);
         const int m = m0 + 32 * wrow + 8 * mt + 2 * c + (q & 1);
-        if (t < n_tiles && n < N && m < M) store_out<T, true>(acc[wn][mt][q], m, n, N, scale, bias, y, xs, rowsum);
+        if (t < n_tiles && n < N && m < M) {
+          const int v = ks > 1 ? __ldcg(part + (size_t)m * N + n) : acc[wn][mt][q];
+          store_out<T, true>(v, m, n, N, scale, bias, y, xs, rowsum);
+        }
       }
   }
 }
@@ -1361,7 +1392,9 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //                                     fragments shared by two tiles); auto: 2 where N >= 6144 (wn_auto)
 //   TRIT_A8_FUSEQ = -1 (default: auto) | 0 | 1   a8 at M <= 8: the quantizer fused into the GEMV
 //                                     (a8_small_kernel kFuseQ); auto: at M = 1 on small layers (fuseq_auto)
-//   TRIT_A8_GEMM = 0 (default) | 1    a8 at 16 < M <= 256: a8_gemm_kernel (not measured yet)
+//   TRIT_A8_GEMM = 0 (default) | 1    a8 at 16 < M <= 256: a8_gemm_kernel (not measured yet; read in
+//                                     bindings.cpp, which gives it a zeroed split-K workspace)
+//   TRIT_A8_GEMM_KS = n               its split-K CTAs (default: gemm_ks)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
   bool v5, pdl;
@@ -1545,12 +1578,29 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
                    cfg.wn == 1 ? flags : 0, x, K);
 }
 
-// TRIT_A8_GEMM=1 (not the default until measured): a8 at 16 < M <= 256 through a8_gemm_kernel, fed
-// by the quantizer's k-block-major xq with Mp = M rounded up to BM rows (the op's workspace has them).
+// TRIT_A8_GEMM=1 (not the default until measured; bindings.cpp picks it): a8 at 16 < M <= 256
+// through a8_gemm_kernel, fed by the quantizer's k-block-major xq with Mp = M rounded up to BM rows
+// (the op's workspace has them). Split-K (ks CTAs along K) when the (N, M) tiles alone fill less
+// than one wave of resident CTAs: powers of two while each CTA keeps >= 4 k-blocks;
+// TRIT_A8_GEMM_KS overrides. ws: int32 [Mp][N] partial sums + one counter per (N, M) tile, zeroed.
 constexpr int kA8GemmMaxM = 256;
+int sm_count() {
+  static int cached[64] = {0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  if (cached[dev] == 0) cudaDeviceGetAttribute(&cached[dev], cudaDevAttrMultiProcessorCount, dev);
+  return cached[dev] > 0 ? cached[dev] : 132;
+}
+int gemm_ks(int ctas, int per_sm, int KB) {
+  const int forced = env_int("TRIT_A8_GEMM_KS", 0);
+  if (forced > 0) return max(1, min(forced, KB));
+  int ks = 1;
+  while (2 * ks * ctas <= sm_count() * per_sm && KB / (2 * ks) >= 4) ks *= 2;
+  return ks;
+}
 template <typename T>
 cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y, int M, int N,
-                           int K, int8_t* xq, float* xs, int32_t* rowsum, cudaStream_t st) {
+                           int K, int8_t* xq, float* xs, int32_t* rowsum, int32_t* ws, cudaStream_t st) {
   const int KB = (K + kBlockK - 1) / kBlockK, n_tiles = (N + kTileN - 1) / kTileN;
   const int BM = M <= 32 ? Gemm<1>::kBM : Gemm<2>::kBM;
   const int Mp = (M + BM - 1) / BM * BM;
@@ -1559,21 +1609,21 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
   cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(Mp), dim3(256), 0, st, pdl, x, xq, xs, rowsum, M, K,
                             KB * kBlockK, Mp, vec);
   if (e != cudaSuccess) return e;
-  const dim3 grid((n_tiles + kGemmTiles - 1) / kGemmTiles, Mp / BM);
+  const int gx = (n_tiles + kGemmTiles - 1) / kGemmTiles, gy = Mp / BM;
+  const int ks = gemm_ks(gx * gy, M <= 32 ? 4 : 2, KB);
+  const dim3 grid(gx, gy, ks);
   const int4* w4 = reinterpret_cast<const int4*>(wp);
   if (M <= 32)
     return launch_ex(a8_gemm_kernel<T, 1>, grid, dim3(Gemm<1>::kThreads), (size_t)kGemmStages * Gemm<1>::kStageBytes,
-                     st, pdl, xq, xs, rowsum, w4, scale, bias, y, M, N, KB, n_tiles, Mp);
+                     st, pdl, xq, xs, rowsum, w4, scale, bias, y, M, N, KB, n_tiles, Mp, ws);
   return launch_ex(a8_gemm_kernel<T, 2>, grid, dim3(Gemm<2>::kThreads), (size_t)kGemmStages * Gemm<2>::kStageBytes,
-                   st, pdl, xq, xs, rowsum, w4, scale, bias, y, M, N, KB, n_tiles, Mp);
+                   st, pdl, xq, xs, rowsum, w4, scale, bias, y, M, N, KB, n_tiles, Mp, ws);
 }
 
 template <typename T>
 cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
                         int M, int N, int K, int8_t* xq, float* xs, int32_t* rowsum,
                         cudaStream_t st) {
-  if (M > 16 && M <= kA8GemmMaxM && env_int("TRIT_A8_GEMM", 0) == 1)
-    return launch_a8_gemm<T>(x, wp, scale, bias, y, M, N, K, xq, xs, rowsum, st);
   const int KB = (K + kBlockK - 1) / kBlockK;
   const bool v5 = a8_v5(M, N, K);
   const Knobs kn = v5 ? knobs() : Knobs{false, false, 0, 0, 0, 1, 0};
@@ -1698,6 +1748,22 @@ extern "C" int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const
     return (int)dispatch_a8<T>((const T*)x, packed, scale, (const T*)bias, (T*)y, M, N, K, xq, xs, rowsum,
                                (cudaStream_t)stream);
   });
+}
+
+extern "C" int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, const float* scale,
+                               const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
+                               int32_t* rowsum, int32_t* ws, void* stream) {
+  if (M <= 16 || M > kA8GemmMaxM) return (int)cudaErrorInvalidValue;
+  return visit_float_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return (int)launch_a8_gemm<T>((const T*)x, packed, scale, (const T*)bias, (T*)y, M, N, K, xq, xs, rowsum, ws,
+                                  (cudaStream_t)stream);
+  });
+}
+
+extern "C" long long trit_mm_a8_gemm_ws_ints(int M, int N) {
+  const int Mp = (M + 63) / 64 * 64, n_tiles = (N + kTileN - 1) / kTileN;
+  return (long long)Mp * N + (long long)((n_tiles + kGemmTiles - 1) / kGemmTiles) * ((M + 31) / 32);
 }
 
 extern "C" int trit_a8_quant(int dtype, const void* x, int8_t* xq, float* xs, int32_t* rowsum, int M, int K,

@@ -315,9 +315,10 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
 
 
 # ------------------------------------------------------------------ a8 GEMM-shaped kernel
-# TRIT_A8_GEMM=1: 16 < M <= 256 through a8_gemm_kernel (128 channels x 64 rows per CTA, cp.async
-# ring). Exact integer sums and the shared epilogue: bit-identical to the default kernels, on
-# partial CTA tiles in N (N % 128), in M (M % 64), K tails and every activation dtype.
+# TRIT_A8_GEMM=1: 16 < M <= 256 through a8_gemm_kernel (128 channels x 32 / 64 rows per CTA,
+# cp.async ring, split-K with integer atomics). Exact integer sums and the shared epilogue:
+# bit-identical to the default kernels, on partial CTA tiles in N (N % 128), in M (M % 64), K tails,
+# forced split-K counts and every activation dtype.
 @pytest.mark.parametrize("M", [17, 33, 64, 65, 100, 128, 200, 256])
 @pytest.mark.parametrize("NK", [(64, 1000), (2560, 2560), (1000, 4104), (24, 8200), (100, 300), (130, 520)])
 def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
@@ -328,8 +329,12 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
         y0 = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
         monkeypatch.setenv("TRIT_A8_GEMM", "1")
         y1 = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
-        monkeypatch.delenv("TRIT_A8_GEMM")
         assert torch.equal(y1, y0), f"a8 gemm vs default M={M} N={N} K={K} {dtype}"
+        for ks in ("1", "3", "7"):  # split-K forced: integer atomics are exact in any order
+            monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)
+            assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), f"a8 gemm ks={ks} M={M} N={N}"
+        monkeypatch.delenv("TRIT_A8_GEMM_KS")
+        monkeypatch.delenv("TRIT_A8_GEMM")
         assert_close_rel(y1, ops.ternary_mm_a8_ref(x, p, s, N, K, b),
                          {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}[dtype], "a8 gemm vs ref")
 
