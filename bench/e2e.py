@@ -54,6 +54,23 @@ CATEGORIES = [  # (category, substrings of kernel names), first match wins
 ]
 
 
+# ours-*-gemm: the same checkpoint with the GEMM-shaped a8 kernel for 16 < M <= 256 (TRIT_A8_GEMM=1)
+VARIANTS = {"ours-gemm": ("ours", {"TRIT_A8_GEMM": "1"}), "ours-bitnet-gemm": ("ours-bitnet", {"TRIT_A8_GEMM": "1"})}
+
+
+def configs(shape: str, only):
+    """[(label, preset, quantization, unquantized, extra env)] of --shape, filtered by --only; the
+    VARIANTS of a config follow it when named."""
+    out = []
+    for label, preset, quant, unq in SHAPES[shape]:
+        if not only or label in only:
+            out.append((label, preset, quant, unq, {}))
+        for v, (base, env) in VARIANTS.items():
+            if base == label and only and v in only:
+                out.append((v, preset, quant, unq, env))
+    return out
+
+
 def model_dir(root: Path, preset: str, unquantized: bool) -> Path:
     from reference.make_model import PRESETS, write_model
 
@@ -250,21 +267,18 @@ def main(argv=None) -> int:
                 f.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_text(f, doc)
     if a.gen_only:
-        for label, preset, quant, unq in SHAPES[a.shape]:
-            if not a.only or label in a.only.split(","):
-                t0 = time.time()
-                print(f"{label}: {model_dir(a.models, preset, unq)} ({time.time() - t0:.0f} s)", flush=True)
+        for label, preset, quant, unq, _ in configs(a.shape, a.only.split(",") if a.only else None):
+            t0 = time.time()
+            print(f"{label}: {model_dir(a.models, preset, unq)} ({time.time() - t0:.0f} s)", flush=True)
         return 0
-    for label, preset, quant, unq in SHAPES[a.shape]:
-        if a.only and label not in a.only.split(","):
-            continue
+    for label, preset, quant, unq, extra_env in configs(a.shape, a.only.split(",") if a.only else None):
         if label + (f"-tp{a.tp}" if a.tp > 1 else "") in resumed:
             continue
         d = model_dir(a.models, preset, unq)
         cmd = [sys.executable, "-m", "bench.e2e", "--batches", a.batches, "--prompt-len", str(a.prompt_len),
                "--gen-len", str(a.gen_len), "--profile-steps", str(a.profile_steps), "--tp", str(a.tp),
                "--one", label + (f"-tp{a.tp}" if a.tp > 1 else ""), str(d), quant or "-"]
-        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **extra_env})
         line = next((l for l in p.stdout.splitlines() if l.startswith("RESULT ")), None)
         if line is None:
             rows.append({"label": label, "error": (p.stderr or p.stdout)[-3000:]})
@@ -273,6 +287,8 @@ def main(argv=None) -> int:
             continue
         rows.append(json.loads(line[7:]))
         rows[-1]["measured_at"] = time.strftime("%H:%M:%S UTC", time.gmtime())
+        if extra_env:
+            rows[-1]["env"] = extra_env
         print(f"{label}: {rows[-1]['throughput']}", flush=True)
         save_partial()
     base = next((r for r in rows if r["label"].startswith("bf16") and "error" not in r), None)
@@ -301,7 +317,8 @@ def main(argv=None) -> int:
                         else o["throughput"][str(batches[0])]["tok_s"])  # noqa: E731
         vb = f"{rb(r) / rb(base):.2f}x" if base else "-"
         vh = f"{rb(r) / rb(hum):.2f}x" if hum else "-"
-        md.append(f"| {r['label']} | " + " | ".join(cells) +
+        label = r["label"] + (f" ({', '.join(f'{k}={v}' for k, v in r['env'].items())})" if r.get("env") else "")
+        md.append(f"| {label} | " + " | ".join(cells) +
                   f" | {r['ttft_ms']} | {r.get('load_s', '-')} | {r['weights']['bits_per_weight']} | {vb} | {vh} |")
     for r in rows:
         if "profile" in r:

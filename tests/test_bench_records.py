@@ -39,6 +39,7 @@ def test_e2e_state_resumes_across_calls(tmp_path, monkeypatch):
     def fake_run(cmd, **kw):
         label = cmd[cmd.index("--one") + 1]
         ran.append(label)
+        assert (kw["env"].get("TRIT_A8_GEMM") == "1") == label.endswith("-gemm")  # a variant's environment
         tp = {"1": {"seconds": 0.1, "tok_s": 10.0 if label.startswith("bf16") else 20.0}}
         r = {"label": label, "throughput": tp, "ttft_ms": 1.0, "weights": {"bits_per_weight": 16.0}}
         return types.SimpleNamespace(stdout="log\nRESULT " + json.dumps(r) + "\n", stderr="")
@@ -61,3 +62,8 @@ def test_e2e_state_resumes_across_calls(tmp_path, monkeypatch):
     monkeypatch.setenv("TRIT_COMMIT", "c2")  # another commit measures everything again
     assert e2e.main(common + ["--only", "ours-bitnet"]) == 0
     assert ran[-1] == "ours-bitnet" and len(ran) == 3
+    # a kernel variant runs only when named, right after its base config, with its environment
+    assert e2e.main(common + ["--only", "ours-bitnet,ours-bitnet-gemm"]) == 0
+    assert ran[-1] == "ours-bitnet-gemm" and len(ran) == 4
+    rec = max((tmp_path / "o").glob("*-e2e-tiny*.md"), key=lambda p: p.stat().st_mtime_ns)
+    assert "| ours-bitnet-gemm (TRIT_A8_GEMM=1) |" in rec.read_text()
