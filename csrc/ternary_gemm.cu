@@ -1762,6 +1762,8 @@ extern "C" int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, 
 }
 
 extern "C" long long trit_mm_a8_gemm_ws_ints(int M, int N) {
+  // partial sums for M rounded up to 64 rows (>= the kernel's Mp = M rounded up to its BM, after
+  // which it puts the counters), then one counter per (N, M) tile of the 32-row shape (the most)
   const int Mp = (M + 63) / 64 * 64, n_tiles = (N + kTileN - 1) / kTileN;
   return (long long)Mp * N + (long long)((n_tiles + kGemmTiles - 1) / kGemmTiles) * ((M + 31) / 32);
 }
