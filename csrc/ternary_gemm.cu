@@ -1183,8 +1183,7 @@ __global__ void __launch_bounds__(Gemm<WM>::kThreads, 4 / WM)
   // split-K: the partial sums go into ws (int32 [Mp][N], zeroed by the caller) with integer atomics,
   // exact in any order; the CTA that arrives last at its counter (ws + Mp * N, one per (x, y) tile,
   // zeroed too) reads the totals back and stores (threadFenceReduction pattern). ks = 1: no ws.
-  int32_t* part = ws;
-  if (ks > 1) {
+  auto each_output = [&](auto&& f) {  // f(m, n, sum) for the warp's outputs that exist
 #pragma unroll
     for (int wn = 0; wn < 2; ++wn) {
       const int t = t0 + 2 * wcol + wn;
@@ -1194,9 +1193,12 @@ __global__ void __launch_bounds__(Gemm<WM>::kThreads, 4 / WM)
         for (int q = 0; q < 4; ++q) {
           const int n = t * kTileN + g + 8 * (q >> 1);
           const int m = m0 + 32 * wrow + 8 * mt + 2 * c + (q & 1);
-          if (t < n_tiles && n < N && m < M) atomicAdd(part + (size_t)m * N + n, acc[wn][mt][q]);
+          if (t < n_tiles && n < N && m < M) f(m, n, acc[wn][mt][q]);
         }
     }
+  };
+  if (ks > 1) {
+    each_output([&](int m, int n, int v) { atomicAdd(ws + (size_t)m * N + n, v); });
     __threadfence();
     __syncthreads();
     if (tid == 0) s_last = atomicAdd(ws + (size_t)Mp * N + blockIdx.y * gridDim.x + blockIdx.x, 1) == ks - 1;
@@ -1204,21 +1206,9 @@ __global__ void __launch_bounds__(Gemm<WM>::kThreads, 4 / WM)
     if (!s_last) return;
     __threadfence();
   }
-#pragma unroll
-  for (int wn = 0; wn < 2; ++wn) {
-    const int t = t0 + 2 * wcol + wn;
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int n = t * kTileN + g + 8 * (q >> 1);
-        const int m = m0 + 32 * wrow + 8 * mt + 2 * c + (q & 1);
-        if (t < n_tiles && n < N && m < M) {
-          const int v = ks > 1 ? __ldcg(part + (size_t)m * N + n) : acc[wn][mt][q];
-          store_out<T, true>(v, m, n, N, scale, bias, y, xs, rowsum);
-        }
-      }
-  }
+  each_output([&](int m, int n, int v) {
+    store_out<T, true>(ks > 1 ? __ldcg(ws + (size_t)m * N + n) : v, m, n, N, scale, bias, y, xs, rowsum);
+  });
 }
 
 // The a8 quantizer for a8_small_kernel: the same values as quant_rows_kernel (bit for bit), xq
