@@ -176,11 +176,13 @@ at::Tensor ternary_mm_a8_cuda(const at::Tensor& x, const at::Tensor& packed, con
   int8_t* xq = ws.data_ptr<int8_t>();
   float* xs = reinterpret_cast<float*>(xq + Mp * Kp);
   int32_t* rowsum = reinterpret_cast<int32_t*>(xs + a.M);
-  if (a8_gemm_on(a.M)) {  // zeroed split-K partial sums + tile counters (one memset node in a graph)
-    at::Tensor gws = at::zeros({trit_mm_a8_gemm_ws_ints((int)a.M, (int)N)}, x.options().dtype(at::kInt));
+  if (a8_gemm_on(a.M)) {
+    // split-K partial sums + tile counters, zeroed (one memset node in a graph); none without split-K
+    const int64_t n_ws = trit_mm_a8_gemm_ws_ints((int)a.M, (int)N, (int)K);
+    at::Tensor gws = n_ws > 0 ? at::zeros({n_ws}, x.options().dtype(at::kInt)) : at::Tensor();
     check_launch(trit_mm_a8_gemm(a.dtype, a.x.data_ptr(), packed.data_ptr<int32_t>(), scale.data_ptr<float>(),
                                  a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N, (int)K,
-                                 xq, xs, rowsum, gws.data_ptr<int32_t>(), current_stream(x)),
+                                 xq, xs, rowsum, n_ws > 0 ? gws.data_ptr<int32_t>() : nullptr, current_stream(x)),
                  op);
     return a.y;
   }

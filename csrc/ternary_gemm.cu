@@ -31,7 +31,6 @@
 #include <string.h>
 
 #include <algorithm>
-#include <type_traits>
 
 #include "ternary.h"
 
@@ -1384,7 +1383,7 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //                                     (a8_small_kernel kFuseQ); auto: at M = 1 on small layers (fuseq_auto)
 //   TRIT_A8_GEMM = 0 (default) | 1    a8 at 16 < M <= 256: a8_gemm_kernel (not measured yet; read in
 //                                     bindings.cpp, which gives it a zeroed split-K workspace)
-//   TRIT_A8_GEMM_KS = n               its split-K CTAs (default: gemm_ks)
+//   TRIT_A8_GEMM_KS = n               its split-K CTAs (default: gemm_shape)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
   bool v5, pdl;
@@ -1572,7 +1571,8 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
 // through a8_gemm_kernel, fed by the quantizer's k-block-major xq with Mp = M rounded up to BM rows
 // (the op's workspace has them). Split-K (ks CTAs along K) when the (N, M) tiles alone fill less
 // than one wave of resident CTAs: powers of two while each CTA keeps >= 4 k-blocks;
-// TRIT_A8_GEMM_KS overrides. ws: int32 [Mp][N] partial sums + one counter per (N, M) tile, zeroed.
+// TRIT_A8_GEMM_KS overrides. ws (ks > 1 only): int32 [Mp][N] partial sums + one counter per
+// (N, M) tile, zeroed; trit_mm_a8_gemm_ws_ints gives its size from the same gemm_shape.
 constexpr int kA8GemmMaxM = 256;
 int sm_count() {
   static int cached[64] = {0};
@@ -1581,33 +1581,44 @@ int sm_count() {
   if (cached[dev] == 0) cudaDeviceGetAttribute(&cached[dev], cudaDevAttrMultiProcessorCount, dev);
   return cached[dev] > 0 ? cached[dev] : 132;
 }
-int gemm_ks(int ctas, int per_sm, int KB) {
-  const int forced = env_int("TRIT_A8_GEMM_KS", 0);
-  if (forced > 0) return max(1, min(forced, KB));
-  int ks = 1;
-  while (2 * ks * ctas <= sm_count() * per_sm && KB / (2 * ks) >= 4) ks *= 2;
-  return ks;
+// The launch shape of a8_gemm_kernel for (M, N, K); the workspace the split-K needs follows from it.
+struct GemmShape {
+  int BM, Mp, KB, n_tiles, gx, gy, ks;
+};
+GemmShape gemm_shape(int M, int N, int K) {
+  GemmShape g;
+  g.BM = M <= 32 ? Gemm<1>::kBM : Gemm<2>::kBM;
+  g.Mp = (M + g.BM - 1) / g.BM * g.BM;
+  g.KB = (K + kBlockK - 1) / kBlockK;
+  g.n_tiles = (N + kTileN - 1) / kTileN;
+  g.gx = (g.n_tiles + kGemmTiles - 1) / kGemmTiles;
+  g.gy = g.Mp / g.BM;
+  const int per_sm = M <= 32 ? 4 : 2, forced = env_int("TRIT_A8_GEMM_KS", 0);
+  g.ks = 1;
+  if (forced > 0) {
+    g.ks = max(1, min(forced, g.KB));
+  } else {
+    while (2 * g.ks * g.gx * g.gy <= sm_count() * per_sm && g.KB / (2 * g.ks) >= 4) g.ks *= 2;
+  }
+  return g;
 }
 template <typename T>
 cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y, int M, int N,
                            int K, int8_t* xq, float* xs, int32_t* rowsum, int32_t* ws, cudaStream_t st) {
-  const int KB = (K + kBlockK - 1) / kBlockK, n_tiles = (N + kTileN - 1) / kTileN;
-  const int BM = M <= 32 ? Gemm<1>::kBM : Gemm<2>::kBM;
-  const int Mp = (M + BM - 1) / BM * BM;
+  const GemmShape g = gemm_shape(M, N, K);
+  if (g.ks > 1 && ws == nullptr) return cudaErrorInvalidValue;
   const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
   const bool pdl = env_int("TRIT_PDL", 1) != 0 && pdl_supported();
-  cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(Mp), dim3(256), 0, st, pdl, x, xq, xs, rowsum, M, K,
-                            KB * kBlockK, Mp, vec);
+  cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(g.Mp), dim3(256), 0, st, pdl, x, xq, xs, rowsum, M, K,
+                            g.KB * kBlockK, g.Mp, vec);
   if (e != cudaSuccess) return e;
-  const int gx = (n_tiles + kGemmTiles - 1) / kGemmTiles, gy = Mp / BM;
-  const int ks = gemm_ks(gx * gy, M <= 32 ? 4 : 2, KB);
-  const dim3 grid(gx, gy, ks);
+  const dim3 grid(g.gx, g.gy, g.ks);
   const int4* w4 = reinterpret_cast<const int4*>(wp);
-  if (M <= 32)
+  if (g.BM == Gemm<1>::kBM)
     return launch_ex(a8_gemm_kernel<T, 1>, grid, dim3(Gemm<1>::kThreads), (size_t)kGemmStages * Gemm<1>::kStageBytes,
-                     st, pdl, xq, xs, rowsum, w4, scale, bias, y, M, N, KB, n_tiles, Mp, ws);
+                     st, pdl, xq, xs, rowsum, w4, scale, bias, y, M, N, g.KB, g.n_tiles, g.Mp, ws);
   return launch_ex(a8_gemm_kernel<T, 2>, grid, dim3(Gemm<2>::kThreads), (size_t)kGemmStages * Gemm<2>::kStageBytes,
-                   st, pdl, xq, xs, rowsum, w4, scale, bias, y, M, N, KB, n_tiles, Mp, ws);
+                   st, pdl, xq, xs, rowsum, w4, scale, bias, y, M, N, g.KB, g.n_tiles, g.Mp, ws);
 }
 
 template <typename T>
@@ -1751,11 +1762,10 @@ extern "C" int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, 
   });
 }
 
-extern "C" long long trit_mm_a8_gemm_ws_ints(int M, int N) {
-  // partial sums for M rounded up to 64 rows (>= the kernel's Mp = M rounded up to its BM, after
-  // which it puts the counters), then one counter per (N, M) tile of the 32-row shape (the most)
-  const int Mp = (M + 63) / 64 * 64, n_tiles = (N + kTileN - 1) / kTileN;
-  return (long long)Mp * N + (long long)((n_tiles + kGemmTiles - 1) / kGemmTiles) * ((M + 31) / 32);
+extern "C" long long trit_mm_a8_gemm_ws_ints(int M, int N, int K) {
+  // split-K only: int32 partial sums [Mp][N] and one counter per (N, M) tile; none at ks = 1
+  const GemmShape g = gemm_shape(M, N, K);
+  return g.ks > 1 ? (long long)g.Mp * N + (long long)g.gx * g.gy : 0;
 }
 
 extern "C" int trit_a8_quant(int dtype, const void* x, int8_t* xq, float* xs, int32_t* rowsum, int M, int K,
