@@ -272,12 +272,13 @@ def main(argv=None) -> int:
             print(f"{label}: {model_dir(a.models, preset, unq)} ({time.time() - t0:.0f} s)", flush=True)
         return 0
     for label, preset, quant, unq, extra_env in configs(a.shape, a.only.split(",") if a.only else None):
-        if label + (f"-tp{a.tp}" if a.tp > 1 else "") in resumed:
+        run_label = label + (f"-tp{a.tp}" if a.tp > 1 else "")
+        if run_label in resumed:
             continue
         d = model_dir(a.models, preset, unq)
         cmd = [sys.executable, "-m", "bench.e2e", "--batches", a.batches, "--prompt-len", str(a.prompt_len),
                "--gen-len", str(a.gen_len), "--profile-steps", str(a.profile_steps), "--tp", str(a.tp),
-               "--one", label + (f"-tp{a.tp}" if a.tp > 1 else ""), str(d), quant or "-"]
+               "--one", run_label, str(d), quant or "-"]
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **extra_env})
         line = next((l for l in p.stdout.splitlines() if l.startswith("RESULT ")), None)
         if line is None:

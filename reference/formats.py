@@ -363,7 +363,7 @@ def pack(values: torch.Tensor, spec: PackSpec) -> torch.Tensor:
     lo, hi = int(v.min()), int(v.max())
     known = {int(val): c for c, val in reversed(list(enumerate(spec.codes))) if val is not None}
     if hi - lo <= (1 << 16):
-        lut = torch.full((hi - lo + 1,), -1, dtype=torch.int32)
+        lut = torch.full((hi - lo + 1,), -1, dtype=torch.int32, device=v.device)
         for val, c in known.items():
             if lo <= val <= hi:
                 lut[val - lo] = c
