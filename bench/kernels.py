@@ -152,11 +152,11 @@ class Humming:
         return layer
 
 
-# variants behind knobs that no GPU run has validated yet (--no-experimental leaves them out, e.g.
-# when the GPU tests of the same call failed: a kernel fault would end the whole bench). Run 10
-# validated the last ones (TRIT_WN=2, TRIT_A8_FUSEQ=1; TRIT_L2_256=1 and TRIT_A8_DENSE=bf16 lost
-# everywhere and were removed).
-EXPERIMENTAL: tuple[str, ...] = ()
+# variants behind knobs that no GPU run has validated yet, as {name: at which M} (--no-experimental
+# leaves them out, e.g. when the GPU tests of the same call failed: a kernel fault would end the
+# whole bench): the GEMM-shaped a8 kernel, and two tiles per warp past M = 16 (the MT = 4 kernel;
+# run 10 validated it at M <= 16).
+EXPERIMENTAL = {"a8_gemm": lambda M: True, "a8_wn2": lambda M: M > 16}
 
 
 def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, small_variants=None,
@@ -232,8 +232,9 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                     variants[f"a8_ks{ks}"] = with_env({"TRIT_KS": str(ks)}, variants["a8"])
                     variants[f"fused_ks{ks}"] = with_env({"TRIT_KS": str(ks)}, variants["fused"])
         if not experimental:
-            for name in EXPERIMENTAL:
-                variants.pop(name, None)
+            for name, at_m in EXPERIMENTAL.items():
+                if at_m(M):
+                    variants.pop(name, None)
         if hum_layers and M in HUMMING_MS:
             variants["humming"] = lambda i: hum_layers[i % len(hum_layers)](x)
         for name, f in variants.items():
@@ -371,7 +372,7 @@ def main(argv=None):
     ap.add_argument("--no-humming", action="store_true")
     ap.add_argument("--ks-sweep", action="store_true", help="M=1: time every split-K choice (TRIT_KS)")
     ap.add_argument("--no-experimental", action="store_true",
-                    help="leave out the variants not yet validated on a GPU: " + ", ".join(EXPERIMENTAL))
+                    help="leave out the variants not yet validated on a GPU: a8_gemm, a8_wn2 at M > 16")
     ap.add_argument("--cfg-sweep", default="", help="comma list of M > 8: time the a8 kernel at every "
                     "(TRIT_NW, TRIT_KS) in CFG_SWEEP there")
     ap.add_argument("--variants", default=None, help="v5 (M <= 64) variants to time beside the default, comma list of "

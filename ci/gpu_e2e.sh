@@ -12,8 +12,8 @@
 #   ci/gpu_e2e.sh e2e8b      bench.e2e --shape 8b (ours, bf16)
 # The e2e stages keep their rows in /tmp/e2e-state (bench.e2e --state): the same stage again, e.g.
 # with E2E_ONLY=ours,bf16,ours-gemm,humming (ours-gemm: TRIT_A8_GEMM=1; humming's JIT takes
-# minutes), measures only what is missing and
-# writes one record with every config of this commit side by side.
+# minutes), measures only what is missing and writes one record with every config of this commit
+# side by side.
 # Several stages may be given in one call. Models and goldens are generated on the machine under
 # /tmp (deterministic presets); results go to $OUT. TRIT_COMMIT names the commit in the records.
 set -uo pipefail
