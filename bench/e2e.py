@@ -42,7 +42,7 @@ SHAPES = {
 }
 
 CATEGORIES = [  # (category, substrings of kernel names), first match wins
-    ("ternary", ("a8_kernel", "a8_small", "quant_rows", "tmm_", "decode_kernel", "naive_kernel", "humming")),
+    ("ternary", ("a8_kernel", "a8_small", "a8_gemm", "quant_rows", "tmm_", "decode_kernel", "naive_kernel", "humming")),
     # inductor's fused kernels are named after every op they touch ("..._rms_norm_ternary_mm_a8_2"):
     # they are the norms/residual adds around our opaque op, not the op itself
     ("norm_elementwise", ("triton_",)),
@@ -54,8 +54,10 @@ CATEGORIES = [  # (category, substrings of kernel names), first match wins
 ]
 
 
-# ours-*-gemm: the same checkpoint with the GEMM-shaped a8 kernel for 16 < M <= 256 (TRIT_A8_GEMM=1)
-VARIANTS = {"ours-gemm": ("ours", {"TRIT_A8_GEMM": "1"}), "ours-bitnet-gemm": ("ours-bitnet", {"TRIT_A8_GEMM": "1"})}
+# ours-*-gemm / -nogemm: the same checkpoint with the GEMM-shaped a8 kernel forced for 16 < M <= 256
+# (TRIT_A8_GEMM=1) / turned off (0); the default picks it by shape at 32 < M <= 256
+VARIANTS = {"ours-gemm": ("ours", {"TRIT_A8_GEMM": "1"}), "ours-bitnet-gemm": ("ours-bitnet", {"TRIT_A8_GEMM": "1"}),
+            "ours-nogemm": ("ours", {"TRIT_A8_GEMM": "0"}), "ours-bitnet-nogemm": ("ours-bitnet", {"TRIT_A8_GEMM": "0"})}
 
 
 def configs(shape: str, only):

@@ -154,9 +154,9 @@ class Humming:
 
 # variants behind knobs that no GPU run has validated yet, as {name: at which M} (--no-experimental
 # leaves them out, e.g. when the GPU tests of the same call failed: a kernel fault would end the
-# whole bench): the GEMM-shaped a8 kernel, and two tiles per warp past M = 16 (the MT = 4 kernel;
-# run 10 validated it at M <= 16).
-EXPERIMENTAL = {"a8_gemm": lambda M: True, "a8_wn2": lambda M: M > 16}
+# whole bench). Empty: H200 run 12 validated the last two (the GEMM-shaped a8 kernel, and two
+# tiles per warp at M = 17-32); a new variant goes here until a GPU run has tested it.
+EXPERIMENTAL: dict = {}
 
 
 def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, small_variants=None,
@@ -208,21 +208,22 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                     continue
                 if M <= V5_MAX_M_FP:
                     variants[f"fused_{tag}"] = with_env(env, variants["fused"])
-                variants[f"a8_{tag}"] = with_env(env, variants["a8"])
+                # the GEMV kernels' knobs: the GEMM-shaped kernel (a default at M > 32) stays off here
+                variants[f"a8_{tag}"] = with_env({**env, "TRIT_A8_GEMM": "0"}, variants["a8"])
         if M == max(ms):  # the decode alone (M-independent): how much of `dense` is not cuBLAS
             variants["decode"] = lambda i: torch.ops.trit.ternary_decode(packs[i % nt], scale, N, K, x.dtype)
-        if M <= 16:  # the default picks per shape (wn_auto, fuseq_auto): each choice forced
-            variants["a8_plain"] = with_env({"TRIT_WN": "1", "TRIT_A8_FUSEQ": "0"}, variants["a8"])
-        if M <= 32:  # two weight tiles per warp (M 17-32: the MT = 4 kernel, not measured yet)
+        if M <= 32:  # the default picks per shape (wn_auto, fuseq_auto): each choice forced
+            variants["a8_plain"] = with_env({"TRIT_WN": "1", "TRIT_A8_FUSEQ": "0", "TRIT_A8_GEMM": "0"}, variants["a8"])
+        if M <= 32:  # two weight tiles per warp (M 17-32: the MT = 4 kernel)
             variants["a8_wn2"] = with_env({"TRIT_WN": "2"}, variants["a8"])
         if M <= 8:  # the quantizer fused into the GEMV
             variants["a8_fuseq"] = with_env({"TRIT_A8_FUSEQ": "1"}, variants["a8"])
-        if 16 < M <= 256:  # the GEMM-shaped a8 kernel (TRIT_A8_GEMM=1, not measured yet)
+        if 16 < M <= 256:  # the three a8 routes, each forced (the default picks by shape: a8_gemm_on)
             variants["a8_gemm"] = with_env({"TRIT_A8_GEMM": "1", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}, variants["a8"])
-        if M > V5_MAX_M_A8:  # both a8 paths above the v5 range, whichever is the default at this M
-            variants["a8_int8"] = with_env({"TRIT_A8_DENSE_MIN_M": "17"}, variants["a8"])
-            if M <= 256:  # the fused v4 kernel falls far behind above (run 2)
-                variants["a8_kernel"] = with_env({"TRIT_A8_DENSE_MIN_M": str(1 << 30)}, variants["a8"])
+            # the fused v4 kernel falls far behind above M = 256 (run 2)
+            variants["a8_kernel"] = with_env({"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}, variants["a8"])
+        if M > V5_MAX_M_A8:
+            variants["a8_int8"] = with_env({"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": "17"}, variants["a8"])
         if M <= V5_MAX_M_A8:
             if M > 8 and M in cfg_sweep:
                 for nw, ks in CFG_SWEEP:
@@ -319,7 +320,7 @@ def markdown(meta, rows) -> str:
              "TRIT_L2PF=0 / TRIT_L2PF=2 (the default prefetches only for a8 on layers <= 4 MiB packed). a8 at "
              f"M >= {A8_DENSE_MIN_M} runs int8 decode + torch._int_mm + epilogue (below: the fused v4 a8 kernel); "
              "`a8 fused kernel / int8 cuBLAS / gemm kernel` force one route (TRIT_A8_DENSE_MIN_M=2^30 / 17 / "
-             "TRIT_A8_GEMM=1, the GEMM-shaped kernel for 16 < M <= 256, not yet a default). At M <= 16 "
+             "TRIT_A8_GEMM=1, the GEMM-shaped kernel for 16 < M <= 256, by default at M > 32 on large layers). At M <= 32 "
              "the a8 default picks per shape; `WN=1 no fused q` / `WN=2` / `fused quantizer` force each "
              "choice (TRIT_WN=1 + TRIT_A8_FUSEQ=0 / TRIT_WN=2 / TRIT_A8_FUSEQ=1).", "",
              "| N x K | M | bf16 us | linear us | x bf16 | % ceil | fused us | fused v4 | fused no PDL "
@@ -372,7 +373,7 @@ def main(argv=None):
     ap.add_argument("--no-humming", action="store_true")
     ap.add_argument("--ks-sweep", action="store_true", help="M=1: time every split-K choice (TRIT_KS)")
     ap.add_argument("--no-experimental", action="store_true",
-                    help="leave out the variants not yet validated on a GPU: a8_gemm, a8_wn2 at M > 16")
+                    help="leave out the variants not yet validated on a GPU (EXPERIMENTAL; none at present)")
     ap.add_argument("--cfg-sweep", default="", help="comma list of M > 8: time the a8 kernel at every "
                     "(TRIT_NW, TRIT_KS) in CFG_SWEEP there")
     ap.add_argument("--variants", default=None, help="v5 (M <= 64) variants to time beside the default, comma list of "

@@ -5,10 +5,11 @@
 #   ci/gpu_e2e.sh scale      BitNet-2B-shaped model: fp32 goldens + bf16 noise floor on the GPU, vLLM parity record
 #   ci/gpu_e2e.sh e2e2b      bench.e2e --shape 2b (ours on BitNet + Llama twin, bf16 twin)
 #   ci/gpu_e2e.sh tp2        tensor parallel 2 (two GPUs): parity record (tiny) + bench.e2e 8b at TP=2
-#   ci/gpu_e2e.sh scale8b    Llama-3-8B-shaped model: fp32 goldens on the GPU, parity records at TP=1 and TP=2
+#   ci/gpu_e2e.sh gold8b     Llama-3-8B-shaped model: fp32 goldens + bf16 noise floor on the GPU
+#   ci/gpu_e2e.sh scale8b    gold8b (when missing), then parity records at TP=1 and TP=2
 #                            (SCALE_TPS="1" or "2" for one of them: goldens + noise + TP=1 took 585 s)
-#   ci/gpu_e2e.sh gen8b      generate the Llama-3-8B-shaped ternary + bf16 models (its own call: one e2e8b
-#                            call that also generated them ran past 470 s without a result)
+#   ci/gpu_e2e.sh gen8b      generate the Llama-3-8B-shaped ternary + bf16 models, the two at once (its
+#                            own call: one e2e8b call that also generated them ran past 470 s)
 #   ci/gpu_e2e.sh e2e8b      bench.e2e --shape 8b (ours, bf16)
 # The e2e stages keep their rows in /tmp/e2e-state (bench.e2e --state): the same stage again, e.g.
 # with E2E_ONLY=ours,bf16,ours-gemm,humming (ours-gemm: TRIT_A8_GEMM=1; humming's JIT takes
@@ -16,6 +17,9 @@
 # side by side.
 # Several stages may be given in one call. Models and goldens are generated on the machine under
 # /tmp (deterministic presets); results go to $OUT. TRIT_COMMIT names the commit in the records.
+# GPU1_STAGES="..." runs those stages at the same time on the second GPU (CUDA_VISIBLE_DEVICES=1, log
+# in $OUT/gpu1-log.txt), e.g. the 8B goldens beside a TP=1 e2e run; the call waits for both. They
+# start at once, so the bundle must be set up (setup stage) by an earlier call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -28,6 +32,11 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export TRIT_COMMIT=${TRIT_COMMIT:-unknown}
 quiet() { grep -vE "^\(EngineCore|^INFO|DEBUG|^\[rank|it/s\]|WARNING.*(deprecat|FutureWarning)" || true; }
 rc=0
+gpu1_pid=""
+if [ -n "${GPU1_STAGES:-}" ]; then
+  GPU1_STAGES="" CUDA_VISIBLE_DEVICES=1 bash "$0" $GPU1_STAGES > "$OUT/gpu1-log.txt" 2>&1 &
+  gpu1_pid=$!
+fi
 step() { echo; echo "=== $* ($(date -u +%T))"; }
 gen() {  # gen PRESET: the quantized checkpoint where bench.e2e also looks for it
   local d=/tmp/models/$1
@@ -73,18 +82,22 @@ for stage in "$@"; do
       python3 -m bench.e2e --shape 8b --tp 2 --only ours,bf16 --models /tmp/models --out "$OUT" --state /tmp/e2e-state \
         ${E2E_ARGS:-} 2>&1 | quiet | tail -30 || rc=1
       ;;
-    scale8b)
-      step "scale: llama3-8b goldens + parity at TP=1 and TP=2"
+    gold8b|scale8b)
+      step "$stage: llama3-8b goldens + noise floor (scale8b: + parity)"
       M=$(gen llama3-8b)
       [ -f /tmp/golden/llama3-8b/manifest.json ] || python3 -m parity.dump --ref --model "$M" --out /tmp/golden/llama3-8b --device cuda || rc=1
       [ -f /tmp/golden/llama3-8b/noise-bf16.json ] || python3 -m parity.noise --model "$M" --golden /tmp/golden/llama3-8b --target-opt device=cuda || rc=1
+      [ $stage = gold8b ] && continue
       for tp in ${SCALE_TPS:-1 2}; do  # SCALE_TPS="2": the TP=2 record alone (TP=1 + goldens: ~585 s)
         python3 -m bench.vllm_parity --tp $tp --model "$M" --golden /tmp/golden/llama3-8b --out "$OUT" 2>&1 | quiet | tail -25 || rc=1
       done
       ;;
     gen8b)
       step "gen 8b"
-      python3 -m bench.e2e --shape 8b --only ours,bf16 --models /tmp/models --gen-only || rc=1
+      # the two checkpoints at once (each single-threaded for much of its time: ~150 + 75 s one after the other)
+      python3 -m bench.e2e --shape 8b --only ours --models /tmp/models --gen-only & p1=$!
+      python3 -m bench.e2e --shape 8b --only bf16 --models /tmp/models --gen-only || rc=1
+      wait $p1 || rc=1
       ;;
     e2e8b)
       step "e2e 8b"
@@ -94,5 +107,9 @@ for stage in "$@"; do
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
+if [ -n "$gpu1_pid" ]; then
+  wait $gpu1_pid || rc=1
+  echo "=== GPU 1 ($GPU1_STAGES), $OUT/gpu1-log.txt:"; tail -30 "$OUT/gpu1-log.txt"
+fi
 ls -la "$OUT"
 exit $rc

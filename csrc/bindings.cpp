@@ -131,11 +131,22 @@ int64_t a8_dense_min_m() {
 
 // (An exact bf16 route - xq and W as bf16, cuBLAS with fp32 output, TRIT_A8_DENSE=bf16 - lost to
 // int8 cuBLAS on every shape in H200 run 10, e.g. 2560x2560 M=4096 165.0 vs 148.1 us, and was removed.)
-// TRIT_A8_GEMM=1: W1.58A8 at 16 < M <= 256 (below the int8 cuBLAS route) through the GEMM-shaped
-// kernel (ternary_gemm.cu, a8_gemm_kernel); written, not yet measured, so not the default.
-bool a8_gemm_on(int64_t M) {
+// W1.58A8 at 32 < M <= 256 through the GEMM-shaped kernel (ternary_gemm.cu, a8_gemm_kernel), by
+// shape, from H200 run 12 (bench/results/NOTES.md: the `gemm kernel` column against the fused a8
+// kernel and int8 cuBLAS in the same run). On layers of >= 48M weights it won at M = 64 / 128 / 256
+// (28672x8192: 67 vs 101, 125 vs 175, 217 vs 272 us; 4096x14336 37 vs 48, 47 vs 56, 72 vs 120;
+// 14336x4096 35 vs 36, 37 vs 63, 68 vs 95), except 8192x8192 at M = 64 (37.3 vs 34.2); at M = 256
+// it also won from 17.7M weights (6912x2560 27 vs 39, 2560x6912 44 vs 53; 4096x4096 35.5 vs 34.9).
+// It lost at M = 32 on every shape and on the smaller layers at M <= 128 (2560x2560 M = 64: 23.5 vs
+// 12.0): a ~18 us floor that small layers do not amortise. It takes precedence over the int8
+// cuBLAS route at M = 256. TRIT_A8_GEMM=1 forces it for 16 < M <= 256, =0 turns it off.
+bool a8_gemm_on(int64_t M, int64_t N, int64_t K) {
   const char* e = getenv("TRIT_A8_GEMM");
-  return e != nullptr && strcmp(e, "1") == 0 && M > 16 && M <= 256;
+  if (M <= 16 || M > 256) return false;
+  if (e != nullptr && strcmp(e, "1") == 0) return true;
+  if (e != nullptr && strcmp(e, "0") == 0) return false;
+  const int64_t nk = N * K;
+  return M > 32 && (nk >= (int64_t(48) << 20) || (M > 128 && nk > (int64_t(1) << 24)));
 }
 
 at::Tensor a8_dense(const MmArgs& a, const at::Tensor& packed, const at::Tensor& scale, int64_t N, int64_t K,
@@ -165,8 +176,9 @@ at::Tensor ternary_mm_a8_cuda(const at::Tensor& x, const at::Tensor& packed, con
   c10::DeviceGuard guard(x.device());
   MmArgs a = prepare(x, packed, scale, N, K, bias, op);
   if (a.M == 0) return a.y;
+  const bool gemm = a8_gemm_on(a.M, N, K);
   // torch._int_mm needs M > 16 and N % 8 == 0 (K is padded to 128 here)
-  if (a.M >= a8_dense_min_m() && a.M > 16 && N % 8 == 0) return a8_dense(a, packed, scale, N, K, op);
+  if (!gemm && a.M >= a8_dense_min_m() && a.M > 16 && N % 8 == 0) return a8_dense(a, packed, scale, N, K, op);
   const int64_t Kp = (K + 127) / 128 * 128;
   // one workspace: xq int8 [Mp, Kp] | xs f32 [M] | rowsum i32 [M]   (Kp % 128 == 0 keeps alignment;
   // Mp = M rounded up to 64, at least 64: the k-block-major xq of the M <= 64 kernels has zero rows
@@ -176,7 +188,7 @@ at::Tensor ternary_mm_a8_cuda(const at::Tensor& x, const at::Tensor& packed, con
   int8_t* xq = ws.data_ptr<int8_t>();
   float* xs = reinterpret_cast<float*>(xq + Mp * Kp);
   int32_t* rowsum = reinterpret_cast<int32_t*>(xs + a.M);
-  if (a8_gemm_on(a.M)) {
+  if (gemm) {
     // split-K partial sums + tile counters, zeroed (one memset node in a graph); none without split-K
     const int64_t n_ws = trit_mm_a8_gemm_ws_ints((int)a.M, (int)N, (int)K);
     at::Tensor gws = n_ws > 0 ? at::zeros({n_ws}, x.options().dtype(at::kInt)) : at::Tensor();

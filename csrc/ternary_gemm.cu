@@ -917,7 +917,7 @@ __device__ __forceinline__ float quantize_row_perm(const T* __restrict__ row, in
 // (rows past M read row M-1). MT >= 2: k-block-major [KB][Mp][128] with Mp = 8 * MT rows (zero
 // rows past M), so a warp's MT row tiles sit at fixed offsets from one pointer
 // (immediate offsets, no per-row pointer registers). Grid and block as tmm_small_kernel.
-// WN = 2 (TRIT_WN; default where N >= 6144, see wn_auto): each warp owns two consecutive weight tiles
+// WN = 2 (TRIT_WN; default by shape, see wn_auto): each warp owns two consecutive weight tiles
 // and feeds every x fragment to both, halving x loads per weight byte; a chunk then holds kU
 // k-blocks of each tile (kU halved, see V5Chunk).
 // kFuseQ (TRIT_A8_FUSEQ; default at M = 1 on small layers, see fuseq_auto; MT = WN = NW = 1): the activation
@@ -1075,7 +1075,8 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
 
 
 // ---------------------------------------------------------------- a8 GEMM-shaped kernel (M 17-256)
-// TRIT_A8_GEMM=1, not the default until measured. The v5 / v4 a8 kernels are GEMV-shaped: every
+// The default at 32 < M <= 256 on large layers (bindings.cpp a8_gemm_on, from H200 run 12;
+// TRIT_A8_GEMM=1 forces it from M = 17). The v5 / v4 a8 kernels are GEMV-shaped: every
 // warp fetches its own x fragments from L1/L2 for each weight tile, about 8 bytes of x per weight
 // byte at M = 64, and latency-bound (H200 run 11: 28672x8192 M = 64 at 100 us, 1.3x bf16, where
 // humming's GEMM took 62 us in run 2). Here a CTA owns 128 output channels (8 tiles) x BM = 32 * WM
@@ -1377,12 +1378,12 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //                                     (1: where it measured faster, see l2pf_flags; 2: always)
 //   TRIT_KS     = n                   split-K warps per CTA for v5 (default: small_cfg), 1..8
 //   TRIT_NW     = n                   v5 warps along N per CTA (default: small_cfg), 1..8
-//   TRIT_WN     = 0 (default: auto) | 1 | 2   a8 v5 weight tiles per warp at M <= 16 (2: x
-//                                     fragments shared by two tiles); auto: 2 where N >= 6144 (wn_auto)
+//   TRIT_WN     = 0 (default: auto) | 1 | 2   a8 v5 weight tiles per warp at M <= 32 (2: x
+//                                     fragments shared by two tiles); auto: see wn_auto
 //   TRIT_A8_FUSEQ = -1 (default: auto) | 0 | 1   a8 at M <= 8: the quantizer fused into the GEMV
 //                                     (a8_small_kernel kFuseQ); auto: at M = 1 on small layers (fuseq_auto)
-//   TRIT_A8_GEMM = 0 (default) | 1    a8 at 16 < M <= 256: a8_gemm_kernel (not measured yet; read in
-//                                     bindings.cpp, which gives it a zeroed split-K workspace)
+//   TRIT_A8_GEMM = auto (default) | 0 | 1   a8 at 16 < M <= 256: a8_gemm_kernel (read in bindings.cpp,
+//                                     a8_gemm_on: auto by shape; it gives the kernel its split-K workspace)
 //   TRIT_A8_GEMM_KS = n               its split-K CTAs (default: gemm_shape)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
@@ -1454,7 +1455,7 @@ bool a8_v5(int M, int N, int K) { return M <= 32 || (M <= kV5MaxMA8 && (long)N *
 // add split-K reductions and a second wave. Every warp keeps >= 2 k-blocks.
 // nw tiles per CTA (warps along N reading the same x): 1 at M <= 8 (x is one 8-row tile),
 // else up to 4 within the 256-thread CTA, so x is fetched from L2 once per 4 tiles.
-// wn weight tiles per warp: 1, or 2 for a8 at MT <= 2 (wn_auto) / MT <= 4 (TRIT_WN=2); the rules count
+// wn weight tiles per warp: 1, or 2 for a8 at MT <= 4 (wn_auto, or TRIT_WN=2); the rules count
 // warps (n_tiles / wn of them per split) rather than tiles.
 //
 // wn_auto, from H200 run 10 (bench/results/NOTES.md, WN=2 column against the default in the same
@@ -1463,11 +1464,17 @@ bool a8_v5(int M, int N, int K) { return M <= 32 || (M <= kV5MaxMA8 && (long)N *
 // and at M <= 8 matched or won there (6912x2560 M=8 6.4 -> 5.8, 28672x8192 M=8 23.7 -> 22.0); with
 // N <= 4096 it lost (2560x2560 M=16 5.6 -> 6.2, 4096x14336 13.1 -> 13.7): half as many warps
 // leave the GPU underfilled when there are few tiles.
-bool wn_auto(int N) { return N >= 6144; }
+// At M = 17-32 (the MT = 4 kernel, one CTA per SM) H200 run 12 measured it winning only on the
+// 235M-weight layers (28672x8192 54.7 -> 46.7 us, 8192x28672 50.6 -> 45.1) and mixed to losing on
+// 58-67M (4096x14336 16.7 -> 16.0, 14336x4096 17.6 -> 18.4, 8192x8192 17.9 -> 18.9, 6912x2560
+// 9.4 -> 12.0): auto there only from 128M weights.
+bool wn_auto(int mt, int N, int K) {
+  return mt <= 2 ? N >= 6144 : (mt == 4 && (long)N * K >= (128L << 20));
+}
 Cfg small_cfg(const Knobs& kn, int M, int N, int K, bool a8) {
   Cfg cfg{v5_mt(M), 1, 1, 1};
-  // forced (TRIT_WN=2) up to MT = 4, M <= 32: the MT = 4 kernel is not measured yet, so auto stays at MT <= 2
-  cfg.wn = (a8 && ((kn.wn == 2 && cfg.mt <= 4) || (kn.wn == 0 && cfg.mt <= 2 && wn_auto(N)))) ? 2 : 1;
+  // forced (TRIT_WN=2) or auto (wn_auto) up to MT = 4, M <= 32
+  cfg.wn = (a8 && cfg.mt <= 4 && (kn.wn == 2 || (kn.wn == 0 && wn_auto(cfg.mt, N, K)))) ? 2 : 1;
   const int maxw = kV5Threads / 32;
   const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
   const int n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
@@ -1567,7 +1574,7 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
                    cfg.wn == 1 ? flags : 0, x, K);
 }
 
-// TRIT_A8_GEMM=1 (not the default until measured; bindings.cpp picks it): a8 at 16 < M <= 256
+// a8_gemm_kernel's launch (bindings.cpp a8_gemm_on picks the route): a8 at 16 < M <= 256
 // through a8_gemm_kernel, fed by the quantizer's k-block-major xq with Mp = M rounded up to BM rows
 // (the op's workspace has them). Split-K (ks CTAs along K) when the (N, M) tiles alone fill less
 // than one wave of resident CTAs: powers of two while each CTA keeps >= 4 k-blocks;

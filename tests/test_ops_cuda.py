@@ -235,8 +235,9 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 wn=1 fused quantizer={fq}"
             monkeypatch.delenv("TRIT_WN")
         monkeypatch.delenv("TRIT_A8_FUSEQ")
-        monkeypatch.setenv("TRIT_A8_GEMM", "1")  # the GEMM-shaped a8 kernel (16 < M <= 256)
-        assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), "a8 gemm kernel"
+        for gm in ("1", "0"):  # the GEMM-shaped a8 kernel (16 < M <= 256) forced on / off
+            monkeypatch.setenv("TRIT_A8_GEMM", gm)
+            assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 gemm kernel={gm}"
         monkeypatch.delenv("TRIT_A8_GEMM")
         for ks in ("1", "2", "3", "8", "64"):
             monkeypatch.setenv("TRIT_KS", ks)
@@ -326,6 +327,7 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
     monkeypatch.setenv("TRIT_A8_DENSE_MIN_M", str(1 << 30))  # M = 256: the fused kernels, not cuBLAS
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         x, w, p, s, b = make_case(M, N, K, dtype, dtype != torch.float32, 11 + M + N, DEV)
+        monkeypatch.setenv("TRIT_A8_GEMM", "0")
         y0 = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
         monkeypatch.setenv("TRIT_A8_GEMM", "1")
         y1 = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
@@ -337,6 +339,25 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
         monkeypatch.delenv("TRIT_A8_GEMM")
         assert_close_rel(y1, ops.ternary_mm_a8_ref(x, p, s, N, K, b),
                          {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}[dtype], "a8 gemm vs ref")
+
+
+@pytest.mark.parametrize("M,N,K", [(17, 6144, 8192), (40, 6144, 8192), (129, 4100, 4104), (200, 2048, 8192),
+                                   (256, 6144, 8192), (256, 4096, 4096)])
+def test_a8_route_defaults_match_forced_routes(monkeypatch, M, N, K):
+    """The shape-chosen a8 routes (a8_gemm_on: the GEMM kernel at 32 < M <= 256 on >= 48M weights,
+    > 16M past M = 128, ahead of int8 cuBLAS at M = 256; wn_auto at M <= 32 on >= 128M weights
+    is covered by the knob test) give the same bits as every forced route on the layers where the
+    default switches."""
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 3 + M, DEV)
+    y = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    for env in ({"TRIT_A8_GEMM": "1"}, {"TRIT_A8_GEMM": "0"}, {"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": "17"},
+                {"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y), f"{env} M={M} N={N} K={K}"
+        for k in env:
+            monkeypatch.delenv(k)
+    assert_close_rel(y, ops.ternary_mm_a8_ref(x, p, s, N, K, b), 8e-3, "a8 default vs ref")
 
 
 # ------------------------------------------------------------------ large-M a8: int8 cuBLAS

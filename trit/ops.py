@@ -39,12 +39,14 @@ every call (a CUDA graph keeps what it captured): TRIT_KERNEL=v4 (the older kern
 TRIT_PDL=0, TRIT_L2PF=0|2, TRIT_KS=n (split-K warps), TRIT_NW=n (tiles per CTA). None of them
 changes a result bit for a8; see csrc/ternary_gemm.cu. ternary_mm_a8 at M >= 256 (N % 8 == 0) runs
 the quantizer, an int8 decode of W and torch._int_mm (cuBLAS int8, exact int32 sums) with the
-kernels' epilogue: bit-identical to the fused kernel (TRIT_A8_DENSE_MIN_M moves the switch).
-The a8 v5 launch also chooses per shape, from H200 run 10: two weight tiles per warp at M <= 16
-when N >= 6144 (TRIT_WN=0 auto, 1 or 2 forces; 2 reaches M <= 32, unmeasured there), and the
-quantizer fused into the GEMV (one launch) at M = 1 on layers of <= 32M weights (TRIT_A8_FUSEQ=-1
-auto, 0 or 1 forces). TRIT_A8_GEMM=1 runs ternary_mm_a8 at 16 < M <= 256 through a GEMM-shaped
-kernel (not yet measured, so not a default).
+kernels' epilogue: bit-identical to the fused kernel (TRIT_A8_DENSE_MIN_M moves the switch; at
+M = 256 the GEMM-shaped kernel below takes the larger layers first).
+The a8 v5 launch also chooses per shape, from H200 runs 10 and 12: two weight tiles per warp at
+M <= 16 when N >= 6144 and at M <= 32 on layers of >= 128M weights (TRIT_WN=0 auto, 1 or 2
+forces), and the quantizer fused into the GEMV (one launch) at M = 1 on layers of <= 32M weights
+(TRIT_A8_FUSEQ=-1 auto, 0 or 1 forces). At 32 < M <= 256 ternary_mm_a8 runs through a GEMM-shaped
+kernel on layers of >= 48M weights (and > 16M at M > 128; it takes precedence over int8 cuBLAS at
+M = 256); TRIT_A8_GEMM=1 forces it from M = 17, 0 turns it off.
 
 CUDA kernels come from the extension in csrc/, built on first import when CUDA is available
 (cached in $TRIT_BUILD_DIR or ~/.cache/trit). Set TRIT_NO_EXT=1 to skip it; CUDA tensors then
