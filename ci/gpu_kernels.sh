@@ -58,7 +58,8 @@ import os
 import torch
 from trit import ops
 for knobs in ({}, {"TRIT_A8_FUSEQ": "1", "TRIT_WN": "2", "TRIT_A8_DENSE_MIN_M": "17"},
-              {"TRIT_A8_FUSEQ": "0", "TRIT_WN": "1", "TRIT_A8_GEMM": "1"}):
+              {"TRIT_A8_FUSEQ": "0", "TRIT_WN": "1", "TRIT_A8_GEMM": "1"},
+              {"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_CFG": "1"}, {"TRIT_A8_GEMM_CFG": "2"}, {"TRIT_A8_GEMM_CFG": "3"}):
   os.environ.update(knobs)
   for (M, N, K) in [(1, 33, 300), (5, 100, 1000), (8, 48, 8200), (17, 129, 1001), (24, 100, 2600), (40, 64, 1000), (70, 256, 4099), (3, 6160, 1000), (12, 6160, 520)]:  # v5 MT=1 (tail k-block), MT=2/4/8, a8 M>64: int8 cuBLAS
       for dt in (torch.bfloat16, torch.float32):
@@ -77,7 +78,7 @@ PYEOF
   # ours. Hazards count against us only when the reported kernel is not a cuBLAS one.
   for tool in memcheck racecheck; do
     echo "--- $tool" | tee -a "$OUT/sanitizer.txt"
-    TRIT_KERNEL=${SAN_KERNEL:-v5} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_TIMEOUT:-100} compute-sanitizer --tool $tool --error-exitcode 9 \
+    TRIT_KERNEL=${SAN_KERNEL:-v5} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_TIMEOUT:-200} compute-sanitizer --tool $tool --error-exitcode 9 \
       $PY /tmp/trit_sanitize_driver.py > /tmp/san-$tool.txt 2>&1
     st=$?
     tail -25 /tmp/san-$tool.txt | tee -a "$OUT/sanitizer.txt"

@@ -1088,11 +1088,23 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
 // from shared memory (rows padded to 144 B: the 8 lanes of an LDS.128 phase hit distinct banks),
 // and later k-blocks are in flight while one computes. No split-K: every CTA runs all of K.
 // Same arithmetic as the other a8 kernels (exact int32 sums, store_out): bit-identical output.
-constexpr int kGemmStages = 3, kGemmTiles = 8, kGemmXRow = kBlockK + 16;
-template <int WM> struct Gemm {
-  static constexpr int kBM = 32 * WM, kThreads = 128 * WM;
-  static constexpr int kStageBytes = kGemmTiles * 512 + kBM * kGemmXRow;  // WM = 2: 13312 B (39936 in all)
+// Warp tiles other than the measured 2 x 4 (TRIT_A8_GEMM_CFG, not measured yet): ncu on H200 run 13
+// found this kernel issue-latency bound (one instruction per ~9-10 cycles per warp, shared-memory
+// load waits on top, 2 CTAs per SM by registers) with ~4 instructions per mma: each decoded weight
+// word feeds 4 row tiles, and x crosses L2 twice per weight byte (8 tiles x 64 rows per CTA).
+// GemmCfg<WT, RT, WNW, WMW>: a warp owns WT weight tiles x RT row tiles of 8; WNW x WMW warps per
+// CTA. The measured configuration is <2, 4, 4, WM>; the alternatives double the mma per decoded
+// word (RT = 8) or per x fragment (WT = 4), and/or halve x traffic per weight byte (16 tiles per CTA).
+constexpr int kGemmStages = 3, kGemmXRow = kBlockK + 16;
+template <int WT, int RT, int WNW, int WMW> struct GemmCfg {
+  static constexpr int kWT = WT, kRT = RT, kWNW = WNW;
+  static constexpr int kTiles = WT * WNW, kBM = 8 * RT * WMW, kThreads = 32 * WNW * WMW;
+  static constexpr int kStageBytes = kTiles * 512 + kBM * kGemmXRow;  // <2,4,4,2>: 13312 B (39936 in all)
+  static constexpr int kWPieces = kTiles * 32 / kThreads, kXPieces = 8 * kBM / kThreads;  // 16-byte copies per thread
+  static constexpr int kMinBlocks = RT == 8 ? (kThreads == 128 ? 3 : 1) : (kThreads == 128 ? 4 : 2);
+  static_assert(kWPieces * kThreads == kTiles * 32 && kXPieces * kThreads == 8 * kBM, "whole copies per thread");
 };
+template <int WM> using Gemm = GemmCfg<2, 4, 4, WM>;  // the measured default: 128 channels x 32 * WM rows
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -1104,25 +1116,27 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-template <typename T, int WM>
-__global__ void __launch_bounds__(Gemm<WM>::kThreads, 4 / WM)
+template <typename T, typename G>
+__global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
     a8_gemm_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                    const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
                    T* __restrict__ y, int M, int N, int KB, int n_tiles, int Mp, int32_t* __restrict__ ws) {
+  constexpr int WT = G::kWT, RT = G::kRT;
   extern __shared__ __align__(16) uint8_t gsm[];
   __shared__ int s_last;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  using G = Gemm<WM>;
   // split-K (gridDim.z > 1): CTA z runs k-blocks [kb_lo, kb_lo + nkb)
   const int ks = gridDim.z, kb_lo = (KB * (int)blockIdx.z) / ks, nkb = (KB * ((int)blockIdx.z + 1)) / ks - kb_lo;
-  const int wcol = warp & 3, wrow = warp >> 2;  // the warp's 2 tiles: 2 * wcol, +1; rows 32 * wrow ..
+  static_assert(G::kWNW == 4 || G::kWNW == 8, "warps along N: 4 or 8");
+  constexpr int kLogWNW = G::kWNW == 8 ? 3 : 2;
+  const int wcol = warp & (G::kWNW - 1), wrow = warp >> kLogWNW;  // the warp's tiles WT * wcol ..; rows 8 * RT * wrow ..
   const int g = lane >> 2, c = lane & 3;
-  const int t0 = blockIdx.x * kGemmTiles, m0 = blockIdx.y * G::kBM;
-  // stage s, k-block kb: the 256 16-byte pieces of W (piece j: lane j & 31 of tile j >> 5, clamped
-  // to the last tile: its outputs are dropped) and the 8 * BM pieces of x, 2 + 2 per thread (WM = 2)
-  const int4* wsrc[256 / G::kThreads];
+  const int t0 = blockIdx.x * G::kTiles, m0 = blockIdx.y * G::kBM;
+  // stage s, k-block kb: the kTiles * 32 16-byte pieces of W (piece j: lane j & 31 of tile j >> 5,
+  // clamped to the last tile: its outputs are dropped) and the 8 * BM pieces of x
+  const int4* wsrc[G::kWPieces];
 #pragma unroll
-  for (int q = 0; q < 256 / G::kThreads; ++q) {
+  for (int q = 0; q < G::kWPieces; ++q) {
     const int j = tid + q * G::kThreads;
     wsrc[q] = wp + (size_t)min(t0 + (j >> 5), n_tiles - 1) * KB * 32 + (j & 31);
   }
@@ -1130,19 +1144,19 @@ __global__ void __launch_bounds__(Gemm<WM>::kThreads, 4 / WM)
     const int kb = kb_lo + kbi;
     uint8_t* base = gsm + s * G::kStageBytes;
 #pragma unroll
-    for (int q = 0; q < 256 / G::kThreads; ++q) cp_async16(base + (tid + q * G::kThreads) * 16, wsrc[q] + (size_t)kb * 32);
+    for (int q = 0; q < G::kWPieces; ++q) cp_async16(base + (tid + q * G::kThreads) * 16, wsrc[q] + (size_t)kb * 32);
 #pragma unroll
-    for (int q = 0; q < 8 * G::kBM / G::kThreads; ++q) {
+    for (int q = 0; q < G::kXPieces; ++q) {
       const int j = tid + q * G::kThreads, r = j >> 3, ch = j & 7;
-      cp_async16(base + kGemmTiles * 512 + r * kGemmXRow + ch * 16,
+      cp_async16(base + G::kTiles * 512 + r * kGemmXRow + ch * 16,
                  xq + ((size_t)kb * Mp + m0 + r) * kBlockK + ch * 16);
     }
   };
-  int acc[2][4][4];
+  int acc[WT][RT][4];
 #pragma unroll
-  for (int a = 0; a < 2; ++a)
+  for (int a = 0; a < WT; ++a)
 #pragma unroll
-    for (int b = 0; b < 4; ++b) acc[a][b][0] = acc[a][b][1] = acc[a][b][2] = acc[a][b][3] = 0;
+    for (int b = 0; b < RT; ++b) acc[a][b][0] = acc[a][b][1] = acc[a][b][2] = acc[a][b][3] = 0;
 
   pdl_wait();  // xq comes from the quantizer launched just before
 #pragma unroll
@@ -1156,27 +1170,48 @@ __global__ void __launch_bounds__(Gemm<WM>::kThreads, 4 / WM)
     if (kb + kGemmStages - 1 < nkb) load_stage((kb + kGemmStages - 1) % kGemmStages, kb + kGemmStages - 1);
     cp_async_commit();
     const uint8_t* base = gsm + (kb % kGemmStages) * G::kStageBytes;
-    int4 w[2];
+    int4 w[WT];
 #pragma unroll
-    for (int wn = 0; wn < 2; ++wn) w[wn] = *reinterpret_cast<const int4*>(base + ((2 * wcol + wn) * 32 + lane) * 16);
-    const uint8_t* xb = base + kGemmTiles * 512 + (32 * wrow + g) * kGemmXRow + c * 32;
+    for (int wn = 0; wn < WT; ++wn) w[wn] = *reinterpret_cast<const int4*>(base + ((WT * wcol + wn) * 32 + lane) * 16);
+    const uint8_t* xb = base + G::kTiles * 512 + (8 * RT * wrow + g) * kGemmXRow + c * 32;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // inputs c*32 + 16h .. + 15 of the lane's rows: k-steps i = 2h, 2h+1
-      uint4 xv[4];
+      if constexpr (RT <= 4) {  // all RT x fragments of the half k-block live, one decoded word at a time
+        uint4 xv[RT];
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt) xv[mt] = *reinterpret_cast<const uint4*>(xb + mt * 8 * kGemmXRow + h * 16);
+        for (int mt = 0; mt < RT; ++mt) xv[mt] = *reinterpret_cast<const uint4*>(xb + mt * 8 * kGemmXRow + h * 16);
 #pragma unroll
-      for (int i = 2 * h; i < 2 * h + 2; ++i)
+        for (int i = 2 * h; i < 2 * h + 2; ++i)
 #pragma unroll
-        for (int wn = 0; wn < 2; ++wn) {
-          const uint32_t wi = word_of_rt(w[wn], i);
-          uint32_t af[4];
+          for (int wn = 0; wn < WT; ++wn) {
+            const uint32_t wi = word_of_rt(w[wn], i);
+            uint32_t af[4];
 #pragma unroll
-          for (int j = 0; j < 4; ++j) af[j] = (wi >> (2 * j)) & 0x03030303u;
+            for (int j = 0; j < 4; ++j) af[j] = (wi >> (2 * j)) & 0x03030303u;
 #pragma unroll
-          for (int mt = 0; mt < 4; ++mt)
-            mma16832_u8s8(acc[wn][mt], af, (i & 1) ? xv[mt].z : xv[mt].x, (i & 1) ? xv[mt].w : xv[mt].y);
+            for (int mt = 0; mt < RT; ++mt)
+              mma16832_u8s8(acc[wn][mt], af, (i & 1) ? xv[mt].z : xv[mt].x, (i & 1) ? xv[mt].w : xv[mt].y);
+          }
+      } else {  // RT = 8: the 2 x WT decoded words of the half k-block live, one x fragment at a time
+        uint32_t af[2][WT][4];  // (32 x fragments would not fit beside 64 accumulators in 128 registers)
+#pragma unroll
+        for (int ii = 0; ii < 2; ++ii)
+#pragma unroll
+          for (int wn = 0; wn < WT; ++wn) {
+            const uint32_t wi = word_of_rt(w[wn], 2 * h + ii);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) af[ii][wn][j] = (wi >> (2 * j)) & 0x03030303u;
+          }
+#pragma unroll
+        for (int mt = 0; mt < RT; ++mt) {
+          const uint4 xv = *reinterpret_cast<const uint4*>(xb + mt * 8 * kGemmXRow + h * 16);
+#pragma unroll
+          for (int wn = 0; wn < WT; ++wn) {
+            mma16832_u8s8(acc[wn][mt], af[0][wn], xv.x, xv.y);
+            mma16832_u8s8(acc[wn][mt], af[1][wn], xv.z, xv.w);
+          }
         }
+      }
     }
   }
   cp_async_wait<0>();
@@ -1185,14 +1220,14 @@ __global__ void __launch_bounds__(Gemm<WM>::kThreads, 4 / WM)
   // zeroed too) reads the totals back and stores (threadFenceReduction pattern). ks = 1: no ws.
   auto each_output = [&](auto&& f) {  // f(m, n, sum) for the warp's outputs that exist
 #pragma unroll
-    for (int wn = 0; wn < 2; ++wn) {
-      const int t = t0 + 2 * wcol + wn;
+    for (int wn = 0; wn < WT; ++wn) {
+      const int t = t0 + WT * wcol + wn;
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt)
+      for (int mt = 0; mt < RT; ++mt)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const int n = t * kTileN + g + 8 * (q >> 1);
-          const int m = m0 + 32 * wrow + 8 * mt + 2 * c + (q & 1);
+          const int m = m0 + 8 * RT * wrow + 8 * mt + 2 * c + (q & 1);
           if (t < n_tiles && n < N && m < M) f(m, n, acc[wn][mt][q]);
         }
     }
@@ -1385,6 +1420,7 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //   TRIT_A8_GEMM = auto (default) | 0 | 1   a8 at 16 < M <= 256: a8_gemm_kernel (read in bindings.cpp,
 //                                     a8_gemm_on: auto by shape; it gives the kernel its split-K workspace)
 //   TRIT_A8_GEMM_KS = n               its split-K CTAs (default: gemm_shape)
+//   TRIT_A8_GEMM_CFG = 0 (default) | 1 | 2 | 3   its warp tile (gemm_cfg_id; 1-3 not measured yet)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
   bool v5, pdl;
@@ -1588,19 +1624,45 @@ int sm_count() {
   if (cached[dev] == 0) cudaDeviceGetAttribute(&cached[dev], cudaDevAttrMultiProcessorCount, dev);
   return cached[dev] > 0 ? cached[dev] : 132;
 }
+// The warp-tile configuration: TRIT_A8_GEMM_CFG = 0 (default: the measured <2, 4, 4, WM>, WM = 1 at
+// M <= 32) | 1 <2, 8, 4, 1> (128 channels x 64 rows, 8 row tiles per warp) | 2 <2, 8, 8, 1> (256
+// channels x 64 rows) | 3 <4, 4, 4, 2> (256 channels x 64 rows, 4 weight tiles per warp); 1-3 are
+// not measured yet. Ids: 0 / 1 the default at M <= 32 / above, 2-4 the alternatives.
+int gemm_cfg_id(int M) {
+  const int c = env_int("TRIT_A8_GEMM_CFG", 0);
+  return (c >= 1 && c <= 3) ? c + 1 : (M <= 32 ? 0 : 1);
+}
+template <typename F>
+decltype(auto) visit_gemm_cfg(int id, F&& f) {
+  switch (id) {
+    case 0: return f(Gemm<1>{});
+    case 2: return f(GemmCfg<2, 8, 4, 1>{});
+    case 3: return f(GemmCfg<2, 8, 8, 1>{});
+    case 4: return f(GemmCfg<4, 4, 4, 2>{});
+    default: return f(Gemm<2>{});
+  }
+}
 // The launch shape of a8_gemm_kernel for (M, N, K); the workspace the split-K needs follows from it.
 struct GemmShape {
-  int BM, Mp, KB, n_tiles, gx, gy, ks;
+  int cfg, BM, Mp, KB, n_tiles, gx, gy, ks;
 };
 GemmShape gemm_shape(int M, int N, int K) {
   GemmShape g;
-  g.BM = M <= 32 ? Gemm<1>::kBM : Gemm<2>::kBM;
+  g.cfg = gemm_cfg_id(M);
+  int tiles = 0, per_sm = 0;
+  visit_gemm_cfg(g.cfg, [&](auto cfg) {
+    using G = decltype(cfg);
+    g.BM = G::kBM;
+    tiles = G::kTiles;
+    per_sm = G::kMinBlocks;
+    return 0;
+  });
   g.Mp = (M + g.BM - 1) / g.BM * g.BM;
   g.KB = (K + kBlockK - 1) / kBlockK;
   g.n_tiles = (N + kTileN - 1) / kTileN;
-  g.gx = (g.n_tiles + kGemmTiles - 1) / kGemmTiles;
+  g.gx = (g.n_tiles + tiles - 1) / tiles;
   g.gy = g.Mp / g.BM;
-  const int per_sm = M <= 32 ? 4 : 2, forced = env_int("TRIT_A8_GEMM_KS", 0);
+  const int forced = env_int("TRIT_A8_GEMM_KS", 0);
   g.ks = 1;
   if (forced > 0) {
     g.ks = max(1, min(forced, g.KB));
@@ -1621,11 +1683,23 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
   if (e != cudaSuccess) return e;
   const dim3 grid(g.gx, g.gy, g.ks);
   const int4* w4 = reinterpret_cast<const int4*>(wp);
-  if (g.BM == Gemm<1>::kBM)
-    return launch_ex(a8_gemm_kernel<T, 1>, grid, dim3(Gemm<1>::kThreads), (size_t)kGemmStages * Gemm<1>::kStageBytes,
-                     st, pdl, xq, xs, rowsum, w4, scale, bias, y, M, N, g.KB, g.n_tiles, g.Mp, ws);
-  return launch_ex(a8_gemm_kernel<T, 2>, grid, dim3(Gemm<2>::kThreads), (size_t)kGemmStages * Gemm<2>::kStageBytes,
-                   st, pdl, xq, xs, rowsum, w4, scale, bias, y, M, N, g.KB, g.n_tiles, g.Mp, ws);
+  return visit_gemm_cfg(g.cfg, [&](auto cfg) -> cudaError_t {
+    using G = decltype(cfg);
+    constexpr size_t smem = (size_t)kGemmStages * G::kStageBytes;
+    if constexpr (smem > 48 * 1024) {  // past the default limit: opt in, once per device
+      static int opted[64] = {0};
+      int dev = 0;
+      if (cudaGetDevice(&dev) != cudaSuccess) return cudaErrorInvalidDevice;
+      if (dev < 0 || dev >= 64 || !opted[dev]) {
+        const cudaError_t a = cudaFuncSetAttribute(a8_gemm_kernel<T, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   (int)smem);
+        if (a != cudaSuccess) return a;
+        if (dev >= 0 && dev < 64) opted[dev] = 1;
+      }
+    }
+    return launch_ex(a8_gemm_kernel<T, G>, grid, dim3(G::kThreads), smem, st, pdl, xq, xs, rowsum, w4, scale, bias,
+                     y, M, N, g.KB, g.n_tiles, g.Mp, ws);
+  });
 }
 
 template <typename T>

@@ -255,7 +255,7 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
 
 
 @pytest.mark.parametrize("graph", [False, True])
-@pytest.mark.parametrize("kernel", ["v4", "v5", "v5-nofuseq", "v5-fuseq", "v5-wn2", "v5-gemm"])
+@pytest.mark.parametrize("kernel", ["v4", "v5", "v5-nofuseq", "v5-fuseq", "v5-wn2", "v5-gemm", "v5-gemm2"])
 @pytest.mark.parametrize("M", [1, 24, 64])
 def test_dependent_chain(monkeypatch, graph, kernel, M):
     """Each layer reads the previous layer's output: with PDL, a kernel that read x (or wrote y)
@@ -266,8 +266,10 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
         monkeypatch.setenv("TRIT_A8_FUSEQ", "0" if kernel.endswith("nofuseq") else "1")
     if kernel.endswith("wn2"):  # two weight tiles per warp (M = 24: the MT = 4 kernel)
         monkeypatch.setenv("TRIT_WN", "2")
-    if kernel.endswith("gemm"):  # the GEMM-shaped a8 kernel at M = 24 and 64 (cp.async ring, PDL wait)
+    if "gemm" in kernel:  # the GEMM-shaped a8 kernel at M = 24 and 64 (cp.async ring, PDL wait)
         monkeypatch.setenv("TRIT_A8_GEMM", "1")
+    if kernel.endswith("gemm2"):  # its 16-tile, 8-row-tile warp tile (TRIT_A8_GEMM_CFG=2, over 48 KB of shared memory)
+        monkeypatch.setenv("TRIT_A8_GEMM_CFG", "2")
     D, L = 1024, 6
     gen = torch.Generator().manual_seed(5)
     layers = []
@@ -335,6 +337,16 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
         for ks in ("1", "3", "7"):  # split-K forced: integer atomics are exact in any order
             monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)
             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), f"a8 gemm ks={ks} M={M} N={N}"
+        monkeypatch.delenv("TRIT_A8_GEMM_KS")
+        # the other warp tiles (TRIT_A8_GEMM_CFG 1-3: 8 row tiles per warp, 16 weight tiles per CTA,
+        # 4 weight tiles per warp), with the default split and split-K forced
+        for cfg in ("1", "2", "3"):
+            monkeypatch.setenv("TRIT_A8_GEMM_CFG", cfg)
+            for ks in ("0", "3"):
+                monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)
+                assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), \
+                    f"a8 gemm cfg={cfg} ks={ks} M={M} N={N} K={K} {dtype}"
+        monkeypatch.delenv("TRIT_A8_GEMM_CFG")
         monkeypatch.delenv("TRIT_A8_GEMM_KS")
         monkeypatch.delenv("TRIT_A8_GEMM")
         assert_close_rel(y1, ops.ternary_mm_a8_ref(x, p, s, N, K, b),
