@@ -1116,7 +1116,10 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-template <typename T, typename G>
+// kStore (TRIT_A8_GEMM_SPLIT=1, not measured yet): split-K partial sums by plain stores instead of
+// atomics. Inferred from ncu (run 13), not measured directly: on 2560x2560 M = 64 split 4 (5 k-blocks per
+// CTA, ~1 us each without split) took 19.8 us, so the 655K scattered 4-byte atomics cost ~15 us.
+template <typename T, typename G, bool kStore>
 __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
     a8_gemm_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                    const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
@@ -1232,7 +1235,28 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
         }
     }
   };
-  if (ks > 1) {
+  if constexpr (kStore) {
+    // ws: one counter per (x, y) tile (zeroed by the caller), then ks slices of int32 [Mp][N]: CTA z
+    // stores its partial sums to slice z (every output it owns exists in every slice: no zeroing),
+    // the last CTA of a tile adds the slices in z order and stores. Exact, like the atomics.
+    if (ks > 1) {
+      const size_t n_cnt = (size_t)gridDim.x * gridDim.y, slice = (size_t)Mp * N;
+      int32_t* mine = ws + n_cnt + blockIdx.z * slice;
+      each_output([&](int m, int n, int v) { __stcg(mine + (size_t)m * N + n, v); });
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) s_last = atomicAdd(ws + blockIdx.y * gridDim.x + blockIdx.x, 1) == ks - 1;
+      __syncthreads();
+      if (!s_last) return;
+      __threadfence();
+      each_output([&](int m, int n, int v) {
+        int sum = 0;
+        for (int z = 0; z < ks; ++z) sum += z == (int)blockIdx.z ? v : __ldcg(ws + n_cnt + z * slice + (size_t)m * N + n);
+        store_out<T, true>(sum, m, n, N, scale, bias, y, xs, rowsum);
+      });
+      return;
+    }
+  } else if (ks > 1) {
     each_output([&](int m, int n, int v) { atomicAdd(ws + (size_t)m * N + n, v); });
     __threadfence();
     __syncthreads();
@@ -1421,6 +1445,8 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //                                     a8_gemm_on: auto by shape; it gives the kernel its split-K workspace)
 //   TRIT_A8_GEMM_KS = n               its split-K CTAs (default: gemm_shape)
 //   TRIT_A8_GEMM_CFG = 0 (default) | 1 | 2 | 3   its warp tile (gemm_cfg_id; 1-3 not measured yet)
+//   TRIT_A8_GEMM_SPLIT = 0 (default) | 1   its split-K reduction: integer atomics / stores into per-split
+//                                     slices added by the last CTA (1 not measured yet)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
   bool v5, pdl;
@@ -1615,7 +1641,8 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
 // (the op's workspace has them). Split-K (ks CTAs along K) when the (N, M) tiles alone fill less
 // than one wave of resident CTAs: powers of two while each CTA keeps >= 4 k-blocks;
 // TRIT_A8_GEMM_KS overrides. ws (ks > 1 only): int32 [Mp][N] partial sums + one counter per
-// (N, M) tile, zeroed; trit_mm_a8_gemm_ws_ints gives its size from the same gemm_shape.
+// (N, M) tile, all zeroed; or with TRIT_A8_GEMM_SPLIT=1 the counters first (zeroed) and then ks
+// slices [Mp][N] (not zeroed); trit_mm_a8_gemm_ws_ints gives both sizes from the same gemm_shape.
 constexpr int kA8GemmMaxM = 256;
 int sm_count() {
   static int cached[64] = {0};
@@ -1645,10 +1672,12 @@ decltype(auto) visit_gemm_cfg(int id, F&& f) {
 // The launch shape of a8_gemm_kernel for (M, N, K); the workspace the split-K needs follows from it.
 struct GemmShape {
   int cfg, BM, Mp, KB, n_tiles, gx, gy, ks;
+  bool store;  // split-K by stores into ks slices (TRIT_A8_GEMM_SPLIT=1), else atomics
 };
 GemmShape gemm_shape(int M, int N, int K) {
   GemmShape g;
   g.cfg = gemm_cfg_id(M);
+  g.store = env_int("TRIT_A8_GEMM_SPLIT", 0) == 1;
   int tiles = 0, per_sm = 0;
   visit_gemm_cfg(g.cfg, [&](auto cfg) {
     using G = decltype(cfg);
@@ -1686,19 +1715,21 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
   return visit_gemm_cfg(g.cfg, [&](auto cfg) -> cudaError_t {
     using G = decltype(cfg);
     constexpr size_t smem = (size_t)kGemmStages * G::kStageBytes;
-    if constexpr (smem > 48 * 1024) {  // past the default limit: opt in, once per device
-      static int opted[64] = {0};
-      int dev = 0;
-      if (cudaGetDevice(&dev) != cudaSuccess) return cudaErrorInvalidDevice;
-      if (dev < 0 || dev >= 64 || !opted[dev]) {
-        const cudaError_t a = cudaFuncSetAttribute(a8_gemm_kernel<T, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   (int)smem);
-        if (a != cudaSuccess) return a;
-        if (dev >= 0 && dev < 64) opted[dev] = 1;
+    auto launch = [&](auto kernel) -> cudaError_t {
+      if constexpr (smem > 48 * 1024) {  // past the default limit: opt in, once per device
+        static int opted[64] = {0};
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess) return cudaErrorInvalidDevice;
+        if (dev < 0 || dev >= 64 || !opted[dev]) {
+          const cudaError_t a = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+          if (a != cudaSuccess) return a;
+          if (dev >= 0 && dev < 64) opted[dev] = 1;
+        }
       }
-    }
-    return launch_ex(a8_gemm_kernel<T, G>, grid, dim3(G::kThreads), smem, st, pdl, xq, xs, rowsum, w4, scale, bias,
-                     y, M, N, g.KB, g.n_tiles, g.Mp, ws);
+      return launch_ex(kernel, grid, dim3(G::kThreads), smem, st, pdl, xq, xs, rowsum, w4, scale, bias, y, M, N,
+                       g.KB, g.n_tiles, g.Mp, ws);
+    };
+    return g.store ? launch(a8_gemm_kernel<T, G, true>) : launch(a8_gemm_kernel<T, G, false>);
   });
 }
 
@@ -1843,10 +1874,14 @@ extern "C" int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, 
   });
 }
 
-extern "C" long long trit_mm_a8_gemm_ws_ints(int M, int N, int K) {
-  // split-K only: int32 partial sums [Mp][N] and one counter per (N, M) tile; none at ks = 1
+extern "C" long long trit_mm_a8_gemm_ws_ints(int M, int N, int K, long long* n_zero) {
+  // split-K only, none at ks = 1: atomics - int32 partial sums [Mp][N] and one counter per (N, M)
+  // tile, all zeroed; stores (TRIT_A8_GEMM_SPLIT=1) - the counters (zeroed), then ks slices [Mp][N]
   const GemmShape g = gemm_shape(M, N, K);
-  return g.ks > 1 ? (long long)g.Mp * N + (long long)g.gx * g.gy : 0;
+  const long long cnt = (long long)g.gx * g.gy, sums = (long long)g.Mp * N * (g.store ? g.ks : 1);
+  const long long n = g.ks > 1 ? sums + cnt : 0;
+  if (n_zero != nullptr) *n_zero = g.store ? (g.ks > 1 ? cnt : 0) : n;
+  return n;
 }
 
 extern "C" int trit_a8_quant(int dtype, const void* x, int8_t* xq, float* xs, int32_t* rowsum, int M, int K,

@@ -268,8 +268,10 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
         monkeypatch.setenv("TRIT_WN", "2")
     if "gemm" in kernel:  # the GEMM-shaped a8 kernel at M = 24 and 64 (cp.async ring, PDL wait)
         monkeypatch.setenv("TRIT_A8_GEMM", "1")
-    if kernel.endswith("gemm2"):  # its 16-tile, 8-row-tile warp tile (TRIT_A8_GEMM_CFG=2, over 48 KB of shared memory)
-        monkeypatch.setenv("TRIT_A8_GEMM_CFG", "2")
+    if kernel.endswith("gemm2"):  # its 16-tile, 8-row-tile warp tile (TRIT_A8_GEMM_CFG=2, over 48 KB of shared
+        monkeypatch.setenv("TRIT_A8_GEMM_CFG", "2")  # memory) with split-K by stores (split 2 at D = 1024)
+        monkeypatch.setenv("TRIT_A8_GEMM_SPLIT", "1")
+        monkeypatch.setenv("TRIT_A8_GEMM_KS", "2")
     D, L = 1024, 6
     gen = torch.Generator().manual_seed(5)
     layers = []
@@ -347,6 +349,16 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
                 assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), \
                     f"a8 gemm cfg={cfg} ks={ks} M={M} N={N} K={K} {dtype}"
         monkeypatch.delenv("TRIT_A8_GEMM_CFG")
+        # split-K by stores into per-split slices (TRIT_A8_GEMM_SPLIT=1): its workspace is not zeroed
+        # (poisoned here through the caching allocator's reuse of earlier blocks), only the counters
+        monkeypatch.setenv("TRIT_A8_GEMM_SPLIT", "1")
+        for ks in ("0", "2", "7"):
+            monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)
+            junk = torch.full((1 << 20,), -7, dtype=torch.int32, device=DEV)
+            del junk
+            assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), \
+                f"a8 gemm split stores ks={ks} M={M} N={N} K={K} {dtype}"
+        monkeypatch.delenv("TRIT_A8_GEMM_SPLIT")
         monkeypatch.delenv("TRIT_A8_GEMM_KS")
         monkeypatch.delenv("TRIT_A8_GEMM")
         assert_close_rel(y1, ops.ternary_mm_a8_ref(x, p, s, N, K, b),
