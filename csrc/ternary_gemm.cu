@@ -1101,7 +1101,10 @@ template <int WT, int RT, int WNW, int WMW> struct GemmCfg {
   static constexpr int kTiles = WT * WNW, kBM = 8 * RT * WMW, kThreads = 32 * WNW * WMW;
   static constexpr int kStageBytes = kTiles * 512 + kBM * kGemmXRow;  // <2,4,4,2>: 13312 B (39936 in all)
   static constexpr int kWPieces = kTiles * 32 / kThreads, kXPieces = 8 * kBM / kThreads;  // 16-byte copies per thread
-  static constexpr int kMinBlocks = RT == 8 ? (kThreads == 128 ? 3 : 1) : (kThreads == 128 ? 4 : 2);
+  // CTAs per SM the registers must allow: 128 per thread for the default tiles, more (fewer CTAs)
+  // where the warp tile needs them without spilling (RT = 8: 64 accumulators + fragments; WT = 4 at
+  // 128 threads: 4 weight-copy pointers per thread)
+  static constexpr int kMinBlocks = kThreads == 128 ? ((RT == 8 || WT == 4) ? 3 : 4) : (RT == 8 ? 1 : 2);
   static_assert(kWPieces * kThreads == kTiles * 32 && kXPieces * kThreads == 8 * kBM, "whole copies per thread");
 };
 template <int WM> using Gemm = GemmCfg<2, 4, 4, WM>;  // the measured default: 128 channels x 32 * WM rows
@@ -1444,7 +1447,7 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //   TRIT_A8_GEMM = auto (default) | 0 | 1   a8 at 16 < M <= 256: a8_gemm_kernel (read in bindings.cpp,
 //                                     a8_gemm_on: auto by shape; it gives the kernel its split-K workspace)
 //   TRIT_A8_GEMM_KS = n               its split-K CTAs (default: gemm_shape)
-//   TRIT_A8_GEMM_CFG = 0 (default) | 1 | 2 | 3   its warp tile (gemm_cfg_id; 1-3 not measured yet)
+//   TRIT_A8_GEMM_CFG = 0 (default) | 1-4   its warp tile (gemm_cfg_id; 1-4 not measured yet)
 //   TRIT_A8_GEMM_SPLIT = 0 (default) | 1   its split-K reduction: integer atomics / stores into per-split
 //                                     slices added by the last CTA (1 not measured yet)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
@@ -1653,11 +1656,12 @@ int sm_count() {
 }
 // The warp-tile configuration: TRIT_A8_GEMM_CFG = 0 (default: the measured <2, 4, 4, WM>, WM = 1 at
 // M <= 32) | 1 <2, 8, 4, 1> (128 channels x 64 rows, 8 row tiles per warp) | 2 <2, 8, 8, 1> (256
-// channels x 64 rows) | 3 <4, 4, 4, 2> (256 channels x 64 rows, 4 weight tiles per warp); 1-3 are
-// not measured yet. Ids: 0 / 1 the default at M <= 32 / above, 2-4 the alternatives.
+// channels x 64 rows) | 3 <4, 4, 4, 2> (256 channels x 64 rows, 4 weight tiles per warp) | 4 <4, 4, 4, 1>
+// (256 channels x 32 rows: M <= 32 with half the x traffic per weight byte of the default); 1-4 are
+// not measured yet. Ids: 0 / 1 the default at M <= 32 / above, 2-5 the alternatives.
 int gemm_cfg_id(int M) {
   const int c = env_int("TRIT_A8_GEMM_CFG", 0);
-  return (c >= 1 && c <= 3) ? c + 1 : (M <= 32 ? 0 : 1);
+  return (c >= 1 && c <= 4) ? c + 1 : (M <= 32 ? 0 : 1);
 }
 template <typename F>
 decltype(auto) visit_gemm_cfg(int id, F&& f) {
@@ -1666,6 +1670,7 @@ decltype(auto) visit_gemm_cfg(int id, F&& f) {
     case 2: return f(GemmCfg<2, 8, 4, 1>{});
     case 3: return f(GemmCfg<2, 8, 8, 1>{});
     case 4: return f(GemmCfg<4, 4, 4, 2>{});
+    case 5: return f(GemmCfg<4, 4, 4, 1>{});
     default: return f(Gemm<2>{});
   }
 }

@@ -340,9 +340,9 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
             monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)
             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), f"a8 gemm ks={ks} M={M} N={N}"
         monkeypatch.delenv("TRIT_A8_GEMM_KS")
-        # the other warp tiles (TRIT_A8_GEMM_CFG 1-3: 8 row tiles per warp, 16 weight tiles per CTA,
-        # 4 weight tiles per warp), with the default split and split-K forced
-        for cfg in ("1", "2", "3"):
+        # the other warp tiles (TRIT_A8_GEMM_CFG 1-4: 8 row tiles per warp, 16 weight tiles per CTA,
+        # 4 weight tiles per warp, at 64 and 32 rows per CTA), with the default split and split-K forced
+        for cfg in ("1", "2", "3", "4"):
             monkeypatch.setenv("TRIT_A8_GEMM_CFG", cfg)
             for ks in ("0", "3"):
                 monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)

@@ -46,7 +46,7 @@ M <= 16 when N >= 6144 and at M <= 32 on layers of >= 128M weights (TRIT_WN=0 au
 forces), and the quantizer fused into the GEMV (one launch) at M = 1 on layers of <= 32M weights
 (TRIT_A8_FUSEQ=-1 auto, 0 or 1 forces). At 32 < M <= 256 ternary_mm_a8 runs through a GEMM-shaped
 kernel on layers of >= 48M weights (and > 16M at M > 128; it takes precedence over int8 cuBLAS at
-M = 256); TRIT_A8_GEMM=1 forces it from M = 17, 0 turns it off; TRIT_A8_GEMM_CFG=1|2|3 gives it
+M = 256); TRIT_A8_GEMM=1 forces it from M = 17, 0 turns it off; TRIT_A8_GEMM_CFG=1|2|3|4 gives it
 other warp tiles (8 row tiles per warp, 16 weight tiles per CTA) and TRIT_A8_GEMM_SPLIT=1 a split-K
 reduction by stores instead of atomics (both not yet measured).
 
