@@ -185,6 +185,31 @@ def _weight_stats(model) -> dict:
             "all_parameter_bytes": other}
 
 
+def summarize_profile(events, steps: int, wall_s: float, top: int = 8) -> dict:
+    """Per-step GPU time by category from (kernel name, device us, launches) triples: ms and
+    launches per step per category, and its `top` kernels each with their own ms and launches per
+    step (what a fusion or a faster kernel would have to remove)."""
+    cats: dict[str, dict] = {}
+    for name, dt, count in events:
+        if dt <= 0:
+            continue
+        c = cats.setdefault(categorize(name), {"us": 0.0, "launches": 0, "kernels": []})
+        c["us"] += dt
+        c["launches"] += count
+        c["kernels"].append((dt, count, name[:80]))
+    total = sum(c["us"] for c in cats.values())
+    out = {"steps": steps, "wall_ms_per_step": round(wall_s / steps * 1e3, 3),
+           "gpu_ms_per_step": round(total / steps / 1e3, 3), "by_category": {}}
+    for k, c in sorted(cats.items(), key=lambda kv: -kv[1]["us"]):
+        ks = sorted(c["kernels"], key=lambda t: -t[0])[:top]
+        out["by_category"][k] = {"ms_per_step": round(c["us"] / steps / 1e3, 3),
+                                 "launches_per_step": round(c["launches"] / steps, 1),
+                                 "top": [n for _, _, n in ks[:3]],
+                                 "kernels": [{"name": n, "ms_per_step": round(dt / steps / 1e3, 4),
+                                              "launches_per_step": round(cnt / steps, 2)} for dt, cnt, n in ks]}
+    return out
+
+
 def _profile(llm, prompts, steps: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
     from vllm import SamplingParams
@@ -196,23 +221,13 @@ def _profile(llm, prompts, steps: int) -> dict:
         llm.generate(prompts(1), sp, use_tqdm=False)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t
-    cats: dict[str, dict] = {}
+    events = []
     for ev in prof.key_averages():
         dt = getattr(ev, "device_time_total", 0) or getattr(ev, "cuda_time_total", 0)
-        if dt <= 0 or ev.device_type.name != "CUDA" if hasattr(ev, "device_type") else dt <= 0:
+        if hasattr(ev, "device_type") and ev.device_type.name != "CUDA":
             continue
-        c = cats.setdefault(categorize(ev.key), {"us": 0.0, "launches": 0, "top": []})
-        c["us"] += dt
-        c["launches"] += ev.count
-        c["top"].append((dt, ev.key[:80]))
-    total = sum(c["us"] for c in cats.values())
-    out = {"steps": steps, "wall_ms_per_step": round(wall / steps * 1e3, 3),
-           "gpu_ms_per_step": round(total / steps / 1e3, 3), "by_category": {}}
-    for k, c in sorted(cats.items(), key=lambda kv: -kv[1]["us"]):
-        out["by_category"][k] = {"ms_per_step": round(c["us"] / steps / 1e3, 3),
-                                 "launches_per_step": round(c["launches"] / steps, 1),
-                                 "top": [n for _, n in sorted(c["top"], reverse=True)[:3]]}
-    return out
+        events.append((ev.key, dt, ev.count))
+    return summarize_profile(events, steps, wall)
 
 
 def main(argv=None) -> int:
@@ -331,6 +346,10 @@ def main(argv=None) -> int:
                    "|---|---|---|---|"]
             md += [f"| {k} | {v['ms_per_step']} | {v['launches_per_step']} | {'; '.join(v['top'])} |"
                    for k, v in pr["by_category"].items()]
+            per_kernel = [(k, q) for k, v in pr["by_category"].items() for q in v.get("kernels", [])]
+            if per_kernel:
+                md += ["", "| category | kernel | ms/step | launches/step |", "|---|---|---|---|"]
+                md += [f"| {k} | `{q['name']}` | {q['ms_per_step']} | {q['launches_per_step']} |" for k, q in per_kernel]
     write_record(a.out, stem, {"device": dev, "commit": commit_id(), "settings": settings, "resumed": resumed,
                                "rows": rows}, "\n".join(md))
     partial.unlink(missing_ok=True)  # the --state copy stays: later calls add their configs to it

@@ -67,3 +67,25 @@ def test_e2e_state_resumes_across_calls(tmp_path, monkeypatch):
     assert ran[-1] == "ours-bitnet-gemm" and len(ran) == 4
     rec = max((tmp_path / "o").glob("*-e2e-tiny*.md"), key=lambda p: p.stat().st_mtime_ns)
     assert "| ours-bitnet-gemm (TRIT_A8_GEMM=1) |" in rec.read_text()
+
+
+def test_e2e_profile_summary_by_category_and_kernel():
+    """The batch-1 step profile: categories by the kernel-name rules (our a8 GEMM kernel is ternary
+    work, inductor's norm fusions named after our op are not), per-step ms / launches, and each
+    category's top kernels with their own share."""
+    from bench import e2e
+
+    steps = 4
+    events = [("void (anonymous namespace)::a8_gemm_kernel<__nv_bfloat16, GemmCfg<2, 4, 4, 2>, false>", 400.0, 8),
+              ("void (anonymous namespace)::quant_rows_perm_kernel<__nv_bfloat16>", 40.0, 8),
+              ("triton_red_fused_fused_add_rms_norm_ternary_mm_a8_2", 80.0, 4),
+              ("nvjet_sm90_tst_256x8_64x6_2x1_v_bz_TNT", 120.0, 4),
+              ("cudaLaunchKernel", 0.0, 100)]
+    out = e2e.summarize_profile(events, steps, wall_s=0.004, top=1)
+    cats = out["by_category"]
+    assert list(cats) == ["ternary", "dense_gemm", "norm_elementwise"]  # by time
+    assert cats["ternary"]["ms_per_step"] == 0.11 and cats["ternary"]["launches_per_step"] == 4.0
+    assert [k["name"][:40] for k in cats["ternary"]["kernels"]] == [events[0][0][:40]]  # top=1
+    assert cats["ternary"]["kernels"][0]["ms_per_step"] == 0.1
+    assert cats["norm_elementwise"]["kernels"][0]["launches_per_step"] == 1.0
+    assert out["gpu_ms_per_step"] == 0.16 and out["wall_ms_per_step"] == 1.0
