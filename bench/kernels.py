@@ -1,6 +1,6 @@
 """Per-layer kernel timings: trit ternary kernels vs torch bf16 matmul (and humming), one run.
 
-    python -m bench.kernels [--shapes all|2b|8b|70b] [--ms 1,4,16,...] [--out DIR] [--quick]
+    python -m bench.kernels [--shapes all|2b|8b|70b|2b-vllm|8b-vllm] [--ms 1,4,16,...] [--out DIR] [--quick]
 
 Every variant is timed the same way: a CUDA graph of R back-to-back calls, each on a different
 copy of the weights (R copies span >= ROTATE_BYTES, so the 60 MB L2 cannot serve them), replayed
@@ -34,6 +34,10 @@ SHAPES = {
     "2b": [(2560, 2560), (640, 2560), (6912, 2560), (2560, 6912)],
     "8b": [(4096, 4096), (14336, 4096), (4096, 14336)],
     "70b": [(8192, 8192), (28672, 8192), (8192, 28672)],
+    # the merged layers vLLM runs (qkv = q + k + v, gate_up = gate + up): what the e2e step spends
+    # its time in, and where the per-shape defaults switch
+    "2b-vllm": [(3840, 2560), (13824, 2560)],
+    "8b-vllm": [(6144, 4096), (28672, 4096)],
 }
 MS = [1, 4, 16, 32, 64, 256, 1024, 4096]
 HUMMING_MS = (1, 16, 64, 4096)  # humming JIT-compiles per shape and M bucket: keep it to these
@@ -381,7 +385,7 @@ def markdown(meta, rows) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default="all", help="all | comma list of 2b,8b,70b")
+    ap.add_argument("--shapes", default="all", help="all | comma list of " + ",".join(SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
     ap.add_argument("--quick", action="store_true", help="skip a8 at the largest problems")
@@ -394,11 +398,15 @@ def main(argv=None):
     ap.add_argument("--variants", default=None, help="v5 (M <= 64) variants to time beside the default, comma list of "
                     + ",".join(SMALL_M_VARIANTS) + " (default: all)")
     args = ap.parse_args(argv)
+    groups = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
+    unknown = [g for g in groups if g not in SHAPES]
+    if unknown:
+        sys.exit(f"bench.kernels: --shapes {args.shapes}: unknown group(s) {', '.join(unknown)}; "
+                 f"known: all, {', '.join(SHAPES)}")
     if not torch.cuda.is_available():
         sys.exit("bench.kernels needs a CUDA GPU")
     from trit import ops
 
-    groups = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
     ms = [int(m) for m in args.ms.split(",")]
     hum = Humming()
     if args.no_humming:

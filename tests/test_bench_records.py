@@ -89,3 +89,14 @@ def test_e2e_profile_summary_by_category_and_kernel():
     assert cats["ternary"]["kernels"][0]["ms_per_step"] == 0.1
     assert cats["norm_elementwise"]["kernels"][0]["launches_per_step"] == 1.0
     assert out["gpu_ms_per_step"] == 0.16 and out["wall_ms_per_step"] == 1.0
+
+
+def test_kernel_bench_rejects_unknown_shape_group():
+    """A typo in --shapes is named before any GPU work (not a KeyError halfway through the run)."""
+    import pytest
+
+    from bench import kernels
+
+    with pytest.raises(SystemExit, match="unknown group.*13b.*known: all, 2b, 8b, 70b"):
+        kernels.main(["--shapes", "8b,13b"])
+    assert ("6144", "4096") == tuple(map(str, kernels.SHAPES["8b-vllm"][0]))  # vLLM's merged qkv of Llama-3-8B
