@@ -182,12 +182,13 @@ at::Tensor ternary_mm_a8_cuda(const at::Tensor& x, const at::Tensor& packed, con
   const int64_t Kp = (K + 127) / 128 * 128;
   // one workspace: xq int8 [Mp, Kp] | xs f32 [M] | rowsum i32 [M]   (Kp % 128 == 0 keeps alignment;
   // Mp = M rounded up to 64, at least 64: the k-block-major xq of the M <= 64 kernels has zero rows
-  // up to 8 * MT, that of the a8 GEMM kernel (TRIT_A8_GEMM=1, M <= 256) up to a multiple of 64)
+  // up to 8 * MT, that of the a8 GEMM kernel (M <= 256, a8_gemm_on) up to a multiple of 64)
   const int64_t Mp = std::max<int64_t>((a.M + 63) / 64 * 64, 64);
   at::Tensor ws = at::empty({Mp * Kp + 8 * a.M}, x.options().dtype(at::kChar));
   int8_t* xq = ws.data_ptr<int8_t>();
   float* xs = reinterpret_cast<float*>(xq + Mp * Kp);
   int32_t* rowsum = reinterpret_cast<int32_t*>(xs + a.M);
+  const void* bias_p = a.bias.defined() ? a.bias.data_ptr() : nullptr;
   if (gemm) {
     // split-K partial sums + tile counters, the part that must start at zero zeroed (one memset node
     // in a graph: everything with atomics, the counters alone with TRIT_A8_GEMM_SPLIT=1); none
@@ -196,15 +197,14 @@ at::Tensor ternary_mm_a8_cuda(const at::Tensor& x, const at::Tensor& packed, con
     const int64_t n_ws = trit_mm_a8_gemm_ws_ints((int)a.M, (int)N, (int)K, &n_zero);
     at::Tensor gws = n_ws > 0 ? at::empty({n_ws}, x.options().dtype(at::kInt)) : at::Tensor();
     if (n_zero > 0) gws.narrow(0, 0, n_zero).zero_();
-    check_launch(trit_mm_a8_gemm(a.dtype, a.x.data_ptr(), packed.data_ptr<int32_t>(), scale.data_ptr<float>(),
-                                 a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N, (int)K,
-                                 xq, xs, rowsum, n_ws > 0 ? gws.data_ptr<int32_t>() : nullptr, current_stream(x)),
+    check_launch(trit_mm_a8_gemm(a.dtype, a.x.data_ptr(), packed.data_ptr<int32_t>(), scale.data_ptr<float>(), bias_p,
+                                 a.y.data_ptr(), a.M, (int)N, (int)K, xq, xs, rowsum,
+                                 n_ws > 0 ? gws.data_ptr<int32_t>() : nullptr, current_stream(x)),
                  op);
     return a.y;
   }
-  check_launch(trit_mm_a8(a.dtype, a.x.data_ptr(), packed.data_ptr<int32_t>(), scale.data_ptr<float>(),
-                          a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N, (int)K, xq,
-                          xs, rowsum, current_stream(x)),
+  check_launch(trit_mm_a8(a.dtype, a.x.data_ptr(), packed.data_ptr<int32_t>(), scale.data_ptr<float>(), bias_p,
+                          a.y.data_ptr(), a.M, (int)N, (int)K, xq, xs, rowsum, current_stream(x)),
                op);
   return a.y;
 }

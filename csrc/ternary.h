@@ -40,7 +40,7 @@ int trit_mm_naive(int dtype, const void* x, const int32_t* packed, const float* 
 int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const float* scale,
                const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
                int32_t* rowsum, void* stream);
-// The same through the GEMM-shaped kernel (16 < M <= 256; TRIT_A8_GEMM=1, see ternary_gemm.cu):
+// The same through the GEMM-shaped kernel (16 < M <= 256; bindings.cpp a8_gemm_on picks it):
 // xq must hold ceil(M / 64) * 64 rows of ceil(K / 128) * 128 bytes; ws trit_mm_a8_gemm_ws_ints(M, N, K)
 // int32 (split-K partial sums and tile counters) of which the first *n_zero are set to zero, or null
 // when that is 0 (no split-K).

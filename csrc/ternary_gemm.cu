@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "ternary.h"
 
@@ -143,6 +144,12 @@ __device__ __forceinline__ void mma16832_u8s8(int (&d)[4], const uint32_t (&a)[4
       "{%0,%1,%2,%3};"
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// One packed word (16 weights of 2 bits, code = w + 1) -> the u8 A fragment of mma16832_u8s8:
+// af[j] holds the codes at bits 2j of each byte (the a8 epilogue removes the +1 with rowsum).
+__device__ __forceinline__ void a8_frag(uint32_t w, uint32_t (&af)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) af[j] = (w >> (2 * j)) & 0x03030303u;
 }
 
 // ---------------------------------------------------------------- activation fragments
@@ -528,8 +535,7 @@ __global__ void __launch_bounds__(Shape<MT>::kMaxThreads)
       for (int wn = 0; wn < WN; ++wn) {
         const uint32_t w = i == 0 ? word_of<0>(a[wn]) : i == 1 ? word_of<1>(a[wn]) : i == 2 ? word_of<2>(a[wn])
                                                                                               : word_of<3>(a[wn]);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) af[wn][j] = (w >> (2 * j)) & 0x03030303u;
+        a8_frag(w, af[wn]);
       }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -976,10 +982,8 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
   auto mma_word = [&](const int4 (&w)[WN], int i, int mt, uint32_t b0, uint32_t b1) {
 #pragma unroll
     for (int wn = 0; wn < WN; ++wn) {
-      const uint32_t wi = word_of_rt(w[wn], i);
       uint32_t af[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) af[j] = (wi >> (2 * j)) & 0x03030303u;
+      a8_frag(word_of_rt(w[wn], i), af);
       mma16832_u8s8(acc[wn * MT + mt], af, b0, b1);
     }
   };
@@ -1086,8 +1090,8 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
 // layout of quant_rows_perm_kernel with Mp = M rounded up to BM) is copied to shared
 // memory by cp.async in a kGemmStages-deep ring: x leaves L2 once per CTA and is read by 4 warps
 // from shared memory (rows padded to 144 B: the 8 lanes of an LDS.128 phase hit distinct banks),
-// and later k-blocks are in flight while one computes. No split-K: every CTA runs all of K.
-// Same arithmetic as the other a8 kernels (exact int32 sums, store_out): bit-identical output.
+// and later k-blocks are in flight while one computes. Split-K over CTAs (gridDim.z, see
+// gemm_shape) when the tiles alone fill less than a wave. Same arithmetic as the other a8 kernels (exact int32 sums, store_out): bit-identical output.
 // Warp tiles other than the measured 2 x 4 (TRIT_A8_GEMM_CFG, not measured yet): ncu on H200 run 13
 // found this kernel issue-latency bound (one instruction per ~9-10 cycles per warp, shared-memory
 // load waits on top, 2 CTAs per SM by registers) with ~4 instructions per mma: each decoded weight
@@ -1190,10 +1194,8 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
         for (int i = 2 * h; i < 2 * h + 2; ++i)
 #pragma unroll
           for (int wn = 0; wn < WT; ++wn) {
-            const uint32_t wi = word_of_rt(w[wn], i);
             uint32_t af[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) af[j] = (wi >> (2 * j)) & 0x03030303u;
+            a8_frag(word_of_rt(w[wn], i), af);
 #pragma unroll
             for (int mt = 0; mt < RT; ++mt)
               mma16832_u8s8(acc[wn][mt], af, (i & 1) ? xv[mt].z : xv[mt].x, (i & 1) ? xv[mt].w : xv[mt].y);
@@ -1203,11 +1205,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
 #pragma unroll
         for (int ii = 0; ii < 2; ++ii)
 #pragma unroll
-          for (int wn = 0; wn < WT; ++wn) {
-            const uint32_t wi = word_of_rt(w[wn], 2 * h + ii);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) af[ii][wn][j] = (wi >> (2 * j)) & 0x03030303u;
-          }
+          for (int wn = 0; wn < WT; ++wn) a8_frag(word_of_rt(w[wn], 2 * h + ii), af[ii][wn]);
 #pragma unroll
         for (int mt = 0; mt < RT; ++mt) {
           const uint4 xv = *reinterpret_cast<const uint4*>(xb + mt * 8 * kGemmXRow + h * 16);
@@ -1720,8 +1718,10 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
   return visit_gemm_cfg(g.cfg, [&](auto cfg) -> cudaError_t {
     using G = decltype(cfg);
     constexpr size_t smem = (size_t)kGemmStages * G::kStageBytes;
-    auto launch = [&](auto kernel) -> cudaError_t {
-      if constexpr (smem > 48 * 1024) {  // past the default limit: opt in, once per device
+    // one instantiation per kernel (kStore as a type), so that each kernel has its own opt-in flags
+    auto launch = [&](auto store) -> cudaError_t {
+      const auto kernel = a8_gemm_kernel<T, G, decltype(store)::value>;
+      if constexpr (smem > 48 * 1024) {  // past the default limit: opt in, once per device and kernel
         static int opted[64] = {0};
         int dev = 0;
         if (cudaGetDevice(&dev) != cudaSuccess) return cudaErrorInvalidDevice;
@@ -1734,7 +1734,7 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
       return launch_ex(kernel, grid, dim3(G::kThreads), smem, st, pdl, xq, xs, rowsum, w4, scale, bias, y, M, N,
                        g.KB, g.n_tiles, g.Mp, ws);
     };
-    return g.store ? launch(a8_gemm_kernel<T, G, true>) : launch(a8_gemm_kernel<T, G, false>);
+    return g.store ? launch(std::true_type{}) : launch(std::false_type{});
   });
 }
 

@@ -351,13 +351,17 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
         monkeypatch.delenv("TRIT_A8_GEMM_CFG")
         # split-K by stores into per-split slices (TRIT_A8_GEMM_SPLIT=1): its workspace is not zeroed
         # (poisoned here through the caching allocator's reuse of earlier blocks), only the counters
+        # (cfg 2 after its atomics run above: each kernel opts in to > 48 KB of shared memory itself)
         monkeypatch.setenv("TRIT_A8_GEMM_SPLIT", "1")
-        for ks in ("0", "2", "7"):
-            monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)
-            junk = torch.full((1 << 20,), -7, dtype=torch.int32, device=DEV)
-            del junk
-            assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), \
-                f"a8 gemm split stores ks={ks} M={M} N={N} K={K} {dtype}"
+        for cfg in ("0", "2"):
+            monkeypatch.setenv("TRIT_A8_GEMM_CFG", cfg)
+            for ks in ("0", "2", "7"):
+                monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)
+                junk = torch.full((1 << 20,), -7, dtype=torch.int32, device=DEV)
+                del junk
+                assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), \
+                    f"a8 gemm split stores cfg={cfg} ks={ks} M={M} N={N} K={K} {dtype}"
+        monkeypatch.delenv("TRIT_A8_GEMM_CFG")
         monkeypatch.delenv("TRIT_A8_GEMM_SPLIT")
         monkeypatch.delenv("TRIT_A8_GEMM_KS")
         monkeypatch.delenv("TRIT_A8_GEMM")
