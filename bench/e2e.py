@@ -256,6 +256,8 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(r))
         return 0
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    commit = commit_id()
+    todo = configs(a.shape, a.only.split(",") if a.only else None)
     rows = []
     stem = f"{time.strftime('%Y-%m-%d')}-{dev.replace(' ', '-').lower()}-e2e-{a.shape}" + (f"-tp{a.tp}" if a.tp > 1 else "")
     # rows so far, rewritten (atomically) after every config: a call that runs out of time still
@@ -268,7 +270,7 @@ def main(argv=None) -> int:
     resumed = []
     if state is not None and state.exists():
         prev = json.loads(state.read_text())
-        if prev.get("device") == dev and prev.get("commit") == commit_id() and prev.get("settings") == settings:
+        if prev.get("device") == dev and prev.get("commit") == commit and prev.get("settings") == settings:
             rows = [r for r in prev["rows"] if "error" not in r]
             resumed = [r["label"] for r in rows]
             print(f"resuming from {state}: {', '.join(resumed) or 'nothing'} already measured", flush=True)
@@ -276,7 +278,7 @@ def main(argv=None) -> int:
             print(f"not resuming from {state}: another commit, device or settings", flush=True)
 
     def save_partial():
-        doc = json.dumps({"device": dev, "commit": commit_id(), "partial": True, "settings": settings,
+        doc = json.dumps({"device": dev, "commit": commit, "partial": True, "settings": settings,
                           "command": "python -m bench.e2e " + " ".join(argv or sys.argv[1:]),
                           "rows": rows}, indent=1, default=str)
         for f in (partial, state):
@@ -284,11 +286,11 @@ def main(argv=None) -> int:
                 f.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_text(f, doc)
     if a.gen_only:
-        for label, preset, quant, unq, _ in configs(a.shape, a.only.split(",") if a.only else None):
+        for label, preset, quant, unq, _ in todo:
             t0 = time.time()
             print(f"{label}: {model_dir(a.models, preset, unq)} ({time.time() - t0:.0f} s)", flush=True)
         return 0
-    for label, preset, quant, unq, extra_env in configs(a.shape, a.only.split(",") if a.only else None):
+    for label, preset, quant, unq, extra_env in todo:
         run_label = label + (f"-tp{a.tp}" if a.tp > 1 else "")
         if run_label in resumed:
             continue
@@ -299,7 +301,7 @@ def main(argv=None) -> int:
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **extra_env})
         line = next((l for l in p.stdout.splitlines() if l.startswith("RESULT ")), None)
         if line is None:
-            rows.append({"label": label, "error": (p.stderr or p.stdout)[-3000:]})
+            rows.append({"label": run_label, "error": (p.stderr or p.stdout)[-3000:]})
             print(f"{label}: FAILED\n{(p.stderr or p.stdout)[-3000:]}")
             save_partial()
             continue
@@ -313,7 +315,7 @@ def main(argv=None) -> int:
     hum = next((r for r in rows if r["label"].startswith("humming") and "error" not in r), None)
     md = [f"# End-to-end vLLM throughput, shape {a.shape}, {dev}", "",
           f"- date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
-          f"- commit: {commit_id()}",
+          f"- commit: {commit}",
           f"- command: python -m bench.e2e {' '.join(argv or sys.argv[1:])}",
           f"- {a.prompt_len} prompt + {a.gen_len} output tokens, greedy; best of 3 runs at B <= 8, one run above; "
           f"tensor_parallel_size {a.tp}",
@@ -350,7 +352,7 @@ def main(argv=None) -> int:
             if per_kernel:
                 md += ["", "| category | kernel | ms/step | launches/step |", "|---|---|---|---|"]
                 md += [f"| {k} | `{q['name']}` | {q['ms_per_step']} | {q['launches_per_step']} |" for k, q in per_kernel]
-    write_record(a.out, stem, {"device": dev, "commit": commit_id(), "settings": settings, "resumed": resumed,
+    write_record(a.out, stem, {"device": dev, "commit": commit, "settings": settings, "resumed": resumed,
                                "rows": rows}, "\n".join(md))
     partial.unlink(missing_ok=True)  # the --state copy stays: later calls add their configs to it
     print("\n".join(md))

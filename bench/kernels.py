@@ -223,18 +223,16 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             variants["decode"] = lambda i: torch.ops.trit.ternary_decode(packs[i % nt], scale, N, K, x.dtype)
         if M <= 32:  # the default picks per shape (wn_auto, fuseq_auto): each choice forced
             variants["a8_plain"] = with_env({"TRIT_WN": "1", "TRIT_A8_FUSEQ": "0", "TRIT_A8_GEMM": "0"}, variants["a8"])
-        if M <= 32:  # two weight tiles per warp (M 17-32: the MT = 4 kernel)
-            variants["a8_wn2"] = with_env({"TRIT_WN": "2"}, variants["a8"])
+            variants["a8_wn2"] = with_env({"TRIT_WN": "2"}, variants["a8"])  # M 17-32: the MT = 4 kernel
         if M <= 8:  # the quantizer fused into the GEMV
             variants["a8_fuseq"] = with_env({"TRIT_A8_FUSEQ": "1"}, variants["a8"])
         if 16 < M <= 256:  # the three a8 routes, each forced (the default picks by shape: a8_gemm_on)
-            variants["a8_gemm"] = with_env({"TRIT_A8_GEMM": "1", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}, variants["a8"])
+            gemm = {"TRIT_A8_GEMM": "1", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}
+            variants["a8_gemm"] = with_env(gemm, variants["a8"])
             for c in GEMM_CFGS:  # its other warp tiles (TRIT_A8_GEMM_CFG)
-                variants[f"a8_gemm_c{c}"] = with_env({"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_CFG": str(c),
-                                                      "TRIT_A8_DENSE_MIN_M": str(1 << 30)}, variants["a8"])
+                variants[f"a8_gemm_c{c}"] = with_env({**gemm, "TRIT_A8_GEMM_CFG": str(c)}, variants["a8"])
             # split-K by stores into per-split slices instead of atomics (same as a8_gemm without split-K)
-            variants["a8_gemm_st"] = with_env({"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_SPLIT": "1",
-                                               "TRIT_A8_DENSE_MIN_M": str(1 << 30)}, variants["a8"])
+            variants["a8_gemm_st"] = with_env({**gemm, "TRIT_A8_GEMM_SPLIT": "1"}, variants["a8"])
             # the fused v4 kernel falls far behind above M = 256 (run 2)
             variants["a8_kernel"] = with_env({"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}, variants["a8"])
         if M > V5_MAX_M_A8:
