@@ -326,6 +326,12 @@ def _unpack_bytes(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int], 
     return out.contiguous(), bad
 
 
+def _narrow(values: torch.Tensor) -> torch.Tensor:
+    """Integer values as int8 when they all fit, else int16."""
+    fits = not (values.numel() and bool(values.abs().max() > 127))
+    return values.to(torch.int8 if fits else torch.int16)
+
+
 def unpack(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int], *, name: str = "tensor",
            strict: bool = True) -> torch.Tensor:
     """packed -> logical integer values int8 [N, K] (int16 when a value does not fit int8), on
@@ -334,8 +340,8 @@ def unpack(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int], *, name
     if CONTAINERS[spec.container][1] == 8:
         wide = bool((vals.abs() > 127).any())
         out, bad = _unpack_bytes(packed, spec, shape, torch.int16 if wide else torch.int8)
-        if not (strict and bad):
-            return out.to(torch.int8) if wide and not (out.numel() and bool(out.abs().max() > 127)) else out
+        if not (strict and bad):  # (an unused code under strict: the codes path below names it)
+            return _narrow(out) if wide else out
     codes = unpack_codes(packed, spec, shape)  # wider containers, and the error report below
     if strict and bool(unused.any()):
         bad = unused.to(codes.device)[codes]
@@ -344,10 +350,7 @@ def unpack(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int], *, name
             raise FormatError(
                 f"{name}: code {int(codes[idx])} at logical index {idx} is declared unused by the code table "
                 f"{list(spec.codes)} ({int(bad.sum())} occurrences) — wrong code table, bit order or lane layout?")
-    out = vals.to(codes.device)[codes]
-    if out.abs().max() > 127 if out.numel() else False:
-        return out.to(torch.int16)
-    return out.to(torch.int8)
+    return _narrow(vals.to(codes.device)[codes])
 
 
 def pack(values: torch.Tensor, spec: PackSpec) -> torch.Tensor:
