@@ -190,13 +190,10 @@ at::Tensor ternary_mm_a8_cuda(const at::Tensor& x, const at::Tensor& packed, con
   int32_t* rowsum = reinterpret_cast<int32_t*>(xs + a.M);
   const void* bias_p = a.bias.defined() ? a.bias.data_ptr() : nullptr;
   if (gemm) {
-    // split-K partial sums + tile counters, the part that must start at zero zeroed (one memset node
-    // in a graph: everything with atomics, the counters alone with TRIT_A8_GEMM_SPLIT=1); none
-    // without split-K
-    long long n_zero = 0;
-    const int64_t n_ws = trit_mm_a8_gemm_ws_ints((int)a.M, (int)N, (int)K, &n_zero);
+    // split-K workspace: tile counters + per-split slices, nothing to zero here (the quantizer
+    // zeroes the counters: no memset node in a graph); none without split-K
+    const int64_t n_ws = trit_mm_a8_gemm_ws_ints((int)a.M, (int)N, (int)K);
     at::Tensor gws = n_ws > 0 ? at::empty({n_ws}, x.options().dtype(at::kInt)) : at::Tensor();
-    if (n_zero > 0) gws.narrow(0, 0, n_zero).zero_();
     check_launch(trit_mm_a8_gemm(a.dtype, a.x.data_ptr(), packed.data_ptr<int32_t>(), scale.data_ptr<float>(), bias_p,
                                  a.y.data_ptr(), a.M, (int)N, (int)K, xq, xs, rowsum,
                                  n_ws > 0 ? gws.data_ptr<int32_t>() : nullptr, current_stream(x)),

@@ -1109,6 +1109,11 @@ template <int WT, int RT, int WNW, int WMW> struct GemmCfg {
   // where the warp tile needs them without spilling (RT = 8: 64 accumulators + fragments; WT = 4 at
   // 128 threads: 4 weight-copy pointers per thread)
   static constexpr int kMinBlocks = kThreads == 128 ? ((RT == 8 || WT == 4) ? 3 : 4) : (RT == 8 ? 1 : 2);
+  // the epilogue reuses the ring: the CTA's int32 sums [kBM][kCh + 4] (+4: the fragment writes of
+  // a warp hit 32 distinct banks), then the channel and row factors
+  static constexpr int kCh = kTiles * 16, kAccLd = kCh + 4;
+  static constexpr int kEpiBytes = kBM * kAccLd * 4 + (2 * kCh + 2 * kBM) * 4;
+  static constexpr int kSmemBytes = kGemmStages * kStageBytes > kEpiBytes ? kGemmStages * kStageBytes : kEpiBytes;
   static_assert(kWPieces * kThreads == kTiles * 32 && kXPieces * kThreads == 8 * kBM, "whole copies per thread");
 };
 template <int WM> using Gemm = GemmCfg<2, 4, 4, WM>;  // the measured default: 128 channels x 32 * WM rows
@@ -1123,10 +1128,13 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// kStore (TRIT_A8_GEMM_SPLIT=1, not measured yet): split-K partial sums by plain stores instead of
-// atomics. Inferred from ncu (run 13), not measured directly: on 2560x2560 M = 64 split 4 (5 k-blocks per
-// CTA, ~1 us each without split) took 19.8 us, so the 655K scattered 4-byte atomics cost ~15 us.
-template <typename T, typename G, bool kStore>
+// Split-K partial sums go by plain stores into per-split slices. Until H200 run 14 the default
+// was integer atomics into a [Mp][N] buffer zeroed by a memset node in front (TRIT_A8_GEMM_SPLIT=1
+// chose stores); run 14 timed both with the first, serialised epilogue (see below): stores 42-47
+// us, atomics 20-24 us on 2560x2560 M = 32-128 at ks = 2. With the epilogue through shared memory
+// both end in the same coalesced loads of the tile, and the stores need neither atomics nor a
+// memset (the quantizer zeroes the tile counters): the atomics are gone.
+template <typename T, typename G>
 __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
     a8_gemm_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                    const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
@@ -1219,56 +1227,82 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
     }
   }
   cp_async_wait<0>();
-  // split-K: the partial sums go into ws (int32 [Mp][N], zeroed by the caller) with integer atomics,
-  // exact in any order; the CTA that arrives last at its counter (ws + Mp * N, one per (x, y) tile,
-  // zeroed too) reads the totals back and stores (threadFenceReduction pattern). ks = 1: no ws.
-  auto each_output = [&](auto&& f) {  // f(m, n, sum) for the warp's outputs that exist
+  // The epilogue, through shared memory: the warps' fragments go to the CTA's sums tile s_acc
+  // [kBM][kAccLd], and everything after works on that tile cooperatively, coalesced along N: the
+  // split-K slices (16-byte stores / loads, tile-major so no bounds checks), the factors, the
+  // outputs. (The first version went output by output from registers: per thread 32 load -> store
+  // chains the compiler cannot reorder (they may alias), ~10 us of the "~18 us floor" that H200
+  // runs 12 - 14 measured on small layers with split-K; its stores touched 4 rows x 16 B per warp.)
+  constexpr int kCh = G::kCh, kLd = G::kAccLd, kTileInts = G::kBM * kCh, kVecs = kTileInts / 4;
+  int32_t* s_acc = reinterpret_cast<int32_t*>(gsm);
+  float* s_sc = reinterpret_cast<float*>(s_acc + G::kBM * kLd);
+  float* s_bi = s_sc + kCh;
+  float* s_xs = s_bi + kCh;
+  int* s_rs = reinterpret_cast<int*>(s_xs + G::kBM);
+  __syncthreads();  // every warp is past its last read of the ring
 #pragma unroll
-    for (int wn = 0; wn < WT; ++wn) {
-      const int t = t0 + WT * wcol + wn;
+  for (int wn = 0; wn < WT; ++wn)
 #pragma unroll
-      for (int mt = 0; mt < RT; ++mt)
+    for (int mt = 0; mt < RT; ++mt)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int n = t * kTileN + g + 8 * (q >> 1);
-          const int m = m0 + 8 * RT * wrow + 8 * mt + 2 * c + (q & 1);
-          if (t < n_tiles && n < N && m < M) f(m, n, acc[wn][mt][q]);
-        }
-    }
+      for (int q = 0; q < 4; ++q)
+        s_acc[(8 * RT * wrow + 8 * mt + 2 * c + (q & 1)) * kLd + (WT * wcol + wn) * kTileN + g + 8 * (q >> 1)] =
+            acc[wn][mt][q];
+  __syncthreads();
+  // vector v of the tile: row v / (kCh / 4), channels 4 * (v % (kCh / 4)) ..
+  auto tile_vec = [&](int v) -> int4* {
+    return reinterpret_cast<int4*>(s_acc + (v / (kCh / 4)) * kLd + 4 * (v % (kCh / 4)));
   };
-  if constexpr (kStore) {
-    // ws: one counter per (x, y) tile (zeroed by the caller), then ks slices of int32 [Mp][N]: CTA z
-    // stores its partial sums to slice z (every output it owns exists in every slice: no zeroing),
-    // the last CTA of a tile adds the slices in z order and stores. Exact, like the atomics.
-    if (ks > 1) {
-      const size_t n_cnt = (size_t)gridDim.x * gridDim.y, slice = (size_t)Mp * N;
-      int32_t* mine = ws + n_cnt + blockIdx.z * slice;
-      each_output([&](int m, int n, int v) { __stcg(mine + (size_t)m * N + n, v); });
-      __threadfence();
-      __syncthreads();
-      if (tid == 0) s_last = atomicAdd(ws + blockIdx.y * gridDim.x + blockIdx.x, 1) == ks - 1;
-      __syncthreads();
-      if (!s_last) return;
-      __threadfence();
-      each_output([&](int m, int n, int v) {
-        int sum = 0;
-        for (int z = 0; z < ks; ++z) sum += z == (int)blockIdx.z ? v : __ldcg(ws + n_cnt + z * slice + (size_t)m * N + n);
-        store_out<T, true>(sum, m, n, N, scale, bias, y, xs, rowsum);
-      });
-      return;
-    }
-  } else if (ks > 1) {
-    each_output([&](int m, int n, int v) { atomicAdd(ws + (size_t)m * N + n, v); });
+  if (ks > 1) {
+    // n_cnt: tile counters; the slices after them start at a multiple of 4 ints (16-byte vectors)
+    const size_t n_cnt = (size_t)gridDim.x * gridDim.y, tile = blockIdx.y * gridDim.x + blockIdx.x,
+                 sl0 = (n_cnt + 3) & ~(size_t)3;
+    // ws = one counter per (x, y) tile (zeroed by the quantizer launched just before), then from
+    // sl0 ks slices, each the [kBM][kCh] int32 tiles of the grid in tile order. CTA z stores its
+    // tile to slice z; the CTA that arrives last at its tile's counter adds the other slices
+    // (exact integer sums: bit-identical in any order) (threadFenceReduction pattern).
+    int4* mine = reinterpret_cast<int4*>(ws + sl0 + ((size_t)blockIdx.z * n_cnt + tile) * kTileInts);
+    for (int v = tid; v < kVecs; v += G::kThreads) __stcg(mine + v, *tile_vec(v));
     __threadfence();
     __syncthreads();
-    if (tid == 0) s_last = atomicAdd(ws + (size_t)Mp * N + blockIdx.y * gridDim.x + blockIdx.x, 1) == ks - 1;
+    if (tid == 0) s_last = atomicAdd(ws + tile, 1) == ks - 1;
     __syncthreads();
     if (!s_last) return;
     __threadfence();
+    for (int v = tid; v < kVecs; v += G::kThreads) {
+      int4 t = *tile_vec(v);
+      for (int z = 0; z < ks; ++z) {
+        if (z == (int)blockIdx.z) continue;
+        const int4 o = __ldcg(reinterpret_cast<const int4*>(ws + sl0 + ((size_t)z * n_cnt + tile) * kTileInts) + v);
+        t.x += o.x;
+        t.y += o.y;
+        t.z += o.z;
+        t.w += o.w;
+      }
+      *tile_vec(v) = t;
+    }
   }
-  each_output([&](int m, int n, int v) {
-    store_out<T, true>(ks > 1 ? __ldcg(ws + (size_t)m * N + n) : v, m, n, N, scale, bias, y, xs, rowsum);
-  });
+  // the factors of the CTA's channels and rows, then each output with store_out's arithmetic
+  // (bit-identical to the other a8 kernels), consecutive threads on consecutive channels
+  for (int i = tid; i < kCh; i += G::kThreads) {
+    const int n = t0 * kTileN + i;
+    s_sc[i] = n < N ? scale[n] : 0.f;
+    s_bi[i] = (n < N && bias != nullptr) ? to_f32<T>(bias[n]) : 0.f;
+  }
+  for (int i = tid; i < G::kBM; i += G::kThreads) {
+    const int m = m0 + i;
+    s_xs[i] = m < M ? xs[m] : 1.f;
+    s_rs[i] = m < M ? rowsum[m] : 0;
+  }
+  __syncthreads();
+  const int rows = min(G::kBM, M - m0), cols = min(kCh, N - t0 * kTileN);
+  for (int i = tid; i < G::kBM * kCh; i += G::kThreads) {
+    const int r = i / kCh, col = i % kCh;
+    if (r >= rows || col >= cols) continue;
+    float o = __fmul_rn((float)(s_acc[r * kLd + col] - s_rs[r]) / s_xs[r], s_sc[col]);
+    if (bias != nullptr) o = __fadd_rn(o, s_bi[col]);
+    y[(size_t)(m0 + r) * N + t0 * kTileN + col] = from_f32<T>(o);
+  }
 }
 
 // The a8 quantizer for a8_small_kernel: the same values as quant_rows_kernel (bit for bit), xq
@@ -1278,12 +1312,17 @@ template <typename T>
 __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
                                                               float* __restrict__ xs_out,
                                                               int32_t* __restrict__ rowsum, int M, int K, int Kp,
-                                                              int Mp, bool vec) {
+                                                              int Mp, bool vec, int32_t* __restrict__ zero,
+                                                              int n_zero) {
   __shared__ float sh_f[8];
   __shared__ int sh_i[8];
   pdl_trigger();  // the GEMV may launch now and stream its weights; it waits for this grid
   pdl_wait();     // x comes from the kernel before
   const int m = blockIdx.x;
+  // the split-K tile counters of the a8_gemm_kernel launched next (split by stores): zeroed here
+  // instead of by a memset node in front; that kernel reads them only after its pdl_wait
+  if (m == 0)
+    for (int i = threadIdx.x; i < n_zero; i += blockDim.x) zero[i] = 0;
   // Mp == 0: row-major [M, Kp]; else k-block-major [Kp/128][Mp][128] (a8_small_kernel, MT >= 2)
   auto dst = [&](int k) {
     return reinterpret_cast<uint2*>(Mp > 0 ? xq + ((size_t)(k >> 7) * Mp + m) * kBlockK + (k & (kBlockK - 1))
@@ -1445,9 +1484,7 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //   TRIT_A8_GEMM = auto (default) | 0 | 1   a8 at 16 < M <= 256: a8_gemm_kernel (read in bindings.cpp,
 //                                     a8_gemm_on: auto by shape; it gives the kernel its split-K workspace)
 //   TRIT_A8_GEMM_KS = n               its split-K CTAs (default: gemm_shape)
-//   TRIT_A8_GEMM_CFG = 0 (default) | 1-4   its warp tile (gemm_cfg_id; 1-4 not measured yet)
-//   TRIT_A8_GEMM_SPLIT = 0 (default) | 1   its split-K reduction: integer atomics / stores into per-split
-//                                     slices added by the last CTA (1 not measured yet)
+//   TRIT_A8_GEMM_CFG = 0 (default) | 1-4   its warp tile (gemm_cfg_id; 1-4 lost on most shapes in run 14)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
   bool v5, pdl;
@@ -1640,10 +1677,9 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
 // a8_gemm_kernel's launch (bindings.cpp a8_gemm_on picks the route): a8 at 16 < M <= 256
 // through a8_gemm_kernel, fed by the quantizer's k-block-major xq with Mp = M rounded up to BM rows
 // (the op's workspace has them). Split-K (ks CTAs along K) when the (N, M) tiles alone fill less
-// than one wave of resident CTAs: powers of two while each CTA keeps >= 4 k-blocks;
-// TRIT_A8_GEMM_KS overrides. ws (ks > 1 only): int32 [Mp][N] partial sums + one counter per
-// (N, M) tile, all zeroed; or with TRIT_A8_GEMM_SPLIT=1 the counters first (zeroed) and then ks
-// slices [Mp][N] (not zeroed); trit_mm_a8_gemm_ws_ints gives both sizes from the same gemm_shape.
+// than one wave of resident CTAs: up to one wave while each CTA keeps >= 4 k-blocks (gemm_shape);
+// TRIT_A8_GEMM_KS overrides. ws (ks > 1 only): the tile counters (zeroed by the quantizer) and ks
+// slices of per-CTA int32 tiles (not zeroed); trit_mm_a8_gemm_ws_ints gives its size.
 constexpr int kA8GemmMaxM = 256;
 int sm_count() {
   static int cached[64] = {0};
@@ -1673,18 +1709,18 @@ decltype(auto) visit_gemm_cfg(int id, F&& f) {
   }
 }
 // The launch shape of a8_gemm_kernel for (M, N, K); the workspace the split-K needs follows from it.
+constexpr int kGemmMinKbPerSplit = 4, kGemmMaxSplit = 16;
 struct GemmShape {
-  int cfg, BM, Mp, KB, n_tiles, gx, gy, ks;
-  bool store;  // split-K by stores into ks slices (TRIT_A8_GEMM_SPLIT=1), else atomics
+  int cfg, BM, Mp, KB, n_tiles, gx, gy, ks, tile_ints;  // tile_ints: int32 sums of one CTA tile
 };
 GemmShape gemm_shape(int M, int N, int K) {
   GemmShape g;
   g.cfg = gemm_cfg_id(M);
-  g.store = env_int("TRIT_A8_GEMM_SPLIT", 0) == 1;
   int tiles = 0, per_sm = 0;
   visit_gemm_cfg(g.cfg, [&](auto cfg) {
     using G = decltype(cfg);
     g.BM = G::kBM;
+    g.tile_ints = G::kBM * G::kCh;
     tiles = G::kTiles;
     per_sm = G::kMinBlocks;
     return 0;
@@ -1695,11 +1731,13 @@ GemmShape gemm_shape(int M, int N, int K) {
   g.gx = (g.n_tiles + tiles - 1) / tiles;
   g.gy = g.Mp / g.BM;
   const int forced = env_int("TRIT_A8_GEMM_KS", 0);
-  g.ks = 1;
   if (forced > 0) {
     g.ks = max(1, min(forced, g.KB));
   } else {
-    while (2 * g.ks * g.gx * g.gy <= sm_count() * per_sm && g.KB / (2 * g.ks) >= 4) g.ks *= 2;
+    // split K until the CTAs fill one wave of resident CTAs, each keeping >= kGemmMinKbPerSplit
+    // k-blocks, at most kGemmMaxSplit slices (any count: CTA z runs k-blocks KB*z/ks ..)
+    const int wave = sm_count() * per_sm, tiles_xy = g.gx * g.gy;
+    g.ks = max(1, min(min(wave / max(tiles_xy, 1), g.KB / kGemmMinKbPerSplit), kGemmMaxSplit));
   }
   return g;
 }
@@ -1710,31 +1748,29 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
   if (g.ks > 1 && ws == nullptr) return cudaErrorInvalidValue;
   const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
   const bool pdl = env_int("TRIT_PDL", 1) != 0 && pdl_supported();
+  // split-K: the quantizer zeroes the tile counters at the head of ws
+  const int n_cnt = g.ks > 1 ? g.gx * g.gy : 0;
   cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(g.Mp), dim3(256), 0, st, pdl, x, xq, xs, rowsum, M, K,
-                            g.KB * kBlockK, g.Mp, vec);
+                            g.KB * kBlockK, g.Mp, vec, n_cnt > 0 ? ws : nullptr, n_cnt);
   if (e != cudaSuccess) return e;
   const dim3 grid(g.gx, g.gy, g.ks);
   const int4* w4 = reinterpret_cast<const int4*>(wp);
   return visit_gemm_cfg(g.cfg, [&](auto cfg) -> cudaError_t {
     using G = decltype(cfg);
-    constexpr size_t smem = (size_t)kGemmStages * G::kStageBytes;
-    // one instantiation per kernel (kStore as a type), so that each kernel has its own opt-in flags
-    auto launch = [&](auto store) -> cudaError_t {
-      const auto kernel = a8_gemm_kernel<T, G, decltype(store)::value>;
-      if constexpr (smem > 48 * 1024) {  // past the default limit: opt in, once per device and kernel
-        static int opted[64] = {0};
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess) return cudaErrorInvalidDevice;
-        if (dev < 0 || dev >= 64 || !opted[dev]) {
-          const cudaError_t a = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-          if (a != cudaSuccess) return a;
-          if (dev >= 0 && dev < 64) opted[dev] = 1;
-        }
+    constexpr size_t smem = (size_t)G::kSmemBytes;
+    const auto kernel = a8_gemm_kernel<T, G>;
+    if constexpr (smem > 48 * 1024) {  // past the default limit: opt in, once per device (and kernel)
+      static int opted[64] = {0};
+      int dev = 0;
+      if (cudaGetDevice(&dev) != cudaSuccess) return cudaErrorInvalidDevice;
+      if (dev < 0 || dev >= 64 || !opted[dev]) {
+        const cudaError_t a = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (a != cudaSuccess) return a;
+        if (dev >= 0 && dev < 64) opted[dev] = 1;
       }
-      return launch_ex(kernel, grid, dim3(G::kThreads), smem, st, pdl, xq, xs, rowsum, w4, scale, bias, y, M, N,
-                       g.KB, g.n_tiles, g.Mp, ws);
-    };
-    return g.store ? launch(std::true_type{}) : launch(std::false_type{});
+    }
+    return launch_ex(kernel, grid, dim3(G::kThreads), smem, st, pdl, xq, xs, rowsum, w4, scale, bias, y, M, N,
+                     g.KB, g.n_tiles, g.Mp, ws);
   });
 }
 
@@ -1762,7 +1798,7 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     } else {
       const int Mp = cfg.mt == 1 ? 0 : 8 * cfg.mt;  // k-block-major xq for MT >= 2, zero rows to 8 * MT
       cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(cfg.mt == 1 ? M : Mp), dim3(256), 0, st, pdl, x,
-                                xq, xs, rowsum, M, K, KB * kBlockK, Mp, vec);
+                                xq, xs, rowsum, M, K, KB * kBlockK, Mp, vec, (int32_t*)nullptr, 0);
       if (e != cudaSuccess) return e;
     }
     const int flags = l2pf_flags(kn.l2pf, true, N, K);
@@ -1879,14 +1915,12 @@ extern "C" int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, 
   });
 }
 
-extern "C" long long trit_mm_a8_gemm_ws_ints(int M, int N, int K, long long* n_zero) {
-  // split-K only, none at ks = 1: atomics - int32 partial sums [Mp][N] and one counter per (N, M)
-  // tile, all zeroed; stores (TRIT_A8_GEMM_SPLIT=1) - the counters (zeroed), then ks slices [Mp][N]
+extern "C" long long trit_mm_a8_gemm_ws_ints(int M, int N, int K) {
+  // split-K only, none at ks = 1: one counter per (N, M) tile (the quantizer zeroes them), then from
+  // a multiple of 4 ints ks slices of the grid's [BM][channels per CTA] int32 tiles (not zeroed)
   const GemmShape g = gemm_shape(M, N, K);
-  const long long cnt = (long long)g.gx * g.gy, sums = (long long)g.Mp * N * (g.store ? g.ks : 1);
-  const long long n = g.ks > 1 ? sums + cnt : 0;
-  if (n_zero != nullptr) *n_zero = g.store ? (g.ks > 1 ? cnt : 0) : n;
-  return n;
+  const long long cnt = (long long)g.gx * g.gy;
+  return g.ks > 1 ? ((cnt + 3) & ~3LL) + cnt * g.tile_ints * g.ks : 0;
 }
 
 extern "C" int trit_a8_quant(int dtype, const void* x, int8_t* xq, float* xs, int32_t* rowsum, int M, int K,

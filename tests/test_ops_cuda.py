@@ -269,9 +269,8 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
     if "gemm" in kernel:  # the GEMM-shaped a8 kernel at M = 24 and 64 (cp.async ring, PDL wait)
         monkeypatch.setenv("TRIT_A8_GEMM", "1")
     if kernel.endswith("gemm2"):  # its 16-tile, 8-row-tile warp tile (TRIT_A8_GEMM_CFG=2, over 48 KB of shared
-        monkeypatch.setenv("TRIT_A8_GEMM_CFG", "2")  # memory) with split-K by stores (split 2 at D = 1024)
-        monkeypatch.setenv("TRIT_A8_GEMM_SPLIT", "1")
-        monkeypatch.setenv("TRIT_A8_GEMM_KS", "2")
+        monkeypatch.setenv("TRIT_A8_GEMM_CFG", "2")  # memory) with split-K (2 at D = 1024: the quantizer
+        monkeypatch.setenv("TRIT_A8_GEMM_KS", "2")   # zeroes the tile counters, layer after layer)
     D, L = 1024, 6
     gen = torch.Generator().manual_seed(5)
     layers = []
@@ -321,9 +320,10 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
 
 # ------------------------------------------------------------------ a8 GEMM-shaped kernel
 # TRIT_A8_GEMM=1: 16 < M <= 256 through a8_gemm_kernel (128 channels x 32 / 64 rows per CTA,
-# cp.async ring, split-K with integer atomics). Exact integer sums and the shared epilogue:
-# bit-identical to the default kernels, on partial CTA tiles in N (N % 128), in M (M % 64), K tails,
-# forced split-K counts and every activation dtype.
+# cp.async ring, split-K by stores into per-split slices added by the last CTA, the epilogue
+# through shared memory). Exact integer sums and store_out's arithmetic: bit-identical to the
+# default kernels, on partial CTA tiles in N (N % 128), in M (M % 64), K tails, forced split-K
+# counts (the slices are never zeroed: poisoned workspaces) and every activation dtype.
 @pytest.mark.parametrize("M", [17, 33, 64, 65, 100, 128, 200, 256])
 @pytest.mark.parametrize("NK", [(64, 1000), (2560, 2560), (1000, 4104), (24, 8200), (100, 300), (130, 520)])
 def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
@@ -336,8 +336,10 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
         monkeypatch.setenv("TRIT_A8_GEMM", "1")
         y1 = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
         assert torch.equal(y1, y0), f"a8 gemm vs default M={M} N={N} K={K} {dtype}"
-        for ks in ("1", "3", "7"):  # split-K forced: integer atomics are exact in any order
-            monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)
+        for ks in ("1", "2", "3", "7", "16"):  # split-K forced: exact integer sums in any order; the
+            monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)  # workspace (slices and counters) poisoned first
+            junk = torch.full((1 << 20,), -7, dtype=torch.int32, device=DEV)
+            del junk
             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), f"a8 gemm ks={ks} M={M} N={N}"
         monkeypatch.delenv("TRIT_A8_GEMM_KS")
         # the other warp tiles (TRIT_A8_GEMM_CFG 1-4: 8 row tiles per warp, 16 weight tiles per CTA,
@@ -349,20 +351,6 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
                 assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), \
                     f"a8 gemm cfg={cfg} ks={ks} M={M} N={N} K={K} {dtype}"
         monkeypatch.delenv("TRIT_A8_GEMM_CFG")
-        # split-K by stores into per-split slices (TRIT_A8_GEMM_SPLIT=1): its workspace is not zeroed
-        # (poisoned here through the caching allocator's reuse of earlier blocks), only the counters
-        # (cfg 2 after its atomics run above: each kernel opts in to > 48 KB of shared memory itself)
-        monkeypatch.setenv("TRIT_A8_GEMM_SPLIT", "1")
-        for cfg in ("0", "2"):
-            monkeypatch.setenv("TRIT_A8_GEMM_CFG", cfg)
-            for ks in ("0", "2", "7"):
-                monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)
-                junk = torch.full((1 << 20,), -7, dtype=torch.int32, device=DEV)
-                del junk
-                assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), \
-                    f"a8 gemm split stores cfg={cfg} ks={ks} M={M} N={N} K={K} {dtype}"
-        monkeypatch.delenv("TRIT_A8_GEMM_CFG")
-        monkeypatch.delenv("TRIT_A8_GEMM_SPLIT")
         monkeypatch.delenv("TRIT_A8_GEMM_KS")
         monkeypatch.delenv("TRIT_A8_GEMM")
         assert_close_rel(y1, ops.ternary_mm_a8_ref(x, p, s, N, K, b),
