@@ -1234,6 +1234,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   // chains the compiler cannot reorder (they may alias), ~10 us of the "~18 us floor" that H200
   // runs 12 - 14 measured on small layers with split-K; its stores touched 4 rows x 16 B per warp.)
   constexpr int kCh = G::kCh, kLd = G::kAccLd, kTileInts = G::kBM * kCh, kVecs = kTileInts / 4;
+  static_assert(kVecs % G::kThreads == 0, "whole vectors (and outputs) per thread");
   int32_t* s_acc = reinterpret_cast<int32_t*>(gsm);
   float* s_sc = reinterpret_cast<float*>(s_acc + G::kBM * kLd);
   float* s_bi = s_sc + kCh;
@@ -1262,24 +1263,30 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
     // tile to slice z; the CTA that arrives last at its tile's counter adds the other slices
     // (exact integer sums: bit-identical in any order) (threadFenceReduction pattern).
     int4* mine = reinterpret_cast<int4*>(ws + sl0 + ((size_t)blockIdx.z * n_cnt + tile) * kTileInts);
-    for (int v = tid; v < kVecs; v += G::kThreads) __stcg(mine + v, *tile_vec(v));
+#pragma unroll
+    for (int j = 0; j < kVecs / G::kThreads; ++j) __stcg(mine + tid + j * G::kThreads, *tile_vec(tid + j * G::kThreads));
     __threadfence();
     __syncthreads();
     if (tid == 0) s_last = atomicAdd(ws + tile, 1) == ks - 1;
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    for (int v = tid; v < kVecs; v += G::kThreads) {
-      int4 t = *tile_vec(v);
-      for (int z = 0; z < ks; ++z) {
-        if (z == (int)blockIdx.z) continue;
-        const int4 o = __ldcg(reinterpret_cast<const int4*>(ws + sl0 + ((size_t)z * n_cnt + tile) * kTileInts) + v);
-        t.x += o.x;
-        t.y += o.y;
-        t.z += o.z;
-        t.w += o.w;
+    // slice by slice, each thread's kVecs / kThreads vectors of a slice loaded together (unrolled:
+    // one L2 round trip per slice, not per vector)
+    for (int z = 0; z < ks; ++z) {
+      if (z == (int)blockIdx.z) continue;
+      const int4* part = reinterpret_cast<const int4*>(ws + sl0 + ((size_t)z * n_cnt + tile) * kTileInts);
+      int4 o[kVecs / G::kThreads];
+#pragma unroll
+      for (int j = 0; j < kVecs / G::kThreads; ++j) o[j] = __ldcg(part + tid + j * G::kThreads);
+#pragma unroll
+      for (int j = 0; j < kVecs / G::kThreads; ++j) {
+        int4* t = tile_vec(tid + j * G::kThreads);
+        t->x += o[j].x;
+        t->y += o[j].y;
+        t->z += o[j].z;
+        t->w += o[j].w;
       }
-      *tile_vec(v) = t;
     }
   }
   // the factors of the CTA's channels and rows, then each output with store_out's arithmetic
@@ -1296,8 +1303,9 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   }
   __syncthreads();
   const int rows = min(G::kBM, M - m0), cols = min(kCh, N - t0 * kTileN);
-  for (int i = tid; i < G::kBM * kCh; i += G::kThreads) {
-    const int r = i / kCh, col = i % kCh;
+#pragma unroll 8
+  for (int j = 0; j < G::kBM * kCh / G::kThreads; ++j) {  // unrolled: loads of 8 outputs in flight
+    const int i = tid + j * G::kThreads, r = i / kCh, col = i % kCh;
     if (r >= rows || col >= cols) continue;
     float o = __fmul_rn((float)(s_acc[r * kLd + col] - s_rs[r]) / s_xs[r], s_sc[col]);
     if (bias != nullptr) o = __fadd_rn(o, s_bi[col]);
@@ -1709,7 +1717,7 @@ decltype(auto) visit_gemm_cfg(int id, F&& f) {
   }
 }
 // The launch shape of a8_gemm_kernel for (M, N, K); the workspace the split-K needs follows from it.
-constexpr int kGemmMinKbPerSplit = 4, kGemmMaxSplit = 16;
+constexpr int kGemmMinKbPerSplit = 4, kGemmMaxSplit = 8;  // run 15: 2560x6912 M = 64 ks 13 27.3 us, ks 8 24.1
 struct GemmShape {
   int cfg, BM, Mp, KB, n_tiles, gx, gy, ks, tile_ints;  // tile_ints: int32 sums of one CTA tile
 };
