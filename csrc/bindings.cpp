@@ -132,17 +132,18 @@ int64_t a8_dense_min_m() {
 // (An exact bf16 route - xq and W as bf16, cuBLAS with fp32 output, TRIT_A8_DENSE=bf16 - lost to
 // int8 cuBLAS on every shape in H200 run 10, e.g. 2560x2560 M=4096 165.0 vs 148.1 us, and was removed.)
 // W1.58A8 at 32 < M <= 256 through the GEMM-shaped kernel (ternary_gemm.cu, a8_gemm_kernel), by
-// shape and M, from H200 run 15 (bench/results/NOTES.md: the `gemm kernel` column against the
-// fused a8 kernel and int8 cuBLAS in the same run, after the kernel's epilogue went through shared
-// memory). M = 33-64: from 32M weights (13824x2560 24.4 vs 29.1 us, 14336x4096 29.2 vs 36.0,
-// 8192x8192 30.6 vs 33.7, 28672x8192 68.0 vs 101.9; it lost on 6144x4096 22.6 vs 21.5, 4096x4096
-// 21.2 vs 16.0, 2560x2560 19.4 vs 12.1). M = 65-128: above 16M weights (6912x2560 23.7 vs 28.8,
-// 6144x4096 28.5 vs 35.3; 4096x4096 22.5 vs 22.1 a tie, 3840x2560 19.9 vs 17.9 lost). M = 129-256:
-// above 4M weights, ahead of int8 cuBLAS (2560x2560 22.5 vs 23.9, 4096x4096 28.9 vs 35.5; 640x2560
-// 20.0 vs 16.5 lost). It lost at M = 32 on every shape (the v5 GEMVs: 2560x2560 7.1 vs 16.2,
-// 28672x8192 46.5 vs 52.0). Its floor on small layers is ~15-18 us (ncu: issue-latency bound, one
-// CTA per SM, ~5-6 cycles per instruction per warp). TRIT_A8_GEMM=1 forces it for 16 < M <= 256,
-// =0 turns it off.
+// shape and M, from H200 runs 15 and 16 (bench/results/NOTES.md: the `gemm kernel` column against
+// the fused a8 kernel and int8 cuBLAS in the same run; run 16 = the epilogue through shared memory
+// with its loops unrolled). M = 33-64: above 16M weights (run 16: 2560x6912 22.1 vs 28.0 us,
+// 6144x4096 19.9 vs 21.4, 13824x2560 22.1 vs 28.9, 14336x4096 26.9 vs 35.9, 8192x8192 28.7 vs
+// 33.7, 28672x8192 65.7 vs 99.3; 6912x2560 17.6 vs 17.3 a tie; lost on 4096x4096 18.9 vs 15.9,
+// 2560x2560 16.6 vs 12.0). M = 65-128: from 16M weights (4096x4096 21.0 vs 22.2, 6912x2560 21.7
+// vs 28.6; lost on 3840x2560 18.6 vs 17.8, 2560x2560 18.1 vs 17.5). M = 129-256: above 4M weights,
+// ahead of int8 cuBLAS (run 15: 2560x2560 22.5 vs 23.9, 4096x4096 28.9 vs 35.5; 640x2560 20.0 vs
+// 16.5 lost). It lost at M = 32 on every shape (run 15, the v5 GEMVs: 2560x2560 7.1 vs 16.2,
+// 28672x8192 46.5 vs 52.0). Its floor on small layers is ~15-17 us (ncu, run 15: one CTA per SM,
+// ~1450 cycles per k-block, latency-bound). TRIT_A8_GEMM=1 forces it for 16 < M <= 256, =0 turns
+// it off.
 bool a8_gemm_on(int64_t M, int64_t N, int64_t K) {
   const char* e = getenv("TRIT_A8_GEMM");
   if (M <= 16 || M > 256) return false;
@@ -150,9 +151,9 @@ bool a8_gemm_on(int64_t M, int64_t N, int64_t K) {
   if (e != nullptr && strcmp(e, "0") == 0) return false;
   const int64_t nk = N * K;
   if (M <= 32) return false;
-  if (M <= 64) return nk >= (int64_t(32) << 20);
-  if (M <= 128) return nk > (int64_t(16) << 20);
-  return nk > (int64_t(4) << 20);
+  if (M <= 64) return nk > (int64_t(1) << 24);
+  if (M <= 128) return nk >= (int64_t(1) << 24);
+  return nk > (int64_t(1) << 22);
 }
 
 at::Tensor a8_dense(const MmArgs& a, const at::Tensor& packed, const at::Tensor& scale, int64_t N, int64_t K,

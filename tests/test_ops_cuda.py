@@ -358,11 +358,12 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
 
 
 @pytest.mark.parametrize("M,N,K", [(17, 6144, 8192), (40, 6144, 8192), (64, 13824, 2560), (64, 6144, 4096),
+                                   (64, 4096, 4096), (128, 4096, 4096),
                                    (100, 6912, 2560), (129, 4100, 4104), (200, 2048, 8192), (256, 6144, 8192),
                                    (256, 4096, 4096), (256, 2560, 2560)])
 def test_a8_route_defaults_match_forced_routes(monkeypatch, M, N, K):
-    """The shape-chosen a8 routes (a8_gemm_on: the GEMM kernel at 32 < M <= 256 on >= 32M weights
-    up to M = 64, > 16M up to M = 128, > 4M above, ahead of int8 cuBLAS at M = 256; wn_auto at M <= 32 on >= 128M weights
+    """The shape-chosen a8 routes (a8_gemm_on: the GEMM kernel at 32 < M <= 256 on > 16M weights
+    up to M = 64, >= 16M up to M = 128, > 4M above, ahead of int8 cuBLAS at M = 256; wn_auto at M <= 32 on >= 128M weights
     is covered by the knob test) give the same bits as every forced route on the layers where the
     default switches."""
     x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 3 + M, DEV)
