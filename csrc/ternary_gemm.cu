@@ -882,72 +882,43 @@ __device__ __forceinline__ void load8(const T* row, int k, int K, bool vec, floa
 // GEMM kernel's time beside it. Same arithmetic per element (max and integer sums are exact in
 // any order): bit-identical output.
 constexpr int kQuantChunks = 4;
-template <typename T, typename Store>
-__device__ __forceinline__ float quantize_row_perm_ilp(const T* __restrict__ row, int K, int Kp, bool vec,
-                                                       float* scr_f, int* scr_i, Store&& store, int& sum) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int step = blockDim.x * 8;
-  float amax = 0.f;
-  // kQuantChunks groups of 8 per thread and trip, all loaded before the first is used (load8 gives
-  // zeros, and loads nothing, at or past K)
-  for (int k = threadIdx.x * 8; k < K; k += kQuantChunks * step) {
-    float e[kQuantChunks][8];
+// A group of 8 inputs quantized with scale xs (their q added to part), packed {0,4,1,5,2,6,3,7}.
+__device__ __forceinline__ uint2 quant_group8(const float (&e)[8], float xs, int& part) {
+  int q[8];
 #pragma unroll
-    for (int u = 0; u < kQuantChunks; ++u) load8<T>(row, k + u * step, K, vec, e[u]);
-#pragma unroll
-    for (int u = 0; u < kQuantChunks; ++u)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(e[u][i]));
+  for (int i = 0; i < 8; ++i) {
+    q[i] = (int)fminf(fmaxf(rintf(e[i] * xs), -128.f), 127.f);
+    part += q[i];
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  if (lane == 0) scr_f[warp] = amax;
-  __syncthreads();
-  amax = scr_f[0];
-  for (int w = 1; w < nwarps; ++w) amax = fmaxf(amax, scr_f[w]);
-  const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as torch: reciprocal(t) * 127
-  int part = 0;
-  auto quant_store = [&](int kk, const float (&e)[8]) {
-    int q[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      q[i] = (int)fminf(fmaxf(rintf(e[i] * xs), -128.f), 127.f);
-      part += q[i];
-    }
-    const uint32_t lo = (q[0] & 0xFF) | ((q[4] & 0xFF) << 8) | ((q[1] & 0xFF) << 16) | ((uint32_t)(q[5] & 0xFF) << 24);
-    const uint32_t hi = (q[2] & 0xFF) | ((q[6] & 0xFF) << 8) | ((q[3] & 0xFF) << 16) | ((uint32_t)(q[7] & 0xFF) << 24);
-    store(kk, make_uint2(lo, hi));
-  };
-  // the loads of a trip before any of its stores (a store may alias the row for the compiler)
-  for (int k = threadIdx.x * 8; k < Kp; k += kQuantChunks * step) {
-    float e[kQuantChunks][8];
-#pragma unroll
-    for (int u = 0; u < kQuantChunks; ++u) load8<T>(row, k + u * step, K, vec, e[u]);  // zeros past K
-#pragma unroll
-    for (int u = 0; u < kQuantChunks; ++u)
-      if (k + u * step < Kp) quant_store(k + u * step, e[u]);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-  if (lane == 0) scr_i[warp] = part;
-  __syncthreads();
-  sum = 0;
-  if (threadIdx.x == 0)
-    for (int w = 0; w < nwarps; ++w) sum += scr_i[w];
-  return xs;
+  const uint32_t lo = (q[0] & 0xFF) | ((q[4] & 0xFF) << 8) | ((q[1] & 0xFF) << 16) | ((uint32_t)(q[5] & 0xFF) << 24);
+  const uint32_t hi = (q[2] & 0xFF) | ((q[6] & 0xFF) << 8) | ((q[3] & 0xFF) << 16) | ((uint32_t)(q[7] & 0xFF) << 24);
+  return make_uint2(lo, hi);
 }
-
 template <typename T, bool kILP = false, typename Store>
 __device__ __forceinline__ float quantize_row_perm(const T* __restrict__ row, int K, int Kp, bool vec, float* scr_f,
                                                    int* scr_i, Store&& store, int& sum) {
-  if constexpr (kILP) return quantize_row_perm_ilp<T>(row, K, Kp, vec, scr_f, scr_i, store, sum);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   float amax = 0.f;
-  for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
-    float e[8];
-    load8<T>(row, k, K, vec, e);
+  if constexpr (kILP) {
+    // kQuantChunks groups of 8 per thread and trip, all loaded before the first is used (load8
+    // gives zeros, and loads nothing, at or past K)
+    const int step = blockDim.x * 8;
+    for (int k = threadIdx.x * 8; k < K; k += kQuantChunks * step) {
+      float e[kQuantChunks][8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(e[i]));
+      for (int u = 0; u < kQuantChunks; ++u) load8<T>(row, k + u * step, K, vec, e[u]);
+#pragma unroll
+      for (int u = 0; u < kQuantChunks; ++u)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(e[u][i]));
+    }
+  } else {
+    for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
+      float e[8];
+      load8<T>(row, k, K, vec, e);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(e[i]));
+    }
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -957,18 +928,23 @@ __device__ __forceinline__ float quantize_row_perm(const T* __restrict__ row, in
   for (int w = 1; w < nwarps; ++w) amax = fmaxf(amax, scr_f[w]);
   const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as torch: reciprocal(t) * 127
   int part = 0;
-  for (int k = threadIdx.x * 8; k < Kp; k += blockDim.x * 8) {
-    float e[8];
-    load8<T>(row, k, K, vec, e);  // zeros past K
-    int q[8];
+  if constexpr (kILP) {
+    // the loads of a trip before any of its stores (a store may alias the row for the compiler)
+    const int step = blockDim.x * 8;
+    for (int k = threadIdx.x * 8; k < Kp; k += kQuantChunks * step) {
+      float e[kQuantChunks][8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      q[i] = (int)fminf(fmaxf(rintf(e[i] * xs), -128.f), 127.f);
-      part += q[i];
+      for (int u = 0; u < kQuantChunks; ++u) load8<T>(row, k + u * step, K, vec, e[u]);  // zeros past K
+#pragma unroll
+      for (int u = 0; u < kQuantChunks; ++u)
+        if (k + u * step < Kp) store(k + u * step, quant_group8(e[u], xs, part));
     }
-    const uint32_t lo = (q[0] & 0xFF) | ((q[4] & 0xFF) << 8) | ((q[1] & 0xFF) << 16) | ((uint32_t)(q[5] & 0xFF) << 24);
-    const uint32_t hi = (q[2] & 0xFF) | ((q[6] & 0xFF) << 8) | ((q[3] & 0xFF) << 16) | ((uint32_t)(q[7] & 0xFF) << 24);
-    store(k, make_uint2(lo, hi));
+  } else {
+    for (int k = threadIdx.x * 8; k < Kp; k += blockDim.x * 8) {
+      float e[8];
+      load8<T>(row, k, K, vec, e);  // zeros past K
+      store(k, quant_group8(e, xs, part));
+    }
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
