@@ -3,6 +3,8 @@
 #   ci/gpu_e2e.sh setup      install the staged vLLM 0.26 bundle (staging: see ci/gpu_vllm.sh), build the trit ops
 #   ci/gpu_e2e.sh parity     vLLM parity record of the bundled tiny model (eager capture + CUDA graphs)
 #   ci/gpu_e2e.sh scale      BitNet-2B-shaped model: fp32 goldens + bf16 noise floor on the GPU, vLLM parity record
+#   ci/gpu_e2e.sh gen2b      generate the three 2B-shaped models (BitNet, its Llama twin, the bf16 twin) at
+#                            once (e2e2b generates what is missing one after the other: > 570 s with humming)
 #   ci/gpu_e2e.sh e2e2b      bench.e2e --shape 2b (ours on BitNet + Llama twin, bf16 twin)
 #   ci/gpu_e2e.sh tp2        tensor parallel 2 (two GPUs): parity record (tiny) + bench.e2e 8b at TP=2
 #   ci/gpu_e2e.sh gold8b     Llama-3-8B-shaped model: fp32 goldens + bf16 noise floor on the GPU
@@ -91,6 +93,14 @@ for stage in "$@"; do
       for tp in ${SCALE_TPS:-1 2}; do  # SCALE_TPS="2": the TP=2 record alone (TP=1 + goldens: ~585 s)
         python3 -m bench.vllm_parity --tp $tp --model "$M" --golden /tmp/golden/llama3-8b --out "$OUT" 2>&1 | quiet | tail -25 || rc=1
       done
+      ;;
+    gen2b)
+      step "gen 2b"
+      python3 -m bench.e2e --shape 2b --only ours-bitnet --models /tmp/models --gen-only & p1=$!
+      python3 -m bench.e2e --shape 2b --only ours-llama --models /tmp/models --gen-only & p2=$!
+      python3 -m bench.e2e --shape 2b --only bf16-llama --models /tmp/models --gen-only || rc=1
+      wait $p1 || rc=1
+      wait $p2 || rc=1
       ;;
     gen8b)
       step "gen 8b"
