@@ -1177,7 +1177,8 @@ template <typename T, typename G>
 __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
     a8_gemm_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                    const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
-                   T* __restrict__ y, int M, int N, int KB, int n_tiles, int Mp, int32_t* __restrict__ ws) {
+                   T* __restrict__ y, int M, int N, int KB, int n_tiles, int Mp, int32_t* __restrict__ ws,
+                   int early) {
   constexpr int WT = G::kWT, RT = G::kRT;
   extern __shared__ __align__(16) uint8_t gsm[];
   __shared__ int s_last;
@@ -1197,11 +1198,16 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
     const int j = tid + q * G::kThreads;
     wsrc[q] = wp + (size_t)min(t0 + (j >> 5), n_tiles - 1) * KB * 32 + (j & 31);
   }
-  auto load_stage = [&](int s, int kbi) {  // kbi: this CTA's kbi-th k-block
+  auto load_w = [&](int s, int kbi) {  // the weights of this CTA's kbi-th k-block into stage s
     const int kb = kb_lo + kbi;
     uint8_t* base = gsm + s * G::kStageBytes;
 #pragma unroll
     for (int q = 0; q < G::kWPieces; ++q) cp_async16(base + (tid + q * G::kThreads) * 16, wsrc[q] + (size_t)kb * 32);
+  };
+  auto load_stage = [&](int s, int kbi, bool with_w = true) {  // kbi: this CTA's kbi-th k-block
+    const int kb = kb_lo + kbi;
+    uint8_t* base = gsm + s * G::kStageBytes;
+    if (with_w) load_w(s, kbi);
 #pragma unroll
     for (int q = 0; q < G::kXPieces; ++q) {
       const int j = tid + q * G::kThreads, r = j >> 3, ch = j & 7;
@@ -1215,10 +1221,17 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
 #pragma unroll
     for (int b = 0; b < RT; ++b) acc[a][b][0] = acc[a][b][1] = acc[a][b][2] = acc[a][b][3] = 0;
 
+  // early (TRIT_A8_GEMM_EARLY=1, not yet run on a GPU): the weights of the first kGemmStages - 1
+  // k-blocks are requested before the PDL wait, while the quantizer still runs (the weights do
+  // not depend on it; they join the first cp.async group, which the loop waits for at k-block 0)
+  if (early)
+#pragma unroll
+    for (int s = 0; s < kGemmStages - 1; ++s)
+      if (s < nkb) load_w(s, s);
   pdl_wait();  // xq comes from the quantizer launched just before
 #pragma unroll
   for (int s = 0; s < kGemmStages - 1; ++s) {
-    if (s < nkb) load_stage(s, s);
+    if (s < nkb) load_stage(s, s, !early);
     cp_async_commit();
   }
   for (int kb = 0; kb < nkb; ++kb) {
@@ -1311,13 +1324,8 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
     if (!s_last) return;
     __threadfence();
     // slice by slice, each thread's kVecs / kThreads vectors of a slice loaded together (unrolled:
-    // one L2 round trip per slice, not per vector)
-    for (int z = 0; z < ks; ++z) {
-      if (z == (int)blockIdx.z) continue;
-      const int4* part = reinterpret_cast<const int4*>(ws + sl0 + ((size_t)z * n_cnt + tile) * kTileInts);
-      int4 o[kVecs / G::kThreads];
-#pragma unroll
-      for (int j = 0; j < kVecs / G::kThreads; ++j) o[j] = __ldcg(part + tid + j * G::kThreads);
+    // one L2 round trip per slice, not per vector); early: two slices per round trip
+    auto add_slice = [&](const int4 (&o)[kVecs / G::kThreads]) {
 #pragma unroll
       for (int j = 0; j < kVecs / G::kThreads; ++j) {
         int4* t = tile_vec(tid + j * G::kThreads);
@@ -1325,6 +1333,27 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
         t->y += o[j].y;
         t->z += o[j].z;
         t->w += o[j].w;
+      }
+    };
+    auto slice = [&](int z) {
+      return reinterpret_cast<const int4*>(ws + sl0 + ((size_t)z * n_cnt + tile) * kTileInts);
+    };
+    const int bz = blockIdx.z;
+    for (int z = 0; z < ks; ++z) {
+      if (z == bz) continue;
+      int4 o[kVecs / G::kThreads];
+#pragma unroll
+      for (int j = 0; j < kVecs / G::kThreads; ++j) o[j] = __ldcg(slice(z) + tid + j * G::kThreads);
+      int z2 = z + 1 + (z + 1 == bz);  // the next slice that is not this CTA's
+      if (early && z2 < ks) {
+        int4 o2[kVecs / G::kThreads];
+#pragma unroll
+        for (int j = 0; j < kVecs / G::kThreads; ++j) o2[j] = __ldcg(slice(z2) + tid + j * G::kThreads);
+        add_slice(o);
+        add_slice(o2);
+        z = z2;
+      } else {
+        add_slice(o);
       }
     }
   }
@@ -1531,6 +1560,8 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //   TRIT_A8_GEMM = auto (default) | 0 | 1   a8 at 16 < M <= 256: a8_gemm_kernel (read in bindings.cpp,
 //                                     a8_gemm_on: auto by shape; it gives the kernel its split-K workspace)
 //   TRIT_A8_GEMM_KS = n               its split-K CTAs (default: gemm_shape)
+//   TRIT_A8_GEMM_EARLY = 0 (default) | 1   its first weight stages requested before the PDL wait, and
+//                                     the split-K slices added two per round trip (not yet run on a GPU)
 //   TRIT_QUANT_ILP = 0 (default) | 1  the a8 quantizer kernel with kQuantChunks loads in flight per
 //                                     thread (quantize_row_perm kILP; not yet run on a GPU)
 //   TRIT_A8_GEMM_CFG = 0 (default) | 1-4   its warp tile (gemm_cfg_id; 1-4 lost on most shapes in run 14)
@@ -1825,7 +1856,7 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
       }
     }
     return launch_ex(kernel, grid, dim3(G::kThreads), smem, st, pdl, xq, xs, rowsum, w4, scale, bias, y, M, N,
-                     g.KB, g.n_tiles, g.Mp, ws);
+                     g.KB, g.n_tiles, g.Mp, ws, env_int("TRIT_A8_GEMM_EARLY", 0) == 1 ? 1 : 0);
   });
 }
 
