@@ -250,13 +250,18 @@ __device__ __forceinline__ void load_chunk(int4 (&a)[KU][WN], const int4* const 
 // ---------------------------------------------------------------- epilogues (all kernels)
 // y[m, n] from an output's accumulated sum v. fp: v is the dot product. a8: the kernels multiply
 // the codes q = w + 1 with xq, so v = sum_k w xq + sum_k xq and the row sum comes off.
+// The a8 output before the bias: v = the exact int32 sum with the row's code sum already off,
+// / xs (the row's quantizer scale), * the channel scale - each op rounded on its own. Every a8 route
+// (store_out, the GEMM kernel's epilogue, a8_epilogue_kernel after int8 cuBLAS) uses it: bit-identical.
+__device__ __forceinline__ float a8_value(int v, float xs, float scale) { return __fmul_rn((float)v / xs, scale); }
+
 template <typename T, bool kA8, typename Acc>
 __device__ __forceinline__ void store_out(Acc v, int m, int n, int N, const float* __restrict__ scale,
                                           const T* __restrict__ bias, T* __restrict__ y, const float* xs,
                                           const int32_t* rowsum) {
   float o;
   if constexpr (kA8) {
-    o = __fmul_rn((float)(v - rowsum[m]) / xs[m], scale[n]);
+    o = a8_value(v - rowsum[m], xs[m], scale[n]);
   } else {
     o = __fmul_rn(v, scale[n]);
   }
@@ -1131,7 +1136,8 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
 // from shared memory (rows padded to 144 B: the 8 lanes of an LDS.128 phase hit distinct banks),
 // and later k-blocks are in flight while one computes. Split-K over CTAs (gridDim.z, see
 // gemm_shape) when the tiles alone fill less than a wave. Same arithmetic as the other a8 kernels (exact int32 sums, store_out): bit-identical output.
-// Warp tiles other than the measured 2 x 4 (TRIT_A8_GEMM_CFG, not measured yet): ncu on H200 run 13
+// Warp tiles other than the default 2 x 4 (TRIT_A8_GEMM_CFG; run 14: they lost on small and mid
+// layers, won only on the largest at M >= 128, see bench/results/NOTES.md): ncu on H200 run 13
 // found this kernel issue-latency bound (one instruction per ~9-10 cycles per warp, shared-memory
 // load waits on top, 2 CTAs per SM by registers) with ~4 instructions per mma: each decoded weight
 // word feeds 4 row tiles, and x crosses L2 twice per weight byte (8 tiles x 64 rows per CTA).
@@ -1375,7 +1381,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   for (int j = 0; j < G::kBM * kCh / G::kThreads; ++j) {  // unrolled: loads of 8 outputs in flight
     const int i = tid + j * G::kThreads, r = i / kCh, col = i % kCh;
     if (r >= rows || col >= cols) continue;
-    float o = __fmul_rn((float)(s_acc[r * kLd + col] - s_rs[r]) / s_xs[r], s_sc[col]);
+    float o = a8_value(s_acc[r * kLd + col] - s_rs[r], s_xs[r], s_sc[col]);
     if (bias != nullptr) o = __fadd_rn(o, s_bi[col]);
     y[(size_t)(m0 + r) * N + t0 * kTileN + col] = from_f32<T>(o);
   }
@@ -1777,8 +1783,9 @@ int sm_count() {
 // The warp-tile configuration: TRIT_A8_GEMM_CFG = 0 (default: the measured <2, 4, 4, WM>, WM = 1 at
 // M <= 32) | 1 <2, 8, 4, 1> (128 channels x 64 rows, 8 row tiles per warp) | 2 <2, 8, 8, 1> (256
 // channels x 64 rows) | 3 <4, 4, 4, 2> (256 channels x 64 rows, 4 weight tiles per warp) | 4 <4, 4, 4, 1>
-// (256 channels x 32 rows: M <= 32 with half the x traffic per weight byte of the default); 1-4 are
-// not measured yet. Ids: 0 / 1 the default at M <= 32 / above, 2-5 the alternatives.
+// (256 channels x 32 rows: M <= 32 with half the x traffic per weight byte of the default); 1-4 lost
+// to the default on most shapes in H200 run 14. Ids: 0 / 1 the default at M <= 32 / above, 2-5 the
+// alternatives.
 int gemm_cfg_id(int M) {
   const int c = env_int("TRIT_A8_GEMM_CFG", 0);
   return (c >= 1 && c <= 4) ? c + 1 : (M <= 32 ? 0 : 1);
@@ -1923,7 +1930,7 @@ __global__ void __launch_bounds__(256) a8_epilogue_kernel(const int32_t* __restr
     const float xm = xs[m];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      float o = __fmul_rn((float)v[j] / xm, scale[n + j]);  // as store_out<T, true>
+      float o = a8_value(v[j], xm, scale[n + j]);
       if (bias != nullptr) o = __fadd_rn(o, to_f32<T>(bias[n + j]));
       y[(size_t)m * N + n + j] = from_f32<T>(o);
     }
