@@ -251,7 +251,8 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                 for ks in KS_SWEEP:
                     variants[f"a8_ks{ks}"] = with_env({"TRIT_KS": str(ks)}, variants["a8"])
                     variants[f"fused_ks{ks}"] = with_env({"TRIT_KS": str(ks)}, variants["fused"])
-        variants["a8_qilp"] = with_env({"TRIT_QUANT_ILP": "1"}, variants["a8"])  # the same route, ILP quantizer
+        if M <= 256:  # the same route with the ILP quantizer (above M = 256 int8 cuBLAS uses quant_rows_kernel)
+            variants["a8_qilp"] = with_env({"TRIT_QUANT_ILP": "1"}, variants["a8"])
         if not experimental:
             for name, at_m in EXPERIMENTAL.items():
                 if at_m(M):
@@ -401,7 +402,7 @@ def main(argv=None):
     ap.add_argument("--no-humming", action="store_true")
     ap.add_argument("--ks-sweep", action="store_true", help="M=1: time every split-K choice (TRIT_KS)")
     ap.add_argument("--no-experimental", action="store_true",
-                    help="leave out the variants not yet validated on a GPU (EXPERIMENTAL: TRIT_QUANT_ILP=1, TRIT_A8_GEMM_EARLY=1)")
+                    help="leave out the variants not yet validated on a GPU: " + ", ".join(EXPERIMENTAL))
     ap.add_argument("--cfg-sweep", default="", help="comma list of M > 8: time the a8 kernel at every "
                     "(TRIT_NW, TRIT_KS) in CFG_SWEEP there")
     ap.add_argument("--variants", default=None, help="v5 (M <= 64) variants to time beside the default, comma list of "
