@@ -1227,7 +1227,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
 #pragma unroll
     for (int b = 0; b < RT; ++b) acc[a][b][0] = acc[a][b][1] = acc[a][b][2] = acc[a][b][3] = 0;
 
-  // early (TRIT_A8_GEMM_EARLY=1, not yet run on a GPU): the weights of the first kGemmStages - 1
+  // early (TRIT_A8_GEMM_EARLY, default 1 since H200 run 17): the weights of the first kGemmStages - 1
   // k-blocks are requested before the PDL wait, while the quantizer still runs (the weights do
   // not depend on it; they join the first cp.async group, which the loop waits for at k-block 0)
   if (early)
@@ -1566,10 +1566,11 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //   TRIT_A8_GEMM = auto (default) | 0 | 1   a8 at 16 < M <= 256: a8_gemm_kernel (read in bindings.cpp,
 //                                     a8_gemm_on: auto by shape; it gives the kernel its split-K workspace)
 //   TRIT_A8_GEMM_KS = n               its split-K CTAs (default: gemm_shape)
-//   TRIT_A8_GEMM_EARLY = 0 (default) | 1   its first weight stages requested before the PDL wait, and
-//                                     the split-K slices added two per round trip (not yet run on a GPU)
+//   TRIT_A8_GEMM_EARLY = 1 (default) | 0   its first weight stages requested before the PDL wait, and
+//                                     the split-K slices added two per round trip (H200 run 17: 0.2-1.5 us
+//                                     faster than 0 on 30 of 39 shapes x M, never slower by more than 0.6)
 //   TRIT_QUANT_ILP = 0 (default) | 1  the a8 quantizer kernel with kQuantChunks loads in flight per
-//                                     thread (quantize_row_perm kILP; not yet run on a GPU)
+//                                     thread (quantize_row_perm kILP; run 17: 0.3-0.6 us SLOWER nearly everywhere)
 //   TRIT_A8_GEMM_CFG = 0 (default) | 1-4   its warp tile (gemm_cfg_id; 1-4 lost on most shapes in run 14)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
@@ -1863,7 +1864,7 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
       }
     }
     return launch_ex(kernel, grid, dim3(G::kThreads), smem, st, pdl, xq, xs, rowsum, w4, scale, bias, y, M, N,
-                     g.KB, g.n_tiles, g.Mp, ws, env_int("TRIT_A8_GEMM_EARLY", 0) == 1 ? 1 : 0);
+                     g.KB, g.n_tiles, g.Mp, ws, env_int("TRIT_A8_GEMM_EARLY", 1) == 0 ? 0 : 1);
   });
 }
 

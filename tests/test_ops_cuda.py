@@ -256,7 +256,7 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
 
 @pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("kernel", ["v4", "v5", "v5-nofuseq", "v5-fuseq", "v5-wn2", "v5-gemm", "v5-gemm2",
-                                    "v5-gemm-early"])
+                                    "v5-gemm-late"])
 @pytest.mark.parametrize("M", [1, 24, 64])
 def test_dependent_chain(monkeypatch, graph, kernel, M):
     """Each layer reads the previous layer's output: with PDL, a kernel that read x (or wrote y)
@@ -269,8 +269,8 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
         monkeypatch.setenv("TRIT_WN", "2")
     if "gemm" in kernel:  # the GEMM-shaped a8 kernel at M = 24 and 64 (cp.async ring, PDL wait)
         monkeypatch.setenv("TRIT_A8_GEMM", "1")
-    if kernel.endswith("gemm-early"):  # weights requested before the PDL wait (TRIT_A8_GEMM_EARLY=1), split 3
-        monkeypatch.setenv("TRIT_A8_GEMM_EARLY", "1")
+    if kernel.endswith("gemm-late"):  # weights only after the PDL wait (TRIT_A8_GEMM_EARLY=0, not the default), split 3
+        monkeypatch.setenv("TRIT_A8_GEMM_EARLY", "0")
         monkeypatch.setenv("TRIT_A8_GEMM_KS", "3")
     if kernel.endswith("gemm2"):  # its 16-tile, 8-row-tile warp tile (TRIT_A8_GEMM_CFG=2, over 48 KB of shared
         monkeypatch.setenv("TRIT_A8_GEMM_CFG", "2")  # memory) with split-K (2 at D = 1024: the quantizer
@@ -345,9 +345,9 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
             junk = torch.full((1 << 20,), -7, dtype=torch.int32, device=DEV)
             del junk
             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), f"a8 gemm ks={ks} M={M} N={N}"
-            # TRIT_A8_GEMM_EARLY=1: first weight stages before the PDL wait, slices added in pairs
-            monkeypatch.setenv("TRIT_A8_GEMM_EARLY", "1")
-            assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), f"a8 gemm early ks={ks} M={M} N={N}"
+            # TRIT_A8_GEMM_EARLY=0 (the default is 1): weights only after the PDL wait, slices one by one
+            monkeypatch.setenv("TRIT_A8_GEMM_EARLY", "0")
+            assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), f"a8 gemm late ks={ks} M={M} N={N}"
             monkeypatch.delenv("TRIT_A8_GEMM_EARLY")
         monkeypatch.delenv("TRIT_A8_GEMM_KS")
         # the other warp tiles (TRIT_A8_GEMM_CFG 1-4: 8 row tiles per warp, 16 weight tiles per CTA,
