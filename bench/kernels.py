@@ -161,8 +161,9 @@ class Humming:
 # leaves them out, e.g. when the GPU tests of the same call failed: a kernel fault would end the
 # whole bench). H200 run 12 validated the GEMM-shaped a8 kernel and two tiles per warp at
 # M = 17-32, run 14 its other warp tiles; a new variant stays here until a GPU run has tested it.
-# Run 17 validated the quantizer with several loads in flight (TRIT_QUANT_ILP=1, measured slower)
-# and the GEMM kernel's early weight stages (TRIT_A8_GEMM_EARLY, since the default): none pending.
+# None pending: run 17 validated the GEMM kernel's early weight stages (TRIT_A8_GEMM_EARLY, now
+# the default) and measured the quantizer with several loads in flight (TRIT_QUANT_ILP) slower,
+# since removed.
 EXPERIMENTAL = {}
 # TRIT_A8_GEMM_CFG values timed beside the default warp tile (csrc/ternary_gemm.cu gemm_cfg_id):
 # 1 = 2 weight tiles x 8 row tiles per warp, 4 warps (128 channels x 64 rows per CTA); 2 = the same
@@ -251,8 +252,6 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                 for ks in KS_SWEEP:
                     variants[f"a8_ks{ks}"] = with_env({"TRIT_KS": str(ks)}, variants["a8"])
                     variants[f"fused_ks{ks}"] = with_env({"TRIT_KS": str(ks)}, variants["fused"])
-        if M <= 256:  # the same route with the ILP quantizer (above M = 256 int8 cuBLAS uses quant_rows_kernel)
-            variants["a8_qilp"] = with_env({"TRIT_QUANT_ILP": "1"}, variants["a8"])
         if not experimental:
             for name, at_m in EXPERIMENTAL.items():
                 if at_m(M):
@@ -316,7 +315,7 @@ def fmt_row(r) -> str:
             f"{_f(r.get('linear_pct_copy_ceiling'), '4.0f')}% ceil)  fused {_f(r.get('fused_us'), '8.1f')}  "
             f"(v4 {_f(r.get('fused_v4_us'), '6.1f')} nopdl {_f(r.get('fused_nopdl_us'), '6.1f')} "
             f"nopf {_f(r.get('fused_nopf_us'), '6.1f')} pf {_f(r.get('fused_pf_us'), '6.1f')})  dense {_f(r.get('dense_us'), '8.1f')}  "
-            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} cfg1-4 {'/'.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} ks{'/'.join(map(str, GEMM_KS))} {'/'.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} qilp {_f(r.get('a8_qilp_us'), '.1f')} late {_f(r.get('a8_gemm_late_us'), '.1f')} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} nopdl "
+            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} cfg1-4 {'/'.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} ks{'/'.join(map(str, GEMM_KS))} {'/'.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} late {_f(r.get('a8_gemm_late_us'), '.1f')} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} nopdl "
             f"{_f(r.get('a8_nopdl_us'), '6.1f')} nopf {_f(r.get('a8_nopf_us'), '6.1f')} pf {_f(r.get('a8_pf_us'), '6.1f')})  "
             + "".join(f"ks{k} {_f(r.get(f'a8_ks{k}_us'), '.1f')}/{_f(r.get(f'fused_ks{k}_us'), '.1f')} "
                       for k in KS_SWEEP if r.get(f"a8_ks{k}_us")) +
@@ -343,14 +342,13 @@ def markdown(meta, rows) -> str:
              "`a8 fused kernel / int8 cuBLAS / gemm kernel` force one route (TRIT_A8_DENSE_MIN_M=2^30 / 17 / "
              "TRIT_A8_GEMM=1, the GEMM-shaped kernel for 16 < M <= 256, by default at M > 32 on large layers); "
              "`gemm cfg 1 / 2 / 3 / 4` rerun it with TRIT_A8_GEMM_CFG=1 / 2 / 3 / 4 (other warp tiles), "
-             "`gemm ks 1 / 2 / 4 / 8` with its split-K count forced (TRIT_A8_GEMM_KS); `a8 quant ILP` = the default "
-             "a8 route with TRIT_QUANT_ILP=1 (the quantizer kernel with 4 loads per thread in flight), `gemm late` the "
+             "`gemm ks 1 / 2 / 4 / 8` with its split-K count forced (TRIT_A8_GEMM_KS), `gemm late` the "
              "GEMM kernel with TRIT_A8_GEMM_EARLY=0 (weights only after the PDL wait, split-K slices one by one; the default "
              "requests its first weight stages before the wait). At M <= 32 "
              "the a8 default picks per shape; `WN=1 no fused q` / `WN=2` / `fused quantizer` force each "
              "choice (TRIT_WN=1 + TRIT_A8_FUSEQ=0 / TRIT_WN=2 / TRIT_A8_FUSEQ=1).", "",
              "| N x K | M | bf16 us | linear us | x bf16 | % ceil | fused us | fused v4 | fused no PDL "
-             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 WN=1 no fused q / WN=2 / fused quantizer | a8 fused kernel / int8 cuBLAS / gemm kernel | gemm cfg 1 / 2 / 3 / 4 | gemm ks 1 / 2 / 4 / 8 | a8 quant ILP / gemm late | a8 no PDL | a8 L2 pf off / on "
+             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 WN=1 no fused q / WN=2 / fused quantizer | a8 fused kernel / int8 cuBLAS / gemm kernel | gemm cfg 1 / 2 / 3 / 4 | gemm ks 1 / 2 / 4 / 8 | gemm late | a8 no PDL | a8 L2 pf off / on "
              "| humming us | x humming | floor us | bf16 eager | linear eager |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -364,7 +362,7 @@ def markdown(meta, rows) -> str:
             f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} | {_f(r.get('a8_plain_us'), '.1f')} / {_f(r.get('a8_wn2_us'), '.1f')} / {_f(r.get('a8_fuseq_us'), '.1f')} | {_f(r.get('a8_kernel_us'), '.1f')} / {_f(r.get('a8_int8_us'), '.1f')} / {_f(r.get('a8_gemm_us'), '.1f')} "
             f"| {' / '.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} "
             f"| {' / '.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} "
-            f"| {_f(r.get('a8_qilp_us'), '.1f')} / {_f(r.get('a8_gemm_late_us'), '.1f')} "
+            f"| {_f(r.get('a8_gemm_late_us'), '.1f')} "
             f"| {_f(r.get('a8_nopdl_us'), '.1f')} "
             f"| {_f(r.get('a8_nopf_us'), '.1f')} / {_f(r.get('a8_pf_us'), '.1f')} "
             f"| {_f(r.get('humming_us'), '.1f')} | {_f(r.get('linear_x_humming'), '.2f')} "

@@ -61,7 +61,7 @@ for knobs in ({}, {"TRIT_A8_FUSEQ": "1", "TRIT_WN": "2", "TRIT_A8_DENSE_MIN_M": 
               {"TRIT_A8_FUSEQ": "0", "TRIT_WN": "1", "TRIT_A8_GEMM": "1"},
               {"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_CFG": "1"}, {"TRIT_A8_GEMM_CFG": "2"}, {"TRIT_A8_GEMM_CFG": "3"},
               {"TRIT_A8_GEMM_CFG": "4"},
-              {"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_KS": "3"}, {"TRIT_A8_GEMM_CFG": "0", "TRIT_QUANT_ILP": "1"},
+              {"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_KS": "3"}, {"TRIT_A8_GEMM_CFG": "0"},
               {"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_KS": "3", "TRIT_A8_GEMM_EARLY": "0"},
               {"TRIT_A8_GEMM": "0", "TRIT_A8_GEMM_KS": "0", "TRIT_A8_GEMM_EARLY": "0"}):
   os.environ.update(knobs)

@@ -880,13 +880,9 @@ __device__ __forceinline__ void load8(const T* row, int k, int K, bool vec, floa
 // groups of 8 in the order {0,4,1,5,2,6,3,7} (zeros past K, up to Kp). Returns xs; thread 0 gets
 // the row sum of q in sum. scr_f / scr_i: one float / int of shared memory per warp; successive
 // calls may reuse them (each ends with a barrier after its last read of scr_f).
-// kILP (TRIT_QUANT_ILP=1, quant_rows_perm_kernel only; not yet run on a GPU): each pass keeps
-// kQuantChunks loads per thread in flight instead of one per loop trip. The plain loop
-// (one load8, then its use) waited a full L2 round trip per 2048 inputs and pass: ncu on H200 run
-// 15 timed the quantizer at 4.7 us for K = 2560 and 8.3 us for K = 14336 (64 rows), a quarter of the
-// GEMM kernel's time beside it. Same arithmetic per element (max and integer sums are exact in
-// any order): bit-identical output.
-constexpr int kQuantChunks = 4;
+// One 16-byte load per thread per loop trip: ncu on H200 run 15 timed the quantizer kernel at 4.7 us
+// for K = 2560 and 8.3 us for K = 14336 (64 rows). A variant with 4 loads in flight per thread
+// (TRIT_QUANT_ILP, H200 run 17) measured slower and was removed.
 // A group of 8 inputs quantized with scale xs (their q added to part), packed {0,4,1,5,2,6,3,7}.
 __device__ __forceinline__ uint2 quant_group8(const float (&e)[8], float xs, int& part) {
   int q[8];
@@ -899,31 +895,16 @@ __device__ __forceinline__ uint2 quant_group8(const float (&e)[8], float xs, int
   const uint32_t hi = (q[2] & 0xFF) | ((q[6] & 0xFF) << 8) | ((q[3] & 0xFF) << 16) | ((uint32_t)(q[7] & 0xFF) << 24);
   return make_uint2(lo, hi);
 }
-template <typename T, bool kILP = false, typename Store>
+template <typename T, typename Store>
 __device__ __forceinline__ float quantize_row_perm(const T* __restrict__ row, int K, int Kp, bool vec, float* scr_f,
                                                    int* scr_i, Store&& store, int& sum) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   float amax = 0.f;
-  if constexpr (kILP) {
-    // kQuantChunks groups of 8 per thread and trip, all loaded before the first is used (load8
-    // gives zeros, and loads nothing, at or past K)
-    const int step = blockDim.x * 8;
-    for (int k = threadIdx.x * 8; k < K; k += kQuantChunks * step) {
-      float e[kQuantChunks][8];
+  for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
+    float e[8];
+    load8<T>(row, k, K, vec, e);
 #pragma unroll
-      for (int u = 0; u < kQuantChunks; ++u) load8<T>(row, k + u * step, K, vec, e[u]);
-#pragma unroll
-      for (int u = 0; u < kQuantChunks; ++u)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(e[u][i]));
-    }
-  } else {
-    for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
-      float e[8];
-      load8<T>(row, k, K, vec, e);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(e[i]));
-    }
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(e[i]));
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -933,23 +914,10 @@ __device__ __forceinline__ float quantize_row_perm(const T* __restrict__ row, in
   for (int w = 1; w < nwarps; ++w) amax = fmaxf(amax, scr_f[w]);
   const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as torch: reciprocal(t) * 127
   int part = 0;
-  if constexpr (kILP) {
-    // the loads of a trip before any of its stores (a store may alias the row for the compiler)
-    const int step = blockDim.x * 8;
-    for (int k = threadIdx.x * 8; k < Kp; k += kQuantChunks * step) {
-      float e[kQuantChunks][8];
-#pragma unroll
-      for (int u = 0; u < kQuantChunks; ++u) load8<T>(row, k + u * step, K, vec, e[u]);  // zeros past K
-#pragma unroll
-      for (int u = 0; u < kQuantChunks; ++u)
-        if (k + u * step < Kp) store(k + u * step, quant_group8(e[u], xs, part));
-    }
-  } else {
-    for (int k = threadIdx.x * 8; k < Kp; k += blockDim.x * 8) {
-      float e[8];
-      load8<T>(row, k, K, vec, e);  // zeros past K
-      store(k, quant_group8(e, xs, part));
-    }
+  for (int k = threadIdx.x * 8; k < Kp; k += blockDim.x * 8) {
+    float e[8];
+    load8<T>(row, k, K, vec, e);  // zeros past K
+    store(k, quant_group8(e, xs, part));
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
@@ -1390,7 +1358,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
 // The a8 quantizer for a8_small_kernel: the same values as quant_rows_kernel (bit for bit), xq
 // stored permuted within each group of 8 inputs ({0,4,1,5,2,6,3,7}, see a8_small_kernel), with
 // 16-byte loads (vec: K % 8 == 0 and 16-byte aligned x) and one 8-byte store per group.
-template <typename T, bool kILP = false>
+template <typename T>
 __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
                                                               float* __restrict__ xs_out,
                                                               int32_t* __restrict__ rowsum, int M, int K, int Kp,
@@ -1416,7 +1384,7 @@ __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restric
   }
   const T* row = x + (size_t)m * K;
   int sum;
-  const float xs = quantize_row_perm<T, kILP>(row, K, Kp, vec, sh_f, sh_i, [&](int k, uint2 v) { *dst(k) = v; }, sum);
+  const float xs = quantize_row_perm<T>(row, K, Kp, vec, sh_f, sh_i, [&](int k, uint2 v) { *dst(k) = v; }, sum);
   if (threadIdx.x == 0) {
     rowsum[m] = sum;
     xs_out[m] = xs;
@@ -1569,8 +1537,6 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //   TRIT_A8_GEMM_EARLY = 1 (default) | 0   its first weight stages requested before the PDL wait, and
 //                                     the split-K slices added two per round trip (H200 run 17: 0.2-1.5 us
 //                                     faster than 0 on 30 of 39 shapes x M, never slower by more than 0.6)
-//   TRIT_QUANT_ILP = 0 (default) | 1  the a8 quantizer kernel with kQuantChunks loads in flight per
-//                                     thread (quantize_row_perm kILP; run 17: 0.3-0.6 us SLOWER nearly everywhere)
 //   TRIT_A8_GEMM_CFG = 0 (default) | 1-4   its warp tile (gemm_cfg_id; 1-4 lost on most shapes in run 14)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
@@ -1761,12 +1727,6 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
                    cfg.wn == 1 ? flags : 0, x, K);
 }
 
-// The a8 quantizer kernel: TRIT_QUANT_ILP=1 its several-loads-in-flight loops (quantize_row_perm kILP)
-template <typename T>
-auto quant_perm_kernel() {
-  return env_int("TRIT_QUANT_ILP", 0) == 1 ? quant_rows_perm_kernel<T, true> : quant_rows_perm_kernel<T, false>;
-}
-
 // a8_gemm_kernel's launch (bindings.cpp a8_gemm_on picks the route): a8 at 16 < M <= 256
 // through a8_gemm_kernel, fed by the quantizer's k-block-major xq with Mp = M rounded up to BM rows
 // (the op's workspace has them). Split-K (ks CTAs along K) when the (N, M) tiles alone fill less
@@ -1844,7 +1804,7 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
   const bool pdl = env_int("TRIT_PDL", 1) != 0 && pdl_supported();
   // split-K: the quantizer zeroes the tile counters at the head of ws
   const int n_cnt = g.ks > 1 ? g.gx * g.gy : 0;
-  cudaError_t e = launch_ex(quant_perm_kernel<T>(), dim3(g.Mp), dim3(256), 0, st, pdl, x, xq, xs, rowsum, M, K,
+  cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(g.Mp), dim3(256), 0, st, pdl, x, xq, xs, rowsum, M, K,
                             g.KB * kBlockK, g.Mp, vec, n_cnt > 0 ? ws : nullptr, n_cnt);
   if (e != cudaSuccess) return e;
   const dim3 grid(g.gx, g.gy, g.ks);
@@ -1891,7 +1851,7 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
       cfg.nw = 1;
     } else {
       const int Mp = cfg.mt == 1 ? 0 : 8 * cfg.mt;  // k-block-major xq for MT >= 2, zero rows to 8 * MT
-      cudaError_t e = launch_ex(quant_perm_kernel<T>(), dim3(cfg.mt == 1 ? M : Mp), dim3(256), 0, st, pdl, x,
+      cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(cfg.mt == 1 ? M : Mp), dim3(256), 0, st, pdl, x,
                                 xq, xs, rowsum, M, K, KB * kBlockK, Mp, vec, (int32_t*)nullptr, 0);
       if (e != cudaSuccess) return e;
     }

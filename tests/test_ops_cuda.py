@@ -365,31 +365,6 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
                          {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}[dtype], "a8 gemm vs ref")
 
 
-# TRIT_QUANT_ILP=1: the a8 quantizer kernel with several 16-byte loads per thread in flight
-# (quantize_row_perm kILP). Same arithmetic per element: bit-identical results on every a8 route
-# that runs the standalone quantizer (v5 M >= 2 and large layers at M = 1, the GEMM kernel), on K
-# tails (the plain loop finishes the row), misaligned x (no 16-byte loads: the plain loop alone)
-# and every dtype.
-@pytest.mark.parametrize("M", [1, 3, 17, 64, 100, 256])
-@pytest.mark.parametrize("K", [100, 2048, 2056, 8200, 14336])
-def test_quant_ilp_matches_plain(monkeypatch, M, K):
-    N = 272
-    monkeypatch.setenv("TRIT_A8_DENSE_MIN_M", str(1 << 30))  # M = 256: the kernels, not cuBLAS
-    monkeypatch.setenv("TRIT_A8_FUSEQ", "0")  # M = 1: the standalone quantizer
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        x, w, p, s, b = make_case(M, N, K, dtype, True, 7 + M + K, DEV)
-        xs = [x, torch.randn(M * K + 1, device=DEV).to(dtype)[1:].view(M, K)]  # aligned, misaligned
-        for xi in xs:
-            for gemm in ("0", "1"):
-                monkeypatch.setenv("TRIT_A8_GEMM", gemm)
-                monkeypatch.setenv("TRIT_QUANT_ILP", "0")
-                y0 = torch.ops.trit.ternary_mm_a8(xi, p, s, N, K, b)
-                monkeypatch.setenv("TRIT_QUANT_ILP", "1")
-                y1 = torch.ops.trit.ternary_mm_a8(xi, p, s, N, K, b)
-                assert torch.equal(y1, y0), f"quant ILP M={M} K={K} {dtype} gemm={gemm} aligned={xi is x}"
-    assert_close_rel(y1, ops.ternary_mm_a8_ref(xs[1], p, s, N, K, b), 1e-5, "quant ILP vs ref")
-
-
 @pytest.mark.parametrize("M,N,K", [(17, 6144, 8192), (40, 6144, 8192), (64, 13824, 2560), (64, 6144, 4096),
                                    (64, 4096, 4096), (128, 4096, 4096),
                                    (100, 6912, 2560), (129, 4100, 4104), (200, 2048, 8192), (256, 6144, 8192),
