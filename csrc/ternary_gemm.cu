@@ -145,6 +145,69 @@ __device__ __forceinline__ void mma16832_u8s8(int (&d)[4], const uint32_t (&a)[4
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// ---------------------------------------------------------------- Hopper warpgroup MMA (sm_90a only)
+// wgmma.mma_async m64n64k32 u8 x s8 -> s32 with A (64 weight channels x 32 inputs) in registers:
+// warp w of the warpgroup holds rows 16w .. 16w + 15 in exactly the layout of the m16n8k32 A
+// fragment (a8_frag's output), and B (32 inputs x 64 x rows) comes from shared memory through a
+// matrix descriptor: K-major, 128-byte swizzle (each x row's 128-byte k-block is one swizzle row,
+// 8 rows = one 1024-byte atom; SBO = 1024 B between atoms, LBO unused), k-step i at +32 i bytes.
+// D: d[4j + q] = (row 16w + g + 8 (q >> 1), column 8j + 2c + (q & 1)), the m16n8 C layout per 8
+// columns. Compiled only for sm_90a (the `a` features); elsewhere the kernel traps and the host
+// never selects it (wgmma_supported()).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TRIT_WGMMA 1
+#endif
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t saddr) {
+  return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef TRIT_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef TRIT_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef TRIT_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+#endif
+}
+// generic-proxy writes to shared memory (cp.async, st.shared) -> visible to wgmma's async proxy
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#ifdef TRIT_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+// keeps the compiler from moving accumulator accesses across the asynchronous wgmma (as CUTLASS's
+// warpgroup_fence_operand)
+template <int R>
+__device__ __forceinline__ void wgmma_pin(int (&d)[R]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) asm volatile("" : "+r"(d[r])::"memory");
+}
+__device__ __forceinline__ void wgmma_m64n64k32_u8s8(int (&d)[32], const uint32_t (&a)[4], uint64_t bdesc) {
+#ifdef TRIT_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.s32.u8.s8 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(1)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
 // One packed word (16 weights of 2 bits, code = w + 1) -> the u8 A fragment of mma16832_u8s8:
 // af[j] holds the codes at bits 2j of each byte (the a8 epilogue removes the +1 with rowsum).
 __device__ __forceinline__ void a8_frag(uint32_t w, uint32_t (&af)[4]) {
@@ -1113,23 +1176,39 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
 // CTA. The measured configuration is <2, 4, 4, WM>; the alternatives double the mma per decoded
 // word (RT = 8) or per x fragment (WT = 4), and/or halve x traffic per weight byte (16 tiles per CTA).
 constexpr int kGemmStages = 3, kGemmXRow = kBlockK + 16;
-template <int WT, int RT, int WNW, int WMW> struct GemmCfg {
+template <int WT, int RT, int WNW, int WMW, bool WG = false> struct GemmCfg {
   static constexpr int kWT = WT, kRT = RT, kWNW = WNW;
+  static constexpr bool kWG = WG;
   static constexpr int kTiles = WT * WNW, kBM = 8 * RT * WMW, kThreads = 32 * WNW * WMW;
-  static constexpr int kStageBytes = kTiles * 512 + kBM * kGemmXRow;  // <2,4,4,2>: 13312 B (39936 in all)
+  // a stage: W (kTiles x 512 B) then x (kBM rows of kXRow B); WG (the wgmma main loop): x first,
+  // 128-byte rows in the 128-byte swizzle, every stage 1024-byte aligned (the ring is aligned up)
+  static constexpr int kXRow = WG ? kBlockK : kGemmXRow;
+  static constexpr int kWOff = WG ? kBM * kBlockK : 0, kXOff = WG ? 0 : kTiles * 512;
+  static constexpr int kStageBytes = kTiles * 512 + kBM * kXRow;  // <2,4,4,2>: 13312 B (39936 in all)
   static constexpr int kWPieces = kTiles * 32 / kThreads, kXPieces = 8 * kBM / kThreads;  // 16-byte copies per thread
   // CTAs per SM the registers must allow: 128 per thread for the default tiles, more (fewer CTAs)
   // where the warp tile needs them without spilling (RT = 8: 64 accumulators + fragments; WT = 4 at
   // 128 threads: 4 weight-copy pointers per thread)
-  static constexpr int kMinBlocks = kThreads == 128 ? ((RT == 8 || WT == 4) ? 3 : 4) : (RT == 8 ? 1 : 2);
+  static constexpr int kMinBlocks = WG ? 2 : kThreads == 128 ? ((RT == 8 || WT == 4) ? 3 : 4) : (RT == 8 ? 1 : 2);
   // the epilogue reuses the ring: the CTA's int32 sums [kBM][kCh + 4] (+4: the fragment writes of
   // a warp hit 32 distinct banks), then the channel and row factors
   static constexpr int kCh = kTiles * 16, kAccLd = kCh + 4;
   static constexpr int kEpiBytes = kBM * kAccLd * 4 + (2 * kCh + 2 * kBM) * 4;
-  static constexpr int kSmemBytes = kGemmStages * kStageBytes > kEpiBytes ? kGemmStages * kStageBytes : kEpiBytes;
+  static constexpr int kRingBytes = kGemmStages * kStageBytes > kEpiBytes ? kGemmStages * kStageBytes : kEpiBytes;
+  static constexpr int kSmemBytes = kRingBytes + (WG ? 1024 : 0);  // WG: slack to align the ring to 1024 B
   static_assert(kWPieces * kThreads == kTiles * 32 && kXPieces * kThreads == 8 * kBM, "whole copies per thread");
+  static_assert(!WG || (WT == 1 && WNW == 8 && WMW == 1 && kBM == 64 && kStageBytes % 1024 == 0),
+                "the wgmma loop: 8 warps (2 warpgroups) of one weight tile each, 64 x rows");
 };
 template <int WM> using Gemm = GemmCfg<2, 4, 4, WM>;  // the measured default: 128 channels x 32 * WM rows
+// TRIT_A8_GEMM_WG=1 (not yet run on a GPU): the same CTA tile (128 channels x 64 rows, 256 threads)
+// with a wgmma main loop. Each warp decodes its weight tile's 4 k-steps into m16n8k32-layout A
+// fragments (as now), and each warpgroup issues 4 wgmma m64n64k32 per k-block (64 channels x 64 rows
+// x 128 inputs) against x in swizzled shared memory: 4 instructions per warp where the mma.sync loop
+// issues 32 mma + 10 LDS.128, and the tensor cores' Hopper rate instead of mma.sync's. The x rows
+// come from the quantizer in the wgmma byte order (quant_rows_perm_kernel kWG), which makes the
+// hardware's natural k order within a k-step meet the lane order of the decoded weights.
+using GemmWG = GemmCfg<1, 8, 8, 1, true>;
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -1154,7 +1233,12 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
                    T* __restrict__ y, int M, int N, int KB, int n_tiles, int Mp, int32_t* __restrict__ ws,
                    int early) {
   constexpr int WT = G::kWT, RT = G::kRT;
-  extern __shared__ __align__(16) uint8_t gsm[];
+  extern __shared__ __align__(16) uint8_t gsm_raw[];
+  uint8_t* gsm = gsm_raw;
+  if constexpr (G::kWG) {  // the swizzled x tiles need 1024-byte alignment (kSmemBytes has the slack)
+    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(gsm_raw));
+    gsm = gsm_raw + ((1024u - (a & 1023u)) & 1023u);
+  }
   __shared__ int s_last;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // split-K (gridDim.z > 1): CTA z runs k-blocks [kb_lo, kb_lo + nkb)
@@ -1176,7 +1260,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
     const int kb = kb_lo + kbi;
     uint8_t* base = gsm + s * G::kStageBytes;
 #pragma unroll
-    for (int q = 0; q < G::kWPieces; ++q) cp_async16(base + (tid + q * G::kThreads) * 16, wsrc[q] + (size_t)kb * 32);
+    for (int q = 0; q < G::kWPieces; ++q) cp_async16(base + G::kWOff + (tid + q * G::kThreads) * 16, wsrc[q] + (size_t)kb * 32);
   };
   auto load_stage = [&](int s, int kbi, bool with_w = true) {  // kbi: this CTA's kbi-th k-block
     const int kb = kb_lo + kbi;
@@ -1185,7 +1269,8 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
 #pragma unroll
     for (int q = 0; q < G::kXPieces; ++q) {
       const int j = tid + q * G::kThreads, r = j >> 3, ch = j & 7;
-      cp_async16(base + G::kTiles * 512 + r * kGemmXRow + ch * 16,
+      // WG: 16-byte chunk ch of row r at chunk ch ^ (r % 8) (the 128-byte swizzle of the descriptor)
+      cp_async16(base + G::kXOff + (G::kWG ? r * kBlockK + ((ch ^ (r & 7)) << 4) : r * kGemmXRow + ch * 16),
                  xq + ((size_t)kb * Mp + m0 + r) * kBlockK + ch * 16);
     }
   };
@@ -1194,6 +1279,9 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   for (int a = 0; a < WT; ++a)
 #pragma unroll
     for (int b = 0; b < RT; ++b) acc[a][b][0] = acc[a][b][1] = acc[a][b][2] = acc[a][b][3] = 0;
+  int accw[G::kWG ? 32 : 1];  // WG: the warpgroup's 64 x 64 wgmma accumulators (see wgmma_m64n64k32_u8s8)
+#pragma unroll
+  for (int r = 0; r < (G::kWG ? 32 : 1); ++r) accw[r] = 0;
 
   // early (TRIT_A8_GEMM_EARLY, default 1 since H200 run 17): the weights of the first kGemmStages - 1
   // k-blocks are requested before the PDL wait, while the quantizer still runs (the weights do
@@ -1210,43 +1298,62 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   }
   for (int kb = 0; kb < nkb; ++kb) {
     cp_async_wait<kGemmStages - 2>();  // k-block kb has landed (this thread's copies) ...
+    if constexpr (G::kWG) fence_proxy_async_smem();  // ... and is visible to wgmma's async proxy ...
     __syncthreads();                   // ... everyone's, and k-block kb - 1 is no longer read
     if (kb + kGemmStages - 1 < nkb) load_stage((kb + kGemmStages - 1) % kGemmStages, kb + kGemmStages - 1);
     cp_async_commit();
     const uint8_t* base = gsm + (kb % kGemmStages) * G::kStageBytes;
-    int4 w[WT];
+    if constexpr (G::kWG) {
+      // the warp's weight tile (tile = warp: warp w % 4 of warpgroup w / 4 holds wgmma rows
+      // 16 (w % 4) ..) -> the A fragments of the 4 k-steps; 4 wgmma per warpgroup, then wait for
+      // them (the ring stage and the fragments are reused by the next k-block)
+      const int4 wv = *reinterpret_cast<const int4*>(base + G::kWOff + (warp * 32 + lane) * 16);
+      uint32_t af[4][4];
 #pragma unroll
-    for (int wn = 0; wn < WT; ++wn) w[wn] = *reinterpret_cast<const int4*>(base + ((WT * wcol + wn) * 32 + lane) * 16);
-    const uint8_t* xb = base + G::kTiles * 512 + (8 * RT * wrow + g) * kGemmXRow + c * 32;
+      for (int i = 0; i < 4; ++i) a8_frag(word_of_rt(wv, i), af[i]);
+      const uint64_t d0 = wgmma_desc_sw128(static_cast<uint32_t>(__cvta_generic_to_shared(base + G::kXOff)));
+      wgmma_pin(accw);
+      wgmma_fence();
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {  // inputs c*32 + 16h .. + 15 of the lane's rows: k-steps i = 2h, 2h+1
-      if constexpr (RT <= 4) {  // all RT x fragments of the half k-block live, one decoded word at a time
-        uint4 xv[RT];
+      for (int i = 0; i < 4; ++i) wgmma_m64n64k32_u8s8(accw, af[i], d0 + 2 * i);  // k-step i: +32 B
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_pin(accw);
+    } else {
+      int4 w[WT];
 #pragma unroll
-        for (int mt = 0; mt < RT; ++mt) xv[mt] = *reinterpret_cast<const uint4*>(xb + mt * 8 * kGemmXRow + h * 16);
+      for (int wn = 0; wn < WT; ++wn) w[wn] = *reinterpret_cast<const int4*>(base + ((WT * wcol + wn) * 32 + lane) * 16);
+      const uint8_t* xb = base + G::kTiles * 512 + (8 * RT * wrow + g) * kGemmXRow + c * 32;
 #pragma unroll
-        for (int i = 2 * h; i < 2 * h + 2; ++i)
+      for (int h = 0; h < 2; ++h) {  // inputs c*32 + 16h .. + 15 of the lane's rows: k-steps i = 2h, 2h+1
+        if constexpr (RT <= 4) {  // all RT x fragments of the half k-block live, one decoded word at a time
+          uint4 xv[RT];
 #pragma unroll
-          for (int wn = 0; wn < WT; ++wn) {
-            uint32_t af[4];
-            a8_frag(word_of_rt(w[wn], i), af);
+          for (int mt = 0; mt < RT; ++mt) xv[mt] = *reinterpret_cast<const uint4*>(xb + mt * 8 * kGemmXRow + h * 16);
 #pragma unroll
-            for (int mt = 0; mt < RT; ++mt)
-              mma16832_u8s8(acc[wn][mt], af, (i & 1) ? xv[mt].z : xv[mt].x, (i & 1) ? xv[mt].w : xv[mt].y);
-          }
-      } else {  // RT = 8: the 2 x WT decoded words of the half k-block live, one x fragment at a time
-        uint32_t af[2][WT][4];  // (32 x fragments would not fit beside 64 accumulators in 128 registers)
+          for (int i = 2 * h; i < 2 * h + 2; ++i)
 #pragma unroll
-        for (int ii = 0; ii < 2; ++ii)
+            for (int wn = 0; wn < WT; ++wn) {
+              uint32_t af[4];
+              a8_frag(word_of_rt(w[wn], i), af);
 #pragma unroll
-          for (int wn = 0; wn < WT; ++wn) a8_frag(word_of_rt(w[wn], 2 * h + ii), af[ii][wn]);
+              for (int mt = 0; mt < RT; ++mt)
+                mma16832_u8s8(acc[wn][mt], af, (i & 1) ? xv[mt].z : xv[mt].x, (i & 1) ? xv[mt].w : xv[mt].y);
+            }
+        } else {  // RT = 8: the 2 x WT decoded words of the half k-block live, one x fragment at a time
+          uint32_t af[2][WT][4];  // (32 x fragments would not fit beside 64 accumulators in 128 registers)
 #pragma unroll
-        for (int mt = 0; mt < RT; ++mt) {
-          const uint4 xv = *reinterpret_cast<const uint4*>(xb + mt * 8 * kGemmXRow + h * 16);
+          for (int ii = 0; ii < 2; ++ii)
 #pragma unroll
-          for (int wn = 0; wn < WT; ++wn) {
-            mma16832_u8s8(acc[wn][mt], af[0][wn], xv.x, xv.y);
-            mma16832_u8s8(acc[wn][mt], af[1][wn], xv.z, xv.w);
+            for (int wn = 0; wn < WT; ++wn) a8_frag(word_of_rt(w[wn], 2 * h + ii), af[ii][wn]);
+#pragma unroll
+          for (int mt = 0; mt < RT; ++mt) {
+            const uint4 xv = *reinterpret_cast<const uint4*>(xb + mt * 8 * kGemmXRow + h * 16);
+#pragma unroll
+            for (int wn = 0; wn < WT; ++wn) {
+              mma16832_u8s8(acc[wn][mt], af[0][wn], xv.x, xv.y);
+              mma16832_u8s8(acc[wn][mt], af[1][wn], xv.z, xv.w);
+            }
           }
         }
       }
@@ -1267,14 +1374,22 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   float* s_xs = s_bi + kCh;
   int* s_rs = reinterpret_cast<int*>(s_xs + G::kBM);
   __syncthreads();  // every warp is past its last read of the ring
+  if constexpr (G::kWG) {  // d[4j + q]: x row 8j + 2c + (q & 1), channel 16 warp + g + 8 (q >> 1)
 #pragma unroll
-  for (int wn = 0; wn < WT; ++wn)
-#pragma unroll
-    for (int mt = 0; mt < RT; ++mt)
+    for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int q = 0; q < 4; ++q)
-        s_acc[(8 * RT * wrow + 8 * mt + 2 * c + (q & 1)) * kLd + (WT * wcol + wn) * kTileN + g + 8 * (q >> 1)] =
-            acc[wn][mt][q];
+        s_acc[(8 * j + 2 * c + (q & 1)) * kLd + warp * kTileN + g + 8 * (q >> 1)] = accw[4 * j + q];
+  } else {
+#pragma unroll
+    for (int wn = 0; wn < WT; ++wn)
+#pragma unroll
+      for (int mt = 0; mt < RT; ++mt)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          s_acc[(8 * RT * wrow + 8 * mt + 2 * c + (q & 1)) * kLd + (WT * wcol + wn) * kTileN + g + 8 * (q >> 1)] =
+              acc[wn][mt][q];
+  }
   __syncthreads();
   // vector v of the tile: row v / (kCh / 4), channels 4 * (v % (kCh / 4)) ..
   auto tile_vec = [&](int v) -> int4* {
@@ -1358,7 +1473,12 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
 // The a8 quantizer for a8_small_kernel: the same values as quant_rows_kernel (bit for bit), xq
 // stored permuted within each group of 8 inputs ({0,4,1,5,2,6,3,7}, see a8_small_kernel), with
 // 16-byte loads (vec: K % 8 == 0 and 16-byte aligned x) and one 8-byte store per group.
-template <typename T>
+// kWG (the wgmma GEMM loop, GemmWG; k-block-major only): within each 128-byte k-block row, group
+// G = 4c + i (inputs 8G ..) goes as two 4-byte halves to bytes 32i + 4c and 32i + 16 + 4c. wgmma
+// reads input k of k-step i at byte 32i + k, and lane c's A fragment (the same decoded weight
+// words as the mma.sync loop) holds inputs 4c .. 4c + 3 and 16 + 4c ..: this puts there the x
+// bytes the mma.sync loop's lane c multiplies them with (bytes 32c + 8i .. + 7 of the plain order).
+template <typename T, bool kWG = false>
 __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
                                                               float* __restrict__ xs_out,
                                                               int32_t* __restrict__ rowsum, int M, int K, int Kp,
@@ -1384,7 +1504,16 @@ __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restric
   }
   const T* row = x + (size_t)m * K;
   int sum;
-  const float xs = quantize_row_perm<T>(row, K, Kp, vec, sh_f, sh_i, [&](int k, uint2 v) { *dst(k) = v; }, sum);
+  const float xs = quantize_row_perm<T>(row, K, Kp, vec, sh_f, sh_i, [&](int k, uint2 v) {
+    if constexpr (kWG) {
+      int8_t* rb = xq + ((size_t)(k >> 7) * Mp + m) * kBlockK;
+      const int grp = (k & (kBlockK - 1)) >> 3, cc = grp >> 2, ii = grp & 3;
+      *reinterpret_cast<uint32_t*>(rb + 32 * ii + 4 * cc) = v.x;
+      *reinterpret_cast<uint32_t*>(rb + 32 * ii + 16 + 4 * cc) = v.y;
+    } else {
+      *dst(k) = v;
+    }
+  }, sum);
   if (threadIdx.x == 0) {
     rowsum[m] = sum;
     xs_out[m] = xs;
@@ -1537,6 +1666,8 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //   TRIT_A8_GEMM_EARLY = 1 (default) | 0   its first weight stages requested before the PDL wait, and
 //                                     the split-K slices added two per round trip (H200 run 17: 0.2-1.5 us
 //                                     faster than 0 on 30 of 39 shapes x M, never slower by more than 0.6)
+//   TRIT_A8_GEMM_WG = 0 (default) | 1   its wgmma main loop (GemmWG, compute capability 9.0; not yet
+//                                     run on a GPU)
 //   TRIT_A8_GEMM_CFG = 0 (default) | 1-4   its warp tile (gemm_cfg_id; 1-4 lost on most shapes in run 14)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
@@ -1746,8 +1877,23 @@ int sm_count() {
 // channels x 64 rows) | 3 <4, 4, 4, 2> (256 channels x 64 rows, 4 weight tiles per warp) | 4 <4, 4, 4, 1>
 // (256 channels x 32 rows: M <= 32 with half the x traffic per weight byte of the default); 1-4 lost
 // to the default on most shapes in H200 run 14. Ids: 0 / 1 the default at M <= 32 / above, 2-5 the
-// alternatives.
+// alternatives, 6 the wgmma main loop (TRIT_A8_GEMM_WG=1, GemmWG; only on compute capability 9.0,
+// where the extension is built for sm_90a: other devices keep the default).
+constexpr int kGemmCfgWG = 6;
+bool wgmma_supported() {
+  static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  if (cached[dev] == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    cached[dev] = (major == 9 && minor == 0) ? 1 : 2;
+  }
+  return cached[dev] == 1;
+}
 int gemm_cfg_id(int M) {
+  if (env_int("TRIT_A8_GEMM_WG", 0) == 1 && wgmma_supported()) return kGemmCfgWG;
   const int c = env_int("TRIT_A8_GEMM_CFG", 0);
   return (c >= 1 && c <= 4) ? c + 1 : (M <= 32 ? 0 : 1);
 }
@@ -1759,6 +1905,7 @@ decltype(auto) visit_gemm_cfg(int id, F&& f) {
     case 3: return f(GemmCfg<2, 8, 8, 1>{});
     case 4: return f(GemmCfg<4, 4, 4, 2>{});
     case 5: return f(GemmCfg<4, 4, 4, 1>{});
+    case kGemmCfgWG: return f(GemmWG{});
     default: return f(Gemm<2>{});
   }
 }
@@ -1804,7 +1951,8 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
   const bool pdl = env_int("TRIT_PDL", 1) != 0 && pdl_supported();
   // split-K: the quantizer zeroes the tile counters at the head of ws
   const int n_cnt = g.ks > 1 ? g.gx * g.gy : 0;
-  cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(g.Mp), dim3(256), 0, st, pdl, x, xq, xs, rowsum, M, K,
+  cudaError_t e = launch_ex(g.cfg == kGemmCfgWG ? quant_rows_perm_kernel<T, true> : quant_rows_perm_kernel<T>,
+                            dim3(g.Mp), dim3(256), 0, st, pdl, x, xq, xs, rowsum, M, K,
                             g.KB * kBlockK, g.Mp, vec, n_cnt > 0 ? ws : nullptr, n_cnt);
   if (e != cudaSuccess) return e;
   const dim3 grid(g.gx, g.gy, g.ks);
