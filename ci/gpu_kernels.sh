@@ -3,7 +3,7 @@
 #   build the extension -> GPU + CPU tests -> compute-sanitizer memcheck/racecheck on a few
 #   representative shapes -> python -m bench.kernels.
 # Everything is written under $OUT (default /tmp/trit-out): log.txt, junit.xml, sanitizer.txt,
-# sass.txt and the bench JSON/Markdown. STAGES=build,test,sanitize,bench selects stages;
+# sass.txt, gemm-probe.json and the bench JSON/Markdown. STAGES=build,probe,test,sanitize,bench selects stages;
 # BENCH_ARGS passes arguments to the bench. Wheels in .whl/ (pytest, hypothesis, humming...)
 # are installed to /tmp/site first when present (the GPU machine has no network). To make them,
 # on a networked machine: pip download --no-deps --only-binary=:all: --python-version 3.12
@@ -17,7 +17,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export TRIT_BUILD_DIR=${TRIT_BUILD_DIR:-/tmp/trit-build}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-STAGES=${STAGES:-build,test,sanitize,bench}
+STAGES=${STAGES:-build,probe,test,sanitize,bench}
 BENCH_ARGS=${BENCH_ARGS:-}
 PY=${PYTHON:-python3}
 rc=0
@@ -42,6 +42,14 @@ if has build; then
     { echo "SASS instruction counts per kernel (HMMA/IMMA = tensor cores, LDG.E.128 = 16-byte loads)";
       awk '/Function :/{f=$3} /HMMA|IMMA|LDG.E.128|LDL|STL/{for(i=1;i<=NF;i++) if($i ~ /^(HMMA|IMMA|LDG|LDL|STL)/){split($i,a,"."); c[f" "a[1]]++}} END{for(k in c) print c[k], k}' /tmp/trit-sass.txt | sort -k2 | c++filt; } > "$OUT/sass.txt"
   fi
+fi
+
+if has probe; then
+  # a new GEMM main loop against the default on structured inputs (bench/gemm_probe.py): which input,
+  # channel and row each result came from; its own process, so a kernel fault cannot end the job
+  step "gemm probe (TRIT_A8_GEMM_WG=1)"
+  timeout 120 $PY -m bench.gemm_probe --out "$OUT" > "$OUT/gemm-probe.log" 2>&1 || { echo "gemm probe: differs or failed"; rc=1; }
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print('M', r['M'], 'equal', r['equal'], 'inputs', r['input_map']['n_wrong'], 'channels', r['channel_map']['n_wrong'], 'rows', r['row_map']['n_wrong']) for r in d['results']]" "$OUT/gemm-probe.json" 2>/dev/null || tail -5 "$OUT/gemm-probe.log"
 fi
 
 if has test; then
