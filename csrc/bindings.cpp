@@ -189,8 +189,10 @@ at::Tensor ternary_mm_a8_cuda(const at::Tensor& x, const at::Tensor& packed, con
   const int64_t Kp = (K + 127) / 128 * 128;
   // one workspace: xq int8 [Mp, Kp] | xs f32 [M] | rowsum i32 [M]   (Kp % 128 == 0 keeps alignment;
   // Mp = M rounded up to 64, at least 64: the k-block-major xq of the M <= 64 kernels has zero rows
-  // up to 8 * MT, that of the a8 GEMM kernel (M <= 256, a8_gemm_on) up to a multiple of 64)
-  const int64_t Mp = std::max<int64_t>((a.M + 63) / 64 * 64, 64);
+  // up to 8 * MT, that of the a8 GEMM kernel (M <= 256, a8_gemm_on) up to its CTA's rows (64, or
+  // 128 with TRIT_A8_GEMM_WG=2: trit_mm_a8_gemm_xq_rows)
+  const int64_t Mp = std::max<int64_t>(std::max<int64_t>((a.M + 63) / 64 * 64, 64),
+                                       gemm ? trit_mm_a8_gemm_xq_rows((int)a.M, (int)N, (int)K) : 0);
   at::Tensor ws = at::empty({Mp * Kp + 8 * a.M}, x.options().dtype(at::kChar));
   int8_t* xq = ws.data_ptr<int8_t>();
   float* xs = reinterpret_cast<float*>(xq + Mp * Kp);

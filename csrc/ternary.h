@@ -41,13 +41,14 @@ int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const float* sca
                const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
                int32_t* rowsum, void* stream);
 // The same through the GEMM-shaped kernel (16 < M <= 256; bindings.cpp a8_gemm_on picks it):
-// xq must hold ceil(M / 64) * 64 rows of ceil(K / 128) * 128 bytes; ws trit_mm_a8_gemm_ws_ints(M, N, K)
-// int32 (split-K tile counters and partial sums; the kernels zero what needs it), or null when that
-// is 0 (no split-K).
+// xq must hold trit_mm_a8_gemm_xq_rows(M, N, K) rows (M rounded up to the CTA's rows: 32, 64 or
+// 128) of ceil(K / 128) * 128 bytes; ws trit_mm_a8_gemm_ws_ints(M, N, K) int32 (split-K tile
+// counters and partial sums; the kernels zero what needs it), or null when that is 0 (no split-K).
 int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, const float* scale,
                     const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
                     int32_t* rowsum, int32_t* ws, void* stream);
 long long trit_mm_a8_gemm_ws_ints(int M, int N, int K);
+int trit_mm_a8_gemm_xq_rows(int M, int N, int K);
 
 // Large-M W1.58A8 pieces (the op runs int8 cuBLAS between them, see bindings.cpp):
 // the activation quantizer alone, xq int8 [M, ceil(K/128)*128] row-major (zeros past K),

@@ -208,6 +208,34 @@ __device__ __forceinline__ void wgmma_m64n64k32_u8s8(int (&d)[32], const uint32_
 #endif
 }
 
+__device__ __forceinline__ void wgmma_m64n128k32_u8s8(int (&d)[64], const uint32_t (&a)[4], uint64_t bdesc) {
+#ifdef TRIT_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.s8 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(1)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+// N = 64 or 128 x rows
+template <int N>
+__device__ __forceinline__ void wgmma_u8s8(int (&d)[N / 2], const uint32_t (&a)[4], uint64_t bdesc) {
+  if constexpr (N == 64) wgmma_m64n64k32_u8s8(d, a, bdesc);
+  else wgmma_m64n128k32_u8s8(d, a, bdesc);
+}
+
 // One packed word (16 weights of 2 bits, code = w + 1) -> the u8 A fragment of mma16832_u8s8:
 // af[j] holds the codes at bits 2j of each byte (the a8 epilogue removes the +1 with rowsum).
 __device__ __forceinline__ void a8_frag(uint32_t w, uint32_t (&af)[4]) {
@@ -1197,8 +1225,8 @@ template <int WT, int RT, int WNW, int WMW, bool WG = false> struct GemmCfg {
   static constexpr int kRingBytes = kGemmStages * kStageBytes > kEpiBytes ? kGemmStages * kStageBytes : kEpiBytes;
   static constexpr int kSmemBytes = kRingBytes + (WG ? 1024 : 0);  // WG: slack to align the ring to 1024 B
   static_assert(kWPieces * kThreads == kTiles * 32 && kXPieces * kThreads == 8 * kBM, "whole copies per thread");
-  static_assert(!WG || (WT == 1 && WNW == 8 && WMW == 1 && kBM == 64 && kStageBytes % 1024 == 0),
-                "the wgmma loop: 8 warps (2 warpgroups) of one weight tile each, 64 x rows");
+  static_assert(!WG || (WT == 1 && WNW == 8 && WMW == 1 && (kBM == 64 || kBM == 128) && kStageBytes % 1024 == 0),
+                "the wgmma loop: 8 warps (2 warpgroups) of one weight tile each, 64 or 128 x rows");
 };
 template <int WM> using Gemm = GemmCfg<2, 4, 4, WM>;  // the measured default: 128 channels x 32 * WM rows
 // TRIT_A8_GEMM_WG=1 (not yet run on a GPU): the same CTA tile (128 channels x 64 rows, 256 threads)
@@ -1208,7 +1236,9 @@ template <int WM> using Gemm = GemmCfg<2, 4, 4, WM>;  // the measured default: 1
 // issues 32 mma + 10 LDS.128, and the tensor cores' Hopper rate instead of mma.sync's. The x rows
 // come from the quantizer in the wgmma byte order (quant_rows_perm_kernel kWG), which makes the
 // hardware's natural k order within a k-step meet the lane order of the decoded weights.
-using GemmWG = GemmCfg<1, 8, 8, 1, true>;
+// TRIT_A8_GEMM_WG=2: the same with 128 x rows per CTA (m64n128k32, 64 accumulators per thread):
+// each weight k-block decoded and loaded once per 128 rows instead of 64.
+template <int BM> using GemmWG = GemmCfg<1, BM / 8, 8, 1, true>;
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -1279,9 +1309,10 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   for (int a = 0; a < WT; ++a)
 #pragma unroll
     for (int b = 0; b < RT; ++b) acc[a][b][0] = acc[a][b][1] = acc[a][b][2] = acc[a][b][3] = 0;
-  int accw[G::kWG ? 32 : 1];  // WG: the warpgroup's 64 x 64 wgmma accumulators (see wgmma_m64n64k32_u8s8)
+  constexpr int kAccW = G::kWG ? G::kBM / 2 : 1;
+  int accw[kAccW];  // WG: the warpgroup's 64 x kBM wgmma accumulators (see wgmma_m64n64k32_u8s8)
 #pragma unroll
-  for (int r = 0; r < (G::kWG ? 32 : 1); ++r) accw[r] = 0;
+  for (int r = 0; r < kAccW; ++r) accw[r] = 0;
 
   // early (TRIT_A8_GEMM_EARLY, default 1 since H200 run 17): the weights of the first kGemmStages - 1
   // k-blocks are requested before the PDL wait, while the quantizer still runs (the weights do
@@ -1315,7 +1346,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
       wgmma_pin(accw);
       wgmma_fence();
 #pragma unroll
-      for (int i = 0; i < 4; ++i) wgmma_m64n64k32_u8s8(accw, af[i], d0 + 2 * i);  // k-step i: +32 B
+      for (int i = 0; i < 4; ++i) wgmma_u8s8<G::kBM>(accw, af[i], d0 + 2 * i);  // k-step i: +32 B
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_pin(accw);
@@ -1376,7 +1407,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   __syncthreads();  // every warp is past its last read of the ring
   if constexpr (G::kWG) {  // d[4j + q]: x row 8j + 2c + (q & 1), channel 16 warp + g + 8 (q >> 1)
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < G::kBM / 8; ++j)
 #pragma unroll
       for (int q = 0; q < 4; ++q)
         s_acc[(8 * j + 2 * c + (q & 1)) * kLd + warp * kTileN + g + 8 * (q >> 1)] = accw[4 * j + q];
@@ -1666,8 +1697,8 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //   TRIT_A8_GEMM_EARLY = 1 (default) | 0   its first weight stages requested before the PDL wait, and
 //                                     the split-K slices added two per round trip (H200 run 17: 0.2-1.5 us
 //                                     faster than 0 on 30 of 39 shapes x M, never slower by more than 0.6)
-//   TRIT_A8_GEMM_WG = 0 (default) | 1   its wgmma main loop (GemmWG, compute capability 9.0; not yet
-//                                     run on a GPU)
+//   TRIT_A8_GEMM_WG = 0 (default) | 1 | 2   its wgmma main loop with 64 / 128 x rows per CTA (GemmWG,
+//                                     compute capability 9.0; not yet run on a GPU)
 //   TRIT_A8_GEMM_CFG = 0 (default) | 1-4   its warp tile (gemm_cfg_id; 1-4 lost on most shapes in run 14)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
@@ -1877,9 +1908,10 @@ int sm_count() {
 // channels x 64 rows) | 3 <4, 4, 4, 2> (256 channels x 64 rows, 4 weight tiles per warp) | 4 <4, 4, 4, 1>
 // (256 channels x 32 rows: M <= 32 with half the x traffic per weight byte of the default); 1-4 lost
 // to the default on most shapes in H200 run 14. Ids: 0 / 1 the default at M <= 32 / above, 2-5 the
-// alternatives, 6 the wgmma main loop (TRIT_A8_GEMM_WG=1, GemmWG; only on compute capability 9.0,
-// where the extension is built for sm_90a: other devices keep the default).
-constexpr int kGemmCfgWG = 6;
+// alternatives, 6 / 7 the wgmma main loop with 64 / 128 x rows per CTA (TRIT_A8_GEMM_WG=1 / 2,
+// GemmWG; only on compute capability 9.0, where the extension is built for sm_90a: other devices
+// keep the default).
+constexpr int kGemmCfgWG = 6, kGemmCfgWG128 = 7;
 bool wgmma_supported() {
   static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
   int dev = 0;
@@ -1893,7 +1925,8 @@ bool wgmma_supported() {
   return cached[dev] == 1;
 }
 int gemm_cfg_id(int M) {
-  if (env_int("TRIT_A8_GEMM_WG", 0) == 1 && wgmma_supported()) return kGemmCfgWG;
+  const int wg = env_int("TRIT_A8_GEMM_WG", 0);
+  if ((wg == 1 || wg == 2) && wgmma_supported()) return wg == 1 ? kGemmCfgWG : kGemmCfgWG128;
   const int c = env_int("TRIT_A8_GEMM_CFG", 0);
   return (c >= 1 && c <= 4) ? c + 1 : (M <= 32 ? 0 : 1);
 }
@@ -1905,7 +1938,8 @@ decltype(auto) visit_gemm_cfg(int id, F&& f) {
     case 3: return f(GemmCfg<2, 8, 8, 1>{});
     case 4: return f(GemmCfg<4, 4, 4, 2>{});
     case 5: return f(GemmCfg<4, 4, 4, 1>{});
-    case kGemmCfgWG: return f(GemmWG{});
+    case kGemmCfgWG: return f(GemmWG<64>{});
+    case kGemmCfgWG128: return f(GemmWG<128>{});
     default: return f(Gemm<2>{});
   }
 }
@@ -1951,7 +1985,8 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
   const bool pdl = env_int("TRIT_PDL", 1) != 0 && pdl_supported();
   // split-K: the quantizer zeroes the tile counters at the head of ws
   const int n_cnt = g.ks > 1 ? g.gx * g.gy : 0;
-  cudaError_t e = launch_ex(g.cfg == kGemmCfgWG ? quant_rows_perm_kernel<T, true> : quant_rows_perm_kernel<T>,
+  const bool wg = g.cfg == kGemmCfgWG || g.cfg == kGemmCfgWG128;  // x in the wgmma byte order
+  cudaError_t e = launch_ex(wg ? quant_rows_perm_kernel<T, true> : quant_rows_perm_kernel<T>,
                             dim3(g.Mp), dim3(256), 0, st, pdl, x, xq, xs, rowsum, M, K,
                             g.KB * kBlockK, g.Mp, vec, n_cnt > 0 ? ws : nullptr, n_cnt);
   if (e != cudaSuccess) return e;
@@ -2116,6 +2151,8 @@ extern "C" int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, 
                                   (cudaStream_t)stream);
   });
 }
+
+extern "C" int trit_mm_a8_gemm_xq_rows(int M, int N, int K) { return gemm_shape(M, N, K).Mp; }
 
 extern "C" long long trit_mm_a8_gemm_ws_ints(int M, int N, int K) {
   // split-K only, none at ks = 1: one counter per (N, M) tile (the quantizer zeroes them), then from

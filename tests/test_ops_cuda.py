@@ -256,7 +256,7 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
 
 @pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("kernel", ["v4", "v5", "v5-nofuseq", "v5-fuseq", "v5-wn2", "v5-gemm", "v5-gemm2",
-                                    "v5-gemm-late", "v5-gemm-wg"])
+                                    "v5-gemm-late", "v5-gemm-wg", "v5-gemm-wg2"])
 @pytest.mark.parametrize("M", [1, 24, 64])
 def test_dependent_chain(monkeypatch, graph, kernel, M):
     """Each layer reads the previous layer's output: with PDL, a kernel that read x (or wrote y)
@@ -272,10 +272,10 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
     if kernel.endswith("gemm-late"):  # weights only after the PDL wait (TRIT_A8_GEMM_EARLY=0, not the default), split 3
         monkeypatch.setenv("TRIT_A8_GEMM_EARLY", "0")
         monkeypatch.setenv("TRIT_A8_GEMM_KS", "3")
-    if kernel.endswith("gemm-wg"):  # its wgmma main loop (TRIT_A8_GEMM_WG=1, sm_90a) with split-K 2
+    if "gemm-wg" in kernel:  # its wgmma main loop (TRIT_A8_GEMM_WG=1 / 2: 64 / 128 rows, sm_90a), split-K 2
         if torch.cuda.get_device_capability() != (9, 0):
             pytest.skip("the wgmma main loop runs on compute capability 9.0 only")
-        monkeypatch.setenv("TRIT_A8_GEMM_WG", "1")
+        monkeypatch.setenv("TRIT_A8_GEMM_WG", "2" if kernel.endswith("wg2") else "1")
         monkeypatch.setenv("TRIT_A8_GEMM_KS", "2")
     if kernel.endswith("gemm2"):  # its 16-tile, 8-row-tile warp tile (TRIT_A8_GEMM_CFG=2, over 48 KB of shared
         monkeypatch.setenv("TRIT_A8_GEMM_CFG", "2")  # memory) with split-K (2 at D = 1024: the quantizer
@@ -364,15 +364,17 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
                 assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), \
                     f"a8 gemm cfg={cfg} ks={ks} M={M} N={N} K={K} {dtype}"
         monkeypatch.delenv("TRIT_A8_GEMM_CFG")
-        # TRIT_A8_GEMM_WG=1: the wgmma main loop (compute capability 9.0: elsewhere the knob is ignored)
+        # TRIT_A8_GEMM_WG=1 / 2: the wgmma main loop, 64 / 128 rows per CTA (compute capability 9.0:
+        # elsewhere the knob is ignored)
         if torch.cuda.get_device_capability() == (9, 0):
-            monkeypatch.setenv("TRIT_A8_GEMM_WG", "1")
-            for ks in ("0", "1", "3"):
-                monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)
-                for early in ("0", "1"):
-                    monkeypatch.setenv("TRIT_A8_GEMM_EARLY", early)
-                    assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), \
-                        f"a8 gemm wgmma ks={ks} early={early} M={M} N={N} K={K} {dtype}"
+            for wg in ("1", "2"):
+                monkeypatch.setenv("TRIT_A8_GEMM_WG", wg)
+                for ks in ("0", "1", "3"):
+                    monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)
+                    for early in ("0", "1"):
+                        monkeypatch.setenv("TRIT_A8_GEMM_EARLY", early)
+                        assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), \
+                            f"a8 gemm wgmma wg={wg} ks={ks} early={early} M={M} N={N} K={K} {dtype}"
             monkeypatch.delenv("TRIT_A8_GEMM_EARLY")
             monkeypatch.delenv("TRIT_A8_GEMM_WG")
         monkeypatch.delenv("TRIT_A8_GEMM_KS")

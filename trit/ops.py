@@ -48,8 +48,8 @@ forces), and the quantizer fused into the GEMV (one launch) at M = 1 on layers o
 kernel on layers of > 16M weights at M <= 64, >= 16M at M <= 128 and > 4M above (it takes
 precedence over int8 cuBLAS at M = 256); TRIT_A8_GEMM=1 forces it from M = 17, 0 turns it off; TRIT_A8_GEMM_CFG=1|2|3|4 gives it
 other warp tiles (8 row tiles per warp, 16 weight tiles per CTA), TRIT_A8_GEMM_KS=n its split-K
-count (default: up to one wave of CTAs, >= 4 k-blocks each) and TRIT_A8_GEMM_WG=1 a wgmma main
-loop (compute capability 9.0 only; not yet measured).
+count (default: up to one wave of CTAs, >= 4 k-blocks each) and TRIT_A8_GEMM_WG=1|2 a wgmma main
+loop with 64 | 128 rows per CTA (compute capability 9.0 only; not yet measured).
 
 CUDA kernels come from the extension in csrc/, built on first import when CUDA is available
 (cached in $TRIT_BUILD_DIR or ~/.cache/trit). Set TRIT_NO_EXT=1 to skip it; CUDA tensors then
