@@ -248,6 +248,8 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             variants["a8_kernel"] = with_env({"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}, variants["a8"])
         if M > V5_MAX_M_A8:
             variants["a8_int8"] = with_env({"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": "17"}, variants["a8"])
+        if M > 256 and torch.cuda.get_device_capability() == (9, 0):  # the 128-row wgmma loop at large M
+            variants["a8_gemm_wg2"] = with_env({"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_WG": "2"}, variants["a8"])
         if M <= V5_MAX_M_A8:
             if M > 8 and M in cfg_sweep:
                 for nw, ks in CFG_SWEEP:
@@ -349,7 +351,8 @@ def markdown(meta, rows) -> str:
              "`gemm ks 1 / 2 / 4 / 8` with its split-K count forced (TRIT_A8_GEMM_KS), `gemm late` the "
              "GEMM kernel with TRIT_A8_GEMM_EARLY=0 (weights only after the PDL wait, split-K slices one by one; the default "
              "requests its first weight stages before the wait), `wgmma / 128` the GEMM kernel with TRIT_A8_GEMM_WG=1 / 2 (its "
-             "wgmma main loop with 64 / 128 rows per CTA, compute capability 9.0; 128 at M > 64). At M <= 32 "
+             "wgmma main loop with 64 / 128 rows per CTA, compute capability 9.0; 128 at M > 64, the only GEMM-kernel route "
+             "above M = 256). At M <= 32 "
              "the a8 default picks per shape; `WN=1 no fused q` / `WN=2` / `fused quantizer` force each "
              "choice (TRIT_WN=1 + TRIT_A8_FUSEQ=0 / TRIT_WN=2 / TRIT_A8_FUSEQ=1).", "",
              "| N x K | M | bf16 us | linear us | x bf16 | % ceil | fused us | fused v4 | fused no PDL "

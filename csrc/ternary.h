@@ -49,6 +49,7 @@ int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, const float
                     int32_t* rowsum, int32_t* ws, void* stream);
 long long trit_mm_a8_gemm_ws_ints(int M, int N, int K);
 int trit_mm_a8_gemm_xq_rows(int M, int N, int K);
+int trit_mm_a8_gemm_max_m(void);
 
 // Large-M W1.58A8 pieces (the op runs int8 cuBLAS between them, see bindings.cpp):
 // the activation quantizer alone, xq int8 [M, ceil(K/128)*128] row-major (zeros past K),

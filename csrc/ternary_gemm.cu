@@ -2144,7 +2144,7 @@ extern "C" int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const
 extern "C" int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, const float* scale,
                                const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
                                int32_t* rowsum, int32_t* ws, void* stream) {
-  if (M <= 16 || M > kA8GemmMaxM) return (int)cudaErrorInvalidValue;
+  if (M <= 16 || M > trit_mm_a8_gemm_max_m()) return (int)cudaErrorInvalidValue;
   return visit_float_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return (int)launch_a8_gemm<T>((const T*)x, packed, scale, (const T*)bias, (T*)y, M, N, K, xq, xs, rowsum, ws,
@@ -2153,6 +2153,12 @@ extern "C" int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, 
 }
 
 extern "C" int trit_mm_a8_gemm_xq_rows(int M, int N, int K) { return gemm_shape(M, N, K).Mp; }
+
+// The largest M the GEMM kernel takes: 256, or 2^20 with the 128-row wgmma loop (TRIT_A8_GEMM_WG=2
+// on compute capability 9.0; no split-K there, the (N, M) tiles fill the GPU)
+extern "C" int trit_mm_a8_gemm_max_m() {
+  return (env_int("TRIT_A8_GEMM_WG", 0) == 2 && wgmma_supported()) ? (1 << 20) : kA8GemmMaxM;
+}
 
 extern "C" long long trit_mm_a8_gemm_ws_ints(int M, int N, int K) {
   // split-K only, none at ks = 1: one counter per (N, M) tile (the quantizer zeroes them), then from

@@ -419,5 +419,12 @@ def test_a8_dense_path_matches_kernel(monkeypatch, M, NK):
         monkeypatch.setenv("TRIT_A8_DENSE_MIN_M", "17")  # int8 cuBLAS whenever allowed (N % 8 == 0)
         yd = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
         assert torch.equal(yd, yk), f"a8 dense vs kernel M={M} N={N} K={K} {dtype}"
+        if torch.cuda.get_device_capability() == (9, 0):  # the 128-row wgmma GEMM loop, forced at any M
+            monkeypatch.setenv("TRIT_A8_GEMM", "1")
+            monkeypatch.setenv("TRIT_A8_GEMM_WG", "2")
+            yw = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+            monkeypatch.delenv("TRIT_A8_GEMM_WG")
+            monkeypatch.delenv("TRIT_A8_GEMM")
+            assert torch.equal(yw, yk), f"a8 wgmma 128 vs kernel M={M} N={N} K={K} {dtype}"
         assert_close_rel(yd, ops.ternary_mm_a8_ref(x, p, s, N, K, b),
                          {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}[dtype], "a8 dense vs ref")
