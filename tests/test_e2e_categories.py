@@ -1,0 +1,21 @@
+"""bench.e2e's kernel categories: the linear-layer kernels of each path, the norms around them."""
+import pytest
+
+from bench.e2e import categorize
+
+
+@pytest.mark.parametrize("name,cat", [
+    ("void (anonymous namespace)::a8_small_kernel<__nv_bfloat16, 1, 2, false>(signed c", "ternary"),
+    ("void (anonymous namespace)::quant_rows_perm_kernel<__nv_bfloat16, false>(__nv_bf", "ternary"),
+    ("void (anonymous namespace)::a8_gemm_kernel<__nv_bfloat16, (anonymous namespace):", "ternary"),
+    ("void humming<MmaOpClass, Shape<0u, 28672u, 4096u>, Shape<8u, 256u, 128u>, Shape<", "ternary"),
+    # inductor's fusions around either path's opaque linear op are norms / elementwise, not linears
+    ("triton_red_fused_fused_add_rms_norm_humming_gemm_2", "norm_elementwise"),
+    ("triton_poi_fused_humming_gemm_mul_silu_slice_1", "norm_elementwise"),
+    ("triton_red_fused_fused_add_rms_norm_ternary_mm_a8_0", "norm_elementwise"),
+    ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<", "attention"),
+    ("nvjet_sm90_tst_256x8_64x6_2x1_v_bz_TNT", "dense_gemm"),
+    ("_gumbel_sample_kernel", "other"),
+])
+def test_categorize(name, cat):
+    assert categorize(name) == cat
