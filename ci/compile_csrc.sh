@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compile gate for csrc/ on a machine without a GPU (runs in CI on every commit).
 #   1. nvcc compiles csrc/ternary_gemm.cu alone for sm_90a (plain CUDA, no torch headers),
-#      failing on any ptxas spill (a spilled kernel is a performance bug).
+#      failing on any ptxas spill (a spilled kernel is a performance bug) or serialised wgmma.
 #   2. the host compiler compiles csrc/bindings.cpp against the installed torch's headers
 #      (device-agnostic headers only, so a CPU-only torch wheel suffices).
 set -euo pipefail
@@ -18,7 +18,11 @@ $NVCC -std=c++17 -O3 $ARCH -lineinfo -Xptxas -v -Icsrc -c csrc/ternary_gemm.cu -
 if grep -E "[1-9][0-9]* bytes spill (stores|loads)" "$BUILD/ptxas.txt"; then
   echo "ptxas reports register spills (above)"; exit 1
 fi
-echo "kernels: $(grep -c 'Compiling entry' "$BUILD/ptxas.txt") entry points, no spills"
+# wgmma serialised by ptxas (C7513: each wgmma waited for alone) is a performance bug like a spill
+if grep -E "C7513|wgmma.mma_async instructions are serialized" "$BUILD/ptxas.txt"; then
+  echo "ptxas serialises wgmma (above)"; exit 1
+fi
+echo "kernels: $(grep -c 'Compiling entry' "$BUILD/ptxas.txt") entry points, no spills, no serialised wgmma"
 
 TORCH_INC=$($PY -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))")
 echo "== $CXX against $TORCH_INC"
