@@ -1207,9 +1207,13 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
 // CTA. The measured configuration is <2, 4, 4, WM>; the alternatives double the mma per decoded
 // word (RT = 8) or per x fragment (WT = 4), and/or halve x traffic per weight byte (16 tiles per CTA).
 constexpr int kGemmStages = 3, kGemmXRow = kBlockK + 16;
-template <int WT, int RT, int WNW, int WMW, bool WG = false> struct GemmCfg {
+template <int WT, int RT, int WNW, int WMW, int WG = 0> struct GemmCfg {
   static constexpr int kWT = WT, kRT = RT, kWNW = WNW;
-  static constexpr bool kWG = WG;
+  // WG: 0 the mma.sync loop, 1 the wgmma loop (each k-block's wgmma waited for before the next is
+  // fetched), 2 the wgmma loop with the next k-block's barrier, copies and weight loads issued
+  // while the wgmma run (one stage more: kStages 4, requests kDist = 2 k-blocks ahead)
+  static constexpr bool kWG = WG != 0, kWGOverlap = WG == 2;
+  static constexpr int kStages = WG == 2 ? 4 : kGemmStages, kDist = 2;
   static constexpr int kTiles = WT * WNW, kBM = 8 * RT * WMW, kThreads = 32 * WNW * WMW;
   // a stage: W (kTiles x 512 B) then x (kBM rows of kXRow B); WG (the wgmma main loop): x first,
   // 128-byte rows in the 128-byte swizzle, every stage 1024-byte aligned (the ring is aligned up)
@@ -1225,7 +1229,7 @@ template <int WT, int RT, int WNW, int WMW, bool WG = false> struct GemmCfg {
   // a warp hit 32 distinct banks), then the channel and row factors
   static constexpr int kCh = kTiles * 16, kAccLd = kCh + 4;
   static constexpr int kEpiBytes = kBM * kAccLd * 4 + (2 * kCh + 2 * kBM) * 4;
-  static constexpr int kRingBytes = kGemmStages * kStageBytes > kEpiBytes ? kGemmStages * kStageBytes : kEpiBytes;
+  static constexpr int kRingBytes = kStages * kStageBytes > kEpiBytes ? kStages * kStageBytes : kEpiBytes;
   static constexpr int kSmemBytes = kRingBytes + (WG ? 1024 : 0);  // WG: slack to align the ring to 1024 B
   static_assert(kWPieces * kThreads == kTiles * 32 && kXPieces * kThreads == 8 * kBM, "whole copies per thread");
   static_assert(!WG || (WT == 1 && WNW == 8 && WMW == 1 && (kBM == 64 || kBM == 128) && kStageBytes % 1024 == 0),
@@ -1241,7 +1245,10 @@ template <int WM> using Gemm = GemmCfg<2, 4, 4, WM>;  // the measured default: 1
 // hardware's natural k order within a k-step meet the lane order of the decoded weights.
 // TRIT_A8_GEMM_WG=2: the same with 128 x rows per CTA (m64n128k32, 64 accumulators per thread):
 // each weight k-block decoded and loaded once per 128 rows instead of 64.
-template <int BM> using GemmWG = GemmCfg<1, BM / 8, 8, 1, true>;
+// TRIT_A8_GEMM_WG_OVERLAP=1: either with the next k-block's barrier, copies and weight loads under
+// the running wgmma (the decode into A registers stays after the wait: ptxas serialises wgmma
+// whose input registers are written while a wgmma group is open, C7513).
+template <int BM, bool OV = false> using GemmWG = GemmCfg<1, BM / 8, 8, 1, OV ? 2 : 1>;
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -1266,6 +1273,8 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
                    T* __restrict__ y, int M, int N, int KB, int n_tiles, int Mp, int32_t* __restrict__ ws,
                    int early) {
   constexpr int WT = G::kWT, RT = G::kRT;
+  constexpr bool kOverlap = G::kWGOverlap;
+  static_assert(G::kDist == kGemmStages - 1 && (kOverlap || G::kStages == kGemmStages), "ring depth");
   extern __shared__ __align__(16) uint8_t gsm_raw[];
   uint8_t* gsm = gsm_raw;
   if constexpr (G::kWG) {  // the swizzled x tiles need 1024-byte alignment (kSmemBytes has the slack)
@@ -1330,6 +1339,37 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
     if (s < nkb) load_stage(s, s, !early);
     cp_async_commit();
   }
+  if constexpr (kOverlap) {
+    // the head of k-block kb: wait for its stage, request kb + kDist (stage (kb + 2) % 4: neither
+    // kb's nor the stage of kb - 1, whose wgmma every warpgroup has waited for before this barrier)
+    auto head = [&](int kb) -> const uint8_t* {
+      cp_async_wait<G::kDist - 1>();
+      fence_proxy_async_smem();
+      __syncthreads();
+      if (kb + G::kDist < nkb) load_stage((kb + G::kDist) % G::kStages, kb + G::kDist);
+      cp_async_commit();
+      return gsm + (kb % G::kStages) * G::kStageBytes;
+    };
+    const uint8_t* base = head(0);
+    int4 wv = *reinterpret_cast<const int4*>(base + G::kWOff + (warp * 32 + lane) * 16);
+    for (int kb = 0; kb < nkb; ++kb) {
+      uint32_t af[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a8_frag(word_of_rt(wv, i), af[i]);
+      const uint64_t d0 = wgmma_desc_sw128(static_cast<uint32_t>(__cvta_generic_to_shared(base + G::kXOff)));
+      wgmma_pin(accw);
+      wgmma_fence();
+#pragma unroll
+      for (int i = 0; i < 4; ++i) wgmma_u8s8<G::kBM>(accw, af[i], d0 + 2 * i);
+      wgmma_commit();
+      if (kb + 1 < nkb) {  // under the running wgmma: the next head and its raw weight words
+        base = head(kb + 1);
+        wv = *reinterpret_cast<const int4*>(base + G::kWOff + (warp * 32 + lane) * 16);
+      }
+      wgmma_wait<0>();
+      wgmma_pin(accw);
+    }
+  } else
   for (int kb = 0; kb < nkb; ++kb) {
     cp_async_wait<kGemmStages - 2>();  // k-block kb has landed (this thread's copies) ...
     if constexpr (G::kWG) fence_proxy_async_smem();  // ... and is visible to wgmma's async proxy ...
@@ -1702,6 +1742,8 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //                                     faster than 0 on 30 of 39 shapes x M, never slower by more than 0.6)
 //   TRIT_A8_GEMM_WG = 0 (default) | 1 | 2   its wgmma main loop with 64 / 128 x rows per CTA (GemmWG,
 //                                     compute capability 9.0; not yet run on a GPU)
+//   TRIT_A8_GEMM_WG_OVERLAP = 0 (default) | 1   that loop with the next k-block fetched under the
+//                                     running wgmma (4 ring stages)
 //   TRIT_A8_GEMM_CFG = 0 (default) | 1-4   its warp tile (gemm_cfg_id; 1-4 lost on most shapes in run 14)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
@@ -1914,7 +1956,9 @@ int sm_count() {
 // alternatives, 6 / 7 the wgmma main loop with 64 / 128 x rows per CTA (TRIT_A8_GEMM_WG=1 / 2,
 // GemmWG; only on compute capability 9.0, where the extension is built for sm_90a: other devices
 // keep the default).
-constexpr int kGemmCfgWG = 6, kGemmCfgWG128 = 7;
+// 8 / 9: either with the next k-block fetched under the running wgmma (TRIT_A8_GEMM_WG_OVERLAP=1).
+constexpr int kGemmCfgWG = 6, kGemmCfgWG128 = 7, kGemmCfgWGOv = 8, kGemmCfgWG128Ov = 9;
+bool gemm_cfg_wg(int id) { return id >= kGemmCfgWG && id <= kGemmCfgWG128Ov; }
 bool wgmma_supported() {
   static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
   int dev = 0;
@@ -1929,7 +1973,10 @@ bool wgmma_supported() {
 }
 int gemm_cfg_id(int M) {
   const int wg = env_int("TRIT_A8_GEMM_WG", 0);
-  if ((wg == 1 || wg == 2) && wgmma_supported()) return wg == 1 ? kGemmCfgWG : kGemmCfgWG128;
+  if ((wg == 1 || wg == 2) && wgmma_supported()) {
+    const bool ov = env_int("TRIT_A8_GEMM_WG_OVERLAP", 0) == 1;
+    return wg == 1 ? (ov ? kGemmCfgWGOv : kGemmCfgWG) : (ov ? kGemmCfgWG128Ov : kGemmCfgWG128);
+  }
   const int c = env_int("TRIT_A8_GEMM_CFG", 0);
   return (c >= 1 && c <= 4) ? c + 1 : (M <= 32 ? 0 : 1);
 }
@@ -1943,6 +1990,8 @@ decltype(auto) visit_gemm_cfg(int id, F&& f) {
     case 5: return f(GemmCfg<4, 4, 4, 1>{});
     case kGemmCfgWG: return f(GemmWG<64>{});
     case kGemmCfgWG128: return f(GemmWG<128>{});
+    case kGemmCfgWGOv: return f(GemmWG<64, true>{});
+    case kGemmCfgWG128Ov: return f(GemmWG<128, true>{});
     default: return f(Gemm<2>{});
   }
 }
@@ -1988,7 +2037,7 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
   const bool pdl = env_int("TRIT_PDL", 1) != 0 && pdl_supported();
   // split-K: the quantizer zeroes the tile counters at the head of ws
   const int n_cnt = g.ks > 1 ? g.gx * g.gy : 0;
-  const bool wg = g.cfg == kGemmCfgWG || g.cfg == kGemmCfgWG128;  // x in the wgmma byte order
+  const bool wg = gemm_cfg_wg(g.cfg);  // x in the wgmma byte order
   cudaError_t e = launch_ex(wg ? quant_rows_perm_kernel<T, true> : quant_rows_perm_kernel<T>,
                             dim3(g.Mp), dim3(256), 0, st, pdl, x, xq, xs, rowsum, M, K,
                             g.KB * kBlockK, g.Mp, vec, n_cnt > 0 ? ws : nullptr, n_cnt);

@@ -256,7 +256,7 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
 
 @pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("kernel", ["v4", "v5", "v5-nofuseq", "v5-fuseq", "v5-wn2", "v5-gemm", "v5-gemm2",
-                                    "v5-gemm-late", "v5-gemm-wg", "v5-gemm-wg2"])
+                                    "v5-gemm-late", "v5-gemm-wg", "v5-gemm-wg2", "v5-gemm-wg-ov"])
 @pytest.mark.parametrize("M", [1, 24, 64])
 def test_dependent_chain(monkeypatch, graph, kernel, M):
     """Each layer reads the previous layer's output: with PDL, a kernel that read x (or wrote y)
@@ -276,6 +276,7 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
         if torch.cuda.get_device_capability() != (9, 0):
             pytest.skip("the wgmma main loop runs on compute capability 9.0 only")
         monkeypatch.setenv("TRIT_A8_GEMM_WG", "2" if kernel.endswith("wg2") else "1")
+        monkeypatch.setenv("TRIT_A8_GEMM_WG_OVERLAP", "1" if kernel.endswith("-ov") else "0")
         monkeypatch.setenv("TRIT_A8_GEMM_KS", "2")
     if kernel.endswith("gemm2"):  # its 16-tile, 8-row-tile warp tile (TRIT_A8_GEMM_CFG=2, over 48 KB of shared
         monkeypatch.setenv("TRIT_A8_GEMM_CFG", "2")  # memory) with split-K (2 at D = 1024: the quantizer
@@ -366,16 +367,20 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
         monkeypatch.delenv("TRIT_A8_GEMM_CFG")
         # TRIT_A8_GEMM_WG=1 / 2: the wgmma main loop, 64 / 128 rows per CTA (compute capability 9.0:
         # elsewhere the knob is ignored)
+        # TRIT_A8_GEMM_WG_OVERLAP=1: the next k-block fetched under the running wgmma
         if torch.cuda.get_device_capability() == (9, 0):
             for wg in ("1", "2"):
                 monkeypatch.setenv("TRIT_A8_GEMM_WG", wg)
-                for ks in ("0", "1", "3"):
-                    monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)
-                    for early in ("0", "1"):
-                        monkeypatch.setenv("TRIT_A8_GEMM_EARLY", early)
-                        assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), \
-                            f"a8 gemm wgmma wg={wg} ks={ks} early={early} M={M} N={N} K={K} {dtype}"
+                for ov in ("0", "1"):
+                    monkeypatch.setenv("TRIT_A8_GEMM_WG_OVERLAP", ov)
+                    for ks in ("0", "1", "3"):
+                        monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)
+                        for early in ("0", "1") if ov == "0" else ("1",):
+                            monkeypatch.setenv("TRIT_A8_GEMM_EARLY", early)
+                            assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), \
+                                f"a8 gemm wgmma wg={wg} ov={ov} ks={ks} early={early} M={M} N={N} K={K} {dtype}"
             monkeypatch.delenv("TRIT_A8_GEMM_EARLY")
+            monkeypatch.delenv("TRIT_A8_GEMM_WG_OVERLAP")
             monkeypatch.delenv("TRIT_A8_GEMM_WG")
         monkeypatch.delenv("TRIT_A8_GEMM_KS")
         monkeypatch.delenv("TRIT_A8_GEMM")
@@ -423,6 +428,9 @@ def test_a8_dense_path_matches_kernel(monkeypatch, M, NK):
             monkeypatch.setenv("TRIT_A8_GEMM", "1")
             monkeypatch.setenv("TRIT_A8_GEMM_WG", "2")
             yw = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+            monkeypatch.setenv("TRIT_A8_GEMM_WG_OVERLAP", "1")
+            assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), yw), f"a8 wgmma 128 overlap M={M}"
+            monkeypatch.delenv("TRIT_A8_GEMM_WG_OVERLAP")
             monkeypatch.delenv("TRIT_A8_GEMM_WG")
             monkeypatch.delenv("TRIT_A8_GEMM")
             assert torch.equal(yw, yk), f"a8 wgmma 128 vs kernel M={M} N={N} K={K} {dtype}"
