@@ -208,35 +208,13 @@ __device__ __forceinline__ void wgmma_m64n64k32_u8s8(int (&d)[32], const uint32_
 #endif
 }
 
-__device__ __forceinline__ void wgmma_m64n128k32_u8s8(int (&d)[64], const uint32_t (&a)[4], uint64_t bdesc) {
-#ifdef TRIT_WGMMA
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.s8 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %68, p;\n}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
-        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
-        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
-        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
-        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
-        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
-        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(1)
-      : "memory");
-#else
-  __trap();
-#endif
-}
-// N = 64 or 128 x rows
+// N = 64 or 128 x rows: 128 as two m64n64k32 on the two 64-row halves of the x tile (8 atoms of
+// 1024 B further), accumulators d[0, 32) and d[32, 64) (columns 0-63 and 64-127)
 template <int N>
 __device__ __forceinline__ void wgmma_u8s8(int (&d)[N / 2], const uint32_t (&a)[4], uint64_t bdesc) {
-  if constexpr (N == 64) wgmma_m64n64k32_u8s8(d, a, bdesc);
-  else wgmma_m64n128k32_u8s8(d, a, bdesc);
+  static_assert(N == 64 || N == 128, "64 or 128 x rows");
+  wgmma_m64n64k32_u8s8(*reinterpret_cast<int(*)[32]>(d), a, bdesc);
+  if constexpr (N == 128) wgmma_m64n64k32_u8s8(*reinterpret_cast<int(*)[32]>(d + 32), a, bdesc + ((8 * 1024) >> 4));
 }
 
 // One packed word (16 weights of 2 bits, code = w + 1) -> the u8 A fragment of mma16832_u8s8:
@@ -1243,7 +1221,8 @@ template <int WM> using Gemm = GemmCfg<2, 4, 4, WM>;  // the measured default: 1
 // issues 32 mma + 10 LDS.128, and the tensor cores' Hopper rate instead of mma.sync's. The x rows
 // come from the quantizer in the wgmma byte order (quant_rows_perm_kernel kWG), which makes the
 // hardware's natural k order within a k-step meet the lane order of the decoded weights.
-// TRIT_A8_GEMM_WG=2: the same with 128 x rows per CTA (m64n128k32, 64 accumulators per thread):
+// TRIT_A8_GEMM_WG=2: the same with 128 x rows per CTA (two m64n64k32 per k-step on the two 64-row
+// halves, 64 accumulators per thread):
 // each weight k-block decoded and loaded once per 128 rows instead of 64.
 // TRIT_A8_GEMM_WG_OVERLAP=1: either with the next k-block's barrier, copies and weight loads under
 // the running wgmma (the decode into A registers stays after the wait: ptxas serialises wgmma
