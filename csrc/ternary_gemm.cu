@@ -1318,6 +1318,25 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
     if (s < nkb) load_stage(s, s, !early);
     cp_async_commit();
   }
+  // wgmma loops: the warp's weight tile (tile = warp: warp w % 4 of warpgroup w / 4 holds wgmma
+  // rows 16 (w % 4) ..), its 4 k-steps decoded into A fragments and 4 wgmma per warpgroup issued
+  // against the stage's x (k-step i at +32 B), committed
+  auto wg_weights = [&](const uint8_t* base) {
+    return *reinterpret_cast<const int4*>(base + G::kWOff + (warp * 32 + lane) * 16);
+  };
+  auto wg_issue = [&](const uint8_t* base, const int4& wv) {
+    if constexpr (G::kWG) {
+      uint32_t af[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a8_frag(word_of_rt(wv, i), af[i]);
+      const uint64_t d0 = wgmma_desc_sw128(static_cast<uint32_t>(__cvta_generic_to_shared(base + G::kXOff)));
+      wgmma_pin(accw);
+      wgmma_fence();
+#pragma unroll
+      for (int i = 0; i < 4; ++i) wgmma_u8s8<G::kBM>(accw, af[i], d0 + 2 * i);
+      wgmma_commit();
+    }
+  };
   if constexpr (kOverlap) {
     // the head of k-block kb: wait for its stage, request kb + kDist (stage (kb + 2) % 4: neither
     // kb's nor the stage of kb - 1, whose wgmma every warpgroup has waited for before this barrier)
@@ -1330,20 +1349,12 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
       return gsm + (kb % G::kStages) * G::kStageBytes;
     };
     const uint8_t* base = head(0);
-    int4 wv = *reinterpret_cast<const int4*>(base + G::kWOff + (warp * 32 + lane) * 16);
+    int4 wv = wg_weights(base);
     for (int kb = 0; kb < nkb; ++kb) {
-      uint32_t af[4][4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) a8_frag(word_of_rt(wv, i), af[i]);
-      const uint64_t d0 = wgmma_desc_sw128(static_cast<uint32_t>(__cvta_generic_to_shared(base + G::kXOff)));
-      wgmma_pin(accw);
-      wgmma_fence();
-#pragma unroll
-      for (int i = 0; i < 4; ++i) wgmma_u8s8<G::kBM>(accw, af[i], d0 + 2 * i);
-      wgmma_commit();
+      wg_issue(base, wv);
       if (kb + 1 < nkb) {  // under the running wgmma: the next head and its raw weight words
         base = head(kb + 1);
-        wv = *reinterpret_cast<const int4*>(base + G::kWOff + (warp * 32 + lane) * 16);
+        wv = wg_weights(base);
       }
       wgmma_wait<0>();
       wgmma_pin(accw);
@@ -1356,20 +1367,8 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
     if (kb + kGemmStages - 1 < nkb) load_stage((kb + kGemmStages - 1) % kGemmStages, kb + kGemmStages - 1);
     cp_async_commit();
     const uint8_t* base = gsm + (kb % kGemmStages) * G::kStageBytes;
-    if constexpr (G::kWG) {
-      // the warp's weight tile (tile = warp: warp w % 4 of warpgroup w / 4 holds wgmma rows
-      // 16 (w % 4) ..) -> the A fragments of the 4 k-steps; 4 wgmma per warpgroup, then wait for
-      // them (the ring stage and the fragments are reused by the next k-block)
-      const int4 wv = *reinterpret_cast<const int4*>(base + G::kWOff + (warp * 32 + lane) * 16);
-      uint32_t af[4][4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) a8_frag(word_of_rt(wv, i), af[i]);
-      const uint64_t d0 = wgmma_desc_sw128(static_cast<uint32_t>(__cvta_generic_to_shared(base + G::kXOff)));
-      wgmma_pin(accw);
-      wgmma_fence();
-#pragma unroll
-      for (int i = 0; i < 4; ++i) wgmma_u8s8<G::kBM>(accw, af[i], d0 + 2 * i);  // k-step i: +32 B
-      wgmma_commit();
+    if constexpr (G::kWG) {  // waited for at once: the next k-block reuses the ring stage
+      wg_issue(base, wg_weights(base));
       wgmma_wait<0>();
       wgmma_pin(accw);
     } else {
