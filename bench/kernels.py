@@ -18,6 +18,7 @@ import json
 import math
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from bench.records import commit_id, write_record
+from bench.records import commit_id, drop_partial, write_partial, write_record
 
 COPY_BW = 4.18e12  # measured H200 device-to-device copy (bytes read + written), shared/gpu/README.md
 ROTATE_BYTES = 200 << 20
@@ -341,6 +342,7 @@ def markdown(meta, rows) -> str:
              f"- date: {meta['date']}", f"- git commit: {meta['commit']}", f"- command: `{meta['command']}`",
              f"- torch {meta['torch']}, CUDA {meta['cuda']}; copy ceiling {COPY_BW / 1e12:.2f} TB/s",
              f"- humming: {meta.get('humming', '-')}",
+             *([f"- INCOMPLETE: {meta['incomplete']}"] if meta.get("incomplete") else []),
              "- timing: CUDA graph of R calls over R weight copies (L2 cannot serve them), median "
              "per call; `eager` = Python loop. `linear` = trit.ops.ternary_linear (fused kernel for "
              f"M <= {meta['fused_max_m']}, else dense decode + cuBLAS); `fused` = torch.ops.trit.ternary_mm "
@@ -407,6 +409,10 @@ def markdown(meta, rows) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _interrupt(*_):
+    raise KeyboardInterrupt
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="all", help="all | comma list of " + ",".join(SHAPES))
@@ -447,19 +453,29 @@ def main(argv=None):
     print(json.dumps(meta), flush=True)
     rows = []
     t0 = time.time()
-    for gname in groups:
-        for N, K in SHAPES[gname]:
-            bench_shape(N, K, ms, hum, rows, quick=args.quick, ks_sweep=args.ks_sweep,
-                        small_variants=args.variants.split(",") if args.variants else None,
-                        cfg_sweep={int(m) for m in args.cfg_sweep.split(",") if m},
-                        experimental=not args.no_experimental)
-    meta["bench_seconds"] = round(time.time() - t0, 1)
     stem = dt.date.today().isoformat() + "-" + ("h200" if "H200" in props.name else props.name.replace(" ", "_"))
+    # a time limit (SIGTERM from `timeout`) ends the loop, not the record: the rows so far are
+    # written as a record marked incomplete, and a partial file after every shape survives a kill
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        for gname in groups:
+            for N, K in SHAPES[gname]:
+                bench_shape(N, K, ms, hum, rows, quick=args.quick, ks_sweep=args.ks_sweep,
+                            small_variants=args.variants.split(",") if args.variants else None,
+                            cfg_sweep={int(m) for m in args.cfg_sweep.split(",") if m},
+                            experimental=not args.no_experimental)
+                write_partial(Path(args.out), stem, {"meta": meta, "rows": rows})
+    except KeyboardInterrupt:
+        meta["incomplete"] = f"interrupted after {len(rows)} rows (time limit or Ctrl-C)"
+        print(f"bench.kernels: {meta['incomplete']}", file=sys.stderr, flush=True)
+    meta["bench_seconds"] = round(time.time() - t0, 1)
     md = markdown(meta, rows)
     js, _ = write_record(Path(args.out), stem, {"meta": meta, "rows": rows}, md)
+    drop_partial(Path(args.out), stem)
     print(md)
     print(f"wrote {js} (+ .md)")
+    return 1 if meta.get("incomplete") else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

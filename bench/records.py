@@ -33,6 +33,20 @@ def commit_id() -> str:
         return "unknown"
 
 
+def write_partial(out: Path, stem: str, data) -> Path:
+    """The rows so far of a running bench, atomically, as ``partial-<stem>.json`` (scratch, not a
+    record: each call replaces it; the bench removes it once the record is written)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    p = out / f"partial-{stem}.json"
+    atomic_write_text(p, json.dumps({**data, "partial": True}, indent=1, default=str))
+    return p
+
+
+def drop_partial(out: Path, stem: str) -> None:
+    (Path(out) / f"partial-{stem}.json").unlink(missing_ok=True)
+
+
 def write_record(out: Path, stem: str, data, markdown: str) -> tuple[Path, Path]:
     """Write <stem>.json and <stem>.md under ``out`` (a free stem: never over an earlier record)."""
     out = Path(out)

@@ -100,3 +100,15 @@ def test_kernel_bench_rejects_unknown_shape_group():
     with pytest.raises(SystemExit, match="unknown group.*13b.*known: all, 2b, 8b, 70b"):
         kernels.main(["--shapes", "8b,13b"])
     assert ("6144", "4096") == tuple(map(str, kernels.SHAPES["8b-vllm"][0]))  # vLLM's merged qkv of Llama-3-8B
+
+
+def test_partial_rows_replace_each_other_and_go_with_the_record(tmp_path):
+    from bench.records import drop_partial, write_partial
+    p = write_partial(tmp_path, "2026-01-01-h200", {"meta": {"device": "x"}, "rows": [{"N": 1}]})
+    assert json.loads(p.read_text())["rows"] == [{"N": 1}] and json.loads(p.read_text())["partial"]
+    write_partial(tmp_path, "2026-01-01-h200", {"meta": {"device": "x"}, "rows": [{"N": 1}, {"N": 2}]})
+    assert len(json.loads(p.read_text())["rows"]) == 2  # scratch: replaced, not numbered
+    write_record(tmp_path, "2026-01-01-h200", {"rows": []}, "# r")
+    drop_partial(tmp_path, "2026-01-01-h200")
+    assert not p.exists() and (tmp_path / "2026-01-01-h200.json").exists()
+    drop_partial(tmp_path, "2026-01-01-h200")  # idempotent
