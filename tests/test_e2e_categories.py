@@ -19,3 +19,12 @@ from bench.e2e import categorize
 ])
 def test_categorize(name, cat):
     assert categorize(name) == cat
+
+
+def test_wgmma_variants_follow_their_base_config():
+    from bench.e2e import configs
+    got = {c[0]: c for c in configs("8b", ["ours", "ours-wg", "ours-wg2"])}
+    assert list(got) == ["ours", "ours-wg", "ours-wg2"]
+    assert got["ours-wg"][1:4] == got["ours"][1:4]  # same checkpoint and method
+    assert got["ours-wg"][4]["TRIT_A8_GEMM_WG"] == "1" and got["ours-wg2"][4]["TRIT_A8_GEMM_WG"] == "2"
+    assert [c[0] for c in configs("2b", ["ours-bitnet-wg2"])] == ["ours-bitnet-wg2"]
