@@ -3,7 +3,8 @@
 #   build the extension -> GPU + CPU tests -> compute-sanitizer memcheck/racecheck on a few
 #   representative shapes -> python -m bench.kernels.
 # Everything is written under $OUT (default /tmp/trit-out): log.txt, junit.xml, sanitizer.txt,
-# sass.txt, gemm-probe.json and the bench JSON/Markdown. STAGES=build,probe,test,sanitize,bench selects stages;
+# sass.txt, gemm-probe.json and the bench JSON/Markdown. STAGES=build,probe,test,sanitize,bench selects stages
+# (plus ncu: the small-M kernels at M = 1, ncugemm: the a8 GEMM kernel's loops at M = 64 / 128);
 # BENCH_ARGS passes arguments to the bench. Wheels in .whl/ (pytest, hypothesis, humming...)
 # are installed to /tmp/site first when present (the GPU machine has no network). To make them,
 # on a networked machine: pip download --no-deps --only-binary=:all: --python-version 3.12
@@ -125,6 +126,32 @@ PYEOF
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section InstructionStats \
     $PY /tmp/trit_ncu_driver.py > "$OUT/ncu.txt" 2>&1 || echo "ncu failed (see ncu.txt)"
   grep -E "small_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Stall|Warp Cycles Per Issued|Executed Instructions " "$OUT/ncu.txt" | head -80
+fi
+
+if has ncugemm && command -v ncu >/dev/null; then
+  # the a8 GEMM kernel at M = 64 / 128, its mma.sync loop against the wgmma loops (TRIT_A8_GEMM_WG,
+  # _OVERLAP), one launch each after a warm-up, split-K off so that one CTA's loop is what is timed
+  step "ncu: a8 GEMM kernel, mma.sync vs wgmma loops"
+  cat > /tmp/trit_ncu_gemm.py <<'PYEOF'
+import os
+import torch
+from trit import ops
+os.environ.update({"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_KS": "1"})
+for N, K in ((28672, 8192), (2560, 2560)):
+    w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda")
+    p, s = ops.repack(w), torch.rand(N, device="cuda")
+    for M in (64, 128):
+        x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+        for wg, ov in (("0", "0"), ("1", "0"), ("1", "1"), ("2", "1")):
+            os.environ.update({"TRIT_A8_GEMM_WG": wg, "TRIT_A8_GEMM_WG_OVERLAP": ov})
+            for _ in range(2):
+                torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)
+torch.cuda.synchronize()
+PYEOF
+  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout ${NCU_TIMEOUT:-200} ncu --clock-control none -k regex:a8_gemm_kernel -c 32 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+    $PY /tmp/trit_ncu_gemm.py > "$OUT/ncu-gemm.txt" 2>&1 || echo "ncu failed (see ncu-gemm.txt)"
+  grep -E "a8_gemm_kernel|Duration|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Grid Size|Warp Cycles Per Issued" "$OUT/ncu-gemm.txt" | head -120
 fi
 
 if has bench; then
