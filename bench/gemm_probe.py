@@ -104,6 +104,13 @@ def main(argv=None) -> int:
         print("gemm_probe: needs a CUDA device", file=sys.stderr)
         return 2
     env = dict(kv.split("=", 1) for kv in (args.env or ["TRIT_A8_GEMM_WG=1"]))
+    from trit import ops
+    if "TRIT_A8_GEMM_WG" in env and not ops.WGMMA:  # the knob would be ignored: nothing to probe
+        print(f"gemm_probe: the wgmma loops need compute capability 9.0 and an sm_90a build "
+              f"(device {torch.cuda.get_device_name()}, TORCH_CUDA_ARCH_LIST="
+              f"{os.environ.get('TORCH_CUDA_ARCH_LIST')!r}, extension: {ops.EXTENSION_ERROR or 'loaded'})",
+              file=sys.stderr)
+        return 2
     results = [probe(env, M=int(m)) for m in args.ms.split(",") if m]
     text = json.dumps({"device": torch.cuda.get_device_name(), "results": results}, indent=1)
     print(text)

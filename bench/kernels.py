@@ -239,7 +239,7 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             for c in GEMM_CFGS:  # its other warp tiles (TRIT_A8_GEMM_CFG)
                 variants[f"a8_gemm_c{c}"] = with_env({**gemm, "TRIT_A8_GEMM_CFG": str(c)}, variants["a8"])
             variants["a8_gemm_late"] = with_env({**gemm, "TRIT_A8_GEMM_EARLY": "0"}, variants["a8"])
-            if torch.cuda.get_device_capability() == (9, 0):  # the wgmma main loop (sm_90a)
+            if ops.WGMMA:  # the wgmma main loop (compute capability 9.0, sm_90a build)
                 variants["a8_gemm_wg"] = with_env({**gemm, "TRIT_A8_GEMM_WG": "1"}, variants["a8"])
                 variants["a8_gemm_wgov"] = with_env({**gemm, "TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
                                                     variants["a8"])
@@ -253,7 +253,7 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             variants["a8_kernel"] = with_env({"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}, variants["a8"])
         if M > V5_MAX_M_A8:
             variants["a8_int8"] = with_env({"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": "17"}, variants["a8"])
-        if M > 256 and torch.cuda.get_device_capability() == (9, 0):  # the 128-row wgmma loop at large M
+        if M > 256 and ops.WGMMA:  # the 128-row wgmma loop at large M
             variants["a8_gemm_wg2"] = with_env({"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_WG": "2"}, variants["a8"])
             variants["a8_gemm_wg2ov"] = with_env({"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_WG": "2",
                                                   "TRIT_A8_GEMM_WG_OVERLAP": "1"}, variants["a8"])

@@ -152,8 +152,9 @@ __device__ __forceinline__ void mma16832_u8s8(int (&d)[4], const uint32_t (&a)[4
 // matrix descriptor: K-major, 128-byte swizzle (each x row's 128-byte k-block is one swizzle row,
 // 8 rows = one 1024-byte atom; SBO = 1024 B between atoms, LBO unused), k-step i at +32 i bytes.
 // D: d[4j + q] = (row 16w + g + 8 (q >> 1), column 8j + 2c + (q & 1)), the m16n8 C layout per 8
-// columns. Compiled only for sm_90a (the `a` features); elsewhere the kernel traps and the host
-// never selects it (wgmma_supported()).
+// columns. Compiled only for sm_90a (the `a` features); elsewhere the kernel traps, and the host
+// selects it only when the extension says it was built for sm_90a (TRIT_HOST_SM90A, set by
+// trit/ops.py with the arch list) on a compute capability 9.0 device (wgmma_supported()).
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define TRIT_WGMMA 1
 #endif
@@ -1330,6 +1331,12 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
 #pragma unroll
       for (int i = 0; i < 4; ++i) a8_frag(word_of_rt(wv, i), af[i]);
       const uint64_t d0 = wgmma_desc_sw128(static_cast<uint32_t>(__cvta_generic_to_shared(base + G::kXOff)));
+      // the fragments complete before the fence (else NVVM sinks the decode past it and ptxas
+      // injects an arrive per wgmma, C7519: the 4 wgmma no longer issue as one batch)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(af[i][j])::"memory");
       wgmma_pin(accw);
       wgmma_fence();
 #pragma unroll
@@ -1938,6 +1945,7 @@ int sm_count() {
 constexpr int kGemmCfgWG = 6, kGemmCfgWG128 = 7, kGemmCfgWGOv = 8, kGemmCfgWG128Ov = 9;
 bool gemm_cfg_wg(int id) { return id >= kGemmCfgWG && id <= kGemmCfgWG128Ov; }
 bool wgmma_supported() {
+#ifdef TRIT_HOST_SM90A
   static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
@@ -1948,6 +1956,9 @@ bool wgmma_supported() {
     cached[dev] = (major == 9 && minor == 0) ? 1 : 2;
   }
   return cached[dev] == 1;
+#else
+  return false;  // not built for sm_90a: the wgmma kernels would trap
+#endif
 }
 int gemm_cfg_id(int M) {
   const int wg = env_int("TRIT_A8_GEMM_WG", 0);

@@ -273,8 +273,8 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
         monkeypatch.setenv("TRIT_A8_GEMM_EARLY", "0")
         monkeypatch.setenv("TRIT_A8_GEMM_KS", "3")
     if "gemm-wg" in kernel:  # its wgmma main loop (TRIT_A8_GEMM_WG=1 / 2: 64 / 128 rows, sm_90a), split-K 2
-        if torch.cuda.get_device_capability() != (9, 0):
-            pytest.skip("the wgmma main loop runs on compute capability 9.0 only")
+        if not ops.WGMMA:
+            pytest.skip("the wgmma main loop: compute capability 9.0 with an sm_90a build only")
         monkeypatch.setenv("TRIT_A8_GEMM_WG", "2" if kernel.endswith("wg2") else "1")
         monkeypatch.setenv("TRIT_A8_GEMM_WG_OVERLAP", "1" if kernel.endswith("-ov") else "0")
         monkeypatch.setenv("TRIT_A8_GEMM_KS", "2")
@@ -365,10 +365,10 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
                 assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), \
                     f"a8 gemm cfg={cfg} ks={ks} M={M} N={N} K={K} {dtype}"
         monkeypatch.delenv("TRIT_A8_GEMM_CFG")
-        # TRIT_A8_GEMM_WG=1 / 2: the wgmma main loop, 64 / 128 rows per CTA (compute capability 9.0:
-        # elsewhere the knob is ignored)
+        # TRIT_A8_GEMM_WG=1 / 2: the wgmma main loop, 64 / 128 rows per CTA (ops.WGMMA: compute
+        # capability 9.0 with an sm_90a build; elsewhere the knob is ignored)
         # TRIT_A8_GEMM_WG_OVERLAP=1: the next k-block fetched under the running wgmma
-        if torch.cuda.get_device_capability() == (9, 0):
+        if ops.WGMMA:
             for wg in ("1", "2"):
                 monkeypatch.setenv("TRIT_A8_GEMM_WG", wg)
                 for ov in ("0", "1"):
@@ -424,7 +424,7 @@ def test_a8_dense_path_matches_kernel(monkeypatch, M, NK):
         monkeypatch.setenv("TRIT_A8_DENSE_MIN_M", "17")  # int8 cuBLAS whenever allowed (N % 8 == 0)
         yd = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
         assert torch.equal(yd, yk), f"a8 dense vs kernel M={M} N={N} K={K} {dtype}"
-        if torch.cuda.get_device_capability() == (9, 0):  # the 128-row wgmma GEMM loop, forced at any M
+        if ops.WGMMA:  # the 128-row wgmma GEMM loop, forced at any M
             monkeypatch.setenv("TRIT_A8_GEMM", "1")
             monkeypatch.setenv("TRIT_A8_GEMM_WG", "2")
             yw = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)

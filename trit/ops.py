@@ -260,12 +260,20 @@ def _decode_fake(packed, scale, N, K, dtype):
 _CSRC = Path(__file__).resolve().parent.parent / "csrc"
 EXTENSION_LOADED = False
 EXTENSION_ERROR: Optional[str] = None
+# the loaded extension was built for sm_90a on a compute capability 9.0 device: the a8 GEMM kernel's
+# wgmma loops (TRIT_A8_GEMM_WG) exist; elsewhere that knob is ignored
+WGMMA = False
+
+
+def _arch_list_has_sm90a() -> bool:
+    return "9.0a" in os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(";", " ").split()
 
 
 def _build_dir() -> Path:
     root = Path(os.environ.get("TRIT_BUILD_DIR") or Path.home() / ".cache" / "trit")
     major, minor = torch.cuda.get_device_capability()
     tag = f"torch{torch.__version__.replace('+', '_')}-cu{torch.version.cuda}-sm{major}{minor}"
+    tag += "a" if _arch_list_has_sm90a() else ""
     path = root / tag
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -273,7 +281,7 @@ def _build_dir() -> Path:
 
 def _load_extension() -> None:
     """Build (first time, ~1 min) and load csrc/ as a library that registers the CUDA kernels."""
-    global EXTENSION_LOADED, EXTENSION_ERROR
+    global EXTENSION_LOADED, WGMMA
     from torch.utils import cpp_extension
 
     major, minor = torch.cuda.get_device_capability()
@@ -281,17 +289,21 @@ def _load_extension() -> None:
         raise RuntimeError(f"trit kernels need sm_80+ (mma.sync bf16), device is sm_{major}{minor}")
     # One target, the device's own: sm_90a on Hopper (arch-specific features), else plain CC.
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}{'a' if major == 9 else ''}")
+    # the host code may select the wgmma kernels only when their sm_90a build exists (a preset
+    # TORCH_CUDA_ARCH_LIST=9.0 builds them as traps)
+    sm90a = _arch_list_has_sm90a()
     cpp_extension.load(
         name="trit_C",
         sources=[str(_CSRC / "bindings.cpp"), str(_CSRC / "ternary_gemm.cu")],
         extra_include_paths=[str(_CSRC)],
         extra_cflags=["-O3"],
-        extra_cuda_cflags=["-O3", "-lineinfo"],
+        extra_cuda_cflags=["-O3", "-lineinfo"] + (["-DTRIT_HOST_SM90A=1"] if sm90a else []),
         build_directory=str(_build_dir()),
         is_python_module=False,
         verbose=bool(os.environ.get("TRIT_VERBOSE")),
     )
     EXTENSION_LOADED = True
+    WGMMA = sm90a and (major, minor) == (9, 0)
 
 
 def _register_cuda_fallback() -> None:
