@@ -32,6 +32,8 @@ export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MU
 # NVLink multicast stays off on the shared hosts (device KINDS.md)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_ALLREDUCE_USE_SYMM_MEM=0
 export TRIT_COMMIT=${TRIT_COMMIT:-unknown}
+# Hopper: build the trit ops for sm_90a even where the image presets a plain 9.0 (the wgmma loops)
+[ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)" = "9.0" ] && export TORCH_CUDA_ARCH_LIST=9.0a
 quiet() { grep -vE "^\(EngineCore|^INFO|DEBUG|^\[rank|it/s\]|WARNING.*(deprecat|FutureWarning)" || true; }
 rc=0
 gpu1_pid=""

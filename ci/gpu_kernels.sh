@@ -18,6 +18,8 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export TRIT_BUILD_DIR=${TRIT_BUILD_DIR:-/tmp/trit-build}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+# Hopper: build for sm_90a even where the image presets a plain 9.0 (the wgmma loops need it)
+[ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)" = "9.0" ] && export TORCH_CUDA_ARCH_LIST=9.0a
 STAGES=${STAGES:-build,probe,test,sanitize,bench}
 BENCH_ARGS=${BENCH_ARGS:-}
 PY=${PYTHON:-python3}
