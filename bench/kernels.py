@@ -239,24 +239,19 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             for c in GEMM_CFGS:  # its other warp tiles (TRIT_A8_GEMM_CFG)
                 variants[f"a8_gemm_c{c}"] = with_env({**gemm, "TRIT_A8_GEMM_CFG": str(c)}, variants["a8"])
             variants["a8_gemm_late"] = with_env({**gemm, "TRIT_A8_GEMM_EARLY": "0"}, variants["a8"])
-            if ops.WGMMA:  # the wgmma main loop (compute capability 9.0, sm_90a build)
-                variants["a8_gemm_wg"] = with_env({**gemm, "TRIT_A8_GEMM_WG": "1"}, variants["a8"])
-                variants["a8_gemm_wgov"] = with_env({**gemm, "TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
-                                                    variants["a8"])
-                if M > 64:  # 128 rows per CTA
-                    variants["a8_gemm_wg2"] = with_env({**gemm, "TRIT_A8_GEMM_WG": "2"}, variants["a8"])
-                    variants["a8_gemm_wg2ov"] = with_env({**gemm, "TRIT_A8_GEMM_WG": "2", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
-                                                         variants["a8"])
             for k in GEMM_KS:  # its split-K count forced (TRIT_A8_GEMM_KS)
                 variants[f"a8_gemm_ks{k}"] = with_env({**gemm, "TRIT_A8_GEMM_KS": str(k)}, variants["a8"])
             # the fused v4 kernel falls far behind above M = 256 (run 2)
             variants["a8_kernel"] = with_env({"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}, variants["a8"])
         if M > V5_MAX_M_A8:
             variants["a8_int8"] = with_env({"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": "17"}, variants["a8"])
-        if M > 256 and ops.WGMMA:  # the 128-row wgmma loop at large M
-            variants["a8_gemm_wg2"] = with_env({"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_WG": "2"}, variants["a8"])
-            variants["a8_gemm_wg2ov"] = with_env({"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_WG": "2",
-                                                  "TRIT_A8_GEMM_WG_OVERLAP": "1"}, variants["a8"])
+        if M > 16 and ops.WGMMA:  # the GEMM kernel's wgmma loops (compute capability 9.0, sm_90a build):
+            # 64 rows per CTA up to M = 256, 128 rows above M = 64 (the only GEMM-kernel route past 256)
+            for tag, wg, ov in (("wg", "1", "0"), ("wgov", "1", "1"), ("wg2", "2", "0"), ("wg2ov", "2", "1")):
+                if (M <= 256) if wg == "1" else (M > 64):
+                    variants[f"a8_gemm_{tag}"] = with_env({"TRIT_A8_GEMM": "1", "TRIT_A8_DENSE_MIN_M": str(1 << 30),
+                                                           "TRIT_A8_GEMM_WG": wg, "TRIT_A8_GEMM_WG_OVERLAP": ov},
+                                                          variants["a8"])
         if M <= V5_MAX_M_A8:
             if M > 8 and M in cfg_sweep:
                 for nw, ks in CFG_SWEEP:

@@ -146,14 +146,11 @@ int64_t a8_dense_min_m() {
 // it off.
 bool a8_gemm_on(int64_t M, int64_t N, int64_t K) {
   const char* e = getenv("TRIT_A8_GEMM");
-  const char* wg = getenv("TRIT_A8_GEMM_WG");
-  // forced with the 128-row wgmma loop (TRIT_A8_GEMM=1 TRIT_A8_GEMM_WG=2): any M > 16, an experiment
-  // against int8 / bf16 cuBLAS at large M (the kernel refuses it where the wgmma loop does not run)
-  if (M > 256 && M <= (int64_t(1) << 20) && e != nullptr && strcmp(e, "1") == 0 && wg != nullptr &&
-      strcmp(wg, "2") == 0 && trit_mm_a8_gemm_max_m() > 256)
-    return true;
-  if (M <= 16 || M > 256) return false;
-  if (e != nullptr && strcmp(e, "1") == 0) return true;
+  const bool forced = e != nullptr && strcmp(e, "1") == 0;
+  // above M = 256 only forced, and only where the kernel takes it (the 128-row wgmma loop,
+  // trit_mm_a8_gemm_max_m): an experiment against int8 / bf16 cuBLAS at large M
+  if (M <= 16 || (M > 256 && (!forced || M > trit_mm_a8_gemm_max_m()))) return false;
+  if (forced) return true;
   if (e != nullptr && strcmp(e, "0") == 0) return false;
   const int64_t nk = N * K;
   if (M <= 32) return false;

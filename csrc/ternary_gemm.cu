@@ -1306,19 +1306,31 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
 #pragma unroll
   for (int r = 0; r < kAccW; ++r) accw[r] = 0;
 
-  // early (TRIT_A8_GEMM_EARLY, default 1 since H200 run 17): the weights of the first kGemmStages - 1
+  // early (TRIT_A8_GEMM_EARLY, default 1 since H200 run 17): the weights of the first kDist
   // k-blocks are requested before the PDL wait, while the quantizer still runs (the weights do
   // not depend on it; they join the first cp.async group, which the loop waits for at k-block 0)
   if (early)
 #pragma unroll
-    for (int s = 0; s < kGemmStages - 1; ++s)
+    for (int s = 0; s < G::kDist; ++s)
       if (s < nkb) load_w(s, s);
   pdl_wait();  // xq comes from the quantizer launched just before
 #pragma unroll
-  for (int s = 0; s < kGemmStages - 1; ++s) {
+  for (int s = 0; s < G::kDist; ++s) {
     if (s < nkb) load_stage(s, s, !early);
     cp_async_commit();
   }
+  // the head of k-block kb in every loop: wait until it has landed (this thread's copies), make it
+  // visible to wgmma's async proxy (WG), barrier (everyone's copies; the stage requested next is no
+  // longer read: in the overlap loop, stage (kb + 2) % 4 is neither kb's nor kb - 1's, whose wgmma
+  // every warpgroup waited for before this barrier), request k-block kb + kDist; returns kb's stage
+  auto head = [&](int kb) -> const uint8_t* {
+    cp_async_wait<G::kDist - 1>();
+    if constexpr (G::kWG) fence_proxy_async_smem();
+    __syncthreads();
+    if (kb + G::kDist < nkb) load_stage((kb + G::kDist) % G::kStages, kb + G::kDist);
+    cp_async_commit();
+    return gsm + (kb % G::kStages) * G::kStageBytes;
+  };
   // wgmma loops: the warp's weight tile (tile = warp: warp w % 4 of warpgroup w / 4 holds wgmma
   // rows 16 (w % 4) ..), its 4 k-steps decoded into A fragments and 4 wgmma per warpgroup issued
   // against the stage's x (k-step i at +32 B), committed
@@ -1345,16 +1357,6 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
     }
   };
   if constexpr (kOverlap) {
-    // the head of k-block kb: wait for its stage, request kb + kDist (stage (kb + 2) % 4: neither
-    // kb's nor the stage of kb - 1, whose wgmma every warpgroup has waited for before this barrier)
-    auto head = [&](int kb) -> const uint8_t* {
-      cp_async_wait<G::kDist - 1>();
-      fence_proxy_async_smem();
-      __syncthreads();
-      if (kb + G::kDist < nkb) load_stage((kb + G::kDist) % G::kStages, kb + G::kDist);
-      cp_async_commit();
-      return gsm + (kb % G::kStages) * G::kStageBytes;
-    };
     const uint8_t* base = head(0);
     int4 wv = wg_weights(base);
     for (int kb = 0; kb < nkb; ++kb) {
@@ -1368,12 +1370,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
     }
   } else
   for (int kb = 0; kb < nkb; ++kb) {
-    cp_async_wait<kGemmStages - 2>();  // k-block kb has landed (this thread's copies) ...
-    if constexpr (G::kWG) fence_proxy_async_smem();  // ... and is visible to wgmma's async proxy ...
-    __syncthreads();                   // ... everyone's, and k-block kb - 1 is no longer read
-    if (kb + kGemmStages - 1 < nkb) load_stage((kb + kGemmStages - 1) % kGemmStages, kb + kGemmStages - 1);
-    cp_async_commit();
-    const uint8_t* base = gsm + (kb % kGemmStages) * G::kStageBytes;
+    const uint8_t* base = head(kb);
     if constexpr (G::kWG) {  // waited for at once: the next k-block reuses the ring stage
       wg_issue(base, wg_weights(base));
       wgmma_wait<0>();
@@ -2196,7 +2193,7 @@ extern "C" int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, 
 extern "C" int trit_mm_a8_gemm_xq_rows(int M, int N, int K) { return gemm_shape(M, N, K).Mp; }
 
 // The largest M the GEMM kernel takes: 256, or 2^20 with the 128-row wgmma loop (TRIT_A8_GEMM_WG=2
-// on compute capability 9.0; no split-K there, the (N, M) tiles fill the GPU)
+// on compute capability 9.0; split-K only where the (N, M) tiles fill less than a wave, as below)
 extern "C" int trit_mm_a8_gemm_max_m() {
   return (env_int("TRIT_A8_GEMM_WG", 0) == 2 && wgmma_supported()) ? (1 << 20) : kA8GemmMaxM;
 }
