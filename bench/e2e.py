@@ -58,9 +58,12 @@ CATEGORIES = [  # (category, substrings of kernel names), first match wins
 # ours-*-gemm / -nogemm: the same checkpoint with the GEMM-shaped a8 kernel forced for 16 < M <= 256
 # (TRIT_A8_GEMM=1) / turned off (0); the default picks it by shape at 32 < M <= 256. -wg / -wg2: that
 # kernel's wgmma main loop with 64 / 128 rows per CTA wherever the default routes run it
-# (TRIT_A8_GEMM_WG=1 / 2, with the next k-block fetched under the running wgmma)
+# (TRIT_A8_GEMM_WG=1 / 2, with the next k-block fetched under the running wgmma); -mma: its mma.sync
+# loop everywhere (TRIT_A8_GEMM_WG=0: the default before H200 run 19, and off Hopper); -deep: the
+# default routes with the deeper wgmma ring (TRIT_A8_GEMM_WG_DEEP=1)
 _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
-       "-wg2": {"TRIT_A8_GEMM_WG": "2", "TRIT_A8_GEMM_WG_OVERLAP": "1"}}
+       "-wg2": {"TRIT_A8_GEMM_WG": "2", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
+       "-mma": {"TRIT_A8_GEMM_WG": "0"}, "-deep": {"TRIT_A8_GEMM_WG_DEEP": "1"}}
 VARIANTS = {"ours-gemm": ("ours", {"TRIT_A8_GEMM": "1"}), "ours-bitnet-gemm": ("ours-bitnet", {"TRIT_A8_GEMM": "1"}),
             "ours-nogemm": ("ours", {"TRIT_A8_GEMM": "0"}), "ours-bitnet-nogemm": ("ours-bitnet", {"TRIT_A8_GEMM": "0"}),
             **{base + sfx: (base, env) for base in ("ours", "ours-bitnet", "ours-llama") for sfx, env in _WG.items()}}

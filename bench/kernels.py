@@ -164,8 +164,9 @@ class Humming:
 # M = 17-32, run 14 its other warp tiles; a new variant stays here until a GPU run has tested it.
 # Run 17 validated the GEMM kernel's early weight stages (TRIT_A8_GEMM_EARLY, now the default) and
 # measured the quantizer with several loads in flight (the ILP quantizer) slower, since removed.
-# Pending: the GEMM kernel's wgmma main loop (TRIT_A8_GEMM_WG=1, compute capability 9.0 only).
-EXPERIMENTAL = {k: (lambda M: True) for k in ("a8_gemm_wg", "a8_gemm_wg2", "a8_gemm_wgov", "a8_gemm_wg2ov")}
+# Run 19 validated the GEMM kernel's wgmma main loops (TRIT_A8_GEMM_WG=1 / 2, _OVERLAP; the 128-row
+# overlapped loop is the default on large problems since). Pending: their deep rings (_DEEP).
+EXPERIMENTAL = {k: (lambda M: True) for k in ("a8_gemm_wgdeep", "a8_gemm_wg2deep")}
 # TRIT_A8_GEMM_CFG values timed beside the default warp tile (csrc/ternary_gemm.cu gemm_cfg_id):
 # 1 = 2 weight tiles x 8 row tiles per warp, 4 warps (128 channels x 64 rows per CTA); 2 = the same
 # warp tile, 8 warps (256 channels); 3 = 4 weight tiles x 4 row tiles, 4 x 2 warps (256 channels);
@@ -234,7 +235,8 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
         if M <= 8:  # the quantizer fused into the GEMV
             variants["a8_fuseq"] = with_env({"TRIT_A8_FUSEQ": "1"}, variants["a8"])
         if 16 < M <= 256:  # the three a8 routes, each forced (the default picks by shape: a8_gemm_on)
-            gemm = {"TRIT_A8_GEMM": "1", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}
+            # its mma.sync main loop (TRIT_A8_GEMM_WG=0; the wgmma loops below)
+            gemm = {"TRIT_A8_GEMM": "1", "TRIT_A8_DENSE_MIN_M": str(1 << 30), "TRIT_A8_GEMM_WG": "0"}
             variants["a8_gemm"] = with_env(gemm, variants["a8"])
             for c in GEMM_CFGS:  # its other warp tiles (TRIT_A8_GEMM_CFG)
                 variants[f"a8_gemm_c{c}"] = with_env({**gemm, "TRIT_A8_GEMM_CFG": str(c)}, variants["a8"])
@@ -247,10 +249,12 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             variants["a8_int8"] = with_env({"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": "17"}, variants["a8"])
         if M > 16 and ops.WGMMA:  # the GEMM kernel's wgmma loops (compute capability 9.0, sm_90a build):
             # 64 rows per CTA up to M = 256, 128 rows above M = 64 (the only GEMM-kernel route past 256)
-            for tag, wg, ov in (("wg", "1", "0"), ("wgov", "1", "1"), ("wg2", "2", "0"), ("wg2ov", "2", "1")):
+            for tag, wg, ov, deep in (("wg", "1", "0", "0"), ("wgov", "1", "1", "0"), ("wgdeep", "1", "1", "1"),
+                                      ("wg2", "2", "0", "0"), ("wg2ov", "2", "1", "0"), ("wg2deep", "2", "1", "1")):
                 if (M <= 256) if wg == "1" else (M > 64):
                     variants[f"a8_gemm_{tag}"] = with_env({"TRIT_A8_GEMM": "1", "TRIT_A8_DENSE_MIN_M": str(1 << 30),
-                                                           "TRIT_A8_GEMM_WG": wg, "TRIT_A8_GEMM_WG_OVERLAP": ov},
+                                                           "TRIT_A8_GEMM_WG": wg, "TRIT_A8_GEMM_WG_OVERLAP": ov,
+                                                           "TRIT_A8_GEMM_WG_DEEP": deep},
                                                           variants["a8"])
         if M <= V5_MAX_M_A8:
             if M > 8 and M in cfg_sweep:
@@ -323,7 +327,7 @@ def fmt_row(r) -> str:
             f"{_f(r.get('linear_pct_copy_ceiling'), '4.0f')}% ceil)  fused {_f(r.get('fused_us'), '8.1f')}  "
             f"(v4 {_f(r.get('fused_v4_us'), '6.1f')} nopdl {_f(r.get('fused_nopdl_us'), '6.1f')} "
             f"nopf {_f(r.get('fused_nopf_us'), '6.1f')} pf {_f(r.get('fused_pf_us'), '6.1f')})  dense {_f(r.get('dense_us'), '8.1f')}  "
-            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} cfg1-4 {'/'.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} ks{'/'.join(map(str, GEMM_KS))} {'/'.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} late {_f(r.get('a8_gemm_late_us'), '.1f')} wgmma {'/'.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('wg', 'wg2', 'wgov', 'wg2ov'))} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} nopdl "
+            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} cfg1-4 {'/'.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} ks{'/'.join(map(str, GEMM_KS))} {'/'.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} late {_f(r.get('a8_gemm_late_us'), '.1f')} wgmma {'/'.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('wg', 'wgov', 'wgdeep', 'wg2', 'wg2ov', 'wg2deep'))} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} nopdl "
             f"{_f(r.get('a8_nopdl_us'), '6.1f')} nopf {_f(r.get('a8_nopf_us'), '6.1f')} pf {_f(r.get('a8_pf_us'), '6.1f')})  "
             + "".join(f"ks{k} {_f(r.get(f'a8_ks{k}_us'), '.1f')}/{_f(r.get(f'fused_ks{k}_us'), '.1f')} "
                       for k in KS_SWEEP if r.get(f"a8_ks{k}_us")) +
@@ -349,18 +353,19 @@ def markdown(meta, rows) -> str:
              "TRIT_L2PF=0 / TRIT_L2PF=2 (the default prefetches only for a8 on layers <= 4 MiB packed). a8 at "
              f"M >= {A8_DENSE_MIN_M} runs int8 decode + torch._int_mm + epilogue (below: the fused v4 a8 kernel); "
              "`a8 fused kernel / int8 cuBLAS / gemm kernel` force one route (TRIT_A8_DENSE_MIN_M=2^30 / 17 / "
-             "TRIT_A8_GEMM=1, the GEMM-shaped kernel for 16 < M <= 256, by default at M > 32 on large layers); "
+             "TRIT_A8_GEMM=1 + TRIT_A8_GEMM_WG=0, the GEMM-shaped kernel's mma.sync loop for 16 < M <= 256, by default at M > 32 on large layers); "
              "`gemm cfg 1 / 2 / 3 / 4` rerun it with TRIT_A8_GEMM_CFG=1 / 2 / 3 / 4 (other warp tiles), "
              "`gemm ks 1 / 2 / 4 / 8` with its split-K count forced (TRIT_A8_GEMM_KS), `gemm late` the "
              "GEMM kernel with TRIT_A8_GEMM_EARLY=0 (weights only after the PDL wait, split-K slices one by one; the default "
-             "requests its first weight stages before the wait), `wgmma 64 / 128 / 64 ov / 128 ov` the GEMM kernel with "
+             "requests its first weight stages before the wait), `wgmma 64 / 128 / 64 ov / 128 ov / 64 deep / 128 deep` the GEMM kernel with "
              "TRIT_A8_GEMM_WG=1 / 2 (its wgmma main loop with 64 / 128 rows per CTA, compute capability 9.0; 128 at M > 64, "
              "the only GEMM-kernel route above M = 256), `ov` with TRIT_A8_GEMM_WG_OVERLAP=1 (the next k-block fetched "
-             "under the running wgmma). At M <= 32 "
+             "under the running wgmma), `deep` the overlapped loop with its deeper ring (TRIT_A8_GEMM_WG_DEEP=1: 6 / 3 k-blocks ahead); the default `a8` takes `128 ov` on large problems from M = 65 and above M = 256 "
+             "(csrc/ternary_gemm.cu wg2_auto). At M <= 32 "
              "the a8 default picks per shape; `WN=1 no fused q` / `WN=2` / `fused quantizer` force each "
              "choice (TRIT_WN=1 + TRIT_A8_FUSEQ=0 / TRIT_WN=2 / TRIT_A8_FUSEQ=1).", "",
              "| N x K | M | bf16 us | linear us | x bf16 | % ceil | fused us | fused v4 | fused no PDL "
-             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 WN=1 no fused q / WN=2 / fused quantizer | a8 fused kernel / int8 cuBLAS / gemm kernel | gemm cfg 1 / 2 / 3 / 4 | gemm ks 1 / 2 / 4 / 8 | gemm late / wgmma 64 / 128 / 64 ov / 128 ov | a8 no PDL | a8 L2 pf off / on "
+             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 WN=1 no fused q / WN=2 / fused quantizer | a8 fused kernel / int8 cuBLAS / gemm kernel | gemm cfg 1 / 2 / 3 / 4 | gemm ks 1 / 2 / 4 / 8 | gemm late / wgmma 64 / 128 / 64 ov / 128 ov / 64 deep / 128 deep | a8 no PDL | a8 L2 pf off / on "
              "| humming us | x humming | floor us | bf16 eager | linear eager |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -374,7 +379,7 @@ def markdown(meta, rows) -> str:
             f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} | {_f(r.get('a8_plain_us'), '.1f')} / {_f(r.get('a8_wn2_us'), '.1f')} / {_f(r.get('a8_fuseq_us'), '.1f')} | {_f(r.get('a8_kernel_us'), '.1f')} / {_f(r.get('a8_int8_us'), '.1f')} / {_f(r.get('a8_gemm_us'), '.1f')} "
             f"| {' / '.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} "
             f"| {' / '.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} "
-            f"| {' / '.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('late', 'wg', 'wg2', 'wgov', 'wg2ov'))} "
+            f"| {' / '.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('late', 'wg', 'wg2', 'wgov', 'wg2ov', 'wgdeep', 'wg2deep'))} "
             f"| {_f(r.get('a8_nopdl_us'), '.1f')} "
             f"| {_f(r.get('a8_nopf_us'), '.1f')} / {_f(r.get('a8_pf_us'), '.1f')} "
             f"| {_f(r.get('humming_us'), '.1f')} | {_f(r.get('linear_x_humming'), '.2f')} "

@@ -40,7 +40,8 @@ int trit_mm_naive(int dtype, const void* x, const int32_t* packed, const float* 
 int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const float* scale,
                const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
                int32_t* rowsum, void* stream);
-// The same through the GEMM-shaped kernel (16 < M <= 256; bindings.cpp a8_gemm_on picks it):
+// The same through the GEMM-shaped kernel (M > 16; above 256 only with its 128-row wgmma loop,
+// trit_mm_a8_gemm_wg(M, N, K) == 2 or -2 (the default route); bindings.cpp a8_gemm_on picks it):
 // xq must hold trit_mm_a8_gemm_xq_rows(M, N, K) rows (M rounded up to the CTA's rows: 32, 64 or
 // 128) of ceil(K / 128) * 128 bytes; ws trit_mm_a8_gemm_ws_ints(M, N, K) int32 (split-K tile
 // counters and partial sums; the kernels zero what needs it), or null when that is 0 (no split-K).
@@ -49,7 +50,7 @@ int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, const float
                     int32_t* rowsum, int32_t* ws, void* stream);
 long long trit_mm_a8_gemm_ws_ints(int M, int N, int K);
 int trit_mm_a8_gemm_xq_rows(int M, int N, int K);
-int trit_mm_a8_gemm_max_m(void);
+int trit_mm_a8_gemm_wg(int M, int N, int K);
 
 // Large-M W1.58A8 pieces (the op runs int8 cuBLAS between them, see bindings.cpp):
 // the activation quantizer alone, xq int8 [M, ceil(K/128)*128] row-major (zeros past K),

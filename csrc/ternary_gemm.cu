@@ -1186,13 +1186,15 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
 // CTA. The measured configuration is <2, 4, 4, WM>; the alternatives double the mma per decoded
 // word (RT = 8) or per x fragment (WT = 4), and/or halve x traffic per weight byte (16 tiles per CTA).
 constexpr int kGemmStages = 3, kGemmXRow = kBlockK + 16;
-template <int WT, int RT, int WNW, int WMW, int WG = 0> struct GemmCfg {
+template <int WT, int RT, int WNW, int WMW, int WG = 0, int DIST = kGemmStages - 1> struct GemmCfg {
   static constexpr int kWT = WT, kRT = RT, kWNW = WNW;
   // WG: 0 the mma.sync loop, 1 the wgmma loop (each k-block's wgmma waited for before the next is
   // fetched), 2 the wgmma loop with the next k-block's barrier, copies and weight loads issued
-  // while the wgmma run (one stage more: kStages 4, requests kDist = 2 k-blocks ahead)
+  // while the wgmma run (one stage more than the distance: the stage being read by the running
+  // wgmma is not the one requested). DIST: k-blocks requested ahead (2; the deep rings of the
+  // overlapped loop, TRIT_A8_GEMM_WG_DEEP: more bytes in flight per SM at 2 CTAs per SM)
   static constexpr bool kWG = WG != 0, kWGOverlap = WG == 2;
-  static constexpr int kStages = WG == 2 ? 4 : kGemmStages, kDist = 2;
+  static constexpr int kDist = DIST, kStages = WG == 2 ? DIST + 2 : DIST + 1;
   static constexpr int kTiles = WT * WNW, kBM = 8 * RT * WMW, kThreads = 32 * WNW * WMW;
   // a stage: W (kTiles x 512 B) then x (kBM rows of kXRow B); WG (the wgmma main loop): x first,
   // 128-byte rows in the 128-byte swizzle, every stage 1024-byte aligned (the ring is aligned up)
@@ -1228,7 +1230,11 @@ template <int WM> using Gemm = GemmCfg<2, 4, 4, WM>;  // the measured default: 1
 // TRIT_A8_GEMM_WG_OVERLAP=1: either with the next k-block's barrier, copies and weight loads under
 // the running wgmma (the decode into A registers stays after the wait: ptxas serialises wgmma
 // whose input registers are written while a wgmma group is open, C7513).
-template <int BM, bool OV = false> using GemmWG = GemmCfg<1, BM / 8, 8, 1, OV ? 2 : 1>;
+template <int BM, bool OV = false, int DIST = kGemmStages - 1> using GemmWG = GemmCfg<1, BM / 8, 8, 1, OV ? 2 : 1, DIST>;
+// TRIT_A8_GEMM_WG_DEEP=1: the overlapped loop with a deeper ring, as deep as 2 CTAs per SM allow
+// (<= 113 KB each): 6 k-blocks ahead at 64 rows (8 stages of 12 KB), 3 at 128 rows (5 of 20 KB),
+// against 2 (H200 run 19: the loop takes ~1 us per k-block at any M, as if waiting on memory).
+template <int BM> using GemmWGDeep = GemmWG<BM, true, BM == 64 ? 6 : 3>;
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -1254,7 +1260,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
                    int early) {
   constexpr int WT = G::kWT, RT = G::kRT;
   constexpr bool kOverlap = G::kWGOverlap;
-  static_assert(G::kDist == kGemmStages - 1 && (kOverlap || G::kStages == kGemmStages), "ring depth");
+  static_assert(G::kStages == G::kDist + (kOverlap ? 2 : 1) && (G::kWG || G::kStages == kGemmStages), "ring depth");
   extern __shared__ __align__(16) uint8_t gsm_raw[];
   uint8_t* gsm = gsm_raw;
   if constexpr (G::kWG) {  // the swizzled x tiles need 1024-byte alignment (kSmemBytes has the slack)
@@ -1321,8 +1327,9 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   }
   // the head of k-block kb in every loop: wait until it has landed (this thread's copies), make it
   // visible to wgmma's async proxy (WG), barrier (everyone's copies; the stage requested next is no
-  // longer read: in the overlap loop, stage (kb + 2) % 4 is neither kb's nor kb - 1's, whose wgmma
-  // every warpgroup waited for before this barrier), request k-block kb + kDist; returns kb's stage
+  // longer read: in the overlap loop, head(kb) runs under k-block kb - 1's wgmma and fills stage
+  // (kb + kDist) % (kDist + 2) = (kb - 2)'s, whose wgmma every warpgroup waited for before this
+  // barrier; elsewhere (kb - 1)'s), request k-block kb + kDist; returns kb's stage
   auto head = [&](int kb) -> const uint8_t* {
     cp_async_wait<G::kDist - 1>();
     if constexpr (G::kWG) fence_proxy_async_smem();
@@ -1716,16 +1723,18 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //                                     fragments shared by two tiles); auto: see wn_auto
 //   TRIT_A8_FUSEQ = -1 (default: auto) | 0 | 1   a8 at M <= 8: the quantizer fused into the GEMV
 //                                     (a8_small_kernel kFuseQ); auto: at M = 1 on small layers (fuseq_auto)
-//   TRIT_A8_GEMM = auto (default) | 0 | 1   a8 at 16 < M <= 256: a8_gemm_kernel (read in bindings.cpp,
+//   TRIT_A8_GEMM = auto (default) | 0 | 1   a8 at M > 16: a8_gemm_kernel (above 256 only its wgmma loop) (read in bindings.cpp,
 //                                     a8_gemm_on: auto by shape; it gives the kernel its split-K workspace)
 //   TRIT_A8_GEMM_KS = n               its split-K CTAs (default: gemm_shape)
 //   TRIT_A8_GEMM_EARLY = 1 (default) | 0   its first weight stages requested before the PDL wait, and
 //                                     the split-K slices added two per round trip (H200 run 17: 0.2-1.5 us
 //                                     faster than 0 on 30 of 39 shapes x M, never slower by more than 0.6)
-//   TRIT_A8_GEMM_WG = 0 (default) | 1 | 2   its wgmma main loop with 64 / 128 x rows per CTA (GemmWG,
-//                                     compute capability 9.0; not yet run on a GPU)
-//   TRIT_A8_GEMM_WG_OVERLAP = 0 (default) | 1   that loop with the next k-block fetched under the
+//   TRIT_A8_GEMM_WG = auto (default) | 0 | 1 | 2   its main loop: 0 mma.sync, 1 / 2 wgmma with 64 /
+//                                     128 x rows per CTA (GemmWG, compute capability 9.0 with an sm_90a
+//                                     build); auto: 2 on large problems and at M > 256 (wg2_auto), else 0
+//   TRIT_A8_GEMM_WG_OVERLAP = 1 (default) | 0   that loop with the next k-block fetched under the
 //                                     running wgmma (4 ring stages)
+//   TRIT_A8_GEMM_WG_DEEP = 0 (default) | 1   the overlapped loop with a deeper ring (GemmWGDeep)
 //   TRIT_A8_GEMM_CFG = 0 (default) | 1-4   its warp tile (gemm_cfg_id; 1-4 lost on most shapes in run 14)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
@@ -1939,8 +1948,10 @@ int sm_count() {
 // GemmWG; only on compute capability 9.0, where the extension is built for sm_90a: other devices
 // keep the default).
 // 8 / 9: either with the next k-block fetched under the running wgmma (TRIT_A8_GEMM_WG_OVERLAP=1).
-constexpr int kGemmCfgWG = 6, kGemmCfgWG128 = 7, kGemmCfgWGOv = 8, kGemmCfgWG128Ov = 9;
-bool gemm_cfg_wg(int id) { return id >= kGemmCfgWG && id <= kGemmCfgWG128Ov; }
+// 10 / 11: the overlapped loops with the deep ring (TRIT_A8_GEMM_WG_DEEP=1, GemmWGDeep).
+constexpr int kGemmCfgWG = 6, kGemmCfgWG128 = 7, kGemmCfgWGOv = 8, kGemmCfgWG128Ov = 9, kGemmCfgWGDeep = 10,
+              kGemmCfgWG128Deep = 11;
+bool gemm_cfg_wg(int id) { return id >= kGemmCfgWG && id <= kGemmCfgWG128Deep; }
 bool wgmma_supported() {
 #ifdef TRIT_HOST_SM90A
   static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
@@ -1957,10 +1968,37 @@ bool wgmma_supported() {
   return false;  // not built for sm_90a: the wgmma kernels would trap
 #endif
 }
-int gemm_cfg_id(int M) {
-  const int wg = env_int("TRIT_A8_GEMM_WG", 0);
-  if ((wg == 1 || wg == 2) && wgmma_supported()) {
-    const bool ov = env_int("TRIT_A8_GEMM_WG_OVERLAP", 0) == 1;
+// The 128-row wgmma loop by default (TRIT_A8_GEMM_WG unset), from H200 run 19 (bench/results/NOTES.md,
+// `wgmma 128 ov` against the mma.sync loop, int8 cuBLAS and bf16 in one run): at M > 256 wherever the
+// (N, M) tiles alone give >= 48 CTAs (28672x8192 M = 4096 1779 us vs int8 cuBLAS 2519 and bf16 2357;
+// 2560x2560 M = 1024 33.0 vs 45.8; it lost only on 640x2560 M = 1024, 5 x 8 CTAs: 29.1 vs 25.3), and at
+// 64 < M <= 256 on layers of >= 6e9 multiply-adds that fill >= 48 CTAs (M = 128: 28672x8192 74.0 vs
+// 124.3, 14336x4096 34.9 vs 36.6, 8192x8192 38.8 vs 40.5; M = 256: 6144x4096 34.0 vs 36.2, 13824x2560
+// 32.0 vs 48.5; lost below: 4096x4096 M = 256 30.3 vs 26.4, 6912x2560 29.6 vs 26.6, and with 32 CTAs,
+// 4096x14336 M = 128 43.7 vs 39.8). Index arithmetic in the kernel is 32-bit: larger problems stay
+// on int8 cuBLAS.
+bool wg2_auto(int M, int N, int K) {
+  if (M <= 64) return false;
+  const long long Kp = (K + kBlockK - 1) / kBlockK * kBlockK, Mp = (M + 127) / 128 * 128;
+  if (Mp * Kp >= (1LL << 31) || (long long)Mp * N >= (1LL << 31)) return false;
+  const long long ctas = (long long)((N + 127) / 128) * ((M + 127) / 128);
+  if (ctas < 48) return false;
+  return M > 256 || (long long)M * N * K >= 6000000000LL;
+}
+// The GEMM kernel's main loop at (M, N, K): 0 = mma.sync, 1 / 2 = wgmma with 64 / 128 x rows per CTA.
+// TRIT_A8_GEMM_WG = 0 | 1 | 2 forces one; unset: wg2_auto (compute capability 9.0 with an sm_90a
+// build only, wgmma_supported; elsewhere always the mma.sync loop).
+int gemm_wg(int M, int N, int K) {
+  if (!wgmma_supported()) return 0;
+  const int e = env_int("TRIT_A8_GEMM_WG", -1);
+  if (e >= 0) return (e == 1 || e == 2) ? e : 0;
+  return wg2_auto(M, N, K) ? 2 : 0;
+}
+int gemm_cfg_id(int M, int N, int K) {
+  const int wg = gemm_wg(M, N, K);
+  if (wg != 0) {  // the overlapped loop by default (run 19: ahead on 11 of 14 shapes at M = 4096)
+    const bool ov = env_int("TRIT_A8_GEMM_WG_OVERLAP", 1) == 1;
+    if (ov && env_int("TRIT_A8_GEMM_WG_DEEP", 0) == 1) return wg == 1 ? kGemmCfgWGDeep : kGemmCfgWG128Deep;
     return wg == 1 ? (ov ? kGemmCfgWGOv : kGemmCfgWG) : (ov ? kGemmCfgWG128Ov : kGemmCfgWG128);
   }
   const int c = env_int("TRIT_A8_GEMM_CFG", 0);
@@ -1978,6 +2016,8 @@ decltype(auto) visit_gemm_cfg(int id, F&& f) {
     case kGemmCfgWG128: return f(GemmWG<128>{});
     case kGemmCfgWGOv: return f(GemmWG<64, true>{});
     case kGemmCfgWG128Ov: return f(GemmWG<128, true>{});
+    case kGemmCfgWGDeep: return f(GemmWGDeep<64>{});
+    case kGemmCfgWG128Deep: return f(GemmWGDeep<128>{});
     default: return f(Gemm<2>{});
   }
 }
@@ -1988,7 +2028,7 @@ struct GemmShape {
 };
 GemmShape gemm_shape(int M, int N, int K) {
   GemmShape g;
-  g.cfg = gemm_cfg_id(M);
+  g.cfg = gemm_cfg_id(M, N, K);
   int tiles = 0, per_sm = 0;
   visit_gemm_cfg(g.cfg, [&](auto cfg) {
     using G = decltype(cfg);
@@ -2182,7 +2222,7 @@ extern "C" int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const
 extern "C" int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, const float* scale,
                                const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
                                int32_t* rowsum, int32_t* ws, void* stream) {
-  if (M <= 16 || M > trit_mm_a8_gemm_max_m()) return (int)cudaErrorInvalidValue;
+  if (M <= 16 || (M > kA8GemmMaxM && gemm_wg(M, N, K) != 2)) return (int)cudaErrorInvalidValue;
   return visit_float_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return (int)launch_a8_gemm<T>((const T*)x, packed, scale, (const T*)bias, (T*)y, M, N, K, xq, xs, rowsum, ws,
@@ -2192,10 +2232,12 @@ extern "C" int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, 
 
 extern "C" int trit_mm_a8_gemm_xq_rows(int M, int N, int K) { return gemm_shape(M, N, K).Mp; }
 
-// The largest M the GEMM kernel takes: 256, or 2^20 with the 128-row wgmma loop (TRIT_A8_GEMM_WG=2
-// on compute capability 9.0; split-K only where the (N, M) tiles fill less than a wave, as below)
-extern "C" int trit_mm_a8_gemm_max_m() {
-  return (env_int("TRIT_A8_GEMM_WG", 0) == 2 && wgmma_supported()) ? (1 << 20) : kA8GemmMaxM;
+// The main loop a8_gemm_kernel runs at (M, N, K) (gemm_wg): 0 mma.sync, 1 / 2 wgmma with 64 / 128 x
+// rows per CTA; above M = 256 the kernel runs only with 2. wg2_auto (unset TRIT_A8_GEMM_WG) is
+// returned as -2, so that bindings.cpp a8_gemm_on can tell the default route from a forced loop.
+extern "C" int trit_mm_a8_gemm_wg(int M, int N, int K) {
+  const int wg = gemm_wg(M, N, K);
+  return (wg == 2 && env_int("TRIT_A8_GEMM_WG", -1) < 0) ? -2 : wg;
 }
 
 extern "C" long long trit_mm_a8_gemm_ws_ints(int M, int N, int K) {

@@ -28,3 +28,5 @@ def test_wgmma_variants_follow_their_base_config():
     assert got["ours-wg"][1:4] == got["ours"][1:4]  # same checkpoint and method
     assert got["ours-wg"][4]["TRIT_A8_GEMM_WG"] == "1" and got["ours-wg2"][4]["TRIT_A8_GEMM_WG"] == "2"
     assert [c[0] for c in configs("2b", ["ours-bitnet-wg2"])] == ["ours-bitnet-wg2"]
+    assert configs("8b", ["ours-mma"])[0][4] == {"TRIT_A8_GEMM_WG": "0"}
+    assert configs("2b", ["ours-bitnet-deep"])[0][4] == {"TRIT_A8_GEMM_WG_DEEP": "1"}

@@ -256,7 +256,8 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
 
 @pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("kernel", ["v4", "v5", "v5-nofuseq", "v5-fuseq", "v5-wn2", "v5-gemm", "v5-gemm2",
-                                    "v5-gemm-late", "v5-gemm-wg", "v5-gemm-wg2", "v5-gemm-wg-ov"])
+                                    "v5-gemm-late", "v5-gemm-wg", "v5-gemm-wg2", "v5-gemm-wg-ov",
+                                    "v5-gemm-wg-deep", "v5-gemm-wg2-deep"])
 @pytest.mark.parametrize("M", [1, 24, 64])
 def test_dependent_chain(monkeypatch, graph, kernel, M):
     """Each layer reads the previous layer's output: with PDL, a kernel that read x (or wrote y)
@@ -275,8 +276,9 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
     if "gemm-wg" in kernel:  # its wgmma main loop (TRIT_A8_GEMM_WG=1 / 2: 64 / 128 rows, sm_90a), split-K 2
         if not ops.WGMMA:
             pytest.skip("the wgmma main loop: compute capability 9.0 with an sm_90a build only")
-        monkeypatch.setenv("TRIT_A8_GEMM_WG", "2" if kernel.endswith("wg2") else "1")
-        monkeypatch.setenv("TRIT_A8_GEMM_WG_OVERLAP", "1" if kernel.endswith("-ov") else "0")
+        monkeypatch.setenv("TRIT_A8_GEMM_WG", "2" if "wg2" in kernel else "1")
+        monkeypatch.setenv("TRIT_A8_GEMM_WG_OVERLAP", "1" if kernel.endswith(("-ov", "-deep")) else "0")
+        monkeypatch.setenv("TRIT_A8_GEMM_WG_DEEP", "1" if kernel.endswith("-deep") else "0")
         monkeypatch.setenv("TRIT_A8_GEMM_KS", "2")
     if kernel.endswith("gemm2"):  # its 16-tile, 8-row-tile warp tile (TRIT_A8_GEMM_CFG=2, over 48 KB of shared
         monkeypatch.setenv("TRIT_A8_GEMM_CFG", "2")  # memory) with split-K (2 at D = 1024: the quantizer
@@ -371,8 +373,9 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
         if ops.WGMMA:
             for wg in ("1", "2"):
                 monkeypatch.setenv("TRIT_A8_GEMM_WG", wg)
-                for ov in ("0", "1"):
-                    monkeypatch.setenv("TRIT_A8_GEMM_WG_OVERLAP", ov)
+                for ov in ("0", "1", "deep"):  # deep: the overlapped loop's deeper ring (TRIT_A8_GEMM_WG_DEEP)
+                    monkeypatch.setenv("TRIT_A8_GEMM_WG_OVERLAP", "0" if ov == "0" else "1")
+                    monkeypatch.setenv("TRIT_A8_GEMM_WG_DEEP", "1" if ov == "deep" else "0")
                     for ks in ("0", "1", "3"):
                         monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)
                         for early in ("0", "1") if ov == "0" else ("1",):
@@ -380,6 +383,7 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
                             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), \
                                 f"a8 gemm wgmma wg={wg} ov={ov} ks={ks} early={early} M={M} N={N} K={K} {dtype}"
             monkeypatch.delenv("TRIT_A8_GEMM_EARLY")
+            monkeypatch.delenv("TRIT_A8_GEMM_WG_DEEP")
             monkeypatch.delenv("TRIT_A8_GEMM_WG_OVERLAP")
             monkeypatch.delenv("TRIT_A8_GEMM_WG")
         monkeypatch.delenv("TRIT_A8_GEMM_KS")
@@ -391,22 +395,49 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
 @pytest.mark.parametrize("M,N,K", [(17, 6144, 8192), (40, 6144, 8192), (64, 13824, 2560), (64, 6144, 4096),
                                    (64, 4096, 4096), (128, 4096, 4096),
                                    (100, 6912, 2560), (129, 4100, 4104), (200, 2048, 8192), (256, 6144, 8192),
-                                   (256, 4096, 4096), (256, 2560, 2560)])
+                                   (256, 4096, 4096), (256, 2560, 2560),
+                                   # wg2_auto's edges: >= 6e9 multiply-adds and >= 48 CTAs from M = 65, any
+                                   # M > 256 with >= 48 CTAs (640 channels x 8 row tiles: int8 cuBLAS)
+                                   (96, 14336, 4500), (128, 4096, 14336), (250, 6144, 4000), (300, 6144, 520),
+                                   (1000, 640, 2560), (1000, 2560, 1000)])
 def test_a8_route_defaults_match_forced_routes(monkeypatch, M, N, K):
     """The shape-chosen a8 routes (a8_gemm_on: the GEMM kernel at 32 < M <= 256 on > 16M weights
-    up to M = 64, >= 16M up to M = 128, > 4M above, ahead of int8 cuBLAS at M = 256; wn_auto at M <= 32 on >= 128M weights
-    is covered by the knob test) give the same bits as every forced route on the layers where the
-    default switches."""
+    up to M = 64, >= 16M up to M = 128, > 4M above, ahead of int8 cuBLAS at M = 256; on sm_90a its
+    128-row wgmma loop on large problems from M = 65 and at M > 256, wg2_auto; wn_auto at M <= 32 on
+    >= 128M weights is covered by the knob test) give the same bits as every forced route on the
+    layers where the default switches."""
     x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 3 + M, DEV)
     y = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
-    for env in ({"TRIT_A8_GEMM": "1"}, {"TRIT_A8_GEMM": "0"}, {"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": "17"},
-                {"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}):
+    envs = [{"TRIT_A8_GEMM": "1"}, {"TRIT_A8_GEMM": "0"}, {"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": "17"},
+            {"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}, {"TRIT_A8_GEMM_WG": "0"}]
+    if ops.WGMMA:
+        envs += [{"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_WG": "2"}, {"TRIT_A8_GEMM_WG_OVERLAP": "0"}]
+    for env in envs:
         for k, v in env.items():
             monkeypatch.setenv(k, v)
         assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y), f"{env} M={M} N={N} K={K}"
         for k in env:
             monkeypatch.delenv(k)
     assert_close_rel(y, ops.ternary_mm_a8_ref(x, p, s, N, K, b), 8e-3, "a8 default vs ref")
+
+
+@pytest.mark.skipif(not ops.WGMMA, reason="the wgmma loops need compute capability 9.0 and an sm_90a build")
+@pytest.mark.parametrize("M,N,K,wg", [(1000, 6144, 2560, True), (128, 14336, 4096, True), (4096, 2560, 2560, True),
+                                      (1000, 640, 2560, False), (128, 4096, 14336, False), (64, 28672, 8192, False)])
+def test_a8_wgmma_default_route_taken(M, N, K, wg):
+    """wg2_auto really routes: the default a8 call at these shapes launches the GEMM kernel's 128-row
+    wgmma loop (GemmCfg<1, 16, 8, 1, ...>) where run 19 measured it ahead, and not elsewhere."""
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 11 + M, DEV)
+    torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    # demangled (GemmCfg<1, 16, 8, 1, 2>) or, where the profiler gives it so, mangled
+    wgmma = [n for n in names if "a8_gemm_kernel" in n
+             and ("GemmCfg<1, 16, 8, 1," in n or "GemmCfgILi1ELi16ELi8ELi1E" in n)]
+    assert bool(wgmma) == wg, f"M={M} N={N} K={K}: kernels {names}"
 
 
 # ------------------------------------------------------------------ large-M a8: int8 cuBLAS
@@ -427,9 +458,13 @@ def test_a8_dense_path_matches_kernel(monkeypatch, M, NK):
         if ops.WGMMA:  # the 128-row wgmma GEMM loop, forced at any M
             monkeypatch.setenv("TRIT_A8_GEMM", "1")
             monkeypatch.setenv("TRIT_A8_GEMM_WG", "2")
+            monkeypatch.setenv("TRIT_A8_GEMM_WG_OVERLAP", "0")
             yw = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
             monkeypatch.setenv("TRIT_A8_GEMM_WG_OVERLAP", "1")
             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), yw), f"a8 wgmma 128 overlap M={M}"
+            monkeypatch.setenv("TRIT_A8_GEMM_WG_DEEP", "1")
+            assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), yw), f"a8 wgmma 128 deep M={M}"
+            monkeypatch.delenv("TRIT_A8_GEMM_WG_DEEP")
             monkeypatch.delenv("TRIT_A8_GEMM_WG_OVERLAP")
             monkeypatch.delenv("TRIT_A8_GEMM_WG")
             monkeypatch.delenv("TRIT_A8_GEMM")
