@@ -165,8 +165,9 @@ class Humming:
 # Run 17 validated the GEMM kernel's early weight stages (TRIT_A8_GEMM_EARLY, now the default) and
 # measured the quantizer with several loads in flight (the ILP quantizer) slower, since removed.
 # Run 19 validated the GEMM kernel's wgmma main loops (TRIT_A8_GEMM_WG=1 / 2, _OVERLAP; the 128-row
-# overlapped loop is the default on large problems since). Pending: their deep rings (_DEEP).
-EXPERIMENTAL = {k: (lambda M: True) for k in ("a8_gemm_wgdeep", "a8_gemm_wg2deep")}
+# overlapped loop the default on large problems since), runs 20 / 20c their deep rings (TRIT_A8_GEMM_WG_DEEP,
+# the 64-row one the default where its tiles fit one wave: csrc/a8_route.h). None pending.
+EXPERIMENTAL: dict = {}
 # TRIT_A8_GEMM_CFG values timed beside the default warp tile (csrc/ternary_gemm.cu gemm_cfg_id):
 # 1 = 2 weight tiles x 8 row tiles per warp, 4 warps (128 channels x 64 rows per CTA); 2 = the same
 # warp tile, 8 warps (256 channels); 3 = 4 weight tiles x 4 row tiles, 4 x 2 warps (256 channels);
@@ -360,8 +361,8 @@ def markdown(meta, rows) -> str:
              "requests its first weight stages before the wait), `wgmma 64 / 128 / 64 ov / 128 ov / 64 deep / 128 deep` the GEMM kernel with "
              "TRIT_A8_GEMM_WG=1 / 2 (its wgmma main loop with 64 / 128 rows per CTA, compute capability 9.0; 128 at M > 64, "
              "the only GEMM-kernel route above M = 256), `ov` with TRIT_A8_GEMM_WG_OVERLAP=1 (the next k-block fetched "
-             "under the running wgmma), `deep` the overlapped loop with its deeper ring (TRIT_A8_GEMM_WG_DEEP=1: 6 / 3 k-blocks ahead); the default `a8` takes `128 ov` on large problems from M = 65 and above M = 256 "
-             "(csrc/ternary_gemm.cu wg2_auto). At M <= 32 "
+             "under the running wgmma), `deep` the overlapped loop with its deeper ring (TRIT_A8_GEMM_WG_DEEP=1: 6 / 3 k-blocks ahead); the default `a8` takes `64 deep`, `128 ov` or `64 ov` by shape at 32 < M <= 256 and `128 ov` above "
+             "(csrc/a8_route.h picks the loop per shape). At M <= 32 "
              "the a8 default picks per shape; `WN=1 no fused q` / `WN=2` / `fused quantizer` force each "
              "choice (TRIT_WN=1 + TRIT_A8_FUSEQ=0 / TRIT_WN=2 / TRIT_A8_FUSEQ=1).", "",
              "| N x K | M | bf16 us | linear us | x bf16 | % ceil | fused us | fused v4 | fused no PDL "

@@ -143,19 +143,20 @@ int64_t a8_dense_min_m() {
 // 16.5 lost). It lost at M = 32 on every shape (run 15, the v5 GEMVs: 2560x2560 7.1 vs 16.2,
 // 28672x8192 46.5 vs 52.0). Its floor on small layers is ~15-17 us (ncu, run 15: one CTA per SM,
 // ~1450 cycles per k-block, latency-bound). TRIT_A8_GEMM=1 forces it for 16 < M <= 256, =0 turns
-// it off. On compute capability 9.0 (sm_90a build) the 128-row wgmma loop takes large problems
-// from M = 65 and every M > 256 it fills the GPU at (wg2_auto in ternary_gemm.cu, H200 run 19).
+// it off. On compute capability 9.0 (sm_90a build) the kernel's main loop is wgmma, chosen per shape
+// (csrc/a8_route.h, H200 runs 19 / 20c), and its 128-row loop also takes every M > 256 it fills the
+// GPU at.
 bool a8_gemm_on(int64_t M, int64_t N, int64_t K) {
   const char* e = getenv("TRIT_A8_GEMM");
   const bool forced = e != nullptr && strcmp(e, "1") == 0;
   if (M <= 16 || (e != nullptr && strcmp(e, "0") == 0)) return false;
-  // the kernel's main loop at this shape (ternary_gemm.cu gemm_wg): 2 = the 128-row wgmma loop
-  // (forced by TRIT_A8_GEMM_WG=2), -2 = the same as the default route (wg2_auto, H200 run 19: from
-  // M = 65 on large layers, at any M > 256 with enough CTAs), else 0 / 1
-  const int wg = trit_mm_a8_gemm_wg((int)M, (int)N, (int)K);
-  // above M = 256 only the 128-row wgmma loop (else int8 cuBLAS, a8_dense)
-  if (M > 256) return wg == -2 || (wg == 2 && forced);
-  if (forced || wg == -2) return true;
+  if (M > 256) {  // only the 128-row wgmma loop (else int8 cuBLAS, a8_dense): ternary_gemm.cu
+    // trit_mm_a8_gemm_wg = 2 where TRIT_A8_GEMM_WG=2 forces it, -2 where the default route takes it
+    // (a8_route.h: compute capability 9.0, >= 48 CTAs; H200 run 19)
+    const int wg = trit_mm_a8_gemm_wg((int)M, (int)N, (int)K);
+    return wg == -2 || (wg == 2 && forced);
+  }
+  if (forced) return true;
   const int64_t nk = N * K;
   if (M <= 32) return false;
   if (M <= 64) return nk > (int64_t(1) << 24);

@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "a8_route.h"
 #include "ternary.h"
 
 namespace {
@@ -1731,10 +1732,11 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //                                     faster than 0 on 30 of 39 shapes x M, never slower by more than 0.6)
 //   TRIT_A8_GEMM_WG = auto (default) | 0 | 1 | 2   its main loop: 0 mma.sync, 1 / 2 wgmma with 64 /
 //                                     128 x rows per CTA (GemmWG, compute capability 9.0 with an sm_90a
-//                                     build); auto: 2 on large problems and at M > 256 (wg2_auto), else 0
-//   TRIT_A8_GEMM_WG_OVERLAP = 1 (default) | 0   that loop with the next k-block fetched under the
-//                                     running wgmma (4 ring stages)
-//   TRIT_A8_GEMM_WG_DEEP = 0 (default) | 1   the overlapped loop with a deeper ring (GemmWGDeep)
+//                                     build); auto: a8_route.h (measured per shape), mma.sync elsewhere
+//   TRIT_A8_GEMM_WG_OVERLAP = 0 | 1   the wgmma loop with the next k-block fetched under the running
+//                                     wgmma (default 1: every loop the auto route picks, and forced ones)
+//   TRIT_A8_GEMM_WG_DEEP = 0 | 1      the overlapped loop with a deeper ring (GemmWGDeep; default: as
+//                                     a8_route.h picks, 0 when forced)
 //   TRIT_A8_GEMM_CFG = 0 (default) | 1-4   its warp tile (gemm_cfg_id; 1-4 lost on most shapes in run 14)
 // The defaults are the measured best on the H200 (bench/results/NOTES.md).
 struct Knobs {
@@ -1968,38 +1970,40 @@ bool wgmma_supported() {
   return false;  // not built for sm_90a: the wgmma kernels would trap
 #endif
 }
-// The 128-row wgmma loop by default (TRIT_A8_GEMM_WG unset), from H200 run 19 (bench/results/NOTES.md,
-// `wgmma 128 ov` against the mma.sync loop, int8 cuBLAS and bf16 in one run): at M > 256 wherever the
-// (N, M) tiles alone give >= 48 CTAs (28672x8192 M = 4096 1779 us vs int8 cuBLAS 2519 and bf16 2357;
-// 2560x2560 M = 1024 33.0 vs 45.8; it lost only on 640x2560 M = 1024, 5 x 8 CTAs: 29.1 vs 25.3), and at
-// 64 < M <= 256 on layers of >= 6e9 multiply-adds that fill >= 48 CTAs (M = 128: 28672x8192 74.0 vs
-// 124.3, 14336x4096 34.9 vs 36.6, 8192x8192 38.8 vs 40.5; M = 256: 6144x4096 34.0 vs 36.2, 13824x2560
-// 32.0 vs 48.5; lost below: 4096x4096 M = 256 30.3 vs 26.4, 6912x2560 29.6 vs 26.6, and with 32 CTAs,
-// 4096x14336 M = 128 43.7 vs 39.8). Index arithmetic in the kernel is 32-bit: larger problems stay
-// on int8 cuBLAS.
-bool wg2_auto(int M, int N, int K) {
-  if (M <= 64) return false;
-  const long long Kp = (K + kBlockK - 1) / kBlockK * kBlockK, Mp = (M + 127) / 128 * 128;
-  if (Mp * Kp >= (1LL << 31) || (long long)Mp * N >= (1LL << 31)) return false;
-  const long long ctas = (long long)((N + 127) / 128) * ((M + 127) / 128);
-  if (ctas < 48) return false;
-  return M > 256 || (long long)M * N * K >= 6000000000LL;
-}
-// The GEMM kernel's main loop at (M, N, K): 0 = mma.sync, 1 / 2 = wgmma with 64 / 128 x rows per CTA.
-// TRIT_A8_GEMM_WG = 0 | 1 | 2 forces one; unset: wg2_auto (compute capability 9.0 with an sm_90a
-// build only, wgmma_supported; elsewhere always the mma.sync loop).
-int gemm_wg(int M, int N, int K) {
-  if (!wgmma_supported()) return 0;
+// The GEMM kernel's main loop at (M, N, K): wg 0 = mma.sync, 1 / 2 = wgmma with 64 / 128 x rows per
+// CTA; ov: the next k-block fetched under the running wgmma; deep: its deeper ring. By default (no
+// TRIT_A8_GEMM_WG) a8_route.h's measured choice on compute capability 9.0 with an sm_90a build
+// (wgmma_supported), the mma.sync loop elsewhere; TRIT_A8_GEMM_WG = 0 | 1 | 2 forces the loop
+// (overlapped), TRIT_A8_GEMM_WG_OVERLAP / _DEEP = 0 | 1 override ov / deep of either.
+struct GemmLoop {
+  int wg;
+  bool ov, deep, autom;  // autom: chosen by a8_gemm_auto_loop
+};
+GemmLoop gemm_loop(int M, int N, int K) {
+  GemmLoop l{0, false, false, false};
+  if (!wgmma_supported()) return l;
   const int e = env_int("TRIT_A8_GEMM_WG", -1);
-  if (e >= 0) return (e == 1 || e == 2) ? e : 0;
-  return wg2_auto(M, N, K) ? 2 : 0;
+  if (e >= 0) {
+    l.wg = (e == 1 || e == 2) ? e : 0;
+    l.ov = true;
+  } else {
+    l.autom = true;
+    switch (trit_route::a8_gemm_auto_loop(M, N, K, sm_count())) {
+      case trit_route::kA8LoopWg: l = {1, true, false, true}; break;
+      case trit_route::kA8LoopWgDeep: l = {1, true, true, true}; break;
+      case trit_route::kA8LoopWg2: l = {2, true, false, true}; break;
+      default: break;  // mma.sync (or, above M = 256, not this kernel)
+    }
+  }
+  l.ov = env_int("TRIT_A8_GEMM_WG_OVERLAP", l.ov ? 1 : 0) == 1;
+  l.deep = l.ov && env_int("TRIT_A8_GEMM_WG_DEEP", l.deep ? 1 : 0) == 1;
+  return l;
 }
 int gemm_cfg_id(int M, int N, int K) {
-  const int wg = gemm_wg(M, N, K);
-  if (wg != 0) {  // the overlapped loop by default (run 19: ahead on 11 of 14 shapes at M = 4096)
-    const bool ov = env_int("TRIT_A8_GEMM_WG_OVERLAP", 1) == 1;
-    if (ov && env_int("TRIT_A8_GEMM_WG_DEEP", 0) == 1) return wg == 1 ? kGemmCfgWGDeep : kGemmCfgWG128Deep;
-    return wg == 1 ? (ov ? kGemmCfgWGOv : kGemmCfgWG) : (ov ? kGemmCfgWG128Ov : kGemmCfgWG128);
+  const GemmLoop l = gemm_loop(M, N, K);
+  if (l.wg != 0) {
+    if (l.deep) return l.wg == 1 ? kGemmCfgWGDeep : kGemmCfgWG128Deep;
+    return l.wg == 1 ? (l.ov ? kGemmCfgWGOv : kGemmCfgWG) : (l.ov ? kGemmCfgWG128Ov : kGemmCfgWG128);
   }
   const int c = env_int("TRIT_A8_GEMM_CFG", 0);
   return (c >= 1 && c <= 4) ? c + 1 : (M <= 32 ? 0 : 1);
@@ -2222,7 +2226,7 @@ extern "C" int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const
 extern "C" int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, const float* scale,
                                const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
                                int32_t* rowsum, int32_t* ws, void* stream) {
-  if (M <= 16 || (M > kA8GemmMaxM && gemm_wg(M, N, K) != 2)) return (int)cudaErrorInvalidValue;
+  if (M <= 16 || (M > kA8GemmMaxM && gemm_loop(M, N, K).wg != 2)) return (int)cudaErrorInvalidValue;
   return visit_float_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return (int)launch_a8_gemm<T>((const T*)x, packed, scale, (const T*)bias, (T*)y, M, N, K, xq, xs, rowsum, ws,
@@ -2232,12 +2236,13 @@ extern "C" int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, 
 
 extern "C" int trit_mm_a8_gemm_xq_rows(int M, int N, int K) { return gemm_shape(M, N, K).Mp; }
 
-// The main loop a8_gemm_kernel runs at (M, N, K) (gemm_wg): 0 mma.sync, 1 / 2 wgmma with 64 / 128 x
-// rows per CTA; above M = 256 the kernel runs only with 2. wg2_auto (unset TRIT_A8_GEMM_WG) is
-// returned as -2, so that bindings.cpp a8_gemm_on can tell the default route from a forced loop.
+// The main loop a8_gemm_kernel runs at (M, N, K) (gemm_loop): 0 mma.sync, 1 / 2 wgmma with 64 / 128 x
+// rows per CTA; above M = 256 the kernel runs only with 2, returned as -2 where the default route
+// (a8_route.h, no TRIT_A8_GEMM_WG) takes it, so that bindings.cpp a8_gemm_on can tell it from a
+// forced loop.
 extern "C" int trit_mm_a8_gemm_wg(int M, int N, int K) {
-  const int wg = gemm_wg(M, N, K);
-  return (wg == 2 && env_int("TRIT_A8_GEMM_WG", -1) < 0) ? -2 : wg;
+  const GemmLoop l = gemm_loop(M, N, K);
+  return (M > kA8GemmMaxM && l.wg == 2 && l.autom) ? -2 : l.wg;
 }
 
 extern "C" long long trit_mm_a8_gemm_ws_ints(int M, int N, int K) {

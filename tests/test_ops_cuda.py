@@ -396,14 +396,15 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
                                    (64, 4096, 4096), (128, 4096, 4096),
                                    (100, 6912, 2560), (129, 4100, 4104), (200, 2048, 8192), (256, 6144, 8192),
                                    (256, 4096, 4096), (256, 2560, 2560),
-                                   # wg2_auto's edges: >= 6e9 multiply-adds and >= 48 CTAs from M = 65, any
-                                   # M > 256 with >= 48 CTAs (640 channels x 8 row tiles: int8 cuBLAS)
+                                   # csrc/a8_route.h's edges: the deep ring up to one wave of 64-row tiles,
+                                   # then the 128-row loop (the 64-row one at M = 192 - 250), any M > 256
+                                   # with >= 48 CTAs (640 channels x 8 row tiles: int8 cuBLAS)
                                    (96, 14336, 4500), (128, 4096, 14336), (250, 6144, 4000), (300, 6144, 520),
                                    (1000, 640, 2560), (1000, 2560, 1000)])
 def test_a8_route_defaults_match_forced_routes(monkeypatch, M, N, K):
     """The shape-chosen a8 routes (a8_gemm_on: the GEMM kernel at 32 < M <= 256 on > 16M weights
     up to M = 64, >= 16M up to M = 128, > 4M above, ahead of int8 cuBLAS at M = 256; on sm_90a its
-    128-row wgmma loop on large problems from M = 65 and at M > 256, wg2_auto; wn_auto at M <= 32 on
+    wgmma loops per csrc/a8_route.h, the 128-row one also at M > 256; wn_auto at M <= 32 on
     >= 128M weights is covered by the knob test) give the same bits as every forced route on the
     layers where the default switches."""
     x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 3 + M, DEV)
@@ -411,7 +412,8 @@ def test_a8_route_defaults_match_forced_routes(monkeypatch, M, N, K):
     envs = [{"TRIT_A8_GEMM": "1"}, {"TRIT_A8_GEMM": "0"}, {"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": "17"},
             {"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}, {"TRIT_A8_GEMM_WG": "0"}]
     if ops.WGMMA:
-        envs += [{"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_WG": "2"}, {"TRIT_A8_GEMM_WG_OVERLAP": "0"}]
+        envs += [{"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_WG": "2"}, {"TRIT_A8_GEMM_WG_OVERLAP": "0"},
+                 {"TRIT_A8_GEMM_WG_DEEP": "1"}, {"TRIT_A8_GEMM_WG_DEEP": "0"}]
     for env in envs:
         for k, v in env.items():
             monkeypatch.setenv(k, v)
@@ -421,12 +423,21 @@ def test_a8_route_defaults_match_forced_routes(monkeypatch, M, N, K):
     assert_close_rel(y, ops.ternary_mm_a8_ref(x, p, s, N, K, b), 8e-3, "a8 default vs ref")
 
 
+# the default loops' template arguments (ternary_gemm.cu GemmWG: GemmCfg<1, BM / 8, 8, 1, 2, DIST>)
+_WG_LOOPS = {"wg2": (1, 16, 8, 1, 2, 2), "deep": (1, 8, 8, 1, 2, 6), "wg": (1, 8, 8, 1, 2, 2)}
+
+
 @pytest.mark.skipif(not ops.WGMMA, reason="the wgmma loops need compute capability 9.0 and an sm_90a build")
-@pytest.mark.parametrize("M,N,K,wg", [(1000, 6144, 2560, True), (128, 14336, 4096, True), (4096, 2560, 2560, True),
-                                      (1000, 640, 2560, False), (128, 4096, 14336, False), (64, 28672, 8192, False)])
-def test_a8_wgmma_default_route_taken(M, N, K, wg):
-    """wg2_auto really routes: the default a8 call at these shapes launches the GEMM kernel's 128-row
-    wgmma loop (GemmCfg<1, 16, 8, 1, ...>) where run 19 measured it ahead, and not elsewhere."""
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_properties(0).multi_processor_count != 132,
+                    reason="the expected loops below assume 132 SMs (H100 / H200 SXM)")
+@pytest.mark.parametrize("M,N,K,loop", [(1000, 6144, 2560, "wg2"), (128, 28672, 4096, "wg2"), (4096, 2560, 2560, "wg2"),
+                                        (128, 4096, 14336, "deep"), (64, 28672, 8192, "deep"), (256, 8192, 8192, "deep"),
+                                        (192, 14336, 4096, "wg"), (1000, 640, 2560, None), (40, 2560, 2560, None)])
+def test_a8_wgmma_default_route_taken(M, N, K, loop):
+    """csrc/a8_route.h really routes: the default a8 call at these shapes launches the GEMM kernel's
+    wgmma loop that the route names (deep ring while the 64-row tiles fit one wave of 2 CTAs per SM,
+    the 128-row loop past it and at M > 256, the shallow 64-row loop at M = 192), and no wgmma loop
+    where the op takes int8 cuBLAS or the GEMV kernels."""
     x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 11 + M, DEV)
     torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
     torch.cuda.synchronize()
@@ -434,10 +445,14 @@ def test_a8_wgmma_default_route_taken(M, N, K, wg):
         torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    # demangled (GemmCfg<1, 16, 8, 1, 2>) or, where the profiler gives it so, mangled
-    wgmma = [n for n in names if "a8_gemm_kernel" in n
-             and ("GemmCfg<1, 16, 8, 1," in n or "GemmCfgILi1ELi16ELi8ELi1E" in n)]
-    assert bool(wgmma) == wg, f"M={M} N={N} K={K}: kernels {names}"
+
+    def runs(args):  # demangled (GemmCfg<1, 16, 8, 1, 2, 2>) or, where the profiler gives it so, mangled
+        dem = "GemmCfg<" + ", ".join(map(str, args)) + ">"
+        man = "GemmCfgI" + "".join(f"Li{a}E" for a in args) + "E"
+        return any("a8_gemm_kernel" in n and (dem in n or man in n) for n in names)
+
+    got = [k for k, args in _WG_LOOPS.items() if runs(args)]
+    assert got == ([loop] if loop else []), f"M={M} N={N} K={K}: kernels {names}"
 
 
 # ------------------------------------------------------------------ large-M a8: int8 cuBLAS

@@ -1,0 +1,53 @@
+// The default main loop of the W1.58A8 GEMM kernel (ternary_gemm.cu, a8_gemm_kernel) per problem
+// shape on an sm_90a build: plain C++ (no CUDA), so that tests/test_a8_route.py can compile it with
+// g++ and check it against the committed H200 measurements it was drawn from.
+//
+// The loops (GemmCfg ids in ternary_gemm.cu):
+//   kA8LoopMma     mma.sync m16n8k32, 128 channels x 64 rows per CTA, 2 k-blocks ahead
+//   kA8LoopWg      wgmma m64n64k32, 128 channels x 64 rows, the next k-block fetched under the
+//                  running wgmma, 2 k-blocks ahead (4 ring stages of 12 KB)
+//   kA8LoopWgDeep  the same with 6 k-blocks ahead (8 stages; 2 CTAs per SM still fit)
+//   kA8LoopWg2     wgmma with 128 rows per CTA (two m64n64k32 per k-step), 2 ahead (4 stages of
+//                  20 KB); each weight k-block decoded once per 128 rows
+//
+// Drawn from H200 runs 19 / 20c (bench/results/2026-12-01-h200-run19-wgmma.*, -run20c-deep.*), every
+// loop timed in one run on the 14 BitNet-2B / Llama-8B / 70B shapes at M = 40 - 256 and 1024 / 4096:
+// - The mma.sync and the shallow 64-row wgmma loops both take ~1 us per k-block whatever M (the
+//   wgmma instructions are not the limit): waiting on memory. The deep ring is the fix wherever the
+//   64-row tiles fit in one wave of 2 CTAs per SM: 28672x8192 M = 64 47.5 us vs 66.0 (humming 60.1
+//   in run 20), 8192x8192 M = 128 31.5 vs 40.4, 4096x14336 M = 128 32.7 vs 39.9, 6912x2560 M = 256
+//   20.4 vs 26.5; it lost (by 1 - 7%) only to the 128-row loop on 8192x28672 at M = 96 - 256.
+// - Past one wave the 128-row loop, which halves the weight decode and traffic per row (28672x8192
+//   M = 128 73.7 us vs 87.5 deep); but at M with a half-empty last 128-row tile (M = 192: 64 of 256
+//   rows padding) the shallow 64-row loop (28672x8192 M = 192 122.0 vs 135.3, 14336x4096 37.3 vs 42.7).
+// - Above M = 256 the 128-row loop wherever its tiles alone give >= 48 CTAs (28672x8192 M = 4096 1779
+//   us vs int8 cuBLAS 2519, bf16 2357; it lost only on 640x2560 M = 1024, 5 x 8 CTAs: 29.1 vs 25.3
+//   int8), else int8 cuBLAS. The kernel's index arithmetic is 32-bit: larger problems stay there too.
+#pragma once
+
+#include <stdint.h>
+
+namespace trit_route {
+
+enum A8Loop { kA8LoopNone = -1, kA8LoopMma = 0, kA8LoopWg = 1, kA8LoopWgDeep = 2, kA8LoopWg2 = 3 };
+
+inline long long cdiv(long long a, long long b) { return (a + b - 1) / b; }
+
+// M > 256: the 128-row wgmma loop, or kA8LoopNone (int8 cuBLAS)
+inline bool a8_wg2_large_m(int M, int N, int K) {
+  const long long Kp = cdiv(K, 128) * 128, Mp = cdiv(M, 128) * 128;
+  if (Mp * Kp >= (1LL << 31) || Mp * (long long)N >= (1LL << 31)) return false;
+  return cdiv(N, 128) * cdiv(M, 128) >= 48;
+}
+
+// The loop for a problem the GEMM kernel takes (bindings.cpp a8_gemm_on), on an sm_90a build at
+// compute capability 9.0; sm_count: the device's SMs. kA8LoopNone: above M = 256, not this kernel.
+inline A8Loop a8_gemm_auto_loop(int M, int N, int K, int sm_count) {
+  if (M > 256) return a8_wg2_large_m(M, N, K) ? kA8LoopWg2 : kA8LoopNone;
+  if (M <= 32) return kA8LoopMma;  // the GEMM kernel runs here only when forced; not measured
+  const long long tiles64 = cdiv(N, 128) * cdiv(M, 64);
+  if (tiles64 <= 2LL * sm_count) return kA8LoopWgDeep;
+  return cdiv(M, 128) * 128 - M < 64 ? kA8LoopWg2 : kA8LoopWg;
+}
+
+}  // namespace trit_route

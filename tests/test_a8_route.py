@@ -1,0 +1,100 @@
+"""The W1.58A8 GEMM kernel's default main loop per shape (csrc/a8_route.h), checked on the CPU against
+the committed H200 measurements it was drawn from: at every measured point the loop the route picks
+is within 10% of the fastest loop measured there, in the same run.
+
+The header is plain C++: a small driver including it is compiled with the host compiler and asked
+for its choice at every (M, N, K) of the records (132 SMs, the H200 of the runs)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+# run 20c: every loop at M = 40 - 256 on the 14 shapes; run 19: the 128-row loop against int8 cuBLAS
+# at M = 1024 / 4096
+RUN_20C = RESULTS / "2026-12-01-h200-run20c-deep.json"
+RUN_19 = RESULTS / "2026-12-01-h200-run19-wgmma.json"
+SM_COUNT = 132
+# a8_route.h's A8Loop values -> the bench column of that loop (forced by its knobs)
+LOOP_COLUMN = {0: "a8_gemm_us", 1: "a8_gemm_wgov_us", 2: "a8_gemm_wgdeep_us", 3: "a8_gemm_wg2ov_us",
+               -1: "a8_int8_us"}
+TOLERANCE = 1.10
+
+DRIVER = r"""
+#include <cstdio>
+#include "a8_route.h"
+int main() {
+  int M, N, K, sm;
+  while (std::scanf("%d %d %d %d", &M, &N, &K, &sm) == 4)
+    std::printf("%d\n", (int)trit_route::a8_gemm_auto_loop(M, N, K, sm));
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def route(tmp_path_factory):
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    d = tmp_path_factory.mktemp("a8route")
+    (d / "drv.cpp").write_text(DRIVER)
+    exe = d / "drv"
+    subprocess.run([cxx, "-std=c++17", "-O1", "-I", str(ROOT / "csrc"), str(d / "drv.cpp"), "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+
+    def choose(points):
+        inp = "".join(f"{m} {n} {k} {SM_COUNT}\n" for m, n, k in points)
+        out = subprocess.run([str(exe)], input=inp, check=True, capture_output=True, text=True).stdout.split()
+        return [int(v) for v in out]
+    return choose
+
+
+def rows(path: Path):
+    data = json.loads(path.read_text())
+    assert data["meta"]["device"] == "NVIDIA H200" and data["meta"]["sm_count"] == SM_COUNT, path
+    return data["rows"]
+
+
+def test_route_within_tolerance_of_best_loop_at_small_m(route):
+    """32 < M <= 256: the chosen loop against mma.sync, the shallow and deep 64-row wgmma loops and
+    the 128-row one (run 20c)."""
+    pts = [r for r in rows(RUN_20C) if 32 < r["M"] <= 256]
+    assert len(pts) >= 60, f"{RUN_20C.name}: {len(pts)} rows at 32 < M <= 256"
+    got = route([(r["M"], r["N"], r["K"]) for r in pts])
+    bad = []
+    for r, loop in zip(pts, got):
+        col = LOOP_COLUMN[loop]
+        times = {c: r[c] for c in (LOOP_COLUMN[i] for i in (0, 1, 2, 3)) if r.get(c)}
+        assert col in times, f"{r['N']}x{r['K']} M={r['M']}: no {col} in {RUN_20C.name}"
+        best = min(times.values())
+        if times[col] > TOLERANCE * best:
+            bad.append(f"{r['N']}x{r['K']} M={r['M']}: {col} {times[col]:.1f} us vs best {best:.1f} ({times})")
+    assert not bad, "\n".join(bad)
+
+
+def test_route_above_m256_within_tolerance_of_int8_or_wgmma(route):
+    """M > 256: the 128-row wgmma loop where its tiles give >= 48 CTAs, else int8 cuBLAS (run 19)."""
+    pts = [r for r in rows(RUN_19) if r["M"] > 256 and r.get("a8_gemm_wg2ov_us") and r.get("a8_int8_us")]
+    assert len(pts) >= 20, f"{RUN_19.name}: {len(pts)} rows above M = 256"
+    got = route([(r["M"], r["N"], r["K"]) for r in pts])
+    assert {-1, 3} >= set(got) and -1 in got and 3 in got, got
+    bad = [f"{r['N']}x{r['K']} M={r['M']}: {LOOP_COLUMN[g]} {r[LOOP_COLUMN[g]]:.1f} us vs "
+           f"wg2ov {r['a8_gemm_wg2ov_us']:.1f} / int8 {r['a8_int8_us']:.1f}"
+           for r, g in zip(pts, got)
+           if r[LOOP_COLUMN[g]] > TOLERANCE * min(r["a8_gemm_wg2ov_us"], r["a8_int8_us"])]
+    assert not bad, "\n".join(bad)
+
+
+def test_route_edges(route):
+    """The rule's edges, independent of any record: M <= 32 stays on mma.sync; the deep ring up to
+    2 * SMs 64-row tiles; past it the 128-row loop unless its last tile is half empty; above M = 256
+    int8 cuBLAS below 48 CTAs and past 32-bit index range."""
+    pts = [(32, 28672, 8192), (33, 28672, 8192), (128, 16896, 4096), (128, 17024, 4096), (192, 11264, 4096),
+           (192, 11392, 4096), (200, 11392, 4096), (257, 6144, 4096), (257, 1920, 4096), (1 << 19, 8192, 8192)]
+    assert route(pts) == [0, 2, 2, 3, 2, 1, 3, 3, -1, -1]
