@@ -1218,7 +1218,8 @@ template <int WT, int RT, int WNW, int WMW, int WG = 0, int DIST = kGemmStages -
                 "the wgmma loop: 8 warps (2 warpgroups) of one weight tile each, 64 or 128 x rows");
 };
 template <int WM> using Gemm = GemmCfg<2, 4, 4, WM>;  // the measured default: 128 channels x 32 * WM rows
-// TRIT_A8_GEMM_WG=1 (not yet run on a GPU): the same CTA tile (128 channels x 64 rows, 256 threads)
+// TRIT_A8_GEMM_WG=1 (H200 run 19: bit-identical to the mma.sync loop; the default loop per shape is
+// csrc/a8_route.h's): the same CTA tile (128 channels x 64 rows, 256 threads)
 // with a wgmma main loop. Each warp decodes its weight tile's 4 k-steps into m16n8k32-layout A
 // fragments (as now), and each warpgroup issues 4 wgmma m64n64k32 per k-block (64 channels x 64 rows
 // x 128 inputs) against x in swizzled shared memory: 4 instructions per warp where the mma.sync loop

@@ -17,7 +17,7 @@ from reference.model import REFERENCE_VERSION, ReferenceModel
 from reference.spec import spec_for
 
 from . import names as N
-from .golden import GoldenError, write_golden
+from .golden import GoldenError, compute_fingerprint, write_golden
 from .inputs import fixed_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +37,7 @@ def dump_reference(model_dir: Path, out: Path, *, spec_path=None, force: bool = 
     order = N.canonical_names(cfg.num_layers, cfg.arch)
     return write_golden(out, captured, order, input_ids, model_dir=model_dir, spec=spec, inputs_desc=desc,
                         reference_version=REFERENCE_VERSION, arch=cfg.arch, num_layers=cfg.num_layers,
-                        force=force)
+                        force=force, compute=compute_fingerprint(device))
 
 
 def main(argv=None) -> int:

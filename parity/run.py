@@ -23,7 +23,7 @@ from reference.spec import spec_for
 from .compare import Comparison, compare
 from .diagnose import DecodeProbe, Diagnoser, depth_hint
 from .dump import DEFAULT_GOLDEN, DEFAULT_MODEL, ROOT
-from .golden import GoldenError, GoldenSet, StaleGolden
+from .golden import GoldenError, GoldenSet, StaleGolden, bit_faithful_here
 from .noise import load_noise
 from .report import format_table, new_run_dir, table, write_report
 from .targets import Target, get_target, parse_options
@@ -64,7 +64,9 @@ def run_parity(target: Target | str, *, target_options: Optional[dict] = None, m
     spec = spec_for(model_dir, ModelConfig.load(model_dir), spec_path)
     captured = target.capture(model_dir, gs.input_ids, spec_path=spec_path)
     diag = Diagnoser(DecodeProbe(model_dir, spec_path)) if diagnose else None
-    col = tolerance_column(target.compute_dtype, spec.activation_quant, target.bit_faithful)
+    # a bit-faithful target is so only where the golden set was computed the same way (golden.py)
+    faithful = target.bit_faithful and bit_faithful_here(gs.manifest, getattr(target, "device", "cpu"))
+    col = tolerance_column(target.compute_dtype, spec.activation_quant, faithful)
     noise = load_noise(golden_dir, col, exclude_target=target.name) if use_noise else None
     cmp = compare(gs.tensors, captured, order=gs.order, dtype=col, target_name=target.name,
                   tol_overrides=tol_overrides, diagnose=diag, noise=noise)

@@ -48,8 +48,11 @@ forces), and the quantizer fused into the GEMV (one launch) at M = 1 on layers o
 kernel on layers of > 16M weights at M <= 64, >= 16M at M <= 128 and > 4M above (it takes
 precedence over int8 cuBLAS at M = 256); TRIT_A8_GEMM=1 forces it from M = 17, 0 turns it off; TRIT_A8_GEMM_CFG=1|2|3|4 gives it
 other warp tiles (8 row tiles per warp, 16 weight tiles per CTA), TRIT_A8_GEMM_KS=n its split-K
-count (default: up to one wave of CTAs, >= 4 k-blocks each) and TRIT_A8_GEMM_WG=1|2 a wgmma main
-loop with 64 | 128 rows per CTA (compute capability 9.0 only; not yet measured).
+count (default: up to one wave of CTAs, >= 4 k-blocks each) and TRIT_A8_GEMM_WG=0|1|2 its main loop
+(mma.sync, or Hopper wgmma with 64 | 128 rows per CTA; _OVERLAP, _DEEP: the ring). On compute
+capability 9.0 with an sm_90a build the default loop is wgmma, chosen per shape (csrc/a8_route.h,
+H200 runs 19 / 20c), and the 128-row loop also takes M > 256 wherever it fills the GPU (ahead of
+int8 cuBLAS there).
 
 CUDA kernels come from the extension in csrc/, built on first import when CUDA is available
 (cached in $TRIT_BUILD_DIR or ~/.cache/trit). Set TRIT_NO_EXT=1 to skip it; CUDA tensors then
