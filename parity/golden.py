@@ -134,7 +134,7 @@ def bit_faithful_here(golden_manifest: dict, device: str = "cpu") -> bool:
     computed the same way (its manifest's ``compute`` equals this machine's). Across ISAs the fp32
     results differ in the last ulp, and in a model with int8 activation quantisation such a
     difference moves some x*127/absmax across a .5 boundary: one int8 step, compounding with depth
-    (measured: the committed tiny-bitnet golden, made on an AVX-512 host, against the reference on an
+    (measured: the committed tiny-bitnet golden, which CI hosts reproduced, against the reference on an
     AVX2-only AMD host: 42 of 60 tensors past the fp32 tier). A set without the field (made before it
     existed) counts as computed elsewhere."""
     made = golden_manifest.get("compute")
