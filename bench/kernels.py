@@ -20,6 +20,7 @@ import os
 import platform
 import signal
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -47,6 +48,18 @@ HUMMING_MS = (1, 16, 64, 128, 4096)  # humming JIT-compiles per shape and M buck
 
 def n_copies(nbytes: int, cap: int = 256) -> int:
     return max(2, min(cap, math.ceil(ROTATE_BYTES / max(nbytes, 1))))
+
+
+def gpu_state() -> dict | None:
+    """SM clock (MHz), power (W) and temperature (C) of GPU 0 from nvidia-smi, or None: recorded
+    before and after each row, since the largest problems can run at power-limited clocks."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=clocks.sm,power.draw,temperature.gpu",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+        sm, pw, tc = (v.strip() for v in out.strip().splitlines()[0].split(","))
+        return {"sm_mhz": float(sm), "power_w": float(pw), "temp_c": float(tc)}
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
 
 
 def time_graph(calls, reps: int = 7) -> float:
@@ -271,6 +284,9 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                     variants.pop(name, None)
         if hum_layers and M in HUMMING_MS:
             variants["humming"] = lambda i: hum_layers[i % len(hum_layers)](x)
+        if M >= 1024:  # the default once more, last: run 20 timed `a8` 7-25% slower at M = 4096 than
+            variants["a8_last"] = variants["a8"]  # the same kernel later in the row (order / clocks?)
+        row["gpu_before"] = gpu_state()
         for name, f in variants.items():
             if quick and name.startswith("a8") and big:
                 continue
@@ -296,6 +312,7 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             torch.cuda.synchronize()
             if name == "humming":
                 hum.spent += time.time() - t_start
+        row["gpu_after"] = gpu_state()
         if hum_err:
             row["humming_error"] = hum_err[:300]
         b = row.get("bf16_us")
