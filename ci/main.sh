@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the bundled default model: regenerate goldens from the fp32 reference into a
-# scratch set (the committed golden/ stays untouched), check they equal the committed ones,
+# scratch set (the committed golden/ stays untouched), check they equal the committed ones (bit
+# for bit where both were computed on the same kind of host, else within the fp32-a8 tiers),
 # then run the parity suite's bf16 target against them and print the per-layer table.
 set -euo pipefail
 cd "$(dirname "$0")/.."

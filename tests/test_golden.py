@@ -125,3 +125,32 @@ def test_inputs_fill_rows_with_a_large_vocabulary_tokenizer(tmp_path):
     ids, desc = fixed_inputs(tmp_path, len(vocab) + 3)
     assert ids.shape == (4, 64) and desc["source"] == "tokenizer"
     assert not torch.equal(ids[0], ids[1])
+
+
+def test_golden_diff_strict_on_same_hardware_tiers_across(gold, tmp_path):
+    """parity.golden_diff: a difference past 1e-6 fails between sets computed the same way, and is
+    judged by the fp32-a8 tiers between sets from different hardware (a missing `compute` counts
+    as different); past those tiers it fails there too."""
+    from safetensors.torch import load_file, save_file
+    from parity.golden import sha256_tensor
+    from parity.golden_diff import main as gd_main
+
+    def variant(name, scale, compute):
+        out = tmp_path / name
+        shutil.copytree(gold, out)
+        data = load_file(str(out / "tensors.safetensors"))
+        data["layer1.mlp.up_proj"] = data["layer1.mlp.up_proj"] * scale
+        save_file(data, str(out / "tensors.safetensors"))
+        m = json.loads((out / "manifest.json").read_text())
+        m["tensors"]["layer1.mlp.up_proj"]["sha256"] = sha256_tensor(data["layer1.mlp.up_proj"])
+        if compute is None:
+            m.pop("compute")
+        else:
+            m["compute"] = compute
+        (out / "manifest.json").write_text(json.dumps(m))
+        return str(out)
+
+    assert gd_main([str(gold), variant("same", 1.001, compute_fingerprint())]) == 1
+    assert gd_main([str(gold), variant("other", 1.001, "cpu:SOME_OTHER_ISA")]) == 0
+    assert gd_main([str(gold), variant("unrecorded", 1.001, None)]) == 0
+    assert gd_main([str(gold), variant("other-far", 1.2, "cpu:SOME_OTHER_ISA")]) == 1
