@@ -93,12 +93,14 @@ for knobs in ({}, {"TRIT_A8_FUSEQ": "1", "TRIT_WN": "2", "TRIT_A8_DENSE_MIN_M": 
 torch.cuda.synchronize()
 print("driver done")
 PYEOF
+  # SAN_TIMEOUT (default 300 s per tool): run 20's racecheck needed more than 120 s once the deep
+  # rings and the M = 300 wgmma shape joined the driver (run 19: < 110 s without them).
   # racecheck also instruments the cuBLAS kernels the large-M routes call; run 10 saw it report
   # hazards inside cuBLAS's own nvjet_* GEMM (a bf16 large-M a8 route, since removed), NVIDIA's code, not
   # ours. Hazards count against us only when the reported kernel is not a cuBLAS one.
   for tool in memcheck racecheck; do
     echo "--- $tool" | tee -a "$OUT/sanitizer.txt"
-    TRIT_KERNEL=${SAN_KERNEL:-v5} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_TIMEOUT:-200} compute-sanitizer --tool $tool --error-exitcode 9 \
+    TRIT_KERNEL=${SAN_KERNEL:-v5} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool $tool --error-exitcode 9 \
       $PY /tmp/trit_sanitize_driver.py > /tmp/san-$tool.txt 2>&1
     st=$?
     tail -25 /tmp/san-$tool.txt | tee -a "$OUT/sanitizer.txt"
