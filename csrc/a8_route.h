@@ -22,7 +22,8 @@
 //   rows padding) the shallow 64-row loop (28672x8192 M = 192 122.0 vs 135.3, 14336x4096 37.3 vs 42.7).
 // - Above M = 256 the 128-row loop wherever its tiles alone give >= 48 CTAs (28672x8192 M = 4096 1779
 //   us vs int8 cuBLAS 2519, bf16 2357; it lost only on 640x2560 M = 1024, 5 x 8 CTAs: 29.1 vs 25.3
-//   int8), else int8 cuBLAS. The kernel's index arithmetic is 32-bit: larger problems stay there too.
+//   int8), else int8 cuBLAS. Problems of >= 2^31 bytes of quantized x or of outputs stay there too
+//   (past anything measured; the grid's y extent, M / 128 <= 65535, ends the kernel's range later).
 #pragma once
 
 #include <stdint.h>
@@ -33,11 +34,15 @@ enum A8Loop { kA8LoopNone = -1, kA8LoopMma = 0, kA8LoopWg = 1, kA8LoopWgDeep = 2
 
 inline long long cdiv(long long a, long long b) { return (a + b - 1) / b; }
 
+// within the sizes the 128-row loop takes above M = 256 (forced or by default)
+inline bool a8_wg2_fits(int M, int N, int K) {
+  const long long Kp = cdiv(K, 128) * 128, Mp = cdiv(M, 128) * 128;
+  return Mp * Kp < (1LL << 31) && Mp * (long long)N < (1LL << 31);
+}
+
 // M > 256: the 128-row wgmma loop, or kA8LoopNone (int8 cuBLAS)
 inline bool a8_wg2_large_m(int M, int N, int K) {
-  const long long Kp = cdiv(K, 128) * 128, Mp = cdiv(M, 128) * 128;
-  if (Mp * Kp >= (1LL << 31) || Mp * (long long)N >= (1LL << 31)) return false;
-  return cdiv(N, 128) * cdiv(M, 128) >= 48;
+  return a8_wg2_fits(M, N, K) && cdiv(N, 128) * cdiv(M, 128) >= 48;
 }
 
 // The loop for a problem the GEMM kernel takes (bindings.cpp a8_gemm_on), on an sm_90a build at

@@ -1975,7 +1975,8 @@ bool wgmma_supported() {
 // CTA; ov: the next k-block fetched under the running wgmma; deep: its deeper ring. By default (no
 // TRIT_A8_GEMM_WG) a8_route.h's measured choice on compute capability 9.0 with an sm_90a build
 // (wgmma_supported), the mma.sync loop elsewhere; TRIT_A8_GEMM_WG = 0 | 1 | 2 forces the loop
-// (overlapped), TRIT_A8_GEMM_WG_OVERLAP / _DEEP = 0 | 1 override ov / deep of either.
+// (overlapped), TRIT_A8_GEMM_WG_OVERLAP / _DEEP = 0 | 1 override ov / deep of either; an mma.sync
+// warp tile named by TRIT_A8_GEMM_CFG = 1-4 (with TRIT_A8_GEMM_WG unset) runs that tile.
 struct GemmLoop {
   int wg;
   bool ov, deep, autom;  // autom: chosen by a8_gemm_auto_loop
@@ -1987,6 +1988,8 @@ GemmLoop gemm_loop(int M, int N, int K) {
   if (e >= 0) {
     l.wg = (e == 1 || e == 2) ? e : 0;
     l.ov = true;
+  } else if (const int c = env_int("TRIT_A8_GEMM_CFG", 0); c >= 1 && c <= 4) {
+    return l;  // an mma.sync warp tile asked for by name: that loop
   } else {
     l.autom = true;
     switch (trit_route::a8_gemm_auto_loop(M, N, K, sm_count())) {
@@ -2227,7 +2230,8 @@ extern "C" int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const
 extern "C" int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, const float* scale,
                                const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
                                int32_t* rowsum, int32_t* ws, void* stream) {
-  if (M <= 16 || (M > kA8GemmMaxM && gemm_loop(M, N, K).wg != 2)) return (int)cudaErrorInvalidValue;
+  if (M <= 16 || (M > kA8GemmMaxM && trit_mm_a8_gemm_wg(M, N, K) != 2 && trit_mm_a8_gemm_wg(M, N, K) != -2))
+    return (int)cudaErrorInvalidValue;
   return visit_float_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return (int)launch_a8_gemm<T>((const T*)x, packed, scale, (const T*)bias, (T*)y, M, N, K, xq, xs, rowsum, ws,
@@ -2243,6 +2247,7 @@ extern "C" int trit_mm_a8_gemm_xq_rows(int M, int N, int K) { return gemm_shape(
 // forced loop.
 extern "C" int trit_mm_a8_gemm_wg(int M, int N, int K) {
   const GemmLoop l = gemm_loop(M, N, K);
+  if (M > kA8GemmMaxM && l.wg == 2 && !trit_route::a8_wg2_fits(M, N, K)) return 0;  // forced, too large
   return (M > kA8GemmMaxM && l.wg == 2 && l.autom) ? -2 : l.wg;
 }
 

@@ -119,13 +119,28 @@ class GoldenSet:
         return why
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
 def compute_fingerprint(device: str = "cpu") -> str:
-    """Where fp32 results were computed, as far as it decides their last bits: the CPU kernels' ISA
-    (torch picks AVX2 / AVX512 / ... code paths, which sum in different orders and evaluate exp, sin
-    or rsqrt to different ulps) or the GPU model."""
+    """Where fp32 results were computed, as far as it decides their last bits: on a CPU the kernels'
+    ISA (torch picks AVX2 / AVX512 / ... code paths, which sum in different orders and evaluate exp,
+    sin or rsqrt to different ulps), the CPU model (BLAS libraries choose code paths by vendor), the
+    intra-op thread count (how reductions are split) and the torch build; on a GPU its model and the
+    torch / CUDA build."""
     if str(device).startswith("cuda"):
-        return "cuda:" + torch.cuda.get_device_name(torch.device(device))
-    return "cpu:" + torch.backends.cpu.get_cpu_capability()
+        return (f"cuda:{torch.cuda.get_device_name(torch.device(device))}|torch {torch.__version__}"
+                f"|cuda {torch.version.cuda}")
+    return (f"cpu:{torch.backends.cpu.get_cpu_capability()}|{_cpu_model()}|threads {torch.get_num_threads()}"
+            f"|torch {torch.__version__}")
 
 
 def bit_faithful_here(golden_manifest: dict, device: str = "cpu") -> bool:

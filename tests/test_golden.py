@@ -53,6 +53,7 @@ def test_committed_golden_is_fresh_and_reproducible(gold):
 def test_fresh_golden_records_where_it_was_computed(gold):
     m = GoldenSet.load(gold).manifest
     assert m["compute"] == compute_fingerprint() and m["compute"].startswith("cpu:")
+    assert f"threads {torch.get_num_threads()}" in m["compute"] and torch.__version__ in m["compute"]
     assert bit_faithful_here(m) and not bit_faithful_here({**m, "compute": "cpu:SOME_OTHER_ISA"})
     assert not bit_faithful_here({k: v for k, v in m.items() if k != "compute"})
 

@@ -270,6 +270,8 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
         monkeypatch.setenv("TRIT_WN", "2")
     if "gemm" in kernel:  # the GEMM-shaped a8 kernel at M = 24 and 64 (cp.async ring, PDL wait)
         monkeypatch.setenv("TRIT_A8_GEMM", "1")
+        if "gemm-wg" not in kernel:  # its mma.sync loop (on sm_90a the default route would pick wgmma)
+            monkeypatch.setenv("TRIT_A8_GEMM_WG", "0")
     if kernel.endswith("gemm-late"):  # weights only after the PDL wait (TRIT_A8_GEMM_EARLY=0, not the default), split 3
         monkeypatch.setenv("TRIT_A8_GEMM_EARLY", "0")
         monkeypatch.setenv("TRIT_A8_GEMM_KS", "3")
@@ -346,8 +348,10 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
         monkeypatch.setenv("TRIT_A8_GEMM", "0")
         y0 = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
         monkeypatch.setenv("TRIT_A8_GEMM", "1")
-        y1 = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+        y1 = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)  # the route's own loop (sm_90a: wgmma)
         assert torch.equal(y1, y0), f"a8 gemm vs default M={M} N={N} K={K} {dtype}"
+        monkeypatch.setenv("TRIT_A8_GEMM_WG", "0")  # below: the mma.sync loop and its knobs
+        assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), f"a8 gemm mma.sync M={M} N={N}"
         for ks in ("1", "2", "3", "7", "16"):  # split-K forced: exact integer sums in any order; the
             monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)  # workspace (slices and counters) poisoned first
             junk = torch.full((1 << 20,), -7, dtype=torch.int32, device=DEV)
