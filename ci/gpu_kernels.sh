@@ -73,6 +73,8 @@ for knobs in ({}, {"TRIT_A8_FUSEQ": "1", "TRIT_WN": "2", "TRIT_A8_DENSE_MIN_M": 
               {"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_CFG": "1"}, {"TRIT_A8_GEMM_CFG": "2"}, {"TRIT_A8_GEMM_CFG": "3"},
               {"TRIT_A8_GEMM_CFG": "4"},
               {"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_KS": "3"}, {"TRIT_A8_GEMM_CFG": "0"},
+              # the default mma.sync tiles (on sm_90a the auto route runs wgmma unless WG=0)
+              {"TRIT_A8_GEMM_WG": "0"},
               {"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_KS": "3", "TRIT_A8_GEMM_EARLY": "0"},
               {"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_KS": "3", "TRIT_A8_GEMM_EARLY": "1", "TRIT_A8_GEMM_WG": "1"},
               {"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_KS": "0"}, {"TRIT_A8_GEMM_WG": "2"},
