@@ -59,11 +59,13 @@ CATEGORIES = [  # (category, substrings of kernel names), first match wins
 # (TRIT_A8_GEMM=1) / turned off (0); the default picks it by shape at 32 < M <= 256. -wg / -wg2: that
 # kernel's wgmma main loop with 64 / 128 rows per CTA wherever the default routes run it
 # (TRIT_A8_GEMM_WG=1 / 2, with the next k-block fetched under the running wgmma); -mma: its mma.sync
-# loop everywhere (TRIT_A8_GEMM_WG=0: the default before H200 run 19, and off Hopper); -deep: the
-# default routes with the deeper wgmma ring (TRIT_A8_GEMM_WG_DEEP=1)
+# loop everywhere (TRIT_A8_GEMM_WG=0: the default before H200 run 19, and off Hopper); -deep / -nodeep:
+# the default routes (csrc/a8_route.h) with every wgmma loop on the deeper ring / none of them on it
+# (TRIT_A8_GEMM_WG_DEEP=1 / 0: what the deep 64-row ring adds end to end)
 _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        "-wg2": {"TRIT_A8_GEMM_WG": "2", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
-       "-mma": {"TRIT_A8_GEMM_WG": "0"}, "-deep": {"TRIT_A8_GEMM_WG_DEEP": "1"}}
+       "-mma": {"TRIT_A8_GEMM_WG": "0"}, "-deep": {"TRIT_A8_GEMM_WG_DEEP": "1"},
+       "-nodeep": {"TRIT_A8_GEMM_WG_DEEP": "0"}}
 VARIANTS = {"ours-gemm": ("ours", {"TRIT_A8_GEMM": "1"}), "ours-bitnet-gemm": ("ours-bitnet", {"TRIT_A8_GEMM": "1"}),
             "ours-nogemm": ("ours", {"TRIT_A8_GEMM": "0"}), "ours-bitnet-nogemm": ("ours-bitnet", {"TRIT_A8_GEMM": "0"}),
             **{base + sfx: (base, env) for base in ("ours", "ours-bitnet", "ours-llama") for sfx, env in _WG.items()}}

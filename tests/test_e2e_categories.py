@@ -30,3 +30,4 @@ def test_wgmma_variants_follow_their_base_config():
     assert [c[0] for c in configs("2b", ["ours-bitnet-wg2"])] == ["ours-bitnet-wg2"]
     assert configs("8b", ["ours-mma"])[0][4] == {"TRIT_A8_GEMM_WG": "0"}
     assert configs("2b", ["ours-bitnet-deep"])[0][4] == {"TRIT_A8_GEMM_WG_DEEP": "1"}
+    assert configs("8b", ["ours-nodeep"])[0][4] == {"TRIT_A8_GEMM_WG_DEEP": "0"}
