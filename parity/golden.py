@@ -143,6 +143,12 @@ def compute_fingerprint(device: str = "cpu") -> str:
             f"|torch {torch.__version__}")
 
 
+def computed_alike(made_a: Optional[str], made_b: Optional[str]) -> bool:
+    """Two `compute` records (compute_fingerprint) of golden sets or hosts: the same kind of
+    hardware, so fp32 results agree to the last bit; an unrecorded one counts as different."""
+    return made_a is not None and made_a == made_b
+
+
 def bit_faithful_here(golden_manifest: dict, device: str = "cpu") -> bool:
     """Whether a target that reproduces the reference's arithmetic (ReferenceTarget, its planted-fault
     copies, transformers in fp32) can match this golden set bit for bit here: only where the set was
@@ -152,8 +158,7 @@ def bit_faithful_here(golden_manifest: dict, device: str = "cpu") -> bool:
     (measured: the committed tiny-bitnet golden, which CI hosts reproduced, against the reference on an
     AVX2-only AMD host: 42 of 60 tensors past the fp32 tier). A set without the field (made before it
     existed) counts as computed elsewhere."""
-    made = golden_manifest.get("compute")
-    return made is not None and made == compute_fingerprint(device)
+    return computed_alike(golden_manifest.get("compute"), compute_fingerprint(device))
 
 
 def write_golden(out: Path, tensors: dict, order: list, input_ids: torch.Tensor, *, model_dir: Path, spec,

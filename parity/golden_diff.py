@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from .golden import GoldenError, GoldenSet
+from .golden import GoldenError, GoldenSet, computed_alike
 from .tolerances import resolve
 
 
@@ -23,7 +23,7 @@ def diff(new: GoldenSet, old: GoldenSet, rtol: float, cross_column: str = "fp32-
     problems = []
     made_new, made_old = new.manifest.get("compute"), old.manifest.get("compute")
     tiers = None
-    if made_new is None or made_new != made_old:
+    if not computed_alike(made_new, made_old):
         tiers = resolve(cross_column)
         print(f"computed on {made_new or 'unrecorded hardware'} vs {made_old or 'unrecorded hardware'}: "
               f"compared within the {cross_column} tiers, not to {rtol:g}")
@@ -65,14 +65,15 @@ def main(argv=None) -> int:
                     help="tolerance column (parity.tolerances) for sets computed on different hardware")
     a = ap.parse_args(argv)
     try:
-        problems = diff(GoldenSet.load(a.new), GoldenSet.load(a.old), a.rtol, a.cross_column)
+        new, old = GoldenSet.load(a.new), GoldenSet.load(a.old)
+        problems = diff(new, old, a.rtol, a.cross_column)
     except GoldenError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if problems:
         print("golden sets differ:\n  " + "\n  ".join(problems))
         return 1
-    same = GoldenSet.load(a.new).manifest.get("compute") == GoldenSet.load(a.old).manifest.get("compute") is not None
+    same = computed_alike(new.manifest.get("compute"), old.manifest.get("compute"))
     print(f"golden sets agree: {a.new} == {a.old}" + ("" if same else f" (within the {a.cross_column} tiers)"))
     return 0
 

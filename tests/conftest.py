@@ -2,6 +2,16 @@
 import pytest
 
 
+@pytest.fixture(scope="session")
+def fresh_golden(tmp_path_factory):
+    """The bundled model's golden set dumped on this machine (read only; copy it to change it): what
+    the bit-faithful reference targets match bit for bit, wherever the committed set was made."""
+    from parity.dump import DEFAULT_MODEL, dump_reference
+    out = tmp_path_factory.mktemp("fresh-golden") / "tiny-bitnet"
+    dump_reference(DEFAULT_MODEL, out)
+    return out
+
+
 @pytest.fixture(scope="module")
 def vllm_env(tmp_path_factory):
     """A vLLM config context + world-size-1 TP group, as the engine sets up before building a model."""

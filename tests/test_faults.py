@@ -6,7 +6,7 @@ the same way (parity.golden.bit_faithful_here); the committed set may come from 
 import pytest
 
 from parity import faults
-from parity.dump import DEFAULT_MODEL, dump_reference
+from parity.dump import DEFAULT_MODEL
 from parity.run import run_parity
 from parity.targets.reference import FaultyTarget
 from reference.config import ModelConfig
@@ -22,11 +22,9 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def local_golden(tmp_path_factory):
-    out = tmp_path_factory.mktemp("golden") / "tiny-bitnet"
-    dump_reference(DEFAULT_MODEL, out)
-    return out
+@pytest.fixture
+def local_golden(fresh_golden):
+    return fresh_golden
 
 
 @pytest.mark.parametrize("desc,ov,where,hint", CASES, ids=[c[0] for c in CASES])
