@@ -150,12 +150,9 @@ bool a8_gemm_on(int64_t M, int64_t N, int64_t K) {
   const char* e = getenv("TRIT_A8_GEMM");
   const bool forced = e != nullptr && strcmp(e, "1") == 0;
   if (M <= 16 || (e != nullptr && strcmp(e, "0") == 0)) return false;
-  if (M > 256) {  // only the 128-row wgmma loop (else int8 cuBLAS, a8_dense): ternary_gemm.cu
-    // trit_mm_a8_gemm_wg = 2 where TRIT_A8_GEMM_WG=2 forces it, -2 where the default route takes it
-    // (a8_route.h: compute capability 9.0, >= 48 CTAs; H200 run 19)
-    const int wg = trit_mm_a8_gemm_wg((int)M, (int)N, (int)K);
-    return wg == -2 || (wg == 2 && forced);
-  }
+  // above M = 256 only the 128-row wgmma loop, where a8_route.h picks it (compute capability 9.0,
+  // >= 48 CTAs; H200 run 19) or TRIT_A8_GEMM_WG=2 forces it; else int8 cuBLAS (a8_dense)
+  if (M > 256) return trit_mm_a8_gemm_wg((int)M, (int)N, (int)K) == 2;
   if (forced) return true;
   const int64_t nk = N * K;
   if (M <= 32) return false;

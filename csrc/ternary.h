@@ -41,7 +41,7 @@ int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const float* sca
                const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
                int32_t* rowsum, void* stream);
 // The same through the GEMM-shaped kernel (M > 16; above 256 only with its 128-row wgmma loop,
-// trit_mm_a8_gemm_wg(M, N, K) == 2 or -2 (the default route); bindings.cpp a8_gemm_on picks it):
+// trit_mm_a8_gemm_wg(M, N, K) == 2; bindings.cpp a8_gemm_on picks it):
 // xq must hold trit_mm_a8_gemm_xq_rows(M, N, K) rows (M rounded up to the CTA's rows: 32, 64 or
 // 128) of ceil(K / 128) * 128 bytes; ws trit_mm_a8_gemm_ws_ints(M, N, K) int32 (split-K tile
 // counters and partial sums; the kernels zero what needs it), or null when that is 0 (no split-K).

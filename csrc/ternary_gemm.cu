@@ -1979,10 +1979,10 @@ bool wgmma_supported() {
 // warp tile named by TRIT_A8_GEMM_CFG = 1-4 (with TRIT_A8_GEMM_WG unset) runs that tile.
 struct GemmLoop {
   int wg;
-  bool ov, deep, autom;  // autom: chosen by a8_gemm_auto_loop
+  bool ov, deep;
 };
 GemmLoop gemm_loop(int M, int N, int K) {
-  GemmLoop l{0, false, false, false};
+  GemmLoop l{0, false, false};
   if (!wgmma_supported()) return l;
   const int e = env_int("TRIT_A8_GEMM_WG", -1);
   if (e >= 0) {
@@ -1991,11 +1991,10 @@ GemmLoop gemm_loop(int M, int N, int K) {
   } else if (const int c = env_int("TRIT_A8_GEMM_CFG", 0); c >= 1 && c <= 4) {
     return l;  // an mma.sync warp tile asked for by name: that loop
   } else {
-    l.autom = true;
     switch (trit_route::a8_gemm_auto_loop(M, N, K, sm_count())) {
-      case trit_route::kA8LoopWg: l = {1, true, false, true}; break;
-      case trit_route::kA8LoopWgDeep: l = {1, true, true, true}; break;
-      case trit_route::kA8LoopWg2: l = {2, true, false, true}; break;
+      case trit_route::kA8LoopWg: l = {1, true, false}; break;
+      case trit_route::kA8LoopWgDeep: l = {1, true, true}; break;
+      case trit_route::kA8LoopWg2: l = {2, true, false}; break;
       default: break;  // mma.sync (or, above M = 256, not this kernel)
     }
   }
@@ -2230,8 +2229,7 @@ extern "C" int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const
 extern "C" int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, const float* scale,
                                const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
                                int32_t* rowsum, int32_t* ws, void* stream) {
-  if (M <= 16 || (M > kA8GemmMaxM && trit_mm_a8_gemm_wg(M, N, K) != 2 && trit_mm_a8_gemm_wg(M, N, K) != -2))
-    return (int)cudaErrorInvalidValue;
+  if (M <= 16 || (M > kA8GemmMaxM && trit_mm_a8_gemm_wg(M, N, K) != 2)) return (int)cudaErrorInvalidValue;
   return visit_float_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return (int)launch_a8_gemm<T>((const T*)x, packed, scale, (const T*)bias, (T*)y, M, N, K, xq, xs, rowsum, ws,
@@ -2242,13 +2240,12 @@ extern "C" int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, 
 extern "C" int trit_mm_a8_gemm_xq_rows(int M, int N, int K) { return gemm_shape(M, N, K).Mp; }
 
 // The main loop a8_gemm_kernel runs at (M, N, K) (gemm_loop): 0 mma.sync, 1 / 2 wgmma with 64 / 128 x
-// rows per CTA; above M = 256 the kernel runs only with 2, returned as -2 where the default route
-// (a8_route.h, no TRIT_A8_GEMM_WG) takes it, so that bindings.cpp a8_gemm_on can tell it from a
-// forced loop.
+// rows per CTA. Above M = 256 the kernel runs only with 2 (a8_route.h's choice, or TRIT_A8_GEMM_WG=2)
+// and only within a8_wg2_fits; elsewhere this returns 0 there (int8 cuBLAS).
 extern "C" int trit_mm_a8_gemm_wg(int M, int N, int K) {
   const GemmLoop l = gemm_loop(M, N, K);
-  if (M > kA8GemmMaxM && l.wg == 2 && !trit_route::a8_wg2_fits(M, N, K)) return 0;  // forced, too large
-  return (M > kA8GemmMaxM && l.wg == 2 && l.autom) ? -2 : l.wg;
+  if (M > kA8GemmMaxM && (l.wg != 2 || !trit_route::a8_wg2_fits(M, N, K))) return 0;
+  return l.wg;
 }
 
 extern "C" long long trit_mm_a8_gemm_ws_ints(int M, int N, int K) {
