@@ -70,7 +70,14 @@ _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        "-nodeep": {"TRIT_A8_GEMM_WG_DEEP": "0"}, "-fuseq": {"TRIT_A8_FUSEQ": "1"}}
 VARIANTS = {"ours-gemm": ("ours", {"TRIT_A8_GEMM": "1"}), "ours-bitnet-gemm": ("ours-bitnet", {"TRIT_A8_GEMM": "1"}),
             "ours-nogemm": ("ours", {"TRIT_A8_GEMM": "0"}), "ours-bitnet-nogemm": ("ours-bitnet", {"TRIT_A8_GEMM": "0"}),
-            **{base + sfx: (base, env) for base in ("ours", "ours-bitnet", "ours-llama") for sfx, env in _WG.items()}}
+            **{base + sfx: (base, env) for base in ("ours", "ours-bitnet", "ours-llama") for sfx, env in _WG.items()},
+            # the activation quantizer as torch ops in front of the op (TRIT_A8_PREQUANT, trit.vllm.quant
+            # prequant_selected): Inductor fuses it into the norm / activation kernel before the layer and the
+            # M <= 8 GEMV runs alone; Llama: the layers behind a norm or SiLU-mul (o_proj's input comes from
+            # attention), BitNet: every layer (its sub-norms sit in front of o_proj and down_proj)
+            "ours-preq": ("ours", {"TRIT_A8_PREQUANT": "qkv_proj,gate_up_proj,down_proj"}),
+            "ours-llama-preq": ("ours-llama", {"TRIT_A8_PREQUANT": "qkv_proj,gate_up_proj,down_proj"}),
+            "ours-bitnet-preq": ("ours-bitnet", {"TRIT_A8_PREQUANT": "1"})}
 
 
 def configs(shape: str, only):

@@ -90,6 +90,7 @@ for knobs in ({}, {"TRIT_A8_FUSEQ": "1", "TRIT_WN": "2", "TRIT_A8_DENSE_MIN_M": 
           p, s, b = ops.repack(w), torch.rand(N, device="cuda"), torch.randn(N, device="cuda").to(dt)
           for op in (torch.ops.trit.ternary_mm, torch.ops.trit.ternary_mm_a8, torch.ops.trit.ternary_mm_naive):
               op(x, p, s, N, K, b)
+          torch.ops.trit.ternary_mm_a8q(x, *ops.a8_quantize(x), p, s, N, K, b)  # M <= 8: the GEMV on given xq
           torch.ops.trit.ternary_decode(p, s, N, K, dt)
       torch.ops.trit.ternary_decode(p, None, N, K, torch.int8)
 torch.cuda.synchronize()

@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -220,6 +221,43 @@ at::Tensor ternary_mm_a8_cuda(const at::Tensor& x, const at::Tensor& packed, con
   return a.y;
 }
 
+// ternary_mm_a8 with x's quantization given (trit.ops.a8_quantize(x) -> xq, xs, rowsum; under
+// torch.compile the norm / activation kernel that produces x computes them too). Where the M <= 8
+// GEMV runs (trit_mm_a8_pre_ok) it reads them and no quantizer runs; elsewhere (larger M, TRIT_KERNEL=v4,
+// an xq not 16-byte aligned) x is quantized again by the kernels of ternary_mm_a8 - the same values
+// where xq came from a8_quantize in eager mode.
+at::Tensor ternary_mm_a8q_cuda(const at::Tensor& x, const at::Tensor& xq, const at::Tensor& xs,
+                               const at::Tensor& rowsum, const at::Tensor& packed, const at::Tensor& scale, int64_t N,
+                               int64_t K, const std::optional<at::Tensor>& bias) {
+  const char* op = "trit::ternary_mm_a8q";
+  c10::DeviceGuard guard(x.device());
+  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got ", x.sizes(),
+              " (trit.ops.ternary_linear_a8_pre accepts any rank)");
+  TORCH_CHECK(x.size(1) == K, op, ": x.size(1)=", x.size(1), " but K=", K);
+  const int64_t M = x.size(0);
+  const int64_t Kp = (K + 127) / 128 * 128;
+  TORCH_CHECK(xq.scalar_type() == at::kChar && xq.dim() == 2 && xq.size(0) == M && xq.size(1) == Kp, op,
+              ": xq must be int8 [M, ceil(K/128)*128] = [", M, ", ", Kp, "] (trit.ops.a8_quantize), got ",
+              xq.scalar_type(), " ", xq.sizes());
+  TORCH_CHECK(xs.scalar_type() == at::kFloat && xs.dim() == 1 && xs.size(0) == M, op, ": xs must be float32 [M]=[",
+              M, "], got ", xs.scalar_type(), " ", xs.sizes());
+  TORCH_CHECK(rowsum.scalar_type() == at::kInt && rowsum.dim() == 1 && rowsum.size(0) == M, op,
+              ": rowsum must be int32 [M]=[", M, "], got ", rowsum.scalar_type(), " ", rowsum.sizes());
+  for (const at::Tensor* t : {&xq, &xs, &rowsum})
+    TORCH_CHECK(t->device() == x.device(), op, ": xq / xs / rowsum must be on ", x.device(), ", got ", t->device());
+  const bool direct = M >= 1 && trit_mm_a8_pre_ok((int)M, (int)N, (int)K) && xq.is_contiguous() &&
+                      xs.is_contiguous() && rowsum.is_contiguous() &&
+                      reinterpret_cast<uintptr_t>(xq.data_ptr()) % 16 == 0;
+  if (!direct) return ternary_mm_a8_cuda(x, packed, scale, N, K, bias);
+  MmArgs a = prepare(x, packed, scale, N, K, bias, op);
+  check_launch(trit_mm_a8_pre(a.dtype, packed.data_ptr<int32_t>(), scale.data_ptr<float>(),
+                              a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N, (int)K,
+                              xq.data_ptr<int8_t>(), xs.data_ptr<float>(), rowsum.data_ptr<int32_t>(),
+                              current_stream(x)),
+               op);
+  return a.y;
+}
+
 at::Tensor ternary_decode_cuda(const at::Tensor& packed, const std::optional<at::Tensor>& scale, int64_t N,
                                int64_t K, at::ScalarType dtype) {
   const char* op = "trit::ternary_decode";
@@ -243,5 +281,6 @@ TORCH_LIBRARY_IMPL(trit, CUDA, m) {
   m.impl("ternary_mm", &ternary_mm_cuda);
   m.impl("ternary_mm_naive", &ternary_mm_naive_cuda);
   m.impl("ternary_mm_a8", &ternary_mm_a8_cuda);
+  m.impl("ternary_mm_a8q", &ternary_mm_a8q_cuda);
   m.impl("ternary_decode", &ternary_decode_cuda);
 }

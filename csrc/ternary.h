@@ -40,6 +40,13 @@ int trit_mm_naive(int dtype, const void* x, const int32_t* packed, const float* 
 int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const float* scale,
                const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
                int32_t* rowsum, void* stream);
+// The same on activations quantized by the caller (trit.ops.a8_quantize: xq int8 [M, ceil(K/128)*128]
+// row-major, zeros past K, each group of 8 inputs in the order {0,4,1,5,2,6,3,7}; xs = 127 / absmax
+// float [M]; rowsum = sum of xq int32 [M]): the M <= 8 GEMV without its quantizer. Only where
+// trit_mm_a8_pre_ok(M, N, K) (the v5 MT = 1 kernel runs there), else cudaErrorInvalidValue.
+int trit_mm_a8_pre_ok(int M, int N, int K);
+int trit_mm_a8_pre(int dtype, const int32_t* packed, const float* scale, const void* bias, void* y, int M, int N,
+                   int K, const int8_t* xq, const float* xs, const int32_t* rowsum, void* stream);
 // The same through the GEMM-shaped kernel (M > 16; above 256 only with its 128-row wgmma loop,
 // trit_mm_a8_gemm_wg(M, N, K) == 2; bindings.cpp a8_gemm_on picks it):
 // xq must hold trit_mm_a8_gemm_xq_rows(M, N, K) rows (M rounded up to the CTA's rows: 32, 64 or

@@ -2096,19 +2096,27 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
   });
 }
 
+// pre (trit_mm_a8_pre): xq / xs / rowsum already hold x quantized in the MT = 1 layout (row-major
+// [M, Kp], groups of 8 in quant_rows_perm_kernel's order; trit.ops.a8_quantize, which the model's
+// compiler fuses into the norm or activation kernel that produces x): no quantizer launch, no fused
+// quantizer, x unused. Only where the v5 MT = 1 kernel runs (a8_pre_ok).
+bool a8_pre_ok(int M, int N, int K) { return M >= 1 && M <= 8 && a8_v5(M, N, K) && knobs().v5; }
+
 template <typename T>
 cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
                         int M, int N, int K, int8_t* xq, float* xs, int32_t* rowsum,
-                        cudaStream_t st) {
+                        cudaStream_t st, bool pre = false) {
   const int KB = (K + kBlockK - 1) / kBlockK;
   const bool v5 = a8_v5(M, N, K);
   const Knobs kn = v5 ? knobs() : Knobs{false, false, 0, 0, 0, 1, 0};
+  if (pre && !(v5 && kn.v5 && M <= 8)) return cudaErrorInvalidValue;
   if (v5 && kn.v5) {
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
     const bool pdl = kn.pdl && pdl_supported();
     Cfg cfg = small_cfg(kn, M, N, K, true);
+    if (pre && cfg.mt != 1) return cudaErrorInvalidValue;
     // the fused quantizer: M <= 8, vector loads of x, its shared memory within the default 48 KB
-    const bool want_fuseq = kn.fuseq == 1 || (kn.fuseq < 0 && cfg.wn == 1 && fuseq_auto(M, N, K));
+    const bool want_fuseq = !pre && (kn.fuseq == 1 || (kn.fuseq < 0 && cfg.wn == 1 && fuseq_auto(M, N, K)));
     const bool fuseq = want_fuseq && cfg.mt == 1 && vec && cfg.ks * 512 + fuseq_smem(M, KB) <= 48 * 1024;
     if (fuseq) {  // one tile per warp, one warp along N; ks as for a WN = 1 launch
       if (cfg.wn != 1) {
@@ -2117,7 +2125,7 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
         cfg = small_cfg(k1, M, N, K, true);
       }
       cfg.nw = 1;
-    } else {
+    } else if (!pre) {
       const int Mp = cfg.mt == 1 ? 0 : 8 * cfg.mt;  // k-block-major xq for MT >= 2, zero rows to 8 * MT
       cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(cfg.mt == 1 ? M : Mp), dim3(256), 0, st, pdl, x,
                                 xq, xs, rowsum, M, K, KB * kBlockK, Mp, vec, (int32_t*)nullptr, 0);
@@ -2223,6 +2231,18 @@ extern "C" int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const
     using T = typename decltype(tag)::type;
     return (int)dispatch_a8<T>((const T*)x, packed, scale, (const T*)bias, (T*)y, M, N, K, xq, xs, rowsum,
                                (cudaStream_t)stream);
+  });
+}
+
+extern "C" int trit_mm_a8_pre_ok(int M, int N, int K) { return a8_pre_ok(M, N, K) ? 1 : 0; }
+
+extern "C" int trit_mm_a8_pre(int dtype, const int32_t* packed, const float* scale, const void* bias, void* y, int M,
+                              int N, int K, const int8_t* xq, const float* xs, const int32_t* rowsum, void* stream) {
+  if (!a8_pre_ok(M, N, K)) return (int)cudaErrorInvalidValue;
+  return visit_float_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return (int)dispatch_a8<T>(nullptr, packed, scale, (const T*)bias, (T*)y, M, N, K, const_cast<int8_t*>(xq),
+                               const_cast<float*>(xs), const_cast<int32_t*>(rowsum), (cudaStream_t)stream, true);
   });
 }
 

@@ -165,3 +165,83 @@ def test_linear_dispatch_is_one_opaque_op():
     f = torch.compile(lambda x: ops.ternary_linear(x, p, s, 20, 150, b), backend=backend, dynamic=True)
     assert_close_rel(f(x), ops.ternary_mm_ref(x, p, s, 20, 150, b), 1e-5, "compiled")
     assert any("ternary_linear_2d" in t for t in seen), seen
+
+
+# ------------------------------------------------------------------ a8 with the quantizer in front (a8q)
+
+
+@settings(max_examples=40, deadline=None)
+@given(M=st.integers(1, 12), K=st.integers(1, 400), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
+def test_a8_quantize_is_bitlinear_quant_in_kernel_order(M, K, dtype, seed):
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    if seed % 3 == 0:
+        x[0] = 0  # an all-zero row: xs from the 1e-5 clamp, xq all zero
+    xq, xs, rowsum = ops.a8_quantize(x)
+    q, s = ops.act_quant_a8_ref(x)
+    Kp = (K + 127) // 128 * 128
+    assert xq.dtype == torch.int8 and xq.shape == (M, Kp) and xs.shape == (M,) and rowsum.dtype == torch.int32
+    assert torch.equal(ops.a8_unpermute(xq, K).float(), q)
+    assert torch.equal(xs, s[:, 0])
+    assert torch.equal(rowsum, q.sum(-1).to(torch.int32))
+    assert not xq.view(M, Kp // 8, 4, 2).transpose(-1, -2).reshape(M, Kp)[:, K:].any(), "padding past K not zero"
+    # the byte order within each group of 8 inputs: {0,4,1,5,2,6,3,7}
+    g = ops.a8_unpermute(xq, K).to(torch.int8)
+    if K >= 8:
+        assert xq[0, :8].tolist() == g[0, [0, 4, 1, 5, 2, 6, 3, 7]].tolist()
+
+
+@settings(max_examples=30, deadline=None)
+@given(M=st.integers(1, 20), N=st.integers(1, 60), K=st.integers(1, 300), dtype=st.sampled_from(DTYPES),
+       bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_a8q_equals_a8_cpu(M, N, K, dtype, bias, seed):
+    x, w, p, s, b = make_case(M, N, K, dtype, bias=bias, seed=seed)
+    want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    assert torch.equal(torch.ops.trit.ternary_mm_a8q(x, *ops.a8_quantize(x), p, s, N, K, b), want)
+    assert torch.equal(ops.ternary_linear_a8_pre(x.view(1, M, K), p, s, N, K, b), want.view(1, M, N))
+
+
+def test_a8q_bad_quantization_is_named():
+    x, w, p, s, b = make_case(3, 20, 150, torch.bfloat16)
+    xq, xs, rs = ops.a8_quantize(x)
+    with pytest.raises(ValueError, match=r"xq must be torch.int8 \[3, 256\]"):
+        torch.ops.trit.ternary_mm_a8q(x, xq[:, :150], xs, rs, p, s, 20, 150, None)
+    with pytest.raises(ValueError, match=r"xs must be torch.float32 \[3\]"):
+        torch.ops.trit.ternary_mm_a8q(x, xq, xs.double(), rs, p, s, 20, 150, None)
+    with pytest.raises(ValueError, match=r"rowsum must be torch.int32 \[3\]"):
+        torch.ops.trit.ternary_mm_a8q(x, xq, xs, rs[:2], p, s, 20, 150, None)
+
+
+def test_opcheck_a8q_cpu():
+    x, w, p, s, b = make_case(3, 20, 150, torch.bfloat16, bias=True)
+    torch.library.opcheck(torch.ops.trit.ternary_mm_a8q, (x, *ops.a8_quantize(x), p, s, 20, 150, b))
+
+
+def test_a8_pre_compiles_into_the_norm_with_inductor():
+    """What vLLM's torch.compile does with TRIT_A8_PREQUANT: RMSNorm (bf16 output) then the a8 linear,
+    batch size symbolic. The quantizer is torch ops, so Inductor compiles it into the norm's kernel
+    (fullgraph: the op is the only opaque call). Inductor keeps the norm's output in fp32 inside that
+    kernel; a8_quantize's bf16 pin must make it quantize exactly the bf16 value that the default route
+    (the compiled norm alone, output stored as bf16) quantizes: same xq / xs / rowsum, same output."""
+    N, K = 48, 2560
+    x, w, p, s, b = make_case(8, N, K, torch.bfloat16, bias=True, seed=3)
+    g = (torch.rand(K, generator=torch.Generator().manual_seed(4)) + 0.5).to(torch.bfloat16)
+
+    def norm(x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * g
+
+    def pre(x):
+        h = norm(x)
+        q = ops.a8_quantize(h)
+        return q, torch.ops.trit.ternary_mm_a8q(h, *q, p, s, N, K, b)
+
+    torch._dynamo.reset()
+    c_pre = torch.compile(pre, backend="inductor", dynamic=True, fullgraph=True)
+    c_norm = torch.compile(norm, backend="inductor", dynamic=True, fullgraph=True)
+    for M in (2, 5, 1):  # 2 and 5 share one graph with a symbolic batch size; 1 is specialised by Dynamo
+        (xq, xs, rowsum), y = c_pre(x[:M])
+        h = c_norm(x[:M])
+        want_q = ops.a8_quantize(h)
+        for name, got, want in zip(("xq", "xs", "rowsum"), (xq, xs, rowsum), want_q):
+            assert torch.equal(got, want), f"M={M}: compiled {name} differs in {(got != want).sum().item()} places"
+        assert torch.equal(y, torch.ops.trit.ternary_mm_a8(h, p, s, N, K, b)), f"M={M}"

@@ -490,3 +490,106 @@ def test_a8_dense_path_matches_kernel(monkeypatch, M, NK):
             assert torch.equal(yw, yk), f"a8 wgmma 128 vs kernel M={M} N={N} K={K} {dtype}"
         assert_close_rel(yd, ops.ternary_mm_a8_ref(x, p, s, N, K, b),
                          {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}[dtype], "a8 dense vs ref")
+
+
+# ------------------------------------------------------------------ a8 with the quantizer in front (a8q)
+@SETTINGS
+@given(M=st.one_of(st.integers(1, 8), st.sampled_from([9, 64, 300])), N=AWKWARD_N, K=AWKWARD_K,
+       dtype=st.sampled_from(DTYPES), bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_a8q_equals_a8_cuda(M, N, K, dtype, bias, seed):
+    """ternary_mm_a8q on a8_quantize's output (torch ops, eager) = ternary_mm_a8 bit for bit: at M <= 8
+    the GEMV reads the given quantization (the same values as the CUDA quantizer's); above it the op
+    quantizes x again (those M check the fallback route, equal by construction)."""
+    x, w, p, s, b = make_case(M, N, K, dtype, bias, seed, DEV)
+    xq, xs, rowsum = ops.a8_quantize(x)
+    q, qs, qr = ops.a8_quantize(x.cpu())
+    assert torch.equal(xq.cpu(), q) and torch.equal(xs.cpu(), qs) and torch.equal(rowsum.cpu(), qr)
+    want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    got = torch.ops.trit.ternary_mm_a8q(x, xq, xs, rowsum, p, s, N, K, b)
+    assert torch.equal(got, want), f"a8q M={M} N={N} K={K} {dtype}: {(got != want).sum().item()} outputs differ"
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (1, 28672, 4096), (8, 6144, 4096), (3, 100, 300)])
+def test_a8q_runs_the_gemv_alone(M, N, K):
+    """At M <= 8 the a8q op launches the GEMV and nothing else (no quantizer): the launch it saves."""
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, False, 5, DEV)
+    args = (*ops.a8_quantize(x), p, s, N, K, None)
+    torch.ops.trit.ternary_mm_a8q(x, *args)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.ops.trit.ternary_mm_a8q(x, *args)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(names) == 1 and "a8_small_kernel" in names[0], names
+
+
+def test_a8q_misaligned_xq_falls_back():
+    M, N, K = 2, 100, 256
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 9, DEV)
+    xq, xs, rs = ops.a8_quantize(x)
+    buf = torch.zeros(xq.numel() + 1, dtype=torch.int8, device=DEV)
+    xq_odd = buf[1:].view(M, -1)
+    xq_odd.copy_(xq)
+    assert torch.equal(torch.ops.trit.ternary_mm_a8q(x, xq_odd, xs, rs, p, s, N, K, b),
+                       torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_opcheck_a8q_cuda(dtype):
+    x, w, p, s, b = make_case(5, 40, 300, dtype, True, 5, DEV)
+    torch.library.opcheck(torch.ops.trit.ternary_mm_a8q, (x, *ops.a8_quantize(x), p, s, 40, 300, b))
+
+
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_a8_pre_graph_capture_and_inductor(M):
+    """ternary_linear_a8_pre's pieces compiled by Inductor after an RMSNorm (the quantizer in the norm's
+    Triton kernel) and captured in a CUDA graph, as vLLM runs them. The bf16 pin in a8_quantize must
+    make the fused quantizer see exactly the bf16 norm output that the default route quantizes (the
+    compiled norm alone): xq / xs / rowsum equal bit for bit, and the output equals ternary_mm_a8's."""
+    N, K = 640, 2560
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 3, DEV)
+    g = (torch.rand(K, device=DEV) + 0.5).to(torch.bfloat16)
+
+    def norm(x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * g
+
+    def pre(x):
+        h = norm(x)
+        q = ops.a8_quantize(h)
+        return q, torch.ops.trit.ternary_mm_a8q(h, *q, p, s, N, K, b)
+
+    torch._dynamo.reset()
+    c_pre = torch.compile(pre, backend="inductor", dynamic=True, fullgraph=True)
+    c_norm = torch.compile(norm, backend="inductor", dynamic=True, fullgraph=True)
+    static_x = x.clone()
+    c_pre(static_x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        (sq, sxs, srs), static_y = c_pre(static_x)
+    for seed in (1, 2):
+        static_x.copy_(torch.randn(M, K, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(DEV))
+        poison(static_y)
+        graph.replay()
+        torch.cuda.synchronize()
+        h = c_norm(static_x)
+        for name, got, want in zip(("xq", "xs", "rowsum"), (sq, sxs, srs), ops.a8_quantize(h)):
+            assert torch.equal(got, want), f"M={M}: fused {name} differs in {(got != want).sum().item()} places"
+        want = torch.ops.trit.ternary_mm_a8(h, p, s, N, K, b)
+        assert torch.equal(static_y, want), f"M={M}: {(static_y != want).sum().item()} outputs differ"
+
+
+@pytest.mark.parametrize("knobs", [{"TRIT_KS": "2", "TRIT_NW": "2"}, {"TRIT_PDL": "0"}, {"TRIT_L2PF": "2"},
+                                   {"TRIT_WN": "2"}, {"TRIT_WN": "1", "TRIT_A8_FUSEQ": "1"}, {"TRIT_KERNEL": "v4"}])
+@pytest.mark.parametrize("M,N,K", [(1, 6160, 1000), (4, 257, 4099), (8, 4096, 2560)])
+def test_a8q_direct_path_under_knobs(monkeypatch, knobs, M, N, K):
+    """The GEMV on a given quantization (M <= 8) under every launch knob (TRIT_KERNEL=v4: the op falls
+    back to quantizing x itself): the default a8 result bit for bit."""
+    for k, v in knobs.items():
+        monkeypatch.setenv(k, v)
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, M + N, DEV)
+    got = torch.ops.trit.ternary_mm_a8q(x, *ops.a8_quantize(x), p, s, N, K, b)
+    for k in knobs:
+        monkeypatch.delenv(k)
+    assert torch.equal(got, torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)), knobs

@@ -237,3 +237,36 @@ def test_torch_ref_backend_matches_trit_ops_when_present():
         y = a(x, be.repack(w), s, 40, 300)
         r = b(x, TORCH_REF.repack(w), s, 40, 300)
         assert torch.allclose(y, r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("setting,want", [("", set()), ("0", set()), ("1", {"qkv", "gate_up", "down"}),
+                                          ("gate_up_proj, down_proj", {"gate_up", "down"})])
+def test_prequant_layers_follow_the_setting_and_compute_the_same(vllm_env, spec, ckpt, monkeypatch, setting, want):
+    """TRIT_A8_PREQUANT picks the layers that quantize their input with torch ops in front of the op
+    (for Inductor to fuse into the norm before them); uncompiled the output is the default's, bit for bit."""
+    import trit.vllm.quant as q
+
+    assert q.prequant_selected("model.layers.3.self_attn.o_proj", "qkv_proj,down_proj") is False
+    assert q.prequant_selected("model.layers.3.mlp.down_proj", "qkv_proj,down_proj") is True
+    assert q.prequant_selected("model.layers.3.mlp.gate_up_proj", "up_proj") is False  # dotted suffixes only
+    import vllm.config
+    from types import SimpleNamespace as NS
+
+    for cfg, compiled in ((None, False), (NS(compilation_config=NS(mode=0)), False),  # enforce_eager: mode NONE
+                          (NS(compilation_config=NS(mode=3)), True)):
+        with monkeypatch.context() as mp:
+            mp.setattr(vllm.config, "get_current_vllm_config_or_none", lambda cfg=cfg: cfg)
+            assert q.model_compiled() is compiled, cfg
+    monkeypatch.setattr(q, "model_compiled", lambda: True)  # as inside a compiled LLM
+    monkeypatch.setenv("TRIT_A8_PREQUANT", setting)
+    got = set()
+    for kind in ("qkv", "gate_up", "down"):
+        layer = build(kind, ternary_config(spec))
+        load_layer(layer, layer.quant_method.prefix, km.build_key_map(spec, {}), ckpt)
+        if layer.trit_prequant:
+            got.add(kind)
+        x = torch.randn(2, 3, layer.trit_k, generator=torch.Generator().manual_seed(1))
+        y = layer.quant_method.apply(layer, x)
+        layer.trit_prequant = not layer.trit_prequant  # the other route on the same weights
+        assert torch.equal(layer.quant_method.apply(layer, x), y), kind
+    assert got == want

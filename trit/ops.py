@@ -27,6 +27,9 @@ Ops (all take x: [M, K] of bfloat16 | float16 | float32 and return [M, N] of x's
     torch.ops.trit.ternary_mm_a8(x, packed, scale, N, K, bias=None)     BitNet W1.58A8
     torch.ops.trit.ternary_mm_naive(x, packed, scale, N, K, bias=None)  correctness anchor
     torch.ops.trit.ternary_decode(packed, scale, N, K, dtype) -> [N, K] W * scale (dense)
+    torch.ops.trit.ternary_mm_a8q(x, xq, xs, rowsum, packed, scale, N, K, bias=None)
+        ternary_mm_a8 with x's quantization given by :func:`a8_quantize` (torch ops that a compiler
+        fuses into the kernel producing x): the M <= 8 GEMV reads it and runs alone
 
 and :func:`ternary_linear` / :func:`ternary_linear_a8` take x of any rank and pick the small-M
 (fused) or large-M (dense decode + cuBLAS) path from the shape alone.
@@ -169,6 +172,52 @@ def ternary_mm_a8_ref(x: Tensor, packed: Tensor, scale: Tensor, N: int, K: int,
     return y.to(x.dtype)
 
 
+def a8_quantize(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """BitNet's per-row absmax int8 quantizer of x [M, K], in the layout the M <= 8 a8 GEMV reads.
+
+    Returns (xq int8 [M, ceil(K/128)*128]: round(x * xs) clamped to [-128, 127], zeros past K, each
+    group of 8 inputs stored in the order {0,4,1,5,2,6,3,7}; xs float32 [M] = 127 / max(|x[m]|, 1e-5);
+    rowsum int32 [M] = sum of xq[m]). Plain torch ops, so that torch.compile (vLLM's Inductor)
+    fuses them into the kernel that produces x (the RMSNorm or the SiLU-mul in front of a linear):
+    for ``torch.ops.trit.ternary_mm_a8q``, which then runs the GEMV alone. For finite x the values
+    equal the CUDA quantizer's bit for bit in eager mode (same fp32 arithmetic: reciprocal, multiply,
+    round half to even; the CUDA quantizer turns NaN into -128 where torch keeps NaN).
+
+    Compiled: Inductor elides a to(bf16).to(float32) round trip inside one fused kernel
+    (emulate_precision_casts off, its default), so without care the quantizer would see the norm's
+    unrounded fp32 output, not the bf16 value the layer's default route quantizes, and move ~4% of
+    the values by one step. For bf16 x the rounding is therefore pinned with integer arithmetic
+    (_round_to_bf16: a no-op on real bf16 values, and nothing a compiler may drop): the compiled
+    quantizer then sees exactly the bf16 value the producing kernel would have stored. (fp16 x is
+    not pinned.)
+    """
+    M, K = x.shape
+    Kp = (K + BLOCK_K - 1) // BLOCK_K * BLOCK_K
+    xf = x.to(torch.float32)
+    if x.dtype == torch.bfloat16:
+        xf = _round_to_bf16(xf)
+    xs = torch.reciprocal(xf.abs().amax(dim=-1).clamp(min=1e-5)) * 127.0
+    q = torch.round(xf * xs[:, None]).clamp(-128, 127).to(torch.int8)
+    if Kp != K:
+        q = torch.nn.functional.pad(q, (0, Kp - K))
+    rowsum = q.to(torch.int32).sum(dim=-1, dtype=torch.int32)
+    xq = q.view(M, Kp // 8, 2, 4).transpose(-1, -2).reshape(M, Kp)
+    return xq, xs, rowsum
+
+
+def _round_to_bf16(f: Tensor) -> Tensor:
+    """float32 -> the nearest bfloat16 value (ties to even), as float32, in integer ops (finite f)."""
+    i = f.view(torch.int32)
+    i = (i + (0x7FFF + ((i >> 16) & 1))) & -65536  # -65536 = 0xFFFF0000
+    return i.view(torch.float32)
+
+
+def a8_unpermute(xq: Tensor, K: int) -> Tensor:
+    """Inverse of a8_quantize's byte order: int8 [M, K] in input order."""
+    M, Kp = xq.shape
+    return xq.view(M, Kp // 8, 4, 2).transpose(-1, -2).reshape(M, Kp)[:, :K]
+
+
 def ternary_decode_ref(packed: Tensor, scale: Optional[Tensor], N: int, K: int,
                        dtype: torch.dtype) -> Tensor:
     """Dense W * scale[:, None] in `dtype` (int8 codes when dtype is int8 and scale is None)."""
@@ -189,6 +238,9 @@ _MM_SCHEMA = "(Tensor x, Tensor packed, Tensor scale, int N, int K, Tensor? bias
 for _name in ("ternary_mm", "ternary_mm_a8", "ternary_mm_naive"):
     _lib.define(_name + _MM_SCHEMA)
 _lib.define("ternary_decode(Tensor packed, Tensor? scale, int N, int K, ScalarType dtype) -> Tensor")
+# ternary_mm_a8 with x's quantization (a8_quantize(x)) given: see ternary_linear_a8_pre
+_lib.define("ternary_mm_a8q(Tensor x, Tensor xq, Tensor xs, Tensor rowsum, Tensor packed, Tensor scale, int N, "
+            "int K, Tensor? bias=None) -> Tensor")
 
 
 def _check_mm(name, x, packed, scale, N, K, bias):
@@ -227,6 +279,27 @@ def _mm_a8_torch(x, packed, scale, N, K, bias=None):
     return y.to(x.dtype)
 
 
+def _check_a8q(x, xq, xs, rowsum, K):
+    M, Kp = x.shape[0], (K + BLOCK_K - 1) // BLOCK_K * BLOCK_K
+    for name, t, dtype, shape in (("xq", xq, torch.int8, (M, Kp)), ("xs", xs, torch.float32, (M,)),
+                                  ("rowsum", rowsum, torch.int32, (M,))):
+        if t.dtype != dtype or tuple(t.shape) != shape:
+            raise ValueError(f"trit::ternary_mm_a8q: {name} must be {dtype} {list(shape)} (trit.ops.a8_quantize of "
+                             f"x [{M}, {K}]), got {t.dtype} {list(t.shape)}")
+
+
+def _mm_a8q_torch(x, xq, xs, rowsum, packed, scale, N, K, bias=None):
+    """From the given quantization (xq, xs); rowsum is the kernels' (checked for shape only)."""
+    _check_mm("ternary_mm_a8q", x, packed, scale, N, K, bias)
+    _check_a8q(x, xq, xs, rowsum, K)
+    w = unpack(packed, N, K).to(torch.float32)
+    acc = torch.nn.functional.linear(a8_unpermute(xq, K).to(torch.float32), w)  # exact, as _mm_a8_torch
+    y = acc / xs[:, None] * scale
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(x.dtype)
+
+
 def _mm_naive_torch(x, packed, scale, N, K, bias=None):
     _check_mm("ternary_mm_naive", x, packed, scale, N, K, bias)
     return _mm_torch(x, packed, scale, N, K, bias)
@@ -241,6 +314,7 @@ _TORCH_IMPLS = {
     "ternary_mm_a8": _mm_a8_torch,
     "ternary_mm_naive": _mm_naive_torch,
     "ternary_decode": _decode_torch,
+    "ternary_mm_a8q": _mm_a8q_torch,
 }
 for _name, _fn in _TORCH_IMPLS.items():
     _lib.impl(_name, _fn, "CPU")
@@ -252,6 +326,11 @@ def _mm_fake(x, packed, scale, N, K, bias=None):
 
 for _name in ("ternary_mm", "ternary_mm_a8", "ternary_mm_naive"):
     torch.library.register_fake("trit::" + _name, _mm_fake, lib=_lib)
+
+
+@torch.library.register_fake("trit::ternary_mm_a8q", lib=_lib)
+def _mm_a8q_fake(x, xq, xs, rowsum, packed, scale, N, K, bias=None):
+    return x.new_empty((x.shape[0], N))
 
 
 @torch.library.register_fake("trit::ternary_decode", lib=_lib)
@@ -366,4 +445,18 @@ def ternary_linear_a8(x: Tensor, packed: Tensor, scale: Tensor, N: int, K: int,
     """W1.58A8 (BitNet BitLinear semantics) for x of any rank [..., K] -> [..., N]."""
     lead = x.shape[:-1]
     y = torch.ops.trit.ternary_mm_a8(x.reshape(-1, K), packed, scale, N, K, bias)
+    return y.reshape(*lead, N)
+
+
+def ternary_linear_a8_pre(x: Tensor, packed: Tensor, scale: Tensor, N: int, K: int,
+                          bias: Optional[Tensor] = None) -> Tensor:
+    """ternary_linear_a8 with the activation quantizer in torch ops (a8_quantize) in front of
+    ``trit::ternary_mm_a8q``: under torch.compile the quantizer joins the kernel that produced x, and
+    at M <= 8 the op runs the GEMV alone (one launch per layer fewer); at larger M, or uncompiled,
+    the result is that of ternary_linear_a8 (the same quantized values). vLLM uses it per layer with
+    TRIT_A8_PREQUANT (trit.vllm.quant)."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    xq, xs, rowsum = a8_quantize(x2)
+    y = torch.ops.trit.ternary_mm_a8q(x2, xq, xs, rowsum, packed, scale, N, K, bias)
     return y.reshape(*lead, N)

@@ -30,6 +30,9 @@ class Backend:
     repack: Callable[[torch.Tensor], torch.Tensor]
     linear: Callable[..., torch.Tensor]  # (x2d, packed, scale, N, K, bias=None)
     linear_a8: Callable[..., torch.Tensor]  # (x2d, packed, scale, N, K, bias=None)
+    # linear_a8 with the activation quantizer as torch ops in front (fusable into the norm before
+    # the layer under torch.compile); None where the backend has no such op (TRIT_A8_PREQUANT)
+    linear_a8_pre: Optional[Callable[..., torch.Tensor]] = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -97,7 +100,7 @@ def _trit_backend() -> Optional[Backend]:
             if bias is not None:
                 y = y + bias.float()
             return y.to(x.dtype)
-    return Backend("trit.ops", repack, linear, a8)
+    return Backend("trit.ops", repack, linear, a8, getattr(ops, "ternary_linear_a8_pre", None))
 
 
 def get_backend(name: str = "auto") -> Backend:

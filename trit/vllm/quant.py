@@ -324,6 +324,9 @@ class TernaryLinearMethod(_SpecLinearMethod):
         # sees only its K slice, so the absmax is all-gathered across the TP group (see apply).
         layer.trit_global_absmax = bool(self.act_quant and isinstance(layer, RowParallelLinear)
                                         and getattr(layer, "tp_size", 1) > 1)
+        layer.trit_prequant = bool(self.act_quant and not layer.trit_global_absmax
+                                   and self.backend.linear_a8_pre is not None and prequant_selected(self.prefix)
+                                   and model_compiled())
 
     def _weight_loader(self, layer, vllm_loader, f: int):
         return self._shard_loader(layer, vllm_loader, "weight", decode_weight,
@@ -367,11 +370,48 @@ class TernaryLinearMethod(_SpecLinearMethod):
         x2 = x.reshape(-1, K)  # (M, K) — vLLM may hand 3-D inputs
         if layer.trit_global_absmax:
             y = _a8_global_absmax(self.backend, x2, layer.weight, layer.weight_scale, N, K, bias)
+        elif self.act_quant and layer.trit_prequant:
+            y = self.backend.linear_a8_pre(x2, layer.weight, layer.weight_scale, N, K, bias)
         elif self.act_quant:
             y = self.backend.linear_a8(x2, layer.weight, layer.weight_scale, N, K, bias)
         else:
             y = self.backend.linear(x2, layer.weight, layer.weight_scale, N, K, bias)
         return y.reshape(*x.shape[:-1], N)
+
+
+def prequant_selected(prefix: str, setting: Optional[str] = None) -> bool:
+    """Whether the W1.58A8 layer ``prefix`` quantizes its input with torch ops in front of the op
+    (trit.ops.ternary_linear_a8_pre) instead of inside it. Under vLLM's torch.compile the quantizer
+    then joins the Inductor kernel that produced the input (the RMSNorm before qkv / gate_up, the
+    SiLU-mul before down, BitNet's sub-norms before o_proj / down), and at M <= 8 the GEMV runs
+    alone: one launch fewer per layer. Not where the input comes straight from attention (Llama's
+    o_proj): the quantizer would stay a launch of its own, where the default fuses it into the GEMV.
+    TRIT_A8_PREQUANT, read when the model loads: unset / 0 off (default until measured on the GPU),
+    1 = every layer, or a comma list of layer names or their dotted suffixes (e.g.
+    qkv_proj,gate_up_proj,down_proj; ``up_proj`` does not select ``gate_up_proj``). Only where vLLM
+    compiles the model (model_compiled): uncompiled, the torch-op quantizer is ~14 launches."""
+    import os
+
+    setting = os.environ.get("TRIT_A8_PREQUANT", "") if setting is None else setting
+    setting = setting.strip()
+    if setting in ("", "0"):
+        return False
+    if setting == "1":
+        return True
+    names = [s.strip() for s in setting.split(",") if s.strip()]
+    return any(prefix == s or prefix.endswith("." + s) for s in names)
+
+
+def model_compiled() -> bool:
+    """Whether the model being built runs under vLLM's torch.compile (compilation mode not NONE:
+    not enforce_eager); False outside a vLLM config context. Same API in vLLM 0.26 and 0.32."""
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+    except ImportError:
+        return False
+    cfg = get_current_vllm_config_or_none()
+    mode = getattr(getattr(cfg, "compilation_config", None), "mode", None)
+    return mode is not None and int(mode) != 0
 
 
 def set_ternary_weight(layer: torch.nn.Module, w_int8: torch.Tensor, backend: Optional[Backend] = None) -> None:
