@@ -216,16 +216,10 @@ def test_opcheck_a8q_cpu():
     torch.library.opcheck(torch.ops.trit.ternary_mm_a8q, (x, *ops.a8_quantize(x), p, s, 20, 150, b))
 
 
-def test_a8_pre_compiles_into_the_norm_with_inductor():
-    """What vLLM's torch.compile does with TRIT_A8_PREQUANT: RMSNorm (bf16 output) then the a8 linear,
-    batch size symbolic. The quantizer is torch ops, so Inductor compiles it into the norm's kernel
-    (fullgraph: the op is the only opaque call). Inductor keeps the norm's output in fp32 inside that
-    kernel; a8_quantize's bf16 pin must make it quantize exactly the bf16 value that the default route
-    (the compiled norm alone, output stored as bf16) quantizes: same xq / xs / rowsum, same output."""
-    N, K = 48, 2560
-    x, w, p, s, b = make_case(8, N, K, torch.bfloat16, bias=True, seed=3)
-    g = (torch.rand(K, generator=torch.Generator().manual_seed(4)) + 0.5).to(torch.bfloat16)
-
+def compiled_norm_and_pre(g, p, s, N, K, b):
+    """Inductor-compiled (symbolic batch) RMSNorm with bf16 output and weight g, alone (the default
+    route's input) and followed by a8_quantize + ternary_mm_a8q (what TRIT_A8_PREQUANT compiles):
+    (c_pre: x -> ((xq, xs, rowsum), y), c_norm: x -> h)."""
     def norm(x):
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * g
@@ -236,8 +230,21 @@ def test_a8_pre_compiles_into_the_norm_with_inductor():
         return q, torch.ops.trit.ternary_mm_a8q(h, *q, p, s, N, K, b)
 
     torch._dynamo.reset()
-    c_pre = torch.compile(pre, backend="inductor", dynamic=True, fullgraph=True)
-    c_norm = torch.compile(norm, backend="inductor", dynamic=True, fullgraph=True)
+    return (torch.compile(pre, backend="inductor", dynamic=True, fullgraph=True),
+            torch.compile(norm, backend="inductor", dynamic=True, fullgraph=True))
+
+
+def test_a8_pre_compiles_into_the_norm_with_inductor():
+    """What vLLM's torch.compile does with TRIT_A8_PREQUANT: RMSNorm (bf16 output) then the a8 linear,
+    batch size symbolic. The quantizer is torch ops, so Inductor compiles it into the norm's kernel
+    (fullgraph: the op is the only opaque call). Inductor keeps the norm's output in fp32 inside that
+    kernel; a8_quantize's bf16 pin must make it quantize exactly the bf16 value that the default route
+    (the compiled norm alone, output stored as bf16) quantizes: same xq / xs / rowsum, same output."""
+    N, K = 48, 2560
+    x, w, p, s, b = make_case(8, N, K, torch.bfloat16, bias=True, seed=3)
+    g = (torch.rand(K, generator=torch.Generator().manual_seed(4)) + 0.5).to(torch.bfloat16)
+
+    c_pre, c_norm = compiled_norm_and_pre(g, p, s, N, K, b)
     for M in (2, 5, 1):  # 2 and 5 share one graph with a symbolic batch size; 1 is specialised by Dynamo
         (xq, xs, rowsum), y = c_pre(x[:M])
         h = c_norm(x[:M])

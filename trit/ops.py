@@ -183,12 +183,14 @@ def a8_quantize(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     equal the CUDA quantizer's bit for bit in eager mode (same fp32 arithmetic: reciprocal, multiply,
     round half to even; the CUDA quantizer turns NaN into -128 where torch keeps NaN).
 
-    Compiled: Inductor elides a to(bf16).to(float32) round trip inside one fused kernel
+    Compiled: Inductor's float32 division in Triton is approximate (div.full), so 1 / absmax is
+    taken in float64 (correctly rounded after the cast back). And Inductor elides a
+    to(bf16).to(float32) round trip inside one fused kernel
     (emulate_precision_casts off, its default), so without care the quantizer would see the norm's
     unrounded fp32 output, not the bf16 value the layer's default route quantizes, and move ~4% of
     the values by one step. For bf16 x the rounding is therefore pinned with integer arithmetic
     (_round_to_bf16: a no-op on real bf16 values, and nothing a compiler may drop): the compiled
-    quantizer then sees exactly the bf16 value the producing kernel would have stored. (fp16 x is
+    quantizer then sees the bf16 value the producing kernel would store from the same fp32 value. (fp16 x is
     not pinned.)
     """
     M, K = x.shape
@@ -196,7 +198,10 @@ def a8_quantize(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     xf = x.to(torch.float32)
     if x.dtype == torch.bfloat16:
         xf = _round_to_bf16(xf)
-    xs = torch.reciprocal(xf.abs().amax(dim=-1).clamp(min=1e-5)) * 127.0
+    # 1 / absmax in float64, then float32: the correctly rounded float32 reciprocal (53 >= 2 * 24 + 2
+    # bits, so the double rounding is exact), as torch.reciprocal and the CUDA quantizer compute it;
+    # a float32 division compiled by Inductor for Triton is the approximate div.full
+    xs = (1.0 / xf.abs().amax(dim=-1).clamp(min=1e-5).to(torch.float64)).to(torch.float32) * 127.0
     q = torch.round(xf * xs[:, None]).clamp(-128, 127).to(torch.int8)
     if Kp != K:
         q = torch.nn.functional.pad(q, (0, Kp - K))
