@@ -317,6 +317,18 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             torch.cuda.synchronize()
             if name == "humming":
                 hum.spent += time.time() - t_start
+        if M >= 1024 and row.get("a8_us") and row.get("bf16_us"):
+            # bf16 and the default a8 alternated, three rounds each, medians (`bf16_il`, `a8_il`): a side by
+            # side that no position in the row favours (run 21: `a8` vs `a8_last` up to 17% apart)
+            il = {"bf16": [], "a8": []}
+            for _ in range(3):
+                for name in il:
+                    n = max(2, min(nb if name == "bf16" else nt, 8)) if big else (nb if name == "bf16" else nt)
+                    il[name].append(time_graph([(lambda i=i, f=variants[name]: f(i)) for i in range(n)],
+                                               reps=5 if big else 7))
+            for name, ts in il.items():
+                row[f"{name}_il_us"] = statistics.median(ts)
+            row["a8_il_x_bf16"] = row["bf16_il_us"] / row["a8_il_us"]
         row["gpu_after"] = gpu_state()
         if hum_err:
             row["humming_error"] = hum_err[:300]
@@ -356,7 +368,9 @@ def fmt_row(r) -> str:
                       for k in KS_SWEEP if r.get(f"a8_ks{k}_us")) +
             "".join(f"nw{nw}ks{ks} {_f(r.get(f'a8_nw{nw}ks{ks}_us'), '.1f')} "
                     for nw, ks in CFG_SWEEP if r.get(f"a8_nw{nw}ks{ks}_us")) +
-            f"humming {_f(r.get('humming_us'), '8.1f')}  floor {r['floor_us']:.1f}")
+            f"humming {_f(r.get('humming_us'), '8.1f')}  floor {r['floor_us']:.1f}"
+            + (f"  alternated bf16 / a8 {r['bf16_il_us']:.1f} / {r['a8_il_us']:.1f} ({r['a8_il_x_bf16']:.2f}x)"
+               if r.get("a8_il_us") else ""))
 
 
 def markdown(meta, rows) -> str:
@@ -426,6 +440,15 @@ def markdown(meta, rows) -> str:
         for r in csweep:
             lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('a8_us'), '.1f')} | "
                          + " | ".join(_f(r.get(f"a8_nw{nw}ks{ks}_us"), ".1f") for nw, ks in CFG_SWEEP) + " |")
+    alt = [r for r in rows if r.get("a8_il_us")]
+    if alt:
+        lines += ["", "Large M, bf16 and the default a8 timed alternately (3 rounds each, medians; us) beside the "
+                  "row-order columns:", "",
+                  "| N x K | M | bf16 alternated | a8 alternated | x bf16 | a8 (row order) | a8 last in row |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in alt:
+            lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {r['bf16_il_us']:.1f} | {r['a8_il_us']:.1f} | "
+                         f"{r['a8_il_x_bf16']:.2f} | {_f(r.get('a8_us'), '.1f')} | {_f(r.get('a8_last_us'), '.1f')} |")
     errs = sorted({f"{k}: {v}" for r in rows for k, v in r.items() if k.endswith("_error")})
     if errs:
         lines += ["", "Errors:", *[f"- {e}" for e in errs]]
