@@ -327,6 +327,8 @@ class TernaryLinearMethod(_SpecLinearMethod):
         layer.trit_prequant = bool(self.act_quant and not layer.trit_global_absmax
                                    and self.backend.linear_a8_pre is not None and prequant_selected(self.prefix)
                                    and model_compiled())
+        if layer.trit_prequant:
+            key_compile_cache(self.prefix)
 
     def _weight_loader(self, layer, vllm_loader, f: int):
         return self._shard_loader(layer, vllm_loader, "weight", decode_weight,
@@ -400,6 +402,21 @@ def prequant_selected(prefix: str, setting: Optional[str] = None) -> bool:
         return True
     names = [s.strip() for s in setting.split(",") if s.strip()]
     return any(prefix == s or prefix.endswith("." + s) for s in names)
+
+
+def key_compile_cache(prefix: str) -> None:
+    """Record a prequant layer in vllm_config.additional_config, which vLLM hashes into its
+    torch.compile cache key (0.26 and 0.32): TRIT_A8_PREQUANT changes the traced graph, but neither
+    the model config nor vLLM's own environment factors see it, so without this a prequant run would
+    load the graph compiled by an earlier run without it (and the reverse)."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    cfg = get_current_vllm_config_or_none()
+    extra = getattr(cfg, "additional_config", None)
+    if isinstance(extra, dict):
+        layers = extra.setdefault("trit_a8_prequant", [])
+        if prefix not in layers:
+            layers.append(prefix)
 
 
 def model_compiled() -> bool:
