@@ -179,8 +179,8 @@ class Humming:
 # measured the quantizer with several loads in flight (the ILP quantizer) slower, since removed.
 # Run 19 validated the GEMM kernel's wgmma main loops (TRIT_A8_GEMM_WG=1 / 2, _OVERLAP; the 128-row
 # overlapped loop the default on large problems since), runs 20 / 20c their deep rings (TRIT_A8_GEMM_WG_DEEP,
-# the 64-row one the default where its tiles fit one wave: csrc/a8_route.h). None pending.
-EXPERIMENTAL: dict = {}
+# the 64-row one the default where its tiles fit one wave: csrc/a8_route.h). Pending: a8_pre (session 9).
+EXPERIMENTAL: dict = {"a8_pre": lambda M: M <= 8}  # ternary_mm_a8q's direct GEMV: not yet run on a GPU
 # TRIT_A8_GEMM_CFG values timed beside the default warp tile (csrc/ternary_gemm.cu gemm_cfg_id):
 # 1 = 2 weight tiles x 8 row tiles per warp, 4 warps (128 channels x 64 rows per CTA); 2 = the same
 # warp tile, 8 warps (256 channels); 3 = 4 weight tiles x 4 row tiles, 4 x 2 warps (256 channels);
@@ -466,6 +466,9 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
     ap.add_argument("--quick", action="store_true", help="skip a8 at the largest problems")
     ap.add_argument("--no-humming", action="store_true")
+    ap.add_argument("--humming-budget", type=float, default=Humming.BUDGET_S,
+                    help="seconds of humming setup / JIT before it is skipped for the remaining shapes "
+                         "(run 21: 150 s ended before 6144x4096 and 28672x4096)")
     ap.add_argument("--ks-sweep", action="store_true", help="M=1: time every split-K choice (TRIT_KS)")
     ap.add_argument("--no-experimental", action="store_true",
                     help="leave out the variants not yet validated on a GPU: " + ", ".join(EXPERIMENTAL))
@@ -485,6 +488,7 @@ def main(argv=None):
 
     ms = [int(m) for m in args.ms.split(",")]
     hum = Humming()
+    hum.BUDGET_S = args.humming_budget
     if args.no_humming:
         hum.error = "disabled (--no-humming)"
     props = torch.cuda.get_device_properties(0)
