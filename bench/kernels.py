@@ -291,6 +291,10 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             variants["humming"] = lambda i: hum_layers[i % len(hum_layers)](x)
         if M >= 1024:  # the default once more, last: run 20 timed `a8` 7-25% slower at M = 4096 than
             variants["a8_last"] = variants["a8"]  # the same kernel later in the row (order / clocks?)
+        def n_calls(name):  # graph length: one call per weight copy (fewer at the largest problems)
+            n = nb if name == "bf16" else (len(hum_layers) if name == "humming" else nt)
+            return max(2, min(n, 8)) if big else n
+
         row["gpu_before"] = gpu_state()
         for name, f in variants.items():
             if quick and name.startswith("a8") and big:
@@ -305,10 +309,7 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                     row["decode_relerr"] = (y - wref).abs().max().item() / wref.abs().max().item()
                 elif not name.startswith("a8"):
                     row[f"{name}_relerr"] = (y - ref).abs().max().item() / denom
-                ncalls = nb if name == "bf16" else (len(hum_layers) if name == "humming" else nt)
-                if big:
-                    ncalls = max(2, min(ncalls, 8))
-                calls = [(lambda i=i: f(i)) for i in range(ncalls)]
+                calls = [(lambda i=i: f(i)) for i in range(n_calls(name))]
                 row[f"{name}_us"] = time_graph(calls, reps=5 if big else 7)
                 if name in ("bf16", "linear") and M <= 64:
                     row[f"{name}_eager_us"] = time_eager(calls)
@@ -323,8 +324,7 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             il = {"bf16": [], "a8": []}
             for _ in range(3):
                 for name in il:
-                    n = max(2, min(nb if name == "bf16" else nt, 8)) if big else (nb if name == "bf16" else nt)
-                    il[name].append(time_graph([(lambda i=i, f=variants[name]: f(i)) for i in range(n)],
+                    il[name].append(time_graph([(lambda i=i, f=variants[name]: f(i)) for i in range(n_calls(name))],
                                                reps=5 if big else 7))
             for name, ts in il.items():
                 row[f"{name}_il_us"] = statistics.median(ts)

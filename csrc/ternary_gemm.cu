@@ -2100,7 +2100,7 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
 // [M, Kp], groups of 8 in quant_rows_perm_kernel's order; trit.ops.a8_quantize, which the model's
 // compiler fuses into the norm or activation kernel that produces x): no quantizer launch, no fused
 // quantizer, x unused. Only where the v5 MT = 1 kernel runs (a8_pre_ok).
-bool a8_pre_ok(int M, int N, int K) { return M >= 1 && M <= 8 && a8_v5(M, N, K) && knobs().v5; }
+bool a8_pre_ok(int M) { return M >= 1 && M <= 8 && knobs().v5; }
 
 template <typename T>
 cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
@@ -2113,8 +2113,7 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
   if (v5 && kn.v5) {
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
     const bool pdl = kn.pdl && pdl_supported();
-    Cfg cfg = small_cfg(kn, M, N, K, true);
-    if (pre && cfg.mt != 1) return cudaErrorInvalidValue;
+    Cfg cfg = small_cfg(kn, M, N, K, true);  // M <= 8: mt = 1, the layout pre's xq has
     // the fused quantizer: M <= 8, vector loads of x, its shared memory within the default 48 KB
     const bool want_fuseq = !pre && (kn.fuseq == 1 || (kn.fuseq < 0 && cfg.wn == 1 && fuseq_auto(M, N, K)));
     const bool fuseq = want_fuseq && cfg.mt == 1 && vec && cfg.ks * 512 + fuseq_smem(M, KB) <= 48 * 1024;
@@ -2234,11 +2233,11 @@ extern "C" int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const
   });
 }
 
-extern "C" int trit_mm_a8_pre_ok(int M, int N, int K) { return a8_pre_ok(M, N, K) ? 1 : 0; }
+extern "C" int trit_mm_a8_pre_ok(int M, int N, int K) { return a8_pre_ok(M) ? 1 : 0; }
 
+// dispatch_a8 refuses (cudaErrorInvalidValue) where a8_pre_ok does not hold
 extern "C" int trit_mm_a8_pre(int dtype, const int32_t* packed, const float* scale, const void* bias, void* y, int M,
                               int N, int K, const int8_t* xq, const float* xs, const int32_t* rowsum, void* stream) {
-  if (!a8_pre_ok(M, N, K)) return (int)cudaErrorInvalidValue;
   return visit_float_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return (int)dispatch_a8<T>(nullptr, packed, scale, (const T*)bias, (T*)y, M, N, K, const_cast<int8_t*>(xq),

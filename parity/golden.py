@@ -161,6 +161,13 @@ def bit_faithful_here(golden_manifest: dict, device: str = "cpu") -> bool:
     return computed_alike(golden_manifest.get("compute"), compute_fingerprint(device))
 
 
+def target_bit_faithful(target, golden_manifest: dict) -> bool:
+    """A target's bit_faithful flag as it holds against this golden set on this machine
+    (bit_faithful_here on the target's device): what picks the tolerance column in parity.run and
+    parity.noise."""
+    return bool(target.bit_faithful) and bit_faithful_here(golden_manifest, getattr(target, "device", "cpu"))
+
+
 def write_golden(out: Path, tensors: dict, order: list, input_ids: torch.Tensor, *, model_dir: Path, spec,
                  inputs_desc: dict, reference_version: str, arch: str, num_layers: int,
                  force: bool = False, compute: Optional[str] = None) -> Path:

@@ -32,7 +32,7 @@ import torch
 
 from reference.io import atomic_write_text
 
-from .golden import MANIFEST, GoldenError, bit_faithful_here, sha256_file
+from .golden import MANIFEST, GoldenError, sha256_file, target_bit_faithful
 
 NOISE_FACTOR = 2.0
 FORMAT = "trit-noise-v1"
@@ -84,8 +84,7 @@ def measure_noise(model_dir: Path, golden_dir: Path, *, target: str = "bf16", ta
     spec = spec_for(model_dir, ModelConfig.load(model_dir), spec_path)
     t = get_target(target, **(target_options or {}))
     # as parity.run: bit-faithful only against a golden computed on the same kind of hardware
-    col = tolerance_column(t.compute_dtype, spec.activation_quant,
-                           t.bit_faithful and bit_faithful_here(gs.manifest, getattr(t, "device", "cpu")))
+    col = tolerance_column(t.compute_dtype, spec.activation_quant, target_bit_faithful(t, gs.manifest))
     out = noise_path(golden_dir, col)
     if out.exists() and not force:
         raise GoldenError(f"{out} exists; pass --force to replace it")

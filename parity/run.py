@@ -23,7 +23,7 @@ from reference.spec import spec_for
 from .compare import Comparison, compare
 from .diagnose import DecodeProbe, Diagnoser, depth_hint
 from .dump import DEFAULT_GOLDEN, DEFAULT_MODEL, ROOT
-from .golden import GoldenError, GoldenSet, StaleGolden, bit_faithful_here, compute_fingerprint
+from .golden import GoldenError, GoldenSet, StaleGolden, compute_fingerprint, target_bit_faithful
 from .noise import load_noise
 from .report import format_table, new_run_dir, table, write_report
 from .targets import Target, get_target, parse_options
@@ -65,13 +65,12 @@ def run_parity(target: Target | str, *, target_options: Optional[dict] = None, m
     captured = target.capture(model_dir, gs.input_ids, spec_path=spec_path)
     diag = Diagnoser(DecodeProbe(model_dir, spec_path)) if diagnose else None
     # a bit-faithful target is so only where the golden set was computed the same way (golden.py)
-    dev = getattr(target, "device", "cpu")
-    faithful = target.bit_faithful and bit_faithful_here(gs.manifest, dev)
+    faithful = target_bit_faithful(target, gs.manifest)
     col = tolerance_column(target.compute_dtype, spec.activation_quant, faithful)
     note = None
     if target.bit_faithful and not faithful:
         note = (f"golden computed on {gs.manifest.get('compute') or 'unrecorded hardware'}, here "
-                f"{compute_fingerprint(dev)}: {target.name} is judged as an independent fp32 implementation "
+                f"{compute_fingerprint(getattr(target, 'device', 'cpu'))}: {target.name} is judged as an independent fp32 implementation "
                 f"({col} tiers), not bit for bit")
         print(f"parity: {note}", file=sys.stderr)
     noise = load_noise(golden_dir, col, exclude_target=target.name) if use_noise else None

@@ -276,12 +276,17 @@ def _mm_torch(x, packed, scale, N, K, bias=None):
 def _mm_a8_torch(x, packed, scale, N, K, bias=None):
     _check_mm("ternary_mm_a8", x, packed, scale, N, K, bias)
     xq, xs = act_quant_a8_ref(x)
+    return _a8_from_quant(xq, xs, packed, scale, N, K, bias, x.dtype)
+
+
+def _a8_from_quant(xq, xs, packed, scale, N, K, bias, dtype):
+    """y = (xq @ W^T) / xs * scale (+ bias) in fp32, for integer-valued fp32 xq [M, K] and xs [M, 1]."""
     w = unpack(packed, N, K).to(torch.float32)
     acc = torch.nn.functional.linear(xq, w)  # integer-valued, |partial sums| < 2^24: exact
     y = acc / xs * scale
     if bias is not None:
         y = y + bias.to(torch.float32)
-    return y.to(x.dtype)
+    return y.to(dtype)
 
 
 def _check_a8q(x, xq, xs, rowsum, K):
@@ -297,12 +302,7 @@ def _mm_a8q_torch(x, xq, xs, rowsum, packed, scale, N, K, bias=None):
     """From the given quantization (xq, xs); rowsum is the kernels' (checked for shape only)."""
     _check_mm("ternary_mm_a8q", x, packed, scale, N, K, bias)
     _check_a8q(x, xq, xs, rowsum, K)
-    w = unpack(packed, N, K).to(torch.float32)
-    acc = torch.nn.functional.linear(a8_unpermute(xq, K).to(torch.float32), w)  # exact, as _mm_a8_torch
-    y = acc / xs[:, None] * scale
-    if bias is not None:
-        y = y + bias.to(torch.float32)
-    return y.to(x.dtype)
+    return _a8_from_quant(a8_unpermute(xq, K).to(torch.float32), xs[:, None], packed, scale, N, K, bias, x.dtype)
 
 
 def _mm_naive_torch(x, packed, scale, N, K, bias=None):

@@ -372,7 +372,7 @@ class TernaryLinearMethod(_SpecLinearMethod):
         x2 = x.reshape(-1, K)  # (M, K) — vLLM may hand 3-D inputs
         if layer.trit_global_absmax:
             y = _a8_global_absmax(self.backend, x2, layer.weight, layer.weight_scale, N, K, bias)
-        elif self.act_quant and layer.trit_prequant:
+        elif layer.trit_prequant:  # implies act_quant
             y = self.backend.linear_a8_pre(x2, layer.weight, layer.weight_scale, N, K, bias)
         elif self.act_quant:
             y = self.backend.linear_a8(x2, layer.weight, layer.weight_scale, N, K, bias)
