@@ -179,8 +179,9 @@ class Humming:
 # measured the quantizer with several loads in flight (the ILP quantizer) slower, since removed.
 # Run 19 validated the GEMM kernel's wgmma main loops (TRIT_A8_GEMM_WG=1 / 2, _OVERLAP; the 128-row
 # overlapped loop the default on large problems since), runs 20 / 20c their deep rings (TRIT_A8_GEMM_WG_DEEP,
-# the 64-row one the default where its tiles fit one wave: csrc/a8_route.h). Pending: a8_pre (session 9).
-EXPERIMENTAL: dict = {"a8_pre": lambda M: M <= 8}  # ternary_mm_a8q's direct GEMV: not yet run on a GPU
+# the 64-row one the default where its tiles fit one wave: csrc/a8_route.h). Run 22 validated a8_pre
+# (ternary_mm_a8q's direct GEMV: GPU tests, memcheck, racecheck). Pending: none.
+EXPERIMENTAL: dict = {}
 # TRIT_A8_GEMM_CFG values timed beside the default warp tile (csrc/ternary_gemm.cu gemm_cfg_id):
 # 1 = 2 weight tiles x 8 row tiles per warp, 4 warps (128 channels x 64 rows per CTA); 2 = the same
 # warp tile, 8 warps (256 channels); 3 = 4 weight tiles x 4 row tiles, 4 x 2 warps (256 channels);
@@ -471,7 +472,7 @@ def main(argv=None):
                          "(run 21: 150 s ended before 6144x4096 and 28672x4096)")
     ap.add_argument("--ks-sweep", action="store_true", help="M=1: time every split-K choice (TRIT_KS)")
     ap.add_argument("--no-experimental", action="store_true",
-                    help="leave out the variants not yet validated on a GPU: " + ", ".join(EXPERIMENTAL))
+                    help="leave out the variants not yet validated on a GPU: " + (", ".join(EXPERIMENTAL) or "none now"))
     ap.add_argument("--cfg-sweep", default="", help="comma list of M > 8: time the a8 kernel at every "
                     "(TRIT_NW, TRIT_KS) in CFG_SWEEP there")
     ap.add_argument("--variants", default=None, help="v5 (M <= 64) variants to time beside the default, comma list of "

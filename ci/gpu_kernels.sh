@@ -4,7 +4,8 @@
 #   representative shapes -> python -m bench.kernels.
 # Everything is written under $OUT (default /tmp/trit-out): log.txt, junit.xml, sanitizer.txt,
 # sass.txt, gemm-probe.json and the bench JSON/Markdown. STAGES=build,probe,test,sanitize,bench selects stages
-# (plus ncu: the small-M kernels at M = 1, ncugemm: the a8 GEMM kernel's loops at M = 64 / 128);
+# (plus ncu: the small-M kernels at M = 1, ncugemm: the a8 GEMM kernel's loops at M = 64 / 128,
+# ncuquant: the a8 quantizer at M = 1 for K = 2560 - 28672);
 # BENCH_ARGS passes arguments to the bench. Wheels in .whl/ (pytest, hypothesis, humming...)
 # are installed to /tmp/site first when present (the GPU machine has no network). To make them,
 # on a networked machine: pip download --no-deps --only-binary=:all: --python-version 3.12
@@ -97,7 +98,9 @@ torch.cuda.synchronize()
 print("driver done")
 PYEOF
   # SAN_TIMEOUT (default 300 s per tool): run 20's racecheck needed more than 120 s once the deep
-  # rings and the M = 300 wgmma shape joined the driver (run 19: < 110 s without them).
+  # rings and the M = 300 wgmma shape joined the driver (run 19: < 110 s without them); run 22's
+  # more than 200 s once the driver also called ternary_mm_a8q (its rerun finished within 390 s).
+  # The whole job must fit a device call's 600 s: run the bench as its own call when it is long.
   # racecheck also instruments the cuBLAS kernels the large-M routes call; run 10 saw it report
   # hazards inside cuBLAS's own nvjet_* GEMM (a bf16 large-M a8 route, since removed), NVIDIA's code, not
   # ours. Hazards count against us only when the reported kernel is not a cuBLAS one.
@@ -112,7 +115,12 @@ PYEOF
       echo "racecheck: every hazard is inside a cuBLAS kernel ($(grep -oE "(nvjet|cutlass|xmma)[A-Za-z0-9_]*" /tmp/san-$tool.txt | sort -u | tr '\n' ' ')): none in ours" | tee -a "$OUT/sanitizer.txt"
       st=0
     fi
-    [ $st -eq 0 ] || { echo "$tool FAILED"; rc=1; }
+    if [ $st -eq 124 ]; then  # killed by timeout: the driver did not finish, so no verdict either way
+      echo "$tool TIMED OUT after ${SAN_TIMEOUT:-300} s before the driver finished: no verdict (raise SAN_TIMEOUT)" | tee -a "$OUT/sanitizer.txt"
+      rc=1
+    elif [ $st -ne 0 ]; then
+      echo "$tool FAILED" | tee -a "$OUT/sanitizer.txt"; rc=1
+    fi
   done
 fi
 
@@ -134,6 +142,29 @@ PYEOF
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section InstructionStats \
     $PY /tmp/trit_ncu_driver.py > "$OUT/ncu.txt" 2>&1 || echo "ncu failed (see ncu.txt)"
   grep -E "small_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Stall|Warp Cycles Per Issued|Executed Instructions " "$OUT/ncu.txt" | head -80
+fi
+
+if has ncuquant && command -v ncu >/dev/null; then
+  # the activation quantizer (quant_rows_perm_kernel) alone at M = 1 for growing K: run 22 put its
+  # cost in front of the M = 1 GEMV at 0.7 us (K = 2560) to 7.4 us (K = 28672); where the time goes
+  # (stall reasons per source line: the loads, the barriers, the stores)
+  step "ncu: the a8 quantizer at M = 1"
+  cat > /tmp/trit_ncu_quant.py <<'PYEOF'
+import torch
+from trit import ops
+for K in (2560, 4096, 14336, 28672):
+    N = 256
+    w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda")
+    p, s = ops.repack(w), torch.rand(N, device="cuda")
+    x = torch.randn(1, K, device="cuda").to(torch.bfloat16)
+    for _ in range(2):
+        torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)
+torch.cuda.synchronize()
+PYEOF
+  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} TRIT_A8_FUSEQ=0 timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:quant_rows -c 8 \
+    --section SpeedOfLight --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section SourceCounters \
+    $PY /tmp/trit_ncu_quant.py > "$OUT/ncu-quant.txt" 2>&1 || echo "ncu failed (see ncu-quant.txt)"
+  grep -E "quant_rows|Duration|Memory Throughput|Grid Size|Block Size|Warp Cycles Per Issued|Stall|Uncoalesced" "$OUT/ncu-quant.txt" | head -80
 fi
 
 if has ncugemm && command -v ncu >/dev/null; then

@@ -388,7 +388,7 @@ def prequant_selected(prefix: str, setting: Optional[str] = None) -> bool:
     SiLU-mul before down, BitNet's sub-norms before o_proj / down), and at M <= 8 the GEMV runs
     alone: one launch fewer per layer. Not where the input comes straight from attention (Llama's
     o_proj): the quantizer would stay a launch of its own, where the default fuses it into the GEMV.
-    TRIT_A8_PREQUANT, read when the model loads: unset / 0 off (default until measured on the GPU),
+    TRIT_A8_PREQUANT, read when the model loads: unset / 0 off (default: slower end to end on the H200, 8B run 7),
     1 = every layer, or a comma list of layer names or their dotted suffixes (e.g.
     qkv_proj,gate_up_proj,down_proj; ``up_proj`` does not select ``gate_up_proj``). Only where vLLM
     compiles the model (model_compiled): uncompiled, the torch-op quantizer is ~14 launches."""
