@@ -7,8 +7,9 @@ Per configuration (each in its own subprocess, so engines never share GPU memory
   time to first token (batch 1, max_tokens=1); weight memory of the linear layers (bits per
   weight, scales included, from the loaded parameters); GPU kernel time per decode step by
   category (torch.profiler over a batch-1 generation: ternary GEMV/GEMM, dense GEMM,
-  attention, norms/elementwise, other) beside the wall time per step, so engine overhead
-  shows.  Models are generated on the machine (reference.make_model presets) into --models.
+  attention, norms/elementwise, other) beside the wall time per step, and at B <= 8 the model
+  forward alone (vLLM's captured full CUDA graph replayed back to back) beside the step time per
+  token, so engine overhead shows.  Models are generated on the machine (reference.make_model presets) into --models.
 
 Configurations for --shape 2b: ours on the BitNet-2B-shaped checkpoint, ours and humming on
 its Llama-shaped twin, bf16 on the twin.  --shape 8b: ours, humming, bf16 on Llama-3-8B shapes.
@@ -178,9 +179,56 @@ def run_one(label: str, d: Path, quantization, batches, prompt_len, gen_len, pro
         res["throughput"][b] = {"seconds": round(dt, 3), "tok_s": round(b * gen_len / dt, 1),
                                 "runs_s": [round(t, 3) for t in dts]}
     res["weights"] = llm.apply_model(_weight_stats)[0]
+    if cuda and tp == 1:  # the graphs live in this process only with the in-process engine at TP = 1
+        res["graph_replay"] = {str(b): graph_replay(b) for b in batches if b <= 8}
     if cuda and profile_steps:
         res["profile"] = _profile(llm, prompts, profile_steps)
     return res
+
+
+def graph_replay(num_tokens: int = 1, reps: int = 50, wrappers=None, timer=None) -> dict:
+    """The model forward alone: vLLM's captured full CUDA graph for a decode batch of ``num_tokens``
+    tokens (the smallest captured size >= num_tokens), replayed ``reps`` times back to back after
+    3 warm-up replays; ms per replay. This is the step without the engine (scheduling, input
+    preparation, the sampler, output handling) and without the logits (lm_head and sampling run
+    after the graph), so 1 / (tok/s) minus it is what the engine and the logits add per token.
+    vLLM keeps every CUDAGraphWrapper in a class-level set (0.26 and 0.32); the FULL-mode ones hold
+    one graph per batch descriptor. {"error": ...} where no full graph was captured (piecewise-only
+    graphs, eager mode, or an engine in another process). ``wrappers`` / ``timer(fn, reps) -> s``:
+    injected by the tests."""
+    try:
+        from vllm.compilation.cuda_graph import CUDAGraphWrapper
+        from vllm.config import CUDAGraphMode
+    except ImportError as e:
+        return {"error": f"vLLM's CUDA graph wrapper not importable: {e}"}
+    ws = list(CUDAGraphWrapper._all_instances) if wrappers is None else list(wrappers)
+    found = []
+    for w in ws:
+        if getattr(w, "runtime_mode", None) != CUDAGraphMode.FULL:
+            continue
+        for bd, entry in getattr(w, "concrete_cudagraph_entries", {}).items():
+            if getattr(entry, "cudagraph", None) is not None and bd.num_tokens >= num_tokens:
+                # uniform decode batches (every request one token) first among equal sizes
+                found.append((bd.num_tokens, not getattr(bd, "uniform", False), len(found), bd, entry))
+    if not found:
+        return {"error": f"no full CUDA graph for >= {num_tokens} tokens among {len(ws)} graph wrappers "
+                         "(piecewise-only graphs or eager mode)"}
+    n, _, _, bd, entry = min(found, key=lambda t: t[:3])
+    if timer is None:
+        def timer(fn, k):
+            for _ in range(3):
+                fn()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(k):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+    secs = timer(entry.cudagraph.replay, reps)
+    return {"ms": round(secs / reps * 1e3, 4), "num_tokens": n, "num_reqs": getattr(bd, "num_reqs", None),
+            "reps": reps}
 
 
 def _weight_stats(model) -> dict:
@@ -361,6 +409,20 @@ def main(argv=None) -> int:
         label = r["label"] + (f" ({', '.join(f'{k}={v}' for k, v in r['env'].items())})" if r.get("env") else "")
         md.append(f"| {label} | " + " | ".join(cells) +
                   f" | {r['ttft_ms']} | {r.get('load_s', '-')} | {r['weights']['bits_per_weight']} | {vb} | {vh} |")
+    gr = [r for r in rows if "error" not in r and r.get("graph_replay")]
+    if gr:
+        small = [b for b in batches if b <= 8]
+        md += ["", "Decode step per token vs the model forward alone (vLLM's captured full CUDA graph replayed "
+                   "back to back, without the engine, lm_head and sampler), ms:", "",
+               "| config | " + " | ".join(f"B={b} step (B / tok/s) | B={b} forward (graph)" for b in small) + " |",
+               "|---" * (2 * len(small) + 1) + "|"]
+        for r in gr:
+            cells = []
+            for b in small:
+                t = r["throughput"].get(b) or r["throughput"].get(str(b))
+                g = r["graph_replay"].get(str(b), {})
+                cells += [f"{b / t['tok_s'] * 1e3:.3f}" if t else "-", f"{g['ms']:.3f}" if "ms" in g else "-"]
+            md.append(f"| {r['label']} | " + " | ".join(cells) + " |")
     for r in rows:
         if "profile" in r:
             pr = r["profile"]

@@ -42,6 +42,8 @@ def test_e2e_state_resumes_across_calls(tmp_path, monkeypatch):
         assert (kw["env"].get("TRIT_A8_GEMM") == "1") == label.endswith("-gemm")  # a variant's environment
         tp = {"1": {"seconds": 0.1, "tok_s": 10.0 if label.startswith("bf16") else 20.0}}
         r = {"label": label, "throughput": tp, "ttft_ms": 1.0, "weights": {"bits_per_weight": 16.0}}
+        if label == "ours-bitnet":
+            r["graph_replay"] = {"1": {"ms": 42.5, "num_tokens": 1, "num_reqs": 1, "reps": 50}}
         return types.SimpleNamespace(stdout="log\nRESULT " + json.dumps(r) + "\n", stderr="")
 
     monkeypatch.setattr(subprocess, "run", fake_run)
@@ -59,6 +61,8 @@ def test_e2e_state_resumes_across_calls(tmp_path, monkeypatch):
     assert [r["label"] for r in last["rows"]] == ["ours-bitnet", "bf16-bitnet"] and last["resumed"] == ["ours-bitnet"]
     md = recs[-1].with_suffix(".md").read_text()
     assert "resumed: ours-bitnet" in md and "| ours-bitnet | 20 | 1.0 | - | 16.0 | 2.00x |" in md
+    # the step per token (B / tok/s) beside the graph-replayed forward, for the configs that have one
+    assert "| ours-bitnet | 50.000 | 42.500 |" in md and "| bf16-bitnet | 100.000 |" not in md
     monkeypatch.setenv("TRIT_COMMIT", "c2")  # another commit measures everything again
     assert e2e.main(common + ["--only", "ours-bitnet"]) == 0
     assert ran[-1] == "ours-bitnet" and len(ran) == 3

@@ -31,3 +31,41 @@ def test_wgmma_variants_follow_their_base_config():
     assert configs("8b", ["ours-mma"])[0][4] == {"TRIT_A8_GEMM_WG": "0"}
     assert configs("2b", ["ours-bitnet-deep"])[0][4] == {"TRIT_A8_GEMM_WG_DEEP": "1"}
     assert configs("8b", ["ours-nodeep"])[0][4] == {"TRIT_A8_GEMM_WG_DEEP": "0"}
+
+
+def test_graph_replay_picks_the_smallest_full_graph():
+    """bench.e2e.graph_replay: the FULL-mode wrapper's smallest captured size >= the batch, uniform
+    decode first; piecewise wrappers and uncaptured entries ignored; ms = timer seconds / reps."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace as NS
+
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+
+    from bench.e2e import graph_replay
+
+    replayed = []
+
+    def graph(tag):
+        return NS(replay=lambda: replayed.append(tag))
+
+    full = NS(runtime_mode=CUDAGraphMode.FULL, concrete_cudagraph_entries={
+        BatchDescriptor(num_tokens=8, num_reqs=8, uniform=True): NS(cudagraph=graph("f8")),
+        BatchDescriptor(num_tokens=2, num_reqs=2, uniform=False): NS(cudagraph=graph("f2-mixed")),
+        BatchDescriptor(num_tokens=2, num_reqs=2, uniform=True): NS(cudagraph=graph("f2")),
+        BatchDescriptor(num_tokens=1, num_reqs=1, uniform=True): NS(cudagraph=None),  # not captured
+    })
+    piece = NS(runtime_mode=CUDAGraphMode.PIECEWISE, concrete_cudagraph_entries={
+        BatchDescriptor(num_tokens=1): NS(cudagraph=graph("p1"))})
+
+    def timer(fn, k):
+        for _ in range(k):
+            fn()
+        return 0.002 * k  # 2 ms per replay
+
+    r = graph_replay(1, reps=5, wrappers=[piece, full], timer=timer)
+    assert r == {"ms": 2.0, "num_tokens": 2, "num_reqs": 2, "reps": 5}
+    assert replayed == ["f2"] * 5
+    assert graph_replay(8, reps=1, wrappers=[piece, full], timer=timer)["num_tokens"] == 8
+    assert "error" in graph_replay(9, wrappers=[piece, full], timer=timer)
+    assert "error" in graph_replay(1, wrappers=[piece], timer=timer)
