@@ -1585,6 +1585,148 @@ __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restric
   }
 }
 
+// Thread-block clusters (sm_90): the CTA's rank, the cluster barrier (arrive / wait halves) and
+// stores into another CTA's shared memory (distributed shared memory).
+__device__ __forceinline__ unsigned cluster_ctarank() {
+  unsigned r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+  return r;
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_sync() {  // release my stores, acquire the others'
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#endif
+}
+template <typename V>
+__device__ __forceinline__ void st_cluster(V* local, unsigned rank, V v) {  // *local in CTA `rank` = v
+  static_assert(sizeof(V) == 4, "32-bit values");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(local));
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  uint32_t bits;
+  memcpy(&bits, &v, 4);
+  asm volatile("st.shared::cluster.b32 [%0], %1;" ::"r"(r), "r"(bits) : "memory");
+#endif
+}
+
+// The a8 quantizer of the M <= 8 GEMV (row-major [M, Kp] layout, quant_rows_perm_kernel's values and
+// byte order bit for bit) with one row split over a cluster of S CTAs (grid (S, M), cluster (S, 1, 1);
+// TRIT_QUANT_CLUSTER, see quant_cluster_size). H200 run 22: the loop kernel's cost in front of the
+// M = 1 GEMV grows with K (0.7 us at K = 2560 to 7.4 us at K = 28672: one CTA walks the row twice, a
+// memory round trip per 2048 inputs and pass). Here every thread loads its <= kQcVecs groups of 8 at
+// once (all loads issued before the first use) and keeps them in registers: one round trip per CTA,
+// no second pass. The CTAs exchange their
+// |x| maxima through distributed shared memory (each writes its maximum into every CTA's s_amax),
+// quantize their groups with the same xs, and send their partial row sums to rank 0, which writes
+// xs and rowsum. Three cluster barriers: the first (arrive at entry, wait before the first remote
+// store) only makes sure every CTA of the cluster runs before its shared memory is written.
+constexpr int kQcVecs = 4;  // groups of 8 per thread: S = 8 CTAs x 256 threads x 4 x 8 = K <= 65536
+template <typename T>
+__global__ void __launch_bounds__(256) quant_rows_cluster_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
+                                                                 float* __restrict__ xs_out,
+                                                                 int32_t* __restrict__ rowsum, int K, int Kp,
+                                                                 int S, bool vec) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ float sh_f[8];
+  __shared__ int sh_i[8];
+  __shared__ float s_amax[8];  // [rank]: every CTA's maximum, written by that CTA
+  __shared__ int s_part[8];    // rank 0's copy: every CTA's partial row sum
+  cluster_arrive_relaxed();
+  pdl_trigger();  // the GEMV may launch now and stream its weights; it waits for this grid
+  pdl_wait();     // x comes from the kernel before
+  const unsigned rank = cluster_ctarank();
+  const int m = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const T* row = x + (size_t)m * K;
+  const int G = Kp >> 3, per = (G + S - 1) / S, g0 = (int)rank * per, g1 = min(G, g0 + per);
+  float e[kQcVecs][8];
+  if (vec) {  // K % 8 == 0, aligned rows: every load issued before any is used (one round trip)
+    constexpr int kW = sizeof(T) == 2 ? 1 : 2;  // 16-byte words per group of 8
+    uint4 raw[kQcVecs][kW];
+#pragma unroll
+    for (int v = 0; v < kQcVecs; ++v) {
+      const int g = g0 + tid + v * 256;
+      const bool in = g < g1 && g * 8 < K;  // groups past K (up to Kp): zeros
+#pragma unroll
+      for (int w = 0; w < kW; ++w)
+        raw[v][w] = in ? __ldg(reinterpret_cast<const uint4*>(row + (size_t)g * 8) + w) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int v = 0; v < kQcVecs; ++v) {
+      const T* h = reinterpret_cast<const T*>(&raw[v][0]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) e[v][i] = to_f32<T>(h[i]);
+    }
+  } else {
+#pragma unroll
+    for (int v = 0; v < kQcVecs; ++v) {
+      const int g = g0 + tid + v * 256;
+      if (g < g1) {
+        load8<T>(row, g * 8, K, false, e[v]);  // scalar loads, zeros past K
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) e[v][i] = 0.f;
+      }
+    }
+  }
+  float amax = 0.f;
+#pragma unroll
+  for (int v = 0; v < kQcVecs; ++v)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(e[v][i]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (lane == 0) sh_f[warp] = amax;
+  __syncthreads();
+  cluster_wait();  // every CTA of the cluster has started: its shared memory may be written
+  if (tid < S) {
+    float a = sh_f[0];
+    for (int w = 1; w < 8; ++w) a = fmaxf(a, sh_f[w]);
+    st_cluster(&s_amax[rank], (unsigned)tid, a);
+  }
+  cluster_sync();
+  amax = s_amax[0];
+  for (int r = 1; r < S; ++r) amax = fmaxf(amax, s_amax[r]);
+  const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as torch: reciprocal(t) * 127
+  int part = 0;
+#pragma unroll
+  for (int v = 0; v < kQcVecs; ++v) {
+    const int g = g0 + tid + v * 256;
+    if (g < g1) *reinterpret_cast<uint2*>(xq + (size_t)m * Kp + (size_t)g * 8) = quant_group8(e[v], xs, part);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+  if (lane == 0) sh_i[warp] = part;
+  __syncthreads();
+  if (tid == 0) {
+    int sum = 0;
+    for (int w = 0; w < 8; ++w) sum += sh_i[w];
+    st_cluster(&s_part[rank], 0u, sum);
+  }
+  cluster_sync();  // after it rank 0 reads only its own shared memory: the others may exit
+  if (rank == 0 && tid == 0) {
+    int sum = 0;
+    for (int r = 0; r < S; ++r) sum += s_part[r];
+    rowsum[m] = sum;
+    xs_out[m] = xs;
+  }
+#else
+  __trap();
+#endif
+}
+
 // ---------------------------------------------------------------- naive + decode
 __device__ __forceinline__ int code_at(const int32_t* __restrict__ wp, int KB, int n, int k) {
   const int t = n >> 4, rr = n & 15, g = rr & 7, rs = rr >> 3;
@@ -1725,6 +1867,8 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //                                     fragments shared by two tiles); auto: see wn_auto
 //   TRIT_A8_FUSEQ = -1 (default: auto) | 0 | 1   a8 at M <= 8: the quantizer fused into the GEMV
 //                                     (a8_small_kernel kFuseQ); auto: at M = 1 on small layers (fuseq_auto)
+//   TRIT_QUANT_CLUSTER = 0 (default) | n   a8 at M <= 8 (separate quantizer): the row split over a
+//                                     cluster of <= n CTAs (quant_rows_cluster_kernel; not yet measured)
 //   TRIT_A8_GEMM = auto (default) | 0 | 1   a8 at M > 16: a8_gemm_kernel (above 256 only its wgmma loop) (read in bindings.cpp,
 //                                     a8_gemm_on: auto by shape; it gives the kernel its split-K workspace)
 //   TRIT_A8_GEMM_KS = n               its split-K CTAs (default: gemm_shape)
@@ -1787,6 +1931,39 @@ cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sm
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+}
+
+// TRIT_QUANT_CLUSTER = n > 0: the cluster quantizer's CTAs per row - the fewest that give each thread
+// <= 2 groups of 8 (one 16-byte load each), at most n, but at least the fewest that hold the row in
+// registers (kQcVecs groups per thread); 0 (the loop kernel) where that takes more than 8 CTAs (the
+// portable cluster size limit: K > 65536). n = 1: one CTA per row while K <= 8192.
+int quant_cluster_size(int Kp, int n) {
+  if (n <= 0) return 0;
+  const int G = Kp / 8;
+  const int need = (G + 256 * kQcVecs - 1) / (256 * kQcVecs), want = (G + 511) / 512;
+  const int S = max(need, min(want, n));
+  return S <= 8 ? S : 0;
+}
+// quant_rows_cluster_kernel on grid (S, M) in clusters of (S, 1, 1), with (pdl) or without
+// programmatic stream serialization. Clusters need sm_90: the caller checks (pdl_supported).
+template <typename T>
+cudaError_t launch_quant_cluster(int S, const T* x, int8_t* xq, float* xs, int32_t* rowsum, int M, int K, int Kp,
+                                 bool vec, cudaStream_t st, bool pdl) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(S, M);
+  cfg.blockDim = dim3(256);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = S;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 2 : 1;
+  return cudaLaunchKernelEx(&cfg, quant_rows_cluster_kernel<T>, x, xq, xs, rowsum, K, Kp, S, vec);
 }
 
 // Rows of x per v5 warp: MT 8-row tiles. Where v5 runs, from the H200 table (bench/results,
@@ -2126,8 +2303,11 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
       cfg.nw = 1;
     } else if (!pre) {
       const int Mp = cfg.mt == 1 ? 0 : 8 * cfg.mt;  // k-block-major xq for MT >= 2, zero rows to 8 * MT
-      cudaError_t e = launch_ex(quant_rows_perm_kernel<T>, dim3(cfg.mt == 1 ? M : Mp), dim3(256), 0, st, pdl, x,
-                                xq, xs, rowsum, M, K, KB * kBlockK, Mp, vec, (int32_t*)nullptr, 0);
+      // the row-major layout (M <= 8): the cluster quantizer where TRIT_QUANT_CLUSTER asks for it
+      const int S = cfg.mt == 1 && pdl_supported() ? quant_cluster_size(KB * kBlockK, env_int("TRIT_QUANT_CLUSTER", 0)) : 0;
+      cudaError_t e = S > 0 ? launch_quant_cluster<T>(S, x, xq, xs, rowsum, M, K, KB * kBlockK, vec, st, pdl)
+                            : launch_ex(quant_rows_perm_kernel<T>, dim3(cfg.mt == 1 ? M : Mp), dim3(256), 0, st, pdl,
+                                        x, xq, xs, rowsum, M, K, KB * kBlockK, Mp, vec, (int32_t*)nullptr, 0);
       if (e != cudaSuccess) return e;
     }
     const int flags = l2pf_flags(kn.l2pf, true, N, K);

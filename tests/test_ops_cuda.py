@@ -257,7 +257,7 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
 @pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("kernel", ["v4", "v5", "v5-nofuseq", "v5-fuseq", "v5-wn2", "v5-gemm", "v5-gemm2",
                                     "v5-gemm-late", "v5-gemm-wg", "v5-gemm-wg2", "v5-gemm-wg-ov",
-                                    "v5-gemm-wg-deep", "v5-gemm-wg2-deep"])
+                                    "v5-gemm-wg-deep", "v5-gemm-wg2-deep", "v5-qcl"])
 @pytest.mark.parametrize("M", [1, 24, 64])
 def test_dependent_chain(monkeypatch, graph, kernel, M):
     """Each layer reads the previous layer's output: with PDL, a kernel that read x (or wrote y)
@@ -266,6 +266,9 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
     monkeypatch.setenv("TRIT_KERNEL", kernel.split("-")[0])
     if kernel.endswith("fuseq"):  # plain v5: the default (fuseq_auto fuses the quantizer at M = 1 on these layers)
         monkeypatch.setenv("TRIT_A8_FUSEQ", "0" if kernel.endswith("nofuseq") else "1")
+    if kernel.endswith("qcl"):  # the cluster quantizer (M <= 8), 2 CTAs per row at D = 1024, under PDL
+        monkeypatch.setenv("TRIT_A8_FUSEQ", "0")
+        monkeypatch.setenv("TRIT_QUANT_CLUSTER", "8")
     if kernel.endswith("wn2"):  # two weight tiles per warp (M = 24: the MT = 4 kernel)
         monkeypatch.setenv("TRIT_WN", "2")
     if "gemm" in kernel:  # the GEMM-shaped a8 kernel at M = 24 and 64 (cp.async ring, PDL wait)
@@ -330,6 +333,52 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
         torch.cuda.synchronize()
         # per-layer ops are checked elsewhere; here a stale read shows up as a gross error
         assert_close_rel(y, forward_ref(xin), 3e-2, f"chain {kernel} graph={graph} seed={seed}")
+
+
+# ------------------------------------------------------------------ the cluster quantizer
+# TRIT_QUANT_CLUSTER=n: at M <= 8 the row split over a cluster of CTAs (quant_rows_cluster_kernel,
+# distributed shared memory for the row maximum and sum). Same values as the loop kernel: a8 outputs
+# bit-identical to the default, for every cluster size (1: one CTA, registers only; 2 / 8: the size
+# rule; K past one CTA's capacity forces more CTAs), K tails (K % 8 != 0: scalar loads), rows of
+# zeros (the 1e-5 floor), all activation dtypes; K > 65536 falls back to the loop kernel.
+@pytest.mark.parametrize("K", [8, 300, 1000, 2560, 4100, 8192, 14336, 28672, 30001, 65536, 70000])
+@pytest.mark.parametrize("n", ["1", "2", "8"])
+def test_quant_cluster_matches_default(monkeypatch, K, n):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters: compute capability 9.0+")
+    monkeypatch.setenv("TRIT_KERNEL", "v5")
+    monkeypatch.setenv("TRIT_A8_FUSEQ", "0")  # the separate quantizer, at every M <= 8
+    N = 96
+    for M in (1, 3, 8):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            x, w, p, s, b = make_case(M, N, K, dtype, True, 7 * M + K % 97, DEV)
+            if M == 3:
+                x[1].zero_()  # a row of zeros: xs from the 1e-5 floor, rowsum 0
+                x[2, K // 2] = 1e4  # one large outlier in the middle of the row (another CTA's part)
+            monkeypatch.delenv("TRIT_QUANT_CLUSTER", raising=False)
+            want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+            monkeypatch.setenv("TRIT_QUANT_CLUSTER", n)
+            got = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+            assert torch.equal(got, want), f"K={K} n={n} M={M} {dtype}: {(got != want).sum().item()} outputs differ"
+
+
+@pytest.mark.parametrize("K", [1000, 14336, 28672])
+def test_quant_cluster_launch(monkeypatch, K):
+    """TRIT_QUANT_CLUSTER=8 at M = 1: the cluster kernel runs instead of the loop kernel (up to 65536)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters: compute capability 9.0+")
+    monkeypatch.setenv("TRIT_KERNEL", "v5")
+    monkeypatch.setenv("TRIT_A8_FUSEQ", "0")
+    monkeypatch.setenv("TRIT_QUANT_CLUSTER", "8")
+    x, w, p, s, b = make_case(1, 64, K, torch.bfloat16, False, 3, DEV)
+    torch.ops.trit.ternary_mm_a8(x, p, s, 64, K, None)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.ops.trit.ternary_mm_a8(x, p, s, 64, K, None)
+        torch.cuda.synchronize()
+    names = [e.key for e in prof.key_averages()]
+    assert any("quant_rows_cluster_kernel" in n for n in names), names
+    assert not any("quant_rows_perm_kernel" in n for n in names), names
 
 
 # ------------------------------------------------------------------ a8 GEMM-shaped kernel
