@@ -1941,7 +1941,7 @@ int quant_cluster_size(int Kp, int n) {
   if (n <= 0) return 0;
   const int G = Kp / 8;
   const int need = (G + 256 * kQcVecs - 1) / (256 * kQcVecs), want = (G + 511) / 512;
-  const int S = max(need, min(want, n));
+  const int S = max(need, min(want, min(n, 8)));  // n > 8: 8 (the portable limit), not the loop kernel
   return S <= 8 ? S : 0;
 }
 // quant_rows_cluster_kernel on grid (S, M) in clusters of (S, 1, 1), with (pdl) or without

@@ -266,7 +266,7 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
     monkeypatch.setenv("TRIT_KERNEL", kernel.split("-")[0])
     if kernel.endswith("fuseq"):  # plain v5: the default (fuseq_auto fuses the quantizer at M = 1 on these layers)
         monkeypatch.setenv("TRIT_A8_FUSEQ", "0" if kernel.endswith("nofuseq") else "1")
-    if kernel.endswith("qcl"):  # the cluster quantizer (M <= 8), 2 CTAs per row at D = 1024, under PDL
+    if kernel.endswith("qcl"):  # the cluster quantizer (M <= 8; one CTA per row at D = 1024), under PDL
         monkeypatch.setenv("TRIT_A8_FUSEQ", "0")
         monkeypatch.setenv("TRIT_QUANT_CLUSTER", "8")
     if kernel.endswith("wn2"):  # two weight tiles per warp (M = 24: the MT = 4 kernel)
@@ -358,8 +358,53 @@ def test_quant_cluster_matches_default(monkeypatch, K, n):
             monkeypatch.delenv("TRIT_QUANT_CLUSTER", raising=False)
             want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
             monkeypatch.setenv("TRIT_QUANT_CLUSTER", n)
+            # poison the memory the op's workspace (xq, xs, rowsum) is likely to reuse, so that a group,
+            # scale or row sum the cluster kernel fails to write cannot pass on the default's values
+            Kp = (K + 127) // 128 * 128
+            torch.empty(64 * Kp + 64 * M, dtype=torch.int8, device=DEV).fill_(0x5A)
             got = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
             assert torch.equal(got, want), f"K={K} n={n} M={M} {dtype}: {(got != want).sum().item()} outputs differ"
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_quant_cluster_chain(monkeypatch, graph):
+    """Several CTAs per row (D = 4608: S = 2 at n = 8) layer after layer under PDL, eager and replayed
+    from a CUDA graph: bit-identical to the default quantizer's chain."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters: compute capability 9.0+")
+    monkeypatch.setenv("TRIT_KERNEL", "v5")
+    monkeypatch.setenv("TRIT_A8_FUSEQ", "0")
+    D, L = 4608, 4
+    gen = torch.Generator().manual_seed(11)
+    layers = [(ops.repack(torch.randint(-1, 2, (D, D), generator=gen, dtype=torch.int8)).to(DEV),
+               (torch.rand(D, generator=gen) * 0.02 + 0.005).to(DEV)) for _ in range(L)]
+
+    def forward(x):
+        for p, s in layers:
+            x = torch.nn.functional.silu(torch.ops.trit.ternary_mm_a8(x, p, s, D, D, None))
+        return x
+
+    xin = torch.randn(1, D, generator=gen).to(torch.bfloat16).to(DEV)
+    monkeypatch.delenv("TRIT_QUANT_CLUSTER", raising=False)
+    want = forward(xin)
+    monkeypatch.setenv("TRIT_QUANT_CLUSTER", "8")
+    if graph:
+        static_x = xin.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            forward(static_x)
+        torch.cuda.current_stream().wait_stream(stream)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_y = forward(static_x)
+        poison(static_y)
+        g.replay()
+        got = static_y
+    else:
+        got = forward(xin)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want), f"graph={graph}: {(got != want).sum().item()} outputs differ"
 
 
 @pytest.mark.parametrize("K", [1000, 14336, 28672])
