@@ -13,11 +13,16 @@ MODEL_TYPES = {"bitnet": "bitnet", "llama": "llama"}
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float = 10000.0
-    kind: str = "default"  # "default" | "llama3"
+    kind: str = "default"  # ROPE_KINDS
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    max_position_embeddings: int = 2048  # "dynamic": sequences longer than this rescale the base
+
+
+#: rope_type values the reference computes as transformers does (ROPE_INIT_FUNCTIONS)
+ROPE_KINDS = ("default", "linear", "dynamic", "llama3")
 
 
 @dataclass(frozen=True)
@@ -56,13 +61,16 @@ class ModelConfig:
             rp = d.get("rope_parameters") or d.get("rope_scaling") or {}
             theta = float(rp.get("rope_theta", d.get("rope_theta", 10000.0 if arch == "llama" else 500000.0)))
             kind = rp.get("rope_type", rp.get("type", "default")) or "default"
-            if kind not in ("default", "llama3"):
-                raise CheckpointError(f"{where}: rope_type {kind!r} is not supported (default, llama3)")
+            if kind not in ROPE_KINDS:
+                raise CheckpointError(f"{where}: rope_type {kind!r} is not supported ({', '.join(ROPE_KINDS)})")
+            if kind in ("linear", "dynamic") and "factor" not in rp:
+                raise CheckpointError(f"{where}: rope_type {kind!r} needs a 'factor'")
             rope = RopeConfig(
                 theta=theta, kind=kind, factor=float(rp.get("factor", 1.0)),
                 low_freq_factor=float(rp.get("low_freq_factor", 1.0)),
                 high_freq_factor=float(rp.get("high_freq_factor", 4.0)),
-                original_max_position_embeddings=int(rp.get("original_max_position_embeddings", 8192)))
+                original_max_position_embeddings=int(rp.get("original_max_position_embeddings", 8192)),
+                max_position_embeddings=int(d.get("max_position_embeddings", 2048)))
             act = d.get("hidden_act", "relu2" if arch == "bitnet" else "silu")
             if act not in ("silu", "relu2"):
                 raise CheckpointError(f"{where}: hidden_act {act!r} is not supported (silu, relu2)")
@@ -123,6 +131,8 @@ class ModelConfig:
             out[f"{p}.input_layernorm.weight"] = (h,)
             out[f"{p}.post_attention_layernorm.weight"] = (h,)
             if self.arch == "bitnet":
-                out[f"{p}.self_attn.attn_sub_norm.weight"] = (h,)
+                # the sub-norm normalises the attention output (heads * head_dim, = hidden_size unless
+                # config.json sets another head_dim), before o_proj
+                out[f"{p}.self_attn.attn_sub_norm.weight"] = (self.num_heads * self.head_dim,)
                 out[f"{p}.mlp.ffn_sub_norm.weight"] = (self.intermediate_size,)
         return out

@@ -89,8 +89,12 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
             linears[hf] = LinearEntry(weight_key=m.weight.name, shape=m.logical, pack=pk, scale=sc,
                                       rows=rows if len(m.parts) > 1 else None,
                                       bias_key=m.bias.name if m.bias is not None else None)
-    act = "int8_per_token" if cfg.arch == "bitnet" or (cfg.quantization or {}).get("quant_method") == "bitnet" \
-        else "none"
+    # BitNet b1.58 quantises activations to int8, unless no linear is ternary / packed at all: a float
+    # checkpoint (every weight an unconstrained float) runs plain linears, as transformers does and as
+    # spec_for's "unquantized" spec says
+    quantized = any(m.packed or m.weight.kind != "float" for m in modules)
+    act = "int8_per_token" if (cfg.arch == "bitnet" and quantized) or \
+        (cfg.quantization or {}).get("quant_method") == "bitnet" else "none"
     ignored = {}
     for m in modules:
         for t, why in ((m.zeros, "constant zero point, folded into the code table"),

@@ -98,11 +98,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (weight.float() * y).to(x.dtype)
 
 
-def rope_inv_freq(head_dim: int, rope: RopeConfig) -> torch.Tensor:
+def rope_inv_freq(head_dim: int, rope: RopeConfig, seq_len: Optional[int] = None) -> torch.Tensor:
+    """Inverse frequencies (D/2,) as transformers' ROPE_INIT_FUNCTIONS compute them.  ``seq_len``
+    (the number of positions of the forward pass) matters only to "dynamic" NTK scaling, which
+    rescales the base once a sequence is longer than max_position_embeddings."""
     # float32 arithmetic, as transformers and vLLM compute it: 1-ulp differences in RoPE flip
     # int8 activation-quantisation boundaries downstream
-    inv = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    if rope.kind == "llama3":
+    base = rope.theta
+    if rope.kind == "dynamic" and seq_len is not None and seq_len > rope.max_position_embeddings:
+        # transformers' dynamic_frequency_update: seq_len = max(position_ids) + 1, as a tensor
+        mp = rope.max_position_embeddings
+        sl = torch.maximum(torch.tensor(seq_len), torch.tensor(mp))
+        base = base * ((rope.factor * sl / mp) - (rope.factor - 1)) ** (head_dim / (head_dim - 2))
+    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if rope.kind == "linear":
+        inv = inv / rope.factor
+    elif rope.kind == "llama3":
         low_wl = rope.original_max_position_embeddings / rope.low_freq_factor
         high_wl = rope.original_max_position_embeddings / rope.high_freq_factor
         wl = 2 * math.pi / inv
@@ -213,7 +224,8 @@ class ReferenceModel:
         dev = self.device
         input_ids = input_ids.to(dev)
         pos = torch.arange(T, dtype=torch.float32, device=dev)
-        freqs = pos[:, None] * self.inv_freq.to(dev)[None, :]  # (T, D/2)
+        inv_freq = rope_inv_freq(D, cfg.rope, seq_len=T) if cfg.rope.kind == "dynamic" else self.inv_freq
+        freqs = pos[:, None] * inv_freq.to(dev)[None, :]  # (T, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(dt), emb.sin().to(dt)  # (T, D)
         causal = torch.full((T, T), float("-inf"), device=dev).triu(1)

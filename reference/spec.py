@@ -167,6 +167,9 @@ class CheckpointSpec:
                         raise CheckpointError(f"{info.file}: tensor {key!r} ({mod}) has shape {list(info.shape)}, "
                                               f"config.json implies {list(shape)}")
                     used.add(key)
+                    bkey = self.tensors.get(mod + ".bias")
+                    if bkey is not None:
+                        _check_bias(ckpt, bkey, mod, shape[0])
                     continue
                 raise CheckpointError(f"spec {self.name!r}: no entry for module {mod!r} (expected logical shape {shape})")
             if e.out_shape != shape:
@@ -194,7 +197,7 @@ class CheckpointSpec:
                 ckpt.info(e.scale.key)
                 used.add(e.scale.key)
             if e.bias_key:
-                ckpt.info(e.bias_key)
+                _check_bias(ckpt, e.bias_key, mod, shape[0])
                 used.add(e.bias_key)
         for extra in set(self.linears) - set(need):
             raise CheckpointError(f"spec {self.name!r}: module {extra!r} is not part of this architecture")
@@ -221,6 +224,14 @@ class CheckpointSpec:
             raise CheckpointError(
                 f"{ckpt.path}: {len(unknown)} checkpoint tensors are not used by spec {self.name!r}: "
                 f"{unknown[:5]}{' ...' if len(unknown) > 5 else ''} (unknown keys; fix the spec's key mapping)")
+
+
+def _check_bias(ckpt: Checkpoint, key: str, mod: str, n: int) -> None:
+    """A linear's bias holds one value per output feature (a [1] bias would broadcast silently)."""
+    info = ckpt.info(key)
+    if tuple(info.shape) != (n,):
+        raise CheckpointError(f"{info.file}: tensor {key!r} (bias of {mod}) has shape {list(info.shape)}, "
+                              f"config.json implies [{n}]")
 
 
 # ---------------------------------------------------------------------------------------

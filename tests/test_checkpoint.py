@@ -121,3 +121,17 @@ def test_sharded_index_consistency(tmp_path):
     idx["weight_map"]["b"] = "model-00002-of-00002.safetensors"
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(idx))
     assert sorted(Checkpoint(tmp_path).keys()) == ["a", "b"]
+
+
+@pytest.mark.parametrize("quantized", [True, False])
+@pytest.mark.parametrize("n", [1, 65])
+def test_bias_shape_is_checked(tmp_path, quantized, n):
+    """A [1] bias would broadcast silently over the 64 outputs; any other length must name the tensor."""
+    import dataclasses
+    from reference.make_model import PRESETS, write_model
+    d = write_model(dataclasses.replace(PRESETS["oracle-llama-bias"], quantized=quantized), tmp_path / "m")
+    key = "model.layers.1.self_attn.k_proj.bias"  # k_proj: 1 KV head x head_dim 32
+    _rewrite(d, lambda sd: sd.__setitem__(key, torch.zeros(n)))
+    with pytest.raises(CheckpointError, match=rf"model.safetensors: tensor '{key}' .*has shape \[{n}\], "
+                                              rf"config.json implies \[32\]"):
+        ReferenceModel.from_dir(d)

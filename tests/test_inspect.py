@@ -294,3 +294,17 @@ def test_untrained_padded_model_keeps_ternary_and_config_prior(fmt, tmp_path):
         assert torch.equal(decode_linear(ck, res.spec.linears[mod], mod).values.to(torch.int8), t), mod
     codes = res.spec.linears["model.layers.0.mlp.down_proj"].pack.codes
     assert sum(v is not None for v in codes) == 3  # a ternary table
+
+
+def test_float_bitnet_checkpoint_keeps_float_activations(tmp_path):
+    """A BitNet-architecture checkpoint whose linears are plain float weights (no quantization_config)
+    runs unquantised linears in transformers and in spec_for's 'unquantized' spec; the inspected spec
+    must not add int8 activation quantisation (it would change every layer's output)."""
+    from parity.targets import get_target
+    from reference.make_model import write_model
+    d = write_model("oracle-bitnet-float", tmp_path / "m")
+    ids = torch.randint(3, 73, (1, 12), generator=torch.Generator().manual_seed(0))
+    before = get_target("reference").capture(d, ids)["logits"]
+    assert inspect_main([str(d), "--no-loss"]) == 0
+    assert CheckpointSpec.load(d / "ternary_spec.json").activation_quant == "none"
+    torch.testing.assert_close(get_target("reference").capture(d, ids)["logits"], before, rtol=0, atol=0)

@@ -7,7 +7,7 @@ import torch
 from parity.names import canonical_names
 from parity.targets import get_target
 from reference.config import ModelConfig
-from reference.make_model import PRESETS, make_state_dict, write_model
+from reference.make_model import PRESETS, Preset, make_state_dict, write_model
 from reference.model import ReferenceModel
 
 ORACLE = ["oracle-bitnet-gqa", "oracle-bitnet-auto", "oracle-llama-gqa", "oracle-llama-auto",
@@ -65,3 +65,72 @@ def test_greedy_generation_matches_transformers(models):
     ours = get_target("reference").generate(d, ids, 8)
     theirs = get_target("transformers").generate(d, ids, 8)
     assert torch.equal(ours, theirs)
+
+
+def _edited(root, name, preset, edit):
+    import json
+    d = write_model(preset, root / name)
+    cfg = json.loads((d / "config.json").read_text())
+    edit(cfg)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def _old_rope(**scaling):
+    def edit(c):
+        c["rope_theta"] = c.pop("rope_parameters")["rope_theta"]
+        c["rope_scaling"] = scaling
+    return edit
+
+
+LLAMA = Preset("llama", 64, 96, 2, 4, 2, 67, False, eps=1e-5, seed=12)
+ROPE_VARIANTS = {
+    "linear": lambda c: c["rope_parameters"].update(rope_type="linear", factor=4.0),
+    "linear-old-spelling": _old_rope(type="linear", factor=4.0),
+    # NTK base rescaling only once the sequence (23) is longer than max_position_embeddings
+    "dynamic-beyond-max-pos": lambda c: (c.update(max_position_embeddings=16),
+                                         c["rope_parameters"].update(rope_type="dynamic", factor=3.0)),
+    "dynamic-old-spelling": lambda c: (c.update(max_position_embeddings=12),
+                                       _old_rope(type="dynamic", factor=2.0)(c)),
+}
+
+
+@pytest.mark.parametrize("rope", sorted(ROPE_VARIANTS))
+def test_rope_scaling_variants_match_transformers(rope, tmp_path):
+    """transformers' linear and dynamic-NTK RoPE (rope_parameters and the old rope_scaling spelling)."""
+    d = _edited(tmp_path, rope, LLAMA, ROPE_VARIANTS[rope])
+    assert ModelConfig.load(d).rope.kind == rope.split("-")[0]
+    _assert_matches_transformers(d)
+
+
+def test_bitnet_head_dim_not_hidden_over_heads(tmp_path):
+    """head_dim from config.json with heads * head_dim != hidden_size: the attention sub-norm spans
+    heads * head_dim (as in transformers and the vLLM plugin), not hidden_size."""
+    d = write_model(Preset("bitnet", 64, 100, 2, 2, 1, 61, True, head_dim=16, seed=13), tmp_path / "m")
+    assert ModelConfig.load(d).float_params()["model.layers.0.self_attn.attn_sub_norm.weight"] == (32,)
+    _assert_matches_transformers(d)
+
+
+def test_transformers_target_names_shapes_bitlinear_cannot_hold(models):
+    with pytest.raises(ValueError, match=r"odd-bitnet: transformers. BitLinear cannot hold model\.layers\.0\."
+                                         r"self_attn\.q_proj \(70 output features, not a multiple of 4"):
+        get_target("transformers").capture(models["odd-bitnet"], torch.arange(3, 9).reshape(1, -1))
+
+
+def _assert_matches_transformers(d):
+    cfg = ModelConfig.load(d)
+    ids = torch.randint(3, cfg.vocab_size, (2, 23), generator=torch.Generator().manual_seed(7))
+    ref = get_target("reference").capture(d, ids)
+    hf = get_target("transformers").capture(d, ids)
+    for n in canonical_names(cfg.num_layers, cfg.arch):
+        rel = float((ref[n] - hf[n]).abs().max() / hf[n].abs().max())
+        assert rel <= 1e-5, f"{d.name}: {n} differs from transformers by {rel:.2e} relative"
+
+
+def test_transformers_target_refuses_autobitlinear_bias(tmp_path):
+    """transformers' offline AutoBitLinear computes (x T + b) * s: a comparison would report a bogus
+    divergence at the first biased linear, so the target says why it cannot serve as the oracle."""
+    d = write_model(Preset("llama", 64, 96, 1, 2, 1, 67, True, linear_class="autobitlinear", bias=True, seed=14),
+                    tmp_path / "m")
+    with pytest.raises(ValueError, match=r"AutoBitLinear multiplies the bias by weight_scale.*q_proj"):
+        get_target("transformers").capture(d, torch.arange(3, 9).reshape(1, -1))

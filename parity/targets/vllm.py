@@ -41,7 +41,9 @@ from typing import Callable, Optional
 import torch
 
 from parity.names import canonical_names
-from reference.config import ModelConfig
+from reference.checkpoint import load_config
+from reference.config import ARCHITECTURES, ModelConfig
+from reference.spec import SPEC_FILENAME, spec_for
 
 from .base import Target
 
@@ -109,10 +111,19 @@ class VllmTarget(Target):
                   enable_prefix_caching=False, skip_tokenizer_init=not has_tok, max_num_seqs=64)
         if torch.cuda.is_available():
             kw["gpu_memory_utilization"] = 0.3  # an eager capture engine and a graph engine coexist in-process
+        if not load_config(model_dir).get("architectures"):
+            # model_type alone (the reference accepts it): without architectures vLLM would not pick the
+            # causal-LM class (it falls back to a pooling model)
+            overrides["architectures"] = [next(a for a, f in ARCHITECTURES.items() if f == cfg.arch)]
         if overrides:
             kw["hf_overrides"] = overrides
-        if not (cfg.quantization or {}).get("quant_method") and not overrides:
-            kw["quantization"] = "ternary"  # a directory with only ternary_spec.json
+        if not (cfg.quantization or {}).get("quant_method") and "quantization_config" not in overrides:
+            if (model_dir / SPEC_FILENAME).exists():
+                kw["quantization"] = "ternary"  # a directory with only ternary_spec.json
+            else:
+                # no spec, no quantization_config: a float checkpoint runs unquantised; anything else is an
+                # undocumented format, and spec_for says to run the inspector (vLLM's error would not)
+                spec_for(model_dir, cfg)
         if self.tp > 1:
             check_tp_shardable(model_dir, cfg, self.tp)
             # tensor parallel: worker processes (the model is not in this process, so capture's hooks

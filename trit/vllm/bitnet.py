@@ -8,7 +8,7 @@ Same math as ``reference.model`` with arch "bitnet" and transformers' ``BitNetFo
     h = h + o_proj(attn_sub_norm(a))            sub-norm over H*D, before o_proj
     x = post_attention_layernorm(h)
     g, u = gate_up_proj(x)                      fused MergedColumnParallelLinear
-    h = h + down_proj(ffn_sub_norm(relu(g)^2 * u))
+    h = h + down_proj(ffn_sub_norm(relu(g)^2 * u))   (hidden_act silu: silu(g) * u)
     logits = norm(h) @ embed_tokens^T           tied embeddings (untied: lm_head)
 
 The residual stream uses vLLM's fused add+RMSNorm (``norm(x, residual)``), like its Llama.
@@ -31,6 +31,7 @@ from itertools import islice
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vllm.compilation.decorators import support_torch_compile
@@ -84,8 +85,10 @@ class BitNetMLP(nn.Module):
     def __init__(self, config, quant_config, prefix: str):
         super().__init__()
         h, i = config.hidden_size, config.intermediate_size
-        if getattr(config, "hidden_act", "relu2") != "relu2":
-            raise ValueError(f"BitNet expects hidden_act relu2, config has {config.hidden_act!r}")
+        # transformers' BitNetMLP takes ACT2FN[hidden_act]; b1.58 checkpoints use relu2
+        self.act = getattr(config, "hidden_act", "relu2")
+        if self.act not in ("relu2", "silu"):
+            raise ValueError(f"BitNet hidden_act {self.act!r} is not supported (relu2, silu)")
         self.gate_up_proj = MergedColumnParallelLinear(h, [i, i], bias=False, quant_config=quant_config,
                                                        prefix=f"{prefix}.gate_up_proj")
         self.ffn_sub_norm = sub_norm(i, config.rms_norm_eps)
@@ -94,7 +97,7 @@ class BitNetMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gu, _ = self.gate_up_proj(x)  # (T, 2 * I / tp)
         g, u = gu.chunk(2, dim=-1)
-        x = torch.relu(g).square() * u  # relu^2(gate) * up
+        x = (torch.relu(g).square() if self.act == "relu2" else F.silu(g)) * u  # act(gate) * up
         x = self.ffn_sub_norm(x)
         x, _ = self.down_proj(x)
         return x
