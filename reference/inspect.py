@@ -36,7 +36,7 @@ from .formats import FormatError, PackSpec, unpack_codes
 from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
 from .inspect_search import (BLOCKS, Candidate, axis_margins, build_spec, codes_str, confidence, lane_options,
                              search)
-from .spec import SPEC_FILENAME, CheckpointSpec, decode_linear
+from .spec import SPEC_FILENAME, CheckpointSpec, decode_linear, derived_buffer
 
 
 class InspectError(CheckpointError):
@@ -132,6 +132,8 @@ def map_keys(stats: dict[str, TensorStats], cfg: ModelConfig) -> tuple[list[Modu
     roles: dict[str, tuple] = {}
     unknown = []
     for name, st in stats.items():
+        if derived_buffer(name):  # RoPE inv_freq: computed from config.json, skipped like transformers
+            continue
         layer, role, prefix = parse_key(name)
         if role is None:
             unknown.append(name)

@@ -32,6 +32,13 @@ import torch
 
 from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig
+
+
+def derived_buffer(key: str) -> bool:
+    """Checkpoint keys that hold a buffer computed from config.json, not a weight: the RoPE inverse
+    frequencies older Llama checkpoints carry (``model.layers.N.self_attn.rotary_emb.inv_freq``).
+    transformers and vLLM skip them on load; the reference, the inspector and the BitNet plugin do too."""
+    return key.endswith("rotary_emb.inv_freq")
 from .formats import HF_BITNET, FormatError, PackSpec, ScaleSpec, expand_scale, unpack
 
 SPEC_VERSION = 1
@@ -219,7 +226,7 @@ class CheckpointSpec:
         for key in self.ignored:
             ckpt.info(key)  # must exist: a spec naming a missing key is wrong
             used.add(key)
-        unknown = [k for k in ckpt.keys() if k not in used]
+        unknown = [k for k in ckpt.keys() if k not in used and not derived_buffer(k)]
         if unknown:
             raise CheckpointError(
                 f"{ckpt.path}: {len(unknown)} checkpoint tensors are not used by spec {self.name!r}: "

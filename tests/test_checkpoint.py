@@ -135,3 +135,20 @@ def test_bias_shape_is_checked(tmp_path, quantized, n):
     with pytest.raises(CheckpointError, match=rf"model.safetensors: tensor '{key}' .*has shape \[{n}\], "
                                               rf"config.json implies \[32\]"):
         ReferenceModel.from_dir(d)
+
+
+def test_rope_inv_freq_buffers_are_skipped(model):
+    """Older Llama checkpoints carry each layer's RoPE inverse frequencies
+    (``...self_attn.rotary_emb.inv_freq``), a buffer computed from config.json that transformers and
+    vLLM skip: the reference and the inspector skip it too (same logits), other extra keys stay errors."""
+    from reference.inspect import inspect_dir
+    ids = torch.randint(3, 200, (1, 10), generator=torch.Generator().manual_seed(0))
+    before = ReferenceModel.from_dir(model).forward(ids)
+    hd = 32  # any length: the buffer is never read
+    _rewrite(model, lambda sd: sd.update({f"model.layers.{i}.self_attn.rotary_emb.inv_freq": torch.rand(hd // 2)
+                                          for i in range(4)}))
+    torch.testing.assert_close(ReferenceModel.from_dir(model).forward(ids), before, rtol=0, atol=0)
+    assert inspect_dir(model, use_loss=False).spec is not None
+    _rewrite(model, lambda sd: sd.__setitem__("model.layers.0.self_attn.rotary_emb.other", torch.zeros(3)))
+    with pytest.raises(CheckpointError, match="rotary_emb.other"):
+        ReferenceModel.from_dir(model)

@@ -59,3 +59,15 @@ def test_unquantized_and_model_type_only_checkpoints(preset, arch, tmp_path):
     del cfg["architectures"]
     (d / "config.json").write_text(json.dumps(cfg))
     _vllm_vs_reference(d, preset.vocab, 2, arch)
+
+
+@pytest.mark.vllm
+def test_bitnet_with_rope_inv_freq_buffers(tmp_path):
+    """Older checkpoints carry ...rotary_emb.inv_freq buffers: the BitNet plugin skips them (vLLM's
+    Llama and transformers do), as the reference does."""
+    from safetensors.torch import load_file, save_file
+    d = write_model(Preset("bitnet", 128, 200, 2, 4, 2, 89, True, seed=17), tmp_path / "m")
+    sd = load_file(str(d / "model.safetensors"))
+    sd.update({f"model.layers.{i}.self_attn.rotary_emb.inv_freq": torch.rand(16) for i in range(2)})
+    save_file(sd, str(d / "model.safetensors"))
+    _vllm_vs_reference(d, 89, 2, "bitnet")

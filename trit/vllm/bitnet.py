@@ -48,6 +48,8 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.utils import PPMissingLayer, make_layers, maybe_prefix
 from vllm.sequence import IntermediateTensors
 
+from reference.spec import derived_buffer
+
 from . import tp_heads_error
 from .keymap import IGNORED, KeyMapError, build_key_map, check_coverage, expected_float_params
 
@@ -253,6 +255,8 @@ class BitNetForCausalLM(nn.Module):
         loaded: set[str] = set()
         for key, tensor in weights:
             targets = key_map.get(key)
+            if targets is None and derived_buffer(key):  # RoPE inv_freq: recomputed from the config
+                continue
             if targets is None:
                 raise KeyMapError(f"checkpoint tensor {key!r} has no vLLM parameter in the BitNet key map "
                                   f"(unknown key; the spec's mapping does not name it)")
