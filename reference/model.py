@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig, RopeConfig
 from .spec import CheckpointSpec, DecodedLinear, decode_linear, spec_for
 
@@ -162,7 +162,7 @@ class ReferenceModel:
         def lin(mod: str) -> Linear:
             entry = spec.linears.get(mod)
             if entry is None:  # unquantised linear kept as float in the checkpoint
-                w = ckpt.get(spec.tensors[mod + ".weight"]).float()
+                w = param(mod + ".weight")
                 b = spec.tensors.get(mod + ".bias")
                 d = DecodedLinear(w, torch.ones(1, 1), ckpt.get(b).float() if b else None)
                 return Linear(_to(d, self.device), False, dtype)
@@ -176,7 +176,13 @@ class ReferenceModel:
             return Linear(_to(d, self.device), act_quant, dtype)
 
         def param(name: str) -> torch.Tensor:
-            return ckpt.get(spec.tensors[name]).float().to(self.device)
+            key = spec.tensors[name]
+            t = ckpt.get(key).float()
+            if not bool(torch.isfinite(t).all()):  # a NaN embedding row / norm weight poisons every output
+                bad = int((~torch.isfinite(t)).sum())
+                raise CheckpointError(f"{ckpt.info(key).file}: tensor {key!r} ({name}) has {bad} NaN/Inf "
+                                      f"values, expected finite floats")
+            return t.to(self.device)
 
         self.embed = param("model.embed_tokens.weight")  # (V, C)
         self.layers = []

@@ -152,3 +152,15 @@ def test_rope_inv_freq_buffers_are_skipped(model):
     _rewrite(model, lambda sd: sd.__setitem__("model.layers.0.self_attn.rotary_emb.other", torch.zeros(3)))
     with pytest.raises(CheckpointError, match="rotary_emb.other"):
         ReferenceModel.from_dir(model)
+
+
+@pytest.mark.parametrize("key", ["model.embed_tokens.weight", "model.layers.1.post_attention_layernorm.weight"])
+def test_nan_float_parameter(model, key):
+    """A NaN in a float parameter (an embedding row, a norm weight) is named at load, not found later
+    as NaN logits."""
+    def poison(sd):
+        sd[key] = sd[key].clone()
+        sd[key].view(-1)[3] = float("nan")
+    _rewrite(model, poison)
+    with pytest.raises(CheckpointError, match=rf"model.safetensors: tensor '{key}'.*1 NaN/Inf"):
+        ReferenceModel.from_dir(model)
