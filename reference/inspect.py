@@ -690,8 +690,8 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
         d = decode_linear(ckpt, e, hf)  # strict: an unused code at a logical position fails here
         zr[hf] = float((d.values == 0).float().mean())
     for m in modules:
-        vals = [zr[hf] for hf, _ in m.parts]
-        m.weight.zero_ratio_decoded = sum(vals) / len(vals)
+        vals = [zr[hf] for hf, _ in m.parts if hf in zr]  # none for a float linear (kept as a tensor)
+        m.weight.zero_ratio_decoded = sum(vals) / len(vals) if vals else None
     loss = scored[0].loss if ids is not None else None
     return Inspection(model_dir, cfg, spec, stats, modules, floats, findings, scored, loss, zr)
 

@@ -52,7 +52,8 @@ def mapping_rows(res) -> list[str]:
                 ops.append(f"merge as shard {shard!r}")
             if m.transposed:
                 ops.append("stored transposed")
-            pk = res.spec.linears[hf].pack
+            e = res.spec.linears.get(hf)  # None: a float linear kept as a plain tensor
+            pk = e.pack if e is not None else None
             ops.append("unpack " + (f"{pk.container} axis{pk.pack_axis}" if pk else "none (float)"))
             rows.append(f"| `{m.weight.name}` | `{p}.weight` | {'; '.join(ops)} |")
             if m.scale is not None:
@@ -106,13 +107,15 @@ def render(res) -> str:
     L.append(f"- spec: `{s.name}`, activation_quant `{s.activation_quant}`, digest `{s.digest()[:16]}`")
     if res.loss is not None:
         L.append(f"- reference loss of the chosen decode on the text sample: **{res.loss:.4f} nats**")
-    first = next(iter(s.linears.values()))
-    if first.pack:
+    first = next(iter(s.linears.values()), None)
+    if first is None:
+        L.append("- linears: plain float tensors (no packing, no scales): an unquantised checkpoint")
+    elif first.pack:
         p = first.pack
         L.append(f"- packing: {p.bits}-bit in {p.container} ({p.values_per_container}/container), axis "
                  f"{p.pack_axis}{' (stored transposed)' if p.transposed else ''}, lanes {p.lanes}"
                  f"{f' block {p.block}' if p.block else ''}, bit order {p.bit_order}, codes {codes_str(p.codes)}")
-    if first.scale:
+    if first is not None and first.scale:
         sc = first.scale
         L.append(f"- scale: {sc.granularity}{f' group_size {sc.group_size}' if sc.group_size else ''}, {sc.op}")
     L += ["", "## Inferences", "", "| what | decision | evidence | confidence |", "|---|---|---|---|"]

@@ -102,7 +102,19 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
                        (m.shape_t, "logical shape, checked against config.json")):
             if t is not None:
                 ignored[t.name] = why
-    return CheckpointSpec(name=name, linears=linears, tensors=dict(floats), activation_quant=act, ignored=ignored)
+    tensors = dict(floats)
+    if not quantized and all(m.scale is None and len(m.parts) == 1 and tuple(m.weight.shape) == tuple(m.logical)
+                             for m in modules):
+        # a plain float checkpoint: its linears are float tensors under their names, as in spec_for's
+        # "unquantized" spec, so that vLLM loads them into unquantised layers (a linear entry would
+        # send them to the ternary method, which needs integer values)
+        for m in modules:
+            hf = m.parts[0][0]
+            tensors[hf + ".weight"] = m.weight.name
+            if m.bias is not None:
+                tensors[hf + ".bias"] = m.bias.name
+        linears = {}
+    return CheckpointSpec(name=name, linears=linears, tensors=tensors, activation_quant=act, ignored=ignored)
 
 
 class DecodeCache:

@@ -71,3 +71,16 @@ def test_bitnet_with_rope_inv_freq_buffers(tmp_path):
     sd.update({f"model.layers.{i}.self_attn.rotary_emb.inv_freq": torch.rand(16) for i in range(2)})
     save_file(sd, str(d / "model.safetensors"))
     _vllm_vs_reference(d, 89, 2, "bitnet")
+
+
+@pytest.mark.vllm
+def test_float_checkpoint_after_inspect(tmp_path):
+    """A float checkpoint run through the inspector gets a spec with its linears as float tensors (no
+    linear entries), so the vllm target loads them into unquantised layers, as without the spec."""
+    from reference.inspect import main as inspect_main
+    from reference.spec import CheckpointSpec
+    d = write_model(Preset("llama", 128, 136, 2, 4, 2, 97, False, seed=18, quantized=False), tmp_path / "m")
+    assert inspect_main([str(d), "--no-loss"]) == 0
+    spec = CheckpointSpec.load(d / "ternary_spec.json")
+    assert spec.linears == {} and spec.tensors["model.layers.1.mlp.down_proj.weight"] == "model.layers.1.mlp.down_proj.weight"
+    _vllm_vs_reference(d, 97, 2, "llama")
