@@ -32,6 +32,20 @@ def poison(t):
     return t.fill_(float("nan")) if t.is_floating_point() else t
 
 
+def capture(fn, static_x, warmup=1):
+    """fn(static_x) warmed up on a side stream, then captured: (the CUDA graph, its output tensor)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn(static_x)  # outside capture: first-call setup (workspaces, attributes) happens here
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_y = fn(static_x)
+    return g, static_y
+
+
 @SETTINGS
 @given(M=M_SIZES, N=AWKWARD_N, K=AWKWARD_K, dtype=st.sampled_from(DTYPES), bias=st.booleans(),
        seed=st.integers(0, 2**16))
@@ -120,15 +134,7 @@ def test_cuda_graph_capture_replay(M, N, fn):
     f = ops.ternary_linear if fn == "linear" else ops.ternary_linear_a8
     reff = ops.ternary_mm_ref if fn == "linear" else ops.ternary_mm_a8_ref
     static_x = x.clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            f(static_x, p, s, N, K, b)  # warm up outside capture
-    torch.cuda.current_stream().wait_stream(stream)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        static_y = f(static_x, p, s, N, K, b)
+    g, static_y = capture(lambda t: f(t, p, s, N, K, b), static_x, warmup=2)
     for seed in (11, 12):
         new_x = torch.randn(M, K, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(DEV)
         static_x.copy_(new_x)
@@ -313,14 +319,7 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
 
     static_x = torch.randn(M, D, generator=gen).to(torch.bfloat16).to(DEV)
     if graph:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            forward(static_x)
-        torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            static_y = forward(static_x)
+        g, static_y = capture(forward, static_x)
     for seed in (1, 2, 3):
         xin = torch.randn(M, D, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(DEV)
         if graph:
@@ -389,15 +388,7 @@ def test_quant_cluster_chain(monkeypatch, graph):
     want = forward(xin)
     monkeypatch.setenv("TRIT_QUANT_CLUSTER", "8")
     if graph:
-        static_x = xin.clone()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            forward(static_x)
-        torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            static_y = forward(static_x)
+        g, static_y = capture(forward, xin.clone())
         poison(static_y)
         g.replay()
         got = static_y
