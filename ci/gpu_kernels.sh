@@ -106,7 +106,8 @@ PYEOF
   # racecheck also instruments the cuBLAS kernels the large-M routes call; run 10 saw it report
   # hazards inside cuBLAS's own nvjet_* GEMM (a bf16 large-M a8 route, since removed), NVIDIA's code, not
   # ours. Hazards count against us only when the reported kernel is not a cuBLAS one.
-  for tool in memcheck racecheck; do
+  # SAN_TOOLS picks the tools (default both): racecheck alone can be its own device call
+  for tool in ${SAN_TOOLS:-memcheck racecheck}; do
     echo "--- $tool" | tee -a "$OUT/sanitizer.txt"
     TRIT_KERNEL=${SAN_KERNEL:-v5} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool $tool --error-exitcode 9 \
       $PY /tmp/trit_sanitize_driver.py > /tmp/san-$tool.txt 2>&1
