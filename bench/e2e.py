@@ -64,14 +64,15 @@ CATEGORIES = [  # (category, substrings of kernel names), first match wins
 # the default routes (csrc/a8_route.h) with every wgmma loop on the deeper ring / none of them on it
 # (TRIT_A8_GEMM_WG_DEEP=1 / 0: what the deep 64-row ring adds end to end); -fuseq: the quantizer fused
 # into every M = 1 GEMV (TRIT_A8_FUSEQ=1; the default fuses it on layers of <= 32M weights only, from
-# standalone kernel timings: whether one launch fewer per layer pays inside the decode step); -qcl: the
-# separate quantizer as a thread-block cluster kernel (TRIT_QUANT_CLUSTER=8: the row split over up to
-# 8 CTAs, one load round trip; H200 run 22 put the loop quantizer's cost at up to 7.4 us per layer)
+# standalone kernel timings: whether one launch fewer per layer pays inside the decode step); -qcl /
+# -qloop: the separate quantizer at M <= 8 always the thread-block cluster kernel (TRIT_QUANT_CLUSTER=8:
+# the row split over up to 8 CTAs, one load round trip) / always the one-CTA loop kernel (=0, the
+# default before run 23; the default now takes the cluster kernel on rows longer than 4096)
 _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        "-wg2": {"TRIT_A8_GEMM_WG": "2", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        "-mma": {"TRIT_A8_GEMM_WG": "0"}, "-deep": {"TRIT_A8_GEMM_WG_DEEP": "1"},
        "-nodeep": {"TRIT_A8_GEMM_WG_DEEP": "0"}, "-fuseq": {"TRIT_A8_FUSEQ": "1"},
-       "-qcl": {"TRIT_QUANT_CLUSTER": "8"}}
+       "-qcl": {"TRIT_QUANT_CLUSTER": "8"}, "-qloop": {"TRIT_QUANT_CLUSTER": "0"}}
 VARIANTS = {"ours-gemm": ("ours", {"TRIT_A8_GEMM": "1"}), "ours-bitnet-gemm": ("ours-bitnet", {"TRIT_A8_GEMM": "1"}),
             "ours-nogemm": ("ours", {"TRIT_A8_GEMM": "0"}), "ours-bitnet-nogemm": ("ours-bitnet", {"TRIT_A8_GEMM": "0"}),
             **{base + sfx: (base, env) for base in ("ours", "ours-bitnet", "ours-llama") for sfx, env in _WG.items()},

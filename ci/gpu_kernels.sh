@@ -69,7 +69,7 @@ if has sanitize; then
 import os
 import torch
 from trit import ops
-for knobs in ({}, {"TRIT_A8_FUSEQ": "1", "TRIT_WN": "2", "TRIT_A8_DENSE_MIN_M": "17"},
+SETS = ({}, {"TRIT_A8_FUSEQ": "1", "TRIT_WN": "2", "TRIT_A8_DENSE_MIN_M": "17"},
               {"TRIT_A8_FUSEQ": "0", "TRIT_WN": "1", "TRIT_A8_GEMM": "1"},
               {"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_CFG": "1"}, {"TRIT_A8_GEMM_CFG": "2"}, {"TRIT_A8_GEMM_CFG": "3"},
               {"TRIT_A8_GEMM_CFG": "4"},
@@ -84,7 +84,11 @@ for knobs in ({}, {"TRIT_A8_FUSEQ": "1", "TRIT_WN": "2", "TRIT_A8_DENSE_MIN_M": 
               {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_KS": "3"}, {"TRIT_A8_GEMM_WG_DEEP": "0", "TRIT_A8_GEMM_WG": ""},
               {"TRIT_A8_GEMM": "0", "TRIT_A8_GEMM_WG": "0", "TRIT_A8_GEMM_EARLY": "1"},
               # the cluster quantizer at M <= 8 (last: the knobs accumulate): up to 8 CTAs per row, then 1
-              {"TRIT_A8_FUSEQ": "0", "TRIT_QUANT_CLUSTER": "8"}, {"TRIT_QUANT_CLUSTER": "1"}):
+              {"TRIT_A8_FUSEQ": "0", "TRIT_QUANT_CLUSTER": "8"}, {"TRIT_QUANT_CLUSTER": "1"})
+# SAN_LAST=n: the default set and the last n sets only (a quick check of the newest knobs)
+if int(os.environ.get("SAN_LAST", "0")) > 0:
+  SETS = SETS[:1] + SETS[-int(os.environ["SAN_LAST"]):]
+for knobs in SETS:
   os.environ.update(knobs)
   for (M, N, K) in [(1, 33, 300), (5, 100, 1000), (8, 48, 8200), (17, 129, 1001), (24, 100, 2600), (40, 64, 1000), (70, 256, 4099), (3, 6160, 1000), (12, 6160, 520), (300, 6144, 520)]:  # v5 MT=1 (tail k-block), MT=2/4/8, a8 M>64: int8 cuBLAS, M=300: the 128-row wgmma loop (csrc/a8_route.h)
       for dt in (torch.bfloat16, torch.float32):

@@ -1867,8 +1867,9 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //                                     fragments shared by two tiles); auto: see wn_auto
 //   TRIT_A8_FUSEQ = -1 (default: auto) | 0 | 1   a8 at M <= 8: the quantizer fused into the GEMV
 //                                     (a8_small_kernel kFuseQ); auto: at M = 1 on small layers (fuseq_auto)
-//   TRIT_QUANT_CLUSTER = 0 (default) | n   a8 at M <= 8 (separate quantizer): the row split over a
-//                                     cluster of <= n CTAs (quant_rows_cluster_kernel; not yet measured)
+//   TRIT_QUANT_CLUSTER = -1 (default: auto) | 0 | n   a8 at M <= 8 (separate quantizer): the row split
+//                                     over a cluster of <= n CTAs (quant_rows_cluster_kernel), 0 the
+//                                     one-CTA loop kernel; auto: quant_cluster_auto
 //   TRIT_A8_GEMM = auto (default) | 0 | 1   a8 at M > 16: a8_gemm_kernel (above 256 only its wgmma loop) (read in bindings.cpp,
 //                                     a8_gemm_on: auto by shape; it gives the kernel its split-K workspace)
 //   TRIT_A8_GEMM_KS = n               its split-K CTAs (default: gemm_shape)
@@ -1937,7 +1938,15 @@ cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sm
 // <= 2 groups of 8 (one 16-byte load each), at most n, but at least the fewest that hold the row in
 // registers (kQcVecs groups per thread); 0 (the loop kernel) where that takes more than 8 CTAs (the
 // portable cluster size limit: K > 65536). n = 1: one CTA per row while K <= 8192.
+// The default (TRIT_QUANT_CLUSTER unset or -1): n = 8 on rows longer than 4096, the loop kernel up to
+// 4096. H200 run 23 (M = 1 / 8, a8 with the loop kernel -> with the cluster kernel, us): K = 28672
+// 24.8 -> 20.3 / 25.3 -> 20.5 (8192x28672), 14336 10.9 -> 9.0 / 11.4 -> 10.1, 8192 10.1 -> 9.3 and
+// 22.0 -> 21.2 (8192x8192, 28672x8192), 6912 6.9 -> 6.7 / 7.5 -> 7.0; at K = 4096 within +-0.3 either
+// way (5.6 -> 5.9 on 4096x4096, 13.8 -> 14.0 on 28672x4096), at 2560 equal (the fused quantizer wins
+// there at M = 1 anyway, fuseq_auto).
+int quant_cluster_auto(int Kp) { return Kp > 4096 ? 8 : 0; }
 int quant_cluster_size(int Kp, int n) {
+  if (n < 0) n = quant_cluster_auto(Kp);
   if (n <= 0) return 0;
   const int G = Kp / 8;
   const int need = (G + 256 * kQcVecs - 1) / (256 * kQcVecs), want = (G + 511) / 512;
@@ -2303,8 +2312,8 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
       cfg.nw = 1;
     } else if (!pre) {
       const int Mp = cfg.mt == 1 ? 0 : 8 * cfg.mt;  // k-block-major xq for MT >= 2, zero rows to 8 * MT
-      // the row-major layout (M <= 8): the cluster quantizer where TRIT_QUANT_CLUSTER asks for it
-      const int S = cfg.mt == 1 && pdl_supported() ? quant_cluster_size(KB * kBlockK, env_int("TRIT_QUANT_CLUSTER", 0)) : 0;
+      // the row-major layout (M <= 8): the cluster quantizer on long rows (or as TRIT_QUANT_CLUSTER asks)
+      const int S = cfg.mt == 1 && pdl_supported() ? quant_cluster_size(KB * kBlockK, env_int("TRIT_QUANT_CLUSTER", -1)) : 0;
       cudaError_t e = S > 0 ? launch_quant_cluster<T>(S, x, xq, xs, rowsum, M, K, KB * kBlockK, vec, st, pdl)
                             : launch_ex(quant_rows_perm_kernel<T>, dim3(cfg.mt == 1 ? M : Mp), dim3(256), 0, st, pdl,
                                         x, xq, xs, rowsum, M, K, KB * kBlockK, Mp, vec, (int32_t*)nullptr, 0);

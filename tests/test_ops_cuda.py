@@ -354,7 +354,7 @@ def test_quant_cluster_matches_default(monkeypatch, K, n):
             if M == 3:
                 x[1].zero_()  # a row of zeros: xs from the 1e-5 floor, rowsum 0
                 x[2, K // 2] = 1e4  # one large outlier in the middle of the row (another CTA's part)
-            monkeypatch.delenv("TRIT_QUANT_CLUSTER", raising=False)
+            monkeypatch.setenv("TRIT_QUANT_CLUSTER", "0")  # the one-CTA loop kernel
             want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
             monkeypatch.setenv("TRIT_QUANT_CLUSTER", n)
             # poison the memory the op's workspace (xq, xs, rowsum) is likely to reuse, so that a group,
@@ -384,7 +384,7 @@ def test_quant_cluster_chain(monkeypatch, graph):
         return x
 
     xin = torch.randn(1, D, generator=gen).to(torch.bfloat16).to(DEV)
-    monkeypatch.delenv("TRIT_QUANT_CLUSTER", raising=False)
+    monkeypatch.setenv("TRIT_QUANT_CLUSTER", "0")
     want = forward(xin)
     monkeypatch.setenv("TRIT_QUANT_CLUSTER", "8")
     if graph:
@@ -398,6 +398,17 @@ def test_quant_cluster_chain(monkeypatch, graph):
     assert torch.equal(got, want), f"graph={graph}: {(got != want).sum().item()} outputs differ"
 
 
+def _quantizer_kernels(M, N, K):
+    """The quantizer kernels one ternary_mm_a8 call at [M, K] x [N, K] launches (profiler names)."""
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, False, 3, DEV)
+    torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)
+        torch.cuda.synchronize()
+    return [e.key for e in prof.key_averages() if "quant_rows" in e.key]
+
+
 @pytest.mark.parametrize("K", [1000, 14336, 28672])
 def test_quant_cluster_launch(monkeypatch, K):
     """TRIT_QUANT_CLUSTER=8 at M = 1: the cluster kernel runs instead of the loop kernel (up to 65536)."""
@@ -406,15 +417,29 @@ def test_quant_cluster_launch(monkeypatch, K):
     monkeypatch.setenv("TRIT_KERNEL", "v5")
     monkeypatch.setenv("TRIT_A8_FUSEQ", "0")
     monkeypatch.setenv("TRIT_QUANT_CLUSTER", "8")
-    x, w, p, s, b = make_case(1, 64, K, torch.bfloat16, False, 3, DEV)
-    torch.ops.trit.ternary_mm_a8(x, p, s, 64, K, None)
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        torch.ops.trit.ternary_mm_a8(x, p, s, 64, K, None)
-        torch.cuda.synchronize()
-    names = [e.key for e in prof.key_averages()]
+    names = _quantizer_kernels(1, 64, K)
     assert any("quant_rows_cluster_kernel" in n for n in names), names
     assert not any("quant_rows_perm_kernel" in n for n in names), names
+
+
+@pytest.mark.parametrize("M,N,K,kernel", [(1, 8192, 28672, "cluster"), (8, 4096, 14336, "cluster"),
+                                          (4, 2560, 6912, "cluster"), (8, 4096, 4096, "perm"),
+                                          (2, 28672, 4096, "perm"), (8, 2560, 2560, "perm"),
+                                          (16, 4096, 14336, None)])
+def test_quant_cluster_default_route(monkeypatch, M, N, K, kernel):
+    """The default (TRIT_QUANT_CLUSTER unset): the separate quantizer at M <= 8 is the cluster kernel on
+    rows longer than 4096 and the loop kernel up to 4096 (quant_cluster_auto); at M > 8 neither
+    row-major quantizer (the k-block-major layout of the loop kernel, or the GEMM route)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters: compute capability 9.0+")
+    monkeypatch.setenv("TRIT_KERNEL", "v5")
+    monkeypatch.setenv("TRIT_A8_FUSEQ", "0")
+    monkeypatch.delenv("TRIT_QUANT_CLUSTER", raising=False)
+    names = _quantizer_kernels(M, N, K)
+    cluster = any("quant_rows_cluster_kernel" in n for n in names)
+    assert cluster == (kernel == "cluster"), names
+    if kernel == "perm":
+        assert any("quant_rows_perm_kernel" in n for n in names), names
 
 
 # ------------------------------------------------------------------ a8 GEMM-shaped kernel
