@@ -190,34 +190,60 @@ def run_one(label: str, d: Path, quantization, batches, prompt_len, gen_len, pro
     return res
 
 
-def graph_replay(num_tokens: int = 1, reps: int = 50, wrappers=None, timer=None) -> dict:
-    """The model forward alone: vLLM's captured full CUDA graph for a decode batch of ``num_tokens``
-    tokens (the smallest captured size >= num_tokens), replayed ``reps`` times back to back after
-    3 warm-up replays; ms per replay. This is the step without the engine (scheduling, input
-    preparation, the sampler, output handling) and without the logits (lm_head and sampling run
-    after the graph), so 1 / (tok/s) minus it is what the engine and the logits add per token.
-    vLLM keeps every CUDAGraphWrapper in a class-level set (0.26 and 0.32); the FULL-mode ones hold
-    one graph per batch descriptor. {"error": ...} where no full graph was captured (piecewise-only
-    graphs, eager mode, or an engine in another process). ``wrappers`` / ``timer(fn, reps) -> s``:
-    injected by the tests."""
+def _v2_graph_managers() -> list:
+    """The V2 model runner's (vllm/v1/worker/gpu, the default in vLLM 0.26 and 0.32) CUDA graph
+    managers alive in this process: they hold the FULL graphs in ``graphs`` (descriptor -> graph)."""
     try:
-        from vllm.compilation.cuda_graph import CUDAGraphWrapper
-        from vllm.config import CUDAGraphMode
-    except ImportError as e:
-        return {"error": f"vLLM's CUDA graph wrapper not importable: {e}"}
-    ws = list(CUDAGraphWrapper._all_instances) if wrappers is None else list(wrappers)
+        from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+    except ImportError:
+        return []
+    import gc
+    return [o for o in gc.get_objects() if isinstance(o, CudaGraphManager)]
+
+
+def _full_graphs(wrappers, managers) -> list:
+    """(num_tokens, uniform decode?, num_reqs, graph) for every captured FULL-mode graph: the V1 runner's
+    CUDAGraphWrapper entries (keyed by BatchDescriptor) and the V2 runner's CudaGraphManager graphs
+    (keyed by BatchExecutionDescriptor: cg_mode, num_tokens, num_reqs, uniform_token_count)."""
+    from vllm.config import CUDAGraphMode
     found = []
-    for w in ws:
+    for w in wrappers:
         if getattr(w, "runtime_mode", None) != CUDAGraphMode.FULL:
             continue
         for bd, entry in getattr(w, "concrete_cudagraph_entries", {}).items():
-            if getattr(entry, "cudagraph", None) is not None and bd.num_tokens >= num_tokens:
-                # uniform decode batches (every request one token) first among equal sizes
-                found.append((bd.num_tokens, not getattr(bd, "uniform", False), len(found), bd, entry))
+            if getattr(entry, "cudagraph", None) is not None:
+                found.append((bd.num_tokens, bool(getattr(bd, "uniform", False)), getattr(bd, "num_reqs", None),
+                              entry.cudagraph))
+    for m in managers:
+        for desc, g in getattr(m, "graphs", {}).items():
+            if getattr(desc, "cg_mode", None) == CUDAGraphMode.FULL and g is not None:
+                found.append((desc.num_tokens, getattr(desc, "uniform_token_count", None) is not None,
+                              getattr(desc, "num_reqs", None), g))
+    return found
+
+
+def graph_replay(num_tokens: int = 1, reps: int = 50, wrappers=None, timer=None, managers=None) -> dict:
+    """The model forward alone: vLLM's captured full CUDA graph for a decode batch of ``num_tokens``
+    tokens (the smallest captured size >= num_tokens, uniform decode batches first), replayed ``reps``
+    times back to back after 3 warm-up replays; ms per replay. This is the step without the engine
+    (scheduling, input preparation, the sampler, output handling) and without the logits (lm_head and
+    sampling run after the graph), so 1 / (tok/s) minus it is what the engine and the logits add per
+    token. Two places hold the graphs: the V1 model runner's CUDAGraphWrapper (a class-level set of
+    instances) and the V2 runner's CudaGraphManager (vLLM 0.26 / 0.32's default runner; found by
+    type among live objects). {"error": ...} where no full graph was captured (piecewise-only graphs,
+    eager mode, or an engine in another process). ``wrappers`` / ``managers`` / ``timer(fn, reps) ->
+    s``: injected by the tests."""
+    try:
+        from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    except ImportError as e:
+        return {"error": f"vLLM's CUDA graph wrapper not importable: {e}"}
+    ws = list(CUDAGraphWrapper._all_instances) if wrappers is None else list(wrappers)
+    ms = _v2_graph_managers() if managers is None else list(managers)
+    found = [f for f in _full_graphs(ws, ms) if f[0] >= num_tokens]
     if not found:
-        return {"error": f"no full CUDA graph for >= {num_tokens} tokens among {len(ws)} graph wrappers "
-                         "(piecewise-only graphs or eager mode)"}
-    n, _, _, bd, entry = min(found, key=lambda t: t[:3])
+        return {"error": f"no full CUDA graph for >= {num_tokens} tokens among {len(ws)} graph wrappers and "
+                         f"{len(ms)} graph managers (piecewise-only graphs or eager mode)"}
+    n, _, reqs, graph = min(found, key=lambda t: (t[0], not t[1]))
     if timer is None:
         def timer(fn, k):
             for _ in range(3):
@@ -230,9 +256,8 @@ def graph_replay(num_tokens: int = 1, reps: int = 50, wrappers=None, timer=None)
             end.record()
             end.synchronize()
             return start.elapsed_time(end) / 1e3
-    secs = timer(entry.cudagraph.replay, reps)
-    return {"ms": round(secs / reps * 1e3, 4), "num_tokens": n, "num_reqs": getattr(bd, "num_reqs", None),
-            "reps": reps}
+    secs = timer(graph.replay, reps)
+    return {"ms": round(secs / reps * 1e3, 4), "num_tokens": n, "num_reqs": reqs, "reps": reps}
 
 
 def _weight_stats(model) -> dict:

@@ -63,9 +63,49 @@ def test_graph_replay_picks_the_smallest_full_graph():
             fn()
         return 0.002 * k  # 2 ms per replay
 
-    r = graph_replay(1, reps=5, wrappers=[piece, full], timer=timer)
+    r = graph_replay(1, reps=5, wrappers=[piece, full], timer=timer, managers=[])
     assert r == {"ms": 2.0, "num_tokens": 2, "num_reqs": 2, "reps": 5}
     assert replayed == ["f2"] * 5
-    assert graph_replay(8, reps=1, wrappers=[piece, full], timer=timer)["num_tokens"] == 8
-    assert "error" in graph_replay(9, wrappers=[piece, full], timer=timer)
-    assert "error" in graph_replay(1, wrappers=[piece], timer=timer)
+    assert graph_replay(8, reps=1, wrappers=[piece, full], timer=timer, managers=[])["num_tokens"] == 8
+    assert "error" in graph_replay(9, wrappers=[piece, full], timer=timer, managers=[])
+    assert "error" in graph_replay(1, wrappers=[piece], timer=timer, managers=[])
+
+
+def test_graph_replay_v2_runner_managers():
+    """The V2 model runner (vLLM 0.26 / 0.32's default) keeps its FULL graphs in CudaGraphManager.graphs
+    keyed by BatchExecutionDescriptor: graph_replay finds them there (piecewise descriptors ignored,
+    uniform decode first among equal sizes), and finds the live managers by type."""
+    pytest.importorskip("vllm")
+    cg = pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
+    from types import SimpleNamespace as NS
+
+    from vllm.config import CUDAGraphMode
+
+    from bench.e2e import _v2_graph_managers, graph_replay
+
+    D = cg.BatchExecutionDescriptor
+    replayed = []
+
+    def graph(tag):
+        return NS(replay=lambda: replayed.append(tag))
+
+    mgr = NS(graphs={
+        D(cg_mode=CUDAGraphMode.FULL, num_tokens=4, num_reqs=4, uniform_token_count=1): graph("f4"),
+        D(cg_mode=CUDAGraphMode.FULL, num_tokens=4, num_reqs=2): graph("f4-mixed"),
+        D(cg_mode=CUDAGraphMode.PIECEWISE, num_tokens=1, num_reqs=None): graph("p1"),
+        D(cg_mode=CUDAGraphMode.FULL, num_tokens=16, num_reqs=16, uniform_token_count=1): graph("f16"),
+    })
+
+    def timer(fn, k):
+        for _ in range(k):
+            fn()
+        return 0.003 * k
+
+    r = graph_replay(1, reps=2, wrappers=[], managers=[mgr], timer=timer)
+    assert r == {"ms": 3.0, "num_tokens": 4, "num_reqs": 4, "reps": 2}
+    assert replayed == ["f4", "f4"]
+    assert graph_replay(8, reps=1, wrappers=[], managers=[mgr], timer=timer)["num_tokens"] == 16
+    assert "error" in graph_replay(17, wrappers=[], managers=[mgr], timer=timer)
+    # live managers are found by type (gc), whatever holds them
+    m = object.__new__(cg.CudaGraphManager)
+    assert any(x is m for x in _v2_graph_managers())
