@@ -319,13 +319,29 @@ def _profile(llm, prompts, steps: int) -> dict:
         llm.generate(prompts(1), sp, use_tqdm=False)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t
-    events = []
+    events, host = [], []
     for ev in prof.key_averages():
         dt = getattr(ev, "device_time_total", 0) or getattr(ev, "cuda_time_total", 0)
         if hasattr(ev, "device_type") and ev.device_type.name != "CUDA":
+            host.append((ev.key, getattr(ev, "self_cpu_time_total", 0), ev.count))
             continue
         events.append((ev.key, dt, ev.count))
-    return summarize_profile(events, steps, wall)
+    out = summarize_profile(events, steps, wall)
+    out["host"] = summarize_host(host, steps)
+    return out
+
+
+def summarize_host(events, steps: int, top: int = 12) -> dict:
+    """The host side of the profiled steps from (CPU op name, self CPU us, calls) triples: the summed
+    self CPU time per step of the ops the profiler saw (torch ops and annotated ranges run outside the
+    CUDA graph: input preparation, sampling, output handling) and the `top` ops by self time. What
+    the profiler does not see (plain Python in the engine loop) is the rest of the wall time."""
+    evs = [(n, us, c) for n, us, c in events if us > 0]
+    total = sum(us for _, us, _ in evs)
+    return {"self_cpu_ms_per_step": round(total / steps / 1e3, 3),
+            "top": [{"name": n[:80], "self_ms_per_step": round(us / steps / 1e3, 4),
+                     "calls_per_step": round(c / steps, 2)}
+                    for n, us, c in sorted(evs, key=lambda t: -t[1])[:top]]}
 
 
 def main(argv=None) -> int:
@@ -464,6 +480,12 @@ def main(argv=None) -> int:
             if per_kernel:
                 md += ["", "| category | kernel | ms/step | launches/step |", "|---|---|---|---|"]
                 md += [f"| {k} | `{q['name']}` | {q['ms_per_step']} | {q['launches_per_step']} |" for k, q in per_kernel]
+            host = pr.get("host")
+            if host and host.get("top"):
+                md += ["", f"Host: {host['self_cpu_ms_per_step']} ms of profiled CPU ops per step (self time; plain "
+                           "Python in the engine loop is not in it). Top ops:", "",
+                       "| CPU op | self ms/step | calls/step |", "|---|---|---|"]
+                md += [f"| `{h['name']}` | {h['self_ms_per_step']} | {h['calls_per_step']} |" for h in host["top"]]
     write_record(a.out, stem, {"device": dev, "commit": commit, "settings": settings, "resumed": resumed,
                                "rows": rows}, "\n".join(md))
     partial.unlink(missing_ok=True)  # the --state copy stays: later calls add their configs to it

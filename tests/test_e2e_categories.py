@@ -109,3 +109,16 @@ def test_graph_replay_v2_runner_managers():
     # live managers are found by type (gc), whatever holds them
     m = object.__new__(cg.CudaGraphManager)
     assert any(x is m for x in _v2_graph_managers())
+
+
+def test_summarize_host_per_step_and_top():
+    """bench.e2e.summarize_host: self CPU time per step summed over the ops, the top ops by self
+    time with per-step calls; zero-time entries dropped."""
+    from bench.e2e import summarize_host
+
+    ev = [("aten::copy_", 4000.0, 40), ("vllm::sample", 1000.0, 4), ("aten::empty", 0.0, 100),
+          ("aten::index_select", 3000.0, 8)]
+    h = summarize_host(ev, steps=4, top=2)
+    assert h["self_cpu_ms_per_step"] == 2.0
+    assert [t["name"] for t in h["top"]] == ["aten::copy_", "aten::index_select"]
+    assert h["top"][0] == {"name": "aten::copy_", "self_ms_per_step": 1.0, "calls_per_step": 10.0}
