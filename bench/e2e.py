@@ -182,10 +182,14 @@ def run_one(label: str, d: Path, quantization, batches, prompt_len, gen_len, pro
         dt = min(dts)
         res["throughput"][b] = {"seconds": round(dt, 3), "tok_s": round(b * gen_len / dt, 1),
                                 "runs_s": [round(t, 3) for t in dts]}
-    res["weights"] = llm.apply_model(_weight_stats)[0]
-    if cuda and tp == 1:  # the graphs live in this process only with the in-process engine at TP = 1
+    # by its importable name: run as `python -m bench.e2e`, this module is __main__, and an engine core
+    # in another process (--engine mp, TP workers) unpickles the function by module and name
+    from bench.e2e import _weight_stats as weight_stats
+    res["weights"] = llm.apply_model(weight_stats)[0]
+    inproc = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
+    if cuda and tp == 1 and inproc:  # the graphs live in this process only with the in-process engine at TP = 1
         res["graph_replay"] = {str(b): graph_replay(b) for b in batches if b <= 8}
-    if cuda and profile_steps:
+    if cuda and profile_steps and inproc:
         res["profile"] = _profile(llm, prompts, profile_steps)
     return res
 
@@ -355,6 +359,11 @@ def main(argv=None) -> int:
     ap.add_argument("--models", type=Path, default=Path("/tmp/trit-models"))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (labels get a -tpN suffix)")
+    ap.add_argument("--engine", choices=("inproc", "mp"), default="inproc",
+                    help="inproc (default): the engine core in the benchmark's process "
+                         "(VLLM_ENABLE_V1_MULTIPROCESSING=0), so the profile and the graph replay see it; mp: "
+                         "vLLM's default serving setup, the engine core in its own process (tok/s and TTFT only; "
+                         "the record's name gets -mp)")
     ap.add_argument("--state", type=Path, default=None,
                     help="keep the rows in DIR and resume from them: a later call on the same machine (same commit, "
                          "shape and settings) runs only the configs not measured yet and writes a record with all "
@@ -367,17 +376,19 @@ def main(argv=None) -> int:
     if a.one:
         label, d, q = a.one
         r = run_one(label, Path(d), None if q == "-" else q, batches, a.prompt_len, a.gen_len, a.profile_steps, a.tp)
+        r["engine"] = "mp" if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0" else "inproc"
         print("RESULT " + json.dumps(r))
         return 0
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     commit = commit_id()
     todo = configs(a.shape, a.only.split(",") if a.only else None)
     rows = []
-    stem = f"{time.strftime('%Y-%m-%d')}-{dev.replace(' ', '-').lower()}-e2e-{a.shape}" + (f"-tp{a.tp}" if a.tp > 1 else "")
+    stem = (f"{time.strftime('%Y-%m-%d')}-{dev.replace(' ', '-').lower()}-e2e-{a.shape}" + (f"-tp{a.tp}" if a.tp > 1 else "")
+            + ("-mp" if a.engine == "mp" else ""))
     # rows so far, rewritten (atomically) after every config: a call that runs out of time still
     # returns the configs it finished; removed once the record is written
     partial = Path(a.out) / f"partial-{stem}.json"
-    settings = {"shape": a.shape, "tp": a.tp, "batches": a.batches, "prompt_len": a.prompt_len,
+    settings = {"shape": a.shape, "tp": a.tp, "engine": a.engine, "batches": a.batches, "prompt_len": a.prompt_len,
                 "gen_len": a.gen_len, "profile_steps": a.profile_steps,
                 "env": {k: v for k, v in os.environ.items() if k.startswith("TRIT_") and k != "TRIT_BUILD_DIR"}}
     state = Path(a.state) / f"partial-{stem}.json" if a.state else None
@@ -412,7 +423,10 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "bench.e2e", "--batches", a.batches, "--prompt-len", str(a.prompt_len),
                "--gen-len", str(a.gen_len), "--profile-steps", str(a.profile_steps), "--tp", str(a.tp),
                "--one", run_label, str(d), quant or "-"]
-        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **extra_env})
+        env = {**os.environ, **extra_env, "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if a.engine == "mp" else "0"}
+        if a.engine == "mp":  # llm.apply_model(_weight_stats) sends the function to the engine process
+            env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
         line = next((l for l in p.stdout.splitlines() if l.startswith("RESULT ")), None)
         if line is None:
             rows.append({"label": run_label, "error": (p.stderr or p.stdout)[-3000:]})
@@ -432,7 +446,9 @@ def main(argv=None) -> int:
           f"- commit: {commit}",
           f"- command: python -m bench.e2e {' '.join(argv or sys.argv[1:])}",
           f"- {a.prompt_len} prompt + {a.gen_len} output tokens, greedy; best of 3 runs at B <= 8, one run above; "
-          f"tensor_parallel_size {a.tp}",
+          f"tensor_parallel_size {a.tp}; engine core "
+          + ("in its own process (vLLM's default; no profile or graph replay)" if a.engine == "mp"
+             else "in the benchmark's process (VLLM_ENABLE_V1_MULTIPROCESSING=0)"),
           f"- kernel environment: {({k: v for k, v in os.environ.items() if k.startswith('TRIT_')}) or 'defaults'}"]
     if resumed:
         md.append(f"- resumed: {', '.join(resumed)} measured by an earlier call on this machine (same commit and "

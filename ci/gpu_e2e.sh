@@ -56,6 +56,13 @@ for stage in "$@"; do
         ( cd /tmp/vstage && cat wheels.tar.part* > wheels.tar && sha256sum -c wheels.sha256 && mkdir -p w \
           && tar -xf wheels.tar -C w && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site w/*.whl ) || exit 1
       fi
+      # the plugin's entry point (pyproject's vllm.general_plugins), so that processes vLLM starts itself
+      # (the engine core with bench.e2e --engine mp, TP workers under spawn) register trit too; this
+      # repository is on PYTHONPATH, the dist-info only names the entry point
+      di=/tmp/site/trit_parity-0.1.0.dist-info
+      mkdir -p $di && printf 'Metadata-Version: 2.1\nName: trit-parity\nVersion: 0.1.0\n' > $di/METADATA \
+        && printf '[vllm.general_plugins]\ntrit = trit.vllm:register\n' > $di/entry_points.txt
+      python3 -c "from importlib.metadata import entry_points as e; assert any(p.name == 'trit' for p in e(group='vllm.general_plugins')), 'trit entry point not found'" || exit 1
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/device.txt"
       python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
       python3 -c "import trit.ops as o; assert o.EXTENSION_LOADED, o.EXTENSION_ERROR; print('trit ext loaded')" || exit 1

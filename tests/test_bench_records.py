@@ -116,3 +116,34 @@ def test_partial_rows_replace_each_other_and_go_with_the_record(tmp_path):
     drop_partial(tmp_path, "2026-01-01-h200")
     assert not p.exists() and (tmp_path / "2026-01-01-h200.json").exists()
     drop_partial(tmp_path, "2026-01-01-h200")  # idempotent
+
+
+def test_e2e_engine_mode_sets_the_child_environment(tmp_path, monkeypatch):
+    """bench.e2e --engine: each config's child runs with VLLM_ENABLE_V1_MULTIPROCESSING=0 (inproc, the
+    default: profile and graph replay see the engine) or 1 (mp, vLLM's default serving setup), whatever
+    the caller's environment says; the mp record is named -mp and says so."""
+    import subprocess
+    import types
+
+    from bench import e2e
+
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(kw["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"])
+        r = {"label": cmd[cmd.index("--one") + 1], "throughput": {"1": {"seconds": 0.1, "tok_s": 10.0}},
+             "ttft_ms": 1.0, "weights": {"bits_per_weight": 2.0}}
+        return types.SimpleNamespace(stdout="RESULT " + json.dumps(r) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(e2e, "model_dir", lambda root, preset, unq: tmp_path / preset)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("TRIT_COMMIT", "c1")
+    common = ["--shape", "tiny", "--batches", "1", "--only", "ours-bitnet", "--models", str(tmp_path / "m"),
+              "--out", str(tmp_path / "o")]
+    assert e2e.main(common) == 0
+    assert e2e.main(common + ["--engine", "mp"]) == 0
+    assert seen == ["0", "1"]
+    mp = list((tmp_path / "o").glob("*-e2e-tiny-mp.md"))
+    assert len(mp) == 1 and "engine core in its own process" in mp[0].read_text()
+    assert json.loads(mp[0].with_suffix(".json").read_text())["settings"]["engine"] == "mp"
