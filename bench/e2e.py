@@ -67,12 +67,15 @@ CATEGORIES = [  # (category, substrings of kernel names), first match wins
 # standalone kernel timings: whether one launch fewer per layer pays inside the decode step); -qcl /
 # -qloop: the separate quantizer at M <= 8 always the thread-block cluster kernel (TRIT_QUANT_CLUSTER=8:
 # the row split over up to 8 CTAs, one load round trip) / always the one-CTA loop kernel (=0, the
-# default before run 23; the default now takes the cluster kernel on rows longer than 4096)
+# default before run 23; the default now takes the cluster kernel on rows longer than 4096); -fnorm: the
+# BitNet model's norms compute their layer's int8 input (TRIT_FUSED_NORM_QUANT=1, trit::rms_norm_a8q;
+# the Llama model is vLLM's own and does not change)
 _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        "-wg2": {"TRIT_A8_GEMM_WG": "2", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        "-mma": {"TRIT_A8_GEMM_WG": "0"}, "-deep": {"TRIT_A8_GEMM_WG_DEEP": "1"},
        "-nodeep": {"TRIT_A8_GEMM_WG_DEEP": "0"}, "-fuseq": {"TRIT_A8_FUSEQ": "1"},
-       "-qcl": {"TRIT_QUANT_CLUSTER": "8"}, "-qloop": {"TRIT_QUANT_CLUSTER": "0"}}
+       "-qcl": {"TRIT_QUANT_CLUSTER": "8"}, "-qloop": {"TRIT_QUANT_CLUSTER": "0"},
+       "-fnorm": {"TRIT_FUSED_NORM_QUANT": "1"}}
 VARIANTS = {"ours-gemm": ("ours", {"TRIT_A8_GEMM": "1"}), "ours-bitnet-gemm": ("ours-bitnet", {"TRIT_A8_GEMM": "1"}),
             "ours-nogemm": ("ours", {"TRIT_A8_GEMM": "0"}), "ours-bitnet-nogemm": ("ours-bitnet", {"TRIT_A8_GEMM": "0"}),
             **{base + sfx: (base, env) for base in ("ours", "ours-bitnet", "ours-llama") for sfx, env in _WG.items()},

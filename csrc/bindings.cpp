@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <tuple>
 
 #include "ternary.h"
 
@@ -275,6 +276,42 @@ at::Tensor ternary_decode_cuda(const at::Tensor& packed, const std::optional<at:
   return out;
 }
 
+// trit::rms_norm_a8q: RMSNorm (with the residual add when residual is given) and the a8 quantizer of its
+// output in one kernel (ternary.h trit_rms_norm_a8q); the outputs feed trit::ternary_mm_a8q.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rms_norm_a8q_cuda(
+    const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight, double eps) {
+  const char* op = "trit::rms_norm_a8q";
+  c10::DeviceGuard guard(x.device());
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), op, ": x must be a contiguous 2-D [M, K] tensor, got ", x.sizes());
+  const int64_t M = x.size(0), K = x.size(1);
+  const int code = dtype_code(x.scalar_type(), op);
+  TORCH_CHECK(code != TRIT_I8, op, ": x must be float32, float16 or bfloat16, got ", x.scalar_type());
+  TORCH_CHECK(K >= 1 && K <= trit_rms_norm_a8q_max_k(), op, ": K=", K, " outside 1..", trit_rms_norm_a8q_max_k(),
+              " (the row is held in one CTA's registers)");
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == K && weight.scalar_type() == x.scalar_type() &&
+                  weight.is_contiguous() && weight.device() == x.device(),
+              op, ": weight must be a contiguous ", x.scalar_type(), " [", K, "] on ", x.device(), ", got ",
+              weight.scalar_type(), " ", weight.sizes(), " on ", weight.device());
+  if (residual.has_value())
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type() &&
+                    residual->is_contiguous() && residual->device() == x.device(),
+                op, ": residual must be a contiguous ", x.scalar_type(), " ", x.sizes(), " on ", x.device(),
+                ", got ", residual->scalar_type(), " ", residual->sizes(), " on ", residual->device());
+  const int64_t Kp = (K + 127) / 128 * 128;
+  at::Tensor out = at::empty_like(x);
+  at::Tensor res_out = residual.has_value() ? at::empty_like(x) : at::empty({0}, x.options());
+  at::Tensor xq = at::empty({M, Kp}, x.options().dtype(at::kChar));
+  at::Tensor xs = at::empty({M}, x.options().dtype(at::kFloat));
+  at::Tensor rowsum = at::empty({M}, x.options().dtype(at::kInt));
+  if (M > 0)
+    check_launch(trit_rms_norm_a8q(code, x.data_ptr(), residual.has_value() ? residual->data_ptr() : nullptr,
+                                   weight.data_ptr(), out.data_ptr(), residual.has_value() ? res_out.data_ptr() : nullptr,
+                                   xq.data_ptr<int8_t>(), xs.data_ptr<float>(), rowsum.data_ptr<int32_t>(), (int)M,
+                                   (int)K, (float)eps, current_stream(x)),
+                 op);
+  return {out, res_out, xq, xs, rowsum};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(trit, CUDA, m) {
@@ -283,4 +320,5 @@ TORCH_LIBRARY_IMPL(trit, CUDA, m) {
   m.impl("ternary_mm_a8", &ternary_mm_a8_cuda);
   m.impl("ternary_mm_a8q", &ternary_mm_a8q_cuda);
   m.impl("ternary_decode", &ternary_decode_cuda);
+  m.impl("rms_norm_a8q", &rms_norm_a8q_cuda);
 }

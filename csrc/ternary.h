@@ -68,6 +68,14 @@ int trit_a8_quant(int dtype, const void* x, int8_t* xq, float* xs, int32_t* rows
 int trit_a8_epilogue(int dtype, const int32_t* acc, const float* xs, const float* scale,
                      const void* bias, void* y, int M, int N, void* stream);
 
+// RMSNorm + the a8 quantizer (trit::rms_norm_a8q; x, residual, w, out, res_out of `dtype`; residual and
+// res_out may be null together): z = x (+ residual, rounded to dtype, stored in res_out), out = dtype(z *
+// rsqrt(mean(z^2) + eps) * w), and out's quantization as trit_mm_a8_pre reads it (xq int8 [M, ceil(K/128)
+// *128], xs float [M], rowsum int32 [M]). K <= trit_rms_norm_a8q_max_k(), else cudaErrorInvalidValue.
+int trit_rms_norm_a8q_max_k(void);
+int trit_rms_norm_a8q(int dtype, const void* x, const void* residual, const void* w, void* out, void* res_out,
+                      int8_t* xq, float* xs, int32_t* rowsum, int M, int K, float eps, void* stream);
+
 // Dense decode: out[N,K] (out_dtype) = W[n,k] * scale[n] (scale may be null -> 1).
 int trit_decode(int out_dtype, const int32_t* packed, const float* scale, void* out, int N,
                 int K, void* stream);

@@ -2379,6 +2379,140 @@ cudaError_t launch_decode(const int32_t* wp, const float* scale, T* out, int N, 
   return cudaGetLastError();
 }
 
+
+// ---------------------------------------------------------------- RMSNorm + a8 quantizer
+// trit::rms_norm_a8q: the RMSNorm in front of a W1.58A8 layer and that layer's activation quantizer in
+// one kernel, so that the M <= 8 GEMV behind it (trit_mm_a8_pre) runs without a quantizer launch and,
+// unlike an Inductor-generated norm, this kernel triggers the GEMV's programmatic launch at its start
+// (H200 8B run 7: Triton kernels do not, and the GEMVs behind them started cold).
+//   z   = x (+ residual, rounded to T: the new residual stream, stored in res_out)
+//   out = T(z * rsqrt(mean(z^2) + eps) * w)        (fp32 arithmetic, one rounding to T)
+//   xq / xs / rowsum = the a8 quantizer of out (quant_rows_perm_kernel's values and byte order: what
+//                      trit.ops.a8_quantize(out) gives, bit for bit, for the out this kernel wrote)
+// One CTA of 256 threads per row, the row in registers (kRnqVecs groups of 8 per thread: K <= 16384),
+// every load issued before the first use. vec: K % 8 == 0 and every row pointer 16-byte aligned.
+constexpr int kRnqThreads = 256, kRnqVecs = 8, kRnqMaxK = kRnqThreads * kRnqVecs * 8;
+template <typename T>
+__device__ __forceinline__ void store8(T* row, int k, int K, bool vec, const float (&e)[8]) {
+  if (vec && k + 8 <= K) {
+    if constexpr (sizeof(T) == 2) {
+      uint4 v;
+      T* h = reinterpret_cast<T*>(&v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) h[i] = from_f32<T>(e[i]);
+      *reinterpret_cast<uint4*>(row + k) = v;
+    } else {
+      *reinterpret_cast<float4*>(row + k) = make_float4(e[0], e[1], e[2], e[3]);
+      *reinterpret_cast<float4*>(row + k + 4) = make_float4(e[4], e[5], e[6], e[7]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (k + i < K) row[k + i] = from_f32<T>(e[i]);
+  }
+}
+template <typename T>
+__global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __restrict__ x,
+                                                                     const T* __restrict__ residual,
+                                                                     const T* __restrict__ w, T* __restrict__ out,
+                                                                     T* __restrict__ res_out, int8_t* __restrict__ xq,
+                                                                     float* __restrict__ xs_out,
+                                                                     int32_t* __restrict__ rowsum, int K, int Kp,
+                                                                     float eps, bool vec) {
+  __shared__ float sh_f[kRnqThreads / 32];
+  __shared__ int sh_i[kRnqThreads / 32];
+  pdl_trigger();  // the GEMV behind may launch now and stream its weights; it waits for this grid
+  pdl_wait();     // x / residual come from the kernel before
+  const int m = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const size_t off = (size_t)m * K;
+  float v[kRnqVecs][8], r[kRnqVecs][8];
+#pragma unroll
+  for (int j = 0; j < kRnqVecs; ++j) {  // every load first
+    const int k = (j * kRnqThreads + threadIdx.x) * 8;
+    if (k < K) {
+      load8<T>(x + off, k, K, vec, v[j]);
+      if (residual != nullptr) load8<T>(residual + off, k, K, vec, r[j]);
+    }
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kRnqVecs; ++j) {
+    const int k = (j * kRnqThreads + threadIdx.x) * 8;
+    if (k < K) {
+      if (residual != nullptr) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[j][i] = to_f32<T>(from_f32<T>(v[j][i] + r[j][i]));
+        store8<T>(res_out + off, k, K, vec, v[j]);
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss += (k + i < K) ? v[j][i] * v[j][i] : 0.f;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (lane == 0) sh_f[warp] = ss;
+  __syncthreads();
+  ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < kRnqThreads / 32; ++i) ss += sh_f[i];
+  const float inv = rsqrtf(ss / (float)K + eps);
+  __syncthreads();  // sh_f is reused below
+  float amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < kRnqVecs; ++j) {
+    const int k = (j * kRnqThreads + threadIdx.x) * 8;
+    if (k < K) {
+      float wf[8];
+      load8<T>(w, k, K, vec, wf);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        v[j][i] = (k + i < K) ? to_f32<T>(from_f32<T>(v[j][i] * inv * wf[i])) : 0.f;
+        amax = fmaxf(amax, fabsf(v[j][i]));
+      }
+      store8<T>(out + off, k, K, vec, v[j]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[j][i] = 0.f;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (lane == 0) sh_f[warp] = amax;
+  __syncthreads();
+  amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < kRnqThreads / 32; ++i) amax = fmaxf(amax, sh_f[i]);
+  const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as torch: reciprocal(t) * 127
+  int part = 0;
+#pragma unroll
+  for (int j = 0; j < kRnqVecs; ++j) {
+    const int k = (j * kRnqThreads + threadIdx.x) * 8;
+    if (k < Kp) *reinterpret_cast<uint2*>(xq + (size_t)m * Kp + k) = quant_group8(v[j], xs, part);  // zeros past K
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+  if (lane == 0) sh_i[warp] = part;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < kRnqThreads / 32; ++i) sum += sh_i[i];
+    rowsum[m] = sum;
+    xs_out[m] = xs;
+  }
+}
+
+template <typename T>
+cudaError_t launch_rms_norm_quant(const T* x, const T* residual, const T* w, T* out, T* res_out, int8_t* xq,
+                                  float* xs, int32_t* rowsum, int M, int K, float eps, cudaStream_t st) {
+  if (K < 1 || K > kRnqMaxK || M < 1) return cudaErrorInvalidValue;
+  const int Kp = (K + kBlockK - 1) / kBlockK * kBlockK;
+  auto al = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = K % 8 == 0 && al(x) && al(residual) && al(w) && al(out) && al(res_out);
+  return launch_ex(rms_norm_quant_kernel<T>, dim3(M), dim3(kRnqThreads), 0, st, knobs().pdl && pdl_supported(), x,
+                   residual, w, out, res_out, xq, xs, rowsum, K, Kp, eps, vec);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- extern "C" API
@@ -2462,6 +2596,18 @@ extern "C" long long trit_mm_a8_gemm_ws_ints(int M, int N, int K) {
   const GemmShape g = gemm_shape(M, N, K);
   const long long cnt = (long long)g.gx * g.gy;
   return g.ks > 1 ? ((cnt + 3) & ~3LL) + cnt * g.tile_ints * g.ks : 0;
+}
+
+extern "C" int trit_rms_norm_a8q_max_k() { return kRnqMaxK; }
+
+extern "C" int trit_rms_norm_a8q(int dtype, const void* x, const void* residual, const void* w, void* out,
+                                 void* res_out, int8_t* xq, float* xs, int32_t* rowsum, int M, int K, float eps,
+                                 void* stream) {
+  return visit_float_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return (int)launch_rms_norm_quant<T>((const T*)x, (const T*)residual, (const T*)w, (T*)out, (T*)res_out, xq, xs,
+                                         rowsum, M, K, eps, (cudaStream_t)stream);
+  });
 }
 
 extern "C" int trit_a8_quant(int dtype, const void* x, int8_t* xq, float* xs, int32_t* rowsum, int M, int K,

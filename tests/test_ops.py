@@ -252,3 +252,51 @@ def test_a8_pre_compiles_into_the_norm_with_inductor():
         for name, got, want in zip(("xq", "xs", "rowsum"), (xq, xs, rowsum), want_q):
             assert torch.equal(got, want), f"M={M}: compiled {name} differs in {(got != want).sum().item()} places"
         assert torch.equal(y, torch.ops.trit.ternary_mm_a8(h, p, s, N, K, b)), f"M={M}"
+
+
+# ------------------------------------------------------------------ RMSNorm + a8 quantizer
+def _rms_norm_f64(x, residual, weight, eps):
+    z = x.double() if residual is None else (x.double() + residual.double()).to(x.dtype).double()
+    return z * torch.rsqrt(z.square().mean(-1, keepdim=True) + eps) * weight.double()
+
+
+@settings(max_examples=50, deadline=None)
+@given(M=st.integers(1, 9), K=st.integers(1, 700), dtype=st.sampled_from(DTYPES), res=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_rms_norm_a8q_cpu(M, K, dtype, res, seed):
+    """trit::rms_norm_a8q on the CPU: the residual stream is x + residual rounded to the dtype, out is
+    the float64 RMSNorm within one rounding step, and (xq, xs, rowsum) is a8_quantize(out) exactly,
+    so ternary_mm_a8q on it gives what ternary_mm_a8 gives on out."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(M, K, generator=g) * 3).to(dtype)
+    r = (torch.randn(M, K, generator=g) * 3).to(dtype) if res else None
+    w = (torch.rand(K, generator=g) + 0.5).to(dtype)
+    out, res_out, xq, xs, rowsum = torch.ops.trit.rms_norm_a8q(x, r, w, 1e-6)
+    if res:
+        assert torch.equal(res_out, (x.float() + r.float()).to(dtype))
+    else:
+        assert res_out.numel() == 0
+    ref = _rms_norm_f64(x, r, w, 1e-6)
+    ulp = {torch.float32: 2e-6, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7}[dtype]
+    assert ((out.double() - ref).abs() <= ulp * ref.abs() + 1e-6).all()
+    want = ops.a8_quantize(out)
+    for got, exp, name in zip((xq, xs, rowsum), want, ("xq", "xs", "rowsum")):
+        assert torch.equal(got, exp), name
+    N = 24
+    _, _, p, s, _ = make_case(M, N, K, dtype, seed=seed)
+    assert torch.equal(torch.ops.trit.ternary_mm_a8q(out, xq, xs, rowsum, p, s, N, K),
+                       torch.ops.trit.ternary_mm_a8(out, p, s, N, K))
+
+
+def test_rms_norm_a8q_opcheck_and_errors():
+    x = torch.randn(3, 260, dtype=torch.bfloat16)
+    r = torch.randn(3, 260, dtype=torch.bfloat16)
+    w = torch.rand(260, dtype=torch.bfloat16) + 0.5
+    torch.library.opcheck(torch.ops.trit.rms_norm_a8q, (x, r, w, 1e-5))
+    torch.library.opcheck(torch.ops.trit.rms_norm_a8q, (x.float(), None, w.float(), 1e-5))
+    with pytest.raises(ValueError, match=r"weight must be torch.bfloat16 \[260\]"):
+        torch.ops.trit.rms_norm_a8q(x, r, w[:100], 1e-5)
+    with pytest.raises(ValueError, match="residual must be"):
+        torch.ops.trit.rms_norm_a8q(x, r[:2], w, 1e-5)
+    with pytest.raises(ValueError, match="K=20000 outside"):
+        torch.ops.trit.rms_norm_a8q(torch.zeros(1, 20000), None, torch.ones(20000), 1e-5)

@@ -23,23 +23,31 @@ import trit.vllm
 trit.vllm.register()
 llm = LLM(model=sys.argv[1], dtype="bfloat16", enforce_eager=False, seed=0, max_model_len=128,
           skip_tokenizer_init=True, max_num_seqs=4)
-flags = llm.apply_model(lambda m: sorted({(n.rsplit(".", 1)[-1], bool(mod.trit_prequant))
-                                          for n, mod in m.named_modules() if hasattr(mod, "trit_prequant")}))[0]
+attr = sys.argv[2]
+flags = llm.apply_model(lambda m: sorted({(n.rsplit(".", 1)[-1], bool(getattr(mod, attr)))
+                                          for n, mod in m.named_modules() if hasattr(mod, attr)}))[0]
 sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, detokenize=False)
 outs = llm.generate([TokensPrompt(prompt_token_ids=list(range(10, 30))), TokensPrompt(prompt_token_ids=[5, 6, 7])],
                     sp, use_tqdm=False)
-print("RESULT " + json.dumps({"flags": flags, "tokens": [list(o.outputs[0].token_ids) for o in outs]}))
+# teacher-forced: the top-1 next token and its logprob at every position of one fixed prompt
+pl = llm.generate([TokensPrompt(prompt_token_ids=[(7 * i + 3) % 500 + 2 for i in range(48)])],
+                  SamplingParams(max_tokens=1, prompt_logprobs=1, detokenize=False), use_tqdm=False)[0].prompt_logprobs
+top1 = [max(d.items(), key=lambda kv: kv[1].logprob) for d in pl[1:]]
+print("RESULT " + json.dumps({"flags": flags, "tokens": [list(o.outputs[0].token_ids) for o in outs],
+                              "top1": [[int(t), float(lp.logprob)] for t, lp in top1]}))
 """
 
 
-def run(tmp_path, prequant: str) -> dict:
+def run(tmp_path, prequant: str, fused_norm: str = "0", attr: str = "trit_prequant") -> dict:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "TRIT_A8_PREQUANT": prequant,
+           "TRIT_FUSED_NORM_QUANT": fused_norm,
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    p = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "models" / "tiny-bitnet")], env=env, cwd=ROOT,
+    p = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "models" / "tiny-bitnet"), attr], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=900)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, f"vLLM run (TRIT_A8_PREQUANT={prequant!r}) failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
+    assert p.returncode == 0 and lines, (f"vLLM run (TRIT_A8_PREQUANT={prequant!r}, TRIT_FUSED_NORM_QUANT="
+                                         f"{fused_norm!r}) failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
     return json.loads(lines[-1][len("RESULT "):])
 
 
@@ -48,6 +56,25 @@ def test_prequant_compiles_and_matches_default(tmp_path):
     on = run(tmp_path, "1")
     assert all(not f for _, f in off["flags"]) and all(f for _, f in on["flags"]), (off["flags"], on["flags"])
     assert on["tokens"] == off["tokens"]
+    keys = list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("torch_aot_compile/*"))
+    keys = keys or list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("*"))
+    assert len(keys) >= 2, f"one compile-cache entry for both routes: {keys}"
+
+
+def test_fused_norm_compiles_and_matches_default(tmp_path):
+    """TRIT_FUSED_NORM_QUANT=1: the BitNet model's four norm -> linear pairs run as trit::rms_norm_a8q +
+    ternary_mm_a8q under vLLM's compiler (every ternary layer flagged), the default route's next-token
+    choices within bf16 rounding, and a compile-cache entry of its own."""
+    off = run(tmp_path, "0", "0", "trit_fused_norm")
+    on = run(tmp_path, "0", "1", "trit_fused_norm")
+    assert all(not f for _, f in off["flags"]) and on["flags"] and all(f for _, f in on["flags"]), (off, on)
+    # not bit for bit: the fused norm rounds once to bf16 where vLLM's RMSNorm may round twice, which
+    # can flip a near tie of this small model's greedy choice; teacher-forced, the next-token choice
+    # agrees at nearly every position and its logprob within bf16 noise
+    agree = [a[0] == b[0] for a, b in zip(on["top1"], off["top1"])]
+    assert len(agree) == 47 and sum(agree) >= 44, (on["top1"], off["top1"])
+    assert max(abs(a[1] - b[1]) for a, b in zip(on["top1"], off["top1"]) if a[0] == b[0]) < 0.15
+    assert on["tokens"][0][:4] == off["tokens"][0][:4]
     keys = list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("torch_aot_compile/*"))
     keys = keys or list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("*"))
     assert len(keys) >= 2, f"one compile-cache entry for both routes: {keys}"

@@ -30,6 +30,9 @@ Ops (all take x: [M, K] of bfloat16 | float16 | float32 and return [M, N] of x's
     torch.ops.trit.ternary_mm_a8q(x, xq, xs, rowsum, packed, scale, N, K, bias=None)
         ternary_mm_a8 with x's quantization given by :func:`a8_quantize` (torch ops that a compiler
         fuses into the kernel producing x): the M <= 8 GEMV reads it and runs alone
+    torch.ops.trit.rms_norm_a8q(x, residual, weight, eps) -> (out, residual_out, xq, xs, rowsum)
+        RMSNorm (after the residual add when residual is given) and the a8 quantizer of its output
+        in one kernel (K <= 16384), the input of ternary_mm_a8q: :func:`rms_norm_a8q_ref`
 
 and :func:`ternary_linear` / :func:`ternary_linear_a8` take x of any rank and pick the small-M
 (fused) or large-M (dense decode + cuBLAS) path from the shape alone.
@@ -249,6 +252,10 @@ _lib.define("ternary_decode(Tensor packed, Tensor? scale, int N, int K, ScalarTy
 # ternary_mm_a8 with x's quantization (a8_quantize(x)) given: see ternary_linear_a8_pre
 _lib.define("ternary_mm_a8q(Tensor x, Tensor xq, Tensor xs, Tensor rowsum, Tensor packed, Tensor scale, int N, "
             "int K, Tensor? bias=None) -> Tensor")
+# RMSNorm (+ residual add) and the a8 quantizer of its output in one kernel: see rms_norm_a8q_ref
+_lib.define("rms_norm_a8q(Tensor x, Tensor? residual, Tensor weight, float eps) -> "
+            "(Tensor out, Tensor residual_out, Tensor xq, Tensor xs, Tensor rowsum)")
+RMS_NORM_A8Q_MAX_K = 16384  # the CUDA kernel holds a row in one CTA's registers (csrc kRnqMaxK)
 
 
 def _check_mm(name, x, packed, scale, N, K, bias):
@@ -317,12 +324,49 @@ def _decode_torch(packed, scale, N, K, dtype):
     return ternary_decode_ref(packed, scale, N, K, dtype)
 
 
+def _check_rms_norm_a8q(x, residual, weight):
+    op = "trit::rms_norm_a8q"
+    if x.dim() != 2 or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"{op}: x must be a 2-D [M, K] float32 / float16 / bfloat16 tensor, got {x.dtype} "
+                         f"{list(x.shape)}")
+    K = x.shape[1]
+    if not 1 <= K <= RMS_NORM_A8Q_MAX_K:
+        raise ValueError(f"{op}: K={K} outside 1..{RMS_NORM_A8Q_MAX_K} (the CUDA kernel holds a row in one CTA)")
+    if weight.dtype != x.dtype or tuple(weight.shape) != (K,):
+        raise ValueError(f"{op}: weight must be {x.dtype} [{K}], got {weight.dtype} {list(weight.shape)}")
+    if residual is not None and (residual.dtype != x.dtype or residual.shape != x.shape):
+        raise ValueError(f"{op}: residual must be {x.dtype} {list(x.shape)}, got {residual.dtype} "
+                         f"{list(residual.shape)}")
+
+
+def rms_norm_a8q_ref(x: Tensor, residual: Optional[Tensor], weight: Tensor, eps: float):
+    """What trit::rms_norm_a8q computes (its CPU implementation), in torch ops:
+    z = x (+ residual, rounded to x's dtype: the new residual stream, returned as residual_out; an
+    empty tensor without residual), out = (z * rsqrt(mean(z^2) + eps) * weight) in fp32, rounded once
+    to x's dtype, and (xq, xs, rowsum) = a8_quantize(out), the input ternary_mm_a8q takes. The CUDA
+    kernel reduces in another order (out may differ by one rounding step), but its xq / xs / rowsum
+    are a8_quantize of the out it returns, bit for bit."""
+    _check_rms_norm_a8q(x, residual, weight)
+    xf = x.to(torch.float32)
+    if residual is not None:
+        res_out = (xf + residual.to(torch.float32)).to(x.dtype)
+        z = res_out.to(torch.float32)
+    else:
+        res_out = x.new_empty(0)
+        z = xf
+    inv = torch.rsqrt(z.square().mean(dim=-1, keepdim=True) + eps)
+    out = (z * inv * weight.to(torch.float32)).to(x.dtype)
+    xq, xs, rowsum = a8_quantize(out)
+    return out, res_out, xq, xs, rowsum
+
+
 _TORCH_IMPLS = {
     "ternary_mm": _mm_torch,
     "ternary_mm_a8": _mm_a8_torch,
     "ternary_mm_naive": _mm_naive_torch,
     "ternary_decode": _decode_torch,
     "ternary_mm_a8q": _mm_a8q_torch,
+    "rms_norm_a8q": rms_norm_a8q_ref,
 }
 for _name, _fn in _TORCH_IMPLS.items():
     _lib.impl(_name, _fn, "CPU")
@@ -339,6 +383,15 @@ for _name in ("ternary_mm", "ternary_mm_a8", "ternary_mm_naive"):
 @torch.library.register_fake("trit::ternary_mm_a8q", lib=_lib)
 def _mm_a8q_fake(x, xq, xs, rowsum, packed, scale, N, K, bias=None):
     return x.new_empty((x.shape[0], N))
+
+
+@torch.library.register_fake("trit::rms_norm_a8q", lib=_lib)
+def _rms_norm_a8q_fake(x, residual, weight, eps):
+    M, K = x.shape
+    Kp = (K + BLOCK_K - 1) // BLOCK_K * BLOCK_K
+    return (x.new_empty((M, K)), x.new_empty((M, K)) if residual is not None else x.new_empty(0),
+            x.new_empty((M, Kp), dtype=torch.int8), x.new_empty((M,), dtype=torch.float32),
+            x.new_empty((M,), dtype=torch.int32))
 
 
 @torch.library.register_fake("trit::ternary_decode", lib=_lib)

@@ -78,6 +78,26 @@ class ShardedRMSNorm(nn.Module):
         return (y * self.weight.float()).to(x.dtype)
 
 
+def norm_then_linear(norm: nn.Module, linear: nn.Module, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+    """(linear(norm(x)), None) or, with residual, (linear(norm(x + residual)), x + residual): vLLM's
+    (fused add +) RMSNorm and then the layer. Where the layer's ternary method set trit_fused_norm
+    (TRIT_FUSED_NORM_QUANT, trit.vllm.quant.fused_norm_selected), one trit::rms_norm_a8q kernel computes
+    the norm, the residual stream and the layer's int8 input, and the layer runs on that quantization
+    (TernaryLinearMethod.apply_quantized): no quantizer launch in front of the M <= 8 GEMV."""
+    if getattr(linear, "trit_fused_norm", False) and isinstance(norm, RMSNorm) and x.dim() == 2:
+        w = norm.weight if norm.weight.dtype == x.dtype else norm.weight.to(x.dtype)
+        h, res, xq, xs, rowsum = torch.ops.trit.rms_norm_a8q(x.contiguous(), residual, w, norm.variance_epsilon)
+        bias = None if getattr(linear, "skip_bias_add", False) else getattr(linear, "bias", None)
+        y = linear.quant_method.apply_quantized(linear, h, xq, xs, rowsum, bias)
+        return y, (res if residual is not None else None)
+    if residual is None:
+        y, _ = linear(norm(x))
+        return y, None
+    h, residual = norm(x, residual)
+    y, _ = linear(h)
+    return y, residual
+
+
 def sub_norm(size: int, eps: float) -> nn.Module:
     # unsharded: vLLM's RMSNorm (its fused kernel, same numerics as the other norms)
     return RMSNorm(size, eps=eps) if get_tensor_model_parallel_world_size() == 1 else ShardedRMSNorm(size, eps)
@@ -96,13 +116,14 @@ class BitNetMLP(nn.Module):
         self.ffn_sub_norm = sub_norm(i, config.rms_norm_eps)
         self.down_proj = RowParallelLinear(i, h, bias=False, quant_config=quant_config, prefix=f"{prefix}.down_proj")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gu, _ = self.gate_up_proj(x)  # (T, 2 * I / tp)
+    def forward(self, x: torch.Tensor, norm: nn.Module, residual: torch.Tensor):
+        """(mlp(norm(x + residual)), x + residual): the post-attention norm comes in, so that it can
+        compute gate_up's int8 input (norm_then_linear)."""
+        gu, residual = norm_then_linear(norm, self.gate_up_proj, x, residual)  # (T, 2 * I / tp)
         g, u = gu.chunk(2, dim=-1)
         x = (torch.relu(g).square() if self.act == "relu2" else F.silu(g)) * u  # act(gate) * up
-        x = self.ffn_sub_norm(x)
-        x, _ = self.down_proj(x)
-        return x
+        x, _ = norm_then_linear(self.ffn_sub_norm, self.down_proj, x)
+        return x, residual
 
 
 class BitNetAttention(nn.Module):
@@ -130,14 +151,16 @@ class BitNetAttention(nn.Module):
         self.attn = Attention(self.num_heads, self.head_dim, self.head_dim ** -0.5, num_kv_heads=self.num_kv_heads,
                               cache_config=cache_config, quant_config=quant_config, prefix=f"{prefix}.attn")
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        qkv, _ = self.qkv_proj(hidden_states)  # (T, (H + 2 Hkv) D / tp)
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, norm: nn.Module,
+                residual: Optional[torch.Tensor]):
+        """(attn(norm(h)), h) with h = hidden_states (+ residual): the input norm comes in, so that it
+        can compute qkv_proj's int8 input (norm_then_linear)."""
+        qkv, res = norm_then_linear(norm, self.qkv_proj, hidden_states, residual)  # (T, (H + 2 Hkv) D / tp)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
         a = self.attn(q, k, v)  # (T, H D / tp)
-        a = self.attn_sub_norm(a)
-        out, _ = self.o_proj(a)
-        return out
+        out, _ = norm_then_linear(self.attn_sub_norm, self.o_proj, a)
+        return out, (hidden_states if residual is None else res)
 
 
 def _rope_parameters(config) -> dict:
@@ -159,15 +182,10 @@ class BitNetDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, positions, hidden_states, residual):
-        # (mlp_out, residual): the layer's output h is their sum (fused into the next norm)
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        # (mlp_out, residual): the layer's output h is their sum (fused into the next norm); each norm
+        # goes to the module whose first linear it feeds (norm_then_linear)
+        hidden_states, residual = self.self_attn(positions, hidden_states, self.input_layernorm, residual)
+        return self.mlp(hidden_states, self.post_attention_layernorm, residual)
 
 
 @support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": -1, "intermediate_tensors": 0,

@@ -329,6 +329,15 @@ class TernaryLinearMethod(_SpecLinearMethod):
                                    and model_compiled())
         if layer.trit_prequant:
             key_compile_cache(self.prefix)
+        # TRIT_FUSED_NORM_QUANT: the RMSNorm in front computes this layer's activation quantization
+        # (trit::rms_norm_a8q; the BitNet model's norm_then_linear, at TP = 1)
+        from trit.ops import RMS_NORM_A8Q_MAX_K
+        layer.trit_fused_norm = bool(self.act_quant and not layer.trit_global_absmax
+                                     and getattr(layer, "tp_size", 1) == 1 and k_part <= RMS_NORM_A8Q_MAX_K
+                                     and self.backend.linear_a8_pre is not None and fused_norm_selected()
+                                     and model_compiled())
+        if layer.trit_fused_norm:
+            key_compile_cache(self.prefix, "trit_fused_norm")
 
     def _weight_loader(self, layer, vllm_loader, f: int):
         return self._shard_loader(layer, vllm_loader, "weight", decode_weight,
@@ -380,6 +389,29 @@ class TernaryLinearMethod(_SpecLinearMethod):
             y = self.backend.linear(x2, layer.weight, layer.weight_scale, N, K, bias)
         return y.reshape(*x.shape[:-1], N)
 
+    def apply_quantized(self, layer: torch.nn.Module, x: torch.Tensor, xq: torch.Tensor, xs: torch.Tensor,
+                        rowsum: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """apply() on an input x [M, K] whose a8 quantization (xq, xs, rowsum) is given: the outputs of
+        trit::rms_norm_a8q (trit.vllm.bitnet.norm_then_linear). At M <= 8 the GEMV runs without a
+        quantizer; elsewhere ternary_mm_a8q quantizes x again (the same values)."""
+        N, K = layer.trit_n, layer.trit_k
+        return torch.ops.trit.ternary_mm_a8q(x, xq, xs, rowsum, layer.weight, layer.weight_scale, N, K, bias)
+
+
+def fused_norm_selected(setting: Optional[str] = None) -> bool:
+    """TRIT_FUSED_NORM_QUANT, read when the model loads: 1 makes the BitNet model run each norm -> W1.58A8
+    layer pair (input_layernorm -> qkv_proj, attn_sub_norm -> o_proj, post_attention_layernorm ->
+    gate_up_proj, ffn_sub_norm -> down_proj) as trit::rms_norm_a8q + trit::ternary_mm_a8q: the norm
+    kernel writes the layer's int8 input and triggers the GEMV's programmatic launch, and the M <= 8
+    GEMV runs without a quantizer. Unset / 0 (default): vLLM's RMSNorm and the layer's own quantizer.
+    Only where the layer runs the trit ops at TP = 1 with K <= 16384 (trit.ops.RMS_NORM_A8Q_MAX_K), and
+    only where vLLM compiles the model (model_compiled): eager runs keep the norm and linear module
+    calls that the parity target's capture hooks observe."""
+    import os
+
+    setting = os.environ.get("TRIT_FUSED_NORM_QUANT", "") if setting is None else setting
+    return setting.strip() not in ("", "0")
+
 
 def prequant_selected(prefix: str, setting: Optional[str] = None) -> bool:
     """Whether the W1.58A8 layer ``prefix`` quantizes its input with torch ops in front of the op
@@ -404,17 +436,18 @@ def prequant_selected(prefix: str, setting: Optional[str] = None) -> bool:
     return any(prefix == s or prefix.endswith("." + s) for s in names)
 
 
-def key_compile_cache(prefix: str) -> None:
-    """Record a prequant layer in vllm_config.additional_config, which vLLM hashes into its
-    torch.compile cache key (0.26 and 0.32): TRIT_A8_PREQUANT changes the traced graph, but neither
-    the model config nor vLLM's own environment factors see it, so without this a prequant run would
-    load the graph compiled by an earlier run without it (and the reverse)."""
+def key_compile_cache(prefix: str, key: str = "trit_a8_prequant") -> None:
+    """Record a prequant (or fused-norm: key trit_fused_norm) layer in vllm_config.additional_config,
+    which vLLM hashes into its torch.compile cache key (0.26 and 0.32): TRIT_A8_PREQUANT /
+    TRIT_FUSED_NORM_QUANT change the traced graph, but neither the model config nor vLLM's own
+    environment factors see them, so without this such a run would load the graph compiled by an
+    earlier run without it (and the reverse)."""
     from vllm.config import get_current_vllm_config_or_none
 
     cfg = get_current_vllm_config_or_none()
     extra = getattr(cfg, "additional_config", None)
     if isinstance(extra, dict):
-        layers = extra.setdefault("trit_a8_prequant", [])
+        layers = extra.setdefault(key, [])
         if prefix not in layers:
             layers.append(prefix)
 
