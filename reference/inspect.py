@@ -110,6 +110,7 @@ class Module:
     pack_axis: int = 1
     scale_kw: list = field(default_factory=list)  # per part: ScaleSpec kwargs (no key / op)
     bits: int = 2  # code width of a packed weight (2, 4, or 8 = one value per byte)
+    record: Optional[tuple] = None  # (values, bytes) per record: llama.cpp TQ2_0 blocks (256, 66)
 
     @property
     def packed(self) -> bool:
@@ -292,7 +293,103 @@ def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int) -> list
     return out
 
 
+TQ2_RECORD = (256, 66)  # llama.cpp block_tq2_0: QK_K = 256 values in qs[64] + fp16 d
+TQ2_SCALE_OFFSET = 64
+TQ2_SCALE_KW = dict(granularity="block", group_size=256, record_bytes=66, byte_offset=TQ2_SCALE_OFFSET,
+                    dtype="float16")
+
+
+def _tq2_width(k: int) -> int:
+    return -(-k // TQ2_RECORD[0]) * TQ2_RECORD[1]
+
+
+def _tq2_evidence(m: Module, ckpt: Checkpoint) -> dict:
+    """In-block fp16 d of every 66-byte block and the 2-bit code histogram of the 64 code bytes."""
+    n, k = m.logical
+    rec = ckpt.get(m.weight.name).reshape(n, -1, TQ2_RECORD[1])
+    d = rec[:, :, TQ2_SCALE_OFFSET:TQ2_SCALE_OFFSET + 2].contiguous().view(torch.float16).reshape(n, -1).float()
+    finite = torch.isfinite(d)
+    codes = rec[:, :, :TQ2_SCALE_OFFSET].to(torch.int64)
+    slot = [torch.bincount(((codes >> (2 * s)) & 3).reshape(-1), minlength=4).tolist() for s in range(4)]
+    ok = d[finite].abs()
+    return dict(d=d, nonfinite=int((~finite).sum()), positive=float((d > 0).float().mean()) if d.numel() else 0.0,
+                median=float(ok.median()) if ok.numel() else float("nan"), slot_hist=slot)
+
+
+def _tq2_plausible(ev: dict) -> bool:
+    """fp16 block scales of a trained ternary linear: all finite, mostly positive, not absurd."""
+    return ev["nonfinite"] == 0 and ev["positive"] >= 0.5 and 1e-8 < ev["median"] < 1e4
+
+
+def detect_tq2_0(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> bool:
+    """llama.cpp TQ2_0 stored in safetensors: uint8 [N, ceil(K/256) * 66] weights with no scale
+    tensor, whose last 2 bytes per 66-byte block decode as plausible fp16 scales.  On a match every
+    packed module gets the TQ2_0 record structure (2-bit codes, axis 1, in-block scale) and its
+    code histogram is recomputed over the 64 code bytes of each block only; lanes, bit order and
+    code table are then searched like any other layout.  A model that is TQ2_0 but has a tensor of
+    the wrong width or with NaN/Inf block scales fails here, naming the tensor."""
+    packed = [m for m in modules if m.packed]
+    fit = [m for m in packed if m.weight.dtype == "U8" and m.scale is None and m.zeros is None
+           and len(m.weight.shape) == 2 and m.weight.shape[0] == m.logical[0]
+           and m.weight.shape[1] == _tq2_width(m.logical[1])]
+    if not fit:
+        return False
+    ev = {m.prefix: _tq2_evidence(m, ckpt) for m in fit}
+    like = [m for m in fit if _tq2_plausible(ev[m.prefix])]
+    plain = [m for m in fit if any(layout_options(tuple(m.weight.shape), m.logical, 8, b) for b in bits_options(8))]
+    if len(like) < len(packed) / 2 and (plain or len(fit) < len(packed) / 2):
+        return False  # a plain packing that happens to have this width, or too few TQ2_0-shaped tensors
+    for m in packed:  # this is a TQ2_0 model: every packed weight must be one
+        n, k = m.logical
+        w = _tq2_width(k)
+        if m not in fit:
+            width = m.weight.shape[-1] if m.weight.shape else None
+            why = (f"width {width} is not a multiple of the 66-byte block" if width is not None and width % 66
+                   else f"shape {list(m.weight.shape)} {m.weight.dtype}")
+            raise InspectError(
+                f"{m.where()}: {why}; llama.cpp TQ2_0 (like {len(like)} other weights of this model) stores the "
+                f"logical {n}x{k} matrix of {[p for p, _ in m.parts]} as uint8 [{n}, {w}] (ceil({k}/256) blocks "
+                f"of 66 bytes, no separate scale tensor)")
+        e = ev[m.prefix]
+        if e["nonfinite"]:
+            row, blk = (int(i) for i in (~torch.isfinite(e["d"])).nonzero()[0])
+            raise InspectError(
+                f"{m.where()}: in-block fp16 scale d (bytes 64..65 of each 66-byte TQ2_0 block) is "
+                f"{float(e['d'][row, blk])} in {e['nonfinite']} of {e['d'].numel()} blocks, first at row {row} "
+                f"block {blk}; expected finite block scales")
+        if not _tq2_plausible(e):
+            raise InspectError(
+                f"{m.where()}: in-block fp16 scales are implausible for TQ2_0 (median |d| {e['median']:.3g}, "
+                f"{e['positive']:.0%} positive); expected finite, mostly positive scales of a trained linear")
+    c3 = sum(e["slot_hist"][s][3] for e in ev.values() for s in range(4))
+    fields = sum(sum(e["slot_hist"][s]) for e in ev.values() for s in range(4))
+    for m in modules:
+        m.bits = 2
+        if not m.packed:
+            continue
+        m.record, m.pack_axis, m.transposed = TQ2_RECORD, 1, False
+        m.weight.slot_hist = ev[m.prefix]["slot_hist"]  # code bytes only: the fp16 d bytes are not codes
+        m.weight.field_hist = {2: [sum(h[c] for h in m.weight.slot_hist) for c in range(4)]}
+        m.scale_kw = [dict(TQ2_SCALE_KW)] * len(m.parts)
+    meds = sorted(e["median"] for e in ev.values())
+    findings.append(Finding(
+        "block structure", "llama.cpp TQ2_0: 66-byte blocks of 256 inputs (qs[64] + in-block fp16 d, multiply)",
+        f"all {len(packed)} packed weights are uint8 [N, ceil(K/256)*66] with no scale tensor; bytes 64-65 of every "
+        f"block decode as finite fp16 scales (median |d| {meds[0]:.3g}..{meds[-1]:.3g} per tensor, "
+        f"at least {min(e['positive'] for e in ev.values()):.0%} positive per tensor); code 3 in {c3 / max(1, fields):.2%} of the "
+        f"code fields", "high"))
+    return True
+
+
 def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> None:
+    if detect_tq2_0(modules, cfg, ckpt, findings):
+        for m in modules:
+            if not m.packed and tuple(m.weight.shape) != tuple(m.logical):
+                raise InspectError(f"{m.where()}: shape {list(m.weight.shape)}, config.json implies "
+                                   f"{list(m.logical)} for {[p for p, _ in m.parts]} (unpacked float weight)")
+            if not m.packed:
+                _scale_layout(m, ckpt)
+        return
     bits = choose_bits(modules, cfg, findings)
     for m in modules:
         m.bits = bits
@@ -468,8 +565,7 @@ def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: l
     total = sum(hist)
     shares = ", ".join(f"code {c}: {hist[c] / total:.1%}" for c in range(ncodes) if hist[c])
     # padding slots (fused to whole containers) may hold any code: a code is significant beyond them
-    total_pads = sum(m.weight.numel * (INT_DTYPES[m.weight.dtype] // bits) - m.logical[0] * m.logical[1]
-                     for m in packed)
+    total_pads = sum(_pads(m) for m in packed)
     significant = [c for c in range(ncodes) if hist[c] > 0.002 * total + total_pads]
     if len(significant) > 3:
         return _integer_tables(hist, bits, significant, zero_hint, findings, shares)
@@ -477,8 +573,7 @@ def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: l
     unused = [c for c in range(ncodes) if c not in used]
     stray = []  # modules where an "unused" code occurs beyond their padding slots
     for m in packed:
-        v = INT_DTYPES[m.weight.dtype] // bits
-        pads = m.weight.numel * v - m.logical[0] * m.logical[1]
+        pads = _pads(m)
         if sum(m.weight.hist(bits)[c] for c in unused) > pads:
             stray.append(m)
     qm = ((cfg.quantization or {}) if cfg is not None else {}).get("quant_method")
@@ -489,7 +584,7 @@ def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: l
     for m in stray[:1]:
         mh = m.weight.hist(bits)
         worst = max(unused, key=lambda c: mh[c])
-        pads = m.weight.numel * (INT_DTYPES[m.weight.dtype] // bits) - m.logical[0] * m.logical[1]
+        pads = _pads(m)
         raise InspectError(f"{m.where()}: code {worst} occurs {mh[worst]} times, but it is unused in the model "
                            f"(global counts {_short_hist(hist)}) and this tensor has only {pads} padding slots: "
                            f"expected 0 occurrences (corrupted weights or not ternary)")
@@ -519,6 +614,14 @@ def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: l
             t[z], t[neg], t[pos] = 0, -1, 1
             tables.append(tuple(t))
     return tables
+
+
+def _pads(m: Module) -> int:
+    """Code fields of a packed weight that hold no logical element (the padding)."""
+    n, k = m.logical
+    if m.record is not None:  # the records' code bytes only (their scale bytes are no fields)
+        return n * (-(-k // m.record[0]) * m.record[0] - k)
+    return m.weight.numel * (INT_DTYPES[m.weight.dtype] // m.bits) - n * k
 
 
 def _short_hist(hist: list) -> str:

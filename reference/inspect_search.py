@@ -66,6 +66,10 @@ def lane_options(modules: list[Module]) -> list[tuple[str, Optional[int]]]:
     v = INT_DTYPES[packed[0].weight.dtype] // packed[0].bits
     if v == 1:
         return [("interleaved", None)]  # one value per element: lanes do not exist
+    rec = packed[0].record
+    if rec is not None:  # records (TQ2_0): lanes inside a record; 'blocked' spans the whole axis
+        return [("interleaved", None)] + [("block_interleaved", b) for b in BLOCKS
+                                          if b % v == 0 and b > v and rec[0] % b == 0]
     axis0 = sum(m.pack_axis == 0 for m in packed) > len(packed) / 2
     opts = [("blocked", None), ("interleaved", None)] if axis0 else [("interleaved", None), ("blocked", None)]
     opts += [("block_interleaved", b) for b in BLOCKS if b % v == 0 and b > v]
@@ -75,7 +79,7 @@ def lane_options(modules: list[Module]) -> list[tuple[str, Optional[int]]]:
 def pack_spec(m: Module, c: Candidate) -> PackSpec:
     return PackSpec(bits=m.bits, container=CONTAINER_OF[m.weight.dtype], pack_axis=m.pack_axis, lanes=c.lanes,
                     block=c.block, bit_order=c.bit_order, codes=c.codes, transposed=m.transposed,
-                    pad_code=c.codes.index(0))
+                    pad_code=c.codes.index(0), record=m.record)
 
 
 def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConfig, name: str) -> CheckpointSpec:
@@ -85,7 +89,9 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
         if pk is not None and pk.packed_shape(m.logical) != tuple(m.weight.shape):
             raise FormatError(f"{m.where()}: {c.label()} needs shape {list(pk.packed_shape(m.logical))}")
         for (hf, rows), kw in zip(m.parts, m.scale_kw):
-            sc = ScaleSpec(key=m.scale.name, op=c.op, **kw) if kw else None
+            # an in-block scale (TQ2_0 'block') is read from the weight tensor itself
+            key = m.weight.name if kw and kw.get("granularity") == "block" else (m.scale.name if kw else None)
+            sc = ScaleSpec(key=key, op=c.op, **kw) if kw else None
             linears[hf] = LinearEntry(weight_key=m.weight.name, shape=m.logical, pack=pk, scale=sc,
                                       rows=rows if len(m.parts) > 1 else None,
                                       bias_key=m.bias.name if m.bias is not None else None)

@@ -74,6 +74,10 @@ class LinearEntry:
             if self.pack is not None or self.rows is not None:
                 raise FormatError(f"{where}: layout {self.layout!r} takes no 'pack' and no 'rows' (one "
                                   f"unfused module per tensor, already in the kernel layout)")
+        if self.scale is not None and self.scale.granularity == "block":
+            _check_block_scale(self)
+        if self.layout is not None:
+            where = f"linear {self.weight_key!r}"
             if self.scale is not None and (self.scale.granularity not in ("tensor", "channel")
                                            or self.scale.index is not None or self.scale.transposed):
                 raise FormatError(f"{where}: layout {self.layout!r} takes a per-channel or per-tensor scale "
@@ -91,7 +95,7 @@ class LinearEntry:
             "shape": list(self.shape),
             "rows": list(self.rows) if self.rows else None,
             "pack": self.pack.to_dict() if self.pack else None,
-            "scale": dataclasses.asdict(self.scale) if self.scale else None,
+            "scale": self.scale.to_dict() if self.scale else None,
             "bias_key": self.bias_key,
             **({"layout": self.layout} if self.layout is not None else {}),  # absent: old JSON unchanged
         }
@@ -231,6 +235,24 @@ class CheckpointSpec:
             raise CheckpointError(
                 f"{ckpt.path}: {len(unknown)} checkpoint tensors are not used by spec {self.name!r}: "
                 f"{unknown[:5]}{' ...' if len(unknown) > 5 else ''} (unknown keys; fix the spec's key mapping)")
+
+
+def _check_block_scale(e: LinearEntry) -> None:
+    """An in-block scale (ScaleSpec granularity 'block') lives in the records of its own weight:
+    same key, a record-packed weight whose record size / elements it matches, scale bytes outside
+    the code bytes."""
+    sc, pk = e.scale, e.pack
+    where = f"linear {e.weight_key!r}"
+    if pk is None or pk.record is None:
+        raise FormatError(f"{where}: in-block scale {sc.key!r} needs a record-packed weight ('pack' with 'record')")
+    if sc.key != e.weight_key:
+        raise FormatError(f"{where}: in-block scale key {sc.key!r} must be the weight's own key")
+    if (sc.group_size, sc.record_bytes) != tuple(pk.record):
+        raise FormatError(f"{where}: in-block scale covers {sc.group_size} values in {sc.record_bytes}-byte records, "
+                          f"the weight's records are {pk.record[0]} values in {pk.record[1]} bytes")
+    if sc.byte_offset < pk.code_bytes:
+        raise FormatError(f"{where}: in-block scale at byte {sc.byte_offset} overlaps the {pk.code_bytes} code bytes "
+                          f"of each record")
 
 
 def _check_bias(ckpt: Checkpoint, key: str, mod: str, n: int) -> None:
