@@ -34,8 +34,8 @@ from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig
 from .formats import FormatError, PackSpec, unpack_codes
 from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
-from .inspect_search import (BLOCKS, Candidate, axis_margins, build_spec, codes_str, confidence, lane_options,
-                             search)
+from .inspect_search import (BLOCKS, TQ2_0_RECORD, Candidate, axis_margins, build_spec, codes_str, confidence,
+                             lane_options, search)
 from .spec import SPEC_FILENAME, CheckpointSpec, decode_linear, derived_buffer
 
 
@@ -293,7 +293,7 @@ def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int) -> list
     return out
 
 
-TQ2_RECORD = (256, 66)  # llama.cpp block_tq2_0: QK_K = 256 values in qs[64] + fp16 d
+TQ2_RECORD = TQ2_0_RECORD  # llama.cpp block_tq2_0: QK_K = 256 values in qs[64] + fp16 d
 TQ2_SCALE_OFFSET = 64
 TQ2_SCALE_KW = dict(granularity="block", group_size=256, record_bytes=66, byte_offset=TQ2_SCALE_OFFSET,
                     dtype="float16")
@@ -720,7 +720,8 @@ def _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings) -> Candi
     from .inspect_search import PRIOR_MARGIN, prior_rank
 
     valid = [s for s in scored if math.isfinite(s.loss)]
-    prior = min(valid, key=lambda s: prior_rank(s.cand, cfg))
+    record = next((m.record for m in modules if m.packed), None)
+    prior = min(valid, key=lambda s: prior_rank(s.cand, cfg, record))
     best = scored[0]
     if prior.fp == best.fp:
         return best.cand

@@ -25,6 +25,7 @@ from .spec import CheckpointSpec, DecodedLinear, LinearEntry, decode_linear, fin
 if TYPE_CHECKING:  # Module lives in reference.inspect, which imports this file
     from .inspect import Module
 
+TQ2_0_RECORD = (256, 66)  # llama.cpp TQ2_0 blocks: lanes block_interleaved 128, lsb
 BLOCKS = (8, 16, 32, 64, 128, 256, 512)  # block_interleaved block sizes tried (I2_S / TQ2_0 use 128)
 SCREEN_TOKENS = 32  # tokens per candidate in the screening pass
 FINALISTS = 3  # distinct decodes re-scored on the whole text sample
@@ -68,8 +69,12 @@ def lane_options(modules: list[Module]) -> list[tuple[str, Optional[int]]]:
         return [("interleaved", None)]  # one value per element: lanes do not exist
     rec = packed[0].record
     if rec is not None:  # records (TQ2_0): lanes inside a record; 'blocked' spans the whole axis
-        return [("interleaved", None)] + [("block_interleaved", b) for b in BLOCKS
+        opts = [("interleaved", None)] + [("block_interleaved", b) for b in BLOCKS
                                           if b % v == 0 and b > v and rec[0] % b == 0]
+        if tuple(rec) == TQ2_0_RECORD:  # llama.cpp's own lanes first (the order is the no-loss prior)
+            opts.remove(("block_interleaved", 128))
+            opts.insert(0, ("block_interleaved", 128))
+        return opts
     axis0 = sum(m.pack_axis == 0 for m in packed) > len(packed) / 2
     opts = [("blocked", None), ("interleaved", None)] if axis0 else [("interleaved", None), ("blocked", None)]
     opts += [("block_interleaved", b) for b in BLOCKS if b % v == 0 and b > v]
@@ -250,13 +255,16 @@ KNOWN_LAYOUTS = [("blocked", None, "lsb"),  # transformers HF-BitNet pack_weight
                  ("interleaved", None, "msb")]
 
 
-def prior_rank(c: Candidate, cfg: ModelConfig) -> tuple:
+def prior_rank(c: Candidate, cfg: ModelConfig, record: Optional[tuple] = None) -> tuple:
     """Smaller = more plausible a priori.  A config that names transformers' bitnet method
-    points at its layout first; codes increasing with value (-1 < 0 < +1) beat swapped tables."""
+    points at its layout first, llama.cpp TQ2_0 blocks (``record``) at theirs; codes increasing
+    with value (-1 < 0 < +1) beat swapped tables."""
     q = (cfg.quantization or {}).get("quant_method")
     layout = (c.lanes, c.block, c.bit_order)
     known = KNOWN_LAYOUTS.index(layout) if layout in KNOWN_LAYOUTS else len(KNOWN_LAYOUTS)
     if q == "bitnet" and layout == ("blocked", None, "lsb"):
+        known = -1
+    if record is not None and tuple(record) == TQ2_0_RECORD and layout == ("block_interleaved", 128, "lsb"):
         known = -1
     bits = max(1, (len(c.codes) - 1).bit_length())
     # GPTQ / AWQ / compressed-tensors, and 4-bit packers in general, put consecutive inputs low bits first
