@@ -31,6 +31,11 @@ Where a logical element lands is fixed by three things:
   (``write_record_scales`` fills in the scales); ``unpack`` skips them.  uint8, pack axis 1,
   not transposed; ``None`` (the default, omitted from JSON) = no records.
 
+* ``group_view`` — ``G``: the packed matrix is not ``W[N, K]`` but its row-major view
+  ``W.reshape(N * K / G, G)`` (one row per group of G consecutive inputs; HQQ quantises and
+  packs that view with ``axis=1``); everything above applies to the view.  Needs ``K % G == 0``.
+  ``None`` (the default, omitted from JSON) = the matrix itself.
+
 ``transposed`` means the stored tensor is the transpose of the packed matrix (GPTQ stores
 ``qweight`` as ``[K/16, N]``).  Padding (L not a multiple of the block) is filled with
 ``pad_code`` and cropped on unpack, so ``unpack(pack(W)) == W`` for any shape.
@@ -134,6 +139,7 @@ class PackSpec:
     transposed: bool = False
     pad_code: int = 0
     record: Optional[tuple] = None  # (elements, bytes) per record; see module docstring
+    group_view: Optional[int] = None  # G: pack W.reshape(N*K/G, G) (HQQ axis=1); see module docstring
 
     def __post_init__(self):
         if self.container not in CONTAINERS:
@@ -157,6 +163,8 @@ class PackSpec:
             raise FormatError(f"bit_order must be 'lsb' or 'msb', got {self.bit_order!r}")
         if not 0 <= self.pad_code < len(self.codes):
             raise FormatError(f"pad_code {self.pad_code} is not a code")
+        if self.group_view is not None and (self.group_view < 1 or self.record is not None):
+            raise FormatError(f"group_view must be >= 1 and exclusive of record, got {self.group_view}")
         if self.record is not None:
             if len(self.record) != 2:
                 raise FormatError(f"record must be (elements, bytes), got {self.record!r}")
@@ -202,8 +210,17 @@ class PackSpec:
         b = self.block_len(axis_len)
         return -(-axis_len // b) * (b // self.values_per_container)
 
-    def packed_shape(self, shape: tuple[int, int]) -> tuple[int, int]:
+    def view_shape(self, shape: tuple[int, int]) -> tuple[int, int]:
+        """The matrix that is packed: ``shape`` itself, or its [N*K/G, G] group view."""
         n, k = shape
+        if self.group_view is None:
+            return (n, k)
+        if k % self.group_view:
+            raise FormatError(f"group_view {self.group_view} needs K % {self.group_view} == 0, K = {k}")
+        return (n * k // self.group_view, self.group_view)
+
+    def packed_shape(self, shape: tuple[int, int]) -> tuple[int, int]:
+        n, k = self.view_shape(shape)
         s = [n, k]
         s[self.pack_axis] = self.packed_len(s[self.pack_axis])
         return (s[1], s[0]) if self.transposed else (s[0], s[1])
@@ -243,6 +260,8 @@ class PackSpec:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["codes"] = list(self.codes)
+        if self.group_view is None:
+            del d["group_view"]  # absent: JSON of the other formats unchanged
         if self.record is None:
             del d["record"]  # absent: JSON of record-less formats unchanged
         else:
@@ -308,6 +327,9 @@ def pack_codes(codes: torch.Tensor, spec: PackSpec) -> torch.Tensor:
     """codes int [N, K] (each in [0, 2**bits)) -> packed container tensor."""
     if codes.dim() != 2:
         raise FormatError(f"pack expects a 2-D code matrix, got shape {tuple(codes.shape)}")
+    if spec.group_view is not None:
+        n, k = codes.shape
+        return pack_codes(codes.reshape(spec.view_shape((n, k))), spec.replace(group_view=None))
     if spec.record is not None:
         return _pack_records(codes, spec)
     # containers of <= 16 bits are assembled in int32 (exact: words < 2**16), wider ones in int64;
@@ -387,6 +409,8 @@ def _place(fields: torch.Tensor, spec: PackSpec, length: int) -> torch.Tensor:
 
 def unpack_codes(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int]) -> torch.Tensor:
     """packed container tensor -> codes int64 [N, K] for the logical ``shape``."""
+    if spec.group_view is not None:
+        return unpack_codes(packed, spec.replace(group_view=None), spec.view_shape(shape)).reshape(shape)
     p, length = _oriented(packed, spec, shape)
     words = _from_container(p, spec)  # (rows, C)
     mask = (1 << spec.bits) - 1
@@ -436,6 +460,9 @@ def unpack(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int], *, name
            strict: bool = True) -> torch.Tensor:
     """packed -> logical integer values int8 [N, K] (int16 when a value does not fit int8), on
     the device of ``packed``.  An unused code is an error if ``strict``."""
+    if spec.group_view is not None:
+        inner = spec.replace(group_view=None)
+        return unpack(packed, inner, spec.view_shape(shape), name=name, strict=strict).reshape(shape)
     vals, unused = code_lut(spec)
     if CONTAINERS[spec.container][1] == 8:
         wide = bool((vals.abs() > 127).any())
@@ -515,8 +542,10 @@ def expand_scale(scale: torch.Tensor, spec: ScaleSpec, shape: tuple[int, int], *
         g = -(-k // spec.group_size)
         if spec.transposed:
             s = s.t() if s.dim() == 2 else s
+        elif tuple(s.shape) in ((n * g,), (n * g, 1)) and n * g > 1:  # one per group, row-major (HQQ axis=1)
+            s = s.reshape(n, g)
         if tuple(s.shape) != (n, g):
-            raise FormatError(f"{name}: group scale {spec.key!r} must have shape {(n, g)} "
+            raise FormatError(f"{name}: group scale {spec.key!r} must have shape {(n, g)} or {(n * g, 1)} "
                               f"(group_size {spec.group_size}), has {tuple(scale.shape)}")
         m = s.repeat_interleave(spec.group_size, dim=1)[:, :k]
     if rows is not None and m.shape[0] > 1:

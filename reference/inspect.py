@@ -111,6 +111,8 @@ class Module:
     scale_kw: list = field(default_factory=list)  # per part: ScaleSpec kwargs (no key / op)
     bits: int = 2  # code width of a packed weight (2, 4, or 8 = one value per byte)
     record: Optional[tuple] = None  # (values, bytes) per record: llama.cpp TQ2_0 blocks (256, 66)
+    group_view: Optional[int] = None  # G: codes packed as the [N*K/G, G] group view (HQQ axis=1)
+    zero_kw: Optional[dict] = None  # ScaleSpec kwargs of per-group zero points (HQQ)
 
     @property
     def packed(self) -> bool:
@@ -381,15 +383,71 @@ def detect_tq2_0(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, find
     return True
 
 
-def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> None:
-    if detect_tq2_0(modules, cfg, ckpt, findings):
+def detect_hqq(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> bool:
+    """HQQ 2-bit (mobiusml/hqq, axis=1): a uint8 ``W_q`` [ceil(N*K/G / 4), G] next to float ``scale``
+    and ``zero`` with one value per group (N*K/G), K % G == 0.  Ternary only when every zero point
+    is an integer (then q - z is ternary); a non-integer zero is a "not ternary" error naming the
+    tensor.  On a match: 2-bit codes of the group view packed along its axis 0, identity code
+    table, group scales and zero points; lanes and bit order are searched (HQQ's own first)."""
+    packed = [m for m in modules if m.packed]
+
+    def group(m: Module) -> Optional[int]:
+        n, k = m.logical
+        if m.weight.dtype != "U8" or m.scale is None or m.zeros is None or len(m.weight.shape) != 2 \
+                or m.zeros.dtype in INT_DTYPES:
+            return None
+        g = m.weight.shape[1]
+        if g < 1 or k % g or m.scale.numel != n * k // g or m.zeros.numel != n * k // g \
+                or m.weight.shape[0] != -(-(n * k // g) // 4):
+            return None
+        return g
+
+    fit = [m for m in packed if group(m)]
+    if not fit or len(fit) < len(packed):
+        return False
+    zvals: set = set()
+    for m in fit:
+        z = ckpt.get(m.zeros.name).float().reshape(-1)
+        frac = z != z.round()
+        if bool(frac.any()) or not bool(torch.isfinite(z).all()):
+            i = int((frac | ~torch.isfinite(z)).nonzero()[0])
+            raise InspectError(f"{m.zeros.file}: zero point tensor {m.zeros.name!r} holds non-integer values (e.g. "
+                               f"{float(z[i])} at group {i}) next to HQQ weight {m.weight.name!r}: (q - z) is not "
+                               f"ternary; expected integer zero points (1 or 2 for 2-bit codes)")
+        zvals |= set(torch.unique(z).tolist())
+    for m in modules:
+        m.bits = 2
+        if not m.packed:
+            continue
+        g = group(m)
+        m.group_view, m.pack_axis, m.transposed = g, 0, False
+        m.scale_kw = [dict(granularity="group", group_size=g)] * len(m.parts)
+        m.zero_kw = dict(granularity="group", group_size=g)
+    findings.append(Finding(
+        "block structure", f"HQQ 2-bit, axis=1 groups of {sorted({m.group_view for m in fit})}: W = (q - zero) * scale",
+        f"all {len(packed)} packed weights are uint8 [N*K/G/4, G] with float scale and zero [N*K/G]; the zero points "
+        f"are integers {sorted(int(v) for v in zvals)}, so q - zero is ternary", "high"))
+    return True
+
+
+def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]
+                    ) -> Optional[str]:
+    """Per-module structure; returns the named convention found by its block structure
+    ('tq2_0', 'hqq') or None."""
+    for name, detect in (("tq2_0", detect_tq2_0), ("hqq", detect_hqq)):
+        if not detect(modules, cfg, ckpt, findings):
+            continue
         for m in modules:
             if not m.packed and tuple(m.weight.shape) != tuple(m.logical):
                 raise InspectError(f"{m.where()}: shape {list(m.weight.shape)}, config.json implies "
                                    f"{list(m.logical)} for {[p for p, _ in m.parts]} (unpacked float weight)")
             if not m.packed:
                 _scale_layout(m, ckpt)
-        return
+        return name
+    return _infer_plain(modules, cfg, ckpt, findings)
+
+
+def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> None:
     bits = choose_bits(modules, cfg, findings)
     for m in modules:
         m.bits = bits
@@ -721,7 +779,8 @@ def _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings) -> Candi
 
     valid = [s for s in scored if math.isfinite(s.loss)]
     record = next((m.record for m in modules if m.packed), None)
-    prior = min(valid, key=lambda s: prior_rank(s.cand, cfg, record))
+    hqq = any(m.zero_kw for m in modules)
+    prior = min(valid, key=lambda s: prior_rank(s.cand, cfg, record, hqq))
     best = scored[0]
     if prior.fp == best.fp:
         return best.cand
@@ -750,17 +809,26 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     findings.append(Finding("key mapping", f"{len(modules)} linear tensors, {len(floats)} float tensors",
                             f"{len(fused)} fused ({sorted({m.role for m in fused})}) split by config.json sizes"
                             if fused else "no fused tensors", "high"))
-    infer_structure(modules, cfg, ckpt, findings)
-    zero_code = check_zero_points(modules, ckpt, findings, cfg)
-    tables = code_candidates(modules, zero_code, findings, cfg)
-    ops = op_candidates(modules, cfg, ckpt, findings)
+    convention = infer_structure(modules, cfg, ckpt, findings)
+    if convention == "hqq":  # codes decode to q, values = q - zero (integer zero points checked above)
+        tables = [(0, 1, 2, 3)]
+        findings.append(Finding("code table", "identity (q), values q - zero", "HQQ: W = (q - zero) * scale",
+                                "high (structure)"))
+    else:
+        zero_code = check_zero_points(modules, ckpt, findings, cfg)
+        tables = code_candidates(modules, zero_code, findings, cfg)
+    if convention == "hqq":  # W = (q - zero) * scale by definition
+        ops = ["multiply"]
+        findings.append(Finding("scale op", "multiply", "HQQ dequantises (W_q - zero) * scale", "high (structure)"))
+    else:
+        ops = op_candidates(modules, cfg, ckpt, findings)
     unpacked = [m for m in modules if m.weight.kind in ("ternary_float", "float")]
     if unpacked:
         findings.append(Finding("unpacked weights", f"{len(unpacked)} modules stored as float",
                                 f"kinds {sorted({m.weight.kind for m in unpacked})}; decoded as is", "high"))
     if tables:
         single = all(INT_DTYPES[m.weight.dtype] == m.bits for m in modules if m.packed)  # 1 value/element
-        orders = ("lsb",) if single else ("lsb", "msb")
+        orders = ("lsb",) if single else (("msb", "lsb") if convention == "hqq" else ("lsb", "msb"))
         cands = [Candidate(t, bo, ln, blk, op) for ln, blk in lane_options(modules) for bo in orders
                  for t in tables for op in ops]  # grouped by layout: DecodeCache unpacks each layout once
     else:

@@ -24,6 +24,11 @@ Conventions (``FORMATS`` keys):
                       (multiply); GGUF tensor names, no separate scale tensor.  Writes per-256
                       group multipliers (``Logical.with_group_jitter(256)``); a partial last block
                       (K % 256, which llama.cpp itself never writes) is padded with code 1 (= 0)
+  hqq                 HQQ 2-bit (mobiusml/hqq, axis=1, group 64), ternary case: per module ``W_q`` uint8
+                      [N*K/256, 64] = BitPack.pack_2bit_u8 of the group view W.reshape(-1, 64) (four
+                      axis-0 chunks, chunk 0 in bits 7-6), ``scale`` / ``zero`` fp16 [N*K/64, 1];
+                      q = w + z with an integer zero z in {1, 2} per group; W = (q - z) * scale.
+                      Only W_q / scale / zero are written (no HQQ meta tensors)
   i2s                 bitnet.cpp I2_S: uint8 [N, K/4], per 128-block byte j = elems j, 32+j, 64+j,
                       96+j at bits 7-6 .. 1-0, 0->-1 1->0 2->+1, one f32 scale; GGUF tensor names
   trilm               fp16 [N, K] with values {-s, 0, +s}, one s per model-parallel shard
@@ -337,6 +342,28 @@ def w_tq2_0(lg: Logical):
     return sd, None, Truth(tern, mult, "tq2_0")
 
 
+HQQ_GROUP = 64
+HQQ_SPEC = PackSpec(bits=2, container="uint8", pack_axis=0, lanes="blocked", bit_order="msb", codes=(0, 1, 2, 3),
+                    group_view=HQQ_GROUP)
+
+
+def w_hqq(lg: Logical, seed: int = 0):
+    """HQQ 2-bit with integer per-group zero points (see module docstring)."""
+    g = torch.Generator().manual_seed(seed)
+    sd, tern, mult = _floats(lg, "hf"), {}, {}
+    for mod, t in lg.ternary.items():
+        n, k = t.shape
+        groups = n * k // HQQ_GROUP
+        z = torch.randint(1, 3, (n, k // HQQ_GROUP), generator=g)  # zero 1 (codes 0..2) or 2 (codes 1..3)
+        q = t.to(torch.int64) + z.repeat_interleave(HQQ_GROUP, dim=1)
+        sd[f"{mod}.W_q"] = pack(q, HQQ_SPEC)
+        s = _group(lg.mult[mod], n, k, HQQ_GROUP).to(torch.float16)  # (N, K/G)
+        sd[f"{mod}.scale"] = s.reshape(groups, 1).contiguous()
+        sd[f"{mod}.zero"] = z.to(torch.float16).reshape(groups, 1).contiguous()
+        tern[mod], mult[mod] = t, s.float().repeat_interleave(HQQ_GROUP, dim=1)
+    return sd, None, Truth(tern, mult, "hqq")
+
+
 def w_trilm(lg: Logical, shards: int = 2, per_row: bool = False):
     """fp16 [N, K] = T * s_shard; column-parallel modules (q,k,v,gate,up) shard rows, row-parallel
     ones (o, down) shard columns (Megatron), each shard with its own absmean-style s."""
@@ -450,6 +477,7 @@ FORMATS: dict[str, Callable] = {
     "gptq": lambda lg: w_gptq(lg, 64),
     "i2s": w_i2s,
     "tq2_0": w_tq2_0,
+    "hqq": w_hqq,
     "trilm": lambda lg: w_trilm(lg, shards=2),
     "trilm-row": lambda lg: w_trilm(lg, per_row=True),
     "bitnet-gpu": w_bitnet_gpu,

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAINED = ROOT / "models" / "tiny-trained"
 JITTER = {"seed", "seed-msb", "group", "compressed-tensors", "compressed-tensors-group", "gptq", "int8-ternary",
           "uint8-ternary-perm", "nibble-ternary", "compressed-tensors-int4-ternary"}  # channel / group scales
-GROUP_JITTER = {"tq2_0": 256}  # per-block scales (llama.cpp TQ2_0: one fp16 d per 256 inputs)
+GROUP_JITTER = {"tq2_0": 256, "hqq": 64}  # per-block scales (llama.cpp TQ2_0: one fp16 d per 256 inputs)
 SCALE_RTOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3}  # rounding of a stored scale
 
 
@@ -427,3 +427,42 @@ def test_tq2_0_non_finite_block_scale_is_named(bad, logical, tmp_path):
         decode_linear(Checkpoint(out), entry, "model.layers.2.self_attn.k_proj")
     msg = str(e.value)
     assert key in msg and "row 5 block 0" in msg and "expected finite scales" in msg
+
+
+# ---------------------------------------------------------------------------------------
+# HQQ 2-bit with integer zero points (ternary case)
+
+
+@pytest.mark.parametrize("use_loss", [False, True])
+def test_hqq_structure_and_prior(use_loss, logical, tmp_path):
+    """HQQ W_q / scale / zero: the group view, HQQ's chunk layout (blocked, chunk 0 in the high bits),
+    group scales and per-group zero points are found; wrong lanes decode non-ternary (q - z) and
+    are invalid candidates."""
+    lg = logical.with_group_jitter(64, seed=6)
+    out = tmp_path / "hqq"
+    truth = synth.write("hqq", lg, out)
+    res = inspect_dir(out, use_loss=use_loss)
+    check_recovered(out, res.spec, truth, lg, 1e-3)
+    e = res.spec.linears["model.layers.2.mlp.up_proj"]
+    assert (e.pack.group_view, e.pack.pack_axis, e.pack.lanes, e.pack.bit_order) == (64, 0, "blocked", "msb")
+    assert e.zero.key == "model.layers.2.mlp.up_proj.zero" and e.scale.granularity == "group"
+    assert "model.layers.2.mlp.up_proj.zero" not in res.spec.ignored
+    assert any(f.what == "block structure" and "HQQ" in f.decision for f in res.findings)
+
+
+def test_hqq_non_integer_zero_is_not_ternary(logical, tmp_path):
+    from reference.inspect import InspectError
+
+    out = tmp_path / "hqq"
+    synth.write("hqq", logical, out)
+    key = "model.layers.0.self_attn.o_proj.zero"
+
+    def frac(z):
+        z[7] = 1.25
+        return z
+
+    _rewrite(out, key, frac)
+    with pytest.raises(InspectError) as e:
+        inspect_dir(out, use_loss=False)
+    msg = str(e.value)
+    assert key in msg and "non-integer" in msg and "1.25 at group 7" in msg and "not ternary" in msg

@@ -477,3 +477,101 @@ def test_tq2_0_inconsistent_in_block_scale_is_refused(bad):
     sc = dataclasses.replace(tq2_0_scale("w"), **bad)
     with pytest.raises(FormatError, match="in-block scale"):
         LinearEntry(weight_key="w", shape=(4, 256), pack=TQ2_0, scale=sc)
+
+
+# ---------------------------------------------------------------------------------------
+# HQQ 2-bit (mobiusml/hqq hqq/core/quantize.py: Quantizer.quantize axis=1, BitPack.pack_2bit_u8)
+
+
+def hqq_pack_2bit_u8(W_q: torch.Tensor) -> torch.Tensor:
+    """mobiusml/hqq BitPack.pack_2bit_u8, verbatim: four axis-0 chunks, chunk 0 in bits 7-6."""
+    W_q = W_q.to(torch.uint8)
+    _step = int(len(W_q) / 4)
+    return W_q[:_step] << 6 | W_q[_step:2 * _step] << 4 | W_q[2 * _step:3 * _step] << 2 | W_q[3 * _step:]
+
+
+def hqq_dequantize(W_q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, shape) -> torch.Tensor:
+    """Quantizer.dequantize for nbits=2 (BitPack.unpack_2bit_u8, then (W_q - zero) * scale, reshape),
+    in float32 (HQQ computes in the model's compute dtype)."""
+    W_q_p = torch.cat([(W_q & 0b11000000) >> 6, (W_q & 0b00110000) >> 4, (W_q & 0b00001100) >> 2,
+                       W_q & 0b00000011], axis=0).float()
+    return ((W_q_p - zero.float()) * scale.float()).reshape(shape)
+
+
+def test_hqq_matches_bitpack_and_dequantize(logical, tmp_path):
+    """W_q = HQQ's pack_2bit_u8 of the axis=1 group view of q = w + z (z in {1, 2} per group);
+    HQQ's dequantize of what synth wrote = the ground truth; the spec decode agrees bit for bit."""
+    from reference.formats import ScaleSpec
+    from reference.spec import LinearEntry, decode_linear
+
+    lg = logical.with_group_jitter(64, seed=5)
+    ck, truth = _write("hqq", lg, tmp_path)
+    for mod in (Q, D):
+        t = lg.ternary[mod]
+        n, k = t.shape
+        W_q, s, z = ck.get(f"{mod}.W_q"), ck.get(f"{mod}.scale"), ck.get(f"{mod}.zero")
+        assert W_q.dtype == torch.uint8 and W_q.shape == (n * k // 64 // 4, 64)
+        assert s.shape == z.shape == (n * k // 64, 1) and s.dtype == z.dtype == torch.float16
+        assert set(torch.unique(z).tolist()) == {1.0, 2.0}  # both zero points occur
+        q = (t.reshape(-1, 64).to(torch.int64) + z.to(torch.int64))  # axis=1 view: one row per group
+        assert torch.equal(W_q, hqq_pack_2bit_u8(q))
+        eff = hqq_dequantize(W_q, s, z, (n, k))
+        assert torch.equal(eff, truth.effective(mod))
+        torch.testing.assert_close(eff, lg.effective(mod), rtol=1e-3, atol=0)
+        e = LinearEntry(weight_key=f"{mod}.W_q", shape=(n, k), pack=synth.HQQ_SPEC,
+                        scale=ScaleSpec(f"{mod}.scale", "group", group_size=64),
+                        zero=ScaleSpec(f"{mod}.zero", "group", group_size=64))
+        d = decode_linear(ck, e, mod)
+        assert torch.equal(d.values, t) and torch.equal(d.effective(), eff)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=hst.integers(1, 12), groups=hst.integers(1, 6), g=hst.sampled_from([4, 16, 64]),
+       order=hst.sampled_from(["lsb", "msb"]), lanes=hst.sampled_from(["interleaved", "blocked"]),
+       seed=hst.integers(0, 2**16))
+def test_group_view_roundtrip(n, groups, g, order, lanes, seed):
+    """Any packing of the [N*K/G, G] group view (padding when N*K/G is not a multiple of 4)."""
+    spec = PackSpec(bits=2, container="uint8", pack_axis=0, lanes=lanes, bit_order=order, codes=(0, 1, 2, 3),
+                    group_view=g)
+    w = torch.randint(0, 4, (n, groups * g), generator=torch.Generator().manual_seed(seed))
+    assert torch.equal(unpack(pack(w, spec), spec, (n, groups * g)).to(torch.int64), w)
+
+
+def test_hqq_zero_points_must_make_ternary_values(logical, tmp_path):
+    """A non-integer zero point, or an integer one that puts (q - z) outside {-1, 0, 1}: a clear
+    'not ternary' error naming the tensor."""
+    from safetensors.torch import load_file, save_file
+
+    from reference.checkpoint import CheckpointError
+    from reference.formats import ScaleSpec
+    from reference.spec import LinearEntry, decode_linear
+
+    out = tmp_path / "hqq"
+    synth.write("hqq", logical, out)
+    sd = load_file(str(out / "model.safetensors"))
+    n, k = logical.ternary[D].shape
+    e = LinearEntry(weight_key=f"{D}.W_q", shape=(n, k), pack=synth.HQQ_SPEC,
+                    scale=ScaleSpec(f"{D}.scale", "group", group_size=64),
+                    zero=ScaleSpec(f"{D}.zero", "group", group_size=64))
+    for bad, want in ((1.5, "non-integer values (e.g. 1.5 at element 3)"), (3.0, "not ternary")):
+        z = sd[f"{D}.zero"].clone()
+        z[3] = bad
+        save_file({**sd, f"{D}.zero": z}, str(out / "model.safetensors"), metadata={"format": "pt"})
+        with pytest.raises(CheckpointError) as ei:
+            decode_linear(Checkpoint(out), e, D)
+        assert f"{D}.zero" in str(ei.value) and want in str(ei.value) and "not ternary" in str(ei.value)
+
+
+def test_hqq_spec_json_roundtrip_and_old_json_unchanged():
+    import json
+
+    from reference.formats import ScaleSpec
+    from reference.spec import LinearEntry
+
+    e = LinearEntry(weight_key="m.W_q", shape=(8, 128), pack=synth.HQQ_SPEC,
+                    scale=ScaleSpec("m.scale", "group", group_size=64), zero=ScaleSpec("m.zero", "group", group_size=64))
+    d = json.loads(json.dumps(e.to_dict()))
+    assert d["pack"]["group_view"] == 64 and d["zero"]["key"] == "m.zero"
+    assert LinearEntry.from_dict(d) == e
+    od = LinearEntry(weight_key="w", shape=(4, 8), pack=synth.SEED).to_dict()
+    assert "zero" not in od and "group_view" not in od["pack"]

@@ -285,3 +285,15 @@ def test_tq2_0_runs_in_vllm(tmp_path):
     assert spec.linears[f"{P0}.mlp.down_proj"].scale.granularity == "block"
     ids = torch.randint(3, 512, (2, 24), generator=torch.Generator().manual_seed(0))
     _capture_and_compare(d, ids, "fp32-a8", spec_path=d / "ternary_spec.json")
+
+
+def test_hqq_zero_points_are_refused_by_name(tmp_path):
+    """Per-group zero points (HQQ) are not loaded by the plugin: the key map refuses them by module."""
+    from reference.formats import ScaleSpec
+
+    e = LinearEntry(weight_key=f"{P0}.mlp.down_proj.W_q", shape=(128, 384), pack=synth.HQQ_SPEC,
+                    scale=ScaleSpec(f"{P0}.mlp.down_proj.scale", "group", group_size=64),
+                    zero=ScaleSpec(f"{P0}.mlp.down_proj.zero", "group", group_size=64))
+    spec = CheckpointSpec(name="hqq", linears={f"{P0}.mlp.down_proj": e}, tensors={})
+    with pytest.raises(km.KeyMapError, match=r"mlp\.down_proj has per-group zero points .*down_proj\.zero"):
+        km.build_key_map(spec, {})

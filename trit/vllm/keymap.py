@@ -127,6 +127,10 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
         out.setdefault(key, []).append(t)
 
     for mod, e in spec.linears.items():
+        if e.zero is not None:
+            raise KeyMapError(f"spec {spec.name!r}: {mod} has per-group zero points {e.zero.key!r} (HQQ-style "
+                              f"W = (q - z) * s), which the vLLM plugin does not load yet; decode the checkpoint "
+                              f"with `python -m reference.decode` and serve the float weights instead")
         layer, sid = vllm_target(mod)
         add(e.weight_key, Target(f"{layer}.weight", sid, "weight", mod))
         if e.scale is not None:
