@@ -329,7 +329,7 @@ def tq2_0_dequantize_ref(raw: torch.Tensor, k: int) -> torch.Tensor:
         out = []
         for i in range(k // 256):
             blk = raw[r, i * 66:(i + 1) * 66]
-            d = float(blk[64:66].contiguous().view(torch.float16)[0])
+            d = float(blk[64:66].clone().view(torch.float16)[0])
             for j in (0, 32):
                 for l in range(4):
                     for m in range(32):
