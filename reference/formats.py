@@ -580,7 +580,8 @@ def record_scales(packed: torch.Tensor, spec: ScaleSpec, shape: tuple[int, int],
         raise FormatError(f"{name}: scale {spec.key!r} is {spec.granularity!r}, not an in-block scale")
     dt, width = RECORD_SCALE_DTYPES[spec.dtype]
     rec = _record_view(packed.detach(), spec, shape, name)
-    raw = rec[:, :, spec.byte_offset:spec.byte_offset + width].clone()  # clone: an aligned copy (view needs it)
+    # a fresh row-major copy: view() needs aligned strides, which a slice (even a contiguous one) lacks
+    raw = rec[:, :, spec.byte_offset:spec.byte_offset + width].clone(memory_format=torch.contiguous_format)
     s = raw.view(dt).reshape(rec.shape[0], rec.shape[1]).to(torch.float32)
     bad = ~torch.isfinite(s)
     if bool(bad.any()):

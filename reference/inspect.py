@@ -309,7 +309,8 @@ def _tq2_evidence(m: Module, ckpt: Checkpoint) -> dict:
     """In-block fp16 d of every 66-byte block and the 2-bit code histogram of the 64 code bytes."""
     n, k = m.logical
     rec = ckpt.get(m.weight.name).reshape(n, -1, TQ2_RECORD[1])
-    d = rec[:, :, TQ2_SCALE_OFFSET:TQ2_SCALE_OFFSET + 2].clone().view(torch.float16).reshape(n, -1).float()
+    d = rec[:, :, TQ2_SCALE_OFFSET:TQ2_SCALE_OFFSET + 2].clone(memory_format=torch.contiguous_format)
+    d = d.view(torch.float16).reshape(n, -1).float()
     finite = torch.isfinite(d)
     codes = rec[:, :, :TQ2_SCALE_OFFSET].to(torch.int64)
     slot = [torch.bincount(((codes >> (2 * s)) & 3).reshape(-1), minlength=4).tolist() for s in range(4)]
