@@ -12,7 +12,9 @@ Pipeline (each step records its evidence and a confidence for the report):
                granularity / group size, zero-point and g_idx sanity, code table: three used codes
                = ternary (unused codes; the +-1 pair = the two used codes with the closest counts;
                the third is 0), more = symmetric integer levels (int2 {-2..1}, int4 {-8..7}: offset
-               binary or two's complement)
+               binary or two's complement).  Two conventions are recognised by their block structure
+               first: llama.cpp TQ2_0 (uint8 [N, ceil(K/256)*66], fp16 scale inside each 66-byte
+               block) and HQQ 2-bit (W_q [N*K/G/4, G] + per-group scale and integer zero points)
   4. search    what statistics cannot tell (+-1 swap, bit order, lane layout and block,
                multiply/divide when config and magnitudes are silent) is scored by the reference
                model's loss on a text sample; identical decodes are merged; the margin to the
