@@ -23,6 +23,19 @@ Where a logical element lands is fixed by three things:
 
 * ``codes`` — code -> value (``None`` = unused code; decoding one is an error).
 
+* ``record`` — ``(E, R)``: along the pack axis every ``E`` logical elements are stored as one
+  record of ``R`` bytes whose first ``E / V`` bytes hold the codes (the lanes above apply inside
+  the record) and whose remaining bytes carry side data, e.g. the in-block fp16 scale of
+  llama.cpp TQ2_0 (``block_tq2_0``: 256 values = ``qs[64]`` + fp16 ``d`` = 66 bytes; see
+  ``ScaleSpec`` granularity ``block``).  ``pack`` zero-fills the side bytes
+  (``write_record_scales`` fills in the scales); ``unpack`` skips them.  uint8, pack axis 1,
+  not transposed; ``None`` (the default, omitted from JSON) = no records.
+
+* ``group_view`` — ``G``: the packed matrix is not ``W[N, K]`` but its row-major view
+  ``W.reshape(N * K / G, G)`` (one row per group of G consecutive inputs; HQQ quantises and
+  packs that view with ``axis=1``); everything above applies to the view.  Needs ``K % G == 0``.
+  ``None`` (the default, omitted from JSON) = the matrix itself.
+
 ``transposed`` means the stored tensor is the transpose of the packed matrix (GPTQ stores
 ``qweight`` as ``[K/16, N]``).  Padding (L not a multiple of the block) is filled with
 ``pad_code`` and cropped on unpack, so ``unpack(pack(W)) == W`` for any shape.
@@ -51,13 +64,21 @@ class FormatError(ValueError):
     """A tensor does not match the format it is declared to have."""
 
 
+#: in-block (record) scale dtypes: name -> (torch dtype, bytes)
+RECORD_SCALE_DTYPES: dict[str, tuple[torch.dtype, int]] = {"float16": (torch.float16, 2)}
+
+
 @dataclass(frozen=True)
 class ScaleSpec:
     """How a scale tensor turns the integer matrix into effective weights.
 
     granularity: ``tensor`` (one value; with ``index`` set, element ``index`` of a vector of
     per-sub-matrix scales), ``channel`` (one per output row, shape [N] or [N, 1]),
-    ``group`` (``[N, ceil(K / group_size)]``, groups of ``group_size`` consecutive inputs).
+    ``group`` (``[N, ceil(K / group_size)]``, groups of ``group_size`` consecutive inputs),
+    ``block`` (one scale per record of the packed weight, stored *inside* it: ``key`` is the
+    weight's own key, ``group_size`` the record's elements, ``record_bytes`` its size,
+    ``byte_offset`` where the ``dtype`` (``float16``) scale starts; llama.cpp TQ2_0:
+    256 / 66 / 64).
     op: ``multiply`` (W = T * s) or ``divide`` (W = T / s, transformers' ``bitlinear``).
     """
 
@@ -67,14 +88,41 @@ class ScaleSpec:
     group_size: Optional[int] = None
     index: Optional[int] = None
     transposed: bool = False  # stored as [groups, N] (GPTQ ``scales``)
+    # granularity "block" only (None otherwise, and then omitted from JSON):
+    record_bytes: Optional[int] = None
+    byte_offset: Optional[int] = None
+    dtype: Optional[str] = None
 
     def __post_init__(self):
-        if self.granularity not in ("tensor", "channel", "group"):
+        if self.granularity not in ("tensor", "channel", "group", "block"):
             raise FormatError(f"scale {self.key!r}: unknown granularity {self.granularity!r}")
         if self.op not in ("multiply", "divide"):
             raise FormatError(f"scale {self.key!r}: op must be 'multiply' or 'divide', got {self.op!r}")
-        if self.granularity == "group" and (self.group_size is None or self.group_size < 1):
-            raise FormatError(f"scale {self.key!r}: granularity 'group' needs group_size >= 1")
+        if self.granularity in ("group", "block") and (self.group_size is None or self.group_size < 1):
+            raise FormatError(f"scale {self.key!r}: granularity {self.granularity!r} needs group_size >= 1")
+        rec = (self.record_bytes, self.byte_offset, self.dtype)
+        if self.granularity == "block":
+            if self.dtype not in RECORD_SCALE_DTYPES:
+                raise FormatError(f"scale {self.key!r}: in-block scale dtype must be one of "
+                                  f"{sorted(RECORD_SCALE_DTYPES)}, got {self.dtype!r}")
+            width = RECORD_SCALE_DTYPES[self.dtype][1]
+            if self.record_bytes is None or self.byte_offset is None or self.byte_offset < 0 \
+                    or self.byte_offset + width > self.record_bytes:
+                raise FormatError(f"scale {self.key!r}: an in-block {self.dtype} scale needs record_bytes and a "
+                                  f"byte_offset with byte_offset + {width} <= record_bytes, got {rec[:2]}")
+            if self.transposed or self.index is not None:
+                raise FormatError(f"scale {self.key!r}: an in-block scale is neither transposed nor indexed")
+        elif any(v is not None for v in rec):
+            raise FormatError(f"scale {self.key!r}: record_bytes / byte_offset / dtype belong to granularity "
+                              f"'block', not {self.granularity!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form; the 'block' fields are omitted when unset (older specs stay byte-identical)."""
+        d = dataclasses.asdict(self)
+        for f in ("record_bytes", "byte_offset", "dtype"):
+            if d[f] is None:
+                del d[f]
+        return d
 
 
 @dataclass(frozen=True)
@@ -90,6 +138,8 @@ class PackSpec:
     codes: tuple = (-1, 0, 1, None)
     transposed: bool = False
     pad_code: int = 0
+    record: Optional[tuple] = None  # (elements, bytes) per record; see module docstring
+    group_view: Optional[int] = None  # G: pack W.reshape(N*K/G, G) (HQQ axis=1); see module docstring
 
     def __post_init__(self):
         if self.container not in CONTAINERS:
@@ -113,6 +163,24 @@ class PackSpec:
             raise FormatError(f"bit_order must be 'lsb' or 'msb', got {self.bit_order!r}")
         if not 0 <= self.pad_code < len(self.codes):
             raise FormatError(f"pad_code {self.pad_code} is not a code")
+        if self.group_view is not None and (self.group_view < 1 or self.record is not None):
+            raise FormatError(f"group_view must be >= 1 and exclusive of record, got {self.group_view}")
+        if self.record is not None:
+            if len(self.record) != 2:
+                raise FormatError(f"record must be (elements, bytes), got {self.record!r}")
+            object.__setattr__(self, "record", tuple(int(x) for x in self.record))
+            e, r = self.record
+            if self.container != "uint8" or self.pack_axis != 1 or self.transposed:
+                raise FormatError(f"record {self.record}: records are uint8 rows packed along axis 1, not "
+                                  f"transposed (got {self.container}, pack_axis={self.pack_axis}, "
+                                  f"transposed={self.transposed})")
+            if self.lanes == "blocked":
+                raise FormatError(f"record {self.record}: 'blocked' lanes span the whole axis, not a record")
+            if e < 1 or e % self.block_len(e) or e // self.values_per_container >= r:
+                raise FormatError(
+                    f"record {self.record}: {e} elements must be a multiple of the lane block "
+                    f"({self.block_len(e)}) and their {e // max(1, self.values_per_container)} code bytes must "
+                    f"leave room in a {r}-byte record")
 
     # ---- derived sizes -------------------------------------------------------------
     @property
@@ -131,12 +199,28 @@ class PackSpec:
             return max(1, -(-axis_len // v)) * v
         return int(self.block)
 
+    @property
+    def code_bytes(self) -> int:
+        """Code containers per record (records only)."""
+        return self.record[0] // self.values_per_container
+
     def packed_len(self, axis_len: int) -> int:
+        if self.record is not None:
+            return -(-axis_len // self.record[0]) * self.record[1]
         b = self.block_len(axis_len)
         return -(-axis_len // b) * (b // self.values_per_container)
 
-    def packed_shape(self, shape: tuple[int, int]) -> tuple[int, int]:
+    def view_shape(self, shape: tuple[int, int]) -> tuple[int, int]:
+        """The matrix that is packed: ``shape`` itself, or its [N*K/G, G] group view."""
         n, k = shape
+        if self.group_view is None:
+            return (n, k)
+        if k % self.group_view:
+            raise FormatError(f"group_view {self.group_view} needs K % {self.group_view} == 0, K = {k}")
+        return (n * k // self.group_view, self.group_view)
+
+    def packed_shape(self, shape: tuple[int, int]) -> tuple[int, int]:
+        n, k = self.view_shape(shape)
         s = [n, k]
         s[self.pack_axis] = self.packed_len(s[self.pack_axis])
         return (s[1], s[0]) if self.transposed else (s[0], s[1])
@@ -149,7 +233,14 @@ class PackSpec:
         v = self.values_per_container
         out = []
         packed = (a, b)[self.pack_axis]
-        for length in range(max(1, (packed - 1) * v - 256), packed * v + 1):
+        if self.record is not None:
+            if packed % self.record[1]:
+                return []
+            top = packed // self.record[1] * self.record[0]
+            lengths = range(max(1, top - self.record[0] + 1), top + 1)
+        else:
+            lengths = range(max(1, (packed - 1) * v - 256), packed * v + 1)
+        for length in lengths:
             if self.packed_len(length) == packed:
                 s = [a, b]
                 s[self.pack_axis] = length
@@ -169,6 +260,12 @@ class PackSpec:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["codes"] = list(self.codes)
+        if self.group_view is None:
+            del d["group_view"]  # absent: JSON of the other formats unchanged
+        if self.record is None:
+            del d["record"]  # absent: JSON of record-less formats unchanged
+        else:
+            d["record"] = list(self.record)
         return d
 
     @classmethod
@@ -230,6 +327,11 @@ def pack_codes(codes: torch.Tensor, spec: PackSpec) -> torch.Tensor:
     """codes int [N, K] (each in [0, 2**bits)) -> packed container tensor."""
     if codes.dim() != 2:
         raise FormatError(f"pack expects a 2-D code matrix, got shape {tuple(codes.shape)}")
+    if spec.group_view is not None:
+        n, k = codes.shape
+        return pack_codes(codes.reshape(spec.view_shape((n, k))), spec.replace(group_view=None))
+    if spec.record is not None:
+        return _pack_records(codes, spec)
     # containers of <= 16 bits are assembled in int32 (exact: words < 2**16), wider ones in int64;
     # the narrow path keeps multi-GB checkpoints (8B shapes) to seconds per layer
     wide = spec.bits * spec.values_per_container > 16
@@ -257,20 +359,40 @@ def pack_codes(codes: torch.Tensor, spec: PackSpec) -> torch.Tensor:
     return packed.contiguous()
 
 
+def _pack_records(codes: torch.Tensor, spec: PackSpec) -> torch.Tensor:
+    """Codes [N, K] -> uint8 [N, ceil(K/E) * R]: each record's code bytes, then zeroed side bytes."""
+    e, r = spec.record
+    n, k = codes.shape
+    nrec = -(-k // e)
+    full = torch.full((n, nrec * e), spec.pad_code, dtype=codes.dtype)
+    full[:, :k] = codes
+    inner = pack_codes(full, spec.replace(record=None)).view(n, nrec, spec.code_bytes)
+    side = torch.zeros(n, nrec, r - spec.code_bytes, dtype=torch.uint8)
+    return torch.cat([inner, side], dim=2).reshape(n, nrec * r).contiguous()
+
+
 def _oriented(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int]) -> tuple[torch.Tensor, int]:
     """Validate ``packed`` against ``spec`` / ``shape``; return it as (rows, containers) with the
     pack axis last, and the logical length of that axis."""
     n, k = shape
     want = spec.packed_shape((n, k))
     if tuple(packed.shape) != tuple(want):
+        rec = "" if spec.record is None else (
+            f"; {spec.record[1]}-byte records of {spec.record[0]} values: width ceil({k}/{spec.record[0]}) * "
+            f"{spec.record[1]} = {want[1]}" + ("" if len(packed.shape) != 2 or packed.shape[-1] % spec.record[1] == 0
+                                              else f", and {packed.shape[-1]} is not a multiple of {spec.record[1]}"))
         raise FormatError(
             f"packed tensor has shape {tuple(packed.shape)}, a logical {n}x{k} matrix in this format "
-            f"needs {want} (pack_axis={spec.pack_axis}, lanes={spec.lanes}, {spec.values_per_container}/container)")
+            f"needs {want} (pack_axis={spec.pack_axis}, lanes={spec.lanes}, {spec.values_per_container}/container"
+            f"{rec})")
     if packed.dtype != spec.torch_dtype:
         raise FormatError(f"packed tensor has dtype {packed.dtype}, format says {spec.container}")
     p = packed.t() if spec.transposed else packed
     if spec.pack_axis == 0:
         p = p.t()
+    if spec.record is not None:  # keep each record's code bytes, drop its side data
+        nrec = p.shape[1] // spec.record[1]
+        p = p.reshape(p.shape[0], nrec, spec.record[1])[:, :, :spec.code_bytes].reshape(p.shape[0], -1)
     return p, (n, k)[spec.pack_axis]
 
 
@@ -287,6 +409,8 @@ def _place(fields: torch.Tensor, spec: PackSpec, length: int) -> torch.Tensor:
 
 def unpack_codes(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int]) -> torch.Tensor:
     """packed container tensor -> codes int64 [N, K] for the logical ``shape``."""
+    if spec.group_view is not None:
+        return unpack_codes(packed, spec.replace(group_view=None), spec.view_shape(shape)).reshape(shape)
     p, length = _oriented(packed, spec, shape)
     words = _from_container(p, spec)  # (rows, C)
     mask = (1 << spec.bits) - 1
@@ -336,6 +460,9 @@ def unpack(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int], *, name
            strict: bool = True) -> torch.Tensor:
     """packed -> logical integer values int8 [N, K] (int16 when a value does not fit int8), on
     the device of ``packed``.  An unused code is an error if ``strict``."""
+    if spec.group_view is not None:
+        inner = spec.replace(group_view=None)
+        return unpack(packed, inner, spec.view_shape(shape), name=name, strict=strict).reshape(shape)
     vals, unused = code_lut(spec)
     if CONTAINERS[spec.container][1] == 8:
         wide = bool((vals.abs() > 127).any())
@@ -390,7 +517,10 @@ def expand_scale(scale: torch.Tensor, spec: ScaleSpec, shape: tuple[int, int], *
     """Scale tensor -> float32 multiplier broadcastable to [N, K] (``divide`` inverted),
     for the row slice ``rows`` of a fused matrix.  Validates shape and finiteness."""
     n, k = shape
-    s = scale.detach().to(torch.float32)
+    if spec.granularity == "block":
+        s = record_scales(scale, spec, shape, name=name)  # (N, ceil(K / E)), finite
+    else:
+        s = scale.detach().to(torch.float32)
     if not bool(torch.isfinite(s).all()):
         raise FormatError(f"{name}: scale {spec.key!r} has NaN/Inf values")
     if spec.granularity == "tensor":
@@ -406,12 +536,16 @@ def expand_scale(scale: torch.Tensor, spec: ScaleSpec, shape: tuple[int, int], *
         if s.numel() != n:
             raise FormatError(f"{name}: per-channel scale {spec.key!r} must have {n} elements, has shape {tuple(s.shape)}")
         m = s.reshape(n, 1)
+    elif spec.granularity == "block":
+        m = s.repeat_interleave(spec.group_size, dim=1)[:, :k]
     else:
         g = -(-k // spec.group_size)
         if spec.transposed:
             s = s.t() if s.dim() == 2 else s
+        elif tuple(s.shape) in ((n * g,), (n * g, 1)) and n * g > 1:  # one per group, row-major (HQQ axis=1)
+            s = s.reshape(n, g)
         if tuple(s.shape) != (n, g):
-            raise FormatError(f"{name}: group scale {spec.key!r} must have shape {(n, g)} "
+            raise FormatError(f"{name}: group scale {spec.key!r} must have shape {(n, g)} or {(n * g, 1)} "
                               f"(group_size {spec.group_size}), has {tuple(scale.shape)}")
         m = s.repeat_interleave(spec.group_size, dim=1)[:, :k]
     if rows is not None and m.shape[0] > 1:
@@ -421,6 +555,56 @@ def expand_scale(scale: torch.Tensor, spec: ScaleSpec, shape: tuple[int, int], *
             raise FormatError(f"{name}: scale {spec.key!r} is zero but the format divides by it")
         m = 1.0 / m
     return m
+
+
+def _record_view(packed: torch.Tensor, spec: ScaleSpec, shape: tuple[int, int], name: str) -> torch.Tensor:
+    """uint8 [N, nrec * R] -> [N, nrec, R] after checking it holds ceil(K / E) records per row."""
+    n, k = shape
+    r, e = spec.record_bytes, spec.group_size
+    nrec = -(-k // e)
+    if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[0] != n or packed.shape[1] % r \
+            or packed.shape[1] // r != nrec:
+        raise FormatError(
+            f"{name}: tensor {spec.key!r} must be uint8 [{n}, {nrec * r}] ({nrec} records of {e} values, {r} bytes "
+            f"each, for a logical {n}x{k} matrix), got {packed.dtype} {list(packed.shape)}"
+            + ("" if packed.dim() != 2 or packed.shape[1] % r == 0 else
+               f": width {packed.shape[1]} is not a multiple of the {r}-byte record"))
+    return packed.reshape(n, nrec, r)
+
+
+def record_scales(packed: torch.Tensor, spec: ScaleSpec, shape: tuple[int, int], *,
+                  name: str = "tensor") -> torch.Tensor:
+    """The in-block scales of a record-packed weight (ScaleSpec granularity ``block``) as float32
+    [N, ceil(K / E)]; NaN/Inf is an error naming the tensor, the first bad block and its bytes."""
+    if spec.granularity != "block":
+        raise FormatError(f"{name}: scale {spec.key!r} is {spec.granularity!r}, not an in-block scale")
+    dt, width = RECORD_SCALE_DTYPES[spec.dtype]
+    rec = _record_view(packed.detach(), spec, shape, name)
+    # a fresh row-major copy: view() needs aligned strides, which a slice (even a contiguous one) lacks
+    raw = rec[:, :, spec.byte_offset:spec.byte_offset + width].clone(memory_format=torch.contiguous_format)
+    s = raw.view(dt).reshape(rec.shape[0], rec.shape[1]).to(torch.float32)
+    bad = ~torch.isfinite(s)
+    if bool(bad.any()):
+        row, blk = (int(i) for i in bad.nonzero()[0])
+        raise FormatError(
+            f"{name}: in-block {spec.dtype} scale of tensor {spec.key!r} (bytes {spec.byte_offset}.."
+            f"{spec.byte_offset + width - 1} of each {spec.record_bytes}-byte block) is {float(s[row, blk])} in "
+            f"{int(bad.sum())} of {s.numel()} blocks, first at row {row} block {blk}; expected finite scales")
+    return s
+
+
+def write_record_scales(packed: torch.Tensor, scales: torch.Tensor, spec: ScaleSpec,
+                        shape: tuple[int, int]) -> torch.Tensor:
+    """Inverse of ``record_scales``: a copy of ``packed`` with [N, ceil(K / E)] ``scales`` stored
+    (as ``spec.dtype``) in every record's scale bytes."""
+    dt, width = RECORD_SCALE_DTYPES[spec.dtype]
+    out = packed.clone()
+    rec = _record_view(out, spec, shape, "write_record_scales")
+    if tuple(scales.shape) != tuple(rec.shape[:2]):
+        raise FormatError(f"write_record_scales: {tuple(rec.shape[:2])} scales needed, got {tuple(scales.shape)}")
+    rec[:, :, spec.byte_offset:spec.byte_offset + width] = \
+        scales.to(dt).contiguous().view(torch.uint8).reshape(rec.shape[0], rec.shape[1], width)
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -433,7 +617,20 @@ HF_BITNET = PackSpec(bits=2, container="uint8", pack_axis=0, lanes="blocked", bi
 SEED = PackSpec(bits=2, container="uint8", pack_axis=1, lanes="interleaved", bit_order="lsb",
                 codes=(0, 1, -1, None))
 
-BUILTIN: dict[str, PackSpec] = {"hf-bitnet": HF_BITNET, "seed": SEED}
+#: llama.cpp TQ2_0 (ggml-quants.c ``block_tq2_0``, QK_K = 256): 66-byte blocks of 256 inputs,
+#: ``qs[64]`` then fp16 ``d``; byte m of half h (bytes 32h..32h+31) holds elements 128h + m + 32n
+#: at bits 2n (block_interleaved 128, lsb); code q = w + 1; W = (q - 1) * d.
+TQ2_0 = PackSpec(bits=2, container="uint8", pack_axis=1, lanes="block_interleaved", block=128, bit_order="lsb",
+                 codes=(-1, 0, 1, None), pad_code=1, record=(256, 66))
+
+
+def tq2_0_scale(key: str) -> ScaleSpec:
+    """The in-block fp16 ``d`` of a TQ2_0 weight ``key`` (multiplied)."""
+    return ScaleSpec(key=key, granularity="block", op="multiply", group_size=256, record_bytes=66, byte_offset=64,
+                     dtype="float16")
+
+
+BUILTIN: dict[str, PackSpec] = {"hf-bitnet": HF_BITNET, "seed": SEED, "tq2_0": TQ2_0}
 
 
 # ---------------------------------------------------------------------------------------

@@ -12,7 +12,9 @@ Pipeline (each step records its evidence and a confidence for the report):
                granularity / group size, zero-point and g_idx sanity, code table: three used codes
                = ternary (unused codes; the +-1 pair = the two used codes with the closest counts;
                the third is 0), more = symmetric integer levels (int2 {-2..1}, int4 {-8..7}: offset
-               binary or two's complement)
+               binary or two's complement).  Two conventions are recognised by their block structure
+               first: llama.cpp TQ2_0 (uint8 [N, ceil(K/256)*66], fp16 scale inside each 66-byte
+               block) and HQQ 2-bit (W_q [N*K/G/4, G] + per-group scale and integer zero points)
   4. search    what statistics cannot tell (+-1 swap, bit order, lane layout and block,
                multiply/divide when config and magnitudes are silent) is scored by the reference
                model's loss on a text sample; identical decodes are merged; the margin to the
@@ -34,8 +36,8 @@ from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig
 from .formats import FormatError, PackSpec, unpack_codes
 from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
-from .inspect_search import (BLOCKS, Candidate, axis_margins, build_spec, codes_str, confidence, lane_options,
-                             search)
+from .inspect_search import (BLOCKS, TQ2_0_RECORD, Candidate, axis_margins, build_spec, codes_str, confidence,
+                             lane_options, search)
 from .spec import SPEC_FILENAME, CheckpointSpec, decode_linear, derived_buffer
 
 
@@ -110,6 +112,9 @@ class Module:
     pack_axis: int = 1
     scale_kw: list = field(default_factory=list)  # per part: ScaleSpec kwargs (no key / op)
     bits: int = 2  # code width of a packed weight (2, 4, or 8 = one value per byte)
+    record: Optional[tuple] = None  # (values, bytes) per record: llama.cpp TQ2_0 blocks (256, 66)
+    group_view: Optional[int] = None  # G: codes packed as the [N*K/G, G] group view (HQQ axis=1)
+    zero_kw: Optional[dict] = None  # ScaleSpec kwargs of per-group zero points (HQQ)
 
     @property
     def packed(self) -> bool:
@@ -292,7 +297,160 @@ def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int) -> list
     return out
 
 
-def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> None:
+TQ2_RECORD = TQ2_0_RECORD  # llama.cpp block_tq2_0: QK_K = 256 values in qs[64] + fp16 d
+TQ2_SCALE_OFFSET = 64
+TQ2_SCALE_KW = dict(granularity="block", group_size=256, record_bytes=66, byte_offset=TQ2_SCALE_OFFSET,
+                    dtype="float16")
+
+
+def _tq2_width(k: int) -> int:
+    return -(-k // TQ2_RECORD[0]) * TQ2_RECORD[1]
+
+
+def _tq2_evidence(m: Module, ckpt: Checkpoint) -> dict:
+    """In-block fp16 d of every 66-byte block and the 2-bit code histogram of the 64 code bytes."""
+    n, k = m.logical
+    rec = ckpt.get(m.weight.name).reshape(n, -1, TQ2_RECORD[1])
+    d = rec[:, :, TQ2_SCALE_OFFSET:TQ2_SCALE_OFFSET + 2].clone(memory_format=torch.contiguous_format)
+    d = d.view(torch.float16).reshape(n, -1).float()
+    finite = torch.isfinite(d)
+    codes = rec[:, :, :TQ2_SCALE_OFFSET].to(torch.int64)
+    slot = [torch.bincount(((codes >> (2 * s)) & 3).reshape(-1), minlength=4).tolist() for s in range(4)]
+    ok = d[finite].abs()
+    return dict(d=d, nonfinite=int((~finite).sum()), positive=float((d > 0).float().mean()) if d.numel() else 0.0,
+                median=float(ok.median()) if ok.numel() else float("nan"), slot_hist=slot)
+
+
+def _tq2_plausible(ev: dict) -> bool:
+    """fp16 block scales of a trained ternary linear: all finite, mostly positive, not absurd."""
+    return ev["nonfinite"] == 0 and ev["positive"] >= 0.5 and 1e-8 < ev["median"] < 1e4
+
+
+def detect_tq2_0(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> bool:
+    """llama.cpp TQ2_0 stored in safetensors: uint8 [N, ceil(K/256) * 66] weights with no scale
+    tensor, whose last 2 bytes per 66-byte block decode as plausible fp16 scales.  On a match every
+    packed module gets the TQ2_0 record structure (2-bit codes, axis 1, in-block scale) and its
+    code histogram is recomputed over the 64 code bytes of each block only; lanes, bit order and
+    code table are then searched like any other layout.  A model that is TQ2_0 but has a tensor of
+    the wrong width or with NaN/Inf block scales fails here, naming the tensor."""
+    packed = [m for m in modules if m.packed]
+    fit = [m for m in packed if m.weight.dtype == "U8" and m.scale is None and m.zeros is None
+           and len(m.weight.shape) == 2 and m.weight.shape[0] == m.logical[0]
+           and m.weight.shape[1] == _tq2_width(m.logical[1])]
+    if not fit:
+        return False
+    ev = {m.prefix: _tq2_evidence(m, ckpt) for m in fit}
+    like = [m for m in fit if _tq2_plausible(ev[m.prefix])]
+    plain = [m for m in fit if any(layout_options(tuple(m.weight.shape), m.logical, 8, b) for b in bits_options(8))]
+    if len(like) < len(packed) / 2 and (plain or len(fit) < len(packed) / 2):
+        return False  # a plain packing that happens to have this width, or too few TQ2_0-shaped tensors
+    for m in packed:  # this is a TQ2_0 model: every packed weight must be one
+        n, k = m.logical
+        w = _tq2_width(k)
+        if m not in fit:
+            width = m.weight.shape[-1] if m.weight.shape else None
+            why = (f"width {width} is not a multiple of the 66-byte block" if width is not None and width % 66
+                   else f"shape {list(m.weight.shape)} {m.weight.dtype}")
+            raise InspectError(
+                f"{m.where()}: {why}; llama.cpp TQ2_0 (like {len(like)} other weights of this model) stores the "
+                f"logical {n}x{k} matrix of {[p for p, _ in m.parts]} as uint8 [{n}, {w}] (ceil({k}/256) blocks "
+                f"of 66 bytes, no separate scale tensor)")
+        e = ev[m.prefix]
+        if e["nonfinite"]:
+            row, blk = (int(i) for i in (~torch.isfinite(e["d"])).nonzero()[0])
+            raise InspectError(
+                f"{m.where()}: in-block fp16 scale d (bytes 64..65 of each 66-byte TQ2_0 block) is "
+                f"{float(e['d'][row, blk])} in {e['nonfinite']} of {e['d'].numel()} blocks, first at row {row} "
+                f"block {blk}; expected finite block scales")
+        if not _tq2_plausible(e):
+            raise InspectError(
+                f"{m.where()}: in-block fp16 scales are implausible for TQ2_0 (median |d| {e['median']:.3g}, "
+                f"{e['positive']:.0%} positive); expected finite, mostly positive scales of a trained linear")
+    c3 = sum(e["slot_hist"][s][3] for e in ev.values() for s in range(4))
+    fields = sum(sum(e["slot_hist"][s]) for e in ev.values() for s in range(4))
+    for m in modules:
+        m.bits = 2
+        if not m.packed:
+            continue
+        m.record, m.pack_axis, m.transposed = TQ2_RECORD, 1, False
+        m.weight.slot_hist = ev[m.prefix]["slot_hist"]  # code bytes only: the fp16 d bytes are not codes
+        m.weight.field_hist = {2: [sum(h[c] for h in m.weight.slot_hist) for c in range(4)]}
+        m.scale_kw = [dict(TQ2_SCALE_KW)] * len(m.parts)
+    meds = sorted(e["median"] for e in ev.values())
+    findings.append(Finding(
+        "block structure", "llama.cpp TQ2_0: 66-byte blocks of 256 inputs (qs[64] + in-block fp16 d, multiply)",
+        f"all {len(packed)} packed weights are uint8 [N, ceil(K/256)*66] with no scale tensor; bytes 64-65 of every "
+        f"block decode as finite fp16 scales (median |d| {meds[0]:.3g}..{meds[-1]:.3g} per tensor, "
+        f"at least {min(e['positive'] for e in ev.values()):.0%} positive per tensor); code 3 in {c3 / max(1, fields):.2%} of the "
+        f"code fields", "high"))
+    return True
+
+
+def detect_hqq(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> bool:
+    """HQQ 2-bit (mobiusml/hqq, axis=1): a uint8 ``W_q`` [ceil(N*K/G / 4), G] next to float ``scale``
+    and ``zero`` with one value per group (N*K/G), K % G == 0.  Ternary only when every zero point
+    is an integer (then q - z is ternary); a non-integer zero is a "not ternary" error naming the
+    tensor.  On a match: 2-bit codes of the group view packed along its axis 0, identity code
+    table, group scales and zero points; lanes and bit order are searched (HQQ's own first)."""
+    packed = [m for m in modules if m.packed]
+
+    def group(m: Module) -> Optional[int]:
+        n, k = m.logical
+        if m.weight.dtype != "U8" or m.scale is None or m.zeros is None or len(m.weight.shape) != 2 \
+                or m.zeros.dtype in INT_DTYPES:
+            return None
+        g = m.weight.shape[1]
+        if g < 1 or k % g or m.scale.numel != n * k // g or m.zeros.numel != n * k // g \
+                or m.weight.shape[0] != -(-(n * k // g) // 4):
+            return None
+        return g
+
+    fit = [m for m in packed if group(m)]
+    if not fit or len(fit) < len(packed):
+        return False
+    zvals: set = set()
+    for m in fit:
+        z = ckpt.get(m.zeros.name).float().reshape(-1)
+        frac = z != z.round()
+        if bool(frac.any()) or not bool(torch.isfinite(z).all()):
+            i = int((frac | ~torch.isfinite(z)).nonzero()[0])
+            raise InspectError(f"{m.zeros.file}: zero point tensor {m.zeros.name!r} holds non-integer values (e.g. "
+                               f"{float(z[i])} at group {i}) next to HQQ weight {m.weight.name!r}: (q - z) is not "
+                               f"ternary; expected integer zero points (1 or 2 for 2-bit codes)")
+        zvals |= set(torch.unique(z).tolist())
+    for m in modules:
+        m.bits = 2
+        if not m.packed:
+            continue
+        g = group(m)
+        m.group_view, m.pack_axis, m.transposed = g, 0, False
+        m.scale_kw = [dict(granularity="group", group_size=g)] * len(m.parts)
+        m.zero_kw = dict(granularity="group", group_size=g)
+    findings.append(Finding(
+        "block structure", f"HQQ 2-bit, axis=1 groups of {sorted({m.group_view for m in fit})}: W = (q - zero) * scale",
+        f"all {len(packed)} packed weights are uint8 [N*K/G/4, G] with float scale and zero [N*K/G]; the zero points "
+        f"are integers {sorted(int(v) for v in zvals)}, so q - zero is ternary", "high"))
+    return True
+
+
+def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]
+                    ) -> Optional[str]:
+    """Per-module structure; returns the named convention found by its block structure
+    ('tq2_0', 'hqq') or None."""
+    for name, detect in (("tq2_0", detect_tq2_0), ("hqq", detect_hqq)):
+        if not detect(modules, cfg, ckpt, findings):
+            continue
+        for m in modules:
+            if not m.packed and tuple(m.weight.shape) != tuple(m.logical):
+                raise InspectError(f"{m.where()}: shape {list(m.weight.shape)}, config.json implies "
+                                   f"{list(m.logical)} for {[p for p, _ in m.parts]} (unpacked float weight)")
+            if not m.packed:
+                _scale_layout(m, ckpt)
+        return name
+    return _infer_plain(modules, cfg, ckpt, findings)
+
+
+def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> None:
     bits = choose_bits(modules, cfg, findings)
     for m in modules:
         m.bits = bits
@@ -468,8 +626,7 @@ def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: l
     total = sum(hist)
     shares = ", ".join(f"code {c}: {hist[c] / total:.1%}" for c in range(ncodes) if hist[c])
     # padding slots (fused to whole containers) may hold any code: a code is significant beyond them
-    total_pads = sum(m.weight.numel * (INT_DTYPES[m.weight.dtype] // bits) - m.logical[0] * m.logical[1]
-                     for m in packed)
+    total_pads = sum(_pads(m) for m in packed)
     significant = [c for c in range(ncodes) if hist[c] > 0.002 * total + total_pads]
     if len(significant) > 3:
         return _integer_tables(hist, bits, significant, zero_hint, findings, shares)
@@ -477,8 +634,7 @@ def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: l
     unused = [c for c in range(ncodes) if c not in used]
     stray = []  # modules where an "unused" code occurs beyond their padding slots
     for m in packed:
-        v = INT_DTYPES[m.weight.dtype] // bits
-        pads = m.weight.numel * v - m.logical[0] * m.logical[1]
+        pads = _pads(m)
         if sum(m.weight.hist(bits)[c] for c in unused) > pads:
             stray.append(m)
     qm = ((cfg.quantization or {}) if cfg is not None else {}).get("quant_method")
@@ -489,7 +645,7 @@ def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: l
     for m in stray[:1]:
         mh = m.weight.hist(bits)
         worst = max(unused, key=lambda c: mh[c])
-        pads = m.weight.numel * (INT_DTYPES[m.weight.dtype] // bits) - m.logical[0] * m.logical[1]
+        pads = _pads(m)
         raise InspectError(f"{m.where()}: code {worst} occurs {mh[worst]} times, but it is unused in the model "
                            f"(global counts {_short_hist(hist)}) and this tensor has only {pads} padding slots: "
                            f"expected 0 occurrences (corrupted weights or not ternary)")
@@ -519,6 +675,14 @@ def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: l
             t[z], t[neg], t[pos] = 0, -1, 1
             tables.append(tuple(t))
     return tables
+
+
+def _pads(m: Module) -> int:
+    """Code fields of a packed weight that hold no logical element (the padding)."""
+    n, k = m.logical
+    if m.record is not None:  # the records' code bytes only (their scale bytes are no fields)
+        return n * (-(-k // m.record[0]) * m.record[0] - k)
+    return m.weight.numel * (INT_DTYPES[m.weight.dtype] // m.bits) - n * k
 
 
 def _short_hist(hist: list) -> str:
@@ -617,7 +781,9 @@ def _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings) -> Candi
     from .inspect_search import PRIOR_MARGIN, prior_rank
 
     valid = [s for s in scored if math.isfinite(s.loss)]
-    prior = min(valid, key=lambda s: prior_rank(s.cand, cfg))
+    record = next((m.record for m in modules if m.packed), None)
+    hqq = any(m.zero_kw for m in modules)
+    prior = min(valid, key=lambda s: prior_rank(s.cand, cfg, record, hqq))
     best = scored[0]
     if prior.fp == best.fp:
         return best.cand
@@ -646,17 +812,26 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     findings.append(Finding("key mapping", f"{len(modules)} linear tensors, {len(floats)} float tensors",
                             f"{len(fused)} fused ({sorted({m.role for m in fused})}) split by config.json sizes"
                             if fused else "no fused tensors", "high"))
-    infer_structure(modules, cfg, ckpt, findings)
-    zero_code = check_zero_points(modules, ckpt, findings, cfg)
-    tables = code_candidates(modules, zero_code, findings, cfg)
-    ops = op_candidates(modules, cfg, ckpt, findings)
+    convention = infer_structure(modules, cfg, ckpt, findings)
+    if convention == "hqq":  # codes decode to q, values = q - zero (integer zero points checked above)
+        tables = [(0, 1, 2, 3)]
+        findings.append(Finding("code table", "identity (q), values q - zero", "HQQ: W = (q - zero) * scale",
+                                "high (structure)"))
+    else:
+        zero_code = check_zero_points(modules, ckpt, findings, cfg)
+        tables = code_candidates(modules, zero_code, findings, cfg)
+    if convention == "hqq":  # W = (q - zero) * scale by definition
+        ops = ["multiply"]
+        findings.append(Finding("scale op", "multiply", "HQQ dequantises (W_q - zero) * scale", "high (structure)"))
+    else:
+        ops = op_candidates(modules, cfg, ckpt, findings)
     unpacked = [m for m in modules if m.weight.kind in ("ternary_float", "float")]
     if unpacked:
         findings.append(Finding("unpacked weights", f"{len(unpacked)} modules stored as float",
                                 f"kinds {sorted({m.weight.kind for m in unpacked})}; decoded as is", "high"))
     if tables:
         single = all(INT_DTYPES[m.weight.dtype] == m.bits for m in modules if m.packed)  # 1 value/element
-        orders = ("lsb",) if single else ("lsb", "msb")
+        orders = ("lsb",) if single else (("msb", "lsb") if convention == "hqq" else ("lsb", "msb"))
         cands = [Candidate(t, bo, ln, blk, op) for ln, blk in lane_options(modules) for bo in orders
                  for t in tables for op in ops]  # grouped by layout: DecodeCache unpacks each layout once
     else:

@@ -55,6 +55,9 @@ def mapping_rows(res) -> list[str]:
             e = res.spec.linears.get(hf)  # None: a float linear kept as a plain tensor
             pk = e.pack if e is not None else None
             ops.append("unpack " + (f"{pk.container} axis{pk.pack_axis}" if pk else "none (float)"))
+            if e is not None and e.scale is not None and e.scale.granularity == "block":
+                ops.append(f"in-block {e.scale.dtype} scale per {e.scale.group_size} values -> "
+                           f"`{p}.weight_scale` (dense fallback in vLLM)")
             rows.append(f"| `{m.weight.name}` | `{p}.weight` | {'; '.join(ops)} |")
             if m.scale is not None:
                 sc = res.spec.linears[hf].scale
@@ -62,7 +65,9 @@ def mapping_rows(res) -> list[str]:
                     (f" group_size {sc.group_size}" if sc.group_size else "") + (" stored [G, N]" if sc.transposed else "")
                 rows.append(f"| `{m.scale.name}` | `{p}.weight_scale` | {what}, {sc.op}"
                             f"{'; shard ' + repr(shard) if shard else ''} |")
-        for extra, what in ((m.zeros, "folded into code table (constant)"), (m.g_idx, "checked trivial, dropped"),
+        zero_what = ("per-group integer zero points: values = q - zero (HQQ), not in vLLM" if m.zero_kw
+                     else "folded into code table (constant)")
+        for extra, what in ((m.zeros, zero_what), (m.g_idx, "checked trivial, dropped"),
                             (m.shape_t, "checked against config, dropped")):
             if extra is not None:
                 rows.append(f"| `{extra.name}` | - | {what} |")
@@ -114,10 +119,16 @@ def render(res) -> str:
         p = first.pack
         L.append(f"- packing: {p.bits}-bit in {p.container} ({p.values_per_container}/container), axis "
                  f"{p.pack_axis}{' (stored transposed)' if p.transposed else ''}, lanes {p.lanes}"
-                 f"{f' block {p.block}' if p.block else ''}, bit order {p.bit_order}, codes {codes_str(p.codes)}")
+                 f"{f' block {p.block}' if p.block else ''}, bit order {p.bit_order}, codes {codes_str(p.codes)}"
+                 + (f", records of {p.record[0]} values in {p.record[1]} bytes" if p.record else "")
+                 + (f", packed as the [N*K/{p.group_view}, {p.group_view}] group view" if p.group_view else ""))
     if first is not None and first.scale:
         sc = first.scale
-        L.append(f"- scale: {sc.granularity}{f' group_size {sc.group_size}' if sc.group_size else ''}, {sc.op}")
+        L.append(f"- scale: {sc.granularity}{f' group_size {sc.group_size}' if sc.group_size else ''}, {sc.op}"
+                 + (f", {sc.dtype} at byte {sc.byte_offset} of each {sc.record_bytes}-byte block of the weight"
+                    if sc.granularity == "block" else ""))
+    if first is not None and first.zero:
+        L.append(f"- zero points: per group of {first.zero.group_size}, values = code - zero")
     L += ["", "## Inferences", "", "| what | decision | evidence | confidence |", "|---|---|---|---|"]
     for f in res.findings:
         L.append(f"| {f.what} | {f.decision} | {f.evidence} | {f.confidence} |")

@@ -20,11 +20,12 @@ from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig
 from .formats import FormatError, PackSpec, ScaleSpec, code_lut, unpack_codes
 from .scan import CONTAINER_OF, INT_DTYPES
-from .spec import CheckpointSpec, DecodedLinear, LinearEntry, decode_linear, finish_linear
+from .spec import CheckpointSpec, DecodedLinear, LinearEntry, decode_linear, finish_linear, subtract_zero
 
 if TYPE_CHECKING:  # Module lives in reference.inspect, which imports this file
     from .inspect import Module
 
+TQ2_0_RECORD = (256, 66)  # llama.cpp TQ2_0 blocks: lanes block_interleaved 128, lsb
 BLOCKS = (8, 16, 32, 64, 128, 256, 512)  # block_interleaved block sizes tried (I2_S / TQ2_0 use 128)
 SCREEN_TOKENS = 32  # tokens per candidate in the screening pass
 FINALISTS = 3  # distinct decodes re-scored on the whole text sample
@@ -66,6 +67,14 @@ def lane_options(modules: list[Module]) -> list[tuple[str, Optional[int]]]:
     v = INT_DTYPES[packed[0].weight.dtype] // packed[0].bits
     if v == 1:
         return [("interleaved", None)]  # one value per element: lanes do not exist
+    rec = packed[0].record
+    if rec is not None:  # records (TQ2_0): lanes inside a record; 'blocked' spans the whole axis
+        opts = [("interleaved", None)] + [("block_interleaved", b) for b in BLOCKS
+                                          if b % v == 0 and b > v and rec[0] % b == 0]
+        if tuple(rec) == TQ2_0_RECORD:  # llama.cpp's own lanes first (the order is the no-loss prior)
+            opts.remove(("block_interleaved", 128))
+            opts.insert(0, ("block_interleaved", 128))
+        return opts
     axis0 = sum(m.pack_axis == 0 for m in packed) > len(packed) / 2
     opts = [("blocked", None), ("interleaved", None)] if axis0 else [("interleaved", None), ("blocked", None)]
     opts += [("block_interleaved", b) for b in BLOCKS if b % v == 0 and b > v]
@@ -75,7 +84,11 @@ def lane_options(modules: list[Module]) -> list[tuple[str, Optional[int]]]:
 def pack_spec(m: Module, c: Candidate) -> PackSpec:
     return PackSpec(bits=m.bits, container=CONTAINER_OF[m.weight.dtype], pack_axis=m.pack_axis, lanes=c.lanes,
                     block=c.block, bit_order=c.bit_order, codes=c.codes, transposed=m.transposed,
-                    pad_code=c.codes.index(0))
+                    pad_code=c.codes.index(0), record=m.record, group_view=m.group_view)
+
+
+def zero_spec(m: Module) -> Optional[ScaleSpec]:
+    return ScaleSpec(key=m.zeros.name, **m.zero_kw) if m.zero_kw else None
 
 
 def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConfig, name: str) -> CheckpointSpec:
@@ -85,10 +98,12 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
         if pk is not None and pk.packed_shape(m.logical) != tuple(m.weight.shape):
             raise FormatError(f"{m.where()}: {c.label()} needs shape {list(pk.packed_shape(m.logical))}")
         for (hf, rows), kw in zip(m.parts, m.scale_kw):
-            sc = ScaleSpec(key=m.scale.name, op=c.op, **kw) if kw else None
+            # an in-block scale (TQ2_0 'block') is read from the weight tensor itself
+            key = m.weight.name if kw and kw.get("granularity") == "block" else (m.scale.name if kw else None)
+            sc = ScaleSpec(key=key, op=c.op, **kw) if kw else None
             linears[hf] = LinearEntry(weight_key=m.weight.name, shape=m.logical, pack=pk, scale=sc,
                                       rows=rows if len(m.parts) > 1 else None,
-                                      bias_key=m.bias.name if m.bias is not None else None)
+                                      bias_key=m.bias.name if m.bias is not None else None, zero=zero_spec(m))
     # BitNet b1.58 quantises activations to int8, unless no linear is ternary / packed at all: a float
     # checkpoint (every weight an unconstrained float) runs plain linears, as transformers does and as
     # spec_for's "unquantized" spec says
@@ -97,7 +112,7 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
         (cfg.quantization or {}).get("quant_method") == "bitnet" else "none"
     ignored = {}
     for m in modules:
-        for t, why in ((m.zeros, "constant zero point, folded into the code table"),
+        for t, why in ((None if m.zero_kw else m.zeros, "constant zero point, folded into the code table"),
                        (m.g_idx, "g_idx == arange(K) // group_size (no act-order)"),
                        (m.shape_t, "logical shape, checked against config.json")):
             if t is not None:
@@ -155,7 +170,10 @@ class DecodeCache:
         h = hashlib.sha256(c.op.encode())
         for m in modules:
             if m.packed:
-                h.update(self.values(m.weight.name, pack_spec(m, c), m.logical, m.where()).numpy().tobytes())
+                v = self.values(m.weight.name, pack_spec(m, c), m.logical, m.where())
+                if m.zero_kw:  # values = q - zero must be ternary, or the candidate is invalid
+                    v = subtract_zero(v, self.ckpt.get(m.zeros.name), zero_spec(m), m.logical, m.where())
+                h.update(v.numpy().tobytes())
         return h.hexdigest()
 
     def decoder(self, ckpt: Checkpoint, entry: LinearEntry, name: str) -> DecodedLinear:
@@ -244,13 +262,18 @@ KNOWN_LAYOUTS = [("blocked", None, "lsb"),  # transformers HF-BitNet pack_weight
                  ("interleaved", None, "msb")]
 
 
-def prior_rank(c: Candidate, cfg: ModelConfig) -> tuple:
+def prior_rank(c: Candidate, cfg: ModelConfig, record: Optional[tuple] = None, hqq: bool = False) -> tuple:
     """Smaller = more plausible a priori.  A config that names transformers' bitnet method
-    points at its layout first; codes increasing with value (-1 < 0 < +1) beat swapped tables."""
+    points at its layout first, llama.cpp TQ2_0 blocks (``record``) at theirs; codes increasing
+    with value (-1 < 0 < +1) beat swapped tables."""
     q = (cfg.quantization or {}).get("quant_method")
     layout = (c.lanes, c.block, c.bit_order)
     known = KNOWN_LAYOUTS.index(layout) if layout in KNOWN_LAYOUTS else len(KNOWN_LAYOUTS)
     if q == "bitnet" and layout == ("blocked", None, "lsb"):
+        known = -1
+    if record is not None and tuple(record) == TQ2_0_RECORD and layout == ("block_interleaved", 128, "lsb"):
+        known = -1
+    if hqq and layout == ("blocked", None, "msb"):  # HQQ BitPack: four axis-0 chunks, chunk 0 in the high bits
         known = -1
     bits = max(1, (len(c.codes) - 1).bit_length())
     # GPTQ / AWQ / compressed-tensors, and 4-bit packers in general, put consecutive inputs low bits first

@@ -12,7 +12,9 @@ tensors and odd key names need no special cases:
          "pack": {...PackSpec...},       # null = stored unpacked (float ternary, TriLM)
          "scale": {...ScaleSpec...},     # null = no scale
          "bias_key": null,
-         "layout": "trit-tile16x128"},   # optional, absent = the "pack" route; see LAYOUTS
+         "layout": "trit-tile16x128",    # optional, absent = the "pack" route; see LAYOUTS
+         "zero": {...ScaleSpec...}},     # optional, absent = none: per-group integer zero points,
+                                         # values = code - zero (HQQ); see finish_linear
          ...},
      "tensors": {"model.embed_tokens.weight": "model.embed_tokens.weight", ...}}
 
@@ -62,6 +64,9 @@ class LinearEntry:
     rows: Optional[tuple[int, int]] = None
     bias_key: Optional[str] = None
     layout: Optional[str] = None  # None = ``pack`` route; "trit-tile16x128" = kernel layout (LAYOUTS)
+    # per-group zero points (HQQ W = (q - z) * s): a ScaleSpec read as the zero z of each group;
+    # the packed codes decode to q (code table = identity) and values = q - z must be ternary
+    zero: Optional[ScaleSpec] = None
 
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
@@ -74,6 +79,13 @@ class LinearEntry:
             if self.pack is not None or self.rows is not None:
                 raise FormatError(f"{where}: layout {self.layout!r} takes no 'pack' and no 'rows' (one "
                                   f"unfused module per tensor, already in the kernel layout)")
+        if self.scale is not None and self.scale.granularity == "block":
+            _check_block_scale(self)
+        if self.zero is not None and (self.pack is None or self.zero.op != "multiply" or self.layout is not None):
+            raise FormatError(f"linear {self.weight_key!r}: zero points {self.zero.key!r} need a packed weight "
+                              f"('pack', no 'layout') and op 'multiply' (the zero is subtracted, not scaled)")
+        if self.layout is not None:
+            where = f"linear {self.weight_key!r}"
             if self.scale is not None and (self.scale.granularity not in ("tensor", "channel")
                                            or self.scale.index is not None or self.scale.transposed):
                 raise FormatError(f"{where}: layout {self.layout!r} takes a per-channel or per-tensor scale "
@@ -91,9 +103,10 @@ class LinearEntry:
             "shape": list(self.shape),
             "rows": list(self.rows) if self.rows else None,
             "pack": self.pack.to_dict() if self.pack else None,
-            "scale": dataclasses.asdict(self.scale) if self.scale else None,
+            "scale": self.scale.to_dict() if self.scale else None,
             "bias_key": self.bias_key,
             **({"layout": self.layout} if self.layout is not None else {}),  # absent: old JSON unchanged
+            **({"zero": self.zero.to_dict()} if self.zero is not None else {}),  # likewise
         }
 
     @classmethod
@@ -103,7 +116,8 @@ class LinearEntry:
             rows=tuple(d["rows"]) if d.get("rows") else None,
             pack=PackSpec.from_dict(d["pack"]) if d.get("pack") else None,
             scale=ScaleSpec(**d["scale"]) if d.get("scale") else None,
-            bias_key=d.get("bias_key"), layout=d.get("layout"))
+            bias_key=d.get("bias_key"), layout=d.get("layout"),
+            zero=ScaleSpec(**d["zero"]) if d.get("zero") else None)
 
 
 @dataclass(frozen=True)
@@ -203,6 +217,9 @@ class CheckpointSpec:
             if e.scale:
                 ckpt.info(e.scale.key)
                 used.add(e.scale.key)
+            if e.zero:
+                ckpt.info(e.zero.key)
+                used.add(e.zero.key)
             if e.bias_key:
                 _check_bias(ckpt, e.bias_key, mod, shape[0])
                 used.add(e.bias_key)
@@ -231,6 +248,24 @@ class CheckpointSpec:
             raise CheckpointError(
                 f"{ckpt.path}: {len(unknown)} checkpoint tensors are not used by spec {self.name!r}: "
                 f"{unknown[:5]}{' ...' if len(unknown) > 5 else ''} (unknown keys; fix the spec's key mapping)")
+
+
+def _check_block_scale(e: LinearEntry) -> None:
+    """An in-block scale (ScaleSpec granularity 'block') lives in the records of its own weight:
+    same key, a record-packed weight whose record size / elements it matches, scale bytes outside
+    the code bytes."""
+    sc, pk = e.scale, e.pack
+    where = f"linear {e.weight_key!r}"
+    if pk is None or pk.record is None:
+        raise FormatError(f"{where}: in-block scale {sc.key!r} needs a record-packed weight ('pack' with 'record')")
+    if sc.key != e.weight_key:
+        raise FormatError(f"{where}: in-block scale key {sc.key!r} must be the weight's own key")
+    if (sc.group_size, sc.record_bytes) != tuple(pk.record):
+        raise FormatError(f"{where}: in-block scale covers {sc.group_size} values in {sc.record_bytes}-byte records, "
+                          f"the weight's records are {pk.record[0]} values in {pk.record[1]} bytes")
+    if sc.byte_offset < pk.code_bytes:
+        raise FormatError(f"{where}: in-block scale at byte {sc.byte_offset} overlaps the {pk.code_bytes} code bytes "
+                          f"of each record")
 
 
 def _check_bias(ckpt: Checkpoint, key: str, mod: str, n: int) -> None:
@@ -303,9 +338,33 @@ def decode_linear(ckpt: Checkpoint, entry: LinearEntry, name: str, *, strict: bo
     return finish_linear(ckpt, entry, vals, where)
 
 
+def subtract_zero(codes: torch.Tensor, zero: torch.Tensor, zspec: ScaleSpec, shape: tuple[int, int],
+                  where: str) -> torch.Tensor:
+    """Ternary values ``codes - z`` of a format with per-group zero points (HQQ): z must be
+    integer-valued (else the checkpoint is not ternary) and every value in {-1, 0, +1}."""
+    z = expand_scale(zero, zspec, shape, name=where)  # finite, shape-checked, broadcast to (N, K)
+    frac = (z != z.round())
+    if bool(frac.any()):
+        zs = zero.detach().float().reshape(-1)
+        i = int((zs != zs.round()).nonzero()[0]) if bool((zs != zs.round()).any()) else 0
+        raise FormatError(f"{where}: zero point tensor {zspec.key!r} holds non-integer values (e.g. {float(zs[i])} at "
+                          f"element {i}): (q - z) is not ternary; expected integer zero points (1 or 2 for 2-bit codes)")
+    vals = codes.to(torch.int16) - z.to(torch.int16)
+    if vals.numel() and int(vals.abs().max()) > 1:
+        idx = tuple(int(i) for i in (vals.abs() > 1).nonzero()[0])
+        raise FormatError(f"{where}: code - zero = {int(vals[idx])} at logical index {idx} (zero points "
+                          f"{zspec.key!r}): not ternary; expected every (q - z) in {{-1, 0, +1}}")
+    return vals.to(torch.int8)
+
+
 def finish_linear(ckpt: Checkpoint, entry: LinearEntry, vals: torch.Tensor, where: str) -> DecodedLinear:
-    """The shared tail of every decoder: the fused-row slice, the scale (and the stored divisor
+    """The shared tail of every decoder: zero points (values = code - z), the fused-row slice, the scale (and the stored divisor
     of a 'divide' format, so the reference can follow its arithmetic order) and the bias."""
+    if entry.zero is not None:
+        try:
+            vals = subtract_zero(vals, ckpt.get(entry.zero.key), entry.zero, entry.shape, where)
+        except FormatError as e:
+            raise CheckpointError(str(e)) from None
     if entry.rows is not None:
         vals = vals[entry.rows[0]:entry.rows[1]]
     div = None

@@ -19,6 +19,16 @@ Conventions (``FORMATS`` keys):
                       inputs, low bits first, code v+2), weight_shape, weight_scale [N, 1]
   gptq                AutoGPTQ v1 int2: qweight int32 [K/16, N], qzeros [G, N/16] holding z-1 = 1,
                       scales fp16 [G, N], g_idx [K]; W = s * (q - 2)
+  tq2_0               llama.cpp TQ2_0 as a safetensors tensor: uint8 [N, ceil(K/256) * 66], per 256 inputs
+                      qs[64] (byte m of half h = elems 128h+m+32n at bits 2n, code w+1) + fp16 d
+                      (multiply); GGUF tensor names, no separate scale tensor.  Writes per-256
+                      group multipliers (``Logical.with_group_jitter(256)``); a partial last block
+                      (K % 256, which llama.cpp itself never writes) is padded with code 1 (= 0)
+  hqq                 HQQ 2-bit (mobiusml/hqq, axis=1, group 64), ternary case: per module ``W_q`` uint8
+                      [N*K/256, 64] = BitPack.pack_2bit_u8 of the group view W.reshape(-1, 64) (four
+                      axis-0 chunks, chunk 0 in bits 7-6), ``scale`` / ``zero`` fp16 [N*K/64, 1];
+                      q = w + z with an integer zero z in {1, 2} per group; W = (q - z) * scale.
+                      Only W_q / scale / zero are written (no HQQ meta tensors)
   i2s                 bitnet.cpp I2_S: uint8 [N, K/4], per 128-block byte j = elems j, 32+j, 64+j,
                       96+j at bits 7-6 .. 1-0, 0->-1 1->0 2->+1, one f32 scale; GGUF tensor names
   trilm               fp16 [N, K] with values {-s, 0, +s}, one s per model-parallel shard
@@ -52,7 +62,7 @@ import torch
 
 from .checkpoint import Checkpoint
 from .config import ModelConfig
-from .formats import HF_BITNET, SEED, PackSpec, code_table, offset_table, pack
+from .formats import HF_BITNET, SEED, TQ2_0, PackSpec, code_table, offset_table, pack, tq2_0_scale, write_record_scales
 from .io import atomic_write_text
 from .spec import decode_linear, spec_for
 
@@ -119,6 +129,19 @@ class Logical:
         for mod, t in self.ternary.items():
             u = torch.rand(t.shape[0], 1, generator=g) * 2 - 1
             mult[mod] = (self.mult[mod].reshape(-1)[0] * (1 + amount * u)).float()
+        return Logical(self.config, self.ternary, mult, self.floats, self.tokenizer_dir)
+
+    def with_group_jitter(self, group_size: int, seed: int = 0, amount: float = 0.02) -> "Logical":
+        """Per-group multipliers m * (1 + amount * u) over groups of ``group_size`` consecutive
+        inputs of each row, u in [-1, 1), expanded to (N, K): block scales that differ block to
+        block (a misplaced block scale shows) while the model's function barely changes."""
+        g = torch.Generator().manual_seed(seed)
+        mult = {}
+        for mod, t in self.ternary.items():
+            n, k = t.shape
+            u = torch.rand(n, -(-k // group_size), generator=g) * 2 - 1
+            base = self.mult[mod].expand(n, k)[:, ::group_size]
+            mult[mod] = (base * (1 + amount * u)).repeat_interleave(group_size, dim=1)[:, :k].float().contiguous()
         return Logical(self.config, self.ternary, mult, self.floats, self.tokenizer_dir)
 
 
@@ -307,6 +330,40 @@ def w_i2s(lg: Logical):
     return sd, None, truth
 
 
+def w_tq2_0(lg: Logical):
+    """llama.cpp TQ2_0 blocks in a uint8 safetensors tensor per linear (see module docstring)."""
+    sd, tern, mult = _floats(lg, "gguf"), {}, {}
+    for mod, t in lg.ternary.items():
+        n, k = t.shape
+        key = f"{rename(mod, 'gguf')}.weight"
+        d = _group(lg.mult[mod], n, k, 256).to(torch.float16)  # (N, ceil(K/256)): one d per block
+        sd[key] = write_record_scales(pack(t, TQ2_0), d, tq2_0_scale(key), (n, k))
+        tern[mod], mult[mod] = t, d.float().repeat_interleave(256, dim=1)[:, :k]
+    return sd, None, Truth(tern, mult, "tq2_0")
+
+
+HQQ_GROUP = 64
+HQQ_SPEC = PackSpec(bits=2, container="uint8", pack_axis=0, lanes="blocked", bit_order="msb", codes=(0, 1, 2, 3),
+                    group_view=HQQ_GROUP)
+
+
+def w_hqq(lg: Logical, seed: int = 0):
+    """HQQ 2-bit with integer per-group zero points (see module docstring)."""
+    g = torch.Generator().manual_seed(seed)
+    sd, tern, mult = _floats(lg, "hf"), {}, {}
+    for mod, t in lg.ternary.items():
+        n, k = t.shape
+        groups = n * k // HQQ_GROUP
+        z = torch.randint(1, 3, (n, k // HQQ_GROUP), generator=g)  # zero 1 (codes 0..2) or 2 (codes 1..3)
+        q = t.to(torch.int64) + z.repeat_interleave(HQQ_GROUP, dim=1)
+        sd[f"{mod}.W_q"] = pack(q, HQQ_SPEC)
+        s = _group(lg.mult[mod], n, k, HQQ_GROUP).to(torch.float16)  # (N, K/G)
+        sd[f"{mod}.scale"] = s.reshape(groups, 1).contiguous()
+        sd[f"{mod}.zero"] = z.to(torch.float16).reshape(groups, 1).contiguous()
+        tern[mod], mult[mod] = t, s.float().repeat_interleave(HQQ_GROUP, dim=1)
+    return sd, None, Truth(tern, mult, "hqq")
+
+
 def w_trilm(lg: Logical, shards: int = 2, per_row: bool = False):
     """fp16 [N, K] = T * s_shard; column-parallel modules (q,k,v,gate,up) shard rows, row-parallel
     ones (o, down) shard columns (Megatron), each shard with its own absmean-style s."""
@@ -419,6 +476,8 @@ FORMATS: dict[str, Callable] = {
     "compressed-tensors-group": lambda lg: w_compressed_tensors(lg, "group", 64),
     "gptq": lambda lg: w_gptq(lg, 64),
     "i2s": w_i2s,
+    "tq2_0": w_tq2_0,
+    "hqq": w_hqq,
     "trilm": lambda lg: w_trilm(lg, shards=2),
     "trilm-row": lambda lg: w_trilm(lg, per_row=True),
     "bitnet-gpu": w_bitnet_gpu,

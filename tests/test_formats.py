@@ -154,3 +154,18 @@ def test_bf16_targets_lut_decoder_agrees(spec, n, k, seed):
     w = torch.randint(-1, 2, (n, k), generator=torch.Generator().manual_seed(seed))
     p = pack(w, spec)
     assert torch.equal(lut_decode(p, spec, (n, k)).long(), w)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 12), k=st.integers(1, 700), seed=st.integers(0, 2 ** 31))
+def test_bf16_targets_lut_decoder_reads_tq2_0_records(n, k, seed):
+    """The independent byte-LUT decoder skips the in-block scale bytes of llama.cpp TQ2_0 records
+    (their fp16 d are random bytes here, as in a real file) and agrees with unpack."""
+    from parity.targets.reference import lut_decode
+    from reference.formats import TQ2_0, tq2_0_scale, write_record_scales
+
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(-1, 2, (n, k), generator=g)
+    d = torch.rand(n, -(-k // 256), generator=g) * 100
+    p = write_record_scales(pack(w, TQ2_0), d, tq2_0_scale("w"), (n, k))
+    assert torch.equal(lut_decode(p, TQ2_0, (n, k)).long(), w)

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAINED = ROOT / "models" / "tiny-trained"
 JITTER = {"seed", "seed-msb", "group", "compressed-tensors", "compressed-tensors-group", "gptq", "int8-ternary",
           "uint8-ternary-perm", "nibble-ternary", "compressed-tensors-int4-ternary"}  # channel / group scales
+GROUP_JITTER = {"tq2_0": 256, "hqq": 64}  # per-block scales (llama.cpp TQ2_0: one fp16 d per 256 inputs)
 SCALE_RTOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3}  # rounding of a stored scale
 
 
@@ -59,6 +60,8 @@ def check_recovered(model_dir: Path, spec: CheckpointSpec, truth: synth.Truth, l
 @pytest.mark.parametrize("fmt", sorted(synth.FORMATS))
 def test_recovers_public_format(fmt, logical, trained_loss, tmp_path):
     lg = logical.with_channel_jitter(seed=1) if fmt in JITTER else logical
+    if fmt in GROUP_JITTER:  # block scales that differ block to block (a misplaced d shows)
+        lg = logical.with_group_jitter(GROUP_JITTER[fmt], seed=1)
     out = tmp_path / fmt
     truth = synth.write(fmt, lg, out, shards=2 if fmt == "gptq" else 1)
     res = inspect_dir(out)
@@ -66,7 +69,8 @@ def test_recovers_public_format(fmt, logical, trained_loss, tmp_path):
     rtol = {"bitnet-gpu": 8e-3, "int8-ternary": 8e-3, "trilm": 0.05, "trilm-row": 0.05}.get(fmt, 1e-3)
     check_recovered(out, res.spec, truth, lg, rtol)
     # the reference reproduces the trained model's loss (jittered channel scales move it a hair)
-    assert res.loss == pytest.approx(trained_loss, abs=0.03 if fmt in JITTER | {"trilm", "trilm-row"} else 0.01)
+    assert res.loss == pytest.approx(trained_loss, abs=0.03 if fmt in JITTER | set(GROUP_JITTER) | {"trilm", "trilm-row"}
+                                     else 0.01)
     # every decode that differs from the chosen one is far worse
     wrong = [s for s in res.scored[1:] if s.loss != res.scored[0].loss and s.loss != float("inf")]
     if wrong:
@@ -308,3 +312,157 @@ def test_float_bitnet_checkpoint_keeps_float_activations(tmp_path):
     assert inspect_main([str(d), "--no-loss"]) == 0
     assert CheckpointSpec.load(d / "ternary_spec.json").activation_quant == "none"
     torch.testing.assert_close(get_target("reference").capture(d, ids)["logits"], before, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------
+# llama.cpp TQ2_0 in safetensors (66-byte blocks with an in-block fp16 scale)
+
+
+def _random_logical(hidden: int, inter: int, seed: int = 0) -> synth.Logical:
+    """An untrained ternary BitNet model of the given sizes (K a multiple of 256: whole TQ2_0
+    blocks, as llama.cpp writes them), per-256 group multipliers."""
+    cfg = json.loads((TRAINED / "config.json").read_text())
+    cfg.update(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=hidden // 4)
+    mc = ModelConfig.from_dict(cfg)
+    g = torch.Generator().manual_seed(seed)
+    tern, mult = {}, {}
+    for mod, (n, k) in mc.linear_shapes().items():
+        if mod == "lm_head":
+            continue
+        u = torch.rand(n, k, generator=g)  # 40% zeros, 30% each sign (absmean-like; zero = the odd code)
+        tern[mod] = ((u > 0.7).to(torch.int8) - (u < 0.3).to(torch.int8))
+        mult[mod] = torch.full((1, 1), 0.05)
+    floats = {hf: (torch.randn(shape, generator=g) * 0.02 if len(shape) == 2 else torch.ones(shape))
+              for hf, shape in mc.float_params().items()}
+    return synth.Logical(cfg, tern, mult, floats, TRAINED).with_group_jitter(256, seed=seed)
+
+
+@pytest.mark.parametrize("use_loss", [False, True])
+def test_tq2_0_whole_blocks_untrained(use_loss, tmp_path):
+    """K = 256 / 512 (whole blocks, no padding), an untrained model: the 66-byte block structure is
+    found from the tensors alone; without loss (or when the loss cannot tell) the llama.cpp lane
+    rule is the prior.  Decode bit-exact, W_eff = T * d exactly."""
+    lg = _random_logical(256, 512)
+    out = tmp_path / "tq2"
+    truth = synth.write("tq2_0", lg, out)
+    res = inspect_dir(out, use_loss=use_loss)
+    check_recovered(out, res.spec, truth, lg, 1e-3)
+    e = res.spec.linears["model.layers.1.mlp.down_proj"]
+    assert e.pack.record == (256, 66) and (e.pack.lanes, e.pack.block, e.pack.bit_order) == \
+        ("block_interleaved", 128, "lsb") and e.pack.codes == (-1, 0, 1, None)
+    assert e.scale.granularity == "block" and e.scale.key == e.weight_key == "blk.1.ffn_down.weight"
+    assert (e.scale.group_size, e.scale.record_bytes, e.scale.byte_offset, e.scale.dtype) == (256, 66, 64, "float16")
+    assert any(f.what == "block structure" and "TQ2_0" in f.decision for f in res.findings)
+
+
+def test_tq2_0_cli_writes_a_spec_the_reference_runs(logical, trained_loss, tmp_path):
+    """CLI on the trained model in TQ2_0 (partial last blocks): the spec file round-trips through
+    JSON, the reference model runs it at the trained loss, and the report names the block structure."""
+    out = tmp_path / "tq2"
+    synth.write("tq2_0", logical.with_group_jitter(256, seed=4), out)
+    assert inspect_main([str(out)]) == 0
+    spec = CheckpointSpec.load(out / "ternary_spec.json")
+    assert spec.linears["model.layers.0.self_attn.q_proj"].scale.granularity == "block"
+    cfg = ModelConfig.load(out)
+    assert model_loss(cfg, spec, Checkpoint(out), text_ids(TRAINED)) == pytest.approx(trained_loss, abs=0.03)
+    assert "block structure" in (out / "ternary_spec.md").read_text()
+
+
+def _rewrite(out: Path, key: str, fn) -> None:
+    from safetensors.torch import save_file
+
+    sd = load_file(str(out / "model.safetensors"))
+    sd[key] = fn(sd[key].clone()).contiguous()
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_tq2_0_bad_width_is_named(logical, tmp_path):
+    """One tensor of a TQ2_0 model whose width is not a multiple of 66: the inspector and the decoder
+    name the tensor and the expected [N, ceil(K/256)*66]."""
+    from reference.checkpoint import CheckpointError
+    from reference.formats import TQ2_0, tq2_0_scale
+    from reference.inspect import InspectError
+    from reference.spec import LinearEntry
+
+    out = tmp_path / "tq2"
+    synth.write("tq2_0", logical.with_group_jitter(256), out)
+    key = "blk.1.ffn_down.weight"  # logical 128 x 384: [128, 132]
+    _rewrite(out, key, lambda t: t[:, :-1])
+    with pytest.raises(InspectError) as e:
+        inspect_dir(out, use_loss=False)
+    msg = str(e.value)
+    assert key in msg and "width 131 is not a multiple of the 66-byte block" in msg and "[128, 132]" in msg
+    entry = LinearEntry(weight_key=key, shape=(128, 384), pack=TQ2_0, scale=tq2_0_scale(key))
+    with pytest.raises(CheckpointError) as e:
+        decode_linear(Checkpoint(out), entry, "model.layers.1.mlp.down_proj")
+    msg = str(e.value)
+    assert key in msg and "(128, 132)" in msg and "131 is not a multiple of 66" in msg
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_tq2_0_non_finite_block_scale_is_named(bad, logical, tmp_path):
+    """A NaN / Inf in-block scale d: the inspector and the decoder name tensor, row and block and
+    say finite scales are expected."""
+    from reference.checkpoint import CheckpointError
+    from reference.formats import TQ2_0, tq2_0_scale
+    from reference.inspect import InspectError
+    from reference.spec import LinearEntry
+
+    out = tmp_path / "tq2"
+    synth.write("tq2_0", logical.with_group_jitter(256), out)
+    key = "blk.2.attn_k.weight"
+
+    def poison(t):
+        t[5, 64:66] = torch.tensor([bad], dtype=torch.float16).view(torch.uint8)  # row 5, block 0
+        return t
+
+    _rewrite(out, key, poison)
+    with pytest.raises(InspectError) as e:
+        inspect_dir(out, use_loss=False)
+    msg = str(e.value)
+    assert key in msg and "row 5 block 0" in msg and "expected finite block scales" in msg
+    entry = LinearEntry(weight_key=key, shape=(64, 128), pack=TQ2_0, scale=tq2_0_scale(key))
+    with pytest.raises(CheckpointError) as e:
+        decode_linear(Checkpoint(out), entry, "model.layers.2.self_attn.k_proj")
+    msg = str(e.value)
+    assert key in msg and "row 5 block 0" in msg and "expected finite scales" in msg
+
+
+# ---------------------------------------------------------------------------------------
+# HQQ 2-bit with integer zero points (ternary case)
+
+
+@pytest.mark.parametrize("use_loss", [False, True])
+def test_hqq_structure_and_prior(use_loss, logical, tmp_path):
+    """HQQ W_q / scale / zero: the group view, HQQ's chunk layout (blocked, chunk 0 in the high bits),
+    group scales and per-group zero points are found; wrong lanes decode non-ternary (q - z) and
+    are invalid candidates."""
+    lg = logical.with_group_jitter(64, seed=6)
+    out = tmp_path / "hqq"
+    truth = synth.write("hqq", lg, out)
+    res = inspect_dir(out, use_loss=use_loss)
+    check_recovered(out, res.spec, truth, lg, 1e-3)
+    e = res.spec.linears["model.layers.2.mlp.up_proj"]
+    assert (e.pack.group_view, e.pack.pack_axis, e.pack.lanes, e.pack.bit_order) == (64, 0, "blocked", "msb")
+    assert e.zero.key == "model.layers.2.mlp.up_proj.zero" and e.scale.granularity == "group"
+    assert "model.layers.2.mlp.up_proj.zero" not in res.spec.ignored
+    assert any(f.what == "block structure" and "HQQ" in f.decision for f in res.findings)
+
+
+def test_hqq_non_integer_zero_is_not_ternary(logical, tmp_path):
+    from reference.inspect import InspectError
+
+    out = tmp_path / "hqq"
+    synth.write("hqq", logical, out)
+    key = "model.layers.0.self_attn.o_proj.zero"
+
+    def frac(z):
+        z[7] = 1.25
+        return z
+
+    _rewrite(out, key, frac)
+    with pytest.raises(InspectError) as e:
+        inspect_dir(out, use_loss=False)
+    msg = str(e.value)
+    assert key in msg and "non-integer" in msg and "1.25 at group 7" in msg and "not ternary" in msg

@@ -290,3 +290,288 @@ def test_gptq_int4_matches_autogptq_v1(fmt, logical, tmp_path):
                 want[row] |= intweight[row * 8 + j] << (4 * j)
         assert torch.equal(as_u32(ck.get(f"{mod}.qweight")), want)
         assert bool((as_u32(ck.get(f"{mod}.qzeros")) == 0x77777777).all())
+
+
+# ---------------------------------------------------------------------------------------
+# llama.cpp TQ2_0 (ggml-quants.c, block_tq2_0: qs[QK_K/4] then ggml_half d; QK_K = 256)
+
+
+def tq2_0_quantize_ref(w: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """llama.cpp quantize_row_tq2_0_ref, transcribed loop for loop, on an already ternary row with
+    given block scales d (fp16): for j in (0, 32): for m < 32: q = sum_n (x[m + 32n] + 1) << 2n ->
+    qs[j + m]; x += 128.  Then the 2 bytes of d (little-endian fp16).  -> uint8 [N, K/256 * 66]."""
+    n, k = w.shape
+    assert k % 256 == 0
+    out = torch.zeros(n, k // 256 * 66, dtype=torch.uint8)
+    dh = d.to(torch.float16).view(torch.int16).to(torch.int64) & 0xFFFF
+    for r in range(n):
+        for i in range(k // 256):
+            x = w[r, i * 256:(i + 1) * 256].tolist()
+            blk = out[r, i * 66:(i + 1) * 66]
+            off = 0
+            for j in range(0, 64, 32):
+                for m in range(32):
+                    q = 0
+                    for nn in range(4):
+                        q += ((x[off + m + nn * 32] + 1) & 3) << (2 * nn)
+                    blk[j + m] = q
+                off += 128
+            blk[64], blk[65] = int(dh[r, i]) & 0xFF, int(dh[r, i]) >> 8
+    return out
+
+
+def tq2_0_dequantize_ref(raw: torch.Tensor, k: int) -> torch.Tensor:
+    """llama.cpp dequantize_row_tq2_0: y = (float)(((qs[j + m] >> 2l) & 3) - 1) * d, in the order
+    j in (0, 32), l < 4, m < 32.  -> float32 [N, K]."""
+    n = raw.shape[0]
+    y = torch.empty(n, k)
+    for r in range(n):
+        out = []
+        for i in range(k // 256):
+            blk = raw[r, i * 66:(i + 1) * 66]
+            d = float(blk[64:66].clone().view(torch.float16)[0])
+            for j in (0, 32):
+                for l in range(4):
+                    for m in range(32):
+                        q = (int(blk[j + m]) >> (l * 2)) & 3
+                        out.append(float(torch.tensor((q - 1) * d, dtype=torch.float32)))
+        y[r] = torch.tensor(out)
+    return y
+
+
+def test_tq2_0_lane_rule_on_a_hand_built_block():
+    """Bytes built by hand (not by pack): byte m of half h holds element 128h + m + 32n at bits 2n.
+    The TQ2_0 PackSpec + in-block scale must decode them as llama.cpp's dequantize_row_tq2_0 does."""
+    from reference.formats import TQ2_0, expand_scale, tq2_0_scale
+
+    g = torch.Generator().manual_seed(7)
+    codes = torch.randint(0, 3, (3, 512), generator=g)  # two blocks per row, codes 0..2 = w + 1
+    raw = torch.zeros(3, 132, dtype=torch.uint8)
+    d = torch.tensor([[0.5, -0.125], [0.0625, 3.0], [1.0, 0.01]], dtype=torch.float16)
+    for r in range(3):
+        for b in range(2):
+            for h in range(2):
+                for m in range(32):
+                    byte = sum(int(codes[r, 256 * b + 128 * h + m + 32 * n]) << (2 * n) for n in range(4))
+                    raw[r, 66 * b + 32 * h + m] = byte
+            raw[r, 66 * b + 64:66 * b + 66] = d[r, b:b + 1].view(torch.uint8)
+    vals = unpack(raw, TQ2_0, (3, 512))
+    assert torch.equal(vals.to(torch.int64), codes - 1)
+    eff = vals.float() * expand_scale(raw, tq2_0_scale("w"), (3, 512))
+    assert torch.equal(eff, tq2_0_dequantize_ref(raw, 512))
+    # the same bytes from llama.cpp's quantizer transcription, and from our packer
+    assert torch.equal(tq2_0_quantize_ref(codes - 1, d), raw)
+    from reference.formats import write_record_scales
+    assert torch.equal(write_record_scales(pack(codes - 1, TQ2_0), d, tq2_0_scale("w"), (3, 512)), raw)
+
+
+def test_tq2_0_writer_matches_llamacpp(logical, tmp_path):
+    """synth 'tq2_0' on a K % 256 == 0 model slice: bytes equal llama.cpp's quantize_row_tq2_0_ref
+    output; spec decode gives T bit-exact and W_eff = llama.cpp's dequantize_row_tq2_0 exactly."""
+    from reference.formats import TQ2_0, tq2_0_scale
+    from reference.spec import LinearEntry, decode_linear
+
+    g = torch.Generator().manual_seed(3)
+    t = torch.randint(-1, 2, (24, 768), generator=g).to(torch.int8)
+    m = (0.02 + 0.01 * torch.rand(24, 3, generator=g)).repeat_interleave(256, dim=1)  # per-256-block multipliers
+    lg = synth.Logical({}, {"model.layers.0.mlp.down_proj": t}, {"model.layers.0.mlp.down_proj": m}, {})
+    sd, qcfg, truth = synth.w_tq2_0(lg)
+    key = "blk.0.ffn_down.weight"
+    assert qcfg is None and set(sd) == {key}
+    raw = sd[key]
+    assert raw.dtype == torch.uint8 and raw.shape == (24, 3 * 66)
+    d = m[:, ::256].to(torch.float16)
+    assert torch.equal(raw, tq2_0_quantize_ref(t, d))
+    from safetensors.torch import save_file
+    save_file({key: raw}, str(tmp_path / "model.safetensors"))
+    e = LinearEntry(weight_key=key, shape=(24, 768), pack=TQ2_0, scale=tq2_0_scale(key))
+    dec = decode_linear(Checkpoint(tmp_path), e, "down")
+    assert torch.equal(dec.values.to(torch.int8), t)
+    assert torch.equal(dec.effective(), tq2_0_dequantize_ref(raw, 768))
+    assert torch.equal(dec.effective(), truth.effective("model.layers.0.mlp.down_proj"))
+    torch.testing.assert_close(dec.effective(), t.float() * m, rtol=1e-3, atol=0)  # fp16 rounding of d only
+
+
+def test_tq2_0_trained_model_partial_blocks(logical, tmp_path):
+    """tiny-trained (K = 128 / 384: a partial last block, padded with code 1 = 0) with per-256
+    group multipliers: T bit-exact, W_eff within fp16 rounding of d, GGUF names, no scale tensor."""
+    from reference.formats import TQ2_0, tq2_0_scale
+    from reference.spec import LinearEntry, decode_linear
+
+    lg = logical.with_group_jitter(256, seed=2)
+    ck, truth = _write("tq2_0", lg, tmp_path)
+    assert not any(k.endswith("scale") for k in ck.keys())
+    for mod in (Q, D):
+        key = f"{synth.rename(mod, 'gguf')}.weight"
+        n, k = lg.ternary[mod].shape
+        raw = ck.get(key)
+        assert raw.shape == (n, -(-k // 256) * 66)
+        rec = raw.reshape(n, -1, 66)
+        if k % 256:  # padding fields of the last block hold code 1 (value 0)
+            tail = unpack(raw, TQ2_0.replace(codes=(0, 1, 2, 3)), (n, -(-k // 256) * 256))[:, k:]
+            assert bool((tail == 1).all())
+        d = rec[:, :, 64:66].contiguous().view(torch.float16).reshape(n, -1)
+        assert torch.equal(d, lg.mult[mod][:, ::256].to(torch.float16))
+        dec = decode_linear(ck, LinearEntry(weight_key=key, shape=(n, k), pack=TQ2_0, scale=tq2_0_scale(key)), mod)
+        assert torch.equal(dec.values.to(torch.int8), lg.ternary[mod])
+        assert torch.equal(dec.effective(), truth.effective(mod))
+        torch.testing.assert_close(dec.effective(), lg.effective(mod), rtol=1e-3, atol=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=hst.integers(1, 12), k=hst.integers(1, 700), block=hst.sampled_from([8, 32, 128, 256]),
+       order=hst.sampled_from(["lsb", "msb"]), rec_bytes=hst.integers(2, 8), seed=hst.integers(0, 2**16))
+def test_record_packspec_roundtrip(n, k, block, order, rec_bytes, seed):
+    """Record-packed weights (codes + side bytes per record, partial last record) round-trip exactly;
+    the side bytes do not disturb the codes and hold what write_record_scales put there."""
+    from reference.formats import ScaleSpec, expand_scale, write_record_scales
+
+    spec = PackSpec(bits=2, container="uint8", lanes="block_interleaved", block=block, bit_order=order,
+                    codes=(-1, 0, 1, None), pad_code=1, record=(256, 64 + rec_bytes))
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(-1, 2, (n, k), generator=g).to(torch.int8)
+    p = pack(w, spec)
+    assert p.shape == (n, -(-k // 256) * (64 + rec_bytes))
+    sc = ScaleSpec(key="w", granularity="block", group_size=256, record_bytes=64 + rec_bytes,
+                   byte_offset=64 + rec_bytes - 2, dtype="float16")
+    d = (torch.rand(n, -(-k // 256), generator=g) + 0.01).to(torch.float16)
+    p2 = write_record_scales(p, d, sc, (n, k))
+    assert torch.equal(unpack(p2, spec, (n, k)), w)
+    assert torch.equal(expand_scale(p2, sc, (n, k)), d.float().repeat_interleave(256, dim=1)[:, :k])
+
+
+def test_tq2_0_spec_json_roundtrip_and_old_json_unchanged():
+    """The TQ2_0 entry serialises (record, in-block scale) and reads back equal; entries of the
+    existing formats serialise without any of the new keys."""
+    import json
+
+    from reference.formats import TQ2_0, ScaleSpec, tq2_0_scale
+    from reference.spec import CheckpointSpec, LinearEntry
+
+    e = LinearEntry(weight_key="blk.0.attn_q.weight", shape=(128, 512), pack=TQ2_0,
+                    scale=tq2_0_scale("blk.0.attn_q.weight"))
+    d = json.loads(json.dumps(e.to_dict()))
+    assert d["pack"]["record"] == [256, 66]
+    assert d["scale"] == {"key": "blk.0.attn_q.weight", "granularity": "block", "op": "multiply",
+                          "group_size": 256, "index": None, "transposed": False, "record_bytes": 66,
+                          "byte_offset": 64, "dtype": "float16"}
+    assert LinearEntry.from_dict(d) == e
+    old = LinearEntry(weight_key="w", shape=(4, 8), pack=synth.SEED, scale=ScaleSpec(key="s", granularity="channel"))
+    od = old.to_dict()
+    assert "record" not in od["pack"] and not {"record_bytes", "byte_offset", "dtype"} & set(od["scale"])
+    spec = CheckpointSpec(name="x", linears={"m": e}, tensors={})
+    assert CheckpointSpec.from_dict(json.loads(spec.to_json())).linears["m"] == e
+
+
+@pytest.mark.parametrize("bad", [
+    dict(key="other"),  # an in-block scale must name the weight itself
+    dict(record_bytes=68),  # record size disagrees with the PackSpec
+    dict(byte_offset=10),  # inside the code bytes
+])
+def test_tq2_0_inconsistent_in_block_scale_is_refused(bad):
+    import dataclasses
+
+    from reference.formats import TQ2_0, FormatError, tq2_0_scale
+    from reference.spec import LinearEntry
+
+    sc = dataclasses.replace(tq2_0_scale("w"), **bad)
+    with pytest.raises(FormatError, match="in-block scale"):
+        LinearEntry(weight_key="w", shape=(4, 256), pack=TQ2_0, scale=sc)
+
+
+# ---------------------------------------------------------------------------------------
+# HQQ 2-bit (mobiusml/hqq hqq/core/quantize.py: Quantizer.quantize axis=1, BitPack.pack_2bit_u8)
+
+
+def hqq_pack_2bit_u8(W_q: torch.Tensor) -> torch.Tensor:
+    """mobiusml/hqq BitPack.pack_2bit_u8, verbatim: four axis-0 chunks, chunk 0 in bits 7-6."""
+    W_q = W_q.to(torch.uint8)
+    _step = int(len(W_q) / 4)
+    return W_q[:_step] << 6 | W_q[_step:2 * _step] << 4 | W_q[2 * _step:3 * _step] << 2 | W_q[3 * _step:]
+
+
+def hqq_dequantize(W_q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, shape) -> torch.Tensor:
+    """Quantizer.dequantize for nbits=2 (BitPack.unpack_2bit_u8, then (W_q - zero) * scale, reshape),
+    in float32 (HQQ computes in the model's compute dtype)."""
+    W_q_p = torch.cat([(W_q & 0b11000000) >> 6, (W_q & 0b00110000) >> 4, (W_q & 0b00001100) >> 2,
+                       W_q & 0b00000011], axis=0).float()
+    return ((W_q_p - zero.float()) * scale.float()).reshape(shape)
+
+
+def test_hqq_matches_bitpack_and_dequantize(logical, tmp_path):
+    """W_q = HQQ's pack_2bit_u8 of the axis=1 group view of q = w + z (z in {1, 2} per group);
+    HQQ's dequantize of what synth wrote = the ground truth; the spec decode agrees bit for bit."""
+    from reference.formats import ScaleSpec
+    from reference.spec import LinearEntry, decode_linear
+
+    lg = logical.with_group_jitter(64, seed=5)
+    ck, truth = _write("hqq", lg, tmp_path)
+    for mod in (Q, D):
+        t = lg.ternary[mod]
+        n, k = t.shape
+        W_q, s, z = ck.get(f"{mod}.W_q"), ck.get(f"{mod}.scale"), ck.get(f"{mod}.zero")
+        assert W_q.dtype == torch.uint8 and W_q.shape == (n * k // 64 // 4, 64)
+        assert s.shape == z.shape == (n * k // 64, 1) and s.dtype == z.dtype == torch.float16
+        assert set(torch.unique(z).tolist()) == {1.0, 2.0}  # both zero points occur
+        q = (t.reshape(-1, 64).to(torch.int64) + z.to(torch.int64))  # axis=1 view: one row per group
+        assert torch.equal(W_q, hqq_pack_2bit_u8(q))
+        eff = hqq_dequantize(W_q, s, z, (n, k))
+        assert torch.equal(eff, truth.effective(mod))
+        torch.testing.assert_close(eff, lg.effective(mod), rtol=1e-3, atol=0)
+        e = LinearEntry(weight_key=f"{mod}.W_q", shape=(n, k), pack=synth.HQQ_SPEC,
+                        scale=ScaleSpec(f"{mod}.scale", "group", group_size=64),
+                        zero=ScaleSpec(f"{mod}.zero", "group", group_size=64))
+        d = decode_linear(ck, e, mod)
+        assert torch.equal(d.values, t) and torch.equal(d.effective(), eff)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=hst.integers(1, 12), groups=hst.integers(1, 6), g=hst.sampled_from([4, 16, 64]),
+       order=hst.sampled_from(["lsb", "msb"]), lanes=hst.sampled_from(["interleaved", "blocked"]),
+       seed=hst.integers(0, 2**16))
+def test_group_view_roundtrip(n, groups, g, order, lanes, seed):
+    """Any packing of the [N*K/G, G] group view (padding when N*K/G is not a multiple of 4)."""
+    spec = PackSpec(bits=2, container="uint8", pack_axis=0, lanes=lanes, bit_order=order, codes=(0, 1, 2, 3),
+                    group_view=g)
+    w = torch.randint(0, 4, (n, groups * g), generator=torch.Generator().manual_seed(seed))
+    assert torch.equal(unpack(pack(w, spec), spec, (n, groups * g)).to(torch.int64), w)
+
+
+def test_hqq_zero_points_must_make_ternary_values(logical, tmp_path):
+    """A non-integer zero point, or an integer one that puts (q - z) outside {-1, 0, 1}: a clear
+    'not ternary' error naming the tensor."""
+    from safetensors.torch import load_file, save_file
+
+    from reference.checkpoint import CheckpointError
+    from reference.formats import ScaleSpec
+    from reference.spec import LinearEntry, decode_linear
+
+    out = tmp_path / "hqq"
+    synth.write("hqq", logical, out)
+    sd = load_file(str(out / "model.safetensors"))
+    n, k = logical.ternary[D].shape
+    e = LinearEntry(weight_key=f"{D}.W_q", shape=(n, k), pack=synth.HQQ_SPEC,
+                    scale=ScaleSpec(f"{D}.scale", "group", group_size=64),
+                    zero=ScaleSpec(f"{D}.zero", "group", group_size=64))
+    for bad, want in ((1.5, "non-integer values (e.g. 1.5 at element 3)"), (3.0, "not ternary")):
+        z = sd[f"{D}.zero"].clone()
+        z[3] = bad
+        save_file({**sd, f"{D}.zero": z}, str(out / "model.safetensors"), metadata={"format": "pt"})
+        with pytest.raises(CheckpointError) as ei:
+            decode_linear(Checkpoint(out), e, D)
+        assert f"{D}.zero" in str(ei.value) and want in str(ei.value) and "not ternary" in str(ei.value)
+
+
+def test_hqq_spec_json_roundtrip_and_old_json_unchanged():
+    import json
+
+    from reference.formats import ScaleSpec
+    from reference.spec import LinearEntry
+
+    e = LinearEntry(weight_key="m.W_q", shape=(8, 128), pack=synth.HQQ_SPEC,
+                    scale=ScaleSpec("m.scale", "group", group_size=64), zero=ScaleSpec("m.zero", "group", group_size=64))
+    d = json.loads(json.dumps(e.to_dict()))
+    assert d["pack"]["group_view"] == 64 and d["zero"]["key"] == "m.zero"
+    assert LinearEntry.from_dict(d) == e
+    od = LinearEntry(weight_key="w", shape=(4, 8), pack=synth.SEED).to_dict()
+    assert "zero" not in od and "group_view" not in od["pack"]

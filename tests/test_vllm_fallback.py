@@ -219,3 +219,81 @@ def test_int4_compressed_tensors_runs_in_vllm(tmp_path):
     ids = torch.randint(3, 512, (2, 24), generator=torch.Generator().manual_seed(0))
     _capture_and_compare(d, ids, "fp32-a8", spec_path=d / "ternary_spec.json")
 
+
+
+# ---------------------------------------------------------------------------------------- TQ2_0
+
+
+@pytest.fixture(scope="module")
+def tq2_layer0():
+    """Layer 0 of a ternary model in llama.cpp TQ2_0 (66-byte blocks, in-block fp16 d per 256
+    inputs; K = 128 / 384: partial last blocks): (spec, {key: tensor}, {module: effective fp32})."""
+    from reference.formats import TQ2_0, tq2_0_scale
+
+    g = torch.Generator().manual_seed(5)
+    tern = {f"{P0}.{m}": torch.randint(-1, 2, (n, k), generator=g).to(torch.int8) for m, (n, k) in SHAPES.items()}
+    mult = {mod: (0.01 + 0.02 * torch.rand(t.shape[0], -(-t.shape[1] // 256), generator=g))
+            .repeat_interleave(256, dim=1)[:, :t.shape[1]] for mod, t in tern.items()}
+    sd, _, truth = synth.w_tq2_0(synth.Logical({}, tern, mult, {}))
+    linears = {}
+    for mod, t in tern.items():
+        key = f"{synth.rename(mod, 'gguf')}.weight"
+        linears[mod] = LinearEntry(weight_key=key, shape=tuple(t.shape), pack=TQ2_0, scale=tq2_0_scale(key))
+    spec = CheckpointSpec(name="synthetic-tq2_0", linears=linears, tensors={}, activation_quant="none")
+    return spec, sd, {mod: truth.effective(mod) for mod in tern}
+
+
+@pytest.mark.parametrize("kind,size", [("qkv", 1), ("gate_up", 1), ("down", 1), ("qkv", 2), ("gate_up", 2)])
+def test_tq2_0_in_block_scales_take_the_dense_fallback(vllm_env, tp, tq2_layer0, kind, size):
+    """The weight tensor is also the scale tensor: its key feeds both parameters; the in-block d
+    become the layer's group multipliers (group 256) and the dense weight equals T * d exactly."""
+    from trit.vllm.quant import DenseFallbackLinearMethod, TernaryConfig
+
+    spec, sd, eff = tq2_layer0
+    e = spec.linears[f"{P0}.mlp.down_proj"]
+    assert km.dense_reason(e) == "in-block scale (one float16 per 256-value block, 66-byte blocks)"
+    targets = km.build_key_map(spec, {})[e.weight_key]
+    assert sorted(t.kind for t in targets) == ["scale", "weight"]
+    for rank in range(size):
+        tp(rank, size)
+        layer = build(kind, TernaryConfig(spec))
+        assert isinstance(layer.quant_method, DenseFallbackLinearMethod) and layer.quant_method.group_size == 256
+        load(layer, spec, sd)
+        full = [eff[f"{P0}.{m}"] for m in MODS[kind]]
+        want = torch.cat([f.chunk(size)[rank] for f in full])
+        assert torch.equal(layer.weight.data, want), f"{kind} TP{size} rank {rank}"
+
+
+def test_tq2_0_row_parallel_split_inside_a_block_is_an_error(vllm_env, tp, tq2_layer0):
+    from trit.vllm.quant import TernaryConfig
+
+    tp(0, 2)  # down: K = 384 / 2 = 192 per rank, not a multiple of the 256-value block
+    with pytest.raises(km.KeyMapError, match=r"mlp\.down_proj.*K=384.*TP=2.*192.*group size 256"):
+        build("down", TernaryConfig(tq2_layer0[0]))
+
+
+@pytest.mark.slow
+def test_tq2_0_runs_in_vllm(tmp_path):
+    """llama.cpp TQ2_0 blocks (per-256 fp16 d inside the weight), inspected, through vLLM's dense
+    fallback vs the reference model; BitNet int8 activations: fp32-a8 tier."""
+    from reference.inspect import main as inspect_main
+
+    d = tmp_path / "tq2"
+    synth.write("tq2_0", synth.Logical.from_dir(TRAINED).with_group_jitter(256, seed=3), d)
+    assert inspect_main([str(d)]) == 0
+    spec = CheckpointSpec.load(d / "ternary_spec.json")
+    assert spec.linears[f"{P0}.mlp.down_proj"].scale.granularity == "block"
+    ids = torch.randint(3, 512, (2, 24), generator=torch.Generator().manual_seed(0))
+    _capture_and_compare(d, ids, "fp32-a8", spec_path=d / "ternary_spec.json")
+
+
+def test_hqq_zero_points_are_refused_by_name(tmp_path):
+    """Per-group zero points (HQQ) are not loaded by the plugin: the key map refuses them by module."""
+    from reference.formats import ScaleSpec
+
+    e = LinearEntry(weight_key=f"{P0}.mlp.down_proj.W_q", shape=(128, 384), pack=synth.HQQ_SPEC,
+                    scale=ScaleSpec(f"{P0}.mlp.down_proj.scale", "group", group_size=64),
+                    zero=ScaleSpec(f"{P0}.mlp.down_proj.zero", "group", group_size=64))
+    spec = CheckpointSpec(name="hqq", linears={f"{P0}.mlp.down_proj": e}, tensors={})
+    with pytest.raises(km.KeyMapError, match=r"mlp\.down_proj has per-group zero points .*down_proj\.zero"):
+        km.build_key_map(spec, {})

@@ -63,9 +63,10 @@ class ExportError(ValueError):
 def check_exportable(spec: CheckpointSpec) -> None:
     """Refuse, before any decoding, what the kernel layout cannot express."""
     for mod, e in spec.linears.items():
-        if e.scale is not None and e.scale.granularity == "group":
+        if e.scale is not None and e.scale.granularity in ("group", "block"):
+            what = "group-wise" if e.scale.granularity == "group" else "in-block (TQ2_0-style) group"
             raise ExportError(
-                f"{mod}: group-wise scale {e.scale.key!r} (group_size {e.scale.group_size}) cannot be expressed as "
+                f"{mod}: {what} scale {e.scale.key!r} (group_size {e.scale.group_size}) cannot be expressed as "
                 f"the per-output-channel multiplier the trit kernels take; this checkpoint cannot be exported to "
                 f"the {LAYOUT} layout")
 

@@ -86,6 +86,9 @@ def lut_decode(packed: torch.Tensor, pack: PackSpec, shape: tuple[int, int]) -> 
     p = packed.t() if pack.transposed else packed
     if pack.pack_axis == 0:
         p = p.t()  # now (rows, packed_len) with packing along dim 1
+    if pack.record is not None:  # record-packed (llama.cpp TQ2_0): each record's code bytes, side bytes dropped
+        elems, nbytes = pack.record
+        p = p.reshape(p.shape[0], -1, nbytes)[:, :, :elems // pack.values_per_container].reshape(p.shape[0], -1)
     rows, plen = p.shape
     v = pack.values_per_container
     vals = _byte_lut(pack)[p.long()]  # (rows, plen, V): value of each slot

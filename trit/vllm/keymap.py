@@ -40,7 +40,7 @@ from typing import Optional, Union
 
 import torch
 
-from reference.formats import FormatError, expand_scale, unpack
+from reference.formats import FormatError, expand_scale, record_scales, unpack
 from reference.spec import CheckpointSpec, LinearEntry, unpack_layout
 
 ShardId = Union[str, int, None]
@@ -127,6 +127,10 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
         out.setdefault(key, []).append(t)
 
     for mod, e in spec.linears.items():
+        if e.zero is not None:
+            raise KeyMapError(f"spec {spec.name!r}: {mod} has per-group zero points {e.zero.key!r} (HQQ-style "
+                              f"W = (q - z) * s), which the vLLM plugin does not load yet; decode the checkpoint "
+                              f"with `python -m reference.decode` and serve the float weights instead")
         layer, sid = vllm_target(mod)
         add(e.weight_key, Target(f"{layer}.weight", sid, "weight", mod))
         if e.scale is not None:
@@ -200,8 +204,8 @@ def shard_scale(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bool
     if entry.scale is None:
         n = entry.shape[0] if fused else entry.out_shape[0]
         return torch.ones(n)
-    if entry.scale.granularity == "group":
-        raise FormatError(f"{name}: group-wise scale {entry.scale.key!r} (group_size {entry.scale.group_size}) is not "
+    if entry.scale.granularity in ("group", "block"):
+        raise FormatError(f"{name}: {entry.scale.granularity}-wise scale {entry.scale.key!r} (group_size {entry.scale.group_size}) is not "
                           f"supported by the trit ops, which take one scale per output row")
     m = expand_scale(raw.detach().cpu(), entry.scale, entry.shape, rows=None if fused else entry.rows,
                      name=f"tensor {entry.scale.key!r} ({name})")  # (1, 1) or (n, 1)
@@ -217,10 +221,14 @@ TERNARY_LEVELS = frozenset((-1, 0, 1))
 
 def dense_reason(entry: LinearEntry) -> Optional[str]:
     """Why module ``entry`` cannot run on the trit kernels (so its layer takes the dense
-    fallback), or ``None``: group-wise scales, or integer levels beyond {-1, 0, +1}."""
+    fallback), or ``None``: group-wise scales (stored apart, or inside the weight's blocks as
+    llama.cpp TQ2_0 does), or integer levels beyond {-1, 0, +1}."""
     why = []
     if entry.scale is not None and entry.scale.granularity == "group":
         why.append(f"group-wise scale (group_size {entry.scale.group_size})")
+    if entry.scale is not None and entry.scale.granularity == "block":
+        why.append(f"in-block scale (one {entry.scale.dtype} per {entry.scale.group_size}-value block, "
+                   f"{entry.scale.record_bytes}-byte blocks)")
     if entry.pack is not None:
         levels = sorted({int(v) for v in entry.pack.codes if v is not None})
         if not set(levels) <= TERNARY_LEVELS:
@@ -270,10 +278,13 @@ def group_mult(raw: Optional[torch.Tensor], entry: LinearEntry, name: str, group
         return torch.ones(n, cols)
     where = f"tensor {entry.scale.key!r} ({name})"
     sc = entry.scale
-    if sc.granularity == "group":
+    if sc.granularity in ("group", "block"):
         if sc.group_size != group_size:
             raise FormatError(f"{where}: group_size {sc.group_size}, but its fused vLLM layer uses {group_size}")
-        s = raw.detach().cpu().to(torch.float32)
+        if sc.granularity == "block":  # the weight tensor itself: its in-block scales (finite, checked there)
+            s = record_scales(raw.detach().cpu(), sc, entry.shape, name=where)
+        else:
+            s = raw.detach().cpu().to(torch.float32)
         if sc.transposed and s.dim() == 2:
             s = s.t()
         if tuple(s.shape) != (entry.shape[0], cols):

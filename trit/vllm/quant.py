@@ -21,7 +21,8 @@ Life of a ternary linear layer:
                    branch, so CUDA graphs capture it.
 
 Dense fallback (``DenseFallbackLinearMethod``): a layer with a module the trit ops cannot express
-(``keymap.dense_reason``: group-wise scales, integer levels beyond ternary) is decoded at load into
+(``keymap.dense_reason``: group-wise scales, stored apart or in-block as llama.cpp TQ2_0 keeps them,
+integer levels beyond ternary) is decoded at load into
 its effective weight in the model dtype and computed with a dense matmul; see that class.
 
 Pre-packed checkpoints (``python -m trit.export``: spec entries with ``layout:
@@ -528,7 +529,8 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
     def __init__(self, quant_config: TernaryConfig, prefix: str):
         super().__init__(quant_config, prefix)
         entries = [self.spec.linears[m] for m in self.modules.values()]
-        sizes = {e.scale.group_size for e in entries if e.scale is not None and e.scale.granularity == "group"}
+        sizes = {e.scale.group_size for e in entries
+                 if e.scale is not None and e.scale.granularity in ("group", "block")}  # block: in-block (TQ2_0)
         if len(sizes) > 1:
             raise KeyMapError(f"vLLM layer {prefix!r} fuses {list(self.modules.values())} with different group sizes "
                               f"{sorted(sizes)}; one fused layer takes one group size")
