@@ -68,8 +68,8 @@ CATEGORIES = [  # (category, substrings of kernel names), first match wins
 # -qloop: the separate quantizer at M <= 8 always the thread-block cluster kernel (TRIT_QUANT_CLUSTER=8:
 # the row split over up to 8 CTAs, one load round trip) / always the one-CTA loop kernel (=0, the
 # default before run 23; the default now takes the cluster kernel on rows longer than 4096); -fnorm: the
-# BitNet model's norms compute their layer's int8 input (TRIT_FUSED_NORM_QUANT=1, trit::rms_norm_a8q;
-# the Llama model is vLLM's own and does not change)
+# norms compute their layer's int8 input (TRIT_FUSED_NORM_QUANT=1, trit::rms_norm_a8q: BitNet's four
+# norm -> layer pairs; on Llama, trit.vllm.llama's subclass, input norm -> qkv and post norm -> gate_up)
 _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        "-wg2": {"TRIT_A8_GEMM_WG": "2", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        "-mma": {"TRIT_A8_GEMM_WG": "0"}, "-deep": {"TRIT_A8_GEMM_WG_DEEP": "1"},

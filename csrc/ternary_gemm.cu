@@ -2422,6 +2422,11 @@ __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __
   __shared__ float sh_f[kRnqThreads / 32];
   __shared__ int sh_i[kRnqThreads / 32];
   pdl_trigger();  // the GEMV behind may launch now and stream its weights; it waits for this grid
+#if defined(__CUDA_ARCH__)
+  // w is a parameter, not the kernel before's output: on its way into L2 before the wait
+  for (int k = threadIdx.x * 64; k < K; k += kRnqThreads * 64)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(w + k));
+#endif
   pdl_wait();     // x / residual come from the kernel before
   const int m = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const size_t off = (size_t)m * K;
@@ -2505,7 +2510,9 @@ __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __
 template <typename T>
 cudaError_t launch_rms_norm_quant(const T* x, const T* residual, const T* w, T* out, T* res_out, int8_t* xq,
                                   float* xs, int32_t* rowsum, int M, int K, float eps, cudaStream_t st) {
-  if (K < 1 || K > kRnqMaxK || M < 1) return cudaErrorInvalidValue;
+  if (K < 1 || K > kRnqMaxK || M < 1 || (residual == nullptr) != (res_out == nullptr) ||
+      reinterpret_cast<uintptr_t>(xq) % 8 != 0)
+    return cudaErrorInvalidValue;
   const int Kp = (K + kBlockK - 1) / kBlockK * kBlockK;
   auto al = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = K % 8 == 0 && al(x) && al(residual) && al(w) && al(out) && al(res_out);

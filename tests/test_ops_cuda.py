@@ -712,21 +712,22 @@ def test_a8q_direct_path_under_knobs(monkeypatch, knobs, M, N, K):
 
 
 # ------------------------------------------------------------------ RMSNorm + a8 quantizer (rms_norm_a8q)
-def _rnq_inputs(M, K, dtype, res, seed, misalign=False):
+def _rnq_inputs(M, K, dtype, res, seed, misalign=()):
+    """x [M, K], residual (or None), weight [K]; the tensors named in misalign ("x", "r", "w") are
+    contiguous views 2 / 4 bytes off a 16-byte boundary (the kernel's scalar path)."""
     g = torch.Generator().manual_seed(seed)
 
-    def t(*shape, scale=3.0):
-        v = (torch.randn(*shape, generator=g) * scale).to(dtype)
-        if not misalign:
+    def t(name, v):
+        if name not in misalign:
             return v.to(DEV)
-        buf = torch.empty(v.numel() + 1, dtype=dtype, device=DEV)  # contiguous but 2 / 4 bytes off 16
-        out = buf[1:].view(*shape)
+        buf = torch.empty(v.numel() + 1, dtype=dtype, device=DEV)
+        out = buf[1:].view(*v.shape)
         out.copy_(v)
         return out
 
-    x = t(M, K)
-    r = t(M, K) if res else None
-    w = (torch.rand(K, generator=g) + 0.5).to(dtype).to(DEV)
+    x = t("x", (torch.randn(M, K, generator=g) * 3).to(dtype))
+    r = t("r", (torch.randn(M, K, generator=g) * 3).to(dtype)) if res else None
+    w = t("w", (torch.rand(K, generator=g) + 0.5).to(dtype))
     return x, r, w
 
 
@@ -738,8 +739,14 @@ def test_rms_norm_a8q_cuda(K, M, res):
     stream bit for bit, out within one rounding step (the reduction order differs), and its xq / xs /
     rowsum exactly a8_quantize of the out it returned; 16-byte and misaligned rows, every dtype."""
     for dtype in DTYPES:
-        for misalign in (False, True):
+        for misalign in ((), ("x", "r"), ("w",), ("r",)):
+            if "r" in misalign and not res:
+                continue
             x, r, w = _rnq_inputs(M, K, dtype, res, K + M, misalign)
+            # leave non-zero bytes where the op's outputs will be allocated: a padding byte or an
+            # output the kernel fails to write cannot pass on a fresh allocation's zeros
+            Kp = (K + 127) // 128 * 128
+            torch.empty(4 * (M * Kp + 2 * M * K * x.element_size()), dtype=torch.uint8, device=DEV).fill_(0x7F)
             out, res_out, xq, xs, rowsum = torch.ops.trit.rms_norm_a8q(x, r, w, 1e-6)
             ref_out, ref_res, *_ = ops.rms_norm_a8q_ref(x, r, w, 1e-6)
             what = f"K={K} M={M} res={res} {dtype} misalign={misalign}"
@@ -766,6 +773,9 @@ def test_rms_norm_a8q_chain(monkeypatch, graph):
     ternary_mm_a8q gives what ternary_mm_a8 gives on the norm's output, bit for bit; and the profiler
     sees one norm kernel and the GEMV per layer, no quantizer."""
     monkeypatch.setenv("TRIT_KERNEL", "v5")
+    # no quantizer fused into the GEMV: were ternary_mm_a8q to fall back to ternary_mm_a8, a quantizer
+    # kernel would run (and show below)
+    monkeypatch.setenv("TRIT_A8_FUSEQ", "0")
     D, L = 2560, 4
     gen = torch.Generator().manual_seed(5)
     layers = [(ops.repack(torch.randint(-1, 2, (D, D), generator=gen, dtype=torch.int8)).to(DEV),
@@ -810,3 +820,8 @@ def test_rms_norm_a8q_chain(monkeypatch, graph):
     names = [e.key for e in prof.key_averages()]
     assert sum(e.count for e in prof.key_averages() if "rms_norm_quant_kernel" in e.key) == L, names
     assert not any("quant_rows" in n for n in names), names
+    # and the GEMV reads the given quantization: a different xs changes the output
+    p, s, w = layers[0]
+    h, _, xq, xs, rs = torch.ops.trit.rms_norm_a8q(xin, None, w, 1e-6)
+    y = torch.ops.trit.ternary_mm_a8q(h, xq, xs, rs, p, s, D, D, None)
+    assert not torch.equal(torch.ops.trit.ternary_mm_a8q(h, xq, xs * 2, rs, p, s, D, D, None), y)

