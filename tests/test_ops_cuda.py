@@ -46,6 +46,17 @@ def capture(fn, static_x, warmup=1):
     return g, static_y
 
 
+def eager_or_replayed(fn, x, graph):
+    """fn(x) eagerly, or captured (capture) and replayed once onto a poisoned output: what a stale
+    or missing write inside the graph would leave shows up in the result."""
+    if not graph:
+        return fn(x)
+    g, static_y = capture(fn, x.clone())
+    poison(static_y)
+    g.replay()
+    return static_y
+
+
 @SETTINGS
 @given(M=M_SIZES, N=AWKWARD_N, K=AWKWARD_K, dtype=st.sampled_from(DTYPES), bias=st.booleans(),
        seed=st.integers(0, 2**16))
@@ -387,13 +398,7 @@ def test_quant_cluster_chain(monkeypatch, graph):
     monkeypatch.setenv("TRIT_QUANT_CLUSTER", "0")
     want = forward(xin)
     monkeypatch.setenv("TRIT_QUANT_CLUSTER", "8")
-    if graph:
-        g, static_y = capture(forward, xin.clone())
-        poison(static_y)
-        g.replay()
-        got = static_y
-    else:
-        got = forward(xin)
+    got = eager_or_replayed(forward, xin, graph)
     torch.cuda.synchronize()
     assert torch.equal(got, want), f"graph={graph}: {(got != want).sum().item()} outputs differ"
 
@@ -797,13 +802,7 @@ def test_rms_norm_a8q_chain(monkeypatch, graph):
         return x + res
 
     xin = torch.randn(1, D, generator=gen).to(torch.bfloat16).to(DEV)
-    if graph:
-        g, static_y = capture(fused, xin.clone())
-        poison(static_y)
-        g.replay()
-        got = static_y
-    else:
-        got = fused(xin)
+    got = eager_or_replayed(fused, xin, graph)
     torch.cuda.synchronize()
     # the reference norm may differ from the kernel's by a rounding step: compare each layer's GEMV on
     # the kernel's own norm output instead of chaining two norms
