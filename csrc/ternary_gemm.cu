@@ -2389,7 +2389,8 @@ cudaError_t launch_decode(const int32_t* wp, const float* scale, T* out, int N, 
 //   out = T(z * rsqrt(mean(z^2) + eps) * w)        (fp32 arithmetic, one rounding to T)
 //   xq / xs / rowsum = the a8 quantizer of out (quant_rows_perm_kernel's values and byte order: what
 //                      trit.ops.a8_quantize(out) gives, bit for bit, for the out this kernel wrote)
-// One CTA of 256 threads per row, the row in registers (kRnqVecs groups of 8 per thread: K <= 16384),
+// One CTA of 256 threads per row, the row in registers (V <= kRnqVecs groups of 8 per thread, V = 2 / 5 / 8
+// by K: K <= 4096 / 10240 / 16384 at 48 / 101 / 155 registers; 4 spilled 8 bytes at 80 registers),
 // every load issued before the first use. vec: K % 8 == 0 and every row pointer 16-byte aligned.
 constexpr int kRnqThreads = 256, kRnqVecs = 8, kRnqMaxK = kRnqThreads * kRnqVecs * 8;
 template <typename T>
@@ -2411,7 +2412,7 @@ __device__ __forceinline__ void store8(T* row, int k, int K, bool vec, const flo
       if (k + i < K) row[k + i] = from_f32<T>(e[i]);
   }
 }
-template <typename T>
+template <typename T, int V>
 __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __restrict__ x,
                                                                      const T* __restrict__ residual,
                                                                      const T* __restrict__ w, T* __restrict__ out,
@@ -2430,9 +2431,9 @@ __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __
   pdl_wait();     // x / residual come from the kernel before
   const int m = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const size_t off = (size_t)m * K;
-  float v[kRnqVecs][8], r[kRnqVecs][8];
+  float v[V][8], r[V][8];
 #pragma unroll
-  for (int j = 0; j < kRnqVecs; ++j) {  // every load first
+  for (int j = 0; j < V; ++j) {  // every load first
     const int k = (j * kRnqThreads + threadIdx.x) * 8;
     if (k < K) {
       load8<T>(x + off, k, K, vec, v[j]);
@@ -2441,7 +2442,7 @@ __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __
   }
   float ss = 0.f;
 #pragma unroll
-  for (int j = 0; j < kRnqVecs; ++j) {
+  for (int j = 0; j < V; ++j) {
     const int k = (j * kRnqThreads + threadIdx.x) * 8;
     if (k < K) {
       if (residual != nullptr) {
@@ -2464,7 +2465,7 @@ __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __
   __syncthreads();  // sh_f is reused below
   float amax = 0.f;
 #pragma unroll
-  for (int j = 0; j < kRnqVecs; ++j) {
+  for (int j = 0; j < V; ++j) {
     const int k = (j * kRnqThreads + threadIdx.x) * 8;
     if (k < K) {
       float wf[8];
@@ -2490,7 +2491,7 @@ __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __
   const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as torch: reciprocal(t) * 127
   int part = 0;
 #pragma unroll
-  for (int j = 0; j < kRnqVecs; ++j) {
+  for (int j = 0; j < V; ++j) {
     const int k = (j * kRnqThreads + threadIdx.x) * 8;
     if (k < Kp) *reinterpret_cast<uint2*>(xq + (size_t)m * Kp + k) = quant_group8(v[j], xs, part);  // zeros past K
   }
@@ -2516,8 +2517,14 @@ cudaError_t launch_rms_norm_quant(const T* x, const T* residual, const T* w, T* 
   const int Kp = (K + kBlockK - 1) / kBlockK * kBlockK;
   auto al = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = K % 8 == 0 && al(x) && al(residual) && al(w) && al(out) && al(res_out);
-  return launch_ex(rms_norm_quant_kernel<T>, dim3(M), dim3(kRnqThreads), 0, st, knobs().pdl && pdl_supported(), x,
-                   residual, w, out, res_out, xq, xs, rowsum, K, Kp, eps, vec);
+  const bool pdl = knobs().pdl && pdl_supported();
+  const int groups = (K + kRnqThreads * 8 - 1) / (kRnqThreads * 8);  // groups of 8 per thread
+  auto go = [&](auto kern) {
+    return launch_ex(kern, dim3(M), dim3(kRnqThreads), 0, st, pdl, x, residual, w, out, res_out, xq, xs, rowsum, K, Kp,
+                     eps, vec);
+  };
+  return groups <= 2 ? go(rms_norm_quant_kernel<T, 2>)
+                     : groups <= 5 ? go(rms_norm_quant_kernel<T, 5>) : go(rms_norm_quant_kernel<T, kRnqVecs>);
 }
 
 }  // namespace

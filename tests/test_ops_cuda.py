@@ -736,7 +736,7 @@ def _rnq_inputs(M, K, dtype, res, seed, misalign=()):
     return x, r, w
 
 
-@pytest.mark.parametrize("K", [8, 100, 1001, 2560, 4100, 6912, 16384])
+@pytest.mark.parametrize("K", [8, 100, 1001, 2560, 4096, 4100, 6912, 10240, 10241, 16384])
 @pytest.mark.parametrize("M", [1, 5, 70])
 @pytest.mark.parametrize("res", [False, True])
 def test_rms_norm_a8q_cuda(K, M, res):
