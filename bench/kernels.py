@@ -259,6 +259,22 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             # row; the default on rows longer than 4096) / to the one-CTA loop kernel (=0)
             variants["a8_qcl"] = with_env({"TRIT_QUANT_CLUSTER": "8", "TRIT_A8_FUSEQ": "0"}, variants["a8"])
             variants["a8_qloop"] = with_env({"TRIT_QUANT_CLUSTER": "0", "TRIT_A8_FUSEQ": "0"}, variants["a8"])
+            # a layer behind its RMSNorm (residual add included): trit::rms_norm_a8q then ternary_mm_a8 on its
+            # output (the layer quantizes again: today's route, with this norm kernel standing in for
+            # vLLM's) / then ternary_mm_a8q on the norm's quantization (TRIT_FUSED_NORM_QUANT)
+            if K <= ops.RMS_NORM_A8Q_MAX_K:
+                res_in = torch.randn(M, K, device=dev).to(torch.bfloat16)
+                w_norm = (torch.rand(K, device=dev) + 0.5).to(torch.bfloat16)
+
+                def a8_nq(i):
+                    h = torch.ops.trit.rms_norm_a8q(x, res_in, w_norm, 1e-6)[0]
+                    return torch.ops.trit.ternary_mm_a8(h, packs[i % nt], scale, N, K, None)
+
+                def a8_fnorm(i):
+                    h, _, xq, xs, rs = torch.ops.trit.rms_norm_a8q(x, res_in, w_norm, 1e-6)
+                    return torch.ops.trit.ternary_mm_a8q(h, xq, xs, rs, packs[i % nt], scale, N, K, None)
+
+                variants["a8_nq"], variants["a8_fnorm"] = a8_nq, a8_fnorm
         if 16 < M <= 256:  # the three a8 routes, each forced (the default picks by shape: a8_gemm_on)
             # its mma.sync main loop (TRIT_A8_GEMM_WG=0; the wgmma loops below)
             gemm = {"TRIT_A8_GEMM": "1", "TRIT_A8_DENSE_MIN_M": str(1 << 30), "TRIT_A8_GEMM_WG": "0"}
@@ -368,7 +384,7 @@ def fmt_row(r) -> str:
             f"{_f(r.get('linear_pct_copy_ceiling'), '4.0f')}% ceil)  fused {_f(r.get('fused_us'), '8.1f')}  "
             f"(v4 {_f(r.get('fused_v4_us'), '6.1f')} nopdl {_f(r.get('fused_nopdl_us'), '6.1f')} "
             f"nopf {_f(r.get('fused_nopf_us'), '6.1f')} pf {_f(r.get('fused_pf_us'), '6.1f')})  dense {_f(r.get('dense_us'), '8.1f')}  "
-            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} cfg1-4 {'/'.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} ks{'/'.join(map(str, GEMM_KS))} {'/'.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} late {_f(r.get('a8_gemm_late_us'), '.1f')} wgmma {'/'.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('wg', 'wgov', 'wgdeep', 'wg2', 'wg2ov', 'wg2deep'))} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} pre {_f(r.get('a8_pre_us'), '6.1f')} qcl {_f(r.get('a8_qcl_us'), '.1f')} qloop {_f(r.get('a8_qloop_us'), '.1f')} nopdl "
+            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} cfg1-4 {'/'.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} ks{'/'.join(map(str, GEMM_KS))} {'/'.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} late {_f(r.get('a8_gemm_late_us'), '.1f')} wgmma {'/'.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('wg', 'wgov', 'wgdeep', 'wg2', 'wg2ov', 'wg2deep'))} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} pre {_f(r.get('a8_pre_us'), '6.1f')} qcl {_f(r.get('a8_qcl_us'), '.1f')} qloop {_f(r.get('a8_qloop_us'), '.1f')} norm+a8 {_f(r.get('a8_nq_us'), '.1f')} fnorm {_f(r.get('a8_fnorm_us'), '.1f')} nopdl "
             f"{_f(r.get('a8_nopdl_us'), '6.1f')} nopf {_f(r.get('a8_nopf_us'), '6.1f')} pf {_f(r.get('a8_pf_us'), '6.1f')})  "
             + "".join(f"ks{k} {_f(r.get(f'a8_ks{k}_us'), '.1f')}/{_f(r.get(f'fused_ks{k}_us'), '.1f')} "
                       for k in KS_SWEEP if r.get(f"a8_ks{k}_us")) +
@@ -409,9 +425,9 @@ def markdown(meta, rows) -> str:
              "choice (TRIT_WN=1 + TRIT_A8_FUSEQ=0 / TRIT_WN=2 / TRIT_A8_FUSEQ=1); at M <= 8 `pre-quantized` is "
              "the GEMV alone on a quantization made beforehand (ternary_mm_a8q) and `cluster q / loop q` the "
              "separate quantizer forced to the thread-block cluster kernel / the one-CTA loop kernel (TRIT_QUANT_CLUSTER=8 / 0, "
-             "TRIT_A8_FUSEQ=0; the default takes the cluster kernel on rows longer than 4096).", "",
+             "TRIT_A8_FUSEQ=0; the default takes the cluster kernel on rows longer than 4096); `norm + a8` / `norm + a8q (fused)` the layer behind its RMSNorm with residual add (trit::rms_norm_a8q), then ternary_mm_a8 quantizing again / ternary_mm_a8q on the norm's quantization (TRIT_FUSED_NORM_QUANT).", "",
              "| N x K | M | bf16 us | linear us | x bf16 | % ceil | fused us | fused v4 | fused no PDL "
-             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 WN=1 no fused q / WN=2 / fused quantizer / pre-quantized (GEMV alone) / cluster q / loop q | a8 fused kernel / int8 cuBLAS / gemm kernel | gemm cfg 1 / 2 / 3 / 4 | gemm ks 1 / 2 / 4 / 8 | gemm late / wgmma 64 / 128 / 64 ov / 128 ov / 64 deep / 128 deep | a8 no PDL | a8 L2 pf off / on "
+             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 WN=1 no fused q / WN=2 / fused quantizer / pre-quantized (GEMV alone) / cluster q / loop q / norm + a8 / norm + a8q (fused) | a8 fused kernel / int8 cuBLAS / gemm kernel | gemm cfg 1 / 2 / 3 / 4 | gemm ks 1 / 2 / 4 / 8 | gemm late / wgmma 64 / 128 / 64 ov / 128 ov / 64 deep / 128 deep | a8 no PDL | a8 L2 pf off / on "
              "| humming us | x humming | floor us | bf16 eager | linear eager |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -422,7 +438,7 @@ def markdown(meta, rows) -> str:
             f"| {_f(r.get('linear_x_bf16'), '.2f')} | {_f(r.get('linear_pct_copy_ceiling'), '.0f')} "
             f"| {_f(r.get('fused_us'), '.1f')} | {_f(r.get('fused_v4_us'), '.1f')} "
             f"| {_f(r.get('fused_nopdl_us'), '.1f')} | {_f(r.get('fused_nopf_us'), '.1f')} / {_f(r.get('fused_pf_us'), '.1f')} | {_f(r.get('dense_us'), '.1f')}{' (decode ' + _f(r.get('decode_us'), '.1f') + ')' if r.get('decode_us') else ''} "
-            f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} | {_f(r.get('a8_plain_us'), '.1f')} / {_f(r.get('a8_wn2_us'), '.1f')} / {_f(r.get('a8_fuseq_us'), '.1f')} / {_f(r.get('a8_pre_us'), '.1f')} / {_f(r.get('a8_qcl_us'), '.1f')} / {_f(r.get('a8_qloop_us'), '.1f')} | {_f(r.get('a8_kernel_us'), '.1f')} / {_f(r.get('a8_int8_us'), '.1f')} / {_f(r.get('a8_gemm_us'), '.1f')} "
+            f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} | {_f(r.get('a8_plain_us'), '.1f')} / {_f(r.get('a8_wn2_us'), '.1f')} / {_f(r.get('a8_fuseq_us'), '.1f')} / {_f(r.get('a8_pre_us'), '.1f')} / {_f(r.get('a8_qcl_us'), '.1f')} / {_f(r.get('a8_qloop_us'), '.1f')} / {_f(r.get('a8_nq_us'), '.1f')} / {_f(r.get('a8_fnorm_us'), '.1f')} | {_f(r.get('a8_kernel_us'), '.1f')} / {_f(r.get('a8_int8_us'), '.1f')} / {_f(r.get('a8_gemm_us'), '.1f')} "
             f"| {' / '.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} "
             f"| {' / '.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} "
             f"| {' / '.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('late', 'wg', 'wg2', 'wgov', 'wg2ov', 'wgdeep', 'wg2deep'))} "
