@@ -303,7 +303,7 @@ def test_hqq_zero_points_are_refused_by_name(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["qkv", "gate_up", "down"])
-def test_mixed_code_widths_stay_ternary_per_shard(vllm_env, kind, tmp_path_factory):
+def test_mixed_code_widths_stay_ternary_per_shard(vllm_env, tp, kind, tmp_path_factory):
     """A model of mixed code widths (reference.synth compressed-tensors-mixed, inspected): a 4-bit
     or int8-stored ternary entry is no reason for the dense fallback (``dense_reason`` reads the
     levels, not the width), and a fused vLLM layer whose members have different widths (layer 1:
@@ -328,6 +328,7 @@ def test_mixed_code_widths_stay_ternary_per_shard(vllm_env, kind, tmp_path_facto
                       "gate_up": {"mlp.gate_proj": 2, "mlp.up_proj": 8}, "down": {"mlp.down_proj": 4}}[kind]
     qc = TernaryConfig(spec)
     assert qc.dense_modules() == {}
+    tp(0, 1)  # the engine tests above tear the TP group down
     if kind == "qkv":
         layer = QKVParallelLinear(128, 32, 4, 2, bias=False, quant_config=qc, params_dtype=torch.float32,
                                   prefix=f"{p1}.self_attn.qkv_proj")
