@@ -7,7 +7,8 @@ Pipeline (each step records its evidence and a confidence for the report):
   2. map keys  checkpoint names -> HF modules by a declarative alias table (q_proj / wq / attn_q
                ...); fused qkv / gate_up split by config.json sizes; missing or extra keys fail
   3. structure code width (2-bit, 4-bit nibbles or one value per 8-bit element, from the ratio of
-               stored to config.json shapes), container, values per container, pack axis, transposed
+               stored to config.json shapes; per module when no one width fits every packed tensor,
+               with zero points and code tables then inferred per width group), container, values per container, pack axis, transposed
                storage and logical shape (square matrices follow the non-square ones), scale
                granularity / group size, zero-point and g_idx sanity, code table: three used codes
                = ternary (unused codes; the +-1 pair = the two used codes with the closest counts;

@@ -525,3 +525,14 @@ def test_mixed_widths_keep_the_shape_error_for_a_tensor_no_width_fits(logical, t
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(Exception, match=r"q_proj\.weight_packed.*\[128, 7\] I32 cannot hold the logical 128x128"):
         inspect_dir(out, use_loss=False)
+
+
+def test_mixed_code_widths_no_loss_mode(logical, tmp_path):
+    """Without loss scoring the per-width code tables (statistics) and the compressed-tensors prior
+    (interleaved, LSB first) still decode every layer of the mixed-width model."""
+    out = tmp_path / "mixed"
+    truth = synth.write("compressed-tensors-mixed", logical, out)
+    res = inspect_dir(out, use_loss=False)
+    check_recovered(out, res.spec, truth, logical, 1e-3)
+    assert {e.pack.bits for e in res.spec.linears.values()} == {2, 4}
+    assert res.loss is None
