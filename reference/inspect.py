@@ -7,7 +7,8 @@ Pipeline (each step records its evidence and a confidence for the report):
   2. map keys  checkpoint names -> HF modules by a declarative alias table (q_proj / wq / attn_q
                ...); fused qkv / gate_up split by config.json sizes; missing or extra keys fail
   3. structure code width (2-bit, 4-bit nibbles or one value per 8-bit element, from the ratio of
-               stored to config.json shapes), container, values per container, pack axis, transposed
+               stored to config.json shapes; per module when no one width fits every packed tensor,
+               with zero points and code tables then inferred per width group), container, values per container, pack axis, transposed
                storage and logical shape (square matrices follow the non-square ones), scale
                granularity / group size, zero-point and g_idx sanity, code table: three used codes
                = ternary (unused codes; the +-1 pair = the two used codes with the closest counts;
@@ -24,6 +25,7 @@ Pipeline (each step records its evidence and a confidence for the report):
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import sys
 from dataclasses import dataclass, field
@@ -251,32 +253,88 @@ def bits_options(cbits: int) -> list[int]:
 
 
 def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]) -> int:
-    """One code width for the model, from the ratio of stored to config.json shapes: the width
-    under which every packed tensor can hold its logical matrix; the config's bits break ties."""
+    """Code width(s) from the ratio of stored to config.json shapes; sets every module's ``bits``
+    and returns the model's main width.  One width when it can hold every packed tensor's logical
+    matrix (the config's bits break ties); otherwise, when each packed tensor fits some width
+    (mixed precision: e.g. 2-bit layers next to 4-bit or one-value-per-byte ones), each module gets
+    its own: the only width that fits it, or among several the one that fits the most modules."""
     packed = [m for m in modules if m.packed and m.weight.dtype in CONTAINER_OF]
     hint = _config_bits(cfg)
     if not packed:
-        return hint or 2
+        return _set_bits(modules, hint or 2)
     fits: dict[int, int] = {}
     unique: dict[int, int] = {}
+    ok_of: dict[str, list[int]] = {}
     for m in packed:
         cbits = INT_DTYPES[m.weight.dtype]
         ok = [b for b in bits_options(cbits) if layout_options(tuple(m.weight.shape), m.logical, cbits, b)]
+        ok_of[m.prefix] = ok
         for b in ok:
             fits[b] = fits.get(b, 0) + 1
             if len(ok) == 1:
                 unique[b] = unique.get(b, 0) + 1
     if not fits:
-        return hint or 2
-    best = max(fits, key=lambda b: (fits[b], unique.get(b, 0), b == hint, b == 2, -b))
+        return _set_bits(modules, hint or 2)
+
+    def rank(b):
+        return (fits[b], unique.get(b, 0), b == hint, b == 2, -b)
+
+    best = max(fits, key=rank)
     others = {b: n for b, n in fits.items() if b != best}
+    fitting = sum(bool(ok) for ok in ok_of.values())
+    if fits[best] < fitting:  # no one width for the tensors that fit some (one that fits none is named later)
+        return _mixed_bits(modules, packed, ok_of, fits, rank, hint, findings)
     findings.append(Finding(
         "code width", f"{best}-bit codes",
         f"stored/logical shape ratios fit {fits[best]} of {len(packed)} packed tensors at {best} bits"
         + (f" (other widths: { {f'{b}-bit': n for b, n in others.items()} })" if others else "")
         + (f"; config.json says {hint} bits" if hint else ""),
         "high" if fits[best] == len(packed) and not any(n == fits[best] for n in others.values()) else "medium"))
-    return best
+    return _set_bits(modules, best)
+
+
+def _set_bits(modules: list[Module], bits: int) -> int:
+    for m in modules:
+        m.bits = bits
+    return bits
+
+
+def _mixed_bits(modules, packed, ok_of, fits, rank, hint, findings) -> int:
+    """Mixed code widths: each packed module its own width (see ``choose_bits``); one finding for
+    the decision and one per width listing its modules with their stored / logical shapes."""
+    bad = [m for m in packed if not ok_of[m.prefix]]  # fit no width: named by _infer_plain's shape error
+    packed = [m for m in packed if ok_of[m.prefix]]
+    for m in packed:
+        m.bits = max(ok_of[m.prefix], key=rank)
+    count: dict[int, int] = {}
+    for m in packed:
+        count[m.bits] = count.get(m.bits, 0) + 1
+    main = max(count, key=lambda b: (count[b], b == hint, -b))
+    chosen = {id(m) for m in packed}
+    for m in modules:
+        if id(m) not in chosen:
+            m.bits = main
+    if bad:
+        return main
+    amb = [m for m in packed if len(ok_of[m.prefix]) > 1]
+    findings.append(Finding(
+        "code width", "mixed: " + ", ".join(f"{b}-bit for {count[b]} modules" for b in sorted(count)),
+        f"no single width fits every packed tensor (of {len(packed)}: "
+        + ", ".join(f"{b}-bit fits {fits[b]}" for b in sorted(fits))
+        + "); each module takes the width its stored/logical shape ratio allows"
+        + (f"; {len(amb)} fit several widths and take the most common one" if amb else "")
+        + (f"; config.json says {hint} bits" if hint else ""),
+        "high" if not amb else "medium"))
+    for b in sorted(count):
+        group = [m for m in packed if m.bits == b]
+        shown = [f"{m.prefix} {m.weight.dtype} {list(m.weight.shape)} = {m.logical[0]}x{m.logical[1]}"
+                 + ("" if len(ok_of[m.prefix]) == 1 else f" (also fits {[o for o in ok_of[m.prefix] if o != b]})")
+                 for m in group]
+        findings.append(Finding(
+            f"code width: {b}-bit modules", f"{len(group)} modules",
+            "; ".join(shown[:16]) + (f"; ... {len(shown) - 16} more" if len(shown) > 16 else ""),
+            "high" if all(len(ok_of[m.prefix]) == 1 for m in group) else "medium"))
+    return main
 
 
 def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int) -> list[tuple[bool, int]]:
@@ -451,9 +509,7 @@ def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, f
 
 
 def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> None:
-    bits = choose_bits(modules, cfg, findings)
-    for m in modules:
-        m.bits = bits
+    choose_bits(modules, cfg, findings)  # sets m.bits (one width, or one per module when mixed)
     votes: dict[tuple, int] = {}
     opts_of = {}
     for m in modules:
@@ -472,6 +528,7 @@ def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, find
             if tuple(ws) != tuple(m.logical):
                 raise InspectError(f"{m.shape_t.file}: tensor {m.shape_t.name!r} says logical shape {ws}, "
                                    f"config.json implies {list(m.logical)}")
+        bits = m.bits
         opts = layout_options(tuple(st.shape), m.logical, cbits, bits)
         if cbits == bits:  # one value per element: no pack axis, only (maybe) transposed storage
             opts = sorted({(t, 1) for t, _ in opts})
@@ -677,6 +734,32 @@ def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: l
     return tables
 
 
+class MixedTables(tuple):
+    """(main width's code table, tuple of the other widths' tables): one code-table choice of a
+    mixed-width model (``Candidate.codes`` / ``Candidate.extra``)."""
+
+
+def mixed_code_candidates(modules: list[Module], ckpt: Checkpoint, findings: list[Finding],
+                          cfg: Optional[ModelConfig] = None) -> list[MixedTables]:
+    """Code tables of a mixed-width model: zero points and code tables inferred per width group
+    (each group's findings name its width); the candidates are every combination of the groups'
+    tables, the main (most common) width's table first."""
+    packed = [m for m in modules if m.packed]
+    count: dict[int, int] = {}
+    for m in packed:
+        count[m.bits] = count.get(m.bits, 0) + 1
+    widths = sorted(count, key=lambda b: (-count[b], b))  # main width first
+    per = []
+    for i, b in enumerate(widths):
+        group = [m for m in packed if m.bits == b] + ([m for m in modules if not m.packed] if i == 0 else [])
+        n0 = len(findings)
+        zero_code = check_zero_points(group, ckpt, findings, cfg)
+        per.append(code_candidates(group, zero_code, findings, cfg))
+        for f in findings[n0:]:
+            f.what = f"{f.what} [{b}-bit modules]"
+    return [MixedTables((combo[0], tuple(combo[1:]))) for combo in itertools.product(*per)]
+
+
 def _pads(m: Module) -> int:
     """Code fields of a packed weight that hold no logical element (the padding)."""
     n, k = m.logical
@@ -817,9 +900,11 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
         tables = [(0, 1, 2, 3)]
         findings.append(Finding("code table", "identity (q), values q - zero", "HQQ: W = (q - zero) * scale",
                                 "high (structure)"))
-    else:
+    elif len({m.bits for m in modules if m.packed}) <= 1:
         zero_code = check_zero_points(modules, ckpt, findings, cfg)
         tables = code_candidates(modules, zero_code, findings, cfg)
+    else:
+        tables = mixed_code_candidates(modules, ckpt, findings, cfg)
     if convention == "hqq":  # W = (q - zero) * scale by definition
         ops = ["multiply"]
         findings.append(Finding("scale op", "multiply", "HQQ dequantises (W_q - zero) * scale", "high (structure)"))
@@ -832,8 +917,8 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     if tables:
         single = all(INT_DTYPES[m.weight.dtype] == m.bits for m in modules if m.packed)  # 1 value/element
         orders = ("lsb",) if single else (("msb", "lsb") if convention == "hqq" else ("lsb", "msb"))
-        cands = [Candidate(t, bo, ln, blk, op) for ln, blk in lane_options(modules) for bo in orders
-                 for t in tables for op in ops]  # grouped by layout: DecodeCache unpacks each layout once
+        cands = [Candidate(t[0], bo, ln, blk, op, t[1]) if isinstance(t, MixedTables) else Candidate(t, bo, ln, blk, op)
+                 for ln, blk in lane_options(modules) for bo in orders for t in tables for op in ops]  # grouped by layout: DecodeCache unpacks each layout once
     else:
         cands = [Candidate((-1, 0, 1, None), op=op) for op in ops]
     ids = None
@@ -851,7 +936,7 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
         for axis, (margin, alt) in axis_margins(scored).items():
             if math.isnan(margin):
                 continue
-            val = {"codes": codes_str(best.codes), "bit_order": best.bit_order, "op": best.op,
+            val = {"codes": best.codes_label(), "bit_order": best.bit_order, "op": best.op,
                    "lanes": f"{best.lanes}" + (f" block={best.block}" if best.block else "")}[axis]
             findings.append(Finding(f"{axis} (by loss)", str(val),
                                     f"loss {scored[0].loss:.4f} nats; best alternative {alt} is "

@@ -122,6 +122,15 @@ def render(res) -> str:
                  f"{f' block {p.block}' if p.block else ''}, bit order {p.bit_order}, codes {codes_str(p.codes)}"
                  + (f", records of {p.record[0]} values in {p.record[1]} bytes" if p.record else "")
                  + (f", packed as the [N*K/{p.group_view}, {p.group_view}] group view" if p.group_view else ""))
+    widths: dict[int, list] = {}
+    for e in s.linears.values():
+        if e.pack is not None:
+            widths.setdefault(e.pack.bits, []).append(e.pack)
+    if len(widths) > 1:  # mixed code widths: the line above is the first module's; one line per width
+        for b, packs in sorted(widths.items()):
+            p = packs[0]
+            L.append(f"- {b}-bit modules: {len(packs)}, in {sorted({q.container for q in packs})} "
+                     f"({sorted({q.values_per_container for q in packs})}/container), codes {codes_str(p.codes)}")
     if first is not None and first.scale:
         sc = first.scale
         L.append(f"- scale: {sc.granularity}{f' group_size {sc.group_size}' if sc.group_size else ''}, {sc.op}"

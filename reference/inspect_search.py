@@ -40,10 +40,24 @@ class Candidate:
     lanes: str = "interleaved"
     block: Optional[int] = None
     op: str = "multiply"
+    # mixed code widths: the code tables of the other widths (``codes`` is the main width's);
+    # each packed module takes the table with 2^bits entries
+    extra: tuple = ()
+
+    def table(self, bits: int) -> tuple:
+        for t in (self.codes,) + tuple(self.extra):
+            if len(t) == 1 << bits:
+                return t
+        raise FormatError(f"candidate {self.label()} has no {bits}-bit code table")
+
+    def codes_label(self) -> str:
+        if not self.extra:
+            return codes_str(self.codes)
+        return "; ".join(f"{(len(t) - 1).bit_length()}-bit {codes_str(t)}" for t in (self.codes,) + tuple(self.extra))
 
     def label(self) -> str:
         lanes = f"{self.lanes}({self.block})" if self.block else self.lanes
-        return f"codes={codes_str(self.codes)} {self.bit_order} {lanes} {self.op}"
+        return f"codes={self.codes_label()} {self.bit_order} {lanes} {self.op}"
 
 
 def codes_str(codes) -> str:
@@ -64,27 +78,37 @@ def lane_options(modules: list[Module]) -> list[tuple[str, Optional[int]]]:
     packed = [m for m in modules if m.packed]
     if not packed:
         return [("interleaved", None)]
-    v = INT_DTYPES[packed[0].weight.dtype] // packed[0].bits
-    if v == 1:
+    # values per container of every packed module (several when code widths are mixed); a module
+    # with one value per element has no lanes and does not constrain them
+    vs = {INT_DTYPES[m.weight.dtype] // m.bits for m in packed} - {1}
+    if not vs:
         return [("interleaved", None)]  # one value per element: lanes do not exist
+
+    def fits(b):
+        return all(b % v == 0 and b > v for v in vs)
+
     rec = packed[0].record
     if rec is not None:  # records (TQ2_0): lanes inside a record; 'blocked' spans the whole axis
         opts = [("interleaved", None)] + [("block_interleaved", b) for b in BLOCKS
-                                          if b % v == 0 and b > v and rec[0] % b == 0]
+                                          if fits(b) and rec[0] % b == 0]
         if tuple(rec) == TQ2_0_RECORD:  # llama.cpp's own lanes first (the order is the no-loss prior)
             opts.remove(("block_interleaved", 128))
             opts.insert(0, ("block_interleaved", 128))
         return opts
     axis0 = sum(m.pack_axis == 0 for m in packed) > len(packed) / 2
     opts = [("blocked", None), ("interleaved", None)] if axis0 else [("interleaved", None), ("blocked", None)]
-    opts += [("block_interleaved", b) for b in BLOCKS if b % v == 0 and b > v]
+    opts += [("block_interleaved", b) for b in BLOCKS if fits(b)]
     return opts
 
 
 def pack_spec(m: Module, c: Candidate) -> PackSpec:
-    return PackSpec(bits=m.bits, container=CONTAINER_OF[m.weight.dtype], pack_axis=m.pack_axis, lanes=c.lanes,
-                    block=c.block, bit_order=c.bit_order, codes=c.codes, transposed=m.transposed,
-                    pad_code=c.codes.index(0), record=m.record, group_view=m.group_view)
+    codes = c.table(m.bits)
+    # one value per element (an int8 layer of a mixed-width model): no lanes, no bit order
+    single = INT_DTYPES[m.weight.dtype] == m.bits
+    return PackSpec(bits=m.bits, container=CONTAINER_OF[m.weight.dtype], pack_axis=m.pack_axis,
+                    lanes="interleaved" if single else c.lanes, block=None if single else c.block,
+                    bit_order="lsb" if single else c.bit_order, codes=codes, transposed=m.transposed,
+                    pad_code=codes.index(0), record=m.record, group_view=m.group_view)
 
 
 def zero_spec(m: Module) -> Optional[ScaleSpec]:
@@ -234,7 +258,8 @@ def axis_margins(scored: list[Scored]) -> dict[str, tuple[float, str]]:
     best = scored[0]
     out = {}
     for axis in ("codes", "bit_order", "lanes", "op"):
-        key = (lambda c: (c.lanes, c.block)) if axis == "lanes" else (lambda c, a=axis: getattr(c, a))
+        key = (lambda c: (c.lanes, c.block)) if axis == "lanes" else \
+            (lambda c: (c.codes, c.extra)) if axis == "codes" else (lambda c, a=axis: getattr(c, a))
         alts = [s for s in scored if key(s.cand) != key(best.cand) and math.isfinite(s.loss)]
         if not alts:
             out[axis] = (float("nan"), "no alternative")
@@ -275,16 +300,25 @@ def prior_rank(c: Candidate, cfg: ModelConfig, record: Optional[tuple] = None, h
         known = -1
     if hqq and layout == ("blocked", None, "msb"):  # HQQ BitPack: four axis-0 chunks, chunk 0 in the high bits
         known = -1
-    bits = max(1, (len(c.codes) - 1).bit_length())
     # GPTQ / AWQ / compressed-tensors, and 4-bit packers in general, put consecutive inputs low bits first
-    if (q in ("gptq", "awq", "compressed-tensors") or bits == 4) and layout == ("interleaved", None, "lsb"):
+    if (q in ("gptq", "awq", "compressed-tensors") or _table_bits(c.codes) == 4) and layout == ("interleaved", None, "lsb"):
         known = -1
-    vals = [v for v in c.codes if v is not None]
+    # mixed code widths: the least monotone of the widths' tables
+    return (known, max(_monotone(t) for t in (c.codes,) + tuple(c.extra)))
+
+
+def _table_bits(codes) -> int:
+    return max(1, (len(codes) - 1).bit_length())
+
+
+def _monotone(codes) -> int:
+    """Codes increasing with value, read unsigned (offset binary: 0) or as two's complement (int8
+    {-1, 0, 1}: 1); else 2."""
+    bits = _table_bits(codes)
+    vals = [v for v in codes if v is not None]
     signed = [v for _, v in sorted((code - (1 << bits) if code >= 1 << (bits - 1) else code, v)
-                                   for code, v in enumerate(c.codes) if v is not None)]
-    # codes increasing with value, read unsigned (offset binary) or as two's complement (int8 {-1, 0, 1})
-    monotone = 0 if vals == sorted(vals) else (1 if signed == sorted(signed) else 2)
-    return (known, monotone)
+                                   for code, v in enumerate(codes) if v is not None)]
+    return 0 if vals == sorted(vals) else (1 if signed == sorted(signed) else 2)
 
 
 def confidence(margin: float) -> str:

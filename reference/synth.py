@@ -42,6 +42,10 @@ Conventions (``FORMATS`` keys):
   compressed-tensors-int4-ternary
                       pack-quantized num_bits=4: int32 [N, K/8], code v+8 (ternary uses 7, 8, 9),
                       group scales [N, K/64]
+  compressed-tensors-mixed
+                      mixed code widths in one model: pack-quantized ternary, int-4 (int32 [N, K/8], codes
+                      7 / 8 / 9) for layer 0 and every down_proj, int-2 (int32 [N, K/16]) elsewhere;
+                      per-channel fp16 scales [N, 1]; one config_group per width
 
 Symmetric low-bit integers beyond ternary (``INT_FORMATS``; take a multi-level ``Logical``, e.g.
 ``Logical.requantized(bits)``):
@@ -465,6 +469,38 @@ def w_compressed_tensors_int(lg: Logical, bits: int, ternary: bool = False, grou
     return sd, q, truth
 
 
+#: modules the mixed-width writer keeps at 4 bits by default: the first decoder layer and every down_proj
+MIXED_WIDE = ("model.layers.0.", ".mlp.down_proj")
+
+
+def w_compressed_tensors_mixed(lg: Logical, wide=MIXED_WIDE, unpacked=()):
+    """compressed-tensors pack-quantized ternary with mixed code widths in one model: modules whose
+    name contains one of ``wide`` are int-4 (int32 [N, K/8], codes 7 / 8 / 9), those matching
+    ``unpacked`` int8 [N, K] holding -1 / 0 / +1 (one value per element), the rest int-2 (int32
+    [N, K/16], codes 1 / 2 / 3); per-channel fp16 scales [N, 1]; one config_group per width."""
+    sd, tern, mult = _floats(lg, "hf"), {}, {}
+    targets = {2: [], 4: [], 8: []}
+    int8 = PackSpec(bits=8, container="int8", pack_axis=1, codes=INT8_TERNARY, pad_code=0)
+    for mod, t in lg.ternary.items():
+        n, _ = t.shape
+        bits = 8 if any(w in mod for w in unpacked) else (4 if any(w in mod for w in wide) else 2)
+        targets[bits].append(mod)
+        sd[f"{mod}.weight_packed"] = pack(t, int8 if bits == 8 else ct_spec(bits, ternary=True))
+        s = _channel(lg.mult[mod], n).to(torch.float16)
+        sd[f"{mod}.weight_scale"] = s.reshape(-1, 1)
+        sd[f"{mod}.weight_shape"] = torch.tensor(list(t.shape), dtype=torch.int64)
+        tern[mod], mult[mod] = t, s.float().reshape(n, 1)
+    groups = {}
+    for bits in (2, 4, 8):
+        if targets[bits]:
+            w = {"num_bits": bits, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False}
+            groups[f"group_{len(groups)}"] = {"targets": targets[bits] if bits != 2 else ["Linear"], "weights": w,
+                                              "input_activations": None}
+    q = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": groups,
+         "ignore": ["lm_head"]}
+    return sd, q, Truth(tern, mult, "compressed-tensors-mixed")
+
+
 FORMATS: dict[str, Callable] = {
     "hf-bitlinear": lambda lg: w_hf(lg, "bitlinear"),
     "hf-autobitlinear": lambda lg: w_hf(lg, "autobitlinear"),
@@ -489,6 +525,7 @@ FORMATS: dict[str, Callable] = {
     "nibble-ternary": w_nibble,
     "compressed-tensors-int4-ternary": lambda lg: w_compressed_tensors_int(lg, 4, ternary=True),
     "gptq-int4-ternary": lambda lg: w_gptq(lg, 64, bits=4),
+    "compressed-tensors-mixed": w_compressed_tensors_mixed,
 }
 
 #: symmetric low-bit integer conventions beyond ternary (write a ``Logical.requantized(bits)`` model)

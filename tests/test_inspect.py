@@ -466,3 +466,73 @@ def test_hqq_non_integer_zero_is_not_ternary(logical, tmp_path):
         inspect_dir(out, use_loss=False)
     msg = str(e.value)
     assert key in msg and "non-integer" in msg and "1.25 at group 7" in msg and "not ternary" in msg
+
+
+def _mixed_writer(lg):
+    # 2-bit int32 for most modules, 4-bit int32 for every down_proj and layer 1's k_proj (a fused
+    # vLLM qkv_proj of mixed widths), int8 one value per element for two more
+    return synth.w_compressed_tensors_mixed(lg, wide=("down_proj", "layers.1.self_attn.k_proj"),
+                                            unpacked=("layers.2.self_attn.o_proj", "layers.1.mlp.up_proj"))
+
+
+def test_mixed_code_widths_per_module(logical, trained_loss, tmp_path):
+    """Mixed code widths in one model (2-bit, 4-bit and one value per int8 element): the width is
+    chosen per module from its stored/logical shape ratio, code tables are inferred per width,
+    and inspect -> spec JSON -> decode (library and ``reference.decode`` CLI) matches the ground
+    truth for every layer.  Before per-module widths the inspector chose one width (2-bit) for
+    the whole model and refused the first 4-bit tensor ("shape [128, 48] I32 cannot hold the
+    logical 128x384 matrix ... at 16 2-bit values per int32")."""
+    lg = logical.with_channel_jitter(seed=1)
+    out = tmp_path / "mixed"
+    truth = synth.write(_mixed_writer, lg, out)
+    assert inspect_main([str(out)]) == 0
+    spec = CheckpointSpec.load(out / "ternary_spec.json")  # the JSON round trip keeps each entry's width
+    check_recovered(out, spec, truth, lg, 1e-3)
+    want = {m: 8 if m in ("model.layers.2.self_attn.o_proj", "model.layers.1.mlp.up_proj")
+            else 4 if m.endswith("down_proj") or m == "model.layers.1.self_attn.k_proj" else 2 for m in truth.ternary}
+    assert {m: e.pack.bits for m, e in spec.linears.items()} == want
+    assert {m: e.pack.container for m, e in spec.linears.items() if want[m] == 8} == \
+        {m: "int8" for m in want if want[m] == 8}
+    res = inspect_dir(out)
+    assert res.spec.to_dict() == spec.to_dict()
+    assert res.loss == pytest.approx(trained_loss, abs=0.03)
+    f = {x.what: x for x in res.findings}
+    assert f["code width"].decision == "mixed: 2-bit for 15 modules, 4-bit for 4 modules, 8-bit for 2 modules"
+    assert f["code width"].confidence == "high"
+    assert "model.layers.1.self_attn.k_proj I32 [64, 16] = 64x128" in f["code width: 4-bit modules"].evidence
+    assert "model.layers.1.mlp.up_proj I8 [384, 128] = 384x128" in f["code width: 8-bit modules"].evidence
+    for b in (2, 4, 8):  # per-width code-table evidence
+        assert f"code table: zero code [{b}-bit modules]" in f
+    report = (out / "ternary_spec.md").read_text()
+    assert "- 4-bit modules: 4, in ['int32'] ([8]/container)" in report
+    assert "- 8-bit modules: 2, in ['int8'] ([1]/container)" in report
+    w_path = tmp_path / "w.safetensors"
+    assert decode_main([str(out), "--out", str(w_path)]) == 0
+    w = load_file(str(w_path))
+    for mod in truth.ternary:
+        torch.testing.assert_close(w[f"{mod}.weight"], truth.effective(mod), rtol=1e-6, atol=0)
+
+
+def test_mixed_widths_keep_the_shape_error_for_a_tensor_no_width_fits(logical, tmp_path):
+    """Per-module widths only when every packed tensor fits some width: a tensor that fits none is
+    still named with the main width's expectation."""
+    out = tmp_path / "mixed-bad"
+    synth.write("compressed-tensors-mixed", logical, out)
+    sd = load_file(str(out / "model.safetensors"))
+    key = "model.layers.2.self_attn.q_proj.weight_packed"
+    sd[key] = sd[key][:, :7].contiguous()
+    from safetensors.torch import save_file
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(Exception, match=r"q_proj\.weight_packed.*\[128, 7\] I32 cannot hold the logical 128x128"):
+        inspect_dir(out, use_loss=False)
+
+
+def test_mixed_code_widths_no_loss_mode(logical, tmp_path):
+    """Without loss scoring the per-width code tables (statistics) and the compressed-tensors prior
+    (interleaved, LSB first) still decode every layer of the mixed-width model."""
+    out = tmp_path / "mixed"
+    truth = synth.write("compressed-tensors-mixed", logical, out)
+    res = inspect_dir(out, use_loss=False)
+    check_recovered(out, res.spec, truth, logical, 1e-3)
+    assert {e.pack.bits for e in res.spec.linears.values()} == {2, 4}
+    assert res.loss is None

@@ -575,3 +575,25 @@ def test_hqq_spec_json_roundtrip_and_old_json_unchanged():
     assert LinearEntry.from_dict(d) == e
     od = LinearEntry(weight_key="w", shape=(4, 8), pack=synth.SEED).to_dict()
     assert "zero" not in od and "group_view" not in od["pack"]
+
+
+def test_compressed_tensors_mixed_widths_match_library(logical, tmp_path):
+    """compressed-tensors-mixed: int-4 for layer 0 and every down_proj, int-2 elsewhere, each tensor
+    packed as the library packs its own width; one config_group per width."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32, unpack_from_int32
+
+    ck, truth = _write("compressed-tensors-mixed", logical, tmp_path)
+    widths = {}
+    for mod, t in logical.ternary.items():
+        bits = 4 if mod.startswith("model.layers.0.") or mod.endswith("down_proj") else 2
+        got = ck.get(f"{mod}.weight_packed")
+        assert got.shape == (t.shape[0], t.shape[1] * bits // 32), mod
+        assert torch.equal(got, pack_to_int32(t.to(torch.int8), bits)), mod
+        assert torch.equal(unpack_from_int32(got, bits, t.shape), t), mod
+        widths[mod] = bits
+    assert set(widths.values()) == {2, 4}
+    cfg = __import__("json").loads((tmp_path / "compressed-tensors-mixed" / "config.json").read_text())
+    groups = cfg["quantization_config"]["config_groups"]
+    assert sorted(g["weights"]["num_bits"] for g in groups.values()) == [2, 4]
+    wide = next(g for g in groups.values() if g["weights"]["num_bits"] == 4)["targets"]
+    assert sorted(wide) == sorted(m for m, b in widths.items() if b == 4)

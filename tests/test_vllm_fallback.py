@@ -297,3 +297,60 @@ def test_hqq_zero_points_are_refused_by_name(tmp_path):
     spec = CheckpointSpec(name="hqq", linears={f"{P0}.mlp.down_proj": e}, tensors={})
     with pytest.raises(km.KeyMapError, match=r"mlp\.down_proj has per-group zero points .*down_proj\.zero"):
         km.build_key_map(spec, {})
+
+
+# ---------------------------------------------------------------------------------------- mixed widths
+
+
+@pytest.mark.parametrize("kind", ["qkv", "gate_up", "down"])
+def test_mixed_code_widths_stay_ternary_per_shard(vllm_env, tp, kind, tmp_path_factory):
+    """A model of mixed code widths (reference.synth compressed-tensors-mixed, inspected): a 4-bit
+    or int8-stored ternary entry is no reason for the dense fallback (``dense_reason`` reads the
+    levels, not the width), and a fused vLLM layer whose members have different widths (layer 1:
+    q / v 2-bit, k 4-bit; gate 2-bit, up int8 one value per element) decodes every shard with its
+    own entry on the trit path and matches the reference linears."""
+    from reference.checkpoint import Checkpoint
+    from reference.inspect import inspect_dir
+    from reference.model import Linear
+    from reference.spec import decode_linear
+    from trit.vllm.quant import TernaryConfig, TernaryLinearMethod
+    from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+
+    out = tmp_path_factory.mktemp("mixed") / "ck"
+    synth.write(lambda lg: synth.w_compressed_tensors_mixed(lg, wide=("down_proj", "layers.1.self_attn.k_proj"),
+                                                            unpacked=("layers.1.mlp.up_proj",)),
+                synth.Logical.from_dir(TRAINED), out)
+    spec = inspect_dir(out, use_loss=False).spec
+    ck = Checkpoint(out)
+    p1 = "model.layers.1"
+    widths = {m: spec.linears[f"{p1}.{m}"].pack.bits for m in MODS[kind]}
+    assert widths == {"qkv": {"self_attn.q_proj": 2, "self_attn.k_proj": 4, "self_attn.v_proj": 2},
+                      "gate_up": {"mlp.gate_proj": 2, "mlp.up_proj": 8}, "down": {"mlp.down_proj": 4}}[kind]
+    qc = TernaryConfig(spec)
+    assert qc.dense_modules() == {}
+    tp(0, 1)  # the engine tests above tear the TP group down
+    if kind == "qkv":
+        layer = QKVParallelLinear(128, 32, 4, 2, bias=False, quant_config=qc, params_dtype=torch.float32,
+                                  prefix=f"{p1}.self_attn.qkv_proj")
+    elif kind == "gate_up":
+        layer = MergedColumnParallelLinear(128, [384, 384], bias=False, quant_config=qc, params_dtype=torch.float32,
+                                           prefix=f"{p1}.mlp.gate_up_proj")
+    else:
+        layer = RowParallelLinear(384, 128, bias=False, quant_config=qc, params_dtype=torch.float32,
+                                  prefix=f"{p1}.mlp.down_proj")
+    assert isinstance(layer.quant_method, TernaryLinearMethod)
+    prefix = layer.quant_method.prefix
+    for key, targets in km.build_key_map(spec, {}).items():
+        for t in targets:
+            if t.param.startswith(prefix + "."):
+                prm = getattr(layer, t.param.rsplit(".", 1)[1])
+                raw = ck.get(key)
+                prm.weight_loader(prm, raw) if t.shard_id is None else prm.weight_loader(prm, raw, t.shard_id)
+    layer.quant_method.process_weights_after_loading(layer)
+    mods = [f"{p1}.{m}" for m in MODS[kind]]
+    refs = [Linear(decode_linear(ck, spec.linears[m], m), act_quant=True, dtype=torch.float32) for m in mods]
+    x = torch.randn(3, 5, layer.trit_k, generator=torch.Generator().manual_seed(0))
+    y = layer.quant_method.apply(layer, x)
+    ref = torch.cat([r(x) for r in refs], dim=-1)
+    err = ((y - ref).abs().max() / ref.abs().max()).item()
+    assert y.shape == ref.shape and err < 1e-6, f"{kind}: rel err {err:.2e}"
