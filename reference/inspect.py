@@ -235,6 +235,18 @@ def _bits(cfg: ModelConfig) -> int:
     return _config_bits(cfg) or 2
 
 
+def _declared_bits(cfg: ModelConfig) -> set:
+    """Every code width config.json's quantization block names (top-level bits / num_bits / nbits and
+    each compressed-tensors config group's weights.num_bits); empty when it names none."""
+    q = cfg.quantization or {}
+    out = {int(b) for b in (q.get("bits"), q.get("num_bits"), q.get("nbits")) if b}
+    for g in (q.get("config_groups") or {}).values():
+        b = (g.get("weights") or {}).get("num_bits")
+        if b:
+            out.add(int(b))
+    return out
+
+
 def _config_bits(cfg: ModelConfig) -> Optional[int]:
     q = cfg.quantization or {}
     b = q.get("bits") or q.get("num_bits") or q.get("nbits")
@@ -257,7 +269,9 @@ def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]
     and returns the model's main width.  One width when it can hold every packed tensor's logical
     matrix (the config's bits break ties); otherwise, when each packed tensor fits some width
     (mixed precision: e.g. 2-bit layers next to 4-bit or one-value-per-byte ones), each module gets
-    its own: the only width that fits it, or among several the one that fits the most modules."""
+    its own: the only width that fits it, or among several the one that fits the most modules --
+    unless config.json names exactly one width, which then holds for every tensor (one that does
+    not fit it is named as a shape error rather than read at another width)."""
     packed = [m for m in modules if m.packed and m.weight.dtype in CONTAINER_OF]
     hint = _config_bits(cfg)
     if not packed:
@@ -282,6 +296,11 @@ def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]
     best = max(fits, key=rank)
     others = {b: n for b, n in fits.items() if b != best}
     fitting = sum(bool(ok) for ok in ok_of.values())
+    declared = _declared_bits(cfg)
+    if fits[best] < fitting and len(declared) == 1:
+        # config.json names one width: a tensor that fits only another is a damaged tensor, not a
+        # mixed-precision module; the declared width's shape error names it (_infer_plain)
+        return _set_bits(modules, declared.pop())
     if fits[best] < fitting:  # no one width for the tensors that fit some (one that fits none is named later)
         return _mixed_bits(modules, packed, ok_of, fits, rank, hint, findings)
     findings.append(Finding(

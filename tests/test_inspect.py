@@ -536,3 +536,19 @@ def test_mixed_code_widths_no_loss_mode(logical, tmp_path):
     check_recovered(out, res.spec, truth, logical, 1e-3)
     assert {e.pack.bits for e in res.spec.linears.values()} == {2, 4}
     assert res.loss is None
+
+
+def test_declared_single_width_names_a_tensor_that_fits_only_another(logical, tmp_path):
+    """config.json declares one code width (compressed-tensors num_bits 2): a tensor stored at another
+    width's shape (here 4-bit, [N, K/8] int32) is a damaged tensor named with the declared width's
+    expectation, not read as a 4-bit module of a mixed-precision model."""
+    out = tmp_path / "ct2"
+    synth.write("compressed-tensors", logical, out)
+    key = "model.layers.1.mlp.down_proj.weight_packed"
+
+    def widen(t):  # [N, K/16] -> [N, K/8]: what a 4-bit packing of the same matrix would occupy
+        return torch.cat([t, t], dim=1)
+
+    _rewrite(out, key, widen)
+    with pytest.raises(Exception, match=r"down_proj\.weight_packed.*cannot hold the logical"):
+        inspect_dir(out, use_loss=False)
