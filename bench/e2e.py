@@ -190,6 +190,7 @@ def run_one(label: str, d: Path, quantization, batches, prompt_len, gen_len, pro
     from bench.e2e import _weight_stats as weight_stats
     res["weights"] = llm.apply_model(weight_stats)[0]
     inproc = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
+    res["engine"] = "inproc" if inproc else "mp"
     if cuda and tp == 1 and inproc:  # the graphs live in this process only with the in-process engine at TP = 1
         res["graph_replay"] = {str(b): graph_replay(b) for b in batches if b <= 8}
     if cuda and profile_steps and inproc:
@@ -385,7 +386,6 @@ def main(argv=None) -> int:
     if a.one:
         label, d, q = a.one
         r = run_one(label, Path(d), None if q == "-" else q, batches, a.prompt_len, a.gen_len, a.profile_steps, a.tp)
-        r["engine"] = "mp" if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0" else "inproc"
         print("RESULT " + json.dumps(r))
         return 0
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
