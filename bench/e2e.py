@@ -198,15 +198,26 @@ def run_one(label: str, d: Path, quantization, batches, prompt_len, gen_len, pro
     return res
 
 
-def _v2_graph_managers() -> list:
+def _v2_graph_managers(cls=None) -> list:
     """The V2 model runner's (vllm/v1/worker/gpu, the default in vLLM 0.26 and 0.32) CUDA graph
-    managers alive in this process: they hold the FULL graphs in ``graphs`` (descriptor -> graph)."""
-    try:
-        from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
-    except ImportError:
-        return []
+    managers alive in this process: they hold the FULL graphs in ``graphs`` (descriptor -> graph).
+    vLLM calls gc.freeze() after the capture (engine core and worker start-up), and gc.get_objects()
+    does not list frozen objects (H200 run 9 found 0 managers that way): the frozen heap is thawed
+    for the scan and frozen again. ``cls``: injected by the tests."""
+    if cls is None:
+        try:
+            from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager as cls
+        except ImportError:
+            return []
     import gc
-    return [o for o in gc.get_objects() if isinstance(o, CudaGraphManager)]
+    frozen = gc.get_freeze_count() > 0
+    if frozen:
+        gc.unfreeze()
+    try:
+        return [o for o in gc.get_objects() if isinstance(o, cls)]
+    finally:
+        if frozen:
+            gc.freeze()
 
 
 def _full_graphs(wrappers, managers) -> list:
