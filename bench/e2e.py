@@ -191,11 +191,25 @@ def run_one(label: str, d: Path, quantization, batches, prompt_len, gen_len, pro
     res["weights"] = llm.apply_model(weight_stats)[0]
     inproc = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
     res["engine"] = "inproc" if inproc else "mp"
+    res["engine_settings"] = engine_settings(llm)
     if cuda and tp == 1 and inproc:  # the graphs live in this process only with the in-process engine at TP = 1
         res["graph_replay"] = {str(b): graph_replay(b) for b in batches if b <= 8}
     if cuda and profile_steps and inproc:
         res["profile"] = _profile(llm, prompts, profile_steps)
     return res
+
+
+def engine_settings(llm) -> dict:
+    """The engine settings that pace a host-bound decode step, as vLLM resolved them (None where this
+    vLLM has no such field): async scheduling (the host prepares step n + 1 while the GPU runs step n;
+    vLLM turns it on unless something forbids it), the CUDA graph mode, max_num_seqs."""
+    cfg = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    sched = getattr(cfg, "scheduler_config", None)
+    comp = getattr(cfg, "compilation_config", None)
+    mode = getattr(comp, "cudagraph_mode", None)
+    return {"async_scheduling": getattr(sched, "async_scheduling", None),
+            "max_num_seqs": getattr(sched, "max_num_seqs", None),
+            "cudagraph_mode": None if mode is None else str(getattr(mode, "name", mode))}
 
 
 def _v2_graph_managers(cls=None) -> list:
@@ -490,6 +504,10 @@ def main(argv=None) -> int:
         label = r["label"] + (f" ({', '.join(f'{k}={v}' for k, v in r['env'].items())})" if r.get("env") else "")
         md.append(f"| {label} | " + " | ".join(cells) +
                   f" | {r['ttft_ms']} | {r.get('load_s', '-')} | {r['weights'].get('bits_per_weight') or '-'} | {vb} | {vh} |")
+    es = [r for r in rows if "error" not in r and r.get("engine_settings")]
+    if es:
+        md += ["", "Engine settings as vLLM resolved them: " + "; ".join(
+            f"{r['label']} " + ", ".join(f"{k}={v}" for k, v in r["engine_settings"].items()) for r in es)]
     gr = [r for r in rows if "error" not in r and r.get("graph_replay")]
     if gr:
         small = [b for b in batches if b <= 8]

@@ -44,6 +44,7 @@ def test_e2e_state_resumes_across_calls(tmp_path, monkeypatch):
         r = {"label": label, "throughput": tp, "ttft_ms": 1.0, "weights": {"bits_per_weight": 16.0}}
         if label == "ours-bitnet":
             r["graph_replay"] = {"1": {"ms": 42.5, "num_tokens": 1, "num_reqs": 1, "reps": 50}}
+            r["engine_settings"] = {"async_scheduling": True, "max_num_seqs": 128, "cudagraph_mode": "FULL"}
         return types.SimpleNamespace(stdout="log\nRESULT " + json.dumps(r) + "\n", stderr="")
 
     monkeypatch.setattr(subprocess, "run", fake_run)
@@ -63,6 +64,7 @@ def test_e2e_state_resumes_across_calls(tmp_path, monkeypatch):
     assert "resumed: ours-bitnet" in md and "| ours-bitnet | 20 | 1.0 | - | 16.0 | 2.00x |" in md
     # the step per token (B / tok/s) beside the graph-replayed forward, for the configs that have one
     assert "| ours-bitnet | 50.000 | 42.500 |" in md and "| bf16-bitnet | 100.000 |" not in md
+    assert "ours-bitnet async_scheduling=True, max_num_seqs=128, cudagraph_mode=FULL" in md
     monkeypatch.setenv("TRIT_COMMIT", "c2")  # another commit measures everything again
     assert e2e.main(common + ["--only", "ours-bitnet"]) == 0
     assert ran[-1] == "ours-bitnet" and len(ran) == 3
@@ -147,3 +149,18 @@ def test_e2e_engine_mode_sets_the_child_environment(tmp_path, monkeypatch):
     mp = list((tmp_path / "o").glob("*-e2e-tiny-mp.md"))
     assert len(mp) == 1 and "engine core in its own process" in mp[0].read_text()
     assert json.loads(mp[0].with_suffix(".json").read_text())["settings"]["engine"] == "mp"
+
+
+def test_engine_settings_as_resolved():
+    """bench.e2e.engine_settings reads what vLLM resolved (async scheduling decides whether the host
+    work of a step overlaps the GPU's); fields this vLLM lacks come back as None, not an error."""
+    from types import SimpleNamespace as NS
+
+    from bench.e2e import engine_settings
+
+    mode = NS(name="FULL_AND_PIECEWISE")
+    llm = NS(llm_engine=NS(vllm_config=NS(scheduler_config=NS(async_scheduling=False, max_num_seqs=64),
+                                           compilation_config=NS(cudagraph_mode=mode))))
+    assert engine_settings(llm) == {"async_scheduling": False, "max_num_seqs": 64,
+                                    "cudagraph_mode": "FULL_AND_PIECEWISE"}
+    assert engine_settings(NS()) == {"async_scheduling": None, "max_num_seqs": None, "cudagraph_mode": None}
