@@ -5,7 +5,7 @@
 # Everything is written under $OUT (default /tmp/trit-out): log.txt, junit.xml, sanitizer.txt,
 # sass.txt, gemm-probe.json and the bench JSON/Markdown. STAGES=build,probe,test,sanitize,bench selects stages
 # (plus ncu: the small-M kernels at M = 1, ncugemm: the a8 GEMM kernel's loops at M = 64 / 128,
-# ncuquant: the a8 quantizer at M = 1 for K = 2560 - 28672);
+# ncuquant: the a8 quantizer at M = 1 for K = 2560 - 28672, ncunorm: rms_norm_a8q at M = 1);
 # BENCH_ARGS passes arguments to the bench. Wheels in .whl/ (pytest, hypothesis, humming...)
 # are installed to /tmp/site first when present (the GPU machine has no network). To make them,
 # on a networked machine: pip download --no-deps --only-binary=:all: --python-version 3.12
@@ -176,6 +176,28 @@ PYEOF
     --section SpeedOfLight --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section SourceCounters \
     $PY /tmp/trit_ncu_quant.py > "$OUT/ncu-quant.txt" 2>&1 || echo "ncu failed (see ncu-quant.txt)"
   grep -E "quant_rows|Duration|Memory Throughput|Grid Size|Block Size|Warp Cycles Per Issued|Stall|Uncoalesced" "$OUT/ncu-quant.txt" | head -80
+fi
+
+if has ncunorm && command -v ncu >/dev/null; then
+  # trit::rms_norm_a8q alone at M = 1 (no PDL-triggering kernel before it, so ncu's duration is the
+  # kernel's own): run 24 put it at 2.7 us on the norm -> GEMV chain for K = 2560 and 5-9.5 us for
+  # K = 6912-14336, where Inductor's norm kernels took ~2 us; where the time goes per source line
+  step "ncu: rms_norm_a8q at M = 1"
+  cat > /tmp/trit_ncu_norm.py <<'PYEOF'
+import torch
+from trit import ops  # noqa: F401  (registers torch.ops.trit)
+for K in (2560, 4096, 6912, 14336):
+    x = torch.randn(1, K, device="cuda").to(torch.bfloat16)
+    r = torch.randn(1, K, device="cuda").to(torch.bfloat16)
+    w = torch.rand(K, device="cuda").to(torch.bfloat16)
+    for _ in range(2):
+        torch.ops.trit.rms_norm_a8q(x, r, w, 1e-6)
+torch.cuda.synchronize()
+PYEOF
+  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:rms_norm_quant -c 8 \
+    --section SpeedOfLight --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section SourceCounters \
+    $PY /tmp/trit_ncu_norm.py > "$OUT/ncu-norm.txt" 2>&1 || echo "ncu failed (see ncu-norm.txt)"
+  grep -E "rms_norm_quant|Duration|Memory Throughput|Registers|Warp Cycles Per Issued|Stall" "$OUT/ncu-norm.txt" | head -80
 fi
 
 if has ncugemm && command -v ncu >/dev/null; then
