@@ -123,6 +123,29 @@ def test_sharded_index_consistency(tmp_path):
     assert sorted(Checkpoint(tmp_path).keys()) == ["a", "b"]
 
 
+def test_sharded_index_names_a_missing_shard(tmp_path):
+    """A shard the index lists but the directory lacks (an interrupted download) is named as missing,
+    not reported as a tensor no shard holds."""
+    save_file({"a": torch.zeros(2)}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    idx = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(idx))
+    with pytest.raises(CheckpointError, match=r"model-00002-of-00002\.safetensors: shard listed in "
+                                              r"model\.safetensors\.index\.json is missing \(1 tensors mapped to it, e\.g\. 'b'\)"):
+        Checkpoint(tmp_path)
+
+
+def test_sharded_index_ignores_files_it_does_not_list(tmp_path):
+    """With an index, the checkpoint is the shards it lists (transformers and vLLM read it so): a
+    consolidated copy of the same tensors beside the shards is not a duplicate-tensor error."""
+    save_file({"a": torch.zeros(2)}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file({"b": torch.ones(2)}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    save_file({"a": torch.zeros(2), "b": torch.ones(2)}, str(tmp_path / "consolidated.safetensors"))
+    idx = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(idx))
+    ck = Checkpoint(tmp_path)
+    assert sorted(ck.keys()) == ["a", "b"] and ck.info("b").file.name == "model-00002-of-00002.safetensors"
+
+
 @pytest.mark.parametrize("quantized", [True, False])
 @pytest.mark.parametrize("n", [1, 65])
 def test_bias_shape_is_checked(tmp_path, quantized, n):
