@@ -187,3 +187,23 @@ def test_nan_float_parameter(model, key):
     _rewrite(model, poison)
     with pytest.raises(CheckpointError, match=rf"model.safetensors: tensor '{key}'.*1 NaN/Inf"):
         ReferenceModel.from_dir(model)
+
+
+
+def test_tied_model_with_a_stored_lm_head(model):
+    """tie_word_embeddings=true and lm_head.weight stored anyway: a copy of the embedding changes nothing; a
+    different one is the output embedding (transformers' tie_weights and vLLM untie then); a wrong shape is
+    an error naming the tensor.  Not an 'unknown key'."""
+    ids = torch.arange(3, 20).reshape(1, -1)
+    want = ReferenceModel.from_dir(model).forward(ids)
+    _rewrite(model, lambda sd: sd.__setitem__("lm_head.weight", sd["model.embed_tokens.weight"].clone()))
+    assert torch.equal(ReferenceModel.from_dir(model).forward(ids), want)
+    head = torch.randn(512, 128, generator=torch.Generator().manual_seed(0)) * 0.02
+    _rewrite(model, lambda sd: sd.__setitem__("lm_head.weight", head))
+    taps = {}
+    logits = ReferenceModel.from_dir(model).forward(ids, tap=lambda n, t: taps.__setitem__(n, t))
+    torch.testing.assert_close(logits, taps["final_norm"] @ head.t(), rtol=1e-5, atol=1e-6)
+    _rewrite(model, lambda sd: sd.__setitem__("lm_head.weight", torch.zeros(3, 128)))
+    with pytest.raises(CheckpointError, match=r"'lm_head.weight' \(lm_head.weight\) has shape \[3, 128\], config.json "
+                                              r"implies \[512, 128\] \(tie_word_embeddings=true"):
+        ReferenceModel.from_dir(model)

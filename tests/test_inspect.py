@@ -552,3 +552,17 @@ def test_declared_single_width_names_a_tensor_that_fits_only_another(logical, tm
     _rewrite(out, key, widen)
     with pytest.raises(Exception, match=r"down_proj\.weight_packed.*cannot hold the logical"):
         inspect_dir(out, use_loss=False)
+
+
+def test_tied_model_with_saved_lm_head_copy(tmp_path):
+    """A tied checkpoint that also stores lm_head.weight (transformers and vLLM tie it only if it equals the
+    embedding): the inspector maps it as the output embedding and the spec validates."""
+    from reference.make_model import Preset, write_model
+    from safetensors.torch import save_file
+    d = write_model(Preset("llama", 64, 96, 2, 4, 2, 67, True, seed=31), tmp_path / "m")
+    sd = load_file(str(d / "model.safetensors"))
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()
+    save_file(sd, str(d / "model.safetensors"))
+    res = inspect_dir(d, use_loss=False)
+    assert res.spec.tensors["lm_head.weight"] == "lm_head.weight"
+    res.spec.validate(ModelConfig.load(d), Checkpoint(d))

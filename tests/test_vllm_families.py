@@ -84,3 +84,16 @@ def test_float_checkpoint_after_inspect(tmp_path):
     spec = CheckpointSpec.load(d / "ternary_spec.json")
     assert spec.linears == {} and spec.tensors["model.layers.1.mlp.down_proj.weight"] == "model.layers.1.mlp.down_proj.weight"
     _vllm_vs_reference(d, 97, 2, "llama")
+
+
+@pytest.mark.vllm
+def test_bitnet_tied_config_with_a_stored_lm_head(tmp_path):
+    """tie_word_embeddings=true with another lm_head.weight stored: vLLM unties the model
+    (maybe_untie_word_embeddings) and the BitNet plugin loads the stored head, as the reference and
+    transformers use it."""
+    from safetensors.torch import load_file, save_file
+    d = write_model(Preset("bitnet", 128, 200, 2, 4, 2, 89, True, seed=19), tmp_path / "m")
+    sd = load_file(str(d / "model.safetensors"))
+    sd["lm_head.weight"] = torch.randn(89, 128, generator=torch.Generator().manual_seed(1)) * 0.02
+    save_file(sd, str(d / "model.safetensors"))
+    _vllm_vs_reference(d, 89, 2, "bitnet")
