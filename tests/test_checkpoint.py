@@ -207,3 +207,21 @@ def test_tied_model_with_a_stored_lm_head(model):
     with pytest.raises(CheckpointError, match=r"'lm_head.weight' \(lm_head.weight\) has shape \[3, 128\], config.json "
                                               r"implies \[512, 128\] \(tie_word_embeddings=true"):
         ReferenceModel.from_dir(model)
+
+
+def test_bitnet_config_without_kv_heads_reads_as_transformers_does():
+    """A BitNet config.json without num_key_value_heads: transformers' BitNetConfig (and vLLM, which loads
+    it) assume 5, not num_attention_heads; the reference reads it the same, and where 5 cannot divide the
+    heads the error says where the 5 comes from.  An explicit null means num_attention_heads."""
+    from transformers import BitNetConfig
+    from reference.config import ModelConfig
+    from reference.make_model import PRESETS, config_dict
+    d = config_dict(PRESETS["bitnet-2b"])
+    del d["num_key_value_heads"]
+    assert ModelConfig.from_dict(d).num_kv_heads == BitNetConfig(**d).num_key_value_heads == 5
+    assert ModelConfig.from_dict({**d, "num_key_value_heads": None}).num_kv_heads == 20
+    with pytest.raises(CheckpointError, match=r"num_attention_heads 4 is not a multiple of num_key_value_heads 5 "
+                                              r"\(config.json has no num_key_value_heads: transformers' BitNetConfig"):
+        ModelConfig.from_dict({**d, "num_attention_heads": 4, "hidden_size": 256})
+    llama = {**d, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+    assert ModelConfig.from_dict(llama).num_kv_heads == 20  # LlamaConfig: a missing key means MHA
