@@ -566,3 +566,20 @@ def test_tied_model_with_saved_lm_head_copy(tmp_path):
     res = inspect_dir(d, use_loss=False)
     assert res.spec.tensors["lm_head.weight"] == "lm_head.weight"
     res.spec.validate(ModelConfig.load(d), Checkpoint(d))
+
+
+def test_untrained_model_keeps_the_layout_its_config_names(tmp_path):
+    """An untrained (random) BitNet with quant_method bitnet: its decodes' losses differ by noise (here the
+    layout transformers defines scores 0.074 nats worse than another), which must not override the layout
+    config.json names; the inspected spec decodes as the HF-BitNet spec does."""
+    import shutil
+    from reference.make_model import Preset, write_model
+    d = write_model(Preset("bitnet", 128, 200, 2, 4, 2, 512, False, seed=21), tmp_path / "m")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(ROOT / "models" / "tiny-bitnet" / f, d / f)
+    res = inspect_dir(d)
+    pk = res.spec.linears["model.layers.0.self_attn.q_proj"].pack
+    assert (pk.lanes, pk.bit_order, pk.codes) == ("blocked", "lsb", (-1, 0, 1, None))
+    ids = torch.arange(3, 40).reshape(1, -1)
+    cfg, ck = ModelConfig.load(d), Checkpoint(d)
+    assert torch.equal(ReferenceModel(cfg, res.spec, ck).forward(ids), ReferenceModel.from_dir(d).forward(ids))
