@@ -97,3 +97,19 @@ def test_bitnet_tied_config_with_a_stored_lm_head(tmp_path):
     sd["lm_head.weight"] = torch.randn(89, 128, generator=torch.Generator().manual_seed(1)) * 0.02
     save_file(sd, str(d / "model.safetensors"))
     _vllm_vs_reference(d, 89, 2, "bitnet")
+
+
+@pytest.mark.vllm
+def test_dynamic_rope_past_max_position_is_refused(tmp_path):
+    """vLLM's dynamic-NTK RoPE does not rescale past max_position_embeddings (its cos/sin cache ends there:
+    NaN attention), while transformers and the reference do; a longer max_model_len is refused, naming the
+    config key and the limit, before any engine starts."""
+    d = write_model(Preset("llama", 128, 136, 2, 4, 2, 97, False, seed=20), tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["max_position_embeddings"] = 16
+    cfg["rope_parameters"].update(rope_type="dynamic", factor=2.0)
+    (d / "config.json").write_text(json.dumps(cfg))
+    ids = torch.randint(3, 97, (1, 20), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"config.json: rope_scaling type 'dynamic' with max_model_len 32 > "
+                                         r"max_position_embeddings 16: vLLM does not rescale"):
+        get_target("vllm", compute_dtype="fp32", max_model_len=32).capture(d, ids)
