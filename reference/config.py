@@ -6,7 +6,8 @@ from typing import Optional
 
 from .checkpoint import CheckpointError, load_config
 
-ARCHITECTURES = {"BitNetForCausalLM": "bitnet", "LlamaForCausalLM": "llama"}
+ARCHITECTURES = {"BitNetForCausalLM": "bitnet", "LlamaForCausalLM": "llama",
+                 "LLaMAForCausalLM": "llama"}  # the early-conversion spelling (vLLM's registry maps it to Llama)
 MODEL_TYPES = {"bitnet": "bitnet", "llama": "llama"}
 
 
@@ -52,6 +53,15 @@ class ModelConfig:
     def from_dict(cls, d: dict, *, where: str = "config.json") -> "ModelConfig":
         archs = d.get("architectures") or []
         arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+        if arch is None and archs and d.get("model_type") in MODEL_TYPES:
+            # another class with a Llama/BitNet model_type (custom code): running it as the plain model_type
+            # would be a wrong answer, not a parity check (1bitLLM's BitnetForCausalLM, model_type llama,
+            # stores float weights and ternarises them on the fly)
+            raise CheckpointError(
+                f"{where}: architectures={archs} names no class the reference implements "
+                f"({', '.join(ARCHITECTURES)}); model_type {d.get('model_type')!r} alone would run it as a plain "
+                f"{d.get('model_type')} model, which a custom class need not compute. If the checkpoint is one of "
+                f"those models, set architectures to its class")
         if arch is None:
             arch = MODEL_TYPES.get(d.get("model_type", ""))
         if arch is None:

@@ -225,3 +225,17 @@ def test_bitnet_config_without_kv_heads_reads_as_transformers_does():
         ModelConfig.from_dict({**d, "num_attention_heads": 4, "hidden_size": 256})
     llama = {**d, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}
     assert ModelConfig.from_dict(llama).num_kv_heads == 20  # LlamaConfig: a missing key means MHA
+
+
+def test_unknown_architecture_with_a_known_model_type_is_refused():
+    """architectures names a custom class (1bitLLM's BitnetForCausalLM: model_type llama, float weights it
+    ternarises on the fly): not run as a plain Llama, an error naming the key and the supported classes.
+    model_type alone (no architectures) and the LLaMAForCausalLM spelling still read as Llama."""
+    from reference.config import ModelConfig
+    from reference.make_model import PRESETS, config_dict
+    d = config_dict(PRESETS["oracle-llama-gqa"])
+    with pytest.raises(CheckpointError, match=r"config.json: architectures=\['BitnetForCausalLM'\] names no class the "
+                                              r"reference implements \(BitNetForCausalLM, LlamaForCausalLM"):
+        ModelConfig.from_dict({**d, "architectures": ["BitnetForCausalLM"], "weight_bits": 1})
+    assert ModelConfig.from_dict({k: v for k, v in d.items() if k != "architectures"}).arch == "llama"
+    assert ModelConfig.from_dict({**d, "architectures": ["LLaMAForCausalLM"]}).arch == "llama"
