@@ -113,3 +113,22 @@ def test_dynamic_rope_past_max_position_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"config.json: rope_scaling type 'dynamic' with max_model_len 32 > "
                                          r"max_position_embeddings 16: vLLM does not rescale"):
         get_target("vllm", compute_dtype="fp32", max_model_len=32).capture(d, ids)
+
+
+@pytest.mark.vllm
+def test_bitnet_plugin_refuses_dynamic_rope_past_max_position(tmp_path):
+    """The product path (vllm.LLM without the parity target): the BitNet model refuses a max_model_len that
+    vLLM's dynamic-NTK RoPE cannot serve (vLLM itself allows max_position_embeddings * factor)."""
+    import os
+    d = write_model(Preset("bitnet", 128, 200, 2, 4, 2, 89, True, seed=23), tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["max_position_embeddings"] = 16
+    cfg["rope_parameters"].update(rope_type="dynamic", factor=2.0)
+    (d / "config.json").write_text(json.dumps(cfg))
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    import trit.vllm
+    from vllm import LLM
+    trit.vllm.register()
+    with pytest.raises(Exception, match=r"rope type 'dynamic' with max_model_len 32 > max_position_embeddings 16"):
+        LLM(model=str(d), dtype="float32", enforce_eager=True, max_model_len=32, skip_tokenizer_init=True)
