@@ -17,6 +17,7 @@ from typing import Iterator
 import torch
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+INDEX_NAME = "model.safetensors.index.json"
 
 DTYPE_BYTES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
@@ -132,6 +133,11 @@ class Checkpoint:
             return [p]
         if not p.is_dir():
             raise CheckpointError(f"{p}: no such checkpoint file or directory")
+        listed = self._index_files()
+        if listed is not None:
+            # with an index, the checkpoint is the files it lists (as transformers and vLLM read it): a stray
+            # *.safetensors beside them (a consolidated copy, an adapter) is not part of it
+            return listed
         files = sorted(p.glob("*.safetensors"))
         if not files:
             pickles = [f for f in sorted(p.iterdir()) if f.suffix in PICKLE_SUFFIXES]
@@ -140,14 +146,46 @@ class Checkpoint:
             raise CheckpointError(f"{p}: no *.safetensors files in the directory")
         return files
 
-    def _check_index(self):
-        idx = self.path / "model.safetensors.index.json" if self.path.is_dir() else None
+    def _index(self):
+        """(index path, weight_map) of a sharded directory, else None."""
+        idx = self.path / INDEX_NAME if self.path.is_dir() else None
         if idx is None or not idx.exists():
-            return
+            return None
         try:
             wm = json.loads(idx.read_text())["weight_map"]
-        except (KeyError, json.JSONDecodeError) as e:
+        except (KeyError, TypeError, json.JSONDecodeError) as e:
             raise CheckpointError(f"{idx}: not a valid safetensors index ({e})")
+        if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+            raise CheckpointError(f"{idx}: weight_map must map tensor names to shard file names")
+        return idx, wm
+
+    def _index_files(self):
+        """The shard files the index lists (each must exist), or None without an index."""
+        got = self._index()
+        if got is None:
+            return None
+        idx, wm = got
+        out = []
+        for fname in sorted(set(wm.values())):
+            if Path(fname).name != fname:
+                raise CheckpointError(f"{idx}: shard {fname!r} is not a file name in {self.path}")
+            f = self.path / fname
+            if not f.is_file():
+                names = [k for k, v in wm.items() if v == fname]
+                raise CheckpointError(f"{f}: shard listed in {idx.name} is missing ({len(names)} tensors mapped to "
+                                      f"it, e.g. {names[0]!r}); download or restore that file")
+            if f.suffix in PICKLE_SUFFIXES:
+                raise refuse_pickle(f)
+            out.append(f)
+        if not out:
+            raise CheckpointError(f"{idx}: weight_map is empty")
+        return out
+
+    def _check_index(self):
+        got = self._index()
+        if got is None:
+            return
+        idx, wm = got
         for name, fname in wm.items():
             info = self.infos.get(name)
             if info is None:

@@ -6,7 +6,8 @@ from typing import Optional
 
 from .checkpoint import CheckpointError, load_config
 
-ARCHITECTURES = {"BitNetForCausalLM": "bitnet", "LlamaForCausalLM": "llama"}
+ARCHITECTURES = {"BitNetForCausalLM": "bitnet", "LlamaForCausalLM": "llama",
+                 "LLaMAForCausalLM": "llama"}  # the early-conversion spelling (vLLM's registry maps it to Llama)
 MODEL_TYPES = {"bitnet": "bitnet", "llama": "llama"}
 
 
@@ -20,6 +21,10 @@ class RopeConfig:
     original_max_position_embeddings: int = 8192
     max_position_embeddings: int = 2048  # "dynamic": sequences longer than this rescale the base
 
+
+#: num_key_value_heads of a BitNet config.json that lacks the key: BitNetConfig's default (its __post_init__
+#: maps an explicit null to num_attention_heads, as LlamaConfig does for a missing key)
+BITNET_DEFAULT_KV_HEADS = 5
 
 #: rope_type values the reference computes as transformers does (ROPE_INIT_FUNCTIONS)
 ROPE_KINDS = ("default", "linear", "dynamic", "llama3")
@@ -48,6 +53,15 @@ class ModelConfig:
     def from_dict(cls, d: dict, *, where: str = "config.json") -> "ModelConfig":
         archs = d.get("architectures") or []
         arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+        if arch is None and archs and d.get("model_type") in MODEL_TYPES:
+            # another class with a Llama/BitNet model_type (custom code): running it as the plain model_type
+            # would be a wrong answer, not a parity check (1bitLLM's BitnetForCausalLM, model_type llama,
+            # stores float weights and ternarises them on the fly)
+            raise CheckpointError(
+                f"{where}: architectures={archs} names no class the reference implements "
+                f"({', '.join(ARCHITECTURES)}); model_type {d.get('model_type')!r} alone would run it as a plain "
+                f"{d.get('model_type')} model, which a custom class need not compute. If the checkpoint is one of "
+                f"those models, set architectures to its class")
         if arch is None:
             arch = MODEL_TYPES.get(d.get("model_type", ""))
         if arch is None:
@@ -81,7 +95,9 @@ class ModelConfig:
                 intermediate_size=int(d["intermediate_size"]),
                 num_layers=int(d["num_hidden_layers"]),
                 num_heads=heads,
-                num_kv_heads=int(d.get("num_key_value_heads") or heads),
+                num_kv_heads=int(d.get("num_key_value_heads") or
+                                 (BITNET_DEFAULT_KV_HEADS if arch == "bitnet" and "num_key_value_heads" not in d
+                                  else heads)),
                 head_dim=head_dim,
                 rms_norm_eps=float(d.get("rms_norm_eps", 1e-5 if arch == "bitnet" else 1e-6)),
                 rope=rope,
@@ -95,8 +111,11 @@ class ModelConfig:
         except KeyError as e:
             raise CheckpointError(f"{where}: missing required field {e.args[0]!r}")
         if cfg.num_heads % cfg.num_kv_heads:
+            why = (f" (config.json has no num_key_value_heads: transformers' BitNetConfig, and vLLM with it, then "
+                   f"assume {BITNET_DEFAULT_KV_HEADS}; set it, = num_attention_heads for full multi-head attention)"
+                   if arch == "bitnet" and "num_key_value_heads" not in d else "")
             raise CheckpointError(f"{where}: num_attention_heads {cfg.num_heads} is not a multiple of "
-                                  f"num_key_value_heads {cfg.num_kv_heads}")
+                                  f"num_key_value_heads {cfg.num_kv_heads}{why}")
         if cfg.head_dim % 2:
             raise CheckpointError(f"{where}: head_dim {cfg.head_dim} must be even for RoPE")
         return cfg

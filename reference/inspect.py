@@ -880,7 +880,7 @@ def _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings) -> Candi
     """When the loss cannot separate the best candidate from the a-priori most plausible one
     (within PRIOR_MARGIN nats: an untrained or tiny model), keep the plausible one and say so."""
     from .decode import model_loss
-    from .inspect_search import PRIOR_MARGIN, prior_rank
+    from .inspect_search import NAMED_MARGIN, PRIOR_MARGIN, prior_rank
 
     valid = [s for s in scored if math.isfinite(s.loss)]
     record = next((m.record for m in modules if m.packed), None)
@@ -893,10 +893,12 @@ def _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings) -> Candi
         prior.loss = model_loss(cfg, build_spec(modules, floats, prior.cand, cfg, "prior"), ckpt, ids)
         prior.stage = "full"
     gap = prior.loss - best.loss
-    if gap < PRIOR_MARGIN:
+    named = prior_rank(prior.cand, cfg, record, hqq)[0] < 0  # the checkpoint names this layout itself
+    margin = NAMED_MARGIN if named else PRIOR_MARGIN
+    if gap < margin:
         findings.append(Finding("layout (prior tie-break)", prior.cand.label(),
                                 f"the text sample cannot tell: {best.cand.label()} scores only {gap:+.4f} nats "
-                                f"better (< {PRIOR_MARGIN}); kept the public convention that the config and "
+                                f"better (< {margin}); kept the public convention that the config and "
                                 f"../shared/FORMATS.md make most likely", "low (prior)"))
         return prior.cand
     return best.cand

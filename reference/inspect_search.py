@@ -277,6 +277,11 @@ def axis_margins(scored: list[Scored]) -> dict[str, tuple[float, str]]:
 #: below this loss margin (nats) the text sample cannot tell candidates apart (e.g. an untrained
 #: model); the inspector then keeps the candidate that public conventions make most likely
 PRIOR_MARGIN = 0.05
+#: the same for a layout the checkpoint itself names (prior_rank's first class: config.json's
+#: quant_method, a TQ2_0 record, HQQ zero points): only a loss this much better overrides it.  Decodes
+#: of an untrained model differ by ~0.1 nats (a random BitNet of hidden 128: 0.074), while a wrong decode
+#: of a trained one costs far more than 0.5 (tests/test_inspect.py asserts that for every format)
+NAMED_MARGIN = 0.5
 
 #: (lanes, block, bit order) of public conventions (../shared/FORMATS.md), most common first
 KNOWN_LAYOUTS = [("blocked", None, "lsb"),  # transformers HF-BitNet pack_weights

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig, RopeConfig
-from .spec import CheckpointSpec, DecodedLinear, decode_linear, spec_for
+from .spec import CheckpointSpec, DecodedLinear, decode_linear, spec_for, tied_lm_head_key
 
 Tap = Callable[[str, torch.Tensor], None]
 
@@ -198,8 +198,17 @@ class ReferenceModel:
                 layer["ffn_sub_norm"] = param(f"{p}.mlp.ffn_sub_norm.weight")
             self.layers.append(layer)
         self.final_norm = param("model.norm.weight")
-        if cfg.tie_word_embeddings:
+        head = tied_lm_head_key(cfg, spec, ckpt)
+        if cfg.tie_word_embeddings and head is None:
             self.lm_head = self.embed
+        elif cfg.tie_word_embeddings:
+            # tied in config.json, yet an lm_head is stored: transformers and vLLM tie only when it equals the
+            # input embedding, else they use it (an untied head)
+            w = ckpt.get(head).float().to(self.device)
+            if not bool(torch.isfinite(w).all()):
+                raise CheckpointError(f"{ckpt.info(head).file}: tensor {head!r} (lm_head.weight) has NaN/Inf values, "
+                                      f"expected finite floats")
+            self.lm_head = self.embed if torch.equal(w, self.embed) else w
         elif "lm_head" in spec.linears:
             self.lm_head = None
             self.lm_head_q = lin("lm_head")

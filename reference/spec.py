@@ -235,6 +235,8 @@ class CheckpointSpec:
                                       f"config.json implies {list(shape)}")
             used.add(key)
         linear_params = {f"{m}.{w}" for m in need for w in ("weight", "bias")}
+        if cfg.tie_word_embeddings:
+            linear_params.add("lm_head.weight")  # a stored copy (tied_lm_head_key)
         for hf, key in self.tensors.items():
             if hf not in cfg.float_params() and hf not in linear_params:
                 raise CheckpointError(f"spec {self.name!r}: maps unknown parameter {hf!r} -> {key!r}")
@@ -243,11 +245,32 @@ class CheckpointSpec:
         for key in self.ignored:
             ckpt.info(key)  # must exist: a spec naming a missing key is wrong
             used.add(key)
+        head = tied_lm_head_key(cfg, self, ckpt)
+        if head is not None:
+            used.add(head)
         unknown = [k for k in ckpt.keys() if k not in used and not derived_buffer(k)]
         if unknown:
             raise CheckpointError(
                 f"{ckpt.path}: {len(unknown)} checkpoint tensors are not used by spec {self.name!r}: "
                 f"{unknown[:5]}{' ...' if len(unknown) > 5 else ''} (unknown keys; fix the spec's key mapping)")
+
+
+def tied_lm_head_key(cfg: ModelConfig, spec: "CheckpointSpec", ckpt: Checkpoint) -> Optional[str]:
+    """The checkpoint key of an output embedding stored although config.json ties it (spec.tensors'
+    "lm_head.weight", else a tensor named lm_head.weight), or None.  transformers (PreTrainedModel.tie_weights)
+    and vLLM (ModelConfig.maybe_untie_word_embeddings) then tie only if it equals the input embedding and
+    otherwise use it as an untied lm_head; the reference does the same (ReferenceModel)."""
+    if not cfg.tie_word_embeddings:
+        return None
+    key = spec.tensors.get("lm_head.weight") or ("lm_head.weight" if "lm_head.weight" in ckpt else None)
+    if key is None:
+        return None
+    info = ckpt.info(key)
+    want = (cfg.vocab_size, cfg.hidden_size)
+    if tuple(info.shape) != want:
+        raise CheckpointError(f"{info.file}: tensor {key!r} (lm_head.weight) has shape {list(info.shape)}, "
+                              f"config.json implies {list(want)} (tie_word_embeddings=true and an lm_head stored)")
+    return key
 
 
 def _check_block_scale(e: LinearEntry) -> None:

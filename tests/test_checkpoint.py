@@ -123,6 +123,29 @@ def test_sharded_index_consistency(tmp_path):
     assert sorted(Checkpoint(tmp_path).keys()) == ["a", "b"]
 
 
+def test_sharded_index_names_a_missing_shard(tmp_path):
+    """A shard the index lists but the directory lacks (an interrupted download) is named as missing,
+    not reported as a tensor no shard holds."""
+    save_file({"a": torch.zeros(2)}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    idx = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(idx))
+    with pytest.raises(CheckpointError, match=r"model-00002-of-00002\.safetensors: shard listed in "
+                                              r"model\.safetensors\.index\.json is missing \(1 tensors mapped to it, e\.g\. 'b'\)"):
+        Checkpoint(tmp_path)
+
+
+def test_sharded_index_ignores_files_it_does_not_list(tmp_path):
+    """With an index, the checkpoint is the shards it lists (transformers and vLLM read it so): a
+    consolidated copy of the same tensors beside the shards is not a duplicate-tensor error."""
+    save_file({"a": torch.zeros(2)}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file({"b": torch.ones(2)}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    save_file({"a": torch.zeros(2), "b": torch.ones(2)}, str(tmp_path / "consolidated.safetensors"))
+    idx = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(idx))
+    ck = Checkpoint(tmp_path)
+    assert sorted(ck.keys()) == ["a", "b"] and ck.info("b").file.name == "model-00002-of-00002.safetensors"
+
+
 @pytest.mark.parametrize("quantized", [True, False])
 @pytest.mark.parametrize("n", [1, 65])
 def test_bias_shape_is_checked(tmp_path, quantized, n):
@@ -164,3 +187,55 @@ def test_nan_float_parameter(model, key):
     _rewrite(model, poison)
     with pytest.raises(CheckpointError, match=rf"model.safetensors: tensor '{key}'.*1 NaN/Inf"):
         ReferenceModel.from_dir(model)
+
+
+
+def test_tied_model_with_a_stored_lm_head(model):
+    """tie_word_embeddings=true and lm_head.weight stored anyway: a copy of the embedding changes nothing; a
+    different one is the output embedding (transformers' tie_weights and vLLM untie then); a wrong shape is
+    an error naming the tensor.  Not an 'unknown key'."""
+    ids = torch.arange(3, 20).reshape(1, -1)
+    want = ReferenceModel.from_dir(model).forward(ids)
+    _rewrite(model, lambda sd: sd.__setitem__("lm_head.weight", sd["model.embed_tokens.weight"].clone()))
+    assert torch.equal(ReferenceModel.from_dir(model).forward(ids), want)
+    head = torch.randn(512, 128, generator=torch.Generator().manual_seed(0)) * 0.02
+    _rewrite(model, lambda sd: sd.__setitem__("lm_head.weight", head))
+    taps = {}
+    logits = ReferenceModel.from_dir(model).forward(ids, tap=lambda n, t: taps.__setitem__(n, t))
+    torch.testing.assert_close(logits, taps["final_norm"] @ head.t(), rtol=1e-5, atol=1e-6)
+    _rewrite(model, lambda sd: sd.__setitem__("lm_head.weight", torch.zeros(3, 128)))
+    with pytest.raises(CheckpointError, match=r"'lm_head.weight' \(lm_head.weight\) has shape \[3, 128\], config.json "
+                                              r"implies \[512, 128\] \(tie_word_embeddings=true"):
+        ReferenceModel.from_dir(model)
+
+
+def test_bitnet_config_without_kv_heads_reads_as_transformers_does():
+    """A BitNet config.json without num_key_value_heads: transformers' BitNetConfig (and vLLM, which loads
+    it) assume 5, not num_attention_heads; the reference reads it the same, and where 5 cannot divide the
+    heads the error says where the 5 comes from.  An explicit null means num_attention_heads."""
+    from transformers import BitNetConfig
+    from reference.config import ModelConfig
+    from reference.make_model import PRESETS, config_dict
+    d = config_dict(PRESETS["bitnet-2b"])
+    del d["num_key_value_heads"]
+    assert ModelConfig.from_dict(d).num_kv_heads == BitNetConfig(**d).num_key_value_heads == 5
+    assert ModelConfig.from_dict({**d, "num_key_value_heads": None}).num_kv_heads == 20
+    with pytest.raises(CheckpointError, match=r"num_attention_heads 4 is not a multiple of num_key_value_heads 5 "
+                                              r"\(config.json has no num_key_value_heads: transformers' BitNetConfig"):
+        ModelConfig.from_dict({**d, "num_attention_heads": 4, "hidden_size": 256})
+    llama = {**d, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+    assert ModelConfig.from_dict(llama).num_kv_heads == 20  # LlamaConfig: a missing key means MHA
+
+
+def test_unknown_architecture_with_a_known_model_type_is_refused():
+    """architectures names a custom class (1bitLLM's BitnetForCausalLM: model_type llama, float weights it
+    ternarises on the fly): not run as a plain Llama, an error naming the key and the supported classes.
+    model_type alone (no architectures) and the LLaMAForCausalLM spelling still read as Llama."""
+    from reference.config import ModelConfig
+    from reference.make_model import PRESETS, config_dict
+    d = config_dict(PRESETS["oracle-llama-gqa"])
+    with pytest.raises(CheckpointError, match=r"config.json: architectures=\['BitnetForCausalLM'\] names no class the "
+                                              r"reference implements \(BitNetForCausalLM, LlamaForCausalLM"):
+        ModelConfig.from_dict({**d, "architectures": ["BitnetForCausalLM"], "weight_bits": 1})
+    assert ModelConfig.from_dict({k: v for k, v in d.items() if k != "architectures"}).arch == "llama"
+    assert ModelConfig.from_dict({**d, "architectures": ["LLaMAForCausalLM"]}).arch == "llama"

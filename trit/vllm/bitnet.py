@@ -171,6 +171,19 @@ def _rope_parameters(config) -> dict:
     return rp
 
 
+def dynamic_rope_len_error(config, max_model_len) -> Optional[str]:
+    """Why dynamic-NTK RoPE cannot serve ``max_model_len`` tokens, or None.  transformers rescales the base
+    once a sequence passes max_position_embeddings; vLLM's DynamicNTKScalingRotaryEmbedding keeps the
+    unscaled base and a cos/sin cache of max_position_embeddings positions (NaN attention past it), although
+    vLLM derives a max_model_len of max_position_embeddings * factor."""
+    mp = getattr(config, "max_position_embeddings", None)
+    if _rope_parameters(config).get("rope_type") == "dynamic" and mp and max_model_len and max_model_len > mp:
+        return (f"BitNet rope type 'dynamic' with max_model_len {max_model_len} > max_position_embeddings {mp}: "
+                f"vLLM's dynamic-NTK RoPE does not rescale past max_position_embeddings as transformers does; "
+                f"serve with --max-model-len {mp}")
+    return None
+
+
 class BitNetDecoderLayer(nn.Module):
     def __init__(self, vllm_config: VllmConfig, prefix: str):
         super().__init__()
@@ -227,6 +240,9 @@ class BitNetForCausalLM(nn.Module):
         super().__init__()
         config = vllm_config.model_config.hf_config
         self.config, self.quant_config = config, vllm_config.quant_config
+        why = dynamic_rope_len_error(config, vllm_config.model_config.max_model_len)
+        if why:
+            raise ValueError(why)
         if self.quant_config is not None:
             self.quant_config.packed_modules_mapping = dict(self.packed_modules_mapping)
         self.model = BitNetModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))

@@ -139,6 +139,10 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
             add(e.bias_key, Target(f"{layer}.bias", sid, "bias", mod))
     for hf, vname in float_params.items():
         key = spec.tensors.get(hf)
+        if key is None and hf == "lm_head.weight" and tied_in_spec(spec):
+            # config.json ties the embeddings but the checkpoint stores lm_head.weight: vLLM
+            # (maybe_untie_word_embeddings) then builds an untied lm_head and loads it (re-tied if equal)
+            key = hf
         if key is None:
             raise KeyMapError(f"spec {spec.name!r}: no checkpoint key for parameter {hf!r} (vLLM {vname!r})")
         add(key, Target(vname, None, "float"))
@@ -167,6 +171,12 @@ def expected_float_params(num_layers: int, arch: str, tie_word_embeddings: bool)
     if not tie_word_embeddings:
         out["lm_head.weight"] = "lm_head.weight"
     return out
+
+
+def tied_in_spec(spec) -> bool:
+    """A spec built for a tied model (no lm_head of its own): an untied vLLM model of it got untied by vLLM
+    because the checkpoint carries a copy of the output embedding."""
+    return "lm_head.weight" not in spec.tensors and "lm_head" not in spec.linears
 
 
 def check_coverage(key_map: dict[str, list[Target]], checkpoint_keys, where: str = "checkpoint") -> None:
