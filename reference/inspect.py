@@ -684,6 +684,16 @@ def _signed(code: int, bits: int) -> int:
     return code - (1 << bits) if code >= 1 << (bits - 1) else code
 
 
+def _sign_magnitude(code: int, bits: int, sign_high: bool = True) -> int:
+    """Value of a ``bits``-bit sign-magnitude code: the sign in the top (``sign_high``) or the
+    lowest bit, the magnitude in the others (so the two zeros, +0 and -0, both decode to 0)."""
+    if sign_high:
+        neg, mag = code >> (bits - 1), code & ((1 << (bits - 1)) - 1)
+    else:
+        neg, mag = code & 1, code >> 1
+    return -mag if neg else mag
+
+
 def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: list[Finding],
                     cfg: Optional[ModelConfig] = None) -> list[tuple]:
     """Code tables to score.  Three used codes: ternary (the +-1 pair = the two codes with the
@@ -807,6 +817,11 @@ def _integer_tables(hist, bits, significant, zero_hint, findings, shares) -> lis
         if z is not None and 0 <= z < ncodes:
             add(tuple(c - z for c in range(ncodes)), f"code - {z} ({why})")
     add(tuple(_signed(c, bits) for c in range(ncodes)), "two's complement")
+    # sign-magnitude (sign bit high, or low): both "zeros" decode to 0 -- a packer that takes the sign
+    # from the float weight writes -0 wherever a small negative weight rounds to 0, so a ternary
+    # checkpoint then uses all four 2-bit codes without being int2
+    add(tuple(_sign_magnitude(c, bits, sign_high=True) for c in range(ncodes)), "sign-magnitude, sign bit high")
+    add(tuple(_sign_magnitude(c, bits, sign_high=False) for c in range(ncodes)), "sign-magnitude, sign bit low")
     if not tables:
         raise InspectError(f"{len(significant)} of {ncodes} {bits}-bit codes occur in the packed weights "
                            f"(counts {_short_hist(hist)}) and no zero code maps them to a symmetric integer range: "

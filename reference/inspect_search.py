@@ -71,6 +71,11 @@ def codes_str(codes) -> str:
             return f"code{codes[0]:+d} ({bits}-bit offset binary)"
         if all(v == (c - len(codes) if c >= len(codes) // 2 else c) for c, v in enumerate(codes)):
             return f"two's complement ({bits}-bit)"
+        half = len(codes) // 2
+        if all(v == (-(c - half) if c >= half else c) for c, v in enumerate(codes)):
+            return f"sign-magnitude ({bits}-bit, sign bit high)"
+        if all(v == (-(c >> 1) if c & 1 else c >> 1) for c, v in enumerate(codes)):
+            return f"sign-magnitude ({bits}-bit, sign bit low)"
     return "{" + ", ".join(f"{c}: {v}" for c, v in enumerate(codes) if v is not None) + f"}} ({bits}-bit, rest unused)"
 
 

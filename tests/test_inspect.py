@@ -552,3 +552,31 @@ def test_declared_single_width_names_a_tensor_that_fits_only_another(logical, tm
     _rewrite(out, key, widen)
     with pytest.raises(Exception, match=r"down_proj\.weight_packed.*cannot hold the logical"):
         inspect_dir(out, use_loss=False)
+
+
+def test_sign_magnitude_with_negative_zero(logical, trained_loss, tmp_path):
+    """2-bit sign-magnitude ternary (bit 1 = sign, bit 0 = magnitude) whose packer took the sign from the
+    float weight: "-0" (code 2) occurs wherever a small negative weight rounded to 0, so all four codes
+    are used.  That is not int2: both zeros must decode to 0 (before: read as int2, -0 -> -2)."""
+    spec = PackSpec(bits=2, container="uint8", pack_axis=1, codes=(0, 1, 0, -1), pad_code=0)
+
+    def writer(lg):
+        sd, q, truth = synth.w_custom(lg, spec, scale="tensor", op="divide", scale_dtype=torch.float32)
+        g = torch.Generator().manual_seed(0)
+        for key in [k for k in sd if sd[k].dtype == torch.uint8]:
+            x = sd[key]
+            for s in range(4):  # a third of the +0 fields become -0
+                f = (x >> (2 * s)) & 3
+                flip = (f == 0) & (torch.rand(x.shape, generator=g) < 0.3)
+                x = torch.where(flip, x | (2 << (2 * s)), x)
+            sd[key] = x
+        return sd, q, truth
+
+    out = tmp_path / "signmag"
+    truth = synth.write(writer, logical, out)
+    hist = Checkpoint(out).get("model.layers.0.mlp.up_proj.weight")
+    assert int((((hist >> 2) & 3) == 2).sum()) > 0  # -0 really is there
+    res = inspect_dir(out)
+    check_recovered(out, res.spec, truth, logical, 1e-3)
+    assert res.spec.linears["model.layers.0.mlp.up_proj"].pack.codes == (0, 1, 0, -1)
+    assert res.loss == pytest.approx(trained_loss, abs=0.01)
