@@ -891,6 +891,29 @@ class Inspection:
     zero_ratio: dict  # HF module -> zero ratio of the decoded values
 
 
+def _tied_lm_head_copy(floats: dict, cfg: ModelConfig, ckpt: Checkpoint, findings: list) -> dict:
+    """A tied model (tie_word_embeddings) whose checkpoint still stores a float ``lm_head`` weight: an
+    exact copy of the embedding is dropped (transformers and vLLM tie it and never read it) and listed
+    as ignored; one that differs contradicts config.json and is an error naming both tensors."""
+    key = floats.get("lm_head.weight")
+    if not cfg.tie_word_embeddings or key is None:
+        return {}
+    emb = floats.get("model.embed_tokens.weight")
+    a = ckpt.get(key)
+    b = ckpt.get(emb) if emb is not None else None
+    file = ckpt.info(key).file
+    if b is None or tuple(a.shape) != tuple(b.shape) or not torch.equal(a.float(), b.float()):
+        what = (f"shape {list(a.shape)} vs {list(b.shape)}" if b is not None and tuple(a.shape) != tuple(b.shape)
+                else "different values")
+        raise InspectError(f"{file}: tensor {key!r} is not a copy of the embedding {emb!r} ({what}), but config.json "
+                           f"says tie_word_embeddings=true (the output layer is the embedding): expected no lm_head "
+                           f"tensor or an identical copy; fix tie_word_embeddings if the head is separate")
+    del floats["lm_head.weight"]
+    findings.append(Finding("tied lm_head", f"{key!r} ignored",
+                            f"an exact copy of {emb!r}; config.json ties the output layer to the embedding", "high"))
+    return {key: "copy of the embedding (tie_word_embeddings: true)"}
+
+
 def _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings) -> Candidate:
     """When the loss cannot separate the best candidate from the a-priori most plausible one
     (within PRIOR_MARGIN nats: an untrained or tiny model), keep the plausible one and say so."""
@@ -925,6 +948,7 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     stats = scan(ckpt)
     findings: list[Finding] = []
     modules, floats = map_keys(stats, cfg)
+    tied_copy = _tied_lm_head_copy(floats, cfg, ckpt, findings)
     fused = [m for m in modules if len(m.parts) > 1]
     findings.append(Finding("key mapping", f"{len(modules)} linear tensors, {len(floats)} float tensors",
                             f"{len(fused)} fused ({sorted({m.role for m in fused})}) split by config.json sizes"
@@ -978,6 +1002,7 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     elif ids is None and len(cands) > 1:
         findings.append(Finding("search", best.label(), "no loss scoring: prior order only", "low"))
     spec = build_spec(modules, floats, best, cfg, f"inspected:{model_dir.name}")
+    spec.ignored.update(tied_copy)
     spec.validate(cfg, ckpt)
     zr = {}
     for hf, e in spec.linears.items():

@@ -580,3 +580,30 @@ def test_sign_magnitude_with_negative_zero(logical, trained_loss, tmp_path):
     check_recovered(out, res.spec, truth, logical, 1e-3)
     assert res.spec.linears["model.layers.0.mlp.up_proj"].pack.codes == (0, 1, 0, -1)
     assert res.loss == pytest.approx(trained_loss, abs=0.01)
+
+
+def test_tied_model_with_a_stored_lm_head_copy(logical, tmp_path):
+    """tie_word_embeddings=true but the checkpoint also stores lm_head.weight (an exact copy of the
+    embedding, as some exporters write): ignored like transformers / vLLM do (before: the spec mapped an
+    unknown parameter and validation failed); a head that differs from the embedding is a named error."""
+    from reference.inspect import InspectError
+
+    def writer(lg, differ=False):
+        sd, q, truth = synth.w_custom(lg, synth.HF_BITNET, scale="tensor", op="divide", scale_dtype=torch.float32)
+        head = sd["model.embed_tokens.weight"].clone()
+        if differ:
+            head[3, 5] += 1.0
+        sd["lm_head.weight"] = head
+        return sd, q, truth
+
+    out = tmp_path / "tied-copy"
+    truth = synth.write(writer, logical, out)
+    res = inspect_dir(out, use_loss=False)
+    check_recovered(out, res.spec, truth, logical, 1e-3)
+    assert "lm_head.weight" in res.spec.ignored and "lm_head.weight" not in res.spec.tensors
+    res.spec.validate(ModelConfig.load(out), Checkpoint(out))
+    bad = tmp_path / "tied-differs"
+    synth.write(lambda lg: writer(lg, differ=True), logical, bad)
+    with pytest.raises(InspectError) as e:
+        inspect_dir(bad, use_loss=False)
+    assert "'lm_head.weight'" in str(e.value) and "tie_word_embeddings" in str(e.value)
