@@ -39,7 +39,7 @@ from .config import ModelConfig
 from .formats import FormatError, PackSpec, unpack_codes
 from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
 from .inspect_search import (BLOCKS, TQ2_0_RECORD, Candidate, axis_margins, build_spec, codes_str, confidence,
-                             lane_options, search)
+                             lane_options, per_part_options, search)
 from .spec import SPEC_FILENAME, CheckpointSpec, decode_linear, derived_buffer
 
 
@@ -975,8 +975,12 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     if tables:
         single = all(INT_DTYPES[m.weight.dtype] == m.bits for m in modules if m.packed)  # 1 value/element
         orders = ("lsb",) if single else (("msb", "lsb") if convention == "hqq" else ("lsb", "msb"))
-        cands = [Candidate(t[0], bo, ln, blk, op, t[1]) if isinstance(t, MixedTables) else Candidate(t, bo, ln, blk, op)
-                 for ln, blk in lane_options(modules) for bo in orders for t in tables for op in ops]  # grouped by layout: DecodeCache unpacks each layout once
+        # per-part packing of fused tensors only matters where lanes span more than one container
+        cands = [Candidate(t[0], bo, ln, blk, op, t[1], per_part=pp) if isinstance(t, MixedTables)
+                 else Candidate(t, bo, ln, blk, op, per_part=pp)
+                 for ln, blk in lane_options(modules)
+                 for pp in (per_part_options(modules) if ln != "interleaved" else (False,))
+                 for bo in orders for t in tables for op in ops]  # grouped by layout: DecodeCache unpacks each layout once
     else:
         cands = [Candidate((-1, 0, 1, None), op=op) for op in ops]
     ids = None
@@ -995,6 +999,7 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
             if math.isnan(margin):
                 continue
             val = {"codes": best.codes_label(), "bit_order": best.bit_order, "op": best.op,
+                   "per_part": "fused tensors packed part by part" if best.per_part else "fused tensors packed whole",
                    "lanes": f"{best.lanes}" + (f" block={best.block}" if best.block else "")}[axis]
             findings.append(Finding(f"{axis} (by loss)", str(val),
                                     f"loss {scored[0].loss:.4f} nats; best alternative {alt} is "
