@@ -744,11 +744,21 @@ def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: l
     if zero_hint is not None and zero_hint in used:
         zeros, why, conf = [zero_hint], f"zero point says code {zero_hint}; count asymmetry ranks {ranked}", "high"
     else:
-        clear = asym(ranked[1]) > 3 * asym(ranked[0]) + 0.01
-        zeros = ranked[:1] if clear else ranked[:2]
+        # sampling noise of an asymmetry over n fields is ~1/sqrt(n): a small (or untrained, evenly
+        # split) model can rank a wrong zero first by chance, so every zero code within 4 sigma of the
+        # best stays a candidate (scored by loss; without loss the prior decides and says so)
+        def noise(z):
+            a, b = [c for c in used if c != z]
+            return 4.0 / math.sqrt(max(1, hist[a] + hist[b]))
+
+        clear = asym(ranked[1]) > 3 * asym(ranked[0]) + 0.01 and \
+            asym(ranked[1]) - asym(ranked[0]) > noise(ranked[0]) + noise(ranked[1])
+        zeros = ranked[:1] if clear else [z for z in ranked if z in ranked[:2] or
+                                          asym(z) - asym(ranked[0]) <= noise(ranked[0]) + noise(z)]
         why = (f"the other two codes have the closest counts (asymmetry {asym(ranked[0]):.3f} vs next "
-               f"{asym(ranked[1]):.3f})")
-        conf = "high" if clear else "low (both scored by loss)"
+               f"{asym(ranked[1]):.3f}" + ("" if clear else f", within sampling noise: zero codes {zeros} all "
+                                            f"scored") + ")")
+        conf = "high" if clear else "low (scored by loss)"
     unused_str = f"code {unused[0]}" if len(unused) == 1 else f"{len(unused)} codes (all but {used})"
     findings.append(Finding("code table: unused code", unused_str,
                             f"{sum(hist[c] for c in unused)} of {total} fields ({shares})", "high"))
@@ -914,6 +924,17 @@ def _tied_lm_head_copy(floats: dict, cfg: ModelConfig, ckpt: Checkpoint, finding
     return {key: "copy of the embedding (tie_word_embeddings: true)"}
 
 
+def _prior_key(c: Candidate, modules: list, cfg: ModelConfig) -> tuple:
+    """``prior_rank`` of a candidate for this model's structure (records, HQQ, majority pack axis)."""
+    from .inspect_search import prior_rank
+
+    packed = [m for m in modules if m.packed]
+    record = next((m.record for m in packed), None)
+    hqq = any(m.zero_kw for m in modules)
+    axis0 = sum(m.pack_axis == 0 for m in packed) > len(packed) / 2
+    return prior_rank(c, cfg, record, hqq, axis0)
+
+
 def _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings) -> Candidate:
     """When the loss cannot separate the best candidate from the a-priori most plausible one
     (within PRIOR_MARGIN nats: an untrained or tiny model), keep the plausible one and say so."""
@@ -921,9 +942,7 @@ def _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings) -> Candi
     from .inspect_search import PRIOR_MARGIN, prior_rank
 
     valid = [s for s in scored if math.isfinite(s.loss)]
-    record = next((m.record for m in modules if m.packed), None)
-    hqq = any(m.zero_kw for m in modules)
-    prior = min(valid, key=lambda s: prior_rank(s.cand, cfg, record, hqq))
+    prior = min(valid, key=lambda s: _prior_key(s.cand, modules, cfg))
     best = scored[0]
     if prior.fp == best.fp:
         return best.cand
@@ -1005,7 +1024,14 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                                     f"loss {scored[0].loss:.4f} nats; best alternative {alt} is "
                                     f"+{margin:.4f}", confidence(margin)))
     elif ids is None and len(cands) > 1:
-        findings.append(Finding("search", best.label(), "no loss scoring: prior order only", "low"))
+        # no text to score on: the a-priori most plausible candidate that decodes cleanly (public
+        # conventions first, then codes increasing with value), not merely the first one generated
+        valid = [s for s in scored if math.isfinite(s.loss)]
+        best = min(valid, key=lambda s: _prior_key(s.cand, modules, cfg)).cand
+        distinct = len({s.fp for s in valid})
+        findings.append(Finding("search", best.label(), f"no loss scoring: the a-priori most plausible of {distinct} "
+                                f"distinct decodes (public conventions, then codes increasing with value); the others "
+                                f"are listed under candidate decodes", "low"))
     spec = build_spec(modules, floats, best, cfg, f"inspected:{model_dir.name}")
     spec.ignored.update(tied_copy)
     spec.validate(cfg, ckpt)

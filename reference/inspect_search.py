@@ -305,13 +305,17 @@ KNOWN_LAYOUTS = [("blocked", None, "lsb"),  # transformers HF-BitNet pack_weight
                  ("interleaved", None, "msb")]
 
 
-def prior_rank(c: Candidate, cfg: ModelConfig, record: Optional[tuple] = None, hqq: bool = False) -> tuple:
+def prior_rank(c: Candidate, cfg: ModelConfig, record: Optional[tuple] = None, hqq: bool = False,
+               axis0: bool = True) -> tuple:
     """Smaller = more plausible a priori.  A config that names transformers' bitnet method
     points at its layout first, llama.cpp TQ2_0 blocks (``record``) at theirs; codes increasing
-    with value (-1 < 0 < +1) beat swapped tables."""
+    with value (-1 < 0 < +1) beat swapped tables.  ``axis0``: most packed tensors are packed along
+    their output axis; when not, transformers' blocked layout (an axis-0 convention) ranks after the
+    consecutive-inputs one that every public axis-1 packer uses."""
     q = (cfg.quantization or {}).get("quant_method")
     layout = (c.lanes, c.block, c.bit_order)
-    known = KNOWN_LAYOUTS.index(layout) if layout in KNOWN_LAYOUTS else len(KNOWN_LAYOUTS)
+    order = KNOWN_LAYOUTS if axis0 else [KNOWN_LAYOUTS[1], KNOWN_LAYOUTS[0]] + KNOWN_LAYOUTS[2:]
+    known = order.index(layout) if layout in order else len(order)
     if q == "bitnet" and layout == ("blocked", None, "lsb"):
         known = -1
     if record is not None and tuple(record) == TQ2_0_RECORD and layout == ("block_interleaved", 128, "lsb"):

@@ -650,3 +650,40 @@ def test_fused_tensors_packed_part_by_part(logical, trained_loss, tmp_path):
     ck = Checkpoint(out)
     for mod in ("model.layers.0.self_attn.v_proj", "model.layers.2.mlp.gate_proj"):
         assert torch.equal(lut_decoder(ck, spec.linears[mod], mod).values.to(torch.int8), truth.ternary[mod])
+
+
+def test_untrained_axis1_packing_prior_is_consecutive_inputs(tmp_path):
+    """The random bundled model packed along K, 4 consecutive inputs per byte low bits first (the seed /
+    compressed-tensors lanes), no quantization_config: the loss cannot tell layouts apart, and the prior
+    must not prefer transformers' blocked layout -- an axis-0 convention -- for axis-1 packing
+    (before: blocked was kept and every weight decoded wrong)."""
+    from parity.dump import DEFAULT_MODEL
+
+    lg = synth.Logical.from_dir(DEFAULT_MODEL)
+    spec = PackSpec(bits=2, container="uint8", pack_axis=1, codes=(-1, 0, 1, None), pad_code=1)
+    out = tmp_path / "axis1"
+    truth = synth.write(lambda g: synth.w_custom(g, spec, scale="tensor", op="divide", scale_dtype=torch.float32),
+                        lg, out)
+    res = inspect_dir(out)
+    check_recovered(out, res.spec, truth, lg, 1e-3)
+    assert res.spec.linears["model.layers.0.mlp.down_proj"].pack.lanes == "interleaved"
+    assert any(f.what.startswith("layout (prior") for f in res.findings)
+
+
+def test_no_loss_small_untrained_model_zero_code_within_noise(tmp_path):
+    """A tiny untrained model (odd-bitnet, no tokenizer: statistics only) whose codes are split ~1/3 each:
+    the count asymmetry that names the zero code is within sampling noise, so every close zero code
+    stays a candidate and the prior (codes increasing with value) decides -- not the first candidate
+    generated (before: code 2 was taken as zero 'with high confidence' and every weight decoded wrong)."""
+    from reference.make_model import write_model
+
+    src = write_model("odd-bitnet", tmp_path / "odd")
+    lg = synth.Logical.from_dir(src)
+    out = tmp_path / "odd-axis0"
+    truth = synth.write(lambda g: synth.w_custom(g, synth.HF_BITNET, scale="tensor", op="divide",
+                                                 scale_dtype=torch.float32), lg, out)
+    res = inspect_dir(out, use_loss=False)
+    check_recovered(out, res.spec, truth, lg, 1e-3)
+    zero = next(f for f in res.findings if f.what == "code table: zero code")
+    assert zero.confidence.startswith("low") and "sampling noise" in zero.evidence
+    assert any(f.what == "search" and f.confidence == "low" for f in res.findings)
