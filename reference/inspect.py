@@ -951,6 +951,16 @@ def _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings) -> Candi
         prior.stage = "full"
     gap = prior.loss - best.loss
     if gap < PRIOR_MARGIN:
+        # every distinct decode the loss cannot separate from the best one is a live alternative: name them
+        tied, seen = [], {prior.fp}
+        for s in valid:
+            if s.fp not in seen and s.loss - best.loss < PRIOR_MARGIN:
+                seen.add(s.fp)
+                tied.append(s.cand.label())
+        findings.append(Finding("ambiguous decode", f"{len(tied) + 1} distinct decodes within {PRIOR_MARGIN} nats",
+                                f"kept {prior.cand.label()}; alternatives the loss cannot rule out: "
+                                + "; ".join(tied[:8]) + (f"; ... {len(tied) - 8} more" if len(tied) > 8 else ""),
+                                "low (prior)"))
         findings.append(Finding("layout (prior tie-break)", prior.cand.label(),
                                 f"the text sample cannot tell: {best.cand.label()} scores only {gap:+.4f} nats "
                                 f"better (< {PRIOR_MARGIN}); kept the public convention that the config and "

@@ -668,6 +668,9 @@ def test_untrained_axis1_packing_prior_is_consecutive_inputs(tmp_path):
     check_recovered(out, res.spec, truth, lg, 1e-3)
     assert res.spec.linears["model.layers.0.mlp.down_proj"].pack.lanes == "interleaved"
     assert any(f.what.startswith("layout (prior") for f in res.findings)
+    # the alternatives the loss cannot rule out are named, not dropped silently
+    amb = next(f for f in res.findings if f.what == "ambiguous decode")
+    assert "blocked" in amb.evidence and amb.confidence.startswith("low")
 
 
 def test_no_loss_small_untrained_model_zero_code_within_noise(tmp_path):
