@@ -281,7 +281,8 @@ def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]
     ok_of: dict[str, list[int]] = {}
     for m in packed:
         cbits = INT_DTYPES[m.weight.dtype]
-        ok = [b for b in bits_options(cbits) if layout_options(tuple(m.weight.shape), m.logical, cbits, b)]
+        ok = [b for b in bits_options(cbits) if layout_options(tuple(m.weight.shape), m.logical, cbits, b,
+                                                               _part_rows(m))]
         ok_of[m.prefix] = ok
         for b in ok:
             fits[b] = fits.get(b, 0) + 1
@@ -356,8 +357,11 @@ def _mixed_bits(modules, packed, ok_of, fits, rank, hint, findings) -> int:
     return main
 
 
-def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int) -> list[tuple[bool, int]]:
-    """(transposed, pack_axis) pairs under which ``stored`` can hold ``logical``."""
+def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int, parts: tuple = ()
+                   ) -> list[tuple[bool, int]]:
+    """(transposed, pack_axis) pairs under which ``stored`` can hold ``logical``.  ``parts``: the row
+    counts of a fused tensor, whose parts may each have been packed (and padded) on their own along
+    axis 0 (PackSpec.segments)."""
     v = cbits // bits
     out = []
     for transposed in (False, True):
@@ -367,11 +371,17 @@ def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int) -> list
                 continue
             length, packed = logical[axis], (a, b)[axis]
             lens = {-(-length // v)} | {-(-length // blk) * (blk // v) for blk in BLOCKS if blk % v == 0 and blk > v}
+            if axis == 0 and len(parts) > 1:
+                lens.add(sum(-(-n // v) for n in parts))
             # a layout that pads the axis to twice its length or more is not one (a block longer than
             # the axis would let 2-bit codes "fit" an unpacked int8 matrix)
             if packed in lens and (packed * v < 2 * length or packed == -(-length // v)):
                 out.append((transposed, axis))
     return out
+
+
+def _part_rows(m: Module) -> tuple:
+    return tuple(r1 - r0 for _, (r0, r1) in m.parts)
 
 
 TQ2_RECORD = TQ2_0_RECORD  # llama.cpp block_tq2_0: QK_K = 256 values in qs[64] + fp16 d
@@ -548,7 +558,7 @@ def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, find
                 raise InspectError(f"{m.shape_t.file}: tensor {m.shape_t.name!r} says logical shape {ws}, "
                                    f"config.json implies {list(m.logical)}")
         bits = m.bits
-        opts = layout_options(tuple(st.shape), m.logical, cbits, bits)
+        opts = layout_options(tuple(st.shape), m.logical, cbits, bits, _part_rows(m))
         if cbits == bits:  # one value per element: no pack axis, only (maybe) transposed storage
             opts = sorted({(t, 1) for t, _ in opts})
         if not opts:

@@ -690,3 +690,19 @@ def test_no_loss_small_untrained_model_zero_code_within_noise(tmp_path):
     zero = next(f for f in res.findings if f.what == "code table: zero code")
     assert zero.confidence.startswith("low") and "sampling noise" in zero.evidence
     assert any(f.what == "search" and f.confidence == "low" for f in res.findings)
+
+
+def test_fused_parts_padded_one_by_one(tmp_path):
+    """Fused qkv whose parts (50 / 10 / 10 rows, none a multiple of 4) were each packed and padded on
+    their own along axis 0: 13 + 3 + 3 = 19 packed rows, which no whole-matrix layout of 70 rows has
+    (18 or 20); the shape alone must admit it (before: a shape error for a decodable tensor)."""
+    from reference.make_model import Preset, write_model
+
+    src = write_model(Preset("bitnet", 50, 64, 2, 5, 1, 61, True, head_dim=10, seed=3), tmp_path / "src")
+    lg = synth.Logical.from_dir(src)
+    out = tmp_path / "fused-odd"
+    truth = synth.write(_fused_per_part, lg, out)
+    assert list(Checkpoint(out).info("model.layers.0.self_attn.qkv_proj.weight").shape) == [19, 50]
+    res = inspect_dir(out, use_loss=False)
+    check_recovered(out, res.spec, truth, lg, 1e-3)
+    assert res.spec.linears["model.layers.0.self_attn.v_proj"].pack.segments == (50, 10, 10)
