@@ -36,6 +36,12 @@ Where a logical element lands is fixed by three things:
   packs that view with ``axis=1``); everything above applies to the view.  Needs ``K % G == 0``.
   ``None`` (the default, omitted from JSON) = the matrix itself.
 
+* ``segments`` — ``(L1, L2, ...)``: the pack axis is cut into consecutive segments of these
+  lengths, each packed *on its own* (its own lanes, blocks and padding) and the packed segments
+  concatenated along the stored pack axis: a fused qkv / gate_up tensor whose parts were packed
+  separately (transformers' ``pack_weights`` per projection) and then concatenated.  The lengths
+  sum to the axis length.  ``None`` (the default, omitted from JSON) = one segment.
+
 ``transposed`` means the stored tensor is the transpose of the packed matrix (GPTQ stores
 ``qweight`` as ``[K/16, N]``).  Padding (L not a multiple of the block) is filled with
 ``pad_code`` and cropped on unpack, so ``unpack(pack(W)) == W`` for any shape.
@@ -140,6 +146,7 @@ class PackSpec:
     pad_code: int = 0
     record: Optional[tuple] = None  # (elements, bytes) per record; see module docstring
     group_view: Optional[int] = None  # G: pack W.reshape(N*K/G, G) (HQQ axis=1); see module docstring
+    segments: Optional[tuple] = None  # lengths along the pack axis, each packed on its own; see module docstring
 
     def __post_init__(self):
         if self.container not in CONTAINERS:
@@ -165,6 +172,11 @@ class PackSpec:
             raise FormatError(f"pad_code {self.pad_code} is not a code")
         if self.group_view is not None and (self.group_view < 1 or self.record is not None):
             raise FormatError(f"group_view must be >= 1 and exclusive of record, got {self.group_view}")
+        if self.segments is not None:
+            object.__setattr__(self, "segments", tuple(int(x) for x in self.segments))
+            if not self.segments or min(self.segments) < 1 or self.record is not None or self.group_view is not None:
+                raise FormatError(f"segments must be lengths >= 1 and exclusive of record / group_view, got "
+                                  f"{self.segments}")
         if self.record is not None:
             if len(self.record) != 2:
                 raise FormatError(f"record must be (elements, bytes), got {self.record!r}")
@@ -205,6 +217,12 @@ class PackSpec:
         return self.record[0] // self.values_per_container
 
     def packed_len(self, axis_len: int) -> int:
+        if self.segments is not None:
+            if sum(self.segments) != axis_len:
+                raise FormatError(f"segments {list(self.segments)} sum to {sum(self.segments)}, the pack axis has "
+                                  f"{axis_len} elements")
+            inner = self.replace(segments=None)
+            return sum(inner.packed_len(n) for n in self.segments)
         if self.record is not None:
             return -(-axis_len // self.record[0]) * self.record[1]
         b = self.block_len(axis_len)
@@ -233,7 +251,9 @@ class PackSpec:
         v = self.values_per_container
         out = []
         packed = (a, b)[self.pack_axis]
-        if self.record is not None:
+        if self.segments is not None:
+            lengths = [sum(self.segments)] if self.packed_len(sum(self.segments)) == packed else []
+        elif self.record is not None:
             if packed % self.record[1]:
                 return []
             top = packed // self.record[1] * self.record[0]
@@ -262,6 +282,10 @@ class PackSpec:
         d["codes"] = list(self.codes)
         if self.group_view is None:
             del d["group_view"]  # absent: JSON of the other formats unchanged
+        if self.segments is None:
+            del d["segments"]  # absent: JSON of one-segment formats unchanged
+        else:
+            d["segments"] = list(self.segments)
         if self.record is None:
             del d["record"]  # absent: JSON of record-less formats unchanged
         else:
@@ -323,10 +347,38 @@ def _from_container(x: torch.Tensor, spec: PackSpec) -> torch.Tensor:
     return x
 
 
+def _by_segment(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int], fn, name: str = "tensor"
+                ) -> torch.Tensor:
+    """``fn(piece, inner_spec, piece_shape)`` on every packed segment (``spec.segments``), the results
+    concatenated along the logical pack axis.  Errors name the segment and its logical range."""
+    inner, ax = spec.replace(segments=None), spec.pack_axis
+    want = spec.packed_shape(shape)  # checks that the segments cover the axis
+    if packed.dim() != 2 or tuple(packed.shape) != want:
+        raise FormatError(f"{name}: packed tensor has shape {tuple(packed.shape)}, a logical {shape[0]}x{shape[1]} "
+                          f"matrix in segments {list(spec.segments)} of this format needs {want}")
+    lens = [inner.packed_len(n) for n in spec.segments]
+    outs, start = [], 0
+    for i, (piece, n) in enumerate(zip(packed.split(lens, dim=(1 - ax) if spec.transposed else ax), spec.segments)):
+        sub = [shape[0], shape[1]]
+        sub[ax] = n
+        try:
+            outs.append(fn(piece, inner, (sub[0], sub[1])))
+        except FormatError as e:
+            raise FormatError(f"{e} (in segment {i}: logical {'rows' if ax == 0 else 'columns'} "
+                              f"[{start}, {start + n}))") from None
+        start += n
+    return torch.cat(outs, dim=ax)
+
+
 def pack_codes(codes: torch.Tensor, spec: PackSpec) -> torch.Tensor:
     """codes int [N, K] (each in [0, 2**bits)) -> packed container tensor."""
     if codes.dim() != 2:
         raise FormatError(f"pack expects a 2-D code matrix, got shape {tuple(codes.shape)}")
+    if spec.segments is not None:
+        spec.packed_len(codes.shape[spec.pack_axis])  # the segments cover the axis
+        inner = spec.replace(segments=None)
+        parts = [pack_codes(c, inner) for c in codes.split(list(spec.segments), dim=spec.pack_axis)]
+        return torch.cat(parts, dim=(1 - spec.pack_axis) if spec.transposed else spec.pack_axis).contiguous()
     if spec.group_view is not None:
         n, k = codes.shape
         return pack_codes(codes.reshape(spec.view_shape((n, k))), spec.replace(group_view=None))
@@ -409,6 +461,8 @@ def _place(fields: torch.Tensor, spec: PackSpec, length: int) -> torch.Tensor:
 
 def unpack_codes(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int]) -> torch.Tensor:
     """packed container tensor -> codes int64 [N, K] for the logical ``shape``."""
+    if spec.segments is not None:
+        return _by_segment(packed, spec, shape, unpack_codes)
     if spec.group_view is not None:
         return unpack_codes(packed, spec.replace(group_view=None), spec.view_shape(shape)).reshape(shape)
     p, length = _oriented(packed, spec, shape)
@@ -463,6 +517,9 @@ def unpack(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int], *, name
     if spec.group_view is not None:
         inner = spec.replace(group_view=None)
         return unpack(packed, inner, spec.view_shape(shape), name=name, strict=strict).reshape(shape)
+    if spec.segments is not None:
+        return _narrow(_by_segment(packed, spec, shape, lambda p, s, sh: unpack(p, s, sh, name=name, strict=strict),
+                                   name=name))
     vals, unused = code_lut(spec)
     if CONTAINERS[spec.container][1] == 8:
         wide = bool((vals.abs() > 127).any())

@@ -39,7 +39,7 @@ from .config import ModelConfig
 from .formats import FormatError, PackSpec, unpack_codes
 from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
 from .inspect_search import (BLOCKS, TQ2_0_RECORD, Candidate, axis_margins, build_spec, codes_str, confidence,
-                             lane_options, search)
+                             lane_options, per_part_options, search)
 from .spec import SPEC_FILENAME, CheckpointSpec, decode_linear, derived_buffer
 
 
@@ -281,7 +281,8 @@ def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]
     ok_of: dict[str, list[int]] = {}
     for m in packed:
         cbits = INT_DTYPES[m.weight.dtype]
-        ok = [b for b in bits_options(cbits) if layout_options(tuple(m.weight.shape), m.logical, cbits, b)]
+        ok = [b for b in bits_options(cbits) if layout_options(tuple(m.weight.shape), m.logical, cbits, b,
+                                                               _part_rows(m))]
         ok_of[m.prefix] = ok
         for b in ok:
             fits[b] = fits.get(b, 0) + 1
@@ -356,8 +357,11 @@ def _mixed_bits(modules, packed, ok_of, fits, rank, hint, findings) -> int:
     return main
 
 
-def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int) -> list[tuple[bool, int]]:
-    """(transposed, pack_axis) pairs under which ``stored`` can hold ``logical``."""
+def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int, parts: tuple = ()
+                   ) -> list[tuple[bool, int]]:
+    """(transposed, pack_axis) pairs under which ``stored`` can hold ``logical``.  ``parts``: the row
+    counts of a fused tensor, whose parts may each have been packed (and padded) on their own along
+    axis 0 (PackSpec.segments)."""
     v = cbits // bits
     out = []
     for transposed in (False, True):
@@ -367,11 +371,17 @@ def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int) -> list
                 continue
             length, packed = logical[axis], (a, b)[axis]
             lens = {-(-length // v)} | {-(-length // blk) * (blk // v) for blk in BLOCKS if blk % v == 0 and blk > v}
+            if axis == 0 and len(parts) > 1:
+                lens.add(sum(-(-n // v) for n in parts))
             # a layout that pads the axis to twice its length or more is not one (a block longer than
             # the axis would let 2-bit codes "fit" an unpacked int8 matrix)
             if packed in lens and (packed * v < 2 * length or packed == -(-length // v)):
                 out.append((transposed, axis))
     return out
+
+
+def _part_rows(m: Module) -> tuple:
+    return tuple(r1 - r0 for _, (r0, r1) in m.parts)
 
 
 TQ2_RECORD = TQ2_0_RECORD  # llama.cpp block_tq2_0: QK_K = 256 values in qs[64] + fp16 d
@@ -548,7 +558,7 @@ def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, find
                 raise InspectError(f"{m.shape_t.file}: tensor {m.shape_t.name!r} says logical shape {ws}, "
                                    f"config.json implies {list(m.logical)}")
         bits = m.bits
-        opts = layout_options(tuple(st.shape), m.logical, cbits, bits)
+        opts = layout_options(tuple(st.shape), m.logical, cbits, bits, _part_rows(m))
         if cbits == bits:  # one value per element: no pack axis, only (maybe) transposed storage
             opts = sorted({(t, 1) for t, _ in opts})
         if not opts:
@@ -684,6 +694,16 @@ def _signed(code: int, bits: int) -> int:
     return code - (1 << bits) if code >= 1 << (bits - 1) else code
 
 
+def _sign_magnitude(code: int, bits: int, sign_high: bool = True) -> int:
+    """Value of a ``bits``-bit sign-magnitude code: the sign in the top (``sign_high``) or the
+    lowest bit, the magnitude in the others (so the two zeros, +0 and -0, both decode to 0)."""
+    if sign_high:
+        neg, mag = code >> (bits - 1), code & ((1 << (bits - 1)) - 1)
+    else:
+        neg, mag = code & 1, code >> 1
+    return -mag if neg else mag
+
+
 def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: list[Finding],
                     cfg: Optional[ModelConfig] = None) -> list[tuple]:
     """Code tables to score.  Three used codes: ternary (the +-1 pair = the two codes with the
@@ -734,11 +754,21 @@ def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: l
     if zero_hint is not None and zero_hint in used:
         zeros, why, conf = [zero_hint], f"zero point says code {zero_hint}; count asymmetry ranks {ranked}", "high"
     else:
-        clear = asym(ranked[1]) > 3 * asym(ranked[0]) + 0.01
-        zeros = ranked[:1] if clear else ranked[:2]
+        # sampling noise of an asymmetry over n fields is ~1/sqrt(n): a small (or untrained, evenly
+        # split) model can rank a wrong zero first by chance, so every zero code within 4 sigma of the
+        # best stays a candidate (scored by loss; without loss the prior decides and says so)
+        def noise(z):
+            a, b = [c for c in used if c != z]
+            return 4.0 / math.sqrt(max(1, hist[a] + hist[b]))
+
+        clear = asym(ranked[1]) > 3 * asym(ranked[0]) + 0.01 and \
+            asym(ranked[1]) - asym(ranked[0]) > noise(ranked[0]) + noise(ranked[1])
+        zeros = ranked[:1] if clear else [z for z in ranked if z in ranked[:2] or
+                                          asym(z) - asym(ranked[0]) <= noise(ranked[0]) + noise(z)]
         why = (f"the other two codes have the closest counts (asymmetry {asym(ranked[0]):.3f} vs next "
-               f"{asym(ranked[1]):.3f})")
-        conf = "high" if clear else "low (both scored by loss)"
+               f"{asym(ranked[1]):.3f}" + ("" if clear else f", within sampling noise: zero codes {zeros} all "
+                                            f"scored") + ")")
+        conf = "high" if clear else "low (scored by loss)"
     unused_str = f"code {unused[0]}" if len(unused) == 1 else f"{len(unused)} codes (all but {used})"
     findings.append(Finding("code table: unused code", unused_str,
                             f"{sum(hist[c] for c in unused)} of {total} fields ({shares})", "high"))
@@ -807,6 +837,11 @@ def _integer_tables(hist, bits, significant, zero_hint, findings, shares) -> lis
         if z is not None and 0 <= z < ncodes:
             add(tuple(c - z for c in range(ncodes)), f"code - {z} ({why})")
     add(tuple(_signed(c, bits) for c in range(ncodes)), "two's complement")
+    # sign-magnitude (sign bit high, or low): both "zeros" decode to 0 -- a packer that takes the sign
+    # from the float weight writes -0 wherever a small negative weight rounds to 0, so a ternary
+    # checkpoint then uses all four 2-bit codes without being int2
+    add(tuple(_sign_magnitude(c, bits, sign_high=True) for c in range(ncodes)), "sign-magnitude, sign bit high")
+    add(tuple(_sign_magnitude(c, bits, sign_high=False) for c in range(ncodes)), "sign-magnitude, sign bit low")
     if not tables:
         raise InspectError(f"{len(significant)} of {ncodes} {bits}-bit codes occur in the packed weights "
                            f"(counts {_short_hist(hist)}) and no zero code maps them to a symmetric integer range: "
@@ -876,16 +911,25 @@ class Inspection:
     zero_ratio: dict  # HF module -> zero ratio of the decoded values
 
 
+def _prior_key(c: Candidate, modules: list, cfg: ModelConfig) -> tuple:
+    """``prior_rank`` of a candidate for this model's structure (records, HQQ, majority pack axis)."""
+    from .inspect_search import prior_rank
+
+    packed = [m for m in modules if m.packed]
+    record = next((m.record for m in packed), None)
+    hqq = any(m.zero_kw for m in modules)
+    axis0 = sum(m.pack_axis == 0 for m in packed) > len(packed) / 2
+    return prior_rank(c, cfg, record, hqq, axis0)
+
+
 def _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings) -> Candidate:
     """When the loss cannot separate the best candidate from the a-priori most plausible one
     (within PRIOR_MARGIN nats: an untrained or tiny model), keep the plausible one and say so."""
     from .decode import model_loss
-    from .inspect_search import NAMED_MARGIN, PRIOR_MARGIN, prior_rank
+    from .inspect_search import NAMED_MARGIN, PRIOR_MARGIN
 
     valid = [s for s in scored if math.isfinite(s.loss)]
-    record = next((m.record for m in modules if m.packed), None)
-    hqq = any(m.zero_kw for m in modules)
-    prior = min(valid, key=lambda s: prior_rank(s.cand, cfg, record, hqq))
+    prior = min(valid, key=lambda s: _prior_key(s.cand, modules, cfg))
     best = scored[0]
     if prior.fp == best.fp:
         return best.cand
@@ -893,9 +937,19 @@ def _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings) -> Candi
         prior.loss = model_loss(cfg, build_spec(modules, floats, prior.cand, cfg, "prior"), ckpt, ids)
         prior.stage = "full"
     gap = prior.loss - best.loss
-    named = prior_rank(prior.cand, cfg, record, hqq)[0] < 0  # the checkpoint names this layout itself
+    named = _prior_key(prior.cand, modules, cfg)[0] < 0  # the checkpoint names this layout itself
     margin = NAMED_MARGIN if named else PRIOR_MARGIN
     if gap < margin:
+        # every distinct decode the loss cannot separate from the best one is a live alternative: name them
+        tied, seen = [], {prior.fp}
+        for s in valid:
+            if s.fp not in seen and s.loss - best.loss < margin:
+                seen.add(s.fp)
+                tied.append(s.cand.label())
+        findings.append(Finding("ambiguous decode", f"{len(tied) + 1} distinct decodes within {margin} nats",
+                                f"kept {prior.cand.label()}; alternatives the loss cannot rule out: "
+                                + "; ".join(tied[:8]) + (f"; ... {len(tied) - 8} more" if len(tied) > 8 else ""),
+                                "low (prior)"))
         findings.append(Finding("layout (prior tie-break)", prior.cand.label(),
                                 f"the text sample cannot tell: {best.cand.label()} scores only {gap:+.4f} nats "
                                 f"better (< {margin}); kept the public convention that the config and "
@@ -938,8 +992,12 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     if tables:
         single = all(INT_DTYPES[m.weight.dtype] == m.bits for m in modules if m.packed)  # 1 value/element
         orders = ("lsb",) if single else (("msb", "lsb") if convention == "hqq" else ("lsb", "msb"))
-        cands = [Candidate(t[0], bo, ln, blk, op, t[1]) if isinstance(t, MixedTables) else Candidate(t, bo, ln, blk, op)
-                 for ln, blk in lane_options(modules) for bo in orders for t in tables for op in ops]  # grouped by layout: DecodeCache unpacks each layout once
+        # per-part packing of fused tensors only matters where lanes span more than one container
+        cands = [Candidate(t[0], bo, ln, blk, op, t[1], per_part=pp) if isinstance(t, MixedTables)
+                 else Candidate(t, bo, ln, blk, op, per_part=pp)
+                 for ln, blk in lane_options(modules)
+                 for pp in (per_part_options(modules) if ln != "interleaved" else (False,))
+                 for bo in orders for t in tables for op in ops]  # grouped by layout: DecodeCache unpacks each layout once
     else:
         cands = [Candidate((-1, 0, 1, None), op=op) for op in ops]
     ids = None
@@ -958,12 +1016,20 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
             if math.isnan(margin):
                 continue
             val = {"codes": best.codes_label(), "bit_order": best.bit_order, "op": best.op,
+                   "per_part": "fused tensors packed part by part" if best.per_part else "fused tensors packed whole",
                    "lanes": f"{best.lanes}" + (f" block={best.block}" if best.block else "")}[axis]
             findings.append(Finding(f"{axis} (by loss)", str(val),
                                     f"loss {scored[0].loss:.4f} nats; best alternative {alt} is "
                                     f"+{margin:.4f}", confidence(margin)))
     elif ids is None and len(cands) > 1:
-        findings.append(Finding("search", best.label(), "no loss scoring: prior order only", "low"))
+        # no text to score on: the a-priori most plausible candidate that decodes cleanly (public
+        # conventions first, then codes increasing with value), not merely the first one generated
+        valid = [s for s in scored if math.isfinite(s.loss)]
+        best = min(valid, key=lambda s: _prior_key(s.cand, modules, cfg)).cand
+        distinct = len({s.fp for s in valid})
+        findings.append(Finding("search", best.label(), f"no loss scoring: the a-priori most plausible of {distinct} "
+                                f"distinct decodes (public conventions, then codes increasing with value); the others "
+                                f"are listed under candidate decodes", "low"))
     spec = build_spec(modules, floats, best, cfg, f"inspected:{model_dir.name}")
     spec.validate(cfg, ckpt)
     zr = {}

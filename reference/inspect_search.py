@@ -43,6 +43,9 @@ class Candidate:
     # mixed code widths: the code tables of the other widths (``codes`` is the main width's);
     # each packed module takes the table with 2^bits entries
     extra: tuple = ()
+    # fused tensors packed along their (fused) output axis: each part (q / k / v, gate / up) packed on
+    # its own and the packed parts concatenated (PackSpec.segments), instead of the fused matrix at once
+    per_part: bool = False
 
     def table(self, bits: int) -> tuple:
         for t in (self.codes,) + tuple(self.extra):
@@ -57,7 +60,7 @@ class Candidate:
 
     def label(self) -> str:
         lanes = f"{self.lanes}({self.block})" if self.block else self.lanes
-        return f"codes={self.codes_label()} {self.bit_order} {lanes} {self.op}"
+        return f"codes={self.codes_label()} {self.bit_order} {lanes}{' per-part' if self.per_part else ''} {self.op}"
 
 
 def codes_str(codes) -> str:
@@ -71,7 +74,20 @@ def codes_str(codes) -> str:
             return f"code{codes[0]:+d} ({bits}-bit offset binary)"
         if all(v == (c - len(codes) if c >= len(codes) // 2 else c) for c, v in enumerate(codes)):
             return f"two's complement ({bits}-bit)"
+        half = len(codes) // 2
+        if all(v == (-(c - half) if c >= half else c) for c, v in enumerate(codes)):
+            return f"sign-magnitude ({bits}-bit, sign bit high)"
+        if all(v == (-(c >> 1) if c & 1 else c >> 1) for c, v in enumerate(codes)):
+            return f"sign-magnitude ({bits}-bit, sign bit low)"
     return "{" + ", ".join(f"{c}: {v}" for c, v in enumerate(codes) if v is not None) + f"}} ({bits}-bit, rest unused)"
+
+
+def per_part_options(modules: list[Module]) -> tuple:
+    """(False, True) when a fused packed tensor is packed along its fused output axis (then its parts may
+    have been packed one by one and concatenated), else (False,)."""
+    fused = [m for m in modules if m.packed and len(m.parts) > 1 and m.pack_axis == 0 and m.record is None
+             and m.group_view is None and INT_DTYPES[m.weight.dtype] != m.bits]
+    return (False, True) if fused else (False,)
 
 
 def lane_options(modules: list[Module]) -> list[tuple[str, Optional[int]]]:
@@ -105,10 +121,12 @@ def pack_spec(m: Module, c: Candidate) -> PackSpec:
     codes = c.table(m.bits)
     # one value per element (an int8 layer of a mixed-width model): no lanes, no bit order
     single = INT_DTYPES[m.weight.dtype] == m.bits
+    segments = tuple(r1 - r0 for _, (r0, r1) in m.parts) \
+        if c.per_part and not single and len(m.parts) > 1 and m.pack_axis == 0 else None
     return PackSpec(bits=m.bits, container=CONTAINER_OF[m.weight.dtype], pack_axis=m.pack_axis,
                     lanes="interleaved" if single else c.lanes, block=None if single else c.block,
                     bit_order="lsb" if single else c.bit_order, codes=codes, transposed=m.transposed,
-                    pad_code=codes.index(0), record=m.record, group_view=m.group_view)
+                    pad_code=codes.index(0), record=m.record, group_view=m.group_view, segments=segments)
 
 
 def zero_spec(m: Module) -> Optional[ScaleSpec]:
@@ -257,7 +275,7 @@ def axis_margins(scored: list[Scored]) -> dict[str, tuple[float, str]]:
     whole sample when that candidate was a finalist, else on the screening sequence)."""
     best = scored[0]
     out = {}
-    for axis in ("codes", "bit_order", "lanes", "op"):
+    for axis in ("codes", "bit_order", "lanes", "op", "per_part"):
         key = (lambda c: (c.lanes, c.block)) if axis == "lanes" else \
             (lambda c: (c.codes, c.extra)) if axis == "codes" else (lambda c, a=axis: getattr(c, a))
         alts = [s for s in scored if key(s.cand) != key(best.cand) and math.isfinite(s.loss)]
@@ -292,13 +310,17 @@ KNOWN_LAYOUTS = [("blocked", None, "lsb"),  # transformers HF-BitNet pack_weight
                  ("interleaved", None, "msb")]
 
 
-def prior_rank(c: Candidate, cfg: ModelConfig, record: Optional[tuple] = None, hqq: bool = False) -> tuple:
+def prior_rank(c: Candidate, cfg: ModelConfig, record: Optional[tuple] = None, hqq: bool = False,
+               axis0: bool = True) -> tuple:
     """Smaller = more plausible a priori.  A config that names transformers' bitnet method
     points at its layout first, llama.cpp TQ2_0 blocks (``record``) at theirs; codes increasing
-    with value (-1 < 0 < +1) beat swapped tables."""
+    with value (-1 < 0 < +1) beat swapped tables.  ``axis0``: most packed tensors are packed along
+    their output axis; when not, transformers' blocked layout (an axis-0 convention) ranks after the
+    consecutive-inputs one that every public axis-1 packer uses."""
     q = (cfg.quantization or {}).get("quant_method")
     layout = (c.lanes, c.block, c.bit_order)
-    known = KNOWN_LAYOUTS.index(layout) if layout in KNOWN_LAYOUTS else len(KNOWN_LAYOUTS)
+    order = KNOWN_LAYOUTS if axis0 else [KNOWN_LAYOUTS[1], KNOWN_LAYOUTS[0]] + KNOWN_LAYOUTS[2:]
+    known = order.index(layout) if layout in order else len(order)
     if q == "bitnet" and layout == ("blocked", None, "lsb"):
         known = -1
     if record is not None and tuple(record) == TQ2_0_RECORD and layout == ("block_interleaved", 128, "lsb"):
@@ -309,7 +331,7 @@ def prior_rank(c: Candidate, cfg: ModelConfig, record: Optional[tuple] = None, h
     if (q in ("gptq", "awq", "compressed-tensors") or _table_bits(c.codes) == 4) and layout == ("interleaved", None, "lsb"):
         known = -1
     # mixed code widths: the least monotone of the widths' tables
-    return (known, max(_monotone(t) for t in (c.codes,) + tuple(c.extra)))
+    return (known, max(_monotone(t) for t in (c.codes,) + tuple(c.extra)), c.per_part)
 
 
 def _table_bits(codes) -> int:

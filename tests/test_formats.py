@@ -169,3 +169,22 @@ def test_bf16_targets_lut_decoder_reads_tq2_0_records(n, k, seed):
     d = torch.rand(n, -(-k // 256), generator=g) * 100
     p = write_record_scales(pack(w, TQ2_0), d, tq2_0_scale("w"), (n, k))
     assert torch.equal(lut_decode(p, TQ2_0, (n, k)).long(), w)
+
+
+@pytest.mark.parametrize("base", [HF_BITNET, HF_BITNET.replace(container="int32"), HF_BITNET.replace(transposed=True),
+                                  PackSpec(pack_axis=1, lanes="blocked", container="int64", transposed=True)])
+def test_segments_pack_each_part_on_its_own(base):
+    """PackSpec.segments: every segment of the pack axis packed on its own, the packed pieces concatenated."""
+    g = torch.Generator().manual_seed(0)
+    segs = (13, 7, 8)
+    w = torch.randint(-1, 2, (28, 10) if base.pack_axis == 0 else (10, 28), generator=g)
+    spec = base.replace(segments=segs)
+    packed = pack(w, spec)
+    dim = (1 - base.pack_axis) if base.transposed else base.pack_axis
+    assert torch.equal(packed, torch.cat([pack(p, base) for p in w.split(list(segs), dim=base.pack_axis)], dim=dim))
+    assert tuple(packed.shape) == spec.packed_shape(tuple(w.shape))
+    assert torch.equal(unpack(packed, spec, tuple(w.shape)).long(), w)
+    assert PackSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    assert "segments" not in base.to_dict()
+    with pytest.raises(FormatError, match="segments"):
+        spec.packed_shape((w.shape[0] + 1, w.shape[1]) if base.pack_axis == 0 else (w.shape[0], w.shape[1] + 1))

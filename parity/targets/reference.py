@@ -83,6 +83,10 @@ def lut_decode(packed: torch.Tensor, pack: PackSpec, shape: tuple[int, int]) -> 
     """Decode a uint8-packed matrix with a byte table: (N, K) int16."""
     if pack.container != "uint8":
         raise NotImplementedError(f"the bf16 target's independent decoder reads uint8 containers, not {pack.container}")
+    if pack.segments is not None:  # fused parts packed one by one: decode each packed segment on its own
+        from reference.formats import _by_segment
+
+        return _by_segment(packed, pack, shape, lut_decode)
     p = packed.t() if pack.transposed else packed
     if pack.pack_axis == 0:
         p = p.t()  # now (rows, packed_len) with packing along dim 1
