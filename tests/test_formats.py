@@ -171,6 +171,22 @@ def test_bf16_targets_lut_decoder_reads_tq2_0_records(n, k, seed):
     assert torch.equal(lut_decode(p, TQ2_0, (n, k)).long(), w)
 
 
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 12), groups=st.integers(1, 6), g=st.sampled_from([4, 8, 16, 64]), seed=st.integers(0, 2 ** 31))
+def test_bf16_targets_lut_decoder_reads_group_views(n, groups, g, seed):
+    """HQQ's group view (W packed as its [N*K/G, G] row-major view, blocked lanes along axis 0, msb
+    first): the independent byte-LUT decoder agrees with unpack (it ignored group_view before)."""
+    from parity.targets.reference import lut_decode
+
+    spec = PackSpec(bits=2, container="uint8", pack_axis=0, lanes="blocked", bit_order="msb",
+                    codes=(-1, 0, 1, None), pad_code=0, group_view=g)
+    k = groups * g
+    w = torch.randint(-1, 2, (n, k), generator=torch.Generator().manual_seed(seed))
+    p = pack(w, spec)
+    assert torch.equal(unpack(p, spec, (n, k)).long(), w)
+    assert torch.equal(lut_decode(p, spec, (n, k)).long(), w)
+
+
 @pytest.mark.parametrize("base", [HF_BITNET, HF_BITNET.replace(container="int32"), HF_BITNET.replace(transposed=True),
                                   PackSpec(pack_axis=1, lanes="blocked", container="int64", transposed=True)])
 def test_segments_pack_each_part_on_its_own(base):
