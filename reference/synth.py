@@ -414,6 +414,26 @@ def w_bitnet_gpu(lg: Logical):
     return sd, None, Truth(tern, mult, "bitnet-gpu")
 
 
+def w_hf_fused_per_part(lg: Logical):
+    """Fused qkv_proj / gate_up_proj whose parts were each packed with transformers' pack_weights (axis 0,
+    blocked) and then concatenated: not the fused matrix packed at once (lanes restart in every part)."""
+    sd = _floats(lg, "hf")
+    tern, mult = {}, {}
+    cfg = ModelConfig.from_dict(lg.config)
+    fused = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+             "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+             "self_attn.o_proj": ("self_attn.o_proj",), "mlp.down_proj": ("mlp.down_proj",)}
+    for layer in range(cfg.num_layers):
+        p = f"model.layers.{layer}"
+        for f, parts in fused.items():
+            sd[f"{p}.{f}.weight"] = torch.cat([pack(lg.ternary[f"{p}.{m}"], HF_BITNET) for m in parts], 0)
+            s = torch.tensor([float(lg.mult[f"{p}.{m}"].reshape(-1)[0]) for m in parts])
+            sd[f"{p}.{f}.weight_scale"] = 1.0 / s  # BitLinear: stored 1/m, divided
+            for i, m in enumerate(parts):
+                tern[f"{p}.{m}"], mult[f"{p}.{m}"] = lg.ternary[f"{p}.{m}"], (1.0 / (1.0 / s[i])).reshape(1, 1)
+    return sd, None, Truth(tern, mult, "hf-fused-per-part")
+
+
 def w_custom(lg: Logical, pack_spec: PackSpec, *, scale: str = "channel", op: str = "multiply",
              group_size: int = 64, scale_dtype: torch.dtype = torch.float16, scheme: str = "hf"):
     """Any point of the PackSpec space (for generality tests: conventions nobody has named yet)."""
@@ -517,6 +537,7 @@ FORMATS: dict[str, Callable] = {
     "trilm": lambda lg: w_trilm(lg, shards=2),
     "trilm-row": lambda lg: w_trilm(lg, per_row=True),
     "bitnet-gpu": w_bitnet_gpu,
+    "hf-fused-per-part": w_hf_fused_per_part,
     "int8-ternary": lambda lg: w_unpacked_int(lg, INT8_TERNARY, "int8", scale="channel", scale_dtype=torch.bfloat16,
                                               fmt="int8-ternary"),
     "uint8-ternary": lambda lg: w_unpacked_int(lg, UINT8_W1, "uint8", scale="tensor", op="divide",

@@ -613,32 +613,12 @@ def test_sign_magnitude_with_negative_zero(logical, trained_loss, tmp_path):
     assert res.loss == pytest.approx(trained_loss, abs=0.01)
 
 
-def _fused_per_part(lg):
-    """Fused qkv_proj / gate_up_proj whose parts were each packed with transformers' pack_weights (axis 0,
-    blocked) and then concatenated: not the fused matrix packed at once (lanes restart in every part)."""
-    sd = synth._floats(lg, "hf")
-    tern, mult = {}, {}
-    cfg = ModelConfig.from_dict(lg.config)
-    fused = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-             "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
-             "self_attn.o_proj": ("self_attn.o_proj",), "mlp.down_proj": ("mlp.down_proj",)}
-    for layer in range(cfg.num_layers):
-        p = f"model.layers.{layer}"
-        for f, parts in fused.items():
-            sd[f"{p}.{f}.weight"] = torch.cat([synth.pack(lg.ternary[f"{p}.{m}"], synth.HF_BITNET) for m in parts], 0)
-            s = torch.tensor([float(lg.mult[f"{p}.{m}"].reshape(-1)[0]) for m in parts])
-            sd[f"{p}.{f}.weight_scale"] = 1.0 / s  # BitLinear: stored 1/m, divided
-            for i, m in enumerate(parts):
-                tern[f"{p}.{m}"], mult[f"{p}.{m}"] = lg.ternary[f"{p}.{m}"], (1.0 / (1.0 / s[i])).reshape(1, 1)
-    return sd, None, synth.Truth(tern, mult, "hf-fused-per-part")
-
-
 def test_fused_tensors_packed_part_by_part(logical, trained_loss, tmp_path):
     """The inspector tries PackSpec.segments (one per fused part) for fused tensors packed along their
     output axis; before, every candidate packed the fused matrix at once and the best one was silently
     wrong (loss ~6.4 nats instead of ~0.15)."""
     out = tmp_path / "fused-per-part"
-    truth = synth.write(_fused_per_part, logical, out)
+    truth = synth.write(synth.FORMATS["hf-fused-per-part"], logical, out)
     res = inspect_dir(out)
     check_recovered(out, res.spec, truth, logical, 1e-3)
     e = res.spec.linears["model.layers.1.self_attn.k_proj"]
@@ -705,7 +685,7 @@ def test_fused_parts_padded_one_by_one(tmp_path):
     src = write_model(Preset("bitnet", 50, 64, 2, 5, 1, 61, True, head_dim=10, seed=3), tmp_path / "src")
     lg = synth.Logical.from_dir(src)
     out = tmp_path / "fused-odd"
-    truth = synth.write(_fused_per_part, lg, out)
+    truth = synth.write(synth.FORMATS["hf-fused-per-part"], lg, out)
     assert list(Checkpoint(out).info("model.layers.0.self_attn.qkv_proj.weight").shape) == [19, 50]
     res = inspect_dir(out, use_loss=False)
     check_recovered(out, res.spec, truth, lg, 1e-3)
