@@ -50,16 +50,28 @@ def text_ids(model_dir, text: Optional[str] = None, *, n_seq: int = 2, seq_len: 
     Default text: the held-out tail (last 5%) of models/corpus.txt."""
     from tokenizers import Tokenizer
 
-    tok_path = Path(model_dir) / "tokenizer.json"
-    if not tok_path.exists():
-        raise CheckpointError(f"{model_dir}: no tokenizer.json, cannot score candidates on text "
-                              f"(pass --no-loss to rely on statistics only)")
+    d = Path(model_dir)
+    tok_path = d / "tokenizer.json"
+    slow = [f for f in ("tokenizer.model", "tokenizer_config.json") if (d / f).exists()]
+    if not tok_path.exists() and not slow:
+        raise CheckpointError(f"{model_dir}: no tokenizer.json, tokenizer.model or tokenizer_config.json, cannot "
+                              f"score candidates on text (pass --no-loss to rely on statistics only)")
     if text is None:
         if not DEFAULT_TEXT.exists():
             raise CheckpointError(f"no --text given and {DEFAULT_TEXT} is missing")
         full = DEFAULT_TEXT.read_text()
         text = full[int(len(full) * 0.95):]
-    ids = Tokenizer.from_file(str(tok_path)).encode(text).ids
+    if tok_path.exists():
+        ids = Tokenizer.from_file(str(tok_path)).encode(text).ids
+    else:  # a sentencepiece tokenizer.model (Llama-2-style checkpoints ship no tokenizer.json): transformers reads it
+        try:
+            from transformers import AutoTokenizer
+
+            ids = AutoTokenizer.from_pretrained(str(d))(text)["input_ids"]
+        except Exception as e:  # noqa: BLE001 - any loader failure is the same answer for the user
+            raise CheckpointError(f"{model_dir}: no tokenizer.json, and transformers could not load the tokenizer "
+                                  f"from {', '.join(slow)} ({type(e).__name__}: {e}); pass --no-loss to rely on "
+                                  f"statistics only") from e
     if len(ids) < seq_len + 1:
         raise CheckpointError(f"text sample has {len(ids)} tokens, at least {seq_len + 1} are needed")
     n = min(n_seq, len(ids) // (seq_len + 1))

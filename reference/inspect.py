@@ -1005,6 +1005,10 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
         from .decode import text_ids
 
         ids = text_ids(model_dir, text, n_seq=n_seq, seq_len=seq_len)
+        if int(ids.max()) >= cfg.vocab_size:
+            raise InspectError(f"{model_dir}: the tokenizer gives token id {int(ids.max())}, config.json's vocab_size "
+                               f"is {cfg.vocab_size}: the tokenizer files do not belong to this model (pass --no-loss "
+                               f"to rely on statistics only)")
     scored = search(modules, floats, cands, cfg, ckpt, ids)
     if not math.isfinite(scored[0].loss):
         raise InspectError(f"{model_dir}: no candidate decodes cleanly; first failure: {scored[0].note}")

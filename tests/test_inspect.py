@@ -8,6 +8,7 @@ reproduce the trained model's loss; the loss of every wrong candidate must be fa
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -690,3 +691,39 @@ def test_fused_parts_padded_one_by_one(tmp_path):
     res = inspect_dir(out, use_loss=False)
     check_recovered(out, res.spec, truth, lg, 1e-3)
     assert res.spec.linears["model.layers.0.self_attn.v_proj"].pack.segments == (50, 10, 10)
+
+
+def test_text_ids_from_a_sentencepiece_tokenizer_model(tmp_path):
+    """Llama-2-style checkpoints ship tokenizer.model (sentencepiece) and no tokenizer.json: the loss
+    search tokenizes with transformers' tokenizer for it instead of stopping; a tokenizer whose ids
+    exceed config.json's vocab_size is named as not belonging to the model; no tokenizer at all
+    still asks for --no-loss."""
+    spm = pytest.importorskip("sentencepiece")
+    from transformers import AutoTokenizer
+
+    from reference.checkpoint import CheckpointError
+    from reference.inspect import InspectError
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text((ROOT / "models" / "corpus.txt").read_text()[:100000])
+    d = tmp_path / "m"
+    shutil.copytree(TRAINED, d)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (d / f).unlink(missing_ok=True)
+    with pytest.raises(CheckpointError, match="no tokenizer.json, tokenizer.model or tokenizer_config.json"):
+        text_ids(d)
+    vocab = ModelConfig.load(d).vocab_size
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=min(200, vocab),
+                                   model_type="bpe", minloglevel=2)
+    shutil.copy(tmp_path / "sp.model", d / "tokenizer.model")
+    (d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer"}))
+    ids = text_ids(d, n_seq=2, seq_len=32)
+    text = (ROOT / "models" / "corpus.txt").read_text()
+    want = AutoTokenizer.from_pretrained(str(d))(text[int(len(text) * 0.95):])["input_ids"]
+    assert ids.shape == (2, 33) and ids.reshape(-1).tolist() == want[:66]
+    inspect_dir(d, n_seq=1, seq_len=32)  # runs the loss search on those ids
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["vocab_size"] = int(ids.max())  # now the tokenizer's ids run past the model's vocabulary
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises((InspectError, CheckpointError), match=r"tokenizer gives token id \d+, config.json's vocab_size"):
+        inspect_dir(d, n_seq=1, seq_len=32)
