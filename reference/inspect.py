@@ -986,6 +986,10 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     else:
         ops = op_candidates(modules, cfg, ckpt, findings)
     unpacked = [m for m in modules if m.weight.kind in ("ternary_float", "float")]
+    q = cfg.quantization or {}
+    if (q.get("quant_method") == "bitnet" and q.get("quantization_mode") == "online" and modules
+            and all(m.weight.kind == "float" for m in modules)):
+        return _online_inspection(model_dir, cfg, ckpt, stats, modules, floats, findings)
     if unpacked:
         findings.append(Finding("unpacked weights", f"{len(unpacked)} modules stored as float",
                                 f"kinds {sorted({m.weight.kind for m in unpacked})}; decoded as is", "high"))
@@ -1045,6 +1049,27 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
         m.weight.zero_ratio_decoded = sum(vals) / len(vals) if vals else None
     loss = scored[0].loss if ids is not None else None
     return Inspection(model_dir, cfg, spec, stats, modules, floats, findings, scored, loss, zr)
+
+
+def _online_inspection(model_dir, cfg, ckpt, stats, modules, floats, findings) -> Inspection:
+    """transformers' online BitNet mode (quantization_mode 'online', AutoBitLinear): float latent weights
+    that the model ternarizes at run time with each module's mean |W|; not plain float linears."""
+    from .spec import spec_from_hf_bitnet
+
+    spec = spec_from_hf_bitnet(cfg, ckpt.keys())
+    findings.append(Finding("online quantization", "every linear ternarized at load (LinearEntry.online 'absmean')",
+                            f"config.json: quant_method bitnet, quantization_mode online, linear_class "
+                            f"{(cfg.quantization or {}).get('linear_class')!r}; {len(modules)} float latent weights: "
+                            f"round(W / mean|W|) clamped to [-1, 1], times mean|W| (transformers' WeightQuant)",
+                            "high (config)"))
+    spec.validate(cfg, ckpt)
+    zr = {}
+    for hf, e in spec.linears.items():
+        zr[hf] = float((decode_linear(ckpt, e, hf).values == 0).float().mean())
+    for m in modules:
+        vals = [zr[hf] for hf, _ in m.parts if hf in zr]
+        m.weight.zero_ratio_decoded = sum(vals) / len(vals) if vals else None
+    return Inspection(model_dir, cfg, spec, stats, modules, floats, findings, [], None, zr)
 
 
 def main(argv=None) -> int:

@@ -67,9 +67,17 @@ class LinearEntry:
     # per-group zero points (HQQ W = (q - z) * s): a ScaleSpec read as the zero z of each group;
     # the packed codes decode to q (code table = identity) and values = q - z must be ternary
     zero: Optional[ScaleSpec] = None
+    # "absmean": the stored weight is the float latent of transformers' online BitNet mode
+    # (quantization_mode: online, AutoBitLinear.WeightQuant): values = round(W / mean|W|) clamped to
+    # [-1, 1] over this module's matrix, multiplier mean|W| (as 1 / (1 / mean|W|.clamp(1e-5)) in fp32)
+    online: Optional[str] = None
 
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        if self.online is not None and (self.online != "absmean" or self.pack is not None or self.scale is not None
+                                        or self.zero is not None or self.layout is not None):
+            raise FormatError(f"linear {self.weight_key!r}: online {self.online!r}: only 'absmean', on a float weight "
+                              f"without pack / scale / zero / layout (the multiplier comes from the weight itself)")
         if self.rows is not None:
             object.__setattr__(self, "rows", tuple(int(r) for r in self.rows))
         if self.layout is not None:
@@ -107,6 +115,7 @@ class LinearEntry:
             "bias_key": self.bias_key,
             **({"layout": self.layout} if self.layout is not None else {}),  # absent: old JSON unchanged
             **({"zero": self.zero.to_dict()} if self.zero is not None else {}),  # likewise
+            **({"online": self.online} if self.online is not None else {}),  # likewise
         }
 
     @classmethod
@@ -117,7 +126,7 @@ class LinearEntry:
             pack=PackSpec.from_dict(d["pack"]) if d.get("pack") else None,
             scale=ScaleSpec(**d["scale"]) if d.get("scale") else None,
             bias_key=d.get("bias_key"), layout=d.get("layout"),
-            zero=ScaleSpec(**d["zero"]) if d.get("zero") else None)
+            zero=ScaleSpec(**d["zero"]) if d.get("zero") else None, online=d.get("online"))
 
 
 @dataclass(frozen=True)
@@ -345,6 +354,8 @@ def decode_linear(ckpt: Checkpoint, entry: LinearEntry, name: str, *, strict: bo
     """Read and decode one module's weight through its spec entry (fp32 multiplier)."""
     raw = ckpt.get(entry.weight_key)
     where = f"{ckpt.info(entry.weight_key).file}: tensor {entry.weight_key!r} ({name})"
+    if entry.online is not None:
+        return online_absmean(raw, entry, where, ckpt.get(entry.bias_key).to(torch.float32) if entry.bias_key else None)
     if entry.layout is not None:
         vals = unpack_layout(raw, entry.layout, entry.shape, where=where, strict=strict)
     elif entry.pack is not None:
@@ -359,6 +370,26 @@ def decode_linear(ckpt: Checkpoint, entry: LinearEntry, name: str, *, strict: bo
         if not bool(torch.isfinite(vals).all()):
             raise CheckpointError(f"{where}: has NaN/Inf values")
     return finish_linear(ckpt, entry, vals, where)
+
+
+def online_absmean(raw: torch.Tensor, entry: LinearEntry, where: str, bias: Optional[torch.Tensor] = None,
+                   ) -> DecodedLinear:
+    """transformers' online BitNet weight quantizer (WeightQuant) on a stored float weight, over this
+    module's rows: s = 1 / mean|W|.clamp(1e-5) in fp32, values = round(W * s).clamp(-1, 1), and the
+    module divides by s (div = s, mult = 1 / s: bit for bit what W_q / s gives for W_q in {-1, 0, 1})."""
+    if tuple(raw.shape) != entry.shape:
+        raise CheckpointError(f"{where}: shape {list(raw.shape)}, expected {list(entry.shape)} (float weight, "
+                              f"quantized online)")
+    if not raw.is_floating_point():
+        raise CheckpointError(f"{where}: dtype {raw.dtype}, expected a float latent weight (quantization_mode online)")
+    w = raw.to(torch.float32)
+    if entry.rows is not None:
+        w = w[entry.rows[0]:entry.rows[1]]
+    if not bool(torch.isfinite(w).all()):
+        raise CheckpointError(f"{where}: has NaN/Inf values, expected a finite float latent weight")
+    s = 1.0 / w.abs().mean().clamp(min=1e-5)
+    vals = (w * s).round().clamp(-1, 1).to(torch.int8)
+    return DecodedLinear(vals.contiguous(), (1.0 / s).reshape(1, 1), bias, s.reshape(1, 1))
 
 
 def subtract_zero(codes: torch.Tensor, zero: torch.Tensor, zspec: ScaleSpec, shape: tuple[int, int],
@@ -428,9 +459,13 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
     if q.get("use_rms_norm"):
         raise CheckpointError("quantization_config.use_rms_norm=true (an RMSNorm inside every BitLinear) is not "
                               "supported by the reference yet")
-    if q.get("quantization_mode", "offline") != "offline":
-        raise CheckpointError("quantization_mode 'online' stores float weights; only offline (packed) is supported")
+    mode = q.get("quantization_mode", "offline")
+    if mode not in ("offline", "online"):
+        raise CheckpointError(f"quantization_config.quantization_mode is {mode!r}; expected 'offline' or 'online'")
     linear_class = q.get("linear_class", "bitlinear")
+    if mode == "online" and linear_class != "autobitlinear":
+        raise CheckpointError(f"quantization_mode 'online' with linear_class {linear_class!r}: transformers quantizes "
+                              f"online only in AutoBitLinear (linear_class 'autobitlinear')")
     op = "divide" if linear_class == "bitlinear" else "multiply"
     skip = set(q.get("modules_to_not_convert") or []) | {"lm_head"}
     shapes = cfg.linear_shapes()
@@ -442,10 +477,16 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
             if _has_bias(cfg, mod):
                 tensors[mod + ".bias"] = mod + ".bias"
             continue
+        bias_key = f"{mod}.bias" if _has_bias(cfg, mod) else None
+        if mode == "online":  # the float latent weight, quantized as transformers' WeightQuant does
+            linears[mod] = LinearEntry(weight_key=f"{mod}.weight", shape=shapes[mod], bias_key=bias_key,
+                                       online="absmean")
+            continue
         linears[mod] = LinearEntry(weight_key=f"{mod}.weight", shape=shapes[mod], pack=HF_BITNET,
                                    scale=ScaleSpec(key=f"{mod}.weight_scale", granularity="tensor", op=op),
-                                   bias_key=f"{mod}.bias" if _has_bias(cfg, mod) else None)
-    return CheckpointSpec(name=f"hf-bitnet-{linear_class}", linears=linears, tensors=tensors,
+                                   bias_key=bias_key)
+    return CheckpointSpec(name=f"hf-bitnet-{linear_class}" + ("-online" if mode == "online" else ""),
+                          linears=linears, tensors=tensors,
                           activation_quant="int8_per_token")
 
 

@@ -145,3 +145,53 @@ def test_tied_config_with_a_different_stored_lm_head(tmp_path):
     sd["lm_head.weight"] = torch.randn(61, 64, generator=torch.Generator().manual_seed(1)) * 0.02
     save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
     _assert_matches_transformers(d)
+
+
+@pytest.mark.parametrize("arch", ["bitnet", "llama"])
+def test_online_mode_float_latent_weights_match_transformers(arch, tmp_path):
+    """quantization_mode 'online' (as microsoft/bitnet-b1.58-2B-4T-bf16 ships: float latent weights,
+    AutoBitLinear ternarizes each with its mean |W| at run time): the reference quantizes the same way
+    (LinearEntry.online 'absmean') and matches transformers on every captured tensor; a NaN weight is
+    named; 'online' with BitLinear (no online mode in transformers) is refused."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from reference.checkpoint import CheckpointError
+
+    d = write_model(Preset(arch, 64, 176, 2, 4, 2, 101, False, linear_class="autobitlinear", seed=41), tmp_path / "m")
+    cfg_d = json.loads((d / "config.json").read_text())
+    cfg_d["quantization_config"]["quantization_mode"] = "online"
+    (d / "config.json").write_text(json.dumps(cfg_d))
+    sd = load_file(str(d / "model.safetensors"))
+    g = torch.Generator().manual_seed(5)
+    cfg = ModelConfig.load(d)
+    for mod, (n, k) in cfg.linear_shapes().items():
+        if mod == "lm_head":
+            continue
+        sd.pop(mod + ".weight_scale")
+        sd[mod + ".weight"] = torch.randn(n, k, generator=g) * (0.01 + 0.05 * torch.rand(1, generator=g))
+    save_file(sd, str(d / "model.safetensors"))
+    ids = torch.randint(3, cfg.vocab_size, (2, 23), generator=torch.Generator().manual_seed(7))
+    ref = get_target("reference").capture(d, ids)
+    hf = get_target("transformers").capture(d, ids)
+    # the fp32-a8 tiers: float-order noise (~3e-7 here) can flip one int8 activation step at a rounding
+    # boundary (llama: layer1.mlp.gate_proj 7.8e-4 relative after 2-6e-7 everywhere before)
+    from parity.compare import compare
+
+    c = compare(ref, hf, order=canonical_names(cfg.num_layers, cfg.arch), dtype="fp32-a8", target_name="transformers")
+    assert c.passed, c.summary()
+    assert float((ref["layer0.attn.q_proj"] - hf["layer0.attn.q_proj"]).abs().max()) <= 1e-5 * float(
+        hf["layer0.attn.q_proj"].abs().max())  # the first quantized layer: no flip yet, the same weights
+    key = "model.layers.1.mlp.down_proj.weight"
+    w = sd[key].clone()
+    sd[key][0, 3] = float("nan")
+    save_file(sd, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=rf"tensor '{key}'.*NaN/Inf"):
+        ReferenceModel.from_dir(d)
+    sd[key] = w
+    save_file(sd, str(d / "model.safetensors"))
+    cfg_d["quantization_config"]["linear_class"] = "bitlinear"
+    (d / "config.json").write_text(json.dumps(cfg_d))
+    with pytest.raises(CheckpointError, match="online only in AutoBitLinear"):
+        ReferenceModel.from_dir(d)

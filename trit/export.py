@@ -97,11 +97,12 @@ def export_linear(ckpt: Checkpoint, entry: LinearEntry, mod: str, *, invert_scal
     if not torch.equal(unpack(packed, n, k), vals):  # cheap, and the file is never wrong silently
         raise ExportError(f"{mod}: repack round trip failed (bug in trit.ops.repack)")
     scale, op = None, "multiply"
-    if entry.scale is not None:
-        keep_div = entry.scale.op == "divide" and not invert_scales
+    if entry.scale is not None or entry.online is not None:  # online: the multiplier came from the weight
+        keep_div = (entry.scale is None or entry.scale.op == "divide") and not invert_scales
         m = (d.div if keep_div else d.mult).to(torch.float32)  # (1, 1) or (n, 1); d.mult = 1/s for 'divide'
         if m.shape[-1] != 1:
-            raise ExportError(f"{mod}: scale {entry.scale.key!r} varies along the input axis; the kernel layout "
+            raise ExportError(f"{mod}: scale {entry.scale.key if entry.scale else '(online)'!r} varies along the "
+                              f"input axis; the kernel layout "
                               f"takes one multiplier per output channel")
         scale = m.reshape(-1).expand(n).contiguous().clone()
         op = "divide" if keep_div else "multiply"

@@ -251,6 +251,8 @@ def decode_levels(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bo
     tensor, or the whole fused tensor when ``fused``); any levels that fit int8."""
     where = f"tensor {entry.weight_key!r} ({name})"
     raw = raw.detach()  # unpack runs where raw is: the loaders hand it over on the layer's device
+    if entry.online is not None:  # a float latent weight (quantization_mode online): the reference's quantizer
+        return _online(raw, entry, name).values
     if entry.layout is not None:  # a trit.export checkpoint on the decode route (see quant.prepacked_route)
         try:
             vals = unpack_layout(raw, entry.layout, entry.shape, where=where)
@@ -273,6 +275,23 @@ def decode_levels(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bo
     if vals.numel() and (int(vals.min()) < -128 or int(vals.max()) > 127):
         raise FormatError(f"{where}: integer values outside int8 [-128, 127]")
     return vals.to(torch.int8).contiguous()
+
+
+def _online(raw: torch.Tensor, entry: LinearEntry, name: str):
+    from reference.checkpoint import CheckpointError
+    from reference.spec import online_absmean
+
+    try:  # over the whole checkpoint matrix (its rows): vLLM slices for TP only after this
+        return online_absmean(raw.detach().float(), entry, f"tensor {entry.weight_key!r} ({name})")
+    except CheckpointError as e:
+        raise FormatError(str(e)) from None
+
+
+def online_scale(raw: torch.Tensor, entry: LinearEntry, name: str) -> torch.Tensor:
+    """fp32 (n,) multiplier per output row of a module quantized online (LinearEntry.online): its
+    1 / s from the float latent weight itself (the checkpoint has no scale tensor)."""
+    d = _online(raw, entry, name)
+    return d.mult.reshape(-1).expand(d.values.shape[0]).contiguous().cpu()
 
 
 def group_mult(raw: Optional[torch.Tensor], entry: LinearEntry, name: str, group_size: Optional[int], *,
