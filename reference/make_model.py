@@ -178,6 +178,33 @@ def write_model(preset: str | Preset, out: str | Path, *, dtype: torch.dtype = t
     return out
 
 
+def to_online(model_dir: str | Path, seed: int = 0) -> Path:
+    """Turn a written ``linear_class: autobitlinear`` model into transformers' online mode in place
+    (``quantization_mode: online``, as microsoft/bitnet-b1.58-2B-4T-bf16 ships): every packed linear
+    becomes a float latent weight (Gaussian, a random spread per module, so each module gets its own
+    mean |W| multiplier) and its weight_scale is dropped."""
+    from safetensors.torch import load_file, save_file
+
+    d = Path(model_dir)
+    cfg = json.loads((d / "config.json").read_text())
+    q = cfg.get("quantization_config") or {}
+    if q.get("linear_class") != "autobitlinear":
+        raise ValueError(f"{d}: online mode needs linear_class 'autobitlinear', config.json has {q.get('linear_class')!r}")
+    q["quantization_mode"] = "online"
+    from .config import ModelConfig
+
+    shapes = ModelConfig.from_dict(cfg).linear_shapes()
+    sd = load_file(str(d / "model.safetensors"))
+    g = torch.Generator().manual_seed(seed)
+    for key in sorted(k for k in sd if k.endswith(".weight_scale")):
+        del sd[key]
+        w = key[: -len("_scale")]
+        sd[w] = torch.randn(*shapes[w[: -len(".weight")]], generator=g) * (0.01 + 0.05 * torch.rand(1, generator=g))
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+    atomic_write_text(d / "config.json", json.dumps(cfg, indent=1))
+    return d
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", required=True, choices=sorted(PRESETS))

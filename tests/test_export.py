@@ -223,22 +223,11 @@ def test_online_mode_checkpoint_exports_with_its_multipliers(tmp_path):
     """quantization_mode 'online' (float latent weights): the export ternarizes each module as the
     model does and stores 1 / mean|W|'s divisor as the channel scale (the scale was dropped before:
     entry.scale is None there); the exported model's logits equal the original's bit for bit."""
-    from safetensors.torch import load_file, save_file
-
-    from reference.make_model import Preset, write_model
+    from reference.make_model import Preset, to_online, write_model
     from reference.model import ReferenceModel
 
-    d = write_model(Preset("bitnet", 64, 96, 2, 4, 2, 67, False, linear_class="autobitlinear", seed=35), tmp_path / "m")
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["quantization_config"]["quantization_mode"] = "online"
-    (d / "config.json").write_text(json.dumps(cfg))
-    sd = load_file(str(d / "model.safetensors"))
-    g = torch.Generator().manual_seed(4)
-    for key in [k for k in sd if k.endswith(".weight_scale")]:
-        del sd[key]
-        w = key[: -len("_scale")]
-        sd[w] = torch.randn(sd[w].shape[0] * 4, sd[w].shape[1], generator=g) * 0.03
-    save_file(sd, str(d / "model.safetensors"))
+    d = to_online(write_model(Preset("bitnet", 64, 96, 2, 4, 2, 67, False, linear_class="autobitlinear", seed=35),
+                              tmp_path / "m"), seed=4)
     out = tmp_path / "x"
     tx.export(d, out, log=lambda m: None)
     ids = torch.arange(3, 40).reshape(1, -1)

@@ -733,21 +733,10 @@ def test_online_mode_checkpoint_is_not_read_as_float_linears(tmp_path):
     """quantization_mode 'online' (float latent weights, ternarized by the model at run time): the
     inspector says so and writes online entries (it read them as plain float linears before: a model
     that computes something else)."""
-    from safetensors.torch import save_file
+    from reference.make_model import Preset, to_online, write_model
 
-    from reference.make_model import Preset, write_model
-
-    d = write_model(Preset("bitnet", 64, 96, 2, 4, 2, 67, False, linear_class="autobitlinear", seed=33), tmp_path / "m")
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["quantization_config"]["quantization_mode"] = "online"
-    (d / "config.json").write_text(json.dumps(cfg))
-    sd = load_file(str(d / "model.safetensors"))
-    g = torch.Generator().manual_seed(2)
-    for key in [k for k in sd if k.endswith(".weight_scale")]:
-        del sd[key]
-        w = key[: -len("_scale")]
-        sd[w] = torch.randn(sd[w].shape[0] * 4, sd[w].shape[1], generator=g) * 0.03
-    save_file(sd, str(d / "model.safetensors"))
+    d = to_online(write_model(Preset("bitnet", 64, 96, 2, 4, 2, 67, False, linear_class="autobitlinear", seed=33),
+                              tmp_path / "m"), seed=2)
     res = inspect_dir(d, use_loss=False)
     assert len(res.spec.linears) == 14 and all(e.online == "absmean" for e in res.spec.linears.values())
     assert any(f.what == "online quantization" for f in res.findings)

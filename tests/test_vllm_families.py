@@ -161,18 +161,8 @@ def test_online_mode_float_latent_weights(arch, tmp_path):
     """quantization_mode 'online' (float latent weights, as microsoft/bitnet-b1.58-2B-4T-bf16): the plugin
     ternarizes each module with its own mean |W| at load (the scale from the weight itself, no scale
     tensor on disk) and every canonical tensor matches the reference."""
-    from safetensors.torch import load_file, save_file
+    from reference.make_model import to_online
 
-    d = write_model(Preset(arch, 128, 200, 2, 4, 2, 89, False, linear_class="autobitlinear", seed=43), tmp_path / "m")
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["quantization_config"]["quantization_mode"] = "online"
-    (d / "config.json").write_text(json.dumps(cfg))
-    sd = load_file(str(d / "model.safetensors"))
-    g = torch.Generator().manual_seed(6)
-    for key in [k for k in sd if k.endswith(".weight_scale")]:
-        del sd[key]
-        w = key[: -len("_scale")]
-        n, k = sd[w].shape[0] * (4 if sd[w].dtype == torch.uint8 else 1), sd[w].shape[1]
-        sd[w] = torch.randn(n, k, generator=g) * (0.01 + 0.05 * torch.rand(1, generator=g))
-    save_file(sd, str(d / "model.safetensors"))
+    d = to_online(write_model(Preset(arch, 128, 200, 2, 4, 2, 89, False, linear_class="autobitlinear", seed=43),
+                              tmp_path / "m"), seed=6)
     _vllm_vs_reference(d, 89, 2, arch)
