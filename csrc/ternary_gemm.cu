@@ -2390,9 +2390,8 @@ cudaError_t launch_decode(const int32_t* wp, const float* scale, T* out, int N, 
 //   xq / xs / rowsum = the a8 quantizer of out (quant_rows_perm_kernel's values and byte order: what
 //                      trit.ops.a8_quantize(out) gives, bit for bit, for the out this kernel wrote)
 // One CTA of 256 threads per row, the row in registers (V <= kRnqVecs groups of 8 per thread, V = 2 / 5 / 8
-// by K: K <= 4096 / 10240 / 16384 at 62 / 138 / 211 registers with the norm weight held too; 4 spilled
-// 8 bytes at 80 registers), every load issued before the first use, w's before the PDL wait.
-// vec: K % 8 == 0 and every row pointer 16-byte aligned.
+// by K: K <= 4096 / 10240 / 16384 at 48 / 101 / 155 registers; 4 spilled 8 bytes at 80 registers),
+// every load issued before the first use. vec: K % 8 == 0 and every row pointer 16-byte aligned.
 constexpr int kRnqThreads = 256, kRnqVecs = 8, kRnqMaxK = kRnqThreads * kRnqVecs * 8;
 template <typename T>
 __device__ __forceinline__ void store8(T* row, int k, int K, bool vec, const float (&e)[8]) {
@@ -2421,18 +2420,14 @@ __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __
                                                                      float* __restrict__ xs_out,
                                                                      int32_t* __restrict__ rowsum, int K, int Kp,
                                                                      float eps, bool vec) {
-  __shared__ float sh_f[kRnqThreads / 32], sh_a[kRnqThreads / 32];  // one array per reduction: no
-  __shared__ int sh_i[kRnqThreads / 32];                             // barrier between them for reuse
+  __shared__ float sh_f[kRnqThreads / 32];
+  __shared__ int sh_i[kRnqThreads / 32];
   pdl_trigger();  // the GEMV behind may launch now and stream its weights; it waits for this grid
-  // w is a parameter, not the kernel before's output: in registers before the wait, so its load
-  // latency hides under the kernel before (run 24: the K = 6912 norm kernel took 5 us at M = 1 when w
-  // was read after the first reduction, one dependent memory round trip more on the critical path)
-  float wf[V][8];
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int k = (j * kRnqThreads + threadIdx.x) * 8;
-    if (k < K) load8<T>(w, k, K, vec, wf[j]);
-  }
+#if defined(__CUDA_ARCH__)
+  // w is a parameter, not the kernel before's output: on its way into L2 before the wait
+  for (int k = threadIdx.x * 64; k < K; k += kRnqThreads * 64)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(w + k));
+#endif
   pdl_wait();     // x / residual come from the kernel before
   const int m = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const size_t off = (size_t)m * K;
@@ -2467,14 +2462,17 @@ __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __
 #pragma unroll
   for (int i = 0; i < kRnqThreads / 32; ++i) ss += sh_f[i];
   const float inv = rsqrtf(ss / (float)K + eps);
+  __syncthreads();  // sh_f is reused below
   float amax = 0.f;
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const int k = (j * kRnqThreads + threadIdx.x) * 8;
     if (k < K) {
+      float wf[8];
+      load8<T>(w, k, K, vec, wf);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        v[j][i] = (k + i < K) ? to_f32<T>(from_f32<T>(v[j][i] * inv * wf[j][i])) : 0.f;
+        v[j][i] = (k + i < K) ? to_f32<T>(from_f32<T>(v[j][i] * inv * wf[i])) : 0.f;
         amax = fmaxf(amax, fabsf(v[j][i]));
       }
       store8<T>(out + off, k, K, vec, v[j]);
@@ -2485,11 +2483,11 @@ __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  if (lane == 0) sh_a[warp] = amax;
+  if (lane == 0) sh_f[warp] = amax;
   __syncthreads();
   amax = 0.f;
 #pragma unroll
-  for (int i = 0; i < kRnqThreads / 32; ++i) amax = fmaxf(amax, sh_a[i]);
+  for (int i = 0; i < kRnqThreads / 32; ++i) amax = fmaxf(amax, sh_f[i]);
   const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as torch: reciprocal(t) * 127
   int part = 0;
 #pragma unroll
