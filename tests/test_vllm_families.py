@@ -166,3 +166,19 @@ def test_online_mode_float_latent_weights(arch, tmp_path):
     d = to_online(write_model(Preset(arch, 128, 200, 2, 4, 2, 89, False, linear_class="autobitlinear", seed=43),
                               tmp_path / "m"), seed=6)
     _vllm_vs_reference(d, 89, 2, arch)
+
+
+def test_online_entry_is_refused_off_the_ternary_loader():
+    """decode_levels (the dense fallback's decoder, and decode_weight's) has no place for the multiplier an
+    online entry derives from its weight: it names that instead of returning values without it."""
+    from reference.formats import FormatError
+    from reference.spec import LinearEntry
+    from trit.vllm.keymap import decode_levels, online_decode
+
+    e = LinearEntry(weight_key="m.weight", shape=(4, 8), online="absmean")
+    w = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(FormatError, match="quantized online.*would drop it"):
+        decode_levels(w, e, "m")
+    d = online_decode(w, e, "m")
+    s = 1.0 / w.abs().mean()
+    assert torch.equal(d.values, (w * s).round().clamp(-1, 1).to(torch.int8)) and torch.equal(d.mult, (1.0 / s).reshape(1, 1))

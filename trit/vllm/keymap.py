@@ -251,8 +251,10 @@ def decode_levels(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bo
     tensor, or the whole fused tensor when ``fused``); any levels that fit int8."""
     where = f"tensor {entry.weight_key!r} ({name})"
     raw = raw.detach()  # unpack runs where raw is: the loaders hand it over on the layer's device
-    if entry.online is not None:  # a float latent weight (quantization_mode online): the reference's quantizer
-        return _online(raw, entry, name).values
+    if entry.online is not None:  # its multiplier comes with the values: online_decode, in the ternary loader
+        raise FormatError(f"{where}: quantized online (float latent weight): its multiplier comes from the weight "
+                          f"itself, which only the ternary method's loader (online_decode) carries; this route "
+                          f"would drop it")
     if entry.layout is not None:  # a trit.export checkpoint on the decode route (see quant.prepacked_route)
         try:
             vals = unpack_layout(raw, entry.layout, entry.shape, where=where)
@@ -277,21 +279,16 @@ def decode_levels(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bo
     return vals.to(torch.int8).contiguous()
 
 
-def _online(raw: torch.Tensor, entry: LinearEntry, name: str):
+def online_decode(raw: torch.Tensor, entry: LinearEntry, name: str):
+    """A module quantized online (LinearEntry.online): the reference's quantizer over the whole checkpoint
+    matrix (its rows; vLLM slices for TP only after this) -> DecodedLinear (int8 values, (1, 1) mult)."""
     from reference.checkpoint import CheckpointError
     from reference.spec import online_absmean
 
-    try:  # over the whole checkpoint matrix (its rows): vLLM slices for TP only after this
-        return online_absmean(raw.detach().float(), entry, f"tensor {entry.weight_key!r} ({name})")
+    try:
+        return online_absmean(raw.detach(), entry, f"tensor {entry.weight_key!r} ({name})")
     except CheckpointError as e:
         raise FormatError(str(e)) from None
-
-
-def online_scale(raw: torch.Tensor, entry: LinearEntry, name: str) -> torch.Tensor:
-    """fp32 (n,) multiplier per output row of a module quantized online (LinearEntry.online): its
-    1 / s from the float latent weight itself (the checkpoint has no scale tensor)."""
-    d = _online(raw, entry, name)
-    return d.mult.reshape(-1).expand(d.values.shape[0]).contiguous().cpu()
 
 
 def group_mult(raw: Optional[torch.Tensor], entry: LinearEntry, name: str, group_size: Optional[int], *,

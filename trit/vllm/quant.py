@@ -66,7 +66,7 @@ from reference.spec import SPEC_FILENAME, CheckpointSpec
 
 from .kernels import Backend, get_backend
 from .keymap import (KeyMapError, decode_levels, decode_weight, dense_reason, group_mult, hf_modules,
-                     online_scale, prepacked_route, prepacked_shape, shard_scale, stage_factor, stage_pack,
+                     online_decode, prepacked_route, prepacked_shape, shard_scale, stage_factor, stage_pack,
                      stage_unpack)
 
 logger = logging.getLogger(__name__)
@@ -342,21 +342,30 @@ class TernaryLinearMethod(_SpecLinearMethod):
             key_compile_cache(self.prefix, "trit_fused_norm")
 
     def _weight_loader(self, layer, vllm_loader, f: int):
-        load = self._shard_loader(layer, vllm_loader, "weight", decode_weight,
-                                  lambda w, p: stage_pack(w, f).to(p.device))
+        post = lambda w, p: stage_pack(w, f).to(p.device)  # noqa: E731
         if not any(self.spec.linears[m].online for m in self.modules.values()):
-            return load
+            return self._shard_loader(layer, vllm_loader, "weight", decode_weight, post)
+        # quantization_mode online: the scale comes from the weight itself (no scale tensor on disk), so
+        # the weight's loader also fills this shard's rows of weight_scale, from the same quantization
+        mults = {}
+
+        def convert(raw, entry, name):
+            if not entry.online:
+                return decode_weight(raw, entry, name)
+            d = online_decode(raw, entry, name)
+            mults[name] = d.mult.reshape(-1).expand(d.values.shape[0]).contiguous()
+            return d.values
+
+        load = self._shard_loader(layer, vllm_loader, "weight", convert, post)
 
         def load_online(param, loaded_weight, shard_id=None):
-            # quantization_mode online: the scale comes from the weight itself (no scale tensor on
-            # disk), so the weight's loader also fills this shard's rows of weight_scale
             if shard_id is None and len(self.modules) > 1:
                 raise KeyMapError(f"{self.prefix}: one fused float tensor for modules quantized online; "
                                   f"transformers' online mode stores each projection on its own")
             load(param, loaded_weight, shard_id)
             name, entry = self._entry(shard_id)
             if entry.online:
-                s = online_scale(loaded_weight, entry, name).to(layer.weight_scale.device)
+                s = mults.pop(name).to(layer.weight_scale.device)
                 if shard_id is None:
                     vllm_loader(layer.weight_scale, s)
                 else:
