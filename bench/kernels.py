@@ -181,9 +181,9 @@ class Humming:
 # overlapped loop the default on large problems since), runs 20 / 20c their deep rings (TRIT_A8_GEMM_WG_DEEP,
 # the 64-row one the default where its tiles fit one wave: csrc/a8_route.h). Run 22 validated a8_pre
 # (ternary_mm_a8q's direct GEMV: GPU tests, memcheck, racecheck), run 23 the cluster quantizer
-# (TRIT_QUANT_CLUSTER; GPU tests, memcheck; the default on rows longer than 4096 since). Pending:
-# trit::rms_norm_a8q (session 11), behind the norm + a8 / norm + a8q columns.
-EXPERIMENTAL: dict = {"a8_nq": lambda M: M <= 8, "a8_fnorm": lambda M: M <= 8}
+# (TRIT_QUANT_CLUSTER; GPU tests, memcheck; the default on rows longer than 4096 since), run 24
+# trit::rms_norm_a8q behind the norm + a8 / norm + a8q columns (GPU tests, memcheck, racecheck). None pending.
+EXPERIMENTAL: dict = {}
 # TRIT_A8_GEMM_CFG values timed beside the default warp tile (csrc/ternary_gemm.cu gemm_cfg_id):
 # 1 = 2 weight tiles x 8 row tiles per warp, 4 warps (128 channels x 64 rows per CTA); 2 = the same
 # warp tile, 8 warps (256 channels); 3 = 4 weight tiles x 4 row tiles, 4 x 2 warps (256 channels);
