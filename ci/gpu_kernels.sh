@@ -90,7 +90,7 @@ if int(os.environ.get("SAN_LAST", "0")) > 0:
   SETS = SETS[:1] + SETS[-int(os.environ["SAN_LAST"]):]
 for knobs in SETS:
   os.environ.update(knobs)
-  for (M, N, K) in [(1, 33, 300), (5, 100, 1000), (8, 48, 8200), (17, 129, 1001), (24, 100, 2600), (40, 64, 1000), (70, 256, 4099), (3, 6160, 1000), (12, 6160, 520), (300, 6144, 520), (1, 64, 16384), (2, 40, 16383), (3, 24, 10241)]:  # v5 MT=1 (tail k-block), MT=2/4/8, a8 M>64: int8 cuBLAS, M=300: the 128-row wgmma loop (csrc/a8_route.h)
+  for (M, N, K) in [(1, 33, 300), (1, 33, 304), (1, 2560, 6912), (5, 100, 1000), (8, 48, 8200), (17, 129, 1001), (24, 100, 2600), (40, 64, 1000), (70, 256, 4099), (3, 6160, 1000), (12, 6160, 520), (300, 6144, 520), (1, 64, 16384), (2, 40, 16383), (3, 24, 10241)]:  # v5 MT=1 (tail k-block), MT=2/4/8, a8 M>64: int8 cuBLAS, M=300: the 128-row wgmma loop (csrc/a8_route.h)
       for dt in (torch.bfloat16, torch.float32):
           x = torch.randn(M, K, device="cuda").to(dt)
           w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda")
@@ -102,6 +102,11 @@ for knobs in SETS:
           h, _, xq, xs, rs = torch.ops.trit.rms_norm_a8q(x, x, torch.rand(K, device="cuda").to(dt), 1e-6)
           torch.ops.trit.rms_norm_a8q(x, None, torch.rand(K, device="cuda").to(dt), 1e-6)
           torch.ops.trit.ternary_mm_a8q(h, xq, xs, rs, p, s, N, K, b)
+          # the norm / activation prologue inside the GEMV (one kernel at M = 1, K % 8 == 0; composed elsewhere)
+          nw = torch.rand(K, device="cuda").to(dt)
+          torch.ops.trit.ternary_mm_a8_prologue(x, x, nw, 1e-6, 0, p, s, N, K, b)
+          torch.ops.trit.ternary_mm_a8_prologue(torch.cat([x, x], 1), None, nw, 1e-6, 1, p, s, N, K, b)
+          torch.ops.trit.ternary_mm_a8_prologue(torch.cat([x, x], 1), None, None, 0.0, 2, p, s, N, K, None)
           torch.ops.trit.ternary_decode(p, s, N, K, dt)
       torch.ops.trit.ternary_decode(p, None, N, K, torch.int8)
 torch.cuda.synchronize()

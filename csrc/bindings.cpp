@@ -312,6 +312,75 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rms_norm_
   return {out, res_out, xq, xs, rowsum};
 }
 
+// trit::ternary_mm_a8_prologue: ternary_mm_a8 of the layer input that the model computes in front of the
+// layer - act(gate) * up (act 1 relu^2, 2 silu; x = [M, 2K] = [gate | up]) or x (+ residual, the sum
+// returned as the new residual stream), then RMSNorm with norm_weight when given (rms_norm_a8q's
+// arithmetic) - so that at M = 1 (trit_mm_a8_prologue_ok) one kernel replaces the norm / activation
+// kernel and the layer. Elsewhere the same values in several launches: the activation and the residual
+// add as torch ops, the norm by the rms_norm_a8q kernel (its quantization feeds ternary_mm_a8q), or
+// torch ops past its K limit.
+std::tuple<at::Tensor, at::Tensor> ternary_mm_a8_prologue_cuda(
+    const at::Tensor& x, const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& norm_weight,
+    double eps, int64_t act, const at::Tensor& packed, const at::Tensor& scale, int64_t N, int64_t K,
+    const std::optional<at::Tensor>& bias) {
+  const char* op = "trit::ternary_mm_a8_prologue";
+  c10::DeviceGuard guard(x.device());
+  TORCH_CHECK(act >= 0 && act <= 2, op, ": act must be 0 (none), 1 (relu^2 * up) or 2 (silu * up), got ", act);
+  TORCH_CHECK(x.is_cuda() && x.dim() == 2, op, ": x must be a 2-D CUDA tensor, got ", x.sizes());
+  const int64_t width = act != 0 ? 2 * K : K;
+  TORCH_CHECK(x.size(1) == width, op, ": x.size(1)=", x.size(1), " but ", act != 0 ? "2K=" : "K=", width,
+              act != 0 ? " ([gate | up])" : "");
+  TORCH_CHECK(!(act != 0 && residual.has_value()), op, ": a residual goes with act=0 only");
+  const int64_t M = x.size(0);
+  if (residual.has_value())
+    TORCH_CHECK(residual->dim() == 2 && residual->size(0) == M && residual->size(1) == K &&
+                    residual->scalar_type() == x.scalar_type() && residual->device() == x.device(),
+                op, ": residual must be ", x.scalar_type(), " [", M, ", ", K, "] on ", x.device(), ", got ",
+                residual->scalar_type(), " ", residual->sizes(), " on ", residual->device());
+  if (norm_weight.has_value())
+    TORCH_CHECK(norm_weight->dim() == 1 && norm_weight->size(0) == K && norm_weight->scalar_type() == x.scalar_type() &&
+                    norm_weight->device() == x.device(),
+                op, ": norm_weight must be ", x.scalar_type(), " [", K, "] on ", x.device(), ", got ",
+                norm_weight->scalar_type(), " ", norm_weight->sizes(), " on ", norm_weight->device());
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor rc = residual.has_value() ? residual->contiguous() : at::Tensor();
+  const at::Tensor wc = norm_weight.has_value() ? norm_weight->contiguous() : at::Tensor();
+  at::Tensor res_out = residual.has_value() ? at::empty({M, K}, x.options()) : at::empty({0}, x.options());
+  auto al = [](const at::Tensor& t) { return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  if (M >= 1 && trit_mm_a8_prologue_ok((int)M, (int)N, (int)K) && al(xc) && al(rc) && al(wc) && al(res_out)) {
+    // prepare() checks packed / scale / bias against N and K on an x-shaped view
+    MmArgs a = prepare(act != 0 ? xc.narrow(1, 0, K) : xc, packed, scale, N, K, bias, op);
+    check_launch(trit_mm_a8_prologue(a.dtype, xc.data_ptr(), rc.defined() ? rc.data_ptr() : nullptr,
+                                     wc.defined() ? wc.data_ptr() : nullptr, (float)eps, (int)act,
+                                     residual.has_value() ? res_out.data_ptr() : nullptr, packed.data_ptr<int32_t>(),
+                                     scale.data_ptr<float>(), a.bias.defined() ? a.bias.data_ptr() : nullptr,
+                                     a.y.data_ptr(), a.M, (int)N, (int)K, current_stream(x)),
+                 op);
+    return {a.y, res_out};
+  }
+  // several launches: the activation as torch ops, then the norm (with the residual add) by the
+  // rms_norm_a8q kernel, whose quantization ternary_mm_a8q reads at M <= 8
+  at::Tensor h = xc;
+  if (act != 0) {
+    const at::Tensor g = xc.narrow(1, 0, K), u = xc.narrow(1, K, K);
+    h = (act == 1 ? at::relu(g).square() : at::silu(g)) * u;  // each op rounds to x's dtype, as torch
+  }
+  if (norm_weight.has_value() && K <= trit_rms_norm_a8q_max_k() && M > 0) {
+    auto [out, res, xq, xs, rowsum] =
+        rms_norm_a8q_cuda(h.contiguous(), rc.defined() ? std::optional<at::Tensor>(rc) : std::nullopt, wc, eps);
+    return {ternary_mm_a8q_cuda(out, xq, xs, rowsum, packed, scale, N, K, bias), rc.defined() ? res : res_out};
+  }
+  if (rc.defined()) {
+    res_out.copy_(at::add(h, rc));  // one rounding to x's dtype
+    h = res_out;
+  }
+  if (!norm_weight.has_value() || M == 0) return {ternary_mm_a8_cuda(h, packed, scale, N, K, bias), res_out};
+  // past rms_norm_a8q's K: torch ops
+  const at::Tensor hf = h.to(at::kFloat);
+  const at::Tensor out = (hf * at::rsqrt(hf.square().mean(-1, true) + eps) * wc.to(at::kFloat)).to(x.scalar_type());
+  return {ternary_mm_a8_cuda(out, packed, scale, N, K, bias), res_out};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(trit, CUDA, m) {
@@ -321,4 +390,5 @@ TORCH_LIBRARY_IMPL(trit, CUDA, m) {
   m.impl("ternary_mm_a8q", &ternary_mm_a8q_cuda);
   m.impl("ternary_decode", &ternary_decode_cuda);
   m.impl("rms_norm_a8q", &rms_norm_a8q_cuda);
+  m.impl("ternary_mm_a8_prologue", &ternary_mm_a8_prologue_cuda);
 }

@@ -76,6 +76,17 @@ int trit_rms_norm_a8q_max_k(void);
 int trit_rms_norm_a8q(int dtype, const void* x, const void* residual, const void* w, void* out, void* res_out,
                       int8_t* xq, float* xs, int32_t* rowsum, int M, int K, float eps, void* stream);
 
+// The W1.58A8 GEMV with the layer's input computed in front of its quantizer, in every CTA (trit::
+// ternary_mm_a8_prologue): act 1 / 2: x is [M, 2K] = [gate | up] and the input is T(T(relu(gate)^2) * up) /
+// T(T(silu(gate)) * up); act 0: x [M, K], plus residual (rounded to T; the sum stored in res_out) when
+// residual is given; then, with nw, RMSNorm T(a * rsqrt(mean(a^2) + eps) * nw). One kernel; only where
+// trit_mm_a8_prologue_ok(M, N, K) (M <= TRIT_A8_PROLOGUE_MAXM, default 1) with 16-byte aligned rows and
+// K % 8 == 0, else cudaErrorInvalidValue (the op then runs the same arithmetic in several kernels).
+int trit_mm_a8_prologue_ok(int M, int N, int K);
+int trit_mm_a8_prologue(int dtype, const void* x, const void* residual, const void* nw, float eps, int act,
+                        void* res_out, const int32_t* packed, const float* scale, const void* bias, void* y,
+                        int M, int N, int K, void* stream);
+
 // Dense decode: out[N,K] (out_dtype) = W[n,k] * scale[n] (scale may be null -> 1).
 int trit_decode(int out_dtype, const int32_t* packed, const float* scale, void* out, int N,
                 int K, void* stream);

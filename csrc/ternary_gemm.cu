@@ -949,6 +949,25 @@ __device__ __forceinline__ void load8(const T* row, int k, int K, bool vec, floa
   }
 }
 
+template <typename T>
+__device__ __forceinline__ void store8(T* row, int k, int K, bool vec, const float (&e)[8]) {
+  if (vec && k + 8 <= K) {
+    if constexpr (sizeof(T) == 2) {
+      uint4 v;
+      T* h = reinterpret_cast<T*>(&v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) h[i] = from_f32<T>(e[i]);
+      *reinterpret_cast<uint4*>(row + k) = v;
+    } else {
+      *reinterpret_cast<float4*>(row + k) = make_float4(e[0], e[1], e[2], e[3]);
+      *reinterpret_cast<float4*>(row + k + 4) = make_float4(e[4], e[5], e[6], e[7]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (k + i < K) row[k + i] = from_f32<T>(e[i]);
+  }
+}
 // One row of BitNet's activation quantizer, computed by the whole CTA: xs = 127 / max|x| (as
 // torch: reciprocal(t) * 127), q = rint(x * xs) clamped to [-128, 127], stored by store(k, v) as
 // groups of 8 in the order {0,4,1,5,2,6,3,7} (zeros past K, up to Kp). Returns xs; thread 0 gets
@@ -1003,6 +1022,108 @@ __device__ __forceinline__ float quantize_row_perm(const T* __restrict__ row, in
   return xs;
 }
 
+// The layer input in front of the fused quantizer (trit::ternary_mm_a8_prologue; A8Pro): what vLLM's
+// model computes between the previous layer and this one, folded into every CTA of the GEMV so that no
+// norm / activation kernel runs in between at M = 1.
+//   act 1 / 2: x is the row [gate | up] (2K wide): a = T(T(relu(gate)^2) * up) / T(T(silu(gate)) * up)
+//              (torch's bf16 ops: each op rounds to T)
+//   else       a = x, or T(x + residual) with a residual (then stored in res_out: the new residual stream)
+//   norm (nw):  h = T(a * rsqrt(mean(a^2) + eps) * nw)  (rms_norm_a8q's arithmetic), else h = a
+// and h is quantized as quantize_row_perm does. Every pass reloads its inputs (L1 / L2 hits after the
+// first): no row-length register array in the GEMV's register budget.
+template <typename T> struct A8Pro {
+  const T* residual;  // [M, K] or null
+  const T* nw;        // norm weight [K] or null (no norm)
+  T* res_out;         // [M, K] (with residual): written by CTA 0
+  float eps;
+  int act;            // 0 none, 1 relu^2 * up, 2 silu * up (x is [M, 2K])
+};
+template <typename T>
+__device__ __forceinline__ void pro_load8(const T* x, const T* r, int act, int K, int k, float (&e)[8]) {
+  if (act != 0) {
+    float g[8], u[8];
+    load8<T>(x, k, K, true, g);
+    load8<T>(x + K, k, K, true, u);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float a = act == 1 ? fmaxf(g[i], 0.f) * fmaxf(g[i], 0.f) : g[i] / (1.f + expf(-g[i]));
+      e[i] = to_f32<T>(from_f32<T>(to_f32<T>(from_f32<T>(a)) * u[i]));
+    }
+  } else {
+    load8<T>(x, k, K, true, e);
+    if (r != nullptr) {
+      float rr[8];
+      load8<T>(r, k, K, true, rr);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) e[i] = to_f32<T>(from_f32<T>(e[i] + rr[i]));
+    }
+  }
+}
+// One row: x (and r, res_out) point at the row; K % 8 == 0 and 16-byte aligned rows (the dispatcher
+// checks). Same contract as quantize_row_perm (returns xs; thread 0 gets the row sum).
+template <typename T, typename Store>
+__device__ __forceinline__ float pro_quantize_row(const T* __restrict__ x, const T* __restrict__ r,
+                                               const T* __restrict__ nw, T* __restrict__ res_out, float eps, int act,
+                                               int K, int Kp, float* scr_f, int* scr_i, Store&& store, int& sum) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  float inv = 1.f;
+  if (nw != nullptr) {
+    float ss = 0.f;
+    for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
+      float e[8];
+      pro_load8<T>(x, r, act, K, k, e);
+      if (res_out != nullptr) store8<T>(res_out, k, K, true, e);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss += e[i] * e[i];  // zeros past K
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) scr_f[warp] = ss;
+    __syncthreads();
+    ss = 0.f;
+    for (int w = 0; w < nwarps; ++w) ss += scr_f[w];
+    inv = rsqrtf(ss / (float)K + eps);
+    __syncthreads();  // scr_f is reused below
+  }
+  auto h8 = [&](int k, float (&e)[8]) {
+    pro_load8<T>(x, r, act, K, k, e);
+    if (nw != nullptr) {
+      float wf[8];
+      load8<T>(nw, k, K, true, wf);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) e[i] = to_f32<T>(from_f32<T>(e[i] * inv * wf[i]));
+    }
+  };
+  float amax = 0.f;
+  for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
+    float e[8];
+    h8(k, e);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(e[i]));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (lane == 0) scr_f[warp] = amax;
+  __syncthreads();
+  amax = scr_f[0];
+  for (int w = 1; w < nwarps; ++w) amax = fmaxf(amax, scr_f[w]);
+  const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as torch: reciprocal(t) * 127
+  int part = 0;
+  for (int k = threadIdx.x * 8; k < Kp; k += blockDim.x * 8) {
+    float e[8];
+    h8(k, e);  // zeros past K
+    store(k, quant_group8(e, xs, part));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+  if (lane == 0) scr_i[warp] = part;
+  __syncthreads();
+  sum = 0;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < nwarps; ++w) sum += scr_i[w];
+  return xs;
+}
+
 // W1.58A8, M <= 8 * MT. xq: int8, zero-padded past K, each group of 8 inputs stored in the order
 // {0,4,1,5,2,6,3,7} (quant_rows_perm_kernel), so that the first 4 bytes of a group are the mma B
 // register b0 and the last 4 are b1 (v4 builds them with two PRMT). MT = 1: row-major [M, KB*128]
@@ -1024,7 +1145,7 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
     a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                     const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
                     T* __restrict__ y, int M, int N, int KB, int n_tiles, int Mp, int flags,
-                    const T* __restrict__ x, int K) {
+                    const T* __restrict__ x, int K, A8Pro<T> pro) {
   static_assert(!kFuseQ || (MT == 1 && WN == 1), "the fused quantizer is the M <= 8 single-tile kernel");
   extern __shared__ __align__(16) int redi[];  // [NW][KS][WN*MT][4][32] (+ the kFuseQ area)
   constexpr int kU = V5Chunk<MT * WN>::value;
@@ -1126,13 +1247,19 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
   };
 
   // kFuseQ: after the PDL wait, all M rows of x -> shared xq, xs, rowsum
+  // with a prologue (pro: trit::ternary_mm_a8_prologue) x is the input before the norm / activation
   auto quantize = [&]() {
     const int Kp = KB * kBlockK;
+    const bool prologue = pro.nw != nullptr || pro.act != 0 || pro.residual != nullptr;
     for (int m = 0; m < M; ++m) {
       int sum;
-      const float s = quantize_row_perm<T>(x + (size_t)m * K, K, Kp, true, scr_f, scr_i,
-                                           [&](int k, uint2 v) { *reinterpret_cast<uint2*>(sx + m * ld + k) = v; },
-                                           sum);
+      auto st = [&](int k, uint2 v) { *reinterpret_cast<uint2*>(sx + m * ld + k) = v; };
+      const float s =
+          prologue ? pro_quantize_row<T>(x + (size_t)m * (pro.act != 0 ? 2 * K : K),
+                                         pro.residual != nullptr ? pro.residual + (size_t)m * K : nullptr, pro.nw,
+                                         blockIdx.x == 0 && pro.res_out != nullptr ? pro.res_out + (size_t)m * K : nullptr,
+                                         pro.eps, pro.act, K, Kp, scr_f, scr_i, st, sum)
+                   : quantize_row_perm<T>(x + (size_t)m * K, K, Kp, true, scr_f, scr_i, st, sum);
       if (threadIdx.x == 0) {
         srs[m] = sum;
         sxs[m] = s;
@@ -2095,7 +2222,8 @@ bool fuseq_auto(int M, int N, int K) { return M == 1 && (long)N * K <= (32L << 2
 template <typename T, int MT>
 cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, const T* x, int K,
                                const int8_t* xq, const float* xs, const int32_t* rowsum, const int32_t* wp,
-                               const float* scale, const T* bias, T* y, int M, int N, int KB, cudaStream_t st) {
+                               const float* scale, const T* bias, T* y, int M, int N, int KB, cudaStream_t st,
+                               A8Pro<T> pro = A8Pro<T>{nullptr, nullptr, nullptr, 0.f, 0}) {
   const int n_tiles = (N + kTileN - 1) / kTileN, n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
   size_t smem = (size_t)cfg.nw * cfg.ks * cfg.wn * MT * 128 * sizeof(int);
   auto kernel = a8_small_kernel<T, MT, 1>;
@@ -2111,7 +2239,7 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
   // a warp with two tiles has its weights in two streams: the single-range L2 prefetch is off
   return launch_ex(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem, st, pdl, xq, xs,
                    rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB, n_tiles, 8 * MT,
-                   cfg.wn == 1 ? flags : 0, x, K);
+                   cfg.wn == 1 ? flags : 0, x, K, pro);
 }
 
 // a8_gemm_kernel's launch (bindings.cpp a8_gemm_on picks the route): a8 at 16 < M <= 256
@@ -2380,6 +2508,39 @@ cudaError_t launch_decode(const int32_t* wp, const float* scale, T* out, int N, 
 }
 
 
+// trit::ternary_mm_a8_prologue's one-kernel route: the fused-quantizer GEMV (one tile per warp, ks as
+// for a WN = 1 launch) with the norm / activation prologue (A8Pro) in front of its quantizer. Where it
+// runs (a8_prologue_ok): M <= TRIT_A8_PROLOGUE_MAXM (default 1: the fused quantizer lost at M = 4 / 8
+// in H200 run 10, every CTA quantizing every row), the v5 kernels on, the quantizer's shared memory
+// within 48 KB; rows 16-byte aligned and K % 8 == 0 (the caller checks: a8_prologue_aligned).
+int a8_prologue_maxm() { return max(0, min(8, env_int("TRIT_A8_PROLOGUE_MAXM", 1))); }  // read per call, as knobs()
+bool a8_prologue_ok(int M, int N, int K) {
+  if (M < 1 || M > a8_prologue_maxm() || K % 8 != 0 || !knobs().v5) return false;
+  Knobs k1 = knobs();
+  k1.wn = 1;
+  const Cfg cfg = small_cfg(k1, M, N, K, true);
+  const int KB = (K + kBlockK - 1) / kBlockK;
+  return cfg.mt == 1 && cfg.ks * 512 + fuseq_smem(M, KB) <= 48 * 1024;
+}
+template <typename T>
+cudaError_t dispatch_a8_prologue(const T* x, const A8Pro<T>& pro, const int32_t* wp, const float* scale,
+                                 const T* bias, T* y, int M, int N, int K, cudaStream_t st) {
+  if (!a8_prologue_ok(M, N, K)) return cudaErrorInvalidValue;
+  auto al = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!al(x) || !al(pro.residual) || !al(pro.nw) || !al(pro.res_out) || (pro.act != 0 && pro.residual != nullptr) ||
+      (pro.residual != nullptr) != (pro.res_out != nullptr) || pro.act < 0 || pro.act > 2)
+    return cudaErrorInvalidValue;
+  const int KB = (K + kBlockK - 1) / kBlockK;
+  Knobs k1 = knobs();
+  k1.wn = 1;
+  Cfg cfg = small_cfg(k1, M, N, K, true);
+  cfg.nw = 1;
+  const bool pdl = k1.pdl && pdl_supported();
+  const int flags = l2pf_flags(k1.l2pf, true, N, K);
+  return launch_a8_small_mt<T, 1>(cfg, pdl, true, flags, x, K, nullptr, nullptr, nullptr, wp, scale, bias, y, M, N,
+                                  KB, st, pro);
+}
+
 // ---------------------------------------------------------------- RMSNorm + a8 quantizer
 // trit::rms_norm_a8q: the RMSNorm in front of a W1.58A8 layer and that layer's activation quantizer in
 // one kernel, so that the M <= 8 GEMV behind it (trit_mm_a8_pre) runs without a quantizer launch and,
@@ -2393,25 +2554,6 @@ cudaError_t launch_decode(const int32_t* wp, const float* scale, T* out, int N, 
 // by K: K <= 4096 / 10240 / 16384 at 48 / 101 / 155 registers; 4 spilled 8 bytes at 80 registers),
 // every load issued before the first use. vec: K % 8 == 0 and every row pointer 16-byte aligned.
 constexpr int kRnqThreads = 256, kRnqVecs = 8, kRnqMaxK = kRnqThreads * kRnqVecs * 8;
-template <typename T>
-__device__ __forceinline__ void store8(T* row, int k, int K, bool vec, const float (&e)[8]) {
-  if (vec && k + 8 <= K) {
-    if constexpr (sizeof(T) == 2) {
-      uint4 v;
-      T* h = reinterpret_cast<T*>(&v);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) h[i] = from_f32<T>(e[i]);
-      *reinterpret_cast<uint4*>(row + k) = v;
-    } else {
-      *reinterpret_cast<float4*>(row + k) = make_float4(e[0], e[1], e[2], e[3]);
-      *reinterpret_cast<float4*>(row + k + 4) = make_float4(e[4], e[5], e[6], e[7]);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-      if (k + i < K) row[k + i] = from_f32<T>(e[i]);
-  }
-}
 template <typename T, int V>
 __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __restrict__ x,
                                                                      const T* __restrict__ residual,
@@ -2610,6 +2752,19 @@ extern "C" long long trit_mm_a8_gemm_ws_ints(int M, int N, int K) {
   const GemmShape g = gemm_shape(M, N, K);
   const long long cnt = (long long)g.gx * g.gy;
   return g.ks > 1 ? ((cnt + 3) & ~3LL) + cnt * g.tile_ints * g.ks : 0;
+}
+
+extern "C" int trit_mm_a8_prologue_ok(int M, int N, int K) { return a8_prologue_ok(M, N, K) ? 1 : 0; }
+
+extern "C" int trit_mm_a8_prologue(int dtype, const void* x, const void* residual, const void* nw, float eps, int act,
+                                   void* res_out, const int32_t* packed, const float* scale, const void* bias, void* y,
+                                   int M, int N, int K, void* stream) {
+  return visit_float_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const A8Pro<T> pro{(const T*)residual, (const T*)nw, (T*)res_out, eps, act};
+    return (int)dispatch_a8_prologue<T>((const T*)x, pro, packed, scale, (const T*)bias, (T*)y, M, N, K,
+                                        (cudaStream_t)stream);
+  });
 }
 
 extern "C" int trit_rms_norm_a8q_max_k() { return kRnqMaxK; }

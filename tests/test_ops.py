@@ -288,6 +288,65 @@ def test_rms_norm_a8q_cpu(M, K, dtype, res, seed):
                        torch.ops.trit.ternary_mm_a8(out, p, s, N, K))
 
 
+def _prologue_inputs(M, K, dtype, act, res, norm, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(M, 2 * K if act else K, generator=g) * 3).to(dtype)
+    r = (torch.randn(M, K, generator=g) * 3).to(dtype) if res else None
+    w = (torch.rand(K, generator=g) + 0.5).to(dtype) if norm else None
+    return x, r, w
+
+
+@settings(max_examples=60, deadline=None)
+@given(M=st.integers(1, 5), K=st.integers(1, 300), dtype=st.sampled_from(DTYPES), act=st.sampled_from([0, 1, 2]),
+       res=st.booleans(), norm=st.booleans(), bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_ternary_mm_a8_prologue_cpu(M, K, dtype, act, res, norm, bias, seed):
+    """trit::ternary_mm_a8_prologue on the CPU is the composition of the ops it replaces: act(gate) * up
+    (torch's ops, each rounding to the dtype: checked against float64 here) or x (+ residual), then
+    rms_norm_a8q's norm when norm_weight is given, then ternary_mm_a8; residual_out is x + residual."""
+    res = res and not act
+    x, r, w = _prologue_inputs(M, K, dtype, act, res, norm, seed)
+    N = 20
+    _, _, p, s, b = make_case(M, N, K, dtype, bias=bias, seed=seed)
+    y, res_out = torch.ops.trit.ternary_mm_a8_prologue(x, r, w, 1e-6, act, p, s, N, K, b)
+    a = x
+    if act:
+        g, u = x[:, :K].double(), x[:, K:].double()
+        f64 = ((torch.relu(g).square() if act == 1 else g * torch.sigmoid(g)).to(dtype).double() * u).to(dtype).double()
+        a = (torch.relu(x[:, :K]).square() if act == 1 else torch.nn.functional.silu(x[:, :K])) * x[:, K:]
+        ulp = {torch.float32: 2e-6, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7}[dtype]
+        # relu^2: every product exact in float64, so each rounding is torch's; silu: within a step
+        tol = 0.0 if act == 1 else 2 * ulp
+        assert ((a.double() - f64).abs() <= tol * f64.abs() + (0 if act == 1 else 1e-30)).all()
+    if norm:
+        h, want_res, *_ = torch.ops.trit.rms_norm_a8q(a.contiguous(), r, w, 1e-6)
+    else:
+        want_res = (a.float() + r.float()).to(dtype) if res else a.new_empty(0)
+        h = want_res if res else a
+    assert torch.equal(res_out, want_res)
+    assert torch.equal(y, torch.ops.trit.ternary_mm_a8(h.contiguous(), p, s, N, K, b))
+
+
+def test_ternary_mm_a8_prologue_opcheck_and_errors():
+    K, N = 260, 24
+    _, _, p, s, b = make_case(3, N, K, torch.bfloat16, bias=True)
+    x, r, w = _prologue_inputs(3, K, torch.bfloat16, 0, True, True, 1)
+    gu, _, _ = _prologue_inputs(3, K, torch.bfloat16, 1, False, True, 2)
+    op = torch.ops.trit.ternary_mm_a8_prologue
+    torch.library.opcheck(op, (x, r, w, 1e-5, 0, p, s, N, K, b))
+    torch.library.opcheck(op, (gu, None, w, 1e-5, 1, p, s, N, K, None))
+    torch.library.opcheck(op, (gu, None, None, 1e-5, 2, p, s, N, K, None))
+    with pytest.raises(ValueError, match=r"x must be .* \[M, 520\] tensor \(\[gate \| up\]\)"):
+        op(x, None, w, 1e-5, 1, p, s, N, K)
+    with pytest.raises(ValueError, match="a residual goes with act=0 only"):
+        op(gu, r, w, 1e-5, 1, p, s, N, K)
+    with pytest.raises(ValueError, match=r"norm_weight must be torch.bfloat16 \[260\]"):
+        op(x, r, w[:10], 1e-5, 0, p, s, N, K)
+    with pytest.raises(ValueError, match="act must be one of"):
+        op(x, r, w, 1e-5, 3, p, s, N, K)
+    with pytest.raises(ValueError, match="residual must be"):
+        op(x, r[:2], w, 1e-5, 0, p, s, N, K)
+
+
 def test_rms_norm_a8q_opcheck_and_errors():
     x = torch.randn(3, 260, dtype=torch.bfloat16)
     r = torch.randn(3, 260, dtype=torch.bfloat16)

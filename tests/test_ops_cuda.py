@@ -824,3 +824,143 @@ def test_rms_norm_a8q_chain(monkeypatch, graph):
     h, _, xq, xs, rs = torch.ops.trit.rms_norm_a8q(xin, None, w, 1e-6)
     y = torch.ops.trit.ternary_mm_a8q(h, xq, xs, rs, p, s, D, D, None)
     assert not torch.equal(torch.ops.trit.ternary_mm_a8q(h, xq, xs * 2, rs, p, s, D, D, None), y)
+
+
+# ------------------------------------------------------------------ norm / activation prologue (ternary_mm_a8_prologue)
+def _exact_prologue_inputs(M, K, dtype, act, res, norm, seed):
+    """Inputs whose squares and every partial sum of squares are exact in fp32 (quarter steps in [-2, 2],
+    or gate / up in {-1, -1/2, 0, 1/2, 1}: the sum of up to 2^14 squares stays below 2^24 units), so
+    any reduction order gives the same norm and a fused kernel must match the composed ops bit for bit."""
+    g = torch.Generator().manual_seed(seed)
+    if act:
+        x = (torch.randint(-2, 3, (M, 2 * K), generator=g).float() / 2).to(dtype)
+    else:
+        x = (torch.randint(-8, 9, (M, K), generator=g).float() / 4).to(dtype)
+    r = (torch.randint(-8, 9, (M, K), generator=g).float() / 4).to(dtype) if res else None
+    w = (torch.rand(K, generator=g) + 0.5).to(dtype) if norm else None
+    to = lambda t: None if t is None else t.to(DEV)  # noqa: E731
+    return to(x), to(r), to(w)
+
+
+def _composed_prologue(x, r, w, eps, act, p, s, N, K, b):
+    """What the model runs without the prologue op: torch's activation ops, rms_norm_a8q (its quantization
+    into ternary_mm_a8q), or the residual add; the reference route of trit::ternary_mm_a8_prologue."""
+    a = x
+    if act:
+        a = ((torch.relu(x[:, :K]).square() if act == 1 else torch.nn.functional.silu(x[:, :K])) * x[:, K:]).contiguous()
+    if w is not None:
+        h, res, xq, xs, rs = torch.ops.trit.rms_norm_a8q(a, r, w, eps)
+        return torch.ops.trit.ternary_mm_a8q(h, xq, xs, rs, p, s, N, K, b), res
+    if r is not None:
+        a = (a.float() + r.float()).to(a.dtype)
+        return torch.ops.trit.ternary_mm_a8(a, p, s, N, K, b), a
+    return torch.ops.trit.ternary_mm_a8(a, p, s, N, K, b), a.new_empty(0)
+
+
+PRO_MODES = [(0, True, True), (0, False, True), (1, False, True), (2, False, True), (2, False, False),
+             (1, False, False), (0, True, False)]
+
+
+@pytest.mark.parametrize("K", [8, 128, 1000, 2560, 6912, 14336, 16384])
+@pytest.mark.parametrize("N", [17, 2560])
+@pytest.mark.parametrize("mode", PRO_MODES)
+def test_prologue_exact_cuda(K, N, mode):
+    """At M = 1 the one-kernel prologue GEMV equals the composed ops bit for bit on inputs whose norm is
+    exact in any order (every dtype; residual_out too); awkward N, K up to rms_norm_a8q's limit."""
+    act, res, norm = mode
+    for dtype in DTYPES:
+        x, r, w = _exact_prologue_inputs(1, K, dtype, act, res, norm, K + N + act)
+        _, _, p, s, b = make_case(1, N, K, dtype, bias=True, seed=K, device=DEV)
+        y, res_out = torch.ops.trit.ternary_mm_a8_prologue(x, r, w, 1e-6, act, p, s, N, K, b)
+        want_y, want_res = _composed_prologue(x, r, w, 1e-6, act, p, s, N, K, b)
+        what = f"K={K} N={N} act={act} res={res} norm={norm} {dtype}"
+        assert torch.equal(res_out, want_res), what
+        assert torch.equal(y, want_y), what
+
+
+@SETTINGS
+@given(M=st.integers(1, 12), N=AWKWARD_N, K=st.sampled_from([1, 7, 8, 100, 128, 300, 1000, 2560, 4100, 17000]),
+       dtype=st.sampled_from(DTYPES), mode=st.sampled_from(PRO_MODES), bias=st.booleans(), maxm=st.sampled_from([None, 0, 8]),
+       seed=st.integers(0, 2**16))
+def test_prologue_cuda(M, N, K, dtype, mode, bias, maxm, seed):
+    """Every route of the op (the one kernel at M <= TRIT_A8_PROLOGUE_MAXM, the composed kernels above it,
+    for K % 8 != 0 and past rms_norm_a8q's K) against its torch definition on random inputs: residual_out
+    bit for bit, y within the a8 tolerance (a norm one rounding step off may move a quantization step)."""
+    act, res, norm = mode
+    old = os.environ.pop("TRIT_A8_PROLOGUE_MAXM", None)
+    try:
+        if maxm is not None:
+            os.environ["TRIT_A8_PROLOGUE_MAXM"] = str(maxm)
+        g = torch.Generator().manual_seed(seed)
+        x = (torch.randn(M, 2 * K if act else K, generator=g) * 2).to(dtype).to(DEV)
+        r = (torch.randn(M, K, generator=g) * 2).to(dtype).to(DEV) if res else None
+        w = (torch.rand(K, generator=g) + 0.5).to(dtype).to(DEV) if norm else None
+        _, _, p, s, b = make_case(M, N, K, dtype, bias=bias, seed=seed, device=DEV)
+        y, res_out = torch.ops.trit.ternary_mm_a8_prologue(x, r, w, 1e-6, act, p, s, N, K, b)
+        ref_y, ref_res = ops.ternary_mm_a8_prologue_ref(x, r, w, 1e-6, act, p, s, N, K, b)
+        what = f"M={M} N={N} K={K} {dtype} mode={mode} maxm={maxm}"
+        assert torch.equal(res_out, ref_res), what
+        assert_close_rel(y, ref_y, 3e-2, what)
+    finally:
+        os.environ.pop("TRIT_A8_PROLOGUE_MAXM", None)
+        if old is not None:
+            os.environ["TRIT_A8_PROLOGUE_MAXM"] = old
+
+
+def test_prologue_opcheck_cuda():
+    K, N = 2560, 640
+    x, r, w = _exact_prologue_inputs(1, K, torch.bfloat16, 0, True, True, 3)
+    gu, _, _ = _exact_prologue_inputs(1, K, torch.bfloat16, 1, False, True, 4)
+    _, _, p, s, b = make_case(1, N, K, torch.bfloat16, bias=True, device=DEV)
+    op = torch.ops.trit.ternary_mm_a8_prologue
+    torch.library.opcheck(op, (x, r, w, 1e-6, 0, p, s, N, K, b))
+    torch.library.opcheck(op, (gu, None, w, 1e-6, 1, p, s, N, K, None))
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_prologue_chain(graph):
+    """A BitNet-like block at M = 1 under PDL, eager and replayed from a CUDA graph: norm -> qkv-like,
+    residual + norm -> gate_up, relu^2 * up + sub-norm -> down, twice: the graph replay equals the eager
+    chain bit for bit, the chain is within the a8 tolerance of the composed ops, and the profiler sees
+    one kernel per layer (no norm, activation or quantizer kernel)."""
+    D, I, L = 2560, 3456, 2
+    gen = torch.Generator().manual_seed(7)
+
+    def lin(n, k):
+        return (ops.repack(torch.randint(-1, 2, (n, k), generator=gen, dtype=torch.int8)).to(DEV),
+                (torch.rand(n, generator=gen) * 0.02 + 0.005).to(DEV))
+
+    nw = lambda k: (torch.rand(k, generator=gen) + 0.5).to(torch.bfloat16).to(DEV)  # noqa: E731
+    layers = [(lin(D, D), nw(D), lin(2 * I, D), nw(D), lin(D, I), nw(I)) for _ in range(L)]
+    op = torch.ops.trit.ternary_mm_a8_prologue
+
+    def steps(x):
+        res = x
+        for (p1, s1), w1, (p2, s2), w2, (p3, s3), w3 in layers:
+            a, res = op(x, res, w1, 1e-6, 0, p1, s1, D, D, None)
+            gu, res = op(a, res, w2, 1e-6, 0, p2, s2, 2 * I, D, None)
+            x, _ = op(gu, None, w3, 1e-6, 1, p3, s3, D, I, None)
+        return x, res
+
+    xin = torch.randn(1, D, generator=gen).to(torch.bfloat16).to(DEV)
+    got = eager_or_replayed(lambda t: torch.cat(steps(t), dim=1), xin, graph)
+    torch.cuda.synchronize()
+    want = torch.cat(steps(xin), dim=1)
+    assert torch.equal(got, want), f"graph={graph}"
+
+    def composed(x):
+        res = x
+        for (p1, s1), w1, (p2, s2), w2, (p3, s3), w3 in layers:
+            a, res = _composed_prologue(x, res, w1, 1e-6, 0, p1, s1, D, D, None)
+            gu, res = _composed_prologue(a, res, w2, 1e-6, 0, p2, s2, 2 * I, D, None)
+            x, _ = _composed_prologue(gu, None, w3, 1e-6, 1, p3, s3, D, I, None)
+        return x, res
+
+    assert_close_rel(got, torch.cat(composed(xin), dim=1), 3e-2, "prologue chain vs the composed ops")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        steps(xin)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    names = [e.key for e in kernels]
+    assert sum(e.count for e in kernels if "a8_small_kernel" in e.key) == 3 * L, names
+    assert not any("rms_norm_quant" in n or "quant_rows" in n for n in names), names

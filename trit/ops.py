@@ -33,6 +33,9 @@ Ops (all take x: [M, K] of bfloat16 | float16 | float32 and return [M, N] of x's
     torch.ops.trit.rms_norm_a8q(x, residual, weight, eps) -> (out, residual_out, xq, xs, rowsum)
         RMSNorm (after the residual add when residual is given) and the a8 quantizer of its output
         in one kernel (K <= 16384), the input of ternary_mm_a8q: :func:`rms_norm_a8q_ref`
+    torch.ops.trit.ternary_mm_a8_prologue(x, residual, norm_weight, eps, act, packed, scale, N, K, bias=None)
+        -> (y, residual_out): ternary_mm_a8 of act(gate) * up or x (+ residual), RMSNorm-ed when
+        norm_weight is given; at M = 1 one kernel (:func:`ternary_mm_a8_prologue_ref`)
 
 and :func:`ternary_linear` / :func:`ternary_linear_a8` take x of any rank and pick the small-M
 (fused) or large-M (dense decode + cuBLAS) path from the shape alone.
@@ -256,6 +259,11 @@ _lib.define("ternary_mm_a8q(Tensor x, Tensor xq, Tensor xs, Tensor rowsum, Tenso
 _lib.define("rms_norm_a8q(Tensor x, Tensor? residual, Tensor weight, float eps) -> "
             "(Tensor out, Tensor residual_out, Tensor xq, Tensor xs, Tensor rowsum)")
 RMS_NORM_A8Q_MAX_K = 16384  # the CUDA kernel holds a row in one CTA's registers (csrc kRnqMaxK)
+# ternary_mm_a8 of the input the model computes in front of the layer (activation, residual add, RMSNorm):
+# see ternary_mm_a8_prologue_ref
+_lib.define("ternary_mm_a8_prologue(Tensor x, Tensor? residual, Tensor? norm_weight, float eps, int act, "
+            "Tensor packed, Tensor scale, int N, int K, Tensor? bias=None) -> (Tensor y, Tensor residual_out)")
+PROLOGUE_ACTS = {"none": 0, "relu2": 1, "silu": 2}  # trit::ternary_mm_a8_prologue's act codes
 
 
 def _check_mm(name, x, packed, scale, N, K, bias):
@@ -360,6 +368,55 @@ def rms_norm_a8q_ref(x: Tensor, residual: Optional[Tensor], weight: Tensor, eps:
     return out, res_out, xq, xs, rowsum
 
 
+def _check_prologue(x, residual, norm_weight, act, K):
+    op = "trit::ternary_mm_a8_prologue"
+    if act not in PROLOGUE_ACTS.values():
+        raise ValueError(f"{op}: act must be one of {PROLOGUE_ACTS}, got {act}")
+    width = 2 * K if act else K
+    if x.dim() != 2 or x.shape[1] != width or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"{op}: x must be a float32 / float16 / bfloat16 [M, {width}] tensor"
+                         f"{' ([gate | up])' if act else ''}, got {x.dtype} {list(x.shape)}")
+    if residual is not None:
+        if act:
+            raise ValueError(f"{op}: a residual goes with act=0 only")
+        if residual.dtype != x.dtype or tuple(residual.shape) != (x.shape[0], K):
+            raise ValueError(f"{op}: residual must be {x.dtype} [{x.shape[0]}, {K}], got {residual.dtype} "
+                             f"{list(residual.shape)}")
+    if norm_weight is not None and (norm_weight.dtype != x.dtype or tuple(norm_weight.shape) != (K,)):
+        raise ValueError(f"{op}: norm_weight must be {x.dtype} [{K}], got {norm_weight.dtype} "
+                         f"{list(norm_weight.shape)}")
+
+
+def ternary_mm_a8_prologue_ref(x: Tensor, residual: Optional[Tensor], norm_weight: Optional[Tensor], eps: float,
+                               act: int, packed: Tensor, scale: Tensor, N: int, K: int,
+                               bias: Optional[Tensor] = None):
+    """What trit::ternary_mm_a8_prologue computes (its CPU implementation): ternary_mm_a8 of the layer input
+    the model computes in front of the layer, returned with the new residual stream (an empty tensor
+    without residual):
+      act 1 / 2 (PROLOGUE_ACTS relu2 / silu): x = [gate | up] [M, 2K], a = relu(gate)^2 * up / silu(gate) * up
+                 as torch's ops in x's dtype (each rounds);
+      act 0:     a = x, or (x + residual) rounded to x's dtype (= residual_out);
+      then with norm_weight h = (a * rsqrt(mean(a^2) + eps) * norm_weight) in fp32, rounded once (as
+      rms_norm_a8q_ref), else h = a; y = ternary_mm_a8(h). At M = 1 the CUDA op runs all of it in the GEMV
+      kernel (every CTA computes h); its sums reduce in another order (h may differ by one rounding step)."""
+    _check_prologue(x, residual, norm_weight, act, K)
+    if act:
+        g, u = x[:, :K], x[:, K:]
+        a = (torch.relu(g).square() if act == 1 else torch.nn.functional.silu(g)) * u
+    else:
+        a = x
+    if residual is not None:
+        res_out = (a.to(torch.float32) + residual.to(torch.float32)).to(x.dtype)
+        a = res_out
+    else:
+        res_out = x.new_empty(0)
+    if norm_weight is not None:
+        af = a.to(torch.float32)
+        inv = torch.rsqrt(af.square().mean(dim=-1, keepdim=True) + eps)
+        a = (af * inv * norm_weight.to(torch.float32)).to(x.dtype)
+    return _mm_a8_torch(a.contiguous(), packed, scale, N, K, bias), res_out
+
+
 _TORCH_IMPLS = {
     "ternary_mm": _mm_torch,
     "ternary_mm_a8": _mm_a8_torch,
@@ -367,6 +424,7 @@ _TORCH_IMPLS = {
     "ternary_decode": _decode_torch,
     "ternary_mm_a8q": _mm_a8q_torch,
     "rms_norm_a8q": rms_norm_a8q_ref,
+    "ternary_mm_a8_prologue": ternary_mm_a8_prologue_ref,
 }
 for _name, _fn in _TORCH_IMPLS.items():
     _lib.impl(_name, _fn, "CPU")
@@ -392,6 +450,11 @@ def _rms_norm_a8q_fake(x, residual, weight, eps):
     return (x.new_empty((M, K)), x.new_empty((M, K)) if residual is not None else x.new_empty(0),
             x.new_empty((M, Kp), dtype=torch.int8), x.new_empty((M,), dtype=torch.float32),
             x.new_empty((M,), dtype=torch.int32))
+
+
+@torch.library.register_fake("trit::ternary_mm_a8_prologue", lib=_lib)
+def _prologue_fake(x, residual, norm_weight, eps, act, packed, scale, N, K, bias=None):
+    return x.new_empty((x.shape[0], N)), (x.new_empty((x.shape[0], K)) if residual is not None else x.new_empty(0))
 
 
 @torch.library.register_fake("trit::ternary_decode", lib=_lib)
