@@ -1026,11 +1026,15 @@ __device__ __forceinline__ float quantize_row_perm(const T* __restrict__ row, in
 // model computes between the previous layer and this one, folded into every CTA of the GEMV so that no
 // norm / activation kernel runs in between at M = 1.
 //   act 1 / 2: x is the row [gate | up] (2K wide): a = T(T(relu(gate)^2) * up) / T(T(silu(gate)) * up)
-//              (torch's bf16 ops: each op rounds to T)
+//              (torch's ops in T: each rounds)
 //   else       a = x, or T(x + residual) with a residual (then stored in res_out: the new residual stream)
 //   norm (nw):  h = T(a * rsqrt(mean(a^2) + eps) * nw)  (rms_norm_a8q's arithmetic), else h = a
-// and h is quantized as quantize_row_perm does. Every pass reloads its inputs (L1 / L2 hits after the
-// first): no row-length register array in the GEMV's register budget.
+// and h is quantized as quantize_row_perm does. The CTA stages its inputs in shared memory by cp.async:
+// the norm weight before the PDL wait (it is a parameter), the row (and the residual) right after it,
+// every 16-byte piece in flight at once - one L2 round trip - and the passes read shared memory
+// (H200, first version reloading from global per pass: 2560x2560 7.8 us against 4.7 with the plain
+// fused quantizer). The CTA is ks x nw warps (pro_cfg: 256 threads where the tiles allow), all of them
+// on the prologue (linear thread index), then each on its own tile.
 template <typename T> struct A8Pro {
   const T* residual;  // [M, K] or null
   const T* nw;        // norm weight [K] or null (no norm)
@@ -1038,64 +1042,116 @@ template <typename T> struct A8Pro {
   float eps;
   int act;            // 0 none, 1 relu^2 * up, 2 silu * up (x is [M, 2K])
 };
+// staging bytes of the prologue: the x row (2K with act), the residual row, the norm weight, each
+// rounded up to 16 bytes
 template <typename T>
-__device__ __forceinline__ void pro_load8(const T* x, const T* r, int act, int K, int k, float (&e)[8]) {
-  if (act != 0) {
-    float g[8], u[8];
-    load8<T>(x, k, K, true, g);
-    load8<T>(x + K, k, K, true, u);
+__host__ __device__ inline size_t pro_stage_bytes(int K, bool act, bool res, bool norm) {
+  const size_t row = ((size_t)K * sizeof(T) + 15) / 16 * 16;
+  return row * ((act ? 2 : 1) + (res ? 1 : 0) + (norm ? 1 : 0));
+}
+// n16 16-byte pieces from global src to shared dst by the CTA's nthr threads (tid), cp.async
+__device__ __forceinline__ void stage16(void* dst, const void* src, int n16, int tid, int nthr) {
+  for (int i = tid; i < n16; i += nthr)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(
+                     reinterpret_cast<uint8_t*>(dst) + 16 * (size_t)i))),
+                 "l"(reinterpret_cast<const uint8_t*>(src) + 16 * (size_t)i)
+                 : "memory");
+}
+template <typename T>
+__device__ __forceinline__ void sload8(const T* row, int k, float (&e)[8]) {  // shared, 16-byte aligned, k % 8 == 0
+  if constexpr (sizeof(T) == 2) {
+    const uint4 v = *reinterpret_cast<const uint4*>(row + k);
+    const T* h = reinterpret_cast<const T*>(&v);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float a = act == 1 ? fmaxf(g[i], 0.f) * fmaxf(g[i], 0.f) : g[i] / (1.f + expf(-g[i]));
-      e[i] = to_f32<T>(from_f32<T>(to_f32<T>(from_f32<T>(a)) * u[i]));
-    }
+    for (int i = 0; i < 8; ++i) e[i] = to_f32<T>(h[i]);
   } else {
-    load8<T>(x, k, K, true, e);
-    if (r != nullptr) {
-      float rr[8];
-      load8<T>(r, k, K, true, rr);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) e[i] = to_f32<T>(from_f32<T>(e[i] + rr[i]));
-    }
+    const float4 a = *reinterpret_cast<const float4*>(row + k), b = *reinterpret_cast<const float4*>(row + k + 4);
+    e[0] = a.x; e[1] = a.y; e[2] = a.z; e[3] = a.w; e[4] = b.x; e[5] = b.y; e[6] = b.z; e[7] = b.w;
   }
 }
-// One row: x (and r, res_out) point at the row; K % 8 == 0 and 16-byte aligned rows (the dispatcher
-// checks). Same contract as quantize_row_perm (returns xs; thread 0 gets the row sum).
-template <typename T, typename Store>
-__device__ __forceinline__ float pro_quantize_row(const T* __restrict__ x, const T* __restrict__ r,
-                                               const T* __restrict__ nw, T* __restrict__ res_out, float eps, int act,
-                                               int K, int Kp, float* scr_f, int* scr_i, Store&& store, int& sum) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  float inv = 1.f;
-  if (nw != nullptr) {
-    float ss = 0.f;
-    for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
-      float e[8];
-      pro_load8<T>(x, r, act, K, k, e);
-      if (res_out != nullptr) store8<T>(res_out, k, K, true, e);
+template <typename T>
+__device__ __forceinline__ void sstore8(T* row, int k, const float (&e)[8]) {
+  if constexpr (sizeof(T) == 2) {
+    uint4 v;
+    T* h = reinterpret_cast<T*>(&v);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) ss += e[i] * e[i];  // zeros past K
+    for (int i = 0; i < 8; ++i) h[i] = from_f32<T>(e[i]);
+    *reinterpret_cast<uint4*>(row + k) = v;
+  } else {
+    *reinterpret_cast<float4*>(row + k) = make_float4(e[0], e[1], e[2], e[3]);
+    *reinterpret_cast<float4*>(row + k + 4) = make_float4(e[4], e[5], e[6], e[7]);
+  }
+}
+// One row (x, r, res_out at the row; K % 8 == 0, 16-byte aligned rows: the dispatcher checks). stage: the
+// CTA's staging area (pro_stage_bytes), its norm weight part already requested (cp.async, before the PDL
+// wait). Same contract as quantize_row_perm (returns xs; thread 0 gets the row sum); tid / nthr: the
+// CTA's linear thread index and size, a multiple of 32 up to 256 (scr_f / scr_i hold 8 words).
+template <typename T, typename Store>
+__device__ __forceinline__ float pro_quantize_row(const T* __restrict__ x, const T* __restrict__ r, bool norm,
+                                                  T* __restrict__ res_out, float eps, int act, int K, int Kp,
+                                                  uint8_t* stage, int tid, int nthr, float* scr_f, int* scr_i,
+                                                  Store&& store, int& sum) {
+  const int lane = tid & 31, warp = tid >> 5, nwarps = nthr >> 5;
+  const size_t rowb = ((size_t)K * sizeof(T) + 15) / 16 * 16;
+  T* sxr = reinterpret_cast<T*>(stage);                              // x row ([gate | up] with act)
+  T* srr = reinterpret_cast<T*>(stage + rowb * (act ? 2 : 1));       // residual row
+  const T* swr = reinterpret_cast<const T*>(stage + rowb * ((act ? 2 : 1) + (r != nullptr ? 1 : 0)));  // norm weight
+  stage16(sxr, x, (int)((act ? 2 : 1) * (size_t)K * sizeof(T) / 16), tid, nthr);
+  if (r != nullptr) stage16(srr, r, (int)((size_t)K * sizeof(T) / 16), tid, nthr);
+  asm volatile("cp.async.commit_group;" ::: "memory");
+  asm volatile("cp.async.wait_group 0;" ::: "memory");  // this row, and the norm weight requested earlier
+  __syncthreads();
+  // pass 1: a (into sxr[0, K)), the residual stream, the sum of squares
+  float ss = 0.f;
+  for (int k = tid * 8; k < K; k += nthr * 8) {
+    float e[8];
+    if (act != 0) {
+      float u[8];
+      sload8<T>(sxr, k, e);
+      sload8<T>(sxr + K, k, u);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float a = act == 1 ? fmaxf(e[i], 0.f) * fmaxf(e[i], 0.f) : e[i] / (1.f + expf(-e[i]));
+        e[i] = to_f32<T>(from_f32<T>(to_f32<T>(from_f32<T>(a)) * u[i]));
+      }
+    } else {
+      sload8<T>(sxr, k, e);
+      if (r != nullptr) {
+        float rr[8];
+        sload8<T>(srr, k, rr);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) e[i] = to_f32<T>(from_f32<T>(e[i] + rr[i]));
+        if (res_out != nullptr) store8<T>(res_out, k, K, true, e);
+      }
     }
+    if (act != 0 || r != nullptr) sstore8<T>(sxr, k, e);  // act: reads [k, k+8) of gate and up only (a thread's own)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ss += e[i] * e[i];
+  }
+  float inv = 1.f;
+  if (norm) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if (lane == 0) scr_f[warp] = ss;
-    __syncthreads();
+  }
+  __syncthreads();  // pass 1's writes of sxr, and scr_f
+  if (norm) {
     ss = 0.f;
     for (int w = 0; w < nwarps; ++w) ss += scr_f[w];
     inv = rsqrtf(ss / (float)K + eps);
     __syncthreads();  // scr_f is reused below
   }
   auto h8 = [&](int k, float (&e)[8]) {
-    pro_load8<T>(x, r, act, K, k, e);
-    if (nw != nullptr) {
+    sload8<T>(sxr, k, e);
+    if (norm) {
       float wf[8];
-      load8<T>(nw, k, K, true, wf);
+      sload8<T>(swr, k, wf);
 #pragma unroll
       for (int i = 0; i < 8; ++i) e[i] = to_f32<T>(from_f32<T>(e[i] * inv * wf[i]));
     }
   };
   float amax = 0.f;
-  for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
+  for (int k = tid * 8; k < K; k += nthr * 8) {
     float e[8];
     h8(k, e);
 #pragma unroll
@@ -1109,17 +1165,22 @@ __device__ __forceinline__ float pro_quantize_row(const T* __restrict__ x, const
   for (int w = 1; w < nwarps; ++w) amax = fmaxf(amax, scr_f[w]);
   const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as torch: reciprocal(t) * 127
   int part = 0;
-  for (int k = threadIdx.x * 8; k < Kp; k += blockDim.x * 8) {
+  for (int k = tid * 8; k < Kp; k += nthr * 8) {
     float e[8];
-    h8(k, e);  // zeros past K
+    if (k < K) {
+      h8(k, e);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) e[i] = 0.f;  // zeros past K
+    }
     store(k, quant_group8(e, xs, part));
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
   if (lane == 0) scr_i[warp] = part;
-  __syncthreads();
+  __syncthreads();  // also: every read of this row's staging is done before the next row's copies
   sum = 0;
-  if (threadIdx.x == 0)
+  if (tid == 0)
     for (int w = 0; w < nwarps; ++w) sum += scr_i[w];
   return xs;
 }
@@ -1156,13 +1217,24 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
   kb_range(KB, kb0, kb1);
   const int nk = kb1 - kb0;  // every k-block is "full": xq is padded
 
-  // kFuseQ: shared xq rows of ld bytes, then xs, rowsum and the quantizer's scratch
+  // kFuseQ: shared xq rows of ld bytes, then xs, rowsum and the quantizer's scratch, then (prologue) the
+  // staging area, 16-byte aligned
   const int ld = KB * kBlockK + 16;
-  int8_t* sx = reinterpret_cast<int8_t*>(redi + (blockDim.x >> 5) * 128);
+  int8_t* sx = reinterpret_cast<int8_t*>(redi + (blockDim.x >> 5) * blockDim.y * 128);
   float* sxs = reinterpret_cast<float*>(sx + M * ld);
   int* srs = reinterpret_cast<int*>(sxs + 8);
   float* scr_f = reinterpret_cast<float*>(srs + 8);
   int* scr_i = reinterpret_cast<int*>(scr_f + 8);
+  uint8_t* stage = reinterpret_cast<uint8_t*>(scr_i + 8);
+  stage += (16 - (reinterpret_cast<uintptr_t>(stage) & 15)) & 15;
+  const bool prologue = kFuseQ && (pro.nw != nullptr || pro.act != 0 || pro.residual != nullptr);
+  const int ptid = threadIdx.y * blockDim.x + threadIdx.x, pnthr = blockDim.x * blockDim.y;
+  if (kFuseQ && prologue && pro.nw != nullptr) {  // the norm weight is a parameter: requested before the PDL wait
+    const size_t rowb = ((size_t)K * sizeof(T) + 15) / 16 * 16;
+    stage16(stage + rowb * ((pro.act != 0 ? 2 : 1) + (pro.residual != nullptr ? 1 : 0)), pro.nw,
+            (int)((size_t)K * sizeof(T) / 16), ptid, pnthr);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
 
   // xp: this lane's 32 inputs of row g in k-block kb0; row tile mt at + 64 * mt (MT >= 2);
   // the next k-block at + kbs (uint4 units)
@@ -1250,17 +1322,17 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
   // with a prologue (pro: trit::ternary_mm_a8_prologue) x is the input before the norm / activation
   auto quantize = [&]() {
     const int Kp = KB * kBlockK;
-    const bool prologue = pro.nw != nullptr || pro.act != 0 || pro.residual != nullptr;
     for (int m = 0; m < M; ++m) {
       int sum;
       auto st = [&](int k, uint2 v) { *reinterpret_cast<uint2*>(sx + m * ld + k) = v; };
       const float s =
           prologue ? pro_quantize_row<T>(x + (size_t)m * (pro.act != 0 ? 2 * K : K),
-                                         pro.residual != nullptr ? pro.residual + (size_t)m * K : nullptr, pro.nw,
+                                         pro.residual != nullptr ? pro.residual + (size_t)m * K : nullptr,
+                                         pro.nw != nullptr,
                                          blockIdx.x == 0 && pro.res_out != nullptr ? pro.res_out + (size_t)m * K : nullptr,
-                                         pro.eps, pro.act, K, Kp, scr_f, scr_i, st, sum)
+                                         pro.eps, pro.act, K, Kp, stage, ptid, pnthr, scr_f, scr_i, st, sum)
                    : quantize_row_perm<T>(x + (size_t)m * K, K, Kp, true, scr_f, scr_i, st, sum);
-      if (threadIdx.x == 0) {
+      if (ptid == 0) {
         srs[m] = sum;
         sxs[m] = s;
       }
@@ -2508,19 +2580,34 @@ cudaError_t launch_decode(const int32_t* wp, const float* scale, T* out, int N, 
 }
 
 
-// trit::ternary_mm_a8_prologue's one-kernel route: the fused-quantizer GEMV (one tile per warp, ks as
-// for a WN = 1 launch) with the norm / activation prologue (A8Pro) in front of its quantizer. Where it
-// runs (a8_prologue_ok): M <= TRIT_A8_PROLOGUE_MAXM (default 1: the fused quantizer lost at M = 4 / 8
-// in H200 run 10, every CTA quantizing every row), the v5 kernels on, the quantizer's shared memory
-// within 48 KB; rows 16-byte aligned and K % 8 == 0 (the caller checks: a8_prologue_aligned).
+// trit::ternary_mm_a8_prologue's one-kernel route: the fused-quantizer GEMV (one tile per warp) with the
+// norm / activation prologue (A8Pro) in front of its quantizer. Where it runs (a8_prologue_ok): M <=
+// TRIT_A8_PROLOGUE_MAXM (default 1: the fused quantizer lost at M = 4 / 8 in H200 run 10, every CTA
+// quantizing every row), the v5 kernels on, its shared memory (the staged row, residual and norm weight:
+// pro_stage_bytes) within 113 KB (two CTAs per SM); rows 16-byte aligned and K % 8 == 0.
+// pro_cfg: ks split-K warps as for a WN = 1 launch, and nw tiles per CTA so that a CTA has 8 warps
+// (256 threads) where the tiles allow: the prologue is computed once per CTA, by all its threads
+// (13824x2560: ks = 1, so the plain fused quantizer runs 864 one-warp CTAs; here 108 of 8 warps).
+constexpr size_t kProMaxSmem = 113 * 1024;
 int a8_prologue_maxm() { return max(0, min(8, env_int("TRIT_A8_PROLOGUE_MAXM", 1))); }  // read per call, as knobs()
-bool a8_prologue_ok(int M, int N, int K) {
-  if (M < 1 || M > a8_prologue_maxm() || K % 8 != 0 || !knobs().v5) return false;
+Cfg pro_cfg(int M, int N, int K) {
   Knobs k1 = knobs();
   k1.wn = 1;
-  const Cfg cfg = small_cfg(k1, M, N, K, true);
+  Cfg cfg = small_cfg(k1, M, N, K, true);
+  const int n_tiles = (N + kTileN - 1) / kTileN;
+  cfg.nw = max(1, min(kV5Threads / 32 / cfg.ks, n_tiles));
+  return cfg;
+}
+size_t pro_smem(const Cfg& cfg, int M, int K, size_t elem, bool act, bool res, bool norm) {
   const int KB = (K + kBlockK - 1) / kBlockK;
-  return cfg.mt == 1 && cfg.ks * 512 + fuseq_smem(M, KB) <= 48 * 1024;
+  const size_t row = ((size_t)K * elem + 15) / 16 * 16;
+  return (size_t)cfg.nw * cfg.ks * 128 * sizeof(int) + fuseq_smem(M, KB) + 16 +
+         row * ((act ? 2 : 1) + (res ? 1 : 0) + (norm ? 1 : 0));
+}
+bool a8_prologue_ok(int M, int N, int K) {
+  if (M < 1 || M > a8_prologue_maxm() || K % 8 != 0 || !knobs().v5) return false;
+  const Cfg cfg = pro_cfg(M, N, K);
+  return cfg.mt == 1 && pro_smem(cfg, M, K, 4, true, false, true) <= kProMaxSmem;  // the largest case: fp32, act + norm
 }
 template <typename T>
 cudaError_t dispatch_a8_prologue(const T* x, const A8Pro<T>& pro, const int32_t* wp, const float* scale,
@@ -2530,15 +2617,26 @@ cudaError_t dispatch_a8_prologue(const T* x, const A8Pro<T>& pro, const int32_t*
   if (!al(x) || !al(pro.residual) || !al(pro.nw) || !al(pro.res_out) || (pro.act != 0 && pro.residual != nullptr) ||
       (pro.residual != nullptr) != (pro.res_out != nullptr) || pro.act < 0 || pro.act > 2)
     return cudaErrorInvalidValue;
-  const int KB = (K + kBlockK - 1) / kBlockK;
-  Knobs k1 = knobs();
-  k1.wn = 1;
-  Cfg cfg = small_cfg(k1, M, N, K, true);
-  cfg.nw = 1;
-  const bool pdl = k1.pdl && pdl_supported();
-  const int flags = l2pf_flags(k1.l2pf, true, N, K);
-  return launch_a8_small_mt<T, 1>(cfg, pdl, true, flags, x, K, nullptr, nullptr, nullptr, wp, scale, bias, y, M, N,
-                                  KB, st, pro);
+  const int KB = (K + kBlockK - 1) / kBlockK, n_tiles = (N + kTileN - 1) / kTileN;
+  const Cfg cfg = pro_cfg(M, N, K);
+  const size_t smem = pro_smem(cfg, M, K, sizeof(T), pro.act != 0, pro.residual != nullptr, pro.nw != nullptr);
+  const auto kernel = a8_small_kernel<T, 1, 1, true>;
+  if (smem > 48 * 1024) {  // past the default limit: opt in (to the most the route takes), once per device
+    static int opted[64] = {0};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return cudaErrorInvalidDevice;
+    if (dev < 0 || dev >= 64 || !opted[dev]) {
+      const cudaError_t a = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kProMaxSmem);
+      if (a != cudaSuccess) return a;
+      if (dev >= 0 && dev < 64) opted[dev] = 1;
+    }
+  }
+  const Knobs kn = knobs();
+  const bool pdl = kn.pdl && pdl_supported();
+  const int flags = l2pf_flags(kn.l2pf, true, N, K);
+  return launch_ex(kernel, dim3((n_tiles + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem, st, pdl,
+                   (const int8_t*)nullptr, (const float*)nullptr, (const int32_t*)nullptr,
+                   reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB, n_tiles, 8, flags, x, K, pro);
 }
 
 // ---------------------------------------------------------------- RMSNorm + a8 quantizer

@@ -861,12 +861,19 @@ PRO_MODES = [(0, True, True), (0, False, True), (1, False, True), (2, False, Tru
              (1, False, False), (0, True, False)]
 
 
-@pytest.mark.parametrize("K", [8, 128, 1000, 2560, 6912, 14336, 16384])
-@pytest.mark.parametrize("N", [17, 2560])
+# (N, K): awkward N, K up to rms_norm_a8q's limit, and the CTA shapes of the one-kernel route (pro_cfg:
+# 13824x2560 8 tiles x 1 split-K warp per CTA, 6912x2560 2 x 4, 2560-wide 1 x 8)
+PRO_NK = [(n, k) for n in (17, 2560) for k in (8, 128, 1000, 2560, 6912, 14336, 16384)] + [
+    (13824, 2560), (6912, 2560), (640, 2560), (3840, 2560)]
+
+
+@pytest.mark.parametrize("NK", PRO_NK, ids=[f"{n}x{k}" for n, k in PRO_NK])
 @pytest.mark.parametrize("mode", PRO_MODES)
-def test_prologue_exact_cuda(K, N, mode):
+def test_prologue_exact_cuda(NK, mode):
     """At M = 1 the one-kernel prologue GEMV equals the composed ops bit for bit on inputs whose norm is
-    exact in any order (every dtype; residual_out too); awkward N, K up to rms_norm_a8q's limit."""
+    exact in any order (every dtype; residual_out too). fp32 SiLU: the kernel's expf and torch's may
+    differ in the last bit, which no bf16 / fp16 rounding hides there: within the a8 tolerance."""
+    N, K = NK
     act, res, norm = mode
     for dtype in DTYPES:
         x, r, w = _exact_prologue_inputs(1, K, dtype, act, res, norm, K + N + act)
@@ -875,7 +882,10 @@ def test_prologue_exact_cuda(K, N, mode):
         want_y, want_res = _composed_prologue(x, r, w, 1e-6, act, p, s, N, K, b)
         what = f"K={K} N={N} act={act} res={res} norm={norm} {dtype}"
         assert torch.equal(res_out, want_res), what
-        assert torch.equal(y, want_y), what
+        if act == 2 and dtype == torch.float32:
+            assert_close_rel(y, want_y, 3e-2, what)
+        else:
+            assert torch.equal(y, want_y), what
 
 
 @SETTINGS
