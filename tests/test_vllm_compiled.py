@@ -33,24 +33,26 @@ outs = llm.generate([TokensPrompt(prompt_token_ids=[t % V for t in range(10, 30)
                     sp, use_tqdm=False)
 # teacher-forced: the top-1 next token and its logprob at every position of one fixed prompt
 pl = llm.generate([TokensPrompt(prompt_token_ids=[(7 * i + 3) % (V - 3) + 2 for i in range(48)])],
-                  SamplingParams(max_tokens=1, prompt_logprobs=1, detokenize=False), use_tqdm=False)[0].prompt_logprobs
-top1 = [max(d.items(), key=lambda kv: kv[1].logprob) for d in pl[1:]]
+                  SamplingParams(max_tokens=1, prompt_logprobs=2, detokenize=False), use_tqdm=False)[0].prompt_logprobs
+top = [sorted(d.items(), key=lambda kv: -kv[1].logprob) for d in pl[1:]]
 print("RESULT " + json.dumps({"flags": flags, "tokens": [list(o.outputs[0].token_ids) for o in outs],
-                              "top1": [[int(t), float(lp.logprob)] for t, lp in top1]}))
+                              "top1": [[int(t[0][0]), float(t[0][1].logprob)] for t in top],
+                              "top": [[[int(k), float(v.logprob)] for k, v in t] for t in top]}))
 """
 
 
-def run(tmp_path, prequant: str, fused_norm: str = "0", attr: str = "trit_prequant", model=None) -> dict:
+def run(tmp_path, prequant: str, fused_norm: str = "0", attr: str = "trit_prequant", model=None,
+        prologue: str = "0") -> dict:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "TRIT_A8_PREQUANT": prequant,
-           "TRIT_FUSED_NORM_QUANT": fused_norm,
+           "TRIT_FUSED_NORM_QUANT": fused_norm, "TRIT_A8_PROLOGUE": prologue,
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     model = model or ROOT / "models" / "tiny-bitnet"
     p = subprocess.run([sys.executable, "-c", SCRIPT, str(model), attr], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=900)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     assert p.returncode == 0 and lines, (f"vLLM run (TRIT_A8_PREQUANT={prequant!r}, TRIT_FUSED_NORM_QUANT="
-                                         f"{fused_norm!r}) failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
+                                         f"{fused_norm!r}, TRIT_A8_PROLOGUE={prologue!r}) failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
     return json.loads(lines[-1][len("RESULT "):])
 
 
@@ -70,6 +72,22 @@ def _agree(on, off):
     agree = [a[0] == b[0] for a, b in zip(on["top1"], off["top1"])]
     diff = max((abs(a[1] - b[1]) for a, b in zip(on["top1"], off["top1"]) if a[0] == b[0]), default=0.0)
     return sum(agree), len(agree), diff
+
+
+def _near_ties(on, off, gap=0.05):
+    """Positions where the two routes' teacher-forced top-1 differ although the other route's choice is
+    within `gap` nats of the top-1 in this route's top tokens: rounding flips of near ties. Returns
+    (near ties, all disagreements)."""
+    ties = bad = 0
+    for a, b, top_b in zip(on["top1"], off["top1"], off["top"]):
+        if a[0] == b[0]:
+            continue
+        lp = dict((t, v) for t, v in top_b)
+        if a[0] in lp and b[1] - lp[a[0]] < gap:
+            ties += 1
+        else:
+            bad += 1
+    return ties, ties + bad
 
 
 def test_fused_norm_llama_compiles_and_matches_default(tmp_path):
@@ -106,3 +124,38 @@ def test_fused_norm_compiles_and_matches_default(tmp_path):
     keys = list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("torch_aot_compile/*"))
     keys = keys or list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("*"))
     assert len(keys) >= 2, f"one compile-cache entry for both routes: {keys}"
+
+
+def test_prologue_compiles_and_matches_default(tmp_path):
+    """TRIT_A8_PROLOGUE=1: every BitNet ternary layer flagged, its norm (and relu^2 * up before down_proj)
+    computed by trit::ternary_mm_a8_prologue under vLLM's compiler; the default route's next-token choices
+    within bf16 rounding (one rounding where vLLM's RMSNorm may round twice), a compile-cache entry of its
+    own."""
+    off = run(tmp_path, "0", attr="trit_prologue")
+    on = run(tmp_path, "0", attr="trit_prologue", prologue="1")
+    assert all(not f for _, f in off["flags"]) and on["flags"] and all(f for _, f in on["flags"]), (off, on)
+    # this random tiny model's next-token logprobs sit within hundredths of a nat of each other, so one
+    # rounding more or less flips a few choices: every flip must be such a near tie, and few
+    n_ok, n, diff = _agree(on, off)
+    ties, flips = _near_ties(on, off)
+    assert n == 47 and n_ok >= 40 and ties == flips and diff < 0.05, (n_ok, ties, flips, diff, on["top"], off["top"])
+    keys = list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("torch_aot_compile/*"))
+    keys = keys or list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("*"))
+    assert len(keys) >= 2, f"one compile-cache entry for both routes: {keys}"
+
+
+def test_prologue_llama_compiles_and_matches_default(tmp_path):
+    """TRIT_A8_PROLOGUE=1 on a Llama-shaped ternary checkpoint: trit.vllm.llama's subclass runs the input
+    norm -> qkv_proj, post-attention norm -> gate_up_proj and SiLU-mul -> down_proj through
+    trit::ternary_mm_a8_prologue (those three flagged, o_proj too: it runs its plain route), with the
+    default route's next-token choices within bf16 rounding."""
+    from reference.make_model import Preset, write_model
+
+    d = write_model(Preset("llama", 128, 256, 2, 4, 2, 160, False, eps=1e-5, seed=22), tmp_path / "llama",
+                    dtype=torch.bfloat16)
+    off = run(tmp_path, "0", attr="trit_prologue", model=d)
+    on = run(tmp_path, "0", attr="trit_prologue", model=d, prologue="1")
+    assert all(not f for _, f in off["flags"]) and on["flags"] and all(f for _, f in on["flags"]), (off, on)
+    n_ok, n, diff = _agree(on, off)
+    ties, flips = _near_ties(on, off)
+    assert n == 47 and n_ok >= 40 and ties == flips and diff < 0.05, (n_ok, ties, flips, diff, on["top"], off["top"])

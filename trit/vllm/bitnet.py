@@ -84,6 +84,12 @@ def norm_then_linear(norm: nn.Module, linear: nn.Module, x: torch.Tensor, residu
     (TRIT_FUSED_NORM_QUANT, trit.vllm.quant.fused_norm_selected), one trit::rms_norm_a8q kernel computes
     the norm, the residual stream and the layer's int8 input, and the layer runs on that quantization
     (TernaryLinearMethod.apply_quantized): no quantizer launch in front of the M <= 8 GEMV."""
+    if getattr(linear, "trit_prologue", False) and isinstance(norm, RMSNorm) and x.dim() == 2:
+        # TRIT_A8_PROLOGUE: (the residual add and) the norm inside the layer's GEMV at M = 1
+        w = norm.weight if norm.weight.dtype == x.dtype else norm.weight.to(x.dtype)
+        bias = None if getattr(linear, "skip_bias_add", False) else getattr(linear, "bias", None)
+        y, res = linear.quant_method.apply_prologue(linear, x, residual, w, norm.variance_epsilon, 0, bias)
+        return y, (res if residual is not None else None)
     if getattr(linear, "trit_fused_norm", False) and isinstance(norm, RMSNorm) and x.dim() == 2:
         w = norm.weight if norm.weight.dtype == x.dtype else norm.weight.to(x.dtype)
         h, res, xq, xs, rowsum = torch.ops.trit.rms_norm_a8q(x.contiguous(), residual, w, norm.variance_epsilon)
@@ -120,6 +126,16 @@ class BitNetMLP(nn.Module):
         """(mlp(norm(x + residual)), x + residual): the post-attention norm comes in, so that it can
         compute gate_up's int8 input (norm_then_linear)."""
         gu, residual = norm_then_linear(norm, self.gate_up_proj, x, residual)  # (T, 2 * I / tp)
+        down = self.down_proj
+        if getattr(down, "trit_prologue", False) and isinstance(self.ffn_sub_norm, RMSNorm) and gu.dim() == 2:
+            # TRIT_A8_PROLOGUE: act(gate) * up and the sub-norm inside down_proj's GEMV at M = 1
+            from trit.ops import PROLOGUE_ACTS
+
+            sn = self.ffn_sub_norm
+            w = sn.weight if sn.weight.dtype == gu.dtype else sn.weight.to(gu.dtype)
+            bias = None if getattr(down, "skip_bias_add", False) else getattr(down, "bias", None)
+            x, _ = down.quant_method.apply_prologue(down, gu, None, w, sn.variance_epsilon, PROLOGUE_ACTS[self.act], bias)
+            return x, residual
         g, u = gu.chunk(2, dim=-1)
         x = (torch.relu(g).square() if self.act == "relu2" else F.silu(g)) * u  # act(gate) * up
         x, _ = norm_then_linear(self.ffn_sub_norm, self.down_proj, x)

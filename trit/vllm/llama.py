@@ -1,19 +1,23 @@
-"""vLLM's Llama with the W1.58A8 layers' activation quantization moved into the norms in front of them.
+"""vLLM's Llama with the norms (and SiLU-mul) in front of the W1.58A8 layers fused with them.
 
-Registered over ``LlamaForCausalLM`` only when TRIT_FUSED_NORM_QUANT is set when the plugin registers
-(trit.vllm.register), and behaving as vLLM's own class except where the ternary method flagged a
-layer (``trit_fused_norm``, trit.vllm.quant.fused_norm_selected: compiled, TP = 1): there the input
-norm -> qkv_proj and post-attention norm -> gate_up_proj pairs run as trit::rms_norm_a8q +
-ternary_mm_a8q (trit.vllm.bitnet.norm_then_linear). o_proj and down_proj take their input from
-attention and SiLU-mul and keep their own quantizer. The decoder layer's forward below is vLLM's
+Registered over ``LlamaForCausalLM`` only when TRIT_FUSED_NORM_QUANT or TRIT_A8_PROLOGUE is set when the
+plugin registers (trit.vllm.register), and behaving as vLLM's own class except where the ternary method
+flagged a layer (compiled, TP = 1). ``trit_fused_norm`` (trit.vllm.quant.fused_norm_selected): the input
+norm -> qkv_proj and post-attention norm -> gate_up_proj pairs run as trit::rms_norm_a8q + ternary_mm_a8q;
+o_proj and down_proj keep their own quantizer. ``trit_prologue`` (trit.vllm.quant.prologue_selected): those
+two pairs and SiLU-mul -> down_proj run as trit::ternary_mm_a8_prologue, the norm / activation inside the
+layer's GEMV (trit.vllm.bitnet.norm_then_linear). The decoder layer's forward below is vLLM's
 (0.26 and 0.32 have the same LlamaDecoderLayer / LlamaAttention / LlamaMLP forwards) with the two
 pairs routed through norm_then_linear; any other attention or MLP class runs vLLM's forward.
 """
 from __future__ import annotations
 
+from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 
 from .bitnet import norm_then_linear
+
+_FLAGS = ("trit_fused_norm", "trit_prologue")
 
 
 def fused_layer(layer) -> bool:
@@ -21,7 +25,7 @@ def fused_layer(layer) -> bool:
     forwards this module repeats) with a flagged qkv_proj or gate_up_proj."""
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     return (type(attn) is LlamaAttention and type(mlp) is LlamaMLP
-            and (getattr(attn.qkv_proj, "trit_fused_norm", False) or getattr(mlp.gate_up_proj, "trit_fused_norm", False)))
+            and any(getattr(m, f, False) for m in (attn.qkv_proj, mlp.gate_up_proj, mlp.down_proj) for f in _FLAGS))
 
 
 class TritLlamaDecoderLayer(LlamaDecoderLayer):
@@ -35,7 +39,14 @@ class TritLlamaDecoderLayer(LlamaDecoderLayer):
         q, k = attn.rotary_emb(positions, q, k)
         out, _ = attn.o_proj(attn.attn(q, k, v))
         x, residual = norm_then_linear(self.post_attention_layernorm, mlp.gate_up_proj, out, residual)
-        x, _ = mlp.down_proj(mlp.act_fn(x))
+        down = mlp.down_proj
+        if getattr(down, "trit_prologue", False) and type(mlp.act_fn) is SiluAndMul and x.dim() == 2:
+            from trit.ops import PROLOGUE_ACTS  # SiLU(gate) * up inside down_proj's GEMV
+
+            bias = None if getattr(down, "skip_bias_add", False) else getattr(down, "bias", None)
+            x, _ = down.quant_method.apply_prologue(down, x, None, None, 0.0, PROLOGUE_ACTS["silu"], bias)
+            return x, residual
+        x, _ = down(mlp.act_fn(x))
         return x, residual
 
 

@@ -340,6 +340,13 @@ class TernaryLinearMethod(_SpecLinearMethod):
                                      and model_compiled())
         if layer.trit_fused_norm:
             key_compile_cache(self.prefix, "trit_fused_norm")
+        # TRIT_A8_PROLOGUE: the norm / activation in front of this layer runs inside its GEMV
+        # (trit::ternary_mm_a8_prologue; the BitNet model and trit.vllm.llama, at TP = 1)
+        layer.trit_prologue = bool(self.act_quant and not layer.trit_global_absmax
+                                   and getattr(layer, "tp_size", 1) == 1 and self.backend.name == "trit.ops"
+                                   and prologue_selected() and model_compiled())
+        if layer.trit_prologue:
+            key_compile_cache(self.prefix, "trit_prologue")
 
     def _weight_loader(self, layer, vllm_loader, f: int):
         post = lambda w, p: stage_pack(w, f).to(p.device)  # noqa: E731
@@ -426,6 +433,31 @@ class TernaryLinearMethod(_SpecLinearMethod):
         quantizer; elsewhere ternary_mm_a8q quantizes x again (the same values)."""
         N, K = layer.trit_n, layer.trit_k
         return torch.ops.trit.ternary_mm_a8q(x, xq, xs, rowsum, layer.weight, layer.weight_scale, N, K, bias)
+
+    def apply_prologue(self, layer: torch.nn.Module, x: torch.Tensor, residual: Optional[torch.Tensor],
+                       norm_weight: Optional[torch.Tensor], eps: float, act: int,
+                       bias: Optional[torch.Tensor] = None):
+        """(y, residual_out): the layer on the input the model computes in front of it - act(gate) * up
+        (x = [gate | up]) or x (+ residual), RMSNorm-ed with norm_weight - as one op,
+        trit::ternary_mm_a8_prologue (the layer's flag trit_prologue, TRIT_A8_PROLOGUE)."""
+        N, K = layer.trit_n, layer.trit_k
+        return torch.ops.trit.ternary_mm_a8_prologue(x, residual, norm_weight, eps, act, layer.weight,
+                                                     layer.weight_scale, N, K, bias)
+
+
+def prologue_selected(setting: Optional[str] = None) -> bool:
+    """TRIT_A8_PROLOGUE, read when the model loads: 1 makes each W1.58A8 layer with an RMSNorm or an
+    activation in front compute that input inside its own kernel (trit::ternary_mm_a8_prologue): BitNet's
+    input_layernorm -> qkv_proj, attn_sub_norm -> o_proj, post_attention_layernorm -> gate_up_proj and
+    relu^2(gate) * up + ffn_sub_norm -> down_proj; on Llama (trit.vllm.llama) the two norms -> qkv_proj /
+    gate_up_proj and silu(gate) * up -> down_proj. At M = 1 one GEMV kernel replaces the norm / activation
+    kernel and the layer (every CTA recomputes the row's norm from L2); at larger M the op runs the same
+    arithmetic in several kernels. Unset / 0: off (the default until measured end to end). Only at TP = 1,
+    where the layer runs the trit ops and vLLM compiles the model (model_compiled)."""
+    import os
+
+    setting = os.environ.get("TRIT_A8_PROLOGUE", "") if setting is None else setting
+    return setting.strip() not in ("", "0")
 
 
 def fused_norm_selected(setting: Optional[str] = None) -> bool:
