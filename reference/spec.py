@@ -451,8 +451,36 @@ def _float_tensors(cfg: ModelConfig, ckpt_keys) -> dict[str, str]:
     return t
 
 
+#: checkpoint key suffixes a linear's scale is found under, transformers' own first:
+#: ``<module>.weight_scale``, ``<module>.weight.scale``, ``<module>.scale``, ``<module>.weight_scale_inv``
+SCALE_SUFFIXES = ("weight_scale", "weight.scale", "scale", "weight_scale_inv")
+#: suffixes whose op the name leaves open: ``weight_scale_inv`` is the reciprocal of a ``weight_scale``
+#: to some writers (so the op flips) and the dequantisation multiplier to others (DeepSeek / FP8
+#: checkpoints, which transformers' and vLLM's fp8 loaders multiply by); the inspector scores both
+INVERSE_SCALE_SUFFIXES = ("weight_scale_inv",)
+
+
+def scale_key_of(mod: str, keys, ckpt: Optional[Checkpoint] = None) -> Optional[str]:
+    """The checkpoint key of module ``mod``'s scale: the one ``<mod>.<suffix>`` of SCALE_SUFFIXES that
+    ``keys`` holds, or None when none does.  Two of them is an error naming both (which one is the scale?)."""
+    found = [f"{mod}.{s}" for s in SCALE_SUFFIXES if f"{mod}.{s}" in keys]
+    if len(found) > 1:
+        where = ckpt.info(found[0]).file if ckpt is not None else "checkpoint"
+        raise CheckpointError(f"{where}: module {mod!r} has {len(found)} scale tensors {found}; expected exactly one "
+                              f"of {[f'{mod}.{s}' for s in SCALE_SUFFIXES]}")
+    return found[0] if found else None
+
+
 def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
-    """The transformers ``quant_method: bitnet`` convention (BitLinear / AutoBitLinear)."""
+    """The transformers ``quant_method: bitnet`` convention (BitLinear / AutoBitLinear).
+
+    ``ckpt_keys`` (the checkpoint's keys, or the ``Checkpoint`` itself, whose files then appear in
+    errors): when given, each module's scale is looked up under every name of SCALE_SUFFIXES
+    (``weight_scale`` when the keys are not known).  A ``weight_scale_inv`` is refused: whether it is
+    divided or multiplied is not fixed by its name (see INVERSE_SCALE_SUFFIXES); the inspector settles
+    it by magnitudes and loss."""
+    ckpt = ckpt_keys if isinstance(ckpt_keys, Checkpoint) else None
+    keys = set(ckpt.keys()) if ckpt is not None else set(ckpt_keys)
     q = cfg.quantization or {}
     if q.get("quant_method") != "bitnet":
         raise CheckpointError(f"quantization_config.quant_method is {q.get('quant_method')!r}, not 'bitnet'")
@@ -482,8 +510,17 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
             linears[mod] = LinearEntry(weight_key=f"{mod}.weight", shape=shapes[mod], bias_key=bias_key,
                                        online="absmean")
             continue
+        skey = scale_key_of(mod, keys, ckpt) or f"{mod}.weight_scale"
+        if skey.endswith(tuple("." + s for s in INVERSE_SCALE_SUFFIXES)):
+            where = ckpt.info(skey).file if ckpt is not None else "checkpoint"
+            raise CheckpointError(
+                f"{where}: tensor {skey!r}: quant_method 'bitnet' (linear_class {linear_class!r}) defines "
+                f"{mod}.weight_scale, {'divided' if op == 'divide' else 'multiplied'}; a weight_scale_inv may be its "
+                f"reciprocal or the dequantisation multiplier (as FP8 checkpoints store it), so multiply vs divide is "
+                f"ambiguous. Expected {mod}.weight_scale; or run `python -m reference.inspect {ckpt.path if ckpt else 'DIR'}`, "
+                f"which settles the op by magnitudes and loss and writes {SPEC_FILENAME}")
         linears[mod] = LinearEntry(weight_key=f"{mod}.weight", shape=shapes[mod], pack=HF_BITNET,
-                                   scale=ScaleSpec(key=f"{mod}.weight_scale", granularity="tensor", op=op),
+                                   scale=ScaleSpec(key=skey, granularity="tensor", op=op),
                                    bias_key=bias_key)
     return CheckpointSpec(name=f"hf-bitnet-{linear_class}" + ("-online" if mode == "online" else ""),
                           linears=linears, tensors=tensors,
@@ -515,7 +552,7 @@ def spec_for(model_dir, cfg: Optional[ModelConfig] = None, spec_path=None) -> Ch
         return CheckpointSpec.load(p)
     q = cfg.quantization or {}
     if q.get("quant_method") == "bitnet":
-        return spec_from_hf_bitnet(cfg)
+        return spec_from_hf_bitnet(cfg, Checkpoint(model_dir))
     if not q:
         # no quantization_config: a float model if its linears are stored as float tensors
         # under their HF names; otherwise an undocumented format the inspector must work out

@@ -11,6 +11,12 @@ Conventions (``FORMATS`` keys):
   hf-bitlinear        transformers pack_weights (axis 0, blocked, LSB, code w+1), weight_scale [1]
                       = 1/m, divided (linear_class bitlinear)
   hf-autobitlinear    same packing, weight_scale [1] = m, multiplied
+  hf-dot-scale        hf-bitlinear with the scale under ``<module>.weight.scale`` (1/m, divided)
+  hf-bare-scale       hf-autobitlinear with the scale under ``<module>.scale`` (m, multiplied)
+  hf-scale-inv-divide / hf-scale-inv-multiply
+                      hf-bitlinear packing and config, the scale under ``<module>.weight_scale_inv``:
+                      1/m divided (what the config's bitlinear says of weight_scale), or m multiplied (the
+                      FP8 / DeepSeek reading of an inverse scale, against the config's op)
   seed                uint8 [N, K/4] 4 consecutive inputs per byte LSB-first, 0->0 1->+1 2->-1,
                       per-channel fp16 scale [N], keys ``*.weight_ternary`` / ``*.scale``
   seed-msb            the seed layout with slot 0 in the high bits
@@ -259,10 +265,13 @@ def _packed_convention(lg: Logical, spec: PackSpec, *, scale: str, op: str, scal
     return sd, Truth(tern, mult, fmt)
 
 
-def w_hf(lg: Logical, linear_class: str = "bitlinear", bit_order: str = "lsb"):
-    op = "divide" if linear_class == "bitlinear" else "multiply"
+def w_hf(lg: Logical, linear_class: str = "bitlinear", bit_order: str = "lsb", scale_suffix: str = "weight_scale",
+         op: Optional[str] = None):
+    """transformers' HF-BitNet; ``scale_suffix`` / ``op`` write the scale under another key (``weight.scale``,
+    ``scale``, ``weight_scale_inv``) or with the other op than ``linear_class`` names (config.json unchanged)."""
+    op = op or ("divide" if linear_class == "bitlinear" else "multiply")
     sd, truth = _packed_convention(lg, HF_BITNET.replace(bit_order=bit_order), scale="tensor", op=op,
-                                   scale_dtype=torch.float32, fmt=f"hf-{linear_class}")
+                                   scale_dtype=torch.float32, scale_suffix=scale_suffix, fmt=f"hf-{linear_class}")
     q = {"quant_method": "bitnet", "linear_class": linear_class, "quantization_mode": "offline",
          "use_rms_norm": False, "modules_to_not_convert": None}
     return sd, q, truth
@@ -525,6 +534,10 @@ FORMATS: dict[str, Callable] = {
     "hf-bitlinear": lambda lg: w_hf(lg, "bitlinear"),
     "hf-autobitlinear": lambda lg: w_hf(lg, "autobitlinear"),
     "hf-msb": lambda lg: w_hf(lg, "bitlinear", bit_order="msb"),
+    "hf-dot-scale": lambda lg: w_hf(lg, "bitlinear", scale_suffix="weight.scale"),
+    "hf-bare-scale": lambda lg: w_hf(lg, "autobitlinear", scale_suffix="scale"),
+    "hf-scale-inv-divide": lambda lg: w_hf(lg, "bitlinear", scale_suffix="weight_scale_inv", op="divide"),
+    "hf-scale-inv-multiply": lambda lg: w_hf(lg, "bitlinear", scale_suffix="weight_scale_inv", op="multiply"),
     "seed": lambda lg: w_seed(lg),
     "seed-msb": lambda lg: w_seed(lg, bit_order="msb"),
     "group": lambda lg: w_seed(lg, scale="group", group_size=64),

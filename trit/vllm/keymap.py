@@ -159,6 +159,28 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
     return out
 
 
+def checkpoint_renames(spec: CheckpointSpec) -> dict[str, str]:
+    """{checkpoint key: the Hugging Face name vLLM's own models load it under} for the keys of unfused
+    ternary modules that the checkpoint stores under other names: a scale at ``<module>.weight.scale``,
+    ``<module>.scale`` or ``<module>.weight_scale_inv`` (-> ``<module>.weight_scale``), a weight at
+    ``<module>.weight_ternary`` (-> ``<module>.weight``), a bias.  vLLM's Llama loads through
+    AutoWeightsLoader, which finds parameters by name (``qkv_proj.weight.scale`` would be a "nested weight"
+    of ``qkv_proj.weight``); ``TernaryConfig.get_checkpoint_weight_mapper`` renames these keys first.
+    Fused-on-disk tensors (``rows``) and in-block scales (the weight's own key) keep their names."""
+    out: dict[str, str] = {}
+    for mod, e in spec.linears.items():
+        if e.rows is not None:
+            continue
+        scale = e.scale.key if e.scale is not None and e.scale.key != e.weight_key else None
+        for key, want in ((e.weight_key, f"{mod}.weight"), (scale, f"{mod}.weight_scale"), (e.bias_key, f"{mod}.bias")):
+            if key is not None and key != want:
+                if out.get(key, want) != want:
+                    raise KeyMapError(f"spec {spec.name!r}: checkpoint key {key!r} would load as both {out[key]!r} "
+                                      f"and {want!r}")
+                out[key] = want
+    return out
+
+
 def expected_float_params(num_layers: int, arch: str, tie_word_embeddings: bool) -> dict[str, str]:
     """HF float parameter -> vLLM parameter of the BitNet/Llama models in this package."""
     out = {"model.embed_tokens.weight": "model.embed_tokens.weight", "model.norm.weight": "model.norm.weight"}

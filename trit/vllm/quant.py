@@ -65,9 +65,9 @@ from vllm.model_executor.utils import set_weight_attrs
 from reference.spec import SPEC_FILENAME, CheckpointSpec
 
 from .kernels import Backend, get_backend
-from .keymap import (KeyMapError, decode_levels, decode_weight, dense_reason, group_mult, hf_modules,
-                     online_decode, prepacked_route, prepacked_shape, shard_scale, stage_factor, stage_pack,
-                     stage_unpack)
+from .keymap import (KeyMapError, checkpoint_renames, decode_levels, decode_weight, dense_reason, group_mult,
+                     hf_modules, online_decode, prepacked_route, prepacked_shape, shard_scale, stage_factor,
+                     stage_pack, stage_unpack)
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +169,23 @@ class TernaryConfig(QuantizationConfig):
         if "lm_head" in self.spec.linears:
             raise NotImplementedError(f"spec {self.spec.name!r}: a ternary lm_head is not supported on the vLLM "
                                       f"path yet (ParallelLMHead needs its own quant method)")
+
+    def get_checkpoint_weight_mapper(self):
+        """vLLM's mapper of checkpoint names (AutoWeightsLoader: vLLM's own Llama) plus the spec's keys that
+        are not the HF names of their parameters (``keymap.checkpoint_renames``: e.g. a scale stored as
+        ``<module>.weight.scale``), renamed exactly, before vLLM's q/k/v -> qkv_proj stacking.  Our BitNet
+        model loads through the spec's key map and does not use this."""
+        import re
+
+        from vllm.model_executor.models.utils import WeightsMapper
+
+        base = getattr(super(), "get_checkpoint_weight_mapper", None)
+        mapper = base() if base is not None else WeightsMapper()
+        renames = checkpoint_renames(self.spec) if self.spec is not None else {}
+        if renames:
+            mapper = mapper | WeightsMapper(orig_to_new_regex={
+                re.compile("^" + re.escape(k) + "$"): v.replace("\\", "\\\\") for k, v in renames.items()})
+        return mapper
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Optional[QuantizeMethodBase]:
         if not isinstance(layer, LinearBase):
