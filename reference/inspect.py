@@ -994,6 +994,20 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
         findings.append(Finding("scale keys", ", ".join(f"<module>.{s}" for s in sorted(suffixes)),
                                 f"{len(scaled)} scale tensors ({', '.join(f'{s}: {n}' for s, n in sorted(suffixes.items()))})"
                                 f", e.g. {scaled[0].scale.name!r} for {scaled[0].weight.name!r}", "high"))
+    head = next((m for m in modules if m.role == "lm_head"), None)
+    if head is not None:  # a float lm_head is a plain tensor (map_keys); this one is packed or has a scale
+        q = cfg.quantization or {}
+        note = ""
+        if q.get("quant_method") == "bitnet" and q.get("modules_to_not_convert") is None:
+            note = ("; note: quantization_config.modules_to_not_convert is null, so transformers would build a float "
+                    "lm_head and fail to load this tensor (the spec written here reads it as ternary)")
+        findings.append(Finding(
+            "lm_head", "ternary linear" + (", untied" if cfg.tie_word_embeddings else ""),
+            f"{head.weight.name!r} {head.weight.dtype} {list(head.weight.shape)}"
+            + (f" with scale {head.scale.name!r}" if head.scale is not None else "")
+            + ("; config.json ties the embeddings, but a stored head that differs from the input embedding is used "
+               "untied (transformers' tie_weights, vLLM's maybe_untie_word_embeddings)" if cfg.tie_word_embeddings
+               else "") + note, "high"))
     convention = infer_structure(modules, cfg, ckpt, findings)
     if convention == "hqq":  # codes decode to q, values = q - zero (integer zero points checked above)
         tables = [(0, 1, 2, 3)]

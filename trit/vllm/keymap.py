@@ -138,6 +138,8 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
         if e.bias_key:
             add(e.bias_key, Target(f"{layer}.bias", sid, "bias", mod))
     for hf, vname in float_params.items():
+        if hf == "lm_head.weight" and "lm_head" in spec.linears:
+            continue  # a ternary lm_head: its weight and scale are the linear's, above
         key = spec.tensors.get(hf)
         if key is None and hf == "lm_head.weight" and tied_in_spec(spec):
             # config.json ties the embeddings but the checkpoint stores lm_head.weight: vLLM

@@ -23,7 +23,10 @@ Life of a ternary linear layer:
 Dense fallback (``DenseFallbackLinearMethod``): a layer with a module the trit ops cannot express
 (``keymap.dense_reason``: group-wise scales, stored apart or in-block as llama.cpp TQ2_0 keeps them,
 integer levels beyond ternary) is decoded at load into
-its effective weight in the model dtype and computed with a dense matmul; see that class.
+its effective weight in the model dtype and computed with a dense matmul; see that class.  A ternary
+``lm_head`` (spec entry "lm_head": transformers' BitLinear head when modules_to_not_convert leaves it
+converted) takes the same method on vLLM's ParallelLMHead (vocab rows sliced and padded by its loader),
+untied where config.json ties the embeddings (``maybe_update_config``).
 
 Pre-packed checkpoints (``python -m trit.export``: spec entries with ``layout:
 "trit-tile16x128"``): ``weight`` is created as the kernel weight itself, int32
@@ -166,9 +169,18 @@ class TernaryConfig(QuantizationConfig):
         if any(e.layout is not None for e in self.spec.linears.values()):
             logger.info("trit: spec %r is pre-packed (trit.export): weights load in the kernel layout as stored, "
                         "no repack at start-up", self.spec.name)
+        if ("lm_head" in self.spec.linears and hf_config is not None
+                and getattr(hf_config, "tie_word_embeddings", False)):
+            # config.json ties the embeddings but the checkpoint stores a ternary head: untied, as vLLM's
+            # maybe_untie_word_embeddings does for a stored lm_head.weight (and also under another key, e.g.
+            # GGUF's output.weight, which that check does not see): the model must not tie it away
+            hf_config.tie_word_embeddings = False
+            text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+            text.tie_word_embeddings = False
         if "lm_head" in self.spec.linears:
-            raise NotImplementedError(f"spec {self.spec.name!r}: a ternary lm_head is not supported on the vLLM "
-                                      f"path yet (ParallelLMHead needs its own quant method)")
+            logger.info("trit: spec %r has a ternary lm_head (%s): it runs as a dense matmul of its decoded weight "
+                        "in the model dtype, with the spec's activation quantization (DenseFallbackLinearMethod on "
+                        "ParallelLMHead)", self.spec.name, self.spec.linears["lm_head"].weight_key)
 
     def get_checkpoint_weight_mapper(self):
         """vLLM's mapper of checkpoint names (AutoWeightsLoader: vLLM's own Llama) plus the spec's keys that
@@ -188,6 +200,15 @@ class TernaryConfig(QuantizationConfig):
         return mapper
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Optional[QuantizeMethodBase]:
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+        if isinstance(layer, ParallelLMHead):
+            # a ternary lm_head (transformers' BitLinear head; stored although config.json ties the embeddings,
+            # vLLM's maybe_untie_word_embeddings has untied it): decoded at load, a dense matmul like the
+            # fallback layers (vocab-parallel: VocabParallelEmbedding's loader slices and pads the vocab rows)
+            if self.spec is not None and "lm_head" in self.spec.linears:
+                return DenseFallbackLinearMethod(self, "lm_head")
+            return None
         if not isinstance(layer, LinearBase):
             return None  # embeddings, lm_head, attention (no KV-cache quant): vLLM's defaults
         if self.spec is None:
