@@ -40,7 +40,7 @@ from .formats import FormatError, PackSpec, unpack_codes
 from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
 from .inspect_search import (BLOCKS, TQ2_0_RECORD, Candidate, axis_margins, build_spec, codes_str, confidence,
                              lane_options, per_part_options, search)
-from .spec import SPEC_FILENAME, CheckpointSpec, decode_linear, derived_buffer
+from .spec import INVERSE_SCALE_SUFFIXES, SPEC_FILENAME, CheckpointSpec, decode_linear, derived_buffer
 
 
 class InspectError(CheckpointError):
@@ -86,6 +86,8 @@ def parse_key(name: str) -> tuple[Optional[int], Optional[str], str]:
             layer, body = int(parts[i + 1]), parts[i + 2:]
             break
     prefix = ".".join(parts[:-1])
+    if len(body) >= 3 and body[-2] == "weight" and body[-1] != "weight":
+        prefix = ".".join(parts[:-2])  # '<module>.weight.scale': a companion of '<module>.weight'
     for tok in reversed(body[:-1]):
         t = tok.lower()
         for role, names in ALIASES.items():
@@ -863,6 +865,15 @@ def op_candidates(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, fin
         return ["multiply"]
     q = cfg.quantization or {}
     qm = q.get("quant_method")
+    inv = [m.scale.name for m in scaled if m.scale.name.endswith(tuple("." + s for s in INVERSE_SCALE_SUFFIXES))]
+    if inv and qm:
+        # the config names the op of its own scale tensor; an *_inv tensor is its reciprocal to some writers and
+        # the dequantisation multiplier to others (FP8): decided below as for a checkpoint without a config
+        findings.append(Finding("scale op", "not taken from config.json",
+                                f"{len(inv)} scales stored as '*.weight_scale_inv' (e.g. {inv[0]!r}): quant_method "
+                                f"{qm!r} defines the op of weight_scale, and an inverse scale may be its reciprocal or "
+                                f"the multiplier itself; magnitudes, then the loss decide", "n/a"))
+        qm = None
     if qm == "bitnet":
         lc = q.get("linear_class", "bitlinear")
         op = "divide" if lc == "bitlinear" else "multiply"
@@ -886,9 +897,13 @@ def op_candidates(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, fin
     gap = abs(score["multiply"] - score["divide"])
     ev = (f"|ln(RMS(W_eff) * sqrt(K))| averaged over {len(scaled)} scales: multiply {score['multiply']:.2f}, "
           f"divide {score['divide']:.2f} (0 = the 1/sqrt(fan-in) a trained linear has)")
-    if gap > 3.0:
+    if gap > 3.0 and not inv:
         findings.append(Finding("scale op", best, ev + "; no config hint", "high (magnitudes)"))
         return [best]
+    if inv:
+        findings.append(Finding("scale op", best, ev + "; inverse scales (*_inv): both scored by loss, the magnitudes' "
+                                "choice first", "high (magnitudes)" if gap > 3.0 else "low (magnitudes)"))
+        return [best, "divide" if best == "multiply" else "multiply"]
     findings.append(Finding("scale op", best, ev + "; too close, both scored by loss", "low (magnitudes)"))
     return [best, "divide" if best == "multiply" else "multiply"]
 
@@ -970,6 +985,29 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     findings.append(Finding("key mapping", f"{len(modules)} linear tensors, {len(floats)} float tensors",
                             f"{len(fused)} fused ({sorted({m.role for m in fused})}) split by config.json sizes"
                             if fused else "no fused tensors", "high"))
+    scaled = [m for m in modules if m.scale is not None]
+    if scaled:
+        suffixes: dict[str, int] = {}
+        for m in scaled:
+            suf = m.scale.name[len(m.prefix) + 1:] if m.scale.name.startswith(m.prefix + ".") else m.scale.name
+            suffixes[suf] = suffixes.get(suf, 0) + 1
+        findings.append(Finding("scale keys", ", ".join(f"<module>.{s}" for s in sorted(suffixes)),
+                                f"{len(scaled)} scale tensors ({', '.join(f'{s}: {n}' for s, n in sorted(suffixes.items()))})"
+                                f", e.g. {scaled[0].scale.name!r} for {scaled[0].weight.name!r}", "high"))
+    head = next((m for m in modules if m.role == "lm_head"), None)
+    if head is not None:  # a float lm_head is a plain tensor (map_keys); this one is packed or has a scale
+        q = cfg.quantization or {}
+        note = ""
+        if q.get("quant_method") == "bitnet" and q.get("modules_to_not_convert") is None:
+            note = ("; note: quantization_config.modules_to_not_convert is null, so transformers would build a float "
+                    "lm_head and fail to load this tensor (the spec written here reads it as ternary)")
+        findings.append(Finding(
+            "lm_head", "ternary linear" + (", untied" if cfg.tie_word_embeddings else ""),
+            f"{head.weight.name!r} {head.weight.dtype} {list(head.weight.shape)}"
+            + (f" with scale {head.scale.name!r}" if head.scale is not None else "")
+            + ("; config.json ties the embeddings, but a stored head that differs from the input embedding is used "
+               "untied (transformers' tie_weights, vLLM's maybe_untie_word_embeddings)" if cfg.tie_word_embeddings
+               else "") + note, "high"))
     convention = infer_structure(modules, cfg, ckpt, findings)
     if convention == "hqq":  # codes decode to q, values = q - zero (integer zero points checked above)
         tables = [(0, 1, 2, 3)]
@@ -1056,7 +1094,7 @@ def _online_inspection(model_dir, cfg, ckpt, stats, modules, floats, findings) -
     that the model ternarizes at run time with each module's mean |W|; not plain float linears."""
     from .spec import spec_from_hf_bitnet
 
-    spec = spec_from_hf_bitnet(cfg, ckpt.keys())
+    spec = spec_from_hf_bitnet(cfg, ckpt)
     findings.append(Finding("online quantization", "every linear ternarized at load (LinearEntry.online 'absmean')",
                             f"config.json: quant_method bitnet, quantization_mode online, linear_class "
                             f"{(cfg.quantization or {}).get('linear_class')!r}; {len(modules)} float latent weights: "

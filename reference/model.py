@@ -199,7 +199,10 @@ class ReferenceModel:
             self.layers.append(layer)
         self.final_norm = param("model.norm.weight")
         head = tied_lm_head_key(cfg, spec, ckpt)
-        if cfg.tie_word_embeddings and head is None:
+        if "lm_head" in spec.linears:  # a ternary head (stored although tied: untied, see tied_lm_head_key)
+            self.lm_head = None
+            self.lm_head_q = lin("lm_head")
+        elif cfg.tie_word_embeddings and head is None:
             self.lm_head = self.embed
         elif cfg.tie_word_embeddings:
             # tied in config.json, yet an lm_head is stored: transformers and vLLM tie only when it equals the
@@ -209,9 +212,6 @@ class ReferenceModel:
                 raise CheckpointError(f"{ckpt.info(head).file}: tensor {head!r} (lm_head.weight) has NaN/Inf values, "
                                       f"expected finite floats")
             self.lm_head = self.embed if torch.equal(w, self.embed) else w
-        elif "lm_head" in spec.linears:
-            self.lm_head = None
-            self.lm_head_q = lin("lm_head")
         else:
             self.lm_head = param("lm_head.weight")
         self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope)

@@ -184,8 +184,8 @@ class CheckpointSpec:
         """Every module the architecture needs is covered, shapes agree, every key exists,
         and every checkpoint key is used by something (an unknown key is an error)."""
         need = cfg.linear_shapes()
-        if cfg.tie_word_embeddings:
-            need.pop("lm_head")
+        if cfg.tie_word_embeddings and "lm_head" not in self.linears:
+            need.pop("lm_head")  # a ternary lm_head stored although tied is untied (see tied_lm_head_key)
         used: set[str] = set()
         for mod, shape in need.items():
             e = self.linears.get(mod)
@@ -268,8 +268,10 @@ def tied_lm_head_key(cfg: ModelConfig, spec: "CheckpointSpec", ckpt: Checkpoint)
     """The checkpoint key of an output embedding stored although config.json ties it (spec.tensors'
     "lm_head.weight", else a tensor named lm_head.weight), or None.  transformers (PreTrainedModel.tie_weights)
     and vLLM (ModelConfig.maybe_untie_word_embeddings) then tie only if it equals the input embedding and
-    otherwise use it as an untied lm_head; the reference does the same (ReferenceModel)."""
-    if not cfg.tie_word_embeddings:
+    otherwise use it as an untied lm_head; the reference does the same (ReferenceModel).  A *ternary* lm_head
+    (a spec entry "lm_head": packed + scale) never equals the float embedding, so it is untied as well; it is
+    a linear entry, not a float copy, and this returns None for it."""
+    if not cfg.tie_word_embeddings or "lm_head" in spec.linears:
         return None
     key = spec.tensors.get("lm_head.weight") or ("lm_head.weight" if "lm_head.weight" in ckpt else None)
     if key is None:
@@ -451,8 +453,36 @@ def _float_tensors(cfg: ModelConfig, ckpt_keys) -> dict[str, str]:
     return t
 
 
+#: checkpoint key suffixes a linear's scale is found under, transformers' own first:
+#: ``<module>.weight_scale``, ``<module>.weight.scale``, ``<module>.scale``, ``<module>.weight_scale_inv``
+SCALE_SUFFIXES = ("weight_scale", "weight.scale", "scale", "weight_scale_inv")
+#: suffixes whose op the name leaves open: ``weight_scale_inv`` is the reciprocal of a ``weight_scale``
+#: to some writers (so the op flips) and the dequantisation multiplier to others (DeepSeek / FP8
+#: checkpoints, which transformers' and vLLM's fp8 loaders multiply by); the inspector scores both
+INVERSE_SCALE_SUFFIXES = ("weight_scale_inv",)
+
+
+def scale_key_of(mod: str, keys, ckpt: Optional[Checkpoint] = None) -> Optional[str]:
+    """The checkpoint key of module ``mod``'s scale: the one ``<mod>.<suffix>`` of SCALE_SUFFIXES that
+    ``keys`` holds, or None when none does.  Two of them is an error naming both (which one is the scale?)."""
+    found = [f"{mod}.{s}" for s in SCALE_SUFFIXES if f"{mod}.{s}" in keys]
+    if len(found) > 1:
+        where = ckpt.info(found[0]).file if ckpt is not None else "checkpoint"
+        raise CheckpointError(f"{where}: module {mod!r} has {len(found)} scale tensors {found}; expected exactly one "
+                              f"of {[f'{mod}.{s}' for s in SCALE_SUFFIXES]}")
+    return found[0] if found else None
+
+
 def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
-    """The transformers ``quant_method: bitnet`` convention (BitLinear / AutoBitLinear)."""
+    """The transformers ``quant_method: bitnet`` convention (BitLinear / AutoBitLinear).
+
+    ``ckpt_keys`` (the checkpoint's keys, or the ``Checkpoint`` itself, whose files then appear in
+    errors): when given, each module's scale is looked up under every name of SCALE_SUFFIXES
+    (``weight_scale`` when the keys are not known).  A ``weight_scale_inv`` is refused: whether it is
+    divided or multiplied is not fixed by its name (see INVERSE_SCALE_SUFFIXES); the inspector settles
+    it by magnitudes and loss."""
+    ckpt = ckpt_keys if isinstance(ckpt_keys, Checkpoint) else None
+    keys = set(ckpt.keys()) if ckpt is not None else set(ckpt_keys)
     q = cfg.quantization or {}
     if q.get("quant_method") != "bitnet":
         raise CheckpointError(f"quantization_config.quant_method is {q.get('quant_method')!r}, not 'bitnet'")
@@ -471,6 +501,10 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
     shapes = cfg.linear_shapes()
     linears = {}
     tensors = _float_tensors(cfg, ckpt_keys)
+    head = _hf_bitnet_lm_head(cfg, keys, ckpt, mode, op)
+    if head is not None:
+        linears["lm_head"] = head
+        tensors.pop("lm_head.weight", None)
     for mod in linear_modules(cfg):
         if mod in skip or any(mod.endswith("." + s) or mod.startswith(s + ".") for s in skip):
             tensors[mod + ".weight"] = mod + ".weight"
@@ -482,12 +516,69 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
             linears[mod] = LinearEntry(weight_key=f"{mod}.weight", shape=shapes[mod], bias_key=bias_key,
                                        online="absmean")
             continue
+        skey = scale_key_of(mod, keys, ckpt) or f"{mod}.weight_scale"
+        if skey.endswith(tuple("." + s for s in INVERSE_SCALE_SUFFIXES)):
+            where = ckpt.info(skey).file if ckpt is not None else "checkpoint"
+            raise CheckpointError(
+                f"{where}: tensor {skey!r}: quant_method 'bitnet' (linear_class {linear_class!r}) defines "
+                f"{mod}.weight_scale, {'divided' if op == 'divide' else 'multiplied'}; a weight_scale_inv may be its "
+                f"reciprocal or the dequantisation multiplier (as FP8 checkpoints store it), so multiply vs divide is "
+                f"ambiguous. Expected {mod}.weight_scale; or run `python -m reference.inspect {ckpt.path if ckpt else 'DIR'}`, "
+                f"which settles the op by magnitudes and loss and writes {SPEC_FILENAME}")
         linears[mod] = LinearEntry(weight_key=f"{mod}.weight", shape=shapes[mod], pack=HF_BITNET,
-                                   scale=ScaleSpec(key=f"{mod}.weight_scale", granularity="tensor", op=op),
+                                   scale=ScaleSpec(key=skey, granularity="tensor", op=op),
                                    bias_key=bias_key)
     return CheckpointSpec(name=f"hf-bitnet-{linear_class}" + ("-online" if mode == "online" else ""),
                           linears=linears, tensors=tensors,
                           activation_quant="int8_per_token")
+
+
+def _hf_converts(name: str, patterns) -> bool:
+    """transformers' should_convert_module: whether ``name`` is quantized given modules_to_not_convert."""
+    import re
+
+    if patterns is None:
+        return True
+    return not any(re.match(f"{p}\\.", name) or re.match(f"{p}", name) or name.endswith(p) for p in patterns)
+
+
+def _hf_bitnet_lm_head(cfg: ModelConfig, keys: set, ckpt: Optional[Checkpoint], mode: str, op: str
+                       ) -> Optional[LinearEntry]:
+    """The lm_head of a ``quant_method: bitnet`` checkpoint as transformers builds it: a BitLinear only when
+    quantization_config.modules_to_not_convert is a list that does not name it (null = the quantizer's default
+    skips, get_keys_to_not_convert, which include the output embedding: a float nn.Linear).  Under
+    tie_word_embeddings a stored BitLinear head differs from the embedding, and it is used untied, as vLLM's
+    maybe_untie_word_embeddings does and PreTrainedModel.tie_weights means to for a stored head that differs
+    (transformers 5 itself then fails at load: BitLinear keeps its weight as a buffer, which tie_weights
+    cannot fetch as a parameter; the transformers target refuses that case).  Returns its entry, or None for
+    a float (or tied, not stored) head; a packed head where transformers expects a float one is refused,
+    naming file and tensor."""
+    q = cfg.quantization or {}
+    mtnc = q.get("modules_to_not_convert")
+    key = "lm_head.weight"
+    stored = key in keys
+    if mtnc is not None and _hf_converts("lm_head", mtnc) and (stored or not cfg.tie_word_embeddings):
+        shape = (cfg.vocab_size, cfg.hidden_size)
+        if mode == "online":
+            return LinearEntry(weight_key=key, shape=shape, online="absmean")
+        skey = scale_key_of("lm_head", keys, ckpt) or "lm_head.weight_scale"
+        return LinearEntry(weight_key=key, shape=shape, pack=HF_BITNET,
+                           scale=ScaleSpec(key=skey, granularity="tensor", op=op))
+    if ckpt is None or not stored:
+        return None
+    info = ckpt.info(key)
+    skey = scale_key_of("lm_head", keys, ckpt)
+    if info.dtype in ("F64", "F32", "F16", "BF16") and skey is None:
+        return None  # a float head (tied_lm_head_key / validate check its shape)
+    why = ("null: transformers' default skips (get_keys_to_not_convert) include the output embedding"
+           if mtnc is None else f"{mtnc!r}, which names lm_head")
+    tied = " (or none: tie_word_embeddings is true)" if cfg.tie_word_embeddings else ""
+    raise CheckpointError(
+        f"{info.file}: tensor {key!r} is {info.dtype} {list(info.shape)}"
+        f"{f' with scale {skey!r}' if skey else ''}: a packed ternary lm_head, but quantization_config."
+        f"modules_to_not_convert is {why}, so transformers keeps lm_head a float nn.Linear and expects {key!r} as a "
+        f"float [{cfg.vocab_size}, {cfg.hidden_size}] tensor{tied}. If lm_head is a BitLinear, set "
+        f"modules_to_not_convert to a list without 'lm_head' (e.g. [])")
 
 
 def _has_bias(cfg: ModelConfig, mod: str) -> bool:
@@ -515,7 +606,7 @@ def spec_for(model_dir, cfg: Optional[ModelConfig] = None, spec_path=None) -> Ch
         return CheckpointSpec.load(p)
     q = cfg.quantization or {}
     if q.get("quant_method") == "bitnet":
-        return spec_from_hf_bitnet(cfg)
+        return spec_from_hf_bitnet(cfg, Checkpoint(model_dir))
     if not q:
         # no quantization_config: a float model if its linears are stored as float tensors
         # under their HF names; otherwise an undocumented format the inspector must work out

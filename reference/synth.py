@@ -11,6 +11,14 @@ Conventions (``FORMATS`` keys):
   hf-bitlinear        transformers pack_weights (axis 0, blocked, LSB, code w+1), weight_scale [1]
                       = 1/m, divided (linear_class bitlinear)
   hf-autobitlinear    same packing, weight_scale [1] = m, multiplied
+  hf-dot-scale        hf-bitlinear with the scale under ``<module>.weight.scale`` (1/m, divided)
+  hf-bare-scale       hf-autobitlinear with the scale under ``<module>.scale`` (m, multiplied)
+  hf-scale-inv-divide / hf-scale-inv-multiply
+                      hf-bitlinear packing and config, the scale under ``<module>.weight_scale_inv``:
+                      1/m divided (what the config's bitlinear says of weight_scale), or m multiplied (the
+                      FP8 / DeepSeek reading of an inverse scale, against the config's op)
+  hf-bitlinear-head   hf-bitlinear with modules_to_not_convert [] (transformers then makes lm_head a BitLinear
+                      too); write a ``Logical.with_ternary_head()`` so that lm_head is packed + weight_scale
   seed                uint8 [N, K/4] 4 consecutive inputs per byte LSB-first, 0->0 1->+1 2->-1,
                       per-channel fp16 scale [N], keys ``*.weight_ternary`` / ``*.scale``
   seed-msb            the seed layout with slot 0 in the high bits
@@ -134,6 +142,21 @@ class Logical:
             u = torch.rand(t.shape[0], 1, generator=g) * 2 - 1
             mult[mod] = (self.mult[mod].reshape(-1)[0] * (1 + amount * u)).float()
         return Logical(self.config, self.ternary, mult, self.floats, self.tokenizer_dir)
+
+    def with_ternary_head(self, tie: Optional[bool] = None) -> "Logical":
+        """lm_head as a ternary module too (``ternary['lm_head']``): the stored output embedding (or the input
+        one, for a tied model) ternarized as transformers' BitLinear weight quantizer does, values
+        round(W / mean|W|) clamped to [-1, 1] with multiplier mean|W|; writers then pack it like every other
+        linear.  ``tie`` sets config.json's tie_word_embeddings (default: kept)."""
+        w = self.floats.get("lm_head.weight", self.floats["model.embed_tokens.weight"]).float()
+        m = w.abs().mean().clamp(min=1e-5)
+        tern = dict(self.ternary, lm_head=(w / m).round().clamp(-1, 1).to(torch.int8))
+        mult = dict(self.mult, lm_head=m.reshape(1, 1))
+        floats = {k: v for k, v in self.floats.items() if k != "lm_head.weight"}
+        cfg = dict(self.config)
+        if tie is not None:
+            cfg["tie_word_embeddings"] = tie
+        return Logical(cfg, tern, mult, floats, self.tokenizer_dir)
 
     def with_group_jitter(self, group_size: int, seed: int = 0, amount: float = 0.02) -> "Logical":
         """Per-group multipliers m * (1 + amount * u) over groups of ``group_size`` consecutive
@@ -259,12 +282,17 @@ def _packed_convention(lg: Logical, spec: PackSpec, *, scale: str, op: str, scal
     return sd, Truth(tern, mult, fmt)
 
 
-def w_hf(lg: Logical, linear_class: str = "bitlinear", bit_order: str = "lsb"):
-    op = "divide" if linear_class == "bitlinear" else "multiply"
+def w_hf(lg: Logical, linear_class: str = "bitlinear", bit_order: str = "lsb", scale_suffix: str = "weight_scale",
+         op: Optional[str] = None, modules_to_not_convert: Optional[list] = None):
+    """transformers' HF-BitNet; ``scale_suffix`` / ``op`` write the scale under another key (``weight.scale``,
+    ``scale``, ``weight_scale_inv``) or with the other op than ``linear_class`` names (config.json unchanged).
+    A ternary lm_head (``Logical.with_ternary_head``) is packed like the other linears; transformers quantizes
+    it only when ``modules_to_not_convert`` is a list without it (null: its default skips keep it float)."""
+    op = op or ("divide" if linear_class == "bitlinear" else "multiply")
     sd, truth = _packed_convention(lg, HF_BITNET.replace(bit_order=bit_order), scale="tensor", op=op,
-                                   scale_dtype=torch.float32, fmt=f"hf-{linear_class}")
+                                   scale_dtype=torch.float32, scale_suffix=scale_suffix, fmt=f"hf-{linear_class}")
     q = {"quant_method": "bitnet", "linear_class": linear_class, "quantization_mode": "offline",
-         "use_rms_norm": False, "modules_to_not_convert": None}
+         "use_rms_norm": False, "modules_to_not_convert": modules_to_not_convert}
     return sd, q, truth
 
 
@@ -525,6 +553,11 @@ FORMATS: dict[str, Callable] = {
     "hf-bitlinear": lambda lg: w_hf(lg, "bitlinear"),
     "hf-autobitlinear": lambda lg: w_hf(lg, "autobitlinear"),
     "hf-msb": lambda lg: w_hf(lg, "bitlinear", bit_order="msb"),
+    "hf-dot-scale": lambda lg: w_hf(lg, "bitlinear", scale_suffix="weight.scale"),
+    "hf-bare-scale": lambda lg: w_hf(lg, "autobitlinear", scale_suffix="scale"),
+    "hf-scale-inv-divide": lambda lg: w_hf(lg, "bitlinear", scale_suffix="weight_scale_inv", op="divide"),
+    "hf-scale-inv-multiply": lambda lg: w_hf(lg, "bitlinear", scale_suffix="weight_scale_inv", op="multiply"),
+    "hf-bitlinear-head": lambda lg: w_hf(lg, "bitlinear", modules_to_not_convert=[]),
     "seed": lambda lg: w_seed(lg),
     "seed-msb": lambda lg: w_seed(lg, bit_order="msb"),
     "group": lambda lg: w_seed(lg, scale="group", group_size=64),

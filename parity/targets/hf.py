@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from reference.checkpoint import CheckpointError
+from reference.checkpoint import Checkpoint, CheckpointError
 from reference.config import ModelConfig
 from reference.spec import spec_from_hf_bitnet
 
@@ -29,9 +29,15 @@ class TransformersTarget(Target):
         if (cfg.quantization or {}).get("quant_method") == "bitnet":
             # transformers' BitLinear unpacks 4 output rows per byte and keeps the padding rows
             try:
-                linears = spec_from_hf_bitnet(cfg).linears
+                linears = spec_from_hf_bitnet(cfg, Checkpoint(model_dir)).linears
             except CheckpointError:
                 linears = {}  # a mode the reference does not read (transformers may)
+            if "lm_head" in linears and cfg.tie_word_embeddings:
+                raise ValueError(f"{model_dir}: config.json ties the embeddings and the checkpoint stores a BitLinear "
+                                 f"lm_head ({linears['lm_head'].weight_key!r}): transformers fails to load it "
+                                 f"(BitLinear keeps its weight as a buffer, which tie_weights cannot compare: "
+                                 f"'`weight` is not an nn.Parameter'); the reference and vLLM use it untied: use the "
+                                 f"reference or vllm target")
             biased = [m for m, e in linears.items() if e.bias_key]
             if biased and (cfg.quantization or {}).get("linear_class") == "autobitlinear":
                 raise ValueError(f"{model_dir}: transformers' offline AutoBitLinear multiplies the bias by "

@@ -263,7 +263,8 @@ class BitNetForCausalLM(nn.Module):
             self.quant_config.packed_modules_mapping = dict(self.packed_modules_mapping)
         self.model = BitNetModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         if get_pp_group().is_last_rank:
-            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
+            # the quant config gives a ternary lm_head its method (TernaryConfig.get_quant_method), else None
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, quant_config=self.quant_config,
                                           prefix=maybe_prefix(prefix, "lm_head"))
             if getattr(config, "tie_word_embeddings", False):
                 self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)

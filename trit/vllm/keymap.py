@@ -138,6 +138,8 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
         if e.bias_key:
             add(e.bias_key, Target(f"{layer}.bias", sid, "bias", mod))
     for hf, vname in float_params.items():
+        if hf == "lm_head.weight" and "lm_head" in spec.linears:
+            continue  # a ternary lm_head: its weight and scale are the linear's, above
         key = spec.tensors.get(hf)
         if key is None and hf == "lm_head.weight" and tied_in_spec(spec):
             # config.json ties the embeddings but the checkpoint stores lm_head.weight: vLLM
@@ -156,6 +158,28 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
     for key in getattr(spec, "ignored", None) or {}:
         if key not in out:
             add(key, Target("", None, IGNORED))
+    return out
+
+
+def checkpoint_renames(spec: CheckpointSpec) -> dict[str, str]:
+    """{checkpoint key: the Hugging Face name vLLM's own models load it under} for the keys of unfused
+    ternary modules that the checkpoint stores under other names: a scale at ``<module>.weight.scale``,
+    ``<module>.scale`` or ``<module>.weight_scale_inv`` (-> ``<module>.weight_scale``), a weight at
+    ``<module>.weight_ternary`` (-> ``<module>.weight``), a bias.  vLLM's Llama loads through
+    AutoWeightsLoader, which finds parameters by name (``qkv_proj.weight.scale`` would be a "nested weight"
+    of ``qkv_proj.weight``); ``TernaryConfig.get_checkpoint_weight_mapper`` renames these keys first.
+    Fused-on-disk tensors (``rows``) and in-block scales (the weight's own key) keep their names."""
+    out: dict[str, str] = {}
+    for mod, e in spec.linears.items():
+        if e.rows is not None:
+            continue
+        scale = e.scale.key if e.scale is not None and e.scale.key != e.weight_key else None
+        for key, want in ((e.weight_key, f"{mod}.weight"), (scale, f"{mod}.weight_scale"), (e.bias_key, f"{mod}.bias")):
+            if key is not None and key != want:
+                if out.get(key, want) != want:
+                    raise KeyMapError(f"spec {spec.name!r}: checkpoint key {key!r} would load as both {out[key]!r} "
+                                      f"and {want!r}")
+                out[key] = want
     return out
 
 

@@ -23,7 +23,10 @@ Life of a ternary linear layer:
 Dense fallback (``DenseFallbackLinearMethod``): a layer with a module the trit ops cannot express
 (``keymap.dense_reason``: group-wise scales, stored apart or in-block as llama.cpp TQ2_0 keeps them,
 integer levels beyond ternary) is decoded at load into
-its effective weight in the model dtype and computed with a dense matmul; see that class.
+its effective weight in the model dtype and computed with a dense matmul; see that class.  A ternary
+``lm_head`` (spec entry "lm_head": transformers' BitLinear head when modules_to_not_convert leaves it
+converted) takes the same method on vLLM's ParallelLMHead (vocab rows sliced and padded by its loader),
+untied where config.json ties the embeddings (``maybe_update_config``).
 
 Pre-packed checkpoints (``python -m trit.export``: spec entries with ``layout:
 "trit-tile16x128"``): ``weight`` is created as the kernel weight itself, int32
@@ -65,9 +68,9 @@ from vllm.model_executor.utils import set_weight_attrs
 from reference.spec import SPEC_FILENAME, CheckpointSpec
 
 from .kernels import Backend, get_backend
-from .keymap import (KeyMapError, decode_levels, decode_weight, dense_reason, group_mult, hf_modules,
-                     online_decode, prepacked_route, prepacked_shape, shard_scale, stage_factor, stage_pack,
-                     stage_unpack)
+from .keymap import (KeyMapError, checkpoint_renames, decode_levels, decode_weight, dense_reason, group_mult,
+                     hf_modules, online_decode, prepacked_route, prepacked_shape, shard_scale, stage_factor,
+                     stage_pack, stage_unpack)
 
 logger = logging.getLogger(__name__)
 
@@ -166,11 +169,46 @@ class TernaryConfig(QuantizationConfig):
         if any(e.layout is not None for e in self.spec.linears.values()):
             logger.info("trit: spec %r is pre-packed (trit.export): weights load in the kernel layout as stored, "
                         "no repack at start-up", self.spec.name)
+        if ("lm_head" in self.spec.linears and hf_config is not None
+                and getattr(hf_config, "tie_word_embeddings", False)):
+            # config.json ties the embeddings but the checkpoint stores a ternary head: untied, as vLLM's
+            # maybe_untie_word_embeddings does for a stored lm_head.weight (and also under another key, e.g.
+            # GGUF's output.weight, which that check does not see): the model must not tie it away
+            hf_config.tie_word_embeddings = False
+            text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+            text.tie_word_embeddings = False
         if "lm_head" in self.spec.linears:
-            raise NotImplementedError(f"spec {self.spec.name!r}: a ternary lm_head is not supported on the vLLM "
-                                      f"path yet (ParallelLMHead needs its own quant method)")
+            logger.info("trit: spec %r has a ternary lm_head (%s): it runs as a dense matmul of its decoded weight "
+                        "in the model dtype, with the spec's activation quantization (DenseFallbackLinearMethod on "
+                        "ParallelLMHead)", self.spec.name, self.spec.linears["lm_head"].weight_key)
+
+    def get_checkpoint_weight_mapper(self):
+        """vLLM's mapper of checkpoint names (AutoWeightsLoader: vLLM's own Llama) plus the spec's keys that
+        are not the HF names of their parameters (``keymap.checkpoint_renames``: e.g. a scale stored as
+        ``<module>.weight.scale``), renamed exactly, before vLLM's q/k/v -> qkv_proj stacking.  Our BitNet
+        model loads through the spec's key map and does not use this."""
+        import re
+
+        from vllm.model_executor.models.utils import WeightsMapper
+
+        base = getattr(super(), "get_checkpoint_weight_mapper", None)
+        mapper = base() if base is not None else WeightsMapper()
+        renames = checkpoint_renames(self.spec) if self.spec is not None else {}
+        if renames:
+            mapper = mapper | WeightsMapper(orig_to_new_regex={
+                re.compile("^" + re.escape(k) + "$"): v.replace("\\", "\\\\") for k, v in renames.items()})
+        return mapper
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Optional[QuantizeMethodBase]:
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+        if isinstance(layer, ParallelLMHead):
+            # a ternary lm_head (transformers' BitLinear head; stored although config.json ties the embeddings,
+            # vLLM's maybe_untie_word_embeddings has untied it): decoded at load, a dense matmul like the
+            # fallback layers (vocab-parallel: VocabParallelEmbedding's loader slices and pads the vocab rows)
+            if self.spec is not None and "lm_head" in self.spec.linears:
+                return DenseFallbackLinearMethod(self, "lm_head")
+            return None
         if not isinstance(layer, LinearBase):
             return None  # embeddings, lm_head, attention (no KV-cache quant): vLLM's defaults
         if self.spec is None:

