@@ -28,7 +28,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -467,12 +467,12 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
         raise CheckpointError(f"quantization_mode 'online' with linear_class {linear_class!r}: transformers quantizes "
                               f"online only in AutoBitLinear (linear_class 'autobitlinear')")
     op = "divide" if linear_class == "bitlinear" else "multiply"
-    skip = set(q.get("modules_to_not_convert") or []) | {"lm_head"}
+    skip = _not_converted(q.get("modules_to_not_convert"))
     shapes = cfg.linear_shapes()
     linears = {}
     tensors = _float_tensors(cfg, ckpt_keys)
     for mod in linear_modules(cfg):
-        if mod in skip or any(mod.endswith("." + s) or mod.startswith(s + ".") for s in skip):
+        if skip(mod):
             tensors[mod + ".weight"] = mod + ".weight"
             if _has_bias(cfg, mod):
                 tensors[mod + ".bias"] = mod + ".bias"
@@ -488,6 +488,28 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
     return CheckpointSpec(name=f"hf-bitnet-{linear_class}" + ("-online" if mode == "online" else ""),
                           linears=linears, tensors=tensors,
                           activation_quant="int8_per_token")
+
+
+def _not_converted(patterns) -> Callable[[str], bool]:
+    """quantization_config.modules_to_not_convert as transformers reads it (quantizers_utils.
+    should_convert_module): a module stays a float nn.Linear if a pattern matches its name as a regular
+    expression from the start (a prefix: "model.layers.1" also catches model.layers.10..19; a regex:
+    "model.layers.*.mlp.down_proj") or the name ends with the pattern ("down_proj", "mlp.down_proj")."""
+    import re
+
+    if patterns is None:
+        patterns = []
+    if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
+        raise CheckpointError(f"quantization_config.modules_to_not_convert is {patterns!r}; expected a list of "
+                              f"module names / patterns (or null)")
+    rx = []
+    for p in patterns:
+        try:
+            rx.append((re.compile(p), p))
+        except re.error as e:
+            raise CheckpointError(f"quantization_config.modules_to_not_convert: {p!r} is not a valid regular "
+                                  f"expression ({e}); transformers matches each entry with re.match") from None
+    return lambda mod: any(r.match(mod) or mod.endswith(p) for r, p in rx)
 
 
 def _has_bias(cfg: ModelConfig, mod: str) -> bool:
