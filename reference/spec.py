@@ -467,7 +467,7 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
         raise CheckpointError(f"quantization_mode 'online' with linear_class {linear_class!r}: transformers quantizes "
                               f"online only in AutoBitLinear (linear_class 'autobitlinear')")
     op = "divide" if linear_class == "bitlinear" else "multiply"
-    skip = _not_converted(q.get("modules_to_not_convert"))
+    skip = not_converted(q.get("modules_to_not_convert"))
     shapes = cfg.linear_shapes()
     linears = {}
     tensors = _float_tensors(cfg, ckpt_keys)
@@ -490,7 +490,7 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
                           activation_quant="int8_per_token")
 
 
-def _not_converted(patterns) -> Callable[[str], bool]:
+def not_converted(patterns) -> Callable[[str], bool]:
     """quantization_config.modules_to_not_convert as transformers reads it (quantizers_utils.
     should_convert_module): a module stays a float nn.Linear if a pattern matches its name as a regular
     expression from the start (a prefix: "model.layers.1" also catches model.layers.10..19; a regex:

@@ -1,36 +1,19 @@
 """Config variants a user's checkpoint may bring: quantization_config.modules_to_not_convert (some linears
 kept in float next to packed ones), read as transformers reads it, by the reference, the inspector and
 (tests/test_vllm_families.py) the vLLM plugin."""
-import dataclasses
-import json
-
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from parity.names import canonical_names
 from parity.targets import get_target
 from reference.checkpoint import CheckpointError
 from reference.config import ModelConfig
-from reference.make_model import Preset, config_dict, make_state_dict, write_model
+from reference.make_model import Preset, config_dict, keep_float, write_model
 from reference.spec import linear_modules, spec_from_hf_bitnet
 
 
 def with_float_modules(p: Preset, d, patterns, mods):
-    """write preset p to d with modules_to_not_convert = patterns and the linears mods stored as plain floats
-    (as transformers saves a module it did not convert)."""
-    write_model(p, d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["quantization_config"]["modules_to_not_convert"] = patterns
-    (d / "config.json").write_text(json.dumps(cfg))
-    sd = load_file(str(d / "model.safetensors"))
-    fl = make_state_dict(dataclasses.replace(p, quantized=False))
-    for m in mods:
-        for k in [k for k in sd if k.startswith(m + ".")]:
-            del sd[k]
-        sd.update({k: v for k, v in fl.items() if k.startswith(m + ".")})
-    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
-    return d
+    return keep_float(write_model(p, d), p, patterns, mods)
 
 
 PATTERNS = [["model.layers.*.mlp.down_proj", "lm_head"],  # a regular expression
@@ -97,3 +80,17 @@ def test_inspector_keeps_float_linears_of_a_ternary_checkpoint_in_float(arch, tm
     ins = get_target("reference").capture(d, ids, spec_path=out)
     for n in ref:
         assert torch.equal(ref[n], ins[n]), n
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_transformers_target_refuses_modules_to_not_convert_without_lm_head(tie, tmp_path):
+    """transformers adds lm_head to its skips only when modules_to_not_convert is null; a list without it makes
+    lm_head a BitLinear, which the float head (or tied embedding) does not fit: the oracle target says so
+    instead of a shape error mid-forward, and the reference (float lm_head, as vLLM) still runs."""
+    p = Preset("llama", 64, 96, 1, 4, 2, 67, tie, seed=53)
+    d = with_float_modules(p, tmp_path / "m", ["down_proj"], ["model.layers.0.mlp.down_proj"])
+    ids = torch.arange(3, 9).reshape(1, -1)
+    with pytest.raises(ValueError, match=r"m/config.json: quantization_config.modules_to_not_convert=\['down_proj'\] "
+                                         r"does not list 'lm_head'"):
+        get_target("transformers").capture(d, ids)
+    assert torch.isfinite(get_target("reference").capture(d, ids)["logits"]).all()
