@@ -38,8 +38,8 @@ from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig
 from .formats import FormatError, PackSpec, unpack_codes
 from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
-from .inspect_search import (BLOCKS, TQ2_0_RECORD, Candidate, _plain_float, axis_margins, build_spec, codes_str,
-                             confidence, lane_options, per_part_options, search)
+from .inspect_search import (BLOCKS, TQ2_0_RECORD, Candidate, axis_margins, build_spec, codes_str, confidence,
+                             lane_options, per_part_options, plain_float_linear, search)
 from .spec import SPEC_FILENAME, CheckpointSpec, decode_linear, derived_buffer
 
 
@@ -990,7 +990,8 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     if (q.get("quant_method") == "bitnet" and q.get("quantization_mode") == "online" and modules
             and all(m.weight.kind == "float" for m in modules)):
         return _online_inspection(model_dir, cfg, ckpt, stats, modules, floats, findings)
-    kept = [m for m in unpacked if _plain_float(m)] if any(m.packed or m.weight.kind != "float" for m in modules) else []
+    ternary = any(m.packed or m.weight.kind != "float" for m in modules)
+    kept = [m for m in unpacked if plain_float_linear(m)] if ternary else []  # build_spec keeps these in float
     unpacked = [m for m in unpacked if m not in kept]
     if kept:
         findings.append(Finding("float linears", f"{len(kept)} modules kept in float (plain linears, no activation "

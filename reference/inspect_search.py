@@ -160,7 +160,7 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
             if t is not None:
                 ignored[t.name] = why
     tensors = dict(floats)
-    plain = [m for m in modules if _plain_float(m)]
+    plain = [m for m in modules if plain_float_linear(m)]
     if not quantized and len(plain) == len(modules):
         # a plain float checkpoint: its linears are float tensors under their names, as in spec_for's
         # "unquantized" spec, so that vLLM loads them into unquantised layers (a linear entry would
@@ -181,7 +181,7 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
     return CheckpointSpec(name=name, linears=linears, tensors=tensors, activation_quant=act, ignored=ignored)
 
 
-def _plain_float(m: Module) -> bool:
+def plain_float_linear(m: Module) -> bool:
     """A linear stored as an ordinary float matrix: unconstrained values, no scale, unfused, logical shape."""
     return (not m.packed and m.weight.kind == "float" and m.scale is None and len(m.parts) == 1
             and tuple(m.weight.shape) == tuple(m.logical))
