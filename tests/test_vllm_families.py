@@ -236,3 +236,15 @@ def test_llama_without_silu_is_refused_by_name(tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=r"m/config.json: hidden_act 'relu2': vLLM's Llama runs only 'silu'"):
         get_target("vllm", compute_dtype="fp32").capture(d, torch.arange(3, 9).reshape(1, -1))
+
+
+def test_partial_rotary_factor_is_refused_by_name(tmp_path):
+    """partial_rotary_factor 0.5 in a Llama config: transformers' Llama (default RoPE) and the reference rotate
+    all of head_dim, vLLM's get_rope half of it (measured: first divergence at layer0.attn.attn_out); the vllm
+    target names the key instead of reporting a divergence."""
+    d = write_model(Preset("llama", 128, 200, 1, 4, 2, 89, False, seed=48), tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["partial_rotary_factor"] = 0.5
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"m/config.json: partial_rotary_factor 0.5: vLLM rotates 16 of 32 channels"):
+        get_target("vllm", compute_dtype="fp32").capture(d, torch.arange(3, 9).reshape(1, -1))
