@@ -1,6 +1,7 @@
 """Model configuration: a frozen dataclass built once from a Hugging Face config.json."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -20,6 +21,13 @@ class RopeConfig:
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
     max_position_embeddings: int = 2048  # "dynamic": sequences longer than this rescale the base
+    # "yarn" (transformers' _compute_yarn_parameters): the ramp between interpolated and extrapolated
+    # frequencies, and the factor cos / sin are multiplied by (attention_factor, or derived from factor and
+    # mscale / mscale_all_dim at load; 1.0 for every other kind)
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float = 1.0
 
 
 #: num_key_value_heads of a BitNet config.json that lacks the key: BitNetConfig's default (its __post_init__
@@ -27,7 +35,11 @@ class RopeConfig:
 BITNET_DEFAULT_KV_HEADS = 5
 
 #: rope_type values the reference computes as transformers does (ROPE_INIT_FUNCTIONS)
-ROPE_KINDS = ("default", "linear", "dynamic", "llama3")
+ROPE_KINDS = ("default", "linear", "dynamic", "llama3", "yarn")
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
 @dataclass(frozen=True)
@@ -77,14 +89,32 @@ class ModelConfig:
             kind = rp.get("rope_type", rp.get("type", "default")) or "default"
             if kind not in ROPE_KINDS:
                 raise CheckpointError(f"{where}: rope_type {kind!r} is not supported ({', '.join(ROPE_KINDS)})")
-            if kind in ("linear", "dynamic") and "factor" not in rp:
+            if kind in ("linear", "dynamic", "llama3", "yarn") and rp.get("factor") is None:
                 raise CheckpointError(f"{where}: rope_type {kind!r} needs a 'factor'")
+            if kind == "llama3":
+                # transformers (_validate_llama3_rope_parameters) and vLLM require both; no default
+                miss = [k for k in ("low_freq_factor", "high_freq_factor") if rp.get(k) is None]
+                if miss:
+                    raise CheckpointError(f"{where}: rope_type 'llama3' needs {' and '.join(map(repr, miss))}")
+            max_pos = int(d.get("max_position_embeddings", 2048))
+            # transformers' standardize_rope_params: a top-level original_max_position_embeddings wins, else the
+            # rope dict's, else max_position_embeddings (for llama3 / yarn / longrope)
+            orig = d.get("original_max_position_embeddings") or rp.get("original_max_position_embeddings") or max_pos
+            factor = float(rp.get("factor") or 1.0)
+            attn = rp.get("attention_factor")
+            if kind == "yarn" and attn is None:
+                ms, ms_all = rp.get("mscale"), rp.get("mscale_all_dim")
+                attn = (_yarn_mscale(factor, ms) / _yarn_mscale(factor, ms_all) if ms and ms_all
+                        else _yarn_mscale(factor))
             rope = RopeConfig(
-                theta=theta, kind=kind, factor=float(rp.get("factor", 1.0)),
-                low_freq_factor=float(rp.get("low_freq_factor", 1.0)),
-                high_freq_factor=float(rp.get("high_freq_factor", 4.0)),
-                original_max_position_embeddings=int(rp.get("original_max_position_embeddings", 8192)),
-                max_position_embeddings=int(d.get("max_position_embeddings", 2048)))
+                theta=theta, kind=kind, factor=factor,
+                low_freq_factor=float(rp.get("low_freq_factor") or 1.0),
+                high_freq_factor=float(rp.get("high_freq_factor") or 4.0),
+                original_max_position_embeddings=int(orig),
+                max_position_embeddings=max_pos,
+                beta_fast=float(rp.get("beta_fast") or 32), beta_slow=float(rp.get("beta_slow") or 1),
+                truncate=bool(rp.get("truncate", True)),
+                attention_factor=float(attn) if kind == "yarn" else 1.0)
             act = d.get("hidden_act", "relu2" if arch == "bitnet" else "silu")
             if act not in ("silu", "relu2"):
                 raise CheckpointError(f"{where}: hidden_act {act!r} is not supported (silu, relu2)")

@@ -39,7 +39,7 @@ from .config import ModelConfig
 from .formats import FormatError, PackSpec, unpack_codes
 from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
 from .inspect_search import (BLOCKS, TQ2_0_RECORD, Candidate, axis_margins, build_spec, codes_str, confidence,
-                             lane_options, per_part_options, search)
+                             lane_options, per_part_options, plain_float_linear, search)
 from .spec import INVERSE_SCALE_SUFFIXES, SPEC_FILENAME, CheckpointSpec, decode_linear, derived_buffer
 
 
@@ -1028,6 +1028,15 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     if (q.get("quant_method") == "bitnet" and q.get("quantization_mode") == "online" and modules
             and all(m.weight.kind == "float" for m in modules)):
         return _online_inspection(model_dir, cfg, ckpt, stats, modules, floats, findings)
+    ternary = any(m.packed or m.weight.kind != "float" for m in modules)
+    kept = [m for m in unpacked if plain_float_linear(m)] if ternary else []  # build_spec keeps these in float
+    unpacked = [m for m in unpacked if m not in kept]
+    if kept:
+        findings.append(Finding("float linears", f"{len(kept)} modules kept in float (plain linears, no activation "
+                                f"quantisation)", "unconstrained float weights without a scale in a ternary "
+                                f"checkpoint (modules_to_not_convert / an ignore list): "
+                                + ", ".join(m.parts[0][0] for m in kept[:6]) + (" ..." if len(kept) > 6 else ""),
+                                "high"))
     if unpacked:
         findings.append(Finding("unpacked weights", f"{len(unpacked)} modules stored as float",
                                 f"kinds {sorted({m.weight.kind for m in unpacked})}; decoded as is", "high"))

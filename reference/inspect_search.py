@@ -160,18 +160,31 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
             if t is not None:
                 ignored[t.name] = why
     tensors = dict(floats)
-    if not quantized and all(m.scale is None and len(m.parts) == 1 and tuple(m.weight.shape) == tuple(m.logical)
-                             for m in modules):
+    plain = [m for m in modules if plain_float_linear(m)]
+    if not quantized and len(plain) == len(modules):
         # a plain float checkpoint: its linears are float tensors under their names, as in spec_for's
         # "unquantized" spec, so that vLLM loads them into unquantised layers (a linear entry would
         # send them to the ternary method, which needs integer values)
-        for m in modules:
-            hf = m.parts[0][0]
-            tensors[hf + ".weight"] = m.weight.name
-            if m.bias is not None:
-                tensors[hf + ".bias"] = m.bias.name
         linears = {}
+    elif not quantized:
+        plain = []
+    for m in plain:
+        # in a ternary checkpoint, a linear stored as unconstrained floats (no scale, unfused, its logical
+        # shape) is one kept in float (transformers' modules_to_not_convert, a quantizer's ignore list): a
+        # plain nn.Linear there, with no int8 activation quantisation, so a float tensor here, not a linear
+        # entry (which the reference would run through the spec's activation_quant)
+        hf = m.parts[0][0]
+        linears.pop(hf, None)
+        tensors[hf + ".weight"] = m.weight.name
+        if m.bias is not None:
+            tensors[hf + ".bias"] = m.bias.name
     return CheckpointSpec(name=name, linears=linears, tensors=tensors, activation_quant=act, ignored=ignored)
+
+
+def plain_float_linear(m: Module) -> bool:
+    """A linear stored as an ordinary float matrix: unconstrained values, no scale, unfused, logical shape."""
+    return (not m.packed and m.weight.kind == "float" and m.scale is None and len(m.parts) == 1
+            and tuple(m.weight.shape) == tuple(m.logical))
 
 
 class DecodeCache:

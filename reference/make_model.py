@@ -205,6 +205,30 @@ def to_online(model_dir: str | Path, seed: int = 0) -> Path:
     return d
 
 
+def keep_float(model_dir: str | Path, preset: str | Preset, patterns: list, modules: list) -> Path:
+    """Turn a written model into one with some linears kept in float, in place: config.json's
+    ``quantization_config.modules_to_not_convert`` = patterns, and each of ``modules`` (HF module names) stored
+    as the plain float weight (and bias) of the same preset unquantized, as transformers saves a module it did
+    not convert.  The caller keeps patterns and modules consistent (transformers' should_convert_module)."""
+    import dataclasses
+
+    from safetensors.torch import load_file, save_file
+
+    p = PRESETS[preset] if isinstance(preset, str) else preset
+    d = Path(model_dir)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"]["modules_to_not_convert"] = list(patterns)
+    sd = load_file(str(d / "model.safetensors"))
+    fl = make_state_dict(dataclasses.replace(p, quantized=False))
+    for m in modules:
+        for k in [k for k in sd if k.startswith(m + ".")]:
+            del sd[k]
+        sd.update({k: v for k, v in fl.items() if k.startswith(m + ".")})
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+    atomic_write_text(d / "config.json", json.dumps(cfg, indent=1))
+    return d
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", required=True, choices=sorted(PRESETS))

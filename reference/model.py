@@ -111,7 +111,22 @@ def rope_inv_freq(head_dim: int, rope: RopeConfig, seq_len: Optional[int] = None
         sl = torch.maximum(torch.tensor(seq_len), torch.tensor(mp))
         base = base * ((rope.factor * sl / mp) - (rope.factor - 1)) ** (head_dim / (head_dim - 2))
     inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    if rope.kind == "linear":
+    if rope.kind == "yarn":
+        # transformers' _compute_yarn_parameters: interpolated (/ factor) frequencies below the correction range,
+        # extrapolated (unchanged) above it, a linear ramp between; cos / sin get rope.attention_factor (forward)
+        def corr_dim(rot):
+            return head_dim * math.log(rope.original_max_position_embeddings / (rot * 2 * math.pi)) / (2 * math.log(base))
+        low, high = corr_dim(rope.beta_fast), corr_dim(rope.beta_slow)
+        if rope.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, head_dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        extra = 1 - ramp
+        pos_freqs = base ** (torch.arange(0, head_dim, 2).to(dtype=torch.float) / head_dim)
+        inv = (1.0 / (rope.factor * pos_freqs)) * (1 - extra) + (1.0 / pos_freqs) * extra
+    elif rope.kind == "linear":
         inv = inv / rope.factor
     elif rope.kind == "llama3":
         low_wl = rope.original_max_position_embeddings / rope.low_freq_factor
@@ -242,7 +257,10 @@ class ReferenceModel:
         inv_freq = rope_inv_freq(D, cfg.rope, seq_len=T) if cfg.rope.kind == "dynamic" else self.inv_freq
         freqs = pos[:, None] * inv_freq.to(dev)[None, :]  # (T, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(dt), emb.sin().to(dt)  # (T, D)
+        cos, sin = emb.cos(), emb.sin()  # (T, D)
+        if cfg.rope.attention_factor != 1.0:  # yarn: transformers scales cos / sin in fp32 before the cast
+            cos, sin = cos * cfg.rope.attention_factor, sin * cfg.rope.attention_factor
+        cos, sin = cos.to(dt), sin.to(dt)
         causal = torch.full((T, T), float("-inf"), device=dev).triu(1)
 
         h = self.embed[input_ids].to(dt)  # (B, T, C)

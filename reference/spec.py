@@ -28,7 +28,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -497,7 +497,7 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
         raise CheckpointError(f"quantization_mode 'online' with linear_class {linear_class!r}: transformers quantizes "
                               f"online only in AutoBitLinear (linear_class 'autobitlinear')")
     op = "divide" if linear_class == "bitlinear" else "multiply"
-    skip = set(q.get("modules_to_not_convert") or []) | {"lm_head"}
+    skip = not_converted(q.get("modules_to_not_convert"))
     shapes = cfg.linear_shapes()
     linears = {}
     tensors = _float_tensors(cfg, ckpt_keys)
@@ -506,7 +506,7 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
         linears["lm_head"] = head
         tensors.pop("lm_head.weight", None)
     for mod in linear_modules(cfg):
-        if mod in skip or any(mod.endswith("." + s) or mod.startswith(s + ".") for s in skip):
+        if skip(mod):
             tensors[mod + ".weight"] = mod + ".weight"
             if _has_bias(cfg, mod):
                 tensors[mod + ".bias"] = mod + ".bias"
@@ -533,13 +533,31 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
                           activation_quant="int8_per_token")
 
 
-def _hf_converts(name: str, patterns) -> bool:
-    """transformers' should_convert_module: whether ``name`` is quantized given modules_to_not_convert."""
+def not_converted(patterns) -> Callable[[str], bool]:
+    """quantization_config.modules_to_not_convert as transformers reads it (quantizers_utils.
+    should_convert_module): a module stays a float nn.Linear if a pattern matches its name as a regular
+    expression from the start (a prefix: "model.layers.1" also catches model.layers.10..19; a regex:
+    "model.layers.*.mlp.down_proj") or the name ends with the pattern ("down_proj", "mlp.down_proj")."""
     import re
 
     if patterns is None:
-        return True
-    return not any(re.match(f"{p}\\.", name) or re.match(f"{p}", name) or name.endswith(p) for p in patterns)
+        patterns = []
+    if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
+        raise CheckpointError(f"quantization_config.modules_to_not_convert is {patterns!r}; expected a list of "
+                              f"module names / patterns (or null)")
+    rx = []
+    for p in patterns:
+        try:
+            rx.append((re.compile(p), p))
+        except re.error as e:
+            raise CheckpointError(f"quantization_config.modules_to_not_convert: {p!r} is not a valid regular "
+                                  f"expression ({e}); transformers matches each entry with re.match") from None
+    return lambda mod: any(r.match(mod) or mod.endswith(p) for r, p in rx)
+
+
+def _hf_converts(name: str, patterns) -> bool:
+    """transformers' should_convert_module: whether ``name`` is quantized given modules_to_not_convert."""
+    return patterns is None or not not_converted(patterns)(name)
 
 
 def _hf_bitnet_lm_head(cfg: ModelConfig, keys: set, ckpt: Optional[Checkpoint], mode: str, op: str
@@ -561,7 +579,14 @@ def _hf_bitnet_lm_head(cfg: ModelConfig, keys: set, ckpt: Optional[Checkpoint], 
         shape = (cfg.vocab_size, cfg.hidden_size)
         if mode == "online":
             return LinearEntry(weight_key=key, shape=shape, online="absmean")
-        skey = scale_key_of("lm_head", keys, ckpt) or "lm_head.weight_scale"
+        skey = scale_key_of("lm_head", keys, ckpt)
+        if stored and ckpt is not None and skey is None and ckpt.info(key).dtype in ("F64", "F32", "F16", "BF16") \
+                and tuple(ckpt.info(key).shape) == shape:
+            # a float [V, H] head without a scale where transformers would build a BitLinear (a config that
+            # forgot lm_head in modules_to_not_convert): read as the float head it is; the transformers
+            # target refuses this checkpoint (transformers would read the floats as packed codes)
+            return None
+        skey = skey or "lm_head.weight_scale"
         return LinearEntry(weight_key=key, shape=shape, pack=HF_BITNET,
                            scale=ScaleSpec(key=skey, granularity="tensor", op=op))
     if ckpt is None or not stored:

@@ -92,15 +92,46 @@ ROPE_VARIANTS = {
                                          c["rope_parameters"].update(rope_type="dynamic", factor=3.0)),
     "dynamic-old-spelling": lambda c: (c.update(max_position_embeddings=12),
                                        _old_rope(type="dynamic", factor=2.0)(c)),
+    # YaRN (transformers' _compute_yarn_parameters): ramp between interpolated and extrapolated frequencies,
+    # cos / sin times the attention factor (derived from factor, from mscale / mscale_all_dim, or given)
+    "yarn": lambda c: c["rope_parameters"].update(rope_type="yarn", factor=4.0, original_max_position_embeddings=128),
+    "yarn-mscale-betas": lambda c: c["rope_parameters"].update(
+        rope_type="yarn", factor=8.0, original_max_position_embeddings=64, mscale=0.707, mscale_all_dim=1.0,
+        beta_fast=16, beta_slow=2),
+    "yarn-attention-factor-untruncated": lambda c: c["rope_parameters"].update(
+        rope_type="yarn", factor=2.0, original_max_position_embeddings=256, attention_factor=1.3, truncate=False),
+    "yarn-old-spelling": _old_rope(type="yarn", factor=4.0, original_max_position_embeddings=128),
+    # llama3 without original_max_position_embeddings: transformers takes max_position_embeddings (a top-level
+    # original_max_position_embeddings wins over the rope dict's), not Llama 3.1's 8192
+    "llama3-no-original-max": lambda c: (c.update(max_position_embeddings=64), c["rope_parameters"].update(
+        rope_type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0)),
+    "llama3-top-level-original-max": lambda c: (c.update(max_position_embeddings=64, original_max_position_embeddings=16),
+                                                c["rope_parameters"].update(
+        rope_type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32)),
 }
 
 
 @pytest.mark.parametrize("rope", sorted(ROPE_VARIANTS))
 def test_rope_scaling_variants_match_transformers(rope, tmp_path):
-    """transformers' linear and dynamic-NTK RoPE (rope_parameters and the old rope_scaling spelling)."""
+    """transformers' linear, dynamic-NTK, YaRN and llama3 RoPE (rope_parameters and the old rope_scaling spelling)."""
     d = _edited(tmp_path, rope, LLAMA, ROPE_VARIANTS[rope])
     assert ModelConfig.load(d).rope.kind == rope.split("-")[0]
     _assert_matches_transformers(d)
+
+
+@pytest.mark.parametrize("rope,why", [
+    ({"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0}, "rope_type 'llama3' needs 'low_freq_factor'"),
+    ({"rope_type": "yarn", "original_max_position_embeddings": 64}, "rope_type 'yarn' needs a 'factor'"),
+    ({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}, "rope_type 'longrope' is not supported")])
+def test_incomplete_or_unknown_rope_is_refused_by_name(rope, why):
+    """transformers requires these keys (its rope validation raises KeyError) and vLLM indexes them: the
+    reference names the file and the key instead of assuming a default."""
+    from reference.checkpoint import CheckpointError
+    from reference.make_model import config_dict
+    c = config_dict(LLAMA)
+    c["rope_parameters"].update(rope)
+    with pytest.raises(CheckpointError, match=rf"m/config.json: {why}"):
+        ModelConfig.from_dict(c, where="m/config.json")
 
 
 def test_bitnet_head_dim_not_hidden_over_heads(tmp_path):

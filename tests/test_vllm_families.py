@@ -182,3 +182,69 @@ def test_online_entry_is_refused_off_the_ternary_loader():
     d = online_decode(w, e, "m")
     s = 1.0 / w.abs().mean()
     assert torch.equal(d.values, (w * s).round().clamp(-1, 1).to(torch.int8)) and torch.equal(d.mult, (1.0 / s).reshape(1, 1))
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("arch", ["llama", "bitnet"])
+def test_yarn_rope(arch, tmp_path):
+    """rope_type yarn (ramp, mscale attention factor on cos / sin): vLLM's YaRNScalingRotaryEmbedding (vLLM's
+    Llama, and the BitNet plugin through get_rope) and the reference agree on every canonical tensor."""
+    d = write_model(Preset(arch, 128, 200, 2, 4, 2, 89, arch == "bitnet", seed=44), tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["rope_parameters"].update(rope_type="yarn", factor=4.0, original_max_position_embeddings=128,
+                                  mscale=0.707, mscale_all_dim=1.0)
+    (d / "config.json").write_text(json.dumps(cfg))
+    _vllm_vs_reference(d, 89, 2, arch)
+
+
+def _float_down_proj(tmp_path, seed, patterns):
+    """BitNet with both down_proj linears stored as plain floats (modules_to_not_convert = patterns)."""
+    from reference.make_model import keep_float
+    p = Preset("bitnet", 128, 200, 2, 4, 2, 89, True, seed=seed)
+    return keep_float(write_model(p, tmp_path / "m"), p, patterns, [f"model.layers.{i}.mlp.down_proj" for i in range(2)])
+
+
+@pytest.mark.vllm
+def test_modules_to_not_convert_regex(tmp_path):
+    """quantization_config.modules_to_not_convert read as transformers reads it (a regex here): those layers
+    load into vLLM's unquantised linears, the rest on the trit kernels, and match the reference."""
+    _vllm_vs_reference(_float_down_proj(tmp_path, 45, ["model.layers.*.mlp.down_proj", "lm_head"]), 89, 2, "bitnet")
+
+
+@pytest.mark.vllm
+def test_inspected_spec_with_float_linears(tmp_path):
+    """The inspector's spec of a ternary checkpoint with float linears (float tensors, not ternary entries)
+    runs in vLLM as config.json's spec does in the reference."""
+    from reference.inspect import main as inspect_main
+
+    d = _float_down_proj(tmp_path, 46, ["mlp.down_proj", "lm_head"])
+    spec = tmp_path / "spec.json"
+    assert inspect_main([str(d), "--no-loss", "--out", str(spec)]) == 0
+    ids = torch.randint(3, 89, (2, 20), generator=torch.Generator().manual_seed(0))
+    ref = get_target("reference").capture(d, ids)
+    v = get_target("vllm", compute_dtype="fp32").capture(d, ids, spec_path=spec)
+    c = compare(ref, v, order=canonical_names(2, "bitnet"), dtype="fp32-a8", target_name="vllm")
+    assert c.passed, c.summary()
+
+
+def test_llama_without_silu_is_refused_by_name(tmp_path):
+    """A Llama config with hidden_act relu2 (transformers' LlamaMLP and the reference take any activation;
+    vLLM's Llama only silu): the vllm target names the file and key before starting an engine."""
+    d = write_model(Preset("llama", 128, 200, 1, 4, 2, 89, False, seed=47), tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["hidden_act"] = "relu2"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"m/config.json: hidden_act 'relu2': vLLM's Llama runs only 'silu'"):
+        get_target("vllm", compute_dtype="fp32").capture(d, torch.arange(3, 9).reshape(1, -1))
+
+
+def test_partial_rotary_factor_is_refused_by_name(tmp_path):
+    """partial_rotary_factor 0.5 in a Llama config: transformers' Llama (default RoPE) and the reference rotate
+    all of head_dim, vLLM's get_rope half of it (measured: first divergence at layer0.attn.attn_out); the vllm
+    target names the key instead of reporting a divergence."""
+    d = write_model(Preset("llama", 128, 200, 1, 4, 2, 89, False, seed=48), tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["partial_rotary_factor"] = 0.5
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"m/config.json: partial_rotary_factor 0.5: vLLM rotates 16 of 32 channels"):
+        get_target("vllm", compute_dtype="fp32").capture(d, torch.arange(3, 9).reshape(1, -1))

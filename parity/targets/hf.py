@@ -12,9 +12,17 @@ import torch
 
 from reference.checkpoint import Checkpoint, CheckpointError
 from reference.config import ModelConfig
-from reference.spec import spec_from_hf_bitnet
+from reference.spec import not_converted, spec_from_hf_bitnet
 
 from .base import Target
+
+
+def _float_lm_head(model_dir: Path) -> bool:
+    """The checkpoint's output embedding is a float matrix (a stored float lm_head.weight, or none: tied)."""
+    from reference.checkpoint import Checkpoint
+
+    ck = Checkpoint(model_dir)
+    return "lm_head.weight" not in ck or ck.info("lm_head.weight").dtype in ("F32", "F16", "BF16")
 
 
 class TransformersTarget(Target):
@@ -44,6 +52,15 @@ class TransformersTarget(Target):
                                  f"weight_scale ((x T + b) * s, unlike its online mode and BitLinear), the reference "
                                  f"and vLLM add it after the scale ({biased[0]} and {len(biased) - 1} more): "
                                  f"transformers is no oracle for this checkpoint")
+            skip = (cfg.quantization or {}).get("modules_to_not_convert")
+            if skip is not None and not not_converted(skip)("lm_head") and _float_lm_head(model_dir):
+                # transformers adds its default skips (lm_head, the output embedding) only when the list is null
+                # (HfQuantizer.get_modules_to_not_convert) and then makes lm_head a BitLinear, which a float
+                # lm_head / tied embedding does not fit (a shape error or 'weight is not an nn.Parameter' mid-run)
+                raise ValueError(f"{model_dir}/config.json: quantization_config.modules_to_not_convert={skip!r} does "
+                                 f"not list 'lm_head', so transformers converts lm_head to a BitLinear, unlike the "
+                                 f"reference and vLLM (a float lm_head); add 'lm_head' to the list for transformers "
+                                 f"to serve as the oracle")
             odd = {m: e.shape[0] for m, e in linears.items() if e.shape[0] % 4}
             if odd:
                 m, n = next(iter(odd.items()))

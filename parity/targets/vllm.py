@@ -100,6 +100,21 @@ class VllmTarget(Target):
         return self._engines[key]
 
     def _make_llm(self, model_dir: Path, spec_path, eager: bool):
+        cfg = ModelConfig.load(model_dir)
+        if cfg.arch == "llama" and cfg.hidden_act != "silu":
+            # vLLM's LlamaMLP raises "Unsupported activation" (no file, no key) once the engine builds the model
+            raise ValueError(f"{model_dir}/config.json: hidden_act {cfg.hidden_act!r}: vLLM's Llama runs only 'silu' "
+                             f"(the reference and transformers compute {cfg.hidden_act!r}; BitNet's plugin takes relu2 "
+                             f"and silu)")
+        raw = load_config(model_dir)
+        prf = (raw.get("rope_parameters") or raw.get("rope_scaling") or {}).get("partial_rotary_factor",
+                                                                                 raw.get("partial_rotary_factor"))
+        if prf is not None and float(prf) != 1.0:
+            # transformers' Llama / BitNet rotate every head_dim channel (default RoPE ignores the key); vLLM's
+            # get_rope rotates int(head_dim * factor): the comparison would diverge at layer 0's attention
+            raise ValueError(f"{model_dir}/config.json: partial_rotary_factor {prf}: vLLM rotates "
+                             f"{int(cfg.head_dim * float(prf))} of {cfg.head_dim} channels per head, transformers' "
+                             f"{cfg.arch} and the reference all of them; expected 1.0 (or no key)")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # hooks must see the model: in-process engine
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         if not torch.cuda.is_available():
@@ -108,7 +123,6 @@ class VllmTarget(Target):
         from vllm import LLM
 
         trit.vllm.register()  # also done by the vllm.general_plugins entry point when installed
-        cfg = ModelConfig.load(model_dir)
         qcfg = dict(cfg.quantization or {})
         overrides = {}
         if spec_path or self.backend != "auto":

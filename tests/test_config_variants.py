@@ -1,0 +1,96 @@
+"""Config variants a user's checkpoint may bring: quantization_config.modules_to_not_convert (some linears
+kept in float next to packed ones), read as transformers reads it, by the reference, the inspector and
+(tests/test_vllm_families.py) the vLLM plugin."""
+import pytest
+import torch
+
+from parity.names import canonical_names
+from parity.targets import get_target
+from reference.checkpoint import CheckpointError
+from reference.config import ModelConfig
+from reference.make_model import Preset, config_dict, keep_float, write_model
+from reference.spec import linear_modules, spec_from_hf_bitnet
+
+
+def with_float_modules(p: Preset, d, patterns, mods):
+    return keep_float(write_model(p, d), p, patterns, mods)
+
+
+PATTERNS = [["model.layers.*.mlp.down_proj", "lm_head"],  # a regular expression
+            ["model.layers.1"],  # a prefix: transformers' re.match also catches layers 10 and 11
+            ["down_proj", "self_attn.q_proj"],  # name endings
+            ["model.layers.0.self_attn", "lm_head"],
+            ["model.layers.1[01].mlp"]]
+
+
+@pytest.mark.parametrize("patterns", PATTERNS, ids=lambda p: p[0])
+def test_modules_to_not_convert_as_transformers_reads_it(patterns):
+    """The linears the spec keeps in float are exactly those transformers' quantizer leaves as nn.Linear
+    (quantizers_utils.should_convert_module: re.match from the start, or the name's ending)."""
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    c = config_dict(Preset("llama", 64, 96, 12, 4, 2, 67, False))
+    c["quantization_config"]["modules_to_not_convert"] = patterns
+    cfg = ModelConfig.from_dict(c)
+    spec = spec_from_hf_bitnet(cfg)
+    kept = {m for m in linear_modules(cfg) if m not in spec.linears}
+    assert kept == {m for m in linear_modules(cfg) if not should_convert_module(m, patterns)}
+    assert kept and all(spec.tensors[m + ".weight"] == m + ".weight" for m in kept)
+
+
+def test_modules_to_not_convert_bad_pattern_is_named():
+    c = config_dict(Preset("llama", 64, 96, 1, 4, 2, 67, False))
+    c["quantization_config"]["modules_to_not_convert"] = ["model.layers.(0"]
+    with pytest.raises(CheckpointError, match=r"modules_to_not_convert: 'model.layers.\(0' is not a valid regular"):
+        spec_from_hf_bitnet(ModelConfig.from_dict(c))
+
+
+def test_modules_to_not_convert_regex_matches_transformers(tmp_path):
+    """A regex entry (model.layers.*.mlp.down_proj): both down_proj linears stored in float; the reference
+    reads them as plain linears and matches transformers on every captured tensor."""
+    p = Preset("llama", 64, 96, 2, 4, 2, 67, False, seed=51)
+    d = with_float_modules(p, tmp_path / "m", ["model.layers.*.mlp.down_proj", "lm_head"],
+                           [f"model.layers.{i}.mlp.down_proj" for i in range(2)])
+    ids = torch.randint(3, 67, (2, 23), generator=torch.Generator().manual_seed(7))
+    ref = get_target("reference").capture(d, ids)
+    hf = get_target("transformers").capture(d, ids)
+    for n in canonical_names(2, "llama"):
+        rel = float((ref[n] - hf[n]).abs().max() / hf[n].abs().max())
+        assert rel <= 1e-5, f"{n} differs from transformers by {rel:.2e} relative"
+
+
+@pytest.mark.parametrize("arch", ["bitnet", "llama"])
+def test_inspector_keeps_float_linears_of_a_ternary_checkpoint_in_float(arch, tmp_path):
+    """A ternary checkpoint with some linears kept in float (modules_to_not_convert): the inspector maps them
+    to float tensors (plain linears, no int8 activation quantisation, as transformers runs them), not to linear
+    entries that the spec's activation_quant would apply to; its spec computes what config.json's does."""
+    from reference.inspect import main as inspect_main
+    from reference.spec import CheckpointSpec
+
+    p = Preset(arch, 64, 96, 2, 4, 2, 67, arch == "bitnet", seed=52)
+    mods = [f"model.layers.0.self_attn.{m}" for m in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    d = with_float_modules(p, tmp_path / "m", ["model.layers.0.self_attn", "lm_head"], mods)
+    out = tmp_path / "spec.json"
+    assert inspect_main([str(d), "--no-loss", "--out", str(out)]) == 0
+    spec = CheckpointSpec.load(out)
+    assert not set(mods) & set(spec.linears) and all(spec.tensors[m + ".weight"] == m + ".weight" for m in mods)
+    assert "model.layers.1.self_attn.q_proj" in spec.linears
+    ids = torch.randint(3, 67, (2, 23), generator=torch.Generator().manual_seed(7))
+    ref = get_target("reference").capture(d, ids)
+    ins = get_target("reference").capture(d, ids, spec_path=out)
+    for n in ref:
+        assert torch.equal(ref[n], ins[n]), n
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_transformers_target_refuses_modules_to_not_convert_without_lm_head(tie, tmp_path):
+    """transformers adds lm_head to its skips only when modules_to_not_convert is null; a list without it makes
+    lm_head a BitLinear, which the float head (or tied embedding) does not fit: the oracle target says so
+    instead of a shape error mid-forward, and the reference (float lm_head, as vLLM) still runs."""
+    p = Preset("llama", 64, 96, 1, 4, 2, 67, tie, seed=53)
+    d = with_float_modules(p, tmp_path / "m", ["down_proj"], ["model.layers.0.mlp.down_proj"])
+    ids = torch.arange(3, 9).reshape(1, -1)
+    with pytest.raises(ValueError, match=r"m/config.json: quantization_config.modules_to_not_convert=\['down_proj'\] "
+                                         r"does not list 'lm_head'"):
+        get_target("transformers").capture(d, ids)
+    assert torch.isfinite(get_target("reference").capture(d, ids)["logits"]).all()
