@@ -182,9 +182,10 @@ class Humming:
 # the 64-row one the default where its tiles fit one wave: csrc/a8_route.h). Run 22 validated a8_pre
 # (ternary_mm_a8q's direct GEMV: GPU tests, memcheck, racecheck), run 23 the cluster quantizer
 # (TRIT_QUANT_CLUSTER; GPU tests, memcheck; the default on rows longer than 4096 since), run 24
-# trit::rms_norm_a8q behind the norm + a8 / norm + a8q columns (GPU tests, memcheck, racecheck).
-# Pending: trit::ternary_mm_a8_prologue (the `norm in GEMV` column; its one-kernel route at M = 1).
-EXPERIMENTAL: dict = {"a8_pro": lambda m: m <= 8}
+# trit::rms_norm_a8q behind the norm + a8 / norm + a8q columns (GPU tests, memcheck, racecheck), run 25b
+# trit::ternary_mm_a8_prologue behind the `norm in GEMV` column (GPU tests, memcheck; racecheck and
+# synccheck on its own driver). None pending.
+EXPERIMENTAL: dict = {}
 # TRIT_A8_GEMM_CFG values timed beside the default warp tile (csrc/ternary_gemm.cu gemm_cfg_id):
 # 1 = 2 weight tiles x 8 row tiles per warp, 4 warps (128 channels x 64 rows per CTA); 2 = the same
 # warp tile, 8 warps (256 channels); 3 = 4 weight tiles x 4 row tiles, 4 x 2 warps (256 channels);
