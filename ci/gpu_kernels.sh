@@ -5,7 +5,8 @@
 # Everything is written under $OUT (default /tmp/trit-out): log.txt, junit.xml, sanitizer.txt,
 # sass.txt, gemm-probe.json and the bench JSON/Markdown. STAGES=build,probe,test,sanitize,bench selects stages
 # (plus ncu: the small-M kernels at M = 1, ncugemm: the a8 GEMM kernel's loops at M = 64 / 128,
-# ncuquant: the a8 quantizer at M = 1 for K = 2560 - 28672, ncunorm: rms_norm_a8q at M = 1);
+# ncuquant: the a8 quantizer at M = 1 for K = 2560 - 28672, ncunorm: rms_norm_a8q at M = 1, ncupro:
+# ternary_mm_a8_prologue vs the fused-quantizer GEMV at M = 1);
 # BENCH_ARGS passes arguments to the bench. Wheels in .whl/ (pytest, hypothesis, humming...)
 # are installed to /tmp/site first when present (the GPU machine has no network). To make them,
 # on a networked machine: pip download --no-deps --only-binary=:all: --python-version 3.12
@@ -203,6 +204,32 @@ PYEOF
     --section SpeedOfLight --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section SourceCounters \
     $PY /tmp/trit_ncu_norm.py > "$OUT/ncu-norm.txt" 2>&1 || echo "ncu failed (see ncu-norm.txt)"
   grep -E "rms_norm_quant|Duration|Memory Throughput|Registers|Warp Cycles Per Issued|Stall" "$OUT/ncu-norm.txt" | head -80
+fi
+
+if has ncupro && command -v ncu >/dev/null; then
+  # trit::ternary_mm_a8_prologue's one kernel at M = 1 (residual + norm) beside the plain fused-quantizer GEMV
+  # on the same shapes: H200 run 25b timed the prologue 2.4-8.9 us above the GEMV alone; where it goes
+  step "ncu: ternary_mm_a8_prologue vs the fused-quantizer GEMV at M = 1"
+  cat > /tmp/trit_ncu_pro.py <<'PYEOF'
+import os
+import torch
+from trit import ops
+for N, K in ((2560, 2560), (4096, 4096)):
+    w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda")
+    p, s = ops.repack(w), torch.rand(N, device="cuda")
+    x = torch.randn(1, K, device="cuda").to(torch.bfloat16)
+    r = torch.randn(1, K, device="cuda").to(torch.bfloat16)
+    nw = (torch.rand(K, device="cuda") + 0.5).to(torch.bfloat16)
+    os.environ["TRIT_A8_FUSEQ"] = "1"
+    for _ in range(2):
+        torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)
+        torch.ops.trit.ternary_mm_a8_prologue(x, r, nw, 1e-6, 0, p, s, N, K, None)
+torch.cuda.synchronize()
+PYEOF
+  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:a8_small_kernel -c 8 \
+    --section SpeedOfLight --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section Occupancy \
+    $PY /tmp/trit_ncu_pro.py > "$OUT/ncu-pro.txt" 2>&1 || echo "ncu failed (see ncu-pro.txt)"
+  grep -E "a8_small_kernel|Duration|Memory Throughput|L2 Hit|Registers|Block Size|Grid Size|Dynamic Shared|Warp Cycles Per Issued|Achieved Occupancy" "$OUT/ncu-pro.txt" | head -80
 fi
 
 if has ncugemm && command -v ncu >/dev/null; then
