@@ -248,3 +248,16 @@ def test_partial_rotary_factor_is_refused_by_name(tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=r"m/config.json: partial_rotary_factor 0.5: vLLM rotates 16 of 32 channels"):
         get_target("vllm", compute_dtype="fp32").capture(d, torch.arange(3, 9).reshape(1, -1))
+
+
+@pytest.mark.vllm
+def test_bitnet_partial_rotary_factor_is_ignored_as_transformers_does(tmp_path):
+    """partial_rotary_factor 0.5 in a BitNet config (top level and in rope_parameters): transformers' BitNet
+    default RoPE rotates all of head_dim, and so do the reference and the BitNet plugin (it drops the key
+    before vLLM's get_rope, which would rotate 16 of 32 channels: first divergence at layer0.attn)."""
+    d = write_model(Preset("bitnet", 128, 200, 2, 4, 2, 89, True, seed=49), tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["partial_rotary_factor"] = 0.5
+    cfg["rope_parameters"]["partial_rotary_factor"] = 0.5
+    (d / "config.json").write_text(json.dumps(cfg))
+    _vllm_vs_reference(d, 89, 2, "bitnet")

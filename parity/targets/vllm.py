@@ -109,7 +109,9 @@ class VllmTarget(Target):
         raw = load_config(model_dir)
         prf = (raw.get("rope_parameters") or raw.get("rope_scaling") or {}).get("partial_rotary_factor",
                                                                                  raw.get("partial_rotary_factor"))
-        if prf is not None and float(prf) != 1.0:
+        rope_type = (raw.get("rope_parameters") or raw.get("rope_scaling") or {}).get("rope_type", "default")
+        # the BitNet plugin drops the key for default RoPE, as transformers' BitNet ignores it (trit.vllm.bitnet)
+        if prf is not None and float(prf) != 1.0 and not (cfg.arch == "bitnet" and rope_type == "default"):
             # transformers' Llama / BitNet rotate every head_dim channel (default RoPE ignores the key); vLLM's
             # get_rope rotates int(head_dim * factor): the comparison would diverge at layer 0's attention
             raise ValueError(f"{model_dir}/config.json: partial_rotary_factor {prf}: vLLM rotates "

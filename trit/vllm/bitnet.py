@@ -184,6 +184,10 @@ def _rope_parameters(config) -> dict:
     rp = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
     rp.setdefault("rope_type", rp.pop("type", "default"))
     rp.setdefault("rope_theta", getattr(config, "rope_theta", 500000.0))
+    if rp["rope_type"] == "default":
+        # transformers' BitNet (BitNetRotaryEmbedding.compute_default_rope_parameters) rotates all of head_dim
+        # whatever partial_rotary_factor says; vLLM's get_rope would rotate int(head_dim * factor)
+        rp.pop("partial_rotary_factor", None)
     return rp
 
 
