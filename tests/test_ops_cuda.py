@@ -942,15 +942,18 @@ def test_prologue_chain(graph):
 
     nw = lambda k: (torch.rand(k, generator=gen) + 0.5).to(torch.bfloat16).to(DEV)  # noqa: E731
     layers = [(lin(D, D), nw(D), lin(2 * I, D), nw(D), lin(D, I), nw(I)) for _ in range(L)]
-    op = torch.ops.trit.ternary_mm_a8_prologue
 
-    def steps(x):
-        res = x
-        for (p1, s1), w1, (p2, s2), w2, (p3, s3), w3 in layers:
-            a, res = op(x, res, w1, 1e-6, 0, p1, s1, D, D, None)
-            gu, res = op(a, res, w2, 1e-6, 0, p2, s2, 2 * I, D, None)
-            x, _ = op(gu, None, w3, 1e-6, 1, p3, s3, D, I, None)
-        return x, res
+    def chain(op):  # the block through op: the prologue op, or _composed_prologue
+        def run(x):
+            res = x
+            for (p1, s1), w1, (p2, s2), w2, (p3, s3), w3 in layers:
+                a, res = op(x, res, w1, 1e-6, 0, p1, s1, D, D, None)
+                gu, res = op(a, res, w2, 1e-6, 0, p2, s2, 2 * I, D, None)
+                x, _ = op(gu, None, w3, 1e-6, 1, p3, s3, D, I, None)
+            return x, res
+        return run
+
+    steps = chain(torch.ops.trit.ternary_mm_a8_prologue)
 
     xin = torch.randn(1, D, generator=gen).to(torch.bfloat16).to(DEV)
     got = eager_or_replayed(lambda t: torch.cat(steps(t), dim=1), xin, graph)
@@ -958,15 +961,7 @@ def test_prologue_chain(graph):
     want = torch.cat(steps(xin), dim=1)
     assert torch.equal(got, want), f"graph={graph}"
 
-    def composed(x):
-        res = x
-        for (p1, s1), w1, (p2, s2), w2, (p3, s3), w3 in layers:
-            a, res = _composed_prologue(x, res, w1, 1e-6, 0, p1, s1, D, D, None)
-            gu, res = _composed_prologue(a, res, w2, 1e-6, 0, p2, s2, 2 * I, D, None)
-            x, _ = _composed_prologue(gu, None, w3, 1e-6, 1, p3, s3, D, I, None)
-        return x, res
-
-    assert_close_rel(got, torch.cat(composed(xin), dim=1), 3e-2, "prologue chain vs the composed ops")
+    assert_close_rel(got, torch.cat(chain(_composed_prologue)(xin), dim=1), 3e-2, "prologue chain vs the composed ops")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         steps(xin)
         torch.cuda.synchronize()

@@ -168,16 +168,10 @@ def test_renames_reach_vllm_026s_loader(monkeypatch):
     assert cfg.get_cache_scale_mapper()._map_name("model.layers.0.self_attn.kv_scale") == "model.layers.0.self_attn.attn.k_scale"
 
 
-def _vllm_vs_reference(d: Path, vocab: int, layers: int, arch: str) -> None:
-    from parity.compare import compare
-    from parity.names import canonical_names
-    from parity.targets import get_target
-
-    ids = torch.randint(3, vocab, (2, 20), generator=torch.Generator().manual_seed(0))
-    ref = get_target("reference").capture(d, ids)
-    v = get_target("vllm", compute_dtype="fp32").capture(d, ids)
-    c = compare(ref, v, order=canonical_names(layers, arch), dtype="fp32-a8", target_name="vllm")
-    assert c.passed, c.summary()
+try:  # tests/ as a package or as rootdir-relative modules
+    from .vllm_compare import vllm_vs_reference as _vllm_vs_reference
+except ImportError:
+    from vllm_compare import vllm_vs_reference as _vllm_vs_reference
 
 
 @pytest.mark.vllm
