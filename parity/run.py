@@ -115,6 +115,10 @@ def main(argv=None) -> int:
     except (GoldenError, CheckpointError, KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (NotImplementedError, RuntimeError) as e:  # a target that cannot run this model (e.g. the kernel
+        # target refusing group scales, vLLM an attention head size): say why, not a traceback
+        print(f"error: target {a.target!r} could not run {a.model}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
     cmp = res.comparison
     print(format_table(table(cmp)))
     print()

@@ -87,3 +87,21 @@ def test_inspect_gptq_with_one_group_per_row(tmp_path):
         dl = decode_linear(ck, spec.linears[mod], mod)
         assert torch.equal(dl.values.to(torch.int8), t), mod
         torch.testing.assert_close(dl.effective(), truth.effective(mod))
+
+
+def test_run_cli_reports_a_target_that_refuses_the_model(tmp_path, capsys):
+    """`python -m parity.run --target kernel` on a model with group scales (which the kernel target refuses
+    by name, NotImplementedError): exit status 2 and the reason on one line, not a traceback."""
+    from parity.dump import dump_reference
+    from parity.run import main as run_main
+    from reference.inspect import main as inspect_main
+
+    d = tmp_path / "llama-gptq"
+    synth.write("gptq", synth.Logical.from_dir(write_model(LLAMA, tmp_path / "hf")), d)  # down_proj: 2 groups
+    assert inspect_main([str(d), "--no-loss"]) == 0
+    dump_reference(d, tmp_path / "golden")
+    rc = run_main(["--target", "kernel", "--model", str(d), "--golden", str(tmp_path / "golden"),
+                   "--runs", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "group-wise scales" in err and "down_proj" in err, err
