@@ -40,7 +40,7 @@ def pytest_configure(config):
 
 def _paths(config):
     model = Path(config.getoption("--model"))
-    golden = Path(config.getoption("--golden") or ROOT / "golden" / model.name)
+    golden = Path(config.getoption("--golden") or ROOT / "golden" / model.resolve().name)
     spec = config.getoption("--spec")
     return model, golden, (Path(spec) if spec else None)
 

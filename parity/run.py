@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-noise", action="store_true",
                     help="static tiers only, even when the golden set holds a measured noise floor (parity.noise)")
     a = ap.parse_args(argv)
-    golden = a.golden or ROOT / "golden" / a.model.name
+    golden = a.golden or ROOT / "golden" / a.model.resolve().name
     try:
         res = run_parity(a.target, target_options=parse_options(a.target_opt), model_dir=a.model, golden_dir=golden, spec_path=a.spec,
                          tol_overrides=parse_overrides(a.tol), runs_dir=a.runs, use_noise=not a.no_noise)
