@@ -1083,6 +1083,9 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
         # conventions first, then codes increasing with value), not merely the first one generated
         valid = [s for s in scored if math.isfinite(s.loss)]
         best = min(valid, key=lambda s: _prior_key(s.cand, modules, cfg)).cand
+        # listed in that order (the chosen one first): their "loss" is only the order they were generated in
+        scored = sorted(valid, key=lambda s: _prior_key(s.cand, modules, cfg)) + \
+            [s for s in scored if not math.isfinite(s.loss)]
         distinct = len({s.fp for s in valid})
         findings.append(Finding("search", best.label(), f"no loss scoring: the a-priori most plausible of {distinct} "
                                 f"distinct decodes (public conventions, then codes increasing with value); the others "

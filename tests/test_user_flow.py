@@ -105,3 +105,23 @@ def test_run_cli_reports_a_target_that_refuses_the_model(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2, err
     assert "group-wise scales" in err and "down_proj" in err, err
+
+
+def test_no_loss_report_shows_no_made_up_losses(tmp_path):
+    """`python -m reference.inspect DIR --no-loss`: nothing is evaluated, but the report's table was titled
+    "scored by loss (best first)" with losses 0.0000, 1.0000, ... (the order candidates were generated in)
+    and the chosen decode somewhere below the top row."""
+    from reference.inspect import main as inspect_main
+    from reference.spec import CheckpointSpec
+
+    d = _written(tmp_path, LLAMA, "seed-msb", "llama-seed-msb")
+    assert inspect_main([str(d), "--no-loss"]) == 0
+    rep = (d / "ternary_spec.md").read_text()
+    spec = CheckpointSpec.load(d / "ternary_spec.json")
+    p = spec.linears["model.layers.0.mlp.up_proj"].pack
+    table = rep.split("## Candidate decodes", 1)[1].split("\n## ", 1)[0]
+    assert "scored by loss" not in table and "not scored" in table
+    rows = [r for r in table.splitlines() if r.startswith("| ") and r[2].isdigit()]
+    assert len(rows) > 1 and all(r.split("|")[3].strip() == "-" for r in rows), table
+    first = rows[0].split("|")[2]
+    assert f" {p.bit_order} {p.lanes}" in first and str(list(p.codes)) in first, (first, p)
