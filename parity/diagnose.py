@@ -212,6 +212,49 @@ class DecodeProbe:
         return []
 
 
+def residual_hints(name: str, t: torch.Tensor, target: dict, probe: Optional["DecodeProbe"] = None) -> list[str]:
+    """A residual add dropped or doubled up: ``layerL.output`` (= stream in + o_proj + down_proj) and
+    ``layerL.post_attn_norm`` (= norm(stream in + o_proj)) recomputed from the target's own captured branches
+    under the wrong wirings; one that reproduces the target's tensor names the bug."""
+    layer, op = N.split(name)
+    if layer is None or op not in ("output", "post_attn_norm"):
+        return []
+    prev = f"layer{layer - 1}.output" if layer > 0 else "embed"
+    o, d = target.get(f"layer{layer}.attn.o_proj"), target.get(f"layer{layer}.mlp.down_proj")
+    h = target.get(prev)
+    if h is None or o is None or (op == "output" and d is None):
+        return []
+    h, o, t = h.double(), o.double(), t.double()
+    if op == "output":
+        d = d.double()
+        right = h + o + d
+        wrong = {"the MLP's residual add dropped (output = down_proj alone)": d,
+                 "the MLP branch never added to the residual stream (output = the stream after attention)": h + o,
+                 "the attention's residual add dropped (output = o_proj + down_proj)": o + d}
+    else:
+        if probe is None:
+            return []
+        key = probe.spec.tensors.get(f"model.layers.{layer}.post_attention_layernorm.weight")
+        if key is None:
+            return []
+        from reference.model import rms_norm
+
+        w, eps = probe.ckpt.get(key).double(), probe.cfg.rms_norm_eps
+        right = rms_norm(h + o, w, eps)
+        wrong = {"the attention's residual add dropped (post-attention norm of o_proj alone)": rms_norm(o, w, eps),
+                 "the attention branch never added (post-attention norm of the stream before attention)":
+                     rms_norm(h, w, eps)}
+    scale = float(t.abs().max()) or 1.0
+    err_right = float((right - t).abs().max()) / scale
+    for desc, y in wrong.items():
+        err = float((y - t).abs().max()) / scale
+        if err < 1e-2 and err < 0.1 * err_right:
+            return [f"recomputed from the target's own {prev}, attn.o_proj{', mlp.down_proj' if op == 'output' else ''}: "
+                    f"{desc} reproduces it (max_rel {err:.1e}, vs {err_right:.1e} wired as the reference): residual "
+                    f"connection"]
+    return []
+
+
 class Diagnoser:
     """Callable for parity.compare: structural hints + (optionally) re-decoding."""
 
@@ -226,4 +269,7 @@ class Diagnoser:
         hints = []
         if self.probe is not None and N.hf_module(name):
             hints += self.probe.hints(name, t, target)
+        wiring = residual_hints(name, t, target, self.probe)
+        if wiring:  # the structure of a dropped branch reads as "unstructured: wrong weights"; this says more
+            return hints + wiring
         return hints + structural_hints(t, g)

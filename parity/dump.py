@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true", help="replace an existing set (kept aside as .prev-*)")
     ap.add_argument("--device", default="cpu", help="where the fp32 reference runs (cpu, cuda)")
     a = ap.parse_args(argv)
-    out = a.out or ROOT / "golden" / a.model.name
+    out = a.out or ROOT / "golden" / a.model.resolve().name  # resolve: `--model .` has no name
     try:
         path = dump_reference(a.model, out, spec_path=a.spec, force=a.force, device=a.device)
     except (GoldenError, CheckpointError, ValueError) as e:

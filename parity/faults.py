@@ -59,3 +59,10 @@ def wrong_qkv_split(layer: int) -> Overrides:
             return k
         return d
     return Overrides(linear_hook=hook)
+
+
+def residual_dropped(layer: int, branch: str) -> Overrides:
+    """The residual add of one layer's attention or MLP branch dropped: the stream becomes the branch alone."""
+    if branch not in ("attn", "mlp"):
+        raise ValueError(f"branch must be 'attn' or 'mlp', got {branch!r}")
+    return Overrides(drop_residual={(layer, branch)})

@@ -174,6 +174,11 @@ def write_golden(out: Path, tensors: dict, order: list, input_ids: torch.Tensor,
     from safetensors.torch import save_file
 
     out = Path(out)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST).exists())):
+        # not a golden set (a model directory, the golden/ root, ...): --force would move it aside and put a
+        # golden set in its place
+        raise GoldenError(f"{out} exists and is not a golden set (no {MANIFEST}); refusing to replace it, even with "
+                          f"--force: pick another --out")
     if out.exists() and not force:
         raise GoldenError(f"{out} already holds a golden set; pass --force to replace it (the old set is "
                           f"kept as {out.name}.prev-<timestamp>)")

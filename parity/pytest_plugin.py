@@ -1,7 +1,7 @@
 """pytest integration: one test per captured tensor, ids = canonical names.
 
     pytest parity/                        # bf16 target against golden/tiny-bitnet
-    pytest parity/ -k layer3              # only layer 3's tensors
+    pytest parity/ -k layer3.             # only layer 3's tensors (`-k layer3`: also layer30.. of a deep model)
     pytest parity/ --target vllm --tol attention=2e-2
 
 The target runs once per session; each test reports its own tensor, and the terminal
@@ -40,7 +40,7 @@ def pytest_configure(config):
 
 def _paths(config):
     model = Path(config.getoption("--model"))
-    golden = Path(config.getoption("--golden") or ROOT / "golden" / model.name)
+    golden = Path(config.getoption("--golden") or ROOT / "golden" / model.resolve().name)
     spec = config.getoption("--spec")
     return model, golden, (Path(spec) if spec else None)
 

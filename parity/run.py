@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-noise", action="store_true",
                     help="static tiers only, even when the golden set holds a measured noise floor (parity.noise)")
     a = ap.parse_args(argv)
-    golden = a.golden or ROOT / "golden" / a.model.name
+    golden = a.golden or ROOT / "golden" / a.model.resolve().name
     try:
         res = run_parity(a.target, target_options=parse_options(a.target_opt), model_dir=a.model, golden_dir=golden, spec_path=a.spec,
                          tol_overrides=parse_overrides(a.tol), runs_dir=a.runs, use_noise=not a.no_noise)
@@ -114,6 +114,10 @@ def main(argv=None) -> int:
         return 2
     except (GoldenError, CheckpointError, KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (NotImplementedError, RuntimeError) as e:  # a target that cannot run this model (e.g. the kernel
+        # target refusing group scales, vLLM an attention head size): say why, not a traceback
+        print(f"error: target {a.target!r} could not run {a.model}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     cmp = res.comparison
     print(format_table(table(cmp)))

@@ -649,8 +649,10 @@ def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Fi
     for m in modules:
         if m.g_idx is not None:
             gi = ckpt.get(m.g_idx.name).to(torch.int64)
-            gs = next((kw["group_size"] for kw in m.scale_kw if kw and kw.get("granularity") == "group"), None)
             k = m.logical[1]
+            # no group scales (per-channel / per-tensor, e.g. GPTQ group_size -1, or one group as wide as K):
+            # the whole row is group 0, and the trivial g_idx is all zeros
+            gs = next((kw["group_size"] for kw in m.scale_kw if kw and kw.get("granularity") == "group"), k)
             if gs is None or gi.numel() != k or not torch.equal(gi, torch.arange(k) // gs):
                 raise InspectError(f"{m.g_idx.file}: tensor {m.g_idx.name!r} is not arange(K) // group_size "
                                    f"(K={k}, group_size={gs}): act-order (desc_act) permutations are not supported")
@@ -1081,6 +1083,9 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
         # conventions first, then codes increasing with value), not merely the first one generated
         valid = [s for s in scored if math.isfinite(s.loss)]
         best = min(valid, key=lambda s: _prior_key(s.cand, modules, cfg)).cand
+        # listed in that order (the chosen one first): their "loss" is only the order they were generated in
+        scored = sorted(valid, key=lambda s: _prior_key(s.cand, modules, cfg)) + \
+            [s for s in scored if not math.isfinite(s.loss)]
         distinct = len({s.fp for s in valid})
         findings.append(Finding("search", best.label(), f"no loss scoring: the a-priori most plausible of {distinct} "
                                 f"distinct decodes (public conventions, then codes increasing with value); the others "

@@ -143,10 +143,14 @@ def render(res) -> str:
         L.append(f"| {f.what} | {f.decision} | {f.evidence} | {f.confidence} |")
     if len(res.scored) > 1:
         valid = [sc for sc in res.scored if math.isfinite(sc.loss)]
-        L += ["", "## Candidate decodes scored by loss (best first)", "", "| # | candidate | loss (nats) | note |",
-              "|---|---|---|---|"]
+        if res.loss is not None:
+            L += ["", "## Candidate decodes scored by loss (best first)", "", "| # | candidate | loss (nats) | note |",
+                  "|---|---|---|---|"]
+        else:  # --no-loss: nothing was evaluated; the a-priori order, the chosen decode first
+            L += ["", "## Candidate decodes (not scored: no loss evaluation; a-priori order, the chosen one first)",
+                  "", "| # | candidate | loss (nats) | note |", "|---|---|---|---|"]
         for i, sc in enumerate(valid[:32]):
-            L.append(f"| {i} | {sc.cand.label()} | {sc.loss:.4f} | {sc.note} |")
+            L.append(f"| {i} | {sc.cand.label()} | {f'{sc.loss:.4f}' if res.loss is not None else '-'} | {sc.note} |")
         if len(valid) > 32:
             L.append(f"| ... | {len(valid) - 32} more | | |")
         bad = [sc for sc in res.scored if not math.isfinite(sc.loss)]

@@ -160,6 +160,7 @@ class Overrides:
     spec_hook: Optional[Callable] = None
     decoder: Optional[Callable] = None  # (ckpt, entry, name) -> DecodedLinear; default decode_linear
     linear_factory: Optional[Callable] = None  # (DecodedLinear, act_quant, dtype, name) -> callable x -> y
+    drop_residual: set = field(default_factory=set)  # {(layer, "attn" | "mlp")}: h = branch, not h + branch
 
 
 class ReferenceModel:
@@ -290,7 +291,7 @@ class ReferenceModel:
                 a = self._norm(f"{n}.attn.sub_norm", a, layer["attn_sub_norm"], tap)
             o = layer["self_attn.o_proj"](a)
             tap(f"{n}.attn.o_proj", o)
-            h = h + o
+            h = o if (L, "attn") in self.ov.drop_residual else h + o
             x = self._norm(f"{n}.post_attn_norm", h, layer["post_attn_norm"], tap)
             g = layer["mlp.gate_proj"](x)
             u = layer["mlp.up_proj"](x)
@@ -305,7 +306,7 @@ class ReferenceModel:
                 act = self._norm(f"{n}.mlp.sub_norm", act, layer["ffn_sub_norm"], tap)
             d = layer["mlp.down_proj"](act)
             tap(f"{n}.mlp.down_proj", d)
-            h = h + d
+            h = d if (L, "mlp") in self.ov.drop_residual else h + d
             tap(f"{n}.output", h)
         x = self._norm("final_norm", h, self.final_norm, tap)
         if self.lm_head is not None:

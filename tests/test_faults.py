@@ -19,6 +19,10 @@ CASES = [
     ("scale dropped in layer 2 o_proj", faults.scale_dropped("model.layers.2.self_attn.o_proj"),
      "layer2.attn.o_proj", "scale"),
     ("wrong qkv split in layer 2", faults.wrong_qkv_split(2), "layer2.attn.v_proj", "permuted|wrong weights"),
+    ("MLP residual dropped in layer 1", faults.residual_dropped(1, "mlp"), "layer1.output",
+     "MLP's residual add dropped"),
+    ("attention residual dropped in layer 3", faults.residual_dropped(3, "attn"), "layer3.post_attn_norm",
+     "attention's residual add dropped"),
 ]
 
 

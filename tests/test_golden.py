@@ -147,3 +147,31 @@ def test_golden_diff_strict_on_same_hardware_tiers_across(gold, tmp_path):
     assert gd_main([str(gold), variant("other", 1.001, "cpu:SOME_OTHER_ISA")]) == 0
     assert gd_main([str(gold), variant("unrecorded", 1.001, None)]) == 0
     assert gd_main([str(gold), variant("other-far", 1.2, "cpu:SOME_OTHER_ISA")]) == 1
+
+
+def test_force_never_replaces_a_directory_that_is_not_a_golden_set(tmp_path):
+    """`--out` pointing at the model directory (or any non-golden directory) with --force moved it aside as
+    NAME.prev-* and put a golden set in its place; it is refused, with or without --force."""
+    model = tmp_path / "tiny-bitnet"
+    shutil.copytree(DEFAULT_MODEL, model)
+    before = sorted(p.name for p in model.iterdir())
+    for extra in ([], ["--force"]):
+        assert dump_main(["--ref", "--model", str(model), "--out", str(model), *extra]) == 2
+    assert sorted(p.name for p in model.iterdir()) == before and not (model / "manifest.json").exists()
+    assert not list(tmp_path.glob("tiny-bitnet.prev-*"))
+
+
+def test_default_out_of_model_dot_is_named_after_the_model(tmp_path, monkeypatch):
+    """`python -m parity.dump --ref --model .` (run inside the model directory): the default golden/<model dir
+    name> was golden/ itself (Path('.').name is ''), so --force moved every golden set aside."""
+    import parity.dump as dump
+
+    model = tmp_path / "mymodel"
+    shutil.copytree(DEFAULT_MODEL, model)
+    (tmp_path / "golden" / "other").mkdir(parents=True)
+    (tmp_path / "golden" / "other" / "manifest.json").write_text("{}")
+    monkeypatch.setattr(dump, "ROOT", tmp_path)
+    monkeypatch.chdir(model)
+    assert dump_main(["--ref", "--model", ".", "--force"]) == 0
+    assert (tmp_path / "golden" / "mymodel" / "manifest.json").exists()
+    assert (tmp_path / "golden" / "other" / "manifest.json").exists() and not list(tmp_path.glob("golden.prev-*"))

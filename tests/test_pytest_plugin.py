@@ -57,3 +57,18 @@ def test_stale_golden_fails_every_test_with_reason(tmp_path):
                       str(ROOT / "golden" / "tiny-bitnet"), "-k", "layer0.attn", "--runs", str(tmp_path))
     assert rc == 1
     assert "StaleGolden" in out and "config.json changed" in out and "parity.dump --ref" in out
+
+
+def test_k_selects_one_layer_of_a_deep_model(tmp_path):
+    """pytest's -k matches substrings: on a model of 10+ layers `-k layer1` also takes layer10..layer11; the
+    README's `-k layer1.` takes layer 1 alone (collection only, from a manifest of 12 layers)."""
+    from parity.names import canonical_names
+
+    g = tmp_path / "golden"
+    g.mkdir()
+    (g / "manifest.json").write_text(json.dumps({"order": canonical_names(12, "bitnet")}))
+    for k, want in (("layer1", 3 * 14), ("layer1.", 14)):
+        rc, out = _pytest("--golden", str(g), "--co", "-k", k)
+        ids = [l for l in out.splitlines() if "test_parity[" in l]
+        assert len(ids) == want, out
+    assert all("test_parity[layer1." in l for l in ids), ids

@@ -125,8 +125,16 @@ class VllmTarget(Target):
         from vllm import LLM
 
         trit.vllm.register()  # also done by the vllm.general_plugins entry point when installed
+        from trit.vllm.quant import CLAIMS
+
         qcfg = dict(cfg.quantization or {})
         overrides = {}
+        if (not spec_path and qcfg.get("quant_method") not in (None, *CLAIMS)
+                and (model_dir / SPEC_FILENAME).exists()):
+            # the inspector's spec next to a foreign quantization_config (compressed-tensors, gptq, ...): the
+            # reference and the goldens follow the spec (spec_for), so must vLLM; left alone, vLLM would take
+            # the checkpoint with its own method for that quant_method (other kernels, or none at all)
+            spec_path = model_dir / SPEC_FILENAME
         if spec_path or self.backend != "auto":
             qcfg["quant_method"] = "ternary"
             if spec_path:

@@ -159,6 +159,11 @@ class TernaryConfig(QuantizationConfig):
     def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None) -> Optional[str]:
         if (hf_quant_cfg or {}).get("quant_method") in CLAIMS and user_quant in (None, NAME, "bitnet"):
             return NAME
+        if user_quant == NAME:
+            # asked for by name (--quantization ternary) on a checkpoint whose quantization_config names another
+            # method (compressed-tensors, gptq, ...): the directory's ternary_spec.json describes it
+            # (maybe_update_config); without this vLLM refuses the mismatch with the config's quant_method
+            return NAME
         return None
 
     def maybe_update_config(self, model_name, hf_config=None, revision=None):
@@ -198,8 +203,13 @@ class TernaryConfig(QuantizationConfig):
         from vllm.model_executor.models.utils import WeightsMapper
 
         renames = checkpoint_renames(self.spec) if self.spec is not None else {}
-        return WeightsMapper(orig_to_new_regex={
-            re.compile("^" + re.escape(k) + "$"): v.replace("\\", "\\\\") for k, v in renames.items()})
+        regex = {re.compile("^" + re.escape(k) + "$"): v.replace("\\", "\\\\") for k, v in renames.items()}
+        # keys the spec lists under "ignored" (GPTQ g_idx / qzeros, compressed-tensors weight_shape): checked by
+        # the inspector, not needed to compute; mapped to None, vLLM drops them (its own Llama has no such
+        # parameter and would refuse the key; our BitNet drops them through the key map)
+        ignored = getattr(self.spec, "ignored", None) or {}
+        regex.update({re.compile("^" + re.escape(k) + "$"): None for k in ignored})
+        return WeightsMapper(orig_to_new_regex=regex)
 
     def get_checkpoint_weight_mapper(self):
         """vLLM's mapper of checkpoint names (AutoWeightsLoader: vLLM's own Llama) plus the spec's keys that
