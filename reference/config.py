@@ -12,6 +12,11 @@ ARCHITECTURES = {"BitNetForCausalLM": "bitnet", "LlamaForCausalLM": "llama",
 MODEL_TYPES = {"bitnet": "bitnet", "llama": "llama"}
 
 
+# transformers' ACT2FN names the reference computes (reference.model.mlp_act): SiLU (Llama), relu^2 (BitNet
+# b1.58), exact and tanh-approximated GELU
+MLP_ACTS = ("silu", "relu2", "gelu", "gelu_pytorch_tanh")
+
+
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float = 10000.0
@@ -55,7 +60,7 @@ class ModelConfig:
     rms_norm_eps: float
     rope: RopeConfig
     tie_word_embeddings: bool
-    hidden_act: str  # "silu" | "relu2"
+    hidden_act: str  # one of MLP_ACTS
     attention_bias: bool = False
     mlp_bias: bool = False
     max_position_embeddings: int = 2048
@@ -116,8 +121,8 @@ class ModelConfig:
                 truncate=bool(rp.get("truncate", True)),
                 attention_factor=float(attn) if kind == "yarn" else 1.0)
             act = d.get("hidden_act", "relu2" if arch == "bitnet" else "silu")
-            if act not in ("silu", "relu2"):
-                raise CheckpointError(f"{where}: hidden_act {act!r} is not supported (silu, relu2)")
+            if act not in MLP_ACTS:
+                raise CheckpointError(f"{where}: hidden_act {act!r} is not supported ({', '.join(MLP_ACTS)})")
             cfg = cls(
                 arch=arch,
                 vocab_size=int(d["vocab_size"]),

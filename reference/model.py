@@ -37,6 +37,17 @@ def act_quant_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x * xs).round().clamp(-128, 127), xs
 
 
+
+def mlp_act(name: str, g: torch.Tensor) -> torch.Tensor:
+    """transformers' ACT2FN[name] on the gate (reference.config.MLP_ACTS)."""
+    if name == "relu2":
+        return torch.relu(g).square()
+    if name == "silu":
+        return F.silu(g)
+    if name in ("gelu", "gelu_pytorch_tanh"):
+        return F.gelu(g, approximate="tanh" if name == "gelu_pytorch_tanh" else "none")
+    raise ValueError(f"hidden_act {name!r} is not one of reference.config.MLP_ACTS")
+
 class Linear:
     """y = x @ (values * mult)^T (+ bias), optionally with int8 activation quantisation.
 
@@ -297,10 +308,7 @@ class ReferenceModel:
             u = layer["mlp.up_proj"](x)
             tap(f"{n}.mlp.gate_proj", g)
             tap(f"{n}.mlp.up_proj", u)
-            if cfg.hidden_act == "relu2":
-                act = torch.relu(g).square() * u
-            else:
-                act = F.silu(g) * u
+            act = mlp_act(cfg.hidden_act, g) * u
             tap(f"{n}.mlp.act", act)
             if cfg.arch == "bitnet":
                 act = self._norm(f"{n}.mlp.sub_norm", act, layer["ffn_sub_norm"], tap)

@@ -220,3 +220,11 @@ def test_online_mode_float_latent_weights_match_transformers(arch, tmp_path):
     (d / "config.json").write_text(json.dumps(cfg_d))
     with pytest.raises(CheckpointError, match="online only in AutoBitLinear"):
         ReferenceModel.from_dir(d)
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_pytorch_tanh"])
+def test_bitnet_gelu_matches_transformers(act, tmp_path):
+    """transformers' BitNetMLP takes ACT2FN[hidden_act]: exact and tanh GELU as well as relu2 / silu."""
+    d = _edited(tmp_path, act, Preset("bitnet", 64, 96, 2, 4, 2, 67, True, seed=17), lambda c: c.update(hidden_act=act))
+    assert ModelConfig.load(d).hidden_act == act
+    _assert_matches_transformers(d)

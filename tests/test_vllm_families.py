@@ -259,3 +259,13 @@ def test_bitnet_partial_rotary_factor_is_ignored_as_transformers_does(tmp_path):
     cfg["rope_parameters"]["partial_rotary_factor"] = 0.5
     (d / "config.json").write_text(json.dumps(cfg))
     _vllm_vs_reference(d, 89, 2, "bitnet")
+
+
+@pytest.mark.vllm
+def test_bitnet_with_gelu(tmp_path):
+    """hidden_act gelu_pytorch_tanh in a BitNet config: the plugin computes transformers' ACT2FN as the reference does."""
+    d = write_model(Preset("bitnet", 128, 200, 2, 4, 2, 89, True, seed=50), tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["hidden_act"] = "gelu_pytorch_tanh"
+    (d / "config.json").write_text(json.dumps(cfg))
+    _vllm_vs_reference(d, 89, 2, "bitnet")

@@ -104,8 +104,8 @@ class VllmTarget(Target):
         if cfg.arch == "llama" and cfg.hidden_act != "silu":
             # vLLM's LlamaMLP raises "Unsupported activation" (no file, no key) once the engine builds the model
             raise ValueError(f"{model_dir}/config.json: hidden_act {cfg.hidden_act!r}: vLLM's Llama runs only 'silu' "
-                             f"(the reference and transformers compute {cfg.hidden_act!r}; BitNet's plugin takes relu2 "
-                             f"and silu)")
+                             f"(the reference and transformers compute {cfg.hidden_act!r}; BitNet's plugin takes "
+                             f"every reference.config.MLP_ACTS)")
         raw = load_config(model_dir)
         prf = (raw.get("rope_parameters") or raw.get("rope_scaling") or {}).get("partial_rotary_factor",
                                                                                  raw.get("partial_rotary_factor"))

@@ -31,7 +31,6 @@ from itertools import islice
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vllm.compilation.decorators import support_torch_compile
@@ -48,6 +47,8 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.utils import PPMissingLayer, make_layers, maybe_prefix
 from vllm.sequence import IntermediateTensors
 
+from reference.config import MLP_ACTS
+from reference.model import mlp_act
 from reference.spec import derived_buffer
 
 from . import tp_heads_error
@@ -115,8 +116,8 @@ class BitNetMLP(nn.Module):
         h, i = config.hidden_size, config.intermediate_size
         # transformers' BitNetMLP takes ACT2FN[hidden_act]; b1.58 checkpoints use relu2
         self.act = getattr(config, "hidden_act", "relu2")
-        if self.act not in ("relu2", "silu"):
-            raise ValueError(f"BitNet hidden_act {self.act!r} is not supported (relu2, silu)")
+        if self.act not in MLP_ACTS:
+            raise ValueError(f"BitNet hidden_act {self.act!r} is not supported ({', '.join(MLP_ACTS)})")
         self.gate_up_proj = MergedColumnParallelLinear(h, [i, i], bias=False, quant_config=quant_config,
                                                        prefix=f"{prefix}.gate_up_proj")
         self.ffn_sub_norm = sub_norm(i, config.rms_norm_eps)
@@ -127,17 +128,18 @@ class BitNetMLP(nn.Module):
         compute gate_up's int8 input (norm_then_linear)."""
         gu, residual = norm_then_linear(norm, self.gate_up_proj, x, residual)  # (T, 2 * I / tp)
         down = self.down_proj
-        if getattr(down, "trit_prologue", False) and isinstance(self.ffn_sub_norm, RMSNorm) and gu.dim() == 2:
-            # TRIT_A8_PROLOGUE: act(gate) * up and the sub-norm inside down_proj's GEMV at M = 1
-            from trit.ops import PROLOGUE_ACTS
+        from trit.ops import PROLOGUE_ACTS
 
+        if (getattr(down, "trit_prologue", False) and isinstance(self.ffn_sub_norm, RMSNorm) and gu.dim() == 2
+                and self.act in PROLOGUE_ACTS):
+            # TRIT_A8_PROLOGUE: act(gate) * up and the sub-norm inside down_proj's GEMV at M = 1
             sn = self.ffn_sub_norm
             w = sn.weight if sn.weight.dtype == gu.dtype else sn.weight.to(gu.dtype)
             bias = None if getattr(down, "skip_bias_add", False) else getattr(down, "bias", None)
             x, _ = down.quant_method.apply_prologue(down, gu, None, w, sn.variance_epsilon, PROLOGUE_ACTS[self.act], bias)
             return x, residual
         g, u = gu.chunk(2, dim=-1)
-        x = (torch.relu(g).square() if self.act == "relu2" else F.silu(g)) * u  # act(gate) * up
+        x = mlp_act(self.act, g) * u  # act(gate) * up, as transformers' ACT2FN[hidden_act]
         x, _ = norm_then_linear(self.ffn_sub_norm, self.down_proj, x)
         return x, residual
 
