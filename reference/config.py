@@ -101,6 +101,14 @@ class ModelConfig:
                 miss = [k for k in ("low_freq_factor", "high_freq_factor") if rp.get(k) is None]
                 if miss:
                     raise CheckpointError(f"{where}: rope_type 'llama3' needs {' and '.join(map(repr, miss))}")
+            prf = rp.get("partial_rotary_factor", d.get("partial_rotary_factor"))
+            if prf is not None and float(prf) != 1.0 and kind != "default":
+                # default RoPE: transformers' Llama / BitNet rotate all of head_dim whatever the key says (so does
+                # the reference); its scaled RoPE functions take int(head_dim * factor) dims and the model then
+                # fails on cos / sin narrower than head_dim: nothing to compare against
+                raise CheckpointError(f"{where}: partial_rotary_factor {prf} with rope_type {kind!r}: transformers "
+                                      f"builds {kind} frequencies for part of head_dim and cannot run the model; "
+                                      f"expected 1.0 (or no key)")
             max_pos = int(d.get("max_position_embeddings", 2048))
             # transformers' standardize_rope_params: a top-level original_max_position_embeddings wins, else the
             # rope dict's, else max_position_embeddings (for llama3 / yarn / longrope)

@@ -122,7 +122,9 @@ def test_rope_scaling_variants_match_transformers(rope, tmp_path):
 @pytest.mark.parametrize("rope,why", [
     ({"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0}, "rope_type 'llama3' needs 'low_freq_factor'"),
     ({"rope_type": "yarn", "original_max_position_embeddings": 64}, "rope_type 'yarn' needs a 'factor'"),
-    ({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}, "rope_type 'longrope' is not supported")])
+    ({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}, "rope_type 'longrope' is not supported"),
+    ({"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5},
+     "partial_rotary_factor 0.5 with rope_type 'linear'")])
 def test_incomplete_or_unknown_rope_is_refused_by_name(rope, why):
     """transformers requires these keys (its rope validation raises KeyError) and vLLM indexes them: the
     reference names the file and the key instead of assuming a default."""
