@@ -355,17 +355,25 @@ def rms_norm_a8q_ref(x: Tensor, residual: Optional[Tensor], weight: Tensor, eps:
     kernel reduces in another order (out may differ by one rounding step), but its xq / xs / rowsum
     are a8_quantize of the out it returns, bit for bit."""
     _check_rms_norm_a8q(x, residual, weight)
-    xf = x.to(torch.float32)
-    if residual is not None:
-        res_out = (xf + residual.to(torch.float32)).to(x.dtype)
-        z = res_out.to(torch.float32)
-    else:
-        res_out = x.new_empty(0)
-        z = xf
-    inv = torch.rsqrt(z.square().mean(dim=-1, keepdim=True) + eps)
-    out = (z * inv * weight.to(torch.float32)).to(x.dtype)
+    out, res_out = _add_rms_norm(x, residual, weight, eps)
     xq, xs, rowsum = a8_quantize(out)
     return out, res_out, xq, xs, rowsum
+
+
+def _add_rms_norm(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], eps: float):
+    """(out, residual_out): z = x (+ residual, rounded to x's dtype: residual_out, else an empty tensor), out =
+    (z * rsqrt(mean(z^2) + eps) * weight) in fp32 rounded once to x's dtype, or z without a weight."""
+    if residual is not None:
+        res_out = (x.to(torch.float32) + residual.to(torch.float32)).to(x.dtype)
+        z = res_out
+    else:
+        res_out = x.new_empty(0)
+        z = x
+    if weight is None:
+        return z, res_out
+    zf = z.to(torch.float32)
+    inv = torch.rsqrt(zf.square().mean(dim=-1, keepdim=True) + eps)
+    return (zf * inv * weight.to(torch.float32)).to(x.dtype), res_out
 
 
 def _check_prologue(x, residual, norm_weight, act, K):
@@ -402,19 +410,9 @@ def ternary_mm_a8_prologue_ref(x: Tensor, residual: Optional[Tensor], norm_weigh
     _check_prologue(x, residual, norm_weight, act, K)
     if act:
         g, u = x[:, :K], x[:, K:]
-        a = (torch.relu(g).square() if act == 1 else torch.nn.functional.silu(g)) * u
-    else:
-        a = x
-    if residual is not None:
-        res_out = (a.to(torch.float32) + residual.to(torch.float32)).to(x.dtype)
-        a = res_out
-    else:
-        res_out = x.new_empty(0)
-    if norm_weight is not None:
-        af = a.to(torch.float32)
-        inv = torch.rsqrt(af.square().mean(dim=-1, keepdim=True) + eps)
-        a = (af * inv * norm_weight.to(torch.float32)).to(x.dtype)
-    return _mm_a8_torch(a.contiguous(), packed, scale, N, K, bias), res_out
+        x = (torch.relu(g).square() if act == 1 else torch.nn.functional.silu(g)) * u
+    h, res_out = _add_rms_norm(x, residual, norm_weight, eps)
+    return _mm_a8_torch(h.contiguous(), packed, scale, N, K, bias), res_out
 
 
 _TORCH_IMPLS = {

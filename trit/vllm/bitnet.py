@@ -79,6 +79,16 @@ class ShardedRMSNorm(nn.Module):
         return (y * self.weight.float()).to(x.dtype)
 
 
+def norm_weight_as(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The RMSNorm's weight in x's dtype (what the fused norm ops take)."""
+    return norm.weight if norm.weight.dtype == x.dtype else norm.weight.to(x.dtype)
+
+
+def bias_of(linear: nn.Module) -> Optional[torch.Tensor]:
+    """The bias the layer adds itself (None where vLLM adds it later: skip_bias_add)."""
+    return None if getattr(linear, "skip_bias_add", False) else getattr(linear, "bias", None)
+
+
 def norm_then_linear(norm: nn.Module, linear: nn.Module, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
     """(linear(norm(x)), None) or, with residual, (linear(norm(x + residual)), x + residual): vLLM's
     (fused add +) RMSNorm and then the layer. Where the layer's ternary method set trit_fused_norm
@@ -87,15 +97,13 @@ def norm_then_linear(norm: nn.Module, linear: nn.Module, x: torch.Tensor, residu
     (TernaryLinearMethod.apply_quantized): no quantizer launch in front of the M <= 8 GEMV."""
     if getattr(linear, "trit_prologue", False) and isinstance(norm, RMSNorm) and x.dim() == 2:
         # TRIT_A8_PROLOGUE: (the residual add and) the norm inside the layer's GEMV at M = 1
-        w = norm.weight if norm.weight.dtype == x.dtype else norm.weight.to(x.dtype)
-        bias = None if getattr(linear, "skip_bias_add", False) else getattr(linear, "bias", None)
-        y, res = linear.quant_method.apply_prologue(linear, x, residual, w, norm.variance_epsilon, 0, bias)
+        y, res = linear.quant_method.apply_prologue(linear, x, residual, norm_weight_as(norm, x),
+                                                    norm.variance_epsilon, 0, bias_of(linear))
         return y, (res if residual is not None else None)
     if getattr(linear, "trit_fused_norm", False) and isinstance(norm, RMSNorm) and x.dim() == 2:
-        w = norm.weight if norm.weight.dtype == x.dtype else norm.weight.to(x.dtype)
-        h, res, xq, xs, rowsum = torch.ops.trit.rms_norm_a8q(x.contiguous(), residual, w, norm.variance_epsilon)
-        bias = None if getattr(linear, "skip_bias_add", False) else getattr(linear, "bias", None)
-        y = linear.quant_method.apply_quantized(linear, h, xq, xs, rowsum, bias)
+        h, res, xq, xs, rowsum = torch.ops.trit.rms_norm_a8q(x.contiguous(), residual, norm_weight_as(norm, x),
+                                                            norm.variance_epsilon)
+        y = linear.quant_method.apply_quantized(linear, h, xq, xs, rowsum, bias_of(linear))
         return y, (res if residual is not None else None)
     if residual is None:
         y, _ = linear(norm(x))
@@ -118,6 +126,9 @@ class BitNetMLP(nn.Module):
         self.act = getattr(config, "hidden_act", "relu2")
         if self.act not in MLP_ACTS:
             raise ValueError(f"BitNet hidden_act {self.act!r} is not supported ({', '.join(MLP_ACTS)})")
+        from trit.ops import PROLOGUE_ACTS  # (here, not at import: trit.ops loads the CUDA extension)
+
+        self.pro_act = PROLOGUE_ACTS.get(self.act)  # trit::ternary_mm_a8_prologue's code for it, or None
         self.gate_up_proj = MergedColumnParallelLinear(h, [i, i], bias=False, quant_config=quant_config,
                                                        prefix=f"{prefix}.gate_up_proj")
         self.ffn_sub_norm = sub_norm(i, config.rms_norm_eps)
@@ -127,16 +138,12 @@ class BitNetMLP(nn.Module):
         """(mlp(norm(x + residual)), x + residual): the post-attention norm comes in, so that it can
         compute gate_up's int8 input (norm_then_linear)."""
         gu, residual = norm_then_linear(norm, self.gate_up_proj, x, residual)  # (T, 2 * I / tp)
-        down = self.down_proj
-        from trit.ops import PROLOGUE_ACTS
-
-        if (getattr(down, "trit_prologue", False) and isinstance(self.ffn_sub_norm, RMSNorm) and gu.dim() == 2
-                and self.act in PROLOGUE_ACTS):
+        down, sn = self.down_proj, self.ffn_sub_norm
+        if (getattr(down, "trit_prologue", False) and isinstance(sn, RMSNorm) and gu.dim() == 2
+                and self.pro_act is not None):
             # TRIT_A8_PROLOGUE: act(gate) * up and the sub-norm inside down_proj's GEMV at M = 1
-            sn = self.ffn_sub_norm
-            w = sn.weight if sn.weight.dtype == gu.dtype else sn.weight.to(gu.dtype)
-            bias = None if getattr(down, "skip_bias_add", False) else getattr(down, "bias", None)
-            x, _ = down.quant_method.apply_prologue(down, gu, None, w, sn.variance_epsilon, PROLOGUE_ACTS[self.act], bias)
+            x, _ = down.quant_method.apply_prologue(down, gu, None, norm_weight_as(sn, gu), sn.variance_epsilon,
+                                                    self.pro_act, bias_of(down))
             return x, residual
         g, u = gu.chunk(2, dim=-1)
         x = mlp_act(self.act, g) * u  # act(gate) * up, as transformers' ACT2FN[hidden_act]

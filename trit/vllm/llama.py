@@ -15,7 +15,7 @@ from __future__ import annotations
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 
-from .bitnet import norm_then_linear
+from .bitnet import bias_of, norm_then_linear
 
 _FLAGS = ("trit_fused_norm", "trit_prologue")
 
@@ -43,8 +43,7 @@ class TritLlamaDecoderLayer(LlamaDecoderLayer):
         if getattr(down, "trit_prologue", False) and type(mlp.act_fn) is SiluAndMul and x.dim() == 2:
             from trit.ops import PROLOGUE_ACTS  # SiLU(gate) * up inside down_proj's GEMV
 
-            bias = None if getattr(down, "skip_bias_add", False) else getattr(down, "bias", None)
-            x, _ = down.quant_method.apply_prologue(down, x, None, None, 0.0, PROLOGUE_ACTS["silu"], bias)
+            x, _ = down.quant_method.apply_prologue(down, x, None, None, 0.0, PROLOGUE_ACTS["silu"], bias_of(down))
             return x, residual
         x, _ = down(mlp.act_fn(x))
         return x, residual

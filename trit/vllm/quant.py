@@ -393,20 +393,20 @@ class TernaryLinearMethod(_SpecLinearMethod):
             key_compile_cache(self.prefix)
         # TRIT_FUSED_NORM_QUANT: the RMSNorm in front computes this layer's activation quantization
         # (trit::rms_norm_a8q; the BitNet model's norm_then_linear, at TP = 1)
+        # the routes that fuse the model's norm / activation with this layer: W1.58A8 on the trit ops, the
+        # whole input row in one process (TP = 1), and vLLM compiling the model
         from trit.ops import RMS_NORM_A8Q_MAX_K
-        layer.trit_fused_norm = bool(self.act_quant and not layer.trit_global_absmax
-                                     and getattr(layer, "tp_size", 1) == 1 and k_part <= RMS_NORM_A8Q_MAX_K
-                                     and self.backend.linear_a8_pre is not None and fused_norm_selected()
-                                     and model_compiled())
-        if layer.trit_fused_norm:
-            key_compile_cache(self.prefix, "trit_fused_norm")
+        fusable = bool(self.act_quant and not layer.trit_global_absmax and getattr(layer, "tp_size", 1) == 1
+                       and self.backend.linear_a8_pre is not None and model_compiled())
+        # TRIT_FUSED_NORM_QUANT: the RMSNorm in front computes this layer's activation quantization
+        # (trit::rms_norm_a8q; the BitNet model's norm_then_linear)
+        layer.trit_fused_norm = fusable and k_part <= RMS_NORM_A8Q_MAX_K and fused_norm_selected()
         # TRIT_A8_PROLOGUE: the norm / activation in front of this layer runs inside its GEMV
-        # (trit::ternary_mm_a8_prologue; the BitNet model and trit.vllm.llama, at TP = 1)
-        layer.trit_prologue = bool(self.act_quant and not layer.trit_global_absmax
-                                   and getattr(layer, "tp_size", 1) == 1 and self.backend.name == "trit.ops"
-                                   and prologue_selected() and model_compiled())
-        if layer.trit_prologue:
-            key_compile_cache(self.prefix, "trit_prologue")
+        # (trit::ternary_mm_a8_prologue; the BitNet model and trit.vllm.llama)
+        layer.trit_prologue = fusable and prologue_selected()
+        for flag in ("trit_fused_norm", "trit_prologue"):
+            if getattr(layer, flag):
+                key_compile_cache(self.prefix, flag)
 
     def _weight_loader(self, layer, vllm_loader, f: int):
         post = lambda w, p: stage_pack(w, f).to(p.device)  # noqa: E731
@@ -514,9 +514,14 @@ def prologue_selected(setting: Optional[str] = None) -> bool:
     kernel and the layer (every CTA recomputes the row's norm from L2); at larger M the op runs the same
     arithmetic in several kernels. Unset / 0: off (the default until measured end to end). Only at TP = 1,
     where the layer runs the trit ops and vLLM compiles the model (model_compiled)."""
+    return _switch_on("TRIT_A8_PROLOGUE", setting)
+
+
+def _switch_on(name: str, setting: Optional[str] = None) -> bool:
+    """An on / off environment switch (or the given setting): unset, empty or 0 is off."""
     import os
 
-    setting = os.environ.get("TRIT_A8_PROLOGUE", "") if setting is None else setting
+    setting = os.environ.get(name, "") if setting is None else setting
     return setting.strip() not in ("", "0")
 
 
@@ -529,10 +534,7 @@ def fused_norm_selected(setting: Optional[str] = None) -> bool:
     Only where the layer runs the trit ops at TP = 1 with K <= 16384 (trit.ops.RMS_NORM_A8Q_MAX_K), and
     only where vLLM compiles the model (model_compiled): eager runs keep the norm and linear module
     calls that the parity target's capture hooks observe."""
-    import os
-
-    setting = os.environ.get("TRIT_FUSED_NORM_QUANT", "") if setting is None else setting
-    return setting.strip() not in ("", "0")
+    return _switch_on("TRIT_FUSED_NORM_QUANT", setting)
 
 
 def prequant_selected(prefix: str, setting: Optional[str] = None) -> bool:
