@@ -1042,13 +1042,9 @@ template <typename T> struct A8Pro {
   float eps;
   int act;            // 0 none, 1 relu^2 * up, 2 silu * up (x is [M, 2K])
 };
-// staging bytes of the prologue: the x row (2K with act), the residual row, the norm weight, each
-// rounded up to 16 bytes
-template <typename T>
-__host__ __device__ inline size_t pro_stage_bytes(int K, bool act, bool res, bool norm) {
-  const size_t row = ((size_t)K * sizeof(T) + 15) / 16 * 16;
-  return row * ((act ? 2 : 1) + (res ? 1 : 0) + (norm ? 1 : 0));
-}
+// the prologue's staging area: the x row (two of these with act), the residual row, the norm weight, in
+// that order, each this many bytes (K elements of elem bytes, rounded up to 16)
+__host__ __device__ inline size_t pro_row_bytes(int K, size_t elem) { return ((size_t)K * elem + 15) / 16 * 16; }
 // n16 16-byte pieces from global src to shared dst by the CTA's nthr threads (tid), cp.async
 __device__ __forceinline__ void stage16(void* dst, const void* src, int n16, int tid, int nthr) {
   for (int i = tid; i < n16; i += nthr)
@@ -1083,7 +1079,7 @@ __device__ __forceinline__ void sstore8(T* row, int k, const float (&e)[8]) {
   }
 }
 // One row (x, r, res_out at the row; K % 8 == 0, 16-byte aligned rows: the dispatcher checks). stage: the
-// CTA's staging area (pro_stage_bytes), its norm weight part already requested (cp.async, before the PDL
+// CTA's staging area (pro_row_bytes), its norm weight part already requested (cp.async, before the PDL
 // wait). Same contract as quantize_row_perm (returns xs; thread 0 gets the row sum); tid / nthr: the
 // CTA's linear thread index and size, a multiple of 32 up to 256 (scr_f / scr_i hold 8 words).
 template <typename T, typename Store>
@@ -1092,7 +1088,7 @@ __device__ __forceinline__ float pro_quantize_row(const T* __restrict__ x, const
                                                   uint8_t* stage, int tid, int nthr, float* scr_f, int* scr_i,
                                                   Store&& store, int& sum) {
   const int lane = tid & 31, warp = tid >> 5, nwarps = nthr >> 5;
-  const size_t rowb = ((size_t)K * sizeof(T) + 15) / 16 * 16;
+  const size_t rowb = pro_row_bytes(K, sizeof(T));
   T* sxr = reinterpret_cast<T*>(stage);                              // x row ([gate | up] with act)
   T* srr = reinterpret_cast<T*>(stage + rowb * (act ? 2 : 1));       // residual row
   const T* swr = reinterpret_cast<const T*>(stage + rowb * ((act ? 2 : 1) + (r != nullptr ? 1 : 0)));  // norm weight
@@ -1229,9 +1225,8 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
   stage += (16 - (reinterpret_cast<uintptr_t>(stage) & 15)) & 15;
   const bool prologue = kFuseQ && (pro.nw != nullptr || pro.act != 0 || pro.residual != nullptr);
   const int ptid = threadIdx.y * blockDim.x + threadIdx.x, pnthr = blockDim.x * blockDim.y;
-  if (kFuseQ && prologue && pro.nw != nullptr) {  // the norm weight is a parameter: requested before the PDL wait
-    const size_t rowb = ((size_t)K * sizeof(T) + 15) / 16 * 16;
-    stage16(stage + rowb * ((pro.act != 0 ? 2 : 1) + (pro.residual != nullptr ? 1 : 0)), pro.nw,
+  if (prologue && pro.nw != nullptr) {  // the norm weight is a parameter: requested before the PDL wait
+    stage16(stage + pro_row_bytes(K, sizeof(T)) * ((pro.act != 0 ? 2 : 1) + (pro.residual != nullptr ? 1 : 0)), pro.nw,
             (int)((size_t)K * sizeof(T) / 16), ptid, pnthr);
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
@@ -2294,8 +2289,7 @@ bool fuseq_auto(int M, int N, int K) { return M == 1 && (long)N * K <= (32L << 2
 template <typename T, int MT>
 cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, const T* x, int K,
                                const int8_t* xq, const float* xs, const int32_t* rowsum, const int32_t* wp,
-                               const float* scale, const T* bias, T* y, int M, int N, int KB, cudaStream_t st,
-                               A8Pro<T> pro = A8Pro<T>{nullptr, nullptr, nullptr, 0.f, 0}) {
+                               const float* scale, const T* bias, T* y, int M, int N, int KB, cudaStream_t st) {
   const int n_tiles = (N + kTileN - 1) / kTileN, n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
   size_t smem = (size_t)cfg.nw * cfg.ks * cfg.wn * MT * 128 * sizeof(int);
   auto kernel = a8_small_kernel<T, MT, 1>;
@@ -2311,7 +2305,7 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
   // a warp with two tiles has its weights in two streams: the single-range L2 prefetch is off
   return launch_ex(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem, st, pdl, xq, xs,
                    rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB, n_tiles, 8 * MT,
-                   cfg.wn == 1 ? flags : 0, x, K, pro);
+                   cfg.wn == 1 ? flags : 0, x, K, A8Pro<T>{nullptr, nullptr, nullptr, 0.f, 0});  // no prologue
 }
 
 // a8_gemm_kernel's launch (bindings.cpp a8_gemm_on picks the route): a8 at 16 < M <= 256
@@ -2584,7 +2578,7 @@ cudaError_t launch_decode(const int32_t* wp, const float* scale, T* out, int N, 
 // norm / activation prologue (A8Pro) in front of its quantizer. Where it runs (a8_prologue_ok): M <=
 // TRIT_A8_PROLOGUE_MAXM (default 1: the fused quantizer lost at M = 4 / 8 in H200 run 10, every CTA
 // quantizing every row), the v5 kernels on, its shared memory (the staged row, residual and norm weight:
-// pro_stage_bytes) within 113 KB (two CTAs per SM); rows 16-byte aligned and K % 8 == 0.
+// pro_smem) within 113 KB (two CTAs per SM); rows 16-byte aligned and K % 8 == 0.
 // pro_cfg: ks split-K warps as for a WN = 1 launch, and nw tiles per CTA so that a CTA has 8 warps
 // (256 threads) where the tiles allow: the prologue is computed once per CTA, by all its threads
 // (13824x2560: ks = 1, so the plain fused quantizer runs 864 one-warp CTAs; here 108 of 8 warps).
@@ -2600,9 +2594,8 @@ Cfg pro_cfg(int M, int N, int K) {
 }
 size_t pro_smem(const Cfg& cfg, int M, int K, size_t elem, bool act, bool res, bool norm) {
   const int KB = (K + kBlockK - 1) / kBlockK;
-  const size_t row = ((size_t)K * elem + 15) / 16 * 16;
   return (size_t)cfg.nw * cfg.ks * 128 * sizeof(int) + fuseq_smem(M, KB) + 16 +
-         row * ((act ? 2 : 1) + (res ? 1 : 0) + (norm ? 1 : 0));
+         pro_row_bytes(K, elem) * ((act ? 2 : 1) + (res ? 1 : 0) + (norm ? 1 : 0));
 }
 bool a8_prologue_ok(int M, int N, int K) {
   if (M < 1 || M > a8_prologue_maxm() || K % 8 != 0 || !knobs().v5) return false;
