@@ -28,6 +28,13 @@ PY=${PYTHON:-python3}
 rc=0
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 step() { echo; echo "=== $* ($(date -u +%T))"; }
+# ncu_run NAME DRIVER [ncu options]: profile the driver script under ncu (clocks as the GPU sets them) into
+# $OUT/NAME, within NCU_TIMEOUT seconds (default 150); a failure is reported, not fatal
+ncu_run() {
+  local name=$1 driver=$2; shift 2
+  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout ${NCU_TIMEOUT:-150} ncu --clock-control none "$@" \
+    $PY "$driver" > "$OUT/$name" 2>&1 || echo "ncu failed (see $name)"
+}
 
 if compgen -G ".whl/*.whl" >/dev/null; then
   step "install carried wheels"
@@ -155,9 +162,8 @@ for N, K in ((28672, 8192), (2560, 2560)):
         torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)
 torch.cuda.synchronize()
 PYEOF
-  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:${NCU_KERNELS:-small_kernel} -s 2 -c 4 \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section InstructionStats \
-    $PY /tmp/trit_ncu_driver.py > "$OUT/ncu.txt" 2>&1 || echo "ncu failed (see ncu.txt)"
+  ncu_run ncu.txt /tmp/trit_ncu_driver.py -k regex:${NCU_KERNELS:-small_kernel} -s 2 -c 4 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section InstructionStats
   grep -E "small_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Stall|Warp Cycles Per Issued|Executed Instructions " "$OUT/ncu.txt" | head -80
 fi
 
@@ -178,9 +184,8 @@ for K in (2560, 4096, 14336, 28672):
         torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)
 torch.cuda.synchronize()
 PYEOF
-  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} TRIT_A8_FUSEQ=0 timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:quant_rows -c 8 \
-    --section SpeedOfLight --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section SourceCounters \
-    $PY /tmp/trit_ncu_quant.py > "$OUT/ncu-quant.txt" 2>&1 || echo "ncu failed (see ncu-quant.txt)"
+  TRIT_A8_FUSEQ=0 ncu_run ncu-quant.txt /tmp/trit_ncu_quant.py -k regex:quant_rows -c 8 \
+    --section SpeedOfLight --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section SourceCounters
   grep -E "quant_rows|Duration|Memory Throughput|Grid Size|Block Size|Warp Cycles Per Issued|Stall|Uncoalesced" "$OUT/ncu-quant.txt" | head -80
 fi
 
@@ -200,9 +205,8 @@ for K in (2560, 4096, 6912, 14336):
         torch.ops.trit.rms_norm_a8q(x, r, w, 1e-6)
 torch.cuda.synchronize()
 PYEOF
-  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:rms_norm_quant -c 8 \
-    --section SpeedOfLight --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section SourceCounters \
-    $PY /tmp/trit_ncu_norm.py > "$OUT/ncu-norm.txt" 2>&1 || echo "ncu failed (see ncu-norm.txt)"
+  ncu_run ncu-norm.txt /tmp/trit_ncu_norm.py -k regex:rms_norm_quant -c 8 \
+    --section SpeedOfLight --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section SourceCounters
   grep -E "rms_norm_quant|Duration|Memory Throughput|Registers|Warp Cycles Per Issued|Stall" "$OUT/ncu-norm.txt" | head -80
 fi
 
@@ -226,9 +230,8 @@ for N, K in ((2560, 2560), (4096, 4096)):
         torch.ops.trit.ternary_mm_a8_prologue(x, r, nw, 1e-6, 0, p, s, N, K, None)
 torch.cuda.synchronize()
 PYEOF
-  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:a8_small_kernel -c 8 \
-    --section SpeedOfLight --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section Occupancy \
-    $PY /tmp/trit_ncu_pro.py > "$OUT/ncu-pro.txt" 2>&1 || echo "ncu failed (see ncu-pro.txt)"
+  ncu_run ncu-pro.txt /tmp/trit_ncu_pro.py -k regex:a8_small_kernel -c 8 \
+    --section SpeedOfLight --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section Occupancy
   grep -E "a8_small_kernel|Duration|Memory Throughput|L2 Hit|Registers|Block Size|Grid Size|Dynamic Shared|Warp Cycles Per Issued|Achieved Occupancy" "$OUT/ncu-pro.txt" | head -80
 fi
 
@@ -252,9 +255,8 @@ for N, K in ((28672, 8192), (2560, 2560)):
                 torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)
 torch.cuda.synchronize()
 PYEOF
-  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout ${NCU_TIMEOUT:-200} ncu --clock-control none -k regex:a8_gemm_kernel -c 32 \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-    $PY /tmp/trit_ncu_gemm.py > "$OUT/ncu-gemm.txt" 2>&1 || echo "ncu failed (see ncu-gemm.txt)"
+  NCU_TIMEOUT=${NCU_TIMEOUT:-200} ncu_run ncu-gemm.txt /tmp/trit_ncu_gemm.py -k regex:a8_gemm_kernel -c 32 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats
   grep -E "a8_gemm_kernel|Duration|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Grid Size|Warp Cycles Per Issued" "$OUT/ncu-gemm.txt" | head -120
 fi
 
