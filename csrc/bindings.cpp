@@ -371,7 +371,7 @@ std::tuple<at::Tensor, at::Tensor> ternary_mm_a8_prologue_cuda(
     return {ternary_mm_a8q_cuda(out, xq, xs, rowsum, packed, scale, N, K, bias), rc.defined() ? res : res_out};
   }
   if (rc.defined()) {
-    res_out = at::add(h, rc);  // one rounding to x's dtype
+    res_out.copy_(at::add(h, rc));  // one rounding to x's dtype
     h = res_out;
   }
   if (!norm_weight.has_value() || M == 0) return {ternary_mm_a8_cuda(h, packed, scale, N, K, bias), res_out};
