@@ -36,6 +36,9 @@ Ops (all take x: [M, K] of bfloat16 | float16 | float32 and return [M, N] of x's
     torch.ops.trit.ternary_mm_a8_prologue(x, residual, norm_weight, eps, act, packed, scale, N, K, bias=None)
         -> (y, residual_out): ternary_mm_a8 of act(gate) * up or x (+ residual), RMSNorm-ed when
         norm_weight is given; at M = 1 one kernel (:func:`ternary_mm_a8_prologue_ref`)
+    torch.ops.trit.ternary_chain(x, residual, residual_stage, norm_weights, acts, packed, scales, Ns, Ks, eps)
+        -> (y, residual_out): up to 4 ternary_mm_a8_prologue layers in a row (a model's layer tail); at M = 1
+        one persistent kernel with a grid barrier between the layers (:func:`ternary_chain_ref`)
 
 and :func:`ternary_linear` / :func:`ternary_linear_a8` take x of any rank and pick the small-M
 (fused) or large-M (dense decode + cuBLAS) path from the shape alone.
@@ -264,6 +267,10 @@ RMS_NORM_A8Q_MAX_K = 16384  # the CUDA kernel holds a row in one CTA's registers
 _lib.define("ternary_mm_a8_prologue(Tensor x, Tensor? residual, Tensor? norm_weight, float eps, int act, "
             "Tensor packed, Tensor scale, int N, int K, Tensor? bias=None) -> (Tensor y, Tensor residual_out)")
 PROLOGUE_ACTS = {"none": 0, "relu2": 1, "silu": 2}  # trit::ternary_mm_a8_prologue's act codes
+# a chain of ternary_mm_a8_prologue layers, each on the previous one's output: see ternary_chain_ref
+_lib.define("ternary_chain(Tensor x, Tensor? residual, int residual_stage, Tensor?[] norm_weights, int[] acts, "
+            "Tensor[] packed, Tensor[] scales, int[] Ns, int[] Ks, float eps) -> (Tensor y, Tensor residual_out)")
+CHAIN_MAX_STAGES = 4  # csrc kChainMaxStages
 
 
 def _check_mm(name, x, packed, scale, N, K, bias):
@@ -415,6 +422,48 @@ def ternary_mm_a8_prologue_ref(x: Tensor, residual: Optional[Tensor], norm_weigh
     return _mm_a8_torch(h.contiguous(), packed, scale, N, K, bias), res_out
 
 
+def _check_chain(x, residual, residual_stage, norm_weights, acts, packed, scales, Ns, Ks):
+    op = "trit::ternary_chain"
+    S = len(packed)
+    if not 1 <= S <= CHAIN_MAX_STAGES:
+        raise ValueError(f"{op}: 1 to {CHAIN_MAX_STAGES} stages, got {S}")
+    lens = {"norm_weights": len(norm_weights), "acts": len(acts), "scales": len(scales), "Ns": len(Ns),
+            "Ks": len(Ks)}
+    bad = {k: v for k, v in lens.items() if v != S}
+    if bad:
+        raise ValueError(f"{op}: every per-stage list must have {S} entries (len(packed)), got {bad}")
+    for s in range(1, S):
+        want = 2 * Ks[s] if acts[s] else Ks[s]
+        if Ns[s - 1] != want:
+            raise ValueError(f"{op}: stage {s} reads stage {s - 1}'s output of {Ns[s - 1]} features, but its "
+                             f"K={Ks[s]} with act={acts[s]} needs {want}")
+    if (residual is None) != (residual_stage < 0):
+        raise ValueError(f"{op}: residual and residual_stage go together (residual_stage={residual_stage}, "
+                         f"residual {'given' if residual is not None else 'None'})")
+    if residual is not None and not (0 <= residual_stage < S and acts[residual_stage] == 0):
+        raise ValueError(f"{op}: residual_stage={residual_stage} must name a stage without act (0..{S - 1})")
+
+
+def ternary_chain_ref(x: Tensor, residual: Optional[Tensor], residual_stage: int, norm_weights: list,
+                      acts: list, packed: list, scales: list, Ns: list, Ks: list, eps: float):
+    """What trit::ternary_chain computes (its CPU implementation): S <= CHAIN_MAX_STAGES W1.58A8 layers in a
+    row, stage s = ternary_mm_a8_prologue(h_s, residual if s == residual_stage else None, norm_weights[s], eps,
+    acts[s], packed[s], scales[s], Ns[s], Ks[s]) with h_0 = x and h_{s+1} its output; returns (the last
+    stage's output, the residual stream that residual_stage produced, or an empty tensor). BitNet's layer
+    tail from the attention output to the MLP output is 3 stages: attn_sub_norm -> o_proj, (+ residual)
+    post_attention_layernorm -> gate_up_proj, relu^2(gate) * up -> ffn_sub_norm -> down_proj. At M = 1 the
+    CUDA op runs every stage in one persistent kernel (a grid-wide barrier between stages); its norms sum in
+    another order than this (h may differ by one rounding step)."""
+    _check_chain(x, residual, residual_stage, norm_weights, acts, packed, scales, Ns, Ks)
+    h, res_out = x, x.new_empty(0)
+    for s in range(len(packed)):
+        h, r = ternary_mm_a8_prologue_ref(h, residual if s == residual_stage else None, norm_weights[s], eps,
+                                          acts[s], packed[s], scales[s], Ns[s], Ks[s])
+        if s == residual_stage:
+            res_out = r
+    return h, res_out
+
+
 _TORCH_IMPLS = {
     "ternary_mm": _mm_torch,
     "ternary_mm_a8": _mm_a8_torch,
@@ -423,6 +472,7 @@ _TORCH_IMPLS = {
     "ternary_mm_a8q": _mm_a8q_torch,
     "rms_norm_a8q": rms_norm_a8q_ref,
     "ternary_mm_a8_prologue": ternary_mm_a8_prologue_ref,
+    "ternary_chain": ternary_chain_ref,
 }
 for _name, _fn in _TORCH_IMPLS.items():
     _lib.impl(_name, _fn, "CPU")
@@ -453,6 +503,13 @@ def _rms_norm_a8q_fake(x, residual, weight, eps):
 @torch.library.register_fake("trit::ternary_mm_a8_prologue", lib=_lib)
 def _prologue_fake(x, residual, norm_weight, eps, act, packed, scale, N, K, bias=None):
     return x.new_empty((x.shape[0], N)), (x.new_empty((x.shape[0], K)) if residual is not None else x.new_empty(0))
+
+
+@torch.library.register_fake("trit::ternary_chain", lib=_lib)
+def _chain_fake(x, residual, residual_stage, norm_weights, acts, packed, scales, Ns, Ks, eps):
+    _check_chain(x, residual, residual_stage, norm_weights, acts, packed, scales, Ns, Ks)
+    return (x.new_empty((x.shape[0], Ns[-1])),
+            x.new_empty((x.shape[0], Ks[residual_stage])) if residual is not None else x.new_empty(0))
 
 
 @torch.library.register_fake("trit::ternary_decode", lib=_lib)
