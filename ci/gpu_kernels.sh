@@ -3,7 +3,7 @@
 #   build the extension -> GPU + CPU tests -> compute-sanitizer memcheck/racecheck on a few
 #   representative shapes -> python -m bench.kernels.
 # Everything is written under $OUT (default /tmp/trit-out): log.txt, junit.xml, sanitizer.txt,
-# sass.txt, gemm-probe.json and the bench JSON/Markdown. STAGES=build,probe,test,sanitize,bench selects stages
+# sass.txt, gemm-probe.json and the bench JSON/Markdown. STAGES=build,probe,test,sanitize,bench selects stages (also sanchain: the chain kernel under three sanitizer tools)
 # (plus ncu: the small-M kernels at M = 1, ncugemm: the a8 GEMM kernel's loops at M = 64 / 128,
 # ncuquant: the a8 quantizer at M = 1 for K = 2560 - 28672, ncunorm: rms_norm_a8q at M = 1, ncupro:
 # ternary_mm_a8_prologue vs the fused-quantizer GEMV at M = 1);
@@ -66,7 +66,7 @@ fi
 
 if has test; then
   step "tests"
-  timeout ${TEST_TIMEOUT:-400} $PY -m pytest -q -p no:cacheprovider tests/test_ops.py tests/test_ops_cuda.py --junitxml="$OUT/junit.xml" --maxfail=25 || rc=1
+  timeout ${TEST_TIMEOUT:-400} $PY -m pytest -q -p no:cacheprovider tests/test_ops.py tests/test_ops_cuda.py ${TEST_K:+-k "$TEST_K"} --junitxml="$OUT/junit.xml" --maxfail=25 || rc=1
 fi
 
 if has sanitize; then
@@ -208,6 +208,40 @@ PYEOF
   ncu_run ncu-norm.txt /tmp/trit_ncu_norm.py -k regex:rms_norm_quant -c 8 \
     --section SpeedOfLight --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section SourceCounters
   grep -E "rms_norm_quant|Duration|Memory Throughput|Registers|Warp Cycles Per Issued|Stall" "$OUT/ncu-norm.txt" | head -80
+fi
+
+if has sanchain; then
+  # trit::ternary_chain's persistent kernel alone under memcheck, racecheck and synccheck (its grid
+  # barrier, the shared staging of every stage, the tile accumulators): tails with awkward sizes, the 2B
+  # tail, every dtype, with and without the residual / norms, a one-stage and a four-stage chain
+  step "compute-sanitizer: ternary_chain"
+  cat > /tmp/trit_san_chain.py <<'PYEOF'
+import torch
+from trit import ops
+def lin(n, k):
+    return ops.repack(torch.randint(-1, 2, (n, k), dtype=torch.int8, device="cuda")), torch.rand(n, device="cuda") * 0.05
+for (D, A, I) in ((264, 136, 200), (1000, 520, 1032), (2560, 2560, 6912)):
+    for dt in (torch.bfloat16, torch.float32):
+        nw = lambda k: (torch.rand(k, device="cuda") + 0.5).to(dt)
+        (po, so), (pg, sg), (pd, sd), (pq, sq) = lin(D, A), lin(2 * I, D), lin(D, I), lin(A + 16, D)
+        x, r = torch.randn(1, A, device="cuda").to(dt), torch.randn(1, D, device="cuda").to(dt)
+        for act, sub in ((1, True), (2, False)):
+            n3 = [nw(A) if sub else None, nw(D), nw(I) if sub else None]
+            torch.ops.trit.ternary_chain(x, r, 1, n3, [0, 0, act], [po, pg, pd], [so, sg, sd], [D, 2 * I, D], [A, D, I], 1e-6)
+        torch.ops.trit.ternary_chain(x, r, 1, [nw(A), nw(D), nw(I), nw(D)], [0, 0, 1, 0], [po, pg, pd, pq],
+                                     [so, sg, sd, sq], [D, 2 * I, D, A + 16], [A, D, I, D], 1e-6)
+        torch.ops.trit.ternary_chain(x, None, -1, [None], [0], [po], [so], [D], [A], 1e-6)
+torch.cuda.synchronize()
+print("driver done")
+PYEOF
+  for tool in ${SAN_CHAIN_TOOLS:-memcheck racecheck synccheck}; do
+    echo "--- chain $tool" | tee -a "$OUT/sanitizer.txt"
+    PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool $tool --error-exitcode 9 \
+      $PY /tmp/trit_san_chain.py > /tmp/san-chain-$tool.txt 2>&1
+    st=$?
+    tail -8 /tmp/san-chain-$tool.txt | tee -a "$OUT/sanitizer.txt"
+    [ $st -eq 0 ] || { echo "chain $tool FAILED ($st)" | tee -a "$OUT/sanitizer.txt"; rc=1; }
+  done
 fi
 
 if has ncupro && command -v ncu >/dev/null; then

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "ternary.h"
 
@@ -381,6 +382,106 @@ std::tuple<at::Tensor, at::Tensor> ternary_mm_a8_prologue_cuda(
   return {ternary_mm_a8_cuda(out, packed, scale, N, K, bias), res_out};
 }
 
+// trit::ternary_chain: S ternary_mm_a8_prologue layers in a row (trit.ops.ternary_chain_ref). At M = 1 where
+// trit_chain_ok, one persistent kernel runs them all; elsewhere the per-stage op (its own M = 1 kernel or
+// composed launches).
+std::tuple<at::Tensor, at::Tensor> ternary_chain_cuda(const at::Tensor& x, const std::optional<at::Tensor>& residual,
+                                                      int64_t residual_stage,
+                                                      const c10::List<std::optional<at::Tensor>>& norm_weights,
+                                                      at::IntArrayRef acts, at::TensorList packed,
+                                                      at::TensorList scales, at::IntArrayRef Ns, at::IntArrayRef Ks,
+                                                      double eps) {
+  const char* op = "trit::ternary_chain";
+  c10::DeviceGuard guard(x.device());
+  const int64_t S = (int64_t)packed.size();
+  TORCH_CHECK(S >= 1 && S <= trit_chain_max_stages(), op, ": 1 to ", trit_chain_max_stages(), " stages, got ", S);
+  TORCH_CHECK((int64_t)norm_weights.size() == S && (int64_t)acts.size() == S && (int64_t)scales.size() == S &&
+                  (int64_t)Ns.size() == S && (int64_t)Ks.size() == S,
+              op, ": every per-stage list must have ", S, " entries (len(packed)), got norm_weights ",
+              norm_weights.size(), ", acts ", acts.size(), ", scales ", scales.size(), ", Ns ", Ns.size(), ", Ks ",
+              Ks.size());
+  for (int64_t s = 1; s < S; ++s)
+    TORCH_CHECK(Ns[s - 1] == (acts[s] != 0 ? 2 : 1) * Ks[s], op, ": stage ", s, " reads stage ", s - 1,
+                "'s output of ", Ns[s - 1], " features, but its K=", Ks[s], " with act=", acts[s], " needs ",
+                (acts[s] != 0 ? 2 : 1) * Ks[s]);
+  TORCH_CHECK(residual.has_value() == (residual_stage >= 0), op, ": residual and residual_stage go together (",
+              "residual_stage=", residual_stage, ")");
+  TORCH_CHECK(!residual.has_value() || (residual_stage < S && acts[residual_stage] == 0), op, ": residual_stage=",
+              residual_stage, " must name a stage without act (0..", S - 1, ")");
+  TORCH_CHECK(x.is_cuda() && x.dim() == 2, op, ": x must be a 2-D CUDA tensor, got ", x.sizes());
+  const int64_t M = x.size(0);
+  auto stage_op = [&](const at::Tensor& h, int64_t s) {
+    const auto nw = norm_weights.get(s);
+    return ternary_mm_a8_prologue_cuda(h, s == residual_stage ? residual : std::nullopt, nw, eps, acts[s], packed[s],
+                                       scales[s], Ns[s], Ks[s], std::nullopt);
+  };
+  int ns[8], ks[8], as[8];
+  for (int64_t s = 0; s < S; ++s) {
+    TORCH_CHECK(Ns[s] >= 1 && Ks[s] >= 1 && Ns[s] < (1LL << 31) && Ks[s] < (1LL << 31), op, ": stage ", s,
+                " N and K must be in [1, 2^31), got N=", Ns[s], " K=", Ks[s]);
+    ns[s] = (int)Ns[s];
+    ks[s] = (int)Ks[s];
+    as[s] = (int)acts[s];
+  }
+  const int code = dtype_code(x.scalar_type(), op);
+  if (M == 1 && code != TRIT_I8 && trit_chain_ok(code, 1, (int)S, ns, ks, as)) {
+    // the per-stage checks of the composed path, on this path too (shapes, dtypes, devices)
+    const int64_t width0 = acts[0] != 0 ? 2 * Ks[0] : Ks[0];
+    TORCH_CHECK(x.size(1) == width0, op, ": x.size(1)=", x.size(1), " but stage 0 needs ", width0);
+    const at::Tensor xc = x.contiguous();
+    at::Tensor rc, res_out = at::empty({0}, x.options());
+    if (residual.has_value()) {
+      const int64_t Kr = Ks[residual_stage];
+      TORCH_CHECK(residual->dim() == 2 && residual->size(0) == M && residual->size(1) == Kr &&
+                      residual->scalar_type() == x.scalar_type() && residual->device() == x.device(),
+                  op, ": residual must be ", x.scalar_type(), " [", M, ", ", Kr, "] on ", x.device(), ", got ",
+                  residual->scalar_type(), " ", residual->sizes(), " on ", residual->device());
+      rc = residual->contiguous();
+      res_out = at::empty({M, Kr}, x.options());
+    }
+    std::vector<at::Tensor> keep;  // contiguous norm weights and the outputs, alive until the launch
+    TritChainStage st[8];
+    at::Tensor y;
+    for (int64_t s = 0; s < S; ++s) {
+      TORCH_CHECK(packed[s].device() == x.device(), op, ": stage ", s, " packed is on ", packed[s].device(),
+                  ", x on ", x.device());
+      check_packed(packed[s], Ns[s], Ks[s], op);
+      check_scale(scales[s], Ns[s], x, op);
+      const auto nw = norm_weights.get(s);
+      at::Tensor nwc;
+      if (nw.has_value()) {
+        TORCH_CHECK(nw->dim() == 1 && nw->size(0) == Ks[s] && nw->scalar_type() == x.scalar_type() &&
+                        nw->device() == x.device(),
+                    op, ": stage ", s, " norm weight must be ", x.scalar_type(), " [", Ks[s], "] on ", x.device(),
+                    ", got ", nw->scalar_type(), " ", nw->sizes(), " on ", nw->device());
+        nwc = nw->contiguous();
+        keep.push_back(nwc);
+      }
+      y = at::empty({M, Ns[s]}, x.options());
+      keep.push_back(y);
+      st[s] = TritChainStage{packed[s].data_ptr<int32_t>(), scales[s].data_ptr<float>(),
+                             nwc.defined() ? nwc.data_ptr() : nullptr, y.data_ptr(), ns[s], ks[s], as[s]};
+    }
+    auto al = [](const at::Tensor& t) { return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+    bool aligned = al(xc) && al(rc) && al(res_out);
+    for (const auto& t : keep) aligned = aligned && al(t);
+    if (aligned) {
+      check_launch(trit_chain(code, xc.data_ptr(), rc.defined() ? rc.data_ptr() : nullptr,
+                              residual.has_value() ? res_out.data_ptr() : nullptr, (int)residual_stage, (float)eps,
+                              (int)S, st, current_stream(x)),
+                   op);
+      return {y, res_out};
+    }
+  }
+  at::Tensor h = x, res_out = at::empty({0}, x.options());
+  for (int64_t s = 0; s < S; ++s) {
+    auto [y, r] = stage_op(h, s);
+    if (s == residual_stage) res_out = r;
+    h = y;
+  }
+  return {h, res_out};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(trit, CUDA, m) {
@@ -391,4 +492,5 @@ TORCH_LIBRARY_IMPL(trit, CUDA, m) {
   m.impl("ternary_decode", &ternary_decode_cuda);
   m.impl("rms_norm_a8q", &rms_norm_a8q_cuda);
   m.impl("ternary_mm_a8_prologue", &ternary_mm_a8_prologue_cuda);
+  m.impl("ternary_chain", &ternary_chain_cuda);
 }

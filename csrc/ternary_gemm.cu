@@ -2760,6 +2760,409 @@ cudaError_t launch_rms_norm_quant(const T* x, const T* residual, const T* w, T* 
                      : groups <= 5 ? go(rms_norm_quant_kernel<T, 5>) : go(rms_norm_quant_kernel<T, kRnqVecs>);
 }
 
+
+// ---------------------------------------------------------------- layer chains at M = 1 (trit::ternary_chain)
+// S <= kChainMaxStages W1.58A8 layers in a row, each on the previous one's output, with the layer input
+// that the model computes in front of each (A8Pro's arithmetic: act(gate) * up, or x + residual, then
+// RMSNorm) - BitNet's layer tail attn_sub_norm -> o_proj, + residual -> post_attention_layernorm ->
+// gate_up_proj, relu^2(gate) * up -> ffn_sub_norm -> down_proj - as ONE persistent kernel at M = 1:
+// one CTA of kChainThreads per SM, a grid-wide barrier between the stages. Why: at M = 1 a 2-8 MB layer
+// takes 3-9 us where its bytes need 0.4-2 us (H200 runs 23-25: launch, ramp and tail, not bandwidth),
+// and each norm / quantizer in between is another such kernel (the 2B decode step ran 10-13 kernels per
+// layer, 1.53 ms for a 0.28 ms weight floor). Here each CTA prefetches its weight slices of the coming
+// stages into L2 (one bulk prefetch per stage) at the start, so HBM streams while the CTAs compute the
+// prologues and wait at the barriers, and the GEMVs read L2.
+// Per stage s, every CTA:
+//   1. loads its first weight chunk into registers (before the barrier: weights are constant), requests
+//      the norm weight into shared memory (cp.async), waits at the grid barrier (stage 0: the PDL wait);
+//   2. computes the whole input row from the previous stage's output (L2, ld.global.cg: written by other
+//      SMs in this kernel) - pass 1 a (+ residual: CTA 0 stores the new residual stream) and the sum of
+//      squares, pass 2 h = T(a * inv * nw) and max|h|, pass 3 the int8 quantization into shared memory
+//      (quant_group8: the {0,4,1,5,2,6,3,7} order of the a8 kernels); 512 threads, so ~5-30 elements each;
+//   3. runs its contiguous range of 16-channel tiles: the CTA's (tile, k-block) units split evenly over
+//      its 16 warps (a warp may span two tiles), mma.m16n8k32 u8 x s8 as a8_small_kernel, the warp's
+//      int32 partial sums added into the tile's shared accumulators (integer: exact in any order), then
+//      the a8 epilogue (store_out's arithmetic) writes the stage's output.
+// Results: every stage equals trit::ternary_mm_a8_prologue on the previous output, bit for bit wherever
+// the norm's sum of squares is exact in any order (it sums in another order than that kernel).
+// The grid barrier is a counter in device memory (g_chain_bar) that cooperative groups' scheme flips per
+// barrier (CTA 0 adds 2^31 - (G - 1), the others 1: the top bit flips when the last arrives, the low bits
+// return to 0), so it needs no reset between launches or inside a CUDA graph. All G CTAs must be resident
+// at once: G <= the SM count and one CTA per SM fits (chain_ok checks the shared memory; the launch bounds
+// cap registers at 128); other kernels in flight only delay residency (PDL predecessors finish on their
+// own). One chain kernel in flight per device: kernels on two streams running chains at the same time
+// would share the counter. A barrier that waits 20 s traps (the launch reports an error, no hang).
+constexpr int kChainMaxStages = 4;
+constexpr int kChainThreads = 512;
+constexpr int kChainWarps = kChainThreads / 32;
+constexpr int kChainCU = 4;  // k-blocks per register chunk of weights (two chunks in flight)
+
+__device__ unsigned g_chain_bar = 0;
+
+template <typename T> struct ChainStage {
+  const int4* wp;
+  const float* scale;
+  const T* nw;  // norm weight [K] or null
+  T* y;         // output [N]
+  int N, K, KB, n_tiles, act;
+};
+template <typename T> struct ChainArgs {
+  ChainStage<T> st[kChainMaxStages];
+  const T* x;         // stage 0's input: [K0], or [2 K0] = [gate | up] with act
+  const T* residual;  // [K of res_stage] or null
+  T* res_out;
+  float eps;
+  int S, res_stage;
+  int pf_stages;      // stages whose weights each CTA bulk-prefetches to L2 at the start (the rest: two ahead)
+  int off_nw, off_x, off_acc;  // shared memory: a / h row at 0, the norm weight, xq, the tile accumulators
+};
+
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void chain_grid_sync(unsigned* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
+    __threadfence();  // this CTA's writes (ordered before by the CTA barrier) before the arrival
+    const unsigned old = atomicAdd(bar, add);
+    const unsigned long long t0 = globaltimer_ns();
+    while (((old ^ *reinterpret_cast<volatile unsigned*>(bar)) & 0x80000000u) == 0) {
+      if (globaltimer_ns() - t0 > 20000000000ull) __trap();
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+// 8 elements of a row written in this kernel by other SMs (or by the kernel before): L2, not L1
+template <typename T>
+__device__ __forceinline__ void ldcg8(const T* row, int k, float (&e)[8]) {
+  if constexpr (sizeof(T) == 2) {
+    const uint4 v = __ldcg(reinterpret_cast<const uint4*>(row + k));
+    const T* h = reinterpret_cast<const T*>(&v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) e[i] = to_f32<T>(h[i]);
+  } else {
+    const float4 a = __ldcg(reinterpret_cast<const float4*>(row + k)), b = __ldcg(reinterpret_cast<const float4*>(row + k + 4));
+    e[0] = a.x; e[1] = a.y; e[2] = a.z; e[3] = a.w; e[4] = b.x; e[5] = b.y; e[6] = b.z; e[7] = b.w;
+  }
+}
+// CTA-wide sum / max of one value per thread, in a fixed order (deterministic); scr: kChainWarps words
+// used by this call only (each reduction of a stage has its own)
+__device__ __forceinline__ float chain_sum(float v, float* scr) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) scr[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = 0.f;
+#pragma unroll
+  for (int w = 0; w < kChainWarps; ++w) v += scr[w];
+  return v;
+}
+__device__ __forceinline__ float chain_max(float v, float* scr) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if ((threadIdx.x & 31) == 0) scr[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = scr[0];
+#pragma unroll
+  for (int w = 1; w < kChainWarps; ++w) v = fmaxf(v, scr[w]);
+  return v;
+}
+__device__ __forceinline__ int chain_isum(int v, int* scr) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) scr[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = 0;
+#pragma unroll
+  for (int w = 0; w < kChainWarps; ++w) v += scr[w];
+  return v;
+}
+// the CTA's tiles of a stage: [t0, t1), contiguous, counts differ by <= 1
+__device__ __forceinline__ void chain_tiles(int n_tiles, int& t0, int& t1) {
+  t0 = (int)(((long long)blockIdx.x * n_tiles) / gridDim.x);
+  t1 = (int)(((long long)(blockIdx.x + 1) * n_tiles) / gridDim.x);
+}
+__device__ __forceinline__ void chain_prefetch_stage(const int4* wp, int KB, int n_tiles) {
+  int t0, t1;
+  chain_tiles(n_tiles, t0, t1);
+  if (t1 > t0) l2_prefetch(wp + (size_t)t0 * KB * 32, (uint32_t)((size_t)(t1 - t0) * KB * 512));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_constant__ ChainArgs<T> a) {
+  extern __shared__ __align__(16) uint8_t csm[];
+  __shared__ float s_ss[kChainMaxStages][kChainWarps], s_am[kChainMaxStages][kChainWarps];
+  __shared__ int s_p[kChainMaxStages][kChainWarps];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, c = lane & 3, g = lane >> 2;
+  T* sa = reinterpret_cast<T*>(csm);
+  T* snw = reinterpret_cast<T*>(csm + a.off_nw);
+  int8_t* sx = reinterpret_cast<int8_t*>(csm + a.off_x);
+  int* sacc = reinterpret_cast<int*>(csm + a.off_acc);
+  unsigned* bar = &g_chain_bar;
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < kChainMaxStages; ++s)
+      if (s < a.S && s < a.pf_stages) chain_prefetch_stage(a.st[s].wp, a.st[s].KB, a.st[s].n_tiles);
+  }
+
+#pragma unroll
+  for (int s = 0; s < kChainMaxStages; ++s) {
+    if (s >= a.S) break;
+    const ChainStage<T>& st = a.st[s];
+    const int K = st.K, KB = st.KB, Kp = KB * kBlockK;
+    int t0, t1;
+    chain_tiles(st.n_tiles, t0, t1);
+    const int nt = t1 - t0, U = nt * KB;
+    const int u0 = (warp * U) / kChainWarps, u1 = ((warp + 1) * U) / kChainWarps;
+    const int4* wbase = st.wp + (size_t)t0 * KB * 32 + lane;  // unit u (tile-major) at + u * 32
+    int4 wa[kChainCU], wb[kChainCU];
+    auto load_chunk = [&](int4 (&w)[kChainCU], int u) {
+#pragma unroll
+      for (int j = 0; j < kChainCU; ++j) w[j] = u + j < u1 ? ld_weights(wbase + (size_t)(u + j) * 32) : make_int4(0, 0, 0, 0);
+    };
+    load_chunk(wa, u0);  // weights are constant: in flight across the barrier
+    if (st.nw != nullptr) {
+      stage16(snw, st.nw, (int)((size_t)K * sizeof(T) / 16), tid, kChainThreads);
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    if (s == 0) {
+      pdl_wait();  // x and the residual come from the kernels before
+    } else {
+      chain_grid_sync(bar);  // the previous stage's output is complete
+      if (tid == 0 && s + a.pf_stages - 1 < a.S && s + a.pf_stages - 1 >= a.pf_stages) {
+        const ChainStage<T>& nx = a.st[s + a.pf_stages - 1];
+        chain_prefetch_stage(nx.wp, nx.KB, nx.n_tiles);
+      }
+    }
+    if (s == a.S - 1) pdl_trigger();  // the next kernel may start launching (every CTA is resident)
+
+    // ---- the input row (every CTA): pass 1 a (+ residual) and sum(a^2) into sa
+    for (int i = tid; i < nt * kTileN; i += kChainThreads) sacc[i] = 0;
+    const T* src = s == 0 ? a.x : a.st[s > 0 ? s - 1 : 0].y;
+    const bool res = s == a.res_stage, norm = st.nw != nullptr;
+    float ss = 0.f;
+    for (int k = tid * 8; k < K; k += kChainThreads * 8) {
+      float e[8];
+      ldcg8<T>(src, k, e);
+      if (st.act != 0) {
+        float u[8];
+        ldcg8<T>(src + K, k, u);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float v = st.act == 1 ? fmaxf(e[i], 0.f) * fmaxf(e[i], 0.f) : e[i] / (1.f + expf(-e[i]));
+          e[i] = to_f32<T>(from_f32<T>(to_f32<T>(from_f32<T>(v)) * u[i]));
+        }
+      } else if (res) {
+        float r[8];
+        ldcg8<T>(a.residual, k, r);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) e[i] = to_f32<T>(from_f32<T>(e[i] + r[i]));
+        if (blockIdx.x == 0) store8<T>(a.res_out, k, K, true, e);
+      }
+      sstore8<T>(sa, k, e);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss += e[i] * e[i];
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");  // this thread's part of the norm weight
+    float inv = 1.f;
+    if (norm) inv = rsqrtf(chain_sum(ss, s_ss[s]) / (float)K + a.eps);  // its barrier publishes snw too
+    // pass 2: h (in place) and max|h|; a thread reads back only the groups it wrote
+    float amax = 0.f;
+    for (int k = tid * 8; k < K; k += kChainThreads * 8) {
+      float e[8];
+      sload8<T>(sa, k, e);
+      if (norm) {
+        float wf[8];
+        sload8<T>(snw, k, wf);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) e[i] = to_f32<T>(from_f32<T>(e[i] * inv * wf[i]));
+        sstore8<T>(sa, k, e);
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(e[i]));
+    }
+    amax = chain_max(amax, s_am[s]);
+    const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as torch: reciprocal(t) * 127
+    // pass 3: the int8 row (zeros past K) into sx
+    int part = 0;
+    for (int k = tid * 8; k < Kp; k += kChainThreads * 8) {
+      float e[8];
+      if (k < K) {
+        sload8<T>(sa, k, e);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) e[i] = 0.f;
+      }
+      *reinterpret_cast<uint2*>(sx + k) = quant_group8(e, xs, part);
+    }
+    const int rowsum = chain_isum(part, s_p[s]);  // its barrier publishes sx and the zeroed accumulators
+
+    // ---- the CTA's tiles: warp units [u0, u1) of (tile, k-block), tile-major
+    int acc[4] = {0, 0, 0, 0};
+    int tl = u0 / KB, kb = u0 - tl * KB;
+    auto flush = [&]() {
+      if (c == 0) {
+        atomicAdd(&sacc[tl * kTileN + g], acc[0]);      // (row g, x column 0)
+        atomicAdd(&sacc[tl * kTileN + g + 8], acc[2]);  // (row g + 8, x column 0)
+      }
+      acc[0] = acc[1] = acc[2] = acc[3] = 0;
+    };
+    auto unit = [&](const int4& w) {
+      if (kb == KB) {
+        flush();
+        ++tl;
+        kb = 0;
+      }
+      const uint4* xk = reinterpret_cast<const uint4*>(sx + kb * kBlockK + c * 32);
+      const uint4 x0 = xk[0], x1 = xk[1];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint32_t af[4];
+        a8_frag(word_of_rt(w, i), af);
+        const uint4& v = i < 2 ? x0 : x1;
+        mma16832_u8s8(acc, af, (i & 1) ? v.z : v.x, (i & 1) ? v.w : v.y);
+      }
+      ++kb;
+    };
+    auto run_chunk = [&](const int4 (&w)[kChainCU], int u) {
+#pragma unroll
+      for (int j = 0; j < kChainCU; ++j)
+        if (u + j < u1) unit(w[j]);
+    };
+    for (int u = u0; u < u1; u += 2 * kChainCU) {
+      load_chunk(wb, u + kChainCU);
+      run_chunk(wa, u);
+      if (u + kChainCU >= u1) break;
+      load_chunk(wa, u + 2 * kChainCU);
+      run_chunk(wb, u + kChainCU);
+    }
+    if (u1 > u0) flush();
+    __syncthreads();
+    // epilogue: store_out's arithmetic for x row 0
+    for (int i = tid; i < nt * kTileN; i += kChainThreads) {
+      const int n = t0 * kTileN + i;
+      if (n < st.N) st.y[n] = from_f32<T>(a8_value(sacc[i] - rowsum, xs, st.scale[n]));
+    }
+  }
+}
+
+struct ChainLayout {
+  int off_nw, off_x, off_acc;
+  size_t bytes;
+};
+// shared memory of a chain on G CTAs (elem: sizeof(T)): the a / h row and the norm weight at the widest
+// K, xq at the widest k-block count (+ 16), the accumulators of the most tiles a CTA gets
+inline ChainLayout chain_layout(int S, const int* Ns, const int* Ks, int G, size_t elem) {
+  int kmax = 8, kbmax = 1, tmax = 1;
+  for (int s = 0; s < S; ++s) {
+    kmax = max(kmax, Ks[s]);
+    kbmax = max(kbmax, (Ks[s] + kBlockK - 1) / kBlockK);
+    const int nt = (Ns[s] + kTileN - 1) / kTileN;
+    tmax = max(tmax, (nt + G - 1) / G);
+  }
+  ChainLayout l;
+  const size_t row = pro_row_bytes(kmax, elem);
+  l.off_nw = (int)row;
+  l.off_x = (int)(2 * row);
+  l.off_acc = (int)(2 * row + (size_t)kbmax * kBlockK + 16);
+  l.bytes = (size_t)l.off_acc + (size_t)tmax * kTileN * sizeof(int);
+  return l;
+}
+int chain_grid() {  // one CTA per SM
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return 0;
+  return sms;
+}
+size_t chain_smem_max() {
+  int dev = 0, v = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    return 0;
+  return (size_t)v - 3 * kChainMaxStages * kChainWarps * 4;  // the static reduction scratch
+}
+// TRIT_CHAIN_KERNEL=0 turns the kernel off (the op composes ternary_mm_a8_prologue); TRIT_CHAIN_L2PF=n
+// the stages prefetched at the start (default: all, up to 32 MB of weights; then the rest two stages ahead)
+bool chain_ok(int M, int S, const int* Ns, const int* Ks, const int* acts, size_t elem) {
+  if (M != 1 || S < 1 || S > kChainMaxStages || env_int("TRIT_CHAIN_KERNEL", 1) == 0) return false;
+  for (int s = 0; s < S; ++s) {
+    if (Ks[s] < 8 || Ks[s] % 8 != 0 || Ns[s] < 1 || acts[s] < 0 || acts[s] > 2) return false;
+    if (s > 0 && Ns[s - 1] != (acts[s] != 0 ? 2 : 1) * Ks[s]) return false;
+  }
+  const int G = chain_grid();
+  return G > 0 && chain_layout(S, Ns, Ks, G, elem).bytes <= chain_smem_max();
+}
+template <typename T>
+cudaError_t launch_chain(const T* x, const T* residual, T* res_out, int res_stage, float eps, int S,
+                         const TritChainStage* in, cudaStream_t st) {
+  int Ns[kChainMaxStages], Ks[kChainMaxStages], acts[kChainMaxStages];
+  for (int s = 0; s < S && s < kChainMaxStages; ++s) {
+    Ns[s] = in[s].N;
+    Ks[s] = in[s].K;
+    acts[s] = in[s].act;
+  }
+  if (!chain_ok(1, S, Ns, Ks, acts, sizeof(T))) return cudaErrorInvalidValue;
+  if ((residual == nullptr) != (res_stage < 0) || (residual != nullptr && (res_stage >= S || acts[res_stage] != 0)) ||
+      (residual == nullptr) != (res_out == nullptr))
+    return cudaErrorInvalidValue;
+  auto al = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!al(x) || !al(residual) || !al(res_out)) return cudaErrorInvalidValue;
+  const int G = chain_grid();
+  const ChainLayout l = chain_layout(S, Ns, Ks, G, sizeof(T));
+  ChainArgs<T> a = {};
+  long long total = 0;
+  for (int s = 0; s < S; ++s) {
+    if (!al(in[s].nw) || !al(in[s].y) || in[s].packed == nullptr || in[s].scale == nullptr || in[s].y == nullptr)
+      return cudaErrorInvalidValue;
+    ChainStage<T>& c = a.st[s];
+    c.wp = reinterpret_cast<const int4*>(in[s].packed);
+    c.scale = in[s].scale;
+    c.nw = static_cast<const T*>(in[s].nw);
+    c.y = static_cast<T*>(in[s].y);
+    c.N = Ns[s];
+    c.K = Ks[s];
+    c.KB = (Ks[s] + kBlockK - 1) / kBlockK;
+    c.n_tiles = (Ns[s] + kTileN - 1) / kTileN;
+    c.act = acts[s];
+  }
+  a.x = x;
+  a.residual = residual;
+  a.res_out = res_out;
+  a.eps = eps;
+  a.S = S;
+  a.res_stage = residual != nullptr ? res_stage : -1;
+  int pf = env_int("TRIT_CHAIN_L2PF", -1);
+  if (pf < 0) {  // every stage up to 32 MB of weights, at least two
+    pf = 0;
+    for (int s = 0; s < S; ++s) {
+      total += (long long)a.st[s].n_tiles * a.st[s].KB * 512;
+      if (s >= 2 && total > (32ll << 20)) break;
+      pf = s + 1;
+    }
+  }
+  a.pf_stages = max(1, pf);
+  a.off_nw = l.off_nw;
+  a.off_x = l.off_x;
+  a.off_acc = l.off_acc;
+  const auto kernel = chain_kernel<T>;
+  if (l.bytes > 48 * 1024) {
+    static int opted[64] = {0};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return cudaErrorInvalidDevice;
+    if (dev < 0 || dev >= 64 || !opted[dev]) {
+      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)chain_smem_max());
+      if (e != cudaSuccess) return e;
+      if (dev >= 0 && dev < 64) opted[dev] = 1;
+    }
+  }
+  const bool pdl = knobs().pdl && pdl_supported();
+  return launch_ex(kernel, dim3(G), dim3(kChainThreads), l.bytes, st, pdl, a);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- extern "C" API
@@ -2905,6 +3308,20 @@ extern "C" int trit_decode(int out_dtype, const int32_t* packed, const float* sc
   return visit_float_dtype(out_dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return (int)launch_decode<T>(packed, scale, (T*)out, N, K, st);
+  });
+}
+
+extern "C" int trit_chain_max_stages(void) { return kChainMaxStages; }
+extern "C" int trit_chain_ok(int dtype, int M, int S, const int* Ns, const int* Ks, const int* acts) {
+  const size_t elem = dtype == TRIT_F32 ? 4 : 2;
+  return (dtype == TRIT_F32 || dtype == TRIT_F16 || dtype == TRIT_BF16) && chain_ok(M, S, Ns, Ks, acts, elem) ? 1 : 0;
+}
+extern "C" int trit_chain(int dtype, const void* x, const void* residual, void* res_out, int res_stage, float eps,
+                          int S, const TritChainStage* stages, void* stream) {
+  return visit_float_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return (int)launch_chain<T>((const T*)x, (const T*)residual, (T*)res_out, res_stage, eps, S, stages,
+                                (cudaStream_t)stream);
   });
 }
 

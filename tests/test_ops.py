@@ -347,6 +347,66 @@ def test_ternary_mm_a8_prologue_opcheck_and_errors():
         op(x, r[:2], w, 1e-5, 0, p, s, N, K)
 
 
+def _chain_case(M, D, A, I, act, subnorm, dtype, seed, device="cpu"):
+    """A decoder layer's tail as trit::ternary_chain arguments: attn_sub_norm -> o_proj [D, A], + residual ->
+    post_attention_layernorm -> gate_up_proj [2I, D], act(gate) * up -> ffn_sub_norm -> down_proj [D, I];
+    sub-norms only with subnorm (Llama has none)."""
+    g = torch.Generator().manual_seed(seed)
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+
+    def lin(n, k):
+        return (to(ops.repack(torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8))),
+                to(torch.rand(n, generator=g) * 0.05 + 0.01))
+
+    nw = lambda k: to((torch.rand(k, generator=g) + 0.5).to(dtype))  # noqa: E731
+    (po, so), (pg, sg), (pd, sd) = lin(D, A), lin(2 * I, D), lin(D, I)
+    x = to((torch.randn(M, A, generator=g) * 2).to(dtype))
+    r = to((torch.randn(M, D, generator=g) * 2).to(dtype))
+    return (x, r, 1, [nw(A) if subnorm else None, nw(D), nw(I) if subnorm else None], [0, 0, act], [po, pg, pd],
+            [so, sg, sd], [D, 2 * I, D], [A, D, I])
+
+
+@settings(max_examples=30, deadline=None)
+@given(M=st.integers(1, 4), D=st.sampled_from([8, 24, 136, 264]), A=st.sampled_from([8, 40, 136]),
+       I=st.sampled_from([8, 72, 200]), act=st.sampled_from([1, 2]), subnorm=st.booleans(),
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
+def test_ternary_chain_cpu(M, D, A, I, act, subnorm, dtype, seed):
+    """trit::ternary_chain on the CPU is its stages' ternary_mm_a8_prologue calls in a row, each on the
+    previous output, with the residual stream of residual_stage returned (bit for bit)."""
+    x, r, rs, nws, acts, P, S, Ns, Ks = _chain_case(M, D, A, I, act, subnorm, dtype, seed)
+    y, res_out = torch.ops.trit.ternary_chain(x, r, rs, nws, acts, P, S, Ns, Ks, 1e-6)
+    h = x
+    for s in range(3):
+        h, ro = torch.ops.trit.ternary_mm_a8_prologue(h, r if s == rs else None, nws[s], 1e-6, acts[s], P[s], S[s],
+                                                      Ns[s], Ks[s])
+        if s == rs:
+            want_res = ro
+    assert torch.equal(y, h) and torch.equal(res_out, want_res)
+    assert torch.equal(res_out, (ops.ternary_mm_a8_prologue_ref(x, None, nws[0], 1e-6, 0, P[0], S[0], Ns[0], Ks[0])[0]
+                                 .float() + r.float()).to(dtype))
+
+
+def test_ternary_chain_opcheck_and_errors():
+    args = _chain_case(2, 40, 24, 16, 1, True, torch.bfloat16, 3)
+    op = torch.ops.trit.ternary_chain
+    torch.library.opcheck(op, args + (1e-5,))
+    x, r, rs, nws, acts, P, S, Ns, Ks = args
+    torch.library.opcheck(op, (x, None, -1, nws[:1], [0], P[:1], S[:1], Ns[:1], Ks[:1], 1e-5))
+    with pytest.raises(ValueError, match=r"every per-stage list must have 3 entries .* \{'acts': 2\}"):
+        op(x, r, rs, nws, acts[:2], P, S, Ns, Ks, 1e-5)
+    with pytest.raises(ValueError, match="stage 2 reads stage 1's output of 32 features, but its K=16 with act=0 "
+                                         "needs 16"):
+        op(x, r, rs, nws, [0, 0, 0], P, S, Ns, Ks, 1e-5)
+    with pytest.raises(ValueError, match="residual and residual_stage go together"):
+        op(x, None, 1, nws, acts, P, S, Ns, Ks, 1e-5)
+    with pytest.raises(ValueError, match="residual_stage=2 must name a stage without act"):
+        op(x, r, 2, nws, acts, P, S, Ns, Ks, 1e-5)
+    with pytest.raises(ValueError, match="1 to 4 stages, got 5"):
+        op(x, r, rs, nws + nws[:2], acts + [0, 0], P + P[:2], S + S[:2], Ns + Ns[:2], Ks + Ks[:2], 1e-5)
+    with pytest.raises(ValueError, match=r"residual must be torch.bfloat16 \[2, 40\]"):
+        op(x, r[:, :8], rs, nws, acts, P, S, Ns, Ks, 1e-5)
+
+
 def test_rms_norm_a8q_opcheck_and_errors():
     x = torch.randn(3, 260, dtype=torch.bfloat16)
     r = torch.randn(3, 260, dtype=torch.bfloat16)

@@ -969,3 +969,156 @@ def test_prologue_chain(graph):
     names = [e.key for e in kernels]
     assert sum(e.count for e in kernels if "a8_small_kernel" in e.key) == 3 * L, names
     assert not any("rms_norm_quant" in n or "quant_rows" in n for n in names), names
+
+
+# ------------------------------------------------------------------ layer chains (ternary_chain)
+try:
+    from .test_ops import _chain_case  # noqa: E402
+except ImportError:
+    from test_ops import _chain_case  # noqa: E402
+
+# (D, A, I, act, sub-norms): awkward sizes (N % 16, K % 128 != 0), a Llama-like tail, the 2B and 8B tails
+CHAIN_TAILS = {"tiny": (264, 136, 200, 1, True), "odd": (1000, 520, 1032, 2, True), "llama": (1024, 1024, 2816, 2, False),
+               "2b": (2560, 2560, 6912, 1, True), "8b": (4096, 4096, 14336, 1, True)}
+
+
+def _chain_kernels(fn):
+    """(chain_kernel launches, every CUDA kernel name) while fn() runs."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    ks = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(e.count for e in ks if "chain_kernel" in e.key), [e.key for e in ks]
+
+
+def _stage_by_stage(x, r, rs, nws, acts, P, S, Ns, Ks, eps):
+    """The chain as one single-stage chain launch per stage: the same kernel code per stage."""
+    h, res_out = x, x.new_empty(0)
+    for s in range(len(P)):
+        h, ro = torch.ops.trit.ternary_chain(h, r if s == rs else None, 0 if s == rs else -1, [nws[s]], [acts[s]],
+                                             [P[s]], [S[s]], [Ns[s]], [Ks[s]], eps)
+        if s == rs:
+            res_out = ro
+    return h, res_out
+
+
+@pytest.mark.parametrize("NK", PRO_NK, ids=[f"{n}x{k}" for n, k in PRO_NK])
+@pytest.mark.parametrize("mode", PRO_MODES)
+def test_chain_one_stage_exact_cuda(NK, mode):
+    """A one-stage chain at M = 1 (the persistent kernel) equals the composed ops bit for bit on inputs
+    whose norm is exact in any order, every dtype, residual_out too (fp32 SiLU: within the a8 tolerance,
+    expf vs torch's last bit as for the prologue kernel)."""
+    N, K = NK
+    act, res, norm = mode
+    for dtype in DTYPES:
+        x, r, w = _exact_prologue_inputs(1, K, dtype, act, res, norm, K + N + act)
+        _, _, p, s, _ = make_case(1, N, K, dtype, seed=K, device=DEV)
+        run = lambda: torch.ops.trit.ternary_chain(x, r, 0 if res else -1, [w], [act], [p], [s], [N], [K], 1e-6)  # noqa: E731
+        if dtype == DTYPES[0]:
+            n_chain, names = _chain_kernels(run)
+            assert n_chain == 1, names
+        y, res_out = run()
+        want_y, want_res = _composed_prologue(x, r, w, 1e-6, act, p, s, N, K, None)
+        what = f"K={K} N={N} act={act} res={res} norm={norm} {dtype}"
+        assert torch.equal(res_out, want_res if res else x.new_empty(0)), what
+        if act == 2 and dtype == torch.float32:
+            assert_close_rel(y, want_y, 3e-2, what)
+        else:
+            assert torch.equal(y, want_y), what
+
+
+@pytest.mark.parametrize("tail", list(CHAIN_TAILS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("qkv", [False, True])
+def test_chain_stages_cuda(tail, dtype, qkv):
+    """A 3-stage layer tail (4 with the next layer's input norm -> qkv) in one kernel equals the same stages
+    as one single-stage launch each, bit for bit (so the grid barrier hands every stage the complete
+    previous output), and is within the a8 tolerance of the torch reference; residual_out bit for bit."""
+    D, A, I, act, sub = CHAIN_TAILS[tail]
+    args = list(_chain_case(1, D, A, I, act, sub, dtype, seed=D + I + int(qkv), device=DEV))
+    if qkv:  # the next layer: input_layernorm -> qkv_proj on the tail's output
+        x, r, rs, nws, acts, P, S, Ns, Ks = args
+        _, _, pq, sq, _ = make_case(1, A + 2 * 136, D, dtype, seed=5, device=DEV)
+        args = [x, r, rs, nws + [nws[1]], acts + [0], P + [pq], S + [sq], Ns + [A + 2 * 136], Ks + [D]]
+    n_chain, names = _chain_kernels(lambda: torch.ops.trit.ternary_chain(*args, 1e-6))
+    assert n_chain == 1 and not any("a8_small" in n for n in names), names
+    y, res_out = torch.ops.trit.ternary_chain(*args, 1e-6)
+    want_y, want_res = _stage_by_stage(*args, 1e-6)
+    assert torch.equal(res_out, want_res), tail
+    assert torch.equal(y, want_y), f"{tail} {dtype}: max diff {(y.float() - want_y.float()).abs().max().item()}"
+    ref_y, ref_res = ops.ternary_chain_ref(*[a.cpu() if torch.is_tensor(a) else
+                                             [t.cpu() if torch.is_tensor(t) else t for t in a] if isinstance(a, list) else a
+                                             for a in args], 1e-6)
+    assert torch.equal(res_out.cpu(), ref_res)
+    assert_close_rel(y.cpu(), ref_y, 3e-2, f"{tail} {dtype} chain vs reference")
+
+
+@SETTINGS
+@given(M=st.integers(1, 3), D=st.sampled_from([8, 24, 136, 264, 1000, 2560]), A=st.sampled_from([8, 40, 136, 516]),
+       I=st.sampled_from([8, 72, 200, 1032]), act=st.sampled_from([1, 2]), sub=st.booleans(),
+       dtype=st.sampled_from(DTYPES), kernel=st.booleans(), seed=st.integers(0, 2**16))
+def test_chain_cuda(M, D, A, I, act, sub, dtype, kernel, seed):
+    """Every route of trit::ternary_chain (the persistent kernel at M = 1, the composed prologue ops at
+    M > 1 or with TRIT_CHAIN_KERNEL=0) against its torch definition on random inputs: residual_out bit for
+    bit, y within the a8 tolerance."""
+    args = _chain_case(M, D, A, I, act, sub, dtype, seed, device=DEV)
+    old = os.environ.pop("TRIT_CHAIN_KERNEL", None)
+    try:
+        if not kernel:
+            os.environ["TRIT_CHAIN_KERNEL"] = "0"
+        y, res_out = torch.ops.trit.ternary_chain(*args, 1e-6)
+    finally:
+        os.environ.pop("TRIT_CHAIN_KERNEL", None)
+        if old is not None:
+            os.environ["TRIT_CHAIN_KERNEL"] = old
+    cpu = [a.cpu() if torch.is_tensor(a) else [t.cpu() if torch.is_tensor(t) else t for t in a]
+           if isinstance(a, list) else a for a in args]
+    ref_y, ref_res = ops.ternary_chain_ref(*cpu, 1e-6)
+    what = f"M={M} D={D} A={A} I={I} act={act} sub={sub} {dtype} kernel={kernel}"
+    assert torch.equal(res_out.cpu(), ref_res), what
+    assert_close_rel(y.cpu(), ref_y, 3e-2, what)
+
+
+def test_chain_opcheck_cuda():
+    args = _chain_case(1, 264, 136, 200, 1, True, torch.bfloat16, 3, device=DEV)
+    torch.library.opcheck(torch.ops.trit.ternary_chain, args + (1e-5,))
+
+
+def test_chain_graph_replays_cuda():
+    """Two 2B-sized tails and a GEMV between them under PDL, captured once and replayed 30 times on fresh
+    inputs: each replay equals the eager run bit for bit (the barrier counter needs no reset between
+    launches), and the capture holds two chain kernels."""
+    D, A, I, act, sub = CHAIN_TAILS["2b"]
+    t1 = _chain_case(1, D, A, I, act, sub, torch.bfloat16, 11, device=DEV)
+    t2 = _chain_case(1, D, A, I, act, sub, torch.bfloat16, 12, device=DEV)
+    _, _, pm, sm, _ = make_case(1, A, D, torch.bfloat16, seed=2, device=DEV)
+
+    def block(xr):
+        x, r = xr[:, :A], xr[:, A:]
+        y, res = torch.ops.trit.ternary_chain(x, r, *t1[2:], 1e-6)
+        h = torch.ops.trit.ternary_mm_a8(y, pm, sm, A, D)  # an attention-like layer in between
+        y2, res2 = torch.ops.trit.ternary_chain(h, res, *t2[2:], 1e-6)
+        return torch.cat([y2, res2], dim=1)
+
+    static_in = torch.cat([t1[0], t1[1]], dim=1).clone()
+    g, static_out = capture(block, static_in)
+    gen = torch.Generator().manual_seed(5)
+    for i in range(30):
+        fresh = (torch.randn(1, A + D, generator=gen) * 2).to(torch.bfloat16).to(DEV)
+        static_in.copy_(fresh)
+        poison(static_out)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, block(fresh)), f"replay {i}"
+    n_chain, _ = _chain_kernels(g.replay)
+    assert n_chain == 2
+
+
+def test_chain_falls_back_cuda():
+    """M = 2, K % 8 != 0 or TRIT_CHAIN_KERNEL=0: no chain kernel, the same results as the reference."""
+    args = _chain_case(2, 264, 136, 200, 1, True, torch.bfloat16, 4, device=DEV)
+    n, names = _chain_kernels(lambda: torch.ops.trit.ternary_chain(*args, 1e-6))
+    assert n == 0, names
+    odd = _chain_case(1, 264, 132, 200, 1, True, torch.bfloat16, 4, device=DEV)  # K = 132 of o_proj: not % 8
+    n, names = _chain_kernels(lambda: torch.ops.trit.ternary_chain(*odd, 1e-6))
+    assert n == 0, names

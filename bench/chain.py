@@ -1,0 +1,199 @@
+"""Layer-tail benchmark at M = 1: trit::ternary_chain (one persistent kernel for a decoder layer's tail)
+against the same tail as separate kernels, on the H200 or any CUDA GPU.
+
+A tail is what a decoder layer runs from the attention output to the MLP output (BitNet: attn_sub_norm ->
+o_proj, + residual -> post_attention_layernorm -> gate_up_proj, relu^2(gate) * up -> ffn_sub_norm ->
+down_proj; Llama: o_proj, + residual -> post_attention_layernorm -> gate_up_proj, silu(gate) * up ->
+down_proj). L tails with their own random weights run back to back in one CUDA graph (the weights of L
+tails exceed L2, as a model's layers do) and the replay is timed per tail. Variants:
+
+  chain  trit::ternary_chain, its M = 1 kernel
+  pro    the same op with TRIT_CHAIN_KERNEL=0: one ternary_mm_a8_prologue kernel per layer (norm inside)
+  fnorm  per layer rms_norm_a8q (+ the activation as torch ops) then ternary_mm_a8q: norm kernel + GEMV
+  a8     per layer torch's RMSNorm / activation ops then ternary_mm_a8 (its quantizer fused at M = 1)
+  bf16   the three layers as bf16 matmuls alone (no norms): a lower bound for the dense tail
+
+Prints and writes <date>-<device>-chain.json / .md (device, date, commit, command) under --out, with the
+weight floor: the tail's packed weight bytes at the 4.18 TB/s copy bandwidth measured on the H200.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+from bench.kernels import time_graph, with_env
+from bench.records import commit_id, write_record
+
+COPY_TBPS = 4.18  # H200 device-to-device copy, ../shared/gpu/README.md
+# family: (hidden, attention width, intermediate, act, sub-norms)
+TAILS = {
+    "2b": (2560, 2560, 6912, "relu2", True),
+    "8b": (4096, 4096, 14336, "relu2", True),
+    "8b-llama": (4096, 4096, 14336, "silu", False),
+}
+VARIANTS = ("chain", "pro", "fnorm", "a8", "bf16")
+
+
+def make_tails(name: str, layers: int, dtype=torch.bfloat16, seed: int = 0):
+    from trit import ops
+
+    D, A, I, act, subnorm = TAILS[name]
+    g = torch.Generator().manual_seed(seed)
+
+    def lin(n, k):
+        w = torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)
+        return ops.repack(w).cuda(), (torch.rand(n, generator=g) * 0.02 + 0.005).cuda()
+
+    def nw(k):
+        return (torch.rand(k, generator=g) + 0.5).to(dtype).cuda()
+
+    tails = []
+    for _ in range(layers):
+        (po, so), (pg, sg), (pd, sd) = lin(D, A), lin(2 * I, D), lin(D, I)
+        tails.append({"packed": [po, pg, pd], "scales": [so, sg, sd],
+                      "nw": [nw(A) if subnorm else None, nw(D), nw(I) if subnorm else None],
+                      "acts": [0, 0, ops.PROLOGUE_ACTS[act]], "Ns": [D, 2 * I, D], "Ks": [A, D, I]})
+    return tails
+
+
+def tail_bytes(name: str) -> int:
+    D, A, I, _, _ = TAILS[name]
+    kb = lambda k: (k + 127) // 128 * 128  # noqa: E731
+    t = lambda n: (n + 15) // 16 * 16  # noqa: E731
+    return (t(D) * kb(A) + t(2 * I) * kb(D) + t(D) * kb(I)) // 4
+
+
+def run_variant(v: str, t: dict, x, res, eps=1e-6):
+    """One tail of variant v: (y, residual_out)."""
+    ops = torch.ops.trit
+    if v in ("chain", "pro"):
+        return ops.ternary_chain(x, res, 1, t["nw"], t["acts"], t["packed"], t["scales"], t["Ns"], t["Ks"], eps)
+    if v == "bf16":
+        h = x
+        for w in t["dense"]:
+            h = torch.nn.functional.linear(h, w)
+            if h.shape[1] == 2 * t["Ks"][2]:
+                h = h[:, : t["Ks"][2]]
+        return h, res
+    h, r_out = x, None
+    for s in range(3):
+        K, N, act, w = t["Ks"][s], t["Ns"][s], t["acts"][s], t["nw"][s]
+        if act:
+            gate, up = h[:, :K], h[:, K:]
+            h = (torch.relu(gate).square() if act == 1 else torch.nn.functional.silu(gate)) * up
+        r = res if s == 1 else None
+        if v == "fnorm" and w is not None:
+            hn, r2, xq, xs, rs = ops.rms_norm_a8q(h.contiguous(), r, w, eps)
+            if s == 1:
+                r_out = r2
+            h = ops.ternary_mm_a8q(hn, xq, xs, rs, t["packed"][s], t["scales"][s], N, K, None)
+            continue
+        if r is not None:
+            h = h + r
+            r_out = h
+        if w is not None:
+            hf = h.float()
+            h = (hf * torch.rsqrt(hf.square().mean(-1, keepdim=True) + eps) * w.float()).to(h.dtype)
+        h = ops.ternary_mm_a8(h.contiguous(), t["packed"][s], t["scales"][s], N, K, None)
+    return h, r_out
+
+
+def bench(name: str, layers: int, variants) -> list[dict]:
+    tails = make_tails(name, layers)
+    D = TAILS[name][0]
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(1, TAILS[name][1], generator=g)).to(torch.bfloat16).cuda()
+    res = (torch.randn(1, D, generator=g)).to(torch.bfloat16).cuda()
+    if "bf16" in variants:
+        from trit import ops as o
+        for t in tails:
+            t["dense"] = [o.ternary_decode_ref(p, s, n, k, torch.bfloat16).cuda()
+                          for p, s, n, k in zip(t["packed"], t["scales"], t["Ns"], t["Ks"])]
+    # correctness first: the chain kernel against the composed op on the same inputs
+    y_chain, r_chain = run_variant("chain", tails[0], x, res)
+    y_pro, r_pro = with_env({"TRIT_CHAIN_KERNEL": "0"}, lambda _: run_variant("pro", tails[0], x, res))(0)
+    torch.cuda.synchronize()
+    diff = ((y_chain.float() - y_pro.float()).abs().max() / y_pro.float().abs().max().clamp_min(1e-30)).item()
+    rows = []
+    floor_us = tail_bytes(name) / (COPY_TBPS * 1e12) * 1e6
+    for v in variants:
+        env = {"TRIT_CHAIN_KERNEL": "0"} if v == "pro" else {}
+
+        def call(i, v=v):
+            return run_variant(v, tails[i % layers], x, res)
+
+        calls = [(lambda i=i, c=with_env(env, call): c(i)) for i in range(layers)]
+        try:
+            us = time_graph(calls)
+        except Exception as e:  # noqa: BLE001 - a variant that fails is reported, not fatal
+            rows.append({"tail": name, "variant": v, "error": f"{type(e).__name__}: {e}"})
+            print(f"{name} {v}: {e}", file=sys.stderr, flush=True)
+            continue
+        rows.append({"tail": name, "variant": v, "us_per_tail": round(us, 2), "floor_us": round(floor_us, 2),
+                     "pct_of_ceiling": round(100 * floor_us / us, 1), "layers": layers,
+                     "chain_vs_pro_rel_diff": diff})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def markdown(meta, rows) -> str:
+    out = [f"# Layer-tail chain at M = 1, {meta['device']}", ""]
+    out += [f"- {k}: {meta[k]}" for k in ("date", "commit", "command", "torch", "cuda")]
+    out += ["- per tail: L tails with their own weights in one CUDA graph, replay time / L (median of 7)",
+            "- floor: the tail's packed ternary weight bytes / 4.18 TB/s", ""]
+    tails = sorted({r["tail"] for r in rows}, key=list(TAILS).index)
+    out += ["| tail | " + " | ".join(f"{v} us" for v in VARIANTS) + " | floor us | chain % of ceiling | "
+            "chain vs pro (rel. max diff) |", "|---" * (len(VARIANTS) + 4) + "|"]
+    for t in tails:
+        by = {r["variant"]: r for r in rows if r["tail"] == t}
+        cells = [f"{by[v]['us_per_tail']:.1f}" if v in by and "us_per_tail" in by[v] else
+                 ("error" if v in by else "-") for v in VARIANTS]
+        any_row = next((r for r in by.values() if "floor_us" in r), {})
+        ch = by.get("chain", {})
+        out.append(f"| {t} | " + " | ".join(cells) + f" | {any_row.get('floor_us', '-')} | "
+                   f"{ch.get('pct_of_ceiling', '-')} | {any_row.get('chain_vs_pro_rel_diff', float('nan')):.2e} |")
+    errs = [r for r in rows if "error" in r]
+    if errs:
+        out += [""] + [f"- {r['tail']} {r['variant']}: {r['error']}" for r in errs]
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tails", default="2b,8b", help="comma list of " + ",".join(TAILS))
+    ap.add_argument("--layers", type=int, default=8, help="tails per CUDA graph, each with its own weights")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
+    args = ap.parse_args(argv)
+    names = args.tails.split(",")
+    bad = [n for n in names if n not in TAILS] + [v for v in args.variants.split(",") if v not in VARIANTS]
+    if bad:
+        sys.exit(f"bench.chain: unknown tail(s) / variant(s) {bad}; tails {list(TAILS)}, variants {list(VARIANTS)}")
+    if not torch.cuda.is_available():
+        sys.exit("bench.chain needs a CUDA GPU")
+    from trit import ops
+
+    props = torch.cuda.get_device_properties(0)
+    meta = {"device": props.name, "sm_count": props.multi_processor_count,
+            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit_id(),
+            "command": "python -m bench.chain " + " ".join(argv or sys.argv[1:]), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "host": platform.node(), "extension_loaded": ops.EXTENSION_LOADED}
+    rows = []
+    for n in names:
+        rows += bench(n, args.layers, args.variants.split(","))
+    md = markdown(meta, rows)
+    stem = dt.date.today().isoformat() + "-" + ("h200" if "H200" in props.name else props.name.replace(" ", "_")) + "-chain"
+    js, _ = write_record(Path(args.out), stem, {"meta": meta, "rows": rows}, md)
+    print(md)
+    print(f"wrote {js} (+ .md)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
