@@ -38,7 +38,9 @@ TAILS = {
     "8b": (4096, 4096, 14336, "relu2", True),
     "8b-llama": (4096, 4096, 14336, "silu", False),
 }
-VARIANTS = ("chain", "pro", "fnorm", "a8", "bf16")
+VARIANTS = ("chain", "pro", "fnorm", "a8", "bf16", "chain-nopf", "chain-cu8")
+# the chain op under knobs: no L2 bulk prefetch of the weights, 8 k-blocks per register chunk
+VARIANT_ENV = {"pro": {"TRIT_CHAIN_KERNEL": "0"}, "chain-nopf": {"TRIT_CHAIN_L2PF": "0"}, "chain-cu8": {"TRIT_CHAIN_CU": "8"}}
 
 
 def make_tails(name: str, layers: int, dtype=torch.bfloat16, seed: int = 0):
@@ -73,7 +75,7 @@ def tail_bytes(name: str) -> int:
 def run_variant(v: str, t: dict, x, res, eps=1e-6):
     """One tail of variant v: (y, residual_out)."""
     ops = torch.ops.trit
-    if v in ("chain", "pro"):
+    if v.startswith("chain") or v == "pro":
         return ops.ternary_chain(x, res, 1, t["nw"], t["acts"], t["packed"], t["scales"], t["Ns"], t["Ks"], eps)
     if v == "bf16":
         h = x
@@ -124,7 +126,7 @@ def bench(name: str, layers: int, variants) -> list[dict]:
     rows = []
     floor_us = tail_bytes(name) / (COPY_TBPS * 1e12) * 1e6
     for v in variants:
-        env = {"TRIT_CHAIN_KERNEL": "0"} if v == "pro" else {}
+        env = VARIANT_ENV.get(v, {})
 
         def call(i, v=v):
             return run_variant(v, tails[i % layers], x, res)
@@ -143,6 +145,41 @@ def bench(name: str, layers: int, variants) -> list[dict]:
     return rows
 
 
+POINTS = ("barrier", "prologue", "gemv", "epilogue")
+
+
+def profile(name: str, layers: int, env: dict | None = None) -> dict:
+    """Where the chain kernel's time goes, per stage: thread 0 of every CTA stamps globaltimer (ns) and
+    clock64 at the start of each stage, after its barrier, after the prologue, after the GEMV and after
+    the epilogue (TRIT_CHAIN_PROF). The last of `layers` tails run eagerly is stamped (its weights are not
+    in L2). Returns, per stage and phase, the median and max over CTAs in ns, and the kernel's span."""
+    tails = make_tails(name, layers, seed=2)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, TAILS[name][1], generator=g).to(torch.bfloat16).cuda()
+    res = torch.randn(1, TAILS[name][0], generator=g).to(torch.bfloat16).cuda()
+    G = torch.cuda.get_device_properties(0).multi_processor_count
+    buf = torch.zeros(G * 4 * 5 * 2, dtype=torch.int64, device="cuda")
+    for t in tails[:-1]:
+        with_env(env or {}, lambda _, t=t: run_variant("chain", t, x, res))(0)
+    with_env({**(env or {}), "TRIT_CHAIN_PROF": hex(buf.data_ptr())}, lambda _: run_variant("chain", tails[-1], x, res))(0)
+    torch.cuda.synchronize()
+    ts = buf.view(G, 4, 5, 2).cpu().double()
+    S = 3
+    out = {"tail": name, "env": env or {}, "stages": []}
+    t_start, t_end = ts[:, 0, 0, 0].min().item(), ts[:, S - 1, 4, 0].max().item()
+    out["span_us"] = round((t_end - t_start) / 1e3, 2)
+    for s in range(S):
+        st = {}
+        for i, pname in enumerate(POINTS):
+            d = ts[:, s, i + 1, 0] - ts[:, s, i, 0]
+            st[pname] = {"median_us": round(d.median().item() / 1e3, 2), "max_us": round(d.max().item() / 1e3, 2)}
+        # when the stage's slowest CTA finished vs its fastest (the next barrier waits for the slowest)
+        fin = ts[:, s, 4, 0]
+        st["finish_skew_us"] = round((fin.max() - fin.min()).item() / 1e3, 2)
+        out["stages"].append(st)
+    return out
+
+
 def markdown(meta, rows) -> str:
     out = [f"# Layer-tail chain at M = 1, {meta['device']}", ""]
     out += [f"- {k}: {meta[k]}" for k in ("date", "commit", "command", "torch", "cuda")]
@@ -159,6 +196,15 @@ def markdown(meta, rows) -> str:
         ch = by.get("chain", {})
         out.append(f"| {t} | " + " | ".join(cells) + f" | {any_row.get('floor_us', '-')} | "
                    f"{ch.get('pct_of_ceiling', '-')} | {any_row.get('chain_vs_pro_rel_diff', float('nan')):.2e} |")
+    profs = meta.get("profiles") or []
+    if profs:
+        out += ["", "Chain kernel phases (TRIT_CHAIN_PROF; one eager call, its weights not in L2), median / max over "
+                "CTAs, us:", "", "| tail | knobs | span | stage | barrier | prologue | gemv | epilogue | finish skew |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for p in profs:
+            for s, st in enumerate(p["stages"]):
+                out.append(f"| {p['tail']} | {p['env'] or '-'} | {p['span_us']} | {s} | " + " | ".join(
+                    f"{st[k]['median_us']} / {st[k]['max_us']}" for k in POINTS) + f" | {st['finish_skew_us']} |")
     errs = [r for r in rows if "error" in r]
     if errs:
         out += [""] + [f"- {r['tail']} {r['variant']}: {r['error']}" for r in errs]
@@ -171,6 +217,7 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=8, help="tails per CUDA graph, each with its own weights")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
+    ap.add_argument("--prof", action="store_true", help="also stamp the chain kernel's phases (TRIT_CHAIN_PROF)")
     args = ap.parse_args(argv)
     names = args.tails.split(",")
     bad = [n for n in names if n not in TAILS] + [v for v in args.variants.split(",") if v not in VARIANTS]
@@ -188,6 +235,10 @@ def main(argv=None):
     rows = []
     for n in names:
         rows += bench(n, args.layers, args.variants.split(","))
+        if args.prof:
+            for env in ({}, {"TRIT_CHAIN_L2PF": "0"}, {"TRIT_CHAIN_CU": "8"}):
+                meta.setdefault("profiles", []).append(profile(n, args.layers, env))
+                print(json.dumps(meta["profiles"][-1]), flush=True)
     md = markdown(meta, rows)
     stem = dt.date.today().isoformat() + "-" + ("h200" if "H200" in props.name else props.name.replace(" ", "_")) + "-chain"
     js, _ = write_record(Path(args.out), stem, {"meta": meta, "rows": rows}, md)

@@ -2795,7 +2795,7 @@ cudaError_t launch_rms_norm_quant(const T* x, const T* residual, const T* w, T* 
 constexpr int kChainMaxStages = 4;
 constexpr int kChainThreads = 512;
 constexpr int kChainWarps = kChainThreads / 32;
-constexpr int kChainCU = 4;  // k-blocks per register chunk of weights (two chunks in flight)
+constexpr int kChainCU = 4;  // k-blocks per register chunk of weights (two chunks in flight); TRIT_CHAIN_CU=8
 
 __device__ unsigned g_chain_bar = 0;
 
@@ -2815,6 +2815,10 @@ template <typename T> struct ChainArgs {
   int S, res_stage;
   int pf_stages;      // stages whose weights each CTA bulk-prefetches to L2 at the start (the rest: two ahead)
   int off_nw, off_x, off_acc;  // shared memory: a / h row at 0, the norm weight, xq, the tile accumulators
+  // TRIT_CHAIN_PROF (a device address, for bench.chain --prof): thread 0 of each CTA stores globaltimer and
+  // clock64 at 5 points of every stage - start, after the barrier, after the prologue, after the GEMV, after
+  // the epilogue - at prof[((cta * kChainMaxStages + s) * 5 + point) * 2 + {0, 1}]
+  unsigned long long* prof;
 };
 
 __device__ __forceinline__ unsigned long long globaltimer_ns() {
@@ -2892,7 +2896,7 @@ __device__ __forceinline__ void chain_prefetch_stage(const int4* wp, int KB, int
   if (t1 > t0) l2_prefetch(wp + (size_t)t0 * KB * 32, (uint32_t)((size_t)(t1 - t0) * KB * 512));
 }
 
-template <typename T>
+template <typename T, int CU>
 __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_constant__ ChainArgs<T> a) {
   extern __shared__ __align__(16) uint8_t csm[];
   __shared__ float s_ss[kChainMaxStages][kChainWarps], s_am[kChainMaxStages][kChainWarps];
@@ -2919,10 +2923,18 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
     const int nt = t1 - t0, U = nt * KB;
     const int u0 = (warp * U) / kChainWarps, u1 = ((warp + 1) * U) / kChainWarps;
     const int4* wbase = st.wp + (size_t)t0 * KB * 32 + lane;  // unit u (tile-major) at + u * 32
-    int4 wa[kChainCU], wb[kChainCU];
-    auto load_chunk = [&](int4 (&w)[kChainCU], int u) {
+    auto stamp = [&](int point) {
+      if (a.prof != nullptr && tid == 0) {
+        unsigned long long* q = a.prof + ((size_t)(blockIdx.x * kChainMaxStages + s) * 5 + point) * 2;
+        q[0] = globaltimer_ns();
+        q[1] = (unsigned long long)clock64();
+      }
+    };
+    stamp(0);
+    int4 wa[CU], wb[CU];
+    auto load_chunk = [&](int4 (&w)[CU], int u) {
 #pragma unroll
-      for (int j = 0; j < kChainCU; ++j) w[j] = u + j < u1 ? ld_weights(wbase + (size_t)(u + j) * 32) : make_int4(0, 0, 0, 0);
+      for (int j = 0; j < CU; ++j) w[j] = u + j < u1 ? ld_weights(wbase + (size_t)(u + j) * 32) : make_int4(0, 0, 0, 0);
     };
     load_chunk(wa, u0);  // weights are constant: in flight across the barrier
     if (st.nw != nullptr) {
@@ -2939,6 +2951,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
       }
     }
     if (s == a.S - 1) pdl_trigger();  // the next kernel may start launching (every CTA is resident)
+    stamp(1);
 
     // ---- the input row (every CTA): pass 1 a (+ residual) and sum(a^2) into sa
     for (int i = tid; i < nt * kTileN; i += kChainThreads) sacc[i] = 0;
@@ -3000,6 +3013,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
       *reinterpret_cast<uint2*>(sx + k) = quant_group8(e, xs, part);
     }
     const int rowsum = chain_isum(part, s_p[s]);  // its barrier publishes sx and the zeroed accumulators
+    stamp(2);
 
     // ---- the CTA's tiles: warp units [u0, u1) of (tile, k-block), tile-major
     int acc[4] = {0, 0, 0, 0};
@@ -3028,25 +3042,27 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
       }
       ++kb;
     };
-    auto run_chunk = [&](const int4 (&w)[kChainCU], int u) {
+    auto run_chunk = [&](const int4 (&w)[CU], int u) {
 #pragma unroll
-      for (int j = 0; j < kChainCU; ++j)
+      for (int j = 0; j < CU; ++j)
         if (u + j < u1) unit(w[j]);
     };
-    for (int u = u0; u < u1; u += 2 * kChainCU) {
-      load_chunk(wb, u + kChainCU);
+    for (int u = u0; u < u1; u += 2 * CU) {
+      load_chunk(wb, u + CU);
       run_chunk(wa, u);
-      if (u + kChainCU >= u1) break;
-      load_chunk(wa, u + 2 * kChainCU);
-      run_chunk(wb, u + kChainCU);
+      if (u + CU >= u1) break;
+      load_chunk(wa, u + 2 * CU);
+      run_chunk(wb, u + CU);
     }
     if (u1 > u0) flush();
     __syncthreads();
+    stamp(3);
     // epilogue: store_out's arithmetic for x row 0
     for (int i = tid; i < nt * kTileN; i += kChainThreads) {
       const int n = t0 * kTileN + i;
       if (n < st.N) st.y[n] = from_f32<T>(a8_value(sacc[i] - rowsum, xs, st.scale[n]));
     }
+    stamp(4);
   }
 }
 
@@ -3148,15 +3164,19 @@ cudaError_t launch_chain(const T* x, const T* residual, T* res_out, int res_stag
   a.off_nw = l.off_nw;
   a.off_x = l.off_x;
   a.off_acc = l.off_acc;
-  const auto kernel = chain_kernel<T>;
+  a.prof = nullptr;
+  if (const char* pe = getenv("TRIT_CHAIN_PROF"); pe != nullptr && *pe != '\0')
+    a.prof = reinterpret_cast<unsigned long long*>(strtoull(pe, nullptr, 0));
+  const auto kernel = env_int("TRIT_CHAIN_CU", kChainCU) == 8 ? chain_kernel<T, 8> : chain_kernel<T, kChainCU>;
   if (l.bytes > 48 * 1024) {
-    static int opted[64] = {0};
+    static int opted[64][2] = {};
+    const int which = kernel == chain_kernel<T, 8> ? 1 : 0;
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return cudaErrorInvalidDevice;
-    if (dev < 0 || dev >= 64 || !opted[dev]) {
+    if (dev < 0 || dev >= 64 || !opted[dev][which]) {
       const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)chain_smem_max());
       if (e != cudaSuccess) return e;
-      if (dev >= 0 && dev < 64) opted[dev] = 1;
+      if (dev >= 0 && dev < 64) opted[dev][which] = 1;
     }
   }
   const bool pdl = knobs().pdl && pdl_supported();
