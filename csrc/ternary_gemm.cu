@@ -2814,7 +2814,11 @@ template <typename T> struct ChainArgs {
   float eps;
   int S, res_stage;
   int pf_stages;      // stages whose weights each CTA bulk-prefetches to L2 at the start (the rest: two ahead)
-  int off_nw, off_x, off_acc;  // shared memory: a / h row at 0, the norm weight, xq, the tile accumulators
+  int tma;            // TRIT_CHAIN_TMA (default 1): each stage's input rows reach shared memory by one bulk copy
+  // shared memory: the a / h row at 0, xq, the tile accumulators, the raw input rows (tma), and per stage
+  // its norm weight and this CTA's scales (all requested at the start: they are parameters)
+  int off_x, off_acc, off_in;
+  int off_nw[kChainMaxStages], off_sc[kChainMaxStages];
   // TRIT_CHAIN_PROF (a device address, for bench.chain --prof): thread 0 of each CTA stores globaltimer and
   // clock64 at 5 points of every stage - start, after the barrier, after the prologue, after the GEMV, after
   // the epilogue - at prof[((cta * kChainMaxStages + s) * 5 + point) * 2 + {0, 1}]
@@ -2839,6 +2843,20 @@ __device__ __forceinline__ void chain_grid_sync(unsigned* bar) {
     __threadfence();
   }
   __syncthreads();
+}
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_wait(uint32_t mbar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred P1;\nLAB_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@P1 bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(mbar), "r"(parity)
+      : "memory");
+}
+// bytes (% 16 == 0) from global src to shared dst (16-byte aligned) by the bulk-copy engine, completing on mbar
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t mbar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(mbar)
+               : "memory");
 }
 // 8 elements of a row written in this kernel by other SMs (or by the kernel before): L2, not L1
 template <typename T>
@@ -2902,16 +2920,38 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
   __shared__ float s_ss[kChainMaxStages][kChainWarps], s_am[kChainMaxStages][kChainWarps];
   __shared__ int s_p[kChainMaxStages][kChainWarps];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, c = lane & 3, g = lane >> 2;
+  __shared__ __align__(8) unsigned long long s_mbar;
   T* sa = reinterpret_cast<T*>(csm);
-  T* snw = reinterpret_cast<T*>(csm + a.off_nw);
+  T* sin = reinterpret_cast<T*>(csm + a.off_in);
   int8_t* sx = reinterpret_cast<int8_t*>(csm + a.off_x);
   int* sacc = reinterpret_cast<int*>(csm + a.off_acc);
   unsigned* bar = &g_chain_bar;
+  const uint32_t mbar = smem_u32(&s_mbar);
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < kChainMaxStages; ++s)
       if (s < a.S && s < a.pf_stages) chain_prefetch_stage(a.st[s].wp, a.st[s].KB, a.st[s].n_tiles);
+    if (a.tma) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(mbar) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
   }
+  // every stage's norm weight and this CTA's scales, requested at once (cp.async; waited for after pass 1)
+#pragma unroll
+  for (int s = 0; s < kChainMaxStages; ++s) {
+    if (s >= a.S) break;
+    const ChainStage<T>& st = a.st[s];
+    if (st.nw != nullptr) stage16(csm + a.off_nw[s], st.nw, (int)((size_t)st.K * sizeof(T) / 16), tid, kChainThreads);
+    int t0, t1;
+    chain_tiles(st.n_tiles, t0, t1);
+    const int n0 = t0 * kTileN, cnt = min(t1 * kTileN, st.N) - n0;
+    for (int i = tid; i < cnt; i += kChainThreads)
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(csm + a.off_sc[s] + 4 * i)),
+                   "l"(st.scale + n0 + i)
+                   : "memory");
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+  __syncthreads();  // the mbarrier's initialization
 
 #pragma unroll
   for (int s = 0; s < kChainMaxStages; ++s) {
@@ -2937,10 +2977,8 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
       for (int j = 0; j < CU; ++j) w[j] = u + j < u1 ? ld_weights(wbase + (size_t)(u + j) * 32) : make_int4(0, 0, 0, 0);
     };
     load_chunk(wa, u0);  // weights are constant: in flight across the barrier
-    if (st.nw != nullptr) {
-      stage16(snw, st.nw, (int)((size_t)K * sizeof(T) / 16), tid, kChainThreads);
-      asm volatile("cp.async.commit_group;" ::: "memory");
-    }
+    const T* snw = reinterpret_cast<const T*>(csm + a.off_nw[s]);
+    const float* ssc = reinterpret_cast<const float*>(csm + a.off_sc[s]);
     if (s == 0) {
       pdl_wait();  // x and the residual come from the kernels before
     } else {
@@ -2957,13 +2995,28 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
     for (int i = tid; i < nt * kTileN; i += kChainThreads) sacc[i] = 0;
     const T* src = s == 0 ? a.x : a.st[s > 0 ? s - 1 : 0].y;
     const bool res = s == a.res_stage, norm = st.nw != nullptr;
+    const uint32_t rowb = (uint32_t)((size_t)K * sizeof(T));
+    if (a.tma) {  // the input row(s) in one bulk copy each: one request per CTA instead of one per thread
+      if (tid == 0) {
+        asm volatile("fence.proxy.async.global;" ::: "memory");      // other SMs' stores, acquired above
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // our reads of sin in the last stage
+        const uint32_t bytes = rowb * (st.act != 0 ? 2u : 1u) + (res ? rowb : 0u);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(mbar), "r"(bytes) : "memory");
+        bulk_g2s(smem_u32(sin), src, rowb * (st.act != 0 ? 2u : 1u), mbar);
+        if (res) bulk_g2s(smem_u32(sin) + rowb * (st.act != 0 ? 2u : 1u), a.residual, rowb, mbar);
+      }
+      mbar_wait(mbar, (uint32_t)(s & 1));
+    }
+    const T* rin = sin + (st.act != 0 ? 2 * K : K);
     float ss = 0.f;
     for (int k = tid * 8; k < K; k += kChainThreads * 8) {
       float e[8];
-      ldcg8<T>(src, k, e);
+      if (a.tma) sload8<T>(sin, k, e);
+      else ldcg8<T>(src, k, e);
       if (st.act != 0) {
         float u[8];
-        ldcg8<T>(src + K, k, u);
+        if (a.tma) sload8<T>(sin + K, k, u);
+        else ldcg8<T>(src + K, k, u);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const float v = st.act == 1 ? fmaxf(e[i], 0.f) * fmaxf(e[i], 0.f) : e[i] / (1.f + expf(-e[i]));
@@ -2971,7 +3024,8 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
         }
       } else if (res) {
         float r[8];
-        ldcg8<T>(a.residual, k, r);
+        if (a.tma) sload8<T>(rin, k, r);
+        else ldcg8<T>(a.residual, k, r);
 #pragma unroll
         for (int i = 0; i < 8; ++i) e[i] = to_f32<T>(from_f32<T>(e[i] + r[i]));
         if (blockIdx.x == 0) store8<T>(a.res_out, k, K, true, e);
@@ -2980,9 +3034,9 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
 #pragma unroll
       for (int i = 0; i < 8; ++i) ss += e[i] * e[i];
     }
-    asm volatile("cp.async.wait_group 0;" ::: "memory");  // this thread's part of the norm weight
+    asm volatile("cp.async.wait_group 0;" ::: "memory");  // this thread's part of the norm weights and scales
     float inv = 1.f;
-    if (norm) inv = rsqrtf(chain_sum(ss, s_ss[s]) / (float)K + a.eps);  // its barrier publishes snw too
+    if (norm) inv = rsqrtf(chain_sum(ss, s_ss[s]) / (float)K + a.eps);  // its barrier publishes snw / ssc too
     // pass 2: h (in place) and max|h|; a thread reads back only the groups it wrote
     float amax = 0.f;
     for (int k = tid * 8; k < K; k += kChainThreads * 8) {
@@ -3060,33 +3114,51 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
     // epilogue: store_out's arithmetic for x row 0
     for (int i = tid; i < nt * kTileN; i += kChainThreads) {
       const int n = t0 * kTileN + i;
-      if (n < st.N) st.y[n] = from_f32<T>(a8_value(sacc[i] - rowsum, xs, st.scale[n]));
+      if (n < st.N) st.y[n] = from_f32<T>(a8_value(sacc[i] - rowsum, xs, ssc[i]));
     }
     stamp(4);
   }
 }
 
 struct ChainLayout {
-  int off_nw, off_x, off_acc;
+  int off_x, off_acc, off_in;
+  int off_nw[kChainMaxStages], off_sc[kChainMaxStages];
   size_t bytes;
 };
-// shared memory of a chain on G CTAs (elem: sizeof(T)): the a / h row and the norm weight at the widest
-// K, xq at the widest k-block count (+ 16), the accumulators of the most tiles a CTA gets
-inline ChainLayout chain_layout(int S, const int* Ns, const int* Ks, int G, size_t elem) {
+// shared memory of a chain on G CTAs (elem: sizeof(T)), every piece 16-byte aligned: the a / h row at the
+// widest K, xq at the widest k-block count (+ 16), the accumulators of the most tiles a CTA gets, the raw
+// input rows (tma: two rows at the widest K - [gate | up], or x and the residual), then per stage its norm
+// weight (K_s) and scales (the most outputs a CTA gets)
+inline ChainLayout chain_layout(int S, const int* Ns, const int* Ks, int G, size_t elem, bool tma) {
   int kmax = 8, kbmax = 1, tmax = 1;
   for (int s = 0; s < S; ++s) {
     kmax = max(kmax, Ks[s]);
     kbmax = max(kbmax, (Ks[s] + kBlockK - 1) / kBlockK);
-    const int nt = (Ns[s] + kTileN - 1) / kTileN;
-    tmax = max(tmax, (nt + G - 1) / G);
+    tmax = max(tmax, ((Ns[s] + kTileN - 1) / kTileN + G - 1) / G);
   }
-  ChainLayout l;
+  auto up16 = [](size_t b) { return (b + 15) / 16 * 16; };
+  ChainLayout l = {};
   const size_t row = pro_row_bytes(kmax, elem);
-  l.off_nw = (int)row;
-  l.off_x = (int)(2 * row);
-  l.off_acc = (int)(2 * row + (size_t)kbmax * kBlockK + 16);
-  l.bytes = (size_t)l.off_acc + (size_t)tmax * kTileN * sizeof(int);
+  size_t off = row;
+  l.off_x = (int)off;
+  off += up16((size_t)kbmax * kBlockK + 16);
+  l.off_acc = (int)off;
+  off += up16((size_t)tmax * kTileN * sizeof(int));
+  l.off_in = (int)off;
+  off += tma ? 2 * row : 0;
+  for (int s = 0; s < S; ++s) {
+    l.off_nw[s] = (int)off;
+    off += pro_row_bytes(Ks[s], elem);
+    l.off_sc[s] = (int)off;
+    off += up16((size_t)(((Ns[s] + kTileN - 1) / kTileN + G - 1) / G) * kTileN * sizeof(float));
+  }
+  l.bytes = off;
   return l;
+}
+size_t chain_smem_max();
+// TRIT_CHAIN_TMA (default 1): the input rows by bulk copy where the two staged rows fit in shared memory
+bool chain_tma(int S, const int* Ns, const int* Ks, int G, size_t elem) {
+  return env_int("TRIT_CHAIN_TMA", 1) != 0 && chain_layout(S, Ns, Ks, G, elem, true).bytes <= chain_smem_max();
 }
 int chain_grid() {  // one CTA per SM
   int dev = 0, sms = 0;
@@ -3099,7 +3171,7 @@ size_t chain_smem_max() {
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
     return 0;
-  return (size_t)v - 3 * kChainMaxStages * kChainWarps * 4;  // the static reduction scratch
+  return (size_t)v - 3 * kChainMaxStages * kChainWarps * 4 - 16;  // the static reduction scratch, the mbarrier
 }
 // TRIT_CHAIN_KERNEL=0 turns the kernel off (the op composes ternary_mm_a8_prologue); TRIT_CHAIN_L2PF=n
 // the stages prefetched at the start (default: all, up to 32 MB of weights; then the rest two stages ahead)
@@ -3110,7 +3182,7 @@ bool chain_ok(int M, int S, const int* Ns, const int* Ks, const int* acts, size_
     if (s > 0 && Ns[s - 1] != (acts[s] != 0 ? 2 : 1) * Ks[s]) return false;
   }
   const int G = chain_grid();
-  return G > 0 && chain_layout(S, Ns, Ks, G, elem).bytes <= chain_smem_max();
+  return G > 0 && chain_layout(S, Ns, Ks, G, elem, chain_tma(S, Ns, Ks, G, elem)).bytes <= chain_smem_max();
 }
 template <typename T>
 cudaError_t launch_chain(const T* x, const T* residual, T* res_out, int res_stage, float eps, int S,
@@ -3128,7 +3200,8 @@ cudaError_t launch_chain(const T* x, const T* residual, T* res_out, int res_stag
   auto al = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (!al(x) || !al(residual) || !al(res_out)) return cudaErrorInvalidValue;
   const int G = chain_grid();
-  const ChainLayout l = chain_layout(S, Ns, Ks, G, sizeof(T));
+  const bool tma = chain_tma(S, Ns, Ks, G, sizeof(T));
+  const ChainLayout l = chain_layout(S, Ns, Ks, G, sizeof(T), tma);
   ChainArgs<T> a = {};
   long long total = 0;
   for (int s = 0; s < S; ++s) {
@@ -3161,9 +3234,14 @@ cudaError_t launch_chain(const T* x, const T* residual, T* res_out, int res_stag
     }
   }
   a.pf_stages = max(1, pf);
-  a.off_nw = l.off_nw;
+  a.tma = tma ? 1 : 0;
   a.off_x = l.off_x;
   a.off_acc = l.off_acc;
+  a.off_in = l.off_in;
+  for (int s = 0; s < kChainMaxStages; ++s) {
+    a.off_nw[s] = s < S ? l.off_nw[s] : 0;
+    a.off_sc[s] = s < S ? l.off_sc[s] : 0;
+  }
   a.prof = nullptr;
   if (const char* pe = getenv("TRIT_CHAIN_PROF"); pe != nullptr && *pe != '\0')
     a.prof = reinterpret_cast<unsigned long long*>(strtoull(pe, nullptr, 0));

@@ -1057,25 +1057,29 @@ def test_chain_stages_cuda(tail, dtype, qkv):
 @SETTINGS
 @given(M=st.integers(1, 3), D=st.sampled_from([8, 24, 136, 264, 1000, 2560]), A=st.sampled_from([8, 40, 136, 516]),
        I=st.sampled_from([8, 72, 200, 1032]), act=st.sampled_from([1, 2]), sub=st.booleans(),
-       dtype=st.sampled_from(DTYPES), kernel=st.booleans(), seed=st.integers(0, 2**16))
-def test_chain_cuda(M, D, A, I, act, sub, dtype, kernel, seed):
+       dtype=st.sampled_from(DTYPES), knob=st.sampled_from(["", "TRIT_CHAIN_KERNEL", "TRIT_CHAIN_TMA", "TRIT_CHAIN_CU"]),
+       seed=st.integers(0, 2**16))
+def test_chain_cuda(M, D, A, I, act, sub, dtype, knob, seed):
     """Every route of trit::ternary_chain (the persistent kernel at M = 1, the composed prologue ops at
-    M > 1 or with TRIT_CHAIN_KERNEL=0) against its torch definition on random inputs, within the a8
+    M > 1 or with TRIT_CHAIN_KERNEL=0; the kernel's input rows by thread loads with TRIT_CHAIN_TMA=0, its
+    8-k-block register chunks with TRIT_CHAIN_CU=8) against its torch definition on random inputs, within the a8
     tolerance (y and residual_out: both follow stage 0's norm, whose sum order differs)."""
     args = _chain_case(M, D, A, I, act, sub, dtype, seed, device=DEV)
-    old = os.environ.pop("TRIT_CHAIN_KERNEL", None)
+    value = {"TRIT_CHAIN_KERNEL": "0", "TRIT_CHAIN_TMA": "0", "TRIT_CHAIN_CU": "8"}.get(knob)
+    old = os.environ.pop(knob, None) if knob else None
     try:
-        if not kernel:
-            os.environ["TRIT_CHAIN_KERNEL"] = "0"
+        if knob:
+            os.environ[knob] = value
         y, res_out = torch.ops.trit.ternary_chain(*args, 1e-6)
     finally:
-        os.environ.pop("TRIT_CHAIN_KERNEL", None)
-        if old is not None:
-            os.environ["TRIT_CHAIN_KERNEL"] = old
+        if knob:
+            os.environ.pop(knob, None)
+            if old is not None:
+                os.environ[knob] = old
     cpu = [a.cpu() if torch.is_tensor(a) else [t.cpu() if torch.is_tensor(t) else t for t in a]
            if isinstance(a, list) else a for a in args]
     ref_y, ref_res = ops.ternary_chain_ref(*cpu, 1e-6)
-    what = f"M={M} D={D} A={A} I={I} act={act} sub={sub} {dtype} kernel={kernel}"
+    what = f"M={M} D={D} A={A} I={I} act={act} sub={sub} {dtype} knob={knob}"
     # residual_out = stage 0's output + residual: stage 0's norm sums in another order on the GPU
     assert_close_rel(res_out.cpu(), ref_res, 3e-2, what + " residual_out")
     assert_close_rel(y.cpu(), ref_y, 3e-2, what)
