@@ -38,11 +38,11 @@ TAILS = {
     "8b": (4096, 4096, 14336, "relu2", True),
     "8b-llama": (4096, 4096, 14336, "silu", False),
 }
-VARIANTS = ("chain", "pro", "fnorm", "a8", "bf16", "chain-nopf", "chain-cu8", "chain-notma")
+VARIANTS = ("chain", "pro", "fnorm", "a8", "bf16", "chain-nopf", "chain-cu8", "chain-tma")
 # the chain op under knobs: no L2 bulk prefetch of the weights, 8 k-blocks per register chunk, input rows by
-# thread loads instead of one bulk copy
+# one bulk copy per CTA instead of every thread's loads
 VARIANT_ENV = {"pro": {"TRIT_CHAIN_KERNEL": "0"}, "chain-nopf": {"TRIT_CHAIN_L2PF": "0"}, "chain-cu8": {"TRIT_CHAIN_CU": "8"},
-               "chain-notma": {"TRIT_CHAIN_TMA": "0"}}
+               "chain-tma": {"TRIT_CHAIN_TMA": "1"}}
 
 
 def make_tails(name: str, layers: int, dtype=torch.bfloat16, seed: int = 0):
@@ -238,7 +238,7 @@ def main(argv=None):
     for n in names:
         rows += bench(n, args.layers, args.variants.split(","))
         if args.prof:
-            for env in ({}, {"TRIT_CHAIN_TMA": "0"}):
+            for env in ({}, {"TRIT_CHAIN_TMA": "1"}):
                 meta.setdefault("profiles", []).append(profile(n, args.layers, env))
                 print(json.dumps(meta["profiles"][-1]), flush=True)
     md = markdown(meta, rows)

@@ -3156,9 +3156,11 @@ inline ChainLayout chain_layout(int S, const int* Ns, const int* Ks, int G, size
   return l;
 }
 size_t chain_smem_max();
-// TRIT_CHAIN_TMA (default 1): the input rows by bulk copy where the two staged rows fit in shared memory
+// TRIT_CHAIN_TMA=1: the input rows by one bulk copy per CTA (where the two staged rows fit in shared memory)
+// instead of every thread's 16-byte loads. Off by default: H200 run 26c timed it 1-2 us slower per 2B tail
+// (the stage-2 prologue 4.35 vs 3.84 us: the rows' L2 round trip was not what the prologue waits on)
 bool chain_tma(int S, const int* Ns, const int* Ks, int G, size_t elem) {
-  return env_int("TRIT_CHAIN_TMA", 1) != 0 && chain_layout(S, Ns, Ks, G, elem, true).bytes <= chain_smem_max();
+  return env_int("TRIT_CHAIN_TMA", 0) != 0 && chain_layout(S, Ns, Ks, G, elem, true).bytes <= chain_smem_max();
 }
 int chain_grid() {  // one CTA per SM
   int dev = 0, sms = 0;

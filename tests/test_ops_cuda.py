@@ -1061,11 +1061,11 @@ def test_chain_stages_cuda(tail, dtype, qkv):
        seed=st.integers(0, 2**16))
 def test_chain_cuda(M, D, A, I, act, sub, dtype, knob, seed):
     """Every route of trit::ternary_chain (the persistent kernel at M = 1, the composed prologue ops at
-    M > 1 or with TRIT_CHAIN_KERNEL=0; the kernel's input rows by thread loads with TRIT_CHAIN_TMA=0, its
+    M > 1 or with TRIT_CHAIN_KERNEL=0; the kernel's input rows by bulk copy with TRIT_CHAIN_TMA=1, its
     8-k-block register chunks with TRIT_CHAIN_CU=8) against its torch definition on random inputs, within the a8
     tolerance (y and residual_out: both follow stage 0's norm, whose sum order differs)."""
     args = _chain_case(M, D, A, I, act, sub, dtype, seed, device=DEV)
-    value = {"TRIT_CHAIN_KERNEL": "0", "TRIT_CHAIN_TMA": "0", "TRIT_CHAIN_CU": "8"}.get(knob)
+    value = {"TRIT_CHAIN_KERNEL": "0", "TRIT_CHAIN_TMA": "1", "TRIT_CHAIN_CU": "8"}.get(knob)
     old = os.environ.pop(knob, None) if knob else None
     try:
         if knob:
