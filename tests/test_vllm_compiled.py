@@ -22,12 +22,24 @@ from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 import trit.vllm
 trit.vllm.register()
+# argv[3]: trit ops whose CPU kernel counts its calls (the engine runs in this process), to show which route ran
+calls = {}
+if len(sys.argv) > 3 and sys.argv[3]:
+    import torch, trit.ops
+    count_lib = torch.library.Library("trit", "IMPL")
+    for name in sys.argv[3].split(","):
+        def counted(*args, _name=name, _impl=trit.ops._TORCH_IMPLS[name]):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _impl(*args)
+        count_lib.impl(name, counted, "CPU")
+        calls[name] = 0
 V = json.load(open(sys.argv[1] + "/config.json"))["vocab_size"]
 llm = LLM(model=sys.argv[1], dtype="bfloat16", enforce_eager=False, seed=0, max_model_len=128,
           skip_tokenizer_init=True, max_num_seqs=4)
 attr = sys.argv[2]
 flags = llm.apply_model(lambda m: sorted({(n.rsplit(".", 1)[-1], bool(getattr(mod, attr)))
                                           for n, mod in m.named_modules() if hasattr(mod, attr)}))[0]
+calls = dict.fromkeys(calls, 0)  # the generate calls below only, not vLLM's warm-up and compile runs
 sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, detokenize=False)
 outs = llm.generate([TokensPrompt(prompt_token_ids=[t % V for t in range(10, 30)]), TokensPrompt(prompt_token_ids=[5, 6, 7])],
                     sp, use_tqdm=False)
@@ -35,24 +47,27 @@ outs = llm.generate([TokensPrompt(prompt_token_ids=[t % V for t in range(10, 30)
 pl = llm.generate([TokensPrompt(prompt_token_ids=[(7 * i + 3) % (V - 3) + 2 for i in range(48)])],
                   SamplingParams(max_tokens=1, prompt_logprobs=2, detokenize=False), use_tqdm=False)[0].prompt_logprobs
 top = [sorted(d.items(), key=lambda kv: -kv[1].logprob) for d in pl[1:]]
-print("RESULT " + json.dumps({"flags": flags, "tokens": [list(o.outputs[0].token_ids) for o in outs],
+print("RESULT " + json.dumps({"flags": flags, "calls": calls, "tokens": [list(o.outputs[0].token_ids) for o in outs],
                               "top1": [[int(t[0][0]), float(t[0][1].logprob)] for t in top],
                               "top": [[[int(k), float(v.logprob)] for k, v in t] for t in top]}))
 """
 
 
 def run(tmp_path, prequant: str, fused_norm: str = "0", attr: str = "trit_prequant", model=None,
-        prologue: str = "0") -> dict:
+        prologue: str = "0", chain: str = "0", count=()) -> dict:
+    """One vLLM run in its own process with these settings; count: trit op names whose calls during the
+    generate calls come back under "calls"."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "TRIT_A8_PREQUANT": prequant,
-           "TRIT_FUSED_NORM_QUANT": fused_norm, "TRIT_A8_PROLOGUE": prologue,
+           "TRIT_FUSED_NORM_QUANT": fused_norm, "TRIT_A8_PROLOGUE": prologue, "TRIT_CHAIN": chain,
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     model = model or ROOT / "models" / "tiny-bitnet"
-    p = subprocess.run([sys.executable, "-c", SCRIPT, str(model), attr], env=env, cwd=ROOT,
+    p = subprocess.run([sys.executable, "-c", SCRIPT, str(model), attr, ",".join(count)], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=900)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     assert p.returncode == 0 and lines, (f"vLLM run (TRIT_A8_PREQUANT={prequant!r}, TRIT_FUSED_NORM_QUANT="
-                                         f"{fused_norm!r}, TRIT_A8_PROLOGUE={prologue!r}) failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
+                                         f"{fused_norm!r}, TRIT_A8_PROLOGUE={prologue!r}, TRIT_CHAIN={chain!r}) "
+                                         f"failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
     return json.loads(lines[-1][len("RESULT "):])
 
 
@@ -159,3 +174,72 @@ def test_prologue_llama_compiles_and_matches_default(tmp_path):
     n_ok, n, diff = _agree(on, off)
     ties, flips = _near_ties(on, off)
     assert n == 47 and n_ok >= 40 and ties == flips and diff < 0.05, (n_ok, ties, flips, diff, on["top"], off["top"])
+
+
+COUNT = ("ternary_chain", "ternary_mm_a8_prologue")
+
+
+def test_chain_compiles_and_matches_default(tmp_path):
+    """TRIT_CHAIN=1: every BitNet ternary layer flagged, and each decoder layer's tail (attn_sub_norm -> o_proj,
+    + residual post_attention_layernorm -> gate_up_proj, relu^2(gate) * up -> ffn_sub_norm -> down_proj) runs as
+    one trit::ternary_chain under vLLM's compiler - its CPU kernel called once per layer and forward, the
+    prologue op never (qkv_proj keeps the default route) - with the default route's next-token choices within
+    the prologue route's tolerance (the chain is that route's arithmetic), and a compile-cache entry of its own."""
+    off = run(tmp_path, "0", attr="trit_chain", count=COUNT)
+    on = run(tmp_path, "0", attr="trit_chain", chain="1", count=COUNT)
+    assert all(not f for _, f in off["flags"]) and on["flags"] and all(f for _, f in on["flags"]), (off, on)
+    assert off["calls"] == {"ternary_chain": 0, "ternary_mm_a8_prologue": 0}, off["calls"]
+    n_layers = json.loads((ROOT / "models" / "tiny-bitnet" / "config.json").read_text())["num_hidden_layers"]
+    assert on["calls"]["ternary_chain"] > 0 and on["calls"]["ternary_chain"] % n_layers == 0, on["calls"]
+    assert on["calls"]["ternary_mm_a8_prologue"] == 0, on["calls"]
+    n_ok, n, diff = _agree(on, off)
+    ties, flips = _near_ties(on, off)
+    assert n == 47 and n_ok >= 40 and ties == flips and diff < 0.05, (n_ok, ties, flips, diff, on["top"], off["top"])
+    keys = list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("torch_aot_compile/*"))
+    keys = keys or list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("*"))
+    assert len(keys) >= 2, f"one compile-cache entry for both routes: {keys}"
+
+
+def test_chain_with_prologue_is_the_prologue_route(tmp_path):
+    """TRIT_CHAIN=1 with TRIT_A8_PROLOGUE=1: the chain takes each layer's tail and the prologue op only the
+    input_layernorm -> qkv_proj (one call of each per layer and forward), and since on CPU both ops are the
+    same reference arithmetic, the tokens and teacher-forced logprobs equal TRIT_A8_PROLOGUE=1's alone
+    exactly."""
+    pro = run(tmp_path, "0", attr="trit_chain", prologue="1", count=COUNT)
+    both = run(tmp_path, "0", attr="trit_chain", prologue="1", chain="1", count=COUNT)
+    assert all(not f for _, f in pro["flags"]) and both["flags"] and all(f for _, f in both["flags"]), (pro, both)
+    assert pro["calls"]["ternary_chain"] == 0 and pro["calls"]["ternary_mm_a8_prologue"] > 0, pro["calls"]
+    c = both["calls"]
+    assert c["ternary_chain"] > 0 and c["ternary_mm_a8_prologue"] == c["ternary_chain"], c
+    assert 4 * c["ternary_chain"] == pro["calls"]["ternary_mm_a8_prologue"], (c, pro["calls"])  # 4 -> 1 + 1
+    assert both["tokens"] == pro["tokens"] and both["top"] == pro["top"]
+
+
+def test_chain_llama_compiles_and_matches_default(tmp_path):
+    """TRIT_CHAIN=1 on a Llama-shaped ternary checkpoint: trit.vllm.llama's subclass runs o_proj, + residual
+    post-attention norm -> gate_up_proj and SiLU-mul -> down_proj as one trit::ternary_chain per layer and
+    forward, with the default route's next-token choices within bf16 rounding."""
+    from reference.make_model import Preset, write_model
+
+    d = write_model(Preset("llama", 128, 256, 2, 4, 2, 160, False, eps=1e-5, seed=22), tmp_path / "llama",
+                    dtype=torch.bfloat16)
+    off = run(tmp_path, "0", attr="trit_chain", model=d, count=COUNT)
+    on = run(tmp_path, "0", attr="trit_chain", model=d, chain="1", count=COUNT)
+    assert all(not f for _, f in off["flags"]) and on["flags"] and all(f for _, f in on["flags"]), (off, on)
+    assert off["calls"]["ternary_chain"] == 0 and on["calls"]["ternary_mm_a8_prologue"] == 0, (off, on)
+    assert on["calls"]["ternary_chain"] > 0 and on["calls"]["ternary_chain"] % 2 == 0, on["calls"]
+    n_ok, n, diff = _agree(on, off)
+    ties, flips = _near_ties(on, off)
+    assert n == 47 and n_ok >= 40 and ties == flips and diff < 0.05, (n_ok, ties, flips, diff, on["top"], off["top"])
+
+
+def test_chain_keeps_the_old_route_where_a_layer_has_a_bias(tmp_path):
+    """TRIT_CHAIN=1 on a Llama checkpoint with attention and MLP biases: the layers are flagged, but the op
+    has no bias, so the tail keeps vLLM's route (trit.vllm.bitnet.chain_tail): the chain op never runs."""
+    from reference.make_model import Preset, write_model
+
+    d = write_model(Preset("llama", 128, 256, 2, 4, 2, 160, False, eps=1e-5, seed=23, bias=True),
+                    tmp_path / "llama-bias", dtype=torch.bfloat16)
+    on = run(tmp_path, "0", attr="trit_chain", model=d, chain="1", count=COUNT)
+    assert on["flags"] and all(f for _, f in on["flags"]), on
+    assert on["calls"] == {"ternary_chain": 0, "ternary_mm_a8_prologue": 0}, on["calls"]

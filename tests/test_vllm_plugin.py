@@ -270,3 +270,76 @@ def test_prequant_layers_follow_the_setting_and_compute_the_same(vllm_env, spec,
         layer.trit_prequant = not layer.trit_prequant  # the other route on the same weights
         assert torch.equal(layer.quant_method.apply(layer, x), y), kind
     assert got == want
+
+
+def test_chain_tail_is_the_prologue_route_as_one_op_or_falls_back(vllm_env, spec, ckpt, monkeypatch):
+    """TRIT_CHAIN: o_proj, gate_up_proj and down_proj are flagged trit_chain, and trit.vllm.bitnet.chain_tail
+    computes their tail (BitNet's, and Llama's without the sub-norms) as one trit::ternary_chain, bit for bit
+    what the prologue route computes layer by layer. Every condition it does not meet returns None, so that
+    the decoder layer runs its own route: a layer without the flag, a bias the layer adds itself (the op has
+    none), norms of different eps (it takes one), a norm that is not vLLM's RMSNorm (ShardedRMSNorm under
+    TP), an activation without a prologue code, a 3-D input."""
+    import trit.vllm.quant as q
+    from torch.nn import Parameter
+    from vllm.model_executor.layers.layernorm import RMSNorm
+    from vllm.model_executor.layers.linear import RowParallelLinear
+
+    from trit.ops import PROLOGUE_ACTS
+    from trit.vllm.bitnet import ShardedRMSNorm, chain_tail
+
+    assert [q.chain_selected(s) for s in ("", "0", " 1", "1")] == [False, False, True, True]
+    monkeypatch.setattr(q, "model_compiled", lambda: True)  # as inside a compiled LLM
+    qc = ternary_config(spec)
+    assert not build("down", qc).trit_chain  # TRIT_CHAIN unset: off
+    monkeypatch.setenv("TRIT_CHAIN", "1")
+    o = RowParallelLinear(128, 128, bias=False, quant_config=qc, params_dtype=torch.float32,
+                          prefix=f"{P0}.self_attn.o_proj")
+    gu, down = build("gate_up", qc), build("down", qc)
+    key_map = km.build_key_map(spec, {})
+    for layer in (o, gu, down):
+        load_layer(layer, layer.quant_method.prefix, key_map, ckpt)
+    assert o.trit_chain and gu.trit_chain and down.trit_chain and not down.trit_prologue
+
+    g = torch.Generator().manual_seed(3)
+    eps = 1e-6
+    sn, pn, fn = RMSNorm(128, eps=eps), RMSNorm(128, eps=eps), RMSNorm(344, eps=eps)
+    for n in (sn, pn, fn):
+        n.weight.data = torch.rand(n.weight.shape, generator=g) + 0.5
+    a, res = torch.randn(3, 128, generator=g), torch.randn(3, 128, generator=g)
+    relu2 = PROLOGUE_ACTS["relu2"]
+    calls = []
+    chain = q.apply_chain
+    monkeypatch.setattr(q, "apply_chain", lambda *args: calls.append(args) or chain(*args))
+
+    def prologue_route(norms, act):  # layer by layer, as norm_then_linear / BitNetMLP under TRIT_A8_PROLOGUE
+        w = [None if n is None else n.weight for n in norms]
+        y, _ = o.quant_method.apply_prologue(o, a, None, w[0], eps, 0)
+        y, r = gu.quant_method.apply_prologue(gu, y, res, w[1], eps, 0)
+        y, _ = down.quant_method.apply_prologue(down, y, None, w[2], eps, act)
+        return y, r
+
+    for norms, act in (((sn, pn, fn), relu2), ((None, pn, None), PROLOGUE_ACTS["silu"])):  # BitNet, Llama
+        got = chain_tail(a, res, 1, [(norms[0], o, 0), (norms[1], gu, 0), (norms[2], down, act)])
+        assert got is not None and len(calls) == 1, "the chain did not run"
+        want = prologue_route(norms, act)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        calls.clear()
+
+    def stages(**kw):
+        return [(kw.get("sn", sn), o, 0), (pn, gu, 0), (kw.get("fn", fn), down, kw.get("act", relu2))]
+
+    assert chain_tail(a, res, 1, stages()) is not None
+    calls.clear()
+    down.bias = Parameter(torch.zeros(128), requires_grad=False)  # a bias the layer adds itself
+    assert chain_tail(a, res, 1, stages()) is None
+    down.skip_bias_add = True  # ... unless vLLM adds it later (bias_of)
+    assert chain_tail(a, res, 1, stages()) is not None
+    calls.clear()
+    down.bias, down.skip_bias_add = None, False
+    assert chain_tail(a, res, 1, stages(fn=RMSNorm(344, eps=1e-5))) is None  # one eps for the op
+    assert chain_tail(a, res, 1, stages(fn=ShardedRMSNorm(344, eps))) is None  # the TP sub-norm
+    assert chain_tail(a, res, 1, stages(act=None)) is None  # hidden_act without a prologue code
+    assert chain_tail(a[None], res[None], 1, stages()) is None
+    gu.trit_chain = False
+    assert chain_tail(a, res, 1, stages()) is None
+    assert not calls

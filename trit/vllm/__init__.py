@@ -8,8 +8,8 @@ vLLM calls ``register()`` in every process (API server, engine core, workers) th
 
 Nothing is patched: the method goes through ``register_quantization_config`` and the model
 through ``ModelRegistry.register_model``, the two public registries (same API in vLLM 0.26 and
-0.32).  With TRIT_FUSED_NORM_QUANT or TRIT_A8_PROLOGUE set when it registers, ``LlamaForCausalLM`` is
-registered as trit.vllm.llama's subclass (vLLM's class unless a ternary layer is flagged for the fused norm).
+0.32).  With TRIT_FUSED_NORM_QUANT, TRIT_A8_PROLOGUE or TRIT_CHAIN set when it registers, ``LlamaForCausalLM``
+is registered as trit.vllm.llama's subclass (vLLM's class unless a ternary layer is flagged for the fused norm).
 ``register()`` is idempotent: vLLM may call it more than once per process.
 """
 from __future__ import annotations
@@ -42,9 +42,10 @@ def register() -> None:
         from .bitnet import BitNetForCausalLM
 
         ModelRegistry.register_model("BitNetForCausalLM", BitNetForCausalLM)
-    from .quant import fused_norm_selected, prologue_selected
+    from .quant import chain_selected, fused_norm_selected, prologue_selected
 
-    if fused_norm_selected() or prologue_selected():  # vLLM's Llama with the norms fused into the ternary layers
+    if fused_norm_selected() or prologue_selected() or chain_selected():
+        # vLLM's Llama with the norms fused into the ternary layers (and its tail chained)
         from .llama import TritLlamaForCausalLM
 
         ModelRegistry.register_model("LlamaForCausalLM", TritLlamaForCausalLM)

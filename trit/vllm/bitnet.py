@@ -12,6 +12,10 @@ Same math as ``reference.model`` with arch "bitnet" and transformers' ``BitNetFo
     logits = norm(h) @ embed_tokens^T           tied embeddings (untied: lm_head)
 
 The residual stream uses vLLM's fused add+RMSNorm (``norm(x, residual)``), like its Llama.
+Under TRIT_CHAIN (trit.vllm.quant.chain_selected) the decoder layer runs everything from ``a`` to
+the MLP output (attn_sub_norm -> o_proj, the residual add + post_attention_layernorm -> gate_up_proj,
+act * up -> ffn_sub_norm -> down_proj) as one trit::ternary_chain where the tail qualifies
+(``chain_tail``), else the modules' forwards as above.
 Under tensor parallelism the sub-norms see a slice of their features (heads / intermediate
 columns); ``ShardedRMSNorm`` all-reduces the sum of squares so the result equals the unsharded
 norm.  Weights load through the explicit key map (``keymap.build_key_map``), driven by the spec;
@@ -113,6 +117,35 @@ def norm_then_linear(norm: nn.Module, linear: nn.Module, x: torch.Tensor, residu
     return y, residual
 
 
+def chain_tail(x: torch.Tensor, residual: Optional[torch.Tensor], residual_stage: int, stages: list):
+    """(y, residual_out) of ``stages`` [(norm or None, linear, act code)] in a row as one trit::ternary_chain
+    (TRIT_CHAIN, trit.vllm.quant.chain_selected): stage s is linear(norm(act(gate) * up or its input, + the
+    residual at residual_stage)), as norm_then_linear and the prologue route compute it. None where the
+    stages do not qualify, and the caller runs its own route unchanged: a layer without trit_chain (not
+    W1.58A8 on the trit ops at TP = 1, or not compiled), a bias the layer adds itself (the op has none), an
+    activation without a prologue code (act None), a norm other than vLLM's full-width RMSNorm (BitNet's
+    ShardedRMSNorm under TP, or a partial-variance norm), norms of different eps (the op takes one)."""
+    if x.dim() != 2:
+        return None
+    if not all(getattr(lin, "trit_chain", False) and bias_of(lin) is None and act is not None
+               for _, lin, act in stages):
+        return None
+    norms = [n for n, _, _ in stages if n is not None]
+    if not all(isinstance(n, RMSNorm) and getattr(n, "variance_size_override", None) is None for n in norms):
+        return None
+    eps = {n.variance_epsilon for n in norms}
+    if len(eps) > 1:
+        return None
+    from trit.ops import CHAIN_MAX_STAGES  # (here, not at import: trit.ops loads the CUDA extension)
+    from .quant import apply_chain
+
+    if len(stages) > CHAIN_MAX_STAGES:
+        return None
+    return apply_chain([lin for _, lin, _ in stages], x, residual, residual_stage,
+                       [None if n is None else norm_weight_as(n, x) for n, _, _ in stages],
+                       [act for _, _, act in stages], eps.pop() if eps else 0.0)
+
+
 def sub_norm(size: int, eps: float) -> nn.Module:
     # unsharded: vLLM's RMSNorm (its fused kernel, same numerics as the other norms)
     return RMSNorm(size, eps=eps) if get_tensor_model_parallel_world_size() == 1 else ShardedRMSNorm(size, eps)
@@ -180,12 +213,19 @@ class BitNetAttention(nn.Module):
                 residual: Optional[torch.Tensor]):
         """(attn(norm(h)), h) with h = hidden_states (+ residual): the input norm comes in, so that it
         can compute qkv_proj's int8 input (norm_then_linear)."""
+        a, residual = self.attend(positions, hidden_states, norm, residual)
+        out, _ = norm_then_linear(self.attn_sub_norm, self.o_proj, a)
+        return out, residual
+
+    def attend(self, positions: torch.Tensor, hidden_states: torch.Tensor, norm: nn.Module,
+               residual: Optional[torch.Tensor]):
+        """(a, h): forward up to the attention output a, before attn_sub_norm -> o_proj, which the decoder
+        layer may run as the first stage of its TRIT_CHAIN tail (chain_tail)."""
         qkv, res = norm_then_linear(norm, self.qkv_proj, hidden_states, residual)  # (T, (H + 2 Hkv) D / tp)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
         a = self.attn(q, k, v)  # (T, H D / tp)
-        out, _ = norm_then_linear(self.attn_sub_norm, self.o_proj, a)
-        return out, (hidden_states if residual is None else res)
+        return a, (hidden_states if residual is None else res)
 
 
 def _rope_parameters(config) -> dict:
@@ -226,8 +266,17 @@ class BitNetDecoderLayer(nn.Module):
     def forward(self, positions, hidden_states, residual):
         # (mlp_out, residual): the layer's output h is their sum (fused into the next norm); each norm
         # goes to the module whose first linear it feeds (norm_then_linear)
-        hidden_states, residual = self.self_attn(positions, hidden_states, self.input_layernorm, residual)
-        return self.mlp(hidden_states, self.post_attention_layernorm, residual)
+        attn, mlp = self.self_attn, self.mlp
+        a, residual = attn.attend(positions, hidden_states, self.input_layernorm, residual)
+        # TRIT_CHAIN: o_proj, gate_up_proj and down_proj with the norms / activation in front of them as one
+        # trit::ternary_chain (one persistent kernel at M = 1); None: the tail does not qualify (chain_tail)
+        tail = chain_tail(a, residual, 1, [(attn.attn_sub_norm, attn.o_proj, 0),
+                                           (self.post_attention_layernorm, mlp.gate_up_proj, 0),
+                                           (mlp.ffn_sub_norm, mlp.down_proj, mlp.pro_act)])
+        if tail is not None:
+            return tail
+        hidden_states, _ = norm_then_linear(attn.attn_sub_norm, attn.o_proj, a)
+        return mlp(hidden_states, self.post_attention_layernorm, residual)
 
 
 @support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": -1, "intermediate_tensors": 0,

@@ -1,12 +1,15 @@
 """vLLM's Llama with the norms (and SiLU-mul) in front of the W1.58A8 layers fused with them.
 
-Registered over ``LlamaForCausalLM`` only when TRIT_FUSED_NORM_QUANT or TRIT_A8_PROLOGUE is set when the
-plugin registers (trit.vllm.register), and behaving as vLLM's own class except where the ternary method
+Registered over ``LlamaForCausalLM`` only when TRIT_FUSED_NORM_QUANT, TRIT_A8_PROLOGUE or TRIT_CHAIN is set
+when the plugin registers (trit.vllm.register), and behaving as vLLM's own class except where the ternary method
 flagged a layer (compiled, TP = 1). ``trit_fused_norm`` (trit.vllm.quant.fused_norm_selected): the input
 norm -> qkv_proj and post-attention norm -> gate_up_proj pairs run as trit::rms_norm_a8q + ternary_mm_a8q;
 o_proj and down_proj keep their own quantizer. ``trit_prologue`` (trit.vllm.quant.prologue_selected): those
 two pairs and SiLU-mul -> down_proj run as trit::ternary_mm_a8_prologue, the norm / activation inside the
-layer's GEMV (trit.vllm.bitnet.norm_then_linear). The decoder layer's forward below is vLLM's
+layer's GEMV (trit.vllm.bitnet.norm_then_linear). ``trit_chain`` (trit.vllm.quant.chain_selected): the
+layer's tail from the attention output - o_proj, (+ residual) post-attention norm -> gate_up_proj, SiLU-mul ->
+down_proj - runs as one trit::ternary_chain (trit.vllm.bitnet.chain_tail); with trit_prologue too, the input
+norm -> qkv_proj keeps the prologue. The decoder layer's forward below is vLLM's
 (0.26 and 0.32 have the same LlamaDecoderLayer / LlamaAttention / LlamaMLP forwards) with the two
 pairs routed through norm_then_linear; any other attention or MLP class runs vLLM's forward.
 """
@@ -15,9 +18,9 @@ from __future__ import annotations
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 
-from .bitnet import bias_of, norm_then_linear
+from .bitnet import bias_of, chain_tail, norm_then_linear
 
-_FLAGS = ("trit_fused_norm", "trit_prologue")
+_FLAGS = ("trit_fused_norm", "trit_prologue", "trit_chain")
 
 
 def fused_layer(layer) -> bool:
@@ -37,13 +40,22 @@ class TritLlamaDecoderLayer(LlamaDecoderLayer):
         residual = hidden_states if residual is None else res
         q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
         q, k = attn.rotary_emb(positions, q, k)
-        out, _ = attn.o_proj(attn.attn(q, k, v))
+        a = attn.attn(q, k, v)
+        from trit.ops import PROLOGUE_ACTS  # (here, not at import: trit.ops loads the CUDA extension)
+
+        silu = PROLOGUE_ACTS["silu"] if type(mlp.act_fn) is SiluAndMul else None
+        # TRIT_CHAIN: o_proj, (+ residual) post-attention norm -> gate_up_proj, SiLU-mul -> down_proj as one
+        # trit::ternary_chain; None: the tail does not qualify (chain_tail) and runs as below
+        tail = chain_tail(a, residual, 1, [(None, attn.o_proj, 0), (self.post_attention_layernorm, mlp.gate_up_proj, 0),
+                                           (None, mlp.down_proj, silu)])
+        if tail is not None:
+            return tail
+        out, _ = attn.o_proj(a)
         x, residual = norm_then_linear(self.post_attention_layernorm, mlp.gate_up_proj, out, residual)
         down = mlp.down_proj
-        if getattr(down, "trit_prologue", False) and type(mlp.act_fn) is SiluAndMul and x.dim() == 2:
-            from trit.ops import PROLOGUE_ACTS  # SiLU(gate) * up inside down_proj's GEMV
-
-            x, _ = down.quant_method.apply_prologue(down, x, None, None, 0.0, PROLOGUE_ACTS["silu"], bias_of(down))
+        if getattr(down, "trit_prologue", False) and silu is not None and x.dim() == 2:
+            # SiLU(gate) * up inside down_proj's GEMV
+            x, _ = down.quant_method.apply_prologue(down, x, None, None, 0.0, silu, bias_of(down))
             return x, residual
         x, _ = down(mlp.act_fn(x))
         return x, residual

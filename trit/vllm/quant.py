@@ -404,7 +404,10 @@ class TernaryLinearMethod(_SpecLinearMethod):
         # TRIT_A8_PROLOGUE: the norm / activation in front of this layer runs inside its GEMV
         # (trit::ternary_mm_a8_prologue; the BitNet model and trit.vllm.llama)
         layer.trit_prologue = fusable and prologue_selected()
-        for flag in ("trit_fused_norm", "trit_prologue"):
+        # TRIT_CHAIN: this layer may be a stage of a decoder layer's tail run as one trit::ternary_chain
+        # (apply_chain; the BitNet model and trit.vllm.llama decide whether the whole tail qualifies)
+        layer.trit_chain = fusable and chain_selected()
+        for flag in ("trit_fused_norm", "trit_prologue", "trit_chain"):
             if getattr(layer, flag):
                 key_compile_cache(self.prefix, flag)
 
@@ -503,6 +506,33 @@ class TernaryLinearMethod(_SpecLinearMethod):
         N, K = layer.trit_n, layer.trit_k
         return torch.ops.trit.ternary_mm_a8_prologue(x, residual, norm_weight, eps, act, layer.weight,
                                                      layer.weight_scale, N, K, bias)
+
+
+def apply_chain(layers: list, x: torch.Tensor, residual: Optional[torch.Tensor], residual_stage: int,
+                norm_weights: list, acts: list, eps: float):
+    """(y, residual_out): the ternary layers ``layers`` in a row as one trit::ternary_chain call, stage s
+    computing layers[s] on act(gate) * up or its input (+ residual at residual_stage), RMSNorm-ed with
+    norm_weights[s] (None: no norm) - the decoder layer's tail under TRIT_CHAIN (chain_selected). Each
+    layer's kernel weight and scales as the op takes them; the caller has checked that every layer carries
+    trit_chain (TernaryLinearMethod, W1.58A8 at TP = 1) and adds no bias of its own (the op has none)."""
+    return torch.ops.trit.ternary_chain(x, residual, residual_stage, norm_weights, acts,
+                                        [m.weight for m in layers], [m.weight_scale for m in layers],
+                                        [m.trit_n for m in layers], [m.trit_k for m in layers], eps)
+
+
+def chain_selected(setting: Optional[str] = None) -> bool:
+    """TRIT_CHAIN, read when the model loads: 1 makes each decoder layer's tail, from the attention output
+    to the MLP output, one trit::ternary_chain call (apply_chain) - BitNet: attn_sub_norm -> o_proj,
+    (+ residual) post_attention_layernorm -> gate_up_proj, relu^2(gate) * up -> ffn_sub_norm -> down_proj;
+    Llama (trit.vllm.llama): o_proj, (+ residual) post_attention_layernorm -> gate_up_proj, silu(gate) * up
+    -> down_proj. At M = 1 the CUDA op runs the three layers in one persistent kernel (no launch and no
+    round trip through the host between them); at larger M it composes trit::ternary_mm_a8_prologue per
+    stage. A layer whose tail does not qualify (a bias the layer adds itself, norms of different eps,
+    sharded sub-norms, an activation without a prologue code) keeps its other route. With TRIT_A8_PROLOGUE
+    too, the chain takes the tail and the prologue the input norm -> qkv_proj. Unset / 0: off (the default
+    until measured end to end). Same conditions as TRIT_A8_PROLOGUE: TP = 1, where the layers run the trit
+    ops and vLLM compiles the model (model_compiled)."""
+    return _switch_on("TRIT_CHAIN", setting)
 
 
 def prologue_selected(setting: Optional[str] = None) -> bool:
