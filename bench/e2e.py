@@ -48,6 +48,9 @@ CATEGORIES = [  # (category, substrings of kernel names), first match wins
     # opaque linear op, not the op itself - first, so that humming's are not counted as its linears
     # (records before 2026-11-30 e2e-8b-run3 did: ~0.17 ms of humming's "ternary" at 8B B = 1)
     ("norm_elementwise", ("triton_",)),
+    # trit::ternary_chain's one kernel runs a layer's tail: its norms, activation and three ternary layers
+    # (H200 e2e 2B run 10 still counted it as "other")
+    ("ternary_chain", ("chain_kernel",)),
     ("ternary", ("a8_kernel", "a8_small", "a8_gemm", "quant_rows", "tmm_", "decode_kernel", "naive_kernel", "humming")),
     ("attention", ("flash", "attn", "attention", "paged", "fmha")),
     ("dense_gemm", ("gemm", "gemv", "cublas", "cutlass", "sm90_xmma", "nvjet", "matmul")),
