@@ -38,11 +38,11 @@ TAILS = {
     "8b": (4096, 4096, 14336, "relu2", True),
     "8b-llama": (4096, 4096, 14336, "silu", False),
 }
-VARIANTS = ("chain", "pro", "fnorm", "a8", "bf16", "chain-nopf", "chain-cu8", "chain-tma")
+VARIANTS = ("chain", "pro", "fnorm", "a8", "bf16", "chain-nopf", "chain-cu8", "chain-tma", "chain-pair")
 # the chain op under knobs: no L2 bulk prefetch of the weights, 8 k-blocks per register chunk, input rows by
-# one bulk copy per CTA instead of every thread's loads
+# one bulk copy per CTA instead of every thread's loads, gate_up's epilogue computing act(gate) * up
 VARIANT_ENV = {"pro": {"TRIT_CHAIN_KERNEL": "0"}, "chain-nopf": {"TRIT_CHAIN_L2PF": "0"}, "chain-cu8": {"TRIT_CHAIN_CU": "8"},
-               "chain-tma": {"TRIT_CHAIN_TMA": "1"}}
+               "chain-tma": {"TRIT_CHAIN_TMA": "1"}, "chain-pair": {"TRIT_CHAIN_PAIR": "1"}}
 
 
 def make_tails(name: str, layers: int, dtype=torch.bfloat16, seed: int = 0):
@@ -147,28 +147,28 @@ def bench(name: str, layers: int, variants) -> list[dict]:
     return rows
 
 
-POINTS = ("barrier", "prologue", "gemv", "epilogue")
+POINTS = ("barrier", "load+sum", "norm+max", "quant+rowsum", "gemv", "epilogue")  # between the 7 stamps
 
 
 def profile(name: str, layers: int, env: dict | None = None) -> dict:
     """Where the chain kernel's time goes, per stage: thread 0 of every CTA stamps globaltimer (ns) and
-    clock64 at the start of each stage, after its barrier, after the prologue, after the GEMV and after
-    the epilogue (TRIT_CHAIN_PROF). The last of `layers` tails run eagerly is stamped (its weights are not
+    clock64 at the start of each stage, after its barrier, after the row's pass 1 + the norm's sum, after
+    pass 2 + the max, after pass 3 + the row sum, after the GEMV and after the epilogue (TRIT_CHAIN_PROF). The last of `layers` tails run eagerly is stamped (its weights are not
     in L2). Returns, per stage and phase, the median and max over CTAs in ns, and the kernel's span."""
     tails = make_tails(name, layers, seed=2)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(1, TAILS[name][1], generator=g).to(torch.bfloat16).cuda()
     res = torch.randn(1, TAILS[name][0], generator=g).to(torch.bfloat16).cuda()
     G = torch.cuda.get_device_properties(0).multi_processor_count
-    buf = torch.zeros(G * 4 * 5 * 2, dtype=torch.int64, device="cuda")
+    buf = torch.zeros(G * 4 * (len(POINTS) + 1) * 2, dtype=torch.int64, device="cuda")
     for t in tails[:-1]:
         with_env(env or {}, lambda _, t=t: run_variant("chain", t, x, res))(0)
     with_env({**(env or {}), "TRIT_CHAIN_PROF": hex(buf.data_ptr())}, lambda _: run_variant("chain", tails[-1], x, res))(0)
     torch.cuda.synchronize()
-    ts = buf.view(G, 4, 5, 2).cpu().double()
+    ts = buf.view(G, 4, len(POINTS) + 1, 2).cpu().double()
     S = 3
     out = {"tail": name, "env": env or {}, "stages": []}
-    t_start, t_end = ts[:, 0, 0, 0].min().item(), ts[:, S - 1, 4, 0].max().item()
+    t_start, t_end = ts[:, 0, 0, 0].min().item(), ts[:, S - 1, len(POINTS), 0].max().item()
     out["span_us"] = round((t_end - t_start) / 1e3, 2)
     for s in range(S):
         st = {}
@@ -176,7 +176,7 @@ def profile(name: str, layers: int, env: dict | None = None) -> dict:
             d = ts[:, s, i + 1, 0] - ts[:, s, i, 0]
             st[pname] = {"median_us": round(d.median().item() / 1e3, 2), "max_us": round(d.max().item() / 1e3, 2)}
         # when the stage's slowest CTA finished vs its fastest (the next barrier waits for the slowest)
-        fin = ts[:, s, 4, 0]
+        fin = ts[:, s, len(POINTS), 0]
         st["finish_skew_us"] = round((fin.max() - fin.min()).item() / 1e3, 2)
         out["stages"].append(st)
     return out
@@ -201,8 +201,8 @@ def markdown(meta, rows) -> str:
     profs = meta.get("profiles") or []
     if profs:
         out += ["", "Chain kernel phases (TRIT_CHAIN_PROF; one eager call, its weights not in L2), median / max over "
-                "CTAs, us:", "", "| tail | knobs | span | stage | barrier | prologue | gemv | epilogue | finish skew |",
-                "|---|---|---|---|---|---|---|---|---|"]
+                "CTAs, us:", "", "| tail | knobs | span | stage | " + " | ".join(POINTS) + " | finish skew |",
+                "|---" * (len(POINTS) + 5) + "|"]
         for p in profs:
             for s, st in enumerate(p["stages"]):
                 out.append(f"| {p['tail']} | {p['env'] or '-'} | {p['span_us']} | {s} | " + " | ".join(
@@ -238,7 +238,7 @@ def main(argv=None):
     for n in names:
         rows += bench(n, args.layers, args.variants.split(","))
         if args.prof:
-            for env in ({}, {"TRIT_CHAIN_TMA": "1"}):
+            for env in ({}, {"TRIT_CHAIN_PAIR": "1"}):
                 meta.setdefault("profiles", []).append(profile(n, args.layers, env))
                 print(json.dumps(meta["profiles"][-1]), flush=True)
     md = markdown(meta, rows)

@@ -231,9 +231,9 @@ for (D, A, I) in ((264, 136, 200), (1000, 520, 1032), (2560, 2560, 6912)):
         torch.ops.trit.ternary_chain(x, r, 1, [nw(A), nw(D), nw(I), nw(D)], [0, 0, 1, 0], [po, pg, pd, pq],
                                      [so, sg, sd, sq], [D, 2 * I, D, A + 16], [A, D, I, D], 1e-6)
         torch.ops.trit.ternary_chain(x, None, -1, [None], [0], [po], [so], [D], [A], 1e-6)
-    if dt == torch.bfloat16 and D == 264:  # the bulk-copy input path and the 8-block chunks
+    if dt == torch.bfloat16 and D in (264, 2560):  # bulk-copy input rows, 8-block chunks, gate / up pairs
         import os
-        for k, v in (("TRIT_CHAIN_TMA", "1"), ("TRIT_CHAIN_CU", "8")):
+        for k, v in (("TRIT_CHAIN_TMA", "1"), ("TRIT_CHAIN_CU", "8"), ("TRIT_CHAIN_PAIR", "1")):
             os.environ[k] = v
             torch.ops.trit.ternary_chain(x, r, 1, [nw(A), nw(D), nw(I)], [0, 0, 1], [po, pg, pd], [so, sg, sd],
                                          [D, 2 * I, D], [A, D, I], 1e-6)

@@ -2771,18 +2771,23 @@ cudaError_t launch_rms_norm_quant(const T* x, const T* residual, const T* w, T* 
 // and each norm / quantizer in between is another such kernel (the 2B decode step ran 10-13 kernels per
 // layer, 1.53 ms for a 0.28 ms weight floor). Here each CTA prefetches its weight slices of the coming
 // stages into L2 (one bulk prefetch per stage) at the start, so HBM streams while the CTAs compute the
-// prologues and wait at the barriers, and the GEMVs read L2.
+// prologues and wait at the barriers, and the GEMVs read L2; every stage's norm weight and the CTA's
+// scales come into shared memory (cp.async) at the start too (H200 run 26c: -1 us on stage 0's prologue,
+// the epilogues 0.5 -> 0.26 us).
 // Per stage s, every CTA:
-//   1. loads its first weight chunk into registers (before the barrier: weights are constant), requests
-//      the norm weight into shared memory (cp.async), waits at the grid barrier (stage 0: the PDL wait);
+//   1. loads its first weight chunk into registers (before the barrier: weights are constant) and waits
+//      at the grid barrier (stage 0: the PDL wait);
 //   2. computes the whole input row from the previous stage's output (L2, ld.global.cg: written by other
 //      SMs in this kernel) - pass 1 a (+ residual: CTA 0 stores the new residual stream) and the sum of
 //      squares, pass 2 h = T(a * inv * nw) and max|h|, pass 3 the int8 quantization into shared memory
-//      (quant_group8: the {0,4,1,5,2,6,3,7} order of the a8 kernels); 512 threads, so ~5-30 elements each;
+//      (quant_group8: the {0,4,1,5,2,6,3,7} order of the a8 kernels); 512 threads, so ~5-30 elements each
+//      (TRIT_CHAIN_TMA=1: the rows by one bulk copy per CTA; measured slower, off);
 //   3. runs its contiguous range of 16-channel tiles: the CTA's (tile, k-block) units split evenly over
 //      its 16 warps (a warp may span two tiles), mma.m16n8k32 u8 x s8 as a8_small_kernel, the warp's
 //      int32 partial sums added into the tile's shared accumulators (integer: exact in any order), then
-//      the a8 epilogue (store_out's arithmetic) writes the stage's output.
+//      the a8 epilogue (store_out's arithmetic) writes the stage's output (TRIT_CHAIN_PAIR=1, not yet on a
+//      GPU: a stage whose output feeds an activation takes gate tiles and the matching up tiles and writes
+//      act(gate) * up, ChainArgs::pair).
 // Results: every stage equals trit::ternary_mm_a8_prologue on the previous output, bit for bit wherever
 // the norm's sum of squares is exact in any order (it sums in another order than that kernel).
 // The grid barrier is a counter in device memory (g_chain_bar) that cooperative groups' scheme flips per
@@ -2819,11 +2824,18 @@ template <typename T> struct ChainArgs {
   // its norm weight and this CTA's scales (all requested at the start: they are parameters)
   int off_x, off_acc, off_in;
   int off_nw[kChainMaxStages], off_sc[kChainMaxStages];
+  // pair[s] (TRIT_CHAIN_PAIR=1, where stage s + 1 has an activation and the gate / up halves of stage s's
+  // output split on a tile boundary): each CTA takes gate tiles [t0, t1) AND the up tiles of the same
+  // features, and its epilogue writes act(gate) * up (the arithmetic pass 1 would do) - [N / 2] values -
+  // so that stage s + 1 reads half the row and computes no activation
+  int pair[kChainMaxStages];
   // TRIT_CHAIN_PROF (a device address, for bench.chain --prof): thread 0 of each CTA stores globaltimer and
-  // clock64 at 5 points of every stage - start, after the barrier, after the prologue, after the GEMV, after
-  // the epilogue - at prof[((cta * kChainMaxStages + s) * 5 + point) * 2 + {0, 1}]
+  // clock64 at kChainStamps points of every stage - start, after the barrier, after pass 1 and the norm's
+  // sum, after pass 2 and the max, after pass 3 and the row sum, after the GEMV, after the epilogue - at
+  // prof[((cta * kChainMaxStages + s) * kChainStamps + point) * 2 + {0, 1}]
   unsigned long long* prof;
 };
+constexpr int kChainStamps = 7;
 
 __device__ __forceinline__ unsigned long long globaltimer_ns() {
   unsigned long long t;
@@ -2914,6 +2926,13 @@ __device__ __forceinline__ void chain_prefetch_stage(const int4* wp, int KB, int
   if (t1 > t0) l2_prefetch(wp + (size_t)t0 * KB * 32, (uint32_t)((size_t)(t1 - t0) * KB * 512));
 }
 
+// act(gate) * up as torch computes it in T (A8Pro's pass 1): relu(g)^2 (1) or silu(g) (2) rounded to T, times
+// up, rounded to T; returned as fp32 (exactly a T value)
+template <typename T>
+__device__ __forceinline__ float chain_act(int act, float g, float u) {
+  const float v = act == 1 ? fmaxf(g, 0.f) * fmaxf(g, 0.f) : g / (1.f + expf(-g));
+  return to_f32<T>(from_f32<T>(to_f32<T>(from_f32<T>(v)) * u));
+}
 template <typename T, int CU>
 __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_constant__ ChainArgs<T> a) {
   extern __shared__ __align__(16) uint8_t csm[];
@@ -2943,12 +2962,13 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
     const ChainStage<T>& st = a.st[s];
     if (st.nw != nullptr) stage16(csm + a.off_nw[s], st.nw, (int)((size_t)st.K * sizeof(T) / 16), tid, kChainThreads);
     int t0, t1;
-    chain_tiles(st.n_tiles, t0, t1);
+    chain_tiles(a.pair[s] ? st.n_tiles / 2 : st.n_tiles, t0, t1);
     const int n0 = t0 * kTileN, cnt = min(t1 * kTileN, st.N) - n0;
-    for (int i = tid; i < cnt; i += kChainThreads)
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(csm + a.off_sc[s] + 4 * i)),
-                   "l"(st.scale + n0 + i)
-                   : "memory");
+    for (int h = 0; h < (a.pair[s] ? 2 : 1); ++h)  // paired: the gate scales, then the up scales
+      for (int i = tid; i < cnt; i += kChainThreads)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(csm + a.off_sc[s] + 4 * (h * cnt + i))),
+                     "l"(st.scale + h * (st.N / 2) + n0 + i)
+                     : "memory");
   }
   asm volatile("cp.async.commit_group;" ::: "memory");
   __syncthreads();  // the mbarrier's initialization
@@ -2958,14 +2978,19 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
     if (s >= a.S) break;
     const ChainStage<T>& st = a.st[s];
     const int K = st.K, KB = st.KB, Kp = KB * kBlockK;
+    const bool pr = a.pair[s] != 0;
+    // the input arrives activated where the previous stage's epilogue paired gate and up
+    const int act = (s > 0 && a.pair[s > 0 ? s - 1 : 0]) ? 0 : st.act;
     int t0, t1;
-    chain_tiles(st.n_tiles, t0, t1);
-    const int nt = t1 - t0, U = nt * KB;
+    chain_tiles(pr ? st.n_tiles / 2 : st.n_tiles, t0, t1);
+    const int nt = t1 - t0, ntl = pr ? 2 * nt : nt, U = ntl * KB;  // ntl: local tiles (paired: gate, then up)
     const int u0 = (warp * U) / kChainWarps, u1 = ((warp + 1) * U) / kChainWarps;
     const int4* wbase = st.wp + (size_t)t0 * KB * 32 + lane;  // unit u (tile-major) at + u * 32
+    const int4* wup = st.wp + (size_t)(st.n_tiles / 2 + t0) * KB * 32 + lane;  // paired: the up tiles
+    auto waddr = [&](int u) { return pr && u >= nt * KB ? wup + (size_t)(u - nt * KB) * 32 : wbase + (size_t)u * 32; };
     auto stamp = [&](int point) {
       if (a.prof != nullptr && tid == 0) {
-        unsigned long long* q = a.prof + ((size_t)(blockIdx.x * kChainMaxStages + s) * 5 + point) * 2;
+        unsigned long long* q = a.prof + ((size_t)(blockIdx.x * kChainMaxStages + s) * kChainStamps + point) * 2;
         q[0] = globaltimer_ns();
         q[1] = (unsigned long long)clock64();
       }
@@ -2974,7 +2999,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
     int4 wa[CU], wb[CU];
     auto load_chunk = [&](int4 (&w)[CU], int u) {
 #pragma unroll
-      for (int j = 0; j < CU; ++j) w[j] = u + j < u1 ? ld_weights(wbase + (size_t)(u + j) * 32) : make_int4(0, 0, 0, 0);
+      for (int j = 0; j < CU; ++j) w[j] = u + j < u1 ? ld_weights(waddr(u + j)) : make_int4(0, 0, 0, 0);
     };
     load_chunk(wa, u0);  // weights are constant: in flight across the barrier
     const T* snw = reinterpret_cast<const T*>(csm + a.off_nw[s]);
@@ -2992,7 +3017,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
     stamp(1);
 
     // ---- the input row (every CTA): pass 1 a (+ residual) and sum(a^2) into sa
-    for (int i = tid; i < nt * kTileN; i += kChainThreads) sacc[i] = 0;
+    for (int i = tid; i < ntl * kTileN; i += kChainThreads) sacc[i] = 0;
     const T* src = s == 0 ? a.x : a.st[s > 0 ? s - 1 : 0].y;
     const bool res = s == a.res_stage, norm = st.nw != nullptr;
     const uint32_t rowb = (uint32_t)((size_t)K * sizeof(T));
@@ -3000,28 +3025,25 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
       if (tid == 0) {
         asm volatile("fence.proxy.async.global;" ::: "memory");      // other SMs' stores, acquired above
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // our reads of sin in the last stage
-        const uint32_t bytes = rowb * (st.act != 0 ? 2u : 1u) + (res ? rowb : 0u);
+        const uint32_t bytes = rowb * (act != 0 ? 2u : 1u) + (res ? rowb : 0u);
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(mbar), "r"(bytes) : "memory");
-        bulk_g2s(smem_u32(sin), src, rowb * (st.act != 0 ? 2u : 1u), mbar);
-        if (res) bulk_g2s(smem_u32(sin) + rowb * (st.act != 0 ? 2u : 1u), a.residual, rowb, mbar);
+        bulk_g2s(smem_u32(sin), src, rowb * (act != 0 ? 2u : 1u), mbar);
+        if (res) bulk_g2s(smem_u32(sin) + rowb * (act != 0 ? 2u : 1u), a.residual, rowb, mbar);
       }
       mbar_wait(mbar, (uint32_t)(s & 1));
     }
-    const T* rin = sin + (st.act != 0 ? 2 * K : K);
+    const T* rin = sin + (act != 0 ? 2 * K : K);
     float ss = 0.f;
     for (int k = tid * 8; k < K; k += kChainThreads * 8) {
       float e[8];
       if (a.tma) sload8<T>(sin, k, e);
       else ldcg8<T>(src, k, e);
-      if (st.act != 0) {
+      if (act != 0) {
         float u[8];
         if (a.tma) sload8<T>(sin + K, k, u);
         else ldcg8<T>(src + K, k, u);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float v = st.act == 1 ? fmaxf(e[i], 0.f) * fmaxf(e[i], 0.f) : e[i] / (1.f + expf(-e[i]));
-          e[i] = to_f32<T>(from_f32<T>(to_f32<T>(from_f32<T>(v)) * u[i]));
-        }
+        for (int i = 0; i < 8; ++i) e[i] = chain_act<T>(act, e[i], u[i]);
       } else if (res) {
         float r[8];
         if (a.tma) sload8<T>(rin, k, r);
@@ -3037,6 +3059,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
     asm volatile("cp.async.wait_group 0;" ::: "memory");  // this thread's part of the norm weights and scales
     float inv = 1.f;
     if (norm) inv = rsqrtf(chain_sum(ss, s_ss[s]) / (float)K + a.eps);  // its barrier publishes snw / ssc too
+    stamp(2);
     // pass 2: h (in place) and max|h|; a thread reads back only the groups it wrote
     float amax = 0.f;
     for (int k = tid * 8; k < K; k += kChainThreads * 8) {
@@ -3053,6 +3076,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
       for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(e[i]));
     }
     amax = chain_max(amax, s_am[s]);
+    stamp(3);
     const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as torch: reciprocal(t) * 127
     // pass 3: the int8 row (zeros past K) into sx
     int part = 0;
@@ -3067,7 +3091,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
       *reinterpret_cast<uint2*>(sx + k) = quant_group8(e, xs, part);
     }
     const int rowsum = chain_isum(part, s_p[s]);  // its barrier publishes sx and the zeroed accumulators
-    stamp(2);
+    stamp(4);
 
     // ---- the CTA's tiles: warp units [u0, u1) of (tile, k-block), tile-major
     int acc[4] = {0, 0, 0, 0};
@@ -3110,13 +3134,19 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
     }
     if (u1 > u0) flush();
     __syncthreads();
-    stamp(3);
-    // epilogue: store_out's arithmetic for x row 0
+    stamp(5);
+    // epilogue: store_out's arithmetic for x row 0; paired: act(gate) * up of the two (as pass 1 would)
     for (int i = tid; i < nt * kTileN; i += kChainThreads) {
       const int n = t0 * kTileN + i;
-      if (n < st.N) st.y[n] = from_f32<T>(a8_value(sacc[i] - rowsum, xs, ssc[i]));
+      if (pr) {
+        const float gv = to_f32<T>(from_f32<T>(a8_value(sacc[i] - rowsum, xs, ssc[i])));
+        const float uv = to_f32<T>(from_f32<T>(a8_value(sacc[nt * kTileN + i] - rowsum, xs, ssc[nt * kTileN + i])));
+        st.y[n] = from_f32<T>(chain_act<T>(a.st[s + 1 < kChainMaxStages ? s + 1 : s].act, gv, uv));
+      } else if (n < st.N) {
+        st.y[n] = from_f32<T>(a8_value(sacc[i] - rowsum, xs, ssc[i]));
+      }
     }
-    stamp(4);
+    stamp(6);
   }
 }
 
@@ -3129,12 +3159,24 @@ struct ChainLayout {
 // widest K, xq at the widest k-block count (+ 16), the accumulators of the most tiles a CTA gets, the raw
 // input rows (tma: two rows at the widest K - [gate | up], or x and the residual), then per stage its norm
 // weight (K_s) and scales (the most outputs a CTA gets)
-inline ChainLayout chain_layout(int S, const int* Ns, const int* Ks, int G, size_t elem, bool tma) {
+// TRIT_CHAIN_PAIR=1 (not yet on a GPU: off): stage s pairs gate and up (ChainArgs::pair) where stage s + 1
+// has an activation and N_s / 2 is a multiple of 16
+bool chain_pair_on() { return env_int("TRIT_CHAIN_PAIR", 0) != 0; }
+inline bool chain_pairs(int s, int S, const int* Ns, const int* acts, bool on) {
+  return on && s + 1 < S && acts[s + 1] != 0 && Ns[s] % (2 * kTileN) == 0;
+}
+// local tiles of the CTA that gets the most in stage s (paired: its gate tiles and as many up tiles)
+inline int chain_tmax(int N, int G, bool pr) {
+  const int nt = (N + kTileN - 1) / kTileN;
+  return pr ? 2 * ((nt / 2 + G - 1) / G) : (nt + G - 1) / G;
+}
+inline ChainLayout chain_layout(int S, const int* Ns, const int* Ks, const int* acts, int G, size_t elem, bool tma,
+                                bool pair) {
   int kmax = 8, kbmax = 1, tmax = 1;
   for (int s = 0; s < S; ++s) {
     kmax = max(kmax, Ks[s]);
     kbmax = max(kbmax, (Ks[s] + kBlockK - 1) / kBlockK);
-    tmax = max(tmax, ((Ns[s] + kTileN - 1) / kTileN + G - 1) / G);
+    tmax = max(tmax, chain_tmax(Ns[s], G, chain_pairs(s, S, Ns, acts, pair)));
   }
   auto up16 = [](size_t b) { return (b + 15) / 16 * 16; };
   ChainLayout l = {};
@@ -3150,7 +3192,7 @@ inline ChainLayout chain_layout(int S, const int* Ns, const int* Ks, int G, size
     l.off_nw[s] = (int)off;
     off += pro_row_bytes(Ks[s], elem);
     l.off_sc[s] = (int)off;
-    off += up16((size_t)(((Ns[s] + kTileN - 1) / kTileN + G - 1) / G) * kTileN * sizeof(float));
+    off += up16((size_t)chain_tmax(Ns[s], G, chain_pairs(s, S, Ns, acts, pair)) * kTileN * sizeof(float));
   }
   l.bytes = off;
   return l;
@@ -3159,8 +3201,9 @@ size_t chain_smem_max();
 // TRIT_CHAIN_TMA=1: the input rows by one bulk copy per CTA (where the two staged rows fit in shared memory)
 // instead of every thread's 16-byte loads. Off by default: H200 run 26c timed it 1-2 us slower per 2B tail
 // (the stage-2 prologue 4.35 vs 3.84 us: the rows' L2 round trip was not what the prologue waits on)
-bool chain_tma(int S, const int* Ns, const int* Ks, int G, size_t elem) {
-  return env_int("TRIT_CHAIN_TMA", 0) != 0 && chain_layout(S, Ns, Ks, G, elem, true).bytes <= chain_smem_max();
+bool chain_tma(int S, const int* Ns, const int* Ks, const int* acts, int G, size_t elem) {
+  return env_int("TRIT_CHAIN_TMA", 0) != 0 &&
+         chain_layout(S, Ns, Ks, acts, G, elem, true, chain_pair_on()).bytes <= chain_smem_max();
 }
 int chain_grid() {  // one CTA per SM
   int dev = 0, sms = 0;
@@ -3184,7 +3227,8 @@ bool chain_ok(int M, int S, const int* Ns, const int* Ks, const int* acts, size_
     if (s > 0 && Ns[s - 1] != (acts[s] != 0 ? 2 : 1) * Ks[s]) return false;
   }
   const int G = chain_grid();
-  return G > 0 && chain_layout(S, Ns, Ks, G, elem, chain_tma(S, Ns, Ks, G, elem)).bytes <= chain_smem_max();
+  return G > 0 && chain_layout(S, Ns, Ks, acts, G, elem, chain_tma(S, Ns, Ks, acts, G, elem), chain_pair_on()).bytes <=
+                    chain_smem_max();
 }
 template <typename T>
 cudaError_t launch_chain(const T* x, const T* residual, T* res_out, int res_stage, float eps, int S,
@@ -3202,8 +3246,8 @@ cudaError_t launch_chain(const T* x, const T* residual, T* res_out, int res_stag
   auto al = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (!al(x) || !al(residual) || !al(res_out)) return cudaErrorInvalidValue;
   const int G = chain_grid();
-  const bool tma = chain_tma(S, Ns, Ks, G, sizeof(T));
-  const ChainLayout l = chain_layout(S, Ns, Ks, G, sizeof(T), tma);
+  const bool tma = chain_tma(S, Ns, Ks, acts, G, sizeof(T)), pair = chain_pair_on();
+  const ChainLayout l = chain_layout(S, Ns, Ks, acts, G, sizeof(T), tma, pair);
   ChainArgs<T> a = {};
   long long total = 0;
   for (int s = 0; s < S; ++s) {
@@ -3243,6 +3287,7 @@ cudaError_t launch_chain(const T* x, const T* residual, T* res_out, int res_stag
   for (int s = 0; s < kChainMaxStages; ++s) {
     a.off_nw[s] = s < S ? l.off_nw[s] : 0;
     a.off_sc[s] = s < S ? l.off_sc[s] : 0;
+    a.pair[s] = s < S && chain_pairs(s, S, Ns, acts, pair) ? 1 : 0;
   }
   a.prof = nullptr;
   if (const char* pe = getenv("TRIT_CHAIN_PROF"); pe != nullptr && *pe != '\0')

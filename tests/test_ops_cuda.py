@@ -1027,22 +1027,43 @@ def test_chain_one_stage_exact_cuda(NK, mode):
             assert torch.equal(y, want_y), what
 
 
+class _env:
+    """Environment variables set inside a with block (the extension reads its knobs per call)."""
+    def __init__(self, **kv):
+        self.kv, self.old = kv, {}
+
+    def __enter__(self):
+        for k, v in self.kv.items():
+            self.old[k] = os.environ.get(k)
+            os.environ[k] = v
+
+    def __exit__(self, *exc):
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 @pytest.mark.parametrize("tail", list(CHAIN_TAILS))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("qkv", [False, True])
-def test_chain_stages_cuda(tail, dtype, qkv):
+@pytest.mark.parametrize("pair", ["0", "1"])
+def test_chain_stages_cuda(tail, dtype, qkv, pair):
     """A 3-stage layer tail (4 with the next layer's input norm -> qkv) in one kernel equals the same stages
     as one single-stage launch each, bit for bit (so the grid barrier hands every stage the complete
-    previous output), and is within the a8 tolerance of the torch reference."""
+    previous output), and is within the a8 tolerance of the torch reference. TRIT_CHAIN_PAIR=1 (gate_up's
+    epilogue computes act(gate) * up where I % 16 == 0: llama, 2b, 8b) must not change a bit either."""
     D, A, I, act, sub = CHAIN_TAILS[tail]
     args = list(_chain_case(1, D, A, I, act, sub, dtype, seed=D + I + int(qkv), device=DEV))
     if qkv:  # the next layer: input_layernorm -> qkv_proj on the tail's output
         x, r, rs, nws, acts, P, S, Ns, Ks = args
         _, _, pq, sq, _ = make_case(1, A + 2 * 136, D, dtype, seed=5, device=DEV)
         args = [x, r, rs, nws + [nws[1]], acts + [0], P + [pq], S + [sq], Ns + [A + 2 * 136], Ks + [D]]
-    n_chain, names = _chain_kernels(lambda: torch.ops.trit.ternary_chain(*args, 1e-6))
-    assert n_chain == 1 and not any("a8_small" in n for n in names), names
-    y, res_out = torch.ops.trit.ternary_chain(*args, 1e-6)
+    with _env(TRIT_CHAIN_PAIR=pair):
+        n_chain, names = _chain_kernels(lambda: torch.ops.trit.ternary_chain(*args, 1e-6))
+        assert n_chain == 1 and not any("a8_small" in n for n in names), names
+        y, res_out = torch.ops.trit.ternary_chain(*args, 1e-6)
     want_y, want_res = _stage_by_stage(*args, 1e-6)
     assert torch.equal(res_out, want_res), tail
     assert torch.equal(y, want_y), f"{tail} {dtype}: max diff {(y.float() - want_y.float()).abs().max().item()}"
@@ -1056,16 +1077,17 @@ def test_chain_stages_cuda(tail, dtype, qkv):
 
 @SETTINGS
 @given(M=st.integers(1, 3), D=st.sampled_from([8, 24, 136, 264, 1000, 2560]), A=st.sampled_from([8, 40, 136, 516]),
-       I=st.sampled_from([8, 72, 200, 1032]), act=st.sampled_from([1, 2]), sub=st.booleans(),
-       dtype=st.sampled_from(DTYPES), knob=st.sampled_from(["", "TRIT_CHAIN_KERNEL", "TRIT_CHAIN_TMA", "TRIT_CHAIN_CU"]),
+       I=st.sampled_from([8, 72, 200, 1032, 1024]), act=st.sampled_from([1, 2]), sub=st.booleans(),
+       dtype=st.sampled_from(DTYPES), knob=st.sampled_from(["", "TRIT_CHAIN_KERNEL", "TRIT_CHAIN_TMA", "TRIT_CHAIN_CU",
+                                                      "TRIT_CHAIN_PAIR"]),
        seed=st.integers(0, 2**16))
 def test_chain_cuda(M, D, A, I, act, sub, dtype, knob, seed):
     """Every route of trit::ternary_chain (the persistent kernel at M = 1, the composed prologue ops at
     M > 1 or with TRIT_CHAIN_KERNEL=0; the kernel's input rows by bulk copy with TRIT_CHAIN_TMA=1, its
-    8-k-block register chunks with TRIT_CHAIN_CU=8) against its torch definition on random inputs, within the a8
+    8-k-block register chunks with TRIT_CHAIN_CU=8, gate and up paired with TRIT_CHAIN_PAIR=1) against its torch definition on random inputs, within the a8
     tolerance (y and residual_out: both follow stage 0's norm, whose sum order differs)."""
     args = _chain_case(M, D, A, I, act, sub, dtype, seed, device=DEV)
-    value = {"TRIT_CHAIN_KERNEL": "0", "TRIT_CHAIN_TMA": "1", "TRIT_CHAIN_CU": "8"}.get(knob)
+    value = {"TRIT_CHAIN_KERNEL": "0", "TRIT_CHAIN_TMA": "1", "TRIT_CHAIN_CU": "8", "TRIT_CHAIN_PAIR": "1"}.get(knob)
     old = os.environ.pop(knob, None) if knob else None
     try:
         if knob:
