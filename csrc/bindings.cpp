@@ -127,6 +127,12 @@ at::Tensor ternary_mm_naive_cuda(const at::Tensor& x, const at::Tensor& packed, 
 // paths in one run: at M = 128 the fused v4 a8 kernel wins on 8 of 10 shapes (8192x8192 55.7 vs
 // 87.4 us), at M = 256 int8 cuBLAS wins on 7 of 10 (28672x8192 270 vs 333 us), and above that
 // the fused kernel falls far behind (run 2). torch._int_mm itself ran no faster than bf16 cuBLAS.
+// an on / off knob read per call (like the kernel knobs): unset or empty -> dflt, "0" -> off
+bool env_flag(const char* name, bool dflt) {
+  const char* e = getenv(name);
+  return (e != nullptr && *e != '\0') ? strcmp(e, "0") != 0 : dflt;
+}
+
 int64_t a8_dense_min_m() {
   const char* e = getenv("TRIT_A8_DENSE_MIN_M");
   return (e != nullptr && *e != '\0') ? atoll(e) : 256;
@@ -362,9 +368,17 @@ std::tuple<at::Tensor, at::Tensor> ternary_mm_a8_prologue_cuda(
   // several launches: the activation as torch ops, then the norm (with the residual add) by the
   // rms_norm_a8q kernel, whose quantization ternary_mm_a8q reads at M <= 8
   at::Tensor h = xc;
-  if (act != 0) {
-    const at::Tensor g = xc.narrow(1, 0, K), u = xc.narrow(1, K, K);
-    h = (act == 1 ? at::relu(g).square() : at::silu(g)) * u;  // each op rounds to x's dtype, as torch
+  if (act != 0 && M > 0) {
+    // TRIT_ACT_MUL=1: one kernel with torch's roundings (csrc act_mul_kernel; not yet on a GPU, so off)
+    if (env_flag("TRIT_ACT_MUL", false)) {
+      h = at::empty({M, K}, x.options());
+      check_launch(trit_act_mul(dtype_code(x.scalar_type(), op), xc.data_ptr(), h.data_ptr(), (int)M, (int)K,
+                                (int)act, current_stream(x)),
+                   op);
+    } else {
+      const at::Tensor g = xc.narrow(1, 0, K), u = xc.narrow(1, K, K);
+      h = (act == 1 ? at::relu(g).square() : at::silu(g)) * u;  // each op rounds to x's dtype, as torch
+    }
   }
   if (norm_weight.has_value() && K <= trit_rms_norm_a8q_max_k() && M > 0) {
     auto [out, res, xq, xs, rowsum] =

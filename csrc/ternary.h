@@ -87,6 +87,10 @@ int trit_mm_a8_prologue(int dtype, const void* x, const void* residual, const vo
                         void* res_out, const int32_t* packed, const float* scale, const void* bias, void* y,
                         int M, int N, int K, void* stream);
 
+// act(gate) * up (act 1 relu^2, 2 silu) of x [M, 2K] = [gate | up] into out [M, K], in the dtype as torch's
+// ops round (relu, square / silu, mul): the composed prologue route's activation in one kernel.
+int trit_act_mul(int dtype, const void* x, void* out, int M, int K, int act, void* stream);
+
 // trit::ternary_chain at M = 1: S <= trit_chain_max_stages() W1.58A8 layers in a row in ONE persistent kernel
 // (grid barrier between them). Stage s is trit_mm_a8_prologue(h_s, residual if s == res_stage, nw, eps, act, ...)
 // without bias, h_0 = x ([K_0], or [2 K_0] with act) and h_{s+1} = stage s's y [N_s] (so N_s = K_{s+1}, or

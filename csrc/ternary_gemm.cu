@@ -2933,6 +2933,38 @@ __device__ __forceinline__ float chain_act(int act, float g, float u) {
   const float v = act == 1 ? fmaxf(g, 0.f) * fmaxf(g, 0.f) : g / (1.f + expf(-g));
   return to_f32<T>(from_f32<T>(to_f32<T>(from_f32<T>(v)) * u));
 }
+// act(gate) * up of rows x = [gate | up] ([M, 2K]) into out [M, K], chain_act's arithmetic (torch's ops in T,
+// each rounding): one kernel where torch runs relu, square and mul (or silu and mul) - the activation of
+// trit::ternary_mm_a8_prologue's composed route above M = 1 (and so of trit::ternary_chain there). vec: K %
+// 8 == 0 and 16-byte aligned rows (one 16-byte load per 8 inputs), else element by element.
+template <typename T>
+__global__ void __launch_bounds__(256) act_mul_kernel(const T* __restrict__ x, T* __restrict__ out, int M, int K,
+                                                      int act, bool vec) {
+  pdl_trigger();  // the norm kernel behind may launch; it waits for this grid
+  pdl_wait();
+  const int groups = (K + 7) / 8;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (long long)M * groups;
+       i += (long long)gridDim.x * blockDim.x) {
+    const int m = (int)(i / groups), k = (int)(i - (long long)m * groups) * 8;
+    float g[8], u[8];
+    load8<T>(x + (size_t)m * 2 * K, k, K, vec, g);
+    load8<T>(x + (size_t)m * 2 * K + K, k, K, vec, u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) g[j] = chain_act<T>(act, g[j], u[j]);
+    store8<T>(out + (size_t)m * K, k, K, vec, g);
+  }
+}
+template <typename T>
+cudaError_t launch_act_mul(const T* x, T* out, int M, int K, int act, cudaStream_t st) {
+  if (M < 1 || K < 1 || (act != 1 && act != 2)) return cudaErrorInvalidValue;
+  auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = K % 8 == 0 && al(x) && al(out);
+  const long long work = (long long)M * ((K + 7) / 8);
+  const int blocks = (int)std::min<long long>((work + 255) / 256, 132LL * 8);
+  return launch_ex(act_mul_kernel<T>, dim3(blocks), dim3(256), 0, st, knobs().pdl && pdl_supported(), x, out, M, K,
+                   act, vec);
+}
+
 template <typename T, int CU>
 __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_constant__ ChainArgs<T> a) {
   extern __shared__ __align__(16) uint8_t csm[];
@@ -3456,6 +3488,12 @@ extern "C" int trit_decode(int out_dtype, const int32_t* packed, const float* sc
   });
 }
 
+extern "C" int trit_act_mul(int dtype, const void* x, void* out, int M, int K, int act, void* stream) {
+  return visit_float_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return (int)launch_act_mul<T>((const T*)x, (T*)out, M, K, act, (cudaStream_t)stream);
+  });
+}
 extern "C" int trit_chain_max_stages(void) { return kChainMaxStages; }
 extern "C" int trit_chain_ok(int dtype, int M, int S, const int* Ns, const int* Ks, const int* acts) {
   const size_t elem = dtype == TRIT_F32 ? 4 : 2;

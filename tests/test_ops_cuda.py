@@ -1150,3 +1150,36 @@ def test_chain_falls_back_cuda():
     odd = _chain_case(1, 264, 132, 200, 1, True, torch.bfloat16, 4, device=DEV)  # K = 132 of o_proj: not % 8
     n, names = _chain_kernels(lambda: torch.ops.trit.ternary_chain(*odd, 1e-6))
     assert n == 0, names
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", [1, 2])
+def test_act_mul_kernel_cuda(dtype, act):
+    """TRIT_ACT_MUL=1: the composed prologue route's act(gate) * up in one kernel equals torch's three ops bit
+    for bit (fp32 SiLU: expf vs torch's last bit, within the a8 tolerance), K % 8 == 0 or not, through the
+    prologue op above M = 1 and through the chain op at M = 2."""
+    for M, K in ((2, 2560), (5, 1000), (3, 37), (12, 6912)):
+        g = torch.Generator().manual_seed(M * K + act)
+        x = (torch.randn(M, 2 * K, generator=g) * 2).to(dtype).to(DEV)
+        w = (torch.rand(K, generator=g) + 0.5).to(dtype).to(DEV)
+        _, _, p, s, _ = make_case(M, 48, K, dtype, seed=K, device=DEV)
+        outs = []
+        for flag in ("1", "0"):
+            with _env(TRIT_ACT_MUL=flag):
+                outs.append(torch.ops.trit.ternary_mm_a8_prologue(x, None, w, 1e-6, act, p, s, 48, K, None)[0])
+                outs.append(torch.ops.trit.ternary_mm_a8_prologue(x, None, None, 0.0, act, p, s, 48, K, None)[0])
+        what = f"M={M} K={K} act={act} {dtype}"
+        for got, want in zip(outs[:2], outs[2:]):
+            if act == 2 and dtype == torch.float32:
+                assert_close_rel(got, want, 3e-2, what)
+            else:
+                assert torch.equal(got, want), what
+    args = _chain_case(2, 264, 136, 200, act, True, dtype, 9, device=DEV)
+    with _env(TRIT_ACT_MUL="1"):
+        y1, r1 = torch.ops.trit.ternary_chain(*args, 1e-6)
+    y0, r0 = torch.ops.trit.ternary_chain(*args, 1e-6)
+    assert torch.equal(r1, r0)
+    if act == 2 and dtype == torch.float32:
+        assert_close_rel(y1, y0, 3e-2, "chain M = 2")
+    else:
+        assert torch.equal(y1, y0)
