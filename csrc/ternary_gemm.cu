@@ -2883,37 +2883,27 @@ __device__ __forceinline__ void ldcg8(const T* row, int k, float (&e)[8]) {
     e[0] = a.x; e[1] = a.y; e[2] = a.z; e[3] = a.w; e[4] = b.x; e[5] = b.y; e[6] = b.z; e[7] = b.w;
   }
 }
-// CTA-wide sum / max of one value per thread, in a fixed order (deterministic); scr: kChainWarps words
-// used by this call only (each reduction of a stage has its own)
-__device__ __forceinline__ float chain_sum(float v, float* scr) {
+// CTA-wide reduction (op: sum or max) of one value per thread, in a fixed order (deterministic); scr:
+// kChainWarps words used by this call only (each reduction of a stage has its own)
+template <typename V, typename Op>
+__device__ __forceinline__ V chain_reduce(V v, V* scr, Op op) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if ((threadIdx.x & 31) == 0) scr[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = 0.f;
-#pragma unroll
-  for (int w = 0; w < kChainWarps; ++w) v += scr[w];
-  return v;
-}
-__device__ __forceinline__ float chain_max(float v, float* scr) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   if ((threadIdx.x & 31) == 0) scr[threadIdx.x >> 5] = v;
   __syncthreads();
   v = scr[0];
 #pragma unroll
-  for (int w = 1; w < kChainWarps; ++w) v = fmaxf(v, scr[w]);
+  for (int w = 1; w < kChainWarps; ++w) v = op(v, scr[w]);
   return v;
 }
+__device__ __forceinline__ float chain_sum(float v, float* scr) {
+  return chain_reduce(v, scr, [](float p, float q) { return p + q; });
+}
+__device__ __forceinline__ float chain_max(float v, float* scr) {
+  return chain_reduce(v, scr, [](float p, float q) { return fmaxf(p, q); });
+}
 __device__ __forceinline__ int chain_isum(int v, int* scr) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if ((threadIdx.x & 31) == 0) scr[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = 0;
-#pragma unroll
-  for (int w = 0; w < kChainWarps; ++w) v += scr[w];
-  return v;
+  return chain_reduce(v, scr, [](int p, int q) { return p + q; });
 }
 // the CTA's tiles of a stage: [t0, t1), contiguous, counts differ by <= 1
 __device__ __forceinline__ void chain_tiles(int n_tiles, int& t0, int& t1) {

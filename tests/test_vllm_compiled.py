@@ -76,9 +76,7 @@ def test_prequant_compiles_and_matches_default(tmp_path):
     on = run(tmp_path, "1")
     assert all(not f for _, f in off["flags"]) and all(f for _, f in on["flags"]), (off["flags"], on["flags"])
     assert on["tokens"] == off["tokens"]
-    keys = list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("torch_aot_compile/*"))
-    keys = keys or list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("*"))
-    assert len(keys) >= 2, f"one compile-cache entry for both routes: {keys}"
+    _assert_own_compile_cache(tmp_path)
 
 
 def _agree(on, off):
@@ -103,6 +101,22 @@ def _near_ties(on, off, gap=0.05):
         else:
             bad += 1
     return ties, ties + bad
+
+
+def _assert_within_rounding(on, off):
+    """The fused routes' check against the default: this random tiny model's next-token logprobs sit within
+    hundredths of a nat of each other, so one rounding more or less flips a few choices - every flip must be
+    such a near tie, and few."""
+    n_ok, n, diff = _agree(on, off)
+    ties, flips = _near_ties(on, off)
+    assert n == 47 and n_ok >= 40 and ties == flips and diff < 0.05, (n_ok, ties, flips, diff, on["top"], off["top"])
+
+
+def _assert_own_compile_cache(tmp_path):
+    """A route that changes the traced graph must key vLLM's compile cache apart from the default's."""
+    keys = list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("torch_aot_compile/*"))
+    keys = keys or list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("*"))
+    assert len(keys) >= 2, f"one compile-cache entry for both routes: {keys}"
 
 
 def test_fused_norm_llama_compiles_and_matches_default(tmp_path):
@@ -136,9 +150,7 @@ def test_fused_norm_compiles_and_matches_default(tmp_path):
     assert len(agree) == 47 and sum(agree) >= 44, (on["top1"], off["top1"])
     assert max(abs(a[1] - b[1]) for a, b in zip(on["top1"], off["top1"]) if a[0] == b[0]) < 0.15
     assert on["tokens"][0][:4] == off["tokens"][0][:4]
-    keys = list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("torch_aot_compile/*"))
-    keys = keys or list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("*"))
-    assert len(keys) >= 2, f"one compile-cache entry for both routes: {keys}"
+    _assert_own_compile_cache(tmp_path)
 
 
 def test_prologue_compiles_and_matches_default(tmp_path):
@@ -149,14 +161,8 @@ def test_prologue_compiles_and_matches_default(tmp_path):
     off = run(tmp_path, "0", attr="trit_prologue")
     on = run(tmp_path, "0", attr="trit_prologue", prologue="1")
     assert all(not f for _, f in off["flags"]) and on["flags"] and all(f for _, f in on["flags"]), (off, on)
-    # this random tiny model's next-token logprobs sit within hundredths of a nat of each other, so one
-    # rounding more or less flips a few choices: every flip must be such a near tie, and few
-    n_ok, n, diff = _agree(on, off)
-    ties, flips = _near_ties(on, off)
-    assert n == 47 and n_ok >= 40 and ties == flips and diff < 0.05, (n_ok, ties, flips, diff, on["top"], off["top"])
-    keys = list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("torch_aot_compile/*"))
-    keys = keys or list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("*"))
-    assert len(keys) >= 2, f"one compile-cache entry for both routes: {keys}"
+    _assert_within_rounding(on, off)
+    _assert_own_compile_cache(tmp_path)
 
 
 def test_prologue_llama_compiles_and_matches_default(tmp_path):
@@ -171,9 +177,7 @@ def test_prologue_llama_compiles_and_matches_default(tmp_path):
     off = run(tmp_path, "0", attr="trit_prologue", model=d)
     on = run(tmp_path, "0", attr="trit_prologue", model=d, prologue="1")
     assert all(not f for _, f in off["flags"]) and on["flags"] and all(f for _, f in on["flags"]), (off, on)
-    n_ok, n, diff = _agree(on, off)
-    ties, flips = _near_ties(on, off)
-    assert n == 47 and n_ok >= 40 and ties == flips and diff < 0.05, (n_ok, ties, flips, diff, on["top"], off["top"])
+    _assert_within_rounding(on, off)
 
 
 COUNT = ("ternary_chain", "ternary_mm_a8_prologue")
@@ -192,12 +196,8 @@ def test_chain_compiles_and_matches_default(tmp_path):
     n_layers = json.loads((ROOT / "models" / "tiny-bitnet" / "config.json").read_text())["num_hidden_layers"]
     assert on["calls"]["ternary_chain"] > 0 and on["calls"]["ternary_chain"] % n_layers == 0, on["calls"]
     assert on["calls"]["ternary_mm_a8_prologue"] == 0, on["calls"]
-    n_ok, n, diff = _agree(on, off)
-    ties, flips = _near_ties(on, off)
-    assert n == 47 and n_ok >= 40 and ties == flips and diff < 0.05, (n_ok, ties, flips, diff, on["top"], off["top"])
-    keys = list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("torch_aot_compile/*"))
-    keys = keys or list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("*"))
-    assert len(keys) >= 2, f"one compile-cache entry for both routes: {keys}"
+    _assert_within_rounding(on, off)
+    _assert_own_compile_cache(tmp_path)
 
 
 def test_chain_with_prologue_is_the_prologue_route(tmp_path):
@@ -228,9 +228,7 @@ def test_chain_llama_compiles_and_matches_default(tmp_path):
     assert all(not f for _, f in off["flags"]) and on["flags"] and all(f for _, f in on["flags"]), (off, on)
     assert off["calls"]["ternary_chain"] == 0 and on["calls"]["ternary_mm_a8_prologue"] == 0, (off, on)
     assert on["calls"]["ternary_chain"] > 0 and on["calls"]["ternary_chain"] % 2 == 0, on["calls"]
-    n_ok, n, diff = _agree(on, off)
-    ties, flips = _near_ties(on, off)
-    assert n == 47 and n_ok >= 40 and ties == flips and diff < 0.05, (n_ok, ties, flips, diff, on["top"], off["top"])
+    _assert_within_rounding(on, off)
 
 
 def test_chain_keeps_the_old_route_where_a_layer_has_a_bias(tmp_path):
