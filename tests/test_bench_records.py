@@ -164,3 +164,23 @@ def test_engine_settings_as_resolved():
     assert engine_settings(llm) == {"async_scheduling": False, "max_num_seqs": 64,
                                     "cudagraph_mode": "FULL_AND_PIECEWISE"}
     assert engine_settings(NS()) == {"async_scheduling": None, "max_num_seqs": None, "cudagraph_mode": None}
+
+
+def test_chain_bench_markdown_and_tail_bytes():
+    """bench.chain on the CPU: its floor arithmetic (the tail's packed bytes) and its record's Markdown from
+    synthetic rows and phase stamps - so that a GPU run does not end in a formatting error."""
+    from bench import chain
+
+    # 2B tail: o_proj 2560x2560, gate_up 13824x2560, down 2560x6912 at 2 bits per weight
+    assert chain.tail_bytes("2b") == (2560 * 2560 + 13824 * 2560 + 2560 * 6912) // 4
+    rows = [{"tail": "2b", "variant": v, "us_per_tail": t, "floor_us": 3.57, "pct_of_ceiling": 17.0, "layers": 8,
+             "chain_vs_pro_rel_diff": 0.0} for v, t in (("chain", 20.9), ("pro", 28.4))]
+    rows.append({"tail": "2b", "variant": "bf16", "error": "RuntimeError: no"})
+    prof = {"tail": "2b", "env": {}, "span_us": 1.0,
+            "stages": [{p: {"median_us": 0.5, "max_us": 0.7} for p in chain.POINTS} | {"finish_skew_us": 0.1}] * 3}
+    assert len(chain.POINTS) + 1 == 7  # the kernel's kChainStamps: one phase between two stamps
+    meta = {"device": "H200", "date": "d", "commit": "c", "command": "python -m bench.chain", "torch": "t",
+            "cuda": "u", "profiles": [prof]}
+    md = chain.markdown(meta, rows)
+    assert "| 2b | 20.9 | 28.4 | - | - | error |" in md, md
+    assert "| 2b | - | 1.0 | 0 | 0.5 / 0.7 |" in md and "- 2b bf16: RuntimeError: no" in md, md
