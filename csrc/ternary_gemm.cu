@@ -2795,8 +2795,9 @@ cudaError_t launch_rms_norm_quant(const T* x, const T* residual, const T* w, T* 
 // return to 0), so it needs no reset between launches or inside a CUDA graph. All G CTAs must be resident
 // at once: G <= the SM count and one CTA per SM fits (chain_ok checks the shared memory; the launch bounds
 // cap registers at 128); other kernels in flight only delay residency (PDL predecessors finish on their
-// own). One chain kernel in flight per device: kernels on two streams running chains at the same time
-// would share the counter. A barrier that waits 20 s traps (the launch reports an error, no hang).
+// own). One chain kernel in flight per device: two chains on two streams at once would share the counter
+// and, each needing every SM (two 512-thread CTAs at 86+ registers do not fit one SM), could each hold
+// SMs the other waits for; then a barrier that waits 20 s traps (the launch reports an error, no hang).
 constexpr int kChainMaxStages = 4;
 constexpr int kChainThreads = 512;
 constexpr int kChainWarps = kChainThreads / 32;
