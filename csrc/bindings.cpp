@@ -120,6 +120,12 @@ at::Tensor ternary_mm_naive_cuda(const at::Tensor& x, const at::Tensor& packed, 
   return run_mm(&trit_mm_naive, "trit::ternary_mm_naive", x, packed, scale, N, K, bias);
 }
 
+// an on / off knob read per call (like the kernel knobs): unset or empty -> dflt, "0" -> off
+bool env_flag(const char* name, bool dflt) {
+  const char* e = getenv(name);
+  return (e != nullptr && *e != '\0') ? strcmp(e, "0") != 0 : dflt;
+}
+
 // Smallest M at which ternary_mm_a8 runs as int8 weights decoded per call + cuBLAS int8 GEMM
 // (torch._int_mm, exact int32 sums) + the a8 epilogue, instead of the fused kernels: the same
 // arithmetic (bit-identical output), W decode amortised over M rows. TRIT_A8_DENSE_MIN_M
@@ -127,12 +133,6 @@ at::Tensor ternary_mm_naive_cuda(const at::Tensor& x, const at::Tensor& packed, 
 // paths in one run: at M = 128 the fused v4 a8 kernel wins on 8 of 10 shapes (8192x8192 55.7 vs
 // 87.4 us), at M = 256 int8 cuBLAS wins on 7 of 10 (28672x8192 270 vs 333 us), and above that
 // the fused kernel falls far behind (run 2). torch._int_mm itself ran no faster than bf16 cuBLAS.
-// an on / off knob read per call (like the kernel knobs): unset or empty -> dflt, "0" -> off
-bool env_flag(const char* name, bool dflt) {
-  const char* e = getenv(name);
-  return (e != nullptr && *e != '\0') ? strcmp(e, "0") != 0 : dflt;
-}
-
 int64_t a8_dense_min_m() {
   const char* e = getenv("TRIT_A8_DENSE_MIN_M");
   return (e != nullptr && *e != '\0') ? atoll(e) : 256;
@@ -408,7 +408,7 @@ std::tuple<at::Tensor, at::Tensor> ternary_chain_cuda(const at::Tensor& x, const
   const char* op = "trit::ternary_chain";
   c10::DeviceGuard guard(x.device());
   const int64_t S = (int64_t)packed.size();
-  TORCH_CHECK(S >= 1 && S <= trit_chain_max_stages(), op, ": 1 to ", trit_chain_max_stages(), " stages, got ", S);
+  TORCH_CHECK(S >= 1 && S <= TRIT_CHAIN_MAX_STAGES, op, ": 1 to ", TRIT_CHAIN_MAX_STAGES, " stages, got ", S);
   TORCH_CHECK((int64_t)norm_weights.size() == S && (int64_t)acts.size() == S && (int64_t)scales.size() == S &&
                   (int64_t)Ns.size() == S && (int64_t)Ks.size() == S,
               op, ": every per-stage list must have ", S, " entries (len(packed)), got norm_weights ",
@@ -429,7 +429,7 @@ std::tuple<at::Tensor, at::Tensor> ternary_chain_cuda(const at::Tensor& x, const
     return ternary_mm_a8_prologue_cuda(h, s == residual_stage ? residual : std::nullopt, nw, eps, acts[s], packed[s],
                                        scales[s], Ns[s], Ks[s], std::nullopt);
   };
-  int ns[8], ks[8], as[8];
+  int ns[TRIT_CHAIN_MAX_STAGES], ks[TRIT_CHAIN_MAX_STAGES], as[TRIT_CHAIN_MAX_STAGES];
   for (int64_t s = 0; s < S; ++s) {
     TORCH_CHECK(Ns[s] >= 1 && Ks[s] >= 1 && Ns[s] < (1LL << 31) && Ks[s] < (1LL << 31), op, ": stage ", s,
                 " N and K must be in [1, 2^31), got N=", Ns[s], " K=", Ks[s]);
@@ -454,7 +454,7 @@ std::tuple<at::Tensor, at::Tensor> ternary_chain_cuda(const at::Tensor& x, const
       res_out = at::empty({M, Kr}, x.options());
     }
     std::vector<at::Tensor> keep;  // contiguous norm weights and the outputs, alive until the launch
-    TritChainStage st[8];
+    TritChainStage st[TRIT_CHAIN_MAX_STAGES];
     at::Tensor y;
     for (int64_t s = 0; s < S; ++s) {
       TORCH_CHECK(packed[s].device() == x.device(), op, ": stage ", s, " packed is on ", packed[s].device(),

@@ -2798,7 +2798,7 @@ cudaError_t launch_rms_norm_quant(const T* x, const T* residual, const T* w, T* 
 // own). One chain kernel in flight per device: two chains on two streams at once would share the counter
 // and, each needing every SM (two 512-thread CTAs at 86+ registers do not fit one SM), could each hold
 // SMs the other waits for; then a barrier that waits 20 s traps (the launch reports an error, no hang).
-constexpr int kChainMaxStages = 4;
+constexpr int kChainMaxStages = TRIT_CHAIN_MAX_STAGES;
 constexpr int kChainThreads = 512;
 constexpr int kChainWarps = kChainThreads / 32;
 constexpr int kChainCU = 4;  // k-blocks per register chunk of weights (two chunks in flight); TRIT_CHAIN_CU=8
@@ -2820,7 +2820,7 @@ template <typename T> struct ChainArgs {
   float eps;
   int S, res_stage;
   int pf_stages;      // stages whose weights each CTA bulk-prefetches to L2 at the start (the rest: two ahead)
-  int tma;            // TRIT_CHAIN_TMA (default 1): each stage's input rows reach shared memory by one bulk copy
+  int tma;            // TRIT_CHAIN_TMA=1 (default 0): each stage's input rows reach shared memory by one bulk copy
   // shared memory: the a / h row at 0, xq, the tile accumulators, the raw input rows (tma), and per stage
   // its norm weight and this CTA's scales (all requested at the start: they are parameters)
   int off_x, off_acc, off_in;
@@ -2911,10 +2911,15 @@ __device__ __forceinline__ void chain_tiles(int n_tiles, int& t0, int& t1) {
   t0 = (int)(((long long)blockIdx.x * n_tiles) / gridDim.x);
   t1 = (int)(((long long)(blockIdx.x + 1) * n_tiles) / gridDim.x);
 }
-__device__ __forceinline__ void chain_prefetch_stage(const int4* wp, int KB, int n_tiles) {
+// the CTA's weight slice of a stage into L2: tiles [t0, t1), or paired (ChainArgs::pair) its gate tiles and
+// the up tiles of the same features
+__device__ __forceinline__ void chain_prefetch_stage(const int4* wp, int KB, int n_tiles, bool pair) {
   int t0, t1;
-  chain_tiles(n_tiles, t0, t1);
-  if (t1 > t0) l2_prefetch(wp + (size_t)t0 * KB * 32, (uint32_t)((size_t)(t1 - t0) * KB * 512));
+  chain_tiles(pair ? n_tiles / 2 : n_tiles, t0, t1);
+  if (t1 <= t0) return;
+  const uint32_t bytes = (uint32_t)((size_t)(t1 - t0) * KB * 512);
+  l2_prefetch(wp + (size_t)t0 * KB * 32, bytes);
+  if (pair) l2_prefetch(wp + (size_t)(n_tiles / 2 + t0) * KB * 32, bytes);
 }
 
 // act(gate) * up as torch computes it in T (A8Pro's pass 1): relu(g)^2 (1) or silu(g) (2) rounded to T, times
@@ -2972,7 +2977,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < kChainMaxStages; ++s)
-      if (s < a.S && s < a.pf_stages) chain_prefetch_stage(a.st[s].wp, a.st[s].KB, a.st[s].n_tiles);
+      if (s < a.S && s < a.pf_stages) chain_prefetch_stage(a.st[s].wp, a.st[s].KB, a.st[s].n_tiles, a.pair[s] != 0);
     if (a.tma) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(mbar) : "memory");
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -3033,7 +3038,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
       chain_grid_sync(bar);  // the previous stage's output is complete
       if (tid == 0 && s + a.pf_stages - 1 < a.S && s + a.pf_stages - 1 >= a.pf_stages) {
         const ChainStage<T>& nx = a.st[s + a.pf_stages - 1];
-        chain_prefetch_stage(nx.wp, nx.KB, nx.n_tiles);
+        chain_prefetch_stage(nx.wp, nx.KB, nx.n_tiles, a.pair[s + a.pf_stages - 1 < kChainMaxStages ? s + a.pf_stages - 1 : 0] != 0);
       }
     }
     if (s == a.S - 1) pdl_trigger();  // the next kernel may start launching (every CTA is resident)
@@ -3485,7 +3490,6 @@ extern "C" int trit_act_mul(int dtype, const void* x, void* out, int M, int K, i
     return (int)launch_act_mul<T>((const T*)x, (T*)out, M, K, act, (cudaStream_t)stream);
   });
 }
-extern "C" int trit_chain_max_stages(void) { return kChainMaxStages; }
 extern "C" int trit_chain_ok(int dtype, int M, int S, const int* Ns, const int* Ks, const int* acts) {
   const size_t elem = dtype == TRIT_F32 ? 4 : 2;
   return (dtype == TRIT_F32 || dtype == TRIT_F16 || dtype == TRIT_BF16) && chain_ok(M, S, Ns, Ks, acts, elem) ? 1 : 0;

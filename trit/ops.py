@@ -270,7 +270,7 @@ PROLOGUE_ACTS = {"none": 0, "relu2": 1, "silu": 2}  # trit::ternary_mm_a8_prolog
 # a chain of ternary_mm_a8_prologue layers, each on the previous one's output: see ternary_chain_ref
 _lib.define("ternary_chain(Tensor x, Tensor? residual, int residual_stage, Tensor?[] norm_weights, int[] acts, "
             "Tensor[] packed, Tensor[] scales, int[] Ns, int[] Ks, float eps) -> (Tensor y, Tensor residual_out)")
-CHAIN_MAX_STAGES = 4  # csrc kChainMaxStages
+CHAIN_MAX_STAGES = 4  # csrc/ternary.h TRIT_CHAIN_MAX_STAGES
 
 
 def _check_mm(name, x, packed, scale, N, K, bias):
