@@ -68,10 +68,11 @@ def make_tails(name: str, layers: int, dtype=torch.bfloat16, seed: int = 0):
 
 
 def tail_bytes(name: str) -> int:
+    """The tail's packed weight bytes (int32 words of trit.ops.packed_shape, padding included)."""
+    from trit.ops import packed_shape
+
     D, A, I, _, _ = TAILS[name]
-    kb = lambda k: (k + 127) // 128 * 128  # noqa: E731
-    t = lambda n: (n + 15) // 16 * 16  # noqa: E731
-    return (t(D) * kb(A) + t(2 * I) * kb(D) + t(D) * kb(I)) // 4
+    return sum(4 * r * c for r, c in (packed_shape(D, A), packed_shape(2 * I, D), packed_shape(D, I)))
 
 
 def run_variant(v: str, t: dict, x, res, eps=1e-6):
@@ -121,8 +122,8 @@ def bench(name: str, layers: int, variants) -> list[dict]:
             t["dense"] = [o.ternary_decode_ref(p, s, n, k, torch.bfloat16).cuda()
                           for p, s, n, k in zip(t["packed"], t["scales"], t["Ns"], t["Ks"])]
     # correctness first: the chain kernel against the composed op on the same inputs
-    y_chain, r_chain = run_variant("chain", tails[0], x, res)
-    y_pro, r_pro = with_env({"TRIT_CHAIN_KERNEL": "0"}, lambda _: run_variant("pro", tails[0], x, res))(0)
+    y_chain, _ = run_variant("chain", tails[0], x, res)
+    y_pro, _ = with_env({"TRIT_CHAIN_KERNEL": "0"}, lambda _: run_variant("pro", tails[0], x, res))(0)
     torch.cuda.synchronize()
     diff = ((y_chain.float() - y_pro.float()).abs().max() / y_pro.float().abs().max().clamp_min(1e-30)).item()
     rows = []

@@ -1088,16 +1088,8 @@ def test_chain_cuda(M, D, A, I, act, sub, dtype, knob, seed):
     tolerance (y and residual_out: both follow stage 0's norm, whose sum order differs)."""
     args = _chain_case(M, D, A, I, act, sub, dtype, seed, device=DEV)
     value = {"TRIT_CHAIN_KERNEL": "0", "TRIT_CHAIN_TMA": "1", "TRIT_CHAIN_CU": "8", "TRIT_CHAIN_PAIR": "1"}.get(knob)
-    old = os.environ.pop(knob, None) if knob else None
-    try:
-        if knob:
-            os.environ[knob] = value
+    with _env(**({knob: value} if knob else {})):
         y, res_out = torch.ops.trit.ternary_chain(*args, 1e-6)
-    finally:
-        if knob:
-            os.environ.pop(knob, None)
-            if old is not None:
-                os.environ[knob] = old
     cpu = [a.cpu() if torch.is_tensor(a) else [t.cpu() if torch.is_tensor(t) else t for t in a]
            if isinstance(a, list) else a for a in args]
     ref_y, ref_res = ops.ternary_chain_ref(*cpu, 1e-6)

@@ -454,7 +454,8 @@ def ternary_chain_ref(x: Tensor, residual: Optional[Tensor], residual_stage: int
     post_attention_layernorm -> gate_up_proj, relu^2(gate) * up -> ffn_sub_norm -> down_proj. At M = 1 the
     CUDA op runs every stage in one persistent kernel (a grid-wide barrier between stages, one CTA per SM:
     one chain kernel in flight per device - two streams running chains at once would share its barrier
-    counter and could each hold SMs the other waits for); its norms sum in another order than this (h may differ by one rounding step)."""
+    counter and could each hold SMs the other waits for); its norms sum in another order than this (h may
+    differ by one rounding step)."""
     _check_chain(x, residual, residual_stage, norm_weights, acts, packed, scales, Ns, Ks)
     h, res_out = x, x.new_empty(0)
     for s in range(len(packed)):
