@@ -1,5 +1,5 @@
-"""Layer-tail benchmark at M = 1: trit::ternary_chain (one persistent kernel for a decoder layer's tail)
-against the same tail as separate kernels, on the H200 or any CUDA GPU.
+"""Layer-tail benchmark at M = 1 (and --ms rows): trit::ternary_chain (one persistent kernel for a decoder
+layer's tail) against the same tail as separate kernels, on the H200 or any CUDA GPU.
 
 A tail is what a decoder layer runs from the attention output to the MLP output (BitNet: attn_sub_norm ->
 o_proj, + residual -> post_attention_layernorm -> gate_up_proj, relu^2(gate) * up -> ffn_sub_norm ->
@@ -7,8 +7,9 @@ down_proj; Llama: o_proj, + residual -> post_attention_layernorm -> gate_up_proj
 down_proj). L tails with their own random weights run back to back in one CUDA graph (the weights of L
 tails exceed L2, as a model's layers do) and the replay is timed per tail. Variants:
 
-  chain  trit::ternary_chain, its M = 1 kernel
-  pro    the same op with TRIT_CHAIN_KERNEL=0: one ternary_mm_a8_prologue kernel per layer (norm inside)
+  chain  trit::ternary_chain, its kernel (M <= 8 rows; gate and up paired in gate_up's epilogue)
+  pro    the same op with TRIT_CHAIN_KERNEL=0: one ternary_mm_a8_prologue kernel per layer (norm inside) at
+         M = 1, its composed ops above
   fnorm  per layer rms_norm_a8q (+ the activation as torch ops) then ternary_mm_a8q: norm kernel + GEMV
   a8     per layer torch's RMSNorm / activation ops then ternary_mm_a8 (its quantizer fused at M = 1)
   bf16   the three layers as bf16 matmuls alone (no norms): a lower bound for the dense tail
@@ -38,11 +39,12 @@ TAILS = {
     "8b": (4096, 4096, 14336, "relu2", True),
     "8b-llama": (4096, 4096, 14336, "silu", False),
 }
-VARIANTS = ("chain", "pro", "fnorm", "a8", "bf16", "chain-nopf", "chain-cu8", "chain-tma", "chain-pair")
+VARIANTS = ("chain", "pro", "fnorm", "a8", "bf16", "chain-nopf", "chain-cu8", "chain-tma", "chain-nopair")
 # the chain op under knobs: no L2 bulk prefetch of the weights, 8 k-blocks per register chunk, input rows by
-# one bulk copy per CTA instead of every thread's loads, gate_up's epilogue computing act(gate) * up
+# one bulk copy per CTA instead of every thread's loads (M = 1), gate and up not paired (the down stage
+# computing the activation of the whole gate_up row; the default before H200 run 27)
 VARIANT_ENV = {"pro": {"TRIT_CHAIN_KERNEL": "0"}, "chain-nopf": {"TRIT_CHAIN_L2PF": "0"}, "chain-cu8": {"TRIT_CHAIN_CU": "8"},
-               "chain-tma": {"TRIT_CHAIN_TMA": "1"}, "chain-pair": {"TRIT_CHAIN_PAIR": "1"}}
+               "chain-tma": {"TRIT_CHAIN_TMA": "1"}, "chain-nopair": {"TRIT_CHAIN_PAIR": "0"}}
 
 
 def make_tails(name: str, layers: int, dtype=torch.bfloat16, seed: int = 0):
@@ -110,12 +112,12 @@ def run_variant(v: str, t: dict, x, res, eps=1e-6):
     return h, r_out
 
 
-def bench(name: str, layers: int, variants) -> list[dict]:
+def bench(name: str, layers: int, variants, m: int = 1) -> list[dict]:
     tails = make_tails(name, layers)
     D = TAILS[name][0]
     g = torch.Generator().manual_seed(1)
-    x = (torch.randn(1, TAILS[name][1], generator=g)).to(torch.bfloat16).cuda()
-    res = (torch.randn(1, D, generator=g)).to(torch.bfloat16).cuda()
+    x = (torch.randn(m, TAILS[name][1], generator=g)).to(torch.bfloat16).cuda()
+    res = (torch.randn(m, D, generator=g)).to(torch.bfloat16).cuda()
     if "bf16" in variants:
         from trit import ops as o
         for t in tails:
@@ -138,10 +140,10 @@ def bench(name: str, layers: int, variants) -> list[dict]:
         try:
             us = time_graph(calls)
         except Exception as e:  # noqa: BLE001 - a variant that fails is reported, not fatal
-            rows.append({"tail": name, "variant": v, "error": f"{type(e).__name__}: {e}"})
+            rows.append({"tail": name, "m": m, "variant": v, "error": f"{type(e).__name__}: {e}"})
             print(f"{name} {v}: {e}", file=sys.stderr, flush=True)
             continue
-        rows.append({"tail": name, "variant": v, "us_per_tail": round(us, 2), "floor_us": round(floor_us, 2),
+        rows.append({"tail": name, "m": m, "variant": v, "us_per_tail": round(us, 2), "floor_us": round(floor_us, 2),
                      "pct_of_ceiling": round(100 * floor_us / us, 1), "layers": layers,
                      "chain_vs_pro_rel_diff": diff})
         print(json.dumps(rows[-1]), flush=True)
@@ -184,20 +186,20 @@ def profile(name: str, layers: int, env: dict | None = None) -> dict:
 
 
 def markdown(meta, rows) -> str:
-    out = [f"# Layer-tail chain at M = 1, {meta['device']}", ""]
+    out = [f"# Layer-tail chain, {meta['device']}", ""]
     out += [f"- {k}: {meta[k]}" for k in ("date", "commit", "command", "torch", "cuda")]
     out += ["- per tail: L tails with their own weights in one CUDA graph, replay time / L (median of 7)",
             "- floor: the tail's packed ternary weight bytes / 4.18 TB/s", ""]
-    tails = sorted({r["tail"] for r in rows}, key=list(TAILS).index)
-    out += ["| tail | " + " | ".join(f"{v} us" for v in VARIANTS) + " | floor us | chain % of ceiling | "
-            "chain vs pro (rel. max diff) |", "|---" * (len(VARIANTS) + 4) + "|"]
-    for t in tails:
-        by = {r["variant"]: r for r in rows if r["tail"] == t}
+    keys = sorted({(r["tail"], r.get("m", 1)) for r in rows}, key=lambda k: (list(TAILS).index(k[0]), k[1]))
+    out += ["| tail | M | " + " | ".join(f"{v} us" for v in VARIANTS) + " | floor us | chain % of ceiling | "
+            "chain vs pro (rel. max diff) |", "|---" * (len(VARIANTS) + 5) + "|"]
+    for t, m in keys:
+        by = {r["variant"]: r for r in rows if r["tail"] == t and r.get("m", 1) == m}
         cells = [f"{by[v]['us_per_tail']:.1f}" if v in by and "us_per_tail" in by[v] else
                  ("error" if v in by else "-") for v in VARIANTS]
         any_row = next((r for r in by.values() if "floor_us" in r), {})
         ch = by.get("chain", {})
-        out.append(f"| {t} | " + " | ".join(cells) + f" | {any_row.get('floor_us', '-')} | "
+        out.append(f"| {t} | {m} | " + " | ".join(cells) + f" | {any_row.get('floor_us', '-')} | "
                    f"{ch.get('pct_of_ceiling', '-')} | {any_row.get('chain_vs_pro_rel_diff', float('nan')):.2e} |")
     profs = meta.get("profiles") or []
     if profs:
@@ -210,7 +212,7 @@ def markdown(meta, rows) -> str:
                     f"{st[k]['median_us']} / {st[k]['max_us']}" for k in POINTS) + f" | {st['finish_skew_us']} |")
     errs = [r for r in rows if "error" in r]
     if errs:
-        out += [""] + [f"- {r['tail']} {r['variant']}: {r['error']}" for r in errs]
+        out += [""] + [f"- {r['tail']} M={r.get('m', 1)} {r['variant']}: {r['error']}" for r in errs]
     return "\n".join(out) + "\n"
 
 
@@ -220,7 +222,8 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=8, help="tails per CUDA graph, each with its own weights")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
-    ap.add_argument("--prof", action="store_true", help="also stamp the chain kernel's phases (TRIT_CHAIN_PROF)")
+    ap.add_argument("--ms", default="1", help="comma list of rows (tokens) per tail, e.g. 1,8")
+    ap.add_argument("--prof", action="store_true", help="also stamp the chain kernel's phases at M = 1 (TRIT_CHAIN_PROF)")
     args = ap.parse_args(argv)
     names = args.tails.split(",")
     bad = [n for n in names if n not in TAILS] + [v for v in args.variants.split(",") if v not in VARIANTS]
@@ -236,10 +239,14 @@ def main(argv=None):
             "command": "python -m bench.chain " + " ".join(argv or sys.argv[1:]), "torch": torch.__version__,
             "cuda": torch.version.cuda, "host": platform.node(), "extension_loaded": ops.EXTENSION_LOADED}
     rows = []
+    ms = [int(m) for m in args.ms.split(",")]
+    if any(m < 1 for m in ms):
+        sys.exit(f"bench.chain: --ms must be positive row counts, got {args.ms}")
     for n in names:
-        rows += bench(n, args.layers, args.variants.split(","))
+        for m in ms:
+            rows += bench(n, args.layers, args.variants.split(","), m)
         if args.prof:
-            for env in ({}, {"TRIT_CHAIN_PAIR": "1"}):
+            for env in ({}, {"TRIT_CHAIN_PAIR": "0"}):
                 meta.setdefault("profiles", []).append(profile(n, args.layers, env))
                 print(json.dumps(meta["profiles"][-1]), flush=True)
     md = markdown(meta, rows)

@@ -232,13 +232,17 @@ for (D, A, I) in ((264, 136, 200), (1000, 520, 1032), (2560, 2560, 6912)):
         torch.ops.trit.ternary_chain(x, r, 1, [nw(A), nw(D), nw(I), nw(D)], [0, 0, 1, 0], [po, pg, pd, pq],
                                      [so, sg, sd, sq], [D, 2 * I, D, A + 16], [A, D, I, D], 1e-6)
         torch.ops.trit.ternary_chain(x, None, -1, [None], [0], [po], [so], [D], [A], 1e-6)
-        if dt == torch.bfloat16 and D in (264, 2560):  # bulk-copy input rows, 8-block chunks, gate / up pairs
-            for k, v in (("TRIT_CHAIN_TMA", "1"), ("TRIT_CHAIN_CU", "8"), ("TRIT_CHAIN_PAIR", "1"), ("TRIT_ACT_MUL", "1")):
+        for m in (3, 8):  # row teams: 5 warps a row (one warp idle), 2 warps a row
+            xm, rm = torch.randn(m, A, device="cuda").to(dt), torch.randn(m, D, device="cuda").to(dt)
+            torch.ops.trit.ternary_chain(xm, rm, 1, [nw(A), nw(D), nw(I)], [0, 0, 1], [po, pg, pd], [so, sg, sd],
+                                         [D, 2 * I, D], [A, D, I], 1e-6)
+        if dt == torch.bfloat16 and D in (264, 2560):  # bulk-copy input rows, 8-block chunks, gate / up unpaired
+            for k, v in (("TRIT_CHAIN_TMA", "1"), ("TRIT_CHAIN_CU", "8"), ("TRIT_CHAIN_PAIR", "0"), ("TRIT_ACT_MUL", "1")):
                 os.environ[k] = v
                 torch.ops.trit.ternary_chain(x, r, 1, [nw(A), nw(D), nw(I)], [0, 0, 1], [po, pg, pd], [so, sg, sd],
                                              [D, 2 * I, D], [A, D, I], 1e-6)
-                x3, r3 = torch.cat([x, x, x]), torch.cat([r, r, r])  # M = 3: the composed route (act_mul_kernel)
-                torch.ops.trit.ternary_chain(x3, r3, 1, [nw(A), nw(D), nw(I)], [0, 0, 1], [po, pg, pd], [so, sg, sd],
+                x9, r9 = x.repeat(9, 1), r.repeat(9, 1)  # M = 9: the composed route (act_mul_kernel)
+                torch.ops.trit.ternary_chain(x9, r9, 1, [nw(A), nw(D), nw(I)], [0, 0, 1], [po, pg, pd], [so, sg, sd],
                                              [D, 2 * I, D], [A, D, I], 1e-6)
                 del os.environ[k]
 torch.cuda.synchronize()

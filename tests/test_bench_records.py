@@ -182,5 +182,9 @@ def test_chain_bench_markdown_and_tail_bytes():
     meta = {"device": "H200", "date": "d", "commit": "c", "command": "python -m bench.chain", "torch": "t",
             "cuda": "u", "profiles": [prof]}
     md = chain.markdown(meta, rows)
-    assert "| 2b | 20.9 | 28.4 | - | - | error |" in md, md
-    assert "| 2b | - | 1.0 | 0 | 0.5 / 0.7 |" in md and "- 2b bf16: RuntimeError: no" in md, md
+    assert "| 2b | 1 | 20.9 | 28.4 | - | - | error |" in md, md
+    assert "| 2b | - | 1.0 | 0 | 0.5 / 0.7 |" in md and "- 2b M=1 bf16: RuntimeError: no" in md, md
+    # rows of another M get their own line
+    md = chain.markdown(meta, rows + [{"tail": "2b", "m": 8, "variant": "chain", "us_per_tail": 30.5, "floor_us": 3.57,
+                                       "pct_of_ceiling": 11.7, "layers": 8, "chain_vs_pro_rel_diff": 0.0}])
+    assert "| 2b | 8 | 30.5 | - |" in md and "| 2b | 1 | 20.9 | 28.4 |" in md, md
