@@ -7,7 +7,8 @@ down_proj; Llama: o_proj, + residual -> post_attention_layernorm -> gate_up_proj
 down_proj). L tails with their own random weights run back to back in one CUDA graph (the weights of L
 tails exceed L2, as a model's layers do) and the replay is timed per tail. Variants:
 
-  chain  trit::ternary_chain, its kernel (M <= 8 rows; gate and up paired in gate_up's epilogue)
+  chain  trit::ternary_chain, its kernel at M = 1 (gate and up paired in gate_up's epilogue; above M = 1 the
+         composed ops, as pro)
   pro    the same op with TRIT_CHAIN_KERNEL=0: one ternary_mm_a8_prologue kernel per layer (norm inside) at
          M = 1, its composed ops above
   fnorm  per layer rms_norm_a8q (+ the activation as torch ops) then ternary_mm_a8q: norm kernel + GEMV

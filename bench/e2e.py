@@ -77,8 +77,8 @@ CATEGORIES = [  # (category, substrings of kernel names), first match wins
 # trit::ternary_mm_a8_prologue: one kernel per layer at M = 1; BitNet's four pairs, relu^2 * up included;
 # on Llama input norm -> qkv, post norm -> gate_up and SiLU-mul -> down); -chain: each decoder layer's tail
 # from the attention output to the MLP output as one trit::ternary_chain (TRIT_CHAIN=1: one persistent kernel
-# at M <= 8; BitNet attn_sub_norm -> o_proj, post norm -> gate_up, relu^2 * up -> ffn_sub_norm -> down; on
-# Llama o_proj, post norm -> gate_up, SiLU-mul -> down); -chain-am: that, and above M = 8 the activation of
+# at M = 1; BitNet attn_sub_norm -> o_proj, post norm -> gate_up, relu^2 * up -> ffn_sub_norm -> down; on
+# Llama o_proj, post norm -> gate_up, SiLU-mul -> down); -chain-am: that, and above M = 1 the activation of
 # its composed route as one kernel (TRIT_ACT_MUL=1) instead of torch's relu / square / mul
 _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        "-wg2": {"TRIT_A8_GEMM_WG": "2", "TRIT_A8_GEMM_WG_OVERLAP": "1"},

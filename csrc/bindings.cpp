@@ -397,7 +397,7 @@ std::tuple<at::Tensor, at::Tensor> ternary_mm_a8_prologue_cuda(
   return {ternary_mm_a8_cuda(out, packed, scale, N, K, bias), res_out};
 }
 
-// trit::ternary_chain: S ternary_mm_a8_prologue layers in a row (trit.ops.ternary_chain_ref). At M <= 8 where
+// trit::ternary_chain: S ternary_mm_a8_prologue layers in a row (trit.ops.ternary_chain_ref). At M = 1 where
 // trit_chain_ok, one persistent kernel runs them all; elsewhere the per-stage op (its own M = 1 kernel or
 // composed launches).
 std::tuple<at::Tensor, at::Tensor> ternary_chain_cuda(const at::Tensor& x, const std::optional<at::Tensor>& residual,
@@ -439,7 +439,7 @@ std::tuple<at::Tensor, at::Tensor> ternary_chain_cuda(const at::Tensor& x, const
     as[s] = (int)acts[s];
   }
   const int code = dtype_code(x.scalar_type(), op);
-  if (M >= 1 && M <= 8 && code != TRIT_I8 && trit_chain_ok(code, (int)M, (int)S, ns, ks, as)) {
+  if (M == 1 && code != TRIT_I8 && trit_chain_ok(code, 1, (int)S, ns, ks, as)) {
     // the per-stage checks of the composed path, on this path too (shapes, dtypes, devices)
     const int64_t width0 = acts[0] != 0 ? 2 * Ks[0] : Ks[0];
     TORCH_CHECK(x.size(1) == width0, op, ": x.size(1)=", x.size(1), " but stage 0 needs ", width0);
@@ -481,7 +481,7 @@ std::tuple<at::Tensor, at::Tensor> ternary_chain_cuda(const at::Tensor& x, const
     bool aligned = al(xc) && al(rc) && al(res_out);
     for (const auto& t : keep) aligned = aligned && al(t);
     if (aligned) {
-      check_launch(trit_chain(code, (int)M, xc.data_ptr(), rc.defined() ? rc.data_ptr() : nullptr,
+      check_launch(trit_chain(code, xc.data_ptr(), rc.defined() ? rc.data_ptr() : nullptr,
                               residual.has_value() ? res_out.data_ptr() : nullptr, (int)residual_stage, (float)eps,
                               (int)S, st, current_stream(x)),
                    op);

@@ -91,24 +91,23 @@ int trit_mm_a8_prologue(int dtype, const void* x, const void* residual, const vo
 // ops round (relu, square / silu, mul): the composed prologue route's activation in one kernel.
 int trit_act_mul(int dtype, const void* x, void* out, int M, int K, int act, void* stream);
 
-// trit::ternary_chain at M <= 8 rows: S <= TRIT_CHAIN_MAX_STAGES W1.58A8 layers in a row in ONE persistent kernel
+// trit::ternary_chain at M = 1: S <= TRIT_CHAIN_MAX_STAGES W1.58A8 layers in a row in ONE persistent kernel
 // (grid barrier between them). Stage s is trit_mm_a8_prologue(h_s, residual if s == res_stage, nw, eps, act, ...)
-// without bias, h_0 = x ([M, K_0], or [M, 2 K_0] with act) and h_{s+1} = stage s's y [M, N_s] (so N_s = K_{s+1},
-// or 2 K_{s+1} with act); residual / res_out [M, K_res_stage] together or null (res_stage -1); rows contiguous.
-// Only where trit_chain_ok (1 <= M <= 8, K % 8 == 0, the shared memory of M rows fits; TRIT_CHAIN_KERNEL=0 /
-// TRIT_CHAIN_MAXM say no), 16-byte aligned rows, else cudaErrorInvalidValue (the op then composes
-// trit_mm_a8_prologue).
+// without bias, h_0 = x ([K_0], or [2 K_0] with act) and h_{s+1} = stage s's y [N_s] (so N_s = K_{s+1}, or
+// 2 K_{s+1} with act); residual / res_out [K_res_stage] together or null (res_stage -1). Only where
+// trit_chain_ok (M = 1, K % 8 == 0, the shared memory fits; TRIT_CHAIN_KERNEL=0 says no), 16-byte aligned
+// rows, else cudaErrorInvalidValue (the op then composes trit_mm_a8_prologue).
 #define TRIT_CHAIN_MAX_STAGES 4
 typedef struct {
   const int32_t* packed;
   const float* scale;
   const void* nw;  // norm weight [K] or null
-  void* y;         // [M, N]
+  void* y;         // [N]
   int N, K, act;
 } TritChainStage;
 int trit_chain_ok(int dtype, int M, int S, const int* Ns, const int* Ks, const int* acts);
-int trit_chain(int dtype, int M, const void* x, const void* residual, void* res_out, int res_stage, float eps,
-               int S, const TritChainStage* stages, void* stream);
+int trit_chain(int dtype, const void* x, const void* residual, void* res_out, int res_stage, float eps, int S,
+               const TritChainStage* stages, void* stream);
 
 // Dense decode: out[N,K] (out_dtype) = W[n,k] * scale[n] (scale may be null -> 1).
 int trit_decode(int out_dtype, const int32_t* packed, const float* scale, void* out, int N,

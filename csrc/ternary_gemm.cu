@@ -2765,7 +2765,7 @@ cudaError_t launch_rms_norm_quant(const T* x, const T* residual, const T* w, T* 
 // S <= kChainMaxStages W1.58A8 layers in a row, each on the previous one's output, with the layer input
 // that the model computes in front of each (A8Pro's arithmetic: act(gate) * up, or x + residual, then
 // RMSNorm) - BitNet's layer tail attn_sub_norm -> o_proj, + residual -> post_attention_layernorm ->
-// gate_up_proj, relu^2(gate) * up -> ffn_sub_norm -> down_proj - as ONE persistent kernel at M <= 8 rows:
+// gate_up_proj, relu^2(gate) * up -> ffn_sub_norm -> down_proj - as ONE persistent kernel at M = 1:
 // one CTA of kChainThreads per SM, a grid-wide barrier between the stages. Why: at M = 1 a 2-8 MB layer
 // takes 3-9 us where its bytes need 0.4-2 us (H200 runs 23-25: launch, ramp and tail, not bandwidth),
 // and each norm / quantizer in between is another such kernel (the 2B decode step ran 10-13 kernels per
@@ -2777,19 +2777,17 @@ cudaError_t launch_rms_norm_quant(const T* x, const T* residual, const T* w, T* 
 // Per stage s, every CTA:
 //   1. loads its first weight chunk into registers (before the barrier: weights are constant) and waits
 //      at the grid barrier (stage 0: the PDL wait);
-//   2. computes the whole input rows from the previous stage's output (L2, ld.global.cg: written by other
+//   2. computes the whole input row from the previous stage's output (L2, ld.global.cg: written by other
 //      SMs in this kernel) - pass 1 a (+ residual: CTA 0 stores the new residual stream) and the sum of
 //      squares, pass 2 h = T(a * inv * nw) and max|h|, pass 3 the int8 quantization into shared memory
-//      (quant_group8: the {0,4,1,5,2,6,3,7} order of the a8 kernels); each row on a team of 16 / M warps
-//      (M = 1: all 512 threads, ~5-30 elements each; up to 4 loads in flight per thread in pass 1), the
-//      reductions over the team (TRIT_CHAIN_TMA=1, M = 1: the row by one bulk copy per CTA; slower, off);
+//      (quant_group8: the {0,4,1,5,2,6,3,7} order of the a8 kernels); 512 threads, so ~5-30 elements each
+//      (TRIT_CHAIN_TMA=1: the rows by one bulk copy per CTA; measured slower, off);
 //   3. runs its contiguous range of 16-channel tiles: the CTA's (tile, k-block) units split evenly over
-//      its 16 warps (a warp may span two tiles), mma.m16n8k32 u8 x s8 as a8_small_kernel with row m as x
-//      column m (the mma computes 8 columns either way: M <= 8 rows cost the GEMV nothing more), the warp's
+//      its 16 warps (a warp may span two tiles), mma.m16n8k32 u8 x s8 as a8_small_kernel, the warp's
 //      int32 partial sums added into the tile's shared accumulators (integer: exact in any order), then
-//      the a8 epilogue (store_out's arithmetic) writes the stage's output rows (TRIT_CHAIN_PAIR, default on:
-//      a stage whose output feeds an activation takes gate tiles and the matching up tiles and writes
-//      act(gate) * up, ChainArgs::pair).
+//      the a8 epilogue (store_out's arithmetic) writes the stage's output (TRIT_CHAIN_PAIR, default on since
+//      H200 run 27: a stage whose output feeds an activation takes gate tiles and the matching up tiles and
+//      writes act(gate) * up, ChainArgs::pair).
 // Results: every stage equals trit::ternary_mm_a8_prologue on the previous output, bit for bit wherever
 // the norm's sum of squares is exact in any order (it sums in another order than that kernel).
 // The grid barrier is a counter in device memory (g_chain_bar) that cooperative groups' scheme flips per
@@ -2798,17 +2796,12 @@ cudaError_t launch_rms_norm_quant(const T* x, const T* residual, const T* w, T* 
 // at once: G <= the SM count and one CTA per SM fits (chain_ok checks the shared memory; the launch bounds
 // cap registers at 128); other kernels in flight only delay residency (PDL predecessors finish on their
 // own). One chain kernel in flight per device: two chains on two streams at once would share the counter
-// and, each needing every SM (two 512-thread CTAs at 120+ registers do not fit one SM), could each hold
+// and, each needing every SM (two 512-thread CTAs at 86+ registers do not fit one SM), could each hold
 // SMs the other waits for; then a barrier that waits 20 s traps (the launch reports an error, no hang).
 constexpr int kChainMaxStages = TRIT_CHAIN_MAX_STAGES;
 constexpr int kChainThreads = 512;
 constexpr int kChainWarps = kChainThreads / 32;
 constexpr int kChainCU = 4;  // k-blocks per register chunk of weights (two chunks in flight); TRIT_CHAIN_CU=8
-// rows (tokens) the kernel takes: the mma's 8 x columns (M = 1 used one of them); TRIT_CHAIN_MAXM=m lowers it
-constexpr int kChainMaxM = 8;
-// 16-byte input loads per thread in flight in pass 1 (a row team walks up to 8x the elements of the CTA): 4, 2
-// where the registers are short (fp32 rows: two loads per 8 elements; 8-block weight chunks held across it)
-template <typename T, int CU> __host__ __device__ constexpr int chain_pre() { return CU > 4 ? 1 : (sizeof(T) == 4 ? 2 : 4); }
 
 __device__ unsigned g_chain_bar = 0;
 
@@ -2816,26 +2809,23 @@ template <typename T> struct ChainStage {
   const int4* wp;
   const float* scale;
   const T* nw;  // norm weight [K] or null
-  T* y;         // output [M, N] (paired: [M, N / 2] of every row written, at the row stride N)
+  T* y;         // output [N]
   int N, K, KB, n_tiles, act;
 };
 template <typename T> struct ChainArgs {
   ChainStage<T> st[kChainMaxStages];
-  const T* x;         // stage 0's input: [M, K0], or [M, 2 K0] = [gate | up] with act
-  const T* residual;  // [M, K of res_stage] or null
+  const T* x;         // stage 0's input: [K0], or [2 K0] = [gate | up] with act
+  const T* residual;  // [K of res_stage] or null
   T* res_out;
   float eps;
   int S, res_stage;
-  // M rows (1..kChainMaxM): each row's prologue runs on a team of kChainWarps / M warps (M = 1: the CTA), the
-  // GEMV's mma takes row g as its x column g; sa_stride (elements) / x_stride (bytes): the rows in shared memory
-  int M, sa_stride, x_stride;
   int pf_stages;      // stages whose weights each CTA bulk-prefetches to L2 at the start (the rest: two ahead)
   int tma;            // TRIT_CHAIN_TMA=1 (default 0): each stage's input rows reach shared memory by one bulk copy
   // shared memory: the a / h row at 0, xq, the tile accumulators, the raw input rows (tma), and per stage
   // its norm weight and this CTA's scales (all requested at the start: they are parameters)
   int off_x, off_acc, off_in;
   int off_nw[kChainMaxStages], off_sc[kChainMaxStages];
-  // pair[s] (TRIT_CHAIN_PAIR=1, where stage s + 1 has an activation and the gate / up halves of stage s's
+  // pair[s] (TRIT_CHAIN_PAIR, default on, where stage s + 1 has an activation and the gate / up halves of stage s's
   // output split on a tile boundary): each CTA takes gate tiles [t0, t1) AND the up tiles of the same
   // features, and its epilogue writes act(gate) * up (the arithmetic pass 1 would do) - [N / 2] values -
   // so that stage s + 1 reads half the row and computes no activation
@@ -2881,53 +2871,40 @@ __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t
                "l"(src), "r"(bytes), "r"(mbar)
                : "memory");
 }
-// 8 elements of a row written in this kernel by other SMs (or by the kernel before): L2, not L1. The load
-// (ldcg_raw) and the conversion (raw_f32) apart, so that a thread keeps several loads in flight (pass 1)
-template <typename T> struct Raw8 {
-  uint4 v[sizeof(T) == 4 ? 2 : 1];
-};
+// 8 elements of a row written in this kernel by other SMs (or by the kernel before): L2, not L1
 template <typename T>
-__device__ __forceinline__ void ldcg_raw(const T* row, int k, Raw8<T>& r) {
-  const uint4* p = reinterpret_cast<const uint4*>(row + k);
-  r.v[0] = __ldcg(p);
-  if constexpr (sizeof(T) == 4) r.v[1] = __ldcg(p + 1);
-}
-template <typename T>
-__device__ __forceinline__ void raw_f32(const Raw8<T>& r, float (&e)[8]) {
+__device__ __forceinline__ void ldcg8(const T* row, int k, float (&e)[8]) {
   if constexpr (sizeof(T) == 2) {
-    const T* h = reinterpret_cast<const T*>(&r.v[0]);
+    const uint4 v = __ldcg(reinterpret_cast<const uint4*>(row + k));
+    const T* h = reinterpret_cast<const T*>(&v);
 #pragma unroll
     for (int i = 0; i < 8; ++i) e[i] = to_f32<T>(h[i]);
   } else {
-    const float* f = reinterpret_cast<const float*>(&r.v[0]);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) e[i] = f[i];
+    const float4 a = __ldcg(reinterpret_cast<const float4*>(row + k)), b = __ldcg(reinterpret_cast<const float4*>(row + k + 4));
+    e[0] = a.x; e[1] = a.y; e[2] = a.z; e[3] = a.w; e[4] = b.x; e[5] = b.y; e[6] = b.z; e[7] = b.w;
   }
 }
-// Reduction (op: sum or max) of one value per thread over its row team - the wpr warps [w0, w0 + wpr) (M = 1:
-// the whole CTA) - in a fixed order (deterministic; at M = 1 the order of the CTA-wide reduction before row
-// teams); every thread of the CTA calls it (a CTA barrier); threads of no team (warps past M * wpr) get their
-// own warp's value. scr: kChainWarps words used by this call only (each reduction of a stage has its own)
+// CTA-wide reduction (op: sum or max) of one value per thread, in a fixed order (deterministic); scr:
+// kChainWarps words used by this call only (each reduction of a stage has its own)
 template <typename V, typename Op>
-__device__ __forceinline__ V chain_reduce(V v, V* scr, Op op, int wpr) {
+__device__ __forceinline__ V chain_reduce(V v, V* scr, Op op) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int warp = threadIdx.x >> 5, w0 = warp / wpr * wpr;
-  if ((threadIdx.x & 31) == 0) scr[warp] = v;
+  if ((threadIdx.x & 31) == 0) scr[threadIdx.x >> 5] = v;
   __syncthreads();
-  if (w0 + wpr > kChainWarps) return v;
-  v = scr[w0];
-  for (int w = 1; w < wpr; ++w) v = op(v, scr[w0 + w]);
+  v = scr[0];
+#pragma unroll
+  for (int w = 1; w < kChainWarps; ++w) v = op(v, scr[w]);
   return v;
 }
-__device__ __forceinline__ float chain_sum(float v, float* scr, int wpr) {
-  return chain_reduce(v, scr, [](float p, float q) { return p + q; }, wpr);
+__device__ __forceinline__ float chain_sum(float v, float* scr) {
+  return chain_reduce(v, scr, [](float p, float q) { return p + q; });
 }
-__device__ __forceinline__ float chain_max(float v, float* scr, int wpr) {
-  return chain_reduce(v, scr, [](float p, float q) { return fmaxf(p, q); }, wpr);
+__device__ __forceinline__ float chain_max(float v, float* scr) {
+  return chain_reduce(v, scr, [](float p, float q) { return fmaxf(p, q); });
 }
-__device__ __forceinline__ int chain_isum(int v, int* scr, int wpr) {
-  return chain_reduce(v, scr, [](int p, int q) { return p + q; }, wpr);
+__device__ __forceinline__ int chain_isum(int v, int* scr) {
+  return chain_reduce(v, scr, [](int p, int q) { return p + q; });
 }
 // the CTA's tiles of a stage: [t0, t1), contiguous, counts differ by <= 1
 __device__ __forceinline__ void chain_tiles(int n_tiles, int& t0, int& t1) {
@@ -2989,12 +2966,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
   extern __shared__ __align__(16) uint8_t csm[];
   __shared__ float s_ss[kChainMaxStages][kChainWarps], s_am[kChainMaxStages][kChainWarps];
   __shared__ int s_p[kChainMaxStages][kChainWarps];
-  __shared__ float s_xs[kChainMaxM];  // per row: the quantization scale and the row sum of its int8 values
-  __shared__ int s_rs[kChainMaxM];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, c = lane & 3, g = lane >> 2;
-  // the row team of this thread: row `row` (live while row < M) on the TS threads of warps [row * wpr, + wpr)
-  const int M = a.M, wpr = kChainWarps / M, row = warp / wpr, TS = wpr * 32, tt = tid - row * TS;
-  const bool live = row < M;
   __shared__ __align__(8) unsigned long long s_mbar;
   T* sa = reinterpret_cast<T*>(csm);
   T* sin = reinterpret_cast<T*>(csm + a.off_in);
@@ -3072,13 +3044,12 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
     if (s == a.S - 1) pdl_trigger();  // the next kernel may start launching (every CTA is resident)
     stamp(1);
 
-    // ---- the input rows (every CTA): pass 1 a (+ residual) and sum(a^2) into sa, row by row team
-    for (int i = tid; i < ntl * kTileN * M; i += kChainThreads) sacc[i] = 0;
+    // ---- the input row (every CTA): pass 1 a (+ residual) and sum(a^2) into sa
+    for (int i = tid; i < ntl * kTileN; i += kChainThreads) sacc[i] = 0;
     const T* src = s == 0 ? a.x : a.st[s > 0 ? s - 1 : 0].y;
-    const int in_stride = s == 0 ? (st.act != 0 ? 2 * K : K) : a.st[s > 0 ? s - 1 : 0].N;  // elements per input row
     const bool res = s == a.res_stage, norm = st.nw != nullptr;
     const uint32_t rowb = (uint32_t)((size_t)K * sizeof(T));
-    if (a.tma) {  // (M = 1) the input row(s) in one bulk copy each: one request per CTA instead of one per thread
+    if (a.tma) {  // the input row(s) in one bulk copy each: one request per CTA instead of one per thread
       if (tid == 0) {
         asm volatile("fence.proxy.async.global;" ::: "memory");      // other SMs' stores, acquired above
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // our reads of sin in the last stage
@@ -3089,127 +3060,84 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
       }
       mbar_wait(mbar, (uint32_t)(s & 1));
     }
-    T* sa_r = sa + (size_t)row * a.sa_stride;  // this team's row
-    const T* src_r = src + (size_t)row * in_stride;
-    const T* res_r = res ? a.residual + (size_t)row * K : nullptr;
-    // a (the stage's input element after act / residual add), rounded as torch rounds it; stored to sa
-    auto pass1 = [&](int k, float (&e)[8], const float (&u)[8]) {
+    const T* rin = sin + (act != 0 ? 2 * K : K);
+    float ss = 0.f;
+    for (int k = tid * 8; k < K; k += kChainThreads * 8) {
+      float e[8];
+      if (a.tma) sload8<T>(sin, k, e);
+      else ldcg8<T>(src, k, e);
       if (act != 0) {
+        float u[8];
+        if (a.tma) sload8<T>(sin + K, k, u);
+        else ldcg8<T>(src + K, k, u);
 #pragma unroll
         for (int i = 0; i < 8; ++i) e[i] = chain_act<T>(act, e[i], u[i]);
       } else if (res) {
+        float r[8];
+        if (a.tma) sload8<T>(rin, k, r);
+        else ldcg8<T>(a.residual, k, r);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) e[i] = to_f32<T>(from_f32<T>(e[i] + u[i]));
-        if (blockIdx.x == 0) store8<T>(a.res_out + (size_t)row * K, k, K, true, e);
+        for (int i = 0; i < 8; ++i) e[i] = to_f32<T>(from_f32<T>(e[i] + r[i]));
+        if (blockIdx.x == 0) store8<T>(a.res_out, k, K, true, e);
       }
-      sstore8<T>(sa_r, k, e);
-    };
-    float ss = 0.f;
-    if (a.tma) {
-      const T* rin = sin + (act != 0 ? 2 * K : K);
-      for (int k = tid * 8; k < K; k += kChainThreads * 8) {
-        float e[8], u[8] = {};
-        sload8<T>(sin, k, e);
-        if (act != 0) sload8<T>(sin + K, k, u);
-        else if (res) sload8<T>(rin, k, u);
-        pass1(k, e, u);
+      sstore8<T>(sa, k, e);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) ss += e[i] * e[i];
-      }
-    } else if (live) {
-      // PRE 16-byte loads (and as many of the second operand) in flight per thread, then their elements in
-      // ascending k as one load at a time would (the same sum order)
-      constexpr int PRE = chain_pre<T, CU>();
-      for (int k0 = tt * 8; k0 < K; k0 += TS * 8 * PRE) {
-        Raw8<T> rx[PRE], ru[PRE];
-#pragma unroll
-        for (int j = 0; j < PRE; ++j) {
-          const int k = k0 + j * TS * 8;
-          if (k < K) {
-            ldcg_raw<T>(src_r, k, rx[j]);
-            if (act != 0) ldcg_raw<T>(src_r + K, k, ru[j]);
-            else if (res) ldcg_raw<T>(res_r, k, ru[j]);
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < PRE; ++j) {
-          const int k = k0 + j * TS * 8;
-          if (k < K) {
-            float e[8], u[8] = {};
-            raw_f32<T>(rx[j], e);
-            if (act != 0 || res) raw_f32<T>(ru[j], u);
-            pass1(k, e, u);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) ss += e[i] * e[i];
-          }
-        }
-      }
+      for (int i = 0; i < 8; ++i) ss += e[i] * e[i];
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");  // this thread's part of the norm weights and scales
     float inv = 1.f;
-    if (norm) inv = rsqrtf(chain_sum(ss, s_ss[s], wpr) / (float)K + a.eps);  // its barrier publishes snw / ssc too
+    if (norm) inv = rsqrtf(chain_sum(ss, s_ss[s]) / (float)K + a.eps);  // its barrier publishes snw / ssc too
     stamp(2);
     // pass 2: h (in place) and max|h|; a thread reads back only the groups it wrote
     float amax = 0.f;
-    for (int k = tt * 8; live && k < K; k += TS * 8) {
+    for (int k = tid * 8; k < K; k += kChainThreads * 8) {
       float e[8];
-      sload8<T>(sa_r, k, e);
+      sload8<T>(sa, k, e);
       if (norm) {
         float wf[8];
         sload8<T>(snw, k, wf);
 #pragma unroll
         for (int i = 0; i < 8; ++i) e[i] = to_f32<T>(from_f32<T>(e[i] * inv * wf[i]));
-        sstore8<T>(sa_r, k, e);
+        sstore8<T>(sa, k, e);
       }
 #pragma unroll
       for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(e[i]));
     }
-    amax = chain_max(amax, s_am[s], wpr);
+    amax = chain_max(amax, s_am[s]);
     stamp(3);
     const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as torch: reciprocal(t) * 127
     // pass 3: the int8 row (zeros past K) into sx
     int part = 0;
-    int8_t* sx_r = sx + (size_t)row * a.x_stride;
-    for (int k = tt * 8; live && k < Kp; k += TS * 8) {
+    for (int k = tid * 8; k < Kp; k += kChainThreads * 8) {
       float e[8];
       if (k < K) {
-        sload8<T>(sa_r, k, e);
+        sload8<T>(sa, k, e);
       } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) e[i] = 0.f;
       }
-      *reinterpret_cast<uint2*>(sx_r + k) = quant_group8(e, xs, part);
+      *reinterpret_cast<uint2*>(sx + k) = quant_group8(e, xs, part);
     }
-    const int rowsum = chain_isum(part, s_p[s], wpr);  // its barrier publishes sx and the zeroed accumulators
-    if (live && tt == 0) {  // read in the epilogue, after the GEMV's barrier
-      s_xs[row] = xs;
-      s_rs[row] = rowsum;
-    }
+    const int rowsum = chain_isum(part, s_p[s]);  // its barrier publishes sx and the zeroed accumulators
     stamp(4);
 
     // ---- the CTA's tiles: warp units [u0, u1) of (tile, k-block), tile-major
     int acc[4] = {0, 0, 0, 0};
     int tl = u0 / KB, kb = u0 - tl * KB;
-    // C fragment: acc[0] / acc[1] (feature g, x columns 2c / 2c + 1), acc[2] / acc[3] (feature g + 8, the same)
     auto flush = [&]() {
-      if (2 * c < M) {
-        atomicAdd(&sacc[(tl * kTileN + g) * M + 2 * c], acc[0]);
-        atomicAdd(&sacc[(tl * kTileN + g + 8) * M + 2 * c], acc[2]);
-      }
-      if (2 * c + 1 < M) {
-        atomicAdd(&sacc[(tl * kTileN + g) * M + 2 * c + 1], acc[1]);
-        atomicAdd(&sacc[(tl * kTileN + g + 8) * M + 2 * c + 1], acc[3]);
+      if (c == 0) {
+        atomicAdd(&sacc[tl * kTileN + g], acc[0]);      // (row g, x column 0)
+        atomicAdd(&sacc[tl * kTileN + g + 8], acc[2]);  // (row g + 8, x column 0)
       }
       acc[0] = acc[1] = acc[2] = acc[3] = 0;
     };
-    const int8_t* sx_g = sx + (size_t)(g < M ? g : 0) * a.x_stride;  // x column g = row g (past M: row 0, unused)
     auto unit = [&](const int4& w) {
       if (kb == KB) {
         flush();
         ++tl;
         kb = 0;
       }
-      const uint4* xk = reinterpret_cast<const uint4*>(sx_g + kb * kBlockK + c * 32);
+      const uint4* xk = reinterpret_cast<const uint4*>(sx + kb * kBlockK + c * 32);
       const uint4 x0 = xk[0], x1 = xk[1];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -3235,18 +3163,15 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
     if (u1 > u0) flush();
     __syncthreads();
     stamp(5);
-    // epilogue: store_out's arithmetic per (feature, row); paired: act(gate) * up of the two (as pass 1 would)
-    for (int i = tid; i < nt * kTileN * M; i += kChainThreads) {
-      const int f = i / M, m = i - f * M, n = t0 * kTileN + f;
-      const float xs_m = s_xs[m];
-      const int rs_m = s_rs[m];
-      T* y_m = st.y + (size_t)m * st.N;
+    // epilogue: store_out's arithmetic for x row 0; paired: act(gate) * up of the two (as pass 1 would)
+    for (int i = tid; i < nt * kTileN; i += kChainThreads) {
+      const int n = t0 * kTileN + i;
       if (pr) {
-        const float gv = to_f32<T>(from_f32<T>(a8_value(sacc[i] - rs_m, xs_m, ssc[f])));
-        const float uv = to_f32<T>(from_f32<T>(a8_value(sacc[nt * kTileN * M + i] - rs_m, xs_m, ssc[nt * kTileN + f])));
-        y_m[n] = from_f32<T>(chain_act<T>(a.st[s + 1 < kChainMaxStages ? s + 1 : s].act, gv, uv));
+        const float gv = to_f32<T>(from_f32<T>(a8_value(sacc[i] - rowsum, xs, ssc[i])));
+        const float uv = to_f32<T>(from_f32<T>(a8_value(sacc[nt * kTileN + i] - rowsum, xs, ssc[nt * kTileN + i])));
+        st.y[n] = from_f32<T>(chain_act<T>(a.st[s + 1 < kChainMaxStages ? s + 1 : s].act, gv, uv));
       } else if (n < st.N) {
-        y_m[n] = from_f32<T>(a8_value(sacc[i] - rs_m, xs_m, ssc[f]));
+        st.y[n] = from_f32<T>(a8_value(sacc[i] - rowsum, xs, ssc[i]));
       }
     }
     stamp(6);
@@ -3254,14 +3179,13 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
 }
 
 struct ChainLayout {
-  int off_x, off_acc, off_in, sa_stride_bytes, x_stride;
+  int off_x, off_acc, off_in;
   int off_nw[kChainMaxStages], off_sc[kChainMaxStages];
   size_t bytes;
 };
-// shared memory of a chain of M rows on G CTAs (elem: sizeof(T)), every piece 16-byte aligned: M a / h rows
-// at the widest K, M xq rows at the widest k-block count (+ 16: the rows' 16-byte offset mod 128 keeps the
-// GEMV's x loads free of bank conflicts), the accumulators of the most tiles a CTA gets (x M), the raw input
-// rows (tma, M = 1: two rows at the widest K - [gate | up], or x and the residual), then per stage its norm
+// shared memory of a chain on G CTAs (elem: sizeof(T)), every piece 16-byte aligned: the a / h row at the
+// widest K, xq at the widest k-block count (+ 16), the accumulators of the most tiles a CTA gets, the raw
+// input rows (tma: two rows at the widest K - [gate | up], or x and the residual), then per stage its norm
 // weight (K_s) and scales (the most outputs a CTA gets)
 // TRIT_CHAIN_PAIR (default 1; 0 turns it off): stage s pairs gate and up (ChainArgs::pair) where stage s + 1
 // has an activation and N_s / 2 is a multiple of 16. H200 run 27: bit for bit the unpaired results (the
@@ -3275,8 +3199,8 @@ inline int chain_tmax(int N, int G, bool pr) {
   const int nt = (N + kTileN - 1) / kTileN;
   return pr ? 2 * ((nt / 2 + G - 1) / G) : (nt + G - 1) / G;
 }
-inline ChainLayout chain_layout(int M, int S, const int* Ns, const int* Ks, const int* acts, int G, size_t elem,
-                                bool tma, bool pair) {
+inline ChainLayout chain_layout(int S, const int* Ns, const int* Ks, const int* acts, int G, size_t elem, bool tma,
+                                bool pair) {
   int kmax = 8, kbmax = 1, tmax = 1;
   for (int s = 0; s < S; ++s) {
     kmax = max(kmax, Ks[s]);
@@ -3286,13 +3210,11 @@ inline ChainLayout chain_layout(int M, int S, const int* Ns, const int* Ks, cons
   auto up16 = [](size_t b) { return (b + 15) / 16 * 16; };
   ChainLayout l = {};
   const size_t row = pro_row_bytes(kmax, elem);
-  l.sa_stride_bytes = (int)row;
-  size_t off = (size_t)M * row;
+  size_t off = row;
   l.off_x = (int)off;
-  l.x_stride = (int)((size_t)kbmax * kBlockK + 16);
-  off += (size_t)M * l.x_stride;
+  off += up16((size_t)kbmax * kBlockK + 16);
   l.off_acc = (int)off;
-  off += up16((size_t)tmax * kTileN * M * sizeof(int));
+  off += up16((size_t)tmax * kTileN * sizeof(int));
   l.off_in = (int)off;
   off += tma ? 2 * row : 0;
   for (int s = 0; s < S; ++s) {
@@ -3308,10 +3230,9 @@ size_t chain_smem_max();
 // TRIT_CHAIN_TMA=1: the input rows by one bulk copy per CTA (where the two staged rows fit in shared memory)
 // instead of every thread's 16-byte loads. Off by default: H200 run 26c timed it 1-2 us slower per 2B tail
 // (the stage-2 prologue 4.35 vs 3.84 us: the rows' L2 round trip was not what the prologue waits on)
-// (M = 1 only)
-bool chain_tma(int M, int S, const int* Ns, const int* Ks, const int* acts, int G, size_t elem) {
-  return M == 1 && env_int("TRIT_CHAIN_TMA", 0) != 0 &&
-         chain_layout(M, S, Ns, Ks, acts, G, elem, true, chain_pair_on()).bytes <= chain_smem_max();
+bool chain_tma(int S, const int* Ns, const int* Ks, const int* acts, int G, size_t elem) {
+  return env_int("TRIT_CHAIN_TMA", 0) != 0 &&
+         chain_layout(S, Ns, Ks, acts, G, elem, true, chain_pair_on()).bytes <= chain_smem_max();
 }
 int chain_grid() {  // one CTA per SM
   int dev = 0, sms = 0;
@@ -3324,27 +3245,22 @@ size_t chain_smem_max() {
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
     return 0;
-  return (size_t)v - 3 * kChainMaxStages * kChainWarps * 4 - 2 * kChainMaxM * 4 - 16;  // the static scratch, mbarrier
+  return (size_t)v - 3 * kChainMaxStages * kChainWarps * 4 - 16;  // the static reduction scratch, the mbarrier
 }
-// TRIT_CHAIN_KERNEL=0 turns the kernel off (the op composes ternary_mm_a8_prologue); TRIT_CHAIN_MAXM=m takes
-// at most m rows (default kChainMaxM = 8: the mma's x columns; where M rows' shared memory does not fit, the
-// op composes too); TRIT_CHAIN_L2PF=n the stages prefetched at the start (default: all, up to 32 MB of
-// weights; then the rest two stages ahead)
+// TRIT_CHAIN_KERNEL=0 turns the kernel off (the op composes ternary_mm_a8_prologue); TRIT_CHAIN_L2PF=n
+// the stages prefetched at the start (default: all, up to 32 MB of weights; then the rest two stages ahead)
 bool chain_ok(int M, int S, const int* Ns, const int* Ks, const int* acts, size_t elem) {
-  if (M < 1 || M > min(kChainMaxM, env_int("TRIT_CHAIN_MAXM", kChainMaxM)) || S < 1 || S > kChainMaxStages ||
-      env_int("TRIT_CHAIN_KERNEL", 1) == 0)
-    return false;
+  if (M != 1 || S < 1 || S > kChainMaxStages || env_int("TRIT_CHAIN_KERNEL", 1) == 0) return false;
   for (int s = 0; s < S; ++s) {
     if (Ks[s] < 8 || Ks[s] % 8 != 0 || Ns[s] < 1 || acts[s] < 0 || acts[s] > 2) return false;
     if (s > 0 && Ns[s - 1] != (acts[s] != 0 ? 2 : 1) * Ks[s]) return false;
   }
   const int G = chain_grid();
-  return G > 0 &&
-         chain_layout(M, S, Ns, Ks, acts, G, elem, chain_tma(M, S, Ns, Ks, acts, G, elem), chain_pair_on()).bytes <=
-             chain_smem_max();
+  return G > 0 && chain_layout(S, Ns, Ks, acts, G, elem, chain_tma(S, Ns, Ks, acts, G, elem), chain_pair_on()).bytes <=
+                    chain_smem_max();
 }
 template <typename T>
-cudaError_t launch_chain(int M, const T* x, const T* residual, T* res_out, int res_stage, float eps, int S,
+cudaError_t launch_chain(const T* x, const T* residual, T* res_out, int res_stage, float eps, int S,
                          const TritChainStage* in, cudaStream_t st) {
   int Ns[kChainMaxStages], Ks[kChainMaxStages], acts[kChainMaxStages];
   for (int s = 0; s < S && s < kChainMaxStages; ++s) {
@@ -3352,15 +3268,15 @@ cudaError_t launch_chain(int M, const T* x, const T* residual, T* res_out, int r
     Ks[s] = in[s].K;
     acts[s] = in[s].act;
   }
-  if (!chain_ok(M, S, Ns, Ks, acts, sizeof(T))) return cudaErrorInvalidValue;
+  if (!chain_ok(1, S, Ns, Ks, acts, sizeof(T))) return cudaErrorInvalidValue;
   if ((residual == nullptr) != (res_stage < 0) || (residual != nullptr && (res_stage >= S || acts[res_stage] != 0)) ||
       (residual == nullptr) != (res_out == nullptr))
     return cudaErrorInvalidValue;
   auto al = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (!al(x) || !al(residual) || !al(res_out)) return cudaErrorInvalidValue;
   const int G = chain_grid();
-  const bool tma = chain_tma(M, S, Ns, Ks, acts, G, sizeof(T)), pair = chain_pair_on();
-  const ChainLayout l = chain_layout(M, S, Ns, Ks, acts, G, sizeof(T), tma, pair);
+  const bool tma = chain_tma(S, Ns, Ks, acts, G, sizeof(T)), pair = chain_pair_on();
+  const ChainLayout l = chain_layout(S, Ns, Ks, acts, G, sizeof(T), tma, pair);
   ChainArgs<T> a = {};
   long long total = 0;
   for (int s = 0; s < S; ++s) {
@@ -3382,9 +3298,6 @@ cudaError_t launch_chain(int M, const T* x, const T* residual, T* res_out, int r
   a.res_out = res_out;
   a.eps = eps;
   a.S = S;
-  a.M = M;
-  a.sa_stride = l.sa_stride_bytes / (int)sizeof(T);
-  a.x_stride = l.x_stride;
   a.res_stage = residual != nullptr ? res_stage : -1;
   int pf = env_int("TRIT_CHAIN_L2PF", -1);
   if (pf < 0) {  // every stage up to 32 MB of weights, at least two
@@ -3408,17 +3321,10 @@ cudaError_t launch_chain(int M, const T* x, const T* residual, T* res_out, int r
   a.prof = nullptr;
   if (const char* pe = getenv("TRIT_CHAIN_PROF"); pe != nullptr && *pe != '\0')
     a.prof = reinterpret_cast<unsigned long long*>(strtoull(pe, nullptr, 0));
-  // TRIT_CHAIN_CU=8 (measured slower, H200 run 26b): 16-bit rows only (fp32 rows would spill registers)
-  auto kernel = chain_kernel<T, kChainCU>;
-  int which = 0;
-  if constexpr (sizeof(T) == 2) {
-    if (env_int("TRIT_CHAIN_CU", kChainCU) == 8) {
-      kernel = chain_kernel<T, 8>;
-      which = 1;
-    }
-  }
+  const auto kernel = env_int("TRIT_CHAIN_CU", kChainCU) == 8 ? chain_kernel<T, 8> : chain_kernel<T, kChainCU>;
   if (l.bytes > 48 * 1024) {
     static int opted[64][2] = {};
+    const int which = kernel == chain_kernel<T, 8> ? 1 : 0;
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return cudaErrorInvalidDevice;
     if (dev < 0 || dev >= 64 || !opted[dev][which]) {
@@ -3589,11 +3495,11 @@ extern "C" int trit_chain_ok(int dtype, int M, int S, const int* Ns, const int* 
   const size_t elem = dtype == TRIT_F32 ? 4 : 2;
   return (dtype == TRIT_F32 || dtype == TRIT_F16 || dtype == TRIT_BF16) && chain_ok(M, S, Ns, Ks, acts, elem) ? 1 : 0;
 }
-extern "C" int trit_chain(int dtype, int M, const void* x, const void* residual, void* res_out, int res_stage,
-                          float eps, int S, const TritChainStage* stages, void* stream) {
+extern "C" int trit_chain(int dtype, const void* x, const void* residual, void* res_out, int res_stage, float eps,
+                          int S, const TritChainStage* stages, void* stream) {
   return visit_float_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return (int)launch_chain<T>(M, (const T*)x, (const T*)residual, (T*)res_out, res_stage, eps, S, stages,
+    return (int)launch_chain<T>((const T*)x, (const T*)residual, (T*)res_out, res_stage, eps, S, stages,
                                 (cudaStream_t)stream);
   });
 }

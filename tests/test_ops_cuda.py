@@ -991,23 +991,6 @@ def _chain_kernels(fn):
     return sum(e.count for e in ks if "chain_kernel" in e.key), [e.key for e in ks]
 
 
-def _chain_fits(M, Ns, Ks, acts, dtype, pair=True):
-    """Whether trit::ternary_chain takes the kernel for M rows (csrc chain_ok / chain_layout, restated as the
-    test's oracle: M <= 8 and the shared memory of M rows - a / h rows, int8 rows, accumulators, every
-    stage's norm weight and scales - within the opt-in limit less the static scratch)."""
-    if not 1 <= M <= 8 or any(k % 8 for k in Ks):
-        return False
-    props = torch.cuda.get_device_properties(0)
-    G, elem, up16 = props.multi_processor_count, torch.empty(0, dtype=dtype).element_size(), lambda b: (b + 15) // 16 * 16
-    S = len(Ns)
-    prs = [pair and s + 1 < S and acts[s + 1] != 0 and Ns[s] % 32 == 0 for s in range(S)]
-    tmax = [2 * ((-(-n // 16) // 2 + G - 1) // G) if p else (-(-n // 16) + G - 1) // G for n, p in zip(Ns, prs)]
-    kmax, kbmax = max(max(Ks), 8), max(-(-k // 128) for k in Ks)
-    b = M * up16(kmax * elem) + M * (kbmax * 128 + 16) + up16(max(tmax + [1]) * 16 * M * 4)
-    b += sum(up16(k * elem) + up16(t * 16 * 4) for k, t in zip(Ks, tmax))
-    return b <= props.shared_memory_per_block_optin - 3 * 4 * 16 * 4 - 2 * 8 * 4 - 16
-
-
 def _stage_by_stage(x, r, rs, nws, acts, P, S, Ns, Ks, eps):
     """The chain as one single-stage chain launch per stage: the same kernel code per stage."""
     h, res_out = x, x.new_empty(0)
@@ -1019,28 +1002,24 @@ def _stage_by_stage(x, r, rs, nws, acts, P, S, Ns, Ks, eps):
     return h, res_out
 
 
-# M = 4: the kernel's row teams (4 warps a row) where 4 rows fit in shared memory
-CHAIN_EXACT = [(nk, 1) for nk in PRO_NK] + [(nk, 4) for nk in PRO_NK if nk[1] <= 6912]
-
-
-@pytest.mark.parametrize("NK,M", CHAIN_EXACT, ids=[f"{n}x{k}-M{m}" for (n, k), m in CHAIN_EXACT])
+@pytest.mark.parametrize("NK", PRO_NK, ids=[f"{n}x{k}" for n, k in PRO_NK])
 @pytest.mark.parametrize("mode", PRO_MODES)
-def test_chain_one_stage_exact_cuda(NK, M, mode):
-    """A one-stage chain at M = 1 and 4 (the persistent kernel) equals the composed ops bit for bit on inputs
+def test_chain_one_stage_exact_cuda(NK, mode):
+    """A one-stage chain at M = 1 (the persistent kernel) equals the composed ops bit for bit on inputs
     whose norm is exact in any order, every dtype, residual_out too (fp32 SiLU: within the a8 tolerance,
     expf vs torch's last bit as for the prologue kernel)."""
     N, K = NK
     act, res, norm = mode
     for dtype in DTYPES:
-        x, r, w = _exact_prologue_inputs(M, K, dtype, act, res, norm, K + N + act + M)
-        _, _, p, s, _ = make_case(M, N, K, dtype, seed=K, device=DEV)
+        x, r, w = _exact_prologue_inputs(1, K, dtype, act, res, norm, K + N + act)
+        _, _, p, s, _ = make_case(1, N, K, dtype, seed=K, device=DEV)
         run = lambda: torch.ops.trit.ternary_chain(x, r, 0 if res else -1, [w], [act], [p], [s], [N], [K], 1e-6)  # noqa: E731
-        if dtype == DTYPES[0] or M > 1:
+        if dtype == DTYPES[0]:
             n_chain, names = _chain_kernels(run)
-            assert n_chain == int(_chain_fits(M, [N], [K], [act], dtype)), names
+            assert n_chain == 1, names
         y, res_out = run()
         want_y, want_res = _composed_prologue(x, r, w, 1e-6, act, p, s, N, K, None)
-        what = f"M={M} K={K} N={N} act={act} res={res} norm={norm} {dtype}"
+        what = f"K={K} N={N} act={act} res={res} norm={norm} {dtype}"
         assert torch.equal(res_out, want_res if res else x.new_empty(0)), what
         if act == 2 and dtype == torch.float32:
             assert_close_rel(y, want_y, 3e-2, what)
@@ -1070,29 +1049,24 @@ class _env:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("qkv", [False, True])
 @pytest.mark.parametrize("pair", ["0", "1"])
-@pytest.mark.parametrize("M", [1, 3, 8])
-def test_chain_stages_cuda(tail, dtype, qkv, pair, M):
+def test_chain_stages_cuda(tail, dtype, qkv, pair):
     """A 3-stage layer tail (4 with the next layer's input norm -> qkv) in one kernel equals the same stages
     as one single-stage launch each, bit for bit (so the grid barrier hands every stage the complete
-    previous output), and is within the a8 tolerance of the torch reference; at M = 1, 3 and 8 rows (where
-    M rows fit in shared memory; else the composed ops, compared the same way). TRIT_CHAIN_PAIR=1 (gate_up's
+    previous output), and is within the a8 tolerance of the torch reference. TRIT_CHAIN_PAIR=1 (gate_up's
     epilogue computes act(gate) * up where I % 16 == 0: llama, 2b, 8b) must not change a bit either."""
     D, A, I, act, sub = CHAIN_TAILS[tail]
-    args = list(_chain_case(M, D, A, I, act, sub, dtype, seed=D + I + int(qkv) + M, device=DEV))
+    args = list(_chain_case(1, D, A, I, act, sub, dtype, seed=D + I + int(qkv), device=DEV))
     if qkv:  # the next layer: input_layernorm -> qkv_proj on the tail's output
         x, r, rs, nws, acts, P, S, Ns, Ks = args
         _, _, pq, sq, _ = make_case(1, A + 2 * 136, D, dtype, seed=5, device=DEV)
         args = [x, r, rs, nws + [nws[1]], acts + [0], P + [pq], S + [sq], Ns + [A + 2 * 136], Ks + [D]]
-    fits = _chain_fits(M, args[7], args[8], args[4], dtype, pair == "1")
     with _env(TRIT_CHAIN_PAIR=pair):
         n_chain, names = _chain_kernels(lambda: torch.ops.trit.ternary_chain(*args, 1e-6))
-        assert n_chain == int(fits) and (not fits or not any("a8_small" in n for n in names)), names
+        assert n_chain == 1 and not any("a8_small" in n for n in names), names
         y, res_out = torch.ops.trit.ternary_chain(*args, 1e-6)
-    # one stage at a time (its own M-row kernel where that fits; the same code per stage)
     want_y, want_res = _stage_by_stage(*args, 1e-6)
-    if fits and all(_chain_fits(M, [n], [k], [a], dtype) for n, k, a in zip(args[7], args[8], args[4])):
-        assert torch.equal(res_out, want_res), tail
-        assert torch.equal(y, want_y), f"{tail} {dtype} M={M}: max diff {(y.float() - want_y.float()).abs().max().item()}"
+    assert torch.equal(res_out, want_res), tail
+    assert torch.equal(y, want_y), f"{tail} {dtype}: max diff {(y.float() - want_y.float()).abs().max().item()}"
     ref_y, ref_res = ops.ternary_chain_ref(*[a.cpu() if torch.is_tensor(a) else
                                              [t.cpu() if torch.is_tensor(t) else t for t in a] if isinstance(a, list) else a
                                              for a in args], 1e-6)
@@ -1102,20 +1076,18 @@ def test_chain_stages_cuda(tail, dtype, qkv, pair, M):
 
 
 @SETTINGS
-@given(M=st.integers(1, 10), D=st.sampled_from([8, 24, 136, 264, 1000, 2560]), A=st.sampled_from([8, 40, 136, 516]),
+@given(M=st.integers(1, 3), D=st.sampled_from([8, 24, 136, 264, 1000, 2560]), A=st.sampled_from([8, 40, 136, 516]),
        I=st.sampled_from([8, 72, 200, 1032, 1024]), act=st.sampled_from([1, 2]), sub=st.booleans(),
        dtype=st.sampled_from(DTYPES), knob=st.sampled_from(["", "TRIT_CHAIN_KERNEL", "TRIT_CHAIN_TMA", "TRIT_CHAIN_CU",
-                                                      "TRIT_CHAIN_PAIR", "TRIT_CHAIN_MAXM"]),
+                                                      "TRIT_CHAIN_PAIR"]),
        seed=st.integers(0, 2**16))
 def test_chain_cuda(M, D, A, I, act, sub, dtype, knob, seed):
-    """Every route of trit::ternary_chain (the persistent kernel at M <= 8 - row teams above M = 1 - the
-    composed prologue ops at M > 8 or with TRIT_CHAIN_KERNEL=0 / TRIT_CHAIN_MAXM=1; the kernel's input rows by
-    bulk copy with TRIT_CHAIN_TMA=1 (M = 1), its 8-k-block register chunks with TRIT_CHAIN_CU=8, gate and up
-    unpaired with TRIT_CHAIN_PAIR=0) against its torch definition on random inputs, within the a8 tolerance
-    (y and residual_out: both follow stage 0's norm, whose sum order differs)."""
+    """Every route of trit::ternary_chain (the persistent kernel at M = 1, the composed prologue ops at
+    M > 1 or with TRIT_CHAIN_KERNEL=0; the kernel's input rows by bulk copy with TRIT_CHAIN_TMA=1, its
+    8-k-block register chunks with TRIT_CHAIN_CU=8, gate and up unpaired with TRIT_CHAIN_PAIR=0) against its torch definition on random inputs, within the a8
+    tolerance (y and residual_out: both follow stage 0's norm, whose sum order differs)."""
     args = _chain_case(M, D, A, I, act, sub, dtype, seed, device=DEV)
-    value = {"TRIT_CHAIN_KERNEL": "0", "TRIT_CHAIN_TMA": "1", "TRIT_CHAIN_CU": "8", "TRIT_CHAIN_PAIR": "0",
-             "TRIT_CHAIN_MAXM": "1"}.get(knob)
+    value = {"TRIT_CHAIN_KERNEL": "0", "TRIT_CHAIN_TMA": "1", "TRIT_CHAIN_CU": "8", "TRIT_CHAIN_PAIR": "0"}.get(knob)
     with _env(**({knob: value} if knob else {})):
         y, res_out = torch.ops.trit.ternary_chain(*args, 1e-6)
     cpu = [a.cpu() if torch.is_tensor(a) else [t.cpu() if torch.is_tensor(t) else t for t in a]
@@ -1132,15 +1104,14 @@ def test_chain_opcheck_cuda():
     torch.library.opcheck(torch.ops.trit.ternary_chain, args + (1e-5,))
 
 
-@pytest.mark.parametrize("M", [1, 8])
-def test_chain_graph_replays_cuda(M):
+def test_chain_graph_replays_cuda():
     """Two 2B-sized tails and a GEMV between them under PDL, captured once and replayed 30 times on fresh
-    inputs (1 and 8 rows): each replay equals the eager run bit for bit (the barrier counter needs no reset
-    between launches), and the capture holds two chain kernels."""
+    inputs: each replay equals the eager run bit for bit (the barrier counter needs no reset between
+    launches), and the capture holds two chain kernels."""
     D, A, I, act, sub = CHAIN_TAILS["2b"]
-    t1 = _chain_case(M, D, A, I, act, sub, torch.bfloat16, 11, device=DEV)
-    t2 = _chain_case(M, D, A, I, act, sub, torch.bfloat16, 12, device=DEV)
-    _, _, pm, sm, _ = make_case(M, A, D, torch.bfloat16, seed=2, device=DEV)
+    t1 = _chain_case(1, D, A, I, act, sub, torch.bfloat16, 11, device=DEV)
+    t2 = _chain_case(1, D, A, I, act, sub, torch.bfloat16, 12, device=DEV)
+    _, _, pm, sm, _ = make_case(1, A, D, torch.bfloat16, seed=2, device=DEV)
 
     def block(xr):
         x, r = xr[:, :A], xr[:, A:]
@@ -1153,7 +1124,7 @@ def test_chain_graph_replays_cuda(M):
     g, static_out = capture(block, static_in)
     gen = torch.Generator().manual_seed(5)
     for i in range(30):
-        fresh = (torch.randn(M, A + D, generator=gen) * 2).to(torch.bfloat16).to(DEV)
+        fresh = (torch.randn(1, A + D, generator=gen) * 2).to(torch.bfloat16).to(DEV)
         static_in.copy_(fresh)
         poison(static_out)
         g.replay()
@@ -1164,17 +1135,9 @@ def test_chain_graph_replays_cuda(M):
 
 
 def test_chain_falls_back_cuda():
-    """M = 9, M = 2 with TRIT_CHAIN_MAXM=1, K % 8 != 0: no chain kernel (the same results as the reference:
-    test_chain_cuda); M = 8 takes it."""
-    args = _chain_case(9, 264, 136, 200, 1, True, torch.bfloat16, 4, device=DEV)
-    n, names = _chain_kernels(lambda: torch.ops.trit.ternary_chain(*args, 1e-6))
-    assert n == 0, names
-    args = _chain_case(8, 264, 136, 200, 1, True, torch.bfloat16, 4, device=DEV)
-    n, names = _chain_kernels(lambda: torch.ops.trit.ternary_chain(*args, 1e-6))
-    assert n == 1, names
+    """M = 2, K % 8 != 0 or TRIT_CHAIN_KERNEL=0: no chain kernel, the same results as the reference."""
     args = _chain_case(2, 264, 136, 200, 1, True, torch.bfloat16, 4, device=DEV)
-    with _env(TRIT_CHAIN_MAXM="1"):
-        n, names = _chain_kernels(lambda: torch.ops.trit.ternary_chain(*args, 1e-6))
+    n, names = _chain_kernels(lambda: torch.ops.trit.ternary_chain(*args, 1e-6))
     assert n == 0, names
     odd = _chain_case(1, 264, 132, 200, 1, True, torch.bfloat16, 4, device=DEV)  # K = 132 of o_proj: not % 8
     n, names = _chain_kernels(lambda: torch.ops.trit.ternary_chain(*odd, 1e-6))

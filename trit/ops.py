@@ -37,7 +37,7 @@ Ops (all take x: [M, K] of bfloat16 | float16 | float32 and return [M, N] of x's
         -> (y, residual_out): ternary_mm_a8 of act(gate) * up or x (+ residual), RMSNorm-ed when
         norm_weight is given; at M = 1 one kernel (:func:`ternary_mm_a8_prologue_ref`)
     torch.ops.trit.ternary_chain(x, residual, residual_stage, norm_weights, acts, packed, scales, Ns, Ks, eps)
-        -> (y, residual_out): up to 4 ternary_mm_a8_prologue layers in a row (a model's layer tail); at M <= 8
+        -> (y, residual_out): up to 4 ternary_mm_a8_prologue layers in a row (a model's layer tail); at M = 1
         one persistent kernel with a grid barrier between the layers (:func:`ternary_chain_ref`)
 
 and :func:`ternary_linear` / :func:`ternary_linear_a8` take x of any rank and pick the small-M

@@ -269,7 +269,7 @@ class BitNetDecoderLayer(nn.Module):
         attn, mlp = self.self_attn, self.mlp
         a, residual = attn.attend(positions, hidden_states, self.input_layernorm, residual)
         # TRIT_CHAIN: o_proj, gate_up_proj and down_proj with the norms / activation in front of them as one
-        # trit::ternary_chain (one persistent kernel at M <= 8); None: the tail does not qualify (chain_tail)
+        # trit::ternary_chain (one persistent kernel at M = 1); None: the tail does not qualify (chain_tail)
         tail = chain_tail(a, residual, 1, [(attn.attn_sub_norm, attn.o_proj, 0),
                                            (self.post_attention_layernorm, mlp.gate_up_proj, 0),
                                            (mlp.ffn_sub_norm, mlp.down_proj, mlp.pro_act)])
