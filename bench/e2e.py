@@ -77,16 +77,18 @@ CATEGORIES = [  # (category, substrings of kernel names), first match wins
 # trit::ternary_mm_a8_prologue: one kernel per layer at M = 1; BitNet's four pairs, relu^2 * up included;
 # on Llama input norm -> qkv, post norm -> gate_up and SiLU-mul -> down); -chain: each decoder layer's tail
 # from the attention output to the MLP output as one trit::ternary_chain (TRIT_CHAIN=1: one persistent kernel
-# at M = 1; BitNet attn_sub_norm -> o_proj, post norm -> gate_up, relu^2 * up -> ffn_sub_norm -> down; on
-# Llama o_proj, post norm -> gate_up, SiLU-mul -> down); -chain-am: that, and above M = 1 the activation of
-# its composed route as one kernel (TRIT_ACT_MUL=1) instead of torch's relu / square / mul
+# where a step holds one token, the default route elsewhere; BitNet attn_sub_norm -> o_proj, post norm ->
+# gate_up, relu^2 * up -> ffn_sub_norm -> down; on Llama o_proj, post norm -> gate_up, SiLU-mul -> down);
+# -chain-all: the chain at every token count (TRIT_CHAIN=all: above M = 1 its composed ops, H200 run 11's
+# -chain); -chain-am: that, with the composed route's activation as one kernel (TRIT_ACT_MUL=1)
 _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        "-wg2": {"TRIT_A8_GEMM_WG": "2", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        "-mma": {"TRIT_A8_GEMM_WG": "0"}, "-deep": {"TRIT_A8_GEMM_WG_DEEP": "1"},
        "-nodeep": {"TRIT_A8_GEMM_WG_DEEP": "0"}, "-fuseq": {"TRIT_A8_FUSEQ": "1"},
        "-qcl": {"TRIT_QUANT_CLUSTER": "8"}, "-qloop": {"TRIT_QUANT_CLUSTER": "0"},
        "-fnorm": {"TRIT_FUSED_NORM_QUANT": "1"}, "-pro": {"TRIT_A8_PROLOGUE": "1"},
-       "-chain": {"TRIT_CHAIN": "1"}, "-chain-am": {"TRIT_CHAIN": "1", "TRIT_ACT_MUL": "1"}}
+       "-chain": {"TRIT_CHAIN": "1"}, "-chain-all": {"TRIT_CHAIN": "all"},
+       "-chain-am": {"TRIT_CHAIN": "all", "TRIT_ACT_MUL": "1"}}
 VARIANTS = {"ours-gemm": ("ours", {"TRIT_A8_GEMM": "1"}), "ours-bitnet-gemm": ("ours-bitnet", {"TRIT_A8_GEMM": "1"}),
             "ours-nogemm": ("ours", {"TRIT_A8_GEMM": "0"}), "ours-bitnet-nogemm": ("ours-bitnet", {"TRIT_A8_GEMM": "0"}),
             **{base + sfx: (base, env) for base in ("ours", "ours-bitnet", "ours-llama") for sfx, env in _WG.items()},

@@ -41,28 +41,32 @@ flags = llm.apply_model(lambda m: sorted({(n.rsplit(".", 1)[-1], bool(getattr(mo
                                           for n, mod in m.named_modules() if hasattr(mod, attr)}))[0]
 calls = dict.fromkeys(calls, 0)  # the generate calls below only, not vLLM's warm-up and compile runs
 sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, detokenize=False)
-outs = llm.generate([TokensPrompt(prompt_token_ids=[t % V for t in range(10, 30)]), TokensPrompt(prompt_token_ids=[5, 6, 7])],
-                    sp, use_tqdm=False)
+# argv[4] "one": the first prompt alone (its decode steps hold one token each)
+prompts = [TokensPrompt(prompt_token_ids=[t % V for t in range(10, 30)]), TokensPrompt(prompt_token_ids=[5, 6, 7])]
+outs = llm.generate(prompts[:1] if len(sys.argv) > 4 and sys.argv[4] == "one" else prompts, sp, use_tqdm=False)
+decode_calls = dict(calls)
 # teacher-forced: the top-1 next token and its logprob at every position of one fixed prompt
 pl = llm.generate([TokensPrompt(prompt_token_ids=[(7 * i + 3) % (V - 3) + 2 for i in range(48)])],
                   SamplingParams(max_tokens=1, prompt_logprobs=2, detokenize=False), use_tqdm=False)[0].prompt_logprobs
 top = [sorted(d.items(), key=lambda kv: -kv[1].logprob) for d in pl[1:]]
-print("RESULT " + json.dumps({"flags": flags, "calls": calls, "tokens": [list(o.outputs[0].token_ids) for o in outs],
+print("RESULT " + json.dumps({"flags": flags, "calls": calls, "generate_calls": decode_calls,
+                              "tokens": [list(o.outputs[0].token_ids) for o in outs],
                               "top1": [[int(t[0][0]), float(t[0][1].logprob)] for t in top],
                               "top": [[[int(k), float(v.logprob)] for k, v in t] for t in top]}))
 """
 
 
 def run(tmp_path, prequant: str, fused_norm: str = "0", attr: str = "trit_prequant", model=None,
-        prologue: str = "0", chain: str = "0", count=()) -> dict:
+        prologue: str = "0", chain: str = "0", count=(), prompts: str = "both") -> dict:
     """One vLLM run in its own process with these settings; count: trit op names whose calls during the
-    generate calls come back under "calls"."""
+    generate calls come back under "calls" (those of the first generate call alone under "generate_calls");
+    prompts "one": that generate call on the first prompt alone (decode steps of one token)."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "TRIT_A8_PREQUANT": prequant,
            "TRIT_FUSED_NORM_QUANT": fused_norm, "TRIT_A8_PROLOGUE": prologue, "TRIT_CHAIN": chain,
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     model = model or ROOT / "models" / "tiny-bitnet"
-    p = subprocess.run([sys.executable, "-c", SCRIPT, str(model), attr, ",".join(count)], env=env, cwd=ROOT,
+    p = subprocess.run([sys.executable, "-c", SCRIPT, str(model), attr, ",".join(count), prompts], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=900)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     assert p.returncode == 0 and lines, (f"vLLM run (TRIT_A8_PREQUANT={prequant!r}, TRIT_FUSED_NORM_QUANT="
@@ -184,13 +188,14 @@ COUNT = ("ternary_chain", "ternary_mm_a8_prologue")
 
 
 def test_chain_compiles_and_matches_default(tmp_path):
-    """TRIT_CHAIN=1: every BitNet ternary layer flagged, and each decoder layer's tail (attn_sub_norm -> o_proj,
+    """TRIT_CHAIN=all: every BitNet ternary layer flagged, and each decoder layer's tail (attn_sub_norm -> o_proj,
     + residual post_attention_layernorm -> gate_up_proj, relu^2(gate) * up -> ffn_sub_norm -> down_proj) runs as
-    one trit::ternary_chain under vLLM's compiler - its CPU kernel called once per layer and forward, the
-    prologue op never (qkv_proj keeps the default route) - with the default route's next-token choices within
-    the prologue route's tolerance (the chain is that route's arithmetic), and a compile-cache entry of its own."""
+    one trit::ternary_chain under vLLM's compiler at every token count - its CPU kernel called once per layer
+    and forward, the prologue op never (qkv_proj keeps the default route) - with the default route's next-token
+    choices within the prologue route's tolerance (the chain is that route's arithmetic), and a compile-cache
+    entry of its own."""
     off = run(tmp_path, "0", attr="trit_chain", count=COUNT)
-    on = run(tmp_path, "0", attr="trit_chain", chain="1", count=COUNT)
+    on = run(tmp_path, "0", attr="trit_chain", chain="all", count=COUNT)
     assert all(not f for _, f in off["flags"]) and on["flags"] and all(f for _, f in on["flags"]), (off, on)
     assert off["calls"] == {"ternary_chain": 0, "ternary_mm_a8_prologue": 0}, off["calls"]
     n_layers = json.loads((ROOT / "models" / "tiny-bitnet" / "config.json").read_text())["num_hidden_layers"]
@@ -200,13 +205,35 @@ def test_chain_compiles_and_matches_default(tmp_path):
     _assert_own_compile_cache(tmp_path)
 
 
+def test_chain_one_token_route(tmp_path):
+    """TRIT_CHAIN=1: the chain only where a step holds one token (trit.vllm.bitnet.route_tokens: a torch.cond on
+    the token count inside the graph vLLM compiles once for every batch size - a Python branch there would be
+    decided at trace time). One prompt: every decode step (one token) runs the chain once per layer, the
+    prefill and the 48-token teacher-forced pass never, and the tokens stay within rounding of the default.
+    Two prompts (decode steps of two tokens): the chain never runs, and the next-token choices are the default
+    route's within rounding (the other branch is that route's code, but Inductor compiles it as the cond's
+    own subgraph, so its fusions - and the order of the norms' sums - may differ)."""
+    n_layers = json.loads((ROOT / "models" / "tiny-bitnet" / "config.json").read_text())["num_hidden_layers"]
+    off1 = run(tmp_path, "0", attr="trit_chain", count=COUNT, prompts="one")
+    one = run(tmp_path, "0", attr="trit_chain", chain="1", count=COUNT, prompts="one")
+    g = one["generate_calls"]["ternary_chain"]
+    assert 0 < g <= 12 * n_layers and g % n_layers == 0, one["generate_calls"]  # 12 tokens: <= 11 decode steps
+    assert one["calls"]["ternary_chain"] == g, one["calls"]  # the teacher-forced pass: 48 tokens, no chain
+    _assert_within_rounding(one, off1)
+    off2 = run(tmp_path, "0", attr="trit_chain", count=COUNT)
+    two = run(tmp_path, "0", attr="trit_chain", chain="1", count=COUNT)
+    assert two["flags"] and all(f for _, f in two["flags"]), two
+    assert two["calls"] == {"ternary_chain": 0, "ternary_mm_a8_prologue": 0}, two["calls"]
+    _assert_within_rounding(two, off2)
+
+
 def test_chain_with_prologue_is_the_prologue_route(tmp_path):
-    """TRIT_CHAIN=1 with TRIT_A8_PROLOGUE=1: the chain takes each layer's tail and the prologue op only the
+    """TRIT_CHAIN=all with TRIT_A8_PROLOGUE=1: the chain takes each layer's tail and the prologue op only the
     input_layernorm -> qkv_proj (one call of each per layer and forward), and since on CPU both ops are the
     same reference arithmetic, the tokens and teacher-forced logprobs equal TRIT_A8_PROLOGUE=1's alone
     exactly."""
     pro = run(tmp_path, "0", attr="trit_chain", prologue="1", count=COUNT)
-    both = run(tmp_path, "0", attr="trit_chain", prologue="1", chain="1", count=COUNT)
+    both = run(tmp_path, "0", attr="trit_chain", prologue="1", chain="all", count=COUNT)
     assert all(not f for _, f in pro["flags"]) and both["flags"] and all(f for _, f in both["flags"]), (pro, both)
     assert pro["calls"]["ternary_chain"] == 0 and pro["calls"]["ternary_mm_a8_prologue"] > 0, pro["calls"]
     c = both["calls"]
@@ -216,18 +243,20 @@ def test_chain_with_prologue_is_the_prologue_route(tmp_path):
 
 
 def test_chain_llama_compiles_and_matches_default(tmp_path):
-    """TRIT_CHAIN=1 on a Llama-shaped ternary checkpoint: trit.vllm.llama's subclass runs o_proj, + residual
-    post-attention norm -> gate_up_proj and SiLU-mul -> down_proj as one trit::ternary_chain per layer and
-    forward, with the default route's next-token choices within bf16 rounding."""
+    """TRIT_CHAIN=1 on a Llama-shaped ternary checkpoint, one prompt: trit.vllm.llama's subclass runs o_proj,
+    + residual post-attention norm -> gate_up_proj and SiLU-mul -> down_proj as one trit::ternary_chain per
+    layer in every one-token decode step (route_tokens) and its own route elsewhere, with the default route's
+    next-token choices within bf16 rounding."""
     from reference.make_model import Preset, write_model
 
     d = write_model(Preset("llama", 128, 256, 2, 4, 2, 160, False, eps=1e-5, seed=22), tmp_path / "llama",
                     dtype=torch.bfloat16)
-    off = run(tmp_path, "0", attr="trit_chain", model=d, count=COUNT)
-    on = run(tmp_path, "0", attr="trit_chain", model=d, chain="1", count=COUNT)
+    off = run(tmp_path, "0", attr="trit_chain", model=d, count=COUNT, prompts="one")
+    on = run(tmp_path, "0", attr="trit_chain", model=d, chain="1", count=COUNT, prompts="one")
     assert all(not f for _, f in off["flags"]) and on["flags"] and all(f for _, f in on["flags"]), (off, on)
     assert off["calls"]["ternary_chain"] == 0 and on["calls"]["ternary_mm_a8_prologue"] == 0, (off, on)
-    assert on["calls"]["ternary_chain"] > 0 and on["calls"]["ternary_chain"] % 2 == 0, on["calls"]
+    g = on["generate_calls"]["ternary_chain"]
+    assert 0 < g and g % 2 == 0 and on["calls"]["ternary_chain"] == g, on  # 2 layers; none in the 48-token pass
     _assert_within_rounding(on, off)
 
 

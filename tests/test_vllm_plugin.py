@@ -288,6 +288,7 @@ def test_chain_tail_is_the_prologue_route_as_one_op_or_falls_back(vllm_env, spec
     from trit.vllm.bitnet import ShardedRMSNorm, chain_tail
 
     assert [q.chain_selected(s) for s in ("", "0", " 1", "1")] == [False, False, True, True]
+    assert [q.chain_mode(s) for s in ("", "0", " 1", "1", "all", " ALL")] == ["", "", "one", "one", "all", "all"]
     monkeypatch.setattr(q, "model_compiled", lambda: True)  # as inside a compiled LLM
     qc = ternary_config(spec)
     assert not build("down", qc).trit_chain  # TRIT_CHAIN unset: off
@@ -299,6 +300,7 @@ def test_chain_tail_is_the_prologue_route_as_one_op_or_falls_back(vllm_env, spec
     for layer in (o, gu, down):
         load_layer(layer, layer.quant_method.prefix, key_map, ckpt)
     assert o.trit_chain and gu.trit_chain and down.trit_chain and not down.trit_prologue
+    assert not (o.trit_chain_all or gu.trit_chain_all or down.trit_chain_all)  # TRIT_CHAIN=1: one token only
 
     g = torch.Generator().manual_seed(3)
     eps = 1e-6
@@ -340,6 +342,58 @@ def test_chain_tail_is_the_prologue_route_as_one_op_or_falls_back(vllm_env, spec
     assert chain_tail(a, res, 1, stages(fn=ShardedRMSNorm(344, eps))) is None  # the TP sub-norm
     assert chain_tail(a, res, 1, stages(act=None)) is None  # hidden_act without a prologue code
     assert chain_tail(a[None], res[None], 1, stages()) is None
+    # with the caller's own route (other): the chain at one token, other elsewhere (route_tokens, eager here)
+    other_calls = []
+
+    def other(x, r):
+        other_calls.append(x.shape[0])
+        return x + 1, r
+
+    got = chain_tail(a[:1], res[:1], 1, stages(), other)
+    assert len(calls) == 1 and not other_calls and got[0].shape == (1, 128)
+    calls.clear()
+    got = chain_tail(a, res, 1, stages(), other)
+    assert not calls and other_calls == [3] and torch.equal(got[0], a + 1)
+    for m in (o, gu, down):  # TRIT_CHAIN=all: the chain at every token count
+        m.trit_chain_all = True
+    assert chain_tail(a, res, 1, stages(), other) is not None and len(calls) == 1 and other_calls == [3]
+    calls.clear()
     gu.trit_chain = False
     assert chain_tail(a, res, 1, stages()) is None
     assert not calls
+
+
+def test_route_tokens_decides_per_call_in_a_graph_traced_once(vllm_env):
+    """trit.vllm.bitnet.route_tokens under torch.compile: vLLM traces the model once with a dynamic token count
+    and runs that graph at every batch size (its CUDA graphs included), so the one-token choice must stay in
+    the graph: traced at 8 tokens, the graph run at 1 token takes the one-token branch. (A Python branch on
+    the count is decided at trace time: the same graph would take the other branch at 1 token too.)"""
+    from trit.vllm.bitnet import route_tokens
+
+    def one(x, r):
+        return x * 2, r + 1
+
+    def many(x, r):
+        return x * 3, r - 1
+
+    def python_branch(x, r):
+        return one(x, r) if x.shape[0] == 1 else many(x, r)
+
+    for fn, want_one in ((lambda x, r: route_tokens(one, many, x, r), 2.0), (python_branch, 3.0)):
+        torch._dynamo.reset()
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        x8, r8 = torch.ones(8, 4), torch.ones(8, 4)
+        torch._dynamo.mark_dynamic(x8, 0)
+        torch._dynamo.mark_dynamic(r8, 0)
+        torch.compile(fn, backend=backend, fullgraph=True)(x8, r8)
+        gm = graphs[0]
+        args = lambda m: [m if n.meta.get("example_value") is not None and isinstance(n.meta["example_value"], torch.SymInt)  # noqa: E731
+                          else torch.ones(m, 4) for n in gm.graph.nodes if n.op == "placeholder"]
+        assert gm(*args(8))[0][0, 0].item() == 3.0
+        assert gm(*args(1))[0][0, 0].item() == want_one, fn
+    torch._dynamo.reset()

@@ -15,7 +15,8 @@ The residual stream uses vLLM's fused add+RMSNorm (``norm(x, residual)``), like 
 Under TRIT_CHAIN (trit.vllm.quant.chain_selected) the decoder layer runs everything from ``a`` to
 the MLP output (attn_sub_norm -> o_proj, the residual add + post_attention_layernorm -> gate_up_proj,
 act * up -> ffn_sub_norm -> down_proj) as one trit::ternary_chain where the tail qualifies
-(``chain_tail``), else the modules' forwards as above.
+(``chain_tail``) - in steps of one token, unless TRIT_CHAIN=all (``route_tokens``) - else the modules'
+forwards as above.
 Under tensor parallelism the sub-norms see a slice of their features (heads / intermediate
 columns); ``ShardedRMSNorm`` all-reduces the sum of squares so the result equals the unsharded
 norm.  Weights load through the explicit key map (``keymap.build_key_map``), driven by the spec;
@@ -117,10 +118,23 @@ def norm_then_linear(norm: nn.Module, linear: nn.Module, x: torch.Tensor, residu
     return y, residual
 
 
-def chain_tail(x: torch.Tensor, residual: Optional[torch.Tensor], residual_stage: int, stages: list):
+def route_tokens(one, many, x: torch.Tensor, residual: torch.Tensor):
+    """one(x, residual) where x holds one token (a decode step at batch 1), many(x, residual) at every other
+    token count; both return (y, residual_out) of the same shapes. vLLM traces the model once for a dynamic
+    token count, so a Python branch on it would be decided at trace time for every batch size: under
+    torch.compile the choice is a torch.cond on the symbolic count, kept in the graph and decided per call
+    (and per captured CUDA graph size)."""
+    if torch.compiler.is_compiling():
+        return tuple(torch.cond(x.shape[0] == 1, one, many, (x, residual)))
+    return one(x, residual) if x.shape[0] == 1 else many(x, residual)
+
+
+def chain_tail(x: torch.Tensor, residual: Optional[torch.Tensor], residual_stage: int, stages: list, other=None):
     """(y, residual_out) of ``stages`` [(norm or None, linear, act code)] in a row as one trit::ternary_chain
     (TRIT_CHAIN, trit.vllm.quant.chain_selected): stage s is linear(norm(act(gate) * up or its input, + the
-    residual at residual_stage)), as norm_then_linear and the prologue route compute it. None where the
+    residual at residual_stage)), as norm_then_linear and the prologue route compute it. ``other(x,
+    residual)``: the caller's own route for the same tail, run instead at token counts other than one
+    (route_tokens) unless every stage's layer says trit_chain_all (TRIT_CHAIN=all). None where the
     stages do not qualify, and the caller runs its own route unchanged: a layer without trit_chain (not
     W1.58A8 on the trit ops at TP = 1, or not compiled), a bias the layer adds itself (the op has none), an
     activation without a prologue code (act None), a norm other than vLLM's full-width RMSNorm (BitNet's
@@ -141,9 +155,16 @@ def chain_tail(x: torch.Tensor, residual: Optional[torch.Tensor], residual_stage
 
     if len(stages) > CHAIN_MAX_STAGES:
         return None
-    return apply_chain([lin for _, lin, _ in stages], x, residual, residual_stage,
-                       [None if n is None else norm_weight_as(n, x) for n, _, _ in stages],
-                       [act for _, _, act in stages], eps.pop() if eps else 0.0)
+    eps = eps.pop() if eps else 0.0
+
+    def chain(x, residual):
+        return apply_chain([lin for _, lin, _ in stages], x, residual, residual_stage,
+                           [None if n is None else norm_weight_as(n, x) for n, _, _ in stages],
+                           [act for _, _, act in stages], eps)
+
+    if other is None or residual is None or all(getattr(lin, "trit_chain_all", False) for _, lin, _ in stages):
+        return chain(x, residual)
+    return route_tokens(chain, other, x, residual)
 
 
 def sub_norm(size: int, eps: float) -> nn.Module:
@@ -269,14 +290,19 @@ class BitNetDecoderLayer(nn.Module):
         attn, mlp = self.self_attn, self.mlp
         a, residual = attn.attend(positions, hidden_states, self.input_layernorm, residual)
         # TRIT_CHAIN: o_proj, gate_up_proj and down_proj with the norms / activation in front of them as one
-        # trit::ternary_chain (one persistent kernel at M = 1); None: the tail does not qualify (chain_tail)
+        # trit::ternary_chain (one persistent kernel at M = 1) in one-token steps, _tail at other token counts
+        # (route_tokens; TRIT_CHAIN=all: the chain at every count); None: the tail does not qualify (chain_tail)
         tail = chain_tail(a, residual, 1, [(attn.attn_sub_norm, attn.o_proj, 0),
                                            (self.post_attention_layernorm, mlp.gate_up_proj, 0),
-                                           (mlp.ffn_sub_norm, mlp.down_proj, mlp.pro_act)])
+                                           (mlp.ffn_sub_norm, mlp.down_proj, mlp.pro_act)], self._tail)
         if tail is not None:
             return tail
-        hidden_states, _ = norm_then_linear(attn.attn_sub_norm, attn.o_proj, a)
-        return mlp(hidden_states, self.post_attention_layernorm, residual)
+        return self._tail(a, residual)
+
+    def _tail(self, a, residual):
+        """(mlp_out, residual) from the attention output: the tail without the chain."""
+        hidden_states, _ = norm_then_linear(self.self_attn.attn_sub_norm, self.self_attn.o_proj, a)
+        return self.mlp(hidden_states, self.post_attention_layernorm, residual)
 
 
 @support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": -1, "intermediate_tensors": 0,

@@ -47,9 +47,14 @@ class TritLlamaDecoderLayer(LlamaDecoderLayer):
         # TRIT_CHAIN: o_proj, (+ residual) post-attention norm -> gate_up_proj, SiLU-mul -> down_proj as one
         # trit::ternary_chain; None: the tail does not qualify (chain_tail) and runs as below
         tail = chain_tail(a, residual, 1, [(None, attn.o_proj, 0), (self.post_attention_layernorm, mlp.gate_up_proj, 0),
-                                           (None, mlp.down_proj, silu)])
+                                           (None, mlp.down_proj, silu)], lambda a, r: self._tail(a, r, silu))
         if tail is not None:
             return tail
+        return self._tail(a, residual, silu)
+
+    def _tail(self, a, residual, silu):
+        """(mlp_out, residual) from the attention output: the tail without the chain."""
+        attn, mlp = self.self_attn, self.mlp
         out, _ = attn.o_proj(a)
         x, residual = norm_then_linear(self.post_attention_layernorm, mlp.gate_up_proj, out, residual)
         down = mlp.down_proj

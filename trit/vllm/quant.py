@@ -407,7 +407,9 @@ class TernaryLinearMethod(_SpecLinearMethod):
         # TRIT_CHAIN: this layer may be a stage of a decoder layer's tail run as one trit::ternary_chain
         # (apply_chain; the BitNet model and trit.vllm.llama decide whether the whole tail qualifies)
         layer.trit_chain = fusable and chain_selected()
-        for flag in ("trit_fused_norm", "trit_prologue", "trit_chain"):
+        # TRIT_CHAIN=all: the chain at every token count (else at one token only: trit.vllm.bitnet.route_tokens)
+        layer.trit_chain_all = layer.trit_chain and chain_mode() == "all"
+        for flag in ("trit_fused_norm", "trit_prologue", "trit_chain", "trit_chain_all"):
             if getattr(layer, flag):
                 key_compile_cache(self.prefix, flag)
 
@@ -522,17 +524,30 @@ def apply_chain(layers: list, x: torch.Tensor, residual: Optional[torch.Tensor],
 
 def chain_selected(setting: Optional[str] = None) -> bool:
     """TRIT_CHAIN, read when the model loads: 1 makes each decoder layer's tail, from the attention output
-    to the MLP output, one trit::ternary_chain call (apply_chain) - BitNet: attn_sub_norm -> o_proj,
+    to the MLP output, one trit::ternary_chain call (apply_chain) where the step has ONE token, and keeps
+    the layer's other route at every other token count (trit.vllm.bitnet.route_tokens: a torch.cond on the
+    token count in the graph vLLM compiles once for all batch sizes) - BitNet: attn_sub_norm -> o_proj,
     (+ residual) post_attention_layernorm -> gate_up_proj, relu^2(gate) * up -> ffn_sub_norm -> down_proj;
     Llama (trit.vllm.llama): o_proj, (+ residual) post_attention_layernorm -> gate_up_proj, silu(gate) * up
     -> down_proj. At M = 1 the CUDA op runs the three layers in one persistent kernel (no launch and no
-    round trip through the host between them); at larger M it composes trit::ternary_mm_a8_prologue per
-    stage. A layer whose tail does not qualify (a bias the layer adds itself, norms of different eps,
-    sharded sub-norms, an activation without a prologue code) keeps its other route. With TRIT_A8_PROLOGUE
-    too, the chain takes the tail and the prologue the input norm -> qkv_proj. Unset / 0: off (H200 2B run
-    10: the forward 7% faster at B = 1, 7% slower at B = 8, where the prologue ops run). Same conditions as TRIT_A8_PROLOGUE: TP = 1, where the layers run the trit
-    ops and vLLM compiles the model (model_compiled)."""
+    round trip through the host between them). TRIT_CHAIN=all: the chain at every token count (above M = 1
+    the op composes trit::ternary_mm_a8_prologue per stage: H200 2B run 11 +11% tok/s at B = 1, -6..-11% at
+    B = 8 / 32 / 128 - the reason for the one-token routing). A layer whose tail does not qualify (a bias
+    the layer adds itself, norms of different eps, sharded sub-norms, an activation without a prologue
+    code) keeps its other route. With TRIT_A8_PROLOGUE too, the chain takes the tail and the prologue the
+    input norm -> qkv_proj. Unset / 0: off. Same conditions as TRIT_A8_PROLOGUE: TP = 1, where the layers
+    run the trit ops and vLLM compiles the model (model_compiled)."""
     return _switch_on("TRIT_CHAIN", setting)
+
+
+def chain_mode(setting: Optional[str] = None) -> str:
+    """TRIT_CHAIN's mode: "" (off), "one" (1: the chain where a step has one token) or "all" (all)."""
+    import os
+
+    setting = (os.environ.get("TRIT_CHAIN", "") if setting is None else setting).strip().lower()
+    if setting in ("", "0"):
+        return ""
+    return "all" if setting == "all" else "one"
 
 
 def prologue_selected(setting: Optional[str] = None) -> bool:
