@@ -232,7 +232,7 @@ for (D, A, I) in ((264, 136, 200), (1000, 520, 1032), (2560, 2560, 6912)):
         torch.ops.trit.ternary_chain(x, r, 1, [nw(A), nw(D), nw(I), nw(D)], [0, 0, 1, 0], [po, pg, pd, pq],
                                      [so, sg, sd, sq], [D, 2 * I, D, A + 16], [A, D, I, D], 1e-6)
         torch.ops.trit.ternary_chain(x, None, -1, [None], [0], [po], [so], [D], [A], 1e-6)
-        for m in (3, 8):  # row teams: 5 warps a row (one warp idle), 2 warps a row
+        for m in (3, 8):  # above M = 1: the composed route (prologue ops per stage)
             xm, rm = torch.randn(m, A, device="cuda").to(dt), torch.randn(m, D, device="cuda").to(dt)
             torch.ops.trit.ternary_chain(xm, rm, 1, [nw(A), nw(D), nw(I)], [0, 0, 1], [po, pg, pd], [so, sg, sd],
                                          [D, 2 * I, D], [A, D, I], 1e-6)

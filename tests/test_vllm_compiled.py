@@ -209,7 +209,8 @@ def test_chain_one_token_route(tmp_path):
     """TRIT_CHAIN=1: the chain only where a step holds one token (trit.vllm.bitnet.route_tokens: a torch.cond on
     the token count inside the graph vLLM compiles once for every batch size - a Python branch there would be
     decided at trace time). One prompt: every decode step (one token) runs the chain once per layer, the
-    prefill and the 48-token teacher-forced pass never, and the tokens stay within rounding of the default.
+    prefill and the 48-token teacher-forced pass never (whose choices stay within rounding of the default; the
+    chain's own arithmetic is checked under TRIT_CHAIN=all, test_chain_compiles_and_matches_default).
     Two prompts (decode steps of two tokens): the chain never runs, and the next-token choices are the default
     route's within rounding (the other branch is that route's code, but Inductor compiles it as the cond's
     own subgraph, so its fusions - and the order of the norms' sums - may differ)."""
@@ -245,8 +246,8 @@ def test_chain_with_prologue_is_the_prologue_route(tmp_path):
 def test_chain_llama_compiles_and_matches_default(tmp_path):
     """TRIT_CHAIN=1 on a Llama-shaped ternary checkpoint, one prompt: trit.vllm.llama's subclass runs o_proj,
     + residual post-attention norm -> gate_up_proj and SiLU-mul -> down_proj as one trit::ternary_chain per
-    layer in every one-token decode step (route_tokens) and its own route elsewhere, with the default route's
-    next-token choices within bf16 rounding."""
+    layer in every one-token decode step (route_tokens) and its own route elsewhere; TRIT_CHAIN=all (the chain
+    in the 48-token teacher-forced pass too): the default route's next-token choices within bf16 rounding."""
     from reference.make_model import Preset, write_model
 
     d = write_model(Preset("llama", 128, 256, 2, 4, 2, 160, False, eps=1e-5, seed=22), tmp_path / "llama",
@@ -258,6 +259,9 @@ def test_chain_llama_compiles_and_matches_default(tmp_path):
     g = on["generate_calls"]["ternary_chain"]
     assert 0 < g and g % 2 == 0 and on["calls"]["ternary_chain"] == g, on  # 2 layers; none in the 48-token pass
     _assert_within_rounding(on, off)
+    every = run(tmp_path, "0", attr="trit_chain", model=d, chain="all", count=COUNT, prompts="one")
+    assert every["calls"]["ternary_chain"] > g, every["calls"]  # the 48-token pass runs the chain too
+    _assert_within_rounding(every, off)
 
 
 def test_chain_keeps_the_old_route_where_a_layer_has_a_bias(tmp_path):

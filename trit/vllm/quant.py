@@ -537,7 +537,7 @@ def chain_selected(setting: Optional[str] = None) -> bool:
     code) keeps its other route. With TRIT_A8_PROLOGUE too, the chain takes the tail and the prologue the
     input norm -> qkv_proj. Unset / 0: off. Same conditions as TRIT_A8_PROLOGUE: TP = 1, where the layers
     run the trit ops and vLLM compiles the model (model_compiled)."""
-    return _switch_on("TRIT_CHAIN", setting)
+    return chain_mode(setting) != ""
 
 
 def chain_mode(setting: Optional[str] = None) -> str:
