@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -2821,6 +2822,9 @@ template <typename T> struct ChainArgs {
   int S, res_stage;
   int pf_stages;      // stages whose weights each CTA bulk-prefetches to L2 at the start (the rest: two ahead)
   int tma;            // TRIT_CHAIN_TMA=1 (default 0): each stage's input rows reach shared memory by one bulk copy
+  // TRIT_CHAIN_EARLY (default 1): every stage's norm weight and scales requested at the kernel start (run 26c);
+  // 0: each stage's at the top of its stage, before its barrier (run 26b's timing)
+  int early;
   // shared memory: the a / h row at 0, xq, the tile accumulators, the raw input rows (tma), and per stage
   // its norm weight and this CTA's scales (all requested at the start: they are parameters)
   int off_x, off_acc, off_in;
@@ -2983,10 +2987,9 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
   }
-  // every stage's norm weight and this CTA's scales, requested at once (cp.async; waited for after pass 1)
-#pragma unroll
-  for (int s = 0; s < kChainMaxStages; ++s) {
-    if (s >= a.S) break;
+  // stage s's norm weight and this CTA's scales into their own shared regions (cp.async; waited for after
+  // pass 1): every stage's at the start (early), else stage 0's here and each later one at its stage's top
+  auto request_params = [&](int s) {
     const ChainStage<T>& st = a.st[s];
     if (st.nw != nullptr) stage16(csm + a.off_nw[s], st.nw, (int)((size_t)st.K * sizeof(T) / 16), tid, kChainThreads);
     int t0, t1;
@@ -2997,8 +3000,13 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(csm + a.off_sc[s] + 4 * (h * cnt + i))),
                      "l"(st.scale + h * (st.N / 2) + n0 + i)
                      : "memory");
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+#pragma unroll
+  for (int s = 0; s < kChainMaxStages; ++s) {
+    if (s >= a.S || (s > 0 && !a.early)) break;
+    request_params(s);
   }
-  asm volatile("cp.async.commit_group;" ::: "memory");
   __syncthreads();  // the mbarrier's initialization
 
 #pragma unroll
@@ -3014,8 +3022,10 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
     const int nt = t1 - t0, ntl = pr ? 2 * nt : nt, U = ntl * KB;  // ntl: local tiles (paired: gate, then up)
     const int u0 = (warp * U) / kChainWarps, u1 = ((warp + 1) * U) / kChainWarps;
     const int4* wbase = st.wp + (size_t)t0 * KB * 32 + lane;  // unit u (tile-major) at + u * 32
-    const int4* wup = st.wp + (size_t)(st.n_tiles / 2 + t0) * KB * 32 + lane;  // paired: the up tiles
-    auto waddr = [&](int u) { return pr && u >= nt * KB ? wup + (size_t)(u - nt * KB) * 32 : wbase + (size_t)u * 32; };
+    // paired: units from nt * KB on are the up tiles, (n_tiles / 2 - nt) tiles further on (a select, no branch)
+    const int split = pr ? nt * KB : INT_MAX;
+    const size_t dup = pr ? (size_t)(st.n_tiles / 2 - nt) * KB * 32 : 0;
+    auto waddr = [&](int u) { return wbase + (size_t)u * 32 + (u >= split ? dup : 0); };
     auto stamp = [&](int point) {
       if (a.prof != nullptr && tid == 0) {
         unsigned long long* q = a.prof + ((size_t)(blockIdx.x * kChainMaxStages + s) * kChainStamps + point) * 2;
@@ -3029,6 +3039,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
 #pragma unroll
       for (int j = 0; j < CU; ++j) w[j] = u + j < u1 ? ld_weights(waddr(u + j)) : make_int4(0, 0, 0, 0);
     };
+    if (s > 0 && !a.early) request_params(s);
     load_chunk(wa, u0);  // weights are constant: in flight across the barrier
     const T* snw = reinterpret_cast<const T*>(csm + a.off_nw[s]);
     const float* ssc = reinterpret_cast<const float*>(csm + a.off_sc[s]);
@@ -3310,6 +3321,7 @@ cudaError_t launch_chain(const T* x, const T* residual, T* res_out, int res_stag
   }
   a.pf_stages = max(1, pf);
   a.tma = tma ? 1 : 0;
+  a.early = env_int("TRIT_CHAIN_EARLY", 1) != 0 ? 1 : 0;
   a.off_x = l.off_x;
   a.off_acc = l.off_acc;
   a.off_in = l.off_in;
