@@ -2,6 +2,8 @@
 # GPU end-to-end job (issue 6), in stages that each fit one device call (<= 10 min):
 #   ci/gpu_e2e.sh setup      install the staged vLLM 0.26 bundle (staging: see ci/gpu_vllm.sh), build the trit ops
 #   ci/gpu_e2e.sh parity     vLLM parity record of the bundled tiny model (eager capture + CUDA graphs)
+#   ci/gpu_e2e.sh probe      ci/chain_route_probe.py: TRIT_CHAIN=${PROBE_MODES:-1} against the default on the
+#                            tiny model (~1 min a mode): does the one-token routing compile on this vLLM
 #   ci/gpu_e2e.sh scale      BitNet-2B-shaped model: fp32 goldens + bf16 noise floor on the GPU, vLLM parity record
 #   ci/gpu_e2e.sh gen2b      generate the three 2B-shaped models (BitNet, its Llama twin, the bf16 twin) at
 #                            once (e2e2b generates what is missing one after the other: > 570 s with humming)
@@ -70,6 +72,10 @@ for stage in "$@"; do
     parity)
       step "parity: tiny-bitnet"
       python3 -m bench.vllm_parity --out "$OUT" 2>&1 | quiet | tail -40 || rc=1
+      ;;
+    probe)
+      step "probe: TRIT_CHAIN modes on the tiny model under this vLLM (compile + CUDA graphs)"
+      python3 ci/chain_route_probe.py --out "$OUT" --modes ${PROBE_MODES:-1} 2>&1 | tail -8 || rc=1
       ;;
     scale)
       step "scale: bitnet-2b goldens + parity"

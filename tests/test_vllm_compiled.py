@@ -17,7 +17,17 @@ pytest.importorskip("vllm")
 ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPT = r"""
-import json, sys
+import json, os, sys
+if os.environ.get("TRIT_TEST_PIECEWISE") == "1":
+    # vLLM's piecewise compile (VllmBackend: the graph split at the attention ops, each piece through
+    # Inductor - what vLLM runs on a GPU), which the CPU platform replaces by one Dynamo trace: forced back
+    import vllm.platforms.cpu as cpu_platform
+    from vllm.config import CompilationMode
+    _check = cpu_platform.CpuPlatform.check_and_update_config.__func__
+    def _piecewise(cls, vllm_config):
+        _check(cls, vllm_config)
+        vllm_config.compilation_config.mode = CompilationMode.VLLM_COMPILE
+    cpu_platform.CpuPlatform.check_and_update_config = classmethod(_piecewise)
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 import trit.vllm
@@ -34,8 +44,12 @@ if len(sys.argv) > 3 and sys.argv[3]:
         count_lib.impl(name, counted, "CPU")
         calls[name] = 0
 V = json.load(open(sys.argv[1] + "/config.json"))["vocab_size"]
+piecewise = os.environ.get("TRIT_TEST_PIECEWISE") == "1"
 llm = LLM(model=sys.argv[1], dtype="bfloat16", enforce_eager=False, seed=0, max_model_len=128,
-          skip_tokenizer_init=True, max_num_seqs=4)
+          skip_tokenizer_init=True, max_num_seqs=4,
+          **({"compilation_config": {"mode": 3, "compile_sizes": []}, "max_num_batched_tokens": 256} if piecewise else {}))
+if piecewise:
+    assert llm.llm_engine.vllm_config.compilation_config.mode == 3, "piecewise compile not in force"
 attr = sys.argv[2]
 flags = llm.apply_model(lambda m: sorted({(n.rsplit(".", 1)[-1], bool(getattr(mod, attr)))
                                           for n, mod in m.named_modules() if hasattr(mod, attr)}))[0]
@@ -51,20 +65,23 @@ pl = llm.generate([TokensPrompt(prompt_token_ids=[(7 * i + 3) % (V - 3) + 2 for 
 top = [sorted(d.items(), key=lambda kv: -kv[1].logprob) for d in pl[1:]]
 print("RESULT " + json.dumps({"flags": flags, "calls": calls, "generate_calls": decode_calls,
                               "tokens": [list(o.outputs[0].token_ids) for o in outs],
+                              "split_fix": getattr(__import__("vllm.compilation.backends", fromlist=["split_graph"]).split_graph,
+                                                   "_trit_placeholders_first", False),
                               "top1": [[int(t[0][0]), float(t[0][1].logprob)] for t in top],
                               "top": [[[int(k), float(v.logprob)] for k, v in t] for t in top]}))
 """
 
 
 def run(tmp_path, prequant: str, fused_norm: str = "0", attr: str = "trit_prequant", model=None,
-        prologue: str = "0", chain: str = "0", count=(), prompts: str = "both") -> dict:
+        prologue: str = "0", chain: str = "0", count=(), prompts: str = "both", piecewise: bool = False) -> dict:
     """One vLLM run in its own process with these settings; count: trit op names whose calls during the
     generate calls come back under "calls" (those of the first generate call alone under "generate_calls");
     prompts "one": that generate call on the first prompt alone (decode steps of one token)."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "TRIT_A8_PREQUANT": prequant,
            "TRIT_FUSED_NORM_QUANT": fused_norm, "TRIT_A8_PROLOGUE": prologue, "TRIT_CHAIN": chain,
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "TRIT_TEST_PIECEWISE": "1" if piecewise else "0"}
     model = model or ROOT / "models" / "tiny-bitnet"
     p = subprocess.run([sys.executable, "-c", SCRIPT, str(model), attr, ",".join(count), prompts], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=900)
@@ -224,6 +241,30 @@ def test_chain_one_token_route(tmp_path):
     off2 = run(tmp_path, "0", attr="trit_chain", count=COUNT)
     two = run(tmp_path, "0", attr="trit_chain", chain="1", count=COUNT)
     assert two["flags"] and all(f for _, f in two["flags"]), two
+    assert two["calls"] == {"ternary_chain": 0, "ternary_mm_a8_prologue": 0}, two["calls"]
+    _assert_within_rounding(two, off2)
+
+
+def test_chain_one_token_route_piecewise(tmp_path):
+    """TRIT_CHAIN=1 under vLLM's piecewise compile - the graph split at the attention ops, each piece through
+    Inductor, as vLLM compiles on a GPU (forced here on the CPU platform, which otherwise traces once). On the
+    H200 (vLLM 0.26, torch 2.11) this route failed to compile: torch 2.11's split_module leaves the cond's
+    subgraph attributes among a piece's placeholders, vLLM reads a piece's inputs up to its first other node,
+    the shared ``s0 == 1`` crosses pieces as a SymBool, and the piece holding the cond cannot be cached
+    (trit.vllm.fx_compat, quant.disable_compile_cache; ci/cond_split_repro.py reproduces the first two).
+    torch 2.13 has none of the three, so here this guards the route through the piecewise backend: one
+    prompt runs the chain once per layer in every decode step and never in the prefill, two prompts never,
+    each within rounding of the default under the same compile."""
+    n_layers = json.loads((ROOT / "models" / "tiny-bitnet" / "config.json").read_text())["num_hidden_layers"]
+    off1 = run(tmp_path, "0", attr="trit_chain", count=COUNT, prompts="one", piecewise=True)
+    one = run(tmp_path, "0", attr="trit_chain", chain="1", count=COUNT, prompts="one", piecewise=True)
+    assert one["split_fix"] and not off1["split_fix"], (one["split_fix"], off1["split_fix"])  # only under TRIT_CHAIN=1
+    g = one["generate_calls"]["ternary_chain"]
+    assert 0 < g <= 12 * n_layers and g % n_layers == 0, one["generate_calls"]
+    assert one["calls"]["ternary_chain"] == g, one["calls"]
+    _assert_within_rounding(one, off1)
+    two = run(tmp_path, "0", attr="trit_chain", chain="1", count=COUNT, piecewise=True)
+    off2 = run(tmp_path, "0", attr="trit_chain", count=COUNT, piecewise=True)
     assert two["calls"] == {"ternary_chain": 0, "ternary_mm_a8_prologue": 0}, two["calls"]
     _assert_within_rounding(two, off2)
 

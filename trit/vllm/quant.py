@@ -412,6 +412,10 @@ class TernaryLinearMethod(_SpecLinearMethod):
         for flag in ("trit_fused_norm", "trit_prologue", "trit_chain", "trit_chain_all"):
             if getattr(layer, flag):
                 key_compile_cache(self.prefix, flag)
+        if layer.trit_chain and not layer.trit_chain_all:
+            # the one-token routing's torch.cond: vLLM 0.26 / torch 2.11 cannot serialize a compiled piece
+            # holding it ("The compiled artifact is not serializable"), so this model compiles uncached
+            disable_compile_cache()
 
     def _weight_loader(self, layer, vllm_loader, f: int):
         post = lambda w, p: stage_pack(w, f).to(p.device)  # noqa: E731
@@ -619,6 +623,24 @@ def key_compile_cache(prefix: str, key: str = "trit_a8_prequant") -> None:
         layers = extra.setdefault(key, [])
         if prefix not in layers:
             layers.append(prefix)
+
+
+def disable_compile_cache() -> None:
+    """Turn vLLM's torch.compile cache off for the model being built: ``force_disable_caches`` in its
+    compilation_config.inductor_compile_config, which vLLM's is_compile_cache_enabled reads (0.26 and 0.32)
+    and hands on to Inductor; the backend copies that dict after the model's __init__, so setting it while
+    the layers are created counts. TRIT_CHAIN=1 needs it: on vLLM 0.26 / torch 2.11 a piece compiled with
+    a torch.cond has no serializable artifact and vLLM refuses to go on with the cache on ("The compiled
+    artifact is not serializable": seen on a CPU with vLLM 0.26 + torch 2.11 and vLLM's piecewise backend
+    forced, as tests/test_vllm_compiled.py's piecewise test forces it). No-op outside a vLLM config context."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    cfg = get_current_vllm_config_or_none()
+    icc = getattr(getattr(cfg, "compilation_config", None), "inductor_compile_config", None)
+    if isinstance(icc, dict) and not icc.get("force_disable_caches"):
+        icc["force_disable_caches"] = True
+        logger.info("TRIT_CHAIN=1: vLLM's torch.compile cache is off for this model (a torch.cond piece "
+                    "cannot be serialized on every vLLM / torch)")
 
 
 def model_compiled() -> bool:

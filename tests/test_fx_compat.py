@@ -1,0 +1,115 @@
+"""trit.vllm.fx_compat: the graph fixes that let TRIT_CHAIN=1's torch.cond routing compile in vLLM 0.26 on
+torch 2.11 (each piece's placeholders first; one copy of a shared SymBool predicate per user).
+
+torch 2.13 (CI) no longer produces the broken forms itself, so the graphs here are built to have them:
+each test fails without the fix it names."""
+import operator
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.fx as fx
+
+from trit.vllm.fx_compat import localize_sym_predicates, placeholders_first
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _interleaved():
+    """A graph as torch 2.11's split_module leaves a piece holding a cond: a get_attr between placeholders."""
+    root = torch.nn.Module()
+    root.w = torch.nn.Parameter(torch.full((3,), 2.0))
+    g = fx.Graph()
+    a = g.placeholder("a")
+    w = g.get_attr("w")
+    b = g.placeholder("b")
+    c = g.placeholder("c")
+    g.output(g.call_function(operator.add, (g.call_function(operator.mul, (a, w)), g.call_function(operator.sub, (b, c)))))
+    return fx.GraphModule(root, g)
+
+
+def _leading(gm):
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            break
+        out.append(n.name)
+    return out
+
+
+def test_placeholders_first_keeps_signature_and_result():
+    gm = _interleaved()
+    a, b, c = torch.randn(3), torch.randn(3), torch.randn(3)
+    want = gm(a, b, c)
+    assert _leading(gm) == ["a"]  # what vLLM 0.26's get_fake_args_from_graph would read: one input of three
+    assert placeholders_first(gm) == 2
+    assert _leading(gm) == ["a", "b", "c"]  # all of them, in the signature's order
+    torch.testing.assert_close(gm(a, b, c), want, rtol=0, atol=0)
+    assert placeholders_first(gm) == 0  # already in form: nothing moves
+
+
+def _shared_predicate_graph():
+    """Dynamo's graph of two conds on the same ``x.shape[0] == 1`` (one eq node for both)."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def f(x):
+        for k in (2.0, 3.0):
+            x = torch.cond(x.shape[0] == 1, lambda t: t * k, lambda t: t + k, (x,))
+        return x
+
+    torch._dynamo.reset()
+    x = torch.ones(4, 2)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch.compile(f, backend=backend, fullgraph=True)(x)
+    torch._dynamo.reset()
+    return graphs[0]
+
+
+def test_localize_sym_predicates_gives_each_cond_its_own():
+    gm = _shared_predicate_graph()
+    symbool = lambda n: isinstance(n.meta.get("example_value"), torch.SymBool)  # noqa: E731
+    preds = [n for n in gm.graph.nodes if n.op == "call_function" and symbool(n)]
+    conds = [n for n in gm.graph.nodes if n.target is torch.ops.higher_order.cond]
+    assert len(conds) == 2 and len(preds) == 1 and len(preds[0].users) == 2  # the form torch 2.11 choked on
+    assert localize_sym_predicates(gm) == 1
+    preds = [n for n in gm.graph.nodes if n.op == "call_function" and symbool(n)]
+    assert len(preds) == 2 and all(len(p.users) == 1 for p in preds)
+    assert conds[0].args[0] is not conds[1].args[0]  # each cond its own predicate, from the SymInt input
+    assert all(symbool(c.args[0]) and all(i.op == "placeholder" for i in c.args[0].all_input_nodes) for c in conds)
+    assert conds[1].args[0] is conds[1].prev  # the copy right in front of its cond (in that cond's piece)
+    args = lambda m: [m if isinstance(n.meta.get("example_value"), torch.SymInt) else torch.ones(m, 2)  # noqa: E731
+                      for n in gm.graph.nodes if n.op == "placeholder"]
+    assert gm(*args(1))[0][0, 0].item() == 6.0  # (1 * 2) * 3: both one-token branches
+    assert gm(*args(5))[0][0, 0].item() == 6.0  # (1 + 2) + 3
+    assert gm(*args(5))[0].shape[0] == 5
+
+
+def test_install_wraps_vllms_split_graph_once():
+    pytest.importorskip("vllm")
+    from vllm.compilation import backends
+
+    from trit.vllm.fx_compat import install_split_graph_fix
+
+    orig = getattr(backends.split_graph, "__wrapped__", backends.split_graph)
+    try:
+        assert install_split_graph_fix()
+        wrapped = backends.split_graph
+        assert wrapped.__wrapped__ is orig and wrapped._trit_placeholders_first
+        assert install_split_graph_fix() and backends.split_graph is wrapped  # idempotent
+    finally:
+        backends.split_graph = orig
+
+
+@pytest.mark.parametrize("route", ["closure", "args"])
+def test_cond_split_repro_compiles_with_the_fix(route):
+    """ci/cond_split_repro.py: the toy cond model through vLLM's split_graph (or torch's split_module) and
+    Inductor, with the fix, equals eager at 8, 1 and 3 tokens (on torch 2.11 + vLLM 0.26 it fails without)."""
+    p = subprocess.run([sys.executable, str(ROOT / "ci" / "cond_split_repro.py"), route, "fix"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and "RESULT ok" in p.stdout, p.stdout[-2000:] + p.stderr[-4000:]
