@@ -40,14 +40,18 @@ TAILS = {
     "8b": (4096, 4096, 14336, "relu2", True),
     "8b-llama": (4096, 4096, 14336, "silu", False),
 }
-VARIANTS = ("chain", "pro", "fnorm", "a8", "bf16", "chain-nopf", "chain-cu8", "chain-tma", "chain-nopair", "chain-late")
+VARIANTS = ("chain", "pro", "fnorm", "a8", "bf16", "chain-nopf", "chain-cu8", "chain-tma", "chain-nopair", "chain-late",
+            "chain-profcode")
 # the chain op under knobs: no L2 bulk prefetch of the weights, 8 k-blocks per register chunk, input rows by
 # one bulk copy per CTA instead of every thread's loads (M = 1), gate and up not paired (the down stage
 # computing the activation of the whole gate_up row; the default before H200 run 27), each stage's norm weight
 # and scales requested at its own stage's top instead of all at the kernel start (run 26b's timing)
 VARIANT_ENV = {"pro": {"TRIT_CHAIN_KERNEL": "0"}, "chain-nopf": {"TRIT_CHAIN_L2PF": "0"}, "chain-cu8": {"TRIT_CHAIN_CU": "8"},
                "chain-tma": {"TRIT_CHAIN_TMA": "1"}, "chain-nopair": {"TRIT_CHAIN_PAIR": "0"},
-               "chain-late": {"TRIT_CHAIN_EARLY": "0"}}
+               "chain-late": {"TRIT_CHAIN_EARLY": "0"},
+               # the kernel with the phase-stamp code compiled in (a runtime test per stamp point), stamping nothing:
+               # the default kernel before the stamps became a template flag
+               "chain-profcode": {"TRIT_CHAIN_PROF": "0"}}
 
 
 def make_tails(name: str, layers: int, dtype=torch.bfloat16, seed: int = 0):

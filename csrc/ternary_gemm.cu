@@ -2965,7 +2965,9 @@ cudaError_t launch_act_mul(const T* x, T* out, int M, int K, int act, cudaStream
                    act, vec);
 }
 
-template <typename T, int CU>
+// PROF: the phase stamps compiled in (TRIT_CHAIN_PROF set, bench.chain --prof); without it the kernel holds no
+// stamp code at all (H200 run 29 left the stamps' per-point runtime test as a suspect of the 26b -> 27 slowdown)
+template <typename T, int CU, bool PROF>
 __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_constant__ ChainArgs<T> a) {
   extern __shared__ __align__(16) uint8_t csm[];
   __shared__ float s_ss[kChainMaxStages][kChainWarps], s_am[kChainMaxStages][kChainWarps];
@@ -3027,10 +3029,12 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
     const size_t dup = pr ? (size_t)(st.n_tiles / 2 - nt) * KB * 32 : 0;
     auto waddr = [&](int u) { return wbase + (size_t)u * 32 + (u >= split ? dup : 0); };
     auto stamp = [&](int point) {
-      if (a.prof != nullptr && tid == 0) {
-        unsigned long long* q = a.prof + ((size_t)(blockIdx.x * kChainMaxStages + s) * kChainStamps + point) * 2;
-        q[0] = globaltimer_ns();
-        q[1] = (unsigned long long)clock64();
+      if constexpr (PROF) {
+        if (a.prof != nullptr && tid == 0) {
+          unsigned long long* q = a.prof + ((size_t)(blockIdx.x * kChainMaxStages + s) * kChainStamps + point) * 2;
+          q[0] = globaltimer_ns();
+          q[1] = (unsigned long long)clock64();
+        }
       }
     };
     stamp(0);
@@ -3331,12 +3335,15 @@ cudaError_t launch_chain(const T* x, const T* residual, T* res_out, int res_stag
     a.pair[s] = s < S && chain_pairs(s, S, Ns, acts, pair) ? 1 : 0;
   }
   a.prof = nullptr;
-  if (const char* pe = getenv("TRIT_CHAIN_PROF"); pe != nullptr && *pe != '\0')
-    a.prof = reinterpret_cast<unsigned long long*>(strtoull(pe, nullptr, 0));
-  const auto kernel = env_int("TRIT_CHAIN_CU", kChainCU) == 8 ? chain_kernel<T, 8> : chain_kernel<T, kChainCU>;
+  const char* pe = getenv("TRIT_CHAIN_PROF");
+  const bool prof = pe != nullptr && *pe != '\0';  // the stamping kernel (TRIT_CHAIN_PROF=0: it, stamping nothing)
+  if (prof) a.prof = reinterpret_cast<unsigned long long*>(strtoull(pe, nullptr, 0));
+  const bool cu8 = env_int("TRIT_CHAIN_CU", kChainCU) == 8;
+  const auto kernel = prof ? (cu8 ? chain_kernel<T, 8, true> : chain_kernel<T, kChainCU, true>)
+                           : (cu8 ? chain_kernel<T, 8, false> : chain_kernel<T, kChainCU, false>);
   if (l.bytes > 48 * 1024) {
-    static int opted[64][2] = {};
-    const int which = kernel == chain_kernel<T, 8> ? 1 : 0;
+    static int opted[64][4] = {};
+    const int which = (cu8 ? 1 : 0) + (prof ? 2 : 0);
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return cudaErrorInvalidDevice;
     if (dev < 0 || dev >= 64 || !opted[dev][which]) {
