@@ -9,8 +9,9 @@ vLLM calls ``register()`` in every process (API server, engine core, workers) th
 The method goes through ``register_quantization_config`` and the model through
 ``ModelRegistry.register_model``, the two public registries (same API in vLLM 0.26 and 0.32). One
 thing is patched, and only under TRIT_CHAIN=1 (the one-token routing's torch.cond): vLLM's
-``split_graph`` is wrapped so that each compiled piece keeps its placeholders first (trit.vllm.fx_compat:
-with torch 2.11 vLLM 0.26 compiled such a piece with too few inputs).  With TRIT_FUSED_NORM_QUANT, TRIT_A8_PROLOGUE or TRIT_CHAIN set when it registers, ``LlamaForCausalLM``
+``split_graph`` is wrapped so that each cond keeps its predicate and each compiled piece its placeholders
+first (trit.vllm.fx_compat: with torch 2.11, vLLM 0.26 compiled such a piece with too few inputs).
+With TRIT_FUSED_NORM_QUANT, TRIT_A8_PROLOGUE or TRIT_CHAIN set when it registers, ``LlamaForCausalLM``
 is registered as trit.vllm.llama's subclass (vLLM's class unless a ternary layer is flagged for the fused norm).
 ``register()`` is idempotent: vLLM may call it more than once per process.
 """
@@ -47,7 +48,7 @@ def register() -> None:
     from .quant import chain_mode, chain_selected, fused_norm_selected, prologue_selected
 
     if chain_mode() == "one":
-        # the one-token routing's torch.cond: vLLM's pieces must keep their placeholders first (fx_compat)
+        # the one-token routing's torch.cond through vLLM's piecewise compile (fx_compat)
         from .fx_compat import install_split_graph_fix
 
         install_split_graph_fix()

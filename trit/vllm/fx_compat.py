@@ -70,8 +70,9 @@ def localize_sym_predicates(gm: fx.GraphModule) -> int:
 
 
 def install_split_graph_fix() -> bool:
-    """Wrap vllm.compilation.backends.split_graph so that every piece it returns has its placeholders
-    first (placeholders_first). Idempotent; False where this vLLM has no such function (nothing to fix)."""
+    """Wrap vllm.compilation.backends.split_graph: before the split each cond gets its own copy of its
+    predicate (localize_sym_predicates), after it every piece has its placeholders first
+    (placeholders_first). Idempotent; False where this vLLM has no such function (nothing to fix)."""
     try:
         from vllm.compilation import backends
     except ImportError:
