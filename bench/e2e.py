@@ -98,7 +98,25 @@ VARIANTS = {"ours-gemm": ("ours", {"TRIT_A8_GEMM": "1"}), "ours-bitnet-gemm": ("
             # attention), BitNet: every layer (its sub-norms sit in front of o_proj and down_proj)
             "ours-preq": ("ours", {"TRIT_A8_PREQUANT": "qkv_proj,gate_up_proj,down_proj"}),
             "ours-llama-preq": ("ours-llama", {"TRIT_A8_PREQUANT": "qkv_proj,gate_up_proj,down_proj"}),
-            "ours-bitnet-preq": ("ours-bitnet", {"TRIT_A8_PREQUANT": "1"})}
+            "ours-bitnet-preq": ("ours-bitnet", {"TRIT_A8_PREQUANT": "1"}),
+            # an engine setting, not a kernel: FlashAttention 3 under CUDA graphs with at most one KV split
+            # (vLLM's attention_config.flash_attn_max_num_splits_for_cuda_graph, default 32): no combine kernel
+            # after each layer's attention at B = 1 (1.5 us per layer on the 2B model); for ours and bf16 alike
+            **{base + "-split1": (base, {"TRIT_BENCH_ATTN_SPLITS": "1"})
+               for base in ("ours", "ours-bitnet", "ours-llama", "bf16", "bf16-llama")}}
+
+
+def engine_overrides(env=None) -> dict:
+    """vLLM engine arguments a variant sets through the benchmark's environment (TRIT_BENCH_ATTN_SPLITS=n:
+    attention_config.flash_attn_max_num_splits_for_cuda_graph = n, vLLM 0.26 and 0.32)."""
+    env = os.environ if env is None else env
+    out = {}
+    splits = env.get("TRIT_BENCH_ATTN_SPLITS", "").strip()
+    if splits:
+        if not splits.isdigit() or int(splits) < 1:
+            raise ValueError(f"TRIT_BENCH_ATTN_SPLITS={splits!r}: expected a positive integer")
+        out["attention_config"] = {"flash_attn_max_num_splits_for_cuda_graph": int(splits)}
+    return out
 
 
 def configs(shape: str, only):
@@ -156,6 +174,7 @@ def run_one(label: str, d: Path, quantization, batches, prompt_len, gen_len, pro
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default takes half the RAM
     if quantization:
         kw["quantization"] = quantization
+    kw.update(engine_overrides())
     if tp > 1:
         from parity.targets.vllm import check_tp_shardable
         from reference.config import ModelConfig
@@ -215,14 +234,17 @@ def run_one(label: str, d: Path, quantization, batches, prompt_len, gen_len, pro
 def engine_settings(llm) -> dict:
     """The engine settings that pace a host-bound decode step, as vLLM resolved them (None where this
     vLLM has no such field): async scheduling (the host prepares step n + 1 while the GPU runs step n;
-    vLLM turns it on unless something forbids it), the CUDA graph mode, max_num_seqs."""
+    vLLM turns it on unless something forbids it), the CUDA graph mode, max_num_seqs, and FlashAttention's
+    KV split cap under CUDA graphs (the -split1 variants)."""
     cfg = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
     sched = getattr(cfg, "scheduler_config", None)
     comp = getattr(cfg, "compilation_config", None)
     mode = getattr(comp, "cudagraph_mode", None)
+    attn = getattr(cfg, "attention_config", None)
     return {"async_scheduling": getattr(sched, "async_scheduling", None),
             "max_num_seqs": getattr(sched, "max_num_seqs", None),
-            "cudagraph_mode": None if mode is None else str(getattr(mode, "name", mode))}
+            "cudagraph_mode": None if mode is None else str(getattr(mode, "name", mode)),
+            "fa_max_splits": getattr(attn, "flash_attn_max_num_splits_for_cuda_graph", None)}
 
 
 def _v2_graph_managers(cls=None) -> list:

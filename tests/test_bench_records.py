@@ -160,10 +160,12 @@ def test_engine_settings_as_resolved():
 
     mode = NS(name="FULL_AND_PIECEWISE")
     llm = NS(llm_engine=NS(vllm_config=NS(scheduler_config=NS(async_scheduling=False, max_num_seqs=64),
-                                           compilation_config=NS(cudagraph_mode=mode))))
+                                           compilation_config=NS(cudagraph_mode=mode),
+                                           attention_config=NS(flash_attn_max_num_splits_for_cuda_graph=1))))
     assert engine_settings(llm) == {"async_scheduling": False, "max_num_seqs": 64,
-                                    "cudagraph_mode": "FULL_AND_PIECEWISE"}
-    assert engine_settings(NS()) == {"async_scheduling": None, "max_num_seqs": None, "cudagraph_mode": None}
+                                    "cudagraph_mode": "FULL_AND_PIECEWISE", "fa_max_splits": 1}
+    assert engine_settings(NS()) == {"async_scheduling": None, "max_num_seqs": None, "cudagraph_mode": None,
+                                     "fa_max_splits": None}
 
 
 def test_chain_bench_markdown_and_tail_bytes():
@@ -188,3 +190,19 @@ def test_chain_bench_markdown_and_tail_bytes():
     md = chain.markdown(meta, rows + [{"tail": "2b", "m": 8, "variant": "chain", "us_per_tail": 30.5, "floor_us": 3.57,
                                        "pct_of_ceiling": 11.7, "layers": 8, "chain_vs_pro_rel_diff": 0.0}])
     assert "| 2b | 8 | 30.5 | - |" in md and "| 2b | 1 | 20.9 | 28.4 |" in md, md
+
+
+def test_e2e_split1_variants_set_the_attention_engine_setting():
+    """bench.e2e's -split1 variants: the base config's checkpoint with FlashAttention's KV split cap at 1
+    (an engine argument), named only when asked for; a bad value is refused by name."""
+    import pytest
+
+    from bench import e2e
+
+    cf = e2e.configs("2b", ["ours-bitnet", "ours-bitnet-split1", "bf16-llama-split1"])
+    assert [c[0] for c in cf] == ["ours-bitnet", "ours-bitnet-split1", "bf16-llama-split1"]
+    assert cf[1][1:4] == cf[0][1:4] and cf[2][3] is True  # same checkpoint; the bf16 twin stays unquantized
+    assert e2e.engine_overrides(cf[1][4]) == {"attention_config": {"flash_attn_max_num_splits_for_cuda_graph": 1}}
+    assert e2e.engine_overrides({}) == {}
+    with pytest.raises(ValueError, match="TRIT_BENCH_ATTN_SPLITS='0'"):
+        e2e.engine_overrides({"TRIT_BENCH_ATTN_SPLITS": "0"})
