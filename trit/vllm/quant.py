@@ -632,11 +632,17 @@ def disable_compile_cache() -> None:
     the layers are created counts. TRIT_CHAIN=1 needs it: on vLLM 0.26 / torch 2.11 a piece compiled with
     a torch.cond has no serializable artifact and vLLM refuses to go on with the cache on ("The compiled
     artifact is not serializable": seen on a CPU with vLLM 0.26 + torch 2.11 and vLLM's piecewise backend
-    forced, as tests/test_vllm_compiled.py's piecewise test forces it). No-op outside a vLLM config context."""
-    from vllm.config import get_current_vllm_config_or_none
+    forced, as tests/test_vllm_compiled.py's piecewise test forces it). Only under vLLM's own compile
+    (CompilationMode.VLLM_COMPILE, the piecewise backend, which reads the key itself): in the other modes
+    vLLM hands the dict to torch.compile as Inductor options, which refuse this key (torch 2.11 and 2.13:
+    an alias, not an option), and nothing is cached piecewise there. No-op outside a vLLM config context."""
+    from vllm.config import CompilationMode, get_current_vllm_config_or_none
 
     cfg = get_current_vllm_config_or_none()
-    icc = getattr(getattr(cfg, "compilation_config", None), "inductor_compile_config", None)
+    cc = getattr(cfg, "compilation_config", None)
+    icc = getattr(cc, "inductor_compile_config", None)
+    if getattr(cc, "mode", None) != CompilationMode.VLLM_COMPILE:
+        return
     if isinstance(icc, dict) and not icc.get("force_disable_caches"):
         icc["force_disable_caches"] = True
         logger.info("TRIT_CHAIN=1: vLLM's torch.compile cache is off for this model (a torch.cond piece "
