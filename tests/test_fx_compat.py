@@ -113,3 +113,57 @@ def test_cond_split_repro_compiles_with_the_fix(route):
     p = subprocess.run([sys.executable, str(ROOT / "ci" / "cond_split_repro.py"), route, "fix"], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0 and "RESULT ok" in p.stdout, p.stdout[-2000:] + p.stderr[-4000:]
+
+
+def _disable_in(monkeypatch, mode, env_cached: bool):
+    """quant.disable_compile_cache() inside a vLLM config context of this compilation mode; env_cached: vLLM's
+    variables cached already (envs.enable_envs_cache, as after an engine start), simulated. Returns (what it
+    reported, VLLM_DISABLE_COMPILE_CACHE as vLLM reads it, the Inductor dict)."""
+    pytest.importorskip("vllm")
+    from vllm import envs
+    from vllm.config import CompilationConfig, CompilationMode, VllmConfig, set_current_vllm_config
+
+    from trit.vllm.quant import disable_compile_cache
+
+    # set (to off) through monkeypatch, so that what the function writes there is undone after the test
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "0")
+    if env_cached:
+        monkeypatch.setattr(envs, "__getattr__", lambda name: False if name == "VLLM_DISABLE_COMPILE_CACHE" else
+                            envs.environment_variables[name]())
+    cfg = VllmConfig(compilation_config=CompilationConfig(mode=getattr(CompilationMode, mode)))
+    cfg.compilation_config.mode = getattr(CompilationMode, mode)  # the CPU platform swaps VLLM_COMPILE for one trace
+    with set_current_vllm_config(cfg):
+        how = disable_compile_cache()
+        again = disable_compile_cache()
+    assert again is None, again  # once off, nothing more to do
+    return how, envs.VLLM_DISABLE_COMPILE_CACHE, dict(cfg.compilation_config.inductor_compile_config)
+
+
+def test_disable_compile_cache_through_vllms_env(monkeypatch):
+    """Under vLLM's piecewise compile the cache goes off through VLLM_DISABLE_COMPILE_CACHE (vLLM's own
+    switch), not Inductor's force_disable_caches, which compiles every piece in a fresh cache directory and
+    made the 2B model's load 4.5x longer on the H200 (e2e run 13)."""
+    how, env_on, icc = _disable_in(monkeypatch, "VLLM_COMPILE", env_cached=False)
+    assert how == "env" and env_on, (how, env_on)
+    assert "force_disable_caches" not in icc, icc
+    from vllm.compilation.compiler_interface import is_compile_cache_enabled
+    assert not is_compile_cache_enabled(icc)
+
+
+def test_disable_compile_cache_falls_back_to_inductor_key(monkeypatch):
+    """Where vLLM has cached its variables already (a second engine in one process), the environment cannot
+    reach it: the Inductor key instead, which vLLM's is_compile_cache_enabled reads too."""
+    how, env_on, icc = _disable_in(monkeypatch, "VLLM_COMPILE", env_cached=True)
+    assert how == "inductor" and not env_on and icc.get("force_disable_caches") is True, (how, env_on, icc)
+    from vllm.compilation.compiler_interface import is_compile_cache_enabled
+    assert not is_compile_cache_enabled(icc)
+
+
+@pytest.mark.parametrize("mode", ["NONE", "STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE"])
+def test_disable_compile_cache_only_under_piecewise_compile(monkeypatch, mode):
+    """Outside vLLM's piecewise backend nothing is cached piecewise, and torch.compile would refuse the key
+    as an Inductor option: untouched."""
+    import os
+    how, env_on, icc = _disable_in(monkeypatch, mode, env_cached=False)
+    assert how is None and not env_on and "force_disable_caches" not in icc, (how, env_on, icc)
+    assert os.environ["VLLM_DISABLE_COMPILE_CACHE"] == "0"

@@ -54,6 +54,7 @@ defaults).  Neither version lists our method in WEIGHT_LOADER_V2_SUPPORTED, so b
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -625,28 +626,48 @@ def key_compile_cache(prefix: str, key: str = "trit_a8_prequant") -> None:
             layers.append(prefix)
 
 
-def disable_compile_cache() -> None:
-    """Turn vLLM's torch.compile cache off for the model being built: ``force_disable_caches`` in its
-    compilation_config.inductor_compile_config, which vLLM's is_compile_cache_enabled reads (0.26 and 0.32)
-    and hands on to Inductor; the backend copies that dict after the model's __init__, so setting it while
-    the layers are created counts. TRIT_CHAIN=1 needs it: on vLLM 0.26 / torch 2.11 a piece compiled with
-    a torch.cond has no serializable artifact and vLLM refuses to go on with the cache on ("The compiled
-    artifact is not serializable": seen on a CPU with vLLM 0.26 + torch 2.11 and vLLM's piecewise backend
-    forced, as tests/test_vllm_compiled.py's piecewise test forces it). Only under vLLM's own compile
-    (CompilationMode.VLLM_COMPILE, the piecewise backend, which reads the key itself): in the other modes
-    vLLM hands the dict to torch.compile as Inductor options, which refuse this key (torch 2.11 and 2.13:
-    an alias, not an option), and nothing is cached piecewise there. No-op outside a vLLM config context."""
+def disable_compile_cache() -> Optional[str]:
+    """Turn vLLM's torch.compile cache off for the model being built. TRIT_CHAIN=1 needs it: on vLLM 0.26 /
+    torch 2.11 a piece compiled with a torch.cond has no serializable artifact and vLLM refuses to go on with
+    the cache on ("The compiled artifact is not serializable": seen on a CPU with vLLM 0.26 + torch 2.11 and
+    vLLM's piecewise backend forced, as tests/test_vllm_compiled.py's piecewise test forces it).
+
+    How: ``VLLM_DISABLE_COMPILE_CACHE=1`` in this process's environment, which vLLM's is_compile_cache_enabled
+    reads (0.26 and 0.32). vLLM reads its variables lazily until the engine is up (``envs.enable_envs_cache``),
+    so setting it while the layers are created counts for the compile after the model's __init__; it stays
+    set for the process (and the processes it starts), which only costs a later model in this process its
+    compile cache. Not ``force_disable_caches`` in compilation_config.inductor_compile_config (also read by
+    is_compile_cache_enabled): vLLM hands that dict on to Inductor, which then compiles every piece in a
+    fresh cache directory (torch._inductor.compile_fx.with_fresh_cache_if_config), recompiling the same
+    Triton kernels piece after piece - the 2B-shaped model's load went from 55 to 250 s on the H200 (e2e
+    run 13). That key stays as the fallback where vLLM has cached its variables already.
+
+    Only under vLLM's own compile (CompilationMode.VLLM_COMPILE, the piecewise backend, which caches pieces):
+    in the other modes nothing is cached piecewise, and vLLM hands inductor_compile_config to torch.compile
+    as Inductor options, which refuse the key (an alias, not an option). No-op outside a vLLM config context.
+    Returns how the cache was turned off: "env", "inductor", or None (not needed / already off)."""
+    from vllm import envs
     from vllm.config import CompilationMode, get_current_vllm_config_or_none
 
     cfg = get_current_vllm_config_or_none()
     cc = getattr(cfg, "compilation_config", None)
     icc = getattr(cc, "inductor_compile_config", None)
     if getattr(cc, "mode", None) != CompilationMode.VLLM_COMPILE:
-        return
-    if isinstance(icc, dict) and not icc.get("force_disable_caches"):
+        return None
+    if envs.VLLM_DISABLE_COMPILE_CACHE or (isinstance(icc, dict) and icc.get("force_disable_caches")):
+        return None
+    os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+    if envs.VLLM_DISABLE_COMPILE_CACHE:
+        how = "env"
+    elif isinstance(icc, dict):
         icc["force_disable_caches"] = True
-        logger.info("TRIT_CHAIN=1: vLLM's torch.compile cache is off for this model (a torch.cond piece "
-                    "cannot be serialized on every vLLM / torch)")
+        how = "inductor"
+    else:
+        return None
+    logger.info("TRIT_CHAIN=1: vLLM's torch.compile cache is off for this model (%s; a torch.cond piece "
+                "cannot be serialized on every vLLM / torch)", "VLLM_DISABLE_COMPILE_CACHE=1" if how == "env"
+                else "inductor_compile_config force_disable_caches: vLLM's variables are cached already")
+    return how
 
 
 def model_compiled() -> bool:
