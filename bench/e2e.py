@@ -103,7 +103,10 @@ VARIANTS = {"ours-gemm": ("ours", {"TRIT_A8_GEMM": "1"}), "ours-bitnet-gemm": ("
             # (vLLM's attention_config.flash_attn_max_num_splits_for_cuda_graph, default 32): no combine kernel
             # after each layer's attention at B = 1 (1.5 us per layer on the 2B model); for ours and bf16 alike
             **{base + "-split1": (base, {"TRIT_BENCH_ATTN_SPLITS": "1"})
-               for base in ("ours", "ours-bitnet", "ours-llama", "bf16", "bf16-llama")}}
+               for base in ("ours", "ours-bitnet", "ours-llama", "bf16", "bf16-llama")},
+            # both: the one-token chain with the combine kernel gone too (fewer kernel nodes per B = 1 step)
+            **{base + "-chain-split1": (base, {"TRIT_CHAIN": "1", "TRIT_BENCH_ATTN_SPLITS": "1"})
+               for base in ("ours", "ours-bitnet", "ours-llama")}}
 
 
 def engine_overrides(env=None) -> dict:

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +83,18 @@ def main(argv=None) -> int:
         good = good and r["ok"] and r.get("agree_one", 0) >= 0.75 and r.get("agree_two", 0) >= 0.75
     Path(a.out).mkdir(parents=True, exist_ok=True)
     tmp = Path(a.out) / "chain-route-probe.json.tmp"
-    tmp.write_text(json.dumps({"model": a.model, "runs": runs, "ok": good}, indent=1))
+    from bench.records import commit_id
+    try:
+        import torch
+        import vllm
+        versions = {"torch": torch.__version__, "vllm": vllm.__version__}
+        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    except Exception as e:  # the record says what it could not find out
+        versions, device = {"error": repr(e)}, "unknown"
+    tmp.write_text(json.dumps({"device": device, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                               "commit": commit_id(), "command": " ".join(["python", "ci/chain_route_probe.py",
+                                                                           *(argv if argv is not None else sys.argv[1:])]),
+                               "versions": versions, "model": a.model, "runs": runs, "ok": good}, indent=1))
     tmp.replace(Path(a.out) / "chain-route-probe.json")
     print("RESULT", "ok" if good else "FAILED")
     return 0 if good else 1

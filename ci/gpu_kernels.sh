@@ -3,7 +3,9 @@
 #   build the extension -> GPU + CPU tests -> compute-sanitizer memcheck/racecheck on a few
 #   representative shapes -> python -m bench.kernels.
 # Everything is written under $OUT (default /tmp/trit-out): log.txt, junit.xml, sanitizer.txt,
-# sass.txt, gemm-probe.json and the bench JSON/Markdown. STAGES=build,probe,test,sanitize,bench selects stages (also sanchain: the chain kernel under three sanitizer tools)
+# sass.txt, gemm-probe.json and the bench JSON/Markdown. STAGES=build,probe,test,sanitize,bench selects stages (also sanchain: the chain kernel under three sanitizer tools;
+# ab: bench.chain of an older tree beside this one, AB_TAR=.ab/NAME.tar.gz from `git archive REV csrc trit bench
+# reference ci pyproject.toml`)
 # (plus ncu: the small-M kernels at M = 1, ncugemm: the a8 GEMM kernel's loops at M = 64 / 128,
 # ncuquant: the a8 quantizer at M = 1 for K = 2560 - 28672, ncunorm: rms_norm_a8q at M = 1, ncupro:
 # ternary_mm_a8_prologue vs the fused-quantizer GEMV at M = 1);
@@ -208,6 +210,27 @@ PYEOF
   ncu_run ncu-norm.txt /tmp/trit_ncu_norm.py -k regex:rms_norm_quant -c 8 \
     --section SpeedOfLight --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section SourceCounters
   grep -E "rms_norm_quant|Duration|Memory Throughput|Registers|Warp Cycles Per Issued|Stall" "$OUT/ncu-norm.txt" | head -80
+fi
+
+if has ab; then
+  # same-run A/B of bench.chain against an older tree: AB_TAR is a `git archive` of that commit's csrc trit
+  # bench reference ci pyproject.toml (carried in .ab/, git-ignored), built into its own directory; the two
+  # benches alternate old, new, old, new (AB_ARGS, default the three M = 1 tails with the chain and fnorm),
+  # each writing its record under $OUT/ab-old-N / ab-new-N
+  step "chain A/B against ${AB_TAR:-?}"
+  if [ -z "${AB_TAR:-}" ] || [ ! -f "$AB_TAR" ]; then echo "AB_TAR not set or missing: ${AB_TAR:-}"; rc=1; else
+    abd=/tmp/ab-tree; rm -rf $abd; mkdir -p $abd && tar -xzf "$AB_TAR" -C $abd
+    ( cd $abd && TRIT_BUILD_DIR=/tmp/trit-build-ab PYTHONPATH=$abd${PYTHONPATH:+:$PYTHONPATH} $PY -c \
+        "import trit.ops as o; assert o.EXTENSION_LOADED, o.EXTENSION_ERROR; print('old tree: extension loaded')" ) || rc=1
+    for i in 1 2; do
+      ( cd $abd && TRIT_BUILD_DIR=/tmp/trit-build-ab PYTHONPATH=$abd${PYTHONPATH:+:$PYTHONPATH} timeout 150 \
+          $PY -m bench.chain ${AB_ARGS:---tails 2b,8b,8b-llama --variants chain,fnorm} --out "$OUT/ab-old-$i" ) \
+        > "$OUT/ab-old-$i.txt" 2>&1 || { echo "old bench $i failed"; rc=1; }
+      timeout 150 $PY -m bench.chain ${AB_ARGS:---tails 2b,8b,8b-llama --variants chain,fnorm} --out "$OUT/ab-new-$i" \
+        > "$OUT/ab-new-$i.txt" 2>&1 || { echo "new bench $i failed"; rc=1; }
+      grep -hE "^\| *(2b|8b)" "$OUT/ab-old-$i.txt" | sed "s/^/old $i /"; grep -hE "^\| *(2b|8b)" "$OUT/ab-new-$i.txt" | sed "s/^/new $i /"
+    done
+  fi
 fi
 
 if has sanchain; then

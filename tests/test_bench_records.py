@@ -206,3 +206,7 @@ def test_e2e_split1_variants_set_the_attention_engine_setting():
     assert e2e.engine_overrides({}) == {}
     with pytest.raises(ValueError, match="TRIT_BENCH_ATTN_SPLITS='0'"):
         e2e.engine_overrides({"TRIT_BENCH_ATTN_SPLITS": "0"})
+    both = e2e.configs("2b", ["ours-bitnet-chain-split1"])
+    assert [c[0] for c in both] == ["ours-bitnet-chain-split1"] and both[0][1:4] == cf[0][1:4]
+    assert both[0][4]["TRIT_CHAIN"] == "1"
+    assert e2e.engine_overrides(both[0][4]) == e2e.engine_overrides(cf[1][4])
