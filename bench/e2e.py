@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -52,7 +53,8 @@ CATEGORIES = [  # (category, substrings of kernel names), first match wins
     # (H200 e2e 2B run 10 still counted it as "other")
     ("ternary_chain", ("chain_kernel",)),
     ("ternary", ("a8_kernel", "a8_small", "a8_gemm", "quant_rows", "tmm_", "decode_kernel", "naive_kernel", "humming")),
-    ("attention", ("flash", "attn", "attention", "paged", "fmha")),
+    # reduce_segments: vLLM's Triton attention backend's split-KV combine (the -tattn variants)
+    ("attention", ("flash", "attn", "attention", "paged", "fmha", "reduce_segments")),
     ("dense_gemm", ("gemm", "gemv", "cublas", "cutlass", "sm90_xmma", "nvjet", "matmul")),
     ("norm_elementwise", ("norm", "elementwise", "vectorized", "reduce", "act_and_mul", "silu", "relu",
                           "rotary", "rope", "cat", "copy", "fill")),
@@ -104,6 +106,11 @@ VARIANTS = {"ours-gemm": ("ours", {"TRIT_A8_GEMM": "1"}), "ours-bitnet-gemm": ("
             # after each layer's attention at B = 1 (1.5 us per layer on the 2B model); for ours and bf16 alike
             **{base + "-split1": (base, {"TRIT_BENCH_ATTN_SPLITS": "1"})
                for base in ("ours", "ours-bitnet", "ours-llama", "bf16", "bf16-llama")},
+            # an engine setting: vLLM's Triton attention backend (attention_config.backend = TRITON_ATTN) in
+            # place of FlashAttention 3, whose decode kernel takes ~9.5 us a layer at B = 1 on the 2B model (H200
+            # run 13's profile) for a few hundred cached tokens; for ours and bf16 alike
+            **{base + "-tattn": (base, {"TRIT_BENCH_ATTN_BACKEND": "TRITON_ATTN"})
+               for base in ("ours", "ours-bitnet", "ours-llama", "bf16", "bf16-llama")},
             # both: the one-token chain with the combine kernel gone too (fewer kernel nodes per B = 1 step)
             **{base + "-chain-split1": (base, {"TRIT_CHAIN": "1", "TRIT_BENCH_ATTN_SPLITS": "1"})
                for base in ("ours", "ours-bitnet", "ours-llama")}}
@@ -111,15 +118,23 @@ VARIANTS = {"ours-gemm": ("ours", {"TRIT_A8_GEMM": "1"}), "ours-bitnet-gemm": ("
 
 def engine_overrides(env=None) -> dict:
     """vLLM engine arguments a variant sets through the benchmark's environment (TRIT_BENCH_ATTN_SPLITS=n:
-    attention_config.flash_attn_max_num_splits_for_cuda_graph = n, vLLM 0.26 and 0.32)."""
+    attention_config.flash_attn_max_num_splits_for_cuda_graph = n; TRIT_BENCH_ATTN_BACKEND=NAME:
+    attention_config.backend = NAME, one of vLLM's AttentionBackendEnum names, which vLLM checks; vLLM 0.26
+    and 0.32)."""
     env = os.environ if env is None else env
-    out = {}
+    attn = {}
     splits = env.get("TRIT_BENCH_ATTN_SPLITS", "").strip()
     if splits:
         if not splits.isdigit() or int(splits) < 1:
             raise ValueError(f"TRIT_BENCH_ATTN_SPLITS={splits!r}: expected a positive integer")
-        out["attention_config"] = {"flash_attn_max_num_splits_for_cuda_graph": int(splits)}
-    return out
+        attn["flash_attn_max_num_splits_for_cuda_graph"] = int(splits)
+    backend = env.get("TRIT_BENCH_ATTN_BACKEND", "").strip()
+    if backend:
+        if not re.fullmatch(r"[A-Z][A-Z0-9_]*", backend):
+            raise ValueError(f"TRIT_BENCH_ATTN_BACKEND={backend!r}: expected a vLLM attention backend name "
+                             "such as TRITON_ATTN or FLASH_ATTN")
+        attn["backend"] = backend
+    return {"attention_config": attn} if attn else {}
 
 
 def configs(shape: str, only):
@@ -238,7 +253,7 @@ def engine_settings(llm) -> dict:
     """The engine settings that pace a host-bound decode step, as vLLM resolved them (None where this
     vLLM has no such field): async scheduling (the host prepares step n + 1 while the GPU runs step n;
     vLLM turns it on unless something forbids it), the CUDA graph mode, max_num_seqs, and FlashAttention's
-    KV split cap under CUDA graphs (the -split1 variants)."""
+    KV split cap under CUDA graphs (the -split1 variants) and the attention backend (the -tattn variants)."""
     cfg = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
     sched = getattr(cfg, "scheduler_config", None)
     comp = getattr(cfg, "compilation_config", None)
@@ -247,7 +262,10 @@ def engine_settings(llm) -> dict:
     return {"async_scheduling": getattr(sched, "async_scheduling", None),
             "max_num_seqs": getattr(sched, "max_num_seqs", None),
             "cudagraph_mode": None if mode is None else str(getattr(mode, "name", mode)),
-            "fa_max_splits": getattr(attn, "flash_attn_max_num_splits_for_cuda_graph", None)}
+            "fa_max_splits": getattr(attn, "flash_attn_max_num_splits_for_cuda_graph", None),
+            # the backend asked for (None: vLLM's automatic choice, FlashAttention on the H200)
+            "attn_backend": None if getattr(attn, "backend", None) is None else
+            str(getattr(attn.backend, "name", attn.backend))}
 
 
 def _v2_graph_managers(cls=None) -> list:

@@ -8,6 +8,8 @@
 #   ci/gpu_e2e.sh gen2b      generate the three 2B-shaped models (BitNet, its Llama twin, the bf16 twin) at
 #                            once (e2e2b generates what is missing one after the other: > 570 s with humming)
 #   ci/gpu_e2e.sh e2e2b      bench.e2e --shape 2b (ours on BitNet + Llama twin, bf16 twin)
+#   ci/gpu_e2e.sh floor      bench.e2e --shape tiny: vLLM's own time per decode step on this host (a model whose
+#                            forward takes microseconds), the floor under every B = 1 figure
 #   ci/gpu_e2e.sh tp2        tensor parallel 2 (two GPUs): parity record (tiny) + bench.e2e 8b at TP=2
 #   ci/gpu_e2e.sh gold8b     Llama-3-8B-shaped model: fp32 goldens + bf16 noise floor on the GPU
 #   ci/gpu_e2e.sh scale8b    gold8b (when missing), then parity records at TP=1 and TP=2
@@ -128,6 +130,14 @@ for stage in "$@"; do
       step "e2e 8b"
       python3 -m bench.e2e --shape 8b --only ${E2E_ONLY:-ours,bf16} --models /tmp/models --out "$OUT" \
         --state /tmp/e2e-state ${E2E_ARGS:-} 2>&1 | quiet | tail -40 || rc=1
+      ;;
+    floor)
+      # the engine's own time per decode step on this host: the bundled-size tiny model (4 layers, hidden
+      # 128, vocab 512: a forward of tens of microseconds), so its step time is vLLM's host time per step -
+      # the floor under any model's B = 1 figure here (the 2B model's B = 1 has been host-bound since run 7)
+      step "floor: bench.e2e --shape tiny"
+      python3 -m bench.e2e --shape tiny --only ${E2E_ONLY_TINY:-ours-bitnet,bf16-bitnet} --models /tmp/models \
+        --out "$OUT" --state /tmp/e2e-state-tiny ${E2E_ARGS:-} 2>&1 | quiet | tail -30 || rc=1
       ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac

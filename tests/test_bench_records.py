@@ -161,11 +161,13 @@ def test_engine_settings_as_resolved():
     mode = NS(name="FULL_AND_PIECEWISE")
     llm = NS(llm_engine=NS(vllm_config=NS(scheduler_config=NS(async_scheduling=False, max_num_seqs=64),
                                            compilation_config=NS(cudagraph_mode=mode),
-                                           attention_config=NS(flash_attn_max_num_splits_for_cuda_graph=1))))
+                                           attention_config=NS(flash_attn_max_num_splits_for_cuda_graph=1,
+                                                               backend=NS(name="TRITON_ATTN")))))
     assert engine_settings(llm) == {"async_scheduling": False, "max_num_seqs": 64,
-                                    "cudagraph_mode": "FULL_AND_PIECEWISE", "fa_max_splits": 1}
+                                    "cudagraph_mode": "FULL_AND_PIECEWISE", "fa_max_splits": 1,
+                                    "attn_backend": "TRITON_ATTN"}
     assert engine_settings(NS()) == {"async_scheduling": None, "max_num_seqs": None, "cudagraph_mode": None,
-                                     "fa_max_splits": None}
+                                     "fa_max_splits": None, "attn_backend": None}
 
 
 def test_chain_bench_markdown_and_tail_bytes():
@@ -210,3 +212,24 @@ def test_e2e_split1_variants_set_the_attention_engine_setting():
     assert [c[0] for c in both] == ["ours-bitnet-chain-split1"] and both[0][1:4] == cf[0][1:4]
     assert both[0][4]["TRIT_CHAIN"] == "1"
     assert e2e.engine_overrides(both[0][4]) == e2e.engine_overrides(cf[1][4])
+
+
+def test_e2e_tattn_variants_pick_the_attention_backend():
+    """bench.e2e's -tattn variants: the base config's checkpoint under vLLM's Triton attention backend (an
+    engine argument, for bf16 too); with the split cap both land in one attention_config; a malformed
+    backend name is refused by name, before any engine starts."""
+    import pytest
+
+    from bench import e2e
+
+    cf = e2e.configs("2b", ["ours-bitnet", "ours-bitnet-tattn", "bf16-llama-tattn"])
+    assert [c[0] for c in cf] == ["ours-bitnet", "ours-bitnet-tattn", "bf16-llama-tattn"]
+    assert cf[1][1:4] == cf[0][1:4] and cf[2][3] is True
+    assert e2e.engine_overrides(cf[1][4]) == {"attention_config": {"backend": "TRITON_ATTN"}}
+    assert e2e.engine_overrides({"TRIT_BENCH_ATTN_BACKEND": "TRITON_ATTN", "TRIT_BENCH_ATTN_SPLITS": "1"}) == {
+        "attention_config": {"flash_attn_max_num_splits_for_cuda_graph": 1, "backend": "TRITON_ATTN"}}
+    with pytest.raises(ValueError, match="TRIT_BENCH_ATTN_BACKEND='triton attn'"):
+        e2e.engine_overrides({"TRIT_BENCH_ATTN_BACKEND": "triton attn"})
+    pytest.importorskip("vllm")
+    from vllm.config import AttentionConfig  # the name is one vLLM knows (0.26 and 0.32)
+    assert AttentionConfig(**e2e.engine_overrides(cf[1][4])["attention_config"]).backend.name == "TRITON_ATTN"

@@ -17,6 +17,10 @@ from bench.e2e import categorize
     ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<", "attention"),
     ("nvjet_sm90_tst_256x8_64x6_2x1_v_bz_TNT", "dense_gemm"),
     ("_gumbel_sample_kernel", "other"),
+    # vLLM's Triton attention backend (-tattn): the attention kernel, its split-KV combine, its cache write
+    ("kernel_unified_attention", "attention"),
+    ("reduce_segments", "attention"),
+    ("reshape_and_cache_kernel_flash", "attention"),
     ("void (anonymous namespace)::chain_kernel<__nv_bfloat16, 4>((anonymous namespace)", "ternary_chain"),
 ])
 def test_categorize(name, cat):
