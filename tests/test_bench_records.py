@@ -233,3 +233,20 @@ def test_e2e_tattn_variants_pick_the_attention_backend():
     pytest.importorskip("vllm")
     from vllm.config import AttentionConfig  # the name is one vLLM knows (0.26 and 0.32)
     assert AttentionConfig(**e2e.engine_overrides(cf[1][4])["attention_config"]).backend.name == "TRITON_ATTN"
+
+
+def test_graph_launch_fit_and_markdown():
+    """bench.graph_launch on the CPU: the per-node line through its rows and the record's table (the
+    measurement itself needs a CUDA device, and says so)."""
+    from bench import graph_launch as gl
+
+    rows = [{"nodes": n, "reps": 200, "host_us_median": 4.0 + 0.5 * n, "host_us_p10": 3.0, "host_us_p90": 9.0,
+             "gpu_us_per_replay": 2.0 * n} for n in (1, 100, 400)]
+    line = gl.fit(rows)
+    assert line == {"host_us_fixed": 4.0, "host_us_per_node": 0.5}
+    meta = {"device": "X", "date": "d", "commit": "c", "command": "python -m bench.graph_launch", "torch": "t",
+            "cuda": "12"}
+    md = gl.markdown(meta, rows, line)
+    assert "| 100 | 54.0 | 3.0 | 9.0 | 200.0 |" in md and "420-node decode graph: 214.0 us" in md, md
+    if not __import__("torch").cuda.is_available():
+        assert gl.main(["--out", "/nonexistent-never-written"]) == 2
