@@ -178,7 +178,8 @@ def categorize(name: str) -> str:
     return "other"
 
 
-def run_one(label: str, d: Path, quantization, batches, prompt_len, gen_len, profile_steps, tp: int = 1) -> dict:
+def run_one(label: str, d: Path, quantization, batches, prompt_len, gen_len, profile_steps, tp: int = 1,
+            profile_batch: int = 1) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -249,7 +250,7 @@ def run_one(label: str, d: Path, quantization, batches, prompt_len, gen_len, pro
     if cuda and tp == 1 and inproc:  # the graphs live in this process only with the in-process engine at TP = 1
         res["graph_replay"] = {str(b): graph_replay(b) for b in batches if b <= 8}
     if cuda and profile_steps and inproc:
-        res["profile"] = _profile(llm, prompts, profile_steps)
+        res["profile"] = _profile(llm, prompts, profile_steps, profile_batch)
     return res
 
 
@@ -407,7 +408,7 @@ def summarize_profile(events, steps: int, wall_s: float, top: int = 8) -> dict:
     return out
 
 
-def _profile(llm, prompts, steps: int) -> dict:
+def _profile(llm, prompts, steps: int, batch: int = 1) -> dict:
     from torch.profiler import ProfilerActivity, profile
     from vllm import SamplingParams
 
@@ -415,7 +416,7 @@ def _profile(llm, prompts, steps: int) -> dict:
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         t = time.perf_counter()
-        llm.generate(prompts(1), sp, use_tqdm=False)
+        llm.generate(prompts(batch), sp, use_tqdm=False)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t
     events, host = [], []
@@ -427,6 +428,7 @@ def _profile(llm, prompts, steps: int) -> dict:
         events.append((ev.key, dt, ev.count))
     out = summarize_profile(events, steps, wall)
     out["host"] = summarize_host(host, steps)
+    out["batch"] = batch
     return out
 
 
@@ -451,6 +453,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--gen-len", type=int, default=256)
     ap.add_argument("--profile-steps", type=int, default=32)
+    ap.add_argument("--profile-batch", type=int, default=1,
+                    help="sequences in the profiled generation (one of --batches; default 1): where the time of a "
+                         "batch-B decode step goes, e.g. 32 for the B = 32 target")
     ap.add_argument("--models", type=Path, default=Path("/tmp/trit-models"))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (labels get a -tpN suffix)")
@@ -468,9 +473,12 @@ def main(argv=None) -> int:
     ap.add_argument("--one", nargs=3, metavar=("LABEL", "DIR", "QUANT"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     batches = [int(b) for b in a.batches.split(",")]
+    if a.profile_batch not in batches:
+        ap.error(f"--profile-batch {a.profile_batch}: expected one of --batches {a.batches}")
     if a.one:
         label, d, q = a.one
-        r = run_one(label, Path(d), None if q == "-" else q, batches, a.prompt_len, a.gen_len, a.profile_steps, a.tp)
+        r = run_one(label, Path(d), None if q == "-" else q, batches, a.prompt_len, a.gen_len, a.profile_steps, a.tp,
+                    a.profile_batch)
         print("RESULT " + json.dumps(r))
         return 0
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
@@ -483,7 +491,7 @@ def main(argv=None) -> int:
     # returns the configs it finished; removed once the record is written
     partial = Path(a.out) / f"partial-{stem}.json"
     settings = {"shape": a.shape, "tp": a.tp, "engine": a.engine, "batches": a.batches, "prompt_len": a.prompt_len,
-                "gen_len": a.gen_len, "profile_steps": a.profile_steps,
+                "gen_len": a.gen_len, "profile_steps": a.profile_steps, "profile_batch": a.profile_batch,
                 "env": {k: v for k, v in os.environ.items() if k.startswith("TRIT_") and k != "TRIT_BUILD_DIR"}}
     state = Path(a.state) / f"partial-{stem}.json" if a.state else None
     resumed = []
@@ -516,6 +524,7 @@ def main(argv=None) -> int:
         d = model_dir(a.models, preset, unq)
         cmd = [sys.executable, "-m", "bench.e2e", "--batches", a.batches, "--prompt-len", str(a.prompt_len),
                "--gen-len", str(a.gen_len), "--profile-steps", str(a.profile_steps), "--tp", str(a.tp),
+               "--profile-batch", str(a.profile_batch),
                "--one", run_label, str(d), quant or "-"]
         env = {**os.environ, **extra_env, "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if a.engine == "mp" else "0"}
         if a.engine == "mp":  # llm.apply_model(_weight_stats) sends the function to the engine process
@@ -585,7 +594,7 @@ def main(argv=None) -> int:
     for r in rows:
         if "profile" in r:
             pr = r["profile"]
-            md += ["", f"## {r['label']}: batch-1 decode step, {pr['wall_ms_per_step']} ms wall, "
+            md += ["", f"## {r['label']}: batch-{pr.get('batch', 1)} decode step, {pr['wall_ms_per_step']} ms wall, "
                        f"{pr['gpu_ms_per_step']} ms GPU kernels", "", "| category | ms/step | launches/step | top kernels |",
                    "|---|---|---|---|"]
             md += [f"| {k} | {v['ms_per_step']} | {v['launches_per_step']} | {'; '.join(v['top'])} |"
@@ -596,7 +605,8 @@ def main(argv=None) -> int:
                 md += [f"| {k} | `{q['name']}` | {q['ms_per_step']} | {q['launches_per_step']} |" for k, q in per_kernel]
             host = pr.get("host")
             if host and host.get("top"):
-                md += ["", f"Host: {host['self_cpu_ms_per_step']} ms of profiled CPU ops per step (self time; plain "
+                md += ["", f"Host: {host['self_cpu_ms_per_step']} ms of profiled CPU ops per step (self time, as the "
+                           "profiler inflates them: cudaGraphLaunch ~70x, bench.graph_launch; plain "
                            "Python in the engine loop is not in it). Top ops:", "",
                        "| CPU op | self ms/step | calls/step |", "|---|---|---|"]
                 md += [f"| `{h['name']}` | {h['self_ms_per_step']} | {h['calls_per_step']} |" for h in host["top"]]

@@ -250,3 +250,18 @@ def test_graph_launch_fit_and_markdown():
     assert "| 100 | 54.0 | 3.0 | 9.0 | 200.0 |" in md and "420-node decode graph: 214.0 us" in md, md
     if not __import__("torch").cuda.is_available():
         assert gl.main(["--out", "/nonexistent-never-written"]) == 2
+
+
+def test_e2e_profile_batch_must_be_measured(tmp_path, capsys):
+    """bench.e2e --profile-batch profiles a batch-B generation (the engine holds max(--batches) sequences), so
+    it must be one of --batches: refused by name before any model is generated or engine started."""
+    import pytest
+
+    from bench import e2e
+
+    with pytest.raises(SystemExit) as ex:
+        e2e.main(["--shape", "tiny", "--batches", "1,8", "--profile-batch", "32", "--models", str(tmp_path / "m"),
+                  "--out", str(tmp_path / "o")])
+    assert ex.value.code == 2
+    assert "--profile-batch 32: expected one of --batches 1,8" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists() and not (tmp_path / "o").exists()
