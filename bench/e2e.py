@@ -288,8 +288,16 @@ def _v2_graph_managers(cls=None) -> list:
     frozen = gc.get_freeze_count() > 0
     if frozen:
         gc.unfreeze()
+    def is_manager(o) -> bool:
+        # the heap holds whatever the process made, e.g. weakref proxies whose referent is gone, on which
+        # isinstance itself raises ReferenceError (CI: after other tests' vLLM imports): not a manager
+        try:
+            return isinstance(o, cls)
+        except Exception:
+            return False
+
     try:
-        return [o for o in gc.get_objects() if isinstance(o, cls)]
+        return [o for o in gc.get_objects() if is_manager(o)]
     finally:
         if frozen:
             gc.freeze()
