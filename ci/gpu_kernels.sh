@@ -220,14 +220,15 @@ if has ab; then
   step "chain A/B against ${AB_TAR:-?}"
   if [ -z "${AB_TAR:-}" ] || [ ! -f "$AB_TAR" ]; then echo "AB_TAR not set or missing: ${AB_TAR:-}"; rc=1; else
     abd=/tmp/ab-tree; rm -rf $abd; mkdir -p $abd && tar -xzf "$AB_TAR" -C $abd
-    ( cd $abd && TRIT_BUILD_DIR=/tmp/trit-build-ab PYTHONPATH=$abd${PYTHONPATH:+:$PYTHONPATH} $PY -c \
-        "import trit.ops as o; assert o.EXTENSION_LOADED, o.EXTENSION_ERROR; print('old tree: extension loaded')" ) || rc=1
+    ab_args=${AB_ARGS:---tails 2b,8b,8b-llama --variants chain,fnorm}
+    in_old() { ( cd $abd && TRIT_BUILD_DIR=/tmp/trit-build-ab PYTHONPATH=$abd${PYTHONPATH:+:$PYTHONPATH} "$@" ); }
+    in_old $PY -c "import trit.ops as o; assert o.EXTENSION_LOADED, o.EXTENSION_ERROR; print('old tree: extension loaded')" \
+      || rc=1
     for i in 1 2; do
-      ( cd $abd && TRIT_BUILD_DIR=/tmp/trit-build-ab PYTHONPATH=$abd${PYTHONPATH:+:$PYTHONPATH} timeout 150 \
-          $PY -m bench.chain ${AB_ARGS:---tails 2b,8b,8b-llama --variants chain,fnorm} --out "$OUT/ab-old-$i" ) \
-        > "$OUT/ab-old-$i.txt" 2>&1 || { echo "old bench $i failed"; rc=1; }
-      timeout 150 $PY -m bench.chain ${AB_ARGS:---tails 2b,8b,8b-llama --variants chain,fnorm} --out "$OUT/ab-new-$i" \
-        > "$OUT/ab-new-$i.txt" 2>&1 || { echo "new bench $i failed"; rc=1; }
+      in_old timeout 150 $PY -m bench.chain $ab_args --out "$OUT/ab-old-$i" > "$OUT/ab-old-$i.txt" 2>&1 \
+        || { echo "old bench $i failed"; rc=1; }
+      timeout 150 $PY -m bench.chain $ab_args --out "$OUT/ab-new-$i" > "$OUT/ab-new-$i.txt" 2>&1 \
+        || { echo "new bench $i failed"; rc=1; }
       grep -hE "^\| *(2b|8b)" "$OUT/ab-old-$i.txt" | sed "s/^/old $i /"; grep -hE "^\| *(2b|8b)" "$OUT/ab-new-$i.txt" | sed "s/^/new $i /"
     done
   fi

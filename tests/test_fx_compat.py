@@ -153,8 +153,10 @@ def test_disable_compile_cache_through_vllms_env(monkeypatch):
 def test_disable_compile_cache_falls_back_to_inductor_key(monkeypatch):
     """Where vLLM has cached its variables already (a second engine in one process), the environment cannot
     reach it: the Inductor key instead, which vLLM's is_compile_cache_enabled reads too."""
+    import os
     how, env_on, icc = _disable_in(monkeypatch, "VLLM_COMPILE", env_cached=True)
     assert how == "inductor" and not env_on and icc.get("force_disable_caches") is True, (how, env_on, icc)
+    assert os.environ["VLLM_DISABLE_COMPILE_CACHE"] == "0"  # left as it was: child processes would inherit it
     from vllm.compilation.compiler_interface import is_compile_cache_enabled
     assert not is_compile_cache_enabled(icc)
 

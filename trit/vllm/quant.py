@@ -656,14 +656,19 @@ def disable_compile_cache() -> Optional[str]:
         return None
     if envs.VLLM_DISABLE_COMPILE_CACHE or (isinstance(icc, dict) and icc.get("force_disable_caches")):
         return None
+    prev = os.environ.get("VLLM_DISABLE_COMPILE_CACHE")
     os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
     if envs.VLLM_DISABLE_COMPILE_CACHE:
         how = "env"
-    elif isinstance(icc, dict):
+    else:  # vLLM has cached its variables: the environment no longer reaches it, so leave it as it was
+        if prev is None:
+            del os.environ["VLLM_DISABLE_COMPILE_CACHE"]
+        else:
+            os.environ["VLLM_DISABLE_COMPILE_CACHE"] = prev
+        if not isinstance(icc, dict):
+            return None
         icc["force_disable_caches"] = True
         how = "inductor"
-    else:
-        return None
     logger.info("TRIT_CHAIN=1: vLLM's torch.compile cache is off for this model (%s; a torch.cond piece "
                 "cannot be serialized on every vLLM / torch)", "VLLM_DISABLE_COMPILE_CACHE=1" if how == "env"
                 else "inductor_compile_config force_disable_caches: vLLM's variables are cached already")
