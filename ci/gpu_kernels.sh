@@ -4,8 +4,8 @@
 #   representative shapes -> python -m bench.kernels.
 # Everything is written under $OUT (default /tmp/trit-out): log.txt, junit.xml, sanitizer.txt,
 # sass.txt, gemm-probe.json and the bench JSON/Markdown. STAGES=build,probe,test,sanitize,bench selects stages (also sanchain: the chain kernel under three sanitizer tools;
-# ab: bench.chain of an older tree beside this one, AB_TAR=.ab/NAME.tar.gz from `git archive REV csrc trit bench
-# reference ci pyproject.toml`)
+# ab: bench.chain of older trees beside this one, AB_TAR=".ab/A.tar.gz .ab/B.tar.gz", each from `git archive REV
+# csrc trit bench reference ci pyproject.toml`: a bisect in one call)
 # (plus ncu: the small-M kernels at M = 1, ncugemm: the a8 GEMM kernel's loops at M = 64 / 128,
 # ncuquant: the a8 quantizer at M = 1 for K = 2560 - 28672, ncunorm: rms_norm_a8q at M = 1, ncupro:
 # ternary_mm_a8_prologue vs the fused-quantizer GEMV at M = 1);
@@ -213,23 +213,41 @@ PYEOF
 fi
 
 if has ab; then
-  # same-run A/B of bench.chain against an older tree: AB_TAR is a `git archive` of that commit's csrc trit
-  # bench reference ci pyproject.toml (carried in .ab/, git-ignored), built into its own directory; the two
-  # benches alternate old, new, old, new (AB_ARGS, default the three M = 1 tails with the chain and fnorm),
-  # each writing its record under $OUT/ab-old-N / ab-new-N
+  # same-run A/B of bench.chain against older trees: AB_TAR lists one or more `git archive`s of a commit's csrc
+  # trit bench reference ci pyproject.toml (carried in .ab/, git-ignored; space- or comma-separated, e.g. the
+  # commits of a bisect), each built into its own directory - the builds at once (one nvcc each) - then
+  # AB_REPS (default 2) rounds of every old tree in the order given and this tree last (AB_ARGS, default the
+  # three M = 1 tails with the chain and fnorm), each writing its record under $OUT/ab-NAME-ROUND (NAME: the
+  # archive's name without .tar.gz; this tree: new)
   step "chain A/B against ${AB_TAR:-?}"
-  if [ -z "${AB_TAR:-}" ] || [ ! -f "$AB_TAR" ]; then echo "AB_TAR not set or missing: ${AB_TAR:-}"; rc=1; else
-    abd=/tmp/ab-tree; rm -rf $abd; mkdir -p $abd && tar -xzf "$AB_TAR" -C $abd
+  tars=$(echo "${AB_TAR:-}" | tr ',' ' ')
+  missing=""
+  for t in $tars; do [ -f "$t" ] || missing="$missing $t"; done
+  if [ -z "$tars" ] || [ -n "$missing" ]; then echo "AB_TAR not set or missing:${missing:- (empty)}"; rc=1; else
     ab_args=${AB_ARGS:---tails 2b,8b,8b-llama --variants chain,fnorm}
-    in_old() { ( cd $abd && TRIT_BUILD_DIR=/tmp/trit-build-ab PYTHONPATH=$abd${PYTHONPATH:+:$PYTHONPATH} "$@" ); }
-    in_old $PY -c "import trit.ops as o; assert o.EXTENSION_LOADED, o.EXTENSION_ERROR; print('old tree: extension loaded')" \
-      || rc=1
-    for i in 1 2; do
-      in_old timeout 150 $PY -m bench.chain $ab_args --out "$OUT/ab-old-$i" > "$OUT/ab-old-$i.txt" 2>&1 \
-        || { echo "old bench $i failed"; rc=1; }
-      timeout 150 $PY -m bench.chain $ab_args --out "$OUT/ab-new-$i" > "$OUT/ab-new-$i.txt" 2>&1 \
-        || { echo "new bench $i failed"; rc=1; }
-      grep -hE "^\| *(2b|8b)" "$OUT/ab-old-$i.txt" | sed "s/^/old $i /"; grep -hE "^\| *(2b|8b)" "$OUT/ab-new-$i.txt" | sed "s/^/new $i /"
+    names=""
+    for t in $tars; do
+      n=$(basename "$t" .tar.gz)
+      case " $names " in *" $n "*) echo "AB_TAR names $n twice"; rc=1; continue ;; esac
+      names="$names $n"
+      rm -rf /tmp/ab-tree-$n; mkdir -p /tmp/ab-tree-$n && tar -xzf "$t" -C /tmp/ab-tree-$n
+    done
+    # in_old NAME CMD...: CMD in that tree, with its own build directory
+    in_old() { local n=$1; shift; ( cd /tmp/ab-tree-$n && TRIT_BUILD_DIR=/tmp/trit-build-ab-$n PYTHONPATH=/tmp/ab-tree-$n${PYTHONPATH:+:$PYTHONPATH} "$@" ); }
+    pids=""
+    for n in $names; do
+      in_old $n $PY -c "import trit.ops as o; assert o.EXTENSION_LOADED, o.EXTENSION_ERROR; print('$n: extension loaded')" \
+        > "$OUT/ab-build-$n.txt" 2>&1 & pids="$pids $!"
+    done
+    for p in $pids; do wait $p || rc=1; done
+    cat "$OUT"/ab-build-*.txt | tail -n $(( 3 * $(echo $names | wc -w) ))
+    for i in $(seq 1 ${AB_REPS:-2}); do
+      for n in $names new; do
+        if [ $n = new ]; then run=(); else run=(in_old $n); fi
+        "${run[@]}" timeout 150 $PY -m bench.chain $ab_args --out "$OUT/ab-$n-$i" > "$OUT/ab-$n-$i.txt" 2>&1 \
+          || { echo "$n bench $i failed"; rc=1; }
+        grep -hE "^\| *(2b|8b)" "$OUT/ab-$n-$i.txt" | sed "s/^/$n $i /"
+      done
     done
   fi
 fi
