@@ -1,0 +1,167 @@
+"""The engine's ceiling under an end-to-end record: the tok/s vLLM itself allows on that machine.
+
+    python -m bench.ceiling --e2e E2E.json --floor TINY.json [--floor TINY2.json] [--baseline bf16-llama]
+                            [--targets 1=2.5,32=1.8] [--out DIR]
+
+A floor record is ``bench.e2e --shape tiny`` (``ci/gpu_e2e.sh floor``) run on the same machine: the bundled
+tiny model, whose forward takes ~0.15 ms, so its tok/s at batch B is about the most the engine itself
+(scheduler, input preparation, sampler, output processing: the host work of one decode step) delivers at B on
+that host - an upper bound on any model's tok/s at B there. Per batch size present in both records: the
+floor's tok/s (the best over the floor records given), the engine's step floor (B / tok/s), the baseline's
+tok/s, the ceiling ratio (floor tok/s / baseline tok/s: the largest "x faster than the baseline" any model can
+show there), and per config its tok/s, its ratio to the baseline and the share of the ceiling ratio it reaches.
+A target ratio above the ceiling cannot be met under that engine on that host, whatever the kernels do.
+
+tok/s are the records' ``tok_s`` (best of the runs at B <= 8, one run above, as the e2e tables print them).
+The records must come from the same device (by name); their dates (from the file names) are printed, as two
+sessions on "the same" device may be different hosts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from bench.records import write_record
+
+
+class RecordError(ValueError):
+    """A record that cannot serve: names the file and what is wrong."""
+
+
+def load_record(path: Path, want_tiny: bool | None = None) -> dict:
+    """An e2e record (``rows`` with label / throughput, ``device``, ``settings.shape``); want_tiny: True for a
+    floor record (shape tiny), False for the record it bounds (any other shape)."""
+    path = Path(path)
+    if path.suffix != ".json":
+        raise RecordError(f"{path}: expected a bench.e2e JSON record (.json), got {path.suffix or 'no suffix'}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RecordError(f"{path}: not a readable JSON record ({e})") from e
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list) or "device" not in data:
+        raise RecordError(f"{path}: not a bench.e2e record (expected an object with 'device' and a 'rows' list)")
+    for i, r in enumerate(data["rows"]):
+        if not isinstance(r, dict) or "label" not in r or not isinstance(r.get("throughput"), dict):
+            raise RecordError(f"{path}: rows[{i}] has no 'label' / 'throughput' object")
+        for b, t in r["throughput"].items():
+            v = t.get("tok_s") if isinstance(t, dict) else None
+            if not isinstance(v, (int, float)) or not v > 0:
+                raise RecordError(f"{path}: rows[{i}] ({r['label']}) throughput at B = {b}: tok_s must be a "
+                                  f"positive number, got {v!r}")
+    shape = (data.get("settings") or {}).get("shape")
+    if want_tiny is True and shape != "tiny":
+        raise RecordError(f"{path}: a floor record must be bench.e2e --shape tiny, this one is shape {shape!r}")
+    if want_tiny is False and shape == "tiny":
+        raise RecordError(f"{path}: this is a floor record (shape tiny); --e2e takes the record it bounds")
+    return data
+
+
+def record_date(path: Path) -> str:
+    m = re.match(r"(\d{4}-\d{2}-\d{2})", Path(path).name)
+    return m.group(1) if m else "?"
+
+
+def ceiling(e2e: dict, floors: list[dict], baseline: str, targets: dict[int, float] | None = None) -> dict:
+    """The table as data: per batch size the floor, the baseline and each config's share of the ceiling."""
+    devices = {e2e["device"], *(f["device"] for f in floors)}
+    if len(devices) != 1:
+        raise RecordError(f"records from different devices: {sorted(devices)}")
+    labels = [r["label"] for r in e2e["rows"]]
+    if baseline not in labels:
+        raise RecordError(f"baseline {baseline!r} is not a config of the e2e record (it has {labels})")
+    base = next(r for r in e2e["rows"] if r["label"] == baseline)
+    floor_tok: dict[int, float] = {}
+    for f in floors:
+        for r in f["rows"]:
+            for b, t in r["throughput"].items():
+                floor_tok[int(b)] = max(floor_tok.get(int(b), 0.0), float(t["tok_s"]))
+    out = []
+    for b in sorted(int(x) for x in base["throughput"]):
+        if b not in floor_tok:
+            continue
+        ft, bt = floor_tok[b], float(base["throughput"][str(b)]["tok_s"])
+        cap = ft / bt
+        row = {"batch": b, "floor_tok_s": round(ft, 1), "engine_step_ms": round(b / ft * 1000, 3),
+               "baseline_tok_s": round(bt, 1), "ceiling_ratio": round(cap, 3), "configs": []}
+        if targets and b in targets:
+            row["target_ratio"] = targets[b]
+            row["target_reachable"] = targets[b] <= cap
+        for r in e2e["rows"]:
+            t = r["throughput"].get(str(b))
+            if r["label"] == baseline or t is None:
+                continue
+            ratio = float(t["tok_s"]) / bt
+            row["configs"].append({"label": r["label"], "tok_s": round(float(t["tok_s"]), 1),
+                                   "ratio": round(ratio, 3), "share_of_ceiling": round(ratio / cap, 3)})
+        out.append(row)
+    if not out:
+        raise RecordError(f"no batch size in both the e2e record ({sorted(base['throughput'])}) and the floor "
+                          f"record(s) ({sorted(floor_tok)})")
+    return {"device": e2e["device"], "baseline": baseline, "rows": out}
+
+
+def markdown(res: dict, e2e_path: Path, floor_paths: list[Path], command: str) -> str:
+    lines = [f"# Engine ceiling under an e2e record, {res['device']}", "",
+             f"- e2e record: {Path(e2e_path).name} ({record_date(e2e_path)})",
+             "- floor record(s) (bench.e2e --shape tiny, same device): "
+             + ", ".join(f"{Path(p).name} ({record_date(p)})" for p in floor_paths),
+             f"- command: {command}",
+             f"- baseline: {res['baseline']}; ceiling ratio = floor tok/s / baseline tok/s: the most any model can "
+             "show against the baseline under this engine on this host", "",
+             "| B | floor tok/s | engine step floor ms | baseline tok/s | ceiling ratio | target | config: tok/s, "
+             "ratio, share of ceiling |", "|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        tgt = "-"
+        if "target_ratio" in r:
+            tgt = f"{r['target_ratio']}x ({'within' if r['target_reachable'] else 'ABOVE'} the ceiling)"
+        cfg = "; ".join(f"{c['label']} {c['tok_s']:g}, {c['ratio']:.2f}x, {100 * c['share_of_ceiling']:.0f}%"
+                        for c in r["configs"]) or "-"
+        lines.append(f"| {r['batch']} | {r['floor_tok_s']:g} | {r['engine_step_ms']} | {r['baseline_tok_s']:g} | "
+                     f"{r['ceiling_ratio']:.2f}x | {tgt} | {cfg} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_targets(s: str | None) -> dict[int, float]:
+    if not s:
+        return {}
+    out = {}
+    for part in s.split(","):
+        b, _, v = part.partition("=")
+        try:
+            out[int(b)] = float(v)
+        except ValueError:
+            raise SystemExit(f"--targets: expected B=RATIO[,B=RATIO...], got {part!r}") from None
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--e2e", required=True, type=Path, help="a bench.e2e JSON record (2b, 8b...)")
+    ap.add_argument("--floor", required=True, type=Path, action="append",
+                    help="a bench.e2e --shape tiny JSON record of the same machine (repeatable: best tok/s per B)")
+    ap.add_argument("--baseline", default="bf16-llama", help="the config the ratios are taken against")
+    ap.add_argument("--targets", help="target ratios to check against the ceiling, e.g. 1=2.5,32=1.8")
+    ap.add_argument("--out", type=Path, help="write <e2e stem>-ceiling.json / .md here")
+    a = ap.parse_args(argv)
+    try:
+        e2e = load_record(a.e2e, want_tiny=False)
+        floors = [load_record(p, want_tiny=True) for p in a.floor]
+        res = ceiling(e2e, floors, a.baseline, parse_targets(a.targets))
+    except RecordError as e:
+        print(f"bench.ceiling: {e}", file=sys.stderr)
+        return 2
+    command = "python -m bench.ceiling " + " ".join(argv if argv is not None else sys.argv[1:])
+    md = markdown(res, a.e2e, a.floor, command)
+    print(md)
+    if a.out:
+        data = {**res, "e2e": a.e2e.name, "floors": [p.name for p in a.floor], "command": command}
+        js, mdp = write_record(a.out, a.e2e.stem + "-ceiling", data, md)
+        print(f"wrote {js} (+ .md)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""bench.ceiling: the engine's ceiling (a tiny model's tok/s on the same machine) under an e2e record."""
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bench import ceiling as C
+
+
+def rec(shape, rows, device="NVIDIA H200"):
+    return {"device": device, "commit": "abc", "settings": {"shape": shape},
+            "rows": [{"label": lab, "throughput": {str(b): {"tok_s": v} for b, v in tp.items()}} for lab, tp in rows]}
+
+
+def write(tmp_path, name, data):
+    p = tmp_path / name
+    p.write_text(json.dumps(data))
+    return p
+
+
+def test_ceiling_numbers():
+    e2e = rec("2b", [("ours", {1: 550.0, 32: 10500.0}), ("bf16", {1: 400.0, 32: 10000.0})])
+    floors = [rec("tiny", [("ours-bitnet", {1: 700.0, 8: 5000.0})]),
+              rec("tiny", [("ours-bitnet", {1: 600.0, 32: 12000.0})])]
+    res = C.ceiling(e2e, floors, "bf16", {1: 2.5, 32: 1.1})
+    b1, b32 = res["rows"]
+    assert b1["floor_tok_s"] == 700.0  # the best over the floor records
+    assert b1["engine_step_ms"] == pytest.approx(1000 / 700, abs=1e-3)
+    assert b1["ceiling_ratio"] == pytest.approx(1.75)
+    assert b1["target_reachable"] is False
+    assert b1["configs"] == [{"label": "ours", "tok_s": 550.0, "ratio": 1.375, "share_of_ceiling": pytest.approx(0.786, abs=1e-3)}]
+    assert b32["engine_step_ms"] == pytest.approx(32 / 12000 * 1000, abs=1e-3)
+    assert b32["ceiling_ratio"] == pytest.approx(1.2)
+    assert b32["target_reachable"] is True
+    # B = 8 is in a floor record but not in the e2e record: no row
+    assert [r["batch"] for r in res["rows"]] == [1, 32]
+
+
+@settings(max_examples=40, deadline=None)
+@given(floor=st.floats(1.0, 1e5), base=st.floats(1.0, 1e5), ours=st.floats(1.0, 1e5))
+def test_ceiling_share_is_ours_over_floor(floor, base, ours):
+    # the share of the ceiling is ours / floor whatever the baseline: the baseline cancels
+    e2e = rec("8b", [("ours", {1: ours}), ("bf16", {1: base})])
+    res = C.ceiling(e2e, [rec("tiny", [("t", {1: floor})])], "bf16")
+    c = res["rows"][0]["configs"][0]
+    assert c["share_of_ceiling"] == pytest.approx(ours / floor, rel=2e-3, abs=1e-3)
+
+
+def test_errors_name_the_problem(tmp_path):
+    e2e = rec("2b", [("ours", {1: 5.0}), ("bf16", {1: 4.0})])
+    with pytest.raises(C.RecordError, match="different devices"):
+        C.ceiling(e2e, [rec("tiny", [("t", {1: 7.0})], device="NVIDIA H100")], "bf16")
+    with pytest.raises(C.RecordError, match="baseline 'bf16-llama' is not a config"):
+        C.ceiling(e2e, [rec("tiny", [("t", {1: 7.0})])], "bf16-llama")
+    with pytest.raises(C.RecordError, match="no batch size in both"):
+        C.ceiling(e2e, [rec("tiny", [("t", {8: 7.0})])], "bf16")
+    # a floor that is not a tiny-model run, an e2e record that is one
+    p = write(tmp_path, "f.json", rec("2b", [("t", {1: 7.0})]))
+    with pytest.raises(C.RecordError, match=r"f\.json: a floor record must be bench.e2e --shape tiny"):
+        C.load_record(p, want_tiny=True)
+    p = write(tmp_path, "e.json", rec("tiny", [("t", {1: 7.0})]))
+    with pytest.raises(C.RecordError, match=r"e\.json: this is a floor record"):
+        C.load_record(p, want_tiny=False)
+    # NaN / zero tok/s, named with the row and batch
+    bad = rec("tiny", [("t", {1: 7.0, 8: 0.0})])
+    with pytest.raises(C.RecordError, match=r"rows\[0\] \(t\) throughput at B = 8: tok_s must be a positive number"):
+        C.load_record(write(tmp_path, "z.json", bad), want_tiny=True)
+    p = tmp_path / "n.json"
+    p.write_text('{"device": "x", "settings": {"shape": "tiny"}, "rows": [{"label": "t", "throughput": {"1": {"tok_s": NaN}}}]}')
+    with pytest.raises(C.RecordError, match="tok_s must be a positive number, got nan"):
+        C.load_record(p, want_tiny=True)
+    # not JSON: a pickle, a truncated file, an object without rows
+    p = tmp_path / "p.pkl"
+    p.write_bytes(pickle.dumps({"rows": []}))
+    with pytest.raises(C.RecordError, match=r"p\.pkl: expected a bench.e2e JSON record"):
+        C.load_record(p)
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(e2e)[:-20])
+    with pytest.raises(C.RecordError, match=r"t\.json: not a readable JSON record"):
+        C.load_record(p)
+    p = write(tmp_path, "o.json", {"device": "x"})
+    with pytest.raises(C.RecordError, match=r"o\.json: not a bench.e2e record"):
+        C.load_record(p)
+
+
+def test_main_writes_a_record_and_never_overwrites(tmp_path, capsys):
+    e = write(tmp_path, "2026-12-02-x-e2e-2b.json", rec("2b", [("ours", {1: 550.0}), ("bf16-llama", {1: 400.0})]))
+    f = write(tmp_path, "2026-12-02-x-e2e-tiny.json", rec("tiny", [("t", {1: 700.0})]))
+    out = tmp_path / "out"
+    for _ in range(2):
+        assert C.main(["--e2e", str(e), "--floor", str(f), "--targets", "1=2.5", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["2026-12-02-x-e2e-2b-ceiling-2.json", "2026-12-02-x-e2e-2b-ceiling-2.md",
+                                                      "2026-12-02-x-e2e-2b-ceiling.json", "2026-12-02-x-e2e-2b-ceiling.md"]
+    md = (out / "2026-12-02-x-e2e-2b-ceiling.md").read_text()
+    assert "| 1 | 700 | 1.429 | 400 | 1.75x | 2.5x (ABOVE the ceiling) | ours 550, 1.38x, 79% |" in md
+    data = json.loads((out / "2026-12-02-x-e2e-2b-ceiling.json").read_text())
+    assert data["floors"] == ["2026-12-02-x-e2e-tiny.json"] and data["rows"][0]["target_reachable"] is False
+    # bad input: exit status 2 and the file named on stderr, nothing written
+    assert C.main(["--e2e", str(f), "--floor", str(f), "--out", str(tmp_path / "none")]) == 2
+    assert "this is a floor record" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
