@@ -121,6 +121,7 @@ def with_env(env: dict, f):
     return g
 
 
+BP_MAX_M = 32  # csrc kA8BpMaxM: ternary_mm_a8_bp runs where the a8 GEMV has <= 4 row tiles
 V5_MAX_M_FP, V5_MAX_M_A8 = 8, 64  # csrc/ternary_gemm.cu kV5MaxMFp / kV5MaxMA8 (a8: see a8_v5)
 A8_DENSE_MIN_M = 256  # csrc/bindings.cpp a8_dense_min_m(): int8 decode + torch._int_mm from here on
 # (TRIT_NW, TRIT_KS) pairs timed by --cfg-sweep at M > 8 (tiles per CTA x split-K warps <= 8)
@@ -184,8 +185,8 @@ class Humming:
 # (TRIT_QUANT_CLUSTER; GPU tests, memcheck; the default on rows longer than 4096 since), run 24
 # trit::rms_norm_a8q behind the norm + a8 / norm + a8q columns (GPU tests, memcheck, racecheck), run 25b
 # trit::ternary_mm_a8_prologue behind the `norm in GEMV` column (GPU tests, memcheck; racecheck and
-# synccheck on its own driver). None pending.
-EXPERIMENTAL: dict = {}
+# synccheck on its own driver). Pending: a8_bp (ternary_mm_a8_bp, the bitplane layout; CPU-checked, no GPU run yet).
+EXPERIMENTAL: dict = {"a8_bp": lambda M: M <= BP_MAX_M}
 # TRIT_A8_GEMM_CFG values timed beside the default warp tile (csrc/ternary_gemm.cu gemm_cfg_id):
 # 1 = 2 weight tiles x 8 row tiles per warp, 4 warps (128 channels x 64 rows per CTA); 2 = the same
 # warp tile, 8 warps (256 channels); 3 = 4 weight tiles x 4 row tiles, 4 x 2 warps (256 channels);
@@ -209,6 +210,9 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
     nt = n_copies(tern_bytes)
     nb = n_copies(bf16_bytes)
     packs = [packed.clone() for _ in range(nt)]
+    # the bitplane (+1/-1 bitmask) layout of the same weights, for ternary_mm_a8_bp at M <= 32
+    bps = [ops.repack_bitplane(packed)] if min(ms) <= BP_MAX_M else []
+    bps += [bps[0].clone() for _ in range(nt - 1)] if bps else []
     wbf = [(w.to(torch.bfloat16) * scale[:, None].to(torch.bfloat16)) for _ in range(nb)]
     hum_layers, hum_err = [], hum.error
     if hum_err is None and hum.spent > hum.BUDGET_S:
@@ -251,6 +255,8 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
         if M <= 32:  # the default picks per shape (wn_auto, fuseq_auto): each choice forced
             variants["a8_plain"] = with_env({"TRIT_WN": "1", "TRIT_A8_FUSEQ": "0", "TRIT_A8_GEMM": "0"}, variants["a8"])
             variants["a8_wn2"] = with_env({"TRIT_WN": "2"}, variants["a8"])  # M 17-32: the MT = 4 kernel
+        if M <= BP_MAX_M and bps:  # the same route on the bitplane layout (bit-identical results)
+            variants["a8_bp"] = lambda i: torch.ops.trit.ternary_mm_a8_bp(x, bps[i % nt], scale, N, K, None)
         if M <= 8:  # the quantizer fused into the GEMV
             variants["a8_fuseq"] = with_env({"TRIT_A8_FUSEQ": "1"}, variants["a8"])
             # the GEMV alone on a quantization made beforehand (ternary_mm_a8q: what a layer costs
@@ -337,6 +343,8 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             t_start = time.time()
             try:
                 y = f(0).float()
+                if name == "a8_bp":  # must equal the code layout's result bit for bit (same route)
+                    row["a8_bp_equal"] = bool(torch.equal(f(0), variants["a8"](0)))
                 if name == "decode":  # [N, K] W * scale, not an output
                     wref = w.float() * scale[:, None]
                     row["decode_relerr"] = (y - wref).abs().max().item() / wref.abs().max().item()
@@ -381,7 +389,7 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
         row["floor_us"] = tern_bytes / COPY_BW * 1e6
         out_rows.append(row)
         print(fmt_row(row), flush=True)
-    del packs, wbf, hum_layers
+    del packs, bps, wbf, hum_layers
     torch.cuda.empty_cache()
 
 
@@ -476,6 +484,17 @@ def markdown(meta, rows) -> str:
         for r in csweep:
             lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('a8_us'), '.1f')} | "
                          + " | ".join(_f(r.get(f"a8_nw{nw}ks{ks}_us"), ".1f") for nw, ks in CFG_SWEEP) + " |")
+    bp = [r for r in rows if r.get("a8_bp_us") or r.get("a8_bp_error")]
+    if bp:
+        lines += ["", "Weight layout at M <= 32: the bitplane (+1/-1 bitmask) form, `ternary_mm_a8_bp` (one bit plane "
+                  "for +1, one for -1; csrc/ternary.h), against the 2-bit codes, `ternary_mm_a8`: the same route and "
+                  "bytes, only the decode differs (codes: a shift and an AND per four weights; bitplanes: two shifts, "
+                  "two ANDs and an add). `equal`: results bit for bit.", "",
+                  "| N x K | M | codes (a8) us | bitplanes us | bitplanes / codes | equal |", "|---|---|---|---|---|---|"]
+        for r in bp:
+            a, b_ = r.get("a8_us"), r.get("a8_bp_us")
+            lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {_f(a, '.1f')} | {_f(b_, '.1f')} | "
+                         f"{_f(b_ / a if a and b_ else None, '.2f')} | {r.get('a8_bp_equal', '-')} |")
     alt = [r for r in rows if r.get("a8_il_us")]
     if alt:
         lines += ["", "Large M, bf16 and the default a8 timed alternately (3 rounds each, medians; us) beside the "

@@ -108,6 +108,8 @@ for knobs in SETS:
           for op in (torch.ops.trit.ternary_mm, torch.ops.trit.ternary_mm_a8, torch.ops.trit.ternary_mm_naive):
               op(x, p, s, N, K, b)
           torch.ops.trit.ternary_mm_a8q(x, *ops.a8_quantize(x), p, s, N, K, b)  # M <= 8: the GEMV on given xq
+          if M <= 32:  # the bitplane layout's GEMV (ternary_mm_a8_bp runs at M <= 32 only)
+              torch.ops.trit.ternary_mm_a8_bp(x, ops.repack_bitplane(p), s, N, K, b)
           # the RMSNorm + quantizer kernel (with and without the residual add) feeding that GEMV
           h, _, xq, xs, rs = torch.ops.trit.rms_norm_a8q(x, x, torch.rand(K, device="cuda").to(dt), 1e-6)
           torch.ops.trit.rms_norm_a8q(x, None, torch.rand(K, device="cuda").to(dt), 1e-6)

@@ -229,6 +229,29 @@ at::Tensor ternary_mm_a8_cuda(const at::Tensor& x, const at::Tensor& packed, con
   return a.y;
 }
 
+// trit::ternary_mm_a8_bp: ternary_mm_a8 on the bitplane layout (trit.ops.repack_bitplane; csrc/ternary.h), the
+// same route and results where the M <= 32 GEMV runs; an error elsewhere (larger M, TRIT_KERNEL=v4)
+at::Tensor ternary_mm_a8_bp_cuda(const at::Tensor& x, const at::Tensor& packed_bp, const at::Tensor& scale, int64_t N,
+                                 int64_t K, const std::optional<at::Tensor>& bias) {
+  const char* op = "trit::ternary_mm_a8_bp";
+  c10::DeviceGuard guard(x.device());
+  MmArgs a = prepare(x, packed_bp, scale, N, K, bias, op);
+  if (a.M == 0) return a.y;
+  const int64_t Kp = (K + 127) / 128 * 128, Mp = std::max<int64_t>((a.M + 63) / 64 * 64, 64);
+  at::Tensor ws = at::empty({Mp * Kp + 8 * a.M}, x.options().dtype(at::kChar));
+  int8_t* xq = ws.data_ptr<int8_t>();
+  float* xs = reinterpret_cast<float*>(xq + Mp * Kp);
+  int32_t* rowsum = reinterpret_cast<int32_t*>(xs + a.M);
+  TORCH_CHECK(trit_mm_a8_bp_ok((int)a.M, (int)N, (int)K), op, ": the bitplane layout runs only where the W1.58A8 GEMV "
+              "of M <= 32 does (M = ", a.M, ", N = ", N, ", K = ", K, "; TRIT_KERNEL=v4 has no bitplane kernel); use "
+              "ternary_mm_a8 on the 2-bit code layout (trit.ops.bitplane_to_packed) there");
+  check_launch(trit_mm_a8_bp(a.dtype, a.x.data_ptr(), packed_bp.data_ptr<int32_t>(), scale.data_ptr<float>(),
+                             a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N, (int)K, xq,
+                             xs, rowsum, current_stream(x)),
+               op);
+  return a.y;
+}
+
 // ternary_mm_a8 with x's quantization given (trit.ops.a8_quantize(x) -> xq, xs, rowsum; under
 // torch.compile the norm / activation kernel that produces x computes them too). Where the M <= 8
 // GEMV runs (trit_mm_a8_pre_ok) it reads them and no quantizer runs; elsewhere (larger M, TRIT_KERNEL=v4,
@@ -503,6 +526,7 @@ TORCH_LIBRARY_IMPL(trit, CUDA, m) {
   m.impl("ternary_mm", &ternary_mm_cuda);
   m.impl("ternary_mm_naive", &ternary_mm_naive_cuda);
   m.impl("ternary_mm_a8", &ternary_mm_a8_cuda);
+  m.impl("ternary_mm_a8_bp", &ternary_mm_a8_bp_cuda);
   m.impl("ternary_mm_a8q", &ternary_mm_a8q_cuda);
   m.impl("ternary_decode", &ternary_decode_cuda);
   m.impl("rms_norm_a8q", &rms_norm_a8q_cuda);

@@ -15,6 +15,16 @@
 //   Why: one 16-byte load per lane gives a warp a 16 x 128 tile whose words decode, with one
 //   LOP3 + one HFMA2 per pair, straight into mma.m16n8k16 A fragments (and with one LOP3
 //   into mma.m16n8k32 u8 fragments), with x read in natural order.
+//
+// Bitplane layout ("tile16x128-bp", trit_mm_a8_bp; trit/ops.py repack_bitplane / unpack_bitplane), the
+// +1/-1 bitmask form of the same weights: same shape, same 16-byte load per lane and k-block, but the
+// lane's four words are P0, N0, P1, N1 - one bit per weight for "is +1" (P) and "is -1" (N) - where the
+// layout above has the 2-bit codes C0..C3: for j, h in {0, 1}, byte b and s in 0..3, bit 8b + 4h + s of
+// P_j / N_j is (code at bits [8b + 2s, 8b + 2s + 1] of C_(2j+h)) == 2 / == 0. A weight is +1, -1 or 0
+// (neither bit); both bits set is not a weight (the kernel would read it as 0; unpack_bitplane refuses it).
+// Why: it is the "+1/-1 bitmask" format of the seed's next steps, measured beside the code layout at the
+// same 2 bits per weight: the kernel rebuilds each u8 A fragment as 0x01010101 + p - n per four weights
+// (two shifts, two ANDs, one add) where the codes take one shift and one AND.
 #pragma once
 #include <stdint.h>
 
@@ -45,6 +55,13 @@ int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const float* sca
 // float [M]; rowsum = sum of xq int32 [M]): the M <= 8 GEMV without its quantizer. Only where
 // trit_mm_a8_pre_ok(M, N, K) (the v5 MT = 1 kernel runs there), else cudaErrorInvalidValue.
 int trit_mm_a8_pre_ok(int M, int N, int K);
+// W1.58A8 on the bitplane layout (above): the route, arithmetic and results of trit_mm_a8 where its v5 GEMV
+// runs with at most 4 row tiles (M <= 32, TRIT_KERNEL not v4), cudaErrorInvalidValue elsewhere; the same
+// workspace as trit_mm_a8.
+int trit_mm_a8_bp_ok(int M, int N, int K);
+int trit_mm_a8_bp(int dtype, const void* x, const int32_t* packed_bp, const float* scale,
+                  const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
+                  int32_t* rowsum, void* stream);
 int trit_mm_a8_pre(int dtype, const int32_t* packed, const float* scale, const void* bias, void* y, int M, int N,
                    int K, const int8_t* xq, const float* xs, const int32_t* rowsum, void* stream);
 // The same through the GEMM-shaped kernel (M > 16; above 256 only with its 128-row wgmma loop,

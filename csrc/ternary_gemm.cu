@@ -14,6 +14,7 @@
 //                           quant_rows_perm_kernel<T> (xq permuted within groups of 8 so the mma
 //                           B registers need no PRMT; k-block-major for MT >= 2), or quantizing x
 //                           itself (kFuseQ).
+//                           kBP: the same kernel reading the bitplane layout (ternary.h; trit_mm_a8_bp, M <= 32).
 //   M <= 8 (fp) / 32-64 (a8, see a8_v5) goes to the v5 kernels (TRIT_KERNEL=v4 in the
 //   environment: the v4 kernels), launched with programmatic dependent launch (TRIT_PDL) and an
 //   L2 bulk prefetch (TRIT_L2PF): see Knobs.
@@ -225,6 +226,22 @@ __device__ __forceinline__ void wgmma_u8s8(int (&d)[N / 2], const uint32_t (&a)[
 __device__ __forceinline__ void a8_frag(uint32_t w, uint32_t (&af)[4]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) af[j] = (w >> (2 * j)) & 0x03030303u;
+}
+// Word i of a lane's 16-byte weight load -> the same A fragment, from either layout: kBP = false the 2-bit
+// codes (a8_frag), kBP = true the bitplane layout (csrc/ternary.h: the load is P0, N0, P1, N1; word i's 16
+// weights are bits 4 (i & 1) + s of each byte of P_(i/2) / N_(i/2)): code = 1 + p - n per byte, one
+// 32-bit add and subtract for four bytes (each byte stays in 0..2: no carry or borrow between bytes).
+template <bool kBP>
+__device__ __forceinline__ void a8_frag_w(const int4& v, int i, uint32_t (&af)[4]) {
+  if constexpr (!kBP) {
+    const uint32_t w = static_cast<uint32_t>(i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w);
+    a8_frag(w, af);
+  } else {
+    const uint32_t p = static_cast<uint32_t>(i < 2 ? v.x : v.z), n = static_cast<uint32_t>(i < 2 ? v.y : v.w);
+    const int sh = 4 * (i & 1);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) af[j] = 0x01010101u + ((p >> (sh + j)) & 0x01010101u) - ((n >> (sh + j)) & 0x01010101u);
+  }
 }
 
 // ---------------------------------------------------------------- activation fragments
@@ -1198,7 +1215,7 @@ __device__ __forceinline__ float pro_quantize_row(const T* __restrict__ x, const
 // from there; xq / xs / rowsum are unused. Every CTA reads all of x (M * K elements, from L2).
 // Shared memory after red: xq [M][Kp + 16] (the 16-byte row pad puts rows on different banks),
 // xs / rowsum [8] each, 2 x 8 words of reduction scratch; the dispatcher checks it fits in 48 KB.
-template <typename T, int MT, int WN, bool kFuseQ = false>
+template <typename T, int MT, int WN, bool kFuseQ = false, bool kBP = false>
 __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
     a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                     const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
@@ -1258,7 +1275,7 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
 #pragma unroll
     for (int wn = 0; wn < WN; ++wn) {
       uint32_t af[4];
-      a8_frag(word_of_rt(w[wn], i), af);
+      a8_frag_w<kBP>(w[wn], i, af);
       mma16832_u8s8(acc[wn * MT + mt], af, b0, b1);
     }
   };
@@ -2180,6 +2197,7 @@ cudaError_t launch_quant_cluster(int S, const T* x, int8_t* xq, float* xs, int32
 //     12.1 vs 16.0, 4096x4096 15.9 vs 20.0) - on larger ones it lost (28672x8192 171 vs 100).
 // Elsewhere (and for fp32 or misaligned x) the v4 kernels.
 constexpr int kV5MaxMFp = 8, kV5MaxMA8 = 64;
+constexpr int kA8BpMaxM = 32;  // the bitplane layout's GEMV (trit_mm_a8_bp): the MT <= 4 kernels
 int v5_mt(int M) { return M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8; }
 bool a8_v5(int M, int N, int K) { return M <= 32 || (M <= kV5MaxMA8 && (long)N * K <= (16L << 20)); }
 
@@ -2287,19 +2305,19 @@ bool fuseq_auto(int M, int N, int K) { return M == 1 && (long)N * K <= (32L << 2
 // quantizer (x is quantized inside, no xq) exists for MT = 1, one tile per warp, one warp along N.
 // (An L2::256B prefetch-size hint on the weight loads, TRIT_L2_256, measured no faster in H200
 // run 10 - equal or up to 0.6 us slower at M <= 8 on all ten shapes - and was removed.)
-template <typename T, int MT>
+template <typename T, int MT, bool kBP = false>
 cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, const T* x, int K,
                                const int8_t* xq, const float* xs, const int32_t* rowsum, const int32_t* wp,
                                const float* scale, const T* bias, T* y, int M, int N, int KB, cudaStream_t st) {
   const int n_tiles = (N + kTileN - 1) / kTileN, n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
   size_t smem = (size_t)cfg.nw * cfg.ks * cfg.wn * MT * 128 * sizeof(int);
-  auto kernel = a8_small_kernel<T, MT, 1>;
+  auto kernel = a8_small_kernel<T, MT, 1, false, kBP>;
   if constexpr (MT <= 4) {  // MT = 8 with two tiles: no registers left
-    if (cfg.wn == 2) kernel = a8_small_kernel<T, MT, 2>;
+    if (cfg.wn == 2) kernel = a8_small_kernel<T, MT, 2, false, kBP>;
   }
   if constexpr (MT == 1) {
     if (fuseq) {
-      kernel = a8_small_kernel<T, 1, 1, true>;
+      kernel = a8_small_kernel<T, 1, 1, true, kBP>;
       smem += fuseq_smem(M, KB);
     }
   }
@@ -2486,11 +2504,13 @@ bool a8_pre_ok(int M) { return M >= 1 && M <= 8 && knobs().v5; }
 template <typename T>
 cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
                         int M, int N, int K, int8_t* xq, float* xs, int32_t* rowsum,
-                        cudaStream_t st, bool pre = false) {
+                        cudaStream_t st, bool pre = false, bool bp = false) {
   const int KB = (K + kBlockK - 1) / kBlockK;
   const bool v5 = a8_v5(M, N, K);
   const Knobs kn = v5 ? knobs() : Knobs{false, false, 0, 0, 0, 1, 0};
   if (pre && !(v5 && kn.v5 && M <= 8)) return cudaErrorInvalidValue;
+  // the bitplane layout (bp) has the v5 kernels with MT <= 4 only: the route ternary_mm_a8 takes at M <= 32
+  if (bp && (pre || !(v5 && kn.v5 && M <= kA8BpMaxM))) return cudaErrorInvalidValue;
   if (v5 && kn.v5) {
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
     const bool pdl = kn.pdl && pdl_supported();
@@ -2516,6 +2536,14 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     }
     const int flags = l2pf_flags(kn.l2pf, true, N, K);
     const int8_t* q = xq;
+    if (bp) {
+      switch (cfg.mt) {
+        case 1: return launch_a8_small_mt<T, 1, true>(cfg, pdl, fuseq, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+        case 2: return launch_a8_small_mt<T, 2, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+        case 4: return launch_a8_small_mt<T, 4, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+        default: return cudaErrorInvalidValue;
+      }
+    }
     switch (cfg.mt) {
       case 1: return launch_a8_small_mt<T, 1>(cfg, pdl, fuseq, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
       case 2: return launch_a8_small_mt<T, 2>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
@@ -3400,6 +3428,21 @@ extern "C" int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const
 }
 
 extern "C" int trit_mm_a8_pre_ok(int M, int N, int K) { return a8_pre_ok(M) ? 1 : 0; }
+
+// trit_mm_a8 on the bitplane layout: the same route and results where it runs (the v5 GEMV, M <= kA8BpMaxM),
+// else cudaErrorInvalidValue; trit_mm_a8_bp_ok says which (dispatch_a8's condition)
+extern "C" int trit_mm_a8_bp_ok(int M, int N, int K) {
+  return M >= 1 && M <= kA8BpMaxM && a8_v5(M, N, K) && knobs().v5 ? 1 : 0;
+}
+extern "C" int trit_mm_a8_bp(int dtype, const void* x, const int32_t* packed_bp, const float* scale,
+                             const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
+                             int32_t* rowsum, void* stream) {
+  return visit_float_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return (int)dispatch_a8<T>((const T*)x, packed_bp, scale, (const T*)bias, (T*)y, M, N, K, xq, xs, rowsum,
+                               (cudaStream_t)stream, false, true);
+  });
+}
 
 // dispatch_a8 refuses (cudaErrorInvalidValue) where a8_pre_ok does not hold
 extern "C" int trit_mm_a8_pre(int dtype, const int32_t* packed, const float* scale, const void* bias, void* y, int M,

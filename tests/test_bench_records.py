@@ -265,3 +265,18 @@ def test_e2e_profile_batch_must_be_measured(tmp_path, capsys):
     assert ex.value.code == 2
     assert "--profile-batch 32: expected one of --batches 1,8" in capsys.readouterr().err
     assert not (tmp_path / "m").exists() and not (tmp_path / "o").exists()
+
+
+def test_kernel_bench_markdown_bitplane_section():
+    """bench.kernels prints the bitplane layout (ternary_mm_a8_bp) beside the code layout at M <= 32, with the
+    ratio and whether the results were equal; no section when no row has it."""
+    from bench import kernels
+
+    meta = {"device": "H200", "date": "d", "commit": "c", "command": "x", "torch": "t", "cuda": "u", "fused_max_m": 64}
+    rows = [{"N": 2560, "K": 2560, "M": 1, "a8_us": 4.0, "a8_bp_us": 5.0, "a8_bp_equal": True, "floor_us": 0.4},
+            {"N": 2560, "K": 2560, "M": 64, "a8_us": 9.0, "floor_us": 0.4}]
+    md = kernels.markdown(meta, rows)
+    assert "| 2560x2560 | 1 | 4.0 | 5.0 | 1.25 | True |" in md
+    assert "| 2560x2560 | 64 |" in md and md.count("| 2560x2560 | 64 |") == 1  # only in the main table
+    assert "bitplane" not in kernels.markdown(meta, rows[1:])
+    assert kernels.EXPERIMENTAL["a8_bp"](32) and not kernels.EXPERIMENTAL["a8_bp"](33)

@@ -131,6 +131,49 @@ def test_opcheck_cuda(name, dtype):
     torch.library.opcheck(getattr(torch.ops.trit, name), (x, p, s, 40, 300, b))
 
 
+# The bitplane (+1/-1 bitmask) layout: ternary_mm_a8_bp runs ternary_mm_a8's route with the other decode
+# (a8_frag_w<true>), so its results must be those of ternary_mm_a8 bit for bit, under every launch choice
+# the route makes (fused quantizer, one or two tiles per warp, 1 / 2 / 4 row tiles), eagerly and replayed.
+@pytest.mark.parametrize("M", [1, 3, 8, 9, 16, 17, 32])
+@pytest.mark.parametrize("NK", [(33, 300), (100, 1000), (2560, 2560), (640, 4104), (6160, 520)])
+def test_a8_bitplane_matches_codes_cuda(monkeypatch, M, NK):
+    N, K = NK
+    monkeypatch.setenv("TRIT_KERNEL", "v5")
+    for dtype in DTYPES:
+        x, w, p, s, b = make_case(M, N, K, dtype, True, 41 + M, DEV)
+        bp = ops.repack_bitplane(p)
+        assert torch.equal(ops.repack_bitplane(p.cpu()).to(DEV), bp)
+        a0 = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+        for env in ({}, {"TRIT_A8_FUSEQ": "1"}, {"TRIT_A8_FUSEQ": "0"}, {"TRIT_WN": "1"}, {"TRIT_WN": "2"},
+                    {"TRIT_PDL": "0", "TRIT_L2PF": "0"}, {"TRIT_L2PF": "2"}, {"TRIT_NW": "3"}):
+            for k, v in env.items():
+                monkeypatch.setenv(k, v)
+            got = torch.ops.trit.ternary_mm_a8_bp(x, bp, s, N, K, b)
+            assert torch.equal(got, a0), f"{dtype} {env}"
+            for k in env:
+                monkeypatch.delenv(k)
+        y = eager_or_replayed(lambda t: torch.ops.trit.ternary_mm_a8_bp(t, bp, s, N, K, b), x, True)
+        assert torch.equal(y, a0), f"{dtype} graph replay"
+
+
+def test_a8_bitplane_outside_its_route_cuda(monkeypatch):
+    x, w, p, s, b = make_case(33, 100, 1000, torch.bfloat16, False, 9, DEV)
+    bp = ops.repack_bitplane(p)
+    with pytest.raises(RuntimeError, match=r"trit::ternary_mm_a8_bp: the bitplane layout runs only .*M = 33"):
+        torch.ops.trit.ternary_mm_a8_bp(x, bp, s, 100, 1000, None)
+    monkeypatch.setenv("TRIT_KERNEL", "v4")
+    with pytest.raises(RuntimeError, match="TRIT_KERNEL=v4 has no bitplane kernel"):
+        torch.ops.trit.ternary_mm_a8_bp(x[:4], bp, s, 100, 1000, None)
+    monkeypatch.delenv("TRIT_KERNEL")
+    assert torch.ops.trit.ternary_mm_a8_bp(x[:0], bp, s, 100, 1000, None).shape == (0, 100)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_opcheck_a8_bitplane_cuda(dtype):
+    x, w, p, s, b = make_case(5, 40, 300, dtype, True, 5, DEV)
+    torch.library.opcheck(torch.ops.trit.ternary_mm_a8_bp, (x, ops.repack_bitplane(p), s, 40, 300, b))
+
+
 def test_opcheck_decode_cuda():
     _, _, p, s, _ = make_case(1, 40, 300, torch.float32, False, 6, DEV)
     torch.library.opcheck(torch.ops.trit.ternary_decode, (p, s, 40, 300, torch.bfloat16))

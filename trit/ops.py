@@ -26,6 +26,9 @@ Ops (all take x: [M, K] of bfloat16 | float16 | float32 and return [M, N] of x's
     torch.ops.trit.ternary_mm(x, packed, scale, N, K, bias=None)        fp32 accumulation
     torch.ops.trit.ternary_mm_a8(x, packed, scale, N, K, bias=None)     BitNet W1.58A8
     torch.ops.trit.ternary_mm_naive(x, packed, scale, N, K, bias=None)  correctness anchor
+    torch.ops.trit.ternary_mm_a8_bp(x, packed_bp, scale, N, K, bias=None)
+        ternary_mm_a8 on the bitplane layout (:func:`repack_bitplane`: the +1/-1 bitmask form, one bit
+        plane for +1 and one for -1, 2 bits per weight as the codes); same results, CUDA at M <= 32 only
     torch.ops.trit.ternary_decode(packed, scale, N, K, dtype) -> [N, K] W * scale (dense)
     torch.ops.trit.ternary_mm_a8q(x, xq, xs, rowsum, packed, scale, N, K, bias=None)
         ternary_mm_a8 with x's quantization given by :func:`a8_quantize` (torch ops that a compiler
@@ -150,6 +153,92 @@ def unpack(packed: Tensor, N: int, K: int) -> Tensor:
     return (codes[:N, :K] - 1).to(torch.int8)
 
 
+# Bitplane layout ("tile16x128-bp", csrc/ternary.h): the same int32 shape, each lane's 4 words per k-block
+# (C0, C1, C2, C3 above) become P0, N0, P1, N1: bit 8b + 4h + s of P_j / N_j says whether the code at bits
+# [8b + 2s, 8b + 2s + 1] of C_(2j+h) is 2 (+1) / 0 (-1).
+def _bp_bit_positions(device=None) -> Tensor:
+    """[h, b, s] -> bit 8b + 4h + s of P_j / N_j; the code of that weight sits at bits 8b + 2s of C_(2j+h)."""
+    h = torch.arange(2).view(2, 1, 1)
+    b = torch.arange(4).view(1, 4, 1)
+    s = torch.arange(4).view(1, 1, 4)
+    return (8 * b + 4 * h + s).to(device=device, dtype=torch.int64)
+
+
+def _code_bit_positions(device=None) -> Tensor:
+    """[b, s] -> bit 8b + 2s of a code word."""
+    b = torch.arange(4).view(4, 1)
+    s = torch.arange(4).view(1, 4)
+    return (8 * b + 2 * s).to(device=device, dtype=torch.int64)
+
+
+def _u32_to_i32(v: Tensor) -> Tensor:
+    """int64 values in [0, 2^32) -> int32 with the same bits."""
+    return torch.where(v >= 2**31, v - 2**32, v).to(torch.int32)
+
+
+def _check_packed_2d(name: str, packed: Tensor) -> None:
+    if packed.dtype != torch.int32 or packed.dim() != 2 or packed.shape[1] % BLOCK_K != 0:
+        raise ValueError(f"{name}: expected int32 [ceil(N/16), ceil(K/128)*128] (the packed layout), got "
+                         f"{packed.dtype} {tuple(packed.shape)}")
+
+
+_BP_ROWS = 256  # packed rows converted at a time (the int64 intermediates hold 64x the words)
+
+
+def repack_bitplane(packed: Tensor) -> Tensor:
+    """The 2-bit code layout (:func:`repack`) -> the bitplane layout of the same weights (same shape, device).
+
+    Offline: validates the codes (code 3 is not a weight; a host sync per 256 packed rows)."""
+    _check_packed_2d("repack_bitplane", packed)
+    T, Kp = packed.shape
+    out = torch.empty_like(packed)
+    pos = _bp_bit_positions(packed.device)  # [h, b, s]
+    cpos = _code_bit_positions(packed.device)  # [b, s]
+    for t0 in range(0, T, _BP_ROWS):
+        rows = packed[t0:t0 + _BP_ROWS]
+        c = rows.reshape(-1, Kp // 4, 4).to(torch.int64) & 0xFFFFFFFF  # [t, lane-groups, word i]
+        codes = (c[..., None, None] >> cpos) & 3  # [t, L, i, b, s]
+        bad = codes == 3
+        if bool(bad.any()):
+            t, lq, i = (int(v) for v in bad.nonzero()[0][:3])
+            raise ValueError(f"repack_bitplane: packed[{t0 + t}, {lq * 4 + i}] holds code 3, which is not a weight "
+                             f"(codes are w + 1 in 0..2): not a trit packed tensor")
+        codes = codes.view(-1, Kp // 4, 2, 2, 4, 4)  # [t, L, j, h, b, s]
+        P = ((codes == 2).to(torch.int64) << pos).sum((-3, -2, -1))  # disjoint bits: sum == OR
+        Nw = ((codes == 0).to(torch.int64) << pos).sum((-3, -2, -1))
+        out[t0:t0 + _BP_ROWS] = _u32_to_i32(torch.stack([P, Nw], -1)).reshape(-1, Kp)  # P0, N0, P1, N1
+    return out
+
+
+def bitplane_to_packed(packed_bp: Tensor) -> Tensor:
+    """Exact inverse of :func:`repack_bitplane`: the 2-bit code layout. Refuses a weight with both its +1 and
+    its -1 bit set (names the word and bit)."""
+    _check_packed_2d("bitplane_to_packed", packed_bp)
+    T, Kp = packed_bp.shape
+    out = torch.empty_like(packed_bp)
+    pos = _bp_bit_positions(packed_bp.device)
+    cpos = _code_bit_positions(packed_bp.device)
+    for t0 in range(0, T, _BP_ROWS):
+        w = packed_bp[t0:t0 + _BP_ROWS].reshape(-1, Kp // 4, 2, 2).to(torch.int64) & 0xFFFFFFFF  # [t, L, j, P/N]
+        p = (w[..., 0, None, None, None] >> pos) & 1  # [t, L, j, h, b, s]
+        n = (w[..., 1, None, None, None] >> pos) & 1
+        both = (p & n).bool()
+        if bool(both.any()):
+            t, lq, j, h, b, s_ = (int(v) for v in both.nonzero()[0])
+            t += t0
+            raise ValueError(f"bitplane_to_packed: packed_bp[{t}, {lq * 4 + 2 * j}] and [{t}, {lq * 4 + 2 * j + 1}] "
+                             f"both set bit {8 * b + 4 * h + s_} (+1 and -1 for one weight): not a bitplane tensor")
+        codes = (1 + p - n).view(-1, Kp // 4, 4, 4, 4)  # [t, L, i = 2j + h, b, s]
+        words = (codes << cpos).sum((-2, -1))  # [t, L, i]
+        out[t0:t0 + _BP_ROWS] = _u32_to_i32(words).reshape(-1, Kp)
+    return out
+
+
+def unpack_bitplane(packed_bp: Tensor, N: int, K: int) -> Tensor:
+    """int8 [N, K] in {-1, 0, +1} from the bitplane layout."""
+    return unpack(bitplane_to_packed(packed_bp), N, K)
+
+
 # ---------------------------------------------------------------------------------- references
 # Pure torch, float64 where it matters: the gold standard the kernels are tested against.
 
@@ -254,6 +343,8 @@ _lib = torch.library.Library("trit", "DEF")  # noqa: kept alive for the process 
 _MM_SCHEMA = "(Tensor x, Tensor packed, Tensor scale, int N, int K, Tensor? bias=None) -> Tensor"
 for _name in ("ternary_mm", "ternary_mm_a8", "ternary_mm_naive"):
     _lib.define(_name + _MM_SCHEMA)
+# ternary_mm_a8 on the bitplane layout (repack_bitplane): see _mm_a8_bp_torch
+_lib.define("ternary_mm_a8_bp(Tensor x, Tensor packed_bp, Tensor scale, int N, int K, Tensor? bias=None) -> Tensor")
 _lib.define("ternary_decode(Tensor packed, Tensor? scale, int N, int K, ScalarType dtype) -> Tensor")
 # ternary_mm_a8 with x's quantization (a8_quantize(x)) given: see ternary_linear_a8_pre
 _lib.define("ternary_mm_a8q(Tensor x, Tensor xq, Tensor xs, Tensor rowsum, Tensor packed, Tensor scale, int N, "
@@ -302,6 +393,12 @@ def _mm_a8_torch(x, packed, scale, N, K, bias=None):
     _check_mm("ternary_mm_a8", x, packed, scale, N, K, bias)
     xq, xs = act_quant_a8_ref(x)
     return _a8_from_quant(xq, xs, packed, scale, N, K, bias, x.dtype)
+
+
+def _mm_a8_bp_torch(x, packed_bp, scale, N, K, bias=None):
+    """ternary_mm_a8 of the weights in the bitplane layout: the same arithmetic, so the same results."""
+    _check_mm("ternary_mm_a8_bp", x, packed_bp, scale, N, K, bias)
+    return _mm_a8_torch(x, bitplane_to_packed(packed_bp), scale, N, K, bias)
 
 
 def _a8_from_quant(xq, xs, packed, scale, N, K, bias, dtype):
@@ -469,6 +566,7 @@ def ternary_chain_ref(x: Tensor, residual: Optional[Tensor], residual_stage: int
 _TORCH_IMPLS = {
     "ternary_mm": _mm_torch,
     "ternary_mm_a8": _mm_a8_torch,
+    "ternary_mm_a8_bp": _mm_a8_bp_torch,
     "ternary_mm_naive": _mm_naive_torch,
     "ternary_decode": _decode_torch,
     "ternary_mm_a8q": _mm_a8q_torch,
@@ -484,7 +582,7 @@ def _mm_fake(x, packed, scale, N, K, bias=None):
     return x.new_empty((x.shape[0], N))
 
 
-for _name in ("ternary_mm", "ternary_mm_a8", "ternary_mm_naive"):
+for _name in ("ternary_mm", "ternary_mm_a8", "ternary_mm_a8_bp", "ternary_mm_naive"):
     torch.library.register_fake("trit::" + _name, _mm_fake, lib=_lib)
 
 
