@@ -9,7 +9,8 @@
 #                            once (e2e2b generates what is missing one after the other: > 570 s with humming)
 #   ci/gpu_e2e.sh e2e2b      bench.e2e --shape 2b (ours on BitNet + Llama twin, bf16 twin)
 #   ci/gpu_e2e.sh floor      bench.e2e --shape tiny: vLLM's own time per decode step on this host (a model whose
-#                            forward takes microseconds), the floor under every B = 1 figure
+#                            forward takes microseconds), the floor under every B = 1 figure; e2e2b / e2e8b
+#                            after it on the same machine add python -m bench.ceiling of their record
 #   ci/gpu_e2e.sh tp2        tensor parallel 2 (two GPUs): parity record (tiny) + bench.e2e 8b at TP=2
 #   ci/gpu_e2e.sh gold8b     Llama-3-8B-shaped model: fp32 goldens + bf16 noise floor on the GPU
 #   ci/gpu_e2e.sh scale8b    gold8b (when missing), then parity records at TP=1 and TP=2
@@ -41,6 +42,18 @@ export TRIT_COMMIT=${TRIT_COMMIT:-unknown}
 quiet() { grep -vE "^\(EngineCore|^INFO|DEBUG|^\[rank|it/s\]|WARNING.*(deprecat|FutureWarning)" || true; }
 rc=0
 gpu1_pid=""
+# ceiling SHAPE BASELINE TARGETS: where the floor stage ran on this machine earlier (its rows stay in
+# /tmp/e2e-state-tiny), python -m bench.ceiling of this call's SHAPE record under it (a copy of the floor rows
+# goes to $OUT with it); a record without the baseline is reported, not an error of the stage
+ceiling() {
+  local e f
+  e=$(ls -t "$OUT"/*-e2e-$1.json "$OUT"/*-e2e-$1-[0-9]*.json 2>/dev/null | head -1)
+  f=$(ls -t "${FLOOR_STATE:-/tmp/e2e-state-tiny}"/*.json 2>/dev/null | head -1)
+  if [ -z "$e" ]; then echo "ceiling: no $1 record in $OUT"; return 0; fi
+  if [ -z "$f" ]; then echo "ceiling: no floor rows on this machine (run the floor stage first)"; return 0; fi
+  cp "$f" "$OUT/floor-rows-$(basename "$f" | sed 's/^partial-//')"
+  python3 -m bench.ceiling --e2e "$e" --floor "$f" --baseline "$2" --targets "$3" --out "$OUT" | tail -8 || true
+}
 if [ -n "${GPU1_STAGES:-}" ]; then
   GPU1_STAGES="" CUDA_VISIBLE_DEVICES=1 bash "$0" $GPU1_STAGES > "$OUT/gpu1-log.txt" 2>&1 &
   gpu1_pid=$!
@@ -91,6 +104,7 @@ for stage in "$@"; do
       step "e2e 2b"
       python3 -m bench.e2e --shape 2b --only ${E2E_ONLY:-ours-bitnet,ours-llama,bf16-llama} --models /tmp/models \
         --out "$OUT" --state /tmp/e2e-state ${E2E_ARGS:-} 2>&1 | quiet | tail -60 || rc=1
+      ceiling 2b bf16-llama 1=2.5,32=1.8
       ;;
     tp2)
       step "tensor parallel 2"
@@ -130,6 +144,7 @@ for stage in "$@"; do
       step "e2e 8b"
       python3 -m bench.e2e --shape 8b --only ${E2E_ONLY:-ours,bf16} --models /tmp/models --out "$OUT" \
         --state /tmp/e2e-state ${E2E_ARGS:-} 2>&1 | quiet | tail -40 || rc=1
+      ceiling 8b bf16 1=3.5,32=1.8
       ;;
     floor)
       # the engine's own time per decode step on this host: the bundled-size tiny model (4 layers, hidden
@@ -137,7 +152,7 @@ for stage in "$@"; do
       # the floor under any model's B = 1 figure here (the 2B model's B = 1 has been host-bound since run 7)
       step "floor: bench.e2e --shape tiny"
       python3 -m bench.e2e --shape tiny --only ${E2E_ONLY_TINY:-ours-bitnet,bf16-bitnet} --models /tmp/models \
-        --out "$OUT" --state /tmp/e2e-state-tiny ${E2E_ARGS:-} 2>&1 | quiet | tail -30 || rc=1
+        --out "$OUT" --state "${FLOOR_STATE:-/tmp/e2e-state-tiny}" ${E2E_ARGS:-} 2>&1 | quiet | tail -30 || rc=1
       ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac

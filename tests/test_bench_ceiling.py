@@ -103,3 +103,36 @@ def test_main_writes_a_record_and_never_overwrites(tmp_path, capsys):
     assert C.main(["--e2e", str(f), "--floor", str(f), "--out", str(tmp_path / "none")]) == 2
     assert "this is a floor record" in capsys.readouterr().err
     assert not (tmp_path / "none").exists()
+
+
+def test_gpu_e2e_ceiling_helper(tmp_path):
+    """ci/gpu_e2e.sh's ceiling step: this call's e2e record under the floor rows the floor stage left on the
+    machine (FLOOR_STATE), a copy of them and the ceiling record into $OUT; nothing but a note without them."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    script = (root / "ci" / "gpu_e2e.sh").read_text()
+    helper = re.search(r"^ceiling\(\) \{.*?^\}", script, re.S | re.M).group(0)
+    out, state = tmp_path / "out", tmp_path / "state"
+    out.mkdir()
+    state.mkdir()
+    res = root / "bench" / "results"
+    shutil.copy(res / "2026-12-02-nvidia-h200-e2e-2b-run14-b32.json", out / "2026-12-02-nvidia-h200-e2e-2b.json")
+    env = {**os.environ, "OUT": str(out), "FLOOR_STATE": str(state), "PYTHONPATH": str(root)}
+
+    def run():
+        return subprocess.run(["bash", "-c", helper + "\nceiling 2b bf16-llama 1=2.5,32=1.8"], env=env, cwd=root,
+                              capture_output=True, text=True, timeout=120)
+
+    r = run()
+    assert r.returncode == 0 and r.stdout.strip() == "ceiling: no floor rows on this machine (run the floor stage first)", r.stdout + r.stderr
+    shutil.copy(res / "2026-12-02-nvidia-h200-e2e-tiny-floor-a.json", state / "partial-2026-12-02-nvidia-h200-e2e-tiny.json")
+    r = run()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "| 32 | 12985.7 | 2.464 | 10066.3 | 1.29x | 1.8x (ABOVE the ceiling) |" in r.stdout
+    assert (out / "2026-12-02-nvidia-h200-e2e-2b-ceiling.md").exists()
+    assert (out / "floor-rows-2026-12-02-nvidia-h200-e2e-tiny.json").exists()
