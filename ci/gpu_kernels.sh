@@ -68,7 +68,7 @@ fi
 
 if has test; then
   step "tests"
-  timeout ${TEST_TIMEOUT:-400} $PY -m pytest -q -p no:cacheprovider tests/test_ops.py tests/test_ops_cuda.py ${TEST_K:+-k "$TEST_K"} --junitxml="$OUT/junit.xml" --maxfail=25 || rc=1
+  timeout ${TEST_TIMEOUT:-400} $PY -m pytest -q -p no:cacheprovider tests/test_ops.py tests/test_ops_cuda.py tests/test_bitplane.py ${TEST_K:+-k "$TEST_K"} --junitxml="$OUT/junit.xml" --maxfail=25 || rc=1
 fi
 
 if has sanitize; then
