@@ -191,6 +191,23 @@ at::Tensor a8_dense(const MmArgs& a, const at::Tensor& packed, const at::Tensor&
   return a.y;
 }
 
+// The a8 kernels' workspace in one tensor: xq int8 [Mp, Kp] | xs f32 [M] | rowsum i32 [M] (Kp % 128 == 0 keeps
+// the alignment)
+struct A8Workspace {
+  at::Tensor ws;
+  int8_t* xq;
+  float* xs;
+  int32_t* rowsum;
+};
+A8Workspace a8_workspace(const at::Tensor& x, int64_t M, int64_t Mp, int64_t Kp) {
+  A8Workspace w;
+  w.ws = at::empty({Mp * Kp + 8 * M}, x.options().dtype(at::kChar));
+  w.xq = w.ws.data_ptr<int8_t>();
+  w.xs = reinterpret_cast<float*>(w.xq + Mp * Kp);
+  w.rowsum = reinterpret_cast<int32_t*>(w.xs + M);
+  return w;
+}
+
 at::Tensor ternary_mm_a8_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t N,
                               int64_t K, const std::optional<at::Tensor>& bias) {
   const char* op = "trit::ternary_mm_a8";
@@ -201,16 +218,15 @@ at::Tensor ternary_mm_a8_cuda(const at::Tensor& x, const at::Tensor& packed, con
   // torch._int_mm needs M > 16 and N % 8 == 0 (K is padded to 128 here)
   if (!gemm && a.M >= a8_dense_min_m() && a.M > 16 && N % 8 == 0) return a8_dense(a, packed, scale, N, K, op);
   const int64_t Kp = (K + 127) / 128 * 128;
-  // one workspace: xq int8 [Mp, Kp] | xs f32 [M] | rowsum i32 [M]   (Kp % 128 == 0 keeps alignment;
   // Mp = M rounded up to 64, at least 64: the k-block-major xq of the M <= 64 kernels has zero rows
   // up to 8 * MT, that of the a8 GEMM kernel (M <= 256, a8_gemm_on) up to its CTA's rows (64, or
   // 128 with TRIT_A8_GEMM_WG=2: trit_mm_a8_gemm_xq_rows)
   const int64_t Mp = std::max<int64_t>(std::max<int64_t>((a.M + 63) / 64 * 64, 64),
                                        gemm ? trit_mm_a8_gemm_xq_rows((int)a.M, (int)N, (int)K) : 0);
-  at::Tensor ws = at::empty({Mp * Kp + 8 * a.M}, x.options().dtype(at::kChar));
-  int8_t* xq = ws.data_ptr<int8_t>();
-  float* xs = reinterpret_cast<float*>(xq + Mp * Kp);
-  int32_t* rowsum = reinterpret_cast<int32_t*>(xs + a.M);
+  const A8Workspace w = a8_workspace(x, a.M, Mp, Kp);
+  int8_t* xq = w.xq;
+  float* xs = w.xs;
+  int32_t* rowsum = w.rowsum;
   const void* bias_p = a.bias.defined() ? a.bias.data_ptr() : nullptr;
   if (gemm) {
     // split-K workspace: tile counters + per-split slices, nothing to zero here (the quantizer
@@ -237,17 +253,14 @@ at::Tensor ternary_mm_a8_bp_cuda(const at::Tensor& x, const at::Tensor& packed_b
   c10::DeviceGuard guard(x.device());
   MmArgs a = prepare(x, packed_bp, scale, N, K, bias, op);
   if (a.M == 0) return a.y;
-  const int64_t Kp = (K + 127) / 128 * 128, Mp = std::max<int64_t>((a.M + 63) / 64 * 64, 64);
-  at::Tensor ws = at::empty({Mp * Kp + 8 * a.M}, x.options().dtype(at::kChar));
-  int8_t* xq = ws.data_ptr<int8_t>();
-  float* xs = reinterpret_cast<float*>(xq + Mp * Kp);
-  int32_t* rowsum = reinterpret_cast<int32_t*>(xs + a.M);
   TORCH_CHECK(trit_mm_a8_bp_ok((int)a.M, (int)N, (int)K), op, ": the bitplane layout runs only where the W1.58A8 GEMV "
               "of M <= 32 does (M = ", a.M, ", N = ", N, ", K = ", K, "; TRIT_KERNEL=v4 has no bitplane kernel); use "
               "ternary_mm_a8 on the 2-bit code layout (trit.ops.bitplane_to_packed) there");
+  // the workspace of ternary_mm_a8's M <= 32 route: Mp = 64 covers the k-block-major xq of up to 4 row tiles
+  const A8Workspace w = a8_workspace(x, a.M, 64, (K + 127) / 128 * 128);
   check_launch(trit_mm_a8_bp(a.dtype, a.x.data_ptr(), packed_bp.data_ptr<int32_t>(), scale.data_ptr<float>(),
-                             a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N, (int)K, xq,
-                             xs, rowsum, current_stream(x)),
+                             a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N, (int)K, w.xq,
+                             w.xs, w.rowsum, current_stream(x)),
                op);
   return a.y;
 }
