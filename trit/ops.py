@@ -273,6 +273,12 @@ def ternary_mm_a8_ref(x: Tensor, packed: Tensor, scale: Tensor, N: int, K: int,
     return y.to(x.dtype)
 
 
+def ternary_mm_a8_bp_ref(x: Tensor, packed_bp: Tensor, scale: Tensor, N: int, K: int,
+                         bias: Optional[Tensor] = None) -> Tensor:
+    """:func:`ternary_mm_a8_ref` of the weights given in the bitplane layout (:func:`repack_bitplane`)."""
+    return ternary_mm_a8_ref(x, bitplane_to_packed(packed_bp), scale, N, K, bias)
+
+
 def a8_quantize(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """BitNet's per-row absmax int8 quantizer of x [M, K], in the layout the M <= 8 a8 GEMV reads.
 
