@@ -153,20 +153,30 @@ PYEOF
 fi
 
 if has ncu && command -v ncu >/dev/null; then
-  step "ncu: small-M kernels, M=1 (speed of light, occupancy, warp stalls)"
+  # NCU_M (default 1): the rows of x, e.g. 32 for the B = 32 decode GEMV (a8 MT = 4; the fp op is not a small
+  # kernel there); at M <= 32 the bitplane layout's kernel (ternary_mm_a8_bp) is profiled beside the a8 one
+  step "ncu: small-M kernels, M=${NCU_M:-1} (speed of light, occupancy, warp stalls)"
   cat > /tmp/trit_ncu_driver.py <<'PYEOF'
+import os
 import torch
 from trit import ops
+M = int(os.environ.get("NCU_M", "1"))
 for N, K in ((28672, 8192), (2560, 2560)):
     w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda")
     p, s = ops.repack(w), torch.rand(N, device="cuda")
-    x = torch.randn(1, K, device="cuda").to(torch.bfloat16)
+    bp = ops.repack_bitplane(p) if M <= 32 else None
+    x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
     for _ in range(2):
         torch.ops.trit.ternary_mm(x, p, s, N, K, None)
         torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)
+        if bp is not None:
+            torch.ops.trit.ternary_mm_a8_bp(x, bp, s, N, K, None)
 torch.cuda.synchronize()
 PYEOF
-  ncu_run ncu.txt /tmp/trit_ncu_driver.py -k regex:${NCU_KERNELS:-small_kernel} -s 2 -c 4 \
+  # small kernels per (shape, round): the fp GEMV at M <= 8, the a8 one, the bitplane one at M <= 32; skip the
+  # first round of the first shape, profile the second round and the first of the second shape
+  m=${NCU_M:-1}; nk=$(( (m <= 8 ? 1 : 0) + 1 + (m <= 32 ? 1 : 0) ))
+  ncu_run ncu.txt /tmp/trit_ncu_driver.py -k regex:${NCU_KERNELS:-small_kernel} -s $nk -c $((2 * nk)) \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section InstructionStats
   grep -E "small_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Stall|Warp Cycles Per Issued|Executed Instructions " "$OUT/ncu.txt" | head -80
 fi
