@@ -227,22 +227,6 @@ __device__ __forceinline__ void a8_frag(uint32_t w, uint32_t (&af)[4]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) af[j] = (w >> (2 * j)) & 0x03030303u;
 }
-// Word i of a lane's 16-byte weight load -> the same A fragment, from either layout: kBP = false the 2-bit
-// codes (a8_frag), kBP = true the bitplane layout (csrc/ternary.h: the load is P0, N0, P1, N1; word i's 16
-// weights are bits 4 (i & 1) + s of each byte of P_(i/2) / N_(i/2)): code = 1 + p - n per byte, one
-// 32-bit add and subtract for four bytes (each byte stays in 0..2: no carry or borrow between bytes).
-template <bool kBP>
-__device__ __forceinline__ void a8_frag_w(const int4& v, int i, uint32_t (&af)[4]) {
-  if constexpr (!kBP) {
-    const uint32_t w = static_cast<uint32_t>(i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w);
-    a8_frag(w, af);
-  } else {
-    const uint32_t p = static_cast<uint32_t>(i < 2 ? v.x : v.z), n = static_cast<uint32_t>(i < 2 ? v.y : v.w);
-    const int sh = 4 * (i & 1);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) af[j] = 0x01010101u + ((p >> (sh + j)) & 0x01010101u) - ((n >> (sh + j)) & 0x01010101u);
-  }
-}
 
 // ---------------------------------------------------------------- activation fragments
 // XIn<T>: 8 consecutive inputs of one x row in raw form (loaded ahead of use), and their
@@ -786,6 +770,21 @@ constexpr int kFlagL2Prefetch = 1;  // small-M kernels: prefetch the warp's weig
 // word i (a compile-time constant after unrolling) of a lane's 16-byte weight load
 __device__ __forceinline__ uint32_t word_of_rt(const int4& v, int i) {
   return static_cast<uint32_t>(i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w);
+}
+// Word i of a lane's 16-byte weight load -> the same A fragment, from either layout: kBP = false the 2-bit
+// codes (a8_frag), kBP = true the bitplane layout (csrc/ternary.h: the load is P0, N0, P1, N1; word i's 16
+// weights are bits 4 (i & 1) + s of each byte of P_(i/2) / N_(i/2)): code = 1 + p - n per byte, one
+// 32-bit add and subtract for four bytes (each byte stays in 0..2: no carry or borrow between bytes).
+template <bool kBP>
+__device__ __forceinline__ void a8_frag_w(const int4& v, int i, uint32_t (&af)[4]) {
+  if constexpr (!kBP) {
+    a8_frag(word_of_rt(v, i), af);
+  } else {
+    const uint32_t p = word_of_rt(v, i & 2), n = word_of_rt(v, (i & 2) + 1);
+    const int sh = 4 * (i & 1);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) af[j] = 0x01010101u + ((p >> (sh + j)) & 0x01010101u) - ((n >> (sh + j)) & 0x01010101u);
+  }
 }
 
 // Split-K partial sums of a warp's WN x MT 16 x 8 tiles (acc[wn * MT + mt]: weight tile
