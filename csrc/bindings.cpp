@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ternary.h"
+#include "trit_msg.h"
 
 namespace {
 
@@ -33,28 +34,28 @@ int dtype_code(at::ScalarType s, const char* op) {
     case at::kHalf: return TRIT_F16;
     case at::kBFloat16: return TRIT_BF16;
     case at::kChar: return TRIT_I8;
-    default: TORCH_CHECK(false, op, ": unsupported dtype ", s, " (expected float32, float16 or bfloat16)");
+    default: TRIT_CHECK(false, op, ": unsupported dtype ", s, " (expected float32, float16 or bfloat16)");
   }
   return -1;
 }
 
 void check_packed(const at::Tensor& packed, int64_t N, int64_t K, const char* op) {
-  TORCH_CHECK(N >= 1 && K >= 1, op, ": N and K must be >= 1, got N=", N, " K=", K);
-  TORCH_CHECK(N < (1LL << 31) && K < (1LL << 31), op, ": N, K must fit in int32");
-  TORCH_CHECK(packed.scalar_type() == at::kInt, op, ": packed must be int32 (from trit.ops.repack), got ",
+  TRIT_CHECK(N >= 1 && K >= 1, op, ": N and K must be >= 1, got N=", N, " K=", K);
+  TRIT_CHECK(N < (1LL << 31) && K < (1LL << 31), op, ": N, K must fit in int32");
+  TRIT_CHECK(packed.scalar_type() == at::kInt, op, ": packed must be int32 (from trit.ops.repack), got ",
               packed.scalar_type());
   const int64_t rows = (N + 15) / 16, cols = (K + 127) / 128 * 128;
-  TORCH_CHECK(packed.dim() == 2 && packed.size(0) == rows && packed.size(1) == cols, op,
+  TRIT_CHECK(packed.dim() == 2 && packed.size(0) == rows && packed.size(1) == cols, op,
               ": packed has shape ", packed.sizes(), " but N=", N, ", K=", K, " needs (", rows, ", ", cols,
               "); was it made by trit.ops.repack for this weight?");
-  TORCH_CHECK(packed.is_cuda() && packed.is_contiguous(), op, ": packed must be a contiguous CUDA tensor");
+  TRIT_CHECK(packed.is_cuda() && packed.is_contiguous(), op, ": packed must be a contiguous CUDA tensor");
 }
 
 void check_scale(const at::Tensor& scale, int64_t N, const at::Tensor& like, const char* op) {
-  TORCH_CHECK(scale.scalar_type() == at::kFloat, op, ": scale must be float32, got ", scale.scalar_type());
-  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == N, op, ": scale must be [N]=[", N, "], got ", scale.sizes(),
+  TRIT_CHECK(scale.scalar_type() == at::kFloat, op, ": scale must be float32, got ", scale.scalar_type());
+  TRIT_CHECK(scale.dim() == 1 && scale.size(0) == N, op, ": scale must be [N]=[", N, "], got ", scale.sizes(),
               " (broadcast per-tensor scales to [N] first)");
-  TORCH_CHECK(scale.device() == like.device() && scale.is_contiguous(), op,
+  TRIT_CHECK(scale.device() == like.device() && scale.is_contiguous(), op,
               ": scale must be contiguous and on ", like.device());
 }
 
@@ -66,25 +67,25 @@ struct MmArgs {
 
 MmArgs prepare(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t N, int64_t K,
                const std::optional<at::Tensor>& bias, const char* op) {
-  TORCH_CHECK(x.is_cuda(), op, ": x must be a CUDA tensor");
-  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got ", x.sizes(),
+  TRIT_CHECK(x.is_cuda(), op, ": x must be a CUDA tensor");
+  TRIT_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got ", x.sizes(),
               " (trit.ops.ternary_linear accepts any rank)");
-  TORCH_CHECK(x.size(1) == K, op, ": x.size(1)=", x.size(1), " but K=", K);
-  TORCH_CHECK(x.size(0) < (1LL << 31), op, ": M must fit in int32");
-  TORCH_CHECK(packed.device() == x.device(), op, ": packed is on ", packed.device(), ", x on ", x.device());
+  TRIT_CHECK(x.size(1) == K, op, ": x.size(1)=", x.size(1), " but K=", K);
+  TRIT_CHECK(x.size(0) < (1LL << 31), op, ": M must fit in int32");
+  TRIT_CHECK(packed.device() == x.device(), op, ": packed is on ", packed.device(), ", x on ", x.device());
   check_packed(packed, N, K, op);
   check_scale(scale, N, x, op);
   MmArgs a;
   a.dtype = dtype_code(x.scalar_type(), op);
-  TORCH_CHECK(a.dtype != TRIT_I8, op, ": x must be floating point");
+  TRIT_CHECK(a.dtype != TRIT_I8, op, ": x must be floating point");
   a.x = x.contiguous();
   a.M = static_cast<int>(x.size(0));
   if (bias.has_value()) {
     const at::Tensor& b = *bias;
-    TORCH_CHECK(b.dim() == 1 && b.size(0) == N, op, ": bias must be [N]=[", N, "], got ", b.sizes());
-    TORCH_CHECK(b.scalar_type() == x.scalar_type(), op, ": bias dtype ", b.scalar_type(), " != x dtype ",
+    TRIT_CHECK(b.dim() == 1 && b.size(0) == N, op, ": bias must be [N]=[", N, "], got ", b.sizes());
+    TRIT_CHECK(b.scalar_type() == x.scalar_type(), op, ": bias dtype ", b.scalar_type(), " != x dtype ",
                 x.scalar_type());
-    TORCH_CHECK(b.device() == x.device(), op, ": bias is on ", b.device(), ", x on ", x.device());
+    TRIT_CHECK(b.device() == x.device(), op, ": bias is on ", b.device(), ", x on ", x.device());
     a.bias = b.contiguous();
   }
   a.y = at::empty({x.size(0), N}, x.options());
@@ -92,7 +93,7 @@ MmArgs prepare(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& 
 }
 
 void check_launch(int err, const char* op) {
-  TORCH_CHECK(err == 0, op, ": kernel launch failed: ", trit_error_string(err));
+  TRIT_CHECK(err == 0, op, ": kernel launch failed: ", trit_error_string(err));
 }
 
 // trit_mm and trit_mm_naive share one signature: one wrapper runs either.
@@ -253,7 +254,7 @@ at::Tensor ternary_mm_a8_bp_cuda(const at::Tensor& x, const at::Tensor& packed_b
   c10::DeviceGuard guard(x.device());
   MmArgs a = prepare(x, packed_bp, scale, N, K, bias, op);
   if (a.M == 0) return a.y;
-  TORCH_CHECK(trit_mm_a8_bp_ok((int)a.M, (int)N, (int)K), op, ": the bitplane layout runs only where the W1.58A8 GEMV "
+  TRIT_CHECK(trit_mm_a8_bp_ok((int)a.M, (int)N, (int)K), op, ": the bitplane layout runs only where the W1.58A8 GEMV "
               "of M <= 32 does (M = ", a.M, ", N = ", N, ", K = ", K, "; TRIT_KERNEL=v4 has no bitplane kernel); use "
               "ternary_mm_a8 on the 2-bit code layout (trit.ops.bitplane_to_packed) there");
   // the workspace of ternary_mm_a8's M <= 32 route: Mp = 64 covers the k-block-major xq of up to 4 row tiles
@@ -275,20 +276,20 @@ at::Tensor ternary_mm_a8q_cuda(const at::Tensor& x, const at::Tensor& xq, const 
                                int64_t K, const std::optional<at::Tensor>& bias) {
   const char* op = "trit::ternary_mm_a8q";
   c10::DeviceGuard guard(x.device());
-  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got ", x.sizes(),
+  TRIT_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got ", x.sizes(),
               " (trit.ops.ternary_linear_a8_pre accepts any rank)");
-  TORCH_CHECK(x.size(1) == K, op, ": x.size(1)=", x.size(1), " but K=", K);
+  TRIT_CHECK(x.size(1) == K, op, ": x.size(1)=", x.size(1), " but K=", K);
   const int64_t M = x.size(0);
   const int64_t Kp = (K + 127) / 128 * 128;
-  TORCH_CHECK(xq.scalar_type() == at::kChar && xq.dim() == 2 && xq.size(0) == M && xq.size(1) == Kp, op,
+  TRIT_CHECK(xq.scalar_type() == at::kChar && xq.dim() == 2 && xq.size(0) == M && xq.size(1) == Kp, op,
               ": xq must be int8 [M, ceil(K/128)*128] = [", M, ", ", Kp, "] (trit.ops.a8_quantize), got ",
               xq.scalar_type(), " ", xq.sizes());
-  TORCH_CHECK(xs.scalar_type() == at::kFloat && xs.dim() == 1 && xs.size(0) == M, op, ": xs must be float32 [M]=[",
+  TRIT_CHECK(xs.scalar_type() == at::kFloat && xs.dim() == 1 && xs.size(0) == M, op, ": xs must be float32 [M]=[",
               M, "], got ", xs.scalar_type(), " ", xs.sizes());
-  TORCH_CHECK(rowsum.scalar_type() == at::kInt && rowsum.dim() == 1 && rowsum.size(0) == M, op,
+  TRIT_CHECK(rowsum.scalar_type() == at::kInt && rowsum.dim() == 1 && rowsum.size(0) == M, op,
               ": rowsum must be int32 [M]=[", M, "], got ", rowsum.scalar_type(), " ", rowsum.sizes());
   for (const at::Tensor* t : {&xq, &xs, &rowsum})
-    TORCH_CHECK(t->device() == x.device(), op, ": xq / xs / rowsum must be on ", x.device(), ", got ", t->device());
+    TRIT_CHECK(t->device() == x.device(), op, ": xq / xs / rowsum must be on ", x.device(), ", got ", t->device());
   const bool direct = M >= 1 && trit_mm_a8_pre_ok((int)M, (int)N, (int)K) && xq.is_contiguous() &&
                       xs.is_contiguous() && rowsum.is_contiguous() &&
                       reinterpret_cast<uintptr_t>(xq.data_ptr()) % 16 == 0;
@@ -310,7 +311,7 @@ at::Tensor ternary_decode_cuda(const at::Tensor& packed, const std::optional<at:
   const int code = dtype_code(dtype, op);
   if (scale.has_value()) {
     check_scale(*scale, N, packed, op);
-    TORCH_CHECK(code != TRIT_I8, op, ": int8 output takes no scale");
+    TRIT_CHECK(code != TRIT_I8, op, ": int8 output takes no scale");
   }
   at::Tensor out = at::empty({N, K}, packed.options().dtype(dtype));
   check_launch(trit_decode(code, packed.data_ptr<int32_t>(), scale.has_value() ? scale->data_ptr<float>() : nullptr,
@@ -325,18 +326,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rms_norm_
     const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight, double eps) {
   const char* op = "trit::rms_norm_a8q";
   c10::DeviceGuard guard(x.device());
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), op, ": x must be a contiguous 2-D [M, K] tensor, got ", x.sizes());
+  TRIT_CHECK(x.dim() == 2 && x.is_contiguous(), op, ": x must be a contiguous 2-D [M, K] tensor, got ", x.sizes());
   const int64_t M = x.size(0), K = x.size(1);
   const int code = dtype_code(x.scalar_type(), op);
-  TORCH_CHECK(code != TRIT_I8, op, ": x must be float32, float16 or bfloat16, got ", x.scalar_type());
-  TORCH_CHECK(K >= 1 && K <= trit_rms_norm_a8q_max_k(), op, ": K=", K, " outside 1..", trit_rms_norm_a8q_max_k(),
+  TRIT_CHECK(code != TRIT_I8, op, ": x must be float32, float16 or bfloat16, got ", x.scalar_type());
+  TRIT_CHECK(K >= 1 && K <= trit_rms_norm_a8q_max_k(), op, ": K=", K, " outside 1..", trit_rms_norm_a8q_max_k(),
               " (the row is held in one CTA's registers)");
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == K && weight.scalar_type() == x.scalar_type() &&
+  TRIT_CHECK(weight.dim() == 1 && weight.size(0) == K && weight.scalar_type() == x.scalar_type() &&
                   weight.is_contiguous() && weight.device() == x.device(),
               op, ": weight must be a contiguous ", x.scalar_type(), " [", K, "] on ", x.device(), ", got ",
               weight.scalar_type(), " ", weight.sizes(), " on ", weight.device());
   if (residual.has_value())
-    TORCH_CHECK(residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type() &&
+    TRIT_CHECK(residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type() &&
                     residual->is_contiguous() && residual->device() == x.device(),
                 op, ": residual must be a contiguous ", x.scalar_type(), " ", x.sizes(), " on ", x.device(),
                 ", got ", residual->scalar_type(), " ", residual->sizes(), " on ", residual->device());
@@ -368,20 +369,20 @@ std::tuple<at::Tensor, at::Tensor> ternary_mm_a8_prologue_cuda(
     const std::optional<at::Tensor>& bias) {
   const char* op = "trit::ternary_mm_a8_prologue";
   c10::DeviceGuard guard(x.device());
-  TORCH_CHECK(act >= 0 && act <= 2, op, ": act must be 0 (none), 1 (relu^2 * up) or 2 (silu * up), got ", act);
-  TORCH_CHECK(x.is_cuda() && x.dim() == 2, op, ": x must be a 2-D CUDA tensor, got ", x.sizes());
+  TRIT_CHECK(act >= 0 && act <= 2, op, ": act must be 0 (none), 1 (relu^2 * up) or 2 (silu * up), got ", act);
+  TRIT_CHECK(x.is_cuda() && x.dim() == 2, op, ": x must be a 2-D CUDA tensor, got ", x.sizes());
   const int64_t width = act != 0 ? 2 * K : K;
-  TORCH_CHECK(x.size(1) == width, op, ": x.size(1)=", x.size(1), " but ", act != 0 ? "2K=" : "K=", width,
+  TRIT_CHECK(x.size(1) == width, op, ": x.size(1)=", x.size(1), " but ", act != 0 ? "2K=" : "K=", width,
               act != 0 ? " ([gate | up])" : "");
-  TORCH_CHECK(!(act != 0 && residual.has_value()), op, ": a residual goes with act=0 only");
+  TRIT_CHECK(!(act != 0 && residual.has_value()), op, ": a residual goes with act=0 only");
   const int64_t M = x.size(0);
   if (residual.has_value())
-    TORCH_CHECK(residual->dim() == 2 && residual->size(0) == M && residual->size(1) == K &&
+    TRIT_CHECK(residual->dim() == 2 && residual->size(0) == M && residual->size(1) == K &&
                     residual->scalar_type() == x.scalar_type() && residual->device() == x.device(),
                 op, ": residual must be ", x.scalar_type(), " [", M, ", ", K, "] on ", x.device(), ", got ",
                 residual->scalar_type(), " ", residual->sizes(), " on ", residual->device());
   if (norm_weight.has_value())
-    TORCH_CHECK(norm_weight->dim() == 1 && norm_weight->size(0) == K && norm_weight->scalar_type() == x.scalar_type() &&
+    TRIT_CHECK(norm_weight->dim() == 1 && norm_weight->size(0) == K && norm_weight->scalar_type() == x.scalar_type() &&
                     norm_weight->device() == x.device(),
                 op, ": norm_weight must be ", x.scalar_type(), " [", K, "] on ", x.device(), ", got ",
                 norm_weight->scalar_type(), " ", norm_weight->sizes(), " on ", norm_weight->device());
@@ -445,21 +446,21 @@ std::tuple<at::Tensor, at::Tensor> ternary_chain_cuda(const at::Tensor& x, const
   const char* op = "trit::ternary_chain";
   c10::DeviceGuard guard(x.device());
   const int64_t S = (int64_t)packed.size();
-  TORCH_CHECK(S >= 1 && S <= TRIT_CHAIN_MAX_STAGES, op, ": 1 to ", TRIT_CHAIN_MAX_STAGES, " stages, got ", S);
-  TORCH_CHECK((int64_t)norm_weights.size() == S && (int64_t)acts.size() == S && (int64_t)scales.size() == S &&
+  TRIT_CHECK(S >= 1 && S <= TRIT_CHAIN_MAX_STAGES, op, ": 1 to ", TRIT_CHAIN_MAX_STAGES, " stages, got ", S);
+  TRIT_CHECK((int64_t)norm_weights.size() == S && (int64_t)acts.size() == S && (int64_t)scales.size() == S &&
                   (int64_t)Ns.size() == S && (int64_t)Ks.size() == S,
               op, ": every per-stage list must have ", S, " entries (len(packed)), got norm_weights ",
               norm_weights.size(), ", acts ", acts.size(), ", scales ", scales.size(), ", Ns ", Ns.size(), ", Ks ",
               Ks.size());
   for (int64_t s = 1; s < S; ++s)
-    TORCH_CHECK(Ns[s - 1] == (acts[s] != 0 ? 2 : 1) * Ks[s], op, ": stage ", s, " reads stage ", s - 1,
+    TRIT_CHECK(Ns[s - 1] == (acts[s] != 0 ? 2 : 1) * Ks[s], op, ": stage ", s, " reads stage ", s - 1,
                 "'s output of ", Ns[s - 1], " features, but its K=", Ks[s], " with act=", acts[s], " needs ",
                 (acts[s] != 0 ? 2 : 1) * Ks[s]);
-  TORCH_CHECK(residual.has_value() == (residual_stage >= 0), op, ": residual and residual_stage go together (",
+  TRIT_CHECK(residual.has_value() == (residual_stage >= 0), op, ": residual and residual_stage go together (",
               "residual_stage=", residual_stage, ")");
-  TORCH_CHECK(!residual.has_value() || (residual_stage < S && acts[residual_stage] == 0), op, ": residual_stage=",
+  TRIT_CHECK(!residual.has_value() || (residual_stage < S && acts[residual_stage] == 0), op, ": residual_stage=",
               residual_stage, " must name a stage without act (0..", S - 1, ")");
-  TORCH_CHECK(x.is_cuda() && x.dim() == 2, op, ": x must be a 2-D CUDA tensor, got ", x.sizes());
+  TRIT_CHECK(x.is_cuda() && x.dim() == 2, op, ": x must be a 2-D CUDA tensor, got ", x.sizes());
   const int64_t M = x.size(0);
   auto stage_op = [&](const at::Tensor& h, int64_t s) {
     const auto nw = norm_weights.get(s);
@@ -468,7 +469,7 @@ std::tuple<at::Tensor, at::Tensor> ternary_chain_cuda(const at::Tensor& x, const
   };
   int ns[TRIT_CHAIN_MAX_STAGES], ks[TRIT_CHAIN_MAX_STAGES], as[TRIT_CHAIN_MAX_STAGES];
   for (int64_t s = 0; s < S; ++s) {
-    TORCH_CHECK(Ns[s] >= 1 && Ks[s] >= 1 && Ns[s] < (1LL << 31) && Ks[s] < (1LL << 31), op, ": stage ", s,
+    TRIT_CHECK(Ns[s] >= 1 && Ks[s] >= 1 && Ns[s] < (1LL << 31) && Ks[s] < (1LL << 31), op, ": stage ", s,
                 " N and K must be in [1, 2^31), got N=", Ns[s], " K=", Ks[s]);
     ns[s] = (int)Ns[s];
     ks[s] = (int)Ks[s];
@@ -478,12 +479,12 @@ std::tuple<at::Tensor, at::Tensor> ternary_chain_cuda(const at::Tensor& x, const
   if (M == 1 && code != TRIT_I8 && trit_chain_ok(code, 1, (int)S, ns, ks, as)) {
     // the per-stage checks of the composed path, on this path too (shapes, dtypes, devices)
     const int64_t width0 = acts[0] != 0 ? 2 * Ks[0] : Ks[0];
-    TORCH_CHECK(x.size(1) == width0, op, ": x.size(1)=", x.size(1), " but stage 0 needs ", width0);
+    TRIT_CHECK(x.size(1) == width0, op, ": x.size(1)=", x.size(1), " but stage 0 needs ", width0);
     const at::Tensor xc = x.contiguous();
     at::Tensor rc, res_out = at::empty({0}, x.options());
     if (residual.has_value()) {
       const int64_t Kr = Ks[residual_stage];
-      TORCH_CHECK(residual->dim() == 2 && residual->size(0) == M && residual->size(1) == Kr &&
+      TRIT_CHECK(residual->dim() == 2 && residual->size(0) == M && residual->size(1) == Kr &&
                       residual->scalar_type() == x.scalar_type() && residual->device() == x.device(),
                   op, ": residual must be ", x.scalar_type(), " [", M, ", ", Kr, "] on ", x.device(), ", got ",
                   residual->scalar_type(), " ", residual->sizes(), " on ", residual->device());
@@ -494,14 +495,14 @@ std::tuple<at::Tensor, at::Tensor> ternary_chain_cuda(const at::Tensor& x, const
     TritChainStage st[TRIT_CHAIN_MAX_STAGES];
     at::Tensor y;
     for (int64_t s = 0; s < S; ++s) {
-      TORCH_CHECK(packed[s].device() == x.device(), op, ": stage ", s, " packed is on ", packed[s].device(),
+      TRIT_CHECK(packed[s].device() == x.device(), op, ": stage ", s, " packed is on ", packed[s].device(),
                   ", x on ", x.device());
       check_packed(packed[s], Ns[s], Ks[s], op);
       check_scale(scales[s], Ns[s], x, op);
       const auto nw = norm_weights.get(s);
       at::Tensor nwc;
       if (nw.has_value()) {
-        TORCH_CHECK(nw->dim() == 1 && nw->size(0) == Ks[s] && nw->scalar_type() == x.scalar_type() &&
+        TRIT_CHECK(nw->dim() == 1 && nw->size(0) == Ks[s] && nw->scalar_type() == x.scalar_type() &&
                         nw->device() == x.device(),
                     op, ": stage ", s, " norm weight must be ", x.scalar_type(), " [", Ks[s], "] on ", x.device(),
                     ", got ", nw->scalar_type(), " ", nw->sizes(), " on ", nw->device());

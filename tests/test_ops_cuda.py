@@ -1,5 +1,6 @@
 """GPU tests of the trit CUDA kernels: fused, a8, naive and decode vs the float64 references."""
 import os
+import re
 
 import pytest
 import torch
@@ -166,6 +167,44 @@ def test_a8_bitplane_outside_its_route_cuda(monkeypatch):
         torch.ops.trit.ternary_mm_a8_bp(x[:4], bp, s, 100, 1000, None)
     monkeypatch.delenv("TRIT_KERNEL")
     assert torch.ops.trit.ternary_mm_a8_bp(x[:0], bp, s, 100, 1000, None).shape == (0, 100)
+
+
+# Bad input to the CUDA ops must raise a RuntimeError that names the op and the expected value, never
+# crash the process: on the H200 (run 33) every refusal whose message held a number segfaulted, because
+# c10::str streamed the integer inside the extension (csrc/bindings.cpp builds its messages itself now).
+# Each case runs in its own process, so a crash is reported as one (signal and stderr), not as a dead run.
+REFUSALS = {
+    "ternary_mm(x, p[:, :-128].contiguous(), s, N, K)": r"trit::ternary_mm: packed has shape \[7, 896\] but N=100, "
+                                                          r"K=1000 needs \(7, 1024\)",
+    "ternary_mm_a8(x, p, s[:-1].contiguous(), N, K)": r"trit::ternary_mm_a8: scale must be \[N\]=\[100\], got \[99\]",
+    "ternary_mm_naive(x[:, :-1].contiguous(), p, s, N, K)": r"trit::ternary_mm_naive: x.size\(1\)=999 but K=1000",
+    "ternary_mm(x.double(), p, s, N, K)": r"trit::ternary_mm: unsupported dtype Double",
+    "ternary_mm(x[0], p, s, N, K)": r"trit::ternary_mm: x must be 2-D \[M, K\], got \[1000\]",
+    "ternary_mm(x, p, s, N, K, torch.zeros(3, device='cuda', dtype=x.dtype))": r"bias must be \[N\]=\[100\], got \[3\]",
+    "ternary_mm_a8_bp(x, ops.repack_bitplane(p), s, N, K)": r"trit::ternary_mm_a8_bp: the bitplane layout runs only .*"
+                                                            r"\(M = 33, N = 100, K = 1000;",
+    "ternary_mm_a8q(x, xq[:, :-128].contiguous(), xs, rs, p, s, N, K)":
+        r"trit::ternary_mm_a8q: xq must be int8 \[M, ceil\(K/128\)\*128\] = \[33, 1024\] .*got Char \[33, 896\]",
+    "rms_norm_a8q(x, None, s.to(x.dtype), 1e-6)": r"trit::rms_norm_a8q: weight must be a contiguous BFloat16 \[1000\] "
+                                                 r"on cuda:0, got BFloat16 \[100\] on cuda:0",
+}
+
+
+@pytest.mark.parametrize("call", list(REFUSALS))
+def test_cuda_ops_refuse_bad_input_cleanly(call):
+    import subprocess
+    import sys
+    code = ("import re, torch\nfrom trit import ops\nfrom torch.ops import trit as T\n"
+            "N, K = 100, 1000\nx = torch.randn(33, K, device='cuda', dtype=torch.bfloat16)\n"
+            "w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device='cuda')\n"
+            "p, s = ops.repack(w), torch.rand(N, device='cuda')\nxq, xs, rs = ops.a8_quantize(x)\n"
+            f"try:\n    T.{call}\nexcept RuntimeError as e:\n    print('RAISED', str(e))\n"
+            "else:\n    print('NO ERROR')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0, f"{call}: the process died (rc {r.returncode}): {r.stderr[-1500:]}"
+    assert "RAISED" in r.stdout, f"{call}: {r.stdout[-500:]}"
+    assert re.search(REFUSALS[call], r.stdout), f"{call}: message {r.stdout[-800:]!r}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
