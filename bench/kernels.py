@@ -185,8 +185,10 @@ class Humming:
 # (TRIT_QUANT_CLUSTER; GPU tests, memcheck; the default on rows longer than 4096 since), run 24
 # trit::rms_norm_a8q behind the norm + a8 / norm + a8q columns (GPU tests, memcheck, racecheck), run 25b
 # trit::ternary_mm_a8_prologue behind the `norm in GEMV` column (GPU tests, memcheck; racecheck and
-# synccheck on its own driver). Pending: a8_bp (ternary_mm_a8_bp, the bitplane layout; CPU-checked, no GPU run yet).
-EXPERIMENTAL: dict = {"a8_bp": lambda M: M <= BP_MAX_M}
+# synccheck on its own driver), run 32 a8_bp (ternary_mm_a8_bp, the bitplane layout: its GPU tests bit for bit
+# against ternary_mm_a8 under every launch knob and graph replay, memcheck, racecheck; 0-37% slower than the code
+# layout, 2026-12-02-h200-run32b-bitplane.md). None pending now.
+EXPERIMENTAL: dict = {}
 # TRIT_A8_GEMM_CFG values timed beside the default warp tile (csrc/ternary_gemm.cu gemm_cfg_id):
 # 1 = 2 weight tiles x 8 row tiles per warp, 4 warps (128 channels x 64 rows per CTA); 2 = the same
 # warp tile, 8 warps (256 channels); 3 = 4 weight tiles x 4 row tiles, 4 x 2 warps (256 channels);

@@ -279,4 +279,4 @@ def test_kernel_bench_markdown_bitplane_section():
     assert "| 2560x2560 | 1 | 4.0 | 5.0 | 1.25 | True |" in md
     assert "| 2560x2560 | 64 |" in md and md.count("| 2560x2560 | 64 |") == 1  # only in the main table
     assert "bitplane" not in kernels.markdown(meta, rows[1:])
-    assert kernels.EXPERIMENTAL["a8_bp"](32) and not kernels.EXPERIMENTAL["a8_bp"](33)
+    assert "a8_bp" not in kernels.EXPERIMENTAL  # validated in H200 run 32
