@@ -2848,7 +2848,6 @@ template <typename T> struct ChainArgs {
   float eps;
   int S, res_stage;
   int pf_stages;      // stages whose weights each CTA bulk-prefetches to L2 at the start (the rest: two ahead)
-  int tma;            // TRIT_CHAIN_TMA=1 (default 0): each stage's input rows reach shared memory by one bulk copy
   // TRIT_CHAIN_EARLY (default 1): every stage's norm weight and scales requested at the kernel start (run 26c);
   // 0: each stage's at the top of its stage, before its barrier (run 26b's timing)
   int early;
@@ -2993,8 +2992,12 @@ cudaError_t launch_act_mul(const T* x, T* out, int M, int K, int act, cudaStream
 }
 
 // PROF: the phase stamps compiled in (TRIT_CHAIN_PROF set, bench.chain --prof); without it the kernel holds no
-// stamp code at all (H200 run 29 left the stamps' per-point runtime test as a suspect of the 26b -> 27 slowdown)
-template <typename T, int CU, bool PROF>
+// stamp code at all (H200 run 29 left the stamps' per-point runtime test as a suspect of the 26b -> 27 slowdown).
+// TMA: the input rows by bulk copy (TRIT_CHAIN_TMA=1) compiled in; without it the kernel holds no mbarrier. Its mere
+// presence made ptxas put a MEMBAR.ALL.CTA in front of both __threadfence()s of every grid barrier (checked with a
+// minimal kernel: the mbarrier.init alone does it; the bulk copy alone does not), whether or not the TMA path ran -
+// the change that H200 run 32b's bisect put the 26b -> 27 slowdown on (3429893: +0.7 / +4.1 us per 2B / 8B tail).
+template <typename T, int CU, bool PROF, bool TMA>
 __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_constant__ ChainArgs<T> a) {
   extern __shared__ __align__(16) uint8_t csm[];
   __shared__ float s_ss[kChainMaxStages][kChainWarps], s_am[kChainMaxStages][kChainWarps];
@@ -3011,7 +3014,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
 #pragma unroll
     for (int s = 0; s < kChainMaxStages; ++s)
       if (s < a.S && s < a.pf_stages) chain_prefetch_stage(a.st[s].wp, a.st[s].KB, a.st[s].n_tiles, a.pair[s] != 0);
-    if (a.tma) {
+    if constexpr (TMA) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(mbar) : "memory");
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -3091,7 +3094,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
     const T* src = s == 0 ? a.x : a.st[s > 0 ? s - 1 : 0].y;
     const bool res = s == a.res_stage, norm = st.nw != nullptr;
     const uint32_t rowb = (uint32_t)((size_t)K * sizeof(T));
-    if (a.tma) {  // the input row(s) in one bulk copy each: one request per CTA instead of one per thread
+    if constexpr (TMA) {  // the input row(s) in one bulk copy each: one request per CTA instead of one per thread
       if (tid == 0) {
         asm volatile("fence.proxy.async.global;" ::: "memory");      // other SMs' stores, acquired above
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // our reads of sin in the last stage
@@ -3106,17 +3109,17 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
     float ss = 0.f;
     for (int k = tid * 8; k < K; k += kChainThreads * 8) {
       float e[8];
-      if (a.tma) sload8<T>(sin, k, e);
+      if constexpr (TMA) sload8<T>(sin, k, e);
       else ldcg8<T>(src, k, e);
       if (act != 0) {
         float u[8];
-        if (a.tma) sload8<T>(sin + K, k, u);
+        if constexpr (TMA) sload8<T>(sin + K, k, u);
         else ldcg8<T>(src + K, k, u);
 #pragma unroll
         for (int i = 0; i < 8; ++i) e[i] = chain_act<T>(act, e[i], u[i]);
       } else if (res) {
         float r[8];
-        if (a.tma) sload8<T>(rin, k, r);
+        if constexpr (TMA) sload8<T>(rin, k, r);
         else ldcg8<T>(a.residual, k, r);
 #pragma unroll
         for (int i = 0; i < 8; ++i) e[i] = to_f32<T>(from_f32<T>(e[i] + r[i]));
@@ -3351,7 +3354,6 @@ cudaError_t launch_chain(const T* x, const T* residual, T* res_out, int res_stag
     }
   }
   a.pf_stages = max(1, pf);
-  a.tma = tma ? 1 : 0;
   a.early = env_int("TRIT_CHAIN_EARLY", 1) != 0 ? 1 : 0;
   a.off_x = l.off_x;
   a.off_acc = l.off_acc;
@@ -3366,11 +3368,17 @@ cudaError_t launch_chain(const T* x, const T* residual, T* res_out, int res_stag
   const bool prof = pe != nullptr && *pe != '\0';  // the stamping kernel (TRIT_CHAIN_PROF=0: it, stamping nothing)
   if (prof) a.prof = reinterpret_cast<unsigned long long*>(strtoull(pe, nullptr, 0));
   const bool cu8 = env_int("TRIT_CHAIN_CU", kChainCU) == 8;
-  const auto kernel = prof ? (cu8 ? chain_kernel<T, 8, true> : chain_kernel<T, kChainCU, true>)
-                           : (cu8 ? chain_kernel<T, 8, false> : chain_kernel<T, kChainCU, false>);
+  using KernelFn = void (*)(ChainArgs<T>);
+  // [cu8][prof][tma]: every combination of the three compile-time choices
+  static constexpr KernelFn kernels[2][2][2] = {
+      {{chain_kernel<T, kChainCU, false, false>, chain_kernel<T, kChainCU, false, true>},
+       {chain_kernel<T, kChainCU, true, false>, chain_kernel<T, kChainCU, true, true>}},
+      {{chain_kernel<T, 8, false, false>, chain_kernel<T, 8, false, true>},
+       {chain_kernel<T, 8, true, false>, chain_kernel<T, 8, true, true>}}};
+  const KernelFn kernel = kernels[cu8][prof][tma];
   if (l.bytes > 48 * 1024) {
-    static int opted[64][4] = {};
-    const int which = (cu8 ? 1 : 0) + (prof ? 2 : 0);
+    static int opted[64][8] = {};
+    const int which = (cu8 ? 1 : 0) + (prof ? 2 : 0) + (tma ? 4 : 0);
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return cudaErrorInvalidDevice;
     if (dev < 0 || dev >= 64 || !opted[dev][which]) {
