@@ -41,7 +41,7 @@ TAILS = {
     "8b-llama": (4096, 4096, 14336, "silu", False),
 }
 VARIANTS = ("chain", "pro", "fnorm", "a8", "bf16", "chain-nopf", "chain-cu8", "chain-tma", "chain-nopair", "chain-late",
-            "chain-profcode", "chain-w0late")
+            "chain-profcode")
 # the chain op under knobs: no L2 bulk prefetch of the weights, 8 k-blocks per register chunk, input rows by
 # one bulk copy per CTA instead of every thread's loads (M = 1), gate and up not paired (the down stage
 # computing the activation of the whole gate_up row; the default before H200 run 27), each stage's norm weight
@@ -51,10 +51,7 @@ VARIANT_ENV = {"pro": {"TRIT_CHAIN_KERNEL": "0"}, "chain-nopf": {"TRIT_CHAIN_L2P
                "chain-late": {"TRIT_CHAIN_EARLY": "0"},
                # the kernel with the phase-stamp code compiled in (a runtime test per stamp point), stamping nothing:
                # the default kernel before the stamps became a template flag
-               "chain-profcode": {"TRIT_CHAIN_PROF": "0"},
-               # warp 0 (the grid barrier's arriving thread) requests its first weight chunk after the barrier:
-               # whether the barrier's fences wait for that warp's in-flight loads
-               "chain-w0late": {"TRIT_CHAIN_W0LATE": "1"}}
+               "chain-profcode": {"TRIT_CHAIN_PROF": "0"}}
 
 
 def make_tails(name: str, layers: int, dtype=torch.bfloat16, seed: int = 0):

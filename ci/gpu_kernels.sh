@@ -292,7 +292,7 @@ for (D, A, I) in ((264, 136, 200), (1000, 520, 1032), (2560, 2560, 6912)):
                                          [D, 2 * I, D], [A, D, I], 1e-6)
         if dt == torch.bfloat16 and D in (264, 2560):  # bulk-copy input rows, 8-block chunks, gate / up unpaired
             for k, v in (("TRIT_CHAIN_TMA", "1"), ("TRIT_CHAIN_CU", "8"), ("TRIT_CHAIN_PAIR", "0"), ("TRIT_ACT_MUL", "1"),
-                         ("TRIT_CHAIN_EARLY", "0"), ("TRIT_CHAIN_W0LATE", "1")):
+                         ("TRIT_CHAIN_EARLY", "0")):
                 os.environ[k] = v
                 torch.ops.trit.ternary_chain(x, r, 1, [nw(A), nw(D), nw(I)], [0, 0, 1], [po, pg, pd], [so, sg, sd],
                                              [D, 2 * I, D], [A, D, I], 1e-6)

@@ -2851,11 +2851,6 @@ template <typename T> struct ChainArgs {
   // TRIT_CHAIN_EARLY (default 1): every stage's norm weight and scales requested at the kernel start (run 26c);
   // 0: each stage's at the top of its stage, before its barrier (run 26b's timing)
   int early;
-  // TRIT_CHAIN_W0LATE=1 (default 0): warp 0, whose thread 0 arrives at the grid barrier, requests its first weight
-  // chunk after the barrier instead of before it, so that no load of its own is outstanding at the barrier's
-  // fences (whether a fence waits for the warp's in-flight loads is what this knob measures); the other warps
-  // keep theirs in flight across the barrier
-  int w0late;
   // shared memory: the a / h row at 0, xq, the tile accumulators, the raw input rows (tma), and per stage
   // its norm weight and this CTA's scales (all requested at the start: they are parameters)
   int off_x, off_acc, off_in;
@@ -3079,8 +3074,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
       for (int j = 0; j < CU; ++j) w[j] = u + j < u1 ? ld_weights(waddr(u + j)) : make_int4(0, 0, 0, 0);
     };
     if (s > 0 && !a.early) request_params(s);
-    const bool w0late = s > 0 && a.w0late && warp == 0;  // warp 0 holds the barrier's arriving thread
-    if (!w0late) load_chunk(wa, u0);  // weights are constant: in flight across the barrier
+    load_chunk(wa, u0);  // weights are constant: in flight across the barrier
     const T* snw = reinterpret_cast<const T*>(csm + a.off_nw[s]);
     const float* ssc = reinterpret_cast<const float*>(csm + a.off_sc[s]);
     if (s == 0) {
@@ -3092,7 +3086,6 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
         chain_prefetch_stage(nx.wp, nx.KB, nx.n_tiles, a.pair[s + a.pf_stages - 1 < kChainMaxStages ? s + a.pf_stages - 1 : 0] != 0);
       }
     }
-    if (w0late) load_chunk(wa, u0);
     if (s == a.S - 1) pdl_trigger();  // the next kernel may start launching (every CTA is resident)
     stamp(1);
 
@@ -3362,7 +3355,6 @@ cudaError_t launch_chain(const T* x, const T* residual, T* res_out, int res_stag
   }
   a.pf_stages = max(1, pf);
   a.early = env_int("TRIT_CHAIN_EARLY", 1) != 0 ? 1 : 0;
-  a.w0late = env_int("TRIT_CHAIN_W0LATE", 0) != 0 ? 1 : 0;
   a.off_x = l.off_x;
   a.off_acc = l.off_acc;
   a.off_in = l.off_in;

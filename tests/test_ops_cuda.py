@@ -1148,10 +1148,7 @@ def test_chain_stages_cuda(tail, dtype, qkv, pair):
         y, res_out = torch.ops.trit.ternary_chain(*args, 1e-6)
         with _env(TRIT_CHAIN_EARLY="0"):  # each stage's norm weight and scales requested at its stage
             y_late, res_late = torch.ops.trit.ternary_chain(*args, 1e-6)
-        with _env(TRIT_CHAIN_W0LATE="1"):  # warp 0's first weight chunk requested after each grid barrier
-            y_w0, res_w0 = torch.ops.trit.ternary_chain(*args, 1e-6)
     assert torch.equal(y_late, y) and torch.equal(res_late, res_out), f"{tail} {dtype}: TRIT_CHAIN_EARLY=0 differs"
-    assert torch.equal(y_w0, y) and torch.equal(res_w0, res_out), f"{tail} {dtype}: TRIT_CHAIN_W0LATE=1 differs"
     want_y, want_res = _stage_by_stage(*args, 1e-6)
     assert torch.equal(res_out, want_res), tail
     assert torch.equal(y, want_y), f"{tail} {dtype}: max diff {(y.float() - want_y.float()).abs().max().item()}"
@@ -1167,20 +1164,18 @@ def test_chain_stages_cuda(tail, dtype, qkv, pair):
 @given(M=st.integers(1, 3), D=st.sampled_from([8, 24, 136, 264, 1000, 2560]), A=st.sampled_from([8, 40, 136, 516]),
        I=st.sampled_from([8, 72, 200, 1032, 1024]), act=st.sampled_from([1, 2]), sub=st.booleans(),
        dtype=st.sampled_from(DTYPES), knob=st.sampled_from(["", "TRIT_CHAIN_KERNEL", "TRIT_CHAIN_TMA", "TRIT_CHAIN_CU",
-                                                      "TRIT_CHAIN_PAIR", "TRIT_CHAIN_EARLY", "TRIT_CHAIN_PROF",
-                                                      "TRIT_CHAIN_W0LATE"]),
+                                                      "TRIT_CHAIN_PAIR", "TRIT_CHAIN_EARLY", "TRIT_CHAIN_PROF"]),
        seed=st.integers(0, 2**16))
 def test_chain_cuda(M, D, A, I, act, sub, dtype, knob, seed):
     """Every route of trit::ternary_chain (the persistent kernel at M = 1, the composed prologue ops at
     M > 1 or with TRIT_CHAIN_KERNEL=0; the kernel's input rows by bulk copy with TRIT_CHAIN_TMA=1, its
     8-k-block register chunks with TRIT_CHAIN_CU=8, gate and up unpaired with TRIT_CHAIN_PAIR=0, each stage's
     norm weight and scales requested at its stage with TRIT_CHAIN_EARLY=0, the kernel with its phase-stamp code
-    compiled in but stamping nothing with TRIT_CHAIN_PROF=0, warp 0's first weight chunk after each grid barrier
-    with TRIT_CHAIN_W0LATE=1) against its torch definition on random inputs,
+    compiled in but stamping nothing with TRIT_CHAIN_PROF=0) against its torch definition on random inputs,
     within the a8 tolerance (y and residual_out: both follow stage 0's norm, whose sum order differs)."""
     args = _chain_case(M, D, A, I, act, sub, dtype, seed, device=DEV)
     value = {"TRIT_CHAIN_KERNEL": "0", "TRIT_CHAIN_TMA": "1", "TRIT_CHAIN_CU": "8", "TRIT_CHAIN_PAIR": "0",
-             "TRIT_CHAIN_EARLY": "0", "TRIT_CHAIN_PROF": "0", "TRIT_CHAIN_W0LATE": "1"}.get(knob)
+             "TRIT_CHAIN_EARLY": "0", "TRIT_CHAIN_PROF": "0"}.get(knob)
     with _env(**({knob: value} if knob else {})):
         y, res_out = torch.ops.trit.ternary_chain(*args, 1e-6)
     cpu = [a.cpu() if torch.is_tensor(a) else [t.cpu() if torch.is_tensor(t) else t for t in a]
