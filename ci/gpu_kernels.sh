@@ -5,7 +5,8 @@
 # Everything is written under $OUT (default /tmp/trit-out): log.txt, junit.xml, sanitizer.txt,
 # sass.txt, gemm-probe.json and the bench JSON/Markdown. STAGES=build,probe,test,sanitize,bench selects stages (also sanchain: the chain kernel under three sanitizer tools;
 # ab: bench.chain of older trees beside this one, AB_TAR=".ab/A.tar.gz .ab/B.tar.gz", each from `git archive REV
-# csrc trit bench reference ci pyproject.toml`: a bisect in one call)
+# csrc trit bench reference ci pyproject.toml`: a bisect in one call; the old trees build while the build stage
+# builds this one, and $OUT/ab.txt gets every row plus bench/ab_summary.py's table)
 # (plus ncu: the small-M kernels at M = 1, ncugemm: the a8 GEMM kernel's loops at M = 64 / 128,
 # ncuquant: the a8 quantizer at M = 1 for K = 2560 - 28672, ncunorm: rms_norm_a8q at M = 1, ncupro:
 # ternary_mm_a8_prologue vs the fused-quantizer GEMV at M = 1);
@@ -38,12 +39,40 @@ ncu_run() {
     $PY "$driver" > "$OUT/$name" 2>&1 || echo "ncu failed (see $name)"
 }
 
+# the ab stage's scratch (raw bench outputs; $OUT gets one summary file, ab.txt: the device returns <= 8 files)
+AB_DIR=${AB_DIR:-/tmp/ab-out}
+# in_old NAME CMD...: CMD in the extracted old tree NAME, with its own build directory
+in_old() { local n=$1; shift; ( cd /tmp/ab-tree-$n && TRIT_BUILD_DIR=/tmp/trit-build-ab-$n PYTHONPATH=/tmp/ab-tree-$n${PYTHONPATH:+:$PYTHONPATH} "$@" ); }
+
 if compgen -G ".whl/*.whl" >/dev/null; then
   step "install carried wheels"
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv || true
+
+if has ab; then
+  # same-run A/B of bench.chain against older trees, run at its step below; its trees are extracted and built
+  # here, in the background, while the build stage builds this tree (run 34: building them one after the
+  # other cost a whole device call)
+  ab_names=""; ab_pids=""; ab_ok=1
+  tars=$(echo "${AB_TAR:-}" | tr ',' ' ')
+  missing=""
+  for t in $tars; do [ -f "$t" ] || missing="$missing $t"; done
+  if [ -z "$tars" ] || [ -n "$missing" ]; then echo "AB_TAR not set or missing:${missing:- (empty)}"; rc=1; ab_ok=0; else
+    rm -rf "$AB_DIR"; mkdir -p "$AB_DIR"
+    for t in $tars; do
+      n=$(basename "$t" .tar.gz)
+      case " $ab_names " in *" $n "*) echo "AB_TAR names $n twice"; rc=1; continue ;; esac
+      ab_names="$ab_names $n"
+      rm -rf /tmp/ab-tree-$n; mkdir -p /tmp/ab-tree-$n && tar -xzf "$t" -C /tmp/ab-tree-$n
+    done
+    for n in $ab_names; do
+      in_old $n $PY -c "import trit.ops as o; assert o.EXTENSION_LOADED, o.EXTENSION_ERROR; print('$n: extension loaded')" \
+        > "$AB_DIR/build-$n.txt" 2>&1 & ab_pids="$ab_pids $!"
+    done
+  fi
+fi
 
 if has build; then
   step "build extension"
@@ -224,43 +253,29 @@ PYEOF
   grep -E "rms_norm_quant|Duration|Memory Throughput|Registers|Warp Cycles Per Issued|Stall" "$OUT/ncu-norm.txt" | head -80
 fi
 
-if has ab; then
+if has ab && [ "${ab_ok:-0}" = 1 ]; then
   # same-run A/B of bench.chain against older trees: AB_TAR lists one or more `git archive`s of a commit's csrc
   # trit bench reference ci pyproject.toml (carried in .ab/, git-ignored; space- or comma-separated, e.g. the
-  # commits of a bisect), each built into its own directory - the builds at once (one nvcc each) - then
-  # AB_REPS (default 2) rounds of every old tree in the order given and this tree last (AB_ARGS, default the
-  # three M = 1 tails with the chain and fnorm), each writing its record under $OUT/ab-NAME-ROUND (NAME: the
-  # archive's name without .tar.gz; this tree: new)
-  step "chain A/B against ${AB_TAR:-?}"
-  tars=$(echo "${AB_TAR:-}" | tr ',' ' ')
-  missing=""
-  for t in $tars; do [ -f "$t" ] || missing="$missing $t"; done
-  if [ -z "$tars" ] || [ -n "$missing" ]; then echo "AB_TAR not set or missing:${missing:- (empty)}"; rc=1; else
-    ab_args=${AB_ARGS:---tails 2b,8b,8b-llama --variants chain,fnorm}
-    names=""
-    for t in $tars; do
-      n=$(basename "$t" .tar.gz)
-      case " $names " in *" $n "*) echo "AB_TAR names $n twice"; rc=1; continue ;; esac
-      names="$names $n"
-      rm -rf /tmp/ab-tree-$n; mkdir -p /tmp/ab-tree-$n && tar -xzf "$t" -C /tmp/ab-tree-$n
+  # commits of a bisect), each built in its own directory (started before the build stage), then AB_REPS
+  # (default 2) rounds of every old tree in the order given and this tree last (AB_ARGS, default the three
+  # M = 1 tails with the chain and fnorm; AB_TIMEOUT s per bench, default 150). NAME: the archive's name
+  # without .tar.gz; this tree: new. Raw outputs in $AB_DIR/ab-NAME-ROUND.txt; $OUT/ab.txt gets the builds'
+  # last lines, every bench's table rows and the summary table (bench/ab_summary.py)
+  step "chain A/B against ${AB_TAR}"
+  for p in $ab_pids; do wait $p || rc=1; done
+  for n in $ab_names; do tail -n 3 "$AB_DIR/build-$n.txt"; done | tee -a "$OUT/ab.txt"
+  ab_args=${AB_ARGS:---tails 2b,8b,8b-llama --variants chain,fnorm}
+  for i in $(seq 1 ${AB_REPS:-2}); do
+    for n in $ab_names new; do
+      if [ $n = new ]; then run=(); else run=(in_old $n); fi
+      "${run[@]}" timeout ${AB_TIMEOUT:-150} $PY -m bench.chain $ab_args --out "$AB_DIR/ab-$n-$i" > "$AB_DIR/ab-$n-$i.txt" 2>&1 \
+        || { echo "$n bench $i failed (rc $?): $(tail -n 2 "$AB_DIR/ab-$n-$i.txt" | tr '\n' ' ')" | tee -a "$OUT/ab.txt"; rc=1; }
+      grep -hE "^\| *(2b|8b)" "$AB_DIR/ab-$n-$i.txt" | sed "s/^/$n $i /" | tee -a "$OUT/ab.txt"
     done
-    # in_old NAME CMD...: CMD in that tree, with its own build directory
-    in_old() { local n=$1; shift; ( cd /tmp/ab-tree-$n && TRIT_BUILD_DIR=/tmp/trit-build-ab-$n PYTHONPATH=/tmp/ab-tree-$n${PYTHONPATH:+:$PYTHONPATH} "$@" ); }
-    pids=""
-    for n in $names; do
-      in_old $n $PY -c "import trit.ops as o; assert o.EXTENSION_LOADED, o.EXTENSION_ERROR; print('$n: extension loaded')" \
-        > "$OUT/ab-build-$n.txt" 2>&1 & pids="$pids $!"
-    done
-    for p in $pids; do wait $p || rc=1; done
-    cat "$OUT"/ab-build-*.txt | tail -n $(( 3 * $(echo $names | wc -w) ))
-    for i in $(seq 1 ${AB_REPS:-2}); do
-      for n in $names new; do
-        if [ $n = new ]; then run=(); else run=(in_old $n); fi
-        "${run[@]}" timeout 150 $PY -m bench.chain $ab_args --out "$OUT/ab-$n-$i" > "$OUT/ab-$n-$i.txt" 2>&1 \
-          || { echo "$n bench $i failed"; rc=1; }
-        grep -hE "^\| *(2b|8b)" "$OUT/ab-$n-$i.txt" | sed "s/^/$n $i /"
-      done
-    done
+  done
+  if [ -f bench/ab_summary.py ]; then
+    echo | tee -a "$OUT/ab.txt"
+    python3 bench/ab_summary.py "$AB_DIR" --trees "$(echo $ab_names new | tr ' ' ',')" 2>&1 | tee -a "$OUT/ab.txt"
   fi
 fi
 

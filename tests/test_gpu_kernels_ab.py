@@ -49,7 +49,7 @@ def tree(tmp_path):
 
 def run(repo: Path, py: Path, out: Path, ab_tar: str, **env):
     e = {**os.environ, "OUT": str(out), "PYTHON": str(py), "STAGES": "ab", "AB_TAR": ab_tar,
-         "PATH": os.environ.get("PATH", ""), **env}
+         "AB_DIR": str(out.parent / (out.name + "-scratch")), "PATH": os.environ.get("PATH", ""), **env}
     e.pop("TRIT_BUILD_DIR", None)
     return subprocess.run(["bash", "ci/gpu_kernels.sh"], cwd=repo, env=e, capture_output=True, text=True,
                           timeout=120)
@@ -65,13 +65,19 @@ def test_ab_stage_bisects_several_trees(tree, tmp_path):
     dirs = [c.split(" ")[0] for c in calls if c]
     assert dirs == ["ab-tree-t1", "ab-tree-t2", "repo"] * 2
     assert all("-m bench.chain --tails 2b --variants chain --out" in c for c in calls if c)
+    scratch = tmp_path / "out-scratch"
+    summary = (out / "ab.txt").read_text()
     for n in ("t1", "t2"):
         assert (Path(f"/tmp/ab-tree-{n}/csrc/marker.txt")).read_text() == {"t1": "one", "t2": "two"}[n]
-        assert f"with /tmp/trit-build-ab-{n}" in (out / f"ab-build-{n}.txt").read_text()
-        assert f"| ab-tree-{n} | /tmp/trit-build-ab-{n} |" in (out / f"ab-{n}-2.txt").read_text()
-    assert (out / "ab-new-1.txt").exists() and (out / "ab-new-2.txt").exists()
-    # the summary lines name tree and round
-    assert "t2 2 | 2b | 1 | ab-tree-t2" in r.stdout and "new 1 | 2b | 1 | repo" in r.stdout
+        assert f"with /tmp/trit-build-ab-{n}" in (scratch / f"build-{n}.txt").read_text()
+        assert f"with /tmp/trit-build-ab-{n}" in summary  # the builds' last lines reach the summary
+        assert f"| ab-tree-{n} | /tmp/trit-build-ab-{n} |" in (scratch / f"ab-{n}-2.txt").read_text()
+    assert (scratch / "ab-new-1.txt").exists() and (scratch / "ab-new-2.txt").exists()
+    # $OUT holds the stand-in's call log and one summary file, nothing per bench (the device returns <= 8 files)
+    assert sorted(p.name for p in out.iterdir()) == ["ab.txt", "calls.txt"]
+    # the summary lines name tree and round, on stdout and in ab.txt
+    for line in ("t2 2 | 2b | 1 | ab-tree-t2", "new 1 | 2b | 1 | repo"):
+        assert line in r.stdout and line in summary
 
 
 def test_ab_stage_refuses_missing_and_repeated_archives(tree, tmp_path):
@@ -84,3 +90,42 @@ def test_ab_stage_refuses_missing_and_repeated_archives(tree, tmp_path):
     shutil.copy(repo / ".ab" / "t1.tar.gz", tmp_path / "t1.tar.gz")
     r = run(repo, py, tmp_path / "o3", f".ab/t1.tar.gz {tmp_path / 't1.tar.gz'}", AB_REPS="1")
     assert r.returncode == 1 and "AB_TAR names t1 twice" in r.stdout
+
+
+SLOW_PY = """#!/usr/bin/env bash
+# this tree's extension import takes 2 s and notes when it ended; an old tree's notes when it started
+if [ "$1" = "-c" ] && [ "$(basename $PWD)" = repo ]; then sleep 2; date +%s.%N > "$OUT/new-built"; exit 0; fi
+if [ "$1" = "-c" ]; then date +%s.%N > "$OUT/$(basename $PWD)-started"; echo "built in $PWD"; exit 0; fi
+echo "| 2b | 1 | $(basename $PWD) | $TRIT_BUILD_DIR |"
+"""
+
+FAILING_PY = FAKE_PY.replace('echo "| 2b | 1 |',
+                             '[ "$(basename $PWD)" = ab-tree-t1 ] && { echo boom; exit 3; }\necho "| 2b | 1 |', 1)
+
+
+def stand_in(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    p.chmod(0o755)
+    return p
+
+
+def test_ab_stage_builds_old_trees_while_this_one_builds(tree, tmp_path):
+    """With the build stage, the old trees' builds start before this tree's build and are waited for."""
+    repo, _ = tree
+    py = stand_in(tmp_path, "slowpy", SLOW_PY)
+    out = tmp_path / "out"
+    r = run(repo, py, out, ".ab/t1.tar.gz", STAGES="build,ab", AB_REPS="1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert float((out / "ab-tree-t1-started").read_text()) < float((out / "new-built").read_text())
+    assert "new 1 | 2b | 1 | repo" in r.stdout and "t1 1 | 2b | 1 | ab-tree-t1" in r.stdout
+
+
+def test_ab_stage_reports_a_failing_bench_and_goes_on(tree, tmp_path):
+    repo, _ = tree
+    py = stand_in(tmp_path, "failpy", FAILING_PY)
+    out = tmp_path / "out"
+    r = run(repo, py, out, ".ab/t1.tar.gz", AB_REPS="1")
+    assert r.returncode == 1
+    assert "t1 bench 1 failed (rc 3): boom" in (out / "ab.txt").read_text()
+    assert "new 1 | 2b | 1 | repo" in r.stdout  # this tree still ran
