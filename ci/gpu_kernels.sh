@@ -9,7 +9,8 @@
 # builds this one, and $OUT/ab.txt gets every row plus bench/ab_summary.py's table)
 # (plus ncu: the small-M kernels at M = 1, ncugemm: the a8 GEMM kernel's loops at M = 64 / 128,
 # ncuquant: the a8 quantizer at M = 1 for K = 2560 - 28672, ncunorm: rms_norm_a8q at M = 1, ncupro:
-# ternary_mm_a8_prologue vs the fused-quantizer GEMV at M = 1);
+# ternary_mm_a8_prologue vs the fused-quantizer GEMV at M = 1, ncuchain: the chain kernel per source line against
+# the ab stage's trees);
 # BENCH_ARGS passes arguments to the bench. Wheels in .whl/ (pytest, hypothesis, humming...)
 # are installed to /tmp/site first when present (the GPU machine has no network). To make them,
 # on a networked machine: pip download --no-deps --only-binary=:all: --python-version 3.12
@@ -277,6 +278,41 @@ if has ab && [ "${ab_ok:-0}" = 1 ]; then
     echo | tee -a "$OUT/ab.txt"
     python3 bench/ab_summary.py "$AB_DIR" --trees "$(echo $ab_names new | tr ' ' ',')" 2>&1 | tee -a "$OUT/ab.txt"
   fi
+fi
+
+if has ncuchain && command -v ncu >/dev/null; then
+  # the chain kernel on one tail (NCU_TAIL, default 8b) at M = 1 under ncu: kernel totals (duration, executed
+  # instructions, registers, stalls) and executed instructions per CUDA source line, for this tree and - when
+  # the ab stage ran in the same call - every AB_TAR tree, compared line by line (bench/ncu_lines.py, the first
+  # tree the reference); all into $OUT/ncu-chain.txt
+  step "ncu: chain kernel, ${NCU_TAIL:-8b} tail (new${ab_names:+ vs$ab_names})"
+  cat > /tmp/trit_ncu_chain.py <<'PYEOF'
+import os
+import torch
+from trit import ops  # noqa: F401  (registers torch.ops.trit)
+from bench.chain import TAILS, make_tails
+name = os.environ.get("NCU_TAIL", "8b")
+t = make_tails(name, 1)[0]
+D, A = TAILS[name][0], TAILS[name][1]
+x = torch.randn(1, A, device="cuda").to(torch.bfloat16)
+r = torch.randn(1, D, device="cuda").to(torch.bfloat16)
+for _ in range(3):  # ncu -s 2 -c 1: the third call
+    torch.ops.trit.ternary_chain(x, r, 1, t["nw"], t["acts"], t["packed"], t["scales"], t["Ns"], t["Ks"], 1e-6)
+torch.cuda.synchronize()
+PYEOF
+  csvs=""; cnames=""
+  for n in ${ab_names:-} new; do
+    if [ $n = new ]; then run=(env PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}); else run=(in_old $n); fi
+    rep=/tmp/ncu-chain-$n
+    rm -f $rep.ncu-rep
+    "${run[@]}" env NCU_TAIL=${NCU_TAIL:-8b} timeout ${NCU_TIMEOUT:-150} \
+      ncu --clock-control none -k regex:chain_kernel -s 2 -c 1 --section SpeedOfLight --section LaunchStats \
+      --section WarpStateStats --section InstructionStats --section SourceCounters -o $rep $PY /tmp/trit_ncu_chain.py \
+      > $rep.log 2>&1 || { echo "ncu chain $n failed: $(tail -n 3 $rep.log | tr '\n' ' ')" | tee -a "$OUT/ncu-chain.txt"; rc=1; continue; }
+    { echo "## $n"; ncu -i $rep.ncu-rep --print-summary none 2>&1 | grep -E "chain_kernel|Duration|DRAM Throughput|Registers Per|Executed Instructions |Warp Cycles Per Issued|No Eligible"; } | tee -a "$OUT/ncu-chain.txt"
+    ncu -i $rep.ncu-rep --page source --csv --print-source cuda,sass > $rep.csv 2>/dev/null && { csvs="$csvs $rep.csv"; cnames="$cnames,$n"; }
+  done
+  [ -n "$csvs" ] && python3 bench/ncu_lines.py $csvs --names "${cnames#,}" --top ${NCU_TOP:-24} 2>&1 | tee -a "$OUT/ncu-chain.txt"
 fi
 
 if has sanchain; then

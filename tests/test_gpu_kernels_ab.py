@@ -129,3 +129,44 @@ def test_ab_stage_reports_a_failing_bench_and_goes_on(tree, tmp_path):
     assert r.returncode == 1
     assert "t1 bench 1 failed (rc 3): boom" in (out / "ab.txt").read_text()
     assert "new 1 | 2b | 1 | repo" in r.stdout  # this tree still ran
+
+
+FAKE_NCU = """#!/usr/bin/env bash
+# stands in for ncu: a profile notes where it ran and which python path it had; -i prints totals or the CSV
+if [ "$1" = "-i" ]; then
+  tree=$(cat "$2")
+  if [ "$3" = "--page" ]; then
+    echo '"File Path","/src/ternary_gemm.cu"'
+    echo '"Line No","Source","Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","# Samples","Instructions Executed"'
+    n=100; [ "$tree" = repo ] && n=150
+    echo "\\"7\\",\\"w = ld(p);\\",\\"-\\",\\"-\\",\\"3\\",\\"0\\",\\"3\\",\\"$n\\""
+  else
+    echo "  void chain_kernel<bf16>() ($tree)"; echo "    Executed Instructions   inst   42"
+  fi
+  exit 0
+fi
+while [ $# -gt 0 ] && [ "$1" != "-o" ]; do shift; done
+rep=$2; shift 2
+echo "$(basename $PWD) ${PYTHONPATH%%:*} $NCU_TAIL" >> "$OUT/ncu-calls.txt"
+basename $PWD > "$rep.ncu-rep"
+"""
+
+
+def test_ncuchain_stage_profiles_each_tree_in_its_own_directory(tree, tmp_path):
+    repo, py = tree
+    (repo / "bench").mkdir()
+    shutil.copy(ROOT / "bench" / "ncu_lines.py", repo / "bench" / "ncu_lines.py")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    ncu = bindir / "ncu"
+    ncu.write_text(FAKE_NCU)
+    ncu.chmod(0o755)
+    out = tmp_path / "out"
+    r = run(repo, py, out, ".ab/t1.tar.gz", STAGES="ab,ncuchain", AB_REPS="1", NCU_TAIL="2b",
+            PATH=f"{bindir}:{os.environ.get('PATH', '')}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = (out / "ncu-calls.txt").read_text().splitlines()
+    assert calls == ["ab-tree-t1 /tmp/ab-tree-t1 2b", f"repo {repo} 2b"]  # old tree first, each on its own path
+    report = (out / "ncu-chain.txt").read_text()
+    assert "## t1" in report and "(ab-tree-t1)" in report and "## new" in report and "(repo)" in report
+    assert "| `w = ld(p);` | 100 | 150 | +50 | 3 | 3 |" in report
