@@ -227,6 +227,25 @@ __device__ __forceinline__ void a8_frag(uint32_t w, uint32_t (&af)[4]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) af[j] = (w >> (2 * j)) & 0x03030303u;
 }
+// The same fragment with rows g + 8 at 4x their codes ("rows4"): af[1] / af[3] (rows g + 8, see the layout
+// in csrc/ternary.h: bit pair j holds rs = j & 1) are masked where they sit instead of shifted down, so a word
+// costs one shift and four ANDs instead of three shifts and four ANDs. The mma then accumulates 4x the true
+// sums in the accumulators of rows g + 8 (acc[2], acc[3] of the m16n8 C layout); a8_rows4_fix divides them
+// back - exactly, as every term is a multiple of 4 (codes <= 2, so a byte holds <= 8; |acc| <= 1024 K fits
+// int32 far beyond any K here). The M <= 32 GEMV and the chain kernel are bound by instruction issue
+// (H200 runs 32b / 34), which is what this is for.
+__device__ __forceinline__ void a8_frag_r4(uint32_t w, uint32_t (&af)[4]) {
+  const uint32_t t = w >> 4;
+  af[0] = w & 0x03030303u;
+  af[1] = w & 0x0c0c0c0cu;
+  af[2] = t & 0x03030303u;
+  af[3] = t & 0x0c0c0c0cu;
+}
+// accumulators of a8_frag_r4 fragments -> the true sums (rows g + 8 divided by 4; exact)
+__device__ __forceinline__ void a8_rows4_fix(int (&acc)[4]) {
+  acc[2] >>= 2;
+  acc[3] >>= 2;
+}
 
 // ---------------------------------------------------------------- activation fragments
 // XIn<T>: 8 consecutive inputs of one x row in raw form (loaded ahead of use), and their
@@ -771,14 +790,15 @@ constexpr int kFlagL2Prefetch = 1;  // small-M kernels: prefetch the warp's weig
 __device__ __forceinline__ uint32_t word_of_rt(const int4& v, int i) {
   return static_cast<uint32_t>(i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w);
 }
-// Word i of a lane's 16-byte weight load -> the same A fragment, from either layout: kBP = false the 2-bit
-// codes (a8_frag), kBP = true the bitplane layout (csrc/ternary.h: the load is P0, N0, P1, N1; word i's 16
-// weights are bits 4 (i & 1) + s of each byte of P_(i/2) / N_(i/2)): code = 1 + p - n per byte, one
+// Word i of a lane's 16-byte weight load -> the A fragment, from either layout: kBP = false the 2-bit
+// codes (a8_frag_r4: rows g + 8 at 4x, the kernel divides its accumulators), kBP = true the bitplane layout
+// (csrc/ternary.h: the load is P0, N0, P1, N1; word i's 16 weights are bits 4 (i & 1) + s of each byte of
+// P_(i/2) / N_(i/2)): code = 1 + p - n per byte, one
 // 32-bit add and subtract for four bytes (each byte stays in 0..2: no carry or borrow between bytes).
 template <bool kBP>
 __device__ __forceinline__ void a8_frag_w(const int4& v, int i, uint32_t (&af)[4]) {
   if constexpr (!kBP) {
-    a8_frag(word_of_rt(v, i), af);
+    a8_frag_r4(word_of_rt(v, i), af);  // rows g + 8 at 4x: the kernel applies a8_rows4_fix before its epilogue
   } else {
     const uint32_t p = word_of_rt(v, i & 2), n = word_of_rt(v, (i & 2) + 1);
     const int sh = 4 * (i & 1);
@@ -1370,6 +1390,10 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
 #pragma unroll
     for (int u = 0; u < kU - 1; ++u)
       if (u < nrem) block_u(ar, u, xp + u * kbs);
+  }
+  if constexpr (!kBP) {  // a8_frag_w's code-layout fragments put rows g + 8 at 4x
+#pragma unroll
+    for (int t = 0; t < WN * MT; ++t) a8_rows4_fix(acc[t]);
   }
   small_epilogue<T, true, MT, WN>(acc, redi, tile, M, N, scale, bias, y, kFuseQ ? sxs : xs, kFuseQ ? srs : rowsum);
 }
@@ -3188,8 +3212,8 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
     int tl = u0 / KB, kb = u0 - tl * KB;
     auto flush = [&]() {
       if (c == 0) {
-        atomicAdd(&sacc[tl * kTileN + g], acc[0]);      // (row g, x column 0)
-        atomicAdd(&sacc[tl * kTileN + g + 8], acc[2]);  // (row g + 8, x column 0)
+        atomicAdd(&sacc[tl * kTileN + g], acc[0]);           // (row g, x column 0)
+        atomicAdd(&sacc[tl * kTileN + g + 8], acc[2] >> 2);  // (row g + 8, x column 0): a8_frag_r4's 4x, exact
       }
       acc[0] = acc[1] = acc[2] = acc[3] = 0;
     };
@@ -3204,7 +3228,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         uint32_t af[4];
-        a8_frag(word_of_rt(w, i), af);
+        a8_frag_r4(word_of_rt(w, i), af);  // rows g + 8 at 4x (flush divides)
         const uint4& v = i < 2 ? x0 : x1;
         mma16832_u8s8(acc, af, (i & 1) ? v.z : v.x, (i & 1) ? v.w : v.y);
       }
