@@ -793,8 +793,8 @@ __device__ __forceinline__ uint32_t word_of_rt(const int4& v, int i) {
 // Word i of a lane's 16-byte weight load -> the A fragment, from either layout: kBP = false the 2-bit
 // codes (a8_frag_r4: rows g + 8 at 4x, the kernel divides its accumulators), kBP = true the bitplane layout
 // (csrc/ternary.h: the load is P0, N0, P1, N1; word i's 16 weights are bits 4 (i & 1) + s of each byte of
-// P_(i/2) / N_(i/2)): code = 1 + p - n per byte, one
-// 32-bit add and subtract for four bytes (each byte stays in 0..2: no carry or borrow between bytes).
+// P_(i/2) / N_(i/2)): code = 1 + p - n per byte, one 32-bit add and subtract for four bytes (each byte stays
+// in 0..2: no carry or borrow between bytes).
 template <bool kBP>
 __device__ __forceinline__ void a8_frag_w(const int4& v, int i, uint32_t (&af)[4]) {
   if constexpr (!kBP) {
@@ -3212,8 +3212,9 @@ __global__ void __launch_bounds__(kChainThreads, 1) chain_kernel(const __grid_co
     int tl = u0 / KB, kb = u0 - tl * KB;
     auto flush = [&]() {
       if (c == 0) {
-        atomicAdd(&sacc[tl * kTileN + g], acc[0]);           // (row g, x column 0)
-        atomicAdd(&sacc[tl * kTileN + g + 8], acc[2] >> 2);  // (row g + 8, x column 0): a8_frag_r4's 4x, exact
+        a8_rows4_fix(acc);                              // a8_frag_r4's rows g + 8 at 4x -> the true sums
+        atomicAdd(&sacc[tl * kTileN + g], acc[0]);      // (row g, x column 0)
+        atomicAdd(&sacc[tl * kTileN + g + 8], acc[2]);  // (row g + 8, x column 0)
       }
       acc[0] = acc[1] = acc[2] = acc[3] = 0;
     };

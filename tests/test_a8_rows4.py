@@ -16,12 +16,15 @@ from hypothesis import strategies as st
 
 from trit import ops
 
-M32 = 0xFFFFFFFF
+try:
+    from .test_bitplane import M32, frag_codes
+except ImportError:
+    from test_bitplane import M32, frag_codes
 
 
 def a8_frag(w: torch.Tensor) -> torch.Tensor:
-    """af[j] = (w >> 2j) & 0x03030303 (int64 words -> [..., 4])."""
-    return torch.stack([(w >> (2 * j)) & 0x03030303 for j in range(4)], -1)
+    """The plain decode of single words (test_bitplane.frag_codes: af[j] = (w >> 2j) & 0x03030303) -> [..., 4]."""
+    return frag_codes(w.unsqueeze(-1), 0)
 
 
 def a8_frag_r4(w: torch.Tensor) -> torch.Tensor:
@@ -124,4 +127,5 @@ def test_the_kernel_source_is_what_is_emulated():
     assert " ".join(fix.split()) == "acc[2] >>= 2; acc[3] >>= 2;"
     # every use of the scaled fragments is paired with the division: the GEMV's epilogue and the chain's flush
     assert src.count("a8_frag_r4(") == 3  # definition, a8_frag_w<false>, chain_kernel
-    assert "a8_rows4_fix(acc[t])" in src and "acc[2] >> 2);" in src
+    assert src.count("a8_rows4_fix(") == 3  # definition, a8_small_kernel's epilogue, chain_kernel's flush
+    assert "a8_rows4_fix(acc[t])" in src and "a8_rows4_fix(acc);" in src
