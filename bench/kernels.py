@@ -199,7 +199,7 @@ GEMM_KS = (1, 2, 4, 8)
 
 
 def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, small_variants=None,
-                cfg_sweep=(), experimental=True):
+                cfg_sweep=(), experimental=True, pf_heads=(), pf_head_ms=()):
     from trit import ops
 
     dev = "cuda"
@@ -320,6 +320,12 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             if M > 8 and M in cfg_sweep:
                 for nw, ks in CFG_SWEEP:
                     variants[f"a8_nw{nw}ks{ks}"] = with_env({"TRIT_NW": str(nw), "TRIT_KS": str(ks)}, variants["a8"])
+            if M in pf_head_ms:  # TRIT_L2PF=3: only the head of each warp's weights prefetched into L2
+                for h in pf_heads:
+                    variants[f"a8_pfh{h}"] = with_env({"TRIT_L2PF": "3", "TRIT_L2PF_HEAD": str(h)}, variants["a8"])
+                    if M <= V5_MAX_M_FP:
+                        variants[f"fused_pfh{h}"] = with_env({"TRIT_L2PF": "3", "TRIT_L2PF_HEAD": str(h)},
+                                                             variants["fused"])
             if ks_sweep and M == 1:
                 for ks in KS_SWEEP:
                     variants[f"a8_ks{ks}"] = with_env({"TRIT_KS": str(ks)}, variants["a8"])
@@ -412,9 +418,16 @@ def fmt_row(r) -> str:
                       for k in KS_SWEEP if r.get(f"a8_ks{k}_us")) +
             "".join(f"nw{nw}ks{ks} {_f(r.get(f'a8_nw{nw}ks{ks}_us'), '.1f')} "
                     for nw, ks in CFG_SWEEP if r.get(f"a8_nw{nw}ks{ks}_us")) +
+            "".join(f"pfh{h} {_f(r.get(f'a8_pfh{h}_us'), '.1f')}/{_f(r.get(f'fused_pfh{h}_us'), '.1f')} "
+                    for h in pf_head_keys(r)) +
             f"humming {_f(r.get('humming_us'), '8.1f')}  floor {r['floor_us']:.1f}"
             + (f"  alternated bf16 / a8 {r['bf16_il_us']:.1f} / {r['a8_il_us']:.1f} ({r['a8_il_x_bf16']:.2f}x)"
                if r.get("a8_il_us") else ""))
+
+
+def pf_head_keys(r) -> list:
+    """the TRIT_L2PF_HEAD values timed in row r (a8_pfh<h>_us keys), ascending"""
+    return sorted(int(k[len("a8_pfh"):-3]) for k in r if k.startswith("a8_pfh") and k.endswith("_us"))
 
 
 def markdown(meta, rows) -> str:
@@ -487,6 +500,21 @@ def markdown(meta, rows) -> str:
         for r in csweep:
             lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('a8_us'), '.1f')} | "
                          + " | ".join(_f(r.get(f"a8_nw{nw}ks{ks}_us"), ".1f") for nw, ks in CFG_SWEEP) + " |")
+    hsweep = [r for r in rows if pf_head_keys(r)]
+    if hsweep:
+        heads = sorted({h for r in hsweep for h in pf_head_keys(r)})
+        lines += ["", "L2 head prefetch (TRIT_L2PF=3: each warp bulk-prefetches only its first TRIT_L2PF_HEAD k-blocks, "
+                  "512 B each, into L2 before the PDL wait, while the quantizer before the GEMV runs; the default "
+                  "prefetches the whole range on layers <= 4 MiB packed and nothing above). us, a8 / fused "
+                  "(fused: M <= 8); `pre-quantized` is the a8 GEMV without a quantizer in front:", "",
+                  "| N x K | M | default a8 / fused | pre-quantized | L2 pf off / whole range (a8) | "
+                  + " | ".join(f"head {h}" for h in heads) + " |",
+                  "|---|---|---|---|---|" + "---|" * len(heads)]
+        for r in hsweep:
+            lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('a8_us'), '.1f')} / {_f(r.get('fused_us'), '.1f')} "
+                         f"| {_f(r.get('a8_pre_us'), '.1f')} | {_f(r.get('a8_nopf_us'), '.1f')} / {_f(r.get('a8_pf_us'), '.1f')} | "
+                         + " | ".join(f"{_f(r.get(f'a8_pfh{h}_us'), '.1f')} / {_f(r.get(f'fused_pfh{h}_us'), '.1f')}"
+                                      for h in heads) + " |")
     bp = [r for r in rows if r.get("a8_bp_us") or r.get("a8_bp_error")]
     if bp:
         lines += ["", "Weight layout at M <= 32: the bitplane (+1/-1 bitmask) form, `ternary_mm_a8_bp` (one bit plane "
@@ -532,6 +560,9 @@ def main(argv=None):
                     help="leave out the variants not yet validated on a GPU: " + (", ".join(EXPERIMENTAL) or "none now"))
     ap.add_argument("--cfg-sweep", default="", help="comma list of M > 8: time the a8 kernel at every "
                     "(TRIT_NW, TRIT_KS) in CFG_SWEEP there")
+    ap.add_argument("--pf-head", default="", help="comma list of k-block counts: time a8 (and fused at M <= 8) "
+                    "with TRIT_L2PF=3 and each TRIT_L2PF_HEAD, at the M of --pf-head-ms")
+    ap.add_argument("--pf-head-ms", default="1", help="comma list of M <= 64 for --pf-head (default 1)")
     ap.add_argument("--variants", default=None, help="v5 (M <= 64) variants to time beside the default, comma list of "
                     + ",".join(SMALL_M_VARIANTS) + " (default: all)")
     args = ap.parse_args(argv)
@@ -571,7 +602,9 @@ def main(argv=None):
                 bench_shape(N, K, ms, hum, rows, quick=args.quick, ks_sweep=args.ks_sweep,
                             small_variants=args.variants.split(",") if args.variants else None,
                             cfg_sweep={int(m) for m in args.cfg_sweep.split(",") if m},
-                            experimental=not args.no_experimental)
+                            experimental=not args.no_experimental,
+                            pf_heads=[int(h) for h in args.pf_head.split(",") if h],
+                            pf_head_ms={int(m) for m in args.pf_head_ms.split(",") if m})
                 write_partial(Path(args.out), stem, {"meta": meta, "rows": rows})
     except KeyboardInterrupt:
         meta["incomplete"] = f"interrupted after {len(rows)} rows (time limit or Ctrl-C)"

@@ -785,6 +785,9 @@ __device__ __forceinline__ void l2_prefetch(const void* p, uint32_t bytes) {
 #endif
 }
 constexpr int kFlagL2Prefetch = 1;  // small-M kernels: prefetch the warp's weight range to L2 first
+// flags >> kFlagL2HeadShift = h > 0: prefetch only the first h k-blocks of the range (TRIT_L2PF=3): what DRAM
+// can stream while the quantizer before the GEMV runs, without pushing a large layer's range through L2
+constexpr int kFlagL2HeadShift = 8;
 
 // word i (a compile-time constant after unrolling) of a lane's 16-byte weight load
 __device__ __forceinline__ uint32_t word_of_rt(const int4& v, int i) {
@@ -859,7 +862,10 @@ template <int U, int NA, typename LoadChunk, typename RunChunk, typename AfterWa
 __device__ __forceinline__ void chunk_loop(const int4*& wq, int lane, int nk, int nch, int flags,
                                            LoadChunk&& load_chunk, RunChunk&& run_chunk,
                                            AfterWait&& after_wait = AfterWait{}) {
-  if ((flags & kFlagL2Prefetch) && lane == 0 && nk > 0) l2_prefetch(wq - lane, (uint32_t)nk * 512u);
+  if ((flags & kFlagL2Prefetch) && lane == 0 && nk > 0) {
+    const int head = flags >> kFlagL2HeadShift;
+    l2_prefetch(wq - lane, (uint32_t)(head > 0 ? min(nk, head) : nk) * 512u);
+  }
   int4 a0[NA], a1[NA];
   if (nch > 0) load_chunk(a0, wq);
   pdl_wait();
@@ -2094,8 +2100,9 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //   TRIT_KERNEL = v5 (default) | v4   kernel generation for M <= 32 / 64 (v4: tmm_kernel / a8_kernel)
 //   TRIT_PDL    = 1 (default) | 0     programmatic dependent launch of the v5 kernels (sm_90+):
 //                                     weights stream in while the kernel before still runs
-//   TRIT_L2PF   = 1 (default) | 0 | 2 v5 kernels bulk-prefetch each warp's weight range into L2
-//                                     (1: where it measured faster, see l2pf_flags; 2: always)
+//   TRIT_L2PF   = 1 (default) | 0 | 2 | 3   v5 kernels bulk-prefetch each warp's weight range into L2
+//                                     (1: where it measured faster, see l2pf_flags; 2: always; 3: only
+//                                     the first TRIT_L2PF_HEAD k-blocks (default 8) of each warp's range)
 //   TRIT_KS     = n                   split-K warps per CTA for v5 (default: small_cfg), 1..8
 //   TRIT_NW     = n                   v5 warps along N per CTA (default: small_cfg), 1..8
 //   TRIT_WN     = 0 (default: auto) | 1 | 2   a8 v5 weight tiles per warp at M <= 32 (2: x
@@ -2123,6 +2130,7 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 struct Knobs {
   bool v5, pdl;
   int l2pf, ks, nw, wn, fuseq;  // wn 0 and fuseq -1: auto
+  int l2pf_head = 0;            // TRIT_L2PF=3: k-blocks prefetched per warp
 };
 int env_int(const char* name, int dflt) {
   const char* e = getenv(name);
@@ -2134,6 +2142,7 @@ Knobs knobs() {
   n.v5 = !(k != nullptr && strcmp(k, "v4") == 0);
   n.pdl = env_int("TRIT_PDL", 1) != 0;
   n.l2pf = env_int("TRIT_L2PF", 1);
+  n.l2pf_head = max(1, min(env_int("TRIT_L2PF_HEAD", 8), 1 << 20));
   n.ks = env_int("TRIT_KS", 0);
   n.nw = env_int("TRIT_NW", 0);
   n.wn = env_int("TRIT_WN", 0);
@@ -2264,9 +2273,12 @@ Cfg small_cfg(const Knobs& kn, int M, int N, int K, bool a8) {
 // L2 bulk prefetch: measured to help only the a8 path on small layers (<= 4 MiB packed), where
 // the weights stream into L2 while the quantizer runs (2560x2560: 4.6 vs 4.9 us); on large
 // layers it cost up to 10% (28672x8192: 26.3 vs 23.7 us) and the fp path never gained.
-// TRIT_L2PF=0 turns it off everywhere, TRIT_L2PF=2 forces it on.
-int l2pf_flags(int l2pf, bool a8, int N, int K) {
+// TRIT_L2PF=0 turns it off everywhere, TRIT_L2PF=2 forces it on, TRIT_L2PF=3 prefetches the head of each
+// warp's range only (head k-blocks; the a8 GEMV at M = 1 waits ~2 us for its quantizer with only its first
+// chunk in flight).
+int l2pf_flags(int l2pf, bool a8, int N, int K, int head = 0) {
   if (l2pf == 2) return kFlagL2Prefetch;
+  if (l2pf == 3) return kFlagL2Prefetch | (head << kFlagL2HeadShift);
   return (l2pf == 1 && a8 && (long)N * K <= (16L << 20)) ? kFlagL2Prefetch : 0;
 }
 
@@ -2278,7 +2290,7 @@ cudaError_t launch_small(const Knobs& kn, const T* x, const int32_t* wp, const f
   const size_t smem = (size_t)cfg.nw * cfg.ks * 128 * sizeof(float);
   return launch_ex(tmm_small_kernel<T>, dim3((n_tiles + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem, st,
                    kn.pdl && pdl_supported(), x, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, K, KB,
-                   n_tiles, l2pf_flags(kn.l2pf, false, N, K));
+                   n_tiles, l2pf_flags(kn.l2pf, false, N, K, kn.l2pf_head));
 }
 
 template <typename T>
@@ -2557,7 +2569,7 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
                                         x, xq, xs, rowsum, M, K, KB * kBlockK, Mp, vec, (int32_t*)nullptr, 0);
       if (e != cudaSuccess) return e;
     }
-    const int flags = l2pf_flags(kn.l2pf, true, N, K);
+    const int flags = l2pf_flags(kn.l2pf, true, N, K, kn.l2pf_head);
     const int8_t* q = xq;
     if (bp) {
       switch (cfg.mt) {
@@ -2678,7 +2690,7 @@ cudaError_t dispatch_a8_prologue(const T* x, const A8Pro<T>& pro, const int32_t*
   }
   const Knobs kn = knobs();
   const bool pdl = kn.pdl && pdl_supported();
-  const int flags = l2pf_flags(kn.l2pf, true, N, K);
+  const int flags = l2pf_flags(kn.l2pf, true, N, K, kn.l2pf_head);
   return launch_ex(kernel, dim3((n_tiles + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem, st, pdl,
                    (const int8_t*)nullptr, (const float*)nullptr, (const int32_t*)nullptr,
                    reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB, n_tiles, 8, flags, x, K, pro);

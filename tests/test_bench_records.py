@@ -280,3 +280,20 @@ def test_kernel_bench_markdown_bitplane_section():
     assert "| 2560x2560 | 64 |" in md and md.count("| 2560x2560 | 64 |") == 1  # only in the main table
     assert "bitplane" not in kernels.markdown(meta, rows[1:])
     assert "a8_bp" not in kernels.EXPERIMENTAL  # validated in H200 run 32
+
+
+def test_kernel_bench_head_prefetch_section():
+    """bench.kernels --pf-head: a table of the a8 / fused times per TRIT_L2PF_HEAD beside the default, the
+    pre-quantized GEMV and the whole-range prefetch; fmt_row names each head; no table without the columns."""
+    from bench import kernels
+
+    meta = {"device": "H200", "date": "d", "commit": "c", "command": "x", "torch": "t", "cuda": "u", "fused_max_m": 64}
+    row = {"N": 28672, "K": 8192, "M": 1, "a8_us": 21.2, "fused_us": 26.9, "a8_pre_us": 18.8, "a8_nopf_us": 21.3,
+           "a8_pf_us": 21.9, "a8_pfh16_us": 19.9, "fused_pfh16_us": 26.0, "a8_pfh4_us": 20.5, "floor_us": 14.1}
+    assert kernels.pf_head_keys(row) == [4, 16]
+    md = kernels.markdown(meta, [row])
+    assert "| head 4 | head 16 |" in md
+    assert "| 28672x8192 | 1 | 21.2 / 26.9 | 18.8 | 21.3 / 21.9 | 20.5 / - | 19.9 / 26.0 |" in md
+    assert "pfh4 20.5/- pfh16 19.9/26.0" in kernels.fmt_row(row)
+    plain = {k: v for k, v in row.items() if "pfh" not in k}
+    assert "head prefetch" not in kernels.markdown(meta, [plain])

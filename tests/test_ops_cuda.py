@@ -320,11 +320,16 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
         monkeypatch.setenv("TRIT_PDL", "0")
         monkeypatch.setenv("TRIT_L2PF", "0")
         y0, a0 = torch.ops.trit.ternary_mm(x, p, s, N, K, b), torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
-        for pdl, pf in (("1", "0"), ("0", "2"), ("1", "2"), ("1", "1")):  # 2: whole-range prefetch forced on
+        # 2: whole-range prefetch forced on; 3: the head of each warp's range (TRIT_L2PF_HEAD k-blocks:
+        # 1, the default 8, and more than a warp owns)
+        for pdl, pf, head in (("1", "0", ""), ("0", "2", ""), ("1", "2", ""), ("1", "1", ""), ("1", "3", ""),
+                              ("1", "3", "1"), ("0", "3", "100000")):
             monkeypatch.setenv("TRIT_PDL", pdl)
             monkeypatch.setenv("TRIT_L2PF", pf)
-            assert torch.equal(torch.ops.trit.ternary_mm(x, p, s, N, K, b), y0), f"fp pdl={pdl} pf={pf}"
-            assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 pdl={pdl} pf={pf}"
+            monkeypatch.setenv("TRIT_L2PF_HEAD", head)
+            assert torch.equal(torch.ops.trit.ternary_mm(x, p, s, N, K, b), y0), f"fp pdl={pdl} pf={pf} head={head}"
+            assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 pdl={pdl} pf={pf} head={head}"
+        monkeypatch.delenv("TRIT_L2PF_HEAD")
         # the defaults choose per shape (wn_auto: 2 tiles per warp at N >= 6144; fuseq_auto: the
         # quantizer fused into the GEMV at M = 1 on small layers): each choice forced both ways
         for fq in ("1", "0"):  # quantizer fused into the GEMV (M <= 8, fits in 48 KB) / never
