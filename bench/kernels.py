@@ -134,6 +134,9 @@ SMALL_M_VARIANTS = {  # (--variants selects a subset)
     "pf": {"TRIT_KERNEL": "v5", "TRIT_L2PF": "2"},
 }
 KS_SWEEP = (1, 2, 4, 8)
+# TRIT_NW (tiles per CTA) for the fused-quantizer a8 kernel, timed with --pf-head at M <= 8: every CTA quantizes
+# the whole row of x, so nw tiles per CTA divide that redundant work by nw
+FUSEQ_NW = (2, 4, 8)
 
 
 def pack_hf_bitnet(w_int8: torch.Tensor) -> torch.Tensor:
@@ -320,6 +323,9 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             if M > 8 and M in cfg_sweep:
                 for nw, ks in CFG_SWEEP:
                     variants[f"a8_nw{nw}ks{ks}"] = with_env({"TRIT_NW": str(nw), "TRIT_KS": str(ks)}, variants["a8"])
+            if M in pf_head_ms and M <= V5_MAX_M_FP:  # the fused quantizer with nw tiles per CTA (TRIT_NW)
+                for nw in FUSEQ_NW:
+                    variants[f"a8_fqnw{nw}"] = with_env({"TRIT_A8_FUSEQ": "1", "TRIT_NW": str(nw)}, variants["a8"])
             if M in pf_head_ms:  # TRIT_L2PF=3: only the head of each warp's weights prefetched into L2
                 for h in pf_heads:
                     variants[f"a8_pfh{h}"] = with_env({"TRIT_L2PF": "3", "TRIT_L2PF_HEAD": str(h)}, variants["a8"])
@@ -420,6 +426,7 @@ def fmt_row(r) -> str:
                     for nw, ks in CFG_SWEEP if r.get(f"a8_nw{nw}ks{ks}_us")) +
             "".join(f"pfh{h} {_f(r.get(f'a8_pfh{h}_us'), '.1f')}/{_f(r.get(f'fused_pfh{h}_us'), '.1f')} "
                     for h in pf_head_keys(r)) +
+            "".join(f"fqnw{n} {_f(r.get(f'a8_fqnw{n}_us'), '.1f')} " for n in FUSEQ_NW if r.get(f"a8_fqnw{n}_us")) +
             f"humming {_f(r.get('humming_us'), '8.1f')}  floor {r['floor_us']:.1f}"
             + (f"  alternated bf16 / a8 {r['bf16_il_us']:.1f} / {r['a8_il_us']:.1f} ({r['a8_il_x_bf16']:.2f}x)"
                if r.get("a8_il_us") else ""))
@@ -508,13 +515,15 @@ def markdown(meta, rows) -> str:
                   "prefetches the whole range on layers <= 4 MiB packed and nothing above). us, a8 / fused "
                   "(fused: M <= 8); `pre-quantized` is the a8 GEMV without a quantizer in front:", "",
                   "| N x K | M | default a8 / fused | pre-quantized | L2 pf off / whole range (a8) | "
-                  + " | ".join(f"head {h}" for h in heads) + " |",
-                  "|---|---|---|---|---|" + "---|" * len(heads)]
+                  + " | ".join(f"head {h}" for h in heads) + " | fused quantizer nw = 1 / "
+                  + " / ".join(map(str, FUSEQ_NW)) + " |",
+                  "|---|---|---|---|---|" + "---|" * (len(heads) + 1)]
         for r in hsweep:
             lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('a8_us'), '.1f')} / {_f(r.get('fused_us'), '.1f')} "
                          f"| {_f(r.get('a8_pre_us'), '.1f')} | {_f(r.get('a8_nopf_us'), '.1f')} / {_f(r.get('a8_pf_us'), '.1f')} | "
                          + " | ".join(f"{_f(r.get(f'a8_pfh{h}_us'), '.1f')} / {_f(r.get(f'fused_pfh{h}_us'), '.1f')}"
-                                      for h in heads) + " |")
+                                      for h in heads) + " | " + _f(r.get("a8_fuseq_us"), ".1f") + " / "
+                         + " / ".join(_f(r.get(f"a8_fqnw{n}_us"), ".1f") for n in FUSEQ_NW) + " |")
     bp = [r for r in rows if r.get("a8_bp_us") or r.get("a8_bp_error")]
     if bp:
         lines += ["", "Weight layout at M <= 32: the bitplane (+1/-1 bitmask) form, `ternary_mm_a8_bp` (one bit plane "

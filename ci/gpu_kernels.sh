@@ -126,7 +126,9 @@ SETS = ({}, {"TRIT_A8_FUSEQ": "1", "TRIT_WN": "2", "TRIT_A8_DENSE_MIN_M": "17"},
               # the cluster quantizer at M <= 8 (last: the knobs accumulate): up to 8 CTAs per row, then 1
               {"TRIT_A8_FUSEQ": "0", "TRIT_QUANT_CLUSTER": "8"}, {"TRIT_QUANT_CLUSTER": "1"},
               # the L2 head prefetch (TRIT_L2PF=3): 3 k-blocks per warp, fewer than some warps own
-              {"TRIT_L2PF": "3", "TRIT_L2PF_HEAD": "3"})
+              {"TRIT_L2PF": "3", "TRIT_L2PF_HEAD": "3"},
+              # the fused quantizer with 3 tiles per CTA (the last CTA's warps clamp), head prefetch still on
+              {"TRIT_A8_FUSEQ": "1", "TRIT_NW": "3"})
 # SAN_LAST=n: the default set and the last n sets only (a quick check of the newest knobs)
 if int(os.environ.get("SAN_LAST", "0")) > 0:
   SETS = SETS[:1] + SETS[-int(os.environ["SAN_LAST"]):]

@@ -2552,14 +2552,19 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     Cfg cfg = small_cfg(kn, M, N, K, true);  // M <= 8: mt = 1, the layout pre's xq has
     // the fused quantizer: M <= 8, vector loads of x, its shared memory within the default 48 KB
     const bool want_fuseq = !pre && (kn.fuseq == 1 || (kn.fuseq < 0 && cfg.wn == 1 && fuseq_auto(M, N, K)));
-    const bool fuseq = want_fuseq && cfg.mt == 1 && vec && cfg.ks * 512 + fuseq_smem(M, KB) <= 48 * 1024;
-    if (fuseq) {  // one tile per warp, one warp along N; ks as for a WN = 1 launch
-      if (cfg.wn != 1) {
-        Knobs k1 = kn;
-        k1.wn = 1;
-        cfg = small_cfg(k1, M, N, K, true);
-      }
-      cfg.nw = 1;
+    // the fused kernel: one tile per warp, ks as for a WN = 1 launch, one warp along N unless TRIT_NW asks for
+    // more (every CTA quantizes the whole row: nw tiles per CTA divide that redundant work by nw)
+    Cfg fcfg = cfg;
+    if (want_fuseq && cfg.wn != 1) {
+      Knobs k1 = kn;
+      k1.wn = 1;
+      fcfg = small_cfg(k1, M, N, K, true);
+    }
+    fcfg.nw = kn.nw > 0 ? max(1, min(kn.nw, (kV5Threads / 32) / fcfg.ks)) : 1;
+    const bool fuseq = want_fuseq && fcfg.mt == 1 && vec &&
+                       (size_t)fcfg.nw * fcfg.ks * 512 + fuseq_smem(M, KB) <= 48 * 1024;
+    if (fuseq) {
+      cfg = fcfg;
     } else if (!pre) {
       const int Mp = cfg.mt == 1 ? 0 : 8 * cfg.mt;  // k-block-major xq for MT >= 2, zero rows to 8 * MT
       // the row-major layout (M <= 8): the cluster quantizer on long rows (or as TRIT_QUANT_CLUSTER asks)

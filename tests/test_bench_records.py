@@ -289,11 +289,12 @@ def test_kernel_bench_head_prefetch_section():
 
     meta = {"device": "H200", "date": "d", "commit": "c", "command": "x", "torch": "t", "cuda": "u", "fused_max_m": 64}
     row = {"N": 28672, "K": 8192, "M": 1, "a8_us": 21.2, "fused_us": 26.9, "a8_pre_us": 18.8, "a8_nopf_us": 21.3,
-           "a8_pf_us": 21.9, "a8_pfh16_us": 19.9, "fused_pfh16_us": 26.0, "a8_pfh4_us": 20.5, "floor_us": 14.1}
+           "a8_pf_us": 21.9, "a8_pfh16_us": 19.9, "fused_pfh16_us": 26.0, "a8_pfh4_us": 20.5, "floor_us": 14.1,
+           "a8_fuseq_us": 37.7, "a8_fqnw8_us": 20.0}
     assert kernels.pf_head_keys(row) == [4, 16]
     md = kernels.markdown(meta, [row])
     assert "| head 4 | head 16 |" in md
-    assert "| 28672x8192 | 1 | 21.2 / 26.9 | 18.8 | 21.3 / 21.9 | 20.5 / - | 19.9 / 26.0 |" in md
-    assert "pfh4 20.5/- pfh16 19.9/26.0" in kernels.fmt_row(row)
-    plain = {k: v for k, v in row.items() if "pfh" not in k}
+    assert "| 28672x8192 | 1 | 21.2 / 26.9 | 18.8 | 21.3 / 21.9 | 20.5 / - | 19.9 / 26.0 | 37.7 / - / - / 20.0 |" in md
+    assert "pfh4 20.5/- pfh16 19.9/26.0 fqnw8 20.0 " in kernels.fmt_row(row)
+    plain = {k: v for k, v in row.items() if "pfh" not in k and "fqnw" not in k}
     assert "head prefetch" not in kernels.markdown(meta, [plain])

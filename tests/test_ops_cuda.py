@@ -338,6 +338,10 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
             monkeypatch.setenv("TRIT_WN", "1")
             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 wn=1 fused quantizer={fq}"
             monkeypatch.delenv("TRIT_WN")
+            for nw in ("3", "8"):  # the fused quantizer with several tiles per CTA (the last CTA's warps clamp)
+                monkeypatch.setenv("TRIT_NW", nw)
+                assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 nw={nw} fused quantizer={fq}"
+            monkeypatch.delenv("TRIT_NW")
         monkeypatch.delenv("TRIT_A8_FUSEQ")
         for gm in ("1", "0"):  # the GEMM-shaped a8 kernel (16 < M <= 256) forced on / off
             monkeypatch.setenv("TRIT_A8_GEMM", gm)
