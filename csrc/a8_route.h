@@ -55,4 +55,22 @@ inline A8Loop a8_gemm_auto_loop(int M, int N, int K, int sm_count) {
   return cdiv(M, 128) * 128 - M < 64 ? kA8LoopWg2 : kA8LoopWg;
 }
 
+// The a8 GEMV's launch shape at 16 < M <= 32 (a8_small_kernel with MT = 4 row tiles) where each warp takes
+// two weight tiles (wn = 2: layers of >= 128M weights, ternary_gemm.cu wn_auto): nw warps along N per CTA
+// times ks split-K warps = 8 warps. The general rule (small_cfg: split K until ~1536 warps) gave these
+// layers CTAs for 1.7 - 1.9 waves of one CTA per SM; the smallest nw whose CTAs fit in one wave won
+// in two H200 runs (bench/results/2026-12-03-h200-run36.*, run 35's sweep in NOTES.md): 28672x8192
+// M = 32 nw = 8 ks = 1 41.7 us vs 46.1 default (nw = 4 ks = 2, 224 CTAs), 8192x28672 nw = 2 ks = 4
+// 41.1 vs 43.7 (nw = 1 ks = 8, 256 CTAs). With one tile per warp (wn = 1) the same rule lost badly
+// (14336x4096 nw = 8 ks = 1 28.8 vs 17.4, 8192x8192 nw = 4 ks = 2 28.0 vs 17.0): not applied there.
+// n_warps: weight-tile warps along N (tiles / wn), KB: k-blocks; returns nw (ks = 8 / nw), or 0 where no
+// nw in 1..8 fits one wave with >= 2 k-blocks per split-K warp (the general rule stays).
+inline int a8_mt4_wide_nw(int n_warps, int KB, int sm_count) {
+  for (int nw = 1; nw <= 8; nw *= 2) {
+    const int ks = 8 / nw;
+    if (cdiv(n_warps, nw) <= sm_count) return KB / (2 * ks) >= 2 ? nw : 0;
+  }
+  return 0;
+}
+
 }  // namespace trit_route

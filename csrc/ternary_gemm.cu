@@ -2256,6 +2256,7 @@ bool a8_v5(int M, int N, int K) { return M <= 32 || (M <= kV5MaxMA8 && (long)N *
 bool wn_auto(int mt, int N, int K) {
   return mt <= 2 ? N >= 6144 : (mt == 4 && (long)N * K >= (128L << 20));
 }
+int sm_count();  // below, with the GEMM kernel's launch
 Cfg small_cfg(const Knobs& kn, int M, int N, int K, bool a8) {
   Cfg cfg{v5_mt(M), 1, 1, 1};
   // forced (TRIT_WN=2) or auto (wn_auto) up to MT = 4, M <= 32
@@ -2266,6 +2267,11 @@ Cfg small_cfg(const Knobs& kn, int M, int N, int K, bool a8) {
   while (cfg.ks < maxw && n_warps * cfg.ks < 1536 && KB / (2 * cfg.ks) >= 2) cfg.ks *= 2;
   if (kn.ks > 0) cfg.ks = max(1, min(min(kn.ks, maxw), KB));
   cfg.nw = cfg.mt == 1 ? 1 : max(1, min(4, maxw / cfg.ks));
+  // M = 17-32 with two tiles per warp (the largest layers): one wave of CTAs (csrc/a8_route.h)
+  if (a8 && cfg.mt == 4 && cfg.wn == 2 && kn.ks == 0 && kn.nw == 0 && maxw == 8) {
+    const int nw = trit_route::a8_mt4_wide_nw(n_warps, KB, sm_count());
+    if (nw > 0) cfg.nw = nw, cfg.ks = maxw / nw;
+  }
   if (kn.nw > 0) cfg.nw = max(1, min(kn.nw, maxw / cfg.ks));
   return cfg;
 }

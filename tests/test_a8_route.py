@@ -19,6 +19,8 @@ RESULTS = ROOT / "bench" / "results"
 # at M = 1024 / 4096
 RUN_20C = RESULTS / "2026-12-01-h200-run20c-deep.json"
 RUN_19 = RESULTS / "2026-12-01-h200-run19-wgmma.json"
+# run 36: the a8 GEMV's launch-shape sweep at M = 32 (TRIT_NW x TRIT_KS) on the ten shapes
+RUN_36 = RESULTS / "2026-12-03-h200-run36.json"
 SM_COUNT = 132
 # a8_route.h's A8Loop values -> the bench column of that loop (forced by its knobs)
 LOOP_COLUMN = {0: "a8_gemm_us", 1: "a8_gemm_wgov_us", 2: "a8_gemm_wgdeep_us", 3: "a8_gemm_wg2ov_us",
@@ -30,8 +32,12 @@ DRIVER = r"""
 #include "a8_route.h"
 int main() {
   int M, N, K, sm;
-  while (std::scanf("%d %d %d %d", &M, &N, &K, &sm) == 4)
-    std::printf("%d\n", (int)trit_route::a8_gemm_auto_loop(M, N, K, sm));
+  while (std::scanf("%d %d %d %d", &M, &N, &K, &sm) == 4) {
+    if (M == 0)  // a8_mt4_wide_nw(n_warps = N, KB = K, sm)
+      std::printf("%d\n", trit_route::a8_mt4_wide_nw(N, K, sm));
+    else
+      std::printf("%d\n", (int)trit_route::a8_gemm_auto_loop(M, N, K, sm));
+  }
   return 0;
 }
 """
@@ -48,8 +54,8 @@ def route(tmp_path_factory):
     subprocess.run([cxx, "-std=c++17", "-O1", "-I", str(ROOT / "csrc"), str(d / "drv.cpp"), "-o", str(exe)],
                    check=True, capture_output=True, text=True)
 
-    def choose(points):
-        inp = "".join(f"{m} {n} {k} {SM_COUNT}\n" for m, n, k in points)
+    def choose(points, sm=SM_COUNT):
+        inp = "".join(f"{m} {n} {k} {sm}\n" for m, n, k in points)
         out = subprocess.run([str(exe)], input=inp, check=True, capture_output=True, text=True).stdout.split()
         return [int(v) for v in out]
     return choose
@@ -98,3 +104,45 @@ def test_route_edges(route):
     pts = [(32, 28672, 8192), (33, 28672, 8192), (128, 16896, 4096), (128, 17024, 4096), (192, 11264, 4096),
            (192, 11392, 4096), (200, 11392, 4096), (257, 6144, 4096), (257, 1920, 4096), (1 << 19, 8192, 8192)]
     assert route(pts) == [0, 2, 2, 3, 2, 1, 3, 3, -1, -1]
+
+
+# ternary_gemm.cu's GEMV geometry: 16 output channels per weight tile, 128 inputs per k-block; two tiles per
+# warp at M = 17-32 from 128M weights (wn_auto)
+TILE_N, BLOCK_K = 16, 128
+
+
+def wide_nw(route, n_warps, kb, sm=SM_COUNT):
+    return route([(0, n_warps, kb)], sm)[0]
+
+
+def test_mt4_wide_rule_against_the_m32_sweep(route):
+    """16 < M <= 32 on layers with two weight tiles per warp: the nw (ks = 8 / nw) a8_mt4_wide_nw picks is
+    within 3% of the best launch shape of run 36's sweep and beats the old default there; on the layers
+    with one tile per warp the same rule would have lost by > 30% in the same run (why it is not applied
+    there)."""
+    pts = [r for r in rows(RUN_36) if r["M"] == 32 and r.get("a8_nw1ks1_us")]
+    assert len(pts) == 10, f"{RUN_36.name}: {len(pts)} sweep rows at M = 32"
+    sweep = lambda r: {c: r[c] for c in r if c.startswith("a8_nw") and c.endswith("_us") and r[c]}
+    wide = [r for r in pts if r["N"] * r["K"] >= 128 << 20]
+    narrow = [r for r in pts if r["N"] * r["K"] < 128 << 20]
+    assert {(r["N"], r["K"]) for r in wide} == {(28672, 8192), (8192, 28672)}, wide
+    for r in wide:
+        nw = wide_nw(route, -(-r["N"] // TILE_N) // 2, -(-r["K"] // BLOCK_K))
+        col = f"a8_nw{nw}ks{8 // nw}_us"
+        t, best = r[col], min(sweep(r).values())
+        assert t <= 1.03 * best and t < 0.95 * r["a8_us"], (r["N"], r["K"], col, t, best, r["a8_us"])
+    lost = 0
+    for r in narrow:
+        nw = wide_nw(route, -(-r["N"] // TILE_N), -(-r["K"] // BLOCK_K))
+        col = f"a8_nw{nw}ks{8 // nw}_us" if nw else None
+        if nw and col in r and r[col] > 1.3 * r["a8_us"]:
+            lost += 1
+    assert lost >= 3, f"the wave rule on one-tile-per-warp layers lost on only {lost} shapes"
+
+
+def test_mt4_wide_rule_edges(route):
+    """One wave of CTAs with the fewest warps along N; none where even nw = 8 needs a second wave or a
+    split-K warp would keep < 2 k-blocks."""
+    assert [wide_nw(route, *a) for a in [(896, 64, 132), (256, 224, 132), (132, 64, 132), (133, 64, 132),
+                                         (1056, 64, 132), (1057, 64, 132), (256, 14, 132), (256, 16, 132),
+                                         (896, 64, 114)]] == [8, 2, 1, 2, 8, 0, 0, 2, 8]
