@@ -60,7 +60,9 @@ def load_record(path: Path, want_tiny: bool | None = None) -> dict:
 
 
 def record_date(path: Path) -> str:
-    m = re.match(r"(\d{4}-\d{2}-\d{2})", Path(path).name)
+    """The record's date from its file name (bench.e2e names them DATE-device-e2e-SHAPE; a run cut short
+    leaves partial-DATE-...)."""
+    m = re.match(r"(?:partial-)?(\d{4}-\d{2}-\d{2})", Path(path).name)
     return m.group(1) if m else "?"
 
 

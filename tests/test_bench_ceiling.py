@@ -136,3 +136,9 @@ def test_gpu_e2e_ceiling_helper(tmp_path):
     assert "| 32 | 12985.7 | 2.464 | 10066.3 | 1.29x | 1.8x (ABOVE the ceiling) |" in r.stdout
     assert (out / "2026-12-02-nvidia-h200-e2e-2b-ceiling.md").exists()
     assert (out / "floor-rows-2026-12-02-nvidia-h200-e2e-tiny.json").exists()
+
+
+def test_record_date_from_file_name():
+    assert C.record_date("/x/2026-12-03-nvidia-h200-e2e-8b.json") == "2026-12-03"
+    assert C.record_date("/tmp/e2e-state-tiny/partial-2026-12-03-nvidia-h200-e2e-tiny.json") == "2026-12-03"
+    assert C.record_date("floor.json") == "?"

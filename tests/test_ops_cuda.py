@@ -310,6 +310,23 @@ def test_small_m_misaligned_x(monkeypatch):
 # warps) and TRIT_NW (tiles per CTA) change scheduling only: a8 (int32 accumulation) must be
 # bit-identical under all of them; fp is bit-identical for a fixed split and within rounding
 # across splits (TRIT_NW does not change the split: bit-identical).
+@pytest.mark.parametrize("M", [17, 32])
+@pytest.mark.parametrize("NK", [(28672, 8192), (8192, 28672), (13000, 10330)])
+def test_a8_wide_layer_m32_launch_shape(monkeypatch, M, NK):
+    """16 < M <= 32 on layers of >= 128M weights (two tiles per warp): the default launch shape, one wave
+    of CTAs (csrc/a8_route.h a8_mt4_wide_nw: nw = 8 / 2 / 4 here), gives the bits of every forced
+    (TRIT_NW, TRIT_KS), the general rule's among them, and matches the reference."""
+    N, K = NK
+    monkeypatch.setenv("TRIT_KERNEL", "v5")
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 5 + M, DEV)
+    a = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    assert_close_rel(a, ops.ternary_mm_a8_ref(x, p, s, N, K, b), 8e-3, f"a8 M={M} N={N} K={K}")
+    for nw, ks in (("1", "1"), ("4", "2"), ("1", "8"), ("2", "4"), ("8", "1"), ("4", "1")):
+        monkeypatch.setenv("TRIT_NW", nw)
+        monkeypatch.setenv("TRIT_KS", ks)
+        assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a), f"nw={nw} ks={ks} M={M} N={N} K={K}"
+
+
 @pytest.mark.parametrize("M", [1, 4, 8, 16, 29, 64])
 @pytest.mark.parametrize("NK", [(100, 1000), (2560, 2560), (640, 4104), (48, 8200), (6160, 520)])
 def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
