@@ -158,6 +158,7 @@ def topk_agreement(t_logits: torch.Tensor, g_logits: torch.Tensor, limit: float,
     """Top-k of target vs golden logits per (prompt, position).  A position whose top-k sets
     differ is *explained* when the golden logits of the swapped ids lie within ``limit`` of the
     golden k-th value (a near-tie the model tier cannot resolve)."""
+    k = min(k, t_logits.shape[-1])  # a vocabulary smaller than k: all of it
     return topk_ids_agreement(t_logits.double().topk(k, dim=-1).indices, g_logits, limit)
 
 

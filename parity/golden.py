@@ -161,11 +161,12 @@ def bit_faithful_here(golden_manifest: dict, device: str = "cpu") -> bool:
     return computed_alike(golden_manifest.get("compute"), compute_fingerprint(device))
 
 
-def target_bit_faithful(target, golden_manifest: dict) -> bool:
-    """A target's bit_faithful flag as it holds against this golden set on this machine
-    (bit_faithful_here on the target's device): what picks the tolerance column in parity.run and
-    parity.noise."""
-    return bool(target.bit_faithful) and bit_faithful_here(golden_manifest, getattr(target, "device", "cpu"))
+def target_bit_faithful(target, golden_manifest: dict, model_dir=None) -> bool:
+    """A target's bit_faithful flag as it holds for this model (Target.faithful_for) against this golden set
+    on this machine (bit_faithful_here on the target's device): what picks the tolerance column in
+    parity.run and parity.noise."""
+    claimed = target.faithful_for(model_dir) if hasattr(target, "faithful_for") else bool(target.bit_faithful)
+    return claimed and bit_faithful_here(golden_manifest, getattr(target, "device", "cpu"))
 
 
 def write_golden(out: Path, tensors: dict, order: list, input_ids: torch.Tensor, *, model_dir: Path, spec,
@@ -185,8 +186,13 @@ def write_golden(out: Path, tensors: dict, order: list, input_ids: torch.Tensor,
     missing = [n for n in order if n not in tensors]
     if missing:
         raise GoldenError(f"the reference did not capture {missing[:5]}")
+    bad = [n for n in order if tensors[n].is_floating_point() and not bool(torch.isfinite(tensors[n]).all())]
+    if bad:
+        # a golden set of NaN would make every target "fail" on the reference's own fault (or pass vacuously)
+        raise GoldenError(f"the reference's outputs for {model_dir} are not finite from {bad[0]!r} on ({len(bad)} of "
+                          f"{len(order)} tensors: {bad[:4]}); expected finite values - nothing written to {out}")
     logits = tensors["logits"]
-    top10 = logits.topk(10, dim=-1).indices
+    top10 = logits.topk(min(10, logits.shape[-1]), dim=-1).indices
     data = {n: tensors[n].contiguous().float() for n in order}
     data["input_ids"] = input_ids.contiguous()
     data["top10_ids"] = top10.contiguous()

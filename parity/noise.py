@@ -84,7 +84,7 @@ def measure_noise(model_dir: Path, golden_dir: Path, *, target: str = "bf16", ta
     spec = spec_for(model_dir, ModelConfig.load(model_dir), spec_path)
     t = get_target(target, **(target_options or {}))
     # as parity.run: bit-faithful only against a golden computed on the same kind of hardware
-    col = tolerance_column(t.compute_dtype, spec.activation_quant, target_bit_faithful(t, gs.manifest))
+    col = tolerance_column(t.compute_dtype, spec.activation_quant, target_bit_faithful(t, gs.manifest, model_dir))
     out = noise_path(golden_dir, col)
     if out.exists() and not force:
         raise GoldenError(f"{out} exists; pass --force to replace it")

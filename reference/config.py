@@ -43,6 +43,14 @@ BITNET_DEFAULT_KV_HEADS = 5
 ROPE_KINDS = ("default", "linear", "dynamic", "llama3", "yarn")
 
 
+def _count(d: dict, key: str, where: str) -> int:
+    """A required positive integer field of config.json (KeyError when absent, for the caller's message)."""
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or int(v) < 1:
+        raise CheckpointError(f"{where}: {key} is {v!r}; expected a positive integer")
+    return int(v)
+
+
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
@@ -68,6 +76,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict, *, where: str = "config.json") -> "ModelConfig":
+        if not isinstance(d, dict):
+            raise CheckpointError(f"{where}: expected a JSON object of model settings, got a {type(d).__name__}")
         archs = d.get("architectures") or []
         arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
         if arch is None and archs and d.get("model_type") in MODEL_TYPES:
@@ -85,9 +95,10 @@ class ModelConfig:
             raise CheckpointError(
                 f"{where}: architectures={archs} model_type={d.get('model_type')!r}: only Llama-family and "
                 f"BitNet b1.58 models are supported (LlamaForCausalLM, BitNetForCausalLM)")
+        size = lambda key: _count(d, key, where)  # noqa: E731 - a required positive integer field
         try:
-            hidden = int(d["hidden_size"])
-            heads = int(d["num_attention_heads"])
+            hidden = size("hidden_size")
+            heads = size("num_attention_heads")
             head_dim = int(d.get("head_dim") or hidden // heads)
             rp = d.get("rope_parameters") or d.get("rope_scaling") or {}
             theta = float(rp.get("rope_theta", d.get("rope_theta", 10000.0 if arch == "llama" else 500000.0)))
@@ -133,10 +144,10 @@ class ModelConfig:
                 raise CheckpointError(f"{where}: hidden_act {act!r} is not supported ({', '.join(MLP_ACTS)})")
             cfg = cls(
                 arch=arch,
-                vocab_size=int(d["vocab_size"]),
+                vocab_size=size("vocab_size"),
                 hidden_size=hidden,
-                intermediate_size=int(d["intermediate_size"]),
-                num_layers=int(d["num_hidden_layers"]),
+                intermediate_size=size("intermediate_size"),
+                num_layers=size("num_hidden_layers"),
                 num_heads=heads,
                 num_kv_heads=int(d.get("num_key_value_heads") or
                                  (BITNET_DEFAULT_KV_HEADS if arch == "bitnet" and "num_key_value_heads" not in d
@@ -153,6 +164,11 @@ class ModelConfig:
             )
         except KeyError as e:
             raise CheckpointError(f"{where}: missing required field {e.args[0]!r}")
+        except CheckpointError:
+            raise
+        except (TypeError, ValueError, AttributeError) as e:  # a field of the wrong type (null, a string, a list)
+            raise CheckpointError(f"{where}: a field has a value of the wrong type ({type(e).__name__}: {e}); "
+                                  f"expected the types of a transformers config.json") from None
         if cfg.num_heads % cfg.num_kv_heads:
             why = (f" (config.json has no num_key_value_heads: transformers' BitNetConfig, and vLLM with it, then "
                    f"assume {BITNET_DEFAULT_KV_HEADS}; set it, = num_attention_heads for full multi-head attention)"

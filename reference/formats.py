@@ -611,6 +611,11 @@ def expand_scale(scale: torch.Tensor, spec: ScaleSpec, shape: tuple[int, int], *
         if bool((m == 0).any()):
             raise FormatError(f"{name}: scale {spec.key!r} is zero but the format divides by it")
         m = 1.0 / m
+        if not bool(torch.isfinite(m).all()):  # a subnormal scale (1e-40) is not zero, its reciprocal is inf
+            bad = m[~torch.isfinite(m)]
+            raise FormatError(f"{name}: scale {spec.key!r} is too small to divide by in float32 (1 / scale = "
+                              f"{float(bad[0])} for {bad.numel()} value(s)); expected |scale| >= "
+                              f"{1 / torch.finfo(torch.float32).max:.1e}")
     return m
 
 

@@ -39,8 +39,9 @@ from .config import ModelConfig
 from .formats import FormatError, PackSpec, unpack_codes
 from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
 from .inspect_search import (BLOCKS, TQ2_0_RECORD, Candidate, axis_margins, build_spec, codes_str, confidence,
-                             lane_options, per_part_options, plain_float_linear, search)
-from .spec import INVERSE_SCALE_SUFFIXES, SPEC_FILENAME, CheckpointSpec, decode_linear, derived_buffer
+                             declared_activation_quant, lane_options, per_part_options, plain_float_linear, search)
+from .spec import (INVERSE_SCALE_SUFFIXES, SPEC_FILENAME, CheckpointSpec, bitnet_linear_class, decode_linear,
+                   derived_buffer)
 
 
 class InspectError(CheckpointError):
@@ -730,13 +731,28 @@ def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: l
     significant = [c for c in range(ncodes) if hist[c] > 0.002 * total + total_pads]
     if len(significant) > 3:
         return _integer_tables(hist, bits, significant, zero_hint, findings, shares)
-    used = sorted(sorted(range(ncodes), key=lambda c: -hist[c])[:3])
-    unused = [c for c in range(ncodes) if c not in used]
-    stray = []  # modules where an "unused" code occurs beyond their padding slots
-    for m in packed:
-        pads = _pads(m)
-        if sum(m.weight.hist(bits)[c] for c in unused) > pads:
-            stray.append(m)
+    def split(counts):
+        used = sorted(sorted(range(ncodes), key=lambda c: -counts[c])[:3])
+        unused = [c for c in range(ncodes) if c not in used]
+        # modules where an "unused" code occurs beyond their padding slots
+        return used, unused, [m for m in packed if sum(m.weight.hist(bits)[c] for c in unused) > _pads(m)]
+
+    used, unused, stray = split(hist)
+    if stray and total_pads:
+        # heavy padding (a small K padded to whole containers: hidden 20 in 32 slots) can make the pad code
+        # (0 where containers are zero-filled) outnumber a real one; a pad code whose count the padding
+        # slots explain is taken out before ranking, where that leaves no stray code in any module
+        for p in sorted(range(ncodes), key=lambda c: abs(hist[c] - total_pads)):
+            if hist[p] < total_pads // 2:
+                break
+            adj = [max(0, n - total_pads) if c == p else n for c, n in enumerate(hist)]
+            u2, un2, st2 = split(adj)
+            if not st2:
+                used, unused, stray = u2, un2, st2
+                findings.append(Finding("code table: padding", f"code {p} fills the padding slots",
+                                        f"{hist[p]} fields hold code {p}, {total_pads} are padding slots "
+                                        f"(containers filled past K); ranked without them", "high"))
+                break
     qm = ((cfg.quantization or {}) if cfg is not None else {}).get("quant_method")
     if stray and qm != "bitnet" and len(stray) >= max(2, len(packed) / 2):
         # a rare extreme level in most tensors (symmetric int2 puts -2 only where w/s rounds to -1.5):
@@ -877,7 +893,7 @@ def op_candidates(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, fin
                                 f"the multiplier itself; magnitudes, then the loss decide", "n/a"))
         qm = None
     if qm == "bitnet":
-        lc = q.get("linear_class", "bitlinear")
+        lc = bitnet_linear_class(q)
         op = "divide" if lc == "bitlinear" else "multiply"
         findings.append(Finding("scale op", op, f"config.json quantization_config.linear_class={lc!r}", "high (config)"))
         return [op]
@@ -987,6 +1003,10 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     findings.append(Finding("key mapping", f"{len(modules)} linear tensors, {len(floats)} float tensors",
                             f"{len(fused)} fused ({sorted({m.role for m in fused})}) split by config.json sizes"
                             if fused else "no fused tensors", "high"))
+    act = declared_activation_quant(cfg, f"{model_dir / 'config.json'}")  # raises on a scheme the spec cannot run, before any search
+    if act is not None:
+        findings.append(Finding("activation quantisation", act, "config.json: compressed-tensors config_groups declare "
+                                "input_activations (dynamic symmetric per-token int8)", "high (config)"))
     scaled = [m for m in modules if m.scale is not None]
     if scaled:
         suffixes: dict[str, int] = {}

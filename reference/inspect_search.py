@@ -133,6 +133,37 @@ def zero_spec(m: Module) -> Optional[ScaleSpec]:
     return ScaleSpec(key=m.zeros.name, **m.zero_kw) if m.zero_kw else None
 
 
+def declared_activation_quant(cfg: ModelConfig, where: str = "config.json") -> Optional[str]:
+    """The activation quantisation a compressed-tensors config declares (config_groups.*.input_activations):
+    'int8_per_token' for dynamic symmetric per-token int8 (W2A8 / W1.58A8: absmax / 127 per token, what
+    BitNet computes), None where no group declares one; any other scheme (static, per-tensor, per-group,
+    float, other widths, or groups that disagree) is a FormatError naming it - the spec cannot run it, and
+    running the linears unquantized would check another model."""
+    q = cfg.quantization or {}
+    if q.get("quant_method") != "compressed-tensors":
+        return None
+    groups = q.get("config_groups") or {}
+    if not isinstance(groups, dict):
+        raise FormatError(f"{where}: quantization_config.config_groups is {type(groups).__name__}, expected a mapping")
+    acts = {g: (v or {}).get("input_activations") if isinstance(v, dict) else None for g, v in groups.items()}
+    declared = {g: a for g, a in acts.items() if a}
+    if not declared:
+        return None
+    if len(declared) != len(acts):
+        raise FormatError(f"{where}: quantization_config.config_groups {sorted(declared)} quantize input activations "
+                          f"and {sorted(set(acts) - set(declared))} do not: one activation scheme per model is supported")
+    for g, a in declared.items():
+        if not isinstance(a, dict):
+            raise FormatError(f"{where}: config_groups.{g}.input_activations is {a!r}, expected a mapping")
+        got = (a.get("num_bits"), a.get("type", "int"), a.get("symmetric", True), a.get("strategy"), a.get("dynamic"))
+        if got != (8, "int", True, "token", True):
+            raise FormatError(f"{where}: config_groups.{g}.input_activations = {a!r}: only dynamic symmetric "
+                              f"per-token int8 (num_bits 8, type int, symmetric true, strategy 'token', dynamic true) "
+                              f"is supported (got num_bits={got[0]!r}, type={got[1]!r}, symmetric={got[2]!r}, "
+                              f"strategy={got[3]!r}, dynamic={got[4]!r})")
+    return "int8_per_token"
+
+
 def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConfig, name: str) -> CheckpointSpec:
     linears = {}
     for m in modules:
@@ -151,7 +182,8 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
     # spec_for's "unquantized" spec says
     quantized = any(m.packed or m.weight.kind != "float" for m in modules)
     act = "int8_per_token" if (cfg.arch == "bitnet" and quantized) or \
-        (cfg.quantization or {}).get("quant_method") == "bitnet" else "none"
+        (cfg.quantization or {}).get("quant_method") == "bitnet" or \
+        (quantized and declared_activation_quant(cfg) == "int8_per_token") else "none"
     ignored = {}
     for m in modules:
         for t, why in ((None if m.zero_kw else m.zeros, "constant zero point, folded into the code table"),

@@ -473,6 +473,21 @@ def scale_key_of(mod: str, keys, ckpt: Optional[Checkpoint] = None) -> Optional[
     return found[0] if found else None
 
 
+BITNET_LINEAR_CLASSES = ("bitlinear", "autobitlinear")
+
+
+def bitnet_linear_class(q: dict) -> str:
+    """quantization_config.linear_class of a quant_method 'bitnet' config: 'bitlinear' (the default when the key
+    is absent; the stored scale divides the output) or 'autobitlinear' (it multiplies).  Anything else - null,
+    another spelling - transformers refuses, and reading it as either would give a silently wrong model."""
+    lc = q.get("linear_class", "bitlinear")
+    if lc not in BITNET_LINEAR_CLASSES:
+        raise CheckpointError(f"config.json: quantization_config.linear_class is {lc!r}; expected one of "
+                              f"{list(BITNET_LINEAR_CLASSES)} (absent means 'bitlinear'): it decides whether "
+                              f"weight_scale divides or multiplies")
+    return lc
+
+
 def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
     """The transformers ``quant_method: bitnet`` convention (BitLinear / AutoBitLinear).
 
@@ -492,7 +507,7 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
     mode = q.get("quantization_mode", "offline")
     if mode not in ("offline", "online"):
         raise CheckpointError(f"quantization_config.quantization_mode is {mode!r}; expected 'offline' or 'online'")
-    linear_class = q.get("linear_class", "bitlinear")
+    linear_class = bitnet_linear_class(q)
     if mode == "online" and linear_class != "autobitlinear":
         raise CheckpointError(f"quantization_mode 'online' with linear_class {linear_class!r}: transformers quantizes "
                               f"online only in AutoBitLinear (linear_class 'autobitlinear')")

@@ -94,3 +94,25 @@ def test_transformers_target_refuses_modules_to_not_convert_without_lm_head(tie,
                                          r"does not list 'lm_head'"):
         get_target("transformers").capture(d, ids)
     assert torch.isfinite(get_target("reference").capture(d, ids)["logits"]).all()
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("hidden_size", None, r"hidden_size is None; expected a positive integer"),
+    ("num_hidden_layers", None, r"num_hidden_layers is None"),
+    ("intermediate_size", "abc", r"intermediate_size is 'abc'"),
+    ("num_attention_heads", 12.5, r"num_attention_heads is 12.5"),  # was truncated to 12
+    ("vocab_size", 0, r"vocab_size is 0"),
+    ("vocab_size", True, r"vocab_size is True"),
+    ("max_position_embeddings", None, r"wrong type \(TypeError"),
+    ("rope_parameters", [1], r"wrong type \(AttributeError"),
+])
+def test_config_fields_of_the_wrong_type_are_named(field, value, match):
+    """A config.json field of the wrong type gave a raw traceback (TypeError from int(None)) or an error naming
+    neither file nor field; a fractional head count was silently truncated."""
+    d = config_dict(Preset("llama", 96, 200, 2, 6, 2, 89, False))
+    d[field] = value
+    with pytest.raises(CheckpointError, match=r"^/x/config\.json: .*" + match):
+        ModelConfig.from_dict(d, where="/x/config.json")
+    with pytest.raises(CheckpointError, match=r"/x/config\.json: expected a JSON object .* got a list"):
+        ModelConfig.from_dict([d], where="/x/config.json")
+    assert ModelConfig.from_dict(config_dict(Preset("llama", 96, 200, 2, 6, 2, 89, False))).hidden_size == 96

@@ -139,6 +139,9 @@ def test_scales():
         expand_scale(torch.tensor([float("nan")]), ScaleSpec("s"), (1, 1))
     with pytest.raises(FormatError, match="zero"):
         expand_scale(torch.tensor([0.0]), ScaleSpec("s", op="divide"), (1, 1))
+    with pytest.raises(FormatError, match=r"too small to divide by .*1 / scale = inf"):  # subnormal: 1/s overflows
+        expand_scale(torch.tensor([1e-40]), ScaleSpec("s", op="divide"), (1, 1))
+    assert expand_scale(torch.tensor([1e-40]), ScaleSpec("s"), (1, 1)).item() > 0  # multiplied: fine
     with pytest.raises(FormatError, match="must have 4 elements"):
         expand_scale(torch.ones(3), ScaleSpec("s", "channel"), (4, 1))
 

@@ -73,6 +73,19 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_non_finite_reference_outputs_are_not_written(tmp_path):
+    """A reference that produces NaN / Inf (a degenerate checkpoint the checks let through) must not become a
+    golden set: every target would then 'fail' on the reference's fault. Nothing is written."""
+    from parity.golden import write_golden
+
+    t = {"embed": torch.zeros(1, 3, 4), "layer0.mlp.down_proj": torch.full((1, 3, 4), float("nan")),
+         "logits": torch.zeros(1, 3, 7)}
+    with pytest.raises(GoldenError, match=r"not finite from 'layer0\.mlp\.down_proj'.*nothing written"):
+        write_golden(tmp_path / "x", t, list(t), torch.zeros(1, 3, dtype=torch.long), model_dir=tmp_path / "m",
+                     spec=None, inputs_desc={}, reference_version="r", arch="llama", num_layers=1)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_stale_golden_is_reported_as_stale(gold, tmp_path):
     model = tmp_path / "model"
     shutil.copytree(DEFAULT_MODEL, model)
@@ -175,3 +188,17 @@ def test_default_out_of_model_dot_is_named_after_the_model(tmp_path, monkeypatch
     assert dump_main(["--ref", "--model", ".", "--force"]) == 0
     assert (tmp_path / "golden" / "mymodel" / "manifest.json").exists()
     assert (tmp_path / "golden" / "other" / "manifest.json").exists() and not list(tmp_path.glob("golden.prev-*"))
+
+
+def test_vocabulary_smaller_than_top10(tmp_path):
+    """A vocabulary of fewer than 10 ids (a toy model): the golden keeps all of them as its top ids and the
+    top-k agreement compares all of them (topk(10) raised 'selected index k out of range')."""
+    import dataclasses
+
+    from reference.make_model import PRESETS, write_model
+
+    d = write_model(dataclasses.replace(PRESETS["oracle-llama-gqa"], vocab=7), tmp_path / "m")
+    dump_reference(d, tmp_path / "g")
+    r = run_parity("reference", model_dir=d, golden_dir=tmp_path / "g", runs_dir=None, diagnose=False)
+    assert r.golden.top10.shape[-1] == 7
+    assert r.comparison.passed, r.comparison.summary()

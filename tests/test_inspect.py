@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from reference import synth
-from reference.checkpoint import Checkpoint
+from reference.checkpoint import Checkpoint, CheckpointError
 from reference.config import ModelConfig
 from reference.decode import main as decode_main, model_loss, text_ids
 from reference.formats import PackSpec, code_table, offset_table, twos_complement_table
@@ -744,3 +744,75 @@ def test_online_mode_checkpoint_is_not_read_as_float_linears(tmp_path):
     spec = CheckpointSpec.from_dict(json.loads(res.spec.to_json()))  # the JSON round-trips the entries
     ck, mc = Checkpoint(d), ModelConfig.load(d)
     assert torch.equal(ReferenceModel(mc, spec, ck).forward(ids), ReferenceModel.from_dir(d).forward(ids))
+
+
+@pytest.mark.parametrize("lc", [None, "BitLinear", "bitlinaer"])
+def test_unknown_linear_class_is_refused(tmp_path, lc):
+    """quantization_config.linear_class decides whether weight_scale divides (bitlinear) or multiplies
+    (autobitlinear); a value transformers refuses (null, another spelling) was read as 'multiply': a wrong
+    model without a word. Both the config path and the inspector now name the value."""
+    from reference.make_model import write_model
+
+    d = write_model("oracle-llama-gqa", tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"]["linear_class"] = lc
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"linear_class is .*expected one of \['bitlinear', 'autobitlinear'\]"):
+        spec_for(d, ModelConfig.load(d))
+    with pytest.raises(CheckpointError, match=r"linear_class is"):
+        inspect_dir(d, use_loss=False)
+    del cfg["quantization_config"]["linear_class"]  # absent: bitlinear, as in transformers
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert spec_for(d, ModelConfig.load(d)).linears["model.layers.0.self_attn.q_proj"].scale.op == "divide"
+
+
+def test_compressed_tensors_declared_int8_activations(tmp_path):
+    """compressed-tensors config_groups.*.input_activations: dynamic symmetric per-token int8 (W2A8) gives the
+    spec int8_per_token activations and a finding (it was read as unquantized activations: another model);
+    a scheme the spec cannot run (per-tensor, static) is refused with the file and the scheme named."""
+    from reference.formats import FormatError
+    from reference.make_model import write_model
+
+    out = tmp_path / "ct"
+    synth.write("compressed-tensors", synth.Logical.from_dir(write_model("oracle-llama-gqa", tmp_path / "m")), out)
+    plain = inspect_dir(out, use_loss=False)
+    assert plain.spec.activation_quant == "none"
+    cfg = json.loads((out / "config.json").read_text())
+    for g in cfg["quantization_config"]["config_groups"].values():
+        g["input_activations"] = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True}
+    (out / "config.json").write_text(json.dumps(cfg))
+    res = inspect_dir(out, use_loss=False)
+    assert res.spec.activation_quant == "int8_per_token"
+    assert any(f.what == "activation quantisation" for f in res.findings)
+    assert res.spec.linears.keys() == plain.spec.linears.keys()
+    for change in ({"strategy": "tensor"}, {"dynamic": False}, {"num_bits": 4}):
+        bad = json.loads(json.dumps(cfg))
+        for g in bad["quantization_config"]["config_groups"].values():
+            g["input_activations"].update(change)
+        (out / "config.json").write_text(json.dumps(bad))
+        with pytest.raises(FormatError, match=rf"{out / 'config.json'}: config_groups\.\w+\.input_activations"):
+            inspect_dir(out, use_loss=False)
+
+
+@pytest.mark.parametrize("fmt,hidden", [("compressed-tensors", 20), ("compressed-tensors-group", 20)])
+def test_heavy_padding_does_not_hide_the_zero_code(tmp_path, fmt, hidden):
+    """A small K padded to whole int32 containers (hidden 20: 12 of 32 slots padding, zero-filled = code 0)
+    made the pad code outnumber the real zero code, which the inspector then called unused and the
+    checkpoint corrupted. The padding is now taken out of the ranking: the table is v + 2 and the
+    decoded model is the written one."""
+    import dataclasses
+
+    from reference.make_model import PRESETS, write_model
+
+    p = dataclasses.replace(PRESETS["oracle-llama-gqa"], hidden=hidden, heads=2, kv_heads=2, head_dim=hidden // 2,
+                            intermediate=30, vocab=50)
+    base = write_model(p, tmp_path / "m")
+    out = tmp_path / "ct"
+    synth.write(fmt, synth.Logical.from_dir(base), out)
+    res = inspect_dir(out, use_loss=False)
+    assert res.spec.linears["model.layers.0.self_attn.q_proj"].pack.codes == (None, -1, 0, 1)
+    assert any(f.what == "code table: padding" for f in res.findings)
+    want_spec, ck0, ck1 = spec_for(base, ModelConfig.load(base)), Checkpoint(base), Checkpoint(out)
+    for hf, e in res.spec.linears.items():  # the written ternary values, every linear
+        got, want = decode_linear(ck1, e, hf), decode_linear(ck0, want_spec.linears[hf], hf)
+        assert torch.equal(got.values, want.values), hf

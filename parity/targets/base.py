@@ -29,5 +29,10 @@ class Target(ABC):
         """Greedy continuation ids (B, max_new_tokens).  Optional."""
         raise NotImplementedError(f"target {self.name!r} does not generate")
 
+    def faithful_for(self, model_dir: Optional[Path]) -> bool:
+        """bit_faithful for this model (a target may reproduce the reference's arithmetic on some models
+        only)."""
+        return bool(self.bit_faithful)
+
     def describe(self) -> str:
         return f"{self.name} ({self.compute_dtype})"
