@@ -269,3 +269,28 @@ def test_bitnet_with_gelu(tmp_path):
     cfg["hidden_act"] = "gelu_pytorch_tanh"
     (d / "config.json").write_text(json.dumps(cfg))
     _vllm_vs_reference(d, 89, 2, "bitnet")
+
+
+@pytest.mark.vllm
+def test_wrong_sized_tensors_are_refused_before_vllm_loads_them(tmp_path):
+    """vLLM's fused q/k/v loader narrows an oversized bias to its first N values (a shifted bias, a wrong model
+    without a word) and fails on a wrong-sized embedding with a bare AssertionError: the plugin runs the
+    reference's shape checks of every tensor against config.json first, naming file, tensor and shape."""
+    import os
+
+    from safetensors.torch import load_file, save_file
+
+    d = write_model("oracle-llama-bias", tmp_path / "m")
+    sd = load_file(str(d / "model.safetensors"))
+    k = "model.layers.1.self_attn.k_proj.bias"
+    n = sd[k].numel()
+    sd[k] = torch.cat([torch.zeros(1), sd[k]])
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    import trit.vllm
+    from vllm import LLM
+    trit.vllm.register()
+    with pytest.raises(Exception, match=rf"model\.safetensors: tensor '{k}' .*has shape \[{n + 1}\], config\.json "
+                                        rf"implies \[{n}\]"):
+        LLM(model=str(d), dtype="float32", enforce_eager=True, max_model_len=32, skip_tokenizer_init=True)

@@ -172,6 +172,14 @@ class TernaryConfig(QuantizationConfig):
         directory's ternary_spec.json, else config.json's quantization_config)."""
         if self.spec is None:
             self.spec = load_spec(model_name, hf_config, self.hf_quant_config.get("spec_path"))
+            if Path(str(model_name)).is_dir():
+                # the reference's checks of every tensor's shape against config.json (headers only): vLLM's own
+                # loaders narrow an oversized bias silently and fail on a wrong-sized float tensor without
+                # naming it
+                from reference.checkpoint import Checkpoint
+                from reference.config import ModelConfig
+
+                self.spec.validate(ModelConfig.load(model_name), Checkpoint(model_name))
         if any(e.layout is not None for e in self.spec.linears.values()):
             logger.info("trit: spec %r is pre-packed (trit.export): weights load in the kernel layout as stored, "
                         "no repack at start-up", self.spec.name)
