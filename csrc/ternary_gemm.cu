@@ -2268,7 +2268,8 @@ Cfg small_cfg(const Knobs& kn, int M, int N, int K, bool a8) {
   if (kn.ks > 0) cfg.ks = max(1, min(min(kn.ks, maxw), KB));
   cfg.nw = cfg.mt == 1 ? 1 : max(1, min(4, maxw / cfg.ks));
   // M = 17-32 with two tiles per warp (the largest layers): one wave of CTAs (csrc/a8_route.h)
-  if (a8 && cfg.mt == 4 && cfg.wn == 2 && kn.ks == 0 && kn.nw == 0 && maxw == 8) {
+  static_assert(kV5Threads / 32 == 8, "a8_mt4_wide_nw splits 8 warps per CTA into nw x ks");
+  if (a8 && cfg.mt == 4 && cfg.wn == 2 && kn.ks == 0 && kn.nw == 0) {
     const int nw = trit_route::a8_mt4_wide_nw(n_warps, KB, sm_count());
     if (nw > 0) cfg.nw = nw, cfg.ks = maxw / nw;
   }

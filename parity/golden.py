@@ -165,8 +165,7 @@ def target_bit_faithful(target, golden_manifest: dict, model_dir=None) -> bool:
     """A target's bit_faithful flag as it holds for this model (Target.faithful_for) against this golden set
     on this machine (bit_faithful_here on the target's device): what picks the tolerance column in
     parity.run and parity.noise."""
-    claimed = target.faithful_for(model_dir) if hasattr(target, "faithful_for") else bool(target.bit_faithful)
-    return claimed and bit_faithful_here(golden_manifest, getattr(target, "device", "cpu"))
+    return target.faithful_for(model_dir) and bit_faithful_here(golden_manifest, getattr(target, "device", "cpu"))
 
 
 def write_golden(out: Path, tensors: dict, order: list, input_ids: torch.Tensor, *, model_dir: Path, spec,

@@ -1003,7 +1003,8 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     findings.append(Finding("key mapping", f"{len(modules)} linear tensors, {len(floats)} float tensors",
                             f"{len(fused)} fused ({sorted({m.role for m in fused})}) split by config.json sizes"
                             if fused else "no fused tensors", "high"))
-    act = declared_activation_quant(cfg, f"{model_dir / 'config.json'}")  # raises on a scheme the spec cannot run, before any search
+    # raises on an activation scheme the spec cannot run, before any search
+    act = declared_activation_quant(cfg, f"{model_dir / 'config.json'}")
     if act is not None:
         findings.append(Finding("activation quantisation", act, "config.json: compressed-tensors config_groups declare "
                                 "input_activations (dynamic symmetric per-token int8)", "high (config)"))
