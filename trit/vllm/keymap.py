@@ -162,24 +162,78 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
 
 
 def checkpoint_renames(spec: CheckpointSpec) -> dict[str, str]:
-    """{checkpoint key: the Hugging Face name vLLM's own models load it under} for the keys of unfused
-    ternary modules that the checkpoint stores under other names: a scale at ``<module>.weight.scale``,
-    ``<module>.scale`` or ``<module>.weight_scale_inv`` (-> ``<module>.weight_scale``), a weight at
-    ``<module>.weight_ternary`` (-> ``<module>.weight``), a bias.  vLLM's Llama loads through
-    AutoWeightsLoader, which finds parameters by name (``qkv_proj.weight.scale`` would be a "nested weight"
-    of ``qkv_proj.weight``); ``TernaryConfig.get_checkpoint_weight_mapper`` renames these keys first.
-    Fused-on-disk tensors (``rows``) and in-block scales (the weight's own key) keep their names."""
+    """{checkpoint key: the Hugging Face name vLLM's own models load it under} for every key that the
+    checkpoint stores under another name.  vLLM's Llama loads through AutoWeightsLoader, which finds
+    parameters by name; ``TernaryConfig.get_checkpoint_weight_mapper`` renames these keys first.
+
+    * unfused ternary modules: a scale at ``<module>.weight.scale``, ``<module>.scale`` or
+      ``<module>.weight_scale_inv`` (-> ``<module>.weight_scale``), a weight at ``<module>.weight_ternary`` or
+      under a foreign name (GGUF ``blk.N.attn_q.weight`` -> ``<module>.weight``), a bias;
+    * float tensors (``spec.tensors``: embeddings, norms, a float lm_head) under foreign names (GGUF
+      ``token_embd.weight``, Meta ``layers.N.attention_norm.weight``);
+    * tensors fused on disk (entries with ``rows``): a tensor that holds exactly the modules of one vLLM
+      fused layer (Meta ``wqkv`` = q|k|v, ``w13`` = gate|up, in any row order) is renamed to that layer's
+      parameter (``<layer>.qkv_proj.weight``); vLLM then hands it to the layer's loader without a shard id
+      and the loader cuts each module's rows out by the spec (``_SpecLinearMethod._shard_loader``).  A
+      fused-on-disk tensor that holds any other set of modules cannot be expressed as a rename
+      (``KeyMapError`` naming it: the BitNet architecture loads it, through ``build_key_map``).
+
+    In-block scales (the weight's own key) keep their names."""
     out: dict[str, str] = {}
+
+    def put(key, want):
+        if key is None or key == want:
+            return
+        if out.get(key, want) != want:
+            raise KeyMapError(f"spec {spec.name!r}: checkpoint key {key!r} would load as both {out[key]!r} "
+                              f"and {want!r}")
+        out[key] = want
+
+    fused_on_disk: dict[str, list[str]] = {}  # weight key -> modules stored in it
     for mod, e in spec.linears.items():
         if e.rows is not None:
+            fused_on_disk.setdefault(e.weight_key, []).append(mod)
             continue
         scale = e.scale.key if e.scale is not None and e.scale.key != e.weight_key else None
-        for key, want in ((e.weight_key, f"{mod}.weight"), (scale, f"{mod}.weight_scale"), (e.bias_key, f"{mod}.bias")):
-            if key is not None and key != want:
-                if out.get(key, want) != want:
-                    raise KeyMapError(f"spec {spec.name!r}: checkpoint key {key!r} would load as both {out[key]!r} "
-                                      f"and {want!r}")
-                out[key] = want
+        put(e.weight_key, f"{mod}.weight")
+        put(scale, f"{mod}.weight_scale")
+        put(e.bias_key, f"{mod}.bias")
+    for key, mods in fused_on_disk.items():
+        layers = {vllm_target(m)[0] for m in mods}
+        layer = next(iter(layers))
+        whole = hf_modules(layer)
+        if len(layers) != 1 or None in whole or sorted(whole.values()) != sorted(mods):
+            want = sorted(map(str, whole.values())) if len(layers) == 1 and None not in whole else "one vLLM layer"
+            raise KeyMapError(
+                f"spec {spec.name!r}: checkpoint tensor {key!r} holds the rows of {sorted(mods)}; vLLM's Llama can "
+                f"load a tensor fused on disk only when it holds exactly the modules of one of its fused layers "
+                f"({want}). Serve it with the BitNet architecture (trit's own model loads any fused layout through "
+                f"the spec), or split the tensor per module")
+        entries = [spec.linears[m] for m in whole.values()]  # vLLM's shard order (q|k|v, gate|up)
+        put(key, f"{layer}.weight")
+        scales = {e.scale.key for e in entries if e.scale is not None and e.scale.key != e.weight_key}
+        if len(scales) == 1:  # one scale tensor for the fused layer (a scalar per module, or per-channel rows)
+            put(next(iter(scales)), f"{layer}.weight_scale")
+        else:  # one per module (or in-block scales): each loads as its module's, under vLLM's shard id
+            for m, e in zip(whole.values(), entries):
+                if e.scale is not None and e.scale.key != e.weight_key:
+                    put(e.scale.key, f"{m}.weight_scale")
+        biases = {e.bias_key for e in entries}
+        if biases == {None}:
+            continue
+        if len(biases) == 1:
+            # one bias tensor: vLLM splits it in its own shard order, so it must be stored in that order
+            starts = [e.rows for e in entries]
+            if starts[0][0] != 0 or any(a[1] != b[0] for a, b in zip(starts, starts[1:])):
+                raise KeyMapError(f"spec {spec.name!r}: bias {next(iter(biases))!r} of the fused tensor {key!r} stores "
+                                  f"its modules in rows {starts}, not in vLLM's order {list(whole.values())}; vLLM's "
+                                  f"Llama would split it wrongly (the BitNet architecture loads it)")
+            put(next(iter(biases)), f"{layer}.bias")
+        else:
+            for m, e in zip(whole.values(), entries):
+                put(e.bias_key, f"{m}.bias")
+    for hf, key in spec.tensors.items():
+        put(key, hf)
     return out
 
 

@@ -206,18 +206,48 @@ class TernaryConfig(QuantizationConfig):
             return base
         return base | self._rename_mapper()
 
+    #: prefix of a renamed key on its way from the top-level loader into LlamaModel's (see _rename_mapper)
+    NESTED = "__trit_nested__."
+
     def _rename_mapper(self):
+        """The spec's renames (``keymap.checkpoint_renames``) as a WeightsMapper, exact-match regexes.
+
+        vLLM applies the quantization mappers at every AutoWeightsLoader level (0.26 and 0.32 alike):
+        LlamaForCausalLM's loader renames a checkpoint key and hands ``model.X`` to LlamaModel's loader as
+        ``X``, which applies the same mapper again.  A checkpoint key that *is* such an ``X`` (Meta-style
+        ``norm.weight`` for ``model.norm.weight``) would be renamed a second time there; those keys go
+        in as ``model.__trit_nested__.X`` and the last pattern strips the marker at the inner level."""
         import re
 
         from vllm.model_executor.models.utils import WeightsMapper
 
         renames = checkpoint_renames(self.spec) if self.spec is not None else {}
-        regex = {re.compile("^" + re.escape(k) + "$"): v.replace("\\", "\\\\") for k, v in renames.items()}
+        # the names LlamaModel's loader sees: every HF name under model., renamed or stored as is
+        stored = set(self.spec.tensors.values()) if self.spec is not None else set()
+        if self.spec is not None:
+            for e in self.spec.linears.values():
+                stored.update(k for k in (e.weight_key, e.scale.key if e.scale else None, e.bias_key) if k)
+        hf_names = set(renames.values()) | {k for k in stored if k not in renames}
+        inner = {n[len("model."):] for n in hf_names if n.startswith("model.")}
+        loops = sorted(set(renames) & set(renames.values()))
+        if loops:
+            raise KeyMapError(f"spec {self.spec.name!r}: checkpoint keys {loops[:4]} are both renamed and the new name "
+                              f"of another key; vLLM's Llama cannot load this naming (the BitNet architecture can)")
+        regex = {}
+        for k, v in renames.items():
+            if k in inner:
+                if not v.startswith("model."):
+                    raise KeyMapError(f"spec {self.spec.name!r}: checkpoint key {k!r} (-> {v!r}) is also the name of "
+                                      f"another tensor inside vLLM's LlamaModel; vLLM's Llama cannot load this naming")
+                v = "model." + self.NESTED + v[len("model."):]
+            regex[re.compile("^" + re.escape(k) + "$")] = v.replace("\\", "\\\\")
         # keys the spec lists under "ignored" (GPTQ g_idx / qzeros, compressed-tensors weight_shape): checked by
         # the inspector, not needed to compute; mapped to None, vLLM drops them (its own Llama has no such
         # parameter and would refuse the key; our BitNet drops them through the key map)
         ignored = getattr(self.spec, "ignored", None) or {}
         regex.update({re.compile("^" + re.escape(k) + "$"): None for k in ignored})
+        if any(isinstance(v, str) and self.NESTED in v for v in regex.values()):
+            regex[re.compile("^" + re.escape(self.NESTED))] = ""  # last: the inner level strips the marker
         return WeightsMapper(orig_to_new_regex=regex)
 
     def get_checkpoint_weight_mapper(self):
