@@ -34,6 +34,11 @@ awk '/\.entry /{e = ($0 ~ /chain_kernelI.*Lb[01]ELb0EEEv/) ? $0 : ""} e != "" &&
 [ "$n_chain" -ge 12 ] || { echo "expected >= 12 default chain kernel entries in the PTX, found $n_chain"; exit 1; }
 echo "kernels: $(grep -c 'Compiling entry' "$BUILD/ptxas.txt") entry points, no spills, wgmma batched, $n_chain default chain kernels without mbarrier"
 
+# the read-bandwidth probe of bench/read_floor.py (its own shared library, built by nvcc on the GPU machine)
+$NVCC -std=c++17 -O3 $ARCH -Xptxas -v -c csrc/read_probe.cu -o "$BUILD/read_probe.o" 2> "$BUILD/ptxas-probe.txt" \
+  || { cat "$BUILD/ptxas-probe.txt"; exit 1; }
+if grep -E "[1-9][0-9]* bytes spill (stores|loads)" "$BUILD/ptxas-probe.txt"; then echo "read_probe spills (above)"; exit 1; fi
+
 TORCH_INC=$($PY -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))")
 echo "== $CXX against $TORCH_INC"
 $CXX -std=${CXX_STD:-c++20} -O2 -fPIC -Wall -Wno-unused-parameter -isystem "$TORCH_INC" -isystem "$TORCH_INC/torch/csrc/api/include" \

@@ -3,7 +3,7 @@
 #   build the extension -> GPU + CPU tests -> compute-sanitizer memcheck/racecheck on a few
 #   representative shapes -> python -m bench.kernels.
 # Everything is written under $OUT (default /tmp/trit-out): log.txt, junit.xml, sanitizer.txt,
-# sass.txt, gemm-probe.json and the bench JSON/Markdown. STAGES=build,probe,test,sanitize,bench selects stages (also sanchain: the chain kernel under three sanitizer tools;
+# sass.txt, gemm-probe.json and the bench JSON/Markdown. STAGES=build,probe,test,sanitize,bench selects stages (also readfloor: bench/read_floor.py after the bench; sanchain: the chain kernel under three sanitizer tools;
 # ab: bench.chain of older trees beside this one, AB_TAR=".ab/A.tar.gz .ab/B.tar.gz", each from `git archive REV
 # csrc trit bench reference ci pyproject.toml`: a bisect in one call; the old trees build while the build stage
 # builds this one, and $OUT/ab.txt gets every row plus bench/ab_summary.py's table)
@@ -424,6 +424,14 @@ if has bench; then
   # kernel fault in one of them cannot end the whole bench
   extra=""; [ $rc -ne 0 ] && extra="--no-experimental" && echo "earlier stage failed: bench $extra"
   timeout ${BENCH_TIMEOUT:-480} $PY -m bench.kernels --out "$OUT" $BENCH_ARGS $extra || rc=1
+fi
+if has readfloor; then
+  # the reachable floor: a read-only kernel over each shape's packed bytes (bench/read_floor.py), beside the
+  # M = 1 rows of the bench record this call wrote (if any)
+  step "read floor"
+  krec=$(ls -t "$OUT"/*-h200*.json "$OUT"/20*.json 2>/dev/null | grep -v -e read-floor -e partial- | head -1)
+  timeout ${FLOOR_TIMEOUT:-240} $PY -m bench.read_floor --out "$OUT" --shapes ${FLOOR_SHAPES:-2b,8b,70b} \
+    ${krec:+--kernels "$krec"} || rc=1
 fi
 step "done rc=$rc"
 exit $rc

@@ -1289,3 +1289,19 @@ def test_act_mul_kernel_cuda(dtype, act):
         assert_close_rel(y1, y0, 3e-2, "chain M = 2")
     else:
         assert torch.equal(y1, y0)
+
+
+@pytest.mark.parametrize("nbytes", [16, 48, 4096, (1 << 20) + 16, 3 * (1 << 22) + 208])
+def test_read_probe_xors_every_word(nbytes):
+    """bench.read_floor's probe (csrc/read_probe.cu) reads every 16-byte word once in each launch shape it
+    times: the XOR of the buffer equals the host's, including grid-stride tails; bad arguments are refused."""
+    from bench import read_floor as rf
+
+    lib = rf.build()
+    configs = rf.configs_for(torch.cuda.get_device_properties(0).multi_processor_count)
+    rf.check(lib, nbytes, configs)
+    buf = torch.zeros(8, dtype=torch.int32, device=DEV)
+    out = torch.zeros(1, dtype=torch.int32, device=DEV)
+    for bad in [(buf[1:5], 132, 256, 4), (buf, 0, 256, 4), (buf, 132, 48, 4), (buf, 132, 256, 3)]:
+        with pytest.raises(RuntimeError, match="returned -1"):
+            rf.probe(lib, *bad[:1], out, *bad[1:])
