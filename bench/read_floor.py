@@ -137,20 +137,23 @@ def markdown(meta: dict, rows: list[dict]) -> str:
            f"{meta['n_configs']} launch shapes of csrc/read_probe.cu (grid x threads x loads in flight per thread) "
            "over the same bytes, graph-timed over copies L2 cannot hold (median per call); `a8` = ternary_mm_a8 "
            "(quantizer + GEMV), `a8 GEMV` = ternary_mm_a8q on a quantization made beforehand (what a layer "
-           "behind the fused norm + quantizer runs), `fused` = ternary_mm (bf16 x)", "",
+           "behind the fused norm + quantizer runs), `fused` = ternary_mm (bf16 x); most x bf16 = bf16 us / read floor: "
+           "the largest speed-up over bf16 that any kernel reading these bytes in one launch can show", "",
            "| N x K | MB | copy floor us | read floor us (config) | read GB/s | a8 us | a8 % copy / % read | "
-           "a8 GEMV us | GEMV % copy / % read | fused us | fused % read |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "a8 GEMV us | GEMV % copy / % read | fused us | fused % read | bf16 us | most x bf16 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda v, s=".1f": "-" if v is None else format(v, s)  # noqa: E731
     for r in rows:
         cf, rf = r["copy_floor_us"], r["read_us"]
         pct = lambda t: None if not t else (100 * cf / t, 100 * rf / t)  # noqa: E731
         a8, pre, fu = r.get("a8_us"), r.get("a8_pre_us"), r.get("fused_us")
         pa, pp = pct(a8), pct(pre)
+        bf = r.get("bf16_us")  # bf16 / read floor: the most any kernel reading these bytes can beat bf16 by
+        most = "-" if not bf else f"{bf / rf:.2f}x"
         out.append(f"| {r['N']}x{r['K']} | {r['bytes'] / 1e6:.1f} | {cf:.1f} | {rf:.1f} ({r['best_config']}) | "
                    f"{r['bytes'] / rf / 1e3:.0f} | {f(a8)} | {'-' if not pa else f'{pa[0]:.0f}% / {pa[1]:.0f}%'} | "
                    f"{f(pre)} | {'-' if not pp else f'{pp[0]:.0f}% / {pp[1]:.0f}%'} | {f(fu)} | "
-                   f"{'-' if not fu else f'{100 * rf / fu:.0f}%'} |")
+                   f"{'-' if not fu else f'{100 * rf / fu:.0f}%'} | {f(bf)} | {most} |")
     return "\n".join(out) + "\n"
 
 

@@ -48,3 +48,11 @@ def test_table_from_rows(tmp_path):
     cf = nb / 4.18e12 * 1e6
     assert f"{100 * cf / 19.3:.0f}% / {100 * 16.0 / 19.3:.0f}%" in line  # GEMV: % of copy floor / % of read floor
     assert f"{100 * 16.0 / 27.6:.0f}%" in line
+
+
+def test_most_over_bf16_is_bf16_over_the_read_floor():
+    row = {"N": 4096, "K": 4096, "bytes": rf.packed_bytes(4096, 4096), "read_us": 3.7, "best_config": "132x256x2",
+           "copy_floor_us": 1.0, "bf16_us": 13.9}
+    md = rf.markdown({"device": "H200", "date": "d", "commit": "c", "command": "x", "n_configs": 27}, [row])
+    line = [ln for ln in md.splitlines() if ln.startswith("| 4096x4096")][0]
+    assert line.endswith(f"| 13.9 | {13.9 / 3.7:.2f}x |")
