@@ -260,6 +260,12 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
         if M <= 32:  # the default picks per shape (wn_auto, fuseq_auto): each choice forced
             variants["a8_plain"] = with_env({"TRIT_WN": "1", "TRIT_A8_FUSEQ": "0", "TRIT_A8_GEMM": "0"}, variants["a8"])
             variants["a8_wn2"] = with_env({"TRIT_WN": "2"}, variants["a8"])  # M 17-32: the MT = 4 kernel
+        if 8 < M <= 32:  # the GEMV alone on a given quantization past M = 8 (TRIT_A8_PRE_MAXM=32: the MT = 2 / 4
+            # kernels reading the row-major xq of rms_norm_a8q / a8_quantize): what a batch of decode tokens costs
+            # behind the fused norm + quantizer
+            xq_pre = ops.a8_quantize(x)
+            variants["a8_pre"] = with_env({"TRIT_A8_PRE_MAXM": "32"}, lambda i, xq_pre=xq_pre:
+                                          torch.ops.trit.ternary_mm_a8q(x, *xq_pre, packs[i % nt], scale, N, K, None))
         if M <= BP_MAX_M and bps:  # the same route on the bitplane layout (bit-identical results)
             variants["a8_bp"] = lambda i: torch.ops.trit.ternary_mm_a8_bp(x, bps[i % nt], scale, N, K, None)
         if M <= 8:  # the quantizer fused into the GEMV

@@ -1240,13 +1240,17 @@ __device__ __forceinline__ float pro_quantize_row(const T* __restrict__ x, const
 // from there; xq / xs / rowsum are unused. Every CTA reads all of x (M * K elements, from L2).
 // Shared memory after red: xq [M][Kp + 16] (the 16-byte row pad puts rows on different banks),
 // xs / rowsum [8] each, 2 x 8 words of reduction scratch; the dispatcher checks it fits in 48 KB.
-template <typename T, int MT, int WN, bool kFuseQ = false, bool kBP = false>
+// kRM (MT = 2 / 4, trit_mm_a8_pre at 8 < M <= TRIT_A8_PRE_MAXM): xq in the MT = 1 row-major layout [M, KB*128]
+// that trit::rms_norm_a8q and trit.ops.a8_quantize write (the same bytes per row as the k-block-major layout),
+// each row tile at its own offset from xp, rows past M reading row M-1 (their outputs are never stored).
+template <typename T, int MT, int WN, bool kFuseQ = false, bool kBP = false, bool kRM = false>
 __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
     a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                     const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
                     T* __restrict__ y, int M, int N, int KB, int n_tiles, int Mp, int flags,
                     const T* __restrict__ x, int K, A8Pro<T> pro) {
   static_assert(!kFuseQ || (MT == 1 && WN == 1), "the fused quantizer is the M <= 8 single-tile kernel");
+  static_assert(!kRM || (MT >= 2 && MT <= 4 && !kFuseQ), "row-major xq past M = 8: the MT = 2 / 4 kernels");
   extern __shared__ __align__(16) int redi[];  // [NW][KS][WN*MT][4][32] (+ the kFuseQ area)
   constexpr int kU = V5Chunk<MT * WN>::value;
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -1278,9 +1282,20 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
   // the next k-block at + kbs (uint4 units)
   const uint4* xp = reinterpret_cast<const uint4*>(
       kFuseQ    ? sx + min(g, M - 1) * ld + kb0 * kBlockK + c * 32
-      : MT == 1 ? xq + (size_t)min(g, M - 1) * KB * kBlockK + (size_t)kb0 * kBlockK + c * 32
-                : xq + ((size_t)kb0 * Mp + g) * kBlockK + c * 32);
-  const int kbs = MT == 1 ? 8 : Mp * 8;
+      : (MT == 1 || kRM) ? xq + (size_t)min(g, M - 1) * KB * kBlockK + (size_t)kb0 * kBlockK + c * 32
+                         : xq + ((size_t)kb0 * Mp + g) * kBlockK + c * 32);
+  const int kbs = (MT == 1 || kRM) ? 8 : Mp * 8;
+  // row tile mt of this lane as a uint4 offset from xp: 64 mt (k-block-major), or (kRM) row 8 mt + g clamped to
+  // M - 1; kRM's offsets exist only in its own kernels (the others compile to the same code as without them)
+  int toff[kRM ? MT : 1] = {};
+  if constexpr (kRM) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) toff[mt] = (min(8 * mt + g, M - 1) - min(g, M - 1)) * KB * 8;
+  }
+  auto xoff = [&](int mt) {
+    if constexpr (kRM) return toff[mt];
+    else return 64 * mt;
+  };
   auto ldx = [](const auto* p) {  // x: shared memory (kFuseQ) or read-only global
     if constexpr (kFuseQ) return *p;
     else return __ldg(p);
@@ -1314,7 +1329,7 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
 #pragma unroll
           for (int hh = 0; hh < kH; ++hh)
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) xv[hh][mt] = ldx(xk + 64 * mt + h + hh);
+            for (int mt = 0; mt < MT; ++mt) xv[hh][mt] = ldx(xk + xoff(mt) + h + hh);
         }
 #pragma unroll
         for (int i = 2 * h; i < 2 * h + 2; ++i)
@@ -2347,15 +2362,17 @@ bool fuseq_auto(int M, int N, int K) { return M == 1 && (long)N * K <= (32L << 2
 // quantizer (x is quantized inside, no xq) exists for MT = 1, one tile per warp, one warp along N.
 // (An L2::256B prefetch-size hint on the weight loads, TRIT_L2_256, measured no faster in H200
 // run 10 - equal or up to 0.6 us slower at M <= 8 on all ten shapes - and was removed.)
-template <typename T, int MT, bool kBP = false>
+// kRM: xq row-major (trit_mm_a8_pre past M = 8, MT = 2 / 4), see a8_small_kernel.
+template <typename T, int MT, bool kBP = false, bool kRM = false>
 cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, const T* x, int K,
                                const int8_t* xq, const float* xs, const int32_t* rowsum, const int32_t* wp,
                                const float* scale, const T* bias, T* y, int M, int N, int KB, cudaStream_t st) {
+  static_assert(!kRM || (MT >= 2 && MT <= 4 && !kBP), "row-major xq: the MT = 2 / 4 code-layout kernels");
   const int n_tiles = (N + kTileN - 1) / kTileN, n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
   size_t smem = (size_t)cfg.nw * cfg.ks * cfg.wn * MT * 128 * sizeof(int);
-  auto kernel = a8_small_kernel<T, MT, 1, false, kBP>;
+  auto kernel = a8_small_kernel<T, MT, 1, false, kBP, kRM>;
   if constexpr (MT <= 4) {  // MT = 8 with two tiles: no registers left
-    if (cfg.wn == 2) kernel = a8_small_kernel<T, MT, 2, false, kBP>;
+    if (cfg.wn == 2) kernel = a8_small_kernel<T, MT, 2, false, kBP, kRM>;
   }
   if constexpr (MT == 1) {
     if (fuseq) {
@@ -2365,7 +2382,7 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
   }
   // a warp with two tiles has its weights in two streams: the single-range L2 prefetch is off
   return launch_ex(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem, st, pdl, xq, xs,
-                   rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB, n_tiles, 8 * MT,
+                   rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB, n_tiles, kRM ? 0 : 8 * MT,
                    cfg.wn == 1 ? flags : 0, x, K, A8Pro<T>{nullptr, nullptr, nullptr, 0.f, 0});  // no prologue
 }
 
@@ -2540,8 +2557,12 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
 // pre (trit_mm_a8_pre): xq / xs / rowsum already hold x quantized in the MT = 1 layout (row-major
 // [M, Kp], groups of 8 in quant_rows_perm_kernel's order; trit.ops.a8_quantize, which the model's
 // compiler fuses into the norm or activation kernel that produces x): no quantizer launch, no fused
-// quantizer, x unused. Only where the v5 MT = 1 kernel runs (a8_pre_ok).
-bool a8_pre_ok(int M) { return M >= 1 && M <= 8 && knobs().v5; }
+// quantizer, x unused. Where the v5 kernels run at M <= TRIT_A8_PRE_MAXM (a8_pre_ok): M <= 8 the MT = 1
+// kernel; 8 < M <= 32 (TRIT_A8_PRE_MAXM = 16 / 32, read per call; default 8: not yet measured on a GPU)
+// the MT = 2 / 4 kernels reading the row-major xq (kRM), so that a batch of up to 32 decode tokens behind
+// rms_norm_a8q / a fused quantizer runs without a quantizer launch too.
+int a8_pre_maxm() { return max(8, min(32, env_int("TRIT_A8_PRE_MAXM", 8))); }
+bool a8_pre_ok(int M) { return M >= 1 && M <= a8_pre_maxm() && knobs().v5; }
 
 template <typename T>
 cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
@@ -2550,13 +2571,13 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
   const int KB = (K + kBlockK - 1) / kBlockK;
   const bool v5 = a8_v5(M, N, K);
   const Knobs kn = v5 ? knobs() : Knobs{false, false, 0, 0, 0, 1, 0};
-  if (pre && !(v5 && kn.v5 && M <= 8)) return cudaErrorInvalidValue;
+  if (pre && !(v5 && kn.v5 && M <= a8_pre_maxm())) return cudaErrorInvalidValue;
   // the bitplane layout (bp) has the v5 kernels with MT <= 4 only: the route ternary_mm_a8 takes at M <= 32
   if (bp && (pre || !(v5 && kn.v5 && M <= kA8BpMaxM))) return cudaErrorInvalidValue;
   if (v5 && kn.v5) {
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
     const bool pdl = kn.pdl && pdl_supported();
-    Cfg cfg = small_cfg(kn, M, N, K, true);  // M <= 8: mt = 1, the layout pre's xq has
+    Cfg cfg = small_cfg(kn, M, N, K, true);  // M <= 8: mt = 1, the layout pre's xq has (above: kRM)
     // the fused quantizer: M <= 8, vector loads of x, its shared memory within the default 48 KB
     const bool want_fuseq = !pre && (kn.fuseq == 1 || (kn.fuseq < 0 && cfg.wn == 1 && fuseq_auto(M, N, K)));
     // the fused kernel: one tile per warp, ks as for a WN = 1 launch, one warp along N unless TRIT_NW asks for
@@ -2588,6 +2609,13 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
         case 1: return launch_a8_small_mt<T, 1, true>(cfg, pdl, fuseq, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
         case 2: return launch_a8_small_mt<T, 2, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
         case 4: return launch_a8_small_mt<T, 4, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+        default: return cudaErrorInvalidValue;
+      }
+    }
+    if (pre && cfg.mt > 1) {  // 8 < M <= 32: the row-major xq of rms_norm_a8q / a8_quantize
+      switch (cfg.mt) {
+        case 2: return launch_a8_small_mt<T, 2, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+        case 4: return launch_a8_small_mt<T, 4, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
         default: return cudaErrorInvalidValue;
       }
     }

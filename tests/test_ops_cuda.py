@@ -1305,3 +1305,98 @@ def test_read_probe_xors_every_word(nbytes):
     for bad in [(buf[1:5], 132, 256, 4), (buf, 0, 256, 4), (buf, 132, 48, 4), (buf, 132, 256, 3)]:
         with pytest.raises(RuntimeError, match="returned -1"):
             rf.probe(lib, *bad[:1], out, *bad[1:])
+
+
+# ------------------------------------------------------------------ a8q past M = 8 (TRIT_A8_PRE_MAXM)
+class _env:
+    """os.environ entries set for a block (hypothesis tests cannot take monkeypatch per example)."""
+
+    def __init__(self, **kv):
+        self.kv, self.old = kv, {}
+
+    def __enter__(self):
+        for k, v in self.kv.items():
+            self.old[k] = os.environ.get(k)
+            os.environ[k] = v
+
+    def __exit__(self, *exc):
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@SETTINGS
+@given(M=st.integers(9, 32), N=AWKWARD_N, K=AWKWARD_K, dtype=st.sampled_from(DTYPES), bias=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_a8q_row_major_past_m8_equals_a8(M, N, K, dtype, bias, seed):
+    """TRIT_A8_PRE_MAXM=32: at 8 < M <= 32 the MT = 2 / 4 GEMVs read a8_quantize's row-major xq (each row tile at
+    its own offset, rows past M clamped) and give ternary_mm_a8's result (quantizer + k-block-major xq) bit for
+    bit, for every dtype and awkward N, K."""
+    x, w, p, s, b = make_case(M, N, K, dtype, bias, seed, DEV)
+    want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    with _env(TRIT_A8_PRE_MAXM="32"):
+        got = torch.ops.trit.ternary_mm_a8q(x, *ops.a8_quantize(x), p, s, N, K, b)
+    assert torch.equal(got, want), f"a8q M={M} N={N} K={K} {dtype}: {(got != want).sum().item()} outputs differ"
+
+
+def _cuda_kernels(fn):
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.parametrize("M,N,K", [(16, 4096, 4096), (32, 6144, 4096), (32, 4096, 14336), (12, 100, 300)])
+def test_a8q_past_m8_runs_the_gemv_alone_only_when_asked(monkeypatch, M, N, K):
+    """Past M = 8 the a8q op quantizes x again unless TRIT_A8_PRE_MAXM covers M (default 8: two launches);
+    with it, one launch: the GEMV."""
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, False, 7, DEV)
+    args = (x, *ops.a8_quantize(x), p, s, N, K, None)
+    names = _cuda_kernels(lambda: torch.ops.trit.ternary_mm_a8q(*args))
+    assert len(names) == 2 and any("quant_rows" in n for n in names), names
+    monkeypatch.setenv("TRIT_A8_PRE_MAXM", "32")
+    names = _cuda_kernels(lambda: torch.ops.trit.ternary_mm_a8q(*args))
+    assert len(names) == 1 and "a8_small_kernel" in names[0], names
+    monkeypatch.setenv("TRIT_A8_PRE_MAXM", "12")
+    if M > 12:  # past the limit it asks for: quantized again
+        assert len(_cuda_kernels(lambda: torch.ops.trit.ternary_mm_a8q(*args))) == 2
+
+
+@pytest.mark.parametrize("knobs", [{"TRIT_WN": "2"}, {"TRIT_WN": "1"}, {"TRIT_KS": "2", "TRIT_NW": "2"},
+                                   {"TRIT_KS": "4", "TRIT_NW": "1"}, {"TRIT_PDL": "0"}, {"TRIT_KERNEL": "v4"}])
+@pytest.mark.parametrize("M,N,K", [(9, 6160, 1000), (16, 257, 4099), (24, 4096, 2560), (32, 28672, 8192),
+                                   (32, 13000, 10330)])
+def test_a8q_row_major_under_knobs(monkeypatch, knobs, M, N, K):
+    """The row-major GEMV under every launch knob, two tiles per warp included, and on the wide layers whose
+    M = 32 launch is one wave (a8_mt4_wide_nw); TRIT_KERNEL=v4: the op falls back to quantizing x itself."""
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, M + N, DEV)
+    want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    monkeypatch.setenv("TRIT_A8_PRE_MAXM", "32")
+    for k, v in knobs.items():
+        monkeypatch.setenv(k, v)
+    got = torch.ops.trit.ternary_mm_a8q(x, *ops.a8_quantize(x), p, s, N, K, b)
+    assert torch.equal(got, want), knobs
+
+
+def test_a8q_row_major_in_a_cuda_graph(monkeypatch):
+    """Captured at M = 32 with TRIT_A8_PRE_MAXM=32 (the env is read at capture) and replayed on new inputs: the
+    eager result of the same inputs."""
+    monkeypatch.setenv("TRIT_A8_PRE_MAXM", "32")
+    M, N, K = 32, 2560, 6912
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 11, DEV)
+    static_x = x.clone()
+    q = [t.clone() for t in ops.a8_quantize(static_x)]
+    run = lambda: torch.ops.trit.ternary_mm_a8q(static_x, *q, p, s, N, K, b)  # noqa: E731
+    g, out = capture(lambda _: run(), static_x)
+    for seed in (1, 2):
+        static_x.copy_(torch.randn(M, K, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(DEV))
+        for dst, src in zip(q, ops.a8_quantize(static_x)):
+            dst.copy_(src)
+        poison(out)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, torch.ops.trit.ternary_mm_a8(static_x, p, s, N, K, b)), f"replay {seed}"
