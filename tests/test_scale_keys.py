@@ -180,6 +180,46 @@ def test_renames_survive_vllms_nested_loaders():
 
 
 @pytest.mark.vllm
+@pytest.mark.parametrize("arch,fmt", [("llama", "tq2_0"), ("llama", "trilm"), ("bitnet", "trilm-row")])
+def test_vllm_in_block_scales_and_float_valued_weights(arch, fmt, tmp_path):
+    """Through vLLM (the dense fallback), every canonical tensor against the reference: llama.cpp TQ2_0 on vLLM's
+    own Llama (in-block scales: the scale key is the weight's own, and vLLM hands a tensor to one parameter, so
+    the weight's loader fills the scale too - before, "scale ... was never loaded"), and TriLM's fp16 {-s, 0, +s}
+    weights that the inspector reads as is (before: refused as "not integer-valued" on both architectures)."""
+    from reference.inspect import main as inspect_main
+
+    base = write_model(Preset(arch, 128, 192, 2, 4, 2, 89, False, seed=37), tmp_path / "base")
+    d = tmp_path / fmt
+    synth.write(fmt, synth.Logical.from_dir(base), d)
+    assert inspect_main([str(d), "--no-loss"]) == 0
+    _vllm_vs_reference(d, 89, 2, arch)
+
+
+@pytest.mark.vllm
+def test_vllm_llama_refuses_hqq_zero_points_by_name(tmp_path):
+    """HQQ zero points on vLLM's own Llama (`--quantization ternary`, the checkpoint's config names hqq): refused at
+    config time by module and tensor, as our BitNet's key map does (before: a group-scale shape error from inside
+    the loader)."""
+    import os
+
+    from reference.inspect import main as inspect_main
+
+    base = write_model(Preset("llama", 128, 192, 2, 4, 2, 89, False, seed=38), tmp_path / "base")
+    d = tmp_path / "hqq"
+    synth.write("hqq", synth.Logical.from_dir(base), d)
+    assert inspect_main([str(d), "--no-loss"]) == 0
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    import trit.vllm
+    from vllm import LLM
+
+    trit.vllm.register()
+    with pytest.raises(Exception, match=r"mlp\.down_proj has per-group zero points 'model\.layers\.0\.mlp\.down_proj\.zero'"):
+        LLM(model=str(d), quantization="ternary", dtype="float32", enforce_eager=True, max_model_len=32,
+            skip_tokenizer_init=True)
+
+
+@pytest.mark.vllm
 @pytest.mark.parametrize("fmt", ["i2s", "bitnet-gpu"])
 def test_vllm_llama_loads_foreign_tensor_names(fmt, tmp_path):
     """Llama-architecture ternary checkpoints under non-HF names through vLLM's own Llama: GGUF names

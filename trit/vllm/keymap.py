@@ -126,11 +126,8 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
     def add(key: str, t: Target):
         out.setdefault(key, []).append(t)
 
+    refuse_zero_points(spec)
     for mod, e in spec.linears.items():
-        if e.zero is not None:
-            raise KeyMapError(f"spec {spec.name!r}: {mod} has per-group zero points {e.zero.key!r} (HQQ-style "
-                              f"W = (q - z) * s), which the vLLM plugin does not load yet; decode the checkpoint "
-                              f"with `python -m reference.decode` and serve the float weights instead")
         layer, sid = vllm_target(mod)
         add(e.weight_key, Target(f"{layer}.weight", sid, "weight", mod))
         if e.scale is not None:
@@ -159,6 +156,24 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
         if key not in out:
             add(key, Target("", None, IGNORED))
     return out
+
+
+def refuse_zero_points(spec: CheckpointSpec) -> None:
+    """KeyMapError naming the first module with per-group zero points (HQQ): the plugin does not load them
+    (TernaryConfig.maybe_update_config checks every spec, so vLLM's own Llama refuses them as our BitNet does)."""
+    for mod, e in spec.linears.items():
+        if e.zero is not None:
+            raise KeyMapError(f"spec {spec.name!r}: {mod} has per-group zero points {e.zero.key!r} (HQQ-style "
+                              f"W = (q - z) * s), which the vLLM plugin does not load yet; decode the checkpoint "
+                              f"with `python -m reference.decode` and serve the float weights instead")
+
+
+def float_valued(entry: LinearEntry, stored_dtype: str) -> bool:
+    """A module the spec leaves undecoded - no packing, layout, scale, zero or online quantization - stored in a
+    float dtype (TriLM's fp16 {-s, 0, +s}, which the inspector reads as is): its values are the weight itself,
+    not integer levels, so the trit kernels cannot take it; the dense fallback loads it as float."""
+    return (entry.pack is None and entry.layout is None and entry.scale is None and entry.zero is None
+            and entry.online is None and stored_dtype.upper().startswith(("F", "BF")))
 
 
 def checkpoint_renames(spec: CheckpointSpec) -> dict[str, str]:
@@ -324,9 +339,11 @@ def dense_reason(entry: LinearEntry) -> Optional[str]:
     return " and ".join(why) or None
 
 
-def decode_levels(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bool = False) -> torch.Tensor:
+def decode_levels(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bool = False,
+                  floats: bool = False) -> torch.Tensor:
     """Checkpoint tensor -> int8 (n, K) integer values of module ``name`` (its ``rows`` of a fused
-    tensor, or the whole fused tensor when ``fused``); any levels that fit int8."""
+    tensor, or the whole fused tensor when ``fused``); any levels that fit int8. ``floats``: an undecoded
+    float-valued module (``float_valued``) -> its fp32 values as stored."""
     where = f"tensor {entry.weight_key!r} ({name})"
     raw = raw.detach()  # unpack runs where raw is: the loaders hand it over on the layer's device
     if entry.online is not None:  # its multiplier comes with the values: online_decode, in the ternary loader
@@ -347,6 +364,10 @@ def decode_levels(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bo
         if tuple(raw.shape) != entry.shape:
             raise FormatError(f"{where}: shape {list(raw.shape)}, the spec says {list(entry.shape)}")
         vals = raw.float()
+        if floats:
+            if not bool(torch.isfinite(vals).all()):
+                raise FormatError(f"{where}: non-finite values")
+            return (vals[entry.rows[0]:entry.rows[1]] if entry.rows is not None and not fused else vals).contiguous()
         if not bool((vals == vals.round()).all()):
             raise FormatError(f"{where}: stored unpacked but not integer-valued; fold float weights into the "
                               f"scale first")

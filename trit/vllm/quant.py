@@ -69,9 +69,9 @@ from vllm.model_executor.utils import set_weight_attrs
 from reference.spec import SPEC_FILENAME, CheckpointSpec
 
 from .kernels import Backend, get_backend
-from .keymap import (KeyMapError, checkpoint_renames, decode_levels, decode_weight, dense_reason, group_mult,
-                     hf_modules, online_decode, prepacked_route, prepacked_shape, shard_scale, stage_factor,
-                     stage_pack, stage_unpack)
+from .keymap import (KeyMapError, checkpoint_renames, decode_levels, decode_weight, dense_reason, float_valued,
+                     group_mult, hf_modules, online_decode, prepacked_route, prepacked_shape, refuse_zero_points,
+                     shard_scale, stage_factor, stage_pack, stage_unpack)
 
 logger = logging.getLogger(__name__)
 
@@ -91,12 +91,17 @@ class TernaryConfig(QuantizationConfig):
         self.backend_name = self.hf_quant_config.get("trit_backend", backend)
         self.decode_fallbacks: list[tuple[str, str]] = []  # pre-packed layers on the decode route: (prefix, why)
         self._dense_warned = False
+        # modules stored as undecoded float values (keymap.float_valued; set by maybe_update_config from the
+        # checkpoint's dtypes): the dense fallback loads them as float
+        self.float_modules: set[str] = set()
 
     def dense_modules(self) -> dict[str, str]:
         """{module: why} of the spec's modules the trit kernels cannot express (dense fallback)."""
         out = {}
         for m, e in (self.spec.linears.items() if self.spec is not None else ()):
             why = dense_reason(e)
+            if m in self.float_modules:
+                why = " and ".join(w for w in (why, "float values stored as is (no packing or scale)") if w)
             if why is not None:
                 out[m] = why
         return out
@@ -180,6 +185,13 @@ class TernaryConfig(QuantizationConfig):
                 from reference.config import ModelConfig
 
                 self.spec.validate(ModelConfig.load(model_name), Checkpoint(model_name))
+        refuse_zero_points(self.spec)  # at config time, for vLLM's Llama as for our BitNet (its key map)
+        if Path(str(model_name)).is_dir():
+            from reference.checkpoint import Checkpoint
+
+            ck = Checkpoint(model_name)
+            self.float_modules = {m for m, e in self.spec.linears.items()
+                                  if e.weight_key in ck and float_valued(e, ck.info(e.weight_key).dtype)}
         if any(e.layout is not None for e in self.spec.linears.values()):
             logger.info("trit: spec %r is pre-packed (trit.export): weights load in the kernel layout as stored, "
                         "no repack at start-up", self.spec.name)
@@ -283,7 +295,7 @@ class TernaryConfig(QuantizationConfig):
             raise KeyMapError(f"vLLM layer {prefix!r} fuses {list(mods.values())}, but spec {self.spec.name!r} "
                               f"has no ternary entry for {missing} (mixed float/ternary fused layers are not "
                               f"supported)")
-        if any(dense_reason(self.spec.linears[m]) for m in mods.values()):
+        if any(dense_reason(self.spec.linears[m]) or m in self.float_modules for m in mods.values()):
             self.warn_dense_once()
             return DenseFallbackLinearMethod(self, prefix)
         return TernaryLinearMethod(self, prefix)
@@ -795,6 +807,8 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
             raise KeyMapError(f"vLLM layer {prefix!r} fuses {list(self.modules.values())} with different group sizes "
                               f"{sorted(sizes)}; one fused layer takes one group size")
         self.group_size: Optional[int] = sizes.pop() if sizes else None
+        # modules stored as float values (TriLM): loaded as is, into a float32 staging parameter
+        self.floats = {m for m in self.modules.values() if m in quant_config.float_modules}
 
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], input_size: int, output_size: int,
@@ -814,12 +828,14 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
                               f"so its group scales cannot be sliced along the group axis; use a TP size with "
                               f"(K / TP) % {G} == 0")
         cols = 1 if G is None else -(-k_part // G)
-        values = Parameter(torch.zeros(n_part, k_part, dtype=torch.int8), requires_grad=False)
+        values = Parameter(torch.zeros(n_part, k_part, dtype=torch.float32 if self.floats else torch.int8),
+                           requires_grad=False)
+        scale_loader = self._scale_loader(layer, vllm_loader)
         set_weight_attrs(values, {"output_dim": 0, "input_dim": 1,
-                                  "weight_loader": self._weight_loader(layer, vllm_loader)})
+                                  "weight_loader": self._weight_loader(layer, vllm_loader, scale_loader)})
         set_weight_attrs(values, extra_weight_attrs)
         scale = Parameter(torch.ones(n_part, cols, dtype=torch.float32), requires_grad=False)
-        set_weight_attrs(scale, {"output_dim": 0, "weight_loader": self._scale_loader(layer, vllm_loader)})
+        set_weight_attrs(scale, {"output_dim": 0, "weight_loader": scale_loader})
         if G is not None:
             set_weight_attrs(scale, {"input_dim": 1})
         layer.register_parameter("weight", values)
@@ -830,8 +846,22 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         layer.trit_global_absmax = bool(self.act_quant and isinstance(layer, RowParallelLinear)
                                         and getattr(layer, "tp_size", 1) > 1)
 
-    def _weight_loader(self, layer, vllm_loader):
-        return self._shard_loader(layer, vllm_loader, "weight", decode_levels, lambda w, p: w.to(p.device))
+    def _weight_loader(self, layer, vllm_loader, scale_loader=None):
+        convert = lambda raw, e, m: decode_levels(raw, e, m, floats=m in self.floats)  # noqa: E731
+        load = self._shard_loader(layer, vllm_loader, "weight", convert, lambda w, p: w.to(p.device))
+        # in-block scales (llama.cpp TQ2_0: the scale key is the weight's own): vLLM's own Llama hands each
+        # checkpoint tensor to one parameter, so the weight's loader fills the scale from the same tensor too
+        # (our BitNet's key map also sends it to the scale's loader: the same values, loaded twice)
+        inblock = {sid for sid, m in self.modules.items()
+                   if (e := self.spec.linears[m]).scale is not None and e.scale.key == e.weight_key}
+        if not inblock or scale_loader is None:
+            return load
+
+        def load_with_scale(param, loaded_weight, shard_id=None):
+            load(param, loaded_weight, shard_id)
+            if shard_id in inblock or (shard_id is None and len(inblock) == len(self.modules)):
+                scale_loader(layer.weight_scale, loaded_weight, shard_id)
+        return load_with_scale
 
     def _scale_loader(self, layer, vllm_loader):
         G = self.group_size
