@@ -1308,23 +1308,7 @@ def test_read_probe_xors_every_word(nbytes):
 
 
 # ------------------------------------------------------------------ a8q past M = 8 (TRIT_A8_PRE_MAXM)
-class _env:
-    """os.environ entries set for a block (hypothesis tests cannot take monkeypatch per example)."""
-
-    def __init__(self, **kv):
-        self.kv, self.old = kv, {}
-
-    def __enter__(self):
-        for k, v in self.kv.items():
-            self.old[k] = os.environ.get(k)
-            os.environ[k] = v
-
-    def __exit__(self, *exc):
-        for k, v in self.old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+# (_env above: hypothesis tests cannot take monkeypatch per example)
 
 
 @SETTINGS
