@@ -56,3 +56,25 @@ def test_unshardable_heads_named_before_any_worker_starts(tmp_path):
     check_tp_shardable(d, ModelConfig.load(d), 5)  # 10 / 5 at TP=5: fine
     with pytest.raises(ValueError, match="tensor_parallel_size=4"):
         check_tp_shardable(d, ModelConfig.load(d), 4)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_tp2_fused_on_disk_meta_names(tmp_path):
+    """TP=2 through vLLM's own Llama on a checkpoint with Meta-style names and q|k|v, gate|up fused on disk
+    (BitNet-GPU convention): the fused tensor is renamed to the vLLM layer, cut into its modules by the spec's
+    rows, then split into q / k / v and sliced per rank by vLLM; top-10 next tokens against the fp32 reference."""
+    from reference import synth
+    from reference.inspect import main as inspect_main
+    from reference.make_model import Preset, write_model
+
+    base = write_model(Preset("llama", 128, 192, 2, 4, 2, 89, False, seed=39), tmp_path / "base")
+    d = tmp_path / "bitnet-gpu"
+    synth.write("bitnet-gpu", synth.Logical.from_dir(base), d)
+    assert inspect_main([str(d), "--no-loss"]) == 0
+    ids = torch.randint(3, 89, (2, 16), generator=torch.Generator().manual_seed(0))
+    logits = ReferenceModel.from_dir(d).forward(ids)
+    col = column("fp32", spec_for(d).activation_quant, bit_faithful=False)
+    limit = resolve(col)["model"].limit(float(logits.abs().max()))
+    tk = topk_ids_agreement(VllmTarget("fp32", tensor_parallel_size=2).topk_ids(d, ids, 10), logits, limit)
+    assert tk.passed and tk.top1_agree > 0.95, tk
