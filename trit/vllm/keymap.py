@@ -130,7 +130,7 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
     for mod, e in spec.linears.items():
         layer, sid = vllm_target(mod)
         add(e.weight_key, Target(f"{layer}.weight", sid, "weight", mod))
-        if e.scale is not None:
+        if e.scale is not None and e.scale.key != e.weight_key:  # in-block scales: the weight's loader fills them
             add(e.scale.key, Target(f"{layer}.weight_scale", sid, "scale", mod))
         if e.bias_key:
             add(e.bias_key, Target(f"{layer}.bias", sid, "bias", mod))

@@ -175,21 +175,22 @@ class TernaryConfig(QuantizationConfig):
     def maybe_update_config(self, model_name, hf_config=None, revision=None):
         """Called once by vLLM with the model path: build the spec (``spec_for``: the
         directory's ternary_spec.json, else config.json's quantization_config)."""
-        if self.spec is None:
-            self.spec = load_spec(model_name, hf_config, self.hf_quant_config.get("spec_path"))
-            if Path(str(model_name)).is_dir():
-                # the reference's checks of every tensor's shape against config.json (headers only): vLLM's own
-                # loaders narrow an oversized bias silently and fail on a wrong-sized float tensor without
-                # naming it
-                from reference.checkpoint import Checkpoint
-                from reference.config import ModelConfig
-
-                self.spec.validate(ModelConfig.load(model_name), Checkpoint(model_name))
-        refuse_zero_points(self.spec)  # at config time, for vLLM's Llama as for our BitNet (its key map)
+        ck = None
         if Path(str(model_name)).is_dir():
             from reference.checkpoint import Checkpoint
 
-            ck = Checkpoint(model_name)
+            ck = Checkpoint(model_name)  # the headers, read once
+        if self.spec is None:
+            self.spec = load_spec(model_name, hf_config, self.hf_quant_config.get("spec_path"))
+            if ck is not None:
+                # the reference's checks of every tensor's shape against config.json (headers only): vLLM's own
+                # loaders narrow an oversized bias silently and fail on a wrong-sized float tensor without
+                # naming it
+                from reference.config import ModelConfig
+
+                self.spec.validate(ModelConfig.load(model_name), ck)
+        refuse_zero_points(self.spec)  # at config time, for vLLM's Llama as for our BitNet (its key map)
+        if ck is not None:
             self.float_modules = {m for m, e in self.spec.linears.items()
                                   if e.weight_key in ck and float_valued(e, ck.info(e.weight_key).dtype)}
         if any(e.layout is not None for e in self.spec.linears.values()):
@@ -850,8 +851,8 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         convert = lambda raw, e, m: decode_levels(raw, e, m, floats=m in self.floats)  # noqa: E731
         load = self._shard_loader(layer, vllm_loader, "weight", convert, lambda w, p: w.to(p.device))
         # in-block scales (llama.cpp TQ2_0: the scale key is the weight's own): vLLM's own Llama hands each
-        # checkpoint tensor to one parameter, so the weight's loader fills the scale from the same tensor too
-        # (our BitNet's key map also sends it to the scale's loader: the same values, loaded twice)
+        # checkpoint tensor to one parameter, so the weight's loader fills the scale from the same tensor (our
+        # BitNet's key map therefore gives such a key the weight target only)
         inblock = {sid for sid, m in self.modules.items()
                    if (e := self.spec.linears[m]).scale is not None and e.scale.key == e.weight_key}
         if not inblock or scale_loader is None:
