@@ -5,7 +5,9 @@ of GBs). A GEMV that streams 0.4-59 MB once per call also pays its launch, the r
 flight and the tail of its last wave. This times a kernel that only reads (csrc/read_probe.cu: 16-byte
 streaming loads, XOR, nothing else) over the same byte counts as bench.kernels' packed weights, launched and
 timed the same way (a CUDA graph of one call per copy, copies that L2 cannot hold), best of a sweep of grid
-sizes / threads / loads in flight. Per shape it reports the copy floor, the read floor and, with --kernels
+sizes / threads / loads in flight, and of a second reader that streams through the Hopper bulk-copy engine
+(cp.async.bulk into a ring of shared-memory chunks; sm_90 and later) over grid sizes / chunk sizes / ring
+depths. Per shape it reports the copy floor, the read floor and, with --kernels
 RECORD (a bench.kernels JSON of the same machine, ideally the same call), our M = 1 ops against both:
 
     % of copy ceiling  = (bytes / 4.18 TB/s) / ours      (the issue's measure)
@@ -37,6 +39,12 @@ SRC = ROOT / "csrc" / "read_probe.cu"
 UNROLLS = (2, 4, 8)
 THREADS = (256, 512, 1024)
 BLOCKS_PER_SM = (1, 2, 4, 8, 16)
+# the bulk-copy reader: CTAs per SM x chunk bytes x ring depth, within 200 KiB of shared memory per SM
+TMA_BLOCKS_PER_SM = (1, 2)
+TMA_CHUNKS = (8192, 16384, 32768, 65536)
+TMA_STAGES = (2, 3, 4, 6)
+TMA_THREADS = 128
+TMA_SMEM = 200 * 1024
 
 
 def packed_bytes(N: int, K: int) -> int:
@@ -65,11 +73,24 @@ def build(build_dir: Path | None = None) -> ctypes.CDLL:
     lib.trit_read_probe.restype = ctypes.c_int
     lib.trit_read_probe.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                     ctypes.c_int, ctypes.c_void_p]
+    lib.trit_read_probe_tma.restype = ctypes.c_int
+    lib.trit_read_probe_tma.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_int,
+                                        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     return lib
 
 
-def probe(lib, buf: torch.Tensor, out: torch.Tensor, blocks: int, threads: int, unroll: int) -> None:
-    """One probe launch on torch's current stream (graph-capturable): out ^= XOR of buf's 32-bit words."""
+def probe(lib, buf: torch.Tensor, out: torch.Tensor, blocks: int, threads: int, unroll: int, *tma) -> None:
+    """One probe launch on torch's current stream (graph-capturable): out ^= XOR of buf's 32-bit words.
+    With a 4th launch parameter (blocks, threads, chunk bytes, stages) the bulk-copy reader runs instead."""
+    if tma:
+        chunk, stages = unroll, tma[0]
+        rc = lib.trit_read_probe_tma(ctypes.c_void_p(buf.data_ptr()), buf.numel() * buf.element_size(),
+                                     ctypes.c_void_p(out.data_ptr()), blocks, threads, chunk, stages,
+                                     ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+        if rc != 0:
+            raise RuntimeError(f"trit_read_probe_tma(bytes={buf.numel() * buf.element_size()}, blocks={blocks}, "
+                               f"threads={threads}, chunk={chunk}, stages={stages}) returned {rc}")
+        return
     rc = lib.trit_read_probe(ctypes.c_void_p(buf.data_ptr()), buf.numel() * buf.element_size(),
                              ctypes.c_void_p(out.data_ptr()), blocks, threads, unroll,
                              ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
@@ -88,17 +109,30 @@ def check(lib, nbytes: int, configs) -> None:
     g = torch.Generator().manual_seed(nbytes)
     buf = torch.randint(-2**31, 2**31 - 1, (nbytes // 4,), dtype=torch.int32, generator=g).cuda()
     want = xor_words(buf)
-    for blocks, threads, unroll in configs:
+    for cfg in configs:
         out = torch.zeros(1, dtype=torch.int32, device="cuda")
-        probe(lib, buf, out, blocks, threads, unroll)
+        probe(lib, buf, out, *cfg)
         got = int(out.view(torch.int32).cpu().numpy().view(np.uint32)[0])
         if got != want:
-            raise RuntimeError(f"read probe blocks={blocks} threads={threads} unroll={unroll} on {nbytes} bytes: "
-                               f"XOR {got:#010x}, host {want:#010x}")
+            raise RuntimeError(f"read probe {config_name(cfg)} on {nbytes} bytes: XOR {got:#010x}, host {want:#010x}")
 
 
 def configs_for(sm_count: int):
+    """The load-loop reader's launch shapes: (blocks, threads, 16-byte loads in flight per thread)."""
     return [(sm_count * b, t, u) for b in BLOCKS_PER_SM for t in THREADS for u in UNROLLS if b * t <= 2048]
+
+
+def tma_configs_for(sm_count: int):
+    """The bulk-copy reader's: (blocks, threads, chunk bytes, ring depth), the ring within TMA_SMEM per SM."""
+    return [(sm_count * b, TMA_THREADS, c, s) for b in TMA_BLOCKS_PER_SM for c in TMA_CHUNKS for s in TMA_STAGES
+            if b * c * s <= TMA_SMEM]
+
+
+def config_name(cfg) -> str:
+    """'blocks x threads x unroll' for the load loop, 'tma:blocks x threads x chunk KiB x stages' for bulk copies."""
+    if len(cfg) == 4:
+        return f"tma:{cfg[0]}x{cfg[1]}x{cfg[2] // 1024}Kx{cfg[3]}"
+    return "x".join(map(str, cfg))
 
 
 def measure(lib, nbytes: int, configs) -> dict:
@@ -110,13 +144,19 @@ def measure(lib, nbytes: int, configs) -> dict:
     bufs = [torch.randint(-2**31, 2**31 - 1, (n16,), dtype=torch.int32, device="cuda") for _ in range(nt)]
     out = torch.zeros(1, dtype=torch.int32, device="cuda")
     times = {}
-    for blocks, threads, unroll in configs:
-        calls = [(lambda b=b: probe(lib, b, out, blocks, threads, unroll)) for b in bufs]
-        times[f"{blocks}x{threads}x{unroll}"] = time_graph(calls, reps=7)
+    for cfg in configs:
+        calls = [(lambda b=b, cfg=cfg: probe(lib, b, out, *cfg)) for b in bufs]
+        times[config_name(cfg)] = time_graph(calls, reps=7)
     best = min(times, key=times.get)
     del bufs
     torch.cuda.empty_cache()
-    return {"bytes": n16 * 4, "copies": nt, "read_us": times[best], "best_config": best, "configs_us": times}
+    r = {"bytes": n16 * 4, "copies": nt, "read_us": times[best], "best_config": best, "configs_us": times}
+    for fam, keep in (("ld", lambda k: not k.startswith("tma:")), ("tma", lambda k: k.startswith("tma:"))):
+        sub = {k: v for k, v in times.items() if keep(k)}
+        if sub:  # each reader's best, so the table shows whether the copy engine moves the floor
+            b = min(sub, key=sub.get)
+            r[f"read_{fam}_us"], r[f"best_{fam}_config"] = sub[b], b
+    return r
 
 
 def kernel_rows(path: Path | None) -> dict:
@@ -134,14 +174,15 @@ def markdown(meta: dict, rows: list[dict]) -> str:
            f"- date: {meta['date']}", f"- git commit: {meta['commit']}", f"- command: `{meta['command']}`",
            f"- kernels record: {meta.get('kernels') or '-'}",
            f"- copy floor = packed bytes / {COPY_BW / 1e12:.2f} TB/s; read floor = the fastest of "
-           f"{meta['n_configs']} launch shapes of csrc/read_probe.cu (grid x threads x loads in flight per thread) "
-           "over the same bytes, graph-timed over copies L2 cannot hold (median per call); `a8` = ternary_mm_a8 "
+           f"{meta['n_configs']} launch shapes of csrc/read_probe.cu's two readers (load loop: grid x threads x loads "
+           "in flight per thread; `tma:` bulk copies: grid x threads x chunk x ring depth; each reader's best in "
+           "its own column) over the same bytes, graph-timed over copies L2 cannot hold (median per call); `a8` = ternary_mm_a8 "
            "(quantizer + GEMV), `a8 GEMV` = ternary_mm_a8q on a quantization made beforehand (what a layer "
            "behind the fused norm + quantizer runs), `fused` = ternary_mm (bf16 x); most x bf16 = bf16 us / read floor: "
            "the largest speed-up over bf16 that any kernel reading these bytes in one launch can show", "",
-           "| N x K | MB | copy floor us | read floor us (config) | read GB/s | a8 us | a8 % copy / % read | "
-           "a8 GEMV us | GEMV % copy / % read | fused us | fused % read | bf16 us | most x bf16 |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| N x K | MB | copy floor us | read floor us (config) | load loop us | bulk copy us | read GB/s | a8 us | "
+           "a8 % copy / % read | a8 GEMV us | GEMV % copy / % read | fused us | fused % read | bf16 us | most x bf16 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda v, s=".1f": "-" if v is None else format(v, s)  # noqa: E731
     for r in rows:
         cf, rf = r["copy_floor_us"], r["read_us"]
@@ -151,7 +192,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         bf = r.get("bf16_us")  # bf16 / read floor: the most any kernel reading these bytes can beat bf16 by
         most = "-" if not bf else f"{bf / rf:.2f}x"
         out.append(f"| {r['N']}x{r['K']} | {r['bytes'] / 1e6:.1f} | {cf:.1f} | {rf:.1f} ({r['best_config']}) | "
-                   f"{r['bytes'] / rf / 1e3:.0f} | {f(a8)} | {'-' if not pa else f'{pa[0]:.0f}% / {pa[1]:.0f}%'} | "
+                   f"{f(r.get('read_ld_us'))} | {f(r.get('read_tma_us'))} | {r['bytes'] / rf / 1e3:.0f} | {f(a8)} | {'-' if not pa else f'{pa[0]:.0f}% / {pa[1]:.0f}%'} | "
                    f"{f(pre)} | {'-' if not pp else f'{pp[0]:.0f}% / {pp[1]:.0f}%'} | {f(fu)} | "
                    f"{'-' if not fu else f'{100 * rf / fu:.0f}%'} | {f(bf)} | {most} |")
     return "\n".join(out) + "\n"
@@ -173,8 +214,10 @@ def main(argv=None) -> int:
     lib = build()
     props = torch.cuda.get_device_properties(0)
     configs = configs_for(props.multi_processor_count)
+    if props.major >= 9:  # cp.async.bulk: Hopper and later
+        configs += tma_configs_for(props.multi_processor_count)
     check(lib, (1 << 20) + 48, configs)
-    check(lib, 16, configs[:3])
+    check(lib, 16, configs[:3] + configs[-2:])
     meta = {"device": props.name, "sm_count": props.multi_processor_count,
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit_id(),
             "command": "python -m bench.read_floor " + " ".join(argv if argv is not None else sys.argv[1:]),

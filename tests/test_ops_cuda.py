@@ -1298,11 +1298,16 @@ def test_read_probe_xors_every_word(nbytes):
     from bench import read_floor as rf
 
     lib = rf.build()
-    configs = rf.configs_for(torch.cuda.get_device_properties(0).multi_processor_count)
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    configs = rf.configs_for(sm)
+    if torch.cuda.get_device_capability(0)[0] >= 9:  # the bulk-copy reader: every ring shape, short last chunks
+        configs += rf.tma_configs_for(sm) + [(1, 32, 16, 1), (3, 64, 48, 2), (sm, 128, 4096, 16)]
     rf.check(lib, nbytes, configs)
     buf = torch.zeros(8, dtype=torch.int32, device=DEV)
     out = torch.zeros(1, dtype=torch.int32, device=DEV)
-    for bad in [(buf[1:5], 132, 256, 4), (buf, 0, 256, 4), (buf, 132, 48, 4), (buf, 132, 256, 3)]:
+    for bad in [(buf[1:5], 132, 256, 4), (buf, 0, 256, 4), (buf, 132, 48, 4), (buf, 132, 256, 3),
+                (buf[1:5], 132, 128, 4096, 2), (buf, 132, 128, 24, 2), (buf, 132, 128, 65536, 4),
+                (buf, 132, 128, 4096, 0), (buf, 132, 128, 4096, 17), (buf, 132, 48, 4096, 2)]:
         with pytest.raises(RuntimeError, match="returned -1"):
             rf.probe(lib, *bad[:1], out, *bad[1:])
 

@@ -28,6 +28,15 @@ def test_sweep_fits_the_sm():
                for b, t, u in cfgs)
 
 
+def test_tma_sweep_fits_shared_memory():
+    cfgs = rf.tma_configs_for(132)
+    assert len(cfgs) == len(set(cfgs)) > 8
+    assert all(b % 132 == 0 and t % 32 == 0 and c % 16 == 0 and c <= 65536 and 1 <= s <= 16
+               and (b // 132) * c * s <= 200 * 1024 for b, t, c, s in cfgs)
+    assert {rf.config_name(c) for c in cfgs}.isdisjoint(rf.config_name(c) for c in rf.configs_for(132))
+    assert rf.config_name((264, 128, 32768, 3)) == "tma:264x128x32Kx3"
+
+
 def test_xor_words_is_the_xor_of_uint32_words():
     t = torch.tensor([1, 2, 4, -1], dtype=torch.int32)
     assert rf.xor_words(t) == (1 ^ 2 ^ 4 ^ 0xFFFFFFFF)
