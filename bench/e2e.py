@@ -91,7 +91,8 @@ _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        "-nodeep": {"TRIT_A8_GEMM_WG_DEEP": "0"}, "-fuseq": {"TRIT_A8_FUSEQ": "1"},
        "-qcl": {"TRIT_QUANT_CLUSTER": "8"}, "-qloop": {"TRIT_QUANT_CLUSTER": "0"},
        "-fnorm": {"TRIT_FUSED_NORM_QUANT": "1"}, "-pro": {"TRIT_A8_PROLOGUE": "1"},
-       # the fused norm + quantizer with the GEMV reading its quantization up to M = 32 (B = 32 decode steps)
+       # the fused norm + quantizer with the GEMV reading its quantization up to M = 32 (B = 32 decode steps;
+       # TRIT_A8_PRE_MAXM is 32 by default since H200 run 38: pinned here so the label means the same in old trees)
        "-fnorm32": {"TRIT_FUSED_NORM_QUANT": "1", "TRIT_A8_PRE_MAXM": "32"},
        "-chain": {"TRIT_CHAIN": "1"}, "-chain-all": {"TRIT_CHAIN": "all"},
        "-chain-am": {"TRIT_CHAIN": "all", "TRIT_ACT_MUL": "1"}}
@@ -103,7 +104,7 @@ VARIANTS = {"ours-gemm": ("ours", {"TRIT_A8_GEMM": "1"}), "ours-bitnet-gemm": ("
             # M <= 8 GEMV runs alone; Llama: the layers behind a norm or SiLU-mul (o_proj's input comes from
             # attention), BitNet: every layer (its sub-norms sit in front of o_proj and down_proj)
             "ours-preq": ("ours", {"TRIT_A8_PREQUANT": "qkv_proj,gate_up_proj,down_proj"}),
-            # the same with the GEMV reading the given quantization up to M = 32 (TRIT_A8_PRE_MAXM)
+            # the same with the GEMV reading the given quantization up to M = 32 (TRIT_A8_PRE_MAXM, pinned)
             "ours-preq32": ("ours", {"TRIT_A8_PREQUANT": "qkv_proj,gate_up_proj,down_proj", "TRIT_A8_PRE_MAXM": "32"}),
             "ours-llama-preq": ("ours-llama", {"TRIT_A8_PREQUANT": "qkv_proj,gate_up_proj,down_proj"}),
             "ours-bitnet-preq": ("ours-bitnet", {"TRIT_A8_PREQUANT": "1"}),

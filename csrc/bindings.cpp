@@ -268,7 +268,7 @@ at::Tensor ternary_mm_a8_bp_cuda(const at::Tensor& x, const at::Tensor& packed_b
 
 // ternary_mm_a8 with x's quantization given (trit.ops.a8_quantize(x) -> xq, xs, rowsum; under
 // torch.compile the norm / activation kernel that produces x computes them too). Where the GEMV can read
-// them (trit_mm_a8_pre_ok: M <= 8, or up to TRIT_A8_PRE_MAXM <= 32) it does and no quantizer runs; elsewhere (larger M, TRIT_KERNEL=v4,
+// them (trit_mm_a8_pre_ok: M <= TRIT_A8_PRE_MAXM, default 32) it does and no quantizer runs; elsewhere (larger M, TRIT_KERNEL=v4,
 // an xq not 16-byte aligned) x is quantized again by the kernels of ternary_mm_a8 - the same values
 // where xq came from a8_quantize in eager mode.
 at::Tensor ternary_mm_a8q_cuda(const at::Tensor& x, const at::Tensor& xq, const at::Tensor& xs,

@@ -52,8 +52,9 @@ int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const float* sca
                int32_t* rowsum, void* stream);
 // The same on activations quantized by the caller (trit.ops.a8_quantize: xq int8 [M, ceil(K/128)*128]
 // row-major, zeros past K, each group of 8 inputs in the order {0,4,1,5,2,6,3,7}; xs = 127 / absmax
-// float [M]; rowsum = sum of xq int32 [M]): the M <= 8 GEMV without its quantizer. Only where
-// trit_mm_a8_pre_ok(M, N, K) (the v5 MT = 1 kernel runs there), else cudaErrorInvalidValue.
+// float [M]; rowsum = sum of xq int32 [M]): the M <= 32 GEMV without its quantizer. Only where
+// trit_mm_a8_pre_ok(M, N, K) (the v5 MT = 1 kernel, or MT = 2 / 4 reading the row-major rows past M = 8, up
+// to TRIT_A8_PRE_MAXM), else cudaErrorInvalidValue.
 int trit_mm_a8_pre_ok(int M, int N, int K);
 // W1.58A8 on the bitplane layout (above): the route, arithmetic and results of trit_mm_a8 where its v5 GEMV
 // runs with at most 4 row tiles (M <= 32, TRIT_KERNEL not v4), cudaErrorInvalidValue elsewhere; the same

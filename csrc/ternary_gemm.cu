@@ -2558,10 +2558,12 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
 // [M, Kp], groups of 8 in quant_rows_perm_kernel's order; trit.ops.a8_quantize, which the model's
 // compiler fuses into the norm or activation kernel that produces x): no quantizer launch, no fused
 // quantizer, x unused. Where the v5 kernels run at M <= TRIT_A8_PRE_MAXM (a8_pre_ok): M <= 8 the MT = 1
-// kernel; 8 < M <= 32 (TRIT_A8_PRE_MAXM = 16 / 32, read per call; default 8: not yet measured on a GPU)
-// the MT = 2 / 4 kernels reading the row-major xq (kRM), so that a batch of up to 32 decode tokens behind
-// rms_norm_a8q / a fused quantizer runs without a quantizer launch too.
-int a8_pre_maxm() { return max(8, min(32, env_int("TRIT_A8_PRE_MAXM", 8))); }
+// kernel; 8 < M <= 32 (TRIT_A8_PRE_MAXM, read per call: default 32; 8 or 16 quantize again above it) the
+// MT = 2 / 4 kernels reading the row-major xq (kRM), so that a batch of up to 32 decode tokens behind
+// rms_norm_a8q / a fused quantizer runs without a quantizer launch too. H200 run 38: bit-identical to
+// ternary_mm_a8 in the GPU tests, and faster than quantizing again at every 8B / 70B shape at M = 16 / 32
+// (e.g. 4096x14336 M = 32 12.6 vs 16.8 us, 8192x28672 31.2 vs 41.5).
+int a8_pre_maxm() { return max(8, min(32, env_int("TRIT_A8_PRE_MAXM", 32))); }
 bool a8_pre_ok(int M) { return M >= 1 && M <= a8_pre_maxm() && knobs().v5; }
 
 template <typename T>
@@ -2738,7 +2740,7 @@ cudaError_t dispatch_a8_prologue(const T* x, const A8Pro<T>& pro, const int32_t*
 
 // ---------------------------------------------------------------- RMSNorm + a8 quantizer
 // trit::rms_norm_a8q: the RMSNorm in front of a W1.58A8 layer and that layer's activation quantizer in
-// one kernel, so that the M <= 8 GEMV behind it (trit_mm_a8_pre) runs without a quantizer launch and,
+// one kernel, so that the M <= 32 GEMV behind it (trit_mm_a8_pre) runs without a quantizer launch and,
 // unlike an Inductor-generated norm, this kernel triggers the GEMV's programmatic launch at its start
 // (H200 8B run 7: Triton kernels do not, and the GEMVs behind them started cold).
 //   z   = x (+ residual, rounded to T: the new residual stream, stored in res_out)

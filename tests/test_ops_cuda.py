@@ -1340,16 +1340,17 @@ def _cuda_kernels(fn):
 
 
 @pytest.mark.parametrize("M,N,K", [(16, 4096, 4096), (32, 6144, 4096), (32, 4096, 14336), (12, 100, 300)])
-def test_a8q_past_m8_runs_the_gemv_alone_only_when_asked(monkeypatch, M, N, K):
-    """Past M = 8 the a8q op quantizes x again unless TRIT_A8_PRE_MAXM covers M (default 8: two launches);
-    with it, one launch: the GEMV."""
+def test_a8q_past_m8_runs_the_gemv_alone_unless_told_not_to(monkeypatch, M, N, K):
+    """Up to M = 32 the a8q op runs the GEMV alone on the given quantization (default TRIT_A8_PRE_MAXM = 32: one
+    launch); with TRIT_A8_PRE_MAXM below M it quantizes x again (two launches)."""
     x, w, p, s, b = make_case(M, N, K, torch.bfloat16, False, 7, DEV)
     args = (x, *ops.a8_quantize(x), p, s, N, K, None)
-    names = _cuda_kernels(lambda: torch.ops.trit.ternary_mm_a8q(*args))
-    assert len(names) == 2 and any("quant_rows" in n for n in names), names
-    monkeypatch.setenv("TRIT_A8_PRE_MAXM", "32")
+    monkeypatch.delenv("TRIT_A8_PRE_MAXM", raising=False)
     names = _cuda_kernels(lambda: torch.ops.trit.ternary_mm_a8q(*args))
     assert len(names) == 1 and "a8_small_kernel" in names[0], names
+    monkeypatch.setenv("TRIT_A8_PRE_MAXM", "8")
+    names = _cuda_kernels(lambda: torch.ops.trit.ternary_mm_a8q(*args))
+    assert len(names) == 2 and any("quant_rows" in n for n in names), names
     monkeypatch.setenv("TRIT_A8_PRE_MAXM", "12")
     if M > 12:  # past the limit it asks for: quantized again
         assert len(_cuda_kernels(lambda: torch.ops.trit.ternary_mm_a8q(*args))) == 2

@@ -32,8 +32,8 @@ Ops (all take x: [M, K] of bfloat16 | float16 | float32 and return [M, N] of x's
     torch.ops.trit.ternary_decode(packed, scale, N, K, dtype) -> [N, K] W * scale (dense)
     torch.ops.trit.ternary_mm_a8q(x, xq, xs, rowsum, packed, scale, N, K, bias=None)
         ternary_mm_a8 with x's quantization given by :func:`a8_quantize` (torch ops that a compiler
-        fuses into the kernel producing x): the M <= 8 GEMV reads it and runs alone (up to M = 32 with
-        TRIT_A8_PRE_MAXM=16 | 32: the MT = 2 / 4 GEMVs read the same row-major layout; default 8)
+        fuses into the kernel producing x): the M <= 32 GEMV reads it and runs alone (M 9-32: the MT = 2 / 4
+        GEMVs read the same row-major layout; TRIT_A8_PRE_MAXM=8 | 16 quantizes again above that M)
     torch.ops.trit.rms_norm_a8q(x, residual, weight, eps) -> (out, residual_out, xq, xs, rowsum)
         RMSNorm (after the residual add when residual is given) and the a8 quantizer of its output
         in one kernel (K <= 16384), the input of ternary_mm_a8q: :func:`rms_norm_a8q_ref`

@@ -99,7 +99,7 @@ def norm_then_linear(norm: nn.Module, linear: nn.Module, x: torch.Tensor, residu
     (fused add +) RMSNorm and then the layer. Where the layer's ternary method set trit_fused_norm
     (TRIT_FUSED_NORM_QUANT, trit.vllm.quant.fused_norm_selected), one trit::rms_norm_a8q kernel computes
     the norm, the residual stream and the layer's int8 input, and the layer runs on that quantization
-    (TernaryLinearMethod.apply_quantized): no quantizer launch in front of the M <= 8 GEMV."""
+    (TernaryLinearMethod.apply_quantized): no quantizer launch in front of the M <= 32 GEMV."""
     if getattr(linear, "trit_prologue", False) and isinstance(norm, RMSNorm) and x.dim() == 2:
         # TRIT_A8_PROLOGUE: (the residual add and) the norm inside the layer's GEMV at M = 1
         y, res = linear.quant_method.apply_prologue(linear, x, residual, norm_weight_as(norm, x),

@@ -550,7 +550,7 @@ class TernaryLinearMethod(_SpecLinearMethod):
     def apply_quantized(self, layer: torch.nn.Module, x: torch.Tensor, xq: torch.Tensor, xs: torch.Tensor,
                         rowsum: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """apply() on an input x [M, K] whose a8 quantization (xq, xs, rowsum) is given: the outputs of
-        trit::rms_norm_a8q (trit.vllm.bitnet.norm_then_linear). At M <= 8 (TRIT_A8_PRE_MAXM: up to 32) the GEMV
+        trit::rms_norm_a8q (trit.vllm.bitnet.norm_then_linear). At M <= 32 (TRIT_A8_PRE_MAXM) the GEMV
         runs without a quantizer; elsewhere ternary_mm_a8q quantizes x again (the same values)."""
         N, K = layer.trit_n, layer.trit_k
         return torch.ops.trit.ternary_mm_a8q(x, xq, xs, rowsum, layer.weight, layer.weight_scale, N, K, bias)
