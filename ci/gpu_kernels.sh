@@ -188,14 +188,16 @@ fi
 
 if has ncu && command -v ncu >/dev/null; then
   # NCU_M (default 1): the rows of x, e.g. 32 for the B = 32 decode GEMV (a8 MT = 4; the fp op is not a small
-  # kernel there); at M <= 32 the bitplane layout's kernel (ternary_mm_a8_bp) is profiled beside the a8 one
+  # kernel there); at M <= 32 the bitplane layout's kernel (ternary_mm_a8_bp) is profiled beside the a8 one.
+  # NCU_SHAPES (default 28672x8192,2560x2560): the two N x K layers profiled, e.g. 14336x4096,4096x14336
   step "ncu: small-M kernels, M=${NCU_M:-1} (speed of light, occupancy, warp stalls)"
   cat > /tmp/trit_ncu_driver.py <<'PYEOF'
 import os
 import torch
 from trit import ops
 M = int(os.environ.get("NCU_M", "1"))
-for N, K in ((28672, 8192), (2560, 2560)):
+SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ.get("NCU_SHAPES", "28672x8192,2560x2560").split(",")]
+for N, K in SHAPES:
     w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda")
     p, s = ops.repack(w), torch.rand(N, device="cuda")
     bp = ops.repack_bitplane(p) if M <= 32 else None
@@ -211,8 +213,9 @@ PYEOF
   # first round of the first shape, profile the second round and the first of the second shape
   m=${NCU_M:-1}; nk=$(( (m <= 8 ? 1 : 0) + 1 + (m <= 32 ? 1 : 0) ))
   ncu_run ncu.txt /tmp/trit_ncu_driver.py -k regex:${NCU_KERNELS:-small_kernel} -s $nk -c $((2 * nk)) \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section InstructionStats
-  grep -E "small_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Stall|Warp Cycles Per Issued|Executed Instructions " "$OUT/ncu.txt" | head -80
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section InstructionStats \
+    --section MemoryWorkloadAnalysis
+  grep -E "small_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Stall|Warp Cycles Per Issued|Executed Instructions |L1/TEX Hit Rate|L2 Hit Rate|Mem Busy|Max Bandwidth" "$OUT/ncu.txt" | head -100
 fi
 
 if has ncuquant && command -v ncu >/dev/null; then
