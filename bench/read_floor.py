@@ -79,24 +79,15 @@ def build(build_dir: Path | None = None) -> ctypes.CDLL:
     return lib
 
 
-def probe(lib, buf: torch.Tensor, out: torch.Tensor, blocks: int, threads: int, unroll: int, *tma) -> None:
+def probe(lib, buf: torch.Tensor, out: torch.Tensor, *cfg) -> None:
     """One probe launch on torch's current stream (graph-capturable): out ^= XOR of buf's 32-bit words.
-    With a 4th launch parameter (blocks, threads, chunk bytes, stages) the bulk-copy reader runs instead."""
-    if tma:
-        chunk, stages = unroll, tma[0]
-        rc = lib.trit_read_probe_tma(ctypes.c_void_p(buf.data_ptr()), buf.numel() * buf.element_size(),
-                                     ctypes.c_void_p(out.data_ptr()), blocks, threads, chunk, stages,
-                                     ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
-        if rc != 0:
-            raise RuntimeError(f"trit_read_probe_tma(bytes={buf.numel() * buf.element_size()}, blocks={blocks}, "
-                               f"threads={threads}, chunk={chunk}, stages={stages}) returned {rc}")
-        return
-    rc = lib.trit_read_probe(ctypes.c_void_p(buf.data_ptr()), buf.numel() * buf.element_size(),
-                             ctypes.c_void_p(out.data_ptr()), blocks, threads, unroll,
-                             ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+    cfg: (blocks, threads, unroll) runs the load loop, (blocks, threads, chunk bytes, stages) the bulk-copy reader."""
+    fn = lib.trit_read_probe_tma if len(cfg) == 4 else lib.trit_read_probe
+    nbytes = buf.numel() * buf.element_size()
+    rc = fn(ctypes.c_void_p(buf.data_ptr()), nbytes, ctypes.c_void_p(out.data_ptr()), *cfg,
+            ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
     if rc != 0:
-        raise RuntimeError(f"trit_read_probe(bytes={buf.numel() * buf.element_size()}, blocks={blocks}, "
-                           f"threads={threads}, unroll={unroll}) returned {rc}")
+        raise RuntimeError(f"read probe {config_name(cfg)} (bytes={nbytes}) returned {rc}")
 
 
 def xor_words(t: torch.Tensor) -> int:
