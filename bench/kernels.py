@@ -191,7 +191,9 @@ class Humming:
 # synccheck on its own driver), run 32 a8_bp (ternary_mm_a8_bp, the bitplane layout: its GPU tests bit for bit
 # against ternary_mm_a8 under every launch knob and graph replay, memcheck, racecheck; 0-37% slower than the code
 # layout, 2026-12-02-h200-run32b-bitplane.md). None pending now.
-EXPERIMENTAL: dict = {}
+EXPERIMENTAL: dict = {  # left out under --no-experimental (an earlier stage of the GPU job failed)
+    "a8_xi": lambda M: 8 < M <= 32, "a8_cl": lambda M: 8 < M <= 32, "a8_xicl": lambda M: 8 < M <= 32,
+}
 # TRIT_A8_GEMM_CFG values timed beside the default warp tile (csrc/ternary_gemm.cu gemm_cfg_id):
 # 1 = 2 weight tiles x 8 row tiles per warp, 4 warps (128 channels x 64 rows per CTA); 2 = the same
 # warp tile, 8 warps (256 channels); 3 = 4 weight tiles x 4 row tiles, 4 x 2 warps (256 channels);
@@ -202,7 +204,7 @@ GEMM_KS = (1, 2, 4, 8)
 
 
 def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, small_variants=None,
-                cfg_sweep=(), experimental=True, pf_heads=(), pf_head_ms=()):
+                cfg_sweep=(), experimental=True, pf_heads=(), pf_head_ms=(), only=None):
     from trit import ops
 
     dev = "cuda"
@@ -266,6 +268,11 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             xq_pre = ops.a8_quantize(x)
             variants["a8_pre"] = with_env({"TRIT_A8_PRE_MAXM": "32"}, lambda i, xq_pre=xq_pre:
                                           torch.ops.trit.ternary_mm_a8q(x, *xq_pre, packs[i % nt], scale, N, K, None))
+        if 8 < M <= 32:  # the MT = 2 / 4 GEMV behind its quantizer with x interleaved for 512-byte loads (TRIT_A8_XI),
+            # split over clusters of CTAs along K (TRIT_A8_CL=1: as many as one wave holds), and both
+            variants["a8_xi"] = with_env({"TRIT_A8_XI": "1"}, variants["a8"])
+            variants["a8_cl"] = with_env({"TRIT_A8_CL": "1"}, variants["a8"])
+            variants["a8_xicl"] = with_env({"TRIT_A8_XI": "1", "TRIT_A8_CL": "1"}, variants["a8"])
         if M <= BP_MAX_M and bps:  # the same route on the bitplane layout (bit-identical results)
             variants["a8_bp"] = lambda i: torch.ops.trit.ternary_mm_a8_bp(x, bps[i % nt], scale, N, K, None)
         if M <= 8:  # the quantizer fused into the GEMV
@@ -342,6 +349,8 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                 for ks in KS_SWEEP:
                     variants[f"a8_ks{ks}"] = with_env({"TRIT_KS": str(ks)}, variants["a8"])
                     variants[f"fused_ks{ks}"] = with_env({"TRIT_KS": str(ks)}, variants["fused"])
+        if only is not None:  # --only: these columns (and bf16, the baseline) and no others
+            variants = {k: v for k, v in variants.items() if k in only or k == "bf16"}
         if not experimental:
             for name, at_m in EXPERIMENTAL.items():
                 if at_m(M):
@@ -364,8 +373,8 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             try:
                 y0 = f(0)
                 y = y0.float()
-                if name == "a8_bp":  # must equal the code layout's result bit for bit (same route)
-                    row["a8_bp_equal"] = bool(torch.equal(y0, variants["a8"](0)))
+                if name in ("a8_bp", "a8_xi", "a8_cl", "a8_xicl") and "a8" in variants:  # the default's, bit for bit
+                    row[f"{name}_equal"] = bool(torch.equal(y0, variants["a8"](0)))
                 if name == "decode":  # [N, K] W * scale, not an output
                     wref = w.float() * scale[:, None]
                     row["decode_relerr"] = (y - wref).abs().max().item() / wref.abs().max().item()
@@ -424,7 +433,7 @@ def fmt_row(r) -> str:
             f"{_f(r.get('linear_pct_copy_ceiling'), '4.0f')}% ceil)  fused {_f(r.get('fused_us'), '8.1f')}  "
             f"(v4 {_f(r.get('fused_v4_us'), '6.1f')} nopdl {_f(r.get('fused_nopdl_us'), '6.1f')} "
             f"nopf {_f(r.get('fused_nopf_us'), '6.1f')} pf {_f(r.get('fused_pf_us'), '6.1f')})  dense {_f(r.get('dense_us'), '8.1f')}  "
-            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} cfg1-4 {'/'.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} ks{'/'.join(map(str, GEMM_KS))} {'/'.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} late {_f(r.get('a8_gemm_late_us'), '.1f')} wgmma {'/'.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('wg', 'wgov', 'wgdeep', 'wg2', 'wg2ov', 'wg2deep'))} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} pre {_f(r.get('a8_pre_us'), '6.1f')} qcl {_f(r.get('a8_qcl_us'), '.1f')} qloop {_f(r.get('a8_qloop_us'), '.1f')} norm+a8 {_f(r.get('a8_nq_us'), '.1f')} fnorm {_f(r.get('a8_fnorm_us'), '.1f')} pro {_f(r.get('a8_pro_us'), '.1f')} nopdl "
+            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} cfg1-4 {'/'.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} ks{'/'.join(map(str, GEMM_KS))} {'/'.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} late {_f(r.get('a8_gemm_late_us'), '.1f')} wgmma {'/'.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('wg', 'wgov', 'wgdeep', 'wg2', 'wg2ov', 'wg2deep'))} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} pre {_f(r.get('a8_pre_us'), '6.1f')} xi {_f(r.get('a8_xi_us'), '.1f')} cl {_f(r.get('a8_cl_us'), '.1f')} xicl {_f(r.get('a8_xicl_us'), '.1f')} qcl {_f(r.get('a8_qcl_us'), '.1f')} qloop {_f(r.get('a8_qloop_us'), '.1f')} norm+a8 {_f(r.get('a8_nq_us'), '.1f')} fnorm {_f(r.get('a8_fnorm_us'), '.1f')} pro {_f(r.get('a8_pro_us'), '.1f')} nopdl "
             f"{_f(r.get('a8_nopdl_us'), '6.1f')} nopf {_f(r.get('a8_nopf_us'), '6.1f')} pf {_f(r.get('a8_pf_us'), '6.1f')})  "
             + "".join(f"ks{k} {_f(r.get(f'a8_ks{k}_us'), '.1f')}/{_f(r.get(f'fused_ks{k}_us'), '.1f')} "
                       for k in KS_SWEEP if r.get(f"a8_ks{k}_us")) +
@@ -473,9 +482,9 @@ def markdown(meta, rows) -> str:
              "choice (TRIT_WN=1 + TRIT_A8_FUSEQ=0 / TRIT_WN=2 / TRIT_A8_FUSEQ=1); at M <= 8 `pre-quantized` is "
              "the GEMV alone on a quantization made beforehand (ternary_mm_a8q) and `cluster q / loop q` the "
              "separate quantizer forced to the thread-block cluster kernel / the one-CTA loop kernel (TRIT_QUANT_CLUSTER=8 / 0, "
-             "TRIT_A8_FUSEQ=0; the default takes the cluster kernel on rows longer than 4096); `norm + a8` / `norm + a8q (fused)` the layer behind its RMSNorm with residual add (trit::rms_norm_a8q), then ternary_mm_a8 quantizing again / ternary_mm_a8q on the norm's quantization (TRIT_FUSED_NORM_QUANT); `norm in GEMV` the same layer as trit::ternary_mm_a8_prologue (TRIT_A8_PROLOGUE: residual add and norm inside the GEMV, one kernel at M = 1).", "",
+             "TRIT_A8_FUSEQ=0; the default takes the cluster kernel on rows longer than 4096); `norm + a8` / `norm + a8q (fused)` the layer behind its RMSNorm with residual add (trit::rms_norm_a8q), then ternary_mm_a8 quantizing again / ternary_mm_a8q on the norm's quantization (TRIT_FUSED_NORM_QUANT); `norm in GEMV` the same layer as trit::ternary_mm_a8_prologue (TRIT_A8_PROLOGUE: residual add and norm inside the GEMV, one kernel at M = 1); at 8 < M <= 32 `xi` / `cl` / `xi+cl` the a8 op with x interleaved for 512-byte warp loads (TRIT_A8_XI=1) / split over thread-block clusters along K (TRIT_A8_CL=1) / both.", "",
              "| N x K | M | bf16 us | linear us | x bf16 | % ceil | fused us | fused v4 | fused no PDL "
-             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 WN=1 no fused q / WN=2 / fused quantizer / pre-quantized (GEMV alone) / cluster q / loop q / norm + a8 / norm + a8q (fused) / norm in GEMV | a8 fused kernel / int8 cuBLAS / gemm kernel | gemm cfg 1 / 2 / 3 / 4 | gemm ks 1 / 2 / 4 / 8 | gemm late / wgmma 64 / 128 / 64 ov / 128 ov / 64 deep / 128 deep | a8 no PDL | a8 L2 pf off / on "
+             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 WN=1 no fused q / WN=2 / fused quantizer / pre-quantized (GEMV alone) / cluster q / loop q / norm + a8 / norm + a8q (fused) / norm in GEMV / xi / cl / xi+cl | a8 fused kernel / int8 cuBLAS / gemm kernel | gemm cfg 1 / 2 / 3 / 4 | gemm ks 1 / 2 / 4 / 8 | gemm late / wgmma 64 / 128 / 64 ov / 128 ov / 64 deep / 128 deep | a8 no PDL | a8 L2 pf off / on "
              "| humming us | x humming | floor us | bf16 eager | linear eager |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -486,7 +495,7 @@ def markdown(meta, rows) -> str:
             f"| {_f(r.get('linear_x_bf16'), '.2f')} | {_f(r.get('linear_pct_copy_ceiling'), '.0f')} "
             f"| {_f(r.get('fused_us'), '.1f')} | {_f(r.get('fused_v4_us'), '.1f')} "
             f"| {_f(r.get('fused_nopdl_us'), '.1f')} | {_f(r.get('fused_nopf_us'), '.1f')} / {_f(r.get('fused_pf_us'), '.1f')} | {_f(r.get('dense_us'), '.1f')}{' (decode ' + _f(r.get('decode_us'), '.1f') + ')' if r.get('decode_us') else ''} "
-            f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} | {_f(r.get('a8_plain_us'), '.1f')} / {_f(r.get('a8_wn2_us'), '.1f')} / {_f(r.get('a8_fuseq_us'), '.1f')} / {_f(r.get('a8_pre_us'), '.1f')} / {_f(r.get('a8_qcl_us'), '.1f')} / {_f(r.get('a8_qloop_us'), '.1f')} / {_f(r.get('a8_nq_us'), '.1f')} / {_f(r.get('a8_fnorm_us'), '.1f')} / {_f(r.get('a8_pro_us'), '.1f')} | {_f(r.get('a8_kernel_us'), '.1f')} / {_f(r.get('a8_int8_us'), '.1f')} / {_f(r.get('a8_gemm_us'), '.1f')} "
+            f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} | {_f(r.get('a8_plain_us'), '.1f')} / {_f(r.get('a8_wn2_us'), '.1f')} / {_f(r.get('a8_fuseq_us'), '.1f')} / {_f(r.get('a8_pre_us'), '.1f')} / {_f(r.get('a8_qcl_us'), '.1f')} / {_f(r.get('a8_qloop_us'), '.1f')} / {_f(r.get('a8_nq_us'), '.1f')} / {_f(r.get('a8_fnorm_us'), '.1f')} / {_f(r.get('a8_pro_us'), '.1f')} / {_f(r.get('a8_xi_us'), '.1f')} / {_f(r.get('a8_cl_us'), '.1f')} / {_f(r.get('a8_xicl_us'), '.1f')} | {_f(r.get('a8_kernel_us'), '.1f')} / {_f(r.get('a8_int8_us'), '.1f')} / {_f(r.get('a8_gemm_us'), '.1f')} "
             f"| {' / '.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} "
             f"| {' / '.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} "
             f"| {' / '.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('late', 'wg', 'wg2', 'wgov', 'wg2ov', 'wgdeep', 'wg2deep'))} "
@@ -580,6 +589,8 @@ def main(argv=None):
     ap.add_argument("--pf-head-ms", default="1", help="comma list of M <= 64 for --pf-head (default 1)")
     ap.add_argument("--variants", default=None, help="v5 (M <= 64) variants to time beside the default, comma list of "
                     + ",".join(SMALL_M_VARIANTS) + " (default: all)")
+    ap.add_argument("--only", default="", help="comma list of variant columns to time (bf16 always): a short run "
+                    "of the columns a question needs, e.g. a8,a8_pre,a8_xi")
     args = ap.parse_args(argv)
     groups = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
     unknown = [g for g in groups if g not in SHAPES]
@@ -619,7 +630,8 @@ def main(argv=None):
                             cfg_sweep={int(m) for m in args.cfg_sweep.split(",") if m},
                             experimental=not args.no_experimental,
                             pf_heads=[int(h) for h in args.pf_head.split(",") if h],
-                            pf_head_ms={int(m) for m in args.pf_head_ms.split(",") if m})
+                            pf_head_ms={int(m) for m in args.pf_head_ms.split(",") if m},
+                            only=set(args.only.split(",")) if args.only else None)
                 write_partial(Path(args.out), stem, {"meta": meta, "rows": rows})
     except KeyboardInterrupt:
         meta["incomplete"] = f"interrupted after {len(rows)} rows (time limit or Ctrl-C)"

@@ -26,19 +26,15 @@ DEFAULT = [
     r"l1tex__t_requests_pipe_lsu_mem_global_op_ld\.sum",
     r"l1tex__t_sectors_pipe_lsu_mem_global_op_ld\.sum",
     r"l1tex__t_sector_pipe_lsu_mem_global_op_ld_hit_rate\.pct",
-    r"l1tex__data_pipe_lsu_wavefronts_mem_lg.*\.sum",
-    r"l1tex__data_pipe_lsu_wavefronts\.sum",
+    r"l1tex__t_output_wavefronts_pipe_lsu_mem_global_op_ld\.sum",
+    r"l1tex__data_pipe_lsu_wavefronts\.avg\.pct_of_peak_sustained_elapsed",
     r"l1tex__throughput\.avg\.pct_of_peak_sustained_active",
-    r"l1tex__data_bank_reads\.avg\.pct_of_peak_sustained_elapsed",
     r"l1tex__m_xbar2l1tex_read_bytes\.sum",
-    r"lts__t_sectors_srcunit_tex_op_read\.sum",
     r"lts__t_sector_hit_rate\.pct",
     r"lts__throughput\.avg\.pct_of_peak_sustained_elapsed",
     r"dram__bytes_read\.sum",
     r"dram__throughput\.avg\.pct_of_peak_sustained_elapsed",
-    r"sm__inst_executed_pipe_tensor.*\.sum",
-    r"sm__pipe_tensor.*pct_of_peak_sustained_active",
-    r"sm__pipe_.*imma.*",
+    r"sm__pipe_tensor_op_imma_cycles_active\.avg\.pct_of_peak_sustained_active",
 ]
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
 

@@ -73,4 +73,21 @@ inline int a8_mt4_wide_nw(int n_warps, int KB, int sm_count) {
   return 0;
 }
 
+// The cluster split-K of the a8 GEMV at 8 < M <= 32 (a8_small_kernel kCL, TRIT_A8_CL): S CTAs of a cluster
+// take 1 / S of the k-blocks each of the same n_groups tile groups. want: TRIT_A8_CL (0 off, 1 auto, 2 / 4 / 8
+// forced, more is 8: the portable cluster limit); auto doubles S while the n_groups * S CTAs still fit in one
+// wave of ctas_per_sm per SM. Either way S halves until each of the ks split-K warps of a CTA keeps >= 2
+// k-blocks. Returns 1 where no cluster is launched.
+inline int a8_cl_size(int want, int n_groups, int ks, int KB, int ctas_per_sm, int sm_count) {
+  if (want <= 0 || n_groups <= 0 || ks <= 0) return 1;
+  int S = 1;
+  if (want > 1) {
+    S = want >= 8 ? 8 : want >= 4 ? 4 : 2;
+  } else {
+    while (S < 8 && (long long)n_groups * S * 2 <= (long long)ctas_per_sm * sm_count) S *= 2;
+  }
+  while (S > 1 && KB / (S * ks) < 2) S /= 2;
+  return S;
+}
+
 }  // namespace trit_route

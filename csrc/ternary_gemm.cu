@@ -784,6 +784,60 @@ __device__ __forceinline__ void l2_prefetch(const void* p, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 #endif
 }
+// Thread-block clusters (sm_90): the CTA's rank, the cluster barrier (arrive / wait halves) and
+// stores into another CTA's shared memory (distributed shared memory).
+__device__ __forceinline__ unsigned cluster_ctarank() {
+  unsigned r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_nctarank() {  // 1 outside a cluster launch
+  unsigned n = 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+#endif
+  return n;
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_sync() {  // release my stores, acquire the others'
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#endif
+}
+template <typename V>
+__device__ __forceinline__ void st_cluster(V* local, unsigned rank, V v) {  // *local in CTA `rank` = v
+  static_assert(sizeof(V) == 4, "32-bit values");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(local));
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  uint32_t bits;
+  memcpy(&bits, &v, 4);
+  asm volatile("st.shared::cluster.b32 [%0], %1;" ::"r"(r), "r"(bits) : "memory");
+#endif
+}
+__device__ __forceinline__ int ld_cluster(const int* local, unsigned rank) {  // *local in CTA `rank`
+  int v = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(local));
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.b32 %0, [%1];" : "=r"(v) : "r"(r) : "memory");
+#endif
+  return v;
+}
+
 constexpr int kFlagL2Prefetch = 1;  // small-M kernels: prefetch the warp's weight range to L2 first
 // flags >> kFlagL2HeadShift = h > 0: prefetch only the first h k-blocks of the range (TRIT_L2PF=3): what DRAM
 // can stream while the quantizer before the GEMV runs, without pushing a large layer's range through L2
@@ -845,6 +899,56 @@ __device__ __forceinline__ void kb_range(int KB, int& kb0, int& kb1) {
   const int kw = threadIdx.x >> 5, KS = blockDim.x >> 5;
   kb0 = (KB * kw) / KS;
   kb1 = (KB * (kw + 1)) / KS;
+}
+// the same within this CTA's 1 / S of the k-blocks in a cluster of S (a8_small_kernel kCL)
+__device__ __forceinline__ void kb_range_cl(int KB, int& kb0, int& kb1) {
+  const int r = (int)cluster_ctarank(), S = (int)cluster_nctarank();
+  const int lo = (KB * r) / S, len = (KB * (r + 1)) / S - lo;
+  const int kw = threadIdx.x >> 5, KS = blockDim.x >> 5;
+  kb0 = lo + (len * kw) / KS;
+  kb1 = lo + (len * (kw + 1)) / KS;
+}
+
+// small_epilogue for a cluster of S CTAs that split K (a8_small_kernel kCL): each CTA adds its KS warps' sums
+// into part [NW][WN*MT][128] (after red's [NW][KS][WN*MT][4][32]), then, after a cluster barrier, CTA rank r
+// adds the S CTAs' parts (read through distributed shared memory, rank order) for its 1 / S of the cluster's
+// outputs and writes them; a second barrier keeps every CTA's part alive until all have read it.
+template <typename T, int MT, int WN>
+__device__ __forceinline__ void small_epilogue_cl(int (&acc)[WN * MT][4], int* red, int M, int N,
+                                                  const float* __restrict__ scale, const T* __restrict__ bias,
+                                                  T* __restrict__ y, const float* xs, const int32_t* rowsum) {
+  constexpr int kT = WN * MT, kE = kT * 128;  // int32 sums per warp row (threadIdx.y)
+  const int lane = threadIdx.x & 31, kw = threadIdx.x >> 5, KS = blockDim.x >> 5, NW = blockDim.y;
+  int* r = red + threadIdx.y * KS * kE;
+#pragma unroll
+  for (int t = 0; t < kT; ++t)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) r[(kw * kT + t) * 128 + q * 32 + lane] = acc[t][q];
+  __syncthreads();
+  int* part = red + NW * KS * kE;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nthr = blockDim.x * NW, n_e = NW * kE;
+  for (int s = tid; s < n_e; s += nthr) {
+    const int* w = red + (s / kE) * KS * kE + s % kE;
+    int v = 0;
+    for (int k = 0; k < KS; ++k) v += w[k * kE];
+    part[s] = v;
+  }
+  cluster_sync();  // every CTA's part written and visible
+  const int S = (int)cluster_nctarank(), rank = (int)cluster_ctarank();
+  const int tile0 = (int)(blockIdx.x / S) * NW * WN;
+  for (int s = (n_e * rank) / S + tid; s < (n_e * (rank + 1)) / S; s += nthr) {
+    const int yw = s / kE, e = s % kE;
+    const unsigned t = (unsigned)e >> 7;
+    const int ln = e & 31, q = (e >> 5) & 3;
+    const int n = (tile0 + yw * WN + t / MT) * kTileN + (ln >> 2) + 8 * (q >> 1);
+    const int m = 8 * (t % MT) + 2 * (ln & 3) + (q & 1);
+    if (n < N && m < M) {
+      int v = 0;
+      for (int j = 0; j < S; ++j) v += ld_cluster(part + s, (unsigned)j);
+      store_out<T, true>(v, m, n, N, scale, bias, y, xs, rowsum);
+    }
+  }
+  cluster_sync();  // no CTA leaves while another still reads its part
 }
 
 // The main loop of the v5 kernels over a warp's nch whole chunks (nk k-blocks in its range):
@@ -1243,7 +1347,18 @@ __device__ __forceinline__ float pro_quantize_row(const T* __restrict__ x, const
 // kRM (MT = 2 / 4, trit_mm_a8_pre at 8 < M <= TRIT_A8_PRE_MAXM): xq in the MT = 1 row-major layout [M, KB*128]
 // that trit::rms_norm_a8q and trit.ops.a8_quantize write (the same bytes per row as the k-block-major layout),
 // each row tile at its own offset from xp, rows past M reading row M-1 (their outputs are never stored).
-template <typename T, int MT, int WN, bool kFuseQ = false, bool kBP = false, bool kRM = false>
+// kXI (MT = 2 / 4, TRIT_A8_XI): the k-block-major layout with each row tile's 1 KB interleaved for the loads
+// (quant_rows_perm_kernel kXI): lane l's uint4 h (inputs 32c + 16h .. of row g, l = 4g + c) at byte 512h + 16l,
+// so each warp-wide 16-byte load of x reads 512 contiguous bytes (16 sectors) where the plain order's reads 8
+// rows x 4 half-used sectors (32; H200 run 39 ncu at M = 32: 26 sectors per global load request, 68% of the
+// L1's peak, lg_throttle stalls).
+// kCL (MT = 2 / 4, TRIT_A8_CL; launched in clusters of S CTAs along x): split-K over the cluster's CTAs as well
+// as over the KS warps of each - CTA rank r of cluster c takes k-blocks [KB r / S, KB (r + 1) / S) of the same
+// NW * WN tiles (c's), so a CTA reads 1 / S of x for its tiles where the plain kernel reads all of it (H200
+// run 39 ncu, 4096x14336 at M = 32, one tile per CTA: 75 MB from L2 into the L1s for 15 MB of weights). The
+// int32 sums meet in shared memory through the cluster (small_epilogue_cl): exact, as every split here.
+template <typename T, int MT, int WN, bool kFuseQ = false, bool kBP = false, bool kRM = false, bool kXI = false,
+          bool kCL = false>
 __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
     a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                     const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
@@ -1251,13 +1366,20 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
                     const T* __restrict__ x, int K, A8Pro<T> pro) {
   static_assert(!kFuseQ || (MT == 1 && WN == 1), "the fused quantizer is the M <= 8 single-tile kernel");
   static_assert(!kRM || (MT >= 2 && MT <= 4 && !kFuseQ), "row-major xq past M = 8: the MT = 2 / 4 kernels");
+  static_assert(!kXI || (MT >= 2 && MT <= 4 && !kRM && !kFuseQ), "interleaved xq: the k-block-major MT = 2 / 4 kernels");
+  static_assert(!kCL || (MT >= 2 && MT <= 4 && !kFuseQ && !kBP), "cluster split-K: the code-layout MT = 2 / 4 kernels");
   extern __shared__ __align__(16) int redi[];  // [NW][KS][WN*MT][4][32] (+ the kFuseQ area)
   constexpr int kU = V5Chunk<MT * WN>::value;
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int tile = (blockIdx.x * blockDim.y + threadIdx.y) * WN;  // first of the warp's WN tiles
+  // first of the warp's WN tiles (kCL: the cluster's, every CTA of it the same tiles)
+  const int tile = ((kCL ? blockIdx.x / cluster_nctarank() : blockIdx.x) * blockDim.y + threadIdx.y) * WN;
   const int tl = min(tile, n_tiles - 1);
   int kb0, kb1;
-  kb_range(KB, kb0, kb1);
+  if constexpr (kCL) {
+    kb_range_cl(KB, kb0, kb1);
+  } else {
+    kb_range(KB, kb0, kb1);
+  }
   const int nk = kb1 - kb0;  // every k-block is "full": xq is padded
 
   // kFuseQ: shared xq rows of ld bytes, then xs, rowsum and the quantizer's scratch, then (prologue) the
@@ -1279,11 +1401,13 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
   }
 
   // xp: this lane's 32 inputs of row g in k-block kb0; row tile mt at + 64 * mt (MT >= 2);
-  // the next k-block at + kbs (uint4 units)
+  // the next k-block at + kbs (uint4 units); kXI: the lane's first uint4 at 16 * lane, its second 512 bytes on
   const uint4* xp = reinterpret_cast<const uint4*>(
       kFuseQ    ? sx + min(g, M - 1) * ld + kb0 * kBlockK + c * 32
       : (MT == 1 || kRM) ? xq + (size_t)min(g, M - 1) * KB * kBlockK + (size_t)kb0 * kBlockK + c * 32
+      : kXI              ? xq + (size_t)kb0 * Mp * kBlockK + lane * 16
                          : xq + ((size_t)kb0 * Mp + g) * kBlockK + c * 32);
+  constexpr int kHalf = kXI ? 32 : 1;  // uint4 h of a lane's 32 inputs at + kHalf * h
   const int kbs = (MT == 1 || kRM) ? 8 : Mp * 8;
   // row tile mt of this lane as a uint4 offset from xp: 64 mt (k-block-major), or (kRM) row 8 mt + g clamped to
   // M - 1; kRM's offsets exist only in its own kernels (the others compile to the same code as without them)
@@ -1329,7 +1453,7 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
 #pragma unroll
           for (int hh = 0; hh < kH; ++hh)
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) xv[hh][mt] = ldx(xk + xoff(mt) + h + hh);
+            for (int mt = 0; mt < MT; ++mt) xv[hh][mt] = ldx(xk + xoff(mt) + kHalf * (h + hh));
         }
 #pragma unroll
         for (int i = 2 * h; i < 2 * h + 2; ++i)
@@ -1416,7 +1540,11 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
 #pragma unroll
     for (int t = 0; t < WN * MT; ++t) a8_rows4_fix(acc[t]);
   }
-  small_epilogue<T, true, MT, WN>(acc, redi, tile, M, N, scale, bias, y, kFuseQ ? sxs : xs, kFuseQ ? srs : rowsum);
+  if constexpr (kCL) {
+    small_epilogue_cl<T, MT, WN>(acc, redi, M, N, scale, bias, y, xs, rowsum);
+  } else {
+    small_epilogue<T, true, MT, WN>(acc, redi, tile, M, N, scale, bias, y, kFuseQ ? sxs : xs, kFuseQ ? srs : rowsum);
+  }
 }
 
 
@@ -1799,7 +1927,10 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
 // reads input k of k-step i at byte 32i + k, and lane c's A fragment (the same decoded weight
 // words as the mma.sync loop) holds inputs 4c .. 4c + 3 and 16 + 4c ..: this puts there the x
 // bytes the mma.sync loop's lane c multiplies them with (bytes 32c + 8i .. + 7 of the plain order).
-template <typename T, bool kWG = false>
+// kXI (a8_small_kernel kXI, MT = 2 / 4; k-block-major only): each k-block's 8-row tile (1 KB) interleaved so
+// that a warp's 16-byte loads read 512 contiguous bytes: the 8 bytes of row g at plain offset kk = 32c + 16h +
+// 8q of the k-block go to byte 512h + 64g + 16c + 8q of the tile.
+template <typename T, bool kWG = false, bool kXI = false>
 __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
                                                               float* __restrict__ xs_out,
                                                               int32_t* __restrict__ rowsum, int M, int K, int Kp,
@@ -1815,7 +1946,13 @@ __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restric
   if (m == 0)
     for (int i = threadIdx.x; i < n_zero; i += blockDim.x) zero[i] = 0;
   // Mp == 0: row-major [M, Kp]; else k-block-major [Kp/128][Mp][128] (a8_small_kernel, MT >= 2)
+  static_assert(!(kWG && kXI), "one k-block order");
   auto dst = [&](int k) {
+    if constexpr (kXI) {
+      const int kk = k & (kBlockK - 1);
+      return reinterpret_cast<uint2*>(xq + ((size_t)(k >> 7) * Mp + (m & ~7)) * kBlockK + 512 * ((kk >> 4) & 1) +
+                                      64 * (m & 7) + 16 * (kk >> 5) + 8 * ((kk >> 3) & 1));
+    }
     return reinterpret_cast<uint2*>(Mp > 0 ? xq + ((size_t)(k >> 7) * Mp + m) * kBlockK + (k & (kBlockK - 1))
                                            : xq + (size_t)m * Kp + k);
   };
@@ -1839,43 +1976,6 @@ __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restric
     rowsum[m] = sum;
     xs_out[m] = xs;
   }
-}
-
-// Thread-block clusters (sm_90): the CTA's rank, the cluster barrier (arrive / wait halves) and
-// stores into another CTA's shared memory (distributed shared memory).
-__device__ __forceinline__ unsigned cluster_ctarank() {
-  unsigned r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#endif
-  return r;
-}
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_sync() {  // release my stores, acquire the others'
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-#endif
-}
-template <typename V>
-__device__ __forceinline__ void st_cluster(V* local, unsigned rank, V v) {  // *local in CTA `rank` = v
-  static_assert(sizeof(V) == 4, "32-bit values");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(local));
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-  uint32_t bits;
-  memcpy(&bits, &v, 4);
-  asm volatile("st.shared::cluster.b32 [%0], %1;" ::"r"(r), "r"(bits) : "memory");
-#endif
 }
 
 // The a8 quantizer of the M <= 8 GEMV (row-major [M, Kp] layout, quant_rows_perm_kernel's values and
@@ -2146,6 +2246,8 @@ struct Knobs {
   bool v5, pdl;
   int l2pf, ks, nw, wn, fuseq;  // wn 0 and fuseq -1: auto
   int l2pf_head = 0;            // TRIT_L2PF=3: k-blocks prefetched per warp
+  bool xi = false;              // TRIT_A8_XI=1: the interleaved k-block-major xq at MT = 2 / 4 (a8_small_kernel kXI)
+  int cl = 0;                   // TRIT_A8_CL: cluster split-K at MT = 2 / 4 (0 off, 1 auto, S), trit_route::a8_cl_size
 };
 int env_int(const char* name, int dflt) {
   const char* e = getenv(name);
@@ -2162,6 +2264,8 @@ Knobs knobs() {
   n.nw = env_int("TRIT_NW", 0);
   n.wn = env_int("TRIT_WN", 0);
   n.fuseq = env_int("TRIT_A8_FUSEQ", -1);
+  n.xi = env_int("TRIT_A8_XI", 0) != 0;
+  n.cl = env_int("TRIT_A8_CL", 0);
   return n;
 }
 bool pdl_supported() {  // griddepcontrol needs sm_90+; ask once per device
@@ -2190,6 +2294,26 @@ cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sm
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+}
+// The same in clusters of S CTAs along x (sm_90: the caller checks pdl_supported; grid.x % S == 0).
+template <typename... KArgs, typename... Args>
+cudaError_t launch_ex_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                              bool pdl, int S, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = S;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 2 : 1;
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
 }
 
@@ -2363,16 +2487,18 @@ bool fuseq_auto(int M, int N, int K) { return M == 1 && (long)N * K <= (32L << 2
 // (An L2::256B prefetch-size hint on the weight loads, TRIT_L2_256, measured no faster in H200
 // run 10 - equal or up to 0.6 us slower at M <= 8 on all ten shapes - and was removed.)
 // kRM: xq row-major (trit_mm_a8_pre past M = 8, MT = 2 / 4), see a8_small_kernel.
-template <typename T, int MT, bool kBP = false, bool kRM = false>
+// kCL: clusters of S CTAs splitting K (S >= 2, sm_90), see a8_small_kernel.
+template <typename T, int MT, bool kBP = false, bool kRM = false, bool kXI = false, bool kCL = false>
 cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, const T* x, int K,
                                const int8_t* xq, const float* xs, const int32_t* rowsum, const int32_t* wp,
-                               const float* scale, const T* bias, T* y, int M, int N, int KB, cudaStream_t st) {
+                               const float* scale, const T* bias, T* y, int M, int N, int KB, cudaStream_t st,
+                               int S = 1) {
   static_assert(!kRM || (MT >= 2 && MT <= 4 && !kBP), "row-major xq: the MT = 2 / 4 code-layout kernels");
   const int n_tiles = (N + kTileN - 1) / kTileN, n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
   size_t smem = (size_t)cfg.nw * cfg.ks * cfg.wn * MT * 128 * sizeof(int);
-  auto kernel = a8_small_kernel<T, MT, 1, false, kBP, kRM>;
+  auto kernel = a8_small_kernel<T, MT, 1, false, kBP, kRM, kXI, kCL>;
   if constexpr (MT <= 4) {  // MT = 8 with two tiles: no registers left
-    if (cfg.wn == 2) kernel = a8_small_kernel<T, MT, 2, false, kBP, kRM>;
+    if (cfg.wn == 2) kernel = a8_small_kernel<T, MT, 2, false, kBP, kRM, kXI, kCL>;
   }
   if constexpr (MT == 1) {
     if (fuseq) {
@@ -2381,6 +2507,12 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
     }
   }
   // a warp with two tiles has its weights in two streams: the single-range L2 prefetch is off
+  if constexpr (kCL) {
+    smem += (size_t)cfg.nw * cfg.wn * MT * 128 * sizeof(int);  // small_epilogue_cl's part
+    return launch_ex_cluster(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw * S), dim3(cfg.ks * 32, cfg.nw), smem, st,
+                             pdl, S, xq, xs, rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB,
+                             n_tiles, 8 * MT, cfg.wn == 1 ? flags : 0, x, K, A8Pro<T>{nullptr, nullptr, nullptr, 0.f, 0});
+  }
   return launch_ex(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem, st, pdl, xq, xs,
                    rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB, n_tiles, kRM ? 0 : 8 * MT,
                    cfg.wn == 1 ? flags : 0, x, K, A8Pro<T>{nullptr, nullptr, nullptr, 0.f, 0});  // no prologue
@@ -2593,6 +2725,19 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     fcfg.nw = kn.nw > 0 ? max(1, min(kn.nw, (kV5Threads / 32) / fcfg.ks)) : 1;
     const bool fuseq = want_fuseq && fcfg.mt == 1 && vec &&
                        (size_t)fcfg.nw * fcfg.ks * 512 + fuseq_smem(M, KB) <= 48 * 1024;
+    // the interleaved xq (TRIT_A8_XI): the code-layout MT = 2 / 4 kernels behind their own quantizer
+    const bool xi = kn.xi && !pre && !bp && (cfg.mt == 2 || cfg.mt == 4);
+    // the cluster split-K (TRIT_A8_CL): 4 tiles x 2 split-K warps per CTA unless TRIT_NW / TRIT_KS say otherwise,
+    // S CTAs per cluster along K; S = 1: the launch as without it
+    int S = 1;
+    if (kn.cl != 0 && !pre && !bp && (cfg.mt == 2 || cfg.mt == 4) && pdl_supported()) {
+      Cfg c2 = cfg;
+      if (kn.nw == 0 && kn.ks == 0) c2.nw = 4, c2.ks = 2;
+      const int n_warps = ((N + kTileN - 1) / kTileN + c2.wn - 1) / c2.wn;
+      S = trit_route::a8_cl_size(kn.cl, (n_warps + c2.nw - 1) / c2.nw, c2.ks, KB,
+                                 (c2.mt >= 4 && c2.wn == 2) ? 1 : 2, sm_count());
+      if (S > 1) cfg = c2;
+    }
     if (fuseq) {
       cfg = fcfg;
     } else if (!pre) {
@@ -2600,7 +2745,8 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
       // the row-major layout (M <= 8): the cluster quantizer on long rows (or as TRIT_QUANT_CLUSTER asks)
       const int S = cfg.mt == 1 && pdl_supported() ? quant_cluster_size(KB * kBlockK, env_int("TRIT_QUANT_CLUSTER", -1)) : 0;
       cudaError_t e = S > 0 ? launch_quant_cluster<T>(S, x, xq, xs, rowsum, M, K, KB * kBlockK, vec, st, pdl)
-                            : launch_ex(quant_rows_perm_kernel<T>, dim3(cfg.mt == 1 ? M : Mp), dim3(256), 0, st, pdl,
+                            : launch_ex(xi ? quant_rows_perm_kernel<T, false, true> : quant_rows_perm_kernel<T>,
+                                        dim3(cfg.mt == 1 ? M : Mp), dim3(256), 0, st, pdl,
                                         x, xq, xs, rowsum, M, K, KB * kBlockK, Mp, vec, (int32_t*)nullptr, 0);
       if (e != cudaSuccess) return e;
     }
@@ -2620,6 +2766,18 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
         case 4: return launch_a8_small_mt<T, 4, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
         default: return cudaErrorInvalidValue;
       }
+    }
+    if (S > 1) {
+      if (cfg.mt == 2)
+        return xi ? launch_a8_small_mt<T, 2, false, false, true, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st, S)
+                  : launch_a8_small_mt<T, 2, false, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st, S);
+      return xi ? launch_a8_small_mt<T, 4, false, false, true, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st, S)
+                : launch_a8_small_mt<T, 4, false, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st, S);
+    }
+    if (xi) {
+      if (cfg.mt == 2)
+        return launch_a8_small_mt<T, 2, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      return launch_a8_small_mt<T, 4, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
     }
     switch (cfg.mt) {
       case 1: return launch_a8_small_mt<T, 1>(cfg, pdl, fuseq, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);

@@ -1390,3 +1390,76 @@ def test_a8q_row_major_in_a_cuda_graph(monkeypatch):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, torch.ops.trit.ternary_mm_a8(static_x, p, s, N, K, b)), f"replay {seed}"
+
+
+# ------------------------------------------------------------------ interleaved xq / cluster split-K (8 < M <= 32)
+# TRIT_A8_XI=1: the quantizer writes each k-block's 8-row tiles interleaved for 512-byte warp loads (kXI);
+# TRIT_A8_CL=1 / S: S CTAs of a cluster split K and add their int32 sums through distributed shared memory (kCL).
+# Both change only where x is read from and how exact int32 sums meet: ternary_mm_a8's default result bit for bit.
+XI_CL_KNOBS = [{"TRIT_A8_XI": "1"}, {"TRIT_A8_CL": "1"}, {"TRIT_A8_CL": "2"}, {"TRIT_A8_CL": "4"},
+               {"TRIT_A8_CL": "8"}, {"TRIT_A8_XI": "1", "TRIT_A8_CL": "1"}, {"TRIT_A8_XI": "1", "TRIT_A8_CL": "8"},
+               {"TRIT_A8_CL": "4", "TRIT_WN": "2"}, {"TRIT_A8_XI": "1", "TRIT_WN": "2"}]
+
+
+@SETTINGS
+@given(M=st.integers(9, 32), N=AWKWARD_N, K=AWKWARD_K, dtype=st.sampled_from(DTYPES), bias=st.booleans(),
+       knobs=st.sampled_from(XI_CL_KNOBS), seed=st.integers(0, 2**16))
+def test_a8_xi_cl_equal_the_default(M, N, K, dtype, bias, knobs, seed):
+    """Interleaved xq and / or cluster split-K at 8 < M <= 32 (MT = 2 / 4, one or two tiles per warp): the default
+    a8 result bit for bit, every dtype, awkward N and K (a cluster's last CTAs may get one k-block or none)."""
+    x, w, p, s, b = make_case(M, N, K, dtype, bias, seed, DEV)
+    want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    with _env(**knobs):
+        got = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    assert torch.equal(got, want), f"{knobs} M={M} N={N} K={K} {dtype}: {(got != want).sum().item()} outputs differ"
+
+
+@pytest.mark.parametrize("knobs", [{"TRIT_A8_CL": "1"}, {"TRIT_A8_CL": "8", "TRIT_NW": "8", "TRIT_KS": "1"},
+                                   {"TRIT_A8_CL": "2", "TRIT_NW": "2", "TRIT_KS": "4"},
+                                   {"TRIT_A8_CL": "4", "TRIT_PDL": "0"}, {"TRIT_A8_XI": "1", "TRIT_PDL": "0"},
+                                   {"TRIT_A8_XI": "1", "TRIT_A8_CL": "1", "TRIT_WN": "2"}])
+@pytest.mark.parametrize("M,N,K", [(9, 6160, 1000), (16, 4096, 14336), (24, 2560, 6912), (32, 4096, 14336),
+                                   (32, 8192, 28672), (32, 28672, 8192), (32, 13000, 10330)])
+def test_a8_xi_cl_under_knobs(monkeypatch, knobs, M, N, K):
+    """The cluster and interleaved launches under the launch knobs (tiles per CTA, split-K warps, PDL off, two
+    tiles per warp) on model-sized layers, bias included: the default result bit for bit."""
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, M + N, DEV)
+    want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    for k, v in knobs.items():
+        monkeypatch.setenv(k, v)
+    got = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    assert torch.equal(got, want), knobs
+
+
+@pytest.mark.parametrize("M,N,K", [(32, 4096, 14336), (16, 2560, 6912)])
+def test_a8_cl_launches_another_kernel_where_it_splits(monkeypatch, M, N, K):
+    """TRIT_A8_CL=1 where a cluster fits (few tile groups: the down-projection shapes) runs a kernel other than
+    the default's (the kCL instance), still two launches (quantizer + GEMV); TRIT_A8_CL=0 is the default."""
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, False, 5, DEV)
+    run = lambda: torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)  # noqa: E731
+    monkeypatch.delenv("TRIT_A8_CL", raising=False)
+    base = _cuda_kernels(run)
+    monkeypatch.setenv("TRIT_A8_CL", "0")
+    assert _cuda_kernels(run) == base
+    monkeypatch.setenv("TRIT_A8_CL", "1")
+    cl = _cuda_kernels(run)
+    assert len(cl) == 2 and cl != base and any("a8_small_kernel" in n for n in cl), (base, cl)
+
+
+def test_a8_xi_cl_in_a_cuda_graph(monkeypatch):
+    """Captured at M = 32 with TRIT_A8_XI=1 and TRIT_A8_CL=1 (read at capture) and replayed on new inputs: the
+    eager default result of the same inputs."""
+    M, N, K = 32, 4096, 14336
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 13, DEV)
+    static_x = x.clone()
+    monkeypatch.setenv("TRIT_A8_XI", "1")
+    monkeypatch.setenv("TRIT_A8_CL", "1")
+    g, out = capture(lambda sx: torch.ops.trit.ternary_mm_a8(sx, p, s, N, K, b), static_x)
+    monkeypatch.delenv("TRIT_A8_XI")
+    monkeypatch.delenv("TRIT_A8_CL")
+    for seed in (1, 2):
+        static_x.copy_(torch.randn(M, K, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(DEV))
+        poison(out)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, torch.ops.trit.ternary_mm_a8(static_x, p, s, N, K, b)), f"replay {seed}"
