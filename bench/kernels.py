@@ -134,6 +134,9 @@ SMALL_M_VARIANTS = {  # (--variants selects a subset)
     "pf": {"TRIT_KERNEL": "v5", "TRIT_L2PF": "2"},
 }
 KS_SWEEP = (1, 2, 4, 8)
+# --cl-sweep at 8 < M <= 32: the interleaved-xq GEMV in clusters of S CTAs along K (TRIT_A8_CL=S) with nw tiles x
+# ks split-K warps per CTA (TRIT_NW, TRIT_KS): columns a8_xicl<S>n<nw>k<ks>
+CL_SWEEP = [(S, nw, ks) for S in (2, 4, 8) for nw, ks in ((4, 2), (8, 1), (2, 4))]
 # TRIT_NW (tiles per CTA) for the fused-quantizer a8 kernel, timed with --pf-head at M <= 8: every CTA quantizes
 # the whole row of x, so nw tiles per CTA divide that redundant work by nw
 FUSEQ_NW = (2, 4, 8)
@@ -204,7 +207,7 @@ GEMM_KS = (1, 2, 4, 8)
 
 
 def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, small_variants=None,
-                cfg_sweep=(), experimental=True, pf_heads=(), pf_head_ms=(), only=None):
+                cfg_sweep=(), experimental=True, pf_heads=(), pf_head_ms=(), only=None, cl_sweep=False):
     from trit import ops
 
     dev = "cuda"
@@ -273,6 +276,10 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             variants["a8_xi"] = with_env({"TRIT_A8_XI": "1"}, variants["a8"])
             variants["a8_cl"] = with_env({"TRIT_A8_CL": "1"}, variants["a8"])
             variants["a8_xicl"] = with_env({"TRIT_A8_XI": "1", "TRIT_A8_CL": "1"}, variants["a8"])
+            if cl_sweep:
+                for S, nw, ks in CL_SWEEP:
+                    variants[f"a8_xicl{S}n{nw}k{ks}"] = with_env({"TRIT_A8_XI": "1", "TRIT_A8_CL": str(S), "TRIT_NW": str(nw),
+                                                                "TRIT_KS": str(ks)}, variants["a8"])
         if M <= BP_MAX_M and bps:  # the same route on the bitplane layout (bit-identical results)
             variants["a8_bp"] = lambda i: torch.ops.trit.ternary_mm_a8_bp(x, bps[i % nt], scale, N, K, None)
         if M <= 8:  # the quantizer fused into the GEMV
@@ -350,7 +357,8 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                     variants[f"a8_ks{ks}"] = with_env({"TRIT_KS": str(ks)}, variants["a8"])
                     variants[f"fused_ks{ks}"] = with_env({"TRIT_KS": str(ks)}, variants["fused"])
         if only is not None:  # --only: these columns (and bf16, the baseline) and no others
-            variants = {k: v for k, v in variants.items() if k in only or k == "bf16"}
+            variants = {k: v for k, v in variants.items()
+                        if k == "bf16" or k in only or any(o.endswith("*") and k.startswith(o[:-1]) for o in only)}
         if not experimental:
             for name, at_m in EXPERIMENTAL.items():
                 if at_m(M):
@@ -373,7 +381,8 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             try:
                 y0 = f(0)
                 y = y0.float()
-                if name in ("a8_bp", "a8_xi", "a8_cl", "a8_xicl") and "a8" in variants:  # the default's, bit for bit
+                if (name in ("a8_bp", "a8_xi", "a8_cl") or name.startswith("a8_xicl")) and "a8" in variants:
+                    # the default's result bit for bit (the same exact sums)
                     row[f"{name}_equal"] = bool(torch.equal(y0, variants["a8"](0)))
                 if name == "decode":  # [N, K] W * scale, not an output
                     wref = w.float() * scale[:, None]
@@ -442,6 +451,8 @@ def fmt_row(r) -> str:
             "".join(f"pfh{h} {_f(r.get(f'a8_pfh{h}_us'), '.1f')}/{_f(r.get(f'fused_pfh{h}_us'), '.1f')} "
                     for h in pf_head_keys(r)) +
             "".join(f"fqnw{n} {_f(r.get(f'a8_fqnw{n}_us'), '.1f')} " for n in FUSEQ_NW if r.get(f"a8_fqnw{n}_us")) +
+            "".join(f"xicl{S}n{nw}k{ks} {_f(r.get(f'a8_xicl{S}n{nw}k{ks}_us'), '.1f')} " for S, nw, ks in CL_SWEEP
+                    if r.get(f"a8_xicl{S}n{nw}k{ks}_us")) +
             f"humming {_f(r.get('humming_us'), '8.1f')}  floor {r['floor_us']:.1f}"
             + (f"  alternated bf16 / a8 {r['bf16_il_us']:.1f} / {r['a8_il_us']:.1f} ({r['a8_il_x_bf16']:.2f}x)"
                if r.get("a8_il_us") else ""))
@@ -589,8 +600,10 @@ def main(argv=None):
     ap.add_argument("--pf-head-ms", default="1", help="comma list of M <= 64 for --pf-head (default 1)")
     ap.add_argument("--variants", default=None, help="v5 (M <= 64) variants to time beside the default, comma list of "
                     + ",".join(SMALL_M_VARIANTS) + " (default: all)")
-    ap.add_argument("--only", default="", help="comma list of variant columns to time (bf16 always): a short run "
-                    "of the columns a question needs, e.g. a8,a8_pre,a8_xi")
+    ap.add_argument("--cl-sweep", action="store_true", help="8 < M <= 32: time the interleaved-xq GEMV in clusters of "
+                    "S CTAs at each (S, TRIT_NW, TRIT_KS) of CL_SWEEP (columns a8_xicl<S>n<nw>k<ks>)")
+    ap.add_argument("--only", default="", help="comma list of variant columns to time (bf16 always; NAME* = every "
+                    "column starting with NAME): a short run of the columns a question needs, e.g. a8,a8_xi,a8_xicl*")
     args = ap.parse_args(argv)
     groups = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
     unknown = [g for g in groups if g not in SHAPES]
@@ -631,7 +644,7 @@ def main(argv=None):
                             experimental=not args.no_experimental,
                             pf_heads=[int(h) for h in args.pf_head.split(",") if h],
                             pf_head_ms={int(m) for m in args.pf_head_ms.split(",") if m},
-                            only=set(args.only.split(",")) if args.only else None)
+                            only=set(args.only.split(",")) if args.only else None, cl_sweep=args.cl_sweep)
                 write_partial(Path(args.out), stem, {"meta": meta, "rows": rows})
     except KeyboardInterrupt:
         meta["incomplete"] = f"interrupted after {len(rows)} rows (time limit or Ctrl-C)"

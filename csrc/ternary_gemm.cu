@@ -910,7 +910,8 @@ __device__ __forceinline__ void kb_range_cl(int KB, int& kb0, int& kb1) {
 }
 
 // small_epilogue for a cluster of S CTAs that split K (a8_small_kernel kCL): each CTA adds its KS warps' sums
-// into part [NW][WN*MT][128] (after red's [NW][KS][WN*MT][4][32]), then, after a cluster barrier, CTA rank r
+// into part [NW][WN*MT][128] (over the start of red's [NW][KS][WN*MT][4][32]: each thread holds its <= 4 WN MT
+// sums in registers across a barrier; no shared memory beyond the plain kernel's), then, after a cluster barrier, CTA rank r
 // adds the S CTAs' parts (read through distributed shared memory, rank order) for its 1 / S of the cluster's
 // outputs and writes them; a second barrier keeps every CTA's part alive until all have read it.
 template <typename T, int MT, int WN>
@@ -925,14 +926,22 @@ __device__ __forceinline__ void small_epilogue_cl(int (&acc)[WN * MT][4], int* r
 #pragma unroll
     for (int q = 0; q < 4; ++q) r[(kw * kT + t) * 128 + q * 32 + lane] = acc[t][q];
   __syncthreads();
-  int* part = red + NW * KS * kE;
   const int tid = threadIdx.y * blockDim.x + threadIdx.x, nthr = blockDim.x * NW, n_e = NW * kE;
-  for (int s = tid; s < n_e; s += nthr) {
-    const int* w = red + (s / kE) * KS * kE + s % kE;
-    int v = 0;
-    for (int k = 0; k < KS; ++k) v += w[k * kE];
-    part[s] = v;
+  int sums[4 * kT];  // n_e / nthr = 4 kT / KS sums per thread
+#pragma unroll
+  for (int i = 0; i < 4 * kT; ++i) {
+    const int s = tid + i * nthr;
+    sums[i] = 0;
+    if (s < n_e) {
+      const int* w = red + (s / kE) * KS * kE + s % kE;
+      for (int k = 0; k < KS; ++k) sums[i] += w[k * kE];
+    }
   }
+  __syncthreads();  // every read of red done: part overwrites it
+  int* part = red;
+#pragma unroll
+  for (int i = 0; i < 4 * kT; ++i)
+    if (tid + i * nthr < n_e) part[tid + i * nthr] = sums[i];
   cluster_sync();  // every CTA's part written and visible
   const int S = (int)cluster_nctarank(), rank = (int)cluster_ctarank();
   const int tile0 = (int)(blockIdx.x / S) * NW * WN;
@@ -2508,7 +2517,6 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
   }
   // a warp with two tiles has its weights in two streams: the single-range L2 prefetch is off
   if constexpr (kCL) {
-    smem += (size_t)cfg.nw * cfg.wn * MT * 128 * sizeof(int);  // small_epilogue_cl's part
     return launch_ex_cluster(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw * S), dim3(cfg.ks * 32, cfg.nw), smem, st,
                              pdl, S, xq, xs, rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB,
                              n_tiles, 8 * MT, cfg.wn == 1 ? flags : 0, x, K, A8Pro<T>{nullptr, nullptr, nullptr, 0.f, 0});
@@ -2516,6 +2524,41 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
   return launch_ex(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem, st, pdl, xq, xs,
                    rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB, n_tiles, kRM ? 0 : 8 * MT,
                    cfg.wn == 1 ? flags : 0, x, K, A8Pro<T>{nullptr, nullptr, nullptr, 0.f, 0});  // no prologue
+}
+
+// How many clusters of S CTAs of the cluster split-K GEMV (a8_small_kernel kCL, block ks x nw warps, wn tiles
+// per warp) the device holds at once (cudaOccupancyMaxActiveClusters; 0 where it cannot say). H200 run 40: 62
+// clusters of 4 at 2 CTAs per SM - fewer than 2 x 132 / 4, a GPC's SMs do not split into whole clusters - so a
+// grid of 64 such clusters ran in two waves (4096x14336 M = 32 22.1 us against 15.1 without clusters).
+// Cached per launch shape (the answer depends on the device model only; the GPUs of one host are alike).
+template <typename T, int MT, bool kXI>
+int a8_cl_clusters(int wn, int nw, int ks, int S) {
+  static int cache[2][8][8][4];  // [wn - 1][nw - 1][ks - 1][log2 S]: 0 unknown, else answer + 1
+  const int si = S == 2 ? 1 : S == 4 ? 2 : S == 8 ? 3 : 0;
+  if (wn < 1 || wn > 2 || nw < 1 || nw > 8 || ks < 1 || ks > 8 || si == 0) return 0;
+  int& c = cache[wn - 1][nw - 1][ks - 1][si];
+  if (c == 0) {
+    auto kernel = wn == 2 ? a8_small_kernel<T, MT, 2, false, false, false, kXI, true>
+                          : a8_small_kernel<T, MT, 1, false, false, false, kXI, true>;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(S * 1024);
+    cfg.blockDim = dim3(ks * 32, nw);
+    cfg.dynamicSmemBytes = (size_t)nw * ks * wn * MT * 128 * sizeof(int);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = S;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it
+      n = 0;
+    }
+    c = n + 1;
+  }
+  return c - 1;
 }
 
 // a8_gemm_kernel's launch (bindings.cpp a8_gemm_on picks the route): a8 at 16 < M <= 256
@@ -2734,8 +2777,14 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
       Cfg c2 = cfg;
       if (kn.nw == 0 && kn.ks == 0) c2.nw = 4, c2.ks = 2;
       const int n_warps = ((N + kTileN - 1) / kTileN + c2.wn - 1) / c2.wn;
-      S = trit_route::a8_cl_size(kn.cl, (n_warps + c2.nw - 1) / c2.nw, c2.ks, KB,
-                                 (c2.mt >= 4 && c2.wn == 2) ? 1 : 2, sm_count());
+      int caps[4] = {((c2.mt >= 4 && c2.wn == 2) ? 1 : 2) * sm_count(), 0, 0, 0};  // CTAs, then clusters of 2 / 4 / 8
+      if (kn.cl == 1)
+        for (int i = 1; i < 4; ++i)
+          caps[i] = c2.mt == 2 ? (xi ? a8_cl_clusters<T, 2, true>(c2.wn, c2.nw, c2.ks, 1 << i)
+                                     : a8_cl_clusters<T, 2, false>(c2.wn, c2.nw, c2.ks, 1 << i))
+                               : (xi ? a8_cl_clusters<T, 4, true>(c2.wn, c2.nw, c2.ks, 1 << i)
+                                     : a8_cl_clusters<T, 4, false>(c2.wn, c2.nw, c2.ks, 1 << i));
+      S = trit_route::a8_cl_size(kn.cl, (n_warps + c2.nw - 1) / c2.nw, c2.ks, KB, caps);
       if (S > 1) cfg = c2;
     }
     if (fuseq) {
