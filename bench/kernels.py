@@ -134,9 +134,6 @@ SMALL_M_VARIANTS = {  # (--variants selects a subset)
     "pf": {"TRIT_KERNEL": "v5", "TRIT_L2PF": "2"},
 }
 KS_SWEEP = (1, 2, 4, 8)
-# --cl-sweep at 8 < M <= 32: the interleaved-xq GEMV in clusters of S CTAs along K (TRIT_A8_CL=S) with nw tiles x
-# ks split-K warps per CTA (TRIT_NW, TRIT_KS): columns a8_xicl<S>n<nw>k<ks>
-CL_SWEEP = [(S, nw, ks) for S in (2, 4, 8) for nw, ks in ((4, 2), (8, 1), (2, 4))]
 # TRIT_NW (tiles per CTA) for the fused-quantizer a8 kernel, timed with --pf-head at M <= 8: every CTA quantizes
 # the whole row of x, so nw tiles per CTA divide that redundant work by nw
 FUSEQ_NW = (2, 4, 8)
@@ -194,9 +191,7 @@ class Humming:
 # synccheck on its own driver), run 32 a8_bp (ternary_mm_a8_bp, the bitplane layout: its GPU tests bit for bit
 # against ternary_mm_a8 under every launch knob and graph replay, memcheck, racecheck; 0-37% slower than the code
 # layout, 2026-12-02-h200-run32b-bitplane.md). None pending now.
-EXPERIMENTAL: dict = {  # left out under --no-experimental (an earlier stage of the GPU job failed)
-    "a8_xi": lambda M: 8 < M <= 32, "a8_cl": lambda M: 8 < M <= 32, "a8_xicl": lambda M: 8 < M <= 32,
-}
+EXPERIMENTAL: dict = {}  # name -> at_m(M): left out under --no-experimental (an earlier stage of the GPU job failed)
 # TRIT_A8_GEMM_CFG values timed beside the default warp tile (csrc/ternary_gemm.cu gemm_cfg_id):
 # 1 = 2 weight tiles x 8 row tiles per warp, 4 warps (128 channels x 64 rows per CTA); 2 = the same
 # warp tile, 8 warps (256 channels); 3 = 4 weight tiles x 4 row tiles, 4 x 2 warps (256 channels);
@@ -207,7 +202,7 @@ GEMM_KS = (1, 2, 4, 8)
 
 
 def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, small_variants=None,
-                cfg_sweep=(), experimental=True, pf_heads=(), pf_head_ms=(), only=None, cl_sweep=False):
+                cfg_sweep=(), experimental=True, pf_heads=(), pf_head_ms=(), only=None):
     from trit import ops
 
     dev = "cuda"
@@ -271,15 +266,9 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             xq_pre = ops.a8_quantize(x)
             variants["a8_pre"] = with_env({"TRIT_A8_PRE_MAXM": "32"}, lambda i, xq_pre=xq_pre:
                                           torch.ops.trit.ternary_mm_a8q(x, *xq_pre, packs[i % nt], scale, N, K, None))
-        if 8 < M <= 32:  # the MT = 2 / 4 GEMV behind its quantizer with x interleaved for 512-byte loads (TRIT_A8_XI),
-            # split over clusters of CTAs along K (TRIT_A8_CL=1: as many as one wave holds), and both
-            variants["a8_xi"] = with_env({"TRIT_A8_XI": "1"}, variants["a8"])
-            variants["a8_cl"] = with_env({"TRIT_A8_CL": "1"}, variants["a8"])
-            variants["a8_xicl"] = with_env({"TRIT_A8_XI": "1", "TRIT_A8_CL": "1"}, variants["a8"])
-            if cl_sweep:
-                for S, nw, ks in CL_SWEEP:
-                    variants[f"a8_xicl{S}n{nw}k{ks}"] = with_env({"TRIT_A8_XI": "1", "TRIT_A8_CL": str(S), "TRIT_NW": str(nw),
-                                                                "TRIT_KS": str(ks)}, variants["a8"])
+        if 8 < M <= 32:  # the MT = 2 / 4 GEMV on the plain k-block-major xq (TRIT_A8_XI=0), the default before run 41's:
+            # the default reads x interleaved for 512-byte warp loads
+            variants["a8_noxi"] = with_env({"TRIT_A8_XI": "0"}, variants["a8"])
         if M <= BP_MAX_M and bps:  # the same route on the bitplane layout (bit-identical results)
             variants["a8_bp"] = lambda i: torch.ops.trit.ternary_mm_a8_bp(x, bps[i % nt], scale, N, K, None)
         if M <= 8:  # the quantizer fused into the GEMV
@@ -381,8 +370,7 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             try:
                 y0 = f(0)
                 y = y0.float()
-                if (name in ("a8_bp", "a8_xi", "a8_cl") or name.startswith("a8_xicl")) and "a8" in variants:
-                    # the default's result bit for bit (the same exact sums)
+                if name in ("a8_bp", "a8_noxi") and "a8" in variants:  # the default's result bit for bit (same sums)
                     row[f"{name}_equal"] = bool(torch.equal(y0, variants["a8"](0)))
                 if name == "decode":  # [N, K] W * scale, not an output
                     wref = w.float() * scale[:, None]
@@ -442,7 +430,7 @@ def fmt_row(r) -> str:
             f"{_f(r.get('linear_pct_copy_ceiling'), '4.0f')}% ceil)  fused {_f(r.get('fused_us'), '8.1f')}  "
             f"(v4 {_f(r.get('fused_v4_us'), '6.1f')} nopdl {_f(r.get('fused_nopdl_us'), '6.1f')} "
             f"nopf {_f(r.get('fused_nopf_us'), '6.1f')} pf {_f(r.get('fused_pf_us'), '6.1f')})  dense {_f(r.get('dense_us'), '8.1f')}  "
-            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} cfg1-4 {'/'.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} ks{'/'.join(map(str, GEMM_KS))} {'/'.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} late {_f(r.get('a8_gemm_late_us'), '.1f')} wgmma {'/'.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('wg', 'wgov', 'wgdeep', 'wg2', 'wg2ov', 'wg2deep'))} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} pre {_f(r.get('a8_pre_us'), '6.1f')} xi {_f(r.get('a8_xi_us'), '.1f')} cl {_f(r.get('a8_cl_us'), '.1f')} xicl {_f(r.get('a8_xicl_us'), '.1f')} qcl {_f(r.get('a8_qcl_us'), '.1f')} qloop {_f(r.get('a8_qloop_us'), '.1f')} norm+a8 {_f(r.get('a8_nq_us'), '.1f')} fnorm {_f(r.get('a8_fnorm_us'), '.1f')} pro {_f(r.get('a8_pro_us'), '.1f')} nopdl "
+            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} cfg1-4 {'/'.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} ks{'/'.join(map(str, GEMM_KS))} {'/'.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} late {_f(r.get('a8_gemm_late_us'), '.1f')} wgmma {'/'.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('wg', 'wgov', 'wgdeep', 'wg2', 'wg2ov', 'wg2deep'))} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} pre {_f(r.get('a8_pre_us'), '6.1f')} noxi {_f(r.get('a8_noxi_us'), '.1f')} qcl {_f(r.get('a8_qcl_us'), '.1f')} qloop {_f(r.get('a8_qloop_us'), '.1f')} norm+a8 {_f(r.get('a8_nq_us'), '.1f')} fnorm {_f(r.get('a8_fnorm_us'), '.1f')} pro {_f(r.get('a8_pro_us'), '.1f')} nopdl "
             f"{_f(r.get('a8_nopdl_us'), '6.1f')} nopf {_f(r.get('a8_nopf_us'), '6.1f')} pf {_f(r.get('a8_pf_us'), '6.1f')})  "
             + "".join(f"ks{k} {_f(r.get(f'a8_ks{k}_us'), '.1f')}/{_f(r.get(f'fused_ks{k}_us'), '.1f')} "
                       for k in KS_SWEEP if r.get(f"a8_ks{k}_us")) +
@@ -451,8 +439,6 @@ def fmt_row(r) -> str:
             "".join(f"pfh{h} {_f(r.get(f'a8_pfh{h}_us'), '.1f')}/{_f(r.get(f'fused_pfh{h}_us'), '.1f')} "
                     for h in pf_head_keys(r)) +
             "".join(f"fqnw{n} {_f(r.get(f'a8_fqnw{n}_us'), '.1f')} " for n in FUSEQ_NW if r.get(f"a8_fqnw{n}_us")) +
-            "".join(f"xicl{S}n{nw}k{ks} {_f(r.get(f'a8_xicl{S}n{nw}k{ks}_us'), '.1f')} " for S, nw, ks in CL_SWEEP
-                    if r.get(f"a8_xicl{S}n{nw}k{ks}_us")) +
             f"humming {_f(r.get('humming_us'), '8.1f')}  floor {r['floor_us']:.1f}"
             + (f"  alternated bf16 / a8 {r['bf16_il_us']:.1f} / {r['a8_il_us']:.1f} ({r['a8_il_x_bf16']:.2f}x)"
                if r.get("a8_il_us") else ""))
@@ -493,9 +479,9 @@ def markdown(meta, rows) -> str:
              "choice (TRIT_WN=1 + TRIT_A8_FUSEQ=0 / TRIT_WN=2 / TRIT_A8_FUSEQ=1); at M <= 8 `pre-quantized` is "
              "the GEMV alone on a quantization made beforehand (ternary_mm_a8q) and `cluster q / loop q` the "
              "separate quantizer forced to the thread-block cluster kernel / the one-CTA loop kernel (TRIT_QUANT_CLUSTER=8 / 0, "
-             "TRIT_A8_FUSEQ=0; the default takes the cluster kernel on rows longer than 4096); `norm + a8` / `norm + a8q (fused)` the layer behind its RMSNorm with residual add (trit::rms_norm_a8q), then ternary_mm_a8 quantizing again / ternary_mm_a8q on the norm's quantization (TRIT_FUSED_NORM_QUANT); `norm in GEMV` the same layer as trit::ternary_mm_a8_prologue (TRIT_A8_PROLOGUE: residual add and norm inside the GEMV, one kernel at M = 1); at 8 < M <= 32 `xi` / `cl` / `xi+cl` the a8 op with x interleaved for 512-byte warp loads (TRIT_A8_XI=1) / split over thread-block clusters along K (TRIT_A8_CL=1) / both.", "",
+             "TRIT_A8_FUSEQ=0; the default takes the cluster kernel on rows longer than 4096); `norm + a8` / `norm + a8q (fused)` the layer behind its RMSNorm with residual add (trit::rms_norm_a8q), then ternary_mm_a8 quantizing again / ternary_mm_a8q on the norm's quantization (TRIT_FUSED_NORM_QUANT); `norm in GEMV` the same layer as trit::ternary_mm_a8_prologue (TRIT_A8_PROLOGUE: residual add and norm inside the GEMV, one kernel at M = 1); at 8 < M <= 32 `plain xq` the a8 op with the quantizer's plain k-block-major layout (TRIT_A8_XI=0; the default interleaves each 8-row tile for 512-byte warp loads).", "",
              "| N x K | M | bf16 us | linear us | x bf16 | % ceil | fused us | fused v4 | fused no PDL "
-             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 WN=1 no fused q / WN=2 / fused quantizer / pre-quantized (GEMV alone) / cluster q / loop q / norm + a8 / norm + a8q (fused) / norm in GEMV / xi / cl / xi+cl | a8 fused kernel / int8 cuBLAS / gemm kernel | gemm cfg 1 / 2 / 3 / 4 | gemm ks 1 / 2 / 4 / 8 | gemm late / wgmma 64 / 128 / 64 ov / 128 ov / 64 deep / 128 deep | a8 no PDL | a8 L2 pf off / on "
+             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 WN=1 no fused q / WN=2 / fused quantizer / pre-quantized (GEMV alone) / cluster q / loop q / norm + a8 / norm + a8q (fused) / norm in GEMV / plain xq | a8 fused kernel / int8 cuBLAS / gemm kernel | gemm cfg 1 / 2 / 3 / 4 | gemm ks 1 / 2 / 4 / 8 | gemm late / wgmma 64 / 128 / 64 ov / 128 ov / 64 deep / 128 deep | a8 no PDL | a8 L2 pf off / on "
              "| humming us | x humming | floor us | bf16 eager | linear eager |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -506,7 +492,7 @@ def markdown(meta, rows) -> str:
             f"| {_f(r.get('linear_x_bf16'), '.2f')} | {_f(r.get('linear_pct_copy_ceiling'), '.0f')} "
             f"| {_f(r.get('fused_us'), '.1f')} | {_f(r.get('fused_v4_us'), '.1f')} "
             f"| {_f(r.get('fused_nopdl_us'), '.1f')} | {_f(r.get('fused_nopf_us'), '.1f')} / {_f(r.get('fused_pf_us'), '.1f')} | {_f(r.get('dense_us'), '.1f')}{' (decode ' + _f(r.get('decode_us'), '.1f') + ')' if r.get('decode_us') else ''} "
-            f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} | {_f(r.get('a8_plain_us'), '.1f')} / {_f(r.get('a8_wn2_us'), '.1f')} / {_f(r.get('a8_fuseq_us'), '.1f')} / {_f(r.get('a8_pre_us'), '.1f')} / {_f(r.get('a8_qcl_us'), '.1f')} / {_f(r.get('a8_qloop_us'), '.1f')} / {_f(r.get('a8_nq_us'), '.1f')} / {_f(r.get('a8_fnorm_us'), '.1f')} / {_f(r.get('a8_pro_us'), '.1f')} / {_f(r.get('a8_xi_us'), '.1f')} / {_f(r.get('a8_cl_us'), '.1f')} / {_f(r.get('a8_xicl_us'), '.1f')} | {_f(r.get('a8_kernel_us'), '.1f')} / {_f(r.get('a8_int8_us'), '.1f')} / {_f(r.get('a8_gemm_us'), '.1f')} "
+            f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} | {_f(r.get('a8_plain_us'), '.1f')} / {_f(r.get('a8_wn2_us'), '.1f')} / {_f(r.get('a8_fuseq_us'), '.1f')} / {_f(r.get('a8_pre_us'), '.1f')} / {_f(r.get('a8_qcl_us'), '.1f')} / {_f(r.get('a8_qloop_us'), '.1f')} / {_f(r.get('a8_nq_us'), '.1f')} / {_f(r.get('a8_fnorm_us'), '.1f')} / {_f(r.get('a8_pro_us'), '.1f')} / {_f(r.get('a8_noxi_us'), '.1f')} | {_f(r.get('a8_kernel_us'), '.1f')} / {_f(r.get('a8_int8_us'), '.1f')} / {_f(r.get('a8_gemm_us'), '.1f')} "
             f"| {' / '.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} "
             f"| {' / '.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} "
             f"| {' / '.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('late', 'wg', 'wg2', 'wgov', 'wg2ov', 'wgdeep', 'wg2deep'))} "
@@ -600,10 +586,8 @@ def main(argv=None):
     ap.add_argument("--pf-head-ms", default="1", help="comma list of M <= 64 for --pf-head (default 1)")
     ap.add_argument("--variants", default=None, help="v5 (M <= 64) variants to time beside the default, comma list of "
                     + ",".join(SMALL_M_VARIANTS) + " (default: all)")
-    ap.add_argument("--cl-sweep", action="store_true", help="8 < M <= 32: time the interleaved-xq GEMV in clusters of "
-                    "S CTAs at each (S, TRIT_NW, TRIT_KS) of CL_SWEEP (columns a8_xicl<S>n<nw>k<ks>)")
     ap.add_argument("--only", default="", help="comma list of variant columns to time (bf16 always; NAME* = every "
-                    "column starting with NAME): a short run of the columns a question needs, e.g. a8,a8_xi,a8_xicl*")
+                    "column starting with NAME): a short run of the columns a question needs, e.g. a8,a8_noxi,a8_gemm*")
     args = ap.parse_args(argv)
     groups = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
     unknown = [g for g in groups if g not in SHAPES]
@@ -644,7 +628,7 @@ def main(argv=None):
                             experimental=not args.no_experimental,
                             pf_heads=[int(h) for h in args.pf_head.split(",") if h],
                             pf_head_ms={int(m) for m in args.pf_head_ms.split(",") if m},
-                            only=set(args.only.split(",")) if args.only else None, cl_sweep=args.cl_sweep)
+                            only=set(args.only.split(",")) if args.only else None)
                 write_partial(Path(args.out), stem, {"meta": meta, "rows": rows})
     except KeyboardInterrupt:
         meta["incomplete"] = f"interrupted after {len(rows)} rows (time limit or Ctrl-C)"

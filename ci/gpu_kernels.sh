@@ -34,7 +34,7 @@ has() { [[ ",$STAGES," == *",$1,"* ]]; }
 step() { echo; echo "=== $* ($(date -u +%T))"; }
 # ncu_run NAME DRIVER [ncu options]: profile the driver script under ncu (clocks as the GPU sets them) into
 # $OUT/NAME, within NCU_TIMEOUT seconds (default 150); a failure is reported, not fatal. NCU_ENV: KEY=VALUE words
-# set for the profiled process only (e.g. NCU_ENV="TRIT_A8_XI=1 TRIT_A8_CL=1": a variant's kernels)
+# set for the profiled process only (e.g. NCU_ENV="TRIT_A8_XI=0": a variant's kernels)
 ncu_run() {
   local name=$1 driver=$2; shift 2
   env ${NCU_ENV:-} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout ${NCU_TIMEOUT:-150} ncu --clock-control none "$@" \
@@ -130,8 +130,8 @@ SETS = ({}, {"TRIT_A8_FUSEQ": "1", "TRIT_WN": "2", "TRIT_A8_DENSE_MIN_M": "17"},
               {"TRIT_L2PF": "3", "TRIT_L2PF_HEAD": "3"},
               # the fused quantizer with 3 tiles per CTA (the last CTA's warps clamp), head prefetch still on
               {"TRIT_A8_FUSEQ": "1", "TRIT_NW": "3"},
-              # 8 < M <= 32: x interleaved for 512-byte loads + cluster split-K (auto S), then 8 CTAs per cluster
-              {"TRIT_A8_XI": "1", "TRIT_A8_CL": "1", "TRIT_A8_FUSEQ": "", "TRIT_NW": ""}, {"TRIT_A8_CL": "8"})
+              # 8 < M <= 32 on the plain k-block-major xq (the default interleaves it: TRIT_A8_XI)
+              {"TRIT_A8_XI": "0", "TRIT_A8_FUSEQ": "", "TRIT_NW": ""})
 # SAN_LAST=n: the default set and the last n sets only (a quick check of the newest knobs)
 if int(os.environ.get("SAN_LAST", "0")) > 0:
   SETS = SETS[:1] + SETS[-int(os.environ["SAN_LAST"]):]

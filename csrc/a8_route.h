@@ -73,23 +73,4 @@ inline int a8_mt4_wide_nw(int n_warps, int KB, int sm_count) {
   return 0;
 }
 
-// The cluster split-K of the a8 GEMV at 8 < M <= 32 (a8_small_kernel kCL, TRIT_A8_CL): S CTAs of a cluster
-// take 1 / S of the k-blocks each of the same n_groups tile groups. want: TRIT_A8_CL (0 off, 1 auto, 2 / 4 / 8
-// forced, more is 8: the portable cluster limit). caps[0]: the CTAs one wave holds without clusters; caps[1..3]:
-// the clusters of 2 / 4 / 8 it holds (cudaOccupancyMaxActiveClusters - fewer than caps[0] / S where a GPC's SMs
-// do not split evenly). Auto takes the largest S whose n_groups clusters fit one wave, and no cluster (1) where
-// none larger than 1 does. Either way S halves until each of the ks split-K warps of a CTA keeps >= 2 k-blocks.
-inline int a8_cl_size(int want, int n_groups, int ks, int KB, const int (&caps)[4]) {
-  if (want <= 0 || n_groups <= 0 || ks <= 0) return 1;
-  int S = 1;
-  if (want > 1) {
-    S = want >= 8 ? 8 : want >= 4 ? 4 : 2;
-  } else {
-    for (int i = 3; i >= 1 && S == 1; --i)
-      if (n_groups <= caps[i]) S = 1 << i;
-  }
-  while (S > 1 && KB / (S * ks) < 2) S /= 2;
-  return S;
-}
-
 }  // namespace trit_route

@@ -784,60 +784,6 @@ __device__ __forceinline__ void l2_prefetch(const void* p, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 #endif
 }
-// Thread-block clusters (sm_90): the CTA's rank, the cluster barrier (arrive / wait halves) and
-// stores into another CTA's shared memory (distributed shared memory).
-__device__ __forceinline__ unsigned cluster_ctarank() {
-  unsigned r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#endif
-  return r;
-}
-__device__ __forceinline__ unsigned cluster_nctarank() {  // 1 outside a cluster launch
-  unsigned n = 1;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-#endif
-  return n;
-}
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_sync() {  // release my stores, acquire the others'
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-#endif
-}
-template <typename V>
-__device__ __forceinline__ void st_cluster(V* local, unsigned rank, V v) {  // *local in CTA `rank` = v
-  static_assert(sizeof(V) == 4, "32-bit values");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(local));
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-  uint32_t bits;
-  memcpy(&bits, &v, 4);
-  asm volatile("st.shared::cluster.b32 [%0], %1;" ::"r"(r), "r"(bits) : "memory");
-#endif
-}
-__device__ __forceinline__ int ld_cluster(const int* local, unsigned rank) {  // *local in CTA `rank`
-  int v = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(local));
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-  asm volatile("ld.shared::cluster.b32 %0, [%1];" : "=r"(v) : "r"(r) : "memory");
-#endif
-  return v;
-}
-
 constexpr int kFlagL2Prefetch = 1;  // small-M kernels: prefetch the warp's weight range to L2 first
 // flags >> kFlagL2HeadShift = h > 0: prefetch only the first h k-blocks of the range (TRIT_L2PF=3): what DRAM
 // can stream while the quantizer before the GEMV runs, without pushing a large layer's range through L2
@@ -899,65 +845,6 @@ __device__ __forceinline__ void kb_range(int KB, int& kb0, int& kb1) {
   const int kw = threadIdx.x >> 5, KS = blockDim.x >> 5;
   kb0 = (KB * kw) / KS;
   kb1 = (KB * (kw + 1)) / KS;
-}
-// the same within this CTA's 1 / S of the k-blocks in a cluster of S (a8_small_kernel kCL)
-__device__ __forceinline__ void kb_range_cl(int KB, int& kb0, int& kb1) {
-  const int r = (int)cluster_ctarank(), S = (int)cluster_nctarank();
-  const int lo = (KB * r) / S, len = (KB * (r + 1)) / S - lo;
-  const int kw = threadIdx.x >> 5, KS = blockDim.x >> 5;
-  kb0 = lo + (len * kw) / KS;
-  kb1 = lo + (len * (kw + 1)) / KS;
-}
-
-// small_epilogue for a cluster of S CTAs that split K (a8_small_kernel kCL): each CTA adds its KS warps' sums
-// into part [NW][WN*MT][128] (over the start of red's [NW][KS][WN*MT][4][32]: each thread holds its <= 4 WN MT
-// sums in registers across a barrier; no shared memory beyond the plain kernel's), then, after a cluster barrier, CTA rank r
-// adds the S CTAs' parts (read through distributed shared memory, rank order) for its 1 / S of the cluster's
-// outputs and writes them; a second barrier keeps every CTA's part alive until all have read it.
-template <typename T, int MT, int WN>
-__device__ __forceinline__ void small_epilogue_cl(int (&acc)[WN * MT][4], int* red, int M, int N,
-                                                  const float* __restrict__ scale, const T* __restrict__ bias,
-                                                  T* __restrict__ y, const float* xs, const int32_t* rowsum) {
-  constexpr int kT = WN * MT, kE = kT * 128;  // int32 sums per warp row (threadIdx.y)
-  const int lane = threadIdx.x & 31, kw = threadIdx.x >> 5, KS = blockDim.x >> 5, NW = blockDim.y;
-  int* r = red + threadIdx.y * KS * kE;
-#pragma unroll
-  for (int t = 0; t < kT; ++t)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) r[(kw * kT + t) * 128 + q * 32 + lane] = acc[t][q];
-  __syncthreads();
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nthr = blockDim.x * NW, n_e = NW * kE;
-  int sums[4 * kT];  // n_e / nthr = 4 kT / KS sums per thread
-#pragma unroll
-  for (int i = 0; i < 4 * kT; ++i) {
-    const int s = tid + i * nthr;
-    sums[i] = 0;
-    if (s < n_e) {
-      const int* w = red + (s / kE) * KS * kE + s % kE;
-      for (int k = 0; k < KS; ++k) sums[i] += w[k * kE];
-    }
-  }
-  __syncthreads();  // every read of red done: part overwrites it
-  int* part = red;
-#pragma unroll
-  for (int i = 0; i < 4 * kT; ++i)
-    if (tid + i * nthr < n_e) part[tid + i * nthr] = sums[i];
-  cluster_sync();  // every CTA's part written and visible
-  const int S = (int)cluster_nctarank(), rank = (int)cluster_ctarank();
-  const int tile0 = (int)(blockIdx.x / S) * NW * WN;
-  for (int s = (n_e * rank) / S + tid; s < (n_e * (rank + 1)) / S; s += nthr) {
-    const int yw = s / kE, e = s % kE;
-    const unsigned t = (unsigned)e >> 7;
-    const int ln = e & 31, q = (e >> 5) & 3;
-    const int n = (tile0 + yw * WN + t / MT) * kTileN + (ln >> 2) + 8 * (q >> 1);
-    const int m = 8 * (t % MT) + 2 * (ln & 3) + (q & 1);
-    if (n < N && m < M) {
-      int v = 0;
-      for (int j = 0; j < S; ++j) v += ld_cluster(part + s, (unsigned)j);
-      store_out<T, true>(v, m, n, N, scale, bias, y, xs, rowsum);
-    }
-  }
-  cluster_sync();  // no CTA leaves while another still reads its part
 }
 
 // The main loop of the v5 kernels over a warp's nch whole chunks (nk k-blocks in its range):
@@ -1356,18 +1243,14 @@ __device__ __forceinline__ float pro_quantize_row(const T* __restrict__ x, const
 // kRM (MT = 2 / 4, trit_mm_a8_pre at 8 < M <= TRIT_A8_PRE_MAXM): xq in the MT = 1 row-major layout [M, KB*128]
 // that trit::rms_norm_a8q and trit.ops.a8_quantize write (the same bytes per row as the k-block-major layout),
 // each row tile at its own offset from xp, rows past M reading row M-1 (their outputs are never stored).
-// kXI (MT = 2 / 4, TRIT_A8_XI): the k-block-major layout with each row tile's 1 KB interleaved for the loads
-// (quant_rows_perm_kernel kXI): lane l's uint4 h (inputs 32c + 16h .. of row g, l = 4g + c) at byte 512h + 16l,
-// so each warp-wide 16-byte load of x reads 512 contiguous bytes (16 sectors) where the plain order's reads 8
-// rows x 4 half-used sectors (32; H200 run 39 ncu at M = 32: 26 sectors per global load request, 68% of the
-// L1's peak, lg_throttle stalls).
-// kCL (MT = 2 / 4, TRIT_A8_CL; launched in clusters of S CTAs along x): split-K over the cluster's CTAs as well
-// as over the KS warps of each - CTA rank r of cluster c takes k-blocks [KB r / S, KB (r + 1) / S) of the same
-// NW * WN tiles (c's), so a CTA reads 1 / S of x for its tiles where the plain kernel reads all of it (H200
-// run 39 ncu, 4096x14336 at M = 32, one tile per CTA: 75 MB from L2 into the L1s for 15 MB of weights). The
-// int32 sums meet in shared memory through the cluster (small_epilogue_cl): exact, as every split here.
-template <typename T, int MT, int WN, bool kFuseQ = false, bool kBP = false, bool kRM = false, bool kXI = false,
-          bool kCL = false>
+// kXI (MT = 2 / 4 behind their own quantizer; the default, TRIT_A8_XI=0 turns it off): the k-block-major layout
+// with each row tile's 1 KB interleaved for the loads (quant_rows_perm_kernel kXI): lane l's uint4 h (inputs
+// 32c + 16h .. of row g, l = 4g + c) at byte 512h + 16l, so a warp's 16-byte load of x reads 512 contiguous bytes
+// (16 sectors) where the plain order reads 8 rows x 4 half-used sectors (32). H200 run 39 (ncu, 14336x4096 at
+// M = 32): 26 sectors per global load request, the L1 at 68% of its peak, lg_throttle stalls; with kXI (run 40)
+// 14 sectors, 47%, no lg_throttle, 16.9 -> 13.5 us. Run 41: equal or faster at M = 12 - 32 on all 13 shapes
+// (28672x4096 M = 32 29.9 -> 21.6 us, 14336x4096 17.3 -> 13.6, 4096x14336 17.0 -> 14.2).
+template <typename T, int MT, int WN, bool kFuseQ = false, bool kBP = false, bool kRM = false, bool kXI = false>
 __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
     a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                     const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
@@ -1376,19 +1259,13 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
   static_assert(!kFuseQ || (MT == 1 && WN == 1), "the fused quantizer is the M <= 8 single-tile kernel");
   static_assert(!kRM || (MT >= 2 && MT <= 4 && !kFuseQ), "row-major xq past M = 8: the MT = 2 / 4 kernels");
   static_assert(!kXI || (MT >= 2 && MT <= 4 && !kRM && !kFuseQ), "interleaved xq: the k-block-major MT = 2 / 4 kernels");
-  static_assert(!kCL || (MT >= 2 && MT <= 4 && !kFuseQ && !kBP), "cluster split-K: the code-layout MT = 2 / 4 kernels");
   extern __shared__ __align__(16) int redi[];  // [NW][KS][WN*MT][4][32] (+ the kFuseQ area)
   constexpr int kU = V5Chunk<MT * WN>::value;
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  // first of the warp's WN tiles (kCL: the cluster's, every CTA of it the same tiles)
-  const int tile = ((kCL ? blockIdx.x / cluster_nctarank() : blockIdx.x) * blockDim.y + threadIdx.y) * WN;
+  const int tile = (blockIdx.x * blockDim.y + threadIdx.y) * WN;  // first of the warp's WN tiles
   const int tl = min(tile, n_tiles - 1);
   int kb0, kb1;
-  if constexpr (kCL) {
-    kb_range_cl(KB, kb0, kb1);
-  } else {
-    kb_range(KB, kb0, kb1);
-  }
+  kb_range(KB, kb0, kb1);
   const int nk = kb1 - kb0;  // every k-block is "full": xq is padded
 
   // kFuseQ: shared xq rows of ld bytes, then xs, rowsum and the quantizer's scratch, then (prologue) the
@@ -1549,11 +1426,7 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
 #pragma unroll
     for (int t = 0; t < WN * MT; ++t) a8_rows4_fix(acc[t]);
   }
-  if constexpr (kCL) {
-    small_epilogue_cl<T, MT, WN>(acc, redi, M, N, scale, bias, y, xs, rowsum);
-  } else {
-    small_epilogue<T, true, MT, WN>(acc, redi, tile, M, N, scale, bias, y, kFuseQ ? sxs : xs, kFuseQ ? srs : rowsum);
-  }
+  small_epilogue<T, true, MT, WN>(acc, redi, tile, M, N, scale, bias, y, kFuseQ ? sxs : xs, kFuseQ ? srs : rowsum);
 }
 
 
@@ -1987,6 +1860,43 @@ __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restric
   }
 }
 
+// Thread-block clusters (sm_90): the CTA's rank, the cluster barrier (arrive / wait halves) and
+// stores into another CTA's shared memory (distributed shared memory).
+__device__ __forceinline__ unsigned cluster_ctarank() {
+  unsigned r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+  return r;
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_sync() {  // release my stores, acquire the others'
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#endif
+}
+template <typename V>
+__device__ __forceinline__ void st_cluster(V* local, unsigned rank, V v) {  // *local in CTA `rank` = v
+  static_assert(sizeof(V) == 4, "32-bit values");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(local));
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  uint32_t bits;
+  memcpy(&bits, &v, 4);
+  asm volatile("st.shared::cluster.b32 [%0], %1;" ::"r"(r), "r"(bits) : "memory");
+#endif
+}
+
 // The a8 quantizer of the M <= 8 GEMV (row-major [M, Kp] layout, quant_rows_perm_kernel's values and
 // byte order bit for bit) with one row split over a cluster of S CTAs (grid (S, M), cluster (S, 1, 1);
 // TRIT_QUANT_CLUSTER, see quant_cluster_size). H200 run 22: the loop kernel's cost in front of the
@@ -2255,8 +2165,7 @@ struct Knobs {
   bool v5, pdl;
   int l2pf, ks, nw, wn, fuseq;  // wn 0 and fuseq -1: auto
   int l2pf_head = 0;            // TRIT_L2PF=3: k-blocks prefetched per warp
-  bool xi = false;              // TRIT_A8_XI=1: the interleaved k-block-major xq at MT = 2 / 4 (a8_small_kernel kXI)
-  int cl = 0;                   // TRIT_A8_CL: cluster split-K at MT = 2 / 4 (0 off, 1 auto, S), trit_route::a8_cl_size
+  bool xi = true;               // TRIT_A8_XI (default 1): the interleaved k-block-major xq at MT = 2 / 4 (a8_small_kernel kXI)
 };
 int env_int(const char* name, int dflt) {
   const char* e = getenv(name);
@@ -2273,8 +2182,7 @@ Knobs knobs() {
   n.nw = env_int("TRIT_NW", 0);
   n.wn = env_int("TRIT_WN", 0);
   n.fuseq = env_int("TRIT_A8_FUSEQ", -1);
-  n.xi = env_int("TRIT_A8_XI", 0) != 0;
-  n.cl = env_int("TRIT_A8_CL", 0);
+  n.xi = env_int("TRIT_A8_XI", 1) != 0;
   return n;
 }
 bool pdl_supported() {  // griddepcontrol needs sm_90+; ask once per device
@@ -2303,26 +2211,6 @@ cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sm
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
-}
-// The same in clusters of S CTAs along x (sm_90: the caller checks pdl_supported; grid.x % S == 0).
-template <typename... KArgs, typename... Args>
-cudaError_t launch_ex_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-                              bool pdl, int S, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = S;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 2 : 1;
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
 }
 
@@ -2496,18 +2384,16 @@ bool fuseq_auto(int M, int N, int K) { return M == 1 && (long)N * K <= (32L << 2
 // (An L2::256B prefetch-size hint on the weight loads, TRIT_L2_256, measured no faster in H200
 // run 10 - equal or up to 0.6 us slower at M <= 8 on all ten shapes - and was removed.)
 // kRM: xq row-major (trit_mm_a8_pre past M = 8, MT = 2 / 4), see a8_small_kernel.
-// kCL: clusters of S CTAs splitting K (S >= 2, sm_90), see a8_small_kernel.
-template <typename T, int MT, bool kBP = false, bool kRM = false, bool kXI = false, bool kCL = false>
+template <typename T, int MT, bool kBP = false, bool kRM = false, bool kXI = false>
 cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, const T* x, int K,
                                const int8_t* xq, const float* xs, const int32_t* rowsum, const int32_t* wp,
-                               const float* scale, const T* bias, T* y, int M, int N, int KB, cudaStream_t st,
-                               int S = 1) {
+                               const float* scale, const T* bias, T* y, int M, int N, int KB, cudaStream_t st) {
   static_assert(!kRM || (MT >= 2 && MT <= 4 && !kBP), "row-major xq: the MT = 2 / 4 code-layout kernels");
   const int n_tiles = (N + kTileN - 1) / kTileN, n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
   size_t smem = (size_t)cfg.nw * cfg.ks * cfg.wn * MT * 128 * sizeof(int);
-  auto kernel = a8_small_kernel<T, MT, 1, false, kBP, kRM, kXI, kCL>;
+  auto kernel = a8_small_kernel<T, MT, 1, false, kBP, kRM, kXI>;
   if constexpr (MT <= 4) {  // MT = 8 with two tiles: no registers left
-    if (cfg.wn == 2) kernel = a8_small_kernel<T, MT, 2, false, kBP, kRM, kXI, kCL>;
+    if (cfg.wn == 2) kernel = a8_small_kernel<T, MT, 2, false, kBP, kRM, kXI>;
   }
   if constexpr (MT == 1) {
     if (fuseq) {
@@ -2516,49 +2402,9 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
     }
   }
   // a warp with two tiles has its weights in two streams: the single-range L2 prefetch is off
-  if constexpr (kCL) {
-    return launch_ex_cluster(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw * S), dim3(cfg.ks * 32, cfg.nw), smem, st,
-                             pdl, S, xq, xs, rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB,
-                             n_tiles, 8 * MT, cfg.wn == 1 ? flags : 0, x, K, A8Pro<T>{nullptr, nullptr, nullptr, 0.f, 0});
-  }
   return launch_ex(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem, st, pdl, xq, xs,
                    rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB, n_tiles, kRM ? 0 : 8 * MT,
                    cfg.wn == 1 ? flags : 0, x, K, A8Pro<T>{nullptr, nullptr, nullptr, 0.f, 0});  // no prologue
-}
-
-// How many clusters of S CTAs of the cluster split-K GEMV (a8_small_kernel kCL, block ks x nw warps, wn tiles
-// per warp) the device holds at once (cudaOccupancyMaxActiveClusters; 0 where it cannot say). H200 run 40: 62
-// clusters of 4 at 2 CTAs per SM - fewer than 2 x 132 / 4, a GPC's SMs do not split into whole clusters - so a
-// grid of 64 such clusters ran in two waves (4096x14336 M = 32 22.1 us against 15.1 without clusters).
-// Cached per launch shape (the answer depends on the device model only; the GPUs of one host are alike).
-template <typename T, int MT, bool kXI>
-int a8_cl_clusters(int wn, int nw, int ks, int S) {
-  static int cache[2][8][8][4];  // [wn - 1][nw - 1][ks - 1][log2 S]: 0 unknown, else answer + 1
-  const int si = S == 2 ? 1 : S == 4 ? 2 : S == 8 ? 3 : 0;
-  if (wn < 1 || wn > 2 || nw < 1 || nw > 8 || ks < 1 || ks > 8 || si == 0) return 0;
-  int& c = cache[wn - 1][nw - 1][ks - 1][si];
-  if (c == 0) {
-    auto kernel = wn == 2 ? a8_small_kernel<T, MT, 2, false, false, false, kXI, true>
-                          : a8_small_kernel<T, MT, 1, false, false, false, kXI, true>;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(S * 1024);
-    cfg.blockDim = dim3(ks * 32, nw);
-    cfg.dynamicSmemBytes = (size_t)nw * ks * wn * MT * 128 * sizeof(int);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = S;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-      cudaGetLastError();  // not sticky: clear it
-      n = 0;
-    }
-    c = n + 1;
-  }
-  return c - 1;
 }
 
 // a8_gemm_kernel's launch (bindings.cpp a8_gemm_on picks the route): a8 at 16 < M <= 256
@@ -2768,25 +2614,8 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     fcfg.nw = kn.nw > 0 ? max(1, min(kn.nw, (kV5Threads / 32) / fcfg.ks)) : 1;
     const bool fuseq = want_fuseq && fcfg.mt == 1 && vec &&
                        (size_t)fcfg.nw * fcfg.ks * 512 + fuseq_smem(M, KB) <= 48 * 1024;
-    // the interleaved xq (TRIT_A8_XI): the code-layout MT = 2 / 4 kernels behind their own quantizer
+    // the interleaved xq (TRIT_A8_XI, default on): the code-layout MT = 2 / 4 kernels behind their own quantizer
     const bool xi = kn.xi && !pre && !bp && (cfg.mt == 2 || cfg.mt == 4);
-    // the cluster split-K (TRIT_A8_CL): 4 tiles x 2 split-K warps per CTA unless TRIT_NW / TRIT_KS say otherwise,
-    // S CTAs per cluster along K; S = 1: the launch as without it
-    int S = 1;
-    if (kn.cl != 0 && !pre && !bp && (cfg.mt == 2 || cfg.mt == 4) && pdl_supported()) {
-      Cfg c2 = cfg;
-      if (kn.nw == 0 && kn.ks == 0) c2.nw = 4, c2.ks = 2;
-      const int n_warps = ((N + kTileN - 1) / kTileN + c2.wn - 1) / c2.wn;
-      int caps[4] = {((c2.mt >= 4 && c2.wn == 2) ? 1 : 2) * sm_count(), 0, 0, 0};  // CTAs, then clusters of 2 / 4 / 8
-      if (kn.cl == 1)
-        for (int i = 1; i < 4; ++i)
-          caps[i] = c2.mt == 2 ? (xi ? a8_cl_clusters<T, 2, true>(c2.wn, c2.nw, c2.ks, 1 << i)
-                                     : a8_cl_clusters<T, 2, false>(c2.wn, c2.nw, c2.ks, 1 << i))
-                               : (xi ? a8_cl_clusters<T, 4, true>(c2.wn, c2.nw, c2.ks, 1 << i)
-                                     : a8_cl_clusters<T, 4, false>(c2.wn, c2.nw, c2.ks, 1 << i));
-      S = trit_route::a8_cl_size(kn.cl, (n_warps + c2.nw - 1) / c2.nw, c2.ks, KB, caps);
-      if (S > 1) cfg = c2;
-    }
     if (fuseq) {
       cfg = fcfg;
     } else if (!pre) {
@@ -2815,13 +2644,6 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
         case 4: return launch_a8_small_mt<T, 4, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
         default: return cudaErrorInvalidValue;
       }
-    }
-    if (S > 1) {
-      if (cfg.mt == 2)
-        return xi ? launch_a8_small_mt<T, 2, false, false, true, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st, S)
-                  : launch_a8_small_mt<T, 2, false, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st, S);
-      return xi ? launch_a8_small_mt<T, 4, false, false, true, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st, S)
-                : launch_a8_small_mt<T, 4, false, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st, S);
     }
     if (xi) {
       if (cfg.mt == 2)

@@ -35,11 +35,6 @@ int main() {
   while (std::scanf("%d %d %d %d", &M, &N, &K, &sm) == 4) {
     if (M == 0)  // a8_mt4_wide_nw(n_warps = N, KB = K, sm)
       std::printf("%d\n", trit_route::a8_mt4_wide_nw(N, K, sm));
-    else if (M < 0) {  // a8_cl_size(want = -M - 1, n_groups = N, ks = K / 1000, KB = K % 1000, caps = sm + 3 more)
-      int caps[4] = {sm, 0, 0, 0};
-      if (std::scanf("%d %d %d", &caps[1], &caps[2], &caps[3]) != 3) return 1;
-      std::printf("%d\n", trit_route::a8_cl_size(-M - 1, N, K / 1000, K % 1000, caps));
-    }
     else
       std::printf("%d\n", (int)trit_route::a8_gemm_auto_loop(M, N, K, sm));
   }
@@ -151,40 +146,3 @@ def test_mt4_wide_rule_edges(route):
     assert [wide_nw(route, *a) for a in [(896, 64, 132), (256, 224, 132), (132, 64, 132), (133, 64, 132),
                                          (1056, 64, 132), (1057, 64, 132), (256, 14, 132), (256, 16, 132),
                                          (896, 64, 114)]] == [8, 2, 1, 2, 8, 0, 0, 2, 8]
-
-
-def cl_size(route, want, n_groups, ks, kb, caps, sm=SM_COUNT):
-    """a8_cl_size; caps: CTAs of one wave, then clusters of 2 / 4 / 8 one wave holds"""
-    return route([(-want - 1, n_groups, ks * 1000 + kb)], " ".join(map(str, caps)))[0]
-
-
-def test_cluster_split_rule(route):
-    """a8_cl_size (TRIT_A8_CL): off at 0; auto takes the largest S <= 8 whose n_groups clusters fit one wave (the
-    device's count of active clusters of that size), else none; forced sizes round down to 2 / 4 / 8; both halve
-    S until every split-K warp keeps >= 2 k-blocks."""
-    from hypothesis import given, settings, strategies as st
-
-    @settings(max_examples=300, deadline=None)
-    @given(want=st.integers(0, 12), n_groups=st.integers(1, 400), ks=st.sampled_from([1, 2, 4, 8]),
-           kb=st.integers(1, 300), per_sm=st.integers(1, 2), loss=st.integers(0, 6))
-    def check(want, n_groups, ks, kb, per_sm, loss):
-        caps = [per_sm * SM_COUNT] + [max(0, per_sm * SM_COUNT // s - loss) for s in (2, 4, 8)]
-        S = cl_size(route, want, n_groups, ks, kb, caps)
-        assert S in (1, 2, 4, 8)
-        if want == 0:
-            assert S == 1
-            return
-        assert S == 1 or kb // (S * ks) >= 2  # every warp keeps two k-blocks
-        if want > 1:
-            forced = 8 if want >= 8 else 4 if want >= 4 else 2
-            assert S <= forced and (S == forced or kb // (2 * S * ks) < 2)
-        else:
-            fits = [s for i, s in enumerate((2, 4, 8), 1) if n_groups <= caps[i]]
-            want_s = max(fits, default=1)
-            assert S <= want_s and (S == want_s or kb // (2 * S * ks) < 2), (S, want_s, n_groups, caps)
-
-    check()
-    # the 8B down projection at M = 32 (64 groups of 4 tiles, 2 split-K warps, 112 k-blocks) on the H200 of run 40
-    # (62 active clusters of 4): clusters of 2, not the 4 that ran in two waves
-    assert cl_size(route, 1, 64, 2, 112, [264, 132, 62, 30]) == 2
-    assert cl_size(route, 1, 224, 2, 32, [264, 132, 62, 30]) == 1  # gate / up: 224 groups fill the wave alone

@@ -1392,71 +1392,68 @@ def test_a8q_row_major_in_a_cuda_graph(monkeypatch):
         assert torch.equal(out, torch.ops.trit.ternary_mm_a8(static_x, p, s, N, K, b)), f"replay {seed}"
 
 
-# ------------------------------------------------------------------ interleaved xq / cluster split-K (8 < M <= 32)
-# TRIT_A8_XI=1: the quantizer writes each k-block's 8-row tiles interleaved for 512-byte warp loads (kXI);
-# TRIT_A8_CL=1 / S: S CTAs of a cluster split K and add their int32 sums through distributed shared memory (kCL).
-# Both change only where x is read from and how exact int32 sums meet: ternary_mm_a8's default result bit for bit.
-XI_CL_KNOBS = [{"TRIT_A8_XI": "1"}, {"TRIT_A8_CL": "1"}, {"TRIT_A8_CL": "2"}, {"TRIT_A8_CL": "4"},
-               {"TRIT_A8_CL": "8"}, {"TRIT_A8_XI": "1", "TRIT_A8_CL": "1"}, {"TRIT_A8_XI": "1", "TRIT_A8_CL": "8"},
-               {"TRIT_A8_CL": "4", "TRIT_WN": "2"}, {"TRIT_A8_XI": "1", "TRIT_WN": "2"}]
+# ------------------------------------------------------------------ interleaved xq (8 < M <= 32, TRIT_A8_XI)
+# The default: the quantizer writes each k-block's 8-row tiles interleaved for 512-byte warp loads and the MT = 2 / 4
+# GEMVs read them (kXI); TRIT_A8_XI=0 the plain k-block-major layout. Only where x is read from changes: the same
+# exact int32 sums, so the results match bit for bit.
 
 
 @SETTINGS
 @given(M=st.integers(9, 32), N=AWKWARD_N, K=AWKWARD_K, dtype=st.sampled_from(DTYPES), bias=st.booleans(),
-       knobs=st.sampled_from(XI_CL_KNOBS), seed=st.integers(0, 2**16))
-def test_a8_xi_cl_equal_the_default(M, N, K, dtype, bias, knobs, seed):
-    """Interleaved xq and / or cluster split-K at 8 < M <= 32 (MT = 2 / 4, one or two tiles per warp): the default
-    a8 result bit for bit, every dtype, awkward N and K (a cluster's last CTAs may get one k-block or none)."""
+       wn=st.sampled_from(["", "1", "2"]), seed=st.integers(0, 2**16))
+def test_a8_interleaved_xq_equals_the_plain_layout(M, N, K, dtype, bias, wn, seed):
+    """At 8 < M <= 32 (MT = 2 / 4, one or two tiles per warp) the default (interleaved xq) and TRIT_A8_XI=0 give the
+    same result bit for bit, every dtype, awkward N and K (zero rows up to the tile, padded last k-block)."""
     x, w, p, s, b = make_case(M, N, K, dtype, bias, seed, DEV)
-    want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
-    with _env(**knobs):
+    with _env(TRIT_WN=wn, TRIT_A8_XI="0"):
+        want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    with _env(TRIT_WN=wn):
         got = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
-    assert torch.equal(got, want), f"{knobs} M={M} N={N} K={K} {dtype}: {(got != want).sum().item()} outputs differ"
+    assert torch.equal(got, want), f"M={M} N={N} K={K} {dtype} wn={wn}: {(got != want).sum().item()} outputs differ"
+    assert_close_rel(got, ops.ternary_mm_a8_ref(x, p, s, N, K, b), {torch.float32: 1e-6, torch.float16: 1e-3,
+                                                                    torch.bfloat16: 8e-3}[dtype], "a8 interleaved vs ref")
 
 
-@pytest.mark.parametrize("knobs", [{"TRIT_A8_CL": "1"}, {"TRIT_A8_CL": "8", "TRIT_NW": "8", "TRIT_KS": "1"},
-                                   {"TRIT_A8_CL": "2", "TRIT_NW": "2", "TRIT_KS": "4"},
-                                   {"TRIT_A8_CL": "4", "TRIT_PDL": "0"}, {"TRIT_A8_XI": "1", "TRIT_PDL": "0"},
-                                   {"TRIT_A8_XI": "1", "TRIT_A8_CL": "1", "TRIT_WN": "2"}])
+@pytest.mark.parametrize("knobs", [{"TRIT_WN": "2"}, {"TRIT_KS": "2", "TRIT_NW": "2"}, {"TRIT_KS": "8", "TRIT_NW": "1"},
+                                   {"TRIT_KS": "1", "TRIT_NW": "8"}, {"TRIT_PDL": "0"}, {"TRIT_L2PF": "2"}])
 @pytest.mark.parametrize("M,N,K", [(9, 6160, 1000), (16, 4096, 14336), (24, 2560, 6912), (32, 4096, 14336),
                                    (32, 8192, 28672), (32, 28672, 8192), (32, 13000, 10330)])
-def test_a8_xi_cl_under_knobs(monkeypatch, knobs, M, N, K):
-    """The cluster and interleaved launches under the launch knobs (tiles per CTA, split-K warps, PDL off, two
-    tiles per warp) on model-sized layers, bias included: the default result bit for bit."""
+def test_a8_interleaved_xq_under_knobs(monkeypatch, knobs, M, N, K):
+    """The interleaved-xq GEMV under the launch knobs (tiles per CTA, split-K warps, PDL off, L2 prefetch on) on
+    model-sized layers, bias included, and the wide layers' one-wave M = 32 launch: the plain layout's result."""
     x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, M + N, DEV)
-    want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
     for k, v in knobs.items():
         monkeypatch.setenv(k, v)
+    monkeypatch.setenv("TRIT_A8_XI", "0")
+    want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    monkeypatch.delenv("TRIT_A8_XI")
     got = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
     assert torch.equal(got, want), knobs
 
 
-@pytest.mark.parametrize("M,N,K", [(32, 4096, 14336), (16, 2560, 6912)])
-def test_a8_cl_launches_another_kernel_where_it_splits(monkeypatch, M, N, K):
-    """TRIT_A8_CL=1 where a cluster fits (few tile groups: the down-projection shapes) runs a kernel other than
-    the default's (the kCL instance), still two launches (quantizer + GEMV); TRIT_A8_CL=0 is the default."""
+@pytest.mark.parametrize("M,N,K", [(32, 4096, 14336), (16, 2560, 6912), (8, 4096, 4096), (33, 2560, 2560)])
+def test_a8_interleaved_xq_only_at_mt2_mt4(monkeypatch, M, N, K):
+    """The interleaved layout takes other kernels (quantizer and GEMV) than TRIT_A8_XI=0 exactly at 8 < M <= 32;
+    at M <= 8 and M > 32 the two launch the same kernels."""
     x, w, p, s, b = make_case(M, N, K, torch.bfloat16, False, 5, DEV)
     run = lambda: torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)  # noqa: E731
-    monkeypatch.delenv("TRIT_A8_CL", raising=False)
-    base = _cuda_kernels(run)
-    monkeypatch.setenv("TRIT_A8_CL", "0")
-    assert _cuda_kernels(run) == base
-    monkeypatch.setenv("TRIT_A8_CL", "1")
-    cl = _cuda_kernels(run)
-    assert len(cl) == 2 and cl != base and any("a8_small_kernel" in n for n in cl), (base, cl)
+    monkeypatch.delenv("TRIT_A8_XI", raising=False)
+    default = _cuda_kernels(run)
+    monkeypatch.setenv("TRIT_A8_XI", "0")
+    plain = _cuda_kernels(run)
+    assert (default != plain) == (8 < M <= 32), (default, plain)
+    if 8 < M <= 32:
+        assert len(default) == len(plain) == 2 and all(a != b for a, b in zip(default, plain)), (default, plain)
 
 
-def test_a8_xi_cl_in_a_cuda_graph(monkeypatch):
-    """Captured at M = 32 with TRIT_A8_XI=1 and TRIT_A8_CL=1 (read at capture) and replayed on new inputs: the
-    eager default result of the same inputs."""
+def test_a8_interleaved_xq_in_a_cuda_graph(monkeypatch):
+    """Captured at M = 32 with the default layout and replayed on new inputs: TRIT_A8_XI=0's eager result."""
     M, N, K = 32, 4096, 14336
     x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 13, DEV)
     static_x = x.clone()
-    monkeypatch.setenv("TRIT_A8_XI", "1")
-    monkeypatch.setenv("TRIT_A8_CL", "1")
+    monkeypatch.delenv("TRIT_A8_XI", raising=False)
     g, out = capture(lambda sx: torch.ops.trit.ternary_mm_a8(sx, p, s, N, K, b), static_x)
-    monkeypatch.delenv("TRIT_A8_XI")
-    monkeypatch.delenv("TRIT_A8_CL")
+    monkeypatch.setenv("TRIT_A8_XI", "0")
     for seed in (1, 2):
         static_x.copy_(torch.randn(M, K, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(DEV))
         poison(out)
