@@ -51,8 +51,7 @@ int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const float* sca
                const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
                int32_t* rowsum, void* stream);
 // The same on activations quantized by the caller (trit.ops.a8_quantize: xq int8 [M, ceil(K/128)*128]
-// row-major, zeros past K, each group of 8 inputs in the order {0,4,1,5,2,6,3,7}, in each 128-byte k-block
-// the 16-byte piece at 32c + 16h of that order stored at 64h + 16c; xs = 127 / absmax
+// row-major, zeros past K, each group of 8 inputs in the order {0,4,1,5,2,6,3,7}; xs = 127 / absmax
 // float [M]; rowsum = sum of xq int32 [M]): the M <= 32 GEMV without its quantizer. Only where
 // trit_mm_a8_pre_ok(M, N, K) (the v5 MT = 1 kernel, or MT = 2 / 4 reading the row-major rows past M = 8, up
 // to TRIT_A8_PRE_MAXM), else cudaErrorInvalidValue.

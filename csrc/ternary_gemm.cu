@@ -1031,12 +1031,6 @@ __device__ __forceinline__ uint2 quant_group8(const float (&e)[8], float xs, int
   const uint32_t hi = (q[2] & 0xFF) | ((q[6] & 0xFF) << 8) | ((q[3] & 0xFF) << 16) | ((uint32_t)(q[7] & 0xFF) << 24);
   return make_uint2(lo, hi);
 }
-// The pre layout's byte of group-order offset k within a row (trit.ops.a8_quantize, trit::rms_norm_a8q; read by
-// a8_small_kernel kRM): in each 128-byte k-block the 16-byte piece 32c + 16h (lane c's uint4 h) at 64h + 16c.
-// A group of 8 (k % 8 == 0) stays contiguous.
-__host__ __device__ __forceinline__ int pre_off(int k) {
-  return (k & ~127) | (((k >> 4) & 1) << 6) | (((k >> 5) & 3) << 4) | (k & 15);
-}
 template <typename T, typename Store>
 __device__ __forceinline__ float quantize_row_perm(const T* __restrict__ row, int K, int Kp, bool vec, float* scr_f,
                                                    int* scr_i, Store&& store, int& sum) {
@@ -1246,12 +1240,9 @@ __device__ __forceinline__ float pro_quantize_row(const T* __restrict__ x, const
 // from there; xq / xs / rowsum are unused. Every CTA reads all of x (M * K elements, from L2).
 // Shared memory after red: xq [M][Kp + 16] (the 16-byte row pad puts rows on different banks),
 // xs / rowsum [8] each, 2 x 8 words of reduction scratch; the dispatcher checks it fits in 48 KB.
-// kRM (MT = 1 / 2 / 4, trit_mm_a8_pre at M <= TRIT_A8_PRE_MAXM): xq in the row-major pre layout [M, KB*128] that
-// trit::rms_norm_a8q and trit.ops.a8_quantize write: the groups of 8 as above, and within each row's 128-byte
-// k-block the 16-byte pieces interleaved (pre_off: lane c's uint4 h, inputs 32c + 16h .., at byte 64h + 16c), so
-// that a warp load reads 64 contiguous bytes of each of its 8 rows (16 sectors, all used) where the plain order
-// reads 4 half-used sectors per row (32: the L1-bound loads H200 run 39 found, see kXI); each row tile at its own
-// offset from xp, rows past M reading row M-1 (their outputs are never stored).
+// kRM (MT = 2 / 4, trit_mm_a8_pre at 8 < M <= TRIT_A8_PRE_MAXM): xq in the MT = 1 row-major layout [M, KB*128]
+// that trit::rms_norm_a8q and trit.ops.a8_quantize write (the same bytes per row as the k-block-major layout),
+// each row tile at its own offset from xp, rows past M reading row M-1 (their outputs are never stored).
 // kXI (MT = 2 / 4 behind their own quantizer; the default, TRIT_A8_XI=0 turns it off): the k-block-major layout
 // with each row tile's 1 KB interleaved for the loads (quant_rows_perm_kernel kXI): lane l's uint4 h (inputs
 // 32c + 16h .. of row g, l = 4g + c) at byte 512h + 16l, so a warp's 16-byte load of x reads 512 contiguous bytes
@@ -1266,7 +1257,7 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
                     T* __restrict__ y, int M, int N, int KB, int n_tiles, int Mp, int flags,
                     const T* __restrict__ x, int K, A8Pro<T> pro) {
   static_assert(!kFuseQ || (MT == 1 && WN == 1), "the fused quantizer is the M <= 8 single-tile kernel");
-  static_assert(!kRM || (MT <= 4 && !kFuseQ), "the pre layout: the MT = 1 / 2 / 4 kernels");
+  static_assert(!kRM || (MT >= 2 && MT <= 4 && !kFuseQ), "row-major xq past M = 8: the MT = 2 / 4 kernels");
   static_assert(!kXI || (MT >= 2 && MT <= 4 && !kRM && !kFuseQ), "interleaved xq: the k-block-major MT = 2 / 4 kernels");
   extern __shared__ __align__(16) int redi[];  // [NW][KS][WN*MT][4][32] (+ the kFuseQ area)
   constexpr int kU = V5Chunk<MT * WN>::value;
@@ -1296,14 +1287,13 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
   }
 
   // xp: this lane's 32 inputs of row g in k-block kb0; row tile mt at + 64 * mt (MT >= 2);
-  // the next k-block at + kbs (uint4 units); kXI: the lane's first uint4 at 16 * lane, its second 512 bytes on;
-  // kRM: its first uint4 at 16 * c of the row's k-block, its second 64 bytes on (pre_off)
+  // the next k-block at + kbs (uint4 units); kXI: the lane's first uint4 at 16 * lane, its second 512 bytes on
   const uint4* xp = reinterpret_cast<const uint4*>(
       kFuseQ    ? sx + min(g, M - 1) * ld + kb0 * kBlockK + c * 32
-      : (MT == 1 || kRM) ? xq + (size_t)min(g, M - 1) * KB * kBlockK + (size_t)kb0 * kBlockK + c * (kRM ? 16 : 32)
+      : (MT == 1 || kRM) ? xq + (size_t)min(g, M - 1) * KB * kBlockK + (size_t)kb0 * kBlockK + c * 32
       : kXI              ? xq + (size_t)kb0 * Mp * kBlockK + lane * 16
                          : xq + ((size_t)kb0 * Mp + g) * kBlockK + c * 32);
-  constexpr int kHalf = kXI ? 32 : kRM ? 4 : 1;  // uint4 h of a lane's 32 inputs at + kHalf * h
+  constexpr int kHalf = kXI ? 32 : 1;  // uint4 h of a lane's 32 inputs at + kHalf * h
   const int kbs = (MT == 1 || kRM) ? 8 : Mp * 8;
   // row tile mt of this lane as a uint4 offset from xp: 64 mt (k-block-major), or (kRM) row 8 mt + g clamped to
   // M - 1; kRM's offsets exist only in its own kernels (the others compile to the same code as without them)
@@ -2393,19 +2383,19 @@ bool fuseq_auto(int M, int N, int K) { return M == 1 && (long)N * K <= (32L << 2
 // quantizer (x is quantized inside, no xq) exists for MT = 1, one tile per warp, one warp along N.
 // (An L2::256B prefetch-size hint on the weight loads, TRIT_L2_256, measured no faster in H200
 // run 10 - equal or up to 0.6 us slower at M <= 8 on all ten shapes - and was removed.)
-// kRM: xq in the row-major pre layout (trit_mm_a8_pre, MT = 1 / 2 / 4), see a8_small_kernel.
+// kRM: xq row-major (trit_mm_a8_pre past M = 8, MT = 2 / 4), see a8_small_kernel.
 template <typename T, int MT, bool kBP = false, bool kRM = false, bool kXI = false>
 cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, const T* x, int K,
                                const int8_t* xq, const float* xs, const int32_t* rowsum, const int32_t* wp,
                                const float* scale, const T* bias, T* y, int M, int N, int KB, cudaStream_t st) {
-  static_assert(!kRM || (MT <= 4 && !kBP), "the pre layout: the MT = 1 / 2 / 4 code-layout kernels");
+  static_assert(!kRM || (MT >= 2 && MT <= 4 && !kBP), "row-major xq: the MT = 2 / 4 code-layout kernels");
   const int n_tiles = (N + kTileN - 1) / kTileN, n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
   size_t smem = (size_t)cfg.nw * cfg.ks * cfg.wn * MT * 128 * sizeof(int);
   auto kernel = a8_small_kernel<T, MT, 1, false, kBP, kRM, kXI>;
   if constexpr (MT <= 4) {  // MT = 8 with two tiles: no registers left
     if (cfg.wn == 2) kernel = a8_small_kernel<T, MT, 2, false, kBP, kRM, kXI>;
   }
-  if constexpr (MT == 1 && !kRM) {
+  if constexpr (MT == 1) {
     if (fuseq) {
       kernel = a8_small_kernel<T, 1, 1, true, kBP>;
       smem += fuseq_smem(M, KB);
@@ -2585,17 +2575,15 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
   });
 }
 
-// pre (trit_mm_a8_pre): xq / xs / rowsum already hold x quantized in the pre layout (row-major [M, Kp],
-// groups of 8 in quant_rows_perm_kernel's order, each k-block's 16-byte pieces interleaved: pre_off;
-// trit.ops.a8_quantize, which the model's compiler fuses into the norm or activation kernel that produces x,
-// or trit::rms_norm_a8q): no quantizer launch, no fused quantizer, x unused. Where the v5 kernels run at
-// M <= TRIT_A8_PRE_MAXM (a8_pre_ok): the MT = 1 / 2 / 4 kernels reading it (kRM; TRIT_A8_PRE_MAXM read per
-// call: default 32; 8 or 16 quantize again above it), so that a batch of up to 32 decode tokens behind
-// rms_norm_a8q / a fused quantizer runs without a quantizer launch. H200 run 38 (the plain row order then):
-// bit-identical to ternary_mm_a8 in the GPU tests, and faster than quantizing again at every 8B / 70B shape
-// at M = 16 / 32 (e.g. 4096x14336 M = 32 12.6 vs 16.8 us, 8192x28672 31.2 vs 41.5); but slower than the
-// interleaved k-block-major xq (kXI) on the wide layers (28672x4096 M = 32: 28.1 us for the GEMV alone vs
-// 21.6 for kXI's quantizer + GEMV, run 41b), hence the interleaved pieces.
+// pre (trit_mm_a8_pre): xq / xs / rowsum already hold x quantized in the MT = 1 layout (row-major
+// [M, Kp], groups of 8 in quant_rows_perm_kernel's order; trit.ops.a8_quantize, which the model's
+// compiler fuses into the norm or activation kernel that produces x): no quantizer launch, no fused
+// quantizer, x unused. Where the v5 kernels run at M <= TRIT_A8_PRE_MAXM (a8_pre_ok): M <= 8 the MT = 1
+// kernel; 8 < M <= 32 (TRIT_A8_PRE_MAXM, read per call: default 32; 8 or 16 quantize again above it) the
+// MT = 2 / 4 kernels reading the row-major xq (kRM), so that a batch of up to 32 decode tokens behind
+// rms_norm_a8q / a fused quantizer runs without a quantizer launch too. H200 run 38: bit-identical to
+// ternary_mm_a8 in the GPU tests, and faster than quantizing again at every 8B / 70B shape at M = 16 / 32
+// (e.g. 4096x14336 M = 32 12.6 vs 16.8 us, 8192x28672 31.2 vs 41.5).
 int a8_pre_maxm() { return max(8, min(32, env_int("TRIT_A8_PRE_MAXM", 32))); }
 bool a8_pre_ok(int M) { return M >= 1 && M <= a8_pre_maxm() && knobs().v5; }
 
@@ -2650,9 +2638,8 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
         default: return cudaErrorInvalidValue;
       }
     }
-    if (pre) {  // M <= 32: the pre layout of rms_norm_a8q / a8_quantize
+    if (pre && cfg.mt > 1) {  // 8 < M <= 32: the row-major xq of rms_norm_a8q / a8_quantize
       switch (cfg.mt) {
-        case 1: return launch_a8_small_mt<T, 1, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
         case 2: return launch_a8_small_mt<T, 2, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
         case 4: return launch_a8_small_mt<T, 4, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
         default: return cudaErrorInvalidValue;
@@ -2787,8 +2774,8 @@ cudaError_t dispatch_a8_prologue(const T* x, const A8Pro<T>& pro, const int32_t*
 // (H200 8B run 7: Triton kernels do not, and the GEMVs behind them started cold).
 //   z   = x (+ residual, rounded to T: the new residual stream, stored in res_out)
 //   out = T(z * rsqrt(mean(z^2) + eps) * w)        (fp32 arithmetic, one rounding to T)
-//   xq / xs / rowsum = the a8 quantizer of out (quant_rows_perm_kernel's values, the pre layout's byte order:
-//                      pre_off; what trit.ops.a8_quantize(out) gives, bit for bit, for the out this kernel wrote)
+//   xq / xs / rowsum = the a8 quantizer of out (quant_rows_perm_kernel's values and byte order: what
+//                      trit.ops.a8_quantize(out) gives, bit for bit, for the out this kernel wrote)
 // One CTA of 256 threads per row, the row in registers (V <= kRnqVecs groups of 8 per thread, V = 2 / 5 / 8
 // by K: K <= 4096 / 10240 / 16384 at 48 / 101 / 155 registers; 4 spilled 8 bytes at 80 registers),
 // every load issued before the first use. vec: K % 8 == 0 and every row pointer 16-byte aligned.
@@ -2874,7 +2861,7 @@ __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const int k = (j * kRnqThreads + threadIdx.x) * 8;
-    if (k < Kp) *reinterpret_cast<uint2*>(xq + (size_t)m * Kp + pre_off(k)) = quant_group8(v[j], xs, part);  // zeros past K
+    if (k < Kp) *reinterpret_cast<uint2*>(xq + (size_t)m * Kp + k) = quant_group8(v[j], xs, part);  // zeros past K
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);

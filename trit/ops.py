@@ -284,11 +284,7 @@ def a8_quantize(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """BitNet's per-row absmax int8 quantizer of x [M, K], in the layout the M <= 8 a8 GEMV reads.
 
     Returns (xq int8 [M, ceil(K/128)*128]: round(x * xs) clamped to [-128, 127], zeros past K, each
-    group of 8 inputs stored in the order {0,4,1,5,2,6,3,7}, and within each 128-byte k-block of a row
-    the 16-byte pieces interleaved: the piece at 32c + 16h of the group order (h = 0, 1; c = 0..3, the
-    two uint4 that mma lane c of a row reads) stored at 64h + 16c, so that one warp load of the GEMV
-    reads 64 contiguous bytes per row (2 full sectors) where the plain order reads 4 half-used ones
-    (see a8_small_kernel kRM); xs float32 [M] = 127 / max(|x[m]|, 1e-5);
+    group of 8 inputs stored in the order {0,4,1,5,2,6,3,7}; xs float32 [M] = 127 / max(|x[m]|, 1e-5);
     rowsum int32 [M] = sum of xq[m]). Plain torch ops, so that torch.compile (vLLM's Inductor)
     fuses them into the kernel that produces x (the RMSNorm or the SiLU-mul in front of a linear):
     for ``torch.ops.trit.ternary_mm_a8q``, which then runs the GEMV alone. For finite x the values
@@ -318,8 +314,7 @@ def a8_quantize(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     if Kp != K:
         q = torch.nn.functional.pad(q, (0, Kp - K))
     rowsum = q.to(torch.int32).sum(dim=-1, dtype=torch.int32)
-    xq = q.view(M, Kp // 8, 2, 4).transpose(-1, -2)  # each group of 8: {0,4,1,5,2,6,3,7}
-    xq = xq.reshape(M, Kp // BLOCK_K, 4, 2, 16).transpose(2, 3).reshape(M, Kp)  # piece 32c + 16h -> 64h + 16c
+    xq = q.view(M, Kp // 8, 2, 4).transpose(-1, -2).reshape(M, Kp)
     return xq, xs, rowsum
 
 
@@ -333,8 +328,7 @@ def _round_to_bf16(f: Tensor) -> Tensor:
 def a8_unpermute(xq: Tensor, K: int) -> Tensor:
     """Inverse of a8_quantize's byte order: int8 [M, K] in input order."""
     M, Kp = xq.shape
-    g = xq.reshape(M, Kp // BLOCK_K, 2, 4, 16).transpose(2, 3)  # piece 64h + 16c -> 32c + 16h
-    return g.reshape(M, Kp // 8, 4, 2).transpose(-1, -2).reshape(M, Kp)[:, :K]
+    return xq.view(M, Kp // 8, 4, 2).transpose(-1, -2).reshape(M, Kp)[:, :K]
 
 
 def ternary_decode_ref(packed: Tensor, scale: Optional[Tensor], N: int, K: int,
