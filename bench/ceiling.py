@@ -87,7 +87,7 @@ def ceiling(e2e: dict, floors: list[dict], baseline: str, targets: dict[int, flo
         ft, bt = floor_tok[b], float(base["throughput"][str(b)]["tok_s"])
         cap = ft / bt
         row = {"batch": b, "floor_tok_s": round(ft, 1), "engine_step_ms": round(b / ft * 1000, 3),
-               "baseline_tok_s": round(bt, 1), "ceiling_ratio": round(cap, 3), "configs": []}
+               "baseline_tok_s": round(bt, 1), "ceiling_ratio": round(cap, 6), "configs": []}
         if targets and b in targets:
             row["target_ratio"] = targets[b]
             row["target_reachable"] = targets[b] <= cap
@@ -97,7 +97,8 @@ def ceiling(e2e: dict, floors: list[dict], baseline: str, targets: dict[int, flo
                 continue
             ratio = float(t["tok_s"]) / bt
             row["configs"].append({"label": r["label"], "tok_s": round(float(t["tok_s"]), 1),
-                                   "ratio": round(ratio, 3), "share_of_ceiling": round(ratio / cap, 3)})
+                                   # 6 digits: the table's 2-digit ratio is not rounded twice (1.69457 -> 1.695 -> "1.70")
+                                   "ratio": round(ratio, 6), "share_of_ceiling": round(ratio / cap, 6)})
         out.append(row)
     if not out:
         raise RecordError(f"no batch size in both the e2e record ({sorted(base['throughput'])}) and the floor "

@@ -142,3 +142,12 @@ def test_record_date_from_file_name():
     assert C.record_date("/x/2026-12-03-nvidia-h200-e2e-8b.json") == "2026-12-03"
     assert C.record_date("/tmp/e2e-state-tiny/partial-2026-12-03-nvidia-h200-e2e-tiny.json") == "2026-12-03"
     assert C.record_date("floor.json") == "?"
+
+
+def test_table_ratio_rounded_once(tmp_path):
+    """Run 43's numbers: 9825.6 / 5798.3 = 1.6946 reads 1.69x, not 1.70x (rounded to 1.695 first, the table
+    showed 1.70x)."""
+    e2e = rec("8b", [("ours", {32: 9825.6}), ("bf16", {32: 5798.3})])
+    res = C.ceiling(e2e, [rec("tiny", [("t", {32: 10688.1})])], "bf16", {32: 1.8})
+    md = C.markdown(res, tmp_path / "2026-12-03-x.json", [tmp_path / "2026-12-03-t.json"], "cmd")
+    assert "ours 9825.6, 1.69x, 92%" in md and "| 1.84x |" in md, md
