@@ -248,3 +248,17 @@ def test_transformers_target_is_not_bit_faithful_on_online_checkpoints(tmp_path)
     here = {"compute": compute_fingerprint("cpu")}
     assert target_bit_faithful(t, here, off) and not target_bit_faithful(t, here, on)
     assert get_target("reference").faithful_for(on)  # the reference itself stays bit-faithful
+
+
+@pytest.mark.parametrize("preset", ["odd-bitnet", "oracle-llama-bias", "oracle-llama-auto"])
+def test_state_dict_same_with_packing_threads(preset):
+    """make_state_dict with the ternarisation and packing on worker threads (what the real-model presets do)
+    gives the same tensors, bit for bit and in the same key order, as the one-thread path: the draws and
+    each matrix's absmean stay on the calling thread, in order."""
+    p = PRESETS[preset]
+    one = make_state_dict(p, workers=0)
+    for w in (1, 3):
+        many = make_state_dict(p, workers=w)
+        assert list(many) == list(one), w
+        for k in one:
+            assert many[k].dtype == one[k].dtype and torch.equal(many[k], one[k]), (w, k)
