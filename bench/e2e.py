@@ -571,7 +571,7 @@ def main(argv=None) -> int:
                   f"settings; times per config: " +
                   ", ".join(f"{r['label']} {r.get('measured_at', '?')}" for r in rows) + ")")
     md += ["",
-          "| config | " + " | ".join(f"B={b} tok/s" for b in batches) + " | TTFT ms | load s | bits/weight | vs bf16 (B=1) | vs humming (B=1) |",
+          "| config | " + " | ".join(f"B={b} tok/s" for b in batches) + f" | TTFT ms | load s | bits/weight | vs bf16 (B={batches[0]}) | vs humming (B={batches[0]}) |",
           "|---" * (len(batches) + 6) + "|"]
     for r in rows:
         if "error" in r:

@@ -298,3 +298,26 @@ def test_kernel_bench_head_prefetch_section():
     assert "pfh4 20.5/- pfh16 19.9/26.0 fqnw8 20.0 " in kernels.fmt_row(row)
     plain = {k: v for k, v in row.items() if "pfh" not in k and "fqnw" not in k}
     assert "head prefetch" not in kernels.markdown(meta, [plain])
+
+
+def test_e2e_ratio_column_names_its_batch(tmp_path, monkeypatch):
+    """The record's ratio columns are taken at the first batch size measured and say so (run 43's B = 32-only
+    record read "vs bf16 (B=1)")."""
+    import subprocess
+    import types
+
+    from bench import e2e
+
+    def fake_run(cmd, **kw):
+        label, b = cmd[cmd.index("--one") + 1], cmd[cmd.index("--batches") + 1]
+        r = {"label": label, "throughput": {b: {"seconds": 0.1, "tok_s": 10.0 if label.startswith("bf16") else 17.0}},
+             "ttft_ms": 1.0, "weights": {"bits_per_weight": 16.0}}
+        return types.SimpleNamespace(stdout="RESULT " + json.dumps(r) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(e2e, "model_dir", lambda root, preset, unq: tmp_path / preset)
+    monkeypatch.setenv("TRIT_COMMIT", "c1")
+    assert e2e.main(["--shape", "tiny", "--batches", "32", "--profile-batch", "32", "--models", str(tmp_path / "m"), "--out",
+                     str(tmp_path / "o"), "--only", "ours-bitnet,bf16-bitnet"]) == 0
+    md = next((tmp_path / "o").glob("*-e2e-tiny*.md")).read_text()
+    assert "| vs bf16 (B=32) | vs humming (B=32) |" in md and "| ours-bitnet | 17 | 1.0 | - | 16.0 | 1.70x |" in md
