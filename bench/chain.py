@@ -12,6 +12,7 @@ tails exceed L2, as a model's layers do) and the replay is timed per tail. Varia
   pro    the same op with TRIT_CHAIN_KERNEL=0: one ternary_mm_a8_prologue kernel per layer (norm inside) at
          M = 1, its composed ops above
   fnorm  per layer rms_norm_a8q (+ the activation as torch ops) then ternary_mm_a8q: norm kernel + GEMV
+  fnorm-tiled  the same with the norm writing the tiled xq (layout 1, trit.ops.a8_tile) for the 8 < M <= 32 GEMV
   a8     per layer torch's RMSNorm / activation ops then ternary_mm_a8 (its quantizer fused at M = 1)
   bf16   the three layers as bf16 matmuls alone (no norms): a lower bound for the dense tail
 
@@ -41,7 +42,7 @@ TAILS = {
     "8b-llama": (4096, 4096, 14336, "silu", False),
 }
 VARIANTS = ("chain", "pro", "fnorm", "a8", "bf16", "chain-nopf", "chain-cu8", "chain-tma", "chain-nopair", "chain-late",
-            "chain-profcode")
+            "chain-profcode", "fnorm-tiled")
 # the chain op under knobs: no L2 bulk prefetch of the weights, 8 k-blocks per register chunk, input rows by
 # one bulk copy per CTA instead of every thread's loads (M = 1), gate and up not paired (the down stage
 # computing the activation of the whole gate_up row; the default before H200 run 27), each stage's norm weight
@@ -103,11 +104,12 @@ def run_variant(v: str, t: dict, x, res, eps=1e-6):
             gate, up = h[:, :K], h[:, K:]
             h = (torch.relu(gate).square() if act == 1 else torch.nn.functional.silu(gate)) * up
         r = res if s == 1 else None
-        if v == "fnorm" and w is not None:
-            hn, r2, xq, xs, rs = ops.rms_norm_a8q(h.contiguous(), r, w, eps)
+        if v in ("fnorm", "fnorm-tiled") and w is not None:
+            layout = 1 if v == "fnorm-tiled" else 0
+            hn, r2, xq, xs, rs = ops.rms_norm_a8q(h.contiguous(), r, w, eps, layout)
             if s == 1:
                 r_out = r2
-            h = ops.ternary_mm_a8q(hn, xq, xs, rs, t["packed"][s], t["scales"][s], N, K, None)
+            h = ops.ternary_mm_a8q(hn, xq, xs, rs, t["packed"][s], t["scales"][s], N, K, None, layout)
             continue
         if r is not None:
             h = h + r

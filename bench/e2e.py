@@ -94,6 +94,9 @@ _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        # the fused norm + quantizer with the GEMV reading its quantization up to M = 32 (B = 32 decode steps;
        # TRIT_A8_PRE_MAXM is 32 by default since H200 run 38: pinned here so the label means the same in old trees)
        "-fnorm32": {"TRIT_FUSED_NORM_QUANT": "1", "TRIT_A8_PRE_MAXM": "32"},
+       # the same with the norm writing the tiled xq (trit.ops.a8_tile) that the 8 < M <= 32 GEMV reads with its
+       # interleaved loads (TRIT_FUSED_NORM_LAYOUT=1; a tree before it ignores the variable: runs -fnorm32)
+       "-fnorm32-tiled": {"TRIT_FUSED_NORM_QUANT": "1", "TRIT_A8_PRE_MAXM": "32", "TRIT_FUSED_NORM_LAYOUT": "1"},
        "-chain": {"TRIT_CHAIN": "1"}, "-chain-all": {"TRIT_CHAIN": "all"},
        "-chain-am": {"TRIT_CHAIN": "all", "TRIT_ACT_MUL": "1"}}
 VARIANTS = {"ours-gemm": ("ours", {"TRIT_A8_GEMM": "1"}), "ours-bitnet-gemm": ("ours-bitnet", {"TRIT_A8_GEMM": "1"}),

@@ -271,26 +271,29 @@ at::Tensor ternary_mm_a8_bp_cuda(const at::Tensor& x, const at::Tensor& packed_b
 // them (trit_mm_a8_pre_ok: M <= TRIT_A8_PRE_MAXM, default 32) it does and no quantizer runs; elsewhere (larger M, TRIT_KERNEL=v4,
 // an xq not 16-byte aligned) x is quantized again by the kernels of ternary_mm_a8 - the same values
 // where xq came from a8_quantize in eager mode.
+// layout 1: xq in trit.ops.a8_tile's layout (rms_norm_a8q with layout 1), 32 * ceil(M / 32) rows.
 at::Tensor ternary_mm_a8q_cuda(const at::Tensor& x, const at::Tensor& xq, const at::Tensor& xs,
                                const at::Tensor& rowsum, const at::Tensor& packed, const at::Tensor& scale, int64_t N,
-                               int64_t K, const std::optional<at::Tensor>& bias) {
+                               int64_t K, const std::optional<at::Tensor>& bias, int64_t layout) {
   const char* op = "trit::ternary_mm_a8q";
   c10::DeviceGuard guard(x.device());
   TRIT_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got ", x.sizes(),
               " (trit.ops.ternary_linear_a8_pre accepts any rank)");
   TRIT_CHECK(x.size(1) == K, op, ": x.size(1)=", x.size(1), " but K=", K);
+  TRIT_CHECK(layout == 0 || layout == 1, op, ": layout=", layout, " not in (0, 1) (0 row-major, 1 tiled)");
   const int64_t M = x.size(0);
   const int64_t Kp = (K + 127) / 128 * 128;
-  TRIT_CHECK(xq.scalar_type() == at::kChar && xq.dim() == 2 && xq.size(0) == M && xq.size(1) == Kp, op,
-              ": xq must be int8 [M, ceil(K/128)*128] = [", M, ", ", Kp, "] (trit.ops.a8_quantize), got ",
-              xq.scalar_type(), " ", xq.sizes());
+  const int64_t rows = layout == 1 ? (M + 31) / 32 * 32 : M;
+  TRIT_CHECK(xq.scalar_type() == at::kChar && xq.dim() == 2 && xq.size(0) == rows && xq.size(1) == Kp, op,
+              ": xq must be int8 [", rows, ", ", Kp, "] (", layout == 1 ? "trit.ops.a8_tile" : "trit.ops.a8_quantize",
+              " of x [", M, ", ", K, "], layout=", layout, "), got ", xq.scalar_type(), " ", xq.sizes());
   TRIT_CHECK(xs.scalar_type() == at::kFloat && xs.dim() == 1 && xs.size(0) == M, op, ": xs must be float32 [M]=[",
               M, "], got ", xs.scalar_type(), " ", xs.sizes());
   TRIT_CHECK(rowsum.scalar_type() == at::kInt && rowsum.dim() == 1 && rowsum.size(0) == M, op,
               ": rowsum must be int32 [M]=[", M, "], got ", rowsum.scalar_type(), " ", rowsum.sizes());
   for (const at::Tensor* t : {&xq, &xs, &rowsum})
     TRIT_CHECK(t->device() == x.device(), op, ": xq / xs / rowsum must be on ", x.device(), ", got ", t->device());
-  const bool direct = M >= 1 && trit_mm_a8_pre_ok((int)M, (int)N, (int)K) && xq.is_contiguous() &&
+  const bool direct = M >= 1 && trit_mm_a8_pre_ok((int)M, (int)N, (int)K, (int)layout) && xq.is_contiguous() &&
                       xs.is_contiguous() && rowsum.is_contiguous() &&
                       reinterpret_cast<uintptr_t>(xq.data_ptr()) % 16 == 0;
   if (!direct) return ternary_mm_a8_cuda(x, packed, scale, N, K, bias);
@@ -298,7 +301,7 @@ at::Tensor ternary_mm_a8q_cuda(const at::Tensor& x, const at::Tensor& xq, const 
   check_launch(trit_mm_a8_pre(a.dtype, packed.data_ptr<int32_t>(), scale.data_ptr<float>(),
                               a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N, (int)K,
                               xq.data_ptr<int8_t>(), xs.data_ptr<float>(), rowsum.data_ptr<int32_t>(),
-                              current_stream(x)),
+                              (int)layout, current_stream(x)),
                op);
   return a.y;
 }
@@ -323,9 +326,11 @@ at::Tensor ternary_decode_cuda(const at::Tensor& packed, const std::optional<at:
 // trit::rms_norm_a8q: RMSNorm (with the residual add when residual is given) and the a8 quantizer of its
 // output in one kernel (ternary.h trit_rms_norm_a8q); the outputs feed trit::ternary_mm_a8q.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rms_norm_a8q_cuda(
-    const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight, double eps) {
+    const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight, double eps,
+    int64_t layout) {
   const char* op = "trit::rms_norm_a8q";
   c10::DeviceGuard guard(x.device());
+  TRIT_CHECK(layout == 0 || layout == 1, op, ": layout=", layout, " not in (0, 1) (0 row-major, 1 tiled)");
   TRIT_CHECK(x.dim() == 2 && x.is_contiguous(), op, ": x must be a contiguous 2-D [M, K] tensor, got ", x.sizes());
   const int64_t M = x.size(0), K = x.size(1);
   const int code = dtype_code(x.scalar_type(), op);
@@ -344,14 +349,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rms_norm_
   const int64_t Kp = (K + 127) / 128 * 128;
   at::Tensor out = at::empty_like(x);
   at::Tensor res_out = residual.has_value() ? at::empty_like(x) : at::empty({0}, x.options());
-  at::Tensor xq = at::empty({M, Kp}, x.options().dtype(at::kChar));
+  at::Tensor xq = at::empty({layout == 1 ? (M + 31) / 32 * 32 : M, Kp}, x.options().dtype(at::kChar));
   at::Tensor xs = at::empty({M}, x.options().dtype(at::kFloat));
   at::Tensor rowsum = at::empty({M}, x.options().dtype(at::kInt));
   if (M > 0)
     check_launch(trit_rms_norm_a8q(code, x.data_ptr(), residual.has_value() ? residual->data_ptr() : nullptr,
                                    weight.data_ptr(), out.data_ptr(), residual.has_value() ? res_out.data_ptr() : nullptr,
                                    xq.data_ptr<int8_t>(), xs.data_ptr<float>(), rowsum.data_ptr<int32_t>(), (int)M,
-                                   (int)K, (float)eps, current_stream(x)),
+                                   (int)K, (float)eps, (int)layout, current_stream(x)),
                  op);
   return {out, res_out, xq, xs, rowsum};
 }
@@ -420,8 +425,8 @@ std::tuple<at::Tensor, at::Tensor> ternary_mm_a8_prologue_cuda(
   }
   if (norm_weight.has_value() && K <= trit_rms_norm_a8q_max_k() && M > 0) {
     auto [out, res, xq, xs, rowsum] =
-        rms_norm_a8q_cuda(h.contiguous(), rc.defined() ? std::optional<at::Tensor>(rc) : std::nullopt, wc, eps);
-    return {ternary_mm_a8q_cuda(out, xq, xs, rowsum, packed, scale, N, K, bias), rc.defined() ? res : res_out};
+        rms_norm_a8q_cuda(h.contiguous(), rc.defined() ? std::optional<at::Tensor>(rc) : std::nullopt, wc, eps, 0);
+    return {ternary_mm_a8q_cuda(out, xq, xs, rowsum, packed, scale, N, K, bias, 0), rc.defined() ? res : res_out};
   }
   if (rc.defined()) {
     res_out.copy_(at::add(h, rc));  // one rounding to x's dtype

@@ -53,9 +53,11 @@ int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const float* sca
 // The same on activations quantized by the caller (trit.ops.a8_quantize: xq int8 [M, ceil(K/128)*128]
 // row-major, zeros past K, each group of 8 inputs in the order {0,4,1,5,2,6,3,7}; xs = 127 / absmax
 // float [M]; rowsum = sum of xq int32 [M]): the M <= 32 GEMV without its quantizer. Only where
-// trit_mm_a8_pre_ok(M, N, K) (the v5 MT = 1 kernel, or MT = 2 / 4 reading the row-major rows past M = 8, up
-// to TRIT_A8_PRE_MAXM), else cudaErrorInvalidValue.
-int trit_mm_a8_pre_ok(int M, int N, int K);
+// trit_mm_a8_pre_ok(M, N, K, layout) (the v5 MT = 1 kernel, or MT = 2 / 4 reading the row-major rows past M = 8, up
+// to TRIT_A8_PRE_MAXM), else cudaErrorInvalidValue. layout 1: xq in trit.ops.a8_tile's layout (32 * ceil(M / 32)
+// rows; at 8 < M <= 32 the interleaved row tiles of the quantizer behind the MT = 2 / 4 GEMV, which reads them with
+// its kXI loads: so only while TRIT_A8_XI is on), as trit_rms_norm_a8q writes it with layout 1.
+int trit_mm_a8_pre_ok(int M, int N, int K, int layout);
 // W1.58A8 on the bitplane layout (above): the route, arithmetic and results of trit_mm_a8 where its v5 GEMV
 // runs with at most 4 row tiles (M <= 32, TRIT_KERNEL not v4), cudaErrorInvalidValue elsewhere; the same
 // workspace as trit_mm_a8.
@@ -64,7 +66,7 @@ int trit_mm_a8_bp(int dtype, const void* x, const int32_t* packed_bp, const floa
                   const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs,
                   int32_t* rowsum, void* stream);
 int trit_mm_a8_pre(int dtype, const int32_t* packed, const float* scale, const void* bias, void* y, int M, int N,
-                   int K, const int8_t* xq, const float* xs, const int32_t* rowsum, void* stream);
+                   int K, const int8_t* xq, const float* xs, const int32_t* rowsum, int layout, void* stream);
 // The same through the GEMM-shaped kernel (M > 16; above 256 only with its 128-row wgmma loop,
 // trit_mm_a8_gemm_wg(M, N, K) == 2; bindings.cpp a8_gemm_on picks it):
 // xq must hold trit_mm_a8_gemm_xq_rows(M, N, K) rows (M rounded up to the CTA's rows: 32, 64 or
@@ -89,10 +91,11 @@ int trit_a8_epilogue(int dtype, const int32_t* acc, const float* xs, const float
 // RMSNorm + the a8 quantizer (trit::rms_norm_a8q; x, residual, w, out, res_out of `dtype`; residual and
 // res_out may be null together): z = x (+ residual, rounded to dtype, stored in res_out), out = dtype(z *
 // rsqrt(mean(z^2) + eps) * w), and out's quantization as trit_mm_a8_pre reads it (xq int8 [M, ceil(K/128)
-// *128], xs float [M], rowsum int32 [M]). K <= trit_rms_norm_a8q_max_k(), else cudaErrorInvalidValue.
+// *128], xs float [M], rowsum int32 [M]; layout 1: xq of 32 * ceil(M / 32) rows in trit.ops.a8_tile's layout).
+// K <= trit_rms_norm_a8q_max_k(), else cudaErrorInvalidValue.
 int trit_rms_norm_a8q_max_k(void);
 int trit_rms_norm_a8q(int dtype, const void* x, const void* residual, const void* w, void* out, void* res_out,
-                      int8_t* xq, float* xs, int32_t* rowsum, int M, int K, float eps, void* stream);
+                      int8_t* xq, float* xs, int32_t* rowsum, int M, int K, float eps, int layout, void* stream);
 
 // The W1.58A8 GEMV with the layer's input computed in front of its quantizer, in every CTA (trit::
 // ternary_mm_a8_prologue): act 1 / 2: x is [M, 2K] = [gate | up] and the input is T(T(relu(gate)^2) * up) /

@@ -2267,6 +2267,10 @@ cudaError_t launch_quant_cluster(int S, const T* x, int8_t* xq, float* xs, int32
 constexpr int kV5MaxMFp = 8, kV5MaxMA8 = 64;
 constexpr int kA8BpMaxM = 32;  // the bitplane layout's GEMV (trit_mm_a8_bp): the MT <= 4 kernels
 int v5_mt(int M) { return M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8; }
+// layout 1 (trit.ops.a8_tile): xq holds a8_tile_rows(M) = 32 * ceil(M / 32) rows, interleaved tiles of Mp rows at
+// 8 < M <= 32 (the GEMV's 8 * v5_mt(M)), else row-major; layout 0: M row-major rows.
+int a8_tile_rows(int M) { return (M + 31) / 32 * 32; }
+int a8_tile_mp(int M) { return M > 8 && M <= 32 ? 8 * v5_mt(M) : 0; }
 bool a8_v5(int M, int N, int K) { return M <= 32 || (M <= kV5MaxMA8 && (long)N * K <= (16L << 20)); }
 
 // Split-K for the v5 kernels (ks warps along K per 16-row tile). Measured on the H200
@@ -2590,7 +2594,7 @@ bool a8_pre_ok(int M) { return M >= 1 && M <= a8_pre_maxm() && knobs().v5; }
 template <typename T>
 cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
                         int M, int N, int K, int8_t* xq, float* xs, int32_t* rowsum,
-                        cudaStream_t st, bool pre = false, bool bp = false) {
+                        cudaStream_t st, bool pre = false, bool bp = false, int pre_layout = 0) {
   const int KB = (K + kBlockK - 1) / kBlockK;
   const bool v5 = a8_v5(M, N, K);
   const Knobs kn = v5 ? knobs() : Knobs{false, false, 0, 0, 0, 1, 0};
@@ -2637,6 +2641,12 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
         case 4: return launch_a8_small_mt<T, 4, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
         default: return cudaErrorInvalidValue;
       }
+    }
+    if (pre && cfg.mt > 1 && pre_layout == 1) {  // 8 < M <= 32: the tiles of rms_norm_a8q's layout 1 (a8_tile)
+      if (!kn.xi || 8 * cfg.mt != a8_tile_mp(M)) return cudaErrorInvalidValue;
+      if (cfg.mt == 2)
+        return launch_a8_small_mt<T, 2, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      return launch_a8_small_mt<T, 4, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
     }
     if (pre && cfg.mt > 1) {  // 8 < M <= 32: the row-major xq of rms_norm_a8q / a8_quantize
       switch (cfg.mt) {
@@ -2776,6 +2786,10 @@ cudaError_t dispatch_a8_prologue(const T* x, const A8Pro<T>& pro, const int32_t*
 //   out = T(z * rsqrt(mean(z^2) + eps) * w)        (fp32 arithmetic, one rounding to T)
 //   xq / xs / rowsum = the a8 quantizer of out (quant_rows_perm_kernel's values and byte order: what
 //                      trit.ops.a8_quantize(out) gives, bit for bit, for the out this kernel wrote)
+// Mp > 0 (trit.ops.a8_tile's layout 1 at 8 < M <= 32, Mp = 16 / 32 rows: what the interleaved-xq GEMV kXI reads):
+// row m's 8 bytes at row-major offset k go where quant_rows_perm_kernel kXI puts them; the grid has R >= M CTAs and
+// those past M write zeros: rows M .. Mp - 1 of the tiles, then (m >= Mp) the row-major row m, past the tiles'
+// Mp x Kp bytes (layout 1's zero tail; with Mp = 0 the zero rows after the M row-major ones).
 // One CTA of 256 threads per row, the row in registers (V <= kRnqVecs groups of 8 per thread, V = 2 / 5 / 8
 // by K: K <= 4096 / 10240 / 16384 at 48 / 101 / 155 registers; 4 spilled 8 bytes at 80 registers),
 // every load issued before the first use. vec: K % 8 == 0 and every row pointer 16-byte aligned.
@@ -2787,7 +2801,7 @@ __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __
                                                                      T* __restrict__ res_out, int8_t* __restrict__ xq,
                                                                      float* __restrict__ xs_out,
                                                                      int32_t* __restrict__ rowsum, int K, int Kp,
-                                                                     float eps, bool vec) {
+                                                                     float eps, bool vec, int M, int Mp) {
   __shared__ float sh_f[kRnqThreads / 32];
   __shared__ int sh_i[kRnqThreads / 32];
   pdl_trigger();  // the GEMV behind may launch now and stream its weights; it waits for this grid
@@ -2796,8 +2810,20 @@ __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __
   for (int k = threadIdx.x * 64; k < K; k += kRnqThreads * 64)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(w + k));
 #endif
-  pdl_wait();     // x / residual come from the kernel before
+  pdl_wait();     // x / residual come from the kernel before (and xq's memory may have been read by it)
   const int m = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  auto dst = [&](int k) {  // the 8 bytes of row m at row-major offset k (k % 8 == 0)
+    if (m < Mp) {
+      const int kk = k & (kBlockK - 1);
+      return reinterpret_cast<uint2*>(xq + ((size_t)(k >> 7) * Mp + (m & ~7)) * kBlockK + 512 * ((kk >> 4) & 1) +
+                                      64 * (m & 7) + 16 * (kk >> 5) + 8 * ((kk >> 3) & 1));
+    }
+    return reinterpret_cast<uint2*>(xq + (size_t)m * Kp + k);
+  };
+  if (m >= M) {  // a zero row of the layout (its GEMV outputs are never stored)
+    for (int k = threadIdx.x * 8; k < Kp; k += kRnqThreads * 8) *dst(k) = make_uint2(0u, 0u);
+    return;
+  }
   const size_t off = (size_t)m * K;
   float v[V][8], r[V][8];
 #pragma unroll
@@ -2861,7 +2887,7 @@ __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const int k = (j * kRnqThreads + threadIdx.x) * 8;
-    if (k < Kp) *reinterpret_cast<uint2*>(xq + (size_t)m * Kp + k) = quant_group8(v[j], xs, part);  // zeros past K
+    if (k < Kp) *dst(k) = quant_group8(v[j], xs, part);  // zeros past K
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
@@ -2878,18 +2904,19 @@ __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __
 
 template <typename T>
 cudaError_t launch_rms_norm_quant(const T* x, const T* residual, const T* w, T* out, T* res_out, int8_t* xq,
-                                  float* xs, int32_t* rowsum, int M, int K, float eps, cudaStream_t st) {
+                                  float* xs, int32_t* rowsum, int M, int K, float eps, int layout, cudaStream_t st) {
   if (K < 1 || K > kRnqMaxK || M < 1 || (residual == nullptr) != (res_out == nullptr) ||
-      reinterpret_cast<uintptr_t>(xq) % 8 != 0)
+      reinterpret_cast<uintptr_t>(xq) % 8 != 0 || (layout != 0 && layout != 1))
     return cudaErrorInvalidValue;
+  const int rows = layout == 1 ? a8_tile_rows(M) : M, Mp = layout == 1 ? a8_tile_mp(M) : 0;
   const int Kp = (K + kBlockK - 1) / kBlockK * kBlockK;
   auto al = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = K % 8 == 0 && al(x) && al(residual) && al(w) && al(out) && al(res_out);
   const bool pdl = knobs().pdl && pdl_supported();
   const int groups = (K + kRnqThreads * 8 - 1) / (kRnqThreads * 8);  // groups of 8 per thread
   auto go = [&](auto kern) {
-    return launch_ex(kern, dim3(M), dim3(kRnqThreads), 0, st, pdl, x, residual, w, out, res_out, xq, xs, rowsum, K, Kp,
-                     eps, vec);
+    return launch_ex(kern, dim3(rows), dim3(kRnqThreads), 0, st, pdl, x, residual, w, out, res_out, xq, xs, rowsum, K,
+                     Kp, eps, vec, M, Mp);
   };
   return groups <= 2 ? go(rms_norm_quant_kernel<T, 2>)
                      : groups <= 5 ? go(rms_norm_quant_kernel<T, 5>) : go(rms_norm_quant_kernel<T, kRnqVecs>);
@@ -3559,7 +3586,10 @@ extern "C" int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const
   });
 }
 
-extern "C" int trit_mm_a8_pre_ok(int M, int N, int K) { return a8_pre_ok(M) ? 1 : 0; }
+// layout 1 past M = 8: the interleaved tiles, read by the kXI kernels only (TRIT_A8_XI=0: quantize again)
+extern "C" int trit_mm_a8_pre_ok(int M, int N, int K, int layout) {
+  return a8_pre_ok(M) && (layout == 0 || (layout == 1 && (a8_tile_mp(M) == 0 || knobs().xi))) ? 1 : 0;
+}
 
 // trit_mm_a8 on the bitplane layout: the same route and results where it runs (the v5 GEMV, M <= kA8BpMaxM),
 // else cudaErrorInvalidValue; trit_mm_a8_bp_ok says which (dispatch_a8's condition)
@@ -3578,11 +3608,13 @@ extern "C" int trit_mm_a8_bp(int dtype, const void* x, const int32_t* packed_bp,
 
 // dispatch_a8 refuses (cudaErrorInvalidValue) where a8_pre_ok does not hold
 extern "C" int trit_mm_a8_pre(int dtype, const int32_t* packed, const float* scale, const void* bias, void* y, int M,
-                              int N, int K, const int8_t* xq, const float* xs, const int32_t* rowsum, void* stream) {
+                              int N, int K, const int8_t* xq, const float* xs, const int32_t* rowsum, int layout,
+                              void* stream) {
   return visit_float_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return (int)dispatch_a8<T>(nullptr, packed, scale, (const T*)bias, (T*)y, M, N, K, const_cast<int8_t*>(xq),
-                               const_cast<float*>(xs), const_cast<int32_t*>(rowsum), (cudaStream_t)stream, true);
+                               const_cast<float*>(xs), const_cast<int32_t*>(rowsum), (cudaStream_t)stream, true, false,
+                               layout);
   });
 }
 
@@ -3633,11 +3665,11 @@ extern "C" int trit_rms_norm_a8q_max_k() { return kRnqMaxK; }
 
 extern "C" int trit_rms_norm_a8q(int dtype, const void* x, const void* residual, const void* w, void* out,
                                  void* res_out, int8_t* xq, float* xs, int32_t* rowsum, int M, int K, float eps,
-                                 void* stream) {
+                                 int layout, void* stream) {
   return visit_float_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return (int)launch_rms_norm_quant<T>((const T*)x, (const T*)residual, (const T*)w, (T*)out, (T*)res_out, xq, xs,
-                                         rowsum, M, K, eps, (cudaStream_t)stream);
+                                         rowsum, M, K, eps, layout, (cudaStream_t)stream);
   });
 }
 

@@ -419,3 +419,75 @@ def test_rms_norm_a8q_opcheck_and_errors():
         torch.ops.trit.rms_norm_a8q(x, r[:2], w, 1e-5)
     with pytest.raises(ValueError, match="K=20000 outside"):
         torch.ops.trit.rms_norm_a8q(torch.zeros(1, 20000), None, torch.ones(20000), 1e-5)
+
+
+# ------------------------------------------------------------------ the tiled xq (layout 1: trit.ops.a8_tile)
+def _tiled_by_formula(xq, M):
+    """a8_tile written out byte by byte: rows of 32 * ceil(M / 32); at 8 < M <= 32 row m = 8t + g's byte at
+    row-major offset kb * 128 + 32c + 16h + 8q + j goes to kb * Mp * 128 + 1024t + 512h + 64g + 16c + 8q + j
+    (Mp = 16 / 32), every other byte zero; elsewhere the rows row-major, then zero rows."""
+    Kp = xq.shape[1]
+    rows = (M + 31) // 32 * 32
+    out = torch.zeros(rows * Kp, dtype=torch.int8)
+    mp = 16 if 8 < M <= 16 else 32 if 16 < M <= 32 else 0
+    for m in range(M):
+        for k in range(Kp):
+            if mp == 0:
+                at = m * Kp + k
+            else:
+                kb, kk = divmod(k, 128)
+                t, g = divmod(m, 8)
+                at = (kb * mp * 128 + 1024 * t + 512 * (kk // 16 % 2) + 64 * g + 16 * (kk // 32)
+                      + 8 * (kk // 8 % 2) + kk % 8)
+            out[at] = xq[m, k]
+    return out.view(rows, Kp)
+
+
+@settings(max_examples=25, deadline=None)
+@given(M=st.one_of(st.integers(1, 34), st.sampled_from([64, 65])), K=st.integers(1, 300), seed=st.integers(0, 2**16))
+def test_a8_tile_layout_written_out(M, K, seed):
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(seed))
+    xq, _, _ = ops.a8_quantize(x)
+    t = ops.a8_tile(xq, M)
+    assert t.shape == (ops.a8_tile_rows(M), xq.shape[1]) and t.dtype == torch.int8
+    assert torch.equal(t, _tiled_by_formula(xq, M))
+    assert torch.equal(ops.a8_untile(t, M), xq)
+
+
+@settings(max_examples=25, deadline=None)
+@given(M=st.integers(1, 40), N=st.integers(1, 60), K=st.integers(1, 300), dtype=st.sampled_from(DTYPES),
+       bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_a8q_tiled_equals_a8_cpu(M, N, K, dtype, bias, seed):
+    """ternary_mm_a8q on the tiled xq (layout=1) = ternary_mm_a8, and rms_norm_a8q's layout 1 is a8_tile of its
+    layout 0 (same out, residual, xs, rowsum)."""
+    x, w, p, s, b = make_case(M, N, K, dtype, bias=bias, seed=seed)
+    xq, xs, rs = ops.a8_quantize(x)
+    want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    assert torch.equal(torch.ops.trit.ternary_mm_a8q(x, ops.a8_tile(xq, M), xs, rs, p, s, N, K, b, 1), want)
+    wn = torch.rand(K, generator=torch.Generator().manual_seed(seed)).to(dtype) + 0.5
+    r = torch.randn(M, K, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+    row = torch.ops.trit.rms_norm_a8q(x, r, wn, 1e-6)
+    tiled = torch.ops.trit.rms_norm_a8q(x, r, wn, 1e-6, 1)
+    for i in (0, 1, 3, 4):
+        assert torch.equal(tiled[i], row[i]), i
+    assert torch.equal(tiled[2], ops.a8_tile(row[2], M))
+
+
+@pytest.mark.parametrize("M", [3, 12, 32, 40])
+def test_opcheck_tiled_layout_cpu(M):
+    x, w, p, s, b = make_case(M, 40, 300, torch.bfloat16, bias=True, seed=M)
+    wn = (torch.rand(300) + 0.5).to(torch.bfloat16)
+    torch.library.opcheck(torch.ops.trit.rms_norm_a8q, (x, x.clone(), wn, 1e-6, 1))
+    _, _, xq, xs, rs = torch.ops.trit.rms_norm_a8q(x, None, wn, 1e-6, 1)
+    torch.library.opcheck(torch.ops.trit.ternary_mm_a8q, (x, xq, xs, rs, p, s, 40, 300, b, 1))
+
+
+def test_tiled_layout_errors_name_the_problem():
+    x, w, p, s, b = make_case(12, 40, 300, torch.bfloat16, seed=1)
+    xq, xs, rs = ops.a8_quantize(x)
+    with pytest.raises((ValueError, RuntimeError), match=r"xq must be torch.int8 \[32, 384\].*a8_tile.*layout=1"):
+        torch.ops.trit.ternary_mm_a8q(x, xq, xs, rs, p, s, 40, 300, None, 1)  # the row-major xq, 12 rows
+    with pytest.raises((ValueError, RuntimeError), match="layout=2 not in"):
+        torch.ops.trit.ternary_mm_a8q(x, ops.a8_tile(xq, 12), xs, rs, p, s, 40, 300, None, 2)
+    with pytest.raises((ValueError, RuntimeError), match="layout=2 not in"):
+        torch.ops.trit.rms_norm_a8q(x, None, torch.ones(300, dtype=torch.bfloat16), 1e-6, 2)

@@ -1460,3 +1460,94 @@ def test_a8_interleaved_xq_in_a_cuda_graph(monkeypatch):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, torch.ops.trit.ternary_mm_a8(static_x, p, s, N, K, b)), f"replay {seed}"
+
+
+# ------------------------------------------------------------------ the tiled xq on the fused-norm route (layout 1)
+# rms_norm_a8q(..., layout=1) writes trit.ops.a8_tile's layout: at 8 < M <= 32 the interleaved row tiles that the
+# MT = 2 / 4 GEMV reads with kXI (ternary_mm_a8q(..., layout=1)); TRIT_FUSED_NORM_LAYOUT=1 in vLLM.
+
+
+@pytest.mark.parametrize("K", [100, 2560, 4100, 14336])
+@pytest.mark.parametrize("M", [1, 5, 9, 16, 17, 24, 32, 33, 70])
+def test_rms_norm_a8q_tiled_cuda(K, M):
+    """The kernel's tiled xq is a8_tile of the row-major one, every byte (zero rows and tail included: the output is
+    allocated over non-zero bytes), the other outputs as with layout 0, every dtype and misaligned rows."""
+    for dtype in DTYPES:
+        for misalign in ((), ("x", "r")):
+            x, r, w = _rnq_inputs(M, K, dtype, True, K + M, misalign)
+            Kp = (K + 127) // 128 * 128
+            torch.empty(4 * (ops.a8_tile_rows(M) * Kp + 2 * M * K * x.element_size()), dtype=torch.uint8,
+                        device=DEV).fill_(0x7F)
+            row = torch.ops.trit.rms_norm_a8q(x, r, w, 1e-6)
+            tiled = torch.ops.trit.rms_norm_a8q(x, r, w, 1e-6, 1)
+            what = f"K={K} M={M} {dtype} misalign={misalign}"
+            for i in (0, 1, 3, 4):
+                assert torch.equal(tiled[i], row[i]), f"{what}: output {i}"
+            assert tiled[2].shape == (ops.a8_tile_rows(M), Kp), what
+            assert torch.equal(tiled[2], ops.a8_tile(row[2], M)), what
+
+
+@SETTINGS
+@given(M=st.integers(1, 40), N=AWKWARD_N, K=AWKWARD_K, dtype=st.sampled_from(DTYPES), bias=st.booleans(),
+       wn=st.sampled_from(["", "1", "2"]), seed=st.integers(0, 2**16))
+def test_a8q_tiled_equals_a8_cuda(M, N, K, dtype, bias, wn, seed):
+    """ternary_mm_a8q on the tiled xq (layout 1; the interleaved GEMV at 8 < M <= 32, one or two tiles per warp) gives
+    ternary_mm_a8's result bit for bit, every dtype, awkward N and K; past M = 32 the op quantizes again."""
+    x, w, p, s, b = make_case(M, N, K, dtype, bias, seed, DEV)
+    xq, xs, rs = ops.a8_quantize(x)
+    with _env(TRIT_WN=wn):
+        want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+        got = torch.ops.trit.ternary_mm_a8q(x, ops.a8_tile(xq, M), xs, rs, p, s, N, K, b, 1)
+    assert torch.equal(got, want), f"M={M} N={N} K={K} {dtype} wn={wn}: {(got != want).sum().item()} outputs differ"
+
+
+@pytest.mark.parametrize("M,N,K", [(24, 4096, 4096), (32, 28672, 4096), (12, 6144, 4096), (5, 2560, 2560)])
+def test_a8q_tiled_runs_the_gemv_alone_unless_xi_is_off(monkeypatch, M, N, K):
+    """On the tiled xq the a8q op is one launch, the interleaved GEMV at 8 < M <= 32 (the kernel ternary_mm_a8 runs
+    behind its quantizer); with TRIT_A8_XI=0 it quantizes x again (two launches), with the same result."""
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 3, DEV)
+    xq, xs, rs = ops.a8_quantize(x)
+    args = (x, ops.a8_tile(xq, M), xs, rs, p, s, N, K, b, 1)
+    want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    monkeypatch.delenv("TRIT_A8_XI", raising=False)
+    names = _cuda_kernels(lambda: torch.ops.trit.ternary_mm_a8q(*args))
+    assert len(names) == 1 and "a8_small_kernel" in names[0], names
+    if 8 < M <= 32:
+        own = _cuda_kernels(lambda: torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b))
+        assert names[0] == own[-1], (names, own)
+    assert torch.equal(torch.ops.trit.ternary_mm_a8q(*args), want)
+    monkeypatch.setenv("TRIT_A8_XI", "0")
+    if 8 < M <= 32:
+        assert len(_cuda_kernels(lambda: torch.ops.trit.ternary_mm_a8q(*args))) == 2
+    assert torch.equal(torch.ops.trit.ternary_mm_a8q(*args), want)
+
+
+@pytest.mark.parametrize("M", [16, 32])
+def test_rms_norm_a8q_tiled_chain_in_a_cuda_graph(M):
+    """Norm (layout 1) -> GEMV (layout 1) captured and replayed on new inputs: the eager row-major route's output,
+    bit for bit (the same quantization, read from the other layout)."""
+    N, K = 6144, 4096
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 21, DEV)
+    r = torch.randn(M, K, generator=torch.Generator().manual_seed(22)).to(torch.bfloat16).to(DEV)
+    wn = (torch.rand(K, generator=torch.Generator().manual_seed(23)) + 0.5).to(torch.bfloat16).to(DEV)
+
+    def route(sx, layout):
+        h, _, xq, xs, rs = torch.ops.trit.rms_norm_a8q(sx, r, wn, 1e-6, layout)
+        return torch.ops.trit.ternary_mm_a8q(h, xq, xs, rs, p, s, N, K, b, layout)
+
+    static_x = x.clone()
+    g, out = capture(lambda sx: route(sx, 1), static_x)
+    for seed in (1, 2):
+        static_x.copy_(torch.randn(M, K, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(DEV))
+        poison(out)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, route(static_x, 0)), f"replay {seed}"
+
+
+def test_opcheck_tiled_layout_cuda():
+    x, r, w = _rnq_inputs(24, 2560, torch.bfloat16, True, 0)
+    torch.library.opcheck(torch.ops.trit.rms_norm_a8q, (x, r, w, 1e-6, 1))
+    _, _, xq, xs, rs = torch.ops.trit.rms_norm_a8q(x, None, w, 1e-6, 1)
+    _, _, p, s, b = make_case(24, 640, 2560, torch.bfloat16, True, 4, DEV)
+    torch.library.opcheck(torch.ops.trit.ternary_mm_a8q, (x, xq, xs, rs, p, s, 640, 2560, b, 1))

@@ -73,13 +73,15 @@ print("RESULT " + json.dumps({"flags": flags, "calls": calls, "generate_calls": 
 
 
 def run(tmp_path, prequant: str, fused_norm: str = "0", attr: str = "trit_prequant", model=None,
-        prologue: str = "0", chain: str = "0", count=(), prompts: str = "both", piecewise: bool = False) -> dict:
+        prologue: str = "0", chain: str = "0", count=(), prompts: str = "both", piecewise: bool = False,
+        fnorm_layout: str = "0") -> dict:
     """One vLLM run in its own process with these settings; count: trit op names whose calls during the
     generate calls come back under "calls" (those of the first generate call alone under "generate_calls");
     prompts "one": that generate call on the first prompt alone (decode steps of one token)."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "TRIT_A8_PREQUANT": prequant,
            "TRIT_FUSED_NORM_QUANT": fused_norm, "TRIT_A8_PROLOGUE": prologue, "TRIT_CHAIN": chain,
+           "TRIT_FUSED_NORM_LAYOUT": fnorm_layout,
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "TRIT_TEST_PIECEWISE": "1" if piecewise else "0"}
     model = model or ROOT / "models" / "tiny-bitnet"
@@ -315,3 +317,17 @@ def test_chain_keeps_the_old_route_where_a_layer_has_a_bias(tmp_path):
     on = run(tmp_path, "0", attr="trit_chain", model=d, chain="1", count=COUNT)
     assert on["flags"] and all(f for _, f in on["flags"]), on
     assert on["calls"] == {"ternary_chain": 0, "ternary_mm_a8_prologue": 0}, on["calls"]
+
+
+def test_fused_norm_tiled_layout_matches_the_row_major_one(tmp_path):
+    """TRIT_FUSED_NORM_LAYOUT=1: the fused-norm route hands the layers the tiled xq (trit.ops.a8_tile) and the GEMV
+    reads it there: the same quantization, so the same tokens and logprobs as the row-major layout, bit for bit (on
+    the CPU ops: the tiles wherever a step has 9-32 tokens, the row-major rows elsewhere), and a compile-cache entry
+    of its own (the traced graph passes the layout)."""
+    row = run(tmp_path, "0", "1", "trit_fused_norm")
+    tiled = run(tmp_path, "0", "1", "trit_fused_norm", fnorm_layout="1")
+    assert tiled["flags"] and all(f for _, f in tiled["flags"]), tiled["flags"]
+    assert tiled["tokens"] == row["tokens"] and tiled["top"] == row["top"]
+    keys = list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("torch_aot_compile/*"))
+    keys = keys or list((tmp_path / "vllm-cache" / "torch_compile_cache").glob("*"))
+    assert len(keys) >= 2, f"one compile-cache entry for both layouts: {keys}"

@@ -30,13 +30,15 @@ Ops (all take x: [M, K] of bfloat16 | float16 | float32 and return [M, N] of x's
         ternary_mm_a8 on the bitplane layout (:func:`repack_bitplane`: the +1/-1 bitmask form, one bit
         plane for +1 and one for -1, 2 bits per weight as the codes); same results, CUDA at M <= 32 only
     torch.ops.trit.ternary_decode(packed, scale, N, K, dtype) -> [N, K] W * scale (dense)
-    torch.ops.trit.ternary_mm_a8q(x, xq, xs, rowsum, packed, scale, N, K, bias=None)
+    torch.ops.trit.ternary_mm_a8q(x, xq, xs, rowsum, packed, scale, N, K, bias=None, layout=0)
         ternary_mm_a8 with x's quantization given by :func:`a8_quantize` (torch ops that a compiler
         fuses into the kernel producing x): the M <= 32 GEMV reads it and runs alone (M 9-32: the MT = 2 / 4
-        GEMVs read the same row-major layout; TRIT_A8_PRE_MAXM=8 | 16 quantizes again above that M)
-    torch.ops.trit.rms_norm_a8q(x, residual, weight, eps) -> (out, residual_out, xq, xs, rowsum)
+        GEMVs read the same row-major layout; TRIT_A8_PRE_MAXM=8 | 16 quantizes again above that M);
+        layout=1: xq in the tiled layout (:func:`a8_tile`) that rms_norm_a8q(..., layout=1) writes
+    torch.ops.trit.rms_norm_a8q(x, residual, weight, eps, layout=0) -> (out, residual_out, xq, xs, rowsum)
         RMSNorm (after the residual add when residual is given) and the a8 quantizer of its output
-        in one kernel (K <= 16384), the input of ternary_mm_a8q: :func:`rms_norm_a8q_ref`
+        in one kernel (K <= 16384), the input of ternary_mm_a8q: :func:`rms_norm_a8q_ref`; layout=1 writes
+        xq tiled (:func:`a8_tile`: at 8 < M <= 32 the interleaved row tiles the MT = 2 / 4 GEMVs read best)
     torch.ops.trit.ternary_mm_a8_prologue(x, residual, norm_weight, eps, act, packed, scale, N, K, bias=None)
         -> (y, residual_out): ternary_mm_a8 of act(gate) * up or x (+ residual), RMSNorm-ed when
         norm_weight is given; at M = 1 one kernel (:func:`ternary_mm_a8_prologue_ref`)
@@ -331,6 +333,55 @@ def a8_unpermute(xq: Tensor, K: int) -> Tensor:
     return xq.view(M, Kp // 8, 4, 2).transpose(-1, -2).reshape(M, Kp)[:, :K]
 
 
+A8Q_LAYOUTS = (0, 1)  # ternary_mm_a8q / rms_norm_a8q xq layouts: 0 row-major (a8_quantize), 1 tiled (a8_tile)
+
+
+def a8_tile_rows(M):
+    """Rows of a tiled xq (layout 1) for M rows of x: M rounded up to a multiple of 32 (works on SymInts)."""
+    return (M + 31) // 32 * 32
+
+
+def a8_tile_mp(M: int) -> int:
+    """The rows of the interleaved tiles of a tiled xq: 16 at 8 < M <= 16, 32 at 16 < M <= 32 (the row tiles of the
+    MT = 2 / 4 GEMV, csrc v5_mt), else 0 (row-major)."""
+    return 16 if 8 < M <= 16 else 32 if 16 < M <= 32 else 0
+
+
+def a8_tile(xq: Tensor, M: int) -> Tensor:
+    """a8_quantize's row-major xq [M, Kp] -> the tiled layout (layout 1), int8 [a8_tile_rows(M), Kp]:
+
+    - 8 < M <= 32: k-block-major interleaved row tiles, the layout of the quantizer that the MT = 2 / 4 GEMV
+      has behind it by default (csrc quant_rows_perm_kernel kXI): Mp = a8_tile_mp(M) rows (zero rows past M),
+      and in k-block kb the 8-byte piece at row-major offset 32c + 16h + 8q of row m = 8t + g goes to byte
+      kb * Mp * 128 + 1024 t + 512 h + 64 g + 16 c + 8 q, so that a warp's 16-byte load reads 512 contiguous
+      bytes; the bytes after the Mp * Kp of the tiles are zero;
+    - else (M <= 8, M > 32): the row-major rows, then zero rows.
+    """
+    rows = a8_tile_rows(M)
+    Kp = xq.shape[1]
+    mp = a8_tile_mp(M)
+    out = xq.new_zeros((rows, Kp))
+    if mp == 0:
+        out[:M] = xq
+        return out
+    q = torch.zeros((mp, Kp), dtype=xq.dtype, device=xq.device)
+    q[:M] = xq
+    t = q.view(mp // 8, 8, Kp // BLOCK_K, 4, 2, 2, 8)  # [t, g, kb, c, h, q, 8 bytes]
+    tiles = t.permute(2, 0, 4, 1, 3, 5, 6).reshape(-1)  # [kb, t, h, g, c, q, 8 bytes]
+    out.view(-1)[: mp * Kp] = tiles
+    return out
+
+
+def a8_untile(xq: Tensor, M: int) -> Tensor:
+    """Inverse of :func:`a8_tile`: the row-major xq [M, Kp]."""
+    Kp = xq.shape[1]
+    mp = a8_tile_mp(M)
+    if mp == 0:
+        return xq[:M]
+    t = xq.reshape(-1)[: mp * Kp].view(Kp // BLOCK_K, mp // 8, 2, 8, 4, 2, 8)  # [kb, t, h, g, c, q, 8]
+    return t.permute(1, 3, 0, 4, 2, 5, 6).reshape(mp, Kp)[:M]
+
+
 def ternary_decode_ref(packed: Tensor, scale: Optional[Tensor], N: int, K: int,
                        dtype: torch.dtype) -> Tensor:
     """Dense W * scale[:, None] in `dtype` (int8 codes when dtype is int8 and scale is None)."""
@@ -355,9 +406,9 @@ _lib.define("ternary_mm_a8_bp(Tensor x, Tensor packed_bp, Tensor scale, int N, i
 _lib.define("ternary_decode(Tensor packed, Tensor? scale, int N, int K, ScalarType dtype) -> Tensor")
 # ternary_mm_a8 with x's quantization (a8_quantize(x)) given: see ternary_linear_a8_pre
 _lib.define("ternary_mm_a8q(Tensor x, Tensor xq, Tensor xs, Tensor rowsum, Tensor packed, Tensor scale, int N, "
-            "int K, Tensor? bias=None) -> Tensor")
+            "int K, Tensor? bias=None, int layout=0) -> Tensor")
 # RMSNorm (+ residual add) and the a8 quantizer of its output in one kernel: see rms_norm_a8q_ref
-_lib.define("rms_norm_a8q(Tensor x, Tensor? residual, Tensor weight, float eps) -> "
+_lib.define("rms_norm_a8q(Tensor x, Tensor? residual, Tensor weight, float eps, int layout=0) -> "
             "(Tensor out, Tensor residual_out, Tensor xq, Tensor xs, Tensor rowsum)")
 RMS_NORM_A8Q_MAX_K = 16384  # the CUDA kernel holds a row in one CTA's registers (csrc kRnqMaxK)
 # ternary_mm_a8 of the input the model computes in front of the layer (activation, residual add, RMSNorm):
@@ -418,19 +469,24 @@ def _a8_from_quant(xq, xs, packed, scale, N, K, bias, dtype):
     return y.to(dtype)
 
 
-def _check_a8q(x, xq, xs, rowsum, K):
+def _check_a8q(x, xq, xs, rowsum, K, layout=0):
     M, Kp = x.shape[0], (K + BLOCK_K - 1) // BLOCK_K * BLOCK_K
-    for name, t, dtype, shape in (("xq", xq, torch.int8, (M, Kp)), ("xs", xs, torch.float32, (M,)),
+    if layout not in A8Q_LAYOUTS:
+        raise ValueError(f"trit::ternary_mm_a8q: layout={layout} not in {A8Q_LAYOUTS} (0 row-major, 1 tiled)")
+    rows, src = (M, "trit.ops.a8_quantize") if layout == 0 else (a8_tile_rows(M), "trit.ops.a8_tile")
+    for name, t, dtype, shape in (("xq", xq, torch.int8, (rows, Kp)), ("xs", xs, torch.float32, (M,)),
                                   ("rowsum", rowsum, torch.int32, (M,))):
         if t.dtype != dtype or tuple(t.shape) != shape:
-            raise ValueError(f"trit::ternary_mm_a8q: {name} must be {dtype} {list(shape)} (trit.ops.a8_quantize of "
-                             f"x [{M}, {K}]), got {t.dtype} {list(t.shape)}")
+            raise ValueError(f"trit::ternary_mm_a8q: {name} must be {dtype} {list(shape)} ({src} of x [{M}, {K}], "
+                             f"layout={layout}), got {t.dtype} {list(t.shape)}")
 
 
-def _mm_a8q_torch(x, xq, xs, rowsum, packed, scale, N, K, bias=None):
+def _mm_a8q_torch(x, xq, xs, rowsum, packed, scale, N, K, bias=None, layout=0):
     """From the given quantization (xq, xs); rowsum is the kernels' (checked for shape only)."""
     _check_mm("ternary_mm_a8q", x, packed, scale, N, K, bias)
-    _check_a8q(x, xq, xs, rowsum, K)
+    _check_a8q(x, xq, xs, rowsum, K, layout)
+    if layout == 1:
+        xq = a8_untile(xq, x.shape[0])
     return _a8_from_quant(a8_unpermute(xq, K).to(torch.float32), xs[:, None], packed, scale, N, K, bias, x.dtype)
 
 
@@ -443,8 +499,10 @@ def _decode_torch(packed, scale, N, K, dtype):
     return ternary_decode_ref(packed, scale, N, K, dtype)
 
 
-def _check_rms_norm_a8q(x, residual, weight):
+def _check_rms_norm_a8q(x, residual, weight, layout=0):
     op = "trit::rms_norm_a8q"
+    if layout not in A8Q_LAYOUTS:
+        raise ValueError(f"{op}: layout={layout} not in {A8Q_LAYOUTS} (0 row-major, 1 tiled)")
     if x.dim() != 2 or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"{op}: x must be a 2-D [M, K] float32 / float16 / bfloat16 tensor, got {x.dtype} "
                          f"{list(x.shape)}")
@@ -458,16 +516,18 @@ def _check_rms_norm_a8q(x, residual, weight):
                          f"{list(residual.shape)}")
 
 
-def rms_norm_a8q_ref(x: Tensor, residual: Optional[Tensor], weight: Tensor, eps: float):
+def rms_norm_a8q_ref(x: Tensor, residual: Optional[Tensor], weight: Tensor, eps: float, layout: int = 0):
     """What trit::rms_norm_a8q computes (its CPU implementation), in torch ops:
     z = x (+ residual, rounded to x's dtype: the new residual stream, returned as residual_out; an
     empty tensor without residual), out = (z * rsqrt(mean(z^2) + eps) * weight) in fp32, rounded once
-    to x's dtype, and (xq, xs, rowsum) = a8_quantize(out), the input ternary_mm_a8q takes. The CUDA
-    kernel reduces in another order (out may differ by one rounding step), but its xq / xs / rowsum
-    are a8_quantize of the out it returns, bit for bit."""
-    _check_rms_norm_a8q(x, residual, weight)
+    to x's dtype, and (xq, xs, rowsum) = a8_quantize(out), the input ternary_mm_a8q takes (layout=1: xq
+    as a8_tile(xq, M), for ternary_mm_a8q(..., layout=1)). The CUDA kernel reduces in another order (out
+    may differ by one rounding step), but its xq / xs / rowsum are those of the out it returns, bit for bit."""
+    _check_rms_norm_a8q(x, residual, weight, layout)
     out, res_out = _add_rms_norm(x, residual, weight, eps)
     xq, xs, rowsum = a8_quantize(out)
+    if layout == 1:
+        xq = a8_tile(xq, x.shape[0])
     return out, res_out, xq, xs, rowsum
 
 
@@ -594,16 +654,17 @@ for _name in ("ternary_mm", "ternary_mm_a8", "ternary_mm_a8_bp", "ternary_mm_nai
 
 
 @torch.library.register_fake("trit::ternary_mm_a8q", lib=_lib)
-def _mm_a8q_fake(x, xq, xs, rowsum, packed, scale, N, K, bias=None):
+def _mm_a8q_fake(x, xq, xs, rowsum, packed, scale, N, K, bias=None, layout=0):
     return x.new_empty((x.shape[0], N))
 
 
 @torch.library.register_fake("trit::rms_norm_a8q", lib=_lib)
-def _rms_norm_a8q_fake(x, residual, weight, eps):
+def _rms_norm_a8q_fake(x, residual, weight, eps, layout=0):
     M, K = x.shape
     Kp = (K + BLOCK_K - 1) // BLOCK_K * BLOCK_K
+    rows = M if layout == 0 else a8_tile_rows(M)
     return (x.new_empty((M, K)), x.new_empty((M, K)) if residual is not None else x.new_empty(0),
-            x.new_empty((M, Kp), dtype=torch.int8), x.new_empty((M,), dtype=torch.float32),
+            x.new_empty((rows, Kp), dtype=torch.int8), x.new_empty((M,), dtype=torch.float32),
             x.new_empty((M,), dtype=torch.int32))
 
 

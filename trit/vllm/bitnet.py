@@ -106,9 +106,10 @@ def norm_then_linear(norm: nn.Module, linear: nn.Module, x: torch.Tensor, residu
                                                     norm.variance_epsilon, 0, bias_of(linear))
         return y, (res if residual is not None else None)
     if getattr(linear, "trit_fused_norm", False) and isinstance(norm, RMSNorm) and x.dim() == 2:
+        layout = getattr(linear, "trit_fnorm_layout", 0)  # TRIT_FUSED_NORM_LAYOUT: 1 = the tiled xq
         h, res, xq, xs, rowsum = torch.ops.trit.rms_norm_a8q(x.contiguous(), residual, norm_weight_as(norm, x),
-                                                            norm.variance_epsilon)
-        y = linear.quant_method.apply_quantized(linear, h, xq, xs, rowsum, bias_of(linear))
+                                                            norm.variance_epsilon, layout)
+        y = linear.quant_method.apply_quantized(linear, h, xq, xs, rowsum, bias_of(linear), layout)
         return y, (res if residual is not None else None)
     if residual is None:
         y, _ = linear(norm(x))

@@ -453,6 +453,8 @@ class TernaryLinearMethod(_SpecLinearMethod):
         # TRIT_FUSED_NORM_QUANT: the RMSNorm in front computes this layer's activation quantization
         # (trit::rms_norm_a8q; the BitNet model's norm_then_linear)
         layer.trit_fused_norm = fusable and k_part <= RMS_NORM_A8Q_MAX_K and fused_norm_selected()
+        # TRIT_FUSED_NORM_LAYOUT: the xq layout the norm writes for this layer (fused_norm_layout)
+        layer.trit_fnorm_layout = fused_norm_layout() if layer.trit_fused_norm else 0
         # TRIT_A8_PROLOGUE: the norm / activation in front of this layer runs inside its GEMV
         # (trit::ternary_mm_a8_prologue; the BitNet model and trit.vllm.llama)
         layer.trit_prologue = fusable and prologue_selected()
@@ -464,6 +466,8 @@ class TernaryLinearMethod(_SpecLinearMethod):
         for flag in ("trit_fused_norm", "trit_prologue", "trit_chain", "trit_chain_all"):
             if getattr(layer, flag):
                 key_compile_cache(self.prefix, flag)
+        if layer.trit_fnorm_layout:  # the traced graph passes the layout to the two ops: its own cache entry
+            key_compile_cache(self.prefix, f"trit_fnorm_layout{layer.trit_fnorm_layout}")
         if layer.trit_chain and not layer.trit_chain_all:
             # the one-token routing's torch.cond: vLLM 0.26 / torch 2.11 cannot serialize a compiled piece
             # holding it ("The compiled artifact is not serializable"), so this model compiles uncached
@@ -548,12 +552,13 @@ class TernaryLinearMethod(_SpecLinearMethod):
         return y.reshape(*x.shape[:-1], N)
 
     def apply_quantized(self, layer: torch.nn.Module, x: torch.Tensor, xq: torch.Tensor, xs: torch.Tensor,
-                        rowsum: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                        rowsum: torch.Tensor, bias: Optional[torch.Tensor] = None, layout: int = 0) -> torch.Tensor:
         """apply() on an input x [M, K] whose a8 quantization (xq, xs, rowsum) is given: the outputs of
-        trit::rms_norm_a8q (trit.vllm.bitnet.norm_then_linear). At M <= 32 (TRIT_A8_PRE_MAXM) the GEMV
-        runs without a quantizer; elsewhere ternary_mm_a8q quantizes x again (the same values)."""
+        trit::rms_norm_a8q (trit.vllm.bitnet.norm_then_linear; xq in ``layout``, 1 the tiled one). At M <= 32
+        (TRIT_A8_PRE_MAXM) the GEMV runs without a quantizer; elsewhere ternary_mm_a8q quantizes x again (the
+        same values)."""
         N, K = layer.trit_n, layer.trit_k
-        return torch.ops.trit.ternary_mm_a8q(x, xq, xs, rowsum, layer.weight, layer.weight_scale, N, K, bias)
+        return torch.ops.trit.ternary_mm_a8q(x, xq, xs, rowsum, layer.weight, layer.weight_scale, N, K, bias, layout)
 
     def apply_prologue(self, layer: torch.nn.Module, x: torch.Tensor, residual: Optional[torch.Tensor],
                        norm_weight: Optional[torch.Tensor], eps: float, act: int,
@@ -636,6 +641,21 @@ def fused_norm_selected(setting: Optional[str] = None) -> bool:
     only where vLLM compiles the model (model_compiled): eager runs keep the norm and linear module
     calls that the parity target's capture hooks observe."""
     return _switch_on("TRIT_FUSED_NORM_QUANT", setting)
+
+
+def fused_norm_layout(setting: Optional[str] = None) -> int:
+    """TRIT_FUSED_NORM_LAYOUT, read when the model loads: the xq layout trit::rms_norm_a8q writes on the fused-norm
+    route (TRIT_FUSED_NORM_QUANT). Unset / 0 (default): row-major, which the 8 < M <= 32 GEMV reads row by row
+    (kRM); 1 / tiled: trit.ops.a8_tile's interleaved row tiles, which that GEMV reads with 512-byte warp loads
+    (kXI, as behind its own quantizer since 7e5aea7). Not yet measured end to end (bench.e2e ours-fnorm32-tiled)."""
+    import os
+
+    setting = (os.environ.get("TRIT_FUSED_NORM_LAYOUT", "") if setting is None else setting).strip().lower()
+    if setting in ("", "0", "row", "rows"):
+        return 0
+    if setting in ("1", "tiled"):
+        return 1
+    raise ValueError(f"TRIT_FUSED_NORM_LAYOUT={setting!r}: expected 0 / row (row-major) or 1 / tiled")
 
 
 def prequant_selected(prefix: str, setting: Optional[str] = None) -> bool:
