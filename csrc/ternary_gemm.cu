@@ -1812,6 +1812,13 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
 // kXI (a8_small_kernel kXI, MT = 2 / 4; k-block-major only): each k-block's 8-row tile (1 KB) interleaved so
 // that a warp's 16-byte loads read 512 contiguous bytes: the 8 bytes of row g at plain offset kk = 32c + 16h +
 // 8q of the k-block go to byte 512h + 64g + 16c + 8q of the tile.
+// The interleaved layout's byte of row m at row-major offset k (k % 8 == 0) in a k-block-major xq of Mp rows:
+// quant_rows_perm_kernel kXI and rms_norm_quant_kernel (layout 1) write it, a8_small_kernel kXI reads it.
+__device__ __forceinline__ size_t xi_offset(int m, int k, int Mp) {
+  const int kk = k & (kBlockK - 1);
+  return ((size_t)(k >> 7) * Mp + (m & ~7)) * kBlockK + 512 * ((kk >> 4) & 1) + 64 * (m & 7) + 16 * (kk >> 5) +
+         8 * ((kk >> 3) & 1);
+}
 template <typename T, bool kWG = false, bool kXI = false>
 __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
                                                               float* __restrict__ xs_out,
@@ -1830,11 +1837,7 @@ __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restric
   // Mp == 0: row-major [M, Kp]; else k-block-major [Kp/128][Mp][128] (a8_small_kernel, MT >= 2)
   static_assert(!(kWG && kXI), "one k-block order");
   auto dst = [&](int k) {
-    if constexpr (kXI) {
-      const int kk = k & (kBlockK - 1);
-      return reinterpret_cast<uint2*>(xq + ((size_t)(k >> 7) * Mp + (m & ~7)) * kBlockK + 512 * ((kk >> 4) & 1) +
-                                      64 * (m & 7) + 16 * (kk >> 5) + 8 * ((kk >> 3) & 1));
-    }
+    if constexpr (kXI) return reinterpret_cast<uint2*>(xq + xi_offset(m, k, Mp));
     return reinterpret_cast<uint2*>(Mp > 0 ? xq + ((size_t)(k >> 7) * Mp + m) * kBlockK + (k & (kBlockK - 1))
                                            : xq + (size_t)m * Kp + k);
   };
@@ -2813,12 +2816,7 @@ __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __
   pdl_wait();     // x / residual come from the kernel before (and xq's memory may have been read by it)
   const int m = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   auto dst = [&](int k) {  // the 8 bytes of row m at row-major offset k (k % 8 == 0)
-    if (m < Mp) {
-      const int kk = k & (kBlockK - 1);
-      return reinterpret_cast<uint2*>(xq + ((size_t)(k >> 7) * Mp + (m & ~7)) * kBlockK + 512 * ((kk >> 4) & 1) +
-                                      64 * (m & 7) + 16 * (kk >> 5) + 8 * ((kk >> 3) & 1));
-    }
-    return reinterpret_cast<uint2*>(xq + (size_t)m * Kp + k);
+    return reinterpret_cast<uint2*>(xq + (m < Mp ? xi_offset(m, k, Mp) : (size_t)m * Kp + k));
   };
   if (m >= M) {  // a zero row of the layout (its GEMV outputs are never stored)
     for (int k = threadIdx.x * 8; k < Kp; k += kRnqThreads * 8) *dst(k) = make_uint2(0u, 0u);

@@ -102,14 +102,8 @@ def config_dict(p: Preset) -> dict:
     return d
 
 
-def ternarize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """absmean ternarisation: returns (T int8 in {-1,0,1}, s = 1/mean|W|) — BitNet b1.58."""
-    s = absmean_scale(w)
-    return ternary_codes(w, s), s.reshape(1)
-
-
 def absmean_scale(w: torch.Tensor) -> torch.Tensor:
-    """s = 1 / mean|W| (0-d float32): the one reduction of ternarize."""
+    """BitNet b1.58's absmean ternarisation, its one reduction: s = 1 / mean|W| (0-d float32)."""
     return 1.0 / w.abs().mean().clamp(min=1e-5)
 
 
