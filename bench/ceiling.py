@@ -12,7 +12,7 @@ tok/s, the ceiling ratio (floor tok/s / baseline tok/s: the largest "x faster th
 show there), and per config its tok/s, its ratio to the baseline and the share of the ceiling ratio it reaches.
 A target ratio above the ceiling cannot be met under that engine on that host, whatever the kernels do.
 
-tok/s are the records' ``tok_s`` (best of the runs at B <= 8, one run above, as the e2e tables print them).
+tok/s are the records' ``tok_s`` (best of the runs at every B since 2026-12-04; one run above B = 8 before; as the e2e tables print them).
 The records must come from the same device (by name); their dates (from the file names) are printed, as two
 sessions on "the same" device may be different hosts.
 """

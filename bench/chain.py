@@ -14,6 +14,12 @@ tails exceed L2, as a model's layers do) and the replay is timed per tail. Varia
   fnorm  per layer rms_norm_a8q (+ the activation as torch ops) then ternary_mm_a8q: norm kernel + GEMV
   fnorm-tiled  the same with the norm writing the tiled xq (layout 1, trit.ops.a8_tile) for the 8 < M <= 32 GEMV
   a8     per layer torch's RMSNorm / activation ops then ternary_mm_a8 (its quantizer fused at M = 1)
+  a8-inductor, fnorm-inductor, fnorm-tiled-inductor  a8 / fnorm / fnorm-tiled with the torch ops between the layers
+         (activation, residual add, RMSNorm where the route has no norm kernel) compiled by torch.compile, as
+         vLLM's compiled graph runs them (Triton kernels, e.g. one fused add + RMSNorm): a8-inductor is the e2e
+         `ours` route kernel for kernel, fnorm-tiled-inductor `ours-fnorm32-tiled`'s (H200 run 44: fnorm-tiled
+         beat fnorm by 10 us a tail at M = 32 here, yet ours-fnorm32-tiled did not beat ours end to end;
+         the eager a8 glue is no stand-in for Inductor's)
   bf16   the three layers as bf16 matmuls alone (no norms): a lower bound for the dense tail
 
 Prints and writes <date>-<device>-chain.json / .md (device, date, commit, command) under --out, with the
@@ -42,7 +48,7 @@ TAILS = {
     "8b-llama": (4096, 4096, 14336, "silu", False),
 }
 VARIANTS = ("chain", "pro", "fnorm", "a8", "bf16", "chain-nopf", "chain-cu8", "chain-tma", "chain-nopair", "chain-late",
-            "chain-profcode", "fnorm-tiled")
+            "chain-profcode", "fnorm-tiled", "a8-inductor", "fnorm-inductor", "fnorm-tiled-inductor")
 # the chain op under knobs: no L2 bulk prefetch of the weights, 8 k-blocks per register chunk, input rows by
 # one bulk copy per CTA instead of every thread's loads (M = 1), gate and up not paired (the down stage
 # computing the activation of the whole gate_up row; the default before H200 run 27), each stage's norm weight
@@ -55,7 +61,7 @@ VARIANT_ENV = {"pro": {"TRIT_CHAIN_KERNEL": "0"}, "chain-nopf": {"TRIT_CHAIN_L2P
                "chain-profcode": {"TRIT_CHAIN_PROF": "0"}}
 
 
-def make_tails(name: str, layers: int, dtype=torch.bfloat16, seed: int = 0):
+def make_tails(name: str, layers: int, dtype=torch.bfloat16, seed: int = 0, device: str = "cuda"):
     from trit import ops
 
     D, A, I, act, subnorm = TAILS[name]
@@ -63,10 +69,10 @@ def make_tails(name: str, layers: int, dtype=torch.bfloat16, seed: int = 0):
 
     def lin(n, k):
         w = torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)
-        return ops.repack(w).cuda(), (torch.rand(n, generator=g) * 0.02 + 0.005).cuda()
+        return ops.repack(w).to(device), (torch.rand(n, generator=g) * 0.02 + 0.005).to(device)
 
     def nw(k):
-        return (torch.rand(k, generator=g) + 0.5).to(dtype).cuda()
+        return (torch.rand(k, generator=g) + 0.5).to(dtype).to(device)
 
     tails = []
     for _ in range(layers):
@@ -85,6 +91,39 @@ def tail_bytes(name: str) -> int:
     return sum(4 * r * c for r, c in (packed_shape(D, A), packed_shape(2 * I, D), packed_shape(D, I)))
 
 
+def glue(h, r, w, act: int, K: int, eps: float, norm: bool = True):
+    """The torch ops in front of one layer: act(gate) * up (act 1 relu^2, 2 silu; h = [gate | up]), then the
+    residual add (r not None: also returned, the new residual stream), then RMSNorm with weight w (w not None
+    and norm). Returns (h, residual_out or None)."""
+    r_out = None
+    if act:
+        gate, up = h[:, :K], h[:, K:]
+        h = (torch.relu(gate).square() if act == 1 else torch.nn.functional.silu(gate)) * up
+    if r is not None:
+        h = h + r
+        r_out = h
+    if w is not None and norm:
+        hf = h.float()
+        h = (hf * torch.rsqrt(hf.square().mean(-1, keepdim=True) + eps) * w.float()).to(h.dtype)
+    return h, r_out
+
+
+_COMPILED_GLUE = []
+
+
+def compiled_glue():
+    """glue under torch.compile (Inductor; fullgraph, static shapes): one compiled entry per tail stage and M,
+    so the recompile limit is raised past what a bench run needs (else dynamo falls back to eager unnoticed)."""
+    if not _COMPILED_GLUE:
+        import torch._dynamo
+        cfg = torch._dynamo.config
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(cfg, name):
+                setattr(cfg, name, max(getattr(cfg, name), 256))
+        _COMPILED_GLUE.append(torch.compile(glue, dynamic=False, fullgraph=True))
+    return _COMPILED_GLUE[0]
+
+
 def run_variant(v: str, t: dict, x, res, eps=1e-6):
     """One tail of variant v: (y, residual_out)."""
     ops = torch.ops.trit
@@ -97,26 +136,25 @@ def run_variant(v: str, t: dict, x, res, eps=1e-6):
             if h.shape[1] == 2 * t["Ks"][2]:
                 h = h[:, : t["Ks"][2]]
         return h, res
+    base = v.removesuffix("-inductor")
+    prep = compiled_glue() if v.endswith("-inductor") else glue
     h, r_out = x, None
     for s in range(3):
         K, N, act, w = t["Ks"][s], t["Ns"][s], t["acts"][s], t["nw"][s]
-        if act:
-            gate, up = h[:, :K], h[:, K:]
-            h = (torch.relu(gate).square() if act == 1 else torch.nn.functional.silu(gate)) * up
         r = res if s == 1 else None
-        if v in ("fnorm", "fnorm-tiled") and w is not None:
-            layout = 1 if v == "fnorm-tiled" else 0
+        if base in ("fnorm", "fnorm-tiled") and w is not None:  # the norm (+ residual add) is the op's
+            layout = 1 if base == "fnorm-tiled" else 0
+            if act:
+                h, _ = prep(h, None, None, act, K, eps)
             hn, r2, xq, xs, rs = ops.rms_norm_a8q(h.contiguous(), r, w, eps, layout)
             if s == 1:
                 r_out = r2
             h = ops.ternary_mm_a8q(hn, xq, xs, rs, t["packed"][s], t["scales"][s], N, K, None, layout)
             continue
-        if r is not None:
-            h = h + r
-            r_out = h
-        if w is not None:
-            hf = h.float()
-            h = (hf * torch.rsqrt(hf.square().mean(-1, keepdim=True) + eps) * w.float()).to(h.dtype)
+        if act or r is not None or w is not None:
+            h, r2 = prep(h, r, w, act, K, eps)
+            if s == 1:
+                r_out = r2
         h = ops.ternary_mm_a8(h.contiguous(), t["packed"][s], t["scales"][s], N, K, None)
     return h, r_out
 

@@ -282,29 +282,6 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             # row; the default on rows longer than 4096) / to the one-CTA loop kernel (=0)
             variants["a8_qcl"] = with_env({"TRIT_QUANT_CLUSTER": "8", "TRIT_A8_FUSEQ": "0"}, variants["a8"])
             variants["a8_qloop"] = with_env({"TRIT_QUANT_CLUSTER": "0", "TRIT_A8_FUSEQ": "0"}, variants["a8"])
-            # a layer behind its RMSNorm (residual add included): trit::rms_norm_a8q then ternary_mm_a8 on its
-            # output (the layer quantizes again: today's route, with this norm kernel standing in for
-            # vLLM's) / then ternary_mm_a8q on the norm's quantization (TRIT_FUSED_NORM_QUANT)
-            if K <= ops.RMS_NORM_A8Q_MAX_K:
-                res_in = torch.randn(M, K, device=dev).to(torch.bfloat16)
-                w_norm = (torch.rand(K, device=dev) + 0.5).to(torch.bfloat16)
-
-                def a8_nq(i):
-                    h = torch.ops.trit.rms_norm_a8q(x, res_in, w_norm, 1e-6)[0]
-                    return torch.ops.trit.ternary_mm_a8(h, packs[i % nt], scale, N, K, None)
-
-                def a8_fnorm(i):
-                    h, _, xq, xs, rs = torch.ops.trit.rms_norm_a8q(x, res_in, w_norm, 1e-6)
-                    return torch.ops.trit.ternary_mm_a8q(h, xq, xs, rs, packs[i % nt], scale, N, K, None)
-
-                variants["a8_nq"], variants["a8_fnorm"] = a8_nq, a8_fnorm
-                if 8 < M <= 32:  # the norm writing the tiled xq (layout 1) the GEMV reads with its interleaved loads
-                    def a8_fnorm_t(i):
-                        h, _, xq, xs, rs = torch.ops.trit.rms_norm_a8q(x, res_in, w_norm, 1e-6, 1)
-                        return torch.ops.trit.ternary_mm_a8q(h, xq, xs, rs, packs[i % nt], scale, N, K, None, 1)
-
-                    variants["a8_fnorm_t"] = a8_fnorm_t
-
             # the residual add and the norm inside the GEMV (trit::ternary_mm_a8_prologue, TRIT_A8_PROLOGUE):
             # one kernel at M = 1, the same arithmetic as the two columns above
             if K % 8 == 0:
@@ -312,6 +289,29 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                 w_p = (torch.rand(K, device=dev) + 0.5).to(torch.bfloat16)
                 variants["a8_pro"] = lambda i, res_p=res_p, w_p=w_p: torch.ops.trit.ternary_mm_a8_prologue(
                     x, res_p, w_p, 1e-6, 0, packs[i % nt], scale, N, K, None)[0]
+        # a layer behind its RMSNorm (residual add included): trit::rms_norm_a8q then ternary_mm_a8 on its
+        # output (the layer quantizes again: today's route, with this norm kernel standing in for
+        # vLLM's) / then ternary_mm_a8q on the norm's quantization (TRIT_FUSED_NORM_QUANT)
+        if M <= 32 and K <= ops.RMS_NORM_A8Q_MAX_K:  # M <= TRIT_A8_PRE_MAXM: the GEMV reads the norm's xq
+            res_in = torch.randn(M, K, device=dev).to(torch.bfloat16)
+            w_norm = (torch.rand(K, device=dev) + 0.5).to(torch.bfloat16)
+
+            def a8_nq(i):
+                h = torch.ops.trit.rms_norm_a8q(x, res_in, w_norm, 1e-6)[0]
+                return torch.ops.trit.ternary_mm_a8(h, packs[i % nt], scale, N, K, None)
+
+            def a8_fnorm(i):
+                h, _, xq, xs, rs = torch.ops.trit.rms_norm_a8q(x, res_in, w_norm, 1e-6)
+                return torch.ops.trit.ternary_mm_a8q(h, xq, xs, rs, packs[i % nt], scale, N, K, None)
+
+            variants["a8_nq"], variants["a8_fnorm"] = a8_nq, a8_fnorm
+            if 8 < M <= 32:  # the norm writing the tiled xq (layout 1) the GEMV reads with its interleaved loads
+                def a8_fnorm_t(i):
+                    h, _, xq, xs, rs = torch.ops.trit.rms_norm_a8q(x, res_in, w_norm, 1e-6, 1)
+                    return torch.ops.trit.ternary_mm_a8q(h, xq, xs, rs, packs[i % nt], scale, N, K, None, 1)
+
+                variants["a8_fnorm_t"] = a8_fnorm_t
+
         if 16 < M <= 256:  # the three a8 routes, each forced (the default picks by shape: a8_gemm_on)
             # its mma.sync main loop (TRIT_A8_GEMM_WG=0; the wgmma loops below)
             gemm = {"TRIT_A8_GEMM": "1", "TRIT_A8_DENSE_MIN_M": str(1 << 30), "TRIT_A8_GEMM_WG": "0"}
@@ -417,8 +417,9 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
         if t:
             row["linear_weight_GBps"] = tern_bytes / (t * 1e-6) / 1e9
             row["linear_pct_copy_ceiling"] = 100 * tern_bytes / (t * 1e-6) / COPY_BW
-            if row.get("humming_us"):
-                row["linear_x_humming"] = row["humming_us"] / t
+        for name in ("linear", "a8"):  # humming's time over ours: the bf16-activation path and W1.58A8
+            if row.get("humming_us") and row.get(f"{name}_us"):
+                row[f"{name}_x_humming"] = row["humming_us"] / row[f"{name}_us"]
         if row.get("fused_us"):
             row["fused_pct_copy_ceiling"] = 100 * tern_bytes / (row["fused_us"] * 1e-6) / COPY_BW
         row["floor_us"] = tern_bytes / COPY_BW * 1e6
@@ -490,7 +491,7 @@ def markdown(meta, rows) -> str:
              "TRIT_A8_FUSEQ=0; the default takes the cluster kernel on rows longer than 4096); `norm + a8` / `norm + a8q (fused)` the layer behind its RMSNorm with residual add (trit::rms_norm_a8q), then ternary_mm_a8 quantizing again / ternary_mm_a8q on the norm's quantization (TRIT_FUSED_NORM_QUANT); `norm in GEMV` the same layer as trit::ternary_mm_a8_prologue (TRIT_A8_PROLOGUE: residual add and norm inside the GEMV, one kernel at M = 1); at 8 < M <= 32 `plain xq` the a8 op with the quantizer's plain k-block-major layout (TRIT_A8_XI=0; the default interleaves each 8-row tile for 512-byte warp loads); `norm + a8q tiled` the norm + a8q column with the norm writing that interleaved layout (layout 1, trit.ops.a8_tile; TRIT_FUSED_NORM_LAYOUT=1).", "",
              "| N x K | M | bf16 us | linear us | x bf16 | % ceil | fused us | fused v4 | fused no PDL "
              "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 WN=1 no fused q / WN=2 / fused quantizer / pre-quantized (GEMV alone) / cluster q / loop q / norm + a8 / norm + a8q (fused) / norm in GEMV / plain xq / norm + a8q tiled | a8 fused kernel / int8 cuBLAS / gemm kernel | gemm cfg 1 / 2 / 3 / 4 | gemm ks 1 / 2 / 4 / 8 | gemm late / wgmma 64 / 128 / 64 ov / 128 ov / 64 deep / 128 deep | a8 no PDL | a8 L2 pf off / on "
-             "| humming us | x humming | floor us | bf16 eager | linear eager |",
+             "| humming us | x humming (linear / a8) | floor us | bf16 eager | linear eager |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         a8 = r.get("a8_us")
@@ -506,7 +507,7 @@ def markdown(meta, rows) -> str:
             f"| {' / '.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('late', 'wg', 'wg2', 'wgov', 'wg2ov', 'wgdeep', 'wg2deep'))} "
             f"| {_f(r.get('a8_nopdl_us'), '.1f')} "
             f"| {_f(r.get('a8_nopf_us'), '.1f')} / {_f(r.get('a8_pf_us'), '.1f')} "
-            f"| {_f(r.get('humming_us'), '.1f')} | {_f(r.get('linear_x_humming'), '.2f')} "
+            f"| {_f(r.get('humming_us'), '.1f')} | {_f(r.get('linear_x_humming'), '.2f')} / {_f(r.get('a8_x_humming'), '.2f')} "
             f"| {r['floor_us']:.1f} | {_f(r.get('bf16_eager_us'), '.1f')} | {_f(r.get('linear_eager_us'), '.1f')} |")
     sweep = [r for r in rows if r.get("a8_ks1_us")]
     if sweep:

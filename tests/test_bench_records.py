@@ -1,6 +1,8 @@
 """Benchmark records: never written over an earlier record; the commit field says what ran."""
 import json
 
+import pytest
+
 from bench.records import commit_id, write_record
 
 
@@ -321,3 +323,32 @@ def test_e2e_ratio_column_names_its_batch(tmp_path, monkeypatch):
                      str(tmp_path / "o"), "--only", "ours-bitnet,bf16-bitnet"]) == 0
     md = next((tmp_path / "o").glob("*-e2e-tiny*.md")).read_text()
     assert "| vs bf16 (B=32) | vs humming (B=32) |" in md and "| ours-bitnet | 17 | 1.0 | - | 16.0 | 1.70x |" in md
+
+
+@pytest.mark.parametrize("act,subnorm", [("silu", False), ("relu2", True)])
+def test_chain_inductor_variants_run_the_same_tail_compiled(monkeypatch, act, subnorm):
+    """bench.chain's -inductor variants (the e2e routes' Triton glue) on the CPU ops with a small tail of each
+    family: the glue compiled by torch.compile gives the eager route's output and residual (a8 bit for bit up to
+    the glue's rounding; the fnorm routes' norm is the op in both), and the compiled entry is really used."""
+    import torch
+    from bench import chain
+    monkeypatch.setitem(chain.TAILS, "tiny", (64, 64, 96, act, subnorm))
+    tails = chain.make_tails("tiny", 1, device="cpu")
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 64, generator=g).to(torch.bfloat16)
+    res = torch.randn(3, 64, generator=g).to(torch.bfloat16)
+    from torch._dynamo.utils import counters
+
+    chain._COMPILED_GLUE.clear()
+    try:
+        for base in ("a8", "fnorm", "fnorm-tiled"):
+            y0, r0 = chain.run_variant(base, tails[0], x, res)
+            frames = counters["stats"]["unique_graphs"]
+            y1, r1 = chain.run_variant(base + "-inductor", tails[0], x, res)
+            if base == "a8":  # the first compiled route: one graph per glue kind (add + norm, act (+ norm))
+                assert counters["stats"]["unique_graphs"] > frames, "a8-inductor compiled nothing"
+            assert y1.shape == y0.shape == (3, 64) and torch.equal(r1, r0), base
+            rel = ((y1.float() - y0.float()).abs().max() / y0.float().abs().max()).item()
+            assert rel < 0.02, f"{base}: compiled glue differs from eager by {rel}"
+    finally:
+        chain._COMPILED_GLUE.clear()
