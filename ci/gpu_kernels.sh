@@ -131,13 +131,15 @@ SETS = ({}, {"TRIT_A8_FUSEQ": "1", "TRIT_WN": "2", "TRIT_A8_DENSE_MIN_M": "17"},
               # the fused quantizer with 3 tiles per CTA (the last CTA's warps clamp), head prefetch still on
               {"TRIT_A8_FUSEQ": "1", "TRIT_NW": "3"},
               # 8 < M <= 32 on the plain k-block-major xq (the default interleaves it: TRIT_A8_XI)
-              {"TRIT_A8_XI": "0", "TRIT_A8_FUSEQ": "", "TRIT_NW": ""})
+              {"TRIT_A8_XI": "0", "TRIT_A8_FUSEQ": "", "TRIT_NW": ""},
+              # the interleaved xq's quantizer as the cluster kernel (zero-row clusters; S = 3 at M = 20, K = 9000)
+              {"TRIT_A8_XI": "1", "TRIT_QUANT_CLUSTER_XI": "1", "TRIT_QUANT_CLUSTER": "8"})
 # SAN_LAST=n: the default set and the last n sets only (a quick check of the newest knobs)
 if int(os.environ.get("SAN_LAST", "0")) > 0:
   SETS = SETS[:1] + SETS[-int(os.environ["SAN_LAST"]):]
 for knobs in SETS:
   os.environ.update(knobs)
-  for (M, N, K) in [(1, 33, 300), (1, 33, 304), (1, 2560, 6912), (5, 100, 1000), (8, 48, 8200), (17, 129, 1001), (24, 100, 2600), (40, 64, 1000), (70, 256, 4099), (3, 6160, 1000), (12, 6160, 520), (300, 6144, 520), (1, 64, 16384), (2, 40, 16383), (3, 24, 10241)]:  # v5 MT=1 (tail k-block), MT=2/4/8, a8 M>64: int8 cuBLAS, M=300: the 128-row wgmma loop (csrc/a8_route.h)
+  for (M, N, K) in [(1, 33, 300), (1, 33, 304), (1, 2560, 6912), (5, 100, 1000), (8, 48, 8200), (17, 129, 1001), (24, 100, 2600), (40, 64, 1000), (70, 256, 4099), (3, 6160, 1000), (12, 6160, 520), (300, 6144, 520), (1, 64, 16384), (2, 40, 16383), (3, 24, 10241), (20, 64, 9000)]:  # v5 MT=1 (tail k-block), MT=2/4/8, a8 M>64: int8 cuBLAS, M=300: the 128-row wgmma loop (csrc/a8_route.h)
       for dt in (torch.bfloat16, torch.float32):
           x = torch.randn(M, K, device="cuda").to(dt)
           w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda")

@@ -1911,24 +1911,36 @@ __device__ __forceinline__ void st_cluster(V* local, unsigned rank, V v) {  // *
 // quantize their groups with the same xs, and send their partial row sums to rank 0, which writes
 // xs and rowsum. Three cluster barriers: the first (arrive at entry, wait before the first remote
 // store) only makes sure every CTA of the cluster runs before its shared memory is written.
+// kXI (TRIT_QUANT_CLUSTER_XI=1, MT = 2 / 4 behind the interleaved-xq GEMV): quant_rows_perm_kernel kXI's layout
+// (xi_offset, Mp rows), grid (S, Mp): the clusters of rows M .. Mp - 1 write their zeros and use no barrier (a
+// cluster is one row, so the branch is uniform across it).
 constexpr int kQcVecs = 4;  // groups of 8 per thread: S = 8 CTAs x 256 threads x 4 x 8 = K <= 65536
-template <typename T>
+template <typename T, bool kXI = false>
 __global__ void __launch_bounds__(256) quant_rows_cluster_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
                                                                  float* __restrict__ xs_out,
                                                                  int32_t* __restrict__ rowsum, int K, int Kp,
-                                                                 int S, bool vec) {
+                                                                 int S, bool vec, int M, int Mp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ float sh_f[8];
   __shared__ int sh_i[8];
   __shared__ float s_amax[8];  // [rank]: every CTA's maximum, written by that CTA
   __shared__ int s_part[8];    // rank 0's copy: every CTA's partial row sum
+  const unsigned rank = cluster_ctarank();
+  const int m = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int G = Kp >> 3, per = (G + S - 1) / S, g0 = (int)rank * per, g1 = min(G, g0 + per);
+  auto dst = [&](int g) {  // row m's 8 bytes of group g
+    return reinterpret_cast<uint2*>(xq + (kXI ? xi_offset(m, g * 8, Mp) : (size_t)m * Kp + (size_t)g * 8));
+  };
+  if (m >= M) {  // a zero row of the interleaved tiles (every CTA of this cluster is here: no cluster barrier)
+    pdl_trigger();
+    pdl_wait();  // the kernel before may still read xq
+    for (int g = g0 + tid; g < g1; g += 256) *dst(g) = make_uint2(0u, 0u);
+    return;
+  }
   cluster_arrive_relaxed();
   pdl_trigger();  // the GEMV may launch now and stream its weights; it waits for this grid
   pdl_wait();     // x comes from the kernel before
-  const unsigned rank = cluster_ctarank();
-  const int m = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const T* row = x + (size_t)m * K;
-  const int G = Kp >> 3, per = (G + S - 1) / S, g0 = (int)rank * per, g1 = min(G, g0 + per);
   float e[kQcVecs][8];
   if (vec) {  // K % 8 == 0, aligned rows: every load issued before any is used (one round trip)
     constexpr int kW = sizeof(T) == 2 ? 1 : 2;  // 16-byte words per group of 8
@@ -1982,7 +1994,7 @@ __global__ void __launch_bounds__(256) quant_rows_cluster_kernel(const T* __rest
 #pragma unroll
   for (int v = 0; v < kQcVecs; ++v) {
     const int g = g0 + tid + v * 256;
-    if (g < g1) *reinterpret_cast<uint2*>(xq + (size_t)m * Kp + (size_t)g * 8) = quant_group8(e[v], xs, part);
+    if (g < g1) *dst(g) = quant_group8(e[v], xs, part);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
@@ -2238,11 +2250,12 @@ int quant_cluster_size(int Kp, int n) {
 }
 // quant_rows_cluster_kernel on grid (S, M) in clusters of (S, 1, 1), with (pdl) or without
 // programmatic stream serialization. Clusters need sm_90: the caller checks (pdl_supported).
+// Mp > 0: the interleaved layout of Mp rows (kXI; rows M .. Mp - 1 zeros), grid (S, Mp).
 template <typename T>
 cudaError_t launch_quant_cluster(int S, const T* x, int8_t* xq, float* xs, int32_t* rowsum, int M, int K, int Kp,
-                                 bool vec, cudaStream_t st, bool pdl) {
+                                 bool vec, cudaStream_t st, bool pdl, int Mp = 0) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(S, M);
+  cfg.gridDim = dim3(S, Mp > 0 ? Mp : M);
   cfg.blockDim = dim3(256);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = st;
@@ -2255,7 +2268,8 @@ cudaError_t launch_quant_cluster(int S, const T* x, int8_t* xq, float* xs, int32
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 2 : 1;
-  return cudaLaunchKernelEx(&cfg, quant_rows_cluster_kernel<T>, x, xq, xs, rowsum, K, Kp, S, vec);
+  return Mp > 0 ? cudaLaunchKernelEx(&cfg, quant_rows_cluster_kernel<T, true>, x, xq, xs, rowsum, K, Kp, S, vec, M, Mp)
+                : cudaLaunchKernelEx(&cfg, quant_rows_cluster_kernel<T>, x, xq, xs, rowsum, K, Kp, S, vec, M, 0);
 }
 
 // Rows of x per v5 warp: MT 8-row tiles. Where v5 runs, from the H200 table (bench/results,
@@ -2628,8 +2642,11 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     } else if (!pre) {
       const int Mp = cfg.mt == 1 ? 0 : 8 * cfg.mt;  // k-block-major xq for MT >= 2, zero rows to 8 * MT
       // the row-major layout (M <= 8): the cluster quantizer on long rows (or as TRIT_QUANT_CLUSTER asks)
-      const int S = cfg.mt == 1 && pdl_supported() ? quant_cluster_size(KB * kBlockK, env_int("TRIT_QUANT_CLUSTER", -1)) : 0;
-      cudaError_t e = S > 0 ? launch_quant_cluster<T>(S, x, xq, xs, rowsum, M, K, KB * kBlockK, vec, st, pdl)
+      // (TRIT_QUANT_CLUSTER_XI=1: the interleaved xq's too, Mp rows; off by default until measured)
+      const bool cl = pdl_supported() && (cfg.mt == 1 || (xi && env_int("TRIT_QUANT_CLUSTER_XI", 0) == 1));
+      const int S = cl ? quant_cluster_size(KB * kBlockK, env_int("TRIT_QUANT_CLUSTER", -1)) : 0;
+      cudaError_t e = S > 0 ? launch_quant_cluster<T>(S, x, xq, xs, rowsum, M, K, KB * kBlockK, vec, st, pdl,
+                                                      cfg.mt == 1 ? 0 : Mp)
                             : launch_ex(xi ? quant_rows_perm_kernel<T, false, true> : quant_rows_perm_kernel<T>,
                                         dim3(cfg.mt == 1 ? M : Mp), dim3(256), 0, st, pdl,
                                         x, xq, xs, rowsum, M, K, KB * kBlockK, Mp, vec, (int32_t*)nullptr, 0);

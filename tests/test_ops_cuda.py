@@ -1462,6 +1462,87 @@ def test_a8_interleaved_xq_in_a_cuda_graph(monkeypatch):
         assert torch.equal(out, torch.ops.trit.ternary_mm_a8(static_x, p, s, N, K, b)), f"replay {seed}"
 
 
+# ------------------------------------------------------------------ the cluster quantizer on the interleaved xq
+# TRIT_QUANT_CLUSTER_XI=1 (off by default until measured): at 8 < M <= 32 the interleaved xq's quantizer is
+# quant_rows_cluster_kernel kXI (grid (S, Mp), one cluster per row, the clusters of rows M .. Mp - 1 write zeros)
+# where TRIT_QUANT_CLUSTER's size rule gives S > 0: the loop kernel's bytes, so the op's output bit for bit.
+
+
+@pytest.mark.parametrize("K", [300, 2560, 4100, 8192, 14336, 30001, 65536])
+@pytest.mark.parametrize("n", ["1", "2", "8"])
+def test_quant_cluster_xi_matches_the_loop_kernel(monkeypatch, K, n):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters: compute capability 9.0+")
+    monkeypatch.setenv("TRIT_KERNEL", "v5")
+    monkeypatch.delenv("TRIT_A8_XI", raising=False)
+    N = 96
+    for M in (9, 13, 16, 17, 32):
+        for dtype in DTYPES:
+            x, w, p, s, b = make_case(M, N, K, dtype, True, 5 * M + K % 89, DEV)
+            x[1].zero_()  # a row of zeros: xs from the 1e-5 floor, rowsum 0
+            x[M - 1, K // 2] = 1e4  # an outlier in another CTA's part of the row
+            monkeypatch.setenv("TRIT_QUANT_CLUSTER_XI", "0")
+            want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+            monkeypatch.setenv("TRIT_QUANT_CLUSTER_XI", "1")
+            monkeypatch.setenv("TRIT_QUANT_CLUSTER", n)
+            Kp = (K + 127) // 128 * 128  # poison what the workspace (xq of Mp rows, xs, rowsum) may reuse
+            torch.empty(64 * Kp + 64 * M, dtype=torch.int8, device=DEV).fill_(0x5A)
+            got = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+            monkeypatch.delenv("TRIT_QUANT_CLUSTER")
+            assert torch.equal(got, want), f"K={K} n={n} M={M} {dtype}: {(got != want).sum().item()} outputs differ"
+
+
+@pytest.mark.parametrize("M,K,knobs,kernel", [
+    (32, 14336, {"TRIT_QUANT_CLUSTER_XI": "1"}, "cluster"), (16, 8192, {"TRIT_QUANT_CLUSTER_XI": "1"}, "cluster"),
+    (32, 4096, {"TRIT_QUANT_CLUSTER_XI": "1"}, "perm"),
+    (32, 4096, {"TRIT_QUANT_CLUSTER_XI": "1", "TRIT_QUANT_CLUSTER": "8"}, "cluster"),
+    (32, 14336, {}, "perm"), (24, 14336, {"TRIT_QUANT_CLUSTER_XI": "1", "TRIT_A8_XI": "0"}, "perm"),
+    (40, 14336, {"TRIT_QUANT_CLUSTER_XI": "1"}, None)])
+def test_quant_cluster_xi_route(monkeypatch, M, K, knobs, kernel):
+    """Which quantizer the a8 op launches at 8 < M <= 32: the cluster kernel with TRIT_QUANT_CLUSTER_XI=1 on rows
+    longer than 4096 (every row with TRIT_QUANT_CLUSTER=8), the loop kernel by default and on the plain layout
+    (TRIT_A8_XI=0); past M = 32 neither (the GEMM routes)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters: compute capability 9.0+")
+    monkeypatch.setenv("TRIT_KERNEL", "v5")
+    for k in ("TRIT_QUANT_CLUSTER", "TRIT_QUANT_CLUSTER_XI", "TRIT_A8_XI"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in knobs.items():
+        monkeypatch.setenv(k, v)
+    names = _quantizer_kernels(M, 4096, K)
+    assert any("quant_rows_cluster_kernel" in n for n in names) == (kernel == "cluster"), names
+    if kernel == "perm":
+        assert any("quant_rows_perm_kernel" in n for n in names), names
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_quant_cluster_xi_chain(monkeypatch, graph):
+    """M = 24 layer after layer under PDL (the cluster kernel's zero-row clusters write while the GEMV before may
+    still read xq), eager and replayed from a CUDA graph: the loop kernel's chain bit for bit."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters: compute capability 9.0+")
+    monkeypatch.setenv("TRIT_KERNEL", "v5")
+    monkeypatch.delenv("TRIT_A8_XI", raising=False)
+    D, L = 4608, 4
+    gen = torch.Generator().manual_seed(12)
+    layers = [(ops.repack(torch.randint(-1, 2, (D, D), generator=gen, dtype=torch.int8)).to(DEV),
+               (torch.rand(D, generator=gen) * 0.02 + 0.005).to(DEV)) for _ in range(L)]
+
+    def forward(x):
+        for p, s in layers:
+            x = torch.nn.functional.silu(torch.ops.trit.ternary_mm_a8(x, p, s, D, D, None))
+        return x
+
+    xin = torch.randn(24, D, generator=gen).to(torch.bfloat16).to(DEV)
+    monkeypatch.setenv("TRIT_QUANT_CLUSTER_XI", "0")
+    want = forward(xin)
+    monkeypatch.setenv("TRIT_QUANT_CLUSTER_XI", "1")
+    monkeypatch.setenv("TRIT_QUANT_CLUSTER", "8")
+    got = eager_or_replayed(forward, xin, graph)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want), f"graph={graph}: {(got != want).sum().item()} outputs differ"
+
+
 # ------------------------------------------------------------------ the tiled xq on the fused-norm route (layout 1)
 # rms_norm_a8q(..., layout=1) writes trit.ops.a8_tile's layout: at 8 < M <= 32 the interleaved row tiles that the
 # MT = 2 / 4 GEMV reads with kXI (ternary_mm_a8q(..., layout=1)); TRIT_FUSED_NORM_LAYOUT=1 in vLLM.
