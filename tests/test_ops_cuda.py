@@ -485,13 +485,17 @@ def test_quant_cluster_matches_default(monkeypatch, K, n):
 
 
 @pytest.mark.parametrize("graph", [False, True])
-def test_quant_cluster_chain(monkeypatch, graph):
+@pytest.mark.parametrize("M,knob", [(1, "TRIT_QUANT_CLUSTER"), (24, "TRIT_QUANT_CLUSTER_XI")])
+def test_quant_cluster_chain(monkeypatch, graph, M, knob):
     """Several CTAs per row (D = 4608: S = 2 at n = 8) layer after layer under PDL, eager and replayed
-    from a CUDA graph: bit-identical to the default quantizer's chain."""
+    from a CUDA graph: bit-identical to the loop quantizer's chain. M = 1: the row-major layout (TRIT_QUANT_CLUSTER=8
+    against 0); M = 24: the interleaved xq (TRIT_QUANT_CLUSTER_XI=1 against 0, TRIT_QUANT_CLUSTER=8), whose
+    zero-row clusters write while the GEMV before may still read xq."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters: compute capability 9.0+")
     monkeypatch.setenv("TRIT_KERNEL", "v5")
     monkeypatch.setenv("TRIT_A8_FUSEQ", "0")
+    monkeypatch.delenv("TRIT_A8_XI", raising=False)
     D, L = 4608, 4
     gen = torch.Generator().manual_seed(11)
     layers = [(ops.repack(torch.randint(-1, 2, (D, D), generator=gen, dtype=torch.int8)).to(DEV),
@@ -502,13 +506,14 @@ def test_quant_cluster_chain(monkeypatch, graph):
             x = torch.nn.functional.silu(torch.ops.trit.ternary_mm_a8(x, p, s, D, D, None))
         return x
 
-    xin = torch.randn(1, D, generator=gen).to(torch.bfloat16).to(DEV)
-    monkeypatch.setenv("TRIT_QUANT_CLUSTER", "0")
+    xin = torch.randn(M, D, generator=gen).to(torch.bfloat16).to(DEV)
+    monkeypatch.setenv(knob, "0")
     want = forward(xin)
+    monkeypatch.setenv(knob, "8" if knob == "TRIT_QUANT_CLUSTER" else "1")
     monkeypatch.setenv("TRIT_QUANT_CLUSTER", "8")
     got = eager_or_replayed(forward, xin, graph)
     torch.cuda.synchronize()
-    assert torch.equal(got, want), f"graph={graph}: {(got != want).sum().item()} outputs differ"
+    assert torch.equal(got, want), f"M={M} graph={graph}: {(got != want).sum().item()} outputs differ"
 
 
 def _quantizer_kernels(M, N, K):
@@ -1513,34 +1518,6 @@ def test_quant_cluster_xi_route(monkeypatch, M, K, knobs, kernel):
     assert any("quant_rows_cluster_kernel" in n for n in names) == (kernel == "cluster"), names
     if kernel == "perm":
         assert any("quant_rows_perm_kernel" in n for n in names), names
-
-
-@pytest.mark.parametrize("graph", [False, True])
-def test_quant_cluster_xi_chain(monkeypatch, graph):
-    """M = 24 layer after layer under PDL (the cluster kernel's zero-row clusters write while the GEMV before may
-    still read xq), eager and replayed from a CUDA graph: the loop kernel's chain bit for bit."""
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("thread-block clusters: compute capability 9.0+")
-    monkeypatch.setenv("TRIT_KERNEL", "v5")
-    monkeypatch.delenv("TRIT_A8_XI", raising=False)
-    D, L = 4608, 4
-    gen = torch.Generator().manual_seed(12)
-    layers = [(ops.repack(torch.randint(-1, 2, (D, D), generator=gen, dtype=torch.int8)).to(DEV),
-               (torch.rand(D, generator=gen) * 0.02 + 0.005).to(DEV)) for _ in range(L)]
-
-    def forward(x):
-        for p, s in layers:
-            x = torch.nn.functional.silu(torch.ops.trit.ternary_mm_a8(x, p, s, D, D, None))
-        return x
-
-    xin = torch.randn(24, D, generator=gen).to(torch.bfloat16).to(DEV)
-    monkeypatch.setenv("TRIT_QUANT_CLUSTER_XI", "0")
-    want = forward(xin)
-    monkeypatch.setenv("TRIT_QUANT_CLUSTER_XI", "1")
-    monkeypatch.setenv("TRIT_QUANT_CLUSTER", "8")
-    got = eager_or_replayed(forward, xin, graph)
-    torch.cuda.synchronize()
-    assert torch.equal(got, want), f"graph={graph}: {(got != want).sum().item()} outputs differ"
 
 
 # ------------------------------------------------------------------ the tiled xq on the fused-norm route (layout 1)
