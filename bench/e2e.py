@@ -408,7 +408,22 @@ def _weight_stats(model) -> dict:
             "all_parameter_bytes": other}
 
 
-def summarize_profile(events, steps: int, wall_s: float, top: int = 8) -> dict:
+def busy_union(intervals) -> float:
+    """Length of the union of (start, end) intervals: the time at least one of them ran. Over the GPU activities of
+    a profile it is the GPU's busy time; the kernels' summed durations exceed it where they overlap (under
+    programmatic dependent launch a kernel starts, and its duration counts, while the one before still runs)."""
+    total, cur = 0.0, None
+    for s, e in sorted((s, e) for s, e in intervals if e > s):
+        if cur is None or s > cur[1]:
+            if cur is not None:
+                total += cur[1] - cur[0]
+            cur = [s, e]
+        else:
+            cur[1] = max(cur[1], e)
+    return total + (cur[1] - cur[0] if cur is not None else 0.0)
+
+
+def summarize_profile(events, steps: int, wall_s: float, top: int = 8, intervals=None) -> dict:
     """Per-step GPU time by category from (kernel name, device us, launches) triples: ms and
     launches per step per category, and its `top` kernels each with their own ms and launches per
     step (what a fusion or a faster kernel would have to remove)."""
@@ -423,6 +438,11 @@ def summarize_profile(events, steps: int, wall_s: float, top: int = 8) -> dict:
     total = sum(c["us"] for c in cats.values())
     out = {"steps": steps, "wall_ms_per_step": round(wall_s / steps * 1e3, 3),
            "gpu_ms_per_step": round(total / steps / 1e3, 3), "by_category": {}}
+    if intervals:  # (start, end) us of every GPU activity: busy time, and how much of the summed time overlapped
+        busy = busy_union(intervals)
+        out["gpu_busy_ms_per_step"] = round(busy / steps / 1e3, 3)
+        out["gpu_overlap_ms_per_step"] = round(max(0.0, sum(e - s for s, e in intervals if e > s) - busy) / steps / 1e3, 3)
+        out["gpu_idle_ms_per_step"] = round(max(0.0, wall_s * 1e6 - busy) / steps / 1e3, 3)
     for k, c in sorted(cats.items(), key=lambda kv: -kv[1]["us"]):
         ks = sorted(c["kernels"], key=lambda t: -t[0])[:top]
         out["by_category"][k] = {"ms_per_step": round(c["us"] / steps / 1e3, 3),
@@ -445,13 +465,17 @@ def _profile(llm, prompts, steps: int, batch: int = 1) -> dict:
         torch.cuda.synchronize()
         wall = time.perf_counter() - t
     events, host = [], []
+    # every GPU activity once (a kernel listed twice would count as overlap): its (start, end) in us
+    intervals = [iv[1:] for iv in {(ev.name, ev.time_range.start, ev.time_range.end) for ev in prof.events()
+                                   if getattr(getattr(ev, "device_type", None), "name", "") == "CUDA"
+                                   and hasattr(ev, "time_range")}]
     for ev in prof.key_averages():
         dt = getattr(ev, "device_time_total", 0) or getattr(ev, "cuda_time_total", 0)
         if hasattr(ev, "device_type") and ev.device_type.name != "CUDA":
             host.append((ev.key, getattr(ev, "self_cpu_time_total", 0), ev.count))
             continue
         events.append((ev.key, dt, ev.count))
-    out = summarize_profile(events, steps, wall)
+    out = summarize_profile(events, steps, wall, intervals=intervals)
     out["host"] = summarize_host(host, steps)
     out["batch"] = batch
     return out
@@ -620,7 +644,10 @@ def main(argv=None) -> int:
         if "profile" in r:
             pr = r["profile"]
             md += ["", f"## {r['label']}: batch-{pr.get('batch', 1)} decode step, {pr['wall_ms_per_step']} ms wall, "
-                       f"{pr['gpu_ms_per_step']} ms GPU kernels", "", "| category | ms/step | launches/step | top kernels |",
+                       f"{pr['gpu_ms_per_step']} ms GPU kernels"
+                       + (f" (GPU busy {pr['gpu_busy_ms_per_step']} ms: {pr['gpu_overlap_ms_per_step']} ms of kernel time "
+                          f"overlapped, as under PDL; idle {pr['gpu_idle_ms_per_step']} ms)" if "gpu_busy_ms_per_step" in pr
+                          else ""), "", "| category | ms/step | launches/step | top kernels |",
                    "|---|---|---|---|"]
             md += [f"| {k} | {v['ms_per_step']} | {v['launches_per_step']} | {'; '.join(v['top'])} |"
                    for k, v in pr["by_category"].items()]

@@ -97,6 +97,21 @@ def test_e2e_profile_summary_by_category_and_kernel():
     assert cats["ternary"]["kernels"][0]["ms_per_step"] == 0.1
     assert cats["norm_elementwise"]["kernels"][0]["launches_per_step"] == 1.0
     assert out["gpu_ms_per_step"] == 0.16 and out["wall_ms_per_step"] == 1.0
+    assert "gpu_busy_ms_per_step" not in out  # no activity intervals given
+
+
+def test_e2e_profile_busy_time_is_the_union_of_kernel_intervals():
+    """GPU busy time from the activities' (start, end): overlapping kernels (a PDL launch running beside the one
+    before) count once, gaps are idle; the summed durations' excess is the overlap."""
+    from bench import e2e
+
+    assert e2e.busy_union([]) == 0.0
+    assert e2e.busy_union([(0, 10), (5, 12), (20, 25), (24, 24), (30, 29)]) == 17.0  # [0, 12) + [20, 25)
+    assert e2e.busy_union([(20, 25), (0, 40), (1, 2)]) == 40.0  # contained, out of order
+    iv = [(0.0, 1000.0), (800.0, 1500.0), (2000.0, 2600.0)]  # us: 2100 busy of 2300 summed, 2 steps
+    out = e2e.summarize_profile([("k", 2300.0, 3)], steps=2, wall_s=0.004, intervals=iv)
+    assert out["gpu_busy_ms_per_step"] == 1.05 and out["gpu_overlap_ms_per_step"] == 0.1
+    assert out["gpu_idle_ms_per_step"] == 0.95  # (4000 - 2100) us / 2 steps
 
 
 def test_kernel_bench_rejects_unknown_shape_group():
