@@ -3,7 +3,7 @@
 #   build the extension -> GPU + CPU tests -> compute-sanitizer memcheck/racecheck on a few
 #   representative shapes -> python -m bench.kernels.
 # Everything is written under $OUT (default /tmp/trit-out): log.txt, junit.xml, sanitizer.txt,
-# sass.txt, gemm-probe.json and the bench JSON/Markdown. STAGES=build,probe,test,sanitize,bench selects stages (also readfloor: bench/read_floor.py after the bench; sanchain: the chain kernel under three sanitizer tools;
+# sass.txt, gemm-probe.json and the bench JSON/Markdown. STAGES=build,probe,test,sanitize,bench selects stages (also readfloor: bench/read_floor.py after the bench; chain: bench.chain of this tree, CHAIN_ARGS / CHAIN_REPS; sanchain: the chain kernel under three sanitizer tools;
 # ab: bench.chain of older trees beside this one, AB_TAR=".ab/A.tar.gz .ab/B.tar.gz", each from `git archive REV
 # csrc trit bench reference ci pyproject.toml`: a bisect in one call; the old trees build while the build stage
 # builds this one, and $OUT/ab.txt gets every row plus bench/ab_summary.py's table)
@@ -444,6 +444,20 @@ if has bench; then
   # kernel fault in one of them cannot end the whole bench
   extra=""; [ $rc -ne 0 ] && extra="--no-experimental" && echo "earlier stage failed: bench $extra"
   timeout ${BENCH_TIMEOUT:-480} $PY -m bench.kernels --out "$OUT" $BENCH_ARGS $extra || rc=1
+fi
+if has chain; then
+  # bench.chain in this tree, CHAIN_REPS (default 2) rounds of CHAIN_ARGS (default: the Llama and 2B tails at M = 16 /
+  # 32, the e2e routes with Inductor's glue), each round's table rows into $OUT/chain.txt (its records stay in
+  # $AB_DIR: the device returns at most 8 files)
+  step "bench.chain"
+  chain_args=${CHAIN_ARGS:---tails 8b-llama,2b --ms 16,32 --variants a8-inductor,fnorm-inductor,fnorm-tiled-inductor}
+  mkdir -p "$AB_DIR"
+  for i in $(seq 1 ${CHAIN_REPS:-2}); do
+    echo "round $i: python -m bench.chain $chain_args" >> "$OUT/chain.txt"
+    timeout ${CHAIN_TIMEOUT:-150} $PY -m bench.chain $chain_args --out "$AB_DIR/chain-$i" > "$AB_DIR/chain-$i.txt" 2>&1 \
+      || { echo "bench.chain round $i failed (rc $?): $(tail -n 2 "$AB_DIR/chain-$i.txt" | tr '\n' ' ')" | tee -a "$OUT/chain.txt"; rc=1; }
+    grep -hE "^\| *(tail|2b|8b)" "$AB_DIR/chain-$i.txt" | tee -a "$OUT/chain.txt"
+  done
 fi
 if has readfloor; then
   # the reachable floor: a read-only kernel over each shape's packed bytes (bench/read_floor.py), beside the

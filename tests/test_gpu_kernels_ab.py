@@ -170,3 +170,20 @@ def test_ncuchain_stage_profiles_each_tree_in_its_own_directory(tree, tmp_path):
     report = (out / "ncu-chain.txt").read_text()
     assert "## t1" in report and "(ab-tree-t1)" in report and "## new" in report and "(repo)" in report
     assert "| `w = ld(p);` | 100 | 150 | +50 | 3 | 3 |" in report
+
+
+def test_chain_stage_runs_this_tree_rounds_into_one_file(tree, tmp_path):
+    """STAGES=chain: CHAIN_REPS rounds of bench.chain in this tree with CHAIN_ARGS (default: the e2e routes with
+    Inductor's glue), every round's table rows in $OUT/chain.txt, the raw outputs in the scratch directory."""
+    repo, py = tree
+    out = tmp_path / "out"
+    r = run(repo, py, out, "", STAGES="chain", CHAIN_REPS="3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = [c for c in (out / "calls.txt").read_text().split("\n") if c]
+    assert len(calls) == 3 and all(c.startswith("repo -m bench.chain --tails 8b-llama,2b --ms 16,32 --variants "
+                                                "a8-inductor,fnorm-inductor,fnorm-tiled-inductor --out ") for c in calls)
+    text = (out / "chain.txt").read_text()
+    assert text.count("| 2b | 1 | repo |") == 3 and "round 3: python -m bench.chain" in text
+    assert sorted(p.name for p in out.iterdir()) == ["calls.txt", "chain.txt"]
+    r = run(repo, py, tmp_path / "out2", "", STAGES="chain", CHAIN_REPS="1", CHAIN_ARGS="--tails 2b --variants a8")
+    assert "repo -m bench.chain --tails 2b --variants a8 --out" in (tmp_path / "out2" / "calls.txt").read_text()
