@@ -91,10 +91,10 @@ def tail_bytes(name: str) -> int:
     return sum(4 * r * c for r, c in (packed_shape(D, A), packed_shape(2 * I, D), packed_shape(D, I)))
 
 
-def glue(h, r, w, act: int, K: int, eps: float, norm: bool = True):
+def glue(h, r, w, act: int, K: int, eps: float):
     """The torch ops in front of one layer: act(gate) * up (act 1 relu^2, 2 silu; h = [gate | up]), then the
-    residual add (r not None: also returned, the new residual stream), then RMSNorm with weight w (w not None
-    and norm). Returns (h, residual_out or None)."""
+    residual add (r not None: also returned, the new residual stream), then RMSNorm with weight w (w not None).
+    Returns (h, residual_out or None)."""
     r_out = None
     if act:
         gate, up = h[:, :K], h[:, K:]
@@ -102,7 +102,7 @@ def glue(h, r, w, act: int, K: int, eps: float, norm: bool = True):
     if r is not None:
         h = h + r
         r_out = h
-    if w is not None and norm:
+    if w is not None:
         hf = h.float()
         h = (hf * torch.rsqrt(hf.square().mean(-1, keepdim=True) + eps) * w.float()).to(h.dtype)
     return h, r_out
