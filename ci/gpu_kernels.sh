@@ -41,6 +41,16 @@ ncu_run() {
     $PY "$driver" > "$OUT/$name" 2>&1 || echo "ncu failed (see $name)"
 }
 
+# chain_round RAW SUMMARY LABEL TIMEOUT TAG ARGS...: one `bench.chain ARGS` (run in "${run[@]}", empty: this tree)
+# within TIMEOUT s, its output in RAW.txt and its record under RAW; a failure ("LABEL failed (rc N): ...") and the
+# table rows (each prefixed with TAG) appended to SUMMARY
+chain_round() {
+  local raw=$1 sum=$2 label=$3 t=$4 tag=$5; shift 5
+  "${run[@]}" timeout "$t" $PY -m bench.chain "$@" --out "$raw" > "$raw.txt" 2>&1 \
+    || { echo "$label failed (rc $?): $(tail -n 2 "$raw.txt" | tr '\n' ' ')" | tee -a "$sum"; rc=1; }
+  grep -hE "^\| *(tail|2b|8b)" "$raw.txt" | sed "s/^/$tag/" | tee -a "$sum"
+}
+
 # the ab stage's scratch (raw bench outputs; $OUT gets one summary file, ab.txt: the device returns <= 8 files)
 AB_DIR=${AB_DIR:-/tmp/ab-out}
 # in_old NAME CMD...: CMD in the extracted old tree NAME, with its own build directory
@@ -293,9 +303,7 @@ if has ab && [ "${ab_ok:-0}" = 1 ]; then
   for i in $(seq 1 ${AB_REPS:-2}); do
     for n in $ab_names new; do
       if [ $n = new ]; then run=(); else run=(in_old $n); fi
-      "${run[@]}" timeout ${AB_TIMEOUT:-150} $PY -m bench.chain $ab_args --out "$AB_DIR/ab-$n-$i" > "$AB_DIR/ab-$n-$i.txt" 2>&1 \
-        || { echo "$n bench $i failed (rc $?): $(tail -n 2 "$AB_DIR/ab-$n-$i.txt" | tr '\n' ' ')" | tee -a "$OUT/ab.txt"; rc=1; }
-      grep -hE "^\| *(2b|8b)" "$AB_DIR/ab-$n-$i.txt" | sed "s/^/$n $i /" | tee -a "$OUT/ab.txt"
+      chain_round "$AB_DIR/ab-$n-$i" "$OUT/ab.txt" "$n bench $i" ${AB_TIMEOUT:-150} "$n $i " $ab_args
     done
   done
   if [ -f bench/ab_summary.py ]; then
@@ -454,9 +462,7 @@ if has chain; then
   mkdir -p "$AB_DIR"
   for i in $(seq 1 ${CHAIN_REPS:-2}); do
     echo "round $i: python -m bench.chain $chain_args" >> "$OUT/chain.txt"
-    timeout ${CHAIN_TIMEOUT:-150} $PY -m bench.chain $chain_args --out "$AB_DIR/chain-$i" > "$AB_DIR/chain-$i.txt" 2>&1 \
-      || { echo "bench.chain round $i failed (rc $?): $(tail -n 2 "$AB_DIR/chain-$i.txt" | tr '\n' ' ')" | tee -a "$OUT/chain.txt"; rc=1; }
-    grep -hE "^\| *(tail|2b|8b)" "$AB_DIR/chain-$i.txt" | tee -a "$OUT/chain.txt"
+    run=(); chain_round "$AB_DIR/chain-$i" "$OUT/chain.txt" "bench.chain round $i" ${CHAIN_TIMEOUT:-150} "" $chain_args
   done
 fi
 if has readfloor; then
