@@ -95,8 +95,10 @@ _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        "-nodeep": {"TRIT_A8_GEMM_WG_DEEP": "0"}, "-fuseq": {"TRIT_A8_FUSEQ": "1"},
        "-qcl": {"TRIT_QUANT_CLUSTER": "8"}, "-qloop": {"TRIT_QUANT_CLUSTER": "0"},
        # the interleaved xq's quantizer (8 < M <= 32) as the cluster kernel: on rows longer than 4096 (B = 32: the
-       # down projection's input) / on every row (TRIT_QUANT_CLUSTER_XI=1, + TRIT_QUANT_CLUSTER=8)
+       # down projection's input; TRIT_QUANT_CLUSTER_XI=1, the default since H200 run 45, pinned for older trees) /
+       # on every row (+ TRIT_QUANT_CLUSTER=8) / the one-CTA loop kernel on every row (the default before run 45)
        "-xqcl": {"TRIT_QUANT_CLUSTER_XI": "1"}, "-xqcl8": {"TRIT_QUANT_CLUSTER_XI": "1", "TRIT_QUANT_CLUSTER": "8"},
+       "-xqloop": {"TRIT_QUANT_CLUSTER_XI": "0"},
        "-fnorm": {"TRIT_FUSED_NORM_QUANT": "1"}, "-pro": {"TRIT_A8_PROLOGUE": "1"},
        # the fused norm + quantizer with the GEMV reading its quantization up to M = 32 (B = 32 decode steps;
        # TRIT_A8_PRE_MAXM is 32 by default since H200 run 38: pinned here so the label means the same in old trees)

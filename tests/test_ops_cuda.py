@@ -547,11 +547,13 @@ def test_quant_cluster_launch(monkeypatch, K):
 def test_quant_cluster_default_route(monkeypatch, M, N, K, kernel):
     """The default (TRIT_QUANT_CLUSTER unset): the separate quantizer at M <= 8 is the cluster kernel on
     rows longer than 4096 and the loop kernel up to 4096 (quant_cluster_auto); at M > 8 neither
-    row-major quantizer (the k-block-major layout of the loop kernel, or the GEMM route)."""
+    row-major quantizer (the k-block-major layout of the loop kernel, or the GEMM route). The interleaved xq's
+    cluster route at 8 < M <= 32 (on by default) is held off here: test_quant_cluster_xi_route checks it."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters: compute capability 9.0+")
     monkeypatch.setenv("TRIT_KERNEL", "v5")
     monkeypatch.setenv("TRIT_A8_FUSEQ", "0")
+    monkeypatch.setenv("TRIT_QUANT_CLUSTER_XI", "0")
     monkeypatch.delenv("TRIT_QUANT_CLUSTER", raising=False)
     names = _quantizer_kernels(M, N, K)
     cluster = any("quant_rows_cluster_kernel" in n for n in names)
@@ -1468,7 +1470,7 @@ def test_a8_interleaved_xq_in_a_cuda_graph(monkeypatch):
 
 
 # ------------------------------------------------------------------ the cluster quantizer on the interleaved xq
-# TRIT_QUANT_CLUSTER_XI=1 (off by default until measured): at 8 < M <= 32 the interleaved xq's quantizer is
+# TRIT_QUANT_CLUSTER_XI=1 (the default since H200 run 45; 0: the loop kernel): at 8 < M <= 32 the interleaved xq's quantizer is
 # quant_rows_cluster_kernel kXI (grid (S, Mp), one cluster per row, the clusters of rows M .. Mp - 1 write zeros)
 # where TRIT_QUANT_CLUSTER's size rule gives S > 0: the loop kernel's bytes, so the op's output bit for bit.
 
@@ -1501,12 +1503,13 @@ def test_quant_cluster_xi_matches_the_loop_kernel(monkeypatch, K, n):
     (32, 14336, {"TRIT_QUANT_CLUSTER_XI": "1"}, "cluster"), (16, 8192, {"TRIT_QUANT_CLUSTER_XI": "1"}, "cluster"),
     (32, 4096, {"TRIT_QUANT_CLUSTER_XI": "1"}, "perm"),
     (32, 4096, {"TRIT_QUANT_CLUSTER_XI": "1", "TRIT_QUANT_CLUSTER": "8"}, "cluster"),
-    (32, 14336, {}, "perm"), (24, 14336, {"TRIT_QUANT_CLUSTER_XI": "1", "TRIT_A8_XI": "0"}, "perm"),
+    (32, 14336, {}, "cluster"), (32, 4096, {}, "perm"), (32, 14336, {"TRIT_QUANT_CLUSTER_XI": "0"}, "perm"),
+    (24, 14336, {"TRIT_QUANT_CLUSTER_XI": "1", "TRIT_A8_XI": "0"}, "perm"),
     (40, 14336, {"TRIT_QUANT_CLUSTER_XI": "1"}, None)])
 def test_quant_cluster_xi_route(monkeypatch, M, K, knobs, kernel):
-    """Which quantizer the a8 op launches at 8 < M <= 32: the cluster kernel with TRIT_QUANT_CLUSTER_XI=1 on rows
-    longer than 4096 (every row with TRIT_QUANT_CLUSTER=8), the loop kernel by default and on the plain layout
-    (TRIT_A8_XI=0); past M = 32 neither (the GEMM routes)."""
+    """Which quantizer the a8 op launches at 8 < M <= 32: the cluster kernel on rows longer than 4096 (by default
+    and with TRIT_QUANT_CLUSTER_XI=1; every row with TRIT_QUANT_CLUSTER=8), the loop kernel on shorter rows, with
+    TRIT_QUANT_CLUSTER_XI=0 and on the plain layout (TRIT_A8_XI=0); past M = 32 neither (the GEMM routes)."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters: compute capability 9.0+")
     monkeypatch.setenv("TRIT_KERNEL", "v5")

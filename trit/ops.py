@@ -65,8 +65,9 @@ forces), and the quantizer fused into the GEMV (one launch) at M = 1 on layers o
 (TRIT_A8_FUSEQ=-1 auto, 0 or 1 forces); the separate quantizer at M <= 8 runs as a thread-block
 cluster kernel with up to 8 CTAs per row on rows longer than 4096 (sm_90; bit-identical to the
 one-CTA loop kernel, 1-4.5 us faster at K 6912-28672 in H200 run 23); TRIT_QUANT_CLUSTER=0 forces
-the loop kernel, n > 0 the cluster kernel with up to n CTAs; TRIT_QUANT_CLUSTER_XI=1 (default 0) takes
-the cluster kernel for the interleaved xq at 8 < M <= 32 as well. At 32 < M <= 256 ternary_mm_a8 runs through a GEMM-shaped
+the loop kernel, n > 0 the cluster kernel with up to n CTAs; the same rule holds for the interleaved xq
+at 8 < M <= 32 (TRIT_QUANT_CLUSTER_XI=1, the default since H200 run 45: 0.5-6.5 us a layer less on rows
+longer than 4096; 0 keeps the loop kernel there). At 32 < M <= 256 ternary_mm_a8 runs through a GEMM-shaped
 kernel on layers of > 16M weights at M <= 64, >= 16M at M <= 128 and > 4M above (it takes
 precedence over int8 cuBLAS at M = 256); TRIT_A8_GEMM=1 forces it from M = 17, 0 turns it off; TRIT_A8_GEMM_CFG=1|2|3|4 gives it
 other warp tiles (8 row tiles per warp, 16 weight tiles per CTA), TRIT_A8_GEMM_KS=n its split-K
