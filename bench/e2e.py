@@ -504,9 +504,10 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--gen-len", type=int, default=256)
     ap.add_argument("--profile-steps", type=int, default=32)
-    ap.add_argument("--profile-batch", type=int, default=1,
-                    help="sequences in the profiled generation (one of --batches; default 1): where the time of a "
-                         "batch-B decode step goes, e.g. 32 for the B = 32 target")
+    ap.add_argument("--profile-batch", type=int, default=None,
+                    help="sequences in the profiled generation (one of --batches; default 1, or the smallest of "
+                         "--batches where 1 is not one): where the time of a batch-B decode step goes, e.g. 32 for "
+                         "the B = 32 target")
     ap.add_argument("--models", type=Path, default=Path("/tmp/trit-models"))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (labels get a -tpN suffix)")
@@ -524,7 +525,9 @@ def main(argv=None) -> int:
     ap.add_argument("--one", nargs=3, metavar=("LABEL", "DIR", "QUANT"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     batches = [int(b) for b in a.batches.split(",")]
-    if a.profile_batch not in batches:
+    if a.profile_batch is None:  # not given: batch 1 where it is measured, else the smallest measured batch
+        a.profile_batch = 1 if 1 in batches else min(batches)
+    elif a.profile_batch not in batches and a.profile_steps > 0:
         ap.error(f"--profile-batch {a.profile_batch}: expected one of --batches {a.batches}")
     if a.one:
         label, d, q = a.one

@@ -284,6 +284,26 @@ def test_e2e_profile_batch_must_be_measured(tmp_path, capsys):
     assert not (tmp_path / "m").exists() and not (tmp_path / "o").exists()
 
 
+def test_e2e_profile_batch_default_follows_batches(monkeypatch, tmp_path):
+    """Without --profile-batch the profiled generation is batch 1 where --batches has it, else the smallest of
+    --batches (`--batches 32` alone used to stop on the default 1: two lost device calls); an explicit batch that
+    is not measured is accepted only with --profile-steps 0 (nothing profiled)."""
+    from bench import e2e
+
+    seen = []
+
+    def fake_run_one(label, d, q, batches, prompt_len, gen_len, profile_steps, tp=1, profile_batch=1):
+        seen.append((batches, profile_steps, profile_batch))
+        return {}
+
+    monkeypatch.setattr(e2e, "run_one", fake_run_one)
+    monkeypatch.setattr(e2e, "print", lambda *a, **k: None, raising=False)
+    for argv, want in [(["--batches", "32"], 32), (["--batches", "8,32"], 8), (["--batches", "32,1"], 1),
+                       (["--batches", "32", "--profile-steps", "0", "--profile-batch", "1"], 1)]:
+        assert e2e.main(argv + ["--one", "ours", str(tmp_path), "-"]) == 0
+        assert seen[-1][2] == want, (argv, seen[-1])
+
+
 def test_kernel_bench_markdown_bitplane_section():
     """bench.kernels prints the bitplane layout (ternary_mm_a8_bp) beside the code layout at M <= 32, with the
     ratio and whether the results were equal; no section when no row has it."""
