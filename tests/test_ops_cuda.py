@@ -1523,6 +1523,90 @@ def test_quant_cluster_xi_route(monkeypatch, M, K, knobs, kernel):
         assert any("quant_rows_perm_kernel" in n for n in names), names
 
 
+# ------------------------------------------------------------------ the next chunk's x prefetched into L1 (TRIT_A8_XPF)
+# TRIT_A8_XPF=1 / 2 (off by default until measured): at MT = 2 / 4 (8 < M <= 32) on the k-block-major xq (plain, interleaved,
+# bitplane weights, the norm's tiled layout) each chunk of the GEMV's main loop first issues prefetch.global.L1 for
+# the x lines of the next one / two chunks inside the warp's k-block range. A hint only: the results must not move.
+
+
+@SETTINGS
+@given(M=st.integers(9, 64), N=AWKWARD_N, K=AWKWARD_K, dtype=st.sampled_from(DTYPES), bias=st.booleans(),
+       wn=st.sampled_from(["", "1", "2"]), xi=st.sampled_from(["", "0"]), xpf=st.sampled_from(["1", "2"]),
+       seed=st.integers(0, 2**16))
+def test_a8_xpf_equals_the_default(M, N, K, dtype, bias, wn, xi, xpf, seed):
+    """M 9-64 (MT = 2 / 4 take the prefetch; MT = 8 must not notice the knob), one or two tiles per warp,
+    interleaved or plain xq, one or two chunks ahead: TRIT_A8_XPF gives the default's output bit for bit, every
+    dtype, awkward N and K."""
+    x, w, p, s, b = make_case(M, N, K, dtype, bias, seed, DEV)
+    with _env(TRIT_WN=wn, TRIT_A8_XI=xi):
+        want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+        with _env(TRIT_A8_XPF=xpf):
+            got = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    assert torch.equal(got, want), f"M={M} N={N} K={K} {dtype} wn={wn} xi={xi} xpf={xpf}: {(got != want).sum().item()}"
+
+
+@pytest.mark.parametrize("knobs", [{}, {"TRIT_WN": "2"}, {"TRIT_KS": "8", "TRIT_NW": "1"}, {"TRIT_KS": "1", "TRIT_NW": "8"},
+                                   {"TRIT_KS": "3", "TRIT_NW": "2"}, {"TRIT_PDL": "0"}, {"TRIT_L2PF": "2"}])
+@pytest.mark.parametrize("M,N,K", [(12, 6144, 4096), (24, 4096, 4096), (32, 28672, 4096), (32, 4096, 14336),
+                                   (16, 8192, 28672), (32, 13000, 10330), (48, 2560, 2560), (32, 640, 1664)])
+@pytest.mark.parametrize("xpf", ["1", "2"])
+def test_a8_xpf_under_knobs(monkeypatch, xpf, knobs, M, N, K):
+    """On model-sized layers under the launch knobs (split-K ranges whose k-block counts leave remainder blocks after
+    the whole chunks: K = 1664 is 13 k-blocks, TRIT_KS=3; one k-block range per warp up to all of K), PDL off and
+    the L2 prefetch on: the default's result."""
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, M + N, DEV)
+    for k, v in knobs.items():
+        monkeypatch.setenv(k, v)
+    want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    monkeypatch.setenv("TRIT_A8_XPF", xpf)
+    got = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    assert torch.equal(got, want), knobs
+
+
+@pytest.mark.parametrize("M", [12, 32])
+def test_a8_xpf_bitplane_and_tiled_routes(monkeypatch, M):
+    """The other GEMVs on the k-block-major xq: the bitplane layout's op and ternary_mm_a8q on the norm's tiled xq
+    (layout 1), with TRIT_A8_XPF=1 as without."""
+    N, K = 2560, 6912
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 9 + M, DEV)
+    bp = ops.repack_bitplane(p)
+    xq, xs, rs = ops.a8_quantize(x)
+    tiled = ops.a8_tile(xq, M)
+    runs = {"bp": lambda: torch.ops.trit.ternary_mm_a8_bp(x, bp, s, N, K, b),
+            "tiled": lambda: torch.ops.trit.ternary_mm_a8q(x, tiled, xs, rs, p, s, N, K, b, 1)}
+    monkeypatch.delenv("TRIT_A8_XPF", raising=False)
+    want = {k: f() for k, f in runs.items()}
+    for xpf in ("1", "2"):
+        monkeypatch.setenv("TRIT_A8_XPF", xpf)
+        for k, f in runs.items():
+            assert torch.equal(f(), want[k]), (k, xpf)
+
+
+@pytest.mark.parametrize("xpf", ["1", "2"])
+@pytest.mark.parametrize("graph", [False, True])
+def test_a8_xpf_chain(monkeypatch, graph, xpf):
+    """Layer after layer under PDL at M = 24 (each GEMV's prefetches run after its wait on the quantizer before it),
+    eager and replayed from a CUDA graph: bit-identical to the chain without the prefetch."""
+    monkeypatch.setenv("TRIT_A8_FUSEQ", "0")
+    D, L, M = 4608, 4, 24
+    gen = torch.Generator().manual_seed(12)
+    layers = [(ops.repack(torch.randint(-1, 2, (D, D), generator=gen, dtype=torch.int8)).to(DEV),
+               (torch.rand(D, generator=gen) * 0.02 + 0.005).to(DEV)) for _ in range(L)]
+
+    def forward(x):
+        for p, s in layers:
+            x = torch.nn.functional.silu(torch.ops.trit.ternary_mm_a8(x, p, s, D, D, None))
+        return x
+
+    xin = torch.randn(M, D, generator=gen).to(torch.bfloat16).to(DEV)
+    monkeypatch.delenv("TRIT_A8_XPF", raising=False)
+    want = forward(xin)
+    monkeypatch.setenv("TRIT_A8_XPF", xpf)
+    got = eager_or_replayed(forward, xin, graph)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want), f"graph={graph}: {(got != want).sum().item()} outputs differ"
+
+
 # ------------------------------------------------------------------ the tiled xq on the fused-norm route (layout 1)
 # rms_norm_a8q(..., layout=1) writes trit.ops.a8_tile's layout: at 8 < M <= 32 the interleaved row tiles that the
 # MT = 2 / 4 GEMV reads with kXI (ternary_mm_a8q(..., layout=1)); TRIT_FUSED_NORM_LAYOUT=1 in vLLM.
