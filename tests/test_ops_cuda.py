@@ -484,6 +484,21 @@ def test_quant_cluster_matches_default(monkeypatch, K, n):
             assert torch.equal(got, want), f"K={K} n={n} M={M} {dtype}: {(got != want).sum().item()} outputs differ"
 
 
+def _a8_pdl_chain(M, seed, D=4608, L=4):
+    """L ternary_mm_a8 layers of D x D with SiLU between (each GEMV's PDL wait on the kernel before it) and an
+    M-row bf16 input, from one generator: (forward, x)."""
+    gen = torch.Generator().manual_seed(seed)
+    layers = [(ops.repack(torch.randint(-1, 2, (D, D), generator=gen, dtype=torch.int8)).to(DEV),
+               (torch.rand(D, generator=gen) * 0.02 + 0.005).to(DEV)) for _ in range(L)]
+
+    def forward(x):
+        for p, s in layers:
+            x = torch.nn.functional.silu(torch.ops.trit.ternary_mm_a8(x, p, s, D, D, None))
+        return x
+
+    return forward, torch.randn(M, D, generator=gen).to(torch.bfloat16).to(DEV)
+
+
 @pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("M,knob", [(1, "TRIT_QUANT_CLUSTER"), (24, "TRIT_QUANT_CLUSTER_XI")])
 def test_quant_cluster_chain(monkeypatch, graph, M, knob):
@@ -496,17 +511,7 @@ def test_quant_cluster_chain(monkeypatch, graph, M, knob):
     monkeypatch.setenv("TRIT_KERNEL", "v5")
     monkeypatch.setenv("TRIT_A8_FUSEQ", "0")
     monkeypatch.delenv("TRIT_A8_XI", raising=False)
-    D, L = 4608, 4
-    gen = torch.Generator().manual_seed(11)
-    layers = [(ops.repack(torch.randint(-1, 2, (D, D), generator=gen, dtype=torch.int8)).to(DEV),
-               (torch.rand(D, generator=gen) * 0.02 + 0.005).to(DEV)) for _ in range(L)]
-
-    def forward(x):
-        for p, s in layers:
-            x = torch.nn.functional.silu(torch.ops.trit.ternary_mm_a8(x, p, s, D, D, None))
-        return x
-
-    xin = torch.randn(M, D, generator=gen).to(torch.bfloat16).to(DEV)
+    forward, xin = _a8_pdl_chain(M, 11)
     monkeypatch.setenv(knob, "0")
     want = forward(xin)
     monkeypatch.setenv(knob, "8" if knob == "TRIT_QUANT_CLUSTER" else "1")
@@ -1588,17 +1593,7 @@ def test_a8_xpf_chain(monkeypatch, graph, xpf):
     """Layer after layer under PDL at M = 24 (each GEMV's prefetches run after its wait on the quantizer before it),
     eager and replayed from a CUDA graph: bit-identical to the chain without the prefetch."""
     monkeypatch.setenv("TRIT_A8_FUSEQ", "0")
-    D, L, M = 4608, 4, 24
-    gen = torch.Generator().manual_seed(12)
-    layers = [(ops.repack(torch.randint(-1, 2, (D, D), generator=gen, dtype=torch.int8)).to(DEV),
-               (torch.rand(D, generator=gen) * 0.02 + 0.005).to(DEV)) for _ in range(L)]
-
-    def forward(x):
-        for p, s in layers:
-            x = torch.nn.functional.silu(torch.ops.trit.ternary_mm_a8(x, p, s, D, D, None))
-        return x
-
-    xin = torch.randn(M, D, generator=gen).to(torch.bfloat16).to(DEV)
+    forward, xin = _a8_pdl_chain(24, 12)
     monkeypatch.delenv("TRIT_A8_XPF", raising=False)
     want = forward(xin)
     monkeypatch.setenv("TRIT_A8_XPF", xpf)
