@@ -20,8 +20,6 @@ tails exceed L2, as a model's layers do) and the replay is timed per tail. Varia
          `ours` route kernel for kernel, fnorm-tiled-inductor `ours-fnorm32-tiled`'s (H200 run 44: fnorm-tiled
          beat fnorm by 10 us a tail at M = 32 here, yet ours-fnorm32-tiled did not beat ours end to end;
          the eager a8 glue is no stand-in for Inductor's)
-  a8-inductor-xpf, a8-inductor-xpf2  a8-inductor with TRIT_A8_XPF=1 / 2 (the GEMV's next one / two chunks of x
-         asked into L1 at each chunk's start)
   bf16   the three layers as bf16 matmuls alone (no norms): a lower bound for the dense tail
 
 Prints and writes <date>-<device>-chain.json / .md (device, date, commit, command) under --out, with the
@@ -50,8 +48,7 @@ TAILS = {
     "8b-llama": (4096, 4096, 14336, "silu", False),
 }
 VARIANTS = ("chain", "pro", "fnorm", "a8", "bf16", "chain-nopf", "chain-cu8", "chain-tma", "chain-nopair", "chain-late",
-            "chain-profcode", "fnorm-tiled", "a8-inductor", "fnorm-inductor", "fnorm-tiled-inductor", "a8-inductor-xpf",
-            "a8-inductor-xpf2")
+            "chain-profcode", "fnorm-tiled", "a8-inductor", "fnorm-inductor", "fnorm-tiled-inductor")
 # the chain op under knobs: no L2 bulk prefetch of the weights, 8 k-blocks per register chunk, input rows by
 # one bulk copy per CTA instead of every thread's loads (M = 1), gate and up not paired (the down stage
 # computing the activation of the whole gate_up row; the default before H200 run 27), each stage's norm weight
@@ -61,9 +58,7 @@ VARIANT_ENV = {"pro": {"TRIT_CHAIN_KERNEL": "0"}, "chain-nopf": {"TRIT_CHAIN_L2P
                "chain-late": {"TRIT_CHAIN_EARLY": "0"},
                # the kernel with the phase-stamp code compiled in (a runtime test per stamp point), stamping nothing:
                # the default kernel before the stamps became a template flag
-               "chain-profcode": {"TRIT_CHAIN_PROF": "0"},
-               # a8-inductor with the 8 < M <= 32 GEMVs asking L1 for their next one / two chunks of x (TRIT_A8_XPF)
-               "a8-inductor-xpf": {"TRIT_A8_XPF": "1"}, "a8-inductor-xpf2": {"TRIT_A8_XPF": "2"}}
+               "chain-profcode": {"TRIT_CHAIN_PROF": "0"}}
 
 
 def make_tails(name: str, layers: int, dtype=torch.bfloat16, seed: int = 0, device: str = "cuda"):
@@ -132,7 +127,6 @@ def compiled_glue():
 def run_variant(v: str, t: dict, x, res, eps=1e-6):
     """One tail of variant v: (y, residual_out)."""
     ops = torch.ops.trit
-    v = v.removesuffix("-xpf").removesuffix("-xpf2")  # a knob (VARIANT_ENV) on its base route
     if v.startswith("chain") or v == "pro":
         return ops.ternary_chain(x, res, 1, t["nw"], t["acts"], t["packed"], t["scales"], t["Ns"], t["Ks"], eps)
     if v == "bf16":

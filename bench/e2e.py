@@ -99,9 +99,6 @@ _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        # on every row (+ TRIT_QUANT_CLUSTER=8) / the one-CTA loop kernel on every row (the default before run 45)
        "-xqcl": {"TRIT_QUANT_CLUSTER_XI": "1"}, "-xqcl8": {"TRIT_QUANT_CLUSTER_XI": "1", "TRIT_QUANT_CLUSTER": "8"},
        "-xqloop": {"TRIT_QUANT_CLUSTER_XI": "0"},
-       # the 8 < M <= 32 GEMVs asking L1 for their next one / two chunks of x (TRIT_A8_XPF; a tree before it
-       # ignores it)
-       "-xpf": {"TRIT_A8_XPF": "1"}, "-xpf2": {"TRIT_A8_XPF": "2"},
        "-fnorm": {"TRIT_FUSED_NORM_QUANT": "1"}, "-pro": {"TRIT_A8_PROLOGUE": "1"},
        # the fused norm + quantizer with the GEMV reading its quantization up to M = 32 (B = 32 decode steps;
        # TRIT_A8_PRE_MAXM is 32 by default since H200 run 38: pinned here so the label means the same in old trees)

@@ -125,7 +125,7 @@ BP_MAX_M = 32  # csrc kA8BpMaxM: ternary_mm_a8_bp runs where the a8 GEMV has <= 
 V5_MAX_M_FP, V5_MAX_M_A8 = 8, 64  # csrc/ternary_gemm.cu kV5MaxMFp / kV5MaxMA8 (a8: see a8_v5)
 A8_DENSE_MIN_M = 256  # csrc/bindings.cpp a8_dense_min_m(): int8 decode + torch._int_mm from here on
 # (TRIT_NW, TRIT_KS) pairs timed by --cfg-sweep at M > 8 (tiles per CTA x split-K warps <= 8)
-CFG_SWEEP = [(1, 1), (2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (2, 4)]
+CFG_SWEEP = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (2, 4)]
 # v5 variants beside the default (v5 kernels, PDL, L2 bulk prefetch): what each knob buys
 SMALL_M_VARIANTS = {  # (--variants selects a subset)
     "v4": {"TRIT_KERNEL": "v4"},
@@ -274,9 +274,6 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             # (TRIT_QUANT_CLUSTER_XI=0, the default before run 45) / the cluster kernel on every row (TRIT_QUANT_CLUSTER=8)
             variants["a8_xqloop"] = with_env({"TRIT_QUANT_CLUSTER_XI": "0"}, variants["a8"])
             variants["a8_xqcl8"] = with_env({"TRIT_QUANT_CLUSTER_XI": "1", "TRIT_QUANT_CLUSTER": "8"}, variants["a8"])
-        if 8 < M <= 32:  # the GEMV's next one / two chunks of x asked into L1 at each chunk's start (TRIT_A8_XPF)
-            variants["a8_xpf"] = with_env({"TRIT_A8_XPF": "1"}, variants["a8"])
-            variants["a8_xpf2"] = with_env({"TRIT_A8_XPF": "2"}, variants["a8"])
         if M <= BP_MAX_M and bps:  # the same route on the bitplane layout (bit-identical results)
             variants["a8_bp"] = lambda i: torch.ops.trit.ternary_mm_a8_bp(x, bps[i % nt], scale, N, K, None)
         if M <= 8:  # the quantizer fused into the GEMV
@@ -384,7 +381,7 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             try:
                 y0 = f(0)
                 y = y0.float()
-                if name in ("a8_bp", "a8_noxi", "a8_xqloop", "a8_xqcl8", "a8_xpf", "a8_xpf2") and "a8" in variants:  # the default's result bit for bit (same sums)
+                if name in ("a8_bp", "a8_noxi", "a8_xqloop", "a8_xqcl8") and "a8" in variants:  # the default's result bit for bit (same sums)
                     row[f"{name}_equal"] = bool(torch.equal(y0, variants["a8"](0)))
                 if name == "a8_fnorm_t" and "a8_fnorm" in variants:  # the row-major route's, bit for bit
                     row[f"{name}_equal"] = bool(torch.equal(y0, variants["a8_fnorm"](0)))
@@ -447,7 +444,7 @@ def fmt_row(r) -> str:
             f"{_f(r.get('linear_pct_copy_ceiling'), '4.0f')}% ceil)  fused {_f(r.get('fused_us'), '8.1f')}  "
             f"(v4 {_f(r.get('fused_v4_us'), '6.1f')} nopdl {_f(r.get('fused_nopdl_us'), '6.1f')} "
             f"nopf {_f(r.get('fused_nopf_us'), '6.1f')} pf {_f(r.get('fused_pf_us'), '6.1f')})  dense {_f(r.get('dense_us'), '8.1f')}  "
-            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} cfg1-4 {'/'.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} ks{'/'.join(map(str, GEMM_KS))} {'/'.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} late {_f(r.get('a8_gemm_late_us'), '.1f')} wgmma {'/'.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('wg', 'wgov', 'wgdeep', 'wg2', 'wg2ov', 'wg2deep'))} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} pre {_f(r.get('a8_pre_us'), '6.1f')} noxi {_f(r.get('a8_noxi_us'), '.1f')} qcl {_f(r.get('a8_qcl_us'), '.1f')} qloop {_f(r.get('a8_qloop_us'), '.1f')} norm+a8 {_f(r.get('a8_nq_us'), '.1f')} fnorm {_f(r.get('a8_fnorm_us'), '.1f')} fnorm_t {_f(r.get('a8_fnorm_t_us'), '.1f')} xqloop {_f(r.get('a8_xqloop_us'), '.1f')} xqcl8 {_f(r.get('a8_xqcl8_us'), '.1f')} xpf {_f(r.get('a8_xpf_us'), '.1f')}/{_f(r.get('a8_xpf2_us'), '.1f')} pro {_f(r.get('a8_pro_us'), '.1f')} nopdl "
+            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} cfg1-4 {'/'.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} ks{'/'.join(map(str, GEMM_KS))} {'/'.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} late {_f(r.get('a8_gemm_late_us'), '.1f')} wgmma {'/'.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('wg', 'wgov', 'wgdeep', 'wg2', 'wg2ov', 'wg2deep'))} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} pre {_f(r.get('a8_pre_us'), '6.1f')} noxi {_f(r.get('a8_noxi_us'), '.1f')} qcl {_f(r.get('a8_qcl_us'), '.1f')} qloop {_f(r.get('a8_qloop_us'), '.1f')} norm+a8 {_f(r.get('a8_nq_us'), '.1f')} fnorm {_f(r.get('a8_fnorm_us'), '.1f')} fnorm_t {_f(r.get('a8_fnorm_t_us'), '.1f')} xqloop {_f(r.get('a8_xqloop_us'), '.1f')} xqcl8 {_f(r.get('a8_xqcl8_us'), '.1f')} pro {_f(r.get('a8_pro_us'), '.1f')} nopdl "
             f"{_f(r.get('a8_nopdl_us'), '6.1f')} nopf {_f(r.get('a8_nopf_us'), '6.1f')} pf {_f(r.get('a8_pf_us'), '6.1f')})  "
             + "".join(f"ks{k} {_f(r.get(f'a8_ks{k}_us'), '.1f')}/{_f(r.get(f'fused_ks{k}_us'), '.1f')} "
                       for k in KS_SWEEP if r.get(f"a8_ks{k}_us")) +
@@ -496,9 +493,9 @@ def markdown(meta, rows) -> str:
              "choice (TRIT_WN=1 + TRIT_A8_FUSEQ=0 / TRIT_WN=2 / TRIT_A8_FUSEQ=1); at M <= 8 `pre-quantized` is "
              "the GEMV alone on a quantization made beforehand (ternary_mm_a8q) and `cluster q / loop q` the "
              "separate quantizer forced to the thread-block cluster kernel / the one-CTA loop kernel (TRIT_QUANT_CLUSTER=8 / 0, "
-             "TRIT_A8_FUSEQ=0; the default takes the cluster kernel on rows longer than 4096); `norm + a8` / `norm + a8q (fused)` the layer behind its RMSNorm with residual add (trit::rms_norm_a8q), then ternary_mm_a8 quantizing again / ternary_mm_a8q on the norm's quantization (TRIT_FUSED_NORM_QUANT); `norm in GEMV` the same layer as trit::ternary_mm_a8_prologue (TRIT_A8_PROLOGUE: residual add and norm inside the GEMV, one kernel at M = 1); at 8 < M <= 32 `plain xq` the a8 op with the quantizer's plain k-block-major layout (TRIT_A8_XI=0; the default interleaves each 8-row tile for 512-byte warp loads); `norm + a8q tiled` the norm + a8q column with the norm writing that interleaved layout (layout 1, trit.ops.a8_tile; TRIT_FUSED_NORM_LAYOUT=1); `xq loop q / xq cluster q all rows` the a8 op with the interleaved xq's quantizer as the one-CTA loop kernel on every row (TRIT_QUANT_CLUSTER_XI=0; the default takes the thread-block cluster kernel on rows longer than 4096) / as the cluster kernel on every row (TRIT_QUANT_CLUSTER=8); `x L1 prefetch 1 / 2` (8 < M <= 32) the GEMV asking L1 for the next one / two chunks' x at each chunk's start (TRIT_A8_XPF=1 / 2); all checked equal to the default.", "",
+             "TRIT_A8_FUSEQ=0; the default takes the cluster kernel on rows longer than 4096); `norm + a8` / `norm + a8q (fused)` the layer behind its RMSNorm with residual add (trit::rms_norm_a8q), then ternary_mm_a8 quantizing again / ternary_mm_a8q on the norm's quantization (TRIT_FUSED_NORM_QUANT); `norm in GEMV` the same layer as trit::ternary_mm_a8_prologue (TRIT_A8_PROLOGUE: residual add and norm inside the GEMV, one kernel at M = 1); at 8 < M <= 32 `plain xq` the a8 op with the quantizer's plain k-block-major layout (TRIT_A8_XI=0; the default interleaves each 8-row tile for 512-byte warp loads); `norm + a8q tiled` the norm + a8q column with the norm writing that interleaved layout (layout 1, trit.ops.a8_tile; TRIT_FUSED_NORM_LAYOUT=1); `xq loop q / xq cluster q all rows` the a8 op with the interleaved xq's quantizer as the one-CTA loop kernel on every row (TRIT_QUANT_CLUSTER_XI=0; the default takes the thread-block cluster kernel on rows longer than 4096) / as the cluster kernel on every row (TRIT_QUANT_CLUSTER=8); both checked equal to the default.", "",
              "| N x K | M | bf16 us | linear us | x bf16 | % ceil | fused us | fused v4 | fused no PDL "
-             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 WN=1 no fused q / WN=2 / fused quantizer / pre-quantized (GEMV alone) / cluster q / loop q / norm + a8 / norm + a8q (fused) / norm in GEMV / plain xq / norm + a8q tiled / xq loop q / xq cluster q all rows / x L1 prefetch 1 / 2 | a8 fused kernel / int8 cuBLAS / gemm kernel | gemm cfg 1 / 2 / 3 / 4 | gemm ks 1 / 2 / 4 / 8 | gemm late / wgmma 64 / 128 / 64 ov / 128 ov / 64 deep / 128 deep | a8 no PDL | a8 L2 pf off / on "
+             "| fused L2 pf off / on | dense us | a8 us (x bf16) | a8 v4 | a8 WN=1 no fused q / WN=2 / fused quantizer / pre-quantized (GEMV alone) / cluster q / loop q / norm + a8 / norm + a8q (fused) / norm in GEMV / plain xq / norm + a8q tiled / xq loop q / xq cluster q all rows | a8 fused kernel / int8 cuBLAS / gemm kernel | gemm cfg 1 / 2 / 3 / 4 | gemm ks 1 / 2 / 4 / 8 | gemm late / wgmma 64 / 128 / 64 ov / 128 ov / 64 deep / 128 deep | a8 no PDL | a8 L2 pf off / on "
              "| humming us | x humming (linear / a8) | floor us | bf16 eager | linear eager |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -509,7 +506,7 @@ def markdown(meta, rows) -> str:
             f"| {_f(r.get('linear_x_bf16'), '.2f')} | {_f(r.get('linear_pct_copy_ceiling'), '.0f')} "
             f"| {_f(r.get('fused_us'), '.1f')} | {_f(r.get('fused_v4_us'), '.1f')} "
             f"| {_f(r.get('fused_nopdl_us'), '.1f')} | {_f(r.get('fused_nopf_us'), '.1f')} / {_f(r.get('fused_pf_us'), '.1f')} | {_f(r.get('dense_us'), '.1f')}{' (decode ' + _f(r.get('decode_us'), '.1f') + ')' if r.get('decode_us') else ''} "
-            f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} | {_f(r.get('a8_plain_us'), '.1f')} / {_f(r.get('a8_wn2_us'), '.1f')} / {_f(r.get('a8_fuseq_us'), '.1f')} / {_f(r.get('a8_pre_us'), '.1f')} / {_f(r.get('a8_qcl_us'), '.1f')} / {_f(r.get('a8_qloop_us'), '.1f')} / {_f(r.get('a8_nq_us'), '.1f')} / {_f(r.get('a8_fnorm_us'), '.1f')} / {_f(r.get('a8_pro_us'), '.1f')} / {_f(r.get('a8_noxi_us'), '.1f')} / {_f(r.get('a8_fnorm_t_us'), '.1f')} / {_f(r.get('a8_xqloop_us'), '.1f')} / {_f(r.get('a8_xqcl8_us'), '.1f')} / {_f(r.get('a8_xpf_us'), '.1f')} / {_f(r.get('a8_xpf2_us'), '.1f')} | {_f(r.get('a8_kernel_us'), '.1f')} / {_f(r.get('a8_int8_us'), '.1f')} / {_f(r.get('a8_gemm_us'), '.1f')} "
+            f"| {a8s} | {_f(r.get('a8_v4_us'), '.1f')} | {_f(r.get('a8_plain_us'), '.1f')} / {_f(r.get('a8_wn2_us'), '.1f')} / {_f(r.get('a8_fuseq_us'), '.1f')} / {_f(r.get('a8_pre_us'), '.1f')} / {_f(r.get('a8_qcl_us'), '.1f')} / {_f(r.get('a8_qloop_us'), '.1f')} / {_f(r.get('a8_nq_us'), '.1f')} / {_f(r.get('a8_fnorm_us'), '.1f')} / {_f(r.get('a8_pro_us'), '.1f')} / {_f(r.get('a8_noxi_us'), '.1f')} / {_f(r.get('a8_fnorm_t_us'), '.1f')} / {_f(r.get('a8_xqloop_us'), '.1f')} / {_f(r.get('a8_xqcl8_us'), '.1f')} | {_f(r.get('a8_kernel_us'), '.1f')} / {_f(r.get('a8_int8_us'), '.1f')} / {_f(r.get('a8_gemm_us'), '.1f')} "
             f"| {' / '.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} "
             f"| {' / '.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} "
             f"| {' / '.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('late', 'wg', 'wg2', 'wgov', 'wg2ov', 'wgdeep', 'wg2deep'))} "

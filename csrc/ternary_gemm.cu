@@ -788,14 +788,6 @@ constexpr int kFlagL2Prefetch = 1;  // small-M kernels: prefetch the warp's weig
 // flags >> kFlagL2HeadShift = h > 0: prefetch only the first h k-blocks of the range (TRIT_L2PF=3): what DRAM
 // can stream while the quantizer before the GEMV runs, without pushing a large layer's range through L2
 constexpr int kFlagL2HeadShift = 8;
-// a8_small_kernel at MT = 2 / 4 on the k-block-major xq (TRIT_A8_XPF=1 / 2, off by default until measured): each chunk
-// first asks L1 for the x of the next chunk (kFlagXPf) / of the next two (+ kFlagXPf2; see xpf_d in a8_small_kernel)
-constexpr int kFlagXPf = 2, kFlagXPf2 = 4;
-// One 128-byte line of global memory into L1 (a hint: no register, no effect on results). Only after the PDL wait
-// for data the kernel before writes.
-__device__ __forceinline__ void l1_prefetch(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
 
 // word i (a compile-time constant after unrolling) of a lane's 16-byte weight load
 __device__ __forceinline__ uint32_t word_of_rt(const int4& v, int i) {
@@ -1382,34 +1374,7 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
     for (int wn = 0; wn < WN; ++wn) w[wn] = a[wn * kU + u];
     block_at(w, xk);
   };
-  // kFlagXPf (TRIT_A8_XPF=1 / 2; MT = 2 / 4 on the k-block-major xq, plain or kXI): the compiler issues a chunk's x
-  // loads (MT row tiles x 32 bytes per lane and k-block) together at the chunk's start and the chunk's mma wait for
-  // them: one L2 round trip per chunk and warp that nothing in the warp overlaps (a second chunk's x does not fit
-  // in registers at MT = 4: 118 of 128 used). So each chunk first asks L1 for the x of the next xpf_d chunks: a
-  // k-block's x is 8 * MT contiguous 128-byte lines (kbs uint4), one line per lane and prefetch instruction (2 per
-  // chunk ahead), only lines inside this warp's k-block range (remainder blocks included),
-  // each line once (xpf_next: the first k-block not asked for, from kb0), after the PDL wait (the first chunk
-  // runs after it). Not at MT = 8 (M 33-64): at 128 registers already, the prefetch state made it spill. No effect
-  // on results.
-  constexpr bool kXpf = MT >= 2 && MT <= 4 && !kRM && !kFuseQ;
-  constexpr int kXpfRegion = 8 * MT * kBlockK;  // bytes of x per k-block (Mp rows), contiguous in [KB][Mp][128]
-  const int xpf_d = (kXpf && (flags & kFlagXPf)) ? ((flags & kFlagXPf2) ? 2 : 1) : 0;
-  int xpf_next = kU, xpf_cur = 0;  // k-block offsets from kb0: the first not asked for, the current chunk's first
-  // the warp's first k-block of x (xp carries each lane's own offset inside the k-block: not a line base)
-  const char* xpf_base = reinterpret_cast<const char*>(xq) + (size_t)kb0 * kXpfRegion;
   auto run_chunk = [&](const int4 (&a)[kU * WN]) {
-    if constexpr (kXpf) {
-      if (xpf_d > 0) {  // uniform across the warp
-        const int end = min(nk, xpf_cur + (xpf_d + 1) * kU);
-        const int lines = (end - xpf_next) * 8 * MT;  // <= 0: nothing left in the range
-        const char* nb = xpf_base + (size_t)xpf_next * kXpfRegion;
-#pragma unroll
-        for (int i = 0; i < (2 * kU * 8 * MT + 31) / 32; ++i)
-          if (32 * i + lane < lines) l1_prefetch(nb + (size_t)(32 * i + lane) * 128);
-        xpf_next = max(xpf_next, end);
-        xpf_cur += kU;
-      }
-    }
 #pragma unroll
     for (int u = 0; u < kU; ++u) block_u(a, u, xp + u * kbs);
     xp += kU * kbs;
@@ -2216,7 +2181,6 @@ struct Knobs {
   int l2pf, ks, nw, wn, fuseq;  // wn 0 and fuseq -1: auto
   int l2pf_head = 0;            // TRIT_L2PF=3: k-blocks prefetched per warp
   bool xi = true;               // TRIT_A8_XI (default 1): the interleaved k-block-major xq at MT = 2 / 4 (a8_small_kernel kXI)
-  int xpf = 0;                  // TRIT_A8_XPF (default 0): the next 1 / 2 chunks' x prefetched into L1 (kFlagXPf)
 };
 int env_int(const char* name, int dflt) {
   const char* e = getenv(name);
@@ -2234,7 +2198,6 @@ Knobs knobs() {
   n.wn = env_int("TRIT_WN", 0);
   n.fuseq = env_int("TRIT_A8_FUSEQ", -1);
   n.xi = env_int("TRIT_A8_XI", 1) != 0;
-  n.xpf = max(0, min(env_int("TRIT_A8_XPF", 0), 2));
   return n;
 }
 bool pdl_supported() {  // griddepcontrol needs sm_90+; ask once per device
@@ -2462,7 +2425,7 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
   // a warp with two tiles has its weights in two streams: the single-range L2 prefetch is off
   return launch_ex(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem, st, pdl, xq, xs,
                    rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB, n_tiles, kRM ? 0 : 8 * MT,
-                   cfg.wn == 1 ? flags : flags & (kFlagXPf | kFlagXPf2), x, K, A8Pro<T>{nullptr, nullptr, nullptr, 0.f, 0});  // no prologue
+                   cfg.wn == 1 ? flags : 0, x, K, A8Pro<T>{nullptr, nullptr, nullptr, 0.f, 0});  // no prologue
 }
 
 // a8_gemm_kernel's launch (bindings.cpp a8_gemm_on picks the route): a8 at 16 < M <= 256
@@ -2690,8 +2653,7 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
                                         x, xq, xs, rowsum, M, K, KB * kBlockK, Mp, vec, (int32_t*)nullptr, 0);
       if (e != cudaSuccess) return e;
     }
-    const int flags = l2pf_flags(kn.l2pf, true, N, K, kn.l2pf_head) | (kn.xpf > 0 ? kFlagXPf : 0) |
-                      (kn.xpf > 1 ? kFlagXPf2 : 0);
+    const int flags = l2pf_flags(kn.l2pf, true, N, K, kn.l2pf_head);
     const int8_t* q = xq;
     if (bp) {
       switch (cfg.mt) {

@@ -385,11 +385,5 @@ def test_chain_inductor_variants_run_the_same_tail_compiled(monkeypatch, act, su
             assert y1.shape == y0.shape == (3, 64) and torch.equal(r1, r0), base
             rel = ((y1.float() - y0.float()).abs().max() / y0.float().abs().max()).item()
             assert rel < 0.02, f"{base}: compiled glue differs from eager by {rel}"
-        # a knob variant runs its base route (the knob itself is set by bench() from VARIANT_ENV)
-        y2, r2 = chain.run_variant("a8-inductor-xpf", tails[0], x, res)
-        assert torch.equal(y2, chain.run_variant("a8-inductor", tails[0], x, res)[0]) and torch.equal(r2, r0)
-        assert chain.VARIANT_ENV["a8-inductor-xpf"] == {"TRIT_A8_XPF": "1"} and "a8-inductor-xpf" in chain.VARIANTS
-        y3, _ = chain.run_variant("a8-inductor-xpf2", tails[0], x, res)
-        assert torch.equal(y3, y2) and chain.VARIANT_ENV["a8-inductor-xpf2"] == {"TRIT_A8_XPF": "2"}
     finally:
         chain._COMPILED_GLUE.clear()
