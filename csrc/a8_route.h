@@ -73,4 +73,15 @@ inline int a8_mt4_wide_nw(int n_warps, int KB, int sm_count) {
   return 0;
 }
 
+// The a8 GEMV's CTA shape at 16 < M <= 32 with one weight tile per warp (wn = 1, layers of < 128M weights): where
+// the general split-K rule (ternary_gemm.cu small_cfg) gives every tile ks >= 4 warps along K, one tile per CTA
+// (nw = 1, ks * 32 threads) instead of nw = 8 / ks tiles. H200 run 47 (bench/results/2026-12-04-h200-run47-cfg.*,
+// the full (nw, ks) sweep at M = 16 / 24 / 32 on 13 shapes, one run): at ks = 4 nw = 1 won on every shape at
+// M = 24 and 32 - 6144x4096 (the 8B qkv) 9.2 / 9.6 -> 9.0 / 8.7 us, 8192x8192 13.1 / 13.5 -> 13.0 / 13.2, 6912x2560
+// 8.0 / 8.3 -> 7.8 / 8.1 - the 128-thread CTAs (up to 4 per SM at <= 128 registers) spreading 2 - 3 per SM where
+// 256-thread ones left SMs with one CTA beside SMs with two. With ks <= 2 it was within noise either way (14336x4096
+// M = 24 13.2 -> 13.4, 28672x4096 M = 24 21.7 -> 21.1): not applied there. ks = 8 is nw = 1 already.
+// Returns the nw to launch with, or 0 to keep the general rule's.
+inline int a8_mt4_narrow_nw(int ks) { return ks >= 4 ? 1 : 0; }
+
 }  // namespace trit_route

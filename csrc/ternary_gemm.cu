@@ -2181,6 +2181,7 @@ struct Knobs {
   int l2pf, ks, nw, wn, fuseq;  // wn 0 and fuseq -1: auto
   int l2pf_head = 0;            // TRIT_L2PF=3: k-blocks prefetched per warp
   bool xi = true;               // TRIT_A8_XI (default 1): the interleaved k-block-major xq at MT = 2 / 4 (a8_small_kernel kXI)
+  bool narrow_nw1 = true;       // TRIT_A8_NARROW_NW1 (default 1): a8_mt4_narrow_nw in small_cfg
 };
 int env_int(const char* name, int dflt) {
   const char* e = getenv(name);
@@ -2198,6 +2199,7 @@ Knobs knobs() {
   n.wn = env_int("TRIT_WN", 0);
   n.fuseq = env_int("TRIT_A8_FUSEQ", -1);
   n.xi = env_int("TRIT_A8_XI", 1) != 0;
+  n.narrow_nw1 = env_int("TRIT_A8_NARROW_NW1", 1) != 0;
   return n;
 }
 bool pdl_supported() {  // griddepcontrol needs sm_90+; ask once per device
@@ -2329,6 +2331,12 @@ Cfg small_cfg(const Knobs& kn, int M, int N, int K, bool a8) {
   if (a8 && cfg.mt == 4 && cfg.wn == 2 && kn.ks == 0 && kn.nw == 0) {
     const int nw = trit_route::a8_mt4_wide_nw(n_warps, KB, sm_count());
     if (nw > 0) cfg.nw = nw, cfg.ks = maxw / nw;
+  }
+  // M = 17-32 with one tile per warp and >= 4 split-K warps: one tile per CTA (csrc/a8_route.h; TRIT_A8_NARROW_NW1=0
+  // keeps nw = 8 / ks)
+  if (a8 && cfg.mt == 4 && cfg.wn == 1 && kn.ks == 0 && kn.nw == 0 && kn.narrow_nw1) {
+    const int nw = trit_route::a8_mt4_narrow_nw(cfg.ks);
+    if (nw > 0) cfg.nw = nw;
   }
   if (kn.nw > 0) cfg.nw = max(1, min(kn.nw, maxw / cfg.ks));
   return cfg;

@@ -21,6 +21,8 @@ RUN_20C = RESULTS / "2026-12-01-h200-run20c-deep.json"
 RUN_19 = RESULTS / "2026-12-01-h200-run19-wgmma.json"
 # run 36: the a8 GEMV's launch-shape sweep at M = 32 (TRIT_NW x TRIT_KS) on the ten shapes
 RUN_36 = RESULTS / "2026-12-03-h200-run36.json"
+# run 47: the same sweep (with nw = 1 at every ks) at M = 16 / 24 / 32 on 13 shapes, interleaved xq and cluster quantizer
+RUN_47 = RESULTS / "2026-12-04-h200-run47-cfg.json"
 SM_COUNT = 132
 # a8_route.h's A8Loop values -> the bench column of that loop (forced by its knobs)
 LOOP_COLUMN = {0: "a8_gemm_us", 1: "a8_gemm_wgov_us", 2: "a8_gemm_wgdeep_us", 3: "a8_gemm_wg2ov_us",
@@ -35,6 +37,8 @@ int main() {
   while (std::scanf("%d %d %d %d", &M, &N, &K, &sm) == 4) {
     if (M == 0)  // a8_mt4_wide_nw(n_warps = N, KB = K, sm)
       std::printf("%d\n", trit_route::a8_mt4_wide_nw(N, K, sm));
+    else if (M == -1)  // a8_mt4_narrow_nw(ks = N)
+      std::printf("%d\n", trit_route::a8_mt4_narrow_nw(N));
     else
       std::printf("%d\n", (int)trit_route::a8_gemm_auto_loop(M, N, K, sm));
   }
@@ -146,3 +150,39 @@ def test_mt4_wide_rule_edges(route):
     assert [wide_nw(route, *a) for a in [(896, 64, 132), (256, 224, 132), (132, 64, 132), (133, 64, 132),
                                          (1056, 64, 132), (1057, 64, 132), (256, 14, 132), (256, 16, 132),
                                          (896, 64, 114)]] == [8, 2, 1, 2, 8, 0, 0, 2, 8]
+
+
+def general_ks(N, K, wn=1):
+    """ternary_gemm.cu small_cfg's split-K rule: double ks (up to 8 warps) while the warps number < 1536 and every
+    split keeps >= 2 chunks' worth of k-blocks; and the tiles per CTA it pairs with, nw = min(4, 8 / ks)."""
+    n_warps, kb, ks = -(-(-(-N // TILE_N)) // wn), -(-K // BLOCK_K), 1
+    while ks < 8 and n_warps * ks < 1536 and kb // (2 * ks) >= 2:
+        ks *= 2
+    return ks, max(1, min(4, 8 // ks))
+
+
+def test_mt4_narrow_rule_against_the_run47_sweep(route):
+    """16 < M <= 32 on layers with one weight tile per warp: where a8_mt4_narrow_nw asks for one tile per CTA (ks >= 4
+    warps along K) that launch shape was no slower than the general rule's nw = 8 / ks at every such point of run 47
+    and faster by >= 5% on at least one; where it keeps the general rule (ks <= 2), nw = 1 was within 5% of it either
+    way (no measured reason to change). M = 16 (two row tiles, another kernel) is not the rule's."""
+    pts = [r for r in rows(RUN_47) if r["M"] in (24, 32) and r["N"] * r["K"] < 128 << 20 and r.get("a8_nw1ks1_us")]
+    assert len(pts) >= 16, f"{RUN_47.name}: {len(pts)} sweep rows at M = 24 / 32 on one-tile-per-warp layers"
+    ks_of = {(r["N"], r["K"]): general_ks(r["N"], r["K"]) for r in pts}
+    got = route([(-1, ks, 0) for ks, _ in ks_of.values()])
+    rule = dict(zip(ks_of, got))
+    applied = won = 0
+    for r in pts:
+        ks, nw0 = ks_of[(r["N"], r["K"])]
+        old, one = r[f"a8_nw{nw0}ks{ks}_us"], r[f"a8_nw1ks{ks}_us"]
+        # the sweep's column of the general rule is the default launch the record timed as a8 (same kernel)
+        assert abs(old - r["a8_us"]) <= 0.1 * r["a8_us"], (r["N"], r["K"], r["M"], ks, nw0, old, r["a8_us"])
+        if nw0 == 1:  # ks = 8: nw = 1 already, the rule changes nothing
+            continue
+        if rule[(r["N"], r["K"])] == 1:
+            applied += 1
+            assert one <= old * 1.01, (r["N"], r["K"], r["M"], ks, one, old)
+            won += one < 0.95 * old
+        else:
+            assert rule[(r["N"], r["K"])] == 0 and abs(one - old) <= 0.05 * old, (r["N"], r["K"], r["M"], ks, one, old)
+    assert applied >= 4 and won >= 1, (applied, won)

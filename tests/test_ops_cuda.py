@@ -327,6 +327,29 @@ def test_a8_wide_layer_m32_launch_shape(monkeypatch, M, NK):
         assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a), f"nw={nw} ks={ks} M={M} N={N} K={K}"
 
 
+@pytest.mark.parametrize("M", [17, 24, 32])
+@pytest.mark.parametrize("NK", [(6144, 4096), (8192, 8192), (6912, 2560), (14336, 4096), (3000, 1800)])
+@pytest.mark.parametrize("bp", [False, True])
+def test_a8_narrow_layer_m32_launch_shape(monkeypatch, M, NK, bp):
+    """16 < M <= 32 on layers with one tile per warp: one tile per CTA where K is split 4+ ways (csrc/a8_route.h
+    a8_mt4_narrow_nw; 14336x4096 keeps ks = 2 with 4 tiles per CTA) gives the bits of the general rule's launch
+    (TRIT_A8_NARROW_NW1=0) and of forced shapes, on the code-layout and the bitplane weights, and matches the
+    reference."""
+    N, K = NK
+    monkeypatch.setenv("TRIT_KERNEL", "v5")
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 7 + M, DEV)
+    q = ops.repack_bitplane(p) if bp else p
+    f = torch.ops.trit.ternary_mm_a8_bp if bp else torch.ops.trit.ternary_mm_a8
+    a = f(x, q, s, N, K, b)
+    assert_close_rel(a, ops.ternary_mm_a8_ref(x, p, s, N, K, b), 8e-3, f"a8 M={M} N={N} K={K} bp={bp}")
+    monkeypatch.setenv("TRIT_A8_NARROW_NW1", "0")
+    assert torch.equal(f(x, q, s, N, K, b), a), f"the general rule's launch, M={M} N={N} K={K} bp={bp}"
+    for nw, ks in (("2", "4"), ("1", "4"), ("1", "3")):
+        monkeypatch.setenv("TRIT_NW", nw)
+        monkeypatch.setenv("TRIT_KS", ks)
+        assert torch.equal(f(x, q, s, N, K, b), a), f"nw={nw} ks={ks} M={M} N={N} K={K} bp={bp}"
+
+
 @pytest.mark.parametrize("M", [1, 4, 8, 16, 29, 64])
 @pytest.mark.parametrize("NK", [(100, 1000), (2560, 2560), (640, 4104), (48, 8200), (6160, 520)])
 def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
