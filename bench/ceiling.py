@@ -91,14 +91,20 @@ def ceiling(e2e: dict, floors: list[dict], baseline: str, targets: dict[int, flo
         if targets and b in targets:
             row["target_ratio"] = targets[b]
             row["target_reachable"] = targets[b] <= cap
+        rounds = {r.get("round", 1) for r in e2e["rows"]}
         for r in e2e["rows"]:
             t = r["throughput"].get(str(b))
             if r["label"] == baseline or t is None:
                 continue
-            ratio = float(t["tok_s"]) / bt
-            row["configs"].append({"label": r["label"], "tok_s": round(float(t["tok_s"]), 1),
+            # bench.e2e --rounds: each row against the baseline of its own round where that round has one
+            rb = next((q for q in e2e["rows"] if q["label"] == baseline and q.get("round", 1) == r.get("round", 1)
+                       and str(b) in q["throughput"]), base)
+            rbt = float(rb["throughput"][str(b)]["tok_s"])
+            ratio = float(t["tok_s"]) / rbt
+            label = r["label"] + (f" (round {r.get('round', 1)})" if len(rounds) > 1 else "")
+            row["configs"].append({"label": label, "tok_s": round(float(t["tok_s"]), 1),
                                    # 6 digits: the table's 2-digit ratio is not rounded twice (1.69457 -> 1.695 -> "1.70")
-                                   "ratio": round(ratio, 6), "share_of_ceiling": round(ratio / cap, 6)})
+                                   "ratio": round(ratio, 6), "share_of_ceiling": round(ratio / (ft / rbt), 6)})
         out.append(row)
     if not out:
         raise RecordError(f"no batch size in both the e2e record ({sorted(base['throughput'])}) and the floor "

@@ -160,15 +160,24 @@ def engine_overrides(env=None) -> dict:
 
 
 def configs(shape: str, only):
-    """[(label, preset, quantization, unquantized, extra env)] of --shape, filtered by --only; the
-    VARIANTS of a config follow it when named."""
+    """[(label, preset, quantization, unquantized, extra env)] of --shape: all its configs in SHAPES order, or with
+    --only the named ones in the order named (a config run first in a call has measured slower, so the order is the
+    caller's to choose and the record's to show); a VARIANTS label runs its base config's model with its environment.
+    A label that is neither a config of the shape nor a variant of one is an error."""
+    rows = {label: (label, preset, quant, unq, {}) for label, preset, quant, unq in SHAPES[shape]}
+    if not only:
+        return list(rows.values())
     out = []
-    for label, preset, quant, unq in SHAPES[shape]:
-        if not only or label in only:
-            out.append((label, preset, quant, unq, {}))
-        for v, (base, env) in VARIANTS.items():
-            if base == label and only and v in only:
-                out.append((v, preset, quant, unq, env))
+    for name in dict.fromkeys(only):  # in order, each once
+        if name in rows:
+            out.append(rows[name])
+        elif name in VARIANTS and VARIANTS[name][0] in rows:
+            base, env = VARIANTS[name]
+            out.append((name,) + rows[base][1:4] + (env,))
+        else:
+            known = sorted(list(rows) + [v for v, (b, _) in VARIANTS.items() if b in rows])
+            raise SystemExit(f"bench.e2e --only: {name!r} is not a config of shape {shape!r} or a variant of one "
+                             f"(expected one of: {', '.join(known)})")
     return out
 
 
@@ -523,11 +532,17 @@ def main(argv=None) -> int:
                     help="keep the rows in DIR and resume from them: a later call on the same machine (same commit, "
                          "shape and settings) runs only the configs not measured yet and writes a record with all "
                          "of them, side by side (a device call is at most 10 minutes). Delete DIR to measure again")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the selected configs N times, each round in the order of the one before rotated by one "
+                         "(round 2 of a,b,c is b,c,a): every config takes every position, and the record adds each "
+                         "config's per-round tok/s and mean, each round against that round's bf16")
     ap.add_argument("--gen-only", action="store_true",
                     help="only generate the selected models into --models (a separate device call for 8B sizes)")
     ap.add_argument("--one", nargs=3, metavar=("LABEL", "DIR", "QUANT"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     batches = [int(b) for b in a.batches.split(",")]
+    if a.rounds < 1:
+        ap.error(f"--rounds {a.rounds}: expected >= 1")
     if a.profile_batch is None:  # not given: batch 1 where it is measured, else the smallest measured batch
         a.profile_batch = 1 if 1 in batches else min(batches)
     elif a.profile_batch not in batches and a.profile_steps > 0:
@@ -549,15 +564,16 @@ def main(argv=None) -> int:
     partial = Path(a.out) / f"partial-{stem}.json"
     settings = {"shape": a.shape, "tp": a.tp, "engine": a.engine, "batches": a.batches, "prompt_len": a.prompt_len,
                 "gen_len": a.gen_len, "profile_steps": a.profile_steps, "profile_batch": a.profile_batch,
-                "env": {k: v for k, v in os.environ.items() if k.startswith("TRIT_") and k != "TRIT_BUILD_DIR"}}
+                "rounds": a.rounds, "env": {k: v for k, v in os.environ.items() if k.startswith("TRIT_") and k != "TRIT_BUILD_DIR"}}
     state = Path(a.state) / f"partial-{stem}.json" if a.state else None
     resumed = []
     if state is not None and state.exists():
         prev = json.loads(state.read_text())
         if prev.get("device") == dev and prev.get("commit") == commit and prev.get("settings") == settings:
             rows = [r for r in prev["rows"] if "error" not in r]
-            resumed = [r["label"] for r in rows]
-            print(f"resuming from {state}: {', '.join(resumed) or 'nothing'} already measured", flush=True)
+            resumed = [(r["label"], r.get("round", 1)) for r in rows]
+            print(f"resuming from {state}: {', '.join(l + (f' (round {k})' if a.rounds > 1 else '') for l, k in resumed) or 'nothing'} "
+                  "already measured", flush=True)
         else:
             print(f"not resuming from {state}: another commit, device or settings", flush=True)
 
@@ -574,9 +590,12 @@ def main(argv=None) -> int:
             t0 = time.time()
             print(f"{label}: {model_dir(a.models, preset, unq)} ({time.time() - t0:.0f} s)", flush=True)
         return 0
-    for label, preset, quant, unq, extra_env in todo:
+    # round k (1-based) runs the configs rotated by k - 1: each config takes each position once in n rounds
+    plan = [(k, pos, c) for k in range(1, a.rounds + 1)
+            for pos, c in enumerate(todo[(k - 1) % len(todo):] + todo[:(k - 1) % len(todo)])] if todo else []
+    for rnd, pos, (label, preset, quant, unq, extra_env) in plan:
         run_label = label + (f"-tp{a.tp}" if a.tp > 1 else "")
-        if run_label in resumed:
+        if (run_label, rnd) in resumed:
             continue
         d = model_dir(a.models, preset, unq)
         cmd = [sys.executable, "-m", "bench.e2e", "--batches", a.batches, "--prompt-len", str(a.prompt_len),
@@ -589,18 +608,23 @@ def main(argv=None) -> int:
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
         line = next((l for l in p.stdout.splitlines() if l.startswith("RESULT ")), None)
         if line is None:
-            rows.append({"label": run_label, "error": (p.stderr or p.stdout)[-3000:]})
+            rows.append({"label": run_label, "round": rnd, "position": pos + 1, "error": (p.stderr or p.stdout)[-3000:]})
             print(f"{label}: FAILED\n{(p.stderr or p.stdout)[-3000:]}")
             save_partial()
             continue
         rows.append(json.loads(line[7:]))
+        rows[-1]["round"], rows[-1]["position"] = rnd, pos + 1  # position: 1 = the first engine of its round
         rows[-1]["measured_at"] = time.strftime("%H:%M:%S UTC", time.gmtime())
         if extra_env:
             rows[-1]["env"] = extra_env
         print(f"{label}: {rows[-1]['throughput']}", flush=True)
         save_partial()
-    base = next((r for r in rows if r["label"].startswith("bf16") and "error" not in r), None)
-    hum = next((r for r in rows if r["label"].startswith("humming") and "error" not in r), None)
+    ok = [r for r in rows if "error" not in r]
+    # each row against the bf16 / humming row of its own round (else the first there is)
+    first = lambda pre, rnd=None: next((r for r in ok if r["label"].startswith(pre) and  # noqa: E731
+                                        (rnd is None or r.get("round", 1) == rnd)), None)
+    base_of = lambda r: first("bf16", r.get("round", 1)) or first("bf16")  # noqa: E731
+    hum_of = lambda r: first("humming", r.get("round", 1)) or first("humming")  # noqa: E731
     md = [f"# End-to-end vLLM throughput, shape {a.shape}, {dev}", "",
           f"- date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
           f"- commit: {commit}",
@@ -610,8 +634,11 @@ def main(argv=None) -> int:
           + ("in its own process (vLLM's default; no profile or graph replay)" if a.engine == "mp"
              else "in the benchmark's process (VLLM_ENABLE_V1_MULTIPROCESSING=0)"),
           f"- kernel environment: {({k: v for k, v in os.environ.items() if k.startswith('TRIT_')}) or 'defaults'}"]
+    if a.rounds > 1:
+        md.append(f"- {a.rounds} rounds, each the one before rotated by one config; rows in run order, each against "
+                  "its own round's bf16")
     if resumed:
-        md.append(f"- resumed: {', '.join(resumed)} measured by an earlier call on this machine (same commit and "
+        md.append(f"- resumed: {', '.join(l + (f' (round {k})' if a.rounds > 1 else '') for l, k in resumed)} measured by an earlier call on this machine (same commit and "
                   f"settings; times per config: " +
                   ", ".join(f"{r['label']} {r.get('measured_at', '?')}" for r in rows) + ")")
     md += ["",
@@ -625,11 +652,29 @@ def main(argv=None) -> int:
         cells = [f"{tp[b]['tok_s'] if b in tp else tp[str(b)]['tok_s']:.0f}" for b in batches]
         rb = lambda o: (o["throughput"][batches[0]]["tok_s"] if batches[0] in o["throughput"]
                         else o["throughput"][str(batches[0])]["tok_s"])  # noqa: E731
+        base, hum = base_of(r), hum_of(r)
         vb = f"{rb(r) / rb(base):.2f}x" if base else "-"
         vh = f"{rb(r) / rb(hum):.2f}x" if hum else "-"
         label = r["label"] + (f" ({', '.join(f'{k}={v}' for k, v in r['env'].items())})" if r.get("env") else "")
+        if a.rounds > 1:
+            label += f" [round {r['round']}, #{r['position']}]"
         md.append(f"| {label} | " + " | ".join(cells) +
                   f" | {r['ttft_ms']} | {r.get('load_s', '-')} | {r['weights'].get('bits_per_weight') or '-'} | {vb} | {vh} |")
+    if a.rounds > 1 and ok:
+        md += ["", f"Per round at B = {batches[0]} (tok/s, position in its round; mean over the rounds it finished):", "",
+               "| config | " + " | ".join(f"round {k}" for k in range(1, a.rounds + 1)) + " | mean | mean vs bf16 |",
+               "|---" * (a.rounds + 3) + "|"]
+        tok = lambda r: float(r["throughput"].get(batches[0], r["throughput"].get(str(batches[0])))["tok_s"])  # noqa: E731
+        means = {}
+        for label in dict.fromkeys(r["label"] for r in ok):
+            by_round = {r.get("round", 1): r for r in ok if r["label"] == label}
+            means[label] = sum(tok(r) for r in by_round.values()) / len(by_round)
+        bmean = next((v for k, v in means.items() if k.startswith("bf16")), None)
+        for label, m in means.items():
+            by_round = {r.get("round", 1): r for r in ok if r["label"] == label}
+            cells = [f"{tok(by_round[k]):.0f} (#{by_round[k]['position']})" if k in by_round else "-"
+                     for k in range(1, a.rounds + 1)]
+            md.append(f"| {label} | " + " | ".join(cells) + f" | {m:.0f} | " + (f"{m / bmean:.3f}x" if bmean else "-") + " |")
     es = [r for r in rows if "error" not in r and r.get("engine_settings")]
     if es:
         md += ["", "Engine settings as vLLM resolved them: " + "; ".join(
@@ -670,7 +715,8 @@ def main(argv=None) -> int:
                            "Python in the engine loop is not in it). Top ops:", "",
                        "| CPU op | self ms/step | calls/step |", "|---|---|---|"]
                 md += [f"| `{h['name']}` | {h['self_ms_per_step']} | {h['calls_per_step']} |" for h in host["top"]]
-    write_record(a.out, stem, {"device": dev, "commit": commit, "settings": settings, "resumed": resumed,
+    resumed_names = [l if a.rounds == 1 else f"{l} (round {k})" for l, k in resumed]
+    write_record(a.out, stem, {"device": dev, "commit": commit, "settings": settings, "resumed": resumed_names,
                                "rows": rows}, "\n".join(md))
     partial.unlink(missing_ok=True)  # the --state copy stays: later calls add their configs to it
     print("\n".join(md))

@@ -40,6 +40,19 @@ def test_ceiling_numbers():
     assert [r["batch"] for r in res["rows"]] == [1, 32]
 
 
+def test_ceiling_rows_of_e2e_rounds_against_their_own_round():
+    """bench.e2e --rounds: a config's row is rated against the baseline of its own round, labelled with it; its share
+    of the ceiling stays tok/s over the floor."""
+    e2e = rec("8b", [("ours", {32: 10000.0}), ("bf16", {32: 5000.0}), ("bf16", {32: 5500.0}), ("ours", {32: 9900.0})])
+    for r, k in zip(e2e["rows"], (1, 1, 2, 2)):
+        r["round"] = k
+    res = C.ceiling(e2e, [rec("tiny", [("t", {32: 12500.0})])], "bf16")
+    (row,) = res["rows"]
+    assert row["baseline_tok_s"] == 5000.0 and row["ceiling_ratio"] == pytest.approx(2.5)
+    assert [(c["label"], c["ratio"]) for c in row["configs"]] == [("ours (round 1)", 2.0), ("ours (round 2)", 1.8)]
+    assert [c["share_of_ceiling"] for c in row["configs"]] == [pytest.approx(0.8), pytest.approx(0.792)]
+
+
 @settings(max_examples=40, deadline=None)
 @given(floor=st.floats(1.0, 1e5), base=st.floats(1.0, 1e5), ours=st.floats(1.0, 1e5))
 def test_ceiling_share_is_ours_over_floor(floor, base, ours):

@@ -70,11 +70,59 @@ def test_e2e_state_resumes_across_calls(tmp_path, monkeypatch):
     monkeypatch.setenv("TRIT_COMMIT", "c2")  # another commit measures everything again
     assert e2e.main(common + ["--only", "ours-bitnet"]) == 0
     assert ran[-1] == "ours-bitnet" and len(ran) == 3
-    # a kernel variant runs only when named, right after its base config, with its environment
+    # a kernel variant runs only when named, in the order named, with its environment
     assert e2e.main(common + ["--only", "ours-bitnet,ours-bitnet-gemm"]) == 0
     assert ran[-1] == "ours-bitnet-gemm" and len(ran) == 4
     rec = max((tmp_path / "o").glob("*-e2e-tiny*.md"), key=lambda p: p.stat().st_mtime_ns)
     assert "| ours-bitnet-gemm (TRIT_A8_GEMM=1) |" in rec.read_text()
+
+
+def test_e2e_order_rounds_and_unknown_labels(tmp_path, monkeypatch):
+    """bench.e2e runs the --only configs in the order named; --rounds N rotates that order by one config per round
+    (every config takes every position), records each row's round and position, rates each row against its own
+    round's bf16 and adds the per-round table with means; a label that is no config of the shape stops the run
+    before anything is measured, naming it. vLLM is faked: the fake makes whichever config runs first in a round
+    10% slower, as measured on the H200 (run 48)."""
+    import subprocess
+    import types
+
+    from bench import e2e
+
+    ran = []
+    base = {"ours-bitnet": 20.0, "bf16-bitnet": 10.0, "ours-bitnet-gemm": 30.0}
+
+    def fake_run(cmd, **kw):
+        label = cmd[cmd.index("--one") + 1]
+        ran.append((label, len(ran) // 3))
+        tok = base[label] * (0.9 if len(ran) % 3 == 1 else 1.0)  # the first engine of each round of 3
+        r = {"label": label, "throughput": {"1": {"seconds": 0.1, "tok_s": tok}}, "ttft_ms": 1.0,
+             "weights": {"bits_per_weight": 16.0}}
+        return types.SimpleNamespace(stdout="RESULT " + json.dumps(r) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(e2e, "model_dir", lambda root, preset, unq: tmp_path / preset)
+    monkeypatch.setenv("TRIT_COMMIT", "c1")
+    common = ["--shape", "tiny", "--batches", "1", "--models", str(tmp_path / "m"), "--out", str(tmp_path / "o")]
+    with pytest.raises(SystemExit, match="'ours' is not a config of shape 'tiny'.*ours-bitnet"):
+        e2e.main(common + ["--only", "ours-bitnet,ours"])
+    assert ran == []
+    with pytest.raises(SystemExit):
+        e2e.main(common + ["--rounds", "0"])
+    assert e2e.main(common + ["--only", "bf16-bitnet,ours-bitnet-gemm,ours-bitnet", "--rounds", "3"]) == 0
+    assert [l for l, _ in ran] == ["bf16-bitnet", "ours-bitnet-gemm", "ours-bitnet",
+                                   "ours-bitnet-gemm", "ours-bitnet", "bf16-bitnet",
+                                   "ours-bitnet", "bf16-bitnet", "ours-bitnet-gemm"]
+    rec = json.loads(max((tmp_path / "o").glob("*-e2e-tiny*.json"), key=lambda p: p.stat().st_mtime_ns).read_text())
+    assert rec["settings"]["rounds"] == 3
+    assert [(r["label"], r["round"], r["position"]) for r in rec["rows"]][:4] == [
+        ("bf16-bitnet", 1, 1), ("ours-bitnet-gemm", 1, 2), ("ours-bitnet", 1, 3), ("ours-bitnet-gemm", 2, 1)]
+    md = max((tmp_path / "o").glob("*-e2e-tiny*.md"), key=lambda p: p.stat().st_mtime_ns).read_text()
+    # round 1: bf16 ran first (9 tok/s): ours-bitnet 20 / 9; round 2: bf16 last (10): gemm first, 27 / 10
+    assert "| ours-bitnet [round 1, #3] | 20 | 1.0 | - | 16.0 | 2.22x | - |" in md
+    assert "| ours-bitnet-gemm (TRIT_A8_GEMM=1) [round 2, #1] | 27 | 1.0 | - | 16.0 | 2.70x | - |" in md
+    # each config once in each position: the means carry the first-position penalty equally
+    assert "| ours-bitnet | 20 (#3) | 20 (#2) | 18 (#1) | 19 | 2.000x |" in md
+    assert "| bf16-bitnet | 9 (#1) | 10 (#3) | 10 (#2) | 10 | 1.000x |" in md
 
 
 def test_e2e_profile_summary_by_category_and_kernel():
