@@ -30,6 +30,8 @@ DEFAULT = [
     r"l1tex__data_pipe_lsu_wavefronts\.avg\.pct_of_peak_sustained_elapsed",
     r"l1tex__throughput\.avg\.pct_of_peak_sustained_active",
     r"l1tex__m_xbar2l1tex_read_bytes\.sum",
+    r"l1tex__m_xbar2l1tex_read_bytes\.sum\.per_second",  # L2 -> L1 bandwidth (x at M = 32: 8 bytes per weight byte)
+    r"lts__t_sectors_srcunit_tex_op_read\.sum",
     r"lts__t_sector_hit_rate\.pct",
     r"lts__throughput\.avg\.pct_of_peak_sustained_elapsed",
     r"dram__bytes_read\.sum",

@@ -207,7 +207,8 @@ fi
 if has ncu && command -v ncu >/dev/null; then
   # NCU_M (default 1): the rows of x, e.g. 32 for the B = 32 decode GEMV (a8 MT = 4; the fp op is not a small
   # kernel there); at M <= 32 the bitplane layout's kernel (ternary_mm_a8_bp) is profiled beside the a8 one.
-  # NCU_SHAPES (default 28672x8192,2560x2560): the two N x K layers profiled, e.g. 14336x4096,4096x14336
+  # NCU_SHAPES (default 28672x8192,2560x2560): the N x K layers profiled, e.g. 14336x4096,4096x14336 (any number: the
+  # first shape runs twice and its second round is profiled, each later shape once)
   # NCU_FULL=1: also the full metric set as CSV (ncu-raw.csv) and its summary (ncu-summary.txt)
   step "ncu: small-M kernels, M=${NCU_M:-1} (speed of light, occupancy, warp stalls)"
   cat > /tmp/trit_ncu_driver.py <<'PYEOF'
@@ -216,12 +217,12 @@ import torch
 from trit import ops
 M = int(os.environ.get("NCU_M", "1"))
 SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ.get("NCU_SHAPES", "28672x8192,2560x2560").split(",")]
-for N, K in SHAPES:
+for i, (N, K) in enumerate(SHAPES):
     w = torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda")
     p, s = ops.repack(w), torch.rand(N, device="cuda")
     bp = ops.repack_bitplane(p) if M <= 32 else None
     x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
-    for _ in range(2):
+    for _ in range(2 if i == 0 else 1):
         torch.ops.trit.ternary_mm(x, p, s, N, K, None)
         torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)
         if bp is not None:
@@ -229,17 +230,18 @@ for N, K in SHAPES:
 torch.cuda.synchronize()
 PYEOF
   # small kernels per (shape, round): the fp GEMV at M <= 8, the a8 one, the bitplane one at M <= 32; skip the
-  # first round of the first shape, profile the second round and the first of the second shape
+  # first round of the first shape (warm-up), profile its second round and the one round of every later shape
   m=${NCU_M:-1}; nk=$(( (m <= 8 ? 1 : 0) + 1 + (m <= 32 ? 1 : 0) ))
+  ns=$(echo "${NCU_SHAPES:-28672x8192,2560x2560}" | tr ',' '\n' | grep -c x)
   if [ "${NCU_FULL:-0}" = 1 ]; then
     # NCU_FULL=1: every metric of the full set as one CSV row per kernel, and bench/ncu_raw.py's summary of it
     # (stall reasons per issued instruction, L1 / L2 traffic and hit rates, the tensor pipe)
-    ncu_run ncu-raw.csv /tmp/trit_ncu_driver.py -k regex:${NCU_KERNELS:-small_kernel} -s $nk -c $((2 * nk)) \
+    ncu_run ncu-raw.csv /tmp/trit_ncu_driver.py -k regex:${NCU_KERNELS:-small_kernel} -s $nk -c $((ns * nk)) \
       --set full --page raw --csv
     $PY bench/ncu_raw.py "$OUT/ncu-raw.csv" > "$OUT/ncu-summary.txt" 2>&1 || true
     cat "$OUT/ncu-summary.txt"
   fi
-  ncu_run ncu.txt /tmp/trit_ncu_driver.py -k regex:${NCU_KERNELS:-small_kernel} -s $nk -c $((2 * nk)) \
+  ncu_run ncu.txt /tmp/trit_ncu_driver.py -k regex:${NCU_KERNELS:-small_kernel} -s $nk -c $((ns * nk)) \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section InstructionStats \
     --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables
   grep -E "small_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Stall|Warp Cycles Per Issued|Executed Instructions |L1/TEX Hit Rate|L2 Hit Rate|Mem Busy|Max Bandwidth" "$OUT/ncu.txt" | head -100
