@@ -75,6 +75,7 @@ def ceiling(e2e: dict, floors: list[dict], baseline: str, targets: dict[int, flo
     if baseline not in labels:
         raise RecordError(f"baseline {baseline!r} is not a config of the e2e record (it has {labels})")
     base = next(r for r in e2e["rows"] if r["label"] == baseline)
+    rounds = {r.get("round", 1) for r in e2e["rows"]}  # bench.e2e --rounds: more than one
     floor_tok: dict[int, float] = {}
     for f in floors:
         for r in f["rows"]:
@@ -91,7 +92,6 @@ def ceiling(e2e: dict, floors: list[dict], baseline: str, targets: dict[int, flo
         if targets and b in targets:
             row["target_ratio"] = targets[b]
             row["target_reachable"] = targets[b] <= cap
-        rounds = {r.get("round", 1) for r in e2e["rows"]}
         for r in e2e["rows"]:
             t = r["throughput"].get(str(b))
             if r["label"] == baseline or t is None:

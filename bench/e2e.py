@@ -665,16 +665,15 @@ def main(argv=None) -> int:
                "| config | " + " | ".join(f"round {k}" for k in range(1, a.rounds + 1)) + " | mean | mean vs bf16 |",
                "|---" * (a.rounds + 3) + "|"]
         tok = lambda r: float(r["throughput"].get(batches[0], r["throughput"].get(str(batches[0])))["tok_s"])  # noqa: E731
-        means = {}
-        for label in dict.fromkeys(r["label"] for r in ok):
-            by_round = {r.get("round", 1): r for r in ok if r["label"] == label}
-            means[label] = sum(tok(r) for r in by_round.values()) / len(by_round)
+        per = {}  # label -> {round: row}, labels in first-run order
+        for r in ok:
+            per.setdefault(r["label"], {})[r.get("round", 1)] = r
+        means = {label: sum(map(tok, by.values())) / len(by) for label, by in per.items()}
         bmean = next((v for k, v in means.items() if k.startswith("bf16")), None)
-        for label, m in means.items():
-            by_round = {r.get("round", 1): r for r in ok if r["label"] == label}
-            cells = [f"{tok(by_round[k]):.0f} (#{by_round[k]['position']})" if k in by_round else "-"
-                     for k in range(1, a.rounds + 1)]
-            md.append(f"| {label} | " + " | ".join(cells) + f" | {m:.0f} | " + (f"{m / bmean:.3f}x" if bmean else "-") + " |")
+        for label, by in per.items():
+            cells = [f"{tok(by[k]):.0f} (#{by[k]['position']})" if k in by else "-" for k in range(1, a.rounds + 1)]
+            md.append(f"| {label} | " + " | ".join(cells) + f" | {means[label]:.0f} | "
+                      + (f"{means[label] / bmean:.3f}x" if bmean else "-") + " |")
     es = [r for r in rows if "error" not in r and r.get("engine_settings")]
     if es:
         md += ["", "Engine settings as vLLM resolved them: " + "; ".join(

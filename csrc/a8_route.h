@@ -73,6 +73,20 @@ inline int a8_mt4_wide_nw(int n_warps, int KB, int sm_count) {
   return 0;
 }
 
+// The v5 GEMV's general launch shape (ternary_gemm.cu small_cfg), before the per-shape rules below: split K over
+// ks warps per weight tile, doubling ks (up to max_warps) while the grid has < 1536 warps and every split keeps
+// >= 2 chunks' worth of k-blocks; n_warps: weight-tile warps along N (tiles / wn), KB: k-blocks.
+inline int v5_split_ks(int n_warps, int KB, int max_warps) {
+  int ks = 1;
+  while (ks < max_warps && n_warps * ks < 1536 && KB / (2 * ks) >= 2) ks *= 2;
+  return ks;
+}
+// ... and the weight tiles per CTA beside it at MT >= 2 (MT = 1 keeps one): the rest of max_warps, at most 4.
+inline int v5_tiles_per_cta(int ks, int max_warps) {
+  const int nw = max_warps / ks;
+  return nw < 1 ? 1 : (nw > 4 ? 4 : nw);
+}
+
 // The a8 GEMV's CTA shape at 16 < M <= 32 with one weight tile per warp (wn = 1, layers of < 128M weights): where
 // the general split-K rule (ternary_gemm.cu small_cfg) gives every tile ks >= 4 warps along K, one tile per CTA
 // (nw = 1, ks * 32 threads) instead of nw = 8 / ks tiles. H200 run 47 (bench/results/2026-12-04-h200-run47-cfg.*,

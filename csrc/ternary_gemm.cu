@@ -2323,9 +2323,9 @@ Cfg small_cfg(const Knobs& kn, int M, int N, int K, bool a8) {
   const int maxw = kV5Threads / 32;
   const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
   const int n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
-  while (cfg.ks < maxw && n_warps * cfg.ks < 1536 && KB / (2 * cfg.ks) >= 2) cfg.ks *= 2;
+  cfg.ks = trit_route::v5_split_ks(n_warps, KB, maxw);
   if (kn.ks > 0) cfg.ks = max(1, min(min(kn.ks, maxw), KB));
-  cfg.nw = cfg.mt == 1 ? 1 : max(1, min(4, maxw / cfg.ks));
+  cfg.nw = cfg.mt == 1 ? 1 : trit_route::v5_tiles_per_cta(cfg.ks, maxw);
   // M = 17-32 with two tiles per warp (the largest layers): one wave of CTAs (csrc/a8_route.h)
   static_assert(kV5Threads / 32 == 8, "a8_mt4_wide_nw splits 8 warps per CTA into nw x ks");
   if (a8 && cfg.mt == 4 && cfg.wn == 2 && kn.ks == 0 && kn.nw == 0) {

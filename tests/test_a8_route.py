@@ -39,6 +39,10 @@ int main() {
       std::printf("%d\n", trit_route::a8_mt4_wide_nw(N, K, sm));
     else if (M == -1)  // a8_mt4_narrow_nw(ks = N)
       std::printf("%d\n", trit_route::a8_mt4_narrow_nw(N));
+    else if (M == -2)  // v5_split_ks(n_warps = N, KB = K, 8 warps)
+      std::printf("%d\n", trit_route::v5_split_ks(N, K, 8));
+    else if (M == -3)  // v5_tiles_per_cta(ks = N, 8 warps)
+      std::printf("%d\n", trit_route::v5_tiles_per_cta(N, 8));
     else
       std::printf("%d\n", (int)trit_route::a8_gemm_auto_loop(M, N, K, sm));
   }
@@ -152,13 +156,12 @@ def test_mt4_wide_rule_edges(route):
                                          (896, 64, 114)]] == [8, 2, 1, 2, 8, 0, 0, 2, 8]
 
 
-def general_ks(N, K, wn=1):
-    """ternary_gemm.cu small_cfg's split-K rule: double ks (up to 8 warps) while the warps number < 1536 and every
-    split keeps >= 2 chunks' worth of k-blocks; and the tiles per CTA it pairs with, nw = min(4, 8 / ks)."""
-    n_warps, kb, ks = -(-(-(-N // TILE_N)) // wn), -(-K // BLOCK_K), 1
-    while ks < 8 and n_warps * ks < 1536 and kb // (2 * ks) >= 2:
-        ks *= 2
-    return ks, max(1, min(4, 8 // ks))
+def general_shape(route, N, K):
+    """small_cfg's general launch shape for a one-tile-per-warp layer (csrc/a8_route.h v5_split_ks and
+    v5_tiles_per_cta, 8 warps per CTA): (ks, nw)."""
+    (ks,) = route([(-2, -(-N // TILE_N), -(-K // BLOCK_K))])
+    (nw,) = route([(-3, ks, 0)])
+    return ks, nw
 
 
 def test_mt4_narrow_rule_against_the_run47_sweep(route):
@@ -168,7 +171,7 @@ def test_mt4_narrow_rule_against_the_run47_sweep(route):
     way (no measured reason to change). M = 16 (two row tiles, another kernel) is not the rule's."""
     pts = [r for r in rows(RUN_47) if r["M"] in (24, 32) and r["N"] * r["K"] < 128 << 20 and r.get("a8_nw1ks1_us")]
     assert len(pts) >= 16, f"{RUN_47.name}: {len(pts)} sweep rows at M = 24 / 32 on one-tile-per-warp layers"
-    ks_of = {(r["N"], r["K"]): general_ks(r["N"], r["K"]) for r in pts}
+    ks_of = {(r["N"], r["K"]): general_shape(route, r["N"], r["K"]) for r in pts}
     got = route([(-1, ks, 0) for ks, _ in ks_of.values()])
     rule = dict(zip(ks_of, got))
     applied = won = 0
