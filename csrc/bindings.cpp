@@ -166,7 +166,7 @@ bool a8_gemm_on(int64_t M, int64_t N, int64_t K) {
   if (forced) return true;
   const int64_t nk = N * K;
   if (M <= 32) return false;
-  if (M <= 64) return nk > (int64_t(1) << 24);
+  if (M <= 64) return trit_a8_v5_on((int)M, (int)N, (int)K) == 0;  // > 16M weights (TRIT_A8_MT8_MAXW)
   if (M <= 128) return nk >= (int64_t(1) << 24);
   return nk > (int64_t(1) << 22);
 }

@@ -1243,8 +1243,9 @@ __device__ __forceinline__ float pro_quantize_row(const T* __restrict__ x, const
 // kRM (MT = 2 / 4, trit_mm_a8_pre at 8 < M <= TRIT_A8_PRE_MAXM): xq in the MT = 1 row-major layout [M, KB*128]
 // that trit::rms_norm_a8q and trit.ops.a8_quantize write (the same bytes per row as the k-block-major layout),
 // each row tile at its own offset from xp, rows past M reading row M-1 (their outputs are never stored).
-// kXI (MT = 2 / 4 behind their own quantizer; the default, TRIT_A8_XI=0 turns it off): the k-block-major layout
-// with each row tile's 1 KB interleaved for the loads (quant_rows_perm_kernel kXI): lane l's uint4 h (inputs
+// kXI (MT = 2 / 4 / 8 behind their own quantizer; the default, TRIT_A8_XI=0 turns it off): the k-block-major layout
+// with each row tile's 1 KB interleaved for the loads (quant_rows_perm_kernel kXI; MT = 8: 8-byte words, see
+// xi_offset): lane l's uint4 h (inputs
 // 32c + 16h .. of row g, l = 4g + c) at byte 512h + 16l, so a warp's 16-byte load of x reads 512 contiguous bytes
 // (16 sectors) where the plain order reads 8 rows x 4 half-used sectors (32). H200 run 39 (ncu, 14336x4096 at
 // M = 32): 26 sectors per global load request, the L1 at 68% of its peak, lg_throttle stalls; with kXI (run 40)
@@ -1258,7 +1259,7 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
                     const T* __restrict__ x, int K, A8Pro<T> pro) {
   static_assert(!kFuseQ || (MT == 1 && WN == 1), "the fused quantizer is the M <= 8 single-tile kernel");
   static_assert(!kRM || (MT >= 2 && MT <= 4 && !kFuseQ), "row-major xq past M = 8: the MT = 2 / 4 kernels");
-  static_assert(!kXI || (MT >= 2 && MT <= 4 && !kRM && !kFuseQ), "interleaved xq: the k-block-major MT = 2 / 4 kernels");
+  static_assert(!kXI || (MT >= 2 && !kRM && !kFuseQ), "interleaved xq: the k-block-major MT = 2 / 4 / 8 kernels");
   extern __shared__ __align__(16) int redi[];  // [NW][KS][WN*MT][4][32] (+ the kFuseQ area)
   constexpr int kU = V5Chunk<MT * WN>::value;
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -1291,7 +1292,7 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
   const uint4* xp = reinterpret_cast<const uint4*>(
       kFuseQ    ? sx + min(g, M - 1) * ld + kb0 * kBlockK + c * 32
       : (MT == 1 || kRM) ? xq + (size_t)min(g, M - 1) * KB * kBlockK + (size_t)kb0 * kBlockK + c * 32
-      : kXI              ? xq + (size_t)kb0 * Mp * kBlockK + lane * 16
+      : kXI              ? xq + (size_t)kb0 * Mp * kBlockK + (MT == 8 ? 0 : lane * 16)
                          : xq + ((size_t)kb0 * Mp + g) * kBlockK + c * 32);
   constexpr int kHalf = kXI ? 32 : 1;  // uint4 h of a lane's 32 inputs at + kHalf * h
   const int kbs = (MT == 1 || kRM) ? 8 : Mp * 8;
@@ -1350,12 +1351,14 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
           }
       }
     } else {
-      const uint2* x2 = reinterpret_cast<const uint2*>(xk);
+      // word i of row tile mt: plain at + 8i bytes of the lane's 32; kXI (8-byte interleave) at 256i + 8 * lane
+      const uint2* x2 = reinterpret_cast<const uint2*>(xk) + (kXI ? lane : 0);
+      constexpr int kWord = kXI ? 32 : 1;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         uint2 xv[MT];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) xv[mt] = ldx(x2 + 128 * mt + i);
+        for (int mt = 0; mt < MT; ++mt) xv[mt] = ldx(x2 + 128 * mt + kWord * i);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) mma_word(w, i, mt, xv[mt].x, xv[mt].y);
       }
@@ -1809,15 +1812,22 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
 // reads input k of k-step i at byte 32i + k, and lane c's A fragment (the same decoded weight
 // words as the mma.sync loop) holds inputs 4c .. 4c + 3 and 16 + 4c ..: this puts there the x
 // bytes the mma.sync loop's lane c multiplies them with (bytes 32c + 8i .. + 7 of the plain order).
-// kXI (a8_small_kernel kXI, MT = 2 / 4; k-block-major only): each k-block's 8-row tile (1 KB) interleaved so
+// kXI (a8_small_kernel kXI, MT = 2 / 4 / 8; k-block-major only): each k-block's 8-row tile (1 KB) interleaved so
 // that a warp's 16-byte loads read 512 contiguous bytes: the 8 bytes of row g at plain offset kk = 32c + 16h +
-// 8q of the k-block go to byte 512h + 64g + 16c + 8q of the tile.
+// 8q of the k-block go to byte 512h + 64g + 16c + 8q of the tile (Mp = 64, MT = 8: 8-byte loads, 256 contiguous
+// bytes, see xi_offset).
+// MT = 8 (Mp = 64 rows, 32 < M <= 64; a8_small_kernel kXI loads one 8-byte word i of each row tile at a time):
+// the 8 bytes of row g at plain offset kk = 32c + 8i go to byte 256i + 32g + 8c of the tile, i.e. lane l = 4g + c's
+// word i at 256i + 8l, so that each warp load reads 256 contiguous bytes (8 sectors) where the plain order reads
+// 8 rows x 4 quarter-used sectors (32) and the 16-byte interleave above 16 half-used ones.
 // The interleaved layout's byte of row m at row-major offset k (k % 8 == 0) in a k-block-major xq of Mp rows:
-// quant_rows_perm_kernel kXI and rms_norm_quant_kernel (layout 1) write it, a8_small_kernel kXI reads it.
+// quant_rows_perm_kernel kXI, quant_rows_cluster_kernel kXI and rms_norm_quant_kernel (layout 1, Mp 16 / 32
+// only) write it, a8_small_kernel kXI reads it. The piece size follows Mp: 8 bytes at Mp = 64, else 16.
 __device__ __forceinline__ size_t xi_offset(int m, int k, int Mp) {
   const int kk = k & (kBlockK - 1);
-  return ((size_t)(k >> 7) * Mp + (m & ~7)) * kBlockK + 512 * ((kk >> 4) & 1) + 64 * (m & 7) + 16 * (kk >> 5) +
-         8 * ((kk >> 3) & 1);
+  const size_t tile = ((size_t)(k >> 7) * Mp + (m & ~7)) * kBlockK;
+  if (Mp == 64) return tile + 256 * ((kk >> 3) & 3) + 32 * (m & 7) + 8 * (kk >> 5);
+  return tile + 512 * ((kk >> 4) & 1) + 64 * (m & 7) + 16 * (kk >> 5) + 8 * ((kk >> 3) & 1);
 }
 template <typename T, bool kWG = false, bool kXI = false>
 __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
@@ -2290,7 +2300,10 @@ int v5_mt(int M) { return M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8; }
 // 8 < M <= 32 (the GEMV's 8 * v5_mt(M)), else row-major; layout 0: M row-major rows.
 int a8_tile_rows(int M) { return (M + 31) / 32 * 32; }
 int a8_tile_mp(int M) { return M > 8 && M <= 32 ? 8 * v5_mt(M) : 0; }
-bool a8_v5(int M, int N, int K) { return M <= 32 || (M <= kV5MaxMA8 && (long)N * K <= (16L << 20)); }
+// 32 < M <= 64 (MT = 8): the v5 GEMV on layers of <= TRIT_A8_MT8_MAXW Mi weights (default 16 = 16 << 20, read per
+// call), the GEMM routes above; the knob measures the MT = 8 GEMV on larger layers (bench.kernels `a8_mt8`)
+long a8_mt8_maxw() { return (long)max(0, min(env_int("TRIT_A8_MT8_MAXW", 16), 1 << 20)) << 20; }
+bool a8_v5(int M, int N, int K) { return M <= 32 || (M <= kV5MaxMA8 && (long)N * K <= a8_mt8_maxw()); }
 
 // Split-K for the v5 kernels (ks warps along K per 16-row tile). Measured on the H200
 // (bench.kernels --ks-sweep, M = 1, ten shapes): the best ks makes n_tiles * ks reach ~1536-2048
@@ -2643,8 +2656,8 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     fcfg.nw = kn.nw > 0 ? max(1, min(kn.nw, (kV5Threads / 32) / fcfg.ks)) : 1;
     const bool fuseq = want_fuseq && fcfg.mt == 1 && vec &&
                        (size_t)fcfg.nw * fcfg.ks * 512 + fuseq_smem(M, KB) <= 48 * 1024;
-    // the interleaved xq (TRIT_A8_XI, default on): the code-layout MT = 2 / 4 kernels behind their own quantizer
-    const bool xi = kn.xi && !pre && !bp && (cfg.mt == 2 || cfg.mt == 4);
+    // the interleaved xq (TRIT_A8_XI, default on): the code-layout MT = 2 / 4 / 8 kernels behind their own quantizer
+    const bool xi = kn.xi && !pre && !bp && cfg.mt >= 2;
     if (fuseq) {
       cfg = fcfg;
     } else if (!pre) {
@@ -2685,9 +2698,11 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
       }
     }
     if (xi) {
-      if (cfg.mt == 2)
-        return launch_a8_small_mt<T, 2, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-      return launch_a8_small_mt<T, 4, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      switch (cfg.mt) {
+        case 2: return launch_a8_small_mt<T, 2, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+        case 4: return launch_a8_small_mt<T, 4, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+        default: return launch_a8_small_mt<T, 8, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+      }
     }
     switch (cfg.mt) {
       case 1: return launch_a8_small_mt<T, 1>(cfg, pdl, fuseq, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
@@ -3617,6 +3632,7 @@ extern "C" int trit_mm_a8_pre_ok(int M, int N, int K, int layout) {
 
 // trit_mm_a8 on the bitplane layout: the same route and results where it runs (the v5 GEMV, M <= kA8BpMaxM),
 // else cudaErrorInvalidValue; trit_mm_a8_bp_ok says which (dispatch_a8's condition)
+extern "C" int trit_a8_v5_on(int M, int N, int K) { return a8_v5(M, N, K) ? 1 : 0; }
 extern "C" int trit_mm_a8_bp_ok(int M, int N, int K) {
   return M >= 1 && M <= kA8BpMaxM && a8_v5(M, N, K) && knobs().v5 ? 1 : 0;
 }

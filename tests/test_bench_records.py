@@ -367,6 +367,25 @@ def test_kernel_bench_markdown_bitplane_section():
     assert "a8_bp" not in kernels.EXPERIMENTAL  # validated in H200 run 32
 
 
+def test_kernel_bench_mt8_section():
+    """bench.kernels at 32 < M <= 64: the default beside the MT = 8 GEMV forced on every layer, on the plain xq and
+    with the loop quantizer, humming and the faster of ours against it; `equal` is False when any forced route's
+    result differed; no section without the columns; fmt_row names the three."""
+    from bench import kernels
+
+    meta = {"device": "H200", "date": "d", "commit": "c", "command": "x", "torch": "t", "cuda": "u", "fused_max_m": 64}
+    row = {"N": 8192, "K": 8192, "M": 64, "bf16_us": 43.1, "a8_us": 24.0, "a8_x_bf16": 43.1 / 24.0, "a8_mt8_us": 20.0,
+           "a8_mt8_noxi_us": 30.5, "a8_mt8_xqloop_us": 21.0, "humming_us": 22.8, "floor_us": 4.0,
+           "a8_mt8_equal": True, "a8_mt8_noxi_equal": True, "a8_mt8_xqloop_equal": True}
+    md = kernels.markdown(meta, [row])
+    assert "| 8192x8192 | 64 | 43.1 | 24.0 (1.80x) | 20.0 | 30.5 | 21.0 | 22.8 | 1.14x | True |" in md
+    assert "| 8192x8192 | 64 | 43.1 | 24.0 (1.80x) | 20.0 | 30.5 | 21.0 | 22.8 | 1.14x | False |" in kernels.markdown(
+        meta, [{**row, "a8_mt8_noxi_equal": False}])
+    assert "mt8 20.0/30.5/21.0 " in kernels.fmt_row(row)
+    plain = {k: v for k, v in row.items() if "mt8" not in k}
+    assert "TRIT_A8_MT8_MAXW" not in kernels.markdown(meta, [plain])
+
+
 def test_kernel_bench_head_prefetch_section():
     """bench.kernels --pf-head: a table of the a8 / fused times per TRIT_L2PF_HEAD beside the default, the
     pre-quantized GEMV and the whole-range prefetch; fmt_row names each head; no table without the columns."""

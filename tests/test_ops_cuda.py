@@ -672,7 +672,8 @@ def test_a8_route_defaults_match_forced_routes(monkeypatch, M, N, K):
     x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 3 + M, DEV)
     y = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
     envs = [{"TRIT_A8_GEMM": "1"}, {"TRIT_A8_GEMM": "0"}, {"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": "17"},
-            {"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}, {"TRIT_A8_GEMM_WG": "0"}]
+            {"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}, {"TRIT_A8_GEMM_WG": "0"},
+            {"TRIT_A8_MT8_MAXW": "4096"}, {"TRIT_A8_MT8_MAXW": "0"}]
     if ops.WGMMA:
         envs += [{"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_WG": "2"}, {"TRIT_A8_GEMM_WG_OVERLAP": "0"},
                  {"TRIT_A8_GEMM_WG_DEEP": "1"}, {"TRIT_A8_GEMM_WG_DEEP": "0"}]
@@ -1427,18 +1428,19 @@ def test_a8q_row_major_in_a_cuda_graph(monkeypatch):
         assert torch.equal(out, torch.ops.trit.ternary_mm_a8(static_x, p, s, N, K, b)), f"replay {seed}"
 
 
-# ------------------------------------------------------------------ interleaved xq (8 < M <= 32, TRIT_A8_XI)
-# The default: the quantizer writes each k-block's 8-row tiles interleaved for 512-byte warp loads and the MT = 2 / 4
-# GEMVs read them (kXI); TRIT_A8_XI=0 the plain k-block-major layout. Only where x is read from changes: the same
-# exact int32 sums, so the results match bit for bit.
+# ------------------------------------------------------------------ interleaved xq (8 < M <= 64, TRIT_A8_XI)
+# The default: the quantizer writes each k-block's 8-row tiles interleaved for 512-byte (MT = 8: 256-byte) warp
+# loads and the MT = 2 / 4 / 8 GEMVs read them (kXI); TRIT_A8_XI=0 the plain k-block-major layout. Only where x is
+# read from changes: the same exact int32 sums, so the results match bit for bit.
 
 
 @SETTINGS
-@given(M=st.integers(9, 32), N=AWKWARD_N, K=AWKWARD_K, dtype=st.sampled_from(DTYPES), bias=st.booleans(),
+@given(M=st.integers(9, 64), N=AWKWARD_N, K=AWKWARD_K, dtype=st.sampled_from(DTYPES), bias=st.booleans(),
        wn=st.sampled_from(["", "1", "2"]), seed=st.integers(0, 2**16))
 def test_a8_interleaved_xq_equals_the_plain_layout(M, N, K, dtype, bias, wn, seed):
-    """At 8 < M <= 32 (MT = 2 / 4, one or two tiles per warp) the default (interleaved xq) and TRIT_A8_XI=0 give the
-    same result bit for bit, every dtype, awkward N and K (zero rows up to the tile, padded last k-block)."""
+    """At 8 < M <= 64 (MT = 2 / 4 with one or two tiles per warp, MT = 8 with one) the default (interleaved xq) and
+    TRIT_A8_XI=0 give the same result bit for bit, every dtype, awkward N and K (zero rows up to the tile, padded
+    last k-block)."""
     x, w, p, s, b = make_case(M, N, K, dtype, bias, seed, DEV)
     with _env(TRIT_WN=wn, TRIT_A8_XI="0"):
         want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
@@ -1452,10 +1454,12 @@ def test_a8_interleaved_xq_equals_the_plain_layout(M, N, K, dtype, bias, wn, see
 @pytest.mark.parametrize("knobs", [{"TRIT_WN": "2"}, {"TRIT_KS": "2", "TRIT_NW": "2"}, {"TRIT_KS": "8", "TRIT_NW": "1"},
                                    {"TRIT_KS": "1", "TRIT_NW": "8"}, {"TRIT_PDL": "0"}, {"TRIT_L2PF": "2"}])
 @pytest.mark.parametrize("M,N,K", [(9, 6160, 1000), (16, 4096, 14336), (24, 2560, 6912), (32, 4096, 14336),
-                                   (32, 8192, 28672), (32, 28672, 8192), (32, 13000, 10330)])
+                                   (32, 8192, 28672), (32, 28672, 8192), (32, 13000, 10330), (33, 4096, 4096),
+                                   (64, 2560, 2560), (57, 640, 2560)])
 def test_a8_interleaved_xq_under_knobs(monkeypatch, knobs, M, N, K):
     """The interleaved-xq GEMV under the launch knobs (tiles per CTA, split-K warps, PDL off, L2 prefetch on) on
-    model-sized layers, bias included, and the wide layers' one-wave M = 32 launch: the plain layout's result."""
+    model-sized layers, bias included, the wide layers' one-wave M = 32 launch and the MT = 8 GEMV (M 33 - 64):
+    the plain layout's result."""
     x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, M + N, DEV)
     for k, v in knobs.items():
         monkeypatch.setenv(k, v)
@@ -1466,24 +1470,50 @@ def test_a8_interleaved_xq_under_knobs(monkeypatch, knobs, M, N, K):
     assert torch.equal(got, want), knobs
 
 
-@pytest.mark.parametrize("M,N,K", [(32, 4096, 14336), (16, 2560, 6912), (8, 4096, 4096), (33, 2560, 2560)])
-def test_a8_interleaved_xq_only_at_mt2_mt4(monkeypatch, M, N, K):
-    """The interleaved layout takes other kernels (quantizer and GEMV) than TRIT_A8_XI=0 exactly at 8 < M <= 32;
-    at M <= 8 and M > 32 the two launch the same kernels."""
+@pytest.mark.parametrize("M,N,K", [(32, 4096, 14336), (16, 2560, 6912), (8, 4096, 4096), (33, 2560, 2560),
+                                   (64, 4096, 4096), (64, 4096, 14336), (40, 2560, 6912)])
+def test_a8_interleaved_xq_only_on_the_mt2_to_mt8_gemv(monkeypatch, M, N, K):
+    """The interleaved layout takes other kernels (quantizer and GEMV) than TRIT_A8_XI=0 exactly where the v5 GEMV
+    runs past M = 8: 8 < M <= 32, and 32 < M <= 64 on layers of <= 16M weights; at M <= 8 and on the GEMM routes
+    the two launch the same kernels."""
     x, w, p, s, b = make_case(M, N, K, torch.bfloat16, False, 5, DEV)
     run = lambda: torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)  # noqa: E731
     monkeypatch.delenv("TRIT_A8_XI", raising=False)
+    monkeypatch.delenv("TRIT_A8_MT8_MAXW", raising=False)
     default = _cuda_kernels(run)
     monkeypatch.setenv("TRIT_A8_XI", "0")
     plain = _cuda_kernels(run)
-    assert (default != plain) == (8 < M <= 32), (default, plain)
-    if 8 < M <= 32:
+    xi = 8 < M <= 32 or (32 < M <= 64 and N * K <= 16 << 20)
+    assert (default != plain) == xi, (default, plain)
+    if xi:
         assert len(default) == len(plain) == 2 and all(a != b for a, b in zip(default, plain)), (default, plain)
+        assert any("a8_small_kernel" in n for n in default), default
 
 
-def test_a8_interleaved_xq_in_a_cuda_graph(monkeypatch):
-    """Captured at M = 32 with the default layout and replayed on new inputs: TRIT_A8_XI=0's eager result."""
-    M, N, K = 32, 4096, 14336
+@pytest.mark.parametrize("M,N,K,maxw,v5", [(64, 8192, 8192, "64", True), (48, 14336, 4096, "4096", True),
+                                          (64, 8192, 8192, "63", False), (64, 2560, 2560, "0", False),
+                                          (64, 4096, 4096, "", True), (64, 4096, 4100, "", False),
+                                          (32, 8192, 8192, "0", True)])
+def test_a8_mt8_maxw_routes_and_matches(monkeypatch, M, N, K, maxw, v5):
+    """TRIT_A8_MT8_MAXW (Mi weights, default 16): at 32 < M <= 64 the MT = 8 GEMV (a8_small_kernel) on layers up to
+    that size, the GEMM kernel above; M <= 32 is the GEMV whatever it says. Both routes give the same bits."""
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 7 + M, DEV)
+    run = lambda: torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)  # noqa: E731
+    monkeypatch.delenv("TRIT_A8_GEMM", raising=False)
+    monkeypatch.delenv("TRIT_A8_MT8_MAXW", raising=False)
+    if maxw:
+        monkeypatch.setenv("TRIT_A8_MT8_MAXW", maxw)
+    names = _cuda_kernels(run)
+    assert any("a8_small_kernel" in n for n in names) == v5, names
+    assert any("a8_gemm_kernel" in n for n in names) == (not v5), names
+    got = run()
+    monkeypatch.setenv("TRIT_A8_MT8_MAXW", "4096" if not v5 else "0")
+    assert torch.equal(got, run()), f"M={M} N={N} K={K} maxw={maxw}"
+
+
+@pytest.mark.parametrize("M,N,K", [(32, 4096, 14336), (64, 4096, 4096)])
+def test_a8_interleaved_xq_in_a_cuda_graph(monkeypatch, M, N, K):
+    """Captured at M = 32 / 64 with the default layout and replayed on new inputs: TRIT_A8_XI=0's eager result."""
     x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 13, DEV)
     static_x = x.clone()
     monkeypatch.delenv("TRIT_A8_XI", raising=False)
@@ -1511,7 +1541,7 @@ def test_quant_cluster_xi_matches_the_loop_kernel(monkeypatch, K, n):
     monkeypatch.setenv("TRIT_KERNEL", "v5")
     monkeypatch.delenv("TRIT_A8_XI", raising=False)
     N = 96
-    for M in (9, 13, 16, 17, 32):
+    for M in (9, 13, 16, 17, 32, 33, 64):
         for dtype in DTYPES:
             x, w, p, s, b = make_case(M, N, K, dtype, True, 5 * M + K % 89, DEV)
             x[1].zero_()  # a row of zeros: xs from the 1e-5 floor, rowsum 0
