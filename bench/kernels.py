@@ -274,8 +274,8 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             # (TRIT_QUANT_CLUSTER_XI=0, the default before run 45) / the cluster kernel on every row (TRIT_QUANT_CLUSTER=8)
             variants["a8_xqloop"] = with_env({"TRIT_QUANT_CLUSTER_XI": "0"}, variants["a8"])
             variants["a8_xqcl8"] = with_env({"TRIT_QUANT_CLUSTER_XI": "1", "TRIT_QUANT_CLUSTER": "8"}, variants["a8"])
-        if 32 < M <= V5_MAX_M_A8:  # the MT = 8 GEMV (8 row tiles per warp): the default on layers of <= 16M
-            # weights (TRIT_A8_MT8_MAXW, Mi weights), the GEMM kernel above. `a8_mt8` forces the GEMV on every layer;
+        if 32 < M <= V5_MAX_M_A8:  # the MT = 8 GEMV (8 row tiles per warp): the default on layers of <= 64 Mi
+            # weights (TRIT_A8_MT8_MAXW, Mi weights; 16 before H200 run 49), the GEMM kernel above. `a8_mt8` forces the GEMV on every layer;
             # `_noxi` on the plain k-block-major xq (TRIT_A8_XI=0: 8 rows x 4 quarter-used sectors per warp load
             # where the interleaved xq reads 256 contiguous bytes), `a8_xqloop` the one-CTA loop quantizer
             mt8 = {"TRIT_A8_MT8_MAXW": str(1 << 20), "TRIT_A8_GEMM": ""}
@@ -561,7 +561,7 @@ def markdown(meta, rows) -> str:
                          + " / ".join(_f(r.get(f"a8_fqnw{n}_us"), ".1f") for n in FUSEQ_NW) + " |")
     mt8 = [r for r in rows if r.get("a8_mt8_us") or r.get("a8_mt8_error")]
     if mt8:
-        lines += ["", "W1.58A8 at 32 < M <= 64 (us): the default (the MT = 8 GEMV on layers of <= 16M weights, else the "
+        lines += ["", "W1.58A8 at 32 < M <= 64 (us): the default (the MT = 8 GEMV on layers of <= TRIT_A8_MT8_MAXW Mi weights, else the "
                   "GEMM kernel), the MT = 8 GEMV forced on every layer (TRIT_A8_MT8_MAXW) on the interleaved xq (8-byte "
                   "pieces: 256 contiguous bytes per warp load), on the plain k-block-major xq (TRIT_A8_XI=0) and with "
                   "the one-CTA loop quantizer (TRIT_QUANT_CLUSTER_XI=0); `equal`: each bit for bit the default's.", "",

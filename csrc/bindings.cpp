@@ -144,7 +144,7 @@ int64_t a8_dense_min_m() {
 // W1.58A8 at 32 < M <= 256 through the GEMM-shaped kernel (ternary_gemm.cu, a8_gemm_kernel), by
 // shape and M, from H200 runs 15 and 16 (bench/results/NOTES.md: the `gemm kernel` column against
 // the fused a8 kernel and int8 cuBLAS in the same run; run 16 = the epilogue through shared memory
-// with its loops unrolled). M = 33-64: above 16M weights (run 16: 2560x6912 22.1 vs 28.0 us,
+// with its loops unrolled). M = 33-64: above 16M weights then (run 16: 2560x6912 22.1 vs 28.0 us,
 // 6144x4096 19.9 vs 21.4, 13824x2560 22.1 vs 28.9, 14336x4096 26.9 vs 35.9, 8192x8192 28.7 vs
 // 33.7, 28672x8192 65.7 vs 99.3; 6912x2560 17.6 vs 17.3 a tie; lost on 4096x4096 18.9 vs 15.9,
 // 2560x2560 16.6 vs 12.0). M = 65-128: from 16M weights (4096x4096 21.0 vs 22.2, 6912x2560 21.7
@@ -166,7 +166,9 @@ bool a8_gemm_on(int64_t M, int64_t N, int64_t K) {
   if (forced) return true;
   const int64_t nk = N * K;
   if (M <= 32) return false;
-  if (M <= 64) return trit_a8_v5_on((int)M, (int)N, (int)K) == 0;  // > 16M weights (TRIT_A8_MT8_MAXW)
+  // 33-64: where the MT = 8 GEMV does not run: above 64 Mi weights since H200 run 49 (its interleaved xq), see
+  // ternary_gemm.cu a8_mt8_maxw; TRIT_A8_MT8_MAXW moves the limit
+  if (M <= 64) return trit_a8_v5_on((int)M, (int)N, (int)K) == 0;
   if (M <= 128) return nk >= (int64_t(1) << 24);
   return nk > (int64_t(1) << 22);
 }

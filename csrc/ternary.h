@@ -77,7 +77,7 @@ int trit_mm_a8_gemm(int dtype, const void* x, const int32_t* packed, const float
                     int32_t* rowsum, int32_t* ws, void* stream);
 long long trit_mm_a8_gemm_ws_ints(int M, int N, int K);
 // 1 where trit_mm_a8's layer-size rule keeps an M-row call on its v5 GEMV (M <= 32; at 32 < M <= 64 the MT = 8
-// kernel on layers of <= TRIT_A8_MT8_MAXW Mi weights, default 16), 0 where the GEMM routes take it (a8_gemm_on)
+// kernel on layers of <= TRIT_A8_MT8_MAXW Mi weights, default 64), 0 where the GEMM routes take it (a8_gemm_on)
 int trit_a8_v5_on(int M, int N, int K);
 int trit_mm_a8_gemm_xq_rows(int M, int N, int K);
 int trit_mm_a8_gemm_wg(int M, int N, int K);

@@ -2190,7 +2190,7 @@ struct Knobs {
   bool v5, pdl;
   int l2pf, ks, nw, wn, fuseq;  // wn 0 and fuseq -1: auto
   int l2pf_head = 0;            // TRIT_L2PF=3: k-blocks prefetched per warp
-  bool xi = true;               // TRIT_A8_XI (default 1): the interleaved k-block-major xq at MT = 2 / 4 (a8_small_kernel kXI)
+  bool xi = true;               // TRIT_A8_XI (default 1): the interleaved k-block-major xq at MT = 2 / 4 / 8 (a8_small_kernel kXI)
   bool narrow_nw1 = true;       // TRIT_A8_NARROW_NW1 (default 1): a8_mt4_narrow_nw in small_cfg
 };
 int env_int(const char* name, int dflt) {
@@ -2290,7 +2290,7 @@ cudaError_t launch_quant_cluster(int S, const T* x, int8_t* xq, float* xs, int32
 //     28672x8192 160.7 vs 106.9 us, 8192x8192 41.5 vs 29.1): the bf16 decode (LOP3 + HFMA2 per
 //     pair) is amortised over MT tiles, but the 4x larger x fragments per k-block are not.
 //   a8 (a8_small_kernel): M <= 32 on every shape (MT = 2: 28672x8192 M=16 32.0 vs 50.4 us;
-//     MT = 4: M=32 54.0 vs 76.0); MT = 8 (M <= 64) only on layers with N*K <= 16M (2560x2560
+//     MT = 4: M=32 54.0 vs 76.0); MT = 8 (M <= 64) then only on layers with N*K <= 16M (2560x2560
 //     12.1 vs 16.0, 4096x4096 15.9 vs 20.0) - on larger ones it lost (28672x8192 171 vs 100).
 // Elsewhere (and for fp32 or misaligned x) the v4 kernels.
 constexpr int kV5MaxMFp = 8, kV5MaxMA8 = 64;
@@ -2300,9 +2300,14 @@ int v5_mt(int M) { return M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8; }
 // 8 < M <= 32 (the GEMV's 8 * v5_mt(M)), else row-major; layout 0: M row-major rows.
 int a8_tile_rows(int M) { return (M + 31) / 32 * 32; }
 int a8_tile_mp(int M) { return M > 8 && M <= 32 ? 8 * v5_mt(M) : 0; }
-// 32 < M <= 64 (MT = 8): the v5 GEMV on layers of <= TRIT_A8_MT8_MAXW Mi weights (default 16 = 16 << 20, read per
-// call), the GEMM routes above; the knob measures the MT = 8 GEMV on larger layers (bench.kernels `a8_mt8`)
-long a8_mt8_maxw() { return (long)max(0, min(env_int("TRIT_A8_MT8_MAXW", 16), 1 << 20)) << 20; }
+// 32 < M <= 64 (MT = 8): the v5 GEMV on layers of <= TRIT_A8_MT8_MAXW Mi weights (default 64 = 64 << 20, read per
+// call), the GEMM kernel above (bindings.cpp a8_gemm_on); bench.kernels `a8_mt8` forces the GEMV everywhere.
+// H200 run 49 (5107b1d, M = 40 / 64, us): once the MT = 8 GEMV read the 8-byte interleaved xq (plain -> interleaved:
+// 2560x2560 12.3 -> 8.5, 4096x4096 16.2 -> 10.0, 8192x8192 47.6 -> 22.4 at M = 64) it beat the GEMM kernel up to
+// 64 Mi weights: M = 64 6912x2560 12.0 vs 16.2, 2560x6912 12.8 vs 20.0, 6144x4096 14.7 vs 17.7, 13824x2560 18.0 vs
+// 18.8, 4096x14336 21.0 vs 26.8, 8192x8192 22.4 vs 23.7 (14336x4096 the exception: 23.5 vs 22.5, M = 40 22.3 vs
+// 21.3), and lost above (28672x4096 44.3 vs 27.9, 28672x8192 76.2 vs 48.0, 8192x28672 64.8 vs 54.2).
+long a8_mt8_maxw() { return (long)max(0, min(env_int("TRIT_A8_MT8_MAXW", 64), 1 << 20)) << 20; }
 bool a8_v5(int M, int N, int K) { return M <= 32 || (M <= kV5MaxMA8 && (long)N * K <= a8_mt8_maxw()); }
 
 // Split-K for the v5 kernels (ks warps along K per 16-row tile). Measured on the H200

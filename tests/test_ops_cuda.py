@@ -664,8 +664,8 @@ def test_a8_gemm_kernel_matches_default(monkeypatch, M, NK):
                                    (96, 14336, 4500), (128, 4096, 14336), (250, 6144, 4000), (300, 6144, 520),
                                    (1000, 640, 2560), (1000, 2560, 1000)])
 def test_a8_route_defaults_match_forced_routes(monkeypatch, M, N, K):
-    """The shape-chosen a8 routes (a8_gemm_on: the GEMM kernel at 32 < M <= 256 on > 16M weights
-    up to M = 64, >= 16M up to M = 128, > 4M above, ahead of int8 cuBLAS at M = 256; on sm_90a its
+    """The shape-chosen a8 routes (a8_gemm_on: the GEMM kernel at 32 < M <= 256 on > 64 Mi weights
+    up to M = 64 (TRIT_A8_MT8_MAXW), >= 16M up to M = 128, > 4M above, ahead of int8 cuBLAS at M = 256; on sm_90a its
     wgmma loops per csrc/a8_route.h, the 128-row one also at M > 256; wn_auto at M <= 32 on
     >= 128M weights is covered by the knob test) give the same bits as every forced route on the
     layers where the default switches."""
@@ -1471,10 +1471,11 @@ def test_a8_interleaved_xq_under_knobs(monkeypatch, knobs, M, N, K):
 
 
 @pytest.mark.parametrize("M,N,K", [(32, 4096, 14336), (16, 2560, 6912), (8, 4096, 4096), (33, 2560, 2560),
-                                   (64, 4096, 4096), (64, 4096, 14336), (40, 2560, 6912)])
+                                   (64, 4096, 4096), (64, 4096, 14336), (40, 2560, 6912), (64, 28672, 4096),
+                                   (40, 8192, 8200)])
 def test_a8_interleaved_xq_only_on_the_mt2_to_mt8_gemv(monkeypatch, M, N, K):
     """The interleaved layout takes other kernels (quantizer and GEMV) than TRIT_A8_XI=0 exactly where the v5 GEMV
-    runs past M = 8: 8 < M <= 32, and 32 < M <= 64 on layers of <= 16M weights; at M <= 8 and on the GEMM routes
+    runs past M = 8: 8 < M <= 32, and 32 < M <= 64 on layers of <= 64 Mi weights; at M <= 8 and on the GEMM routes
     the two launch the same kernels."""
     x, w, p, s, b = make_case(M, N, K, torch.bfloat16, False, 5, DEV)
     run = lambda: torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)  # noqa: E731
@@ -1483,19 +1484,20 @@ def test_a8_interleaved_xq_only_on_the_mt2_to_mt8_gemv(monkeypatch, M, N, K):
     default = _cuda_kernels(run)
     monkeypatch.setenv("TRIT_A8_XI", "0")
     plain = _cuda_kernels(run)
-    xi = 8 < M <= 32 or (32 < M <= 64 and N * K <= 16 << 20)
+    xi = 8 < M <= 32 or (32 < M <= 64 and N * K <= 64 << 20)
     assert (default != plain) == xi, (default, plain)
     if xi:
         assert len(default) == len(plain) == 2 and all(a != b for a, b in zip(default, plain)), (default, plain)
         assert any("a8_small_kernel" in n for n in default), default
 
 
-@pytest.mark.parametrize("M,N,K,maxw,v5", [(64, 8192, 8192, "64", True), (48, 14336, 4096, "4096", True),
+@pytest.mark.parametrize("M,N,K,maxw,v5", [(64, 8192, 8192, "", True), (48, 28672, 4096, "4096", True),
                                           (64, 8192, 8192, "63", False), (64, 2560, 2560, "0", False),
-                                          (64, 4096, 4096, "", True), (64, 4096, 4100, "", False),
+                                          (64, 4096, 4096, "16", True), (64, 4096, 4100, "16", False),
+                                          (64, 8192, 8200, "", False), (33, 14336, 4096, "", True),
                                           (32, 8192, 8192, "0", True)])
 def test_a8_mt8_maxw_routes_and_matches(monkeypatch, M, N, K, maxw, v5):
-    """TRIT_A8_MT8_MAXW (Mi weights, default 16): at 32 < M <= 64 the MT = 8 GEMV (a8_small_kernel) on layers up to
+    """TRIT_A8_MT8_MAXW (Mi weights, default 64): at 32 < M <= 64 the MT = 8 GEMV (a8_small_kernel) on layers up to
     that size, the GEMM kernel above; M <= 32 is the GEMV whatever it says. Both routes give the same bits."""
     x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 7 + M, DEV)
     run = lambda: torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)  # noqa: E731
@@ -1563,11 +1565,13 @@ def test_quant_cluster_xi_matches_the_loop_kernel(monkeypatch, K, n):
     (32, 4096, {"TRIT_QUANT_CLUSTER_XI": "1", "TRIT_QUANT_CLUSTER": "8"}, "cluster"),
     (32, 14336, {}, "cluster"), (32, 4096, {}, "perm"), (32, 14336, {"TRIT_QUANT_CLUSTER_XI": "0"}, "perm"),
     (24, 14336, {"TRIT_QUANT_CLUSTER_XI": "1", "TRIT_A8_XI": "0"}, "perm"),
-    (40, 14336, {"TRIT_QUANT_CLUSTER_XI": "1"}, None)])
+    (40, 14336, {"TRIT_QUANT_CLUSTER_XI": "1"}, "cluster"), (64, 4096, {}, "perm"),
+    (40, 16400, {"TRIT_QUANT_CLUSTER_XI": "1"}, None)])
 def test_quant_cluster_xi_route(monkeypatch, M, K, knobs, kernel):
     """Which quantizer the a8 op launches at 8 < M <= 32: the cluster kernel on rows longer than 4096 (by default
     and with TRIT_QUANT_CLUSTER_XI=1; every row with TRIT_QUANT_CLUSTER=8), the loop kernel on shorter rows, with
-    TRIT_QUANT_CLUSTER_XI=0 and on the plain layout (TRIT_A8_XI=0); past M = 32 neither (the GEMM routes)."""
+    TRIT_QUANT_CLUSTER_XI=0 and on the plain layout (TRIT_A8_XI=0); the same at 32 < M <= 64 where the MT = 8 GEMV
+    runs (4096 x K <= 64 Mi weights); neither on the GEMM routes (4096 x 16400)."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters: compute capability 9.0+")
     monkeypatch.setenv("TRIT_KERNEL", "v5")
