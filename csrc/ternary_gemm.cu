@@ -1251,16 +1251,8 @@ __device__ __forceinline__ float pro_quantize_row(const T* __restrict__ x, const
 // M = 32): 26 sectors per global load request, the L1 at 68% of its peak, lg_throttle stalls; with kXI (run 40)
 // 14 sectors, 47%, no lg_throttle, 16.9 -> 13.5 us. Run 41: equal or faster at M = 12 - 32 on all 13 shapes
 // (28672x4096 M = 32 29.9 -> 21.6 us, 14336x4096 17.3 -> 13.6, 4096x14336 17.0 -> 14.2).
-// kXB (TRIT_A8_XB, default 0; MT = 4, one tile per warp, interleaved xq: an experiment): 1 = each k-block's x
-// loaded whole (both uint4 halves of every row tile, 8 loads in flight) before its first mma, as MT <= 2 does;
-// 2 = that and 4-k-block weight chunks (kV5U) instead of 2. Why: H200 run 51's ncu of the M = 32 GEMV (6144x4096,
-// 4096x4096) found it latency-bound - long_scoreboard 6.2-7.3 of 12.8-15.3 cycles per issued instruction, 18-24% of
-// warp slots active, 2.3-2.9 TB/s of L2 -> L1 - with the grid's 1536 / 2048 warps below one wave (11.6 / 15.5 per
-// SM against the 16 that 118 registers allow): more loads in flight per warp at no occupancy cost, so the cap is
-// 255 registers (one 256-thread CTA per SM by launch bounds; the 128-thread CTAs still pack 4 per SM).
-template <typename T, int MT, int WN, bool kFuseQ = false, bool kBP = false, bool kRM = false, bool kXI = false,
-          int kXB = 0>
-__global__ void __launch_bounds__(kV5Threads, kXB ? 1 : A8MinCtas<MT, WN>::value)
+template <typename T, int MT, int WN, bool kFuseQ = false, bool kBP = false, bool kRM = false, bool kXI = false>
+__global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
     a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                     const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
                     T* __restrict__ y, int M, int N, int KB, int n_tiles, int Mp, int flags,
@@ -1268,9 +1260,8 @@ __global__ void __launch_bounds__(kV5Threads, kXB ? 1 : A8MinCtas<MT, WN>::value
   static_assert(!kFuseQ || (MT == 1 && WN == 1), "the fused quantizer is the M <= 8 single-tile kernel");
   static_assert(!kRM || (MT >= 2 && MT <= 4 && !kFuseQ), "row-major xq past M = 8: the MT = 2 / 4 kernels");
   static_assert(!kXI || (MT >= 2 && !kRM && !kFuseQ), "interleaved xq: the k-block-major MT = 2 / 4 / 8 kernels");
-  static_assert(kXB == 0 || (MT == 4 && WN == 1 && kXI), "x ahead: the MT = 4 single-tile kernel on the interleaved xq");
   extern __shared__ __align__(16) int redi[];  // [NW][KS][WN*MT][4][32] (+ the kFuseQ area)
-  constexpr int kU = kXB >= 2 ? kV5U : V5Chunk<MT * WN>::value;
+  constexpr int kU = V5Chunk<MT * WN>::value;
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int tile = (blockIdx.x * blockDim.y + threadIdx.y) * WN;  // first of the warp's WN tiles
   const int tl = min(tile, n_tiles - 1);
@@ -1341,7 +1332,7 @@ __global__ void __launch_bounds__(kV5Threads, kXB ? 1 : A8MinCtas<MT, WN>::value
   };
   auto block_at = [&](const int4 (&w)[WN], const uint4* xk) {
     if constexpr (MT <= 4) {
-      constexpr int kH = (MT <= 2 || kXB) ? 2 : 1;
+      constexpr int kH = MT <= 2 ? 2 : 1;
       uint4 xv[kH][MT];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -2201,7 +2192,6 @@ struct Knobs {
   int l2pf_head = 0;            // TRIT_L2PF=3: k-blocks prefetched per warp
   bool xi = true;               // TRIT_A8_XI (default 1): the interleaved k-block-major xq at MT = 2 / 4 / 8 (a8_small_kernel kXI)
   bool narrow_nw1 = true;       // TRIT_A8_NARROW_NW1 (default 1): a8_mt4_narrow_nw in small_cfg
-  int xb = 0;                   // TRIT_A8_XB (default 0): a8_small_kernel kXB at MT = 4, one tile per warp, kXI
 };
 int env_int(const char* name, int dflt) {
   const char* e = getenv(name);
@@ -2220,7 +2210,6 @@ Knobs knobs() {
   n.fuseq = env_int("TRIT_A8_FUSEQ", -1);
   n.xi = env_int("TRIT_A8_XI", 1) != 0;
   n.narrow_nw1 = env_int("TRIT_A8_NARROW_NW1", 1) != 0;
-  n.xb = env_int("TRIT_A8_XB", 0);
   return n;
 }
 bool pdl_supported() {  // griddepcontrol needs sm_90+; ask once per device
@@ -2442,15 +2431,15 @@ bool fuseq_auto(int M, int N, int K) { return M == 1 && (long)N * K <= (32L << 2
 // (An L2::256B prefetch-size hint on the weight loads, TRIT_L2_256, measured no faster in H200
 // run 10 - equal or up to 0.6 us slower at M <= 8 on all ten shapes - and was removed.)
 // kRM: xq row-major (trit_mm_a8_pre past M = 8, MT = 2 / 4), see a8_small_kernel.
-template <typename T, int MT, bool kBP = false, bool kRM = false, bool kXI = false, int kXB = 0>
+template <typename T, int MT, bool kBP = false, bool kRM = false, bool kXI = false>
 cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, const T* x, int K,
                                const int8_t* xq, const float* xs, const int32_t* rowsum, const int32_t* wp,
                                const float* scale, const T* bias, T* y, int M, int N, int KB, cudaStream_t st) {
   static_assert(!kRM || (MT >= 2 && MT <= 4 && !kBP), "row-major xq: the MT = 2 / 4 code-layout kernels");
   const int n_tiles = (N + kTileN - 1) / kTileN, n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
   size_t smem = (size_t)cfg.nw * cfg.ks * cfg.wn * MT * 128 * sizeof(int);
-  auto kernel = a8_small_kernel<T, MT, 1, false, kBP, kRM, kXI, kXB>;
-  if constexpr (MT <= 4 && kXB == 0) {  // MT = 8 with two tiles: no registers left; kXB: one tile (the caller)
+  auto kernel = a8_small_kernel<T, MT, 1, false, kBP, kRM, kXI>;
+  if constexpr (MT <= 4) {  // MT = 8 with two tiles: no registers left
     if (cfg.wn == 2) kernel = a8_small_kernel<T, MT, 2, false, kBP, kRM, kXI>;
   }
   if constexpr (MT == 1) {
@@ -2716,12 +2705,7 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     if (xi) {
       switch (cfg.mt) {
         case 2: return launch_a8_small_mt<T, 2, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-        case 4:
-          if (kn.xb == 1 && cfg.wn == 1)
-            return launch_a8_small_mt<T, 4, false, false, true, 1>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-          if (kn.xb == 2 && cfg.wn == 1)
-            return launch_a8_small_mt<T, 4, false, false, true, 2>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-          return launch_a8_small_mt<T, 4, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+        case 4: return launch_a8_small_mt<T, 4, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
         default: return launch_a8_small_mt<T, 8, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
       }
     }

@@ -1491,39 +1491,6 @@ def test_a8_interleaved_xq_only_on_the_mt2_to_mt8_gemv(monkeypatch, M, N, K):
         assert any("a8_small_kernel" in n for n in default), default
 
 
-@SETTINGS
-@given(M=st.integers(17, 32), N=AWKWARD_N, K=AWKWARD_K, dtype=st.sampled_from(DTYPES), bias=st.booleans(),
-       xb=st.sampled_from(["1", "2"]), seed=st.integers(0, 2**16))
-def test_a8_x_ahead_equals_the_default(M, N, K, dtype, bias, xb, seed):
-    """TRIT_A8_XB=1 / 2 (the MT = 4 GEMV with each k-block's x loaded whole, and 4-k-block weight chunks): the
-    default's result bit for bit (the same int32 sums), every dtype, awkward N and K (a chunk remainder included)."""
-    x, w, p, s, b = make_case(M, N, K, dtype, bias, seed, DEV)
-    with _env(TRIT_A8_XB="0"):
-        want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
-    with _env(TRIT_A8_XB=xb):
-        got = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
-    assert torch.equal(got, want), f"M={M} N={N} K={K} {dtype} xb={xb}: {(got != want).sum().item()} outputs differ"
-
-
-@pytest.mark.parametrize("xb", ["1", "2"])
-@pytest.mark.parametrize("M,N,K,knobs", [(32, 6144, 4096, {}), (24, 4096, 14336, {}), (32, 28672, 4096, {}),
-                                         (20, 2560, 6912, {"TRIT_KS": "3", "TRIT_NW": "2"}),
-                                         (32, 4096, 4096, {"TRIT_PDL": "0"}), (32, 8192, 28672, {})])
-def test_a8_x_ahead_on_model_layers(monkeypatch, xb, M, N, K, knobs):
-    """TRIT_A8_XB on the 8B / 70B layers (one and two tiles per warp: the latter keeps the default kernel), under
-    launch knobs: the default's bits, and the kernel differs exactly where one tile per warp runs."""
-    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, M + N, DEV)
-    for k, v in knobs.items():
-        monkeypatch.setenv(k, v)
-    run = lambda: torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)  # noqa: E731
-    monkeypatch.setenv("TRIT_A8_XB", "0")
-    want, k0 = run(), _cuda_kernels(run)
-    monkeypatch.setenv("TRIT_A8_XB", xb)
-    assert torch.equal(run(), want), (M, N, K, knobs)
-    two_tiles = (N * K >= 128 << 20)  # wn_auto at M <= 32
-    assert (_cuda_kernels(run) != k0) == (not two_tiles), (k0, _cuda_kernels(run))
-
-
 @pytest.mark.parametrize("M,N,K,maxw,v5", [(64, 8192, 8192, "", True), (48, 28672, 4096, "4096", True),
                                           (64, 8192, 8192, "63", False), (64, 2560, 2560, "0", False),
                                           (64, 4096, 4096, "16", True), (64, 4096, 4100, "16", False),
