@@ -1251,15 +1251,7 @@ __device__ __forceinline__ float pro_quantize_row(const T* __restrict__ x, const
 // M = 32): 26 sectors per global load request, the L1 at 68% of its peak, lg_throttle stalls; with kXI (run 40)
 // 14 sectors, 47%, no lg_throttle, 16.9 -> 13.5 us. Run 41: equal or faster at M = 12 - 32 on all 13 shapes
 // (28672x4096 M = 32 29.9 -> 21.6 us, 14336x4096 17.3 -> 13.6, 4096x14336 17.0 -> 14.2).
-// kXS = D > 0 (TRIT_A8_XS=D, default 0; MT = 4, one tile per warp, interleaved xq: an experiment): x staged
-// through shared memory D k-blocks ahead. Each lane cp.asyncs its own 8 uint4 of k-block i + D into a per-warp ring
-// of D + 1 slots (MT x 2 x 512 B each) while k-block i runs, and reads its pieces back from there (a lane reads
-// only what it copied: no barrier). Why: H200 run 51's ncu of the M = 32 GEMV (6144x4096, 4096x4096) found it
-// latency-bound - long scoreboard 6.2-7.3 of 12.8-15.3 cycles per issued instruction, 18-24% of warp slots active,
-// L2 -> L1 at 2.6-2.9 TB/s - and the x loads (L1 hit rate 44-59%) are issued right before their mma; registers
-// cannot hold them further ahead (run 52: 4-k-block chunks at 186 registers lost), shared memory can.
-template <typename T, int MT, int WN, bool kFuseQ = false, bool kBP = false, bool kRM = false, bool kXI = false,
-          int kXS = 0>
+template <typename T, int MT, int WN, bool kFuseQ = false, bool kBP = false, bool kRM = false, bool kXI = false>
 __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
     a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                     const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
@@ -1268,8 +1260,7 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
   static_assert(!kFuseQ || (MT == 1 && WN == 1), "the fused quantizer is the M <= 8 single-tile kernel");
   static_assert(!kRM || (MT >= 2 && MT <= 4 && !kFuseQ), "row-major xq past M = 8: the MT = 2 / 4 kernels");
   static_assert(!kXI || (MT >= 2 && !kRM && !kFuseQ), "interleaved xq: the k-block-major MT = 2 / 4 / 8 kernels");
-  static_assert(kXS == 0 || (MT == 4 && WN == 1 && kXI), "staged x: the MT = 4 single-tile kernel on the interleaved xq");
-  extern __shared__ __align__(16) int redi[];  // [NW][KS][WN*MT][4][32] (+ the kFuseQ area | the kXS ring)
+  extern __shared__ __align__(16) int redi[];  // [NW][KS][WN*MT][4][32] (+ the kFuseQ area)
   constexpr int kU = V5Chunk<MT * WN>::value;
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int tile = (blockIdx.x * blockDim.y + threadIdx.y) * WN;  // first of the warp's WN tiles
@@ -1305,24 +1296,6 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
                          : xq + ((size_t)kb0 * Mp + g) * kBlockK + c * 32);
   constexpr int kHalf = kXI ? 32 : 1;  // uint4 h of a lane's 32 inputs at + kHalf * h
   const int kbs = (MT == 1 || kRM) ? 8 : Mp * 8;
-  // kXS: the warp's ring of kXS + 1 slots after the reduction area, slot = [MT * 2 pieces][32 lanes] uint4; piece
-  // mt * 2 + h of a k-block is the lane's uint4 at xk + xoff(mt) + kHalf * h; xend: one past the warp's last k-block
-  constexpr int kXSlots = kXS + 1, kXPieces = MT * 2;
-  uint4* xring = reinterpret_cast<uint4*>(redi + (blockDim.x >> 5) * blockDim.y * WN * MT * 128) +
-                 (size_t)(threadIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5)) * kXSlots * kXPieces * 32 + lane;
-  const uint4* const xend = xp + (size_t)nk * kbs;
-  int xslot = 0;  // the slot of the k-block being computed
-  auto stage_x = [&](const uint4* xk, int slot) {  // k-block xk (if inside the warp's range) -> slot, one group
-    if (xk < xend) {
-#pragma unroll
-      for (int p = 0; p < kXPieces; ++p)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(
-                         __cvta_generic_to_shared(xring + (slot * kXPieces + p) * 32))),
-                     "l"(xk + 64 * (p >> 1) + kHalf * (p & 1))
-                     : "memory");
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-  };
   // row tile mt of this lane as a uint4 offset from xp: 64 mt (k-block-major), or (kRM) row 8 mt + g clamped to
   // M - 1; kRM's offsets exist only in its own kernels (the others compile to the same code as without them)
   int toff[kRM ? MT : 1] = {};
@@ -1358,22 +1331,7 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
     }
   };
   auto block_at = [&](const int4 (&w)[WN], const uint4* xk) {
-    if constexpr (kXS > 0) {  // k-block xk + kXS * kbs into the slot the last k-block used, then this one's slot
-      stage_x(xk + kXS * kbs, xslot == 0 ? kXS : xslot - 1);
-      asm volatile("cp.async.wait_group %0;" ::"n"(kXS) : "memory");
-      const uint4* sx4 = xring + xslot * kXPieces * 32;
-      xslot = xslot == kXS ? 0 : xslot + 1;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint4 xv[MT];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) xv[mt] = sx4[(mt * 2 + h) * 32];
-#pragma unroll
-        for (int i = 2 * h; i < 2 * h + 2; ++i)
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) mma_word(w, i, mt, (i & 1) ? xv[mt].z : xv[mt].x, (i & 1) ? xv[mt].w : xv[mt].y);
-      }
-    } else if constexpr (MT <= 4) {
+    if constexpr (MT <= 4) {
       constexpr int kH = MT <= 2 ? 2 : 1;
       uint4 xv[kH][MT];
 #pragma unroll
@@ -1452,11 +1410,6 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
   const int nch = nk / kU;
   if constexpr (kFuseQ) {
     chunk_loop<kU, kU * WN>(wq, lane, nk, nch, flags, load_chunk, run_chunk, quantize);
-  } else if constexpr (kXS > 0) {  // after the PDL wait (xq is the quantizer's): k-blocks 0 .. kXS - 1 in flight
-    chunk_loop<kU, kU * WN>(wq, lane, nk, nch, flags, load_chunk, run_chunk, [&]() {
-#pragma unroll
-      for (int d = 0; d < kXS; ++d) stage_x(xp + d * kbs, d);
-    });
   } else {
     chunk_loop<kU, kU * WN>(wq, lane, nk, nch, flags, load_chunk, run_chunk);
   }
@@ -2239,7 +2192,6 @@ struct Knobs {
   int l2pf_head = 0;            // TRIT_L2PF=3: k-blocks prefetched per warp
   bool xi = true;               // TRIT_A8_XI (default 1): the interleaved k-block-major xq at MT = 2 / 4 / 8 (a8_small_kernel kXI)
   bool narrow_nw1 = true;       // TRIT_A8_NARROW_NW1 (default 1): a8_mt4_narrow_nw in small_cfg
-  int xs = 0;                   // TRIT_A8_XS = 1-3 (default 0): a8_small_kernel kXS at MT = 4, one tile per warp, kXI
 };
 int env_int(const char* name, int dflt) {
   const char* e = getenv(name);
@@ -2258,7 +2210,6 @@ Knobs knobs() {
   n.fuseq = env_int("TRIT_A8_FUSEQ", -1);
   n.xi = env_int("TRIT_A8_XI", 1) != 0;
   n.narrow_nw1 = env_int("TRIT_A8_NARROW_NW1", 1) != 0;
-  n.xs = env_int("TRIT_A8_XS", 0);
   return n;
 }
 bool pdl_supported() {  // griddepcontrol needs sm_90+; ask once per device
@@ -2480,23 +2431,16 @@ bool fuseq_auto(int M, int N, int K) { return M == 1 && (long)N * K <= (32L << 2
 // (An L2::256B prefetch-size hint on the weight loads, TRIT_L2_256, measured no faster in H200
 // run 10 - equal or up to 0.6 us slower at M <= 8 on all ten shapes - and was removed.)
 // kRM: xq row-major (trit_mm_a8_pre past M = 8, MT = 2 / 4), see a8_small_kernel.
-template <typename T, int MT, bool kBP = false, bool kRM = false, bool kXI = false, int kXS = 0>
+template <typename T, int MT, bool kBP = false, bool kRM = false, bool kXI = false>
 cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, const T* x, int K,
                                const int8_t* xq, const float* xs, const int32_t* rowsum, const int32_t* wp,
                                const float* scale, const T* bias, T* y, int M, int N, int KB, cudaStream_t st) {
   static_assert(!kRM || (MT >= 2 && MT <= 4 && !kBP), "row-major xq: the MT = 2 / 4 code-layout kernels");
   const int n_tiles = (N + kTileN - 1) / kTileN, n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
   size_t smem = (size_t)cfg.nw * cfg.ks * cfg.wn * MT * 128 * sizeof(int);
-  auto kernel = a8_small_kernel<T, MT, 1, false, kBP, kRM, kXI, kXS>;
-  if constexpr (MT <= 4 && kXS == 0) {  // MT = 8 with two tiles: no registers left; kXS: one tile (the caller)
+  auto kernel = a8_small_kernel<T, MT, 1, false, kBP, kRM, kXI>;
+  if constexpr (MT <= 4) {  // MT = 8 with two tiles: no registers left
     if (cfg.wn == 2) kernel = a8_small_kernel<T, MT, 2, false, kBP, kRM, kXI>;
-  }
-  if constexpr (kXS > 0) {  // the per-warp x ring after the reduction area (up to 8 warps x 4 slots x 4 KB)
-    smem += (size_t)cfg.nw * cfg.ks * (kXS + 1) * MT * 2 * 512;
-    if (smem > 48 * 1024) {
-      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-      if (e != cudaSuccess) return e;
-    }
   }
   if constexpr (MT == 1) {
     if (fuseq) {
@@ -2761,15 +2705,7 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     if (xi) {
       switch (cfg.mt) {
         case 2: return launch_a8_small_mt<T, 2, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-        case 4:
-          if (kn.xs >= 1 && kn.xs <= 3 && cfg.wn == 1) {  // TRIT_A8_XS: x staged through shared memory (experiment)
-            if (kn.xs == 1)
-              return launch_a8_small_mt<T, 4, false, false, true, 1>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-            if (kn.xs == 2)
-              return launch_a8_small_mt<T, 4, false, false, true, 2>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-            return launch_a8_small_mt<T, 4, false, false, true, 3>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-          }
-          return launch_a8_small_mt<T, 4, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+        case 4: return launch_a8_small_mt<T, 4, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
         default: return launch_a8_small_mt<T, 8, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
       }
     }
