@@ -3635,9 +3635,11 @@ extern "C" int trit_mm_a8_pre_ok(int M, int N, int K, int layout) {
   return a8_pre_ok(M) && (layout == 0 || (layout == 1 && (a8_tile_mp(M) == 0 || knobs().xi))) ? 1 : 0;
 }
 
+// the layer-size half of the v5 route (a8_v5), for bindings.cpp a8_gemm_on at 32 < M <= 64
+extern "C" int trit_a8_v5_on(int M, int N, int K) { return a8_v5(M, N, K) ? 1 : 0; }
+
 // trit_mm_a8 on the bitplane layout: the same route and results where it runs (the v5 GEMV, M <= kA8BpMaxM),
 // else cudaErrorInvalidValue; trit_mm_a8_bp_ok says which (dispatch_a8's condition)
-extern "C" int trit_a8_v5_on(int M, int N, int K) { return a8_v5(M, N, K) ? 1 : 0; }
 extern "C" int trit_mm_a8_bp_ok(int M, int N, int K) {
   return M >= 1 && M <= kA8BpMaxM && a8_v5(M, N, K) && knobs().v5 ? 1 : 0;
 }
