@@ -1438,7 +1438,8 @@ def test_a8q_row_major_in_a_cuda_graph(monkeypatch):
 @given(M=st.integers(9, 64), N=AWKWARD_N, K=AWKWARD_K, dtype=st.sampled_from(DTYPES), bias=st.booleans(),
        wn=st.sampled_from(["", "1", "2"]), seed=st.integers(0, 2**16))
 def test_a8_interleaved_xq_equals_the_plain_layout(M, N, K, dtype, bias, wn, seed):
-    """At 8 < M <= 64 (MT = 2 / 4 with one or two tiles per warp, MT = 8 with one) the default (interleaved xq) and
+    """At 8 < M <= 64 (MT = 2 / 4 / 8 with one or two tiles per warp; MT = 8 takes two only under TRIT_WN=2 and on the
+    interleaved xq, so there it also checks the two-tile kernel against the plain one-tile one) the default and
     TRIT_A8_XI=0 give the same result bit for bit, every dtype, awkward N and K (zero rows up to the tile, padded
     last k-block)."""
     x, w, p, s, b = make_case(M, N, K, dtype, bias, seed, DEV)
