@@ -1438,8 +1438,7 @@ def test_a8q_row_major_in_a_cuda_graph(monkeypatch):
 @given(M=st.integers(9, 64), N=AWKWARD_N, K=AWKWARD_K, dtype=st.sampled_from(DTYPES), bias=st.booleans(),
        wn=st.sampled_from(["", "1", "2"]), seed=st.integers(0, 2**16))
 def test_a8_interleaved_xq_equals_the_plain_layout(M, N, K, dtype, bias, wn, seed):
-    """At 8 < M <= 64 (MT = 2 / 4 / 8 with one or two tiles per warp; MT = 8 takes two only under TRIT_WN=2 and on the
-    interleaved xq, so there it also checks the two-tile kernel against the plain one-tile one) the default and
+    """At 8 < M <= 64 (MT = 2 / 4 with one or two tiles per warp, MT = 8 with one) the default (interleaved xq) and
     TRIT_A8_XI=0 give the same result bit for bit, every dtype, awkward N and K (zero rows up to the tile, padded
     last k-block)."""
     x, w, p, s, b = make_case(M, N, K, dtype, bias, seed, DEV)
@@ -1490,26 +1489,6 @@ def test_a8_interleaved_xq_only_on_the_mt2_to_mt8_gemv(monkeypatch, M, N, K):
     if xi:
         assert len(default) == len(plain) == 2 and all(a != b for a, b in zip(default, plain)), (default, plain)
         assert any("a8_small_kernel" in n for n in default), default
-
-
-@pytest.mark.parametrize("M,N,K", [(64, 14336, 4096), (48, 13824, 2560), (64, 4096, 4096), (40, 8192, 8192),
-                                   (33, 2560, 6912), (64, 100, 300)])
-def test_a8_mt8_two_tiles_per_warp(monkeypatch, M, N, K):
-    """TRIT_WN=2 at 32 < M <= 64 (an experiment: the MT = 8 GEMV with two weight tiles per warp on the interleaved xq,
-    64 accumulators): another kernel than the default's one tile per warp, the same bits; with TRIT_A8_XI=0 (the
-    plain layout) the knob is not taken."""
-    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 11 + M, DEV)
-    run = lambda: torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)  # noqa: E731
-    for k in ("TRIT_WN", "TRIT_A8_XI", "TRIT_A8_MT8_MAXW"):
-        monkeypatch.delenv(k, raising=False)
-    want, k1 = run(), _cuda_kernels(run)
-    monkeypatch.setenv("TRIT_WN", "2")
-    assert torch.equal(run(), want), (M, N, K)
-    assert _cuda_kernels(run) != k1, k1
-    monkeypatch.setenv("TRIT_A8_XI", "0")
-    plain = _cuda_kernels(run)
-    monkeypatch.delenv("TRIT_WN")
-    assert plain == _cuda_kernels(run) and torch.equal(run(), want), plain
 
 
 @pytest.mark.parametrize("M,N,K,maxw,v5", [(64, 8192, 8192, "", True), (48, 28672, 4096, "4096", True),
