@@ -2336,8 +2336,12 @@ bool wn_auto(int mt, int N, int K) {
 int sm_count();  // below, with the GEMM kernel's launch
 Cfg small_cfg(const Knobs& kn, int M, int N, int K, bool a8) {
   Cfg cfg{v5_mt(M), 1, 1, 1};
-  // forced (TRIT_WN=2) or auto (wn_auto) up to MT = 4, M <= 32
-  cfg.wn = (a8 && cfg.mt <= 4 && (kn.wn == 2 || (kn.wn == 0 && wn_auto(cfg.mt, N, K)))) ? 2 : 1;
+  // forced (TRIT_WN=2) or auto (wn_auto) up to MT = 4, M <= 32; at MT = 8 only forced, on the interleaved xq (an
+  // experiment: two tiles per warp halve the x loads per weight byte, at 64 accumulators and one CTA per SM)
+  cfg.wn = (a8 && ((cfg.mt <= 4 && (kn.wn == 2 || (kn.wn == 0 && wn_auto(cfg.mt, N, K)))) ||
+                   (cfg.mt == 8 && kn.wn == 2 && kn.xi)))
+               ? 2
+               : 1;
   const int maxw = kV5Threads / 32;
   const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
   const int n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
@@ -2439,7 +2443,7 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
   const int n_tiles = (N + kTileN - 1) / kTileN, n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
   size_t smem = (size_t)cfg.nw * cfg.ks * cfg.wn * MT * 128 * sizeof(int);
   auto kernel = a8_small_kernel<T, MT, 1, false, kBP, kRM, kXI>;
-  if constexpr (MT <= 4) {  // MT = 8 with two tiles: no registers left
+  if constexpr (MT <= 4 || kXI) {  // MT = 8 with two tiles: only on the interleaved xq (TRIT_WN=2, small_cfg)
     if (cfg.wn == 2) kernel = a8_small_kernel<T, MT, 2, false, kBP, kRM, kXI>;
   }
   if constexpr (MT == 1) {

@@ -376,12 +376,13 @@ def test_kernel_bench_mt8_section():
     meta = {"device": "H200", "date": "d", "commit": "c", "command": "x", "torch": "t", "cuda": "u", "fused_max_m": 64}
     row = {"N": 8192, "K": 8192, "M": 64, "bf16_us": 43.1, "a8_us": 24.0, "a8_x_bf16": 43.1 / 24.0, "a8_mt8_us": 20.0,
            "a8_mt8_noxi_us": 30.5, "a8_mt8_xqloop_us": 21.0, "humming_us": 22.8, "floor_us": 4.0,
-           "a8_mt8_equal": True, "a8_mt8_noxi_equal": True, "a8_mt8_xqloop_equal": True}
+           "a8_mt8_equal": True, "a8_mt8_noxi_equal": True, "a8_mt8_xqloop_equal": True, "a8_mt8_wn2_us": 19.5,
+           "a8_mt8_wn2_equal": True}
     md = kernels.markdown(meta, [row])
-    assert "| 8192x8192 | 64 | 43.1 | 24.0 (1.80x) | 20.0 | 30.5 | 21.0 | 22.8 | 1.14x | True |" in md
-    assert "| 8192x8192 | 64 | 43.1 | 24.0 (1.80x) | 20.0 | 30.5 | 21.0 | 22.8 | 1.14x | False |" in kernels.markdown(
-        meta, [{**row, "a8_mt8_noxi_equal": False}])
-    assert "mt8 20.0/30.5/21.0 " in kernels.fmt_row(row)
+    assert "| 8192x8192 | 64 | 43.1 | 24.0 (1.80x) | 20.0 | 30.5 | 21.0 | 19.5 | 22.8 | 1.14x | True |" in md
+    assert "| 8192x8192 | 64 | 43.1 | 24.0 (1.80x) | 20.0 | 30.5 | 21.0 | 19.5 | 22.8 | 1.14x | False |" in kernels.markdown(
+        meta, [{**row, "a8_mt8_wn2_equal": False}])
+    assert "mt8 20.0/30.5/21.0/19.5 " in kernels.fmt_row(row)
     plain = {k: v for k, v in row.items() if "mt8" not in k}
     assert "TRIT_A8_MT8_MAXW" not in kernels.markdown(meta, [plain])
 

@@ -1491,6 +1491,26 @@ def test_a8_interleaved_xq_only_on_the_mt2_to_mt8_gemv(monkeypatch, M, N, K):
         assert any("a8_small_kernel" in n for n in default), default
 
 
+@pytest.mark.parametrize("M,N,K", [(64, 14336, 4096), (48, 13824, 2560), (64, 4096, 4096), (40, 8192, 8192),
+                                   (33, 2560, 6912), (64, 100, 300)])
+def test_a8_mt8_two_tiles_per_warp(monkeypatch, M, N, K):
+    """TRIT_WN=2 at 32 < M <= 64 (an experiment: the MT = 8 GEMV with two weight tiles per warp on the interleaved xq,
+    64 accumulators): another kernel than the default's one tile per warp, the same bits; with TRIT_A8_XI=0 (the
+    plain layout) the knob is not taken."""
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 11 + M, DEV)
+    run = lambda: torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)  # noqa: E731
+    for k in ("TRIT_WN", "TRIT_A8_XI", "TRIT_A8_MT8_MAXW"):
+        monkeypatch.delenv(k, raising=False)
+    want, k1 = run(), _cuda_kernels(run)
+    monkeypatch.setenv("TRIT_WN", "2")
+    assert torch.equal(run(), want), (M, N, K)
+    assert _cuda_kernels(run) != k1, k1
+    monkeypatch.setenv("TRIT_A8_XI", "0")
+    plain = _cuda_kernels(run)
+    monkeypatch.delenv("TRIT_WN")
+    assert plain == _cuda_kernels(run) and torch.equal(run(), want), plain
+
+
 @pytest.mark.parametrize("M,N,K,maxw,v5", [(64, 8192, 8192, "", True), (48, 28672, 4096, "4096", True),
                                           (64, 8192, 8192, "63", False), (64, 2560, 2560, "0", False),
                                           (64, 4096, 4096, "16", True), (64, 4096, 4100, "16", False),
