@@ -387,6 +387,27 @@ def test_kernel_bench_mt8_section():
     assert "TRIT_A8_MT8_MAXW" not in kernels.markdown(meta, [plain])
 
 
+def test_kernel_bench_weight_ring_section():
+    """bench.kernels at 8 < M <= 64: the default beside the weight ring at each TRIT_A8_WR depth, the best depth's
+    ratio to the default, `equal` False when any depth's result differed; fmt_row names the depths; no section
+    without the columns; the columns stay experimental (left out under --no-experimental) until a GPU ran them."""
+    from bench import kernels
+
+    meta = {"device": "H200", "date": "d", "commit": "c", "command": "x", "torch": "t", "cuda": "u", "fused_max_m": 64}
+    d = kernels.WR_DEPTHS
+    row = {"N": 28672, "K": 4096, "M": 32, "a8_us": 20.0, "floor_us": 7.0,
+           **{f"a8_wr{x}_us": 20.0 - 2 * i for i, x in enumerate(d)}, **{f"a8_wr{x}_equal": True for x in d}}
+    md = kernels.markdown(meta, [row])
+    best = 20.0 - 2 * (len(d) - 1)
+    cells = " | ".join(f"{20.0 - 2 * i:.1f}" for i in range(len(d)))
+    assert f"| 28672x4096 | 32 | 20.0 | {cells} | {best / 20.0:.2f} | True |" in md
+    assert f"| {cells} | {best / 20.0:.2f} | False |" in kernels.markdown(meta, [{**row, f"a8_wr{d[0]}_equal": False}])
+    assert f"wr{'/'.join(map(str, d))} {'/'.join(f'{20.0 - 2 * i:.1f}' for i in range(len(d)))} " in kernels.fmt_row(row)
+    plain = {k: v for k, v in row.items() if "wr" not in k}
+    assert "TRIT_A8_WR" not in kernels.markdown(meta, [plain])
+    assert all(kernels.EXPERIMENTAL[f"a8_wr{x}"](M) == (8 < M <= 64) for x in d for M in (1, 8, 9, 32, 64, 65))
+
+
 def test_kernel_bench_head_prefetch_section():
     """bench.kernels --pf-head: a table of the a8 / fused times per TRIT_L2PF_HEAD beside the default, the
     pre-quantized GEMV and the whole-range prefetch; fmt_row names each head; no table without the columns."""

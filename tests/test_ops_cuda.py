@@ -1511,6 +1511,59 @@ def test_a8_mt8_two_tiles_per_warp(monkeypatch, M, N, K):
     assert plain == _cuda_kernels(run) and torch.equal(run(), want), plain
 
 
+@SETTINGS
+@given(M=st.integers(9, 64), N=AWKWARD_N, K=AWKWARD_K, dtype=st.sampled_from(DTYPES), bias=st.booleans(),
+       wr=st.sampled_from(["1", "2", "4", "6", "8"]), seed=st.integers(0, 2**16))
+def test_a8_weight_ring_equals_the_default(M, N, K, dtype, bias, wr, seed):
+    """TRIT_A8_WR=D (the MT = 2 / 4 / 8 GEMV with its weights through a per-warp shared-memory ring D chunks ahead):
+    the default's result bit for bit (the same int32 sums), every dtype, awkward N and K (warps of one k-block, a
+    chunk remainder, ranges shorter than the ring)."""
+    x, w, p, s, b = make_case(M, N, K, dtype, bias, seed, DEV)
+    with _env(TRIT_A8_WR="0", TRIT_A8_MT8_MAXW=str(1 << 20)):
+        want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    with _env(TRIT_A8_WR=wr, TRIT_A8_MT8_MAXW=str(1 << 20)):
+        got = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    assert torch.equal(got, want), f"M={M} N={N} K={K} {dtype} wr={wr}: {(got != want).sum().item()} outputs differ"
+
+
+@pytest.mark.parametrize("wr", ["2", "6"])
+@pytest.mark.parametrize("M,N,K,knobs", [(32, 6144, 4096, {}), (24, 4096, 14336, {}), (32, 28672, 4096, {}),
+                                         (16, 8192, 8192, {}), (64, 14336, 4096, {}), (48, 2560, 6912, {}),
+                                         (20, 2560, 6912, {"TRIT_KS": "3", "TRIT_NW": "2"}),
+                                         (32, 4096, 4096, {"TRIT_PDL": "0"}), (12, 2560, 2560, {"TRIT_KS": "8"}),
+                                         (32, 8192, 28672, {}), (64, 28672, 4096, {"TRIT_A8_MT8_MAXW": "1024"})])
+def test_a8_weight_ring_on_model_layers(monkeypatch, wr, M, N, K, knobs):
+    """TRIT_A8_WR on the 2B / 8B / 70B layers at M = 12 - 64 (one and two tiles per warp: the latter keeps the
+    default kernel), under launch knobs (8 warps per CTA: the ring past 48 KB of shared memory; KS = 3: k-block
+    remainders; PDL off): the default's bits, and the kernel differs exactly where one tile per warp runs."""
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, M + N, DEV)
+    for k, v in knobs.items():
+        monkeypatch.setenv(k, v)
+    run = lambda: torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)  # noqa: E731
+    monkeypatch.setenv("TRIT_A8_WR", "0")
+    want, k0 = run(), _cuda_kernels(run)
+    monkeypatch.setenv("TRIT_A8_WR", wr)
+    assert torch.equal(run(), want), (M, N, K, knobs)
+    two_tiles = M <= 32 and N * K >= 128 << 20  # wn_auto at M <= 32
+    assert (_cuda_kernels(run) != k0) == (not two_tiles), (k0, _cuda_kernels(run))
+
+
+def test_a8_weight_ring_in_a_cuda_graph(monkeypatch):
+    """TRIT_A8_WR=4 captured at M = 32 and replayed on new inputs: the default's eager result."""
+    M, N, K = 32, 6144, 4096
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 17, DEV)
+    static_x = x.clone()
+    monkeypatch.setenv("TRIT_A8_WR", "4")
+    g, out = capture(lambda sx: torch.ops.trit.ternary_mm_a8(sx, p, s, N, K, b), static_x)
+    monkeypatch.setenv("TRIT_A8_WR", "0")
+    for seed in (1, 2):
+        static_x.copy_(torch.randn(M, K, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(DEV))
+        poison(out)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, torch.ops.trit.ternary_mm_a8(static_x, p, s, N, K, b)), f"replay {seed}"
+
+
 @pytest.mark.parametrize("M,N,K,maxw,v5", [(64, 8192, 8192, "", True), (48, 28672, 4096, "4096", True),
                                           (64, 8192, 8192, "63", False), (64, 2560, 2560, "0", False),
                                           (64, 4096, 4096, "16", True), (64, 4096, 4100, "16", False),
