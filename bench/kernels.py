@@ -192,7 +192,8 @@ class Humming:
 # against ternary_mm_a8 under every launch knob and graph replay, memcheck, racecheck; 0-37% slower than the code
 # layout, 2026-12-02-h200-run32b-bitplane.md). None pending now.
 WR_DEPTHS = (2, 4, 6)  # TRIT_A8_WR depths timed beside the default (8 < M <= 64)
-EXPERIMENTAL: dict = {"a8_mt8_wn2": lambda M: 32 < M <= 64, **{f"a8_wr{d}": (lambda M: 8 < M <= 64) for d in WR_DEPTHS}}  # name -> at_m(M): left out under --no-experimental
+EXPERIMENTAL: dict = {"a8_mt8_wn2": lambda M: 32 < M <= 64, **{f"a8_wr{d}": (lambda M: 8 < M <= 64) for d in WR_DEPTHS},
+                          "a8_wn1_wr4": lambda M: 8 < M <= 16}  # name -> at_m(M): left out under --no-experimental
 # (an earlier stage of the GPU job failed)
 # TRIT_A8_GEMM_CFG values timed beside the default warp tile (csrc/ternary_gemm.cu gemm_cfg_id):
 # 1 = 2 weight tiles x 8 row tiles per warp, 4 warps (128 channels x 64 rows per CTA); 2 = the same
@@ -290,6 +291,9 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             # D chunks ahead (TRIT_A8_WR=D; one-tile layers; two-tile layers and the GEMM kernel's run the default)
             for d in WR_DEPTHS:
                 variants[f"a8_wr{d}"] = with_env({"TRIT_A8_WR": str(d)}, variants["a8"])
+            if M <= 16 and N >= 6144:  # two tiles per warp by default (wn_auto): the ring with one tile, and one tile alone
+                variants["a8_wn1"] = with_env({"TRIT_WN": "1"}, variants["a8"])
+                variants["a8_wn1_wr4"] = with_env({"TRIT_WN": "1", "TRIT_A8_WR": "4"}, variants["a8"])
         if M <= BP_MAX_M and bps:  # the same route on the bitplane layout (bit-identical results)
             variants["a8_bp"] = lambda i: torch.ops.trit.ternary_mm_a8_bp(x, bps[i % nt], scale, N, K, None)
         if M <= 8:  # the quantizer fused into the GEMV
@@ -398,7 +402,7 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                 y0 = f(0)
                 y = y0.float()
                 if name in ("a8_bp", "a8_noxi", "a8_xqloop", "a8_xqcl8", "a8_mt8", "a8_mt8_noxi", "a8_mt8_xqloop",
-                            "a8_mt8_wn2") + tuple(f"a8_wr{d}" for d in WR_DEPTHS) \
+                            "a8_mt8_wn2", "a8_wn1", "a8_wn1_wr4") + tuple(f"a8_wr{d}" for d in WR_DEPTHS) \
                         and "a8" in variants:  # the default's result bit for bit (same sums)
                     row[f"{name}_equal"] = bool(torch.equal(y0, variants["a8"](0)))
                 if name == "a8_fnorm_t" and "a8_fnorm" in variants:  # the row-major route's, bit for bit
@@ -462,7 +466,7 @@ def fmt_row(r) -> str:
             f"{_f(r.get('linear_pct_copy_ceiling'), '4.0f')}% ceil)  fused {_f(r.get('fused_us'), '8.1f')}  "
             f"(v4 {_f(r.get('fused_v4_us'), '6.1f')} nopdl {_f(r.get('fused_nopdl_us'), '6.1f')} "
             f"nopf {_f(r.get('fused_nopf_us'), '6.1f')} pf {_f(r.get('fused_pf_us'), '6.1f')})  dense {_f(r.get('dense_us'), '8.1f')}  "
-            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} cfg1-4 {'/'.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} ks{'/'.join(map(str, GEMM_KS))} {'/'.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} late {_f(r.get('a8_gemm_late_us'), '.1f')} wgmma {'/'.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('wg', 'wgov', 'wgdeep', 'wg2', 'wg2ov', 'wg2deep'))} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} pre {_f(r.get('a8_pre_us'), '6.1f')} noxi {_f(r.get('a8_noxi_us'), '.1f')} qcl {_f(r.get('a8_qcl_us'), '.1f')} qloop {_f(r.get('a8_qloop_us'), '.1f')} norm+a8 {_f(r.get('a8_nq_us'), '.1f')} fnorm {_f(r.get('a8_fnorm_us'), '.1f')} fnorm_t {_f(r.get('a8_fnorm_t_us'), '.1f')} xqloop {_f(r.get('a8_xqloop_us'), '.1f')} xqcl8 {_f(r.get('a8_xqcl8_us'), '.1f')} mt8 {_f(r.get('a8_mt8_us'), '.1f')}/{_f(r.get('a8_mt8_noxi_us'), '.1f')}/{_f(r.get('a8_mt8_xqloop_us'), '.1f')}/{_f(r.get('a8_mt8_wn2_us'), '.1f')} wr{'/'.join(map(str, WR_DEPTHS))} {'/'.join(_f(r.get(f'a8_wr{d}_us'), '.1f') for d in WR_DEPTHS)} pro {_f(r.get('a8_pro_us'), '.1f')} nopdl "
+            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} cfg1-4 {'/'.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} ks{'/'.join(map(str, GEMM_KS))} {'/'.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} late {_f(r.get('a8_gemm_late_us'), '.1f')} wgmma {'/'.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('wg', 'wgov', 'wgdeep', 'wg2', 'wg2ov', 'wg2deep'))} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} pre {_f(r.get('a8_pre_us'), '6.1f')} noxi {_f(r.get('a8_noxi_us'), '.1f')} qcl {_f(r.get('a8_qcl_us'), '.1f')} qloop {_f(r.get('a8_qloop_us'), '.1f')} norm+a8 {_f(r.get('a8_nq_us'), '.1f')} fnorm {_f(r.get('a8_fnorm_us'), '.1f')} fnorm_t {_f(r.get('a8_fnorm_t_us'), '.1f')} xqloop {_f(r.get('a8_xqloop_us'), '.1f')} xqcl8 {_f(r.get('a8_xqcl8_us'), '.1f')} mt8 {_f(r.get('a8_mt8_us'), '.1f')}/{_f(r.get('a8_mt8_noxi_us'), '.1f')}/{_f(r.get('a8_mt8_xqloop_us'), '.1f')}/{_f(r.get('a8_mt8_wn2_us'), '.1f')} wr{'/'.join(map(str, WR_DEPTHS))} {'/'.join(_f(r.get(f'a8_wr{d}_us'), '.1f') for d in WR_DEPTHS)} wn1 {_f(r.get('a8_wn1_us'), '.1f')}/{_f(r.get('a8_wn1_wr4_us'), '.1f')} pro {_f(r.get('a8_pro_us'), '.1f')} nopdl "
             f"{_f(r.get('a8_nopdl_us'), '6.1f')} nopf {_f(r.get('a8_nopf_us'), '6.1f')} pf {_f(r.get('a8_pf_us'), '6.1f')})  "
             + "".join(f"ks{k} {_f(r.get(f'a8_ks{k}_us'), '.1f')}/{_f(r.get(f'fused_ks{k}_us'), '.1f')} "
                       for k in KS_SWEEP if r.get(f"a8_ks{k}_us")) +

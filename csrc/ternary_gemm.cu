@@ -2515,16 +2515,18 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
     if (cfg.wn != 1) return cudaErrorInvalidValue;
     const int d = (flags >> kFlagWRShift) & 15;
     smem += (size_t)cfg.nw * cfg.ks * (d + 1) * V5Chunk<MT>::value * 512;
-    if (smem > 48 * 1024) {
-      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-      if (e != cudaSuccess) return e;
-    }
   }
   if constexpr (MT == 1) {
     if (fuseq) {
       kernel = a8_small_kernel<T, 1, 1, true, kBP>;
       smem += fuseq_smem(M, KB);
     }
+  }
+  // past the default 48 KB of dynamic shared memory: the weight ring, or MT = 8 with two tiles (64 KB of split-K
+  // partials for 8 warps; H200 run 55: its launch failed without this)
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
   }
   // a warp with two tiles has its weights in two streams: the single-range L2 prefetch is off
   return launch_ex(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem, st, pdl, xq, xs,

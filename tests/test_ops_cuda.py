@@ -1544,7 +1544,7 @@ def test_a8_weight_ring_on_model_layers(monkeypatch, wr, M, N, K, knobs):
     want, k0 = run(), _cuda_kernels(run)
     monkeypatch.setenv("TRIT_A8_WR", wr)
     assert torch.equal(run(), want), (M, N, K, knobs)
-    two_tiles = M <= 32 and N * K >= 128 << 20  # wn_auto at M <= 32
+    two_tiles = (M <= 16 and N >= 6144) or (16 < M <= 32 and N * K >= 128 << 20)  # wn_auto at M <= 32
     assert (_cuda_kernels(run) != k0) == (not two_tiles), (k0, _cuda_kernels(run))
 
 
