@@ -191,10 +191,7 @@ class Humming:
 # synccheck on its own driver), run 32 a8_bp (ternary_mm_a8_bp, the bitplane layout: its GPU tests bit for bit
 # against ternary_mm_a8 under every launch knob and graph replay, memcheck, racecheck; 0-37% slower than the code
 # layout, 2026-12-02-h200-run32b-bitplane.md). None pending now.
-WR_DEPTHS = (2, 4, 6)  # TRIT_A8_WR depths timed beside the default (8 < M <= 64)
-EXPERIMENTAL: dict = {"a8_mt8_wn2": lambda M: 32 < M <= 64, **{f"a8_wr{d}": (lambda M: 8 < M <= 64) for d in WR_DEPTHS},
-                          "a8_wn1_wr4": lambda M: 8 < M <= 16}  # name -> at_m(M): left out under --no-experimental
-# (an earlier stage of the GPU job failed)
+EXPERIMENTAL: dict = {}  # name -> at_m(M): left out under --no-experimental (an earlier stage of the GPU job failed)
 # TRIT_A8_GEMM_CFG values timed beside the default warp tile (csrc/ternary_gemm.cu gemm_cfg_id):
 # 1 = 2 weight tiles x 8 row tiles per warp, 4 warps (128 channels x 64 rows per CTA); 2 = the same
 # warp tile, 8 warps (256 channels); 3 = 4 weight tiles x 4 row tiles, 4 x 2 warps (256 channels);
@@ -285,15 +282,6 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             variants["a8_mt8"] = with_env(mt8, variants["a8"])
             variants["a8_mt8_noxi"] = with_env({**mt8, "TRIT_A8_XI": "0"}, variants["a8"])
             variants["a8_mt8_xqloop"] = with_env({**mt8, "TRIT_QUANT_CLUSTER_XI": "0"}, variants["a8"])
-            # two weight tiles per warp (TRIT_WN=2: x loaded once for both, 64 accumulators, one CTA per SM)
-            variants["a8_mt8_wn2"] = with_env({**mt8, "TRIT_WN": "2"}, variants["a8"])
-        if 8 < M <= V5_MAX_M_A8:  # the MT = 2 / 4 / 8 GEMV with its weights through a per-warp shared-memory ring
-            # D chunks ahead (TRIT_A8_WR=D; one-tile layers; two-tile layers and the GEMM kernel's run the default)
-            for d in WR_DEPTHS:
-                variants[f"a8_wr{d}"] = with_env({"TRIT_A8_WR": str(d)}, variants["a8"])
-            if M <= 16 and N >= 6144:  # two tiles per warp by default (wn_auto): the ring with one tile, and one tile alone
-                variants["a8_wn1"] = with_env({"TRIT_WN": "1"}, variants["a8"])
-                variants["a8_wn1_wr4"] = with_env({"TRIT_WN": "1", "TRIT_A8_WR": "4"}, variants["a8"])
         if M <= BP_MAX_M and bps:  # the same route on the bitplane layout (bit-identical results)
             variants["a8_bp"] = lambda i: torch.ops.trit.ternary_mm_a8_bp(x, bps[i % nt], scale, N, K, None)
         if M <= 8:  # the quantizer fused into the GEMV
@@ -401,8 +389,7 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             try:
                 y0 = f(0)
                 y = y0.float()
-                if name in ("a8_bp", "a8_noxi", "a8_xqloop", "a8_xqcl8", "a8_mt8", "a8_mt8_noxi", "a8_mt8_xqloop",
-                            "a8_mt8_wn2", "a8_wn1", "a8_wn1_wr4") + tuple(f"a8_wr{d}" for d in WR_DEPTHS) \
+                if name in ("a8_bp", "a8_noxi", "a8_xqloop", "a8_xqcl8", "a8_mt8", "a8_mt8_noxi", "a8_mt8_xqloop") \
                         and "a8" in variants:  # the default's result bit for bit (same sums)
                     row[f"{name}_equal"] = bool(torch.equal(y0, variants["a8"](0)))
                 if name == "a8_fnorm_t" and "a8_fnorm" in variants:  # the row-major route's, bit for bit
@@ -466,7 +453,7 @@ def fmt_row(r) -> str:
             f"{_f(r.get('linear_pct_copy_ceiling'), '4.0f')}% ceil)  fused {_f(r.get('fused_us'), '8.1f')}  "
             f"(v4 {_f(r.get('fused_v4_us'), '6.1f')} nopdl {_f(r.get('fused_nopdl_us'), '6.1f')} "
             f"nopf {_f(r.get('fused_nopf_us'), '6.1f')} pf {_f(r.get('fused_pf_us'), '6.1f')})  dense {_f(r.get('dense_us'), '8.1f')}  "
-            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} cfg1-4 {'/'.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} ks{'/'.join(map(str, GEMM_KS))} {'/'.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} late {_f(r.get('a8_gemm_late_us'), '.1f')} wgmma {'/'.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('wg', 'wgov', 'wgdeep', 'wg2', 'wg2ov', 'wg2deep'))} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} pre {_f(r.get('a8_pre_us'), '6.1f')} noxi {_f(r.get('a8_noxi_us'), '.1f')} qcl {_f(r.get('a8_qcl_us'), '.1f')} qloop {_f(r.get('a8_qloop_us'), '.1f')} norm+a8 {_f(r.get('a8_nq_us'), '.1f')} fnorm {_f(r.get('a8_fnorm_us'), '.1f')} fnorm_t {_f(r.get('a8_fnorm_t_us'), '.1f')} xqloop {_f(r.get('a8_xqloop_us'), '.1f')} xqcl8 {_f(r.get('a8_xqcl8_us'), '.1f')} mt8 {_f(r.get('a8_mt8_us'), '.1f')}/{_f(r.get('a8_mt8_noxi_us'), '.1f')}/{_f(r.get('a8_mt8_xqloop_us'), '.1f')}/{_f(r.get('a8_mt8_wn2_us'), '.1f')} wr{'/'.join(map(str, WR_DEPTHS))} {'/'.join(_f(r.get(f'a8_wr{d}_us'), '.1f') for d in WR_DEPTHS)} wn1 {_f(r.get('a8_wn1_us'), '.1f')}/{_f(r.get('a8_wn1_wr4_us'), '.1f')} pro {_f(r.get('a8_pro_us'), '.1f')} nopdl "
+            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} cfg1-4 {'/'.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} ks{'/'.join(map(str, GEMM_KS))} {'/'.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} late {_f(r.get('a8_gemm_late_us'), '.1f')} wgmma {'/'.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('wg', 'wgov', 'wgdeep', 'wg2', 'wg2ov', 'wg2deep'))} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} pre {_f(r.get('a8_pre_us'), '6.1f')} noxi {_f(r.get('a8_noxi_us'), '.1f')} qcl {_f(r.get('a8_qcl_us'), '.1f')} qloop {_f(r.get('a8_qloop_us'), '.1f')} norm+a8 {_f(r.get('a8_nq_us'), '.1f')} fnorm {_f(r.get('a8_fnorm_us'), '.1f')} fnorm_t {_f(r.get('a8_fnorm_t_us'), '.1f')} xqloop {_f(r.get('a8_xqloop_us'), '.1f')} xqcl8 {_f(r.get('a8_xqcl8_us'), '.1f')} mt8 {_f(r.get('a8_mt8_us'), '.1f')}/{_f(r.get('a8_mt8_noxi_us'), '.1f')}/{_f(r.get('a8_mt8_xqloop_us'), '.1f')} pro {_f(r.get('a8_pro_us'), '.1f')} nopdl "
             f"{_f(r.get('a8_nopdl_us'), '6.1f')} nopf {_f(r.get('a8_nopf_us'), '6.1f')} pf {_f(r.get('a8_pf_us'), '6.1f')})  "
             + "".join(f"ks{k} {_f(r.get(f'a8_ks{k}_us'), '.1f')}/{_f(r.get(f'fused_ks{k}_us'), '.1f')} "
                       for k in KS_SWEEP if r.get(f"a8_ks{k}_us")) +
@@ -576,35 +563,18 @@ def markdown(meta, rows) -> str:
     if mt8:
         lines += ["", "W1.58A8 at 32 < M <= 64 (us): the default (the MT = 8 GEMV on layers of <= TRIT_A8_MT8_MAXW Mi weights, else the "
                   "GEMM kernel), the MT = 8 GEMV forced on every layer (TRIT_A8_MT8_MAXW) on the interleaved xq (8-byte "
-                  "pieces: 256 contiguous bytes per warp load), on the plain k-block-major xq (TRIT_A8_XI=0), with "
-                  "the one-CTA loop quantizer (TRIT_QUANT_CLUSTER_XI=0) and with two weight tiles per warp (TRIT_WN=2); "
-                  "`equal`: each bit for bit the default's.", "",
-                  "| N x K | M | bf16 | default a8 (x bf16) | MT = 8 GEMV | plain xq | loop quantizer | two tiles per warp | "
-                  "humming | humming / best | equal |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "pieces: 256 contiguous bytes per warp load), on the plain k-block-major xq (TRIT_A8_XI=0) and with "
+                  "the one-CTA loop quantizer (TRIT_QUANT_CLUSTER_XI=0); `equal`: each bit for bit the default's.", "",
+                  "| N x K | M | bf16 | default a8 (x bf16) | MT = 8 GEMV | plain xq | loop quantizer | humming | "
+                  "humming / best | equal |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in mt8:
             best = min((t for t in (r.get("a8_us"), r.get("a8_mt8_us")) if t), default=None)
             h = r.get("humming_us")
-            eq = all(r.get(f"{k}_equal", True) for k in ("a8_mt8", "a8_mt8_noxi", "a8_mt8_xqloop", "a8_mt8_wn2"))
+            eq = all(r.get(f"{k}_equal", True) for k in ("a8_mt8", "a8_mt8_noxi", "a8_mt8_xqloop"))
             lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('bf16_us'), '.1f')} | {_f(r.get('a8_us'), '.1f')} "
                          f"({_f(r.get('a8_x_bf16'), '.2f')}x) | {_f(r.get('a8_mt8_us'), '.1f')} | "
-                         f"{_f(r.get('a8_mt8_noxi_us'), '.1f')} | {_f(r.get('a8_mt8_xqloop_us'), '.1f')} | "
-                         f"{_f(r.get('a8_mt8_wn2_us'), '.1f')} | {_f(h, '.1f')} | "
+                         f"{_f(r.get('a8_mt8_noxi_us'), '.1f')} | {_f(r.get('a8_mt8_xqloop_us'), '.1f')} | {_f(h, '.1f')} | "
                          f"{_f(h / best if h and best else None, '.2f')}x | {eq} |")
-    wr = [r for r in rows if any(r.get(f"a8_wr{d}_us") for d in WR_DEPTHS)]
-    if wr:
-        lines += ["", "The a8 GEMV at 8 < M <= 64 with its weights through a per-warp shared-memory ring D chunks ahead "
-                  "(TRIT_A8_WR=D: each lane cp.asyncs its own pieces; the default holds one chunk ahead in registers; "
-                  "layers with two tiles per warp, and those the GEMM kernel takes, run the default), us; `equal`: bit "
-                  "for bit the default's.", "",
-                  "| N x K | M | default a8 | " + " | ".join(f"D = {d}" for d in WR_DEPTHS) + " | best / default | equal |",
-                  "|---|---|---|" + "---|" * len(WR_DEPTHS) + "---|---|"]
-        for r in wr:
-            eq = all(r.get(f"a8_wr{d}_equal", True) for d in WR_DEPTHS)
-            ts = [r.get(f"a8_wr{d}_us") for d in WR_DEPTHS]
-            best = min((t for t in ts if t), default=None)
-            lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('a8_us'), '.1f')} | "
-                         + " | ".join(_f(t, ".1f") for t in ts)
-                         + f" | {_f(best / r['a8_us'] if best and r.get('a8_us') else None, '.2f')} | {eq} |")
     bp = [r for r in rows if r.get("a8_bp_us") or r.get("a8_bp_error")]
     if bp:
         lines += ["", "Weight layout at M <= 32: the bitplane (+1/-1 bitmask) form, `ternary_mm_a8_bp` (one bit plane "

@@ -788,23 +788,6 @@ constexpr int kFlagL2Prefetch = 1;  // small-M kernels: prefetch the warp's weig
 // flags >> kFlagL2HeadShift = h > 0: prefetch only the first h k-blocks of the range (TRIT_L2PF=3): what DRAM
 // can stream while the quantizer before the GEMV runs, without pushing a large layer's range through L2
 constexpr int kFlagL2HeadShift = 8;
-// (flags >> kFlagWRShift) & 15 = D > 0: the a8 GEMV's weight ring D chunks deep (a8_small_kernel kWR, TRIT_A8_WR)
-constexpr int kFlagWRShift = 4;
-constexpr int kWRMaxD = 8;
-// cp.async.wait_group with a run-time count 0 .. kWRMaxD (the instruction takes an immediate): uniform switch
-__device__ __forceinline__ void cp_async_wait_n(int n) {
-  switch (n) {
-    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
-    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
-    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
-    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
-    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
-    case 7: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 8;" ::: "memory"); break;
-  }
-}
 
 // word i (a compile-time constant after unrolling) of a lane's 16-byte weight load
 __device__ __forceinline__ uint32_t word_of_rt(const int4& v, int i) {
@@ -1268,17 +1251,7 @@ __device__ __forceinline__ float pro_quantize_row(const T* __restrict__ x, const
 // M = 32): 26 sectors per global load request, the L1 at 68% of its peak, lg_throttle stalls; with kXI (run 40)
 // 14 sectors, 47%, no lg_throttle, 16.9 -> 13.5 us. Run 41: equal or faster at M = 12 - 32 on all 13 shapes
 // (28672x4096 M = 32 29.9 -> 21.6 us, 14336x4096 17.3 -> 13.6, 4096x14336 17.0 -> 14.2).
-// kWR (TRIT_A8_WR=D, default 0; MT = 2 / 4 / 8, one tile per warp, interleaved xq: an experiment): the weights
-// through shared memory D chunks ahead instead of one chunk ahead in registers. Each lane cp.asyncs its own
-// 16-byte pieces of chunk j + D into a per-warp ring of D + 1 chunk slots while chunk j runs, and reads its pieces
-// of chunk j back (a lane reads only what it copied: no barrier; the slot written at j is the one read at j - 1,
-// whose values the mma of chunk j - 1 have consumed). Why: H200 run 51's ncu found the M = 32 GEMV latency-bound
-// (long scoreboard 6.2-7.3 of 12.8-15.3 cycles per issued instruction, <= 16 warps per SM at 118 registers) and
-// moving x off the critical path (TRIT_A8_XS, run 54) made it slower, which leaves the weights' DRAM round trip:
-// one chunk (1 KB a warp at MT >= 4) in flight per warp is ~14 KB per SM, under what 4.18 TB/s x ~1 us of loaded
-// latency asks (~30 KB per SM). D chunks: D KB a warp, no registers (cp.async has no destination register).
-template <typename T, int MT, int WN, bool kFuseQ = false, bool kBP = false, bool kRM = false, bool kXI = false,
-          bool kWR = false>
+template <typename T, int MT, int WN, bool kFuseQ = false, bool kBP = false, bool kRM = false, bool kXI = false>
 __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
     a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                     const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
@@ -1287,8 +1260,7 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
   static_assert(!kFuseQ || (MT == 1 && WN == 1), "the fused quantizer is the M <= 8 single-tile kernel");
   static_assert(!kRM || (MT >= 2 && MT <= 4 && !kFuseQ), "row-major xq past M = 8: the MT = 2 / 4 kernels");
   static_assert(!kXI || (MT >= 2 && !kRM && !kFuseQ), "interleaved xq: the k-block-major MT = 2 / 4 / 8 kernels");
-  static_assert(!kWR || (kXI && WN == 1 && !kBP), "weight ring: the one-tile code-layout kernels on the interleaved xq");
-  extern __shared__ __align__(16) int redi[];  // [NW][KS][WN*MT][4][32] (+ the kFuseQ area | the kWR ring)
+  extern __shared__ __align__(16) int redi[];  // [NW][KS][WN*MT][4][32] (+ the kFuseQ area)
   constexpr int kU = V5Chunk<MT * WN>::value;
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int tile = (blockIdx.x * blockDim.y + threadIdx.y) * WN;  // first of the warp's WN tiles
@@ -1438,40 +1410,6 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
   const int nch = nk / kU;
   if constexpr (kFuseQ) {
     chunk_loop<kU, kU * WN>(wq, lane, nk, nch, flags, load_chunk, run_chunk, quantize);
-  } else if constexpr (kWR) {
-    // the warp's ring of D + 1 slots after the reduction area; slot s, k-block u: the lane's int4 at (s kU + u) 32
-    const int wr_d = (flags >> kFlagWRShift) & 15, wr_s = wr_d + 1;
-    int4* wring = reinterpret_cast<int4*>(redi + (blockDim.x >> 5) * blockDim.y * MT * 128) +
-                  (size_t)(threadIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5)) * wr_s * kU * 32 + lane;
-    const int4* const w0 = wq;  // the lane's first piece of chunk 0
-    auto stage_w = [&](int j, int slot) {  // chunk j (if the warp has it) -> slot; one commit group either way
-      if (j < nch) {
-#pragma unroll
-        for (int u = 0; u < kU; ++u)
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(
-                           __cvta_generic_to_shared(wring + (slot * kU + u) * 32))),
-                       "l"(w0 + ((size_t)j * kU + u) * 32)
-                       : "memory");
-      }
-      asm volatile("cp.async.commit_group;" ::: "memory");
-    };
-    if ((flags & kFlagL2Prefetch) && lane == 0 && nk > 0) {
-      const int head = flags >> kFlagL2HeadShift;
-      l2_prefetch(wq - lane, (uint32_t)(head > 0 ? min(nk, head) : nk) * 512u);
-    }
-    for (int d = 0; d < wr_d; ++d) stage_w(d, d);  // weights are parameters: in flight before the PDL wait
-    pdl_wait();
-    int rs = 0, ws = wr_d;  // the slot read (chunk j) and the slot written (chunk j + D): ws = rs - 1 mod D + 1
-    for (int j = 0; j < nch; ++j) {
-      stage_w(j + wr_d, ws);
-      cp_async_wait_n(wr_d);  // chunk j's group is complete (at most D newer ones pending)
-      int4 a[kU];
-#pragma unroll
-      for (int u = 0; u < kU; ++u) a[u] = wring[(rs * kU + u) * 32];
-      run_chunk(a);
-      rs = rs + 1 == wr_s ? 0 : rs + 1;
-      ws = ws + 1 == wr_s ? 0 : ws + 1;
-    }
   } else {
     chunk_loop<kU, kU * WN>(wq, lane, nk, nch, flags, load_chunk, run_chunk);
   }
@@ -2254,7 +2192,6 @@ struct Knobs {
   int l2pf_head = 0;            // TRIT_L2PF=3: k-blocks prefetched per warp
   bool xi = true;               // TRIT_A8_XI (default 1): the interleaved k-block-major xq at MT = 2 / 4 / 8 (a8_small_kernel kXI)
   bool narrow_nw1 = true;       // TRIT_A8_NARROW_NW1 (default 1): a8_mt4_narrow_nw in small_cfg
-  int wr = 0;                   // TRIT_A8_WR = 1-8 (default 0): a8_small_kernel kWR at MT = 2 / 4 / 8, one tile, kXI
 };
 int env_int(const char* name, int dflt) {
   const char* e = getenv(name);
@@ -2273,7 +2210,6 @@ Knobs knobs() {
   n.fuseq = env_int("TRIT_A8_FUSEQ", -1);
   n.xi = env_int("TRIT_A8_XI", 1) != 0;
   n.narrow_nw1 = env_int("TRIT_A8_NARROW_NW1", 1) != 0;
-  n.wr = max(0, min(env_int("TRIT_A8_WR", 0), kWRMaxD));
   return n;
 }
 bool pdl_supported() {  // griddepcontrol needs sm_90+; ask once per device
@@ -2400,12 +2336,8 @@ bool wn_auto(int mt, int N, int K) {
 int sm_count();  // below, with the GEMM kernel's launch
 Cfg small_cfg(const Knobs& kn, int M, int N, int K, bool a8) {
   Cfg cfg{v5_mt(M), 1, 1, 1};
-  // forced (TRIT_WN=2) or auto (wn_auto) up to MT = 4, M <= 32; at MT = 8 only forced, on the interleaved xq (an
-  // experiment: two tiles per warp halve the x loads per weight byte, at 64 accumulators and one CTA per SM)
-  cfg.wn = (a8 && ((cfg.mt <= 4 && (kn.wn == 2 || (kn.wn == 0 && wn_auto(cfg.mt, N, K)))) ||
-                   (cfg.mt == 8 && kn.wn == 2 && kn.xi)))
-               ? 2
-               : 1;
+  // forced (TRIT_WN=2) or auto (wn_auto) up to MT = 4, M <= 32
+  cfg.wn = (a8 && cfg.mt <= 4 && (kn.wn == 2 || (kn.wn == 0 && wn_auto(cfg.mt, N, K)))) ? 2 : 1;
   const int maxw = kV5Threads / 32;
   const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
   const int n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
@@ -2499,34 +2431,22 @@ bool fuseq_auto(int M, int N, int K) { return M == 1 && (long)N * K <= (32L << 2
 // (An L2::256B prefetch-size hint on the weight loads, TRIT_L2_256, measured no faster in H200
 // run 10 - equal or up to 0.6 us slower at M <= 8 on all ten shapes - and was removed.)
 // kRM: xq row-major (trit_mm_a8_pre past M = 8, MT = 2 / 4), see a8_small_kernel.
-// kWR: the weight ring (flags carry its depth D; one tile per warp: the caller), see a8_small_kernel.
-template <typename T, int MT, bool kBP = false, bool kRM = false, bool kXI = false, bool kWR = false>
+template <typename T, int MT, bool kBP = false, bool kRM = false, bool kXI = false>
 cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, const T* x, int K,
                                const int8_t* xq, const float* xs, const int32_t* rowsum, const int32_t* wp,
                                const float* scale, const T* bias, T* y, int M, int N, int KB, cudaStream_t st) {
   static_assert(!kRM || (MT >= 2 && MT <= 4 && !kBP), "row-major xq: the MT = 2 / 4 code-layout kernels");
   const int n_tiles = (N + kTileN - 1) / kTileN, n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
   size_t smem = (size_t)cfg.nw * cfg.ks * cfg.wn * MT * 128 * sizeof(int);
-  auto kernel = a8_small_kernel<T, MT, 1, false, kBP, kRM, kXI, kWR>;
-  if constexpr ((MT <= 4 || kXI) && !kWR) {  // MT = 8 with two tiles: only on the interleaved xq (TRIT_WN=2, small_cfg)
+  auto kernel = a8_small_kernel<T, MT, 1, false, kBP, kRM, kXI>;
+  if constexpr (MT <= 4) {  // MT = 8 with two tiles: no registers left
     if (cfg.wn == 2) kernel = a8_small_kernel<T, MT, 2, false, kBP, kRM, kXI>;
-  }
-  if constexpr (kWR) {  // the per-warp weight ring after the reduction area: D + 1 chunks of kU x 512 B a warp
-    if (cfg.wn != 1) return cudaErrorInvalidValue;
-    const int d = (flags >> kFlagWRShift) & 15;
-    smem += (size_t)cfg.nw * cfg.ks * (d + 1) * V5Chunk<MT>::value * 512;
   }
   if constexpr (MT == 1) {
     if (fuseq) {
       kernel = a8_small_kernel<T, 1, 1, true, kBP>;
       smem += fuseq_smem(M, KB);
     }
-  }
-  // past the default 48 KB of dynamic shared memory: the weight ring, or MT = 8 with two tiles (64 KB of split-K
-  // partials for 8 warps; H200 run 55: its launch failed without this)
-  if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
   }
   // a warp with two tiles has its weights in two streams: the single-range L2 prefetch is off
   return launch_ex(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem, st, pdl, xq, xs,
@@ -2780,14 +2700,6 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
         case 2: return launch_a8_small_mt<T, 2, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
         case 4: return launch_a8_small_mt<T, 4, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
         default: return cudaErrorInvalidValue;
-      }
-    }
-    if (xi && kn.wr > 0 && cfg.wn == 1) {  // TRIT_A8_WR: the weights through a shared-memory ring (experiment)
-      const int fw = flags | (kn.wr << kFlagWRShift);
-      switch (cfg.mt) {
-        case 2: return launch_a8_small_mt<T, 2, false, false, true, true>(cfg, pdl, false, fw, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-        case 4: return launch_a8_small_mt<T, 4, false, false, true, true>(cfg, pdl, false, fw, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
-        default: return launch_a8_small_mt<T, 8, false, false, true, true>(cfg, pdl, false, fw, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
       }
     }
     if (xi) {

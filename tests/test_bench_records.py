@@ -376,36 +376,14 @@ def test_kernel_bench_mt8_section():
     meta = {"device": "H200", "date": "d", "commit": "c", "command": "x", "torch": "t", "cuda": "u", "fused_max_m": 64}
     row = {"N": 8192, "K": 8192, "M": 64, "bf16_us": 43.1, "a8_us": 24.0, "a8_x_bf16": 43.1 / 24.0, "a8_mt8_us": 20.0,
            "a8_mt8_noxi_us": 30.5, "a8_mt8_xqloop_us": 21.0, "humming_us": 22.8, "floor_us": 4.0,
-           "a8_mt8_equal": True, "a8_mt8_noxi_equal": True, "a8_mt8_xqloop_equal": True, "a8_mt8_wn2_us": 19.5,
-           "a8_mt8_wn2_equal": True}
+           "a8_mt8_equal": True, "a8_mt8_noxi_equal": True, "a8_mt8_xqloop_equal": True}
     md = kernels.markdown(meta, [row])
-    assert "| 8192x8192 | 64 | 43.1 | 24.0 (1.80x) | 20.0 | 30.5 | 21.0 | 19.5 | 22.8 | 1.14x | True |" in md
-    assert "| 8192x8192 | 64 | 43.1 | 24.0 (1.80x) | 20.0 | 30.5 | 21.0 | 19.5 | 22.8 | 1.14x | False |" in kernels.markdown(
-        meta, [{**row, "a8_mt8_wn2_equal": False}])
-    assert "mt8 20.0/30.5/21.0/19.5 " in kernels.fmt_row(row)
+    assert "| 8192x8192 | 64 | 43.1 | 24.0 (1.80x) | 20.0 | 30.5 | 21.0 | 22.8 | 1.14x | True |" in md
+    assert "| 8192x8192 | 64 | 43.1 | 24.0 (1.80x) | 20.0 | 30.5 | 21.0 | 22.8 | 1.14x | False |" in kernels.markdown(
+        meta, [{**row, "a8_mt8_noxi_equal": False}])
+    assert "mt8 20.0/30.5/21.0 " in kernels.fmt_row(row)
     plain = {k: v for k, v in row.items() if "mt8" not in k}
     assert "TRIT_A8_MT8_MAXW" not in kernels.markdown(meta, [plain])
-
-
-def test_kernel_bench_weight_ring_section():
-    """bench.kernels at 8 < M <= 64: the default beside the weight ring at each TRIT_A8_WR depth, the best depth's
-    ratio to the default, `equal` False when any depth's result differed; fmt_row names the depths; no section
-    without the columns; the columns stay experimental (left out under --no-experimental) until a GPU ran them."""
-    from bench import kernels
-
-    meta = {"device": "H200", "date": "d", "commit": "c", "command": "x", "torch": "t", "cuda": "u", "fused_max_m": 64}
-    d = kernels.WR_DEPTHS
-    row = {"N": 28672, "K": 4096, "M": 32, "a8_us": 20.0, "floor_us": 7.0,
-           **{f"a8_wr{x}_us": 20.0 - 2 * i for i, x in enumerate(d)}, **{f"a8_wr{x}_equal": True for x in d}}
-    md = kernels.markdown(meta, [row])
-    best = 20.0 - 2 * (len(d) - 1)
-    cells = " | ".join(f"{20.0 - 2 * i:.1f}" for i in range(len(d)))
-    assert f"| 28672x4096 | 32 | 20.0 | {cells} | {best / 20.0:.2f} | True |" in md
-    assert f"| {cells} | {best / 20.0:.2f} | False |" in kernels.markdown(meta, [{**row, f"a8_wr{d[0]}_equal": False}])
-    assert f"wr{'/'.join(map(str, d))} {'/'.join(f'{20.0 - 2 * i:.1f}' for i in range(len(d)))} " in kernels.fmt_row(row)
-    plain = {k: v for k, v in row.items() if "wr" not in k}
-    assert "TRIT_A8_WR" not in kernels.markdown(meta, [plain])
-    assert all(kernels.EXPERIMENTAL[f"a8_wr{x}"](M) == (8 < M <= 64) for x in d for M in (1, 8, 9, 32, 64, 65))
 
 
 def test_kernel_bench_head_prefetch_section():
