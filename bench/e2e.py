@@ -102,6 +102,9 @@ _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        # the 16 < M <= 32 GEMV on one-tile-per-warp layers with 8 / ks tiles per CTA where ks >= 4 (TRIT_A8_NARROW_NW1=0:
        # the launch shape before csrc/a8_route.h a8_mt4_narrow_nw; at B = 32 only the 8B qkv projection, 6144x4096, changes)
        "-wide": {"TRIT_A8_NARROW_NW1": "0"},
+       # 32 < M <= 64 (a 33 - 64-token prefill) with the MT = 8 GEMV only on layers of <= 16 Mi weights, the GEMM
+       # kernel above: the route before H200 run 50 (TRIT_A8_MT8_MAXW, default 64 since): its TTFT against the default
+       "-mt8w16": {"TRIT_A8_MT8_MAXW": "16"},
        "-fnorm": {"TRIT_FUSED_NORM_QUANT": "1"}, "-pro": {"TRIT_A8_PROLOGUE": "1"},
        # the fused norm + quantizer with the GEMV reading its quantization up to M = 32 (B = 32 decode steps;
        # TRIT_A8_PRE_MAXM is 32 by default since H200 run 38: pinned here so the label means the same in old trees)
