@@ -3,8 +3,8 @@
 # parity record of the bundled model. The same as `ci/gpu_e2e.sh setup parity` (which has the
 # other stages: scale, e2e2b, tp2, scale8b, e2e8b).
 # The wheels arrive in parts over several runs (a run brings at most 64 MiB): stage each part with
-#     mkdir -p /tmp/vstage && cp .gpu-bundle/bN/* /tmp/vstage/
+#     mkdir -p /tmp/vstage && cp .gpu-bundle/sN/* /tmp/vstage/
 # then run this script (with the last part carried) in the final run.
-#   .gpu-bundle/bN: split -b 44M of a tar of the wheels from ../shared/gpu/make-vllm-bundle,
+#   .gpu-bundle/sN: split -b 38M -d of a tar of the wheels from ../shared/gpu/make-vllm-bundle,
 #   with wheels.sha256 (see README "GPU").
 exec "$(dirname "$0")/gpu_e2e.sh" setup parity
