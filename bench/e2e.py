@@ -105,9 +105,6 @@ _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        # 32 < M <= 64 (a 33 - 64-token prefill) with the MT = 8 GEMV only on layers of <= 16 Mi weights, the GEMM
        # kernel above: the route before H200 run 50 (TRIT_A8_MT8_MAXW, default 64 since): its TTFT against the default
        "-mt8w16": {"TRIT_A8_MT8_MAXW": "16"},
-       # the 8 < M <= 64 GEMV with the shared-memory carveout its CTAs need, the rest L1 (TRIT_A8_CARVEOUT=fit; an
-       # experiment; a tree before it ignores the variable)
-       "-cofit": {"TRIT_A8_CARVEOUT": "fit"},
        "-fnorm": {"TRIT_FUSED_NORM_QUANT": "1"}, "-pro": {"TRIT_A8_PROLOGUE": "1"},
        # the fused norm + quantizer with the GEMV reading its quantization up to M = 32 (B = 32 decode steps;
        # TRIT_A8_PRE_MAXM is 32 by default since H200 run 38: pinned here so the label means the same in old trees)

@@ -191,8 +191,7 @@ class Humming:
 # synccheck on its own driver), run 32 a8_bp (ternary_mm_a8_bp, the bitplane layout: its GPU tests bit for bit
 # against ternary_mm_a8 under every launch knob and graph replay, memcheck, racecheck; 0-37% slower than the code
 # layout, 2026-12-02-h200-run32b-bitplane.md). None pending now.
-CARVEOUTS = ("fit", "100")  # TRIT_A8_CARVEOUT values timed beside the default (8 < M <= 64)
-EXPERIMENTAL: dict = {f"a8_co{c}": (lambda M: 8 < M <= 64) for c in CARVEOUTS}  # name -> at_m(M): left out under --no-experimental (an earlier stage of the GPU job failed)
+EXPERIMENTAL: dict = {}  # name -> at_m(M): left out under --no-experimental (an earlier stage of the GPU job failed)
 # TRIT_A8_GEMM_CFG values timed beside the default warp tile (csrc/ternary_gemm.cu gemm_cfg_id):
 # 1 = 2 weight tiles x 8 row tiles per warp, 4 warps (128 channels x 64 rows per CTA); 2 = the same
 # warp tile, 8 warps (256 channels); 3 = 4 weight tiles x 4 row tiles, 4 x 2 warps (256 channels);
@@ -283,10 +282,6 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             variants["a8_mt8"] = with_env(mt8, variants["a8"])
             variants["a8_mt8_noxi"] = with_env({**mt8, "TRIT_A8_XI": "0"}, variants["a8"])
             variants["a8_mt8_xqloop"] = with_env({**mt8, "TRIT_QUANT_CLUSTER_XI": "0"}, variants["a8"])
-        if 8 < M <= V5_MAX_M_A8:  # the GEMV's shared-memory carveout (TRIT_A8_CARVEOUT): `fit` just what its CTAs
-            # need (more L1 for x than the driver leaves), `100` the most shared memory (the least L1)
-            for c in CARVEOUTS:
-                variants[f"a8_co{c}"] = with_env({"TRIT_A8_CARVEOUT": c}, variants["a8"])
         if M <= BP_MAX_M and bps:  # the same route on the bitplane layout (bit-identical results)
             variants["a8_bp"] = lambda i: torch.ops.trit.ternary_mm_a8_bp(x, bps[i % nt], scale, N, K, None)
         if M <= 8:  # the quantizer fused into the GEMV
@@ -395,7 +390,6 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                 y0 = f(0)
                 y = y0.float()
                 if name in ("a8_bp", "a8_noxi", "a8_xqloop", "a8_xqcl8", "a8_mt8", "a8_mt8_noxi", "a8_mt8_xqloop") \
-                        + tuple(f"a8_co{c}" for c in CARVEOUTS) \
                         and "a8" in variants:  # the default's result bit for bit (same sums)
                     row[f"{name}_equal"] = bool(torch.equal(y0, variants["a8"](0)))
                 if name == "a8_fnorm_t" and "a8_fnorm" in variants:  # the row-major route's, bit for bit
@@ -459,7 +453,7 @@ def fmt_row(r) -> str:
             f"{_f(r.get('linear_pct_copy_ceiling'), '4.0f')}% ceil)  fused {_f(r.get('fused_us'), '8.1f')}  "
             f"(v4 {_f(r.get('fused_v4_us'), '6.1f')} nopdl {_f(r.get('fused_nopdl_us'), '6.1f')} "
             f"nopf {_f(r.get('fused_nopf_us'), '6.1f')} pf {_f(r.get('fused_pf_us'), '6.1f')})  dense {_f(r.get('dense_us'), '8.1f')}  "
-            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} cfg1-4 {'/'.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} ks{'/'.join(map(str, GEMM_KS))} {'/'.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} late {_f(r.get('a8_gemm_late_us'), '.1f')} wgmma {'/'.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('wg', 'wgov', 'wgdeep', 'wg2', 'wg2ov', 'wg2deep'))} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} pre {_f(r.get('a8_pre_us'), '6.1f')} noxi {_f(r.get('a8_noxi_us'), '.1f')} qcl {_f(r.get('a8_qcl_us'), '.1f')} qloop {_f(r.get('a8_qloop_us'), '.1f')} norm+a8 {_f(r.get('a8_nq_us'), '.1f')} fnorm {_f(r.get('a8_fnorm_us'), '.1f')} fnorm_t {_f(r.get('a8_fnorm_t_us'), '.1f')} xqloop {_f(r.get('a8_xqloop_us'), '.1f')} xqcl8 {_f(r.get('a8_xqcl8_us'), '.1f')} mt8 {_f(r.get('a8_mt8_us'), '.1f')}/{_f(r.get('a8_mt8_noxi_us'), '.1f')}/{_f(r.get('a8_mt8_xqloop_us'), '.1f')} co{'/'.join(CARVEOUTS)} {'/'.join(_f(r.get(f'a8_co{c}_us'), '.1f') for c in CARVEOUTS)} pro {_f(r.get('a8_pro_us'), '.1f')} nopdl "
+            f"a8 {_f(r.get('a8_us'), '8.1f')} (v4 {_f(r.get('a8_v4_us'), '6.1f')} kernel {_f(r.get('a8_kernel_us'), '6.1f')} int8 {_f(r.get('a8_int8_us'), '6.1f')} gemm {_f(r.get('a8_gemm_us'), '6.1f')} cfg1-4 {'/'.join(_f(r.get(f'a8_gemm_c{c}_us'), '.1f') for c in GEMM_CFGS)} ks{'/'.join(map(str, GEMM_KS))} {'/'.join(_f(r.get(f'a8_gemm_ks{k}_us'), '.1f') for k in GEMM_KS)} late {_f(r.get('a8_gemm_late_us'), '.1f')} wgmma {'/'.join(_f(r.get(f'a8_gemm_{v}_us'), '.1f') for v in ('wg', 'wgov', 'wgdeep', 'wg2', 'wg2ov', 'wg2deep'))} plain {_f(r.get('a8_plain_us'), '6.1f')} wn2 {_f(r.get('a8_wn2_us'), '6.1f')} fuseq {_f(r.get('a8_fuseq_us'), '6.1f')} pre {_f(r.get('a8_pre_us'), '6.1f')} noxi {_f(r.get('a8_noxi_us'), '.1f')} qcl {_f(r.get('a8_qcl_us'), '.1f')} qloop {_f(r.get('a8_qloop_us'), '.1f')} norm+a8 {_f(r.get('a8_nq_us'), '.1f')} fnorm {_f(r.get('a8_fnorm_us'), '.1f')} fnorm_t {_f(r.get('a8_fnorm_t_us'), '.1f')} xqloop {_f(r.get('a8_xqloop_us'), '.1f')} xqcl8 {_f(r.get('a8_xqcl8_us'), '.1f')} mt8 {_f(r.get('a8_mt8_us'), '.1f')}/{_f(r.get('a8_mt8_noxi_us'), '.1f')}/{_f(r.get('a8_mt8_xqloop_us'), '.1f')} pro {_f(r.get('a8_pro_us'), '.1f')} nopdl "
             f"{_f(r.get('a8_nopdl_us'), '6.1f')} nopf {_f(r.get('a8_nopf_us'), '6.1f')} pf {_f(r.get('a8_pf_us'), '6.1f')})  "
             + "".join(f"ks{k} {_f(r.get(f'a8_ks{k}_us'), '.1f')}/{_f(r.get(f'fused_ks{k}_us'), '.1f')} "
                       for k in KS_SWEEP if r.get(f"a8_ks{k}_us")) +
@@ -581,17 +575,6 @@ def markdown(meta, rows) -> str:
                          f"({_f(r.get('a8_x_bf16'), '.2f')}x) | {_f(r.get('a8_mt8_us'), '.1f')} | "
                          f"{_f(r.get('a8_mt8_noxi_us'), '.1f')} | {_f(r.get('a8_mt8_xqloop_us'), '.1f')} | {_f(h, '.1f')} | "
                          f"{_f(h / best if h and best else None, '.2f')}x | {eq} |")
-    co = [r for r in rows if any(r.get(f"a8_co{c}_us") for c in CARVEOUTS)]
-    if co:
-        lines += ["", "The a8 GEMV at 8 < M <= 64 under another shared-memory carveout (TRIT_A8_CARVEOUT: `fit` = what "
-                  "its CTAs need, the rest L1; `100` = the most shared memory, the least L1; the default leaves it to "
-                  "the driver), us; `equal`: bit for bit the default's.", "",
-                  "| N x K | M | default a8 | " + " | ".join(f"carveout {c}" for c in CARVEOUTS) + " | equal |",
-                  "|---|---|---|" + "---|" * len(CARVEOUTS) + "---|"]
-        for r in co:
-            eq = all(r.get(f"a8_co{c}_equal", True) for c in CARVEOUTS)
-            lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('a8_us'), '.1f')} | "
-                         + " | ".join(_f(r.get(f"a8_co{c}_us"), ".1f") for c in CARVEOUTS) + f" | {eq} |")
     bp = [r for r in rows if r.get("a8_bp_us") or r.get("a8_bp_error")]
     if bp:
         lines += ["", "Weight layout at M <= 32: the bitplane (+1/-1 bitmask) form, `ternary_mm_a8_bp` (one bit plane "

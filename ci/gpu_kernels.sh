@@ -143,9 +143,7 @@ SETS = ({}, {"TRIT_A8_FUSEQ": "1", "TRIT_WN": "2", "TRIT_A8_DENSE_MIN_M": "17"},
               # 8 < M <= 32 on the plain k-block-major xq (the default interleaves it: TRIT_A8_XI)
               {"TRIT_A8_XI": "0", "TRIT_A8_FUSEQ": "", "TRIT_NW": ""},
               # the interleaved xq's quantizer as the cluster kernel (zero-row clusters; S = 3 at M = 20, K = 9000)
-              {"TRIT_A8_XI": "1", "TRIT_QUANT_CLUSTER_XI": "1", "TRIT_QUANT_CLUSTER": "8"},
-              # the 8 < M <= 64 GEMV with the shared-memory carveout its CTAs need (TRIT_A8_CARVEOUT, a hint)
-              {"TRIT_A8_CARVEOUT": "fit"})
+              {"TRIT_A8_XI": "1", "TRIT_QUANT_CLUSTER_XI": "1", "TRIT_QUANT_CLUSTER": "8"})
 # SAN_LAST=n: the default set and the last n sets only (a quick check of the newest knobs)
 if int(os.environ.get("SAN_LAST", "0")) > 0:
   SETS = SETS[:1] + SETS[-int(os.environ["SAN_LAST"]):]

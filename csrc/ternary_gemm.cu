@@ -2192,7 +2192,6 @@ struct Knobs {
   int l2pf_head = 0;            // TRIT_L2PF=3: k-blocks prefetched per warp
   bool xi = true;               // TRIT_A8_XI (default 1): the interleaved k-block-major xq at MT = 2 / 4 / 8 (a8_small_kernel kXI)
   bool narrow_nw1 = true;       // TRIT_A8_NARROW_NW1 (default 1): a8_mt4_narrow_nw in small_cfg
-  int carveout = -1;            // TRIT_A8_CARVEOUT: -1 (default) the driver's choice, fit (-2), 0-100 (percent)
 };
 int env_int(const char* name, int dflt) {
   const char* e = getenv(name);
@@ -2211,10 +2210,6 @@ Knobs knobs() {
   n.fuseq = env_int("TRIT_A8_FUSEQ", -1);
   n.xi = env_int("TRIT_A8_XI", 1) != 0;
   n.narrow_nw1 = env_int("TRIT_A8_NARROW_NW1", 1) != 0;
-  {
-    const char* co = getenv("TRIT_A8_CARVEOUT");
-    n.carveout = (co == nullptr || *co == '\0') ? -1 : strcmp(co, "fit") == 0 ? -2 : max(-1, min(atoi(co), 100));
-  }
   return n;
 }
 bool pdl_supported() {  // griddepcontrol needs sm_90+; ask once per device
@@ -2435,40 +2430,6 @@ bool fuseq_auto(int M, int N, int K) { return M == 1 && (long)N * K <= (32L << 2
 // quantizer (x is quantized inside, no xq) exists for MT = 1, one tile per warp, one warp along N.
 // (An L2::256B prefetch-size hint on the weight loads, TRIT_L2_256, measured no faster in H200
 // run 10 - equal or up to 0.6 us slower at M <= 8 on all ten shapes - and was removed.)
-// TRIT_A8_CARVEOUT (an experiment, default unset: the driver's choice): the shared-memory carveout of the 8 < M <= 64
-// GEMV kernels. Why: H200 run 33's ncu shows the driver giving the MT = 4 one-tile kernel (16 KB of dynamic shared
-// memory a CTA, 2 CTAs per SM by registers) a 100 KB carveout (Block Limit Shared Mem 5), i.e. ~156 KB of L1 where
-// 64 KB would hold both CTAs (~192 KB of L1), and the GEMV reads x through the L1 (hit rate 44-78%, run 51); runs
-// 54 / 56 found every variant that took more shared memory (x ring, weight ring) slower. `fit`: the percent that
-// holds the CTAs the kernel's registers and threads allow (cudaOccupancyMaxActiveBlocksPerMultiprocessor), each with
-// its dynamic shared memory plus the 1 KB the system reserves; 0-100: that percent (0: most L1, 100: most shared
-// memory). A hint: the driver may round it up to a supported size. Set once per kernel and value (host call only
-// when it changes).
-template <typename Kern>
-cudaError_t apply_carveout(Kern kernel, int carveout, size_t smem, int threads) {
-  if (carveout == -1) return cudaSuccess;
-  int pct = carveout;
-  if (carveout == -2) {
-    int ctas = 0, dev = 0, per_sm = 0;
-    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, smem);
-    if (e == cudaSuccess) e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
-    if (e != cudaSuccess) return e;
-    const size_t need = (size_t)max(ctas, 1) * (smem + 1024);
-    pct = per_sm > 0 ? (int)std::min<size_t>(100, (need * 100 + per_sm - 1) / per_sm) : -1;
-    if (pct < 0) return cudaSuccess;
-  }
-  static const void* last_k[64] = {};  // the value set last per kernel (a small table; no call when unchanged)
-  static int last_v[64] = {};
-  const void* kp = reinterpret_cast<const void*>(kernel);
-  int slot = 0;
-  while (slot < 64 && last_k[slot] != nullptr && last_k[slot] != kp) ++slot;
-  if (slot < 64 && last_k[slot] == kp && last_v[slot] == pct) return cudaSuccess;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, pct);
-  if (e == cudaSuccess && slot < 64) last_k[slot] = kp, last_v[slot] = pct;
-  return e;
-}
-
 // kRM: xq row-major (trit_mm_a8_pre past M = 8, MT = 2 / 4), see a8_small_kernel.
 template <typename T, int MT, bool kBP = false, bool kRM = false, bool kXI = false>
 cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, const T* x, int K,
@@ -2486,10 +2447,6 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
       kernel = a8_small_kernel<T, 1, 1, true, kBP>;
       smem += fuseq_smem(M, KB);
     }
-  }
-  if constexpr (MT >= 2) {  // TRIT_A8_CARVEOUT (an experiment): the 8 < M <= 64 GEMV kernels
-    cudaError_t e = apply_carveout(kernel, knobs().carveout, smem, cfg.ks * 32 * cfg.nw);
-    if (e != cudaSuccess) return e;
   }
   // a warp with two tiles has its weights in two streams: the single-range L2 prefetch is off
   return launch_ex(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem, st, pdl, xq, xs,

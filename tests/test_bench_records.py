@@ -386,24 +386,6 @@ def test_kernel_bench_mt8_section():
     assert "TRIT_A8_MT8_MAXW" not in kernels.markdown(meta, [plain])
 
 
-def test_kernel_bench_carveout_section():
-    """bench.kernels at 8 < M <= 64: the default beside each TRIT_A8_CARVEOUT setting, `equal` False when any setting's
-    result differed; fmt_row names the settings; no section without the columns; the columns stay experimental
-    (left out under --no-experimental) until a GPU ran them."""
-    from bench import kernels
-
-    meta = {"device": "H200", "date": "d", "commit": "c", "command": "x", "torch": "t", "cuda": "u", "fused_max_m": 64}
-    cs = kernels.CARVEOUTS
-    row = {"N": 6144, "K": 4096, "M": 32, "a8_us": 9.1, "floor_us": 1.5,
-           **{f"a8_co{c}_us": 8.0 + i for i, c in enumerate(cs)}, **{f"a8_co{c}_equal": True for c in cs}}
-    cells = " | ".join(f"{8.0 + i:.1f}" for i in range(len(cs)))
-    assert f"| 6144x4096 | 32 | 9.1 | {cells} | True |" in kernels.markdown(meta, [row])
-    assert f"| 6144x4096 | 32 | 9.1 | {cells} | False |" in kernels.markdown(meta, [{**row, f"a8_co{cs[-1]}_equal": False}])
-    assert f"co{'/'.join(cs)} {'/'.join(f'{8.0 + i:.1f}' for i in range(len(cs)))} " in kernels.fmt_row(row)
-    assert "TRIT_A8_CARVEOUT" not in kernels.markdown(meta, [{k: v for k, v in row.items() if "_co" not in k}])
-    assert all(kernels.EXPERIMENTAL[f"a8_co{c}"](M) == (8 < M <= 64) for c in cs for M in (1, 8, 9, 32, 64, 65))
-
-
 def test_kernel_bench_head_prefetch_section():
     """bench.kernels --pf-head: a table of the a8 / fused times per TRIT_L2PF_HEAD beside the default, the
     pre-quantized GEMV and the whole-range prefetch; fmt_row names each head; no table without the columns."""

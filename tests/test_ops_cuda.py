@@ -1491,39 +1491,6 @@ def test_a8_interleaved_xq_only_on_the_mt2_to_mt8_gemv(monkeypatch, M, N, K):
         assert any("a8_small_kernel" in n for n in default), default
 
 
-@pytest.mark.parametrize("co", ["fit", "100", "0", "37"])
-@pytest.mark.parametrize("M,N,K", [(9, 2560, 2560), (16, 8192, 8192), (24, 6144, 4096), (32, 28672, 4096),
-                                   (32, 4096, 14336), (40, 2560, 6912), (64, 14336, 4096), (64, 640, 2560),
-                                   (33, 1000, 4099)])
-def test_a8_carveout_keeps_the_result(monkeypatch, co, M, N, K):
-    """TRIT_A8_CARVEOUT (the 8 < M <= 64 GEMV's shared-memory carveout; an experiment): a hint to the driver, so the same
-    kernels and bits as the default at every setting, set again when the setting changes (fit / the most shared
-    memory / the most L1 / a percent between), eager and twice in a row."""
-    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 5 + M, DEV)
-    run = lambda: torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)  # noqa: E731
-    monkeypatch.delenv("TRIT_A8_CARVEOUT", raising=False)
-    want, k0 = run(), _cuda_kernels(run)
-    monkeypatch.setenv("TRIT_A8_CARVEOUT", co)
-    assert torch.equal(run(), want) and torch.equal(run(), want), (M, N, K, co)
-    assert _cuda_kernels(run) == k0
-
-
-def test_a8_carveout_in_a_cuda_graph(monkeypatch):
-    """TRIT_A8_CARVEOUT=fit captured at M = 32 and replayed on new inputs: the default's eager result."""
-    M, N, K = 32, 6144, 4096
-    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 19, DEV)
-    static_x = x.clone()
-    monkeypatch.setenv("TRIT_A8_CARVEOUT", "fit")
-    g, out = capture(lambda sx: torch.ops.trit.ternary_mm_a8(sx, p, s, N, K, b), static_x)
-    monkeypatch.delenv("TRIT_A8_CARVEOUT")
-    for seed in (1, 2):
-        static_x.copy_(torch.randn(M, K, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(DEV))
-        poison(out)
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, torch.ops.trit.ternary_mm_a8(static_x, p, s, N, K, b)), f"replay {seed}"
-
-
 @pytest.mark.parametrize("M,N,K,maxw,v5", [(64, 8192, 8192, "", True), (48, 28672, 4096, "4096", True),
                                           (64, 8192, 8192, "63", False), (64, 2560, 2560, "0", False),
                                           (64, 4096, 4096, "16", True), (64, 4096, 4100, "16", False),
