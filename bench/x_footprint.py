@@ -1,0 +1,192 @@
+"""How much does x's footprint per SM cost the 8 < M <= 64 a8 GEMV?
+
+    python -m bench.x_footprint [--cases 32:6144x4096,64:14336x4096] [--out DIR]
+
+The GEMV (a8_small_kernel, MT = 4 / 8) reads x through the L1: every SM holds CTAs of every part of K, so each
+SM pulls all of x (M x K int8: 128 KB at M = 32, K = 4096; 256 KB at M = 64) from L2, and ncu shows L1 hit rates
+of 58-82% (H200 runs 51 / 58) - mostly the compulsory misses of that footprint. Run 58 showed the L1 size matters
+(the least L1, carveout 100, ran up to 50% slower). This probe asks how much a GEMV whose CTAs on one SM share one
+slice of K (split-K across SMs: x / ks per SM) could gain, before anyone writes one: it times the kernel on the
+layer (N, K) with its default launch (ks split-K warps, nw tiles per CTA) against the same kernel on (f N, K / f)
+forced to ks / f split-K warps and f nw tiles per CTA - the same grid, the same warps per CTA, the same k-blocks
+per warp and the same weight bytes, but an x of K / f columns (a footprint f times smaller) and ks / f warps in
+the in-CTA reduction. So the difference bounds what a K-slice-per-SM GEMV could win (it would pay a cross-CTA
+reduction the (f N, K / f) problem does not have).
+
+Kernel times come from the profiler (CUPTI durations, median over launches on rotated weights so L2 cannot hold
+them), with programmatic dependent launch off (TRIT_PDL=0) so no duration includes a wait on the quantizer before.
+Prints a table, writes DIR/x-footprint.json and .md when --out is given. Runs on any CUDA GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+DEFAULT_CASES = ("32:6144x4096,32:4096x4096,32:8192x8192,32:4096x14336,32:14336x4096,32:2560x6912,"
+                 "64:14336x4096,64:6144x4096,64:8192x8192,64:4096x4096,64:2560x6912,64:13824x2560,64:4096x14336")
+KBLOCK = 128  # the kernels' k-block (csrc/ternary.h kBlockK)
+MAX_WARPS = 8  # warps per CTA of the v5 kernels (kV5Threads / 32)
+
+
+def parse_cases(text: str) -> list[tuple[int, int, int]]:
+    """'M:NxK,...' -> [(M, N, K)]; a clear error for anything else."""
+    out = []
+    for item in (s.strip() for s in text.split(",") if s.strip()):
+        try:
+            m, nk = item.split(":")
+            n, k = nk.lower().split("x")
+            M, N, K = int(m), int(n), int(k)
+        except ValueError:
+            raise SystemExit(f"bench.x_footprint: case {item!r}: expected M:NxK, e.g. 32:6144x4096") from None
+        if not (8 < M <= 64) or N < 1 or K < 1:
+            raise SystemExit(f"bench.x_footprint: case {item!r}: M must be 9-64 (the MT = 2 / 4 / 8 GEMV), N, K >= 1")
+        out.append((M, N, K))
+    return out
+
+
+def scaled_launches(N: int, K: int, ks: int, nw: int, factors=(2, 4, 8)) -> list[dict]:
+    """The (f N, K / f) problems with the default launch's grid: ks / f split-K warps and f nw tiles per CTA, for
+    each f that divides ks, keeps K / f a whole number of k-blocks and fits the CTA's warps."""
+    out = []
+    for f in factors:
+        if ks % f or K % (f * KBLOCK) or nw * f * (ks // f) > MAX_WARPS:
+            continue
+        out.append({"f": f, "N": N * f, "K": K // f, "ks": ks // f, "nw": nw * f})
+    return out
+
+
+def _kernel_times(fn, n_calls: int, name: str = "a8_small_kernel") -> tuple[float, list, list]:
+    """Median CUPTI duration (us) of the kernels whose name contains ``name`` over n_calls calls of fn(i), with
+    the grid and block of the first."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for i in range(3):
+        fn(i)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(n_calls):
+            fn(i)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as fh:
+            events = json.load(fh).get("traceEvents", [])
+    ks = [e for e in events if e.get("cat") == "kernel" and name in e.get("name", "")]
+    if not ks:
+        raise RuntimeError(f"bench.x_footprint: no {name} kernel in the profile (route not the GEMV?)")
+    args = ks[0].get("args", {})
+    return statistics.median(float(e["dur"]) for e in ks), args.get("grid"), args.get("block")
+
+
+def measure(M: int, N: int, K: int, env: dict, n_calls: int = 30, min_bytes: int = 160 << 20) -> dict:
+    """The a8 op on (M, N, K) under ``env`` (TRIT_* knobs, read per call) with PDL off: the GEMV kernel's median
+    duration, its grid and block."""
+    import torch
+    from trit import ops
+
+    g = torch.Generator(device="cuda").manual_seed(N * 31 + K)
+    per = N * K // 4
+    nt = max(2, min(16, -(-min_bytes // per)))
+    packs = [ops.repack(torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda", generator=g)) for _ in range(nt)]
+    scale = torch.rand(N, device="cuda", generator=g) + 0.5
+    x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+    saved = {k: os.environ.get(k) for k in [*env, "TRIT_PDL"]}
+    os.environ.update({k: str(v) for k, v in env.items()})
+    os.environ["TRIT_PDL"] = "0"
+    try:
+        us, grid, block = _kernel_times(lambda i: torch.ops.trit.ternary_mm_a8(x, packs[i % nt], scale, N, K, None),
+                                        n_calls)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    del packs
+    torch.cuda.empty_cache()
+    return {"M": M, "N": N, "K": K, "env": env, "us": round(us, 3), "grid": grid, "block": block,
+            "weight_gbps": round(N * K / 4 / (us * 1e-6) / 1e9, 1)}
+
+
+def run(cases) -> list[dict]:
+    rows = []
+    for M, N, K in cases:
+        base = measure(M, N, K, {})
+        block = base["block"] or [32, 1, 1]
+        ks, nw = max(1, int(block[0]) // 32), max(1, int(block[1]))
+        base.update(f=1, ks=ks, nw=nw, x_kib=M * K / 1024)
+        rows.append(base)
+        print(fmt(base), flush=True)
+        for s in scaled_launches(N, K, ks, nw):
+            r = measure(M, s["N"], s["K"], {"TRIT_KS": s["ks"], "TRIT_NW": s["nw"]})
+            rb = r["block"] or [0, 0, 1]
+            r.update(f=s["f"], ks=s["ks"], nw=s["nw"], x_kib=M * s["K"] / 1024, base_us=base["us"],
+                     same_grid=r["grid"] == base["grid"] and int(rb[0]) * int(rb[1]) == int(block[0]) * int(block[1]))
+            rows.append(r)
+            print(fmt(r), flush=True)
+    return rows
+
+
+def fmt(r: dict) -> str:
+    rel = f"  {r['us'] / r['base_us']:.2f}x of base" if r.get("base_us") else ""
+    return (f"M={r['M']:3d} {r['N']:6d}x{r['K']:<6d} f={r['f']} ks={r['ks']} nw={r['nw']} grid={r['grid']} "
+            f"block={r['block']} x {r['x_kib']:.0f} KiB: {r['us']:7.2f} us ({r['weight_gbps']:.0f} GB/s weights){rel}")
+
+
+def markdown(meta: dict, rows: list[dict]) -> str:
+    lines = [f"# x footprint per SM in the 8 < M <= 64 a8 GEMV ({meta.get('device')}, {meta.get('date')}, "
+             f"commit {meta.get('commit')})", "",
+             "Kernel time (CUPTI, median, PDL off) of a8_small_kernel on the layer with its default launch (f = 1) and "
+             "on (f N, K / f) with the same grid and warps per CTA (ks / f split-K warps, f x nw tiles per CTA): the "
+             "same weight bytes and k-blocks per warp, x f times narrower.", "",
+             "| M | N x K (layer) | f | problem | ks x nw | x per SM (KiB) | us | vs f = 1 | same grid |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    base = None
+    for r in rows:
+        if r["f"] == 1:
+            base = r
+        lines.append(f"| {r['M']} | {base['N']}x{base['K']} | {r['f']} | {r['N']}x{r['K']} | {r['ks']} x {r['nw']} | "
+                     f"{r['x_kib']:.0f} | {r['us']:.2f} | "
+                     f"{(r['us'] / base['us']) if r['f'] > 1 else 1.0:.2f}x | {r.get('same_grid', True)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default=DEFAULT_CASES, help="comma list of M:NxK (M 9-64)")
+    ap.add_argument("--out", default="", help="directory for x-footprint.json / .md")
+    args = ap.parse_args(argv)
+    cases = parse_cases(args.cases)
+    import datetime
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench.x_footprint: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    rows = run(cases)
+    meta = {"device": torch.cuda.get_device_name(0), "date": datetime.date.today().isoformat(),
+            "commit": os.environ.get("TRIT_COMMIT", "unknown"), "command": "python -m bench.x_footprint " +
+            " ".join(argv if argv is not None else sys.argv[1:])}
+    md = markdown(meta, rows)
+    print(md)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in (("x-footprint.json", json.dumps({"meta": meta, "rows": rows}, indent=1)),
+                           ("x-footprint.md", md)):
+            tmp = out / (name + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(out / name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
