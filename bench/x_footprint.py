@@ -60,9 +60,10 @@ def scaled_launches(N: int, K: int, ks: int, nw: int, factors=(2, 4, 8)) -> list
     return out
 
 
-def _kernel_times(fn, n_calls: int, name: str = "a8_small_kernel") -> tuple[float, list, list]:
+def _kernel_times(fn, n_calls: int, name: str = "a8_small_kernel", other: str = "quant_rows"
+                  ) -> tuple[float, list, list, float | None]:
     """Median CUPTI duration (us) of the kernels whose name contains ``name`` over n_calls calls of fn(i), with
-    the grid and block of the first."""
+    the grid and block of the first, and the median of those whose name contains ``other`` (None: none ran)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -82,12 +83,16 @@ def _kernel_times(fn, n_calls: int, name: str = "a8_small_kernel") -> tuple[floa
     if not ks:
         raise RuntimeError(f"bench.x_footprint: no {name} kernel in the profile (route not the GEMV?)")
     args = ks[0].get("args", {})
-    return statistics.median(float(e["dur"]) for e in ks), args.get("grid"), args.get("block")
+    qs = [float(e["dur"]) for e in events if e.get("cat") == "kernel" and other in e.get("name", "")]
+    return (statistics.median(float(e["dur"]) for e in ks), args.get("grid"), args.get("block"),
+            statistics.median(qs) if qs else None)
 
 
-def measure(M: int, N: int, K: int, env: dict, n_calls: int = 30, min_bytes: int = 160 << 20) -> dict:
+def measure(M: int, N: int, K: int, env: dict, n_calls: int = 30, min_bytes: int = 160 << 20,
+            op_time: bool = False) -> dict:
     """The a8 op on (M, N, K) under ``env`` (TRIT_* knobs, read per call) with PDL off: the GEMV kernel's median
-    duration, its grid and block."""
+    duration, its grid and block, and the quantizer kernel's (quant_us); op_time: also the whole op per call under
+    CUDA-graph replay with PDL as configured (op_us: bench.kernels' `a8` timing)."""
     import torch
     from trit import ops
 
@@ -100,9 +105,14 @@ def measure(M: int, N: int, K: int, env: dict, n_calls: int = 30, min_bytes: int
     saved = {k: os.environ.get(k) for k in [*env, "TRIT_PDL"]}
     os.environ.update({k: str(v) for k, v in env.items()})
     os.environ["TRIT_PDL"] = "0"
+    op = lambda i: torch.ops.trit.ternary_mm_a8(x, packs[i % nt], scale, N, K, None)  # noqa: E731
     try:
-        us, grid, block = _kernel_times(lambda i: torch.ops.trit.ternary_mm_a8(x, packs[i % nt], scale, N, K, None),
-                                        n_calls)
+        us, grid, block, q_us = _kernel_times(op, n_calls)
+        if op_time:
+            from bench.kernels import time_graph
+
+            os.environ.pop("TRIT_PDL") if saved["TRIT_PDL"] is None else os.environ.update(TRIT_PDL=saved["TRIT_PDL"])
+            op_us = time_graph([lambda i=i: op(i) for i in range(4 * nt)])
     finally:
         for k, v in saved.items():
             if v is None:
@@ -111,20 +121,23 @@ def measure(M: int, N: int, K: int, env: dict, n_calls: int = 30, min_bytes: int
                 os.environ[k] = v
     del packs
     torch.cuda.empty_cache()
-    return {"M": M, "N": N, "K": K, "env": env, "us": round(us, 3), "grid": grid, "block": block,
-            "weight_gbps": round(N * K / 4 / (us * 1e-6) / 1e9, 1)}
+    r = {"M": M, "N": N, "K": K, "env": env, "us": round(us, 3), "grid": grid, "block": block,
+         "weight_gbps": round(N * K / 4 / (us * 1e-6) / 1e9, 1), "quant_us": None if q_us is None else round(q_us, 3)}
+    if op_time:
+        r["op_us"] = round(op_us, 3)
+    return r
 
 
-def run(cases) -> list[dict]:
+def run(cases, scale: bool = True) -> list[dict]:
     rows = []
     for M, N, K in cases:
-        base = measure(M, N, K, {})
+        base = measure(M, N, K, {}, op_time=not scale)
         block = base["block"] or [32, 1, 1]
         ks, nw = max(1, int(block[0]) // 32), max(1, int(block[1]))
         base.update(f=1, ks=ks, nw=nw, x_kib=M * K / 1024)
         rows.append(base)
         print(fmt(base), flush=True)
-        for s in scaled_launches(N, K, ks, nw):
+        for s in (scaled_launches(N, K, ks, nw) if scale else []):
             r = measure(M, s["N"], s["K"], {"TRIT_KS": s["ks"], "TRIT_NW": s["nw"]})
             rb = r["block"] or [0, 0, 1]
             r.update(f=s["f"], ks=s["ks"], nw=s["nw"], x_kib=M * s["K"] / 1024, base_us=base["us"],
@@ -136,11 +149,28 @@ def run(cases) -> list[dict]:
 
 def fmt(r: dict) -> str:
     rel = f"  {r['us'] / r['base_us']:.2f}x of base" if r.get("base_us") else ""
+    if r.get("op_us") is not None:
+        rel += f"  quantizer {_f(r.get('quant_us'))} us, op (graph, PDL) {r['op_us']:.2f} us"
     return (f"M={r['M']:3d} {r['N']:6d}x{r['K']:<6d} f={r['f']} ks={r['ks']} nw={r['nw']} grid={r['grid']} "
             f"block={r['block']} x {r['x_kib']:.0f} KiB: {r['us']:7.2f} us ({r['weight_gbps']:.0f} GB/s weights){rel}")
 
 
+def _f(v, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
 def markdown(meta: dict, rows: list[dict]) -> str:
+    if rows and all(r["f"] == 1 and "op_us" in r for r in rows):  # --no-scale: the op's parts
+        lines = [f"# The a8 op at 8 < M <= 64: GEMV, quantizer and the rest ({meta.get('device')}, {meta.get('date')}, "
+                 f"commit {meta.get('commit')})", "",
+                 "GEMV and quantizer: CUPTI kernel durations (median, PDL off); op: bench.kernels' `a8` timing (CUDA "
+                 "graph of calls on rotated weights, PDL on); rest = op - GEMV - quantizer (launch gaps, PDL waits).",
+                 "", "| M | N x K | ks x nw | GEMV us | quantizer us | op us | rest us |", "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            rest = r["op_us"] - r["us"] - (r["quant_us"] or 0.0)
+            lines.append(f"| {r['M']} | {r['N']}x{r['K']} | {r['ks']} x {r['nw']} | {r['us']:.2f} | "
+                         f"{_f(r['quant_us'])} | {r['op_us']:.2f} | {rest:.2f} |")
+        return "\n".join(lines) + "\n"
     lines = [f"# x footprint per SM in the 8 < M <= 64 a8 GEMV ({meta.get('device')}, {meta.get('date')}, "
              f"commit {meta.get('commit')})", "",
              "Kernel time (CUPTI, median, PDL off) of a8_small_kernel on the layer with its default launch (f = 1) and "
@@ -162,6 +192,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default=DEFAULT_CASES, help="comma list of M:NxK (M 9-64)")
     ap.add_argument("--out", default="", help="directory for x-footprint.json / .md")
+    ap.add_argument("--no-scale", action="store_true", help="no (f N, K / f) problems: each layer's GEMV, quantizer "
+                    "and whole op (the op's parts)")
     args = ap.parse_args(argv)
     cases = parse_cases(args.cases)
     import datetime
@@ -171,7 +203,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench.x_footprint: needs a CUDA GPU", file=sys.stderr)
         return 2
-    rows = run(cases)
+    rows = run(cases, scale=not args.no_scale)
     meta = {"device": torch.cuda.get_device_name(0), "date": datetime.date.today().isoformat(),
             "commit": os.environ.get("TRIT_COMMIT", "unknown"), "command": "python -m bench.x_footprint " +
             " ".join(argv if argv is not None else sys.argv[1:])}

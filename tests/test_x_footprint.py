@@ -25,3 +25,11 @@ def test_scaled_launches_keep_grid_and_warps():
     # the CTA's 8 warps bound f * nw
     assert [s["f"] for s in xf.scaled_launches(4096, 4096, ks=8, nw=1)] == [2, 4, 8]
     assert [s["f"] for s in xf.scaled_launches(4096, 4096, ks=4, nw=2)] == [2, 4]
+
+
+def test_no_scale_markdown_splits_the_op():
+    rows = [dict(M=32, N=6144, K=4096, f=1, ks=4, nw=1, us=6.8, quant_us=1.5, op_us=9.1, x_kib=128),
+            dict(M=64, N=2560, K=6912, f=1, ks=8, nw=1, us=10.5, quant_us=None, op_us=12.0, x_kib=432)]
+    md = xf.markdown({"device": "H200", "date": "d", "commit": "c"}, rows)
+    assert "| 32 | 6144x4096 | 4 x 1 | 6.80 | 1.50 | 9.10 | 0.80 |" in md
+    assert "| 64 | 2560x6912 | 8 x 1 | 10.50 | - | 12.00 | 1.50 |" in md
