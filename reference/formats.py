@@ -31,10 +31,17 @@ Where a logical element lands is fixed by three things:
   (``write_record_scales`` fills in the scales); ``unpack`` skips them.  uint8, pack axis 1,
   not transposed; ``None`` (the default, omitted from JSON) = no records.
 
-* ``group_view`` — ``G``: the packed matrix is not ``W[N, K]`` but its row-major view
-  ``W.reshape(N * K / G, G)`` (one row per group of G consecutive inputs; HQQ quantises and
-  packs that view with ``axis=1``); everything above applies to the view.  Needs ``K % G == 0``.
-  ``None`` (the default, omitted from JSON) = the matrix itself.
+* ``group_view`` — ``G``: the packed matrix is not ``W[N, K]`` but a row-major view of it in
+  which each group of G elements is one row or one column; everything above applies to the view.
+  ``None`` (the default, omitted from JSON) = the matrix itself.  ``group_axis`` says which view
+  (mobiusml/hqq ``hqq/core/quantize.py``, ``Quantizer.quantize``: ``W.reshape([-1, group_size])
+  if axis == 1 else W.reshape([group_size, -1])``, then ``BitPack.pack_2bit_u8`` of that view):
+
+  - ``1`` (the default, omitted from JSON): ``W.reshape(N * K / G, G)``, one row per group of G
+    consecutive inputs (HQQ ``axis=1``).  Needs ``K % G == 0``.
+  - ``0``: ``W.reshape(G, N * K / G)``, one group per *column*: group j holds the elements of the
+    row-major flattened W at j, j + N*K/G, j + 2*N*K/G, ... (HQQ ``axis=0``).  Needs
+    ``N * K % G == 0``.
 
 * ``segments`` — ``(L1, L2, ...)``: the pack axis is cut into consecutive segments of these
   lengths, each packed *on its own* (its own lanes, blocks and padding) and the packed segments
@@ -86,6 +93,11 @@ class ScaleSpec:
     ``byte_offset`` where the ``dtype`` (``float16``) scale starts; llama.cpp TQ2_0:
     256 / 66 / 64).
     op: ``multiply`` (W = T * s) or ``divide`` (W = T / s, transformers' ``bitlinear``).
+    group_axis (granularity ``group`` only): ``1`` (the default, omitted from JSON) = the groups
+    above; ``0`` = HQQ ``axis=0`` groups (mobiusml/hqq ``Quantizer.quantize``: W viewed as
+    ``W.reshape(group_size, -1)``, one scale / zero per column, stored ``[1, N*K/group_size]``):
+    element ``f`` of the row-major flattened W takes value ``f mod (N*K/group_size)``, i.e.
+    ``s.reshape(1, M).expand(group_size, M).reshape(N, K)`` with ``M = N*K/group_size``.
     """
 
     key: str
@@ -98,8 +110,14 @@ class ScaleSpec:
     record_bytes: Optional[int] = None
     byte_offset: Optional[int] = None
     dtype: Optional[str] = None
+    group_axis: int = 1  # granularity "group": 1 = groups of consecutive inputs, 0 = HQQ axis=0 (see above)
 
     def __post_init__(self):
+        if self.group_axis not in (0, 1) or (self.group_axis == 0 and (
+                self.granularity != "group" or self.transposed or self.index is not None)):
+            raise FormatError(f"scale {self.key!r}: group_axis must be 1, or 0 on an untransposed, unindexed "
+                              f"granularity 'group' scale (HQQ axis=0), got {self.group_axis!r} with granularity "
+                              f"{self.granularity!r}")
         if self.granularity not in ("tensor", "channel", "group", "block"):
             raise FormatError(f"scale {self.key!r}: unknown granularity {self.granularity!r}")
         if self.op not in ("multiply", "divide"):
@@ -128,6 +146,8 @@ class ScaleSpec:
         for f in ("record_bytes", "byte_offset", "dtype"):
             if d[f] is None:
                 del d[f]
+        if self.group_axis == 1:
+            del d["group_axis"]  # absent: every scale but HQQ axis=0's unchanged
         return d
 
 
@@ -145,7 +165,8 @@ class PackSpec:
     transposed: bool = False
     pad_code: int = 0
     record: Optional[tuple] = None  # (elements, bytes) per record; see module docstring
-    group_view: Optional[int] = None  # G: pack W.reshape(N*K/G, G) (HQQ axis=1); see module docstring
+    group_view: Optional[int] = None  # G: pack a group view of W (HQQ); see module docstring
+    group_axis: int = 1  # 1: view W.reshape(N*K/G, G) (HQQ axis=1); 0: W.reshape(G, N*K/G) (HQQ axis=0)
     segments: Optional[tuple] = None  # lengths along the pack axis, each packed on its own; see module docstring
 
     def __post_init__(self):
@@ -172,6 +193,9 @@ class PackSpec:
             raise FormatError(f"pad_code {self.pad_code} is not a code")
         if self.group_view is not None and (self.group_view < 1 or self.record is not None):
             raise FormatError(f"group_view must be >= 1 and exclusive of record, got {self.group_view}")
+        if self.group_axis not in (0, 1) or (self.group_axis == 0 and self.group_view is None):
+            raise FormatError(f"group_axis must be 1, or 0 with a group_view (HQQ axis=0), got {self.group_axis!r} "
+                              f"with group_view {self.group_view!r}")
         if self.segments is not None:
             object.__setattr__(self, "segments", tuple(int(x) for x in self.segments))
             if not self.segments or min(self.segments) < 1 or self.record is not None or self.group_view is not None:
@@ -229,13 +253,23 @@ class PackSpec:
         return -(-axis_len // b) * (b // self.values_per_container)
 
     def view_shape(self, shape: tuple[int, int]) -> tuple[int, int]:
-        """The matrix that is packed: ``shape`` itself, or its [N*K/G, G] group view."""
+        """The matrix that is packed: ``shape`` itself, its [N*K/G, G] group view (``group_axis`` 1)
+        or its [G, N*K/G] group view (``group_axis`` 0)."""
         n, k = shape
-        if self.group_view is None:
+        g = self.group_view
+        if g is None:
             return (n, k)
-        if k % self.group_view:
-            raise FormatError(f"group_view {self.group_view} needs K % {self.group_view} == 0, K = {k}")
-        return (n * k // self.group_view, self.group_view)
+        if self.group_axis == 0:
+            if (n * k) % g:
+                raise FormatError(f"group_view {g} with group_axis 0 needs N*K % {g} == 0, N*K = {n}*{k} = {n * k}")
+            return (g, n * k // g)
+        if k % g:
+            raise FormatError(f"group_view {g} needs K % {g} == 0, K = {k}")
+        return (n * k // g, g)
+
+    def ungrouped(self) -> "PackSpec":
+        """This layout applied to the matrix itself (what packs / unpacks the group view)."""
+        return self.replace(group_view=None, group_axis=1)
 
     def packed_shape(self, shape: tuple[int, int]) -> tuple[int, int]:
         n, k = self.view_shape(shape)
@@ -282,6 +316,8 @@ class PackSpec:
         d["codes"] = list(self.codes)
         if self.group_view is None:
             del d["group_view"]  # absent: JSON of the other formats unchanged
+        if self.group_axis == 1:
+            del d["group_axis"]  # absent: HQQ axis=1 and the other formats unchanged
         if self.segments is None:
             del d["segments"]  # absent: JSON of one-segment formats unchanged
         else:
@@ -381,7 +417,7 @@ def pack_codes(codes: torch.Tensor, spec: PackSpec) -> torch.Tensor:
         return torch.cat(parts, dim=(1 - spec.pack_axis) if spec.transposed else spec.pack_axis).contiguous()
     if spec.group_view is not None:
         n, k = codes.shape
-        return pack_codes(codes.reshape(spec.view_shape((n, k))), spec.replace(group_view=None))
+        return pack_codes(codes.reshape(spec.view_shape((n, k))), spec.ungrouped())
     if spec.record is not None:
         return _pack_records(codes, spec)
     # containers of <= 16 bits are assembled in int32 (exact: words < 2**16), wider ones in int64;
@@ -464,7 +500,7 @@ def unpack_codes(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int]) -
     if spec.segments is not None:
         return _by_segment(packed, spec, shape, unpack_codes)
     if spec.group_view is not None:
-        return unpack_codes(packed, spec.replace(group_view=None), spec.view_shape(shape)).reshape(shape)
+        return unpack_codes(packed, spec.ungrouped(), spec.view_shape(shape)).reshape(shape)
     p, length = _oriented(packed, spec, shape)
     words = _from_container(p, spec)  # (rows, C)
     mask = (1 << spec.bits) - 1
@@ -515,7 +551,7 @@ def unpack(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int], *, name
     """packed -> logical integer values int8 [N, K] (int16 when a value does not fit int8), on
     the device of ``packed``.  An unused code is an error if ``strict``."""
     if spec.group_view is not None:
-        inner = spec.replace(group_view=None)
+        inner = spec.ungrouped()
         return unpack(packed, inner, spec.view_shape(shape), name=name, strict=strict).reshape(shape)
     if spec.segments is not None:
         return _narrow(_by_segment(packed, spec, shape, lambda p, s, sh: unpack(p, s, sh, name=name, strict=strict),
@@ -595,6 +631,16 @@ def expand_scale(scale: torch.Tensor, spec: ScaleSpec, shape: tuple[int, int], *
         m = s.reshape(n, 1)
     elif spec.granularity == "block":
         m = s.repeat_interleave(spec.group_size, dim=1)[:, :k]
+    elif spec.group_axis == 0:  # HQQ axis=0: one value per column of W's [G, N*K/G] row-major view
+        g = spec.group_size
+        cols = n * k // g
+        if (n * k) % g:
+            raise FormatError(f"{name}: axis-0 group scale {spec.key!r}: group_size {g} does not divide N*K = "
+                              f"{n}*{k} = {n * k}")
+        if tuple(s.shape) not in ((1, cols), (cols,)):
+            raise FormatError(f"{name}: axis-0 group scale {spec.key!r} must have shape {(1, cols)} (one value per "
+                              f"column of the [{g}, {cols}] group view, group_size {g}), has {tuple(scale.shape)}")
+        m = s.reshape(1, cols).expand(g, cols).reshape(n, k)
     else:
         g = -(-k // spec.group_size)
         if spec.transposed:

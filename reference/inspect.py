@@ -15,12 +15,44 @@ Pipeline (each step records its evidence and a confidence for the report):
                the third is 0), more = symmetric integer levels (int2 {-2..1}, int4 {-8..7}: offset
                binary or two's complement).  Two conventions are recognised by their block structure
                first: llama.cpp TQ2_0 (uint8 [N, ceil(K/256)*66], fp16 scale inside each 66-byte
-               block) and HQQ 2-bit (W_q [N*K/G/4, G] + per-group scale and integer zero points)
+               block) and HQQ 2-bit (W_q + per-group scale and integer zero points, axis=1 or
+               axis=0 groups, with or without HQQ's meta tensors; see "HQQ" below)
   4. search    what statistics cannot tell (+-1 swap, bit order, lane layout and block,
                multiply/divide when config and magnitudes are silent) is scored by the reference
                model's loss on a text sample; identical decodes are merged; the margin to the
                best alternative is the confidence
   5. output    ``reference.spec.CheckpointSpec`` JSON (DIR/ternary_spec.json) + Markdown report
+
+HQQ (mobiusml/hqq, read from its source, not guessed; ternary 2-bit case only):
+  * ``hqq/core/quantize.py`` ``Quantizer.quantize``: W [N, K] (row-major) is viewed as
+    ``W.reshape([-1, group_size])`` for ``axis=1`` (one row per group of G consecutive inputs) or
+    ``W.reshape([group_size, -1])`` for ``axis=0`` (one group per *column* of the [G, N*K/G] view:
+    flat elements j, j + N*K/G, ...); min / max, hence ``scale`` and ``zero``, are taken along
+    ``axis`` with keepdim, so both are [N*K/G, 1] (axis=1) or [1, N*K/G] (axis=0); ``dequantize``
+    is ``((W_q_unpacked - zero) * scale).reshape(shape)``.  G must divide N*K (HQQ asserts it);
+    here axis=1 also needs G | K (groups within a row) and axis=0 needs 4 | G.
+  * ``hqq/core/bitpack.py`` ``BitPack.pack_2bit_u8``: the view is cut along its axis 0 into four
+    chunks of len/4 rows, chunk c in bits 7-2c..6-2c (chunk 0 in the high bits): W_q is uint8
+    [N*K/G/4, G] (axis=1) or [G/4, N*K/G] (axis=0) = ``PackSpec(pack_axis=0, lanes='blocked',
+    bit_order='msb', group_view=G, group_axis=axis)``.  nbits 2 and 1.58 both pack as '2bit_u8'
+    (``Quantizer.bit_to_packing``).
+  * ``HQQLinear.state_dict`` (``encoded_state_dict=True``, what ``save_to_safetensors`` and
+    transformers' ``save_pretrained`` store under ``<module>.<key>``): ``W_q``, the meta dict
+    (``nbits group_size shape scale zero axis packing unpack_view_dtype view_as_float quant_scale
+    quant_zero compute_dtype``), ``bias`` if any, ``offload_meta``, ``encoded_state_dict``,
+    ``stores_quant_config`` and the weight_quant_params (``nbits channel_wise group_size optimize
+    round_zero axis view_as_float``) = ``HQQLinear.state_dict_keys()``; every non-tensor value
+    through ``hqq/core/utils.py`` ``encode_safetensor_type``: bool -> uint8 0-d (0 / 1), int ->
+    int32 0-d, float (nbits 1.58) -> float32 0-d, str and torch.dtype (as ``str(dtype)``, e.g.
+    'torch.float16') -> uint8 1-d of the characters' ``ord``, torch.Size -> ``torch.tensor(size)``
+    (int64 [2] = [out_features, in_features]).  The inspector reads these meta tensors next to a
+    ``W_q`` (``HQQ_META``), uses axis / group_size as evidence, and refuses, naming the file, the
+    tensor and the expected value, any that contradicts the stored tensors or config.json (nbits
+    not 2 / 1.58, packing not '2bit_u8', unpack_view_dtype not 'torch.uint8', view_as_float /
+    quant_scale / quant_zero / offload_meta set, channel_wise unset, shape not config.json's
+    [N, K], an axis or group_size that does not give the stored W_q / scale / zero shapes); the
+    spec lists them under ``ignored``.  Without meta, the axis is read from the shapes: scale /
+    zero [1, N*K/G] with W_q [G/4, N*K/G] is axis=0, else axis=1 as before.
 """
 from __future__ import annotations
 
@@ -118,8 +150,11 @@ class Module:
     scale_kw: list = field(default_factory=list)  # per part: ScaleSpec kwargs (no key / op)
     bits: int = 2  # code width of a packed weight (2, 4, or 8 = one value per byte)
     record: Optional[tuple] = None  # (values, bytes) per record: llama.cpp TQ2_0 blocks (256, 66)
-    group_view: Optional[int] = None  # G: codes packed as the [N*K/G, G] group view (HQQ axis=1)
+    group_view: Optional[int] = None  # G: codes packed as a group view (HQQ; see PackSpec.group_view)
+    group_axis: int = 1  # 1: the [N*K/G, G] view (HQQ axis=1); 0: the [G, N*K/G] view (HQQ axis=0)
     zero_kw: Optional[dict] = None  # ScaleSpec kwargs of per-group zero points (HQQ)
+    hqq_meta: dict = field(default_factory=dict)  # HQQ meta key (HQQ_META) -> its TensorStats, next to a W_q
+    hqq_values: dict = field(default_factory=dict)  # HQQ meta key -> decoded value (detect_hqq)
 
     @property
     def packed(self) -> bool:
@@ -195,6 +230,10 @@ def _linear_module(prefix, layer, role, members, cfg: ModelConfig, shapes) -> Mo
     mod = Module(prefix, layer, role, mains[0])
     for m in members:
         if m is mod.weight:
+            continue
+        leaf = m.name.rsplit(".", 1)[-1]
+        if mod.weight.name.endswith(".W_q") and leaf in HQQ_META and m.name == f"{prefix}.{leaf}":
+            mod.hqq_meta[leaf] = m  # read and checked by detect_hqq; an error if the module is not HQQ-packed
             continue
         slot = {"scale": "scale", "zero_point": "zeros", "index": "g_idx", "shape": "shape_t"}.get(m.kind)
         if slot is None and m.leaf == "bias":
@@ -476,26 +515,176 @@ def detect_tq2_0(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, find
     return True
 
 
+#: HQQ meta keys: ``HQQLinear.state_dict_keys()`` (mobiusml/hqq hqq/core/quantize.py) less W_q / scale /
+#: zero / bias, each with its ``_META_TYPE`` (how ``encode_safetensor_type`` stored it; see module docstring)
+HQQ_META: dict[str, str] = {
+    "nbits": "nbits", "group_size": "int", "shape": "size", "axis": "int", "packing": "str",
+    "unpack_view_dtype": "dtype", "view_as_float": "bool", "quant_scale": "bool", "quant_zero": "bool",
+    "compute_dtype": "dtype", "offload_meta": "bool", "encoded_state_dict": "bool", "stores_quant_config": "bool",
+    "channel_wise": "bool", "optimize": "bool", "round_zero": "bool"}
+#: HQQ's packings (Quantizer.bit_to_packing) -> Quantizer.unpack_view_dtype
+HQQ_PACKINGS = {"8bit_u8": "torch.uint8", "4bit_u8": "torch.uint8", "3bit_32": "torch.int32",
+                "2bit_u8": "torch.uint8", "1bit_u8": "torch.uint8"}
+#: meta values that must hold for the ternary 2-bit case this inspector reads (others are informational)
+HQQ_REQUIRED = {"packing": "2bit_u8", "unpack_view_dtype": "torch.uint8", "view_as_float": False,
+                "quant_scale": False, "quant_zero": False, "offload_meta": False, "channel_wise": True}
+HQQ_WHY = {"view_as_float": "W_q stored as a float view of the packed bytes is not supported",
+           "quant_scale": "quantized scales are not serialised by HQQLinear.state_dict",
+           "quant_zero": "quantized zero points are not serialised by HQQLinear.state_dict",
+           "offload_meta": "offloaded meta (zero_scale) replaces scale / zero",
+           "channel_wise": "channel_wise=False quantizes the whole tensor with one scale, not per group",
+           "packing": "the inspector reads HQQ's 2-bit packing ('2bit_u8', nbits 2 or 1.58) only",
+           "unpack_view_dtype": "HQQ's '2bit_u8' packing unpacks uint8 (Quantizer.unpack_view_dtype)"}
+HQQ_TORCH_DTYPES = ("torch.float16", "torch.bfloat16", "torch.float32", "torch.float64")
+
+
+def _hqq_meta_values(m: Module, ckpt: Checkpoint) -> dict:
+    """Decode the HQQ meta tensors of ``m`` as ``decode_safetensor_type`` does, and check each against HQQ's
+    2-bit convention; an error names the file, the tensor and the expected value."""
+    out = {}
+    first = ("nbits", "packing", "unpack_view_dtype", "view_as_float", "channel_wise", "quant_scale", "quant_zero",
+             "offload_meta", "shape", "axis", "group_size")  # what W_q is, then how it is laid out
+    for leaf in sorted(m.hqq_meta, key=lambda x: (first.index(x) if x in first else len(first), x)):
+        st = m.hqq_meta[leaf]
+        kind = HQQ_META[leaf]
+        t = ckpt.get(st.name)
+        where = f"{st.file}: tensor {st.name!r} (HQQ meta '{leaf}' of {m.weight.name!r})"
+        if kind in ("int", "bool", "nbits"):
+            if t.numel() != 1:
+                raise InspectError(f"{where}: shape {list(t.shape)}, expected one value (encode_safetensor_type stores "
+                                   f"{'an int32' if kind != 'bool' else 'a uint8'} 0-d tensor)")
+            if t.is_floating_point() and kind != "nbits":
+                raise InspectError(f"{where}: dtype {st.dtype}, expected an integer tensor ("
+                                   f"{'int32' if kind == 'int' else 'uint8 0 / 1'}, as encode_safetensor_type writes)")
+            v = t.reshape(-1)[0].item()
+            if kind == "bool":
+                if v not in (0, 1):
+                    raise InspectError(f"{where}: value {v}, expected 0 or 1 (a bool stored as uint8)")
+                v = bool(v)
+            elif kind == "int" or float(v).is_integer():
+                v = int(v)
+            elif abs(v - 1.58) < 1e-4:
+                v = 1.58  # float32(1.58), HQQ's ternary nbits
+        elif kind in ("str", "dtype"):
+            if st.dtype != "U8" or t.dim() != 1:
+                raise InspectError(f"{where}: {st.dtype} {list(t.shape)}, expected a uint8 1-d tensor of character "
+                                   f"codes (encode_safetensor_type of a {'str' if kind == 'str' else 'torch.dtype'})")
+            v = "".join(chr(int(c)) for c in t.tolist())
+            if kind == "dtype" and leaf == "compute_dtype" and v not in HQQ_TORCH_DTYPES:
+                raise InspectError(f"{where}: {v!r}, expected a float torch dtype: one of {list(HQQ_TORCH_DTYPES)}")
+        else:  # torch.Size
+            if st.dtype not in INT_DTYPES or t.dim() != 1:
+                raise InspectError(f"{where}: {st.dtype} {list(t.shape)}, expected an integer 1-d tensor "
+                                   f"(torch.tensor(torch.Size([out_features, in_features])), int64 [2])")
+            v = [int(x) for x in t.tolist()]
+        out[leaf] = v
+        if leaf == "nbits" and not any(abs(float(v) - b) < 1e-4 for b in (2, 1.58)):
+            raise InspectError(f"{where}: nbits {v}, but {m.weight.name!r} {m.weight.dtype} "
+                               f"{list(m.weight.shape)} is read as HQQ's 2-bit packing; expected 2 (or 1.58, which "
+                               f"HQQ also packs as '2bit_u8')")
+        if leaf == "packing" and v not in HQQ_PACKINGS:
+            raise InspectError(f"{where}: unknown packing {v!r}; HQQ's packings are {sorted(HQQ_PACKINGS)} "
+                               f"(Quantizer.bit_to_packing), expected '2bit_u8'")
+        if leaf in HQQ_REQUIRED and v != HQQ_REQUIRED[leaf]:
+            raise InspectError(f"{where}: {v!r}, expected {HQQ_REQUIRED[leaf]!r} ({HQQ_WHY[leaf]})")
+        if leaf == "shape" and v != list(m.logical):
+            raise InspectError(f"{where}: shape {v}, config.json implies {list(m.logical)} ([out_features, "
+                               f"in_features]) for {[p for p, _ in m.parts]}; expected {list(m.logical)}")
+        if leaf == "axis" and v not in (0, 1):
+            raise InspectError(f"{where}: axis {v}, expected 0 or 1 (Quantizer.quantize asserts it)")
+        if leaf == "group_size" and (v < 1 or (m.logical[0] * m.logical[1]) % v):
+            n, k = m.logical
+            raise InspectError(f"{where}: group_size {v} does not divide N*K = {n}*{k} = {n * k} (Quantizer.quantize "
+                               f"asserts it); expected a divisor of {n * k}")
+    return out
+
+
+def _hqq_problems(m: Module, axis: int, g: int) -> list[str]:
+    """Why ``m``'s W_q / scale / zero are not HQQ's 2-bit layout for ``axis`` and groups of ``g`` (empty: they
+    are).  Each reason names the tensor and its expected shape."""
+    n, k = m.logical
+    if g < 1 or (n * k) % g:
+        return [f"group_size {g} does not divide N*K = {n * k}"]
+    cols = n * k // g
+    out = []
+    if axis == 1:
+        if k % g:
+            return [f"group_size {g} does not divide K = {k} (axis=1 groups that straddle rows are not supported); "
+                    f"expected a divisor of {k}"]
+        want_w = (-(-cols // 4), g)
+        ok_s = {(cols, 1), (cols,), (n, k // g)}
+        s_txt = f"[{cols}, 1] (one value per row of the [{cols}, {g}] group view)"
+    else:
+        if g % 4:
+            return [f"group_size {g} is not a multiple of 4 (BitPack.pack_2bit_u8 cuts the [{g}, {cols}] view into "
+                    f"four chunks of rows)"]
+        want_w = (g // 4, cols)
+        ok_s = {(1, cols), (cols,)}
+        s_txt = f"[1, {cols}] (one value per column of the [{g}, {cols}] group view)"
+    if m.weight.dtype != "U8" or tuple(m.weight.shape) != want_w:
+        out.append(f"{m.weight.name!r} is {m.weight.dtype} {list(m.weight.shape)}, expected uint8 {list(want_w)}")
+    for t, what in ((m.scale, "scale"), (m.zeros, "zero")):
+        if t is None:
+            out.append(f"no {what} tensor {m.prefix + '.' + what!r}")
+        elif t.dtype in INT_DTYPES or tuple(t.shape) not in ok_s:
+            out.append(f"{what} {t.name!r} is {t.dtype} {list(t.shape)}, expected a float {s_txt}")
+    return out
+
+
+def _hqq_layout(m: Module, ckpt: Checkpoint) -> Optional[tuple[int, int]]:
+    """(axis, group_size) of an HQQ 2-bit module, or None when its tensors are not HQQ's.  Without meta the
+    axis is read from the shapes (scale / zero [1, N*K/G] and W_q [G/4, N*K/G]: axis=0; else axis=1, as HQQ
+    defaults); with meta tensors they are decoded and checked, and a disagreement is an error."""
+    if len(m.weight.shape) != 2:
+        return None
+    a, b = m.weight.shape
+    if not m.hqq_meta:
+        for axis, g in ((1, b), (0, 4 * a)):
+            if not _hqq_problems(m, axis, g):
+                return axis, g
+        return None
+    meta = m.hqq_values = _hqq_meta_values(m, ckpt)
+    axes = [meta["axis"]] if "axis" in meta else [1, 0]
+    tried = []
+    for axis in axes:
+        g = meta.get("group_size", b if axis == 1 else 4 * a)
+        probs = _hqq_problems(m, axis, g)
+        if not probs:
+            return axis, g
+        tried.append((axis, g, probs))
+    said = [m.hqq_meta[k] for k in ("axis", "group_size") if k in meta] or list(m.hqq_meta.values())[:1]
+    axis, g, probs = tried[0]
+    raise InspectError(
+        f"{said[0].file}: HQQ meta " + " and ".join(f"tensor {st.name!r} = {meta.get(st.name.rsplit('.', 1)[-1])!r}"
+                                                     for st in said)
+        + f" next to {m.weight.name!r} contradict the stored tensors: for axis={axis}, group_size={g} (logical "
+        f"{m.logical[0]}x{m.logical[1]}) "
+        + "; ".join(probs) + (f" (axis={tried[1][0]} fits neither: " + "; ".join(tried[1][2]) + ")"
+                              if len(tried) > 1 else ""))
+
+
 def detect_hqq(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> bool:
-    """HQQ 2-bit (mobiusml/hqq, axis=1): a uint8 ``W_q`` [ceil(N*K/G / 4), G] next to float ``scale``
-    and ``zero`` with one value per group (N*K/G), K % G == 0.  Ternary only when every zero point
-    is an integer (then q - z is ternary); a non-integer zero is a "not ternary" error naming the
-    tensor.  On a match: 2-bit codes of the group view packed along its axis 0, identity code
-    table, group scales and zero points; lanes and bit order are searched (HQQ's own first)."""
+    """HQQ 2-bit (mobiusml/hqq; the rule is in the module docstring): a uint8 ``W_q`` next to float ``scale``
+    and ``zero`` with one value per group, groups of G along axis=1 (W_q [ceil(N*K/G / 4), G], scale / zero
+    [N*K/G, 1], K % G == 0) or axis=0 (W_q [G/4, N*K/G], scale / zero [1, N*K/G]), and maybe HQQ's meta
+    tensors (checked by ``_hqq_meta_values``).  Ternary only when every zero point is an integer (then
+    q - z is ternary); a non-integer zero is a "not ternary" error naming the tensor.  On a match: 2-bit
+    codes of the group view packed along its axis 0, identity code table, group scales and zero points;
+    lanes and bit order are searched (HQQ's own first).  A model with meta tensors is HQQ: every packed
+    weight must then be an HQQ one (else an error naming it)."""
     packed = [m for m in modules if m.packed]
-
-    def group(m: Module) -> Optional[int]:
-        n, k = m.logical
-        if m.weight.dtype != "U8" or m.scale is None or m.zeros is None or len(m.weight.shape) != 2 \
-                or m.zeros.dtype in INT_DTYPES:
-            return None
-        g = m.weight.shape[1]
-        if g < 1 or k % g or m.scale.numel != n * k // g or m.zeros.numel != n * k // g \
-                or m.weight.shape[0] != -(-(n * k // g) // 4):
-            return None
-        return g
-
-    fit = [m for m in packed if group(m)]
+    layout = {m.prefix: _hqq_layout(m, ckpt) for m in packed}
+    fit = [m for m in packed if layout[m.prefix]]
+    named = [m for m in packed if m.hqq_meta]
+    if named:
+        for m in packed:
+            if layout[m.prefix] is None:
+                a, b = m.weight.shape if len(m.weight.shape) == 2 else (0, 0)
+                probs = _hqq_problems(m, 1, b) if b else [f"{m.weight.name!r} is not 2-D"]
+                raise InspectError(
+                    f"{m.where()}: not HQQ's 2-bit layout, although {named[0].weight.name!r} carries HQQ meta "
+                    f"tensors (e.g. {next(iter(named[0].hqq_meta.values())).name!r}): " + "; ".join(probs)
+                    + (f"; as axis=0: " + "; ".join(_hqq_problems(m, 0, 4 * a)) if a else ""))
     if not fit or len(fit) < len(packed):
         return False
     zvals: set = set()
@@ -512,15 +701,44 @@ def detect_hqq(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findin
         m.bits = 2
         if not m.packed:
             continue
-        g = group(m)
-        m.group_view, m.pack_axis, m.transposed = g, 0, False
-        m.scale_kw = [dict(granularity="group", group_size=g)] * len(m.parts)
-        m.zero_kw = dict(granularity="group", group_size=g)
+        axis, g = layout[m.prefix]
+        m.group_view, m.group_axis, m.pack_axis, m.transposed = g, axis, 0, False
+        kw = dict(granularity="group", group_size=g, **({"group_axis": 0} if axis == 0 else {}))
+        m.scale_kw = [dict(kw)] * len(m.parts)
+        m.zero_kw = dict(kw)
+    by_axis = {ax: sorted({layout[m.prefix][1] for m in fit if layout[m.prefix][0] == ax}) for ax in (1, 0)}
+    shapes = {1: "uint8 [N*K/G/4, G] with float scale and zero [N*K/G, 1]",
+              0: "uint8 [G/4, N*K/G] with float scale and zero [1, N*K/G]"}
     findings.append(Finding(
-        "block structure", f"HQQ 2-bit, axis=1 groups of {sorted({m.group_view for m in fit})}: W = (q - zero) * scale",
-        f"all {len(packed)} packed weights are uint8 [N*K/G/4, G] with float scale and zero [N*K/G]; the zero points "
-        f"are integers {sorted(int(v) for v in zvals)}, so q - zero is ternary", "high"))
+        "block structure", "HQQ 2-bit, " + "; ".join(f"axis={ax} groups of {gs}" for ax, gs in by_axis.items() if gs)
+        + ": W = (q - zero) * scale",
+        f"all {len(packed)} packed weights are " + " or ".join(
+            f"{shapes[ax]} (axis={ax}: {sum(layout[m.prefix][0] == ax for m in fit)})" for ax in (1, 0) if by_axis[ax])
+        + f"; the zero points are integers {sorted(int(v) for v in zvals)}, so q - zero is ternary"
+        + (f"; axis{' and group_size' if any('group_size' in m.hqq_values for m in named) else ''} from HQQ's meta "
+           f"tensors for {len(named)} modules" if named else "; axis from the shapes (no HQQ meta tensors)"),
+        "high"))
+    if named:
+        keys = sorted({k for m in named for k in m.hqq_meta})
+        vals = {k: sorted({repr(m.hqq_values[k]) for m in named if k in m.hqq_values})
+                for k in ("nbits", "packing", "axis", "group_size")}
+        findings.append(Finding(
+            "HQQ meta tensors", f"read and checked for {len(named)} of {len(packed)} modules",
+            f"keys {keys}; " + ", ".join(f"{k} {'/'.join(v)}" for k, v in vals.items() if v)
+            + "; shape = config.json's [out, in] where stored; they agree with the stored W_q / scale / zero "
+              "(listed under the spec's 'ignored')", "high"))
     return True
+
+
+def _refuse_stray_hqq_meta(modules: list[Module]) -> None:
+    """HQQ meta tensors belong to an HQQ-packed W_q: next to any other weight they are extra keys."""
+    for m in modules:
+        if m.hqq_meta and m.group_view is None:
+            st = next(iter(m.hqq_meta.values()))
+            raise InspectError(f"{st.file}: tensor {st.name!r} next to weight {m.weight.name!r} is not a scale / zero "
+                               f"point / g_idx / weight_shape / bias (extra key): an HQQ meta tensor, but "
+                               f"{m.weight.name!r} ({m.weight.dtype} {list(m.weight.shape)}) is not HQQ-packed "
+                               f"(expected a uint8 W_q with float scale and zero per group, HQQ 2-bit)")
 
 
 def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]
@@ -530,6 +748,7 @@ def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, f
     for name, detect in (("tq2_0", detect_tq2_0), ("hqq", detect_hqq)):
         if not detect(modules, cfg, ckpt, findings):
             continue
+        _refuse_stray_hqq_meta(modules)
         for m in modules:
             if not m.packed and tuple(m.weight.shape) != tuple(m.logical):
                 raise InspectError(f"{m.where()}: shape {list(m.weight.shape)}, config.json implies "
@@ -537,6 +756,7 @@ def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, f
             if not m.packed:
                 _scale_layout(m, ckpt)
         return name
+    _refuse_stray_hqq_meta(modules)
     return _infer_plain(modules, cfg, ckpt, findings)
 
 

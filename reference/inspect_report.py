@@ -11,7 +11,7 @@ import math
 import torch
 
 from .checkpoint import Checkpoint
-from .inspect_search import codes_str
+from .inspect_search import HQQ_CHECKED, codes_str
 
 SPARSE_AT = 0.5  # zero ratio above which skipping zeros can pay (seed: 20-30% -> dense)
 
@@ -62,7 +62,8 @@ def mapping_rows(res) -> list[str]:
             if m.scale is not None:
                 sc = res.spec.linears[hf].scale
                 what = sc.granularity + (f" [element {sc.index}]" if sc.index is not None else "") + \
-                    (f" group_size {sc.group_size}" if sc.group_size else "") + (" stored [G, N]" if sc.transposed else "")
+                    (f" group_size {sc.group_size}" if sc.group_size else "") + (" stored [G, N]" if sc.transposed else "") \
+                    + (" (HQQ axis=0: one per column of the [G, N*K/G] view)" if sc.group_axis == 0 else "")
                 rows.append(f"| `{m.scale.name}` | `{p}.weight_scale` | {what}, {sc.op}"
                             f"{'; shard ' + repr(shard) if shard else ''} |")
         zero_what = ("per-group integer zero points: values = q - zero (HQQ), not in vLLM" if m.zero_kw
@@ -71,6 +72,9 @@ def mapping_rows(res) -> list[str]:
                             (m.shape_t, "checked against config, dropped")):
             if extra is not None:
                 rows.append(f"| `{extra.name}` | - | {what} |")
+        for leaf, st in sorted(m.hqq_meta.items()):
+            rows.append(f"| `{st.name}` | - | HQQ meta {leaf} = {m.hqq_values.get(leaf)!r}, "
+                        f"{'checked' if leaf in HQQ_CHECKED else 'read'}, dropped |")
     for hf, key in sorted(res.floats.items()):
         rows.append(f"| `{key}` | `{hf}` | copy{'' if key == hf else ' (rename)'} |")
     return rows
@@ -121,7 +125,9 @@ def render(res) -> str:
                  f"{p.pack_axis}{' (stored transposed)' if p.transposed else ''}, lanes {p.lanes}"
                  f"{f' block {p.block}' if p.block else ''}, bit order {p.bit_order}, codes {codes_str(p.codes)}"
                  + (f", records of {p.record[0]} values in {p.record[1]} bytes" if p.record else "")
-                 + (f", packed as the [N*K/{p.group_view}, {p.group_view}] group view" if p.group_view else ""))
+                 + ((f", packed as the [N*K/{p.group_view}, {p.group_view}] group view (HQQ axis=1)" if p.group_axis == 1
+                     else f", packed as the [{p.group_view}, N*K/{p.group_view}] group view (HQQ axis=0)")
+                    if p.group_view else ""))
     widths: dict[int, list] = {}
     for e in s.linears.values():
         if e.pack is not None:
@@ -133,7 +139,8 @@ def render(res) -> str:
                      f"({sorted({q.values_per_container for q in packs})}/container), codes {codes_str(p.codes)}")
     if first is not None and first.scale:
         sc = first.scale
-        L.append(f"- scale: {sc.granularity}{f' group_size {sc.group_size}' if sc.group_size else ''}, {sc.op}"
+        L.append(f"- scale: {sc.granularity}{f' group_size {sc.group_size}' if sc.group_size else ''}"
+                 f"{' (HQQ axis=0 groups)' if sc.group_axis == 0 else ''}, {sc.op}"
                  + (f", {sc.dtype} at byte {sc.byte_offset} of each {sc.record_bytes}-byte block of the weight"
                     if sc.granularity == "block" else ""))
     if first is not None and first.zero:

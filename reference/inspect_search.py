@@ -20,13 +20,18 @@ from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig
 from .formats import FormatError, PackSpec, ScaleSpec, code_lut, unpack_codes
 from .scan import CONTAINER_OF, INT_DTYPES
-from .spec import CheckpointSpec, DecodedLinear, LinearEntry, decode_linear, finish_linear, subtract_zero
+from .spec import (CheckpointSpec, DecodedLinear, LinearEntry, decode_linear, finish_linear, subtract_zero,
+                   zero_points)
 
 if TYPE_CHECKING:  # Module lives in reference.inspect, which imports this file
     from .inspect import Module
 
 TQ2_0_RECORD = (256, 66)  # llama.cpp TQ2_0 blocks: lanes block_interleaved 128, lsb
 BLOCKS = (8, 16, 32, 64, 128, 256, 512)  # block_interleaved block sizes tried (I2_S / TQ2_0 use 128)
+#: HQQ meta keys that reference.inspect checks against the stored tensors / config.json (the others
+#: - optimize, round_zero, encoded_state_dict, stores_quant_config - are only decoded)
+HQQ_CHECKED = frozenset({"nbits", "group_size", "shape", "axis", "packing", "unpack_view_dtype", "view_as_float",
+                         "quant_scale", "quant_zero", "offload_meta", "channel_wise", "compute_dtype"})
 SCREEN_TOKENS = 32  # tokens per candidate in the screening pass
 FINALISTS = 3  # distinct decodes re-scored on the whole text sample
 
@@ -126,7 +131,8 @@ def pack_spec(m: Module, c: Candidate) -> PackSpec:
     return PackSpec(bits=m.bits, container=CONTAINER_OF[m.weight.dtype], pack_axis=m.pack_axis,
                     lanes="interleaved" if single else c.lanes, block=None if single else c.block,
                     bit_order="lsb" if single else c.bit_order, codes=codes, transposed=m.transposed,
-                    pad_code=codes.index(0), record=m.record, group_view=m.group_view, segments=segments)
+                    pad_code=codes.index(0), record=m.record, group_view=m.group_view, group_axis=m.group_axis,
+                    segments=segments)
 
 
 def zero_spec(m: Module) -> Optional[ScaleSpec]:
@@ -191,6 +197,10 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
                        (m.shape_t, "logical shape, checked against config.json")):
             if t is not None:
                 ignored[t.name] = why
+        for leaf, t in m.hqq_meta.items():  # HQQ meta tensors next to W_q (reference.inspect.detect_hqq)
+            ignored[t.name] = (f"HQQ meta {leaf} = {m.hqq_values.get(leaf)!r}, "
+                               + ("checked against the stored tensors and config.json" if leaf in HQQ_CHECKED
+                                  else "not needed to decode"))
     tensors = dict(floats)
     plain = [m for m in modules if plain_float_linear(m)]
     if not quantized and len(plain) == len(modules):
@@ -228,6 +238,7 @@ class DecodeCache:
         self.raw = {m.weight.name: ckpt.get(m.weight.name) for m in modules if m.packed}
         self.codes: dict = {}
         self.vals: dict = {}
+        self.zeros: dict = {}  # zero point key -> (N, K) int16 (spec.zero_points)
 
     def values(self, key: str, pack: PackSpec, shape: tuple, where: str) -> torch.Tensor:
         """(N, K) int8 values.  The lane/bit unpacking is shared by all code tables of one layout
@@ -259,7 +270,10 @@ class DecodeCache:
             if m.packed:
                 v = self.values(m.weight.name, pack_spec(m, c), m.logical, m.where())
                 if m.zero_kw:  # values = q - zero must be ternary, or the candidate is invalid
-                    v = subtract_zero(v, self.ckpt.get(m.zeros.name), zero_spec(m), m.logical, m.where())
+                    zs = zero_spec(m)
+                    if m.zeros.name not in self.zeros:  # the same for every candidate: expanded once
+                        self.zeros[m.zeros.name] = zero_points(self.ckpt.get(m.zeros.name), zs, m.logical, m.where())
+                    v = subtract_zero(v, None, zs, m.logical, m.where(), z=self.zeros[m.zeros.name])
                 h.update(v.numpy().tobytes())
         return h.hexdigest()
 

@@ -394,10 +394,9 @@ def online_absmean(raw: torch.Tensor, entry: LinearEntry, where: str, bias: Opti
     return DecodedLinear(vals.contiguous(), (1.0 / s).reshape(1, 1), bias, s.reshape(1, 1))
 
 
-def subtract_zero(codes: torch.Tensor, zero: torch.Tensor, zspec: ScaleSpec, shape: tuple[int, int],
-                  where: str) -> torch.Tensor:
-    """Ternary values ``codes - z`` of a format with per-group zero points (HQQ): z must be
-    integer-valued (else the checkpoint is not ternary) and every value in {-1, 0, +1}."""
+def zero_points(zero: torch.Tensor, zspec: ScaleSpec, shape: tuple[int, int], where: str) -> torch.Tensor:
+    """Per-group zero points (HQQ) broadcast to (N, K) as int16; a non-integer one is a FormatError (then
+    ``codes - z`` is not ternary)."""
     z = expand_scale(zero, zspec, shape, name=where)  # finite, shape-checked, broadcast to (N, K)
     frac = (z != z.round())
     if bool(frac.any()):
@@ -405,7 +404,17 @@ def subtract_zero(codes: torch.Tensor, zero: torch.Tensor, zspec: ScaleSpec, sha
         i = int((zs != zs.round()).nonzero()[0]) if bool((zs != zs.round()).any()) else 0
         raise FormatError(f"{where}: zero point tensor {zspec.key!r} holds non-integer values (e.g. {float(zs[i])} at "
                           f"element {i}): (q - z) is not ternary; expected integer zero points (1 or 2 for 2-bit codes)")
-    vals = codes.to(torch.int16) - z.to(torch.int16)
+    return z.to(torch.int16)
+
+
+def subtract_zero(codes: torch.Tensor, zero: torch.Tensor, zspec: ScaleSpec, shape: tuple[int, int],
+                  where: str, *, z: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Ternary values ``codes - z`` of a format with per-group zero points (HQQ): z must be
+    integer-valued (else the checkpoint is not ternary) and every value in {-1, 0, +1}.  ``z``: the
+    ``zero_points`` of ``zero``, when the caller already has them (the inspector's search)."""
+    if z is None:
+        z = zero_points(zero, zspec, shape, where)
+    vals = codes.to(torch.int16) - z
     if vals.numel() and int(vals.abs().max()) > 1:
         idx = tuple(int(i) for i in (vals.abs() > 1).nonzero()[0])
         raise FormatError(f"{where}: code - zero = {int(vals[idx])} at logical index {idx} (zero points "

@@ -37,6 +37,14 @@ Conventions (``FORMATS`` keys):
                       axis-0 chunks, chunk 0 in bits 7-6), ``scale`` / ``zero`` fp16 [N*K/64, 1];
                       q = w + z with an integer zero z in {1, 2} per group; W = (q - z) * scale.
                       Only W_q / scale / zero are written (no HQQ meta tensors)
+  hqq-meta            hqq plus HQQ's meta tensors, as HQQLinear.state_dict (encoded_state_dict=True) writes
+                      them (``hqq_meta``: nbits, group_size, shape, axis, packing, ... each through
+                      hqq/core/utils.py encode_safetensor_type)
+  hqq-axis0           HQQ axis=0 (group 64): the view is W.reshape(64, -1) (Quantizer.quantize), one group
+                      per column; ``W_q`` uint8 [16, N*K/64] = pack_2bit_u8 of that view, ``scale`` /
+                      ``zero`` fp16 [1, N*K/64]; element f of the flattened W takes scale / zero f mod (N*K/64).
+                      Write a ``Logical.with_group_jitter(64, axis=0)`` to give each such group its own scale
+  hqq-axis0-meta      hqq-axis0 plus the meta tensors
   i2s                 bitnet.cpp I2_S: uint8 [N, K/4], per 128-block byte j = elems j, 32+j, 64+j,
                       96+j at bits 7-6 .. 1-0, 0->-1 1->0 2->+1, one f32 scale; GGUF tensor names
   trilm               fp16 [N, K] with values {-s, 0, +s}, one s per model-parallel shard
@@ -158,14 +166,23 @@ class Logical:
             cfg["tie_word_embeddings"] = tie
         return Logical(cfg, tern, mult, floats, self.tokenizer_dir)
 
-    def with_group_jitter(self, group_size: int, seed: int = 0, amount: float = 0.02) -> "Logical":
+    def with_group_jitter(self, group_size: int, seed: int = 0, amount: float = 0.02, axis: int = 1) -> "Logical":
         """Per-group multipliers m * (1 + amount * u) over groups of ``group_size`` consecutive
         inputs of each row, u in [-1, 1), expanded to (N, K): block scales that differ block to
-        block (a misplaced block scale shows) while the model's function barely changes."""
+        block (a misplaced block scale shows) while the model's function barely changes.
+        ``axis=0``: HQQ's axis-0 groups instead (one per column j of W's row-major [group_size,
+        N*K/group_size] view: the flattened elements j, j + N*K/group_size, ...)."""
         g = torch.Generator().manual_seed(seed)
         mult = {}
         for mod, t in self.ternary.items():
             n, k = t.shape
+            if axis == 0:
+                cols = n * k // group_size
+                u = torch.rand(cols, generator=g) * 2 - 1
+                base = self.mult[mod].expand(n, k).reshape(group_size, cols)[0]
+                mult[mod] = (base * (1 + amount * u)).reshape(1, cols).expand(group_size, cols).reshape(n, k) \
+                    .float().contiguous()
+                continue
             u = torch.rand(n, -(-k // group_size), generator=g) * 2 - 1
             base = self.mult[mod].expand(n, k)[:, ::group_size]
             mult[mod] = (base * (1 + amount * u)).repeat_interleave(group_size, dim=1)[:, :k].float().contiguous()
@@ -375,25 +392,83 @@ def w_tq2_0(lg: Logical):
 
 
 HQQ_GROUP = 64
+#: HQQ's packing as a PackSpec: axis=1 (the [N*K/G, G] group view) and axis=0 (the [G, N*K/G] one)
 HQQ_SPEC = PackSpec(bits=2, container="uint8", pack_axis=0, lanes="blocked", bit_order="msb", codes=(0, 1, 2, 3),
                     group_view=HQQ_GROUP)
+HQQ_AXIS0_SPEC = HQQ_SPEC.replace(group_axis=0)
 
 
-def w_hqq(lg: Logical, seed: int = 0):
-    """HQQ 2-bit with integer per-group zero points (see module docstring)."""
+def hqq_pack_2bit_u8(W_q: torch.Tensor) -> torch.Tensor:
+    """mobiusml/hqq hqq/core/bitpack.py ``BitPack.pack_2bit_u8``, transcribed: the rows are cut into four
+    chunks of len/4, chunk c shifted to bits 7-2c..6-2c (chunk 0 in the high bits).  Like HQQ, needs
+    len % 4 == 0 (else HQQ's own broadcast fails)."""
+    W_q = W_q.to(torch.uint8)
+    if len(W_q) % 4:
+        raise ValueError(f"BitPack.pack_2bit_u8 needs a multiple of 4 rows, got {len(W_q)}")
+    _step = int(len(W_q) / 4)
+    return (W_q[:_step] << 6 | W_q[_step:2 * _step] << 4 | W_q[2 * _step:3 * _step] << 2 | W_q[3 * _step:])
+
+
+def _hqq_str(v: str) -> torch.Tensor:
+    """hqq/core/utils.py encode_safetensor_type of a str (and of a torch.dtype, via str(dtype))."""
+    return torch.tensor([ord(c) for c in v], dtype=torch.uint8)
+
+
+def hqq_meta(shape: tuple, axis: int, group_size: int, nbits=2, compute_dtype: str = "torch.float16") -> dict:
+    """The non-tensor entries HQQLinear.state_dict (hqq/core/quantize.py, ``encoded_state_dict=True``, as
+    ``save_to_safetensors`` / transformers' ``save_pretrained`` store it) writes next to W_q / scale / zero of a
+    2-bit layer quantized with ``hqq_base_quant_config(nbits=2, group_size, axis)``: the meta dict of
+    ``Quantizer.quantize`` (+ quant_scale / quant_zero, compute_dtype set by ``cuda``), offload_meta,
+    encoded_state_dict, stores_quant_config and the weight_quant_params (nbits, channel_wise, group_size, optimize,
+    round_zero = nbits == 4, axis, view_as_float), each through ``encode_safetensor_type``: bool -> uint8 0-d,
+    int -> int32 0-d, float -> float32 0-d, str / torch.dtype -> uint8 character codes, torch.Size -> int64."""
+    def enc(v):
+        if isinstance(v, bool):
+            return torch.tensor(int(v), dtype=torch.uint8)
+        if isinstance(v, int):
+            return torch.tensor(v, dtype=torch.int32)
+        if isinstance(v, float):
+            return torch.tensor(v, dtype=torch.float32)
+        return _hqq_str(v)
+
+    meta = {"nbits": enc(nbits), "group_size": enc(group_size), "shape": torch.tensor(torch.Size(shape)),
+            "axis": enc(axis), "packing": enc("2bit_u8"), "unpack_view_dtype": enc("torch.uint8"),
+            "view_as_float": enc(False), "quant_scale": enc(False), "quant_zero": enc(False),
+            "compute_dtype": enc(compute_dtype), "offload_meta": enc(False), "encoded_state_dict": enc(True),
+            "stores_quant_config": enc(True), "channel_wise": enc(True), "optimize": enc(True),
+            "round_zero": enc(nbits == 4)}
+    return meta
+
+
+def w_hqq(lg: Logical, seed: int = 0, axis: int = 1, group_size: int = HQQ_GROUP, meta: bool = False):
+    """HQQ 2-bit with integer per-group zero points (see module docstring): groups of ``group_size`` along
+    ``axis`` (1: rows of W.reshape(-1, G); 0: columns of W.reshape(G, -1)), W_q = HQQ's pack_2bit_u8 of
+    that view; ``meta``: HQQ's meta tensors next to them (``hqq_meta``)."""
     g = torch.Generator().manual_seed(seed)
+    G = group_size
     sd, tern, mult = _floats(lg, "hf"), {}, {}
     for mod, t in lg.ternary.items():
         n, k = t.shape
-        groups = n * k // HQQ_GROUP
-        z = torch.randint(1, 3, (n, k // HQQ_GROUP), generator=g)  # zero 1 (codes 0..2) or 2 (codes 1..3)
-        q = t.to(torch.int64) + z.repeat_interleave(HQQ_GROUP, dim=1)
-        sd[f"{mod}.W_q"] = pack(q, HQQ_SPEC)
-        s = _group(lg.mult[mod], n, k, HQQ_GROUP).to(torch.float16)  # (N, K/G)
-        sd[f"{mod}.scale"] = s.reshape(groups, 1).contiguous()
-        sd[f"{mod}.zero"] = z.to(torch.float16).reshape(groups, 1).contiguous()
-        tern[mod], mult[mod] = t, s.float().repeat_interleave(HQQ_GROUP, dim=1)
-    return sd, None, Truth(tern, mult, "hqq")
+        groups = n * k // G
+        if axis == 1:
+            z = torch.randint(1, 3, (n, k // G), generator=g)  # zero 1 (codes 0..2) or 2 (codes 1..3)
+            q = t.to(torch.int64) + z.repeat_interleave(G, dim=1)
+            sd[f"{mod}.W_q"] = hqq_pack_2bit_u8(q.reshape(-1, G))  # W.reshape([-1, group_size])
+            s = _group(lg.mult[mod], n, k, G).to(torch.float16)  # (N, K/G)
+            sd[f"{mod}.scale"] = s.reshape(groups, 1).contiguous()
+            sd[f"{mod}.zero"] = z.to(torch.float16).reshape(groups, 1).contiguous()
+            tern[mod], mult[mod] = t, s.float().repeat_interleave(G, dim=1)
+        else:
+            z = torch.randint(1, 3, (1, groups), generator=g)  # one zero per column of the [G, N*K/G] view
+            q = t.to(torch.int64).reshape(G, groups) + z  # W.reshape([group_size, -1])
+            sd[f"{mod}.W_q"] = hqq_pack_2bit_u8(q)
+            s = lg.mult[mod].expand(n, k).reshape(G, groups)[:1].to(torch.float16)  # (1, N*K/G): first of each group
+            sd[f"{mod}.scale"] = s.contiguous()
+            sd[f"{mod}.zero"] = z.to(torch.float16).contiguous()
+            tern[mod], mult[mod] = t, s.float().expand(G, groups).reshape(n, k).contiguous()
+        if meta:
+            sd.update({f"{mod}.{key}": v for key, v in hqq_meta((n, k), axis, G).items()})
+    return sd, None, Truth(tern, mult, f"hqq{'-axis0' if axis == 0 else ''}{'-meta' if meta else ''}")
 
 
 def w_trilm(lg: Logical, shards: int = 2, per_row: bool = False):
@@ -567,6 +642,9 @@ FORMATS: dict[str, Callable] = {
     "i2s": w_i2s,
     "tq2_0": w_tq2_0,
     "hqq": w_hqq,
+    "hqq-meta": lambda lg: w_hqq(lg, meta=True),
+    "hqq-axis0": lambda lg: w_hqq(lg, axis=0),
+    "hqq-axis0-meta": lambda lg: w_hqq(lg, axis=0, meta=True),
     "trilm": lambda lg: w_trilm(lg, shards=2),
     "trilm-row": lambda lg: w_trilm(lg, per_row=True),
     "bitnet-gpu": w_bitnet_gpu,

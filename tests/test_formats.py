@@ -175,14 +175,15 @@ def test_bf16_targets_lut_decoder_reads_tq2_0_records(n, k, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(1, 12), groups=st.integers(1, 6), g=st.sampled_from([4, 8, 16, 64]), seed=st.integers(0, 2 ** 31))
-def test_bf16_targets_lut_decoder_reads_group_views(n, groups, g, seed):
-    """HQQ's group view (W packed as its [N*K/G, G] row-major view, blocked lanes along axis 0, msb
-    first): the independent byte-LUT decoder agrees with unpack (it ignored group_view before)."""
+@given(n=st.integers(1, 12), groups=st.integers(1, 6), g=st.sampled_from([4, 8, 16, 64]), axis=st.sampled_from([0, 1]),
+       seed=st.integers(0, 2 ** 31))
+def test_bf16_targets_lut_decoder_reads_group_views(n, groups, g, axis, seed):
+    """HQQ's group views (W packed as its [N*K/G, G] (axis=1) or [G, N*K/G] (axis=0) row-major view, blocked
+    lanes along axis 0, msb first): the independent byte-LUT decoder agrees with unpack."""
     from parity.targets.reference import lut_decode
 
     spec = PackSpec(bits=2, container="uint8", pack_axis=0, lanes="blocked", bit_order="msb",
-                    codes=(-1, 0, 1, None), pad_code=0, group_view=g)
+                    codes=(-1, 0, 1, None), pad_code=0, group_view=g, group_axis=axis)
     k = groups * g
     w = torch.randint(-1, 2, (n, k), generator=torch.Generator().manual_seed(seed))
     p = pack(w, spec)

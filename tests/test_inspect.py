@@ -28,7 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAINED = ROOT / "models" / "tiny-trained"
 JITTER = {"seed", "seed-msb", "group", "compressed-tensors", "compressed-tensors-group", "gptq", "int8-ternary",
           "uint8-ternary-perm", "nibble-ternary", "compressed-tensors-int4-ternary"}  # channel / group scales
-GROUP_JITTER = {"tq2_0": 256, "hqq": 64}  # per-block scales (llama.cpp TQ2_0: one fp16 d per 256 inputs)
+GROUP_JITTER = {"tq2_0": 256, "hqq": 64, "hqq-meta": 64,  # per-block scales (llama.cpp TQ2_0: one fp16 d per 256
+                "hqq-axis0": 64, "hqq-axis0-meta": 64}  # inputs; HQQ: one scale per group)
+AXIS0_JITTER = {"hqq-axis0", "hqq-axis0-meta"}  # HQQ axis=0: the groups are columns of W's [64, N*K/64] view
 SCALE_RTOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3}  # rounding of a stored scale
 
 
@@ -62,7 +64,7 @@ def check_recovered(model_dir: Path, spec: CheckpointSpec, truth: synth.Truth, l
 def test_recovers_public_format(fmt, logical, trained_loss, tmp_path):
     lg = logical.with_channel_jitter(seed=1) if fmt in JITTER else logical
     if fmt in GROUP_JITTER:  # block scales that differ block to block (a misplaced d shows)
-        lg = logical.with_group_jitter(GROUP_JITTER[fmt], seed=1)
+        lg = logical.with_group_jitter(GROUP_JITTER[fmt], seed=1, axis=0 if fmt in AXIS0_JITTER else 1)
     out = tmp_path / fmt
     truth = synth.write(fmt, lg, out, shards=2 if fmt == "gptq" else 1)
     res = inspect_dir(out)
@@ -467,6 +469,153 @@ def test_hqq_non_integer_zero_is_not_ternary(logical, tmp_path):
         inspect_dir(out, use_loss=False)
     msg = str(e.value)
     assert key in msg and "non-integer" in msg and "1.25 at group 7" in msg and "not ternary" in msg
+
+
+# ---------------------------------------------------------------------------------------
+# HQQ meta tensors and axis=0 grouping (mobiusml/hqq; the rule is in reference/inspect.py's docstring)
+
+HQQ_MOD = "model.layers.1.self_attn.k_proj"  # logical 64 x 128: not square
+
+
+@pytest.mark.parametrize("fmt,axis,meta", [("hqq-meta", 1, True), ("hqq-axis0", 0, False),
+                                           ("hqq-axis0-meta", 0, True)])
+def test_hqq_meta_and_axis0_recovered(fmt, axis, meta, logical, tmp_path):
+    """Axis=1 with HQQ's meta tensors, axis=0 with and without them: the group view and axis, scales and zero
+    points are found, the decode equals the generator's ternary values times its scales bit for bit (also after
+    a spec JSON round trip, and through `python -m reference.decode`), and every meta tensor is listed as
+    checked under the spec's 'ignored'."""
+    lg = logical.with_group_jitter(64, seed=7, axis=axis)
+    out = tmp_path / fmt
+    truth = synth.write(fmt, lg, out)
+    res = inspect_dir(out, use_loss=False)
+    check_recovered(out, res.spec, truth, lg, 1e-3)
+    e = res.spec.linears[HQQ_MOD]
+    assert (e.pack.group_view, e.pack.group_axis, e.pack.pack_axis, e.pack.lanes, e.pack.bit_order) == \
+        (64, axis, 0, "blocked", "msb")
+    assert e.scale.group_axis == e.zero.group_axis == axis and e.zero.key == f"{HQQ_MOD}.zero"
+    assert any(f.what == "block structure" and f"axis={axis} groups of [64]" in f.decision for f in res.findings)
+    metas = [k for k in Checkpoint(out).keys() if k.rsplit(".", 1)[-1] in synth.hqq_meta((1, 1), 1, 1)]
+    assert (len(metas) == 16 * len(truth.ternary)) == meta and (len(metas) == 0) != meta
+    assert set(metas) <= set(res.spec.ignored)
+    if meta:
+        assert res.spec.ignored[f"{HQQ_MOD}.axis"].startswith(f"HQQ meta axis = {axis}, checked")
+        assert res.spec.ignored[f"{HQQ_MOD}.shape"].startswith("HQQ meta shape = [64, 128], checked")
+        assert any(f.what == "HQQ meta tensors" for f in res.findings)
+    res.spec.save(out / "ternary_spec.json")
+    again = CheckpointSpec.load(out / "ternary_spec.json")
+    assert again == res.spec and again.linears[HQQ_MOD].pack.group_axis == axis
+    assert decode_main([str(out), "--out", str(tmp_path / "dense.safetensors")]) == 0
+    dense = load_file(str(tmp_path / "dense.safetensors"))
+    for mod in truth.ternary:
+        assert torch.equal(dense[f"{mod}.weight"].float(), truth.effective(mod)), mod
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_hqq_axis_from_shapes_when_group_view_is_square(axis, logical, tmp_path):
+    """Group size 128 on a 128 x 128 module: W_q is [32, 128] for either axis; without meta tensors the scale /
+    zero shapes HQQ writes ([1, N*K/G] for axis=0, [N*K/G, 1] for axis=1) decide, and the decode is exact."""
+    lg = logical.with_group_jitter(128, seed=8, axis=axis)
+    out = tmp_path / f"hqq{axis}"
+    truth = synth.write(lambda g: synth.w_hqq(g, axis=axis, group_size=128), lg, out)
+    mod = "model.layers.0.self_attn.q_proj"
+    assert tuple(Checkpoint(out).info(f"{mod}.W_q").shape) == (32, 128)
+    res = inspect_dir(out, use_loss=False)
+    check_recovered(out, res.spec, truth, lg, 1e-3)
+    assert (res.spec.linears[mod].pack.group_view, res.spec.linears[mod].pack.group_axis) == (128, axis)
+
+
+def _with(out: Path, key: str, value) -> None:
+    """Replace (or add; None: delete) one tensor of a single-file checkpoint."""
+    from safetensors.torch import save_file
+
+    sd = load_file(str(out / "model.safetensors"))
+    if value is None:
+        del sd[key]
+    else:
+        sd[key] = value
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _chars(s: str) -> torch.Tensor:
+    return torch.tensor([ord(c) for c in s], dtype=torch.uint8)  # encode_safetensor_type of a str
+
+
+I32 = torch.int32
+BAD_META = [  # (format, meta key, stored value, what the message must say)
+    ("hqq-meta", "nbits", torch.tensor(4, dtype=I32), "nbits 4"),
+    ("hqq-axis0-meta", "nbits", torch.tensor(3, dtype=I32), "expected 2 (or 1.58"),
+    ("hqq-meta", "shape", torch.tensor([128, 64]), "expected [64, 128]"),
+    ("hqq-axis0-meta", "shape", torch.tensor([64, 128, 1]), "expected [64, 128]"),
+    ("hqq-meta", "group_size", torch.tensor(48, dtype=I32), "group_size 48 does not divide N*K = 64*128 = 8192"),
+    ("hqq-axis0-meta", "group_size", torch.tensor(96, dtype=I32), "expected a divisor of 8192"),
+    ("hqq-meta", "group_size", torch.tensor(32, dtype=I32), "expected uint8 [64, 32]"),
+    ("hqq-axis0-meta", "group_size", torch.tensor(128, dtype=I32), "expected uint8 [32, 64]"),
+    ("hqq-meta", "packing", _chars("2bit_u9"), "unknown packing '2bit_u9'"),
+    ("hqq-meta", "packing", _chars("4bit_u8"), "expected '2bit_u8'"),
+    ("hqq-axis0-meta", "axis", torch.tensor(2, dtype=I32), "axis 2, expected 0 or 1"),
+    ("hqq-axis0-meta", "axis", torch.tensor(1, dtype=I32), "for axis=1, group_size=64"),
+    ("hqq-meta", "axis", torch.tensor(0, dtype=I32), "expected uint8 [16, 128]"),
+    ("hqq-meta", "view_as_float", torch.tensor(1, dtype=torch.uint8), "expected False"),
+    ("hqq-meta", "unpack_view_dtype", _chars("torch.int32"), "expected 'torch.uint8'"),
+    ("hqq-meta", "nbits", torch.tensor([2, 2], dtype=I32), "expected one value"),
+]
+
+
+@pytest.mark.parametrize("fmt,leaf,value,want", BAD_META, ids=[f"{f}-{k}-{i}" for i, (f, k, _, _) in
+                                                               enumerate(BAD_META)])
+def test_hqq_bad_meta_is_named(fmt, leaf, value, want, logical, tmp_path):
+    """A meta value that contradicts the stored tensors or config.json is an error naming the file, the meta
+    tensor and the expected value."""
+    from reference.inspect import InspectError
+
+    out = tmp_path / fmt
+    synth.write(fmt, logical, out)
+    key = f"{HQQ_MOD}.{leaf}"
+    _with(out, key, value)
+    with pytest.raises(InspectError) as e:
+        inspect_dir(out, use_loss=False)
+    msg = str(e.value)
+    assert str(out / "model.safetensors") in msg and repr(key) in msg and want in msg, msg
+
+
+def test_hqq_nbits_1_58_is_two_bit(logical, tmp_path):
+    """nbits 1.58 (a float, stored float32 by encode_safetensor_type) packs as '2bit_u8' in HQQ: accepted."""
+    out = tmp_path / "hqq158"
+    truth = synth.write("hqq-axis0-meta", logical, out)
+    _with(out, f"{HQQ_MOD}.nbits", torch.tensor(1.58, dtype=torch.float32))
+    res = inspect_dir(out, use_loss=False)
+    check_recovered(out, res.spec, truth, logical, 1e-3)
+    assert res.spec.ignored[f"{HQQ_MOD}.nbits"].startswith("HQQ meta nbits = 1.58, checked")
+
+
+def test_hqq_meta_needs_an_hqq_packed_weight(logical, tmp_path):
+    """Meta tensors next to a weight that is not HQQ-packed stay an error: a module of a transformers BitNet
+    checkpoint (extra key, as before), a W_q stored as floats, and an HQQ W_q whose zero tensor is missing."""
+    from reference.inspect import InspectError
+
+    out = tmp_path / "hf"
+    synth.write("hf-bitlinear", logical, out)
+    _with(out, "model.layers.0.self_attn.q_proj.nbits", torch.tensor(2, dtype=I32))
+    with pytest.raises(InspectError, match=r"q_proj\.nbits.*extra key"):
+        inspect_dir(out, use_loss=False)
+
+    out = tmp_path / "float"
+    synth.write("hqq-meta", logical, out)
+    _with(out, f"{HQQ_MOD}.W_q", logical.effective(HQQ_MOD).to(torch.float16))
+    _with(out, f"{HQQ_MOD}.scale", None)
+    _with(out, f"{HQQ_MOD}.zero", None)
+    with pytest.raises(InspectError) as e:
+        inspect_dir(out, use_loss=False)
+    msg = str(e.value)
+    assert "extra key" in msg and "an HQQ meta tensor" in msg and f"{HQQ_MOD}.W_q" in msg and "not HQQ-packed" in msg
+
+    out = tmp_path / "nozero"
+    synth.write("hqq-axis0-meta", logical, out)
+    _with(out, f"{HQQ_MOD}.zero", None)
+    with pytest.raises(InspectError) as e:
+        inspect_dir(out, use_loss=False)
+    msg = str(e.value)
+    assert str(out / "model.safetensors") in msg and f"no zero tensor '{HQQ_MOD}.zero'" in msg
 
 
 def _mixed_writer(lg):

@@ -577,6 +577,144 @@ def test_hqq_spec_json_roundtrip_and_old_json_unchanged():
     assert "zero" not in od and "group_view" not in od["pack"]
 
 
+# HQQ axis=0 grouping and meta tensors (hqq/core/quantize.py Quantizer.quantize: W.reshape([group_size, -1]) for
+# axis=0; HQQLinear.state_dict + hqq/core/utils.py encode_safetensor_type for the meta)
+
+#: HQQLinear.state_dict_keys() (hqq/core/quantize.py), transcribed
+HQQ_STATE_DICT_KEYS = {"W_q", "nbits", "group_size", "shape", "scale", "zero", "axis", "packing", "unpack_view_dtype",
+                       "view_as_float", "quant_scale", "quant_zero", "compute_dtype", "bias", "offload_meta",
+                       "encoded_state_dict", "stores_quant_config", "channel_wise", "optimize", "round_zero"}
+
+
+def hqq_decode_safetensor_type(data: torch.Tensor, data_type: str):
+    """hqq/core/utils.py decode_safetensor_type, transcribed (torch.dtype: the string, not eval'd)."""
+    if data_type == "size":
+        return list(torch.Size(data))
+    if data_type == "bool":
+        return bool(data.item())
+    if data_type == "int":
+        return int(data.item())
+    if data_type == "float":
+        return float(data.item())
+    return "".join([chr(i) for i in data])  # str, torch.dtype
+
+
+def test_hqq_axis0_matches_bitpack_and_dequantize(logical, tmp_path):
+    """Axis=0: W_q = HQQ's pack_2bit_u8 of the [64, N*K/64] view of q = w + z (one zero z in {1, 2} per column),
+    scale / zero [1, N*K/64]; HQQ's dequantize of what synth wrote = the ground truth (element f of the flattened
+    W takes scale and zero f mod N*K/64); reference.formats packs the same bytes, and the spec decode agrees bit
+    for bit."""
+    from reference.formats import ScaleSpec
+    from reference.spec import LinearEntry, decode_linear
+
+    lg = logical.with_group_jitter(64, seed=5, axis=0)
+    ck, truth = _write("hqq-axis0", lg, tmp_path)
+    for mod in (Q, D):
+        t = lg.ternary[mod]
+        n, k = t.shape
+        cols = n * k // 64
+        W_q, s, z = ck.get(f"{mod}.W_q"), ck.get(f"{mod}.scale"), ck.get(f"{mod}.zero")
+        assert W_q.dtype == torch.uint8 and W_q.shape == (16, cols)
+        assert s.shape == z.shape == (1, cols) and s.dtype == z.dtype == torch.float16
+        assert set(torch.unique(z).tolist()) == {1.0, 2.0}
+        q = t.reshape(64, -1).to(torch.int64) + z.to(torch.int64)  # axis=0 view: one column per group
+        assert torch.equal(W_q, hqq_pack_2bit_u8(q))
+        assert torch.equal(W_q, pack(q.reshape(n, k), synth.HQQ_AXIS0_SPEC))
+        eff = hqq_dequantize(W_q, s, z, (n, k))
+        assert torch.equal(eff, truth.effective(mod))
+        torch.testing.assert_close(eff, lg.effective(mod), rtol=1e-3, atol=0)
+        flat = torch.arange(n * k)
+        assert torch.equal(truth.mult[mod].reshape(-1), s.float().reshape(-1)[flat % cols])
+        e = LinearEntry(weight_key=f"{mod}.W_q", shape=(n, k), pack=synth.HQQ_AXIS0_SPEC,
+                        scale=ScaleSpec(f"{mod}.scale", "group", group_size=64, group_axis=0),
+                        zero=ScaleSpec(f"{mod}.zero", "group", group_size=64, group_axis=0))
+        d = decode_linear(ck, e, mod)
+        assert torch.equal(d.values, t) and torch.equal(d.effective(), eff)
+
+
+def test_hqq_meta_tensors_are_what_hqqlinear_writes(logical, tmp_path):
+    """hqq-meta / hqq-axis0-meta: next to W_q / scale / zero exactly HQQLinear.state_dict_keys() (no bias here),
+    each non-tensor value encoded as encode_safetensor_type does (bool -> uint8 0-d, int -> int32 0-d, str and
+    torch.dtype -> uint8 character codes, torch.Size -> int64) and decoding to the quantizer's settings."""
+    types = {"nbits": "int", "group_size": "int", "shape": "size", "axis": "int", "packing": "str",
+             "unpack_view_dtype": "str", "view_as_float": "bool", "quant_scale": "bool", "quant_zero": "bool",
+             "compute_dtype": "str", "offload_meta": "bool", "encoded_state_dict": "bool",
+             "stores_quant_config": "bool", "channel_wise": "bool", "optimize": "bool", "round_zero": "bool"}
+    dtypes = {"int": torch.int32, "bool": torch.uint8, "str": torch.uint8, "size": torch.int64}
+    for fmt, axis in (("hqq-meta", 1), ("hqq-axis0-meta", 0)):
+        ck, truth = _write(fmt, logical, tmp_path)
+        n, k = logical.ternary[D].shape
+        keys = {key[len(D) + 1:] for key in ck.keys() if key.startswith(D + ".")}
+        assert keys == HQQ_STATE_DICT_KEYS - {"bias"} and set(types) == keys - {"W_q", "scale", "zero"}
+        got = {}
+        for leaf, ty in types.items():
+            v = ck.get(f"{D}.{leaf}")
+            assert v.dtype == dtypes[ty] and v.dim() == (0 if ty in ("int", "bool") else 1), leaf
+            got[leaf] = hqq_decode_safetensor_type(v, ty)
+        assert got == {"nbits": 2, "group_size": 64, "shape": [n, k], "axis": axis, "packing": "2bit_u8",
+                       "unpack_view_dtype": "torch.uint8", "view_as_float": False, "quant_scale": False,
+                       "quant_zero": False, "compute_dtype": "torch.float16", "offload_meta": False,
+                       "encoded_state_dict": True, "stores_quant_config": True, "channel_wise": True,
+                       "optimize": True, "round_zero": False}
+        plain, _ = _write("hqq" if axis == 1 else "hqq-axis0", logical, tmp_path)
+        for key in ("W_q", "scale", "zero"):  # the meta tensors are added next to the same packed data
+            assert torch.equal(ck.get(f"{D}.{key}"), plain.get(f"{D}.{key}"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=hst.integers(1, 12), k=hst.integers(1, 40), g=hst.sampled_from([1, 2, 4, 8, 16, 64]),
+       order=hst.sampled_from(["lsb", "msb"]), lanes=hst.sampled_from(["interleaved", "blocked"]),
+       seed=hst.integers(0, 2**16))
+def test_group_view_axis0_roundtrip(n, k, g, order, lanes, seed):
+    """Any packing of the [G, N*K/G] group view (group_axis 0; G | N*K, padding when G % 4); HQQ's own layout
+    (blocked, msb) is exactly pack_2bit_u8 of that view when 4 | G."""
+    if (n * k) % g:
+        k = k * g  # make G divide N*K
+    spec = PackSpec(bits=2, container="uint8", pack_axis=0, lanes=lanes, bit_order=order, codes=(0, 1, 2, 3),
+                    group_view=g, group_axis=0)
+    w = torch.randint(0, 4, (n, k), generator=torch.Generator().manual_seed(seed))
+    p = pack(w, spec)
+    assert p.shape == spec.packed_shape((n, k)) == (-(-g // 4), n * k // g)
+    assert torch.equal(unpack(p, spec, (n, k)).to(torch.int64), w)
+    if (lanes, order) == ("blocked", "msb") and g % 4 == 0:
+        assert torch.equal(p, hqq_pack_2bit_u8(w.reshape(g, -1)))
+
+
+def test_hqq_axis0_spec_json_roundtrip_and_checks():
+    """group_axis 0 round-trips through JSON on the pack and on the scale / zero; group_axis 1 stays absent (old
+    JSON unchanged); inconsistent uses are FormatErrors; an axis-0 scale of the wrong shape is named."""
+    import json
+
+    from reference.formats import FormatError, ScaleSpec, expand_scale
+    from reference.spec import LinearEntry
+
+    e = LinearEntry(weight_key="m.W_q", shape=(8, 128), pack=synth.HQQ_AXIS0_SPEC,
+                    scale=ScaleSpec("m.scale", "group", group_size=64, group_axis=0),
+                    zero=ScaleSpec("m.zero", "group", group_size=64, group_axis=0))
+    d = json.loads(json.dumps(e.to_dict()))
+    assert d["pack"]["group_axis"] == d["scale"]["group_axis"] == d["zero"]["group_axis"] == 0
+    assert LinearEntry.from_dict(d) == e
+    one = LinearEntry(weight_key="m.W_q", shape=(8, 128), pack=synth.HQQ_SPEC,
+                      scale=ScaleSpec("m.scale", "group", group_size=64)).to_dict()
+    assert "group_axis" not in one["pack"] and "group_axis" not in one["scale"]
+    assert LinearEntry.from_dict(one).pack.group_axis == 1
+    with pytest.raises(FormatError, match="group_axis"):
+        PackSpec(group_axis=0)  # no group view
+    with pytest.raises(FormatError, match="group_axis"):
+        PackSpec(group_view=64, group_axis=2)
+    with pytest.raises(FormatError, match="group_axis"):
+        ScaleSpec("s", "channel", group_axis=0)
+    with pytest.raises(FormatError, match="group_axis"):
+        ScaleSpec("s", "group", group_size=64, group_axis=0, transposed=True)
+    with pytest.raises(FormatError, match="N\\*K % 48 == 0"):
+        synth.HQQ_AXIS0_SPEC.replace(group_view=48).view_shape((8, 128))
+    sc = ScaleSpec("m.scale", "group", group_size=64, group_axis=0)
+    with pytest.raises(FormatError, match=r"'m.scale' must have shape \(1, 16\)"):
+        expand_scale(torch.ones(16, 1), sc, (8, 128))
+    s = torch.arange(16, dtype=torch.float32).reshape(1, 16)
+    assert torch.equal(expand_scale(s, sc, (8, 128)).reshape(-1), torch.arange(8 * 128).remainder(16).float())
+
+
 def test_compressed_tensors_mixed_widths_match_library(logical, tmp_path):
     """compressed-tensors-mixed: int-4 for layer 0 and every down_proj, int-2 elsewhere, each tensor
     packed as the library packs its own width; one config_group per width."""

@@ -300,6 +300,15 @@ def test_hqq_zero_points_are_refused_by_name(tmp_path):
         km.build_key_map(spec, {})
 
 
+def test_hqq_axis0_group_scale_is_refused_by_name():
+    """An HQQ axis=0 group scale (one value per column of W's [G, N*K/G] view) is not the consecutive-input
+    groups the dense fallback takes: refused naming the tensor, not misread."""
+    e = LinearEntry(weight_key=f"{P0}.mlp.down_proj.W_q", shape=(128, 384), pack=synth.HQQ_AXIS0_SPEC,
+                    scale=ScaleSpec(f"{P0}.mlp.down_proj.scale", "group", group_size=64, group_axis=0))
+    with pytest.raises(km.FormatError, match=r"down_proj\.scale.*HQQ axis=0 group scale"):
+        km.group_mult(torch.ones(1, 128 * 384 // 64), e, f"{P0}.mlp.down_proj", 64)
+
+
 # ---------------------------------------------------------------------------------------- mixed widths
 
 

@@ -87,8 +87,8 @@ def lut_decode(packed: torch.Tensor, pack: PackSpec, shape: tuple[int, int]) -> 
         from reference.formats import _by_segment
 
         return _by_segment(packed, pack, shape, lut_decode)
-    if pack.group_view is not None:  # HQQ: the packed matrix is W's [N*K/G, G] row-major view
-        return lut_decode(packed, pack.replace(group_view=None), pack.view_shape(shape)).reshape(shape)
+    if pack.group_view is not None:  # HQQ: the packed matrix is W's [N*K/G, G] (axis=1) or [G, N*K/G] (axis=0) view
+        return lut_decode(packed, pack.ungrouped(), pack.view_shape(shape)).reshape(shape)
     p = packed.t() if pack.transposed else packed
     if pack.pack_axis == 0:
         p = p.t()  # now (rows, packed_len) with packing along dim 1

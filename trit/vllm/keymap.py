@@ -403,6 +403,10 @@ def group_mult(raw: Optional[torch.Tensor], entry: LinearEntry, name: str, group
         return torch.ones(n, cols)
     where = f"tensor {entry.scale.key!r} ({name})"
     sc = entry.scale
+    if sc.group_axis == 0:
+        raise FormatError(f"{where}: HQQ axis=0 group scale (one value per column of W's [{sc.group_size}, N*K/"
+                          f"{sc.group_size}] view) is not supported by the vLLM plugin, whose group scales cover "
+                          f"consecutive inputs of a row; decode the checkpoint with `python -m reference.decode`")
     if sc.granularity in ("group", "block"):
         if sc.group_size != group_size:
             raise FormatError(f"{where}: group_size {sc.group_size}, but its fused vLLM layer uses {group_size}")
