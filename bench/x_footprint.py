@@ -111,7 +111,10 @@ def measure(M: int, N: int, K: int, env: dict, n_calls: int = 30, min_bytes: int
         if op_time:
             from bench.kernels import time_graph
 
-            os.environ.pop("TRIT_PDL") if saved["TRIT_PDL"] is None else os.environ.update(TRIT_PDL=saved["TRIT_PDL"])
+            if saved["TRIT_PDL"] is None:  # the op as configured: PDL back to the caller's setting
+                os.environ.pop("TRIT_PDL")
+            else:
+                os.environ["TRIT_PDL"] = saved["TRIT_PDL"]
             op_us = time_graph([lambda i=i: op(i) for i in range(4 * nt)])
     finally:
         for k, v in saved.items():
