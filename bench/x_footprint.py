@@ -15,7 +15,8 @@ reduction the (f N, K / f) problem does not have).
 
 Kernel times come from the profiler (CUPTI durations, median over launches on rotated weights so L2 cannot hold
 them), with programmatic dependent launch off (TRIT_PDL=0) so no duration includes a wait on the quantizer before.
-Prints a table, writes DIR/x-footprint.json and .md when --out is given. Runs on any CUDA GPU.
+Prints a table, writes DIR/x-footprint.json and .md when --out is given (bench.records.write_record: the next free
+stem beside an earlier record, never over it). Runs on any CUDA GPU.
 """
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ import os
 import statistics
 import sys
 import tempfile
-from pathlib import Path
+
+from bench.kernels import _f, time_graph, with_env
+from bench.records import commit_id, write_record
 
 DEFAULT_CASES = ("32:6144x4096,32:4096x4096,32:8192x8192,32:4096x14336,32:14336x4096,32:2560x6912,"
                  "64:14336x4096,64:6144x4096,64:8192x8192,64:4096x4096,64:2560x6912,64:13824x2560,64:4096x14336")
@@ -102,27 +105,12 @@ def measure(M: int, N: int, K: int, env: dict, n_calls: int = 30, min_bytes: int
     packs = [ops.repack(torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda", generator=g)) for _ in range(nt)]
     scale = torch.rand(N, device="cuda", generator=g) + 0.5
     x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
-    saved = {k: os.environ.get(k) for k in [*env, "TRIT_PDL"]}
-    os.environ.update({k: str(v) for k, v in env.items()})
-    os.environ["TRIT_PDL"] = "0"
+    knobs = {k: str(v) for k, v in env.items()}
     op = lambda i: torch.ops.trit.ternary_mm_a8(x, packs[i % nt], scale, N, K, None)  # noqa: E731
-    try:
-        us, grid, block, q_us = _kernel_times(op, n_calls)
-        if op_time:
-            from bench.kernels import time_graph
-
-            if saved["TRIT_PDL"] is None:  # the op as configured: PDL back to the caller's setting
-                os.environ.pop("TRIT_PDL")
-            else:
-                os.environ["TRIT_PDL"] = saved["TRIT_PDL"]
-            op_us = time_graph([lambda i=i: op(i) for i in range(4 * nt)])
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    del packs
+    us, grid, block, q_us = _kernel_times(with_env({**knobs, "TRIT_PDL": "0"}, op), n_calls)
+    if op_time:  # the op as configured (PDL as the caller has it), graph-replayed like bench.kernels' `a8`
+        op_us = time_graph([lambda i=i: with_env(knobs, op)(i) for i in range(4 * nt)])
+    packs.clear()  # the weights go before the next case allocates its own
     torch.cuda.empty_cache()
     r = {"M": M, "N": N, "K": K, "env": env, "us": round(us, 3), "grid": grid, "block": block,
          "weight_gbps": round(N * K / 4 / (us * 1e-6) / 1e9, 1), "quant_us": None if q_us is None else round(q_us, 3)}
@@ -153,13 +141,9 @@ def run(cases, scale: bool = True) -> list[dict]:
 def fmt(r: dict) -> str:
     rel = f"  {r['us'] / r['base_us']:.2f}x of base" if r.get("base_us") else ""
     if r.get("op_us") is not None:
-        rel += f"  quantizer {_f(r.get('quant_us'))} us, op (graph, PDL) {r['op_us']:.2f} us"
+        rel += f"  quantizer {_f(r.get('quant_us'), '.2f')} us, op (graph, PDL) {r['op_us']:.2f} us"
     return (f"M={r['M']:3d} {r['N']:6d}x{r['K']:<6d} f={r['f']} ks={r['ks']} nw={r['nw']} grid={r['grid']} "
             f"block={r['block']} x {r['x_kib']:.0f} KiB: {r['us']:7.2f} us ({r['weight_gbps']:.0f} GB/s weights){rel}")
-
-
-def _f(v, spec: str = ".2f") -> str:
-    return "-" if v is None else format(v, spec)
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
@@ -172,7 +156,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         for r in rows:
             rest = r["op_us"] - r["us"] - (r["quant_us"] or 0.0)
             lines.append(f"| {r['M']} | {r['N']}x{r['K']} | {r['ks']} x {r['nw']} | {r['us']:.2f} | "
-                         f"{_f(r['quant_us'])} | {r['op_us']:.2f} | {rest:.2f} |")
+                         f"{_f(r['quant_us'], '.2f')} | {r['op_us']:.2f} | {rest:.2f} |")
         return "\n".join(lines) + "\n"
     lines = [f"# x footprint per SM in the 8 < M <= 64 a8 GEMV ({meta.get('device')}, {meta.get('date')}, "
              f"commit {meta.get('commit')})", "",
@@ -208,18 +192,12 @@ def main(argv=None) -> int:
         return 2
     rows = run(cases, scale=not args.no_scale)
     meta = {"device": torch.cuda.get_device_name(0), "date": datetime.date.today().isoformat(),
-            "commit": os.environ.get("TRIT_COMMIT", "unknown"), "command": "python -m bench.x_footprint " +
+            "commit": commit_id(), "command": "python -m bench.x_footprint " +
             " ".join(argv if argv is not None else sys.argv[1:])}
     md = markdown(meta, rows)
     print(md)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        for name, text in (("x-footprint.json", json.dumps({"meta": meta, "rows": rows}, indent=1)),
-                           ("x-footprint.md", md)):
-            tmp = out / (name + ".tmp")
-            tmp.write_text(text)
-            tmp.replace(out / name)
+    if args.out:  # x-footprint.json / .md, or the next free stem (never over an earlier record)
+        write_record(args.out, "x-footprint", {"meta": meta, "rows": rows}, md)
     return 0
 
 
