@@ -113,7 +113,13 @@ _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        # interleaved loads (TRIT_FUSED_NORM_LAYOUT=1; a tree before it ignores the variable: runs -fnorm32)
        "-fnorm32-tiled": {"TRIT_FUSED_NORM_QUANT": "1", "TRIT_A8_PRE_MAXM": "32", "TRIT_FUSED_NORM_LAYOUT": "1"},
        "-chain": {"TRIT_CHAIN": "1"}, "-chain-all": {"TRIT_CHAIN": "all"},
-       "-chain-am": {"TRIT_CHAIN": "all", "TRIT_ACT_MUL": "1"}}
+       "-chain-am": {"TRIT_CHAIN": "all", "TRIT_ACT_MUL": "1"},
+       # Llama's SiLU-mul computed by down_proj's activation quantizer (TRIT_ACT_QUANT: one kernel where the
+       # model runs the SiLU-mul kernel and the quantizer; a tree before it ignores the variable: runs the default)
+       "-actq": {"TRIT_ACT_QUANT": "1"},
+       # with the fused norm + quantizer writing the tiled xq: 96 of the 128 quantizer launches of an 8B step gone
+       "-actq-fnorm32-tiled": {"TRIT_ACT_QUANT": "1", "TRIT_FUSED_NORM_QUANT": "1", "TRIT_A8_PRE_MAXM": "32",
+                               "TRIT_FUSED_NORM_LAYOUT": "1"}}
 VARIANTS = {"ours-gemm": ("ours", {"TRIT_A8_GEMM": "1"}), "ours-bitnet-gemm": ("ours-bitnet", {"TRIT_A8_GEMM": "1"}),
             "ours-nogemm": ("ours", {"TRIT_A8_GEMM": "0"}), "ours-bitnet-nogemm": ("ours-bitnet", {"TRIT_A8_GEMM": "0"}),
             **{base + sfx: (base, env) for base in ("ours", "ours-bitnet", "ours-llama") for sfx, env in _WG.items()},

@@ -92,10 +92,12 @@ def _kernel_times(fn, n_calls: int, name: str = "a8_small_kernel", other: str = 
 
 
 def measure(M: int, N: int, K: int, env: dict, n_calls: int = 30, min_bytes: int = 160 << 20,
-            op_time: bool = False) -> dict:
+            op_time: bool = False, norm: bool = False) -> dict:
     """The a8 op on (M, N, K) under ``env`` (TRIT_* knobs, read per call) with PDL off: the GEMV kernel's median
     duration, its grid and block, and the quantizer kernel's (quant_us); op_time: also the whole op per call under
-    CUDA-graph replay with PDL as configured (op_us: bench.kernels' `a8` timing)."""
+    CUDA-graph replay with PDL as configured (op_us: bench.kernels' `a8` timing); norm: also the fused-norm route's
+    two kernels with PDL off, trit::rms_norm_a8q (residual add + RMSNorm + quantizer, the tiled xq at M <= 32) and
+    the GEMV on its quantization (ternary_mm_a8q), each by CUPTI (norm_q_us, gemv_pre_us)."""
     import torch
     from trit import ops
 
@@ -110,19 +112,38 @@ def measure(M: int, N: int, K: int, env: dict, n_calls: int = 30, min_bytes: int
     us, grid, block, q_us = _kernel_times(with_env({**knobs, "TRIT_PDL": "0"}, op), n_calls)
     if op_time:  # the op as configured (PDL as the caller has it), graph-replayed like bench.kernels' `a8`
         op_us = time_graph([lambda i=i: with_env(knobs, op)(i) for i in range(4 * nt)])
+    if norm:  # the fused-norm route (TRIT_FUSED_NORM_QUANT, TRIT_FUSED_NORM_LAYOUT=1 at M <= 32), PDL off
+        res = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+        nw = (torch.rand(K, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
+        lay = 1 if M <= 32 else 0
+        nq = lambda i: torch.ops.trit.rms_norm_a8q(x, res, nw, 1e-5, lay)  # noqa: E731
+        off = {**knobs, "TRIT_PDL": "0"}
+        norm_q_us = _kernel_times(with_env(off, nq), n_calls, name="rms_norm_quant")[0]
+        out, _, xq, xs, rs = nq(0)
+        def pre(i):
+            return torch.ops.trit.ternary_mm_a8q(out, xq, xs, rs, packs[i % nt], scale, N, K, None, lay)
+        gemv_pre_us = _kernel_times(with_env(off, pre), n_calls)[0]
     packs.clear()  # the weights go before the next case allocates its own
     torch.cuda.empty_cache()
     r = {"M": M, "N": N, "K": K, "env": env, "us": round(us, 3), "grid": grid, "block": block,
          "weight_gbps": round(N * K / 4 / (us * 1e-6) / 1e9, 1), "quant_us": None if q_us is None else round(q_us, 3)}
     if op_time:
         r["op_us"] = round(op_us, 3)
+    if norm:
+        r["norm_q_us"], r["gemv_pre_us"] = round(norm_q_us, 3), round(gemv_pre_us, 3)
     return r
 
 
-def run(cases, scale: bool = True) -> list[dict]:
+def run(cases, scale: bool = True, norm: bool = False, watchdog: float = 0.0) -> list[dict]:
+    """Every case's rows (printed as measured); watchdog > 0: a case that takes longer prints every thread's stack
+    and exits the process (faulthandler), so a hang shows where it is (H200 run 61 printed nothing)."""
+    import faulthandler
+
     rows = []
     for M, N, K in cases:
-        base = measure(M, N, K, {}, op_time=not scale)
+        if watchdog > 0:
+            faulthandler.dump_traceback_later(watchdog, exit=True)
+        base = measure(M, N, K, {}, op_time=not scale, norm=norm)
         block = base["block"] or [32, 1, 1]
         ks, nw = max(1, int(block[0]) // 32), max(1, int(block[1]))
         base.update(f=1, ks=ks, nw=nw, x_kib=M * K / 1024)
@@ -135,6 +156,7 @@ def run(cases, scale: bool = True) -> list[dict]:
                      same_grid=r["grid"] == base["grid"] and int(rb[0]) * int(rb[1]) == int(block[0]) * int(block[1]))
             rows.append(r)
             print(fmt(r), flush=True)
+        faulthandler.cancel_dump_traceback_later()
     return rows
 
 
@@ -142,6 +164,8 @@ def fmt(r: dict) -> str:
     rel = f"  {r['us'] / r['base_us']:.2f}x of base" if r.get("base_us") else ""
     if r.get("op_us") is not None:
         rel += f"  quantizer {_f(r.get('quant_us'), '.2f')} us, op (graph, PDL) {r['op_us']:.2f} us"
+    if r.get("norm_q_us") is not None:
+        rel += f"  rms_norm_a8q {r['norm_q_us']:.2f} us + its GEMV {r['gemv_pre_us']:.2f} us"
     return (f"M={r['M']:3d} {r['N']:6d}x{r['K']:<6d} f={r['f']} ks={r['ks']} nw={r['nw']} grid={r['grid']} "
             f"block={r['block']} x {r['x_kib']:.0f} KiB: {r['us']:7.2f} us ({r['weight_gbps']:.0f} GB/s weights){rel}")
 
@@ -157,6 +181,17 @@ def markdown(meta: dict, rows: list[dict]) -> str:
             rest = r["op_us"] - r["us"] - (r["quant_us"] or 0.0)
             lines.append(f"| {r['M']} | {r['N']}x{r['K']} | {r['ks']} x {r['nw']} | {r['us']:.2f} | "
                          f"{_f(r['quant_us'], '.2f')} | {r['op_us']:.2f} | {rest:.2f} |")
+        if any("norm_q_us" in r for r in rows):
+            lines += ["", "The fused-norm route's kernels (CUPTI, PDL off): trit::rms_norm_a8q (residual add + "
+                      "RMSNorm + quantizer; the tiled xq at M <= 32, row-major above) and the GEMV reading its "
+                      "quantization (ternary_mm_a8q), beside the default's quantizer + GEMV (the norm kernel before "
+                      "it not included).",
+                      "", "| M | N x K | rms_norm_a8q us | its GEMV us | default quantizer + GEMV us |",
+                      "|---|---|---|---|---|"]
+            for r in rows:
+                if "norm_q_us" in r:
+                    lines.append(f"| {r['M']} | {r['N']}x{r['K']} | {r['norm_q_us']:.2f} | {r['gemv_pre_us']:.2f} | "
+                                 f"{(r['quant_us'] or 0.0) + r['us']:.2f} |")
         return "\n".join(lines) + "\n"
     lines = [f"# x footprint per SM in the 8 < M <= 64 a8 GEMV ({meta.get('device')}, {meta.get('date')}, "
              f"commit {meta.get('commit')})", "",
@@ -181,6 +216,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="", help="directory for x-footprint.json / .md")
     ap.add_argument("--no-scale", action="store_true", help="no (f N, K / f) problems: each layer's GEMV, quantizer "
                     "and whole op (the op's parts)")
+    ap.add_argument("--norm", action="store_true", help="with --no-scale: also the fused-norm route's kernels "
+                    "(rms_norm_a8q and the GEMV on its quantization)")
+    ap.add_argument("--watchdog", type=float, default=120.0, help="seconds a case may take before every thread's "
+                    "stack is printed and the process exits (0: off)")
     args = ap.parse_args(argv)
     cases = parse_cases(args.cases)
     import datetime
@@ -190,7 +229,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench.x_footprint: needs a CUDA GPU", file=sys.stderr)
         return 2
-    rows = run(cases, scale=not args.no_scale)
+    rows = run(cases, scale=not args.no_scale, norm=args.norm and args.no_scale, watchdog=args.watchdog)
     meta = {"device": torch.cuda.get_device_name(0), "date": datetime.date.today().isoformat(),
             "commit": commit_id(), "command": "python -m bench.x_footprint " +
             " ".join(argv if argv is not None else sys.argv[1:])}

@@ -65,8 +65,9 @@ struct MmArgs {
   int dtype = 0;
 };
 
+// need_x false: the caller passes its own pointer to the kernels, a.x is x as given (no contiguous copy)
 MmArgs prepare(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t N, int64_t K,
-               const std::optional<at::Tensor>& bias, const char* op) {
+               const std::optional<at::Tensor>& bias, const char* op, bool need_x = true) {
   TRIT_CHECK(x.is_cuda(), op, ": x must be a CUDA tensor");
   TRIT_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got ", x.sizes(),
               " (trit.ops.ternary_linear accepts any rank)");
@@ -78,7 +79,7 @@ MmArgs prepare(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& 
   MmArgs a;
   a.dtype = dtype_code(x.scalar_type(), op);
   TRIT_CHECK(a.dtype != TRIT_I8, op, ": x must be floating point");
-  a.x = x.contiguous();
+  a.x = need_x ? x.contiguous() : x;
   a.M = static_cast<int>(x.size(0));
   if (bias.has_value()) {
     const at::Tensor& b = *bias;
@@ -398,9 +399,26 @@ std::tuple<at::Tensor, at::Tensor> ternary_mm_a8_prologue_cuda(
   const at::Tensor wc = norm_weight.has_value() ? norm_weight->contiguous() : at::Tensor();
   at::Tensor res_out = residual.has_value() ? at::empty({M, K}, x.options()) : at::empty({0}, x.options());
   auto al = [](const at::Tensor& t) { return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  // TRIT_ACT_QUANT=1 (read per call; the vLLM plugin reads it at load to route Llama's SiLU-mul -> down_proj here):
+  // act(gate) * up without a norm computed by the layer's activation quantizer (trit_mm_a8_act) in front of the GEMV
+  // the plain op runs at this M - one kernel where the model runs the act kernel and the quantizer; at every M where
+  // it runs (trit_mm_a8_act_ok, not the GEMM / int8 cuBLAS routes), ahead of the M = 1 prologue kernel. Off until
+  // measured on a GPU.
+  if (act != 0 && !residual.has_value() && !norm_weight.has_value() && M >= 1 && env_flag("TRIT_ACT_QUANT", false) &&
+      !a8_gemm_on(M, N, K) && !(M >= a8_dense_min_m() && M > 16 && N % 8 == 0) &&
+      trit_mm_a8_act_ok((int)M, (int)N, (int)K)) {
+    MmArgs a = prepare(xc.narrow(1, 0, K), packed, scale, N, K, bias, op, false);  // checks, y and bias
+    const int64_t Kp = (K + 127) / 128 * 128;
+    const A8Workspace w = a8_workspace(x, M, std::max<int64_t>((M + 63) / 64 * 64, 64), Kp);
+    check_launch(trit_mm_a8_act(a.dtype, xc.data_ptr(), (int)act, packed.data_ptr<int32_t>(), scale.data_ptr<float>(),
+                                a.bias.defined() ? a.bias.data_ptr() : nullptr, a.y.data_ptr(), a.M, (int)N, (int)K,
+                                w.xq, w.xs, w.rowsum, current_stream(x)),
+                 op);
+    return {a.y, res_out};
+  }
   if (M >= 1 && trit_mm_a8_prologue_ok((int)M, (int)N, (int)K) && al(xc) && al(rc) && al(wc) && al(res_out)) {
     // prepare() checks packed / scale / bias against N and K on an x-shaped view
-    MmArgs a = prepare(act != 0 ? xc.narrow(1, 0, K) : xc, packed, scale, N, K, bias, op);
+    MmArgs a = prepare(act != 0 ? xc.narrow(1, 0, K) : xc, packed, scale, N, K, bias, op, false);
     check_launch(trit_mm_a8_prologue(a.dtype, xc.data_ptr(), rc.defined() ? rc.data_ptr() : nullptr,
                                      wc.defined() ? wc.data_ptr() : nullptr, (float)eps, (int)act,
                                      residual.has_value() ? res_out.data_ptr() : nullptr, packed.data_ptr<int32_t>(),

@@ -111,6 +111,15 @@ int trit_mm_a8_prologue(int dtype, const void* x, const void* residual, const vo
                         void* res_out, const int32_t* packed, const float* scale, const void* bias, void* y,
                         int M, int N, int K, void* stream);
 
+// trit_mm_a8 of act(gate) * up (x [M, 2K] = [gate | up], act 1 relu^2 / 2 silu, torch's roundings as in
+// trit_mm_a8_prologue) with the act computed by the layer's activation quantizer (one kernel where the model ran
+// the act kernel and the quantizer), then the GEMV trit_mm_a8 runs at this M; the workspace of trit_mm_a8 (xq
+// [64 * ceil(M / 64), Kp]). Bit for bit trit_mm_a8 on the act's output. Only where trit_mm_a8_act_ok(M, N, K)
+// (the v5 GEMV route up to M = 64, sm_90, TRIT_QUANT_CLUSTER not 0), else cudaErrorInvalidValue before any launch.
+int trit_mm_a8_act_ok(int M, int N, int K);
+int trit_mm_a8_act(int dtype, const void* x, int act, const int32_t* packed, const float* scale, const void* bias,
+                   void* y, int M, int N, int K, int8_t* xq, float* xs, int32_t* rowsum, void* stream);
+
 // act(gate) * up (act 1 relu^2, 2 silu) of x [M, 2K] = [gate | up] into out [M, K], in the dtype as torch's
 // ops round (relu, square / silu, mul): the composed prologue route's activation in one kernel.
 int trit_act_mul(int dtype, const void* x, void* out, int M, int K, int act, void* stream);

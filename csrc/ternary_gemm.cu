@@ -1011,6 +1011,14 @@ __device__ __forceinline__ void store8(T* row, int k, int K, bool vec, const flo
       if (k + i < K) row[k + i] = from_f32<T>(e[i]);
   }
 }
+// act(gate) * up as torch computes it in T (A8Pro's pass 1, the act_mul_kernel, and
+// quant_rows_cluster_kernel kAct): relu(g)^2 (1) or silu(g) (2) rounded to T, times
+// up, rounded to T; returned as fp32 (exactly a T value)
+template <typename T>
+__device__ __forceinline__ float chain_act(int act, float g, float u) {
+  const float v = act == 1 ? fmaxf(g, 0.f) * fmaxf(g, 0.f) : g / (1.f + expf(-g));
+  return to_f32<T>(from_f32<T>(to_f32<T>(from_f32<T>(v)) * u));
+}
 // One row of BitNet's activation quantizer, computed by the whole CTA: xs = 127 / max|x| (as
 // torch: reciprocal(t) * 127), q = rint(x * xs) clamped to [-128, 127], stored by store(k, v) as
 // groups of 8 in the order {0,4,1,5,2,6,3,7} (zeros past K, up to Kp). Returns xs; thread 0 gets
@@ -1924,12 +1932,16 @@ __device__ __forceinline__ void st_cluster(V* local, unsigned rank, V v) {  // *
 // kXI (MT = 2 / 4 behind the interleaved-xq GEMV; TRIT_QUANT_CLUSTER_XI=0 keeps the loop kernel there): quant_rows_perm_kernel kXI's layout
 // (xi_offset, Mp rows), grid (S, Mp): the clusters of rows M .. Mp - 1 write their zeros and use no barrier (a
 // cluster is one row, so the branch is uniform across it).
+// kAct (trit_mm_a8_act, TRIT_ACT_QUANT): x holds rows [gate | up] of 2K and the row quantized is
+// act(gate) * up in T (chain_act: torch's ops and roundings, act 1 relu^2, 2 silu) - the values the act kernel in
+// front would have written, so the quantization is bit for bit that of ternary_mm_a8(act(gate) * up), with one
+// kernel fewer and no round trip of the product through memory.
 constexpr int kQcVecs = 4;  // groups of 8 per thread: S = 8 CTAs x 256 threads x 4 x 8 = K <= 65536
-template <typename T, bool kXI = false>
+template <typename T, bool kXI = false, bool kAct = false>
 __global__ void __launch_bounds__(256) quant_rows_cluster_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
                                                                  float* __restrict__ xs_out,
                                                                  int32_t* __restrict__ rowsum, int K, int Kp,
-                                                                 int S, bool vec, int M, int Mp) {
+                                                                 int S, bool vec, int M, int Mp, int act = 0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ float sh_f[8];
   __shared__ int sh_i[8];
@@ -1950,24 +1962,34 @@ __global__ void __launch_bounds__(256) quant_rows_cluster_kernel(const T* __rest
   cluster_arrive_relaxed();
   pdl_trigger();  // the GEMV may launch now and stream its weights; it waits for this grid
   pdl_wait();     // x comes from the kernel before
-  const T* row = x + (size_t)m * K;
+  const T* row = x + (size_t)m * (kAct ? 2 * K : K);
+  const T* up = row + K;  // kAct: the up half of the row
   float e[kQcVecs][8];
   if (vec) {  // K % 8 == 0, aligned rows: every load issued before any is used (one round trip)
     constexpr int kW = sizeof(T) == 2 ? 1 : 2;  // 16-byte words per group of 8
-    uint4 raw[kQcVecs][kW];
+    constexpr int kR = kAct ? 2 : 1;             // rows read: x, or gate and up
+    uint4 raw[kQcVecs][kR][kW];
 #pragma unroll
     for (int v = 0; v < kQcVecs; ++v) {
       const int g = g0 + tid + v * 256;
       const bool in = g < g1 && g * 8 < K;  // groups past K (up to Kp): zeros
 #pragma unroll
-      for (int w = 0; w < kW; ++w)
-        raw[v][w] = in ? __ldg(reinterpret_cast<const uint4*>(row + (size_t)g * 8) + w) : make_uint4(0u, 0u, 0u, 0u);
+      for (int r = 0; r < kR; ++r)
+#pragma unroll
+        for (int w = 0; w < kW; ++w)
+          raw[v][r][w] = in ? __ldg(reinterpret_cast<const uint4*>((r == 0 ? row : up) + (size_t)g * 8) + w)
+                            : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int v = 0; v < kQcVecs; ++v) {
-      const T* h = reinterpret_cast<const T*>(&raw[v][0]);
+      const T* h = reinterpret_cast<const T*>(&raw[v][0][0]);
 #pragma unroll
       for (int i = 0; i < 8; ++i) e[v][i] = to_f32<T>(h[i]);
+      if constexpr (kAct) {
+        const T* hu = reinterpret_cast<const T*>(&raw[v][kR - 1][0]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) e[v][i] = chain_act<T>(act, e[v][i], to_f32<T>(hu[i]));  // 0 past K
+      }
     }
   } else {
 #pragma unroll
@@ -1975,6 +1997,12 @@ __global__ void __launch_bounds__(256) quant_rows_cluster_kernel(const T* __rest
       const int g = g0 + tid + v * 256;
       if (g < g1) {
         load8<T>(row, g * 8, K, false, e[v]);  // scalar loads, zeros past K
+        if constexpr (kAct) {
+          float u[8];
+          load8<T>(up, g * 8, K, false, u);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) e[v][i] = g * 8 + i < K ? chain_act<T>(act, e[v][i], u[i]) : 0.f;
+        }
       } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) e[v][i] = 0.f;
@@ -2262,10 +2290,11 @@ int quant_cluster_size(int Kp, int n) {
 }
 // quant_rows_cluster_kernel on grid (S, M) in clusters of (S, 1, 1), with (pdl) or without
 // programmatic stream serialization. Clusters need sm_90: the caller checks (pdl_supported).
-// Mp > 0: the interleaved layout of Mp rows (kXI; rows M .. Mp - 1 zeros), grid (S, Mp).
+// Mp > 0: the interleaved layout of Mp rows (kXI; rows M .. Mp - 1 zeros), grid (S, Mp). act != 0: x holds rows
+// [gate | up] of 2K and the kernel quantizes act(gate) * up (kAct).
 template <typename T>
 cudaError_t launch_quant_cluster(int S, const T* x, int8_t* xq, float* xs, int32_t* rowsum, int M, int K, int Kp,
-                                 bool vec, cudaStream_t st, bool pdl, int Mp = 0) {
+                                 bool vec, cudaStream_t st, bool pdl, int Mp = 0, int act = 0) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(S, Mp > 0 ? Mp : M);
   cfg.blockDim = dim3(256);
@@ -2280,8 +2309,13 @@ cudaError_t launch_quant_cluster(int S, const T* x, int8_t* xq, float* xs, int32
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 2 : 1;
-  return Mp > 0 ? cudaLaunchKernelEx(&cfg, quant_rows_cluster_kernel<T, true>, x, xq, xs, rowsum, K, Kp, S, vec, M, Mp)
-                : cudaLaunchKernelEx(&cfg, quant_rows_cluster_kernel<T>, x, xq, xs, rowsum, K, Kp, S, vec, M, 0);
+  if (act != 0)
+    return Mp > 0 ? cudaLaunchKernelEx(&cfg, quant_rows_cluster_kernel<T, true, true>, x, xq, xs, rowsum, K, Kp, S, vec,
+                                       M, Mp, act)
+                  : cudaLaunchKernelEx(&cfg, quant_rows_cluster_kernel<T, false, true>, x, xq, xs, rowsum, K, Kp, S,
+                                       vec, M, 0, act);
+  return Mp > 0 ? cudaLaunchKernelEx(&cfg, quant_rows_cluster_kernel<T, true>, x, xq, xs, rowsum, K, Kp, S, vec, M, Mp, 0)
+                : cudaLaunchKernelEx(&cfg, quant_rows_cluster_kernel<T>, x, xq, xs, rowsum, K, Kp, S, vec, M, 0, 0);
 }
 
 // Rows of x per v5 warp: MT 8-row tiles. Where v5 runs, from the H200 table (bench/results,
@@ -2634,13 +2668,31 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
 int a8_pre_maxm() { return max(8, min(32, env_int("TRIT_A8_PRE_MAXM", 32))); }
 bool a8_pre_ok(int M) { return M >= 1 && M <= a8_pre_maxm() && knobs().v5; }
 
+// act (trit_mm_a8_act, TRIT_ACT_QUANT in trit::ternary_mm_a8_prologue): x = [gate | up] rows of 2K and the layer
+// runs on act(gate) * up (chain_act: 1 relu^2, 2 silu), computed by the cluster quantizer (kAct) in front of the
+// GEMV the plain op runs at this M: one kernel where the model ran the act kernel and the quantizer. Where it runs
+// (a8_act_ok): the v5 GEMV route (M <= 64 within a8_v5), sm_90 (clusters), the interleaved xq at MT >= 2
+// (TRIT_A8_XI) and a cluster size for the row: TRIT_QUANT_CLUSTER's n, 8 when unset (so at every K, where the
+// plain op keeps the loop kernel up to K = 4096; S = 1 there: one CTA holding the row in registers), 0 = none.
+// Not yet measured on a GPU: see bench/results/NOTES.md.
+int a8_act_cluster_size(int Kp) {
+  const int n = env_int("TRIT_QUANT_CLUSTER", -1);
+  return quant_cluster_size(Kp, n < 0 ? 8 : n);
+}
+bool a8_act_ok(int M, int N, int K) {
+  const int Kp = (K + kBlockK - 1) / kBlockK * kBlockK;
+  return M >= 1 && M <= kV5MaxMA8 && a8_v5(M, N, K) && knobs().v5 && pdl_supported() &&
+         (v5_mt(M) == 1 || knobs().xi) && a8_act_cluster_size(Kp) > 0;
+}
+
 template <typename T>
 cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
                         int M, int N, int K, int8_t* xq, float* xs, int32_t* rowsum,
-                        cudaStream_t st, bool pre = false, bool bp = false, int pre_layout = 0) {
+                        cudaStream_t st, bool pre = false, bool bp = false, int pre_layout = 0, int act = 0) {
   const int KB = (K + kBlockK - 1) / kBlockK;
   const bool v5 = a8_v5(M, N, K);
   const Knobs kn = v5 ? knobs() : Knobs{false, false, 0, 0, 0, 1, 0};
+  if (act != 0 && (pre || bp || act < 1 || act > 2 || !a8_act_ok(M, N, K))) return cudaErrorInvalidValue;
   if (pre && !(v5 && kn.v5 && M <= a8_pre_maxm())) return cudaErrorInvalidValue;
   // the bitplane layout (bp) has the v5 kernels with MT <= 4 only: the route ternary_mm_a8 takes at M <= 32
   if (bp && (pre || !(v5 && kn.v5 && M <= kA8BpMaxM))) return cudaErrorInvalidValue;
@@ -2649,7 +2701,7 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     const bool pdl = kn.pdl && pdl_supported();
     Cfg cfg = small_cfg(kn, M, N, K, true);  // M <= 8: mt = 1, the layout pre's xq has (above: kRM)
     // the fused quantizer: M <= 8, vector loads of x, its shared memory within the default 48 KB
-    const bool want_fuseq = !pre && (kn.fuseq == 1 || (kn.fuseq < 0 && cfg.wn == 1 && fuseq_auto(M, N, K)));
+    const bool want_fuseq = !pre && act == 0 && (kn.fuseq == 1 || (kn.fuseq < 0 && cfg.wn == 1 && fuseq_auto(M, N, K)));
     // the fused kernel: one tile per warp, ks as for a WN = 1 launch, one warp along N unless TRIT_NW asks for
     // more (every CTA quantizes the whole row: nw tiles per CTA divide that redundant work by nw)
     Cfg fcfg = cfg;
@@ -2670,10 +2722,13 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
       // the row-major layout (M <= 8): the cluster quantizer on long rows (or as TRIT_QUANT_CLUSTER asks)
       // and the interleaved xq's, Mp rows (TRIT_QUANT_CLUSTER_XI, default 1 since H200 run 45: 0.5-6.5 us a layer
       // less on rows longer than 4096, 8B e2e at B = 32 +1.5% over three engines; 0 keeps the loop kernel there)
+      // (act: always the cluster kernel, a8_act_ok holds: MT = 1 or xi, and a8_act_cluster_size > 0)
       const bool cl = pdl_supported() && (cfg.mt == 1 || (xi && env_int("TRIT_QUANT_CLUSTER_XI", 1) == 1));
-      const int S = cl ? quant_cluster_size(KB * kBlockK, env_int("TRIT_QUANT_CLUSTER", -1)) : 0;
+      const int S = act != 0 ? a8_act_cluster_size(KB * kBlockK)
+                             : cl ? quant_cluster_size(KB * kBlockK, env_int("TRIT_QUANT_CLUSTER", -1)) : 0;
+      if (act != 0 && (S <= 0 || (cfg.mt > 1 && !xi))) return cudaErrorInvalidValue;
       cudaError_t e = S > 0 ? launch_quant_cluster<T>(S, x, xq, xs, rowsum, M, K, KB * kBlockK, vec, st, pdl,
-                                                      cfg.mt == 1 ? 0 : Mp)
+                                                      cfg.mt == 1 ? 0 : Mp, act)
                             : launch_ex(xi ? quant_rows_perm_kernel<T, false, true> : quant_rows_perm_kernel<T>,
                                         dim3(cfg.mt == 1 ? M : Mp), dim3(256), 0, st, pdl,
                                         x, xq, xs, rowsum, M, K, KB * kBlockK, Mp, vec, (int32_t*)nullptr, 0);
@@ -3138,13 +3193,6 @@ __device__ __forceinline__ void chain_prefetch_stage(const int4* wp, int KB, int
   if (pair) l2_prefetch(wp + (size_t)(n_tiles / 2 + t0) * KB * 32, bytes);
 }
 
-// act(gate) * up as torch computes it in T (A8Pro's pass 1): relu(g)^2 (1) or silu(g) (2) rounded to T, times
-// up, rounded to T; returned as fp32 (exactly a T value)
-template <typename T>
-__device__ __forceinline__ float chain_act(int act, float g, float u) {
-  const float v = act == 1 ? fmaxf(g, 0.f) * fmaxf(g, 0.f) : g / (1.f + expf(-g));
-  return to_f32<T>(from_f32<T>(to_f32<T>(from_f32<T>(v)) * u));
-}
 // act(gate) * up of rows x = [gate | up] ([M, 2K]) into out [M, K], chain_act's arithmetic (torch's ops in T,
 // each rounding): one kernel where torch runs relu, square and mul (or silu and mul) - the activation of
 // trit::ternary_mm_a8_prologue's composed route above M = 1 (and so of trit::ternary_chain there). vec: K %
@@ -3627,6 +3675,19 @@ extern "C" int trit_mm_a8(int dtype, const void* x, const int32_t* packed, const
     using T = typename decltype(tag)::type;
     return (int)dispatch_a8<T>((const T*)x, packed, scale, (const T*)bias, (T*)y, M, N, K, xq, xs, rowsum,
                                (cudaStream_t)stream);
+  });
+}
+
+// trit_mm_a8 of act(gate) * up (x = [gate | up], [M, 2K]) with the act inside the quantizer; where a8_act_ok
+// holds, else cudaErrorInvalidValue before any launch (trit_mm_a8_act_ok says which)
+extern "C" int trit_mm_a8_act_ok(int M, int N, int K) { return a8_act_ok(M, N, K) ? 1 : 0; }
+extern "C" int trit_mm_a8_act(int dtype, const void* x, int act, const int32_t* packed, const float* scale,
+                              const void* bias, void* y, int M, int N, int K, int8_t* xq, float* xs, int32_t* rowsum,
+                              void* stream) {
+  return visit_float_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return (int)dispatch_a8<T>((const T*)x, packed, scale, (const T*)bias, (T*)y, M, N, K, xq, xs, rowsum,
+                               (cudaStream_t)stream, false, false, 0, act);
   });
 }
 

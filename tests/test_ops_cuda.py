@@ -1327,6 +1327,114 @@ def test_act_mul_kernel_cuda(dtype, act):
         assert torch.equal(y1, y0)
 
 
+# ------------------------------------------------------------------ act(gate) * up inside the quantizer (TRIT_ACT_QUANT)
+# trit::ternary_mm_a8_prologue(x = [gate | up], None, None, 0, act, ...) with TRIT_ACT_QUANT=1 runs csrc
+# trit_mm_a8_act where trit_mm_a8_act_ok: the cluster quantizer computes act(gate) * up (torch's roundings) and
+# quantizes it, then the GEMV ternary_mm_a8 runs at this M. It must give ternary_mm_a8 of torch's act(gate) * up.
+
+
+def _act_ref_input(x, act, K):
+    """act(gate) * up as torch's ops compute it in x's dtype (the model's SiLU-mul / relu^2-mul)."""
+    g, u = x[:, :K], x[:, K:]
+    return (torch.relu(g).square() if act == 1 else torch.nn.functional.silu(g)) * u
+
+
+def _check_act_quant(M, N, K, dtype, act, bias, seed, what=""):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(M, 2 * K, generator=g) * 2).to(dtype).to(DEV)
+    _, _, p, s, b = make_case(M, N, K, dtype, bias, seed, device=DEV)
+    with _env(TRIT_ACT_QUANT="1"):
+        got = torch.ops.trit.ternary_mm_a8_prologue(x, None, None, 0.0, act, p, s, N, K, b)[0]
+    want = torch.ops.trit.ternary_mm_a8(_act_ref_input(x, act, K), p, s, N, K, b)
+    what = f"M={M} N={N} K={K} act={act} {dtype} bias={bias} {what}"
+    if act == 2 and dtype == torch.float32:  # fp32 SiLU: expf vs torch's last bit (test_act_mul_kernel_cuda)
+        assert_close_rel(got, want, 3e-2, what)
+    else:
+        assert torch.equal(got, want), f"{what}: {(got != want).sum().item()} outputs differ"
+
+
+def _act_quant_kernels(M, N, K, act=2, dtype=torch.bfloat16):
+    """Every CUDA kernel one TRIT_ACT_QUANT=1 prologue call at [M, 2K] x [N, K] launches (profiler names)."""
+    x = torch.randn(M, 2 * K, device=DEV).to(dtype)
+    _, _, p, s, _ = make_case(M, N, K, dtype, False, 5, device=DEV)
+    with _env(TRIT_ACT_QUANT="1"):
+        torch.ops.trit.ternary_mm_a8_prologue(x, None, None, 0.0, act, p, s, N, K, None)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            torch.ops.trit.ternary_mm_a8_prologue(x, None, None, 0.0, act, p, s, N, K, None)
+            torch.cuda.synchronize()
+    return [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def _sm90():
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters: compute capability 9.0+")
+
+
+@pytest.mark.parametrize("M", [1, 2, 8, 9, 16, 17, 32, 33, 64])
+@pytest.mark.parametrize("K", [37, 1000, 2560, 6912, 14336])
+def test_act_quant_equals_plain_op_cuda(M, K):
+    """TRIT_ACT_QUANT=1 gives ternary_mm_a8 of torch's act(gate) * up bit for bit at every M of the v5 GEMV (MT = 1
+    row-major, MT = 2 / 4 / 8 interleaved xq), every dtype, both acts, K % 8 == 0 or not, with and without bias."""
+    _sm90()
+    for dtype in DTYPES:
+        for act in (1, 2):
+            _check_act_quant(M, 200, K, dtype, act, (M + act) % 2 == 0, M * K + act)
+
+
+@SETTINGS
+@given(M=st.integers(1, 72), N=AWKWARD_N, K=AWKWARD_K, dtype=st.sampled_from(DTYPES), act=st.sampled_from([1, 2]),
+       bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_act_quant_hypothesis_cuda(M, N, K, dtype, act, bias, seed):
+    """Hypothesis-chosen M (past 64: the composed route), awkward N / K: the plain op on torch's act(gate) * up."""
+    _sm90()
+    _check_act_quant(M, N, K, dtype, act, bias, seed)
+
+
+@pytest.mark.parametrize("M,N,K,fused", [(1, 4096, 14336, True), (32, 4096, 14336, True), (64, 4096, 14336, True),
+                                          (16, 2560, 6912, True), (32, 640, 1000, True), (72, 4096, 14336, False)])
+def test_act_quant_runs_two_kernels(M, N, K, fused):
+    """Where it runs, the op is two kernels: the cluster quantizer reading [gate | up] and the GEMV - no activation
+    kernel, no other quantizer; past M = 64 (the GEMM route) the composed kernels."""
+    _sm90()
+    names = _act_quant_kernels(M, N, K)
+    quant = [n for n in names if "quant_rows" in n]
+    if fused:
+        assert len(names) == 2 and len(quant) == 1 and "quant_rows_cluster_kernel" in quant[0], names
+        assert any("a8_small_kernel" in n for n in names), names
+    else:
+        assert len(names) > 2, names
+
+
+@pytest.mark.parametrize("knobs", [{"TRIT_QUANT_CLUSTER": "0"}, {"TRIT_QUANT_CLUSTER": "1"}, {"TRIT_A8_XI": "0"},
+                                   {"TRIT_A8_GEMM": "1"}, {"TRIT_PDL": "0"}, {"TRIT_KERNEL": "v4"},
+                                   {"TRIT_A8_DENSE_MIN_M": "17"}, {"TRIT_ACT_MUL": "1"}])
+def test_act_quant_under_knobs(knobs):
+    """The knobs that take the fused route away (no cluster kernel, the plain xq at MT >= 2, the GEMM / v4 / int8
+    cuBLAS routes) or change its launch (one CTA per row, PDL off) leave the results those of the plain op."""
+    _sm90()
+    with _env(**knobs):
+        for M, N, K in ((1, 640, 6912), (9, 200, 2560), (24, 4096, 14336), (40, 1000, 4096)):
+            for act in (1, 2):
+                _check_act_quant(M, N, K, torch.bfloat16, act, True, M + K + act, str(knobs))
+
+
+@pytest.mark.parametrize("M", [1, 16, 32, 64])
+def test_act_quant_in_a_cuda_graph(M):
+    """Captured with TRIT_ACT_QUANT=1 and replayed onto a poisoned output: the plain op's result, every output
+    written (the quantizer's workspace is the graph's own)."""
+    _sm90()
+    N, K = 1000, 6912
+    _, _, p, s, b = make_case(M, N, K, torch.bfloat16, True, 11, device=DEV)
+    x = (torch.randn(M, 2 * K, generator=torch.Generator().manual_seed(M)) * 2).to(torch.bfloat16).to(DEV)
+    with _env(TRIT_ACT_QUANT="1"):
+        got = eager_or_replayed(lambda t: torch.ops.trit.ternary_mm_a8_prologue(t, None, None, 0.0, 2, p, s, N, K,
+                                                                               b)[0], x, True)
+    torch.cuda.synchronize()
+    want = torch.ops.trit.ternary_mm_a8(_act_ref_input(x, 2, K), p, s, N, K, b)
+    assert torch.equal(got, want), f"M={M}: {(got != want).sum().item()} outputs differ"
+
+
 @pytest.mark.parametrize("nbytes", [16, 48, 4096, (1 << 20) + 16, 3 * (1 << 22) + 208])
 def test_read_probe_xors_every_word(nbytes):
     """bench.read_floor's probe (csrc/read_probe.cu) reads every 16-byte word once in each launch shape it

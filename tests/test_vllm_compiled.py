@@ -74,14 +74,14 @@ print("RESULT " + json.dumps({"flags": flags, "calls": calls, "generate_calls": 
 
 def run(tmp_path, prequant: str, fused_norm: str = "0", attr: str = "trit_prequant", model=None,
         prologue: str = "0", chain: str = "0", count=(), prompts: str = "both", piecewise: bool = False,
-        fnorm_layout: str = "0") -> dict:
+        fnorm_layout: str = "0", act_quant: str = "0") -> dict:
     """One vLLM run in its own process with these settings; count: trit op names whose calls during the
     generate calls come back under "calls" (those of the first generate call alone under "generate_calls");
     prompts "one": that generate call on the first prompt alone (decode steps of one token)."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "TRIT_A8_PREQUANT": prequant,
            "TRIT_FUSED_NORM_QUANT": fused_norm, "TRIT_A8_PROLOGUE": prologue, "TRIT_CHAIN": chain,
-           "TRIT_FUSED_NORM_LAYOUT": fnorm_layout,
+           "TRIT_FUSED_NORM_LAYOUT": fnorm_layout, "TRIT_ACT_QUANT": act_quant,
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "TRIT_TEST_PIECEWISE": "1" if piecewise else "0"}
     model = model or ROOT / "models" / "tiny-bitnet"
@@ -305,6 +305,27 @@ def test_chain_llama_compiles_and_matches_default(tmp_path):
     every = run(tmp_path, "0", attr="trit_chain", model=d, chain="all", count=COUNT, prompts="one")
     assert every["calls"]["ternary_chain"] > g, every["calls"]  # the 48-token pass runs the chain too
     _assert_within_rounding(every, off)
+
+
+def test_act_quant_llama_routes_down_proj_only(tmp_path):
+    """TRIT_ACT_QUANT=1 on a Llama-shaped ternary checkpoint: trit.vllm.llama's subclass runs SiLU-mul -> down_proj
+    as trit::ternary_mm_a8_prologue (every layer flagged; the CUDA op computes the SiLU-mul inside down_proj's
+    activation quantizer) and nothing else through it: one call per decoder layer and forward pass, no
+    rms_norm_a8q (the norms stay vLLM's), the plain route's next-token choices within bf16 rounding."""
+    from reference.make_model import Preset, write_model
+
+    d = write_model(Preset("llama", 128, 256, 2, 4, 2, 160, False, eps=1e-5, seed=22), tmp_path / "llama",
+                    dtype=torch.bfloat16)
+    count = ("ternary_mm_a8_prologue", "rms_norm_a8q", "ternary_mm_a8")
+    off = run(tmp_path, "0", attr="trit_act_quant", model=d, count=count, prompts="one")
+    on = run(tmp_path, "0", attr="trit_act_quant", model=d, act_quant="1", count=count, prompts="one")
+    assert all(not f for _, f in off["flags"]) and on["flags"] and all(f for _, f in on["flags"]), (off, on)
+    assert off["calls"]["ternary_mm_a8_prologue"] == 0 and on["calls"]["rms_norm_a8q"] == 0, (off, on)
+    p = on["calls"]["ternary_mm_a8_prologue"]
+    # per layer and forward pass: down_proj through the prologue op, qkv / o / gate_up through ternary_mm_a8
+    assert p > 0 and p % 2 == 0 and on["calls"]["ternary_mm_a8"] == 3 * p, on["calls"]
+    assert off["calls"]["ternary_mm_a8"] == 4 * p, (off["calls"], p)
+    _assert_within_rounding(on, off)
 
 
 def test_chain_keeps_the_old_route_where_a_layer_has_a_bias(tmp_path):

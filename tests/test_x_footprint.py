@@ -33,3 +33,11 @@ def test_no_scale_markdown_splits_the_op():
     md = xf.markdown({"device": "H200", "date": "d", "commit": "c"}, rows)
     assert "| 32 | 6144x4096 | 4 x 1 | 6.80 | 1.50 | 9.10 | 0.80 |" in md
     assert "| 64 | 2560x6912 | 8 x 1 | 10.50 | - | 12.00 | 1.50 |" in md
+
+
+def test_no_scale_markdown_with_the_norm_route():
+    rows = [dict(M=32, N=6144, K=4096, f=1, ks=4, nw=1, us=6.8, quant_us=2.5, op_us=9.1, x_kib=128,
+                 norm_q_us=3.0, gemv_pre_us=6.9)]
+    md = xf.markdown({"device": "H200"}, rows)
+    assert "| 32 | 6144x4096 | 3.00 | 6.90 | 9.30 |" in md
+    assert "rms_norm_a8q 3.00 us + its GEMV 6.90 us" in xf.fmt(dict(rows[0], grid=[1], block=[128, 1, 1], weight_gbps=900.0))

@@ -41,7 +41,9 @@ Ops (all take x: [M, K] of bfloat16 | float16 | float32 and return [M, N] of x's
         xq tiled (:func:`a8_tile`: at 8 < M <= 32 the interleaved row tiles the MT = 2 / 4 GEMVs read best)
     torch.ops.trit.ternary_mm_a8_prologue(x, residual, norm_weight, eps, act, packed, scale, N, K, bias=None)
         -> (y, residual_out): ternary_mm_a8 of act(gate) * up or x (+ residual), RMSNorm-ed when
-        norm_weight is given; at M = 1 one kernel (:func:`ternary_mm_a8_prologue_ref`)
+        norm_weight is given; at M = 1 one kernel (:func:`ternary_mm_a8_prologue_ref`); act without norm or
+        residual and TRIT_ACT_QUANT=1 (read per call): the layer's activation quantizer computes act(gate) * up
+        and the GEMV follows, two kernels at M <= 64 on sm_90 (the same values bit for bit)
     torch.ops.trit.ternary_chain(x, residual, residual_stage, norm_weights, acts, packed, scales, Ns, Ks, eps)
         -> (y, residual_out): up to 4 ternary_mm_a8_prologue layers in a row (a model's layer tail); at M = 1
         one persistent kernel with a grid barrier between the layers (:func:`ternary_chain_ref`)

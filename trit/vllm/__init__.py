@@ -11,7 +11,7 @@ The method goes through ``register_quantization_config`` and the model through
 thing is patched, and only under TRIT_CHAIN=1 (the one-token routing's torch.cond): vLLM's
 ``split_graph`` is wrapped so that each cond keeps its predicate and each compiled piece its placeholders
 first (trit.vllm.fx_compat: with torch 2.11, vLLM 0.26 compiled such a piece with too few inputs).
-With TRIT_FUSED_NORM_QUANT, TRIT_A8_PROLOGUE or TRIT_CHAIN set when it registers, ``LlamaForCausalLM``
+With TRIT_FUSED_NORM_QUANT, TRIT_A8_PROLOGUE, TRIT_ACT_QUANT or TRIT_CHAIN set when it registers, ``LlamaForCausalLM``
 is registered as trit.vllm.llama's subclass (vLLM's class unless a ternary layer is flagged for the fused norm).
 ``register()`` is idempotent: vLLM may call it more than once per process.
 """
@@ -45,14 +45,14 @@ def register() -> None:
         from .bitnet import BitNetForCausalLM
 
         ModelRegistry.register_model("BitNetForCausalLM", BitNetForCausalLM)
-    from .quant import chain_mode, chain_selected, fused_norm_selected, prologue_selected
+    from .quant import act_quant_selected, chain_mode, chain_selected, fused_norm_selected, prologue_selected
 
     if chain_mode() == "one":
         # the one-token routing's torch.cond through vLLM's piecewise compile (fx_compat)
         from .fx_compat import install_split_graph_fix
 
         install_split_graph_fix()
-    if fused_norm_selected() or prologue_selected() or chain_selected():
+    if fused_norm_selected() or prologue_selected() or act_quant_selected() or chain_selected():
         # vLLM's Llama with the norms fused into the ternary layers (and its tail chained)
         from .llama import TritLlamaForCausalLM
 

@@ -1,12 +1,14 @@
 """vLLM's Llama with the norms (and SiLU-mul) in front of the W1.58A8 layers fused with them.
 
-Registered over ``LlamaForCausalLM`` only when TRIT_FUSED_NORM_QUANT, TRIT_A8_PROLOGUE or TRIT_CHAIN is set
-when the plugin registers (trit.vllm.register), and behaving as vLLM's own class except where the ternary method
-flagged a layer (compiled, TP = 1). ``trit_fused_norm`` (trit.vllm.quant.fused_norm_selected): the input
+Registered over ``LlamaForCausalLM`` only when TRIT_FUSED_NORM_QUANT, TRIT_A8_PROLOGUE, TRIT_ACT_QUANT or TRIT_CHAIN
+is set when the plugin registers (trit.vllm.register), and behaving as vLLM's own class except where the ternary
+method flagged a layer (compiled, TP = 1). ``trit_fused_norm`` (trit.vllm.quant.fused_norm_selected): the input
 norm -> qkv_proj and post-attention norm -> gate_up_proj pairs run as trit::rms_norm_a8q + ternary_mm_a8q;
 o_proj and down_proj keep their own quantizer. ``trit_prologue`` (trit.vllm.quant.prologue_selected): those
 two pairs and SiLU-mul -> down_proj run as trit::ternary_mm_a8_prologue, the norm / activation inside the
-layer's GEMV (trit.vllm.bitnet.norm_then_linear). ``trit_chain`` (trit.vllm.quant.chain_selected): the
+layer's GEMV (trit.vllm.bitnet.norm_then_linear). ``trit_act_quant`` (trit.vllm.quant.act_quant_selected):
+SiLU-mul -> down_proj alone runs as trit::ternary_mm_a8_prologue, the activation inside down_proj's activation
+quantizer; the norms stay vLLM's. ``trit_chain`` (trit.vllm.quant.chain_selected): the
 layer's tail from the attention output - o_proj, (+ residual) post-attention norm -> gate_up_proj, SiLU-mul ->
 down_proj - runs as one trit::ternary_chain (trit.vllm.bitnet.chain_tail); with trit_prologue too, the input
 norm -> qkv_proj keeps the prologue. The decoder layer's forward below is vLLM's
@@ -20,7 +22,7 @@ from vllm.model_executor.models.llama import LlamaAttention, LlamaDecoderLayer, 
 
 from .bitnet import bias_of, chain_tail, norm_then_linear
 
-_FLAGS = ("trit_fused_norm", "trit_prologue", "trit_chain")
+_FLAGS = ("trit_fused_norm", "trit_prologue", "trit_act_quant", "trit_chain")
 
 
 def fused_layer(layer) -> bool:
@@ -58,8 +60,9 @@ class TritLlamaDecoderLayer(LlamaDecoderLayer):
         out, _ = attn.o_proj(a)
         x, residual = norm_then_linear(self.post_attention_layernorm, mlp.gate_up_proj, out, residual)
         down = mlp.down_proj
-        if getattr(down, "trit_prologue", False) and silu is not None and x.dim() == 2:
-            # SiLU(gate) * up inside down_proj's GEMV
+        if ((getattr(down, "trit_prologue", False) or getattr(down, "trit_act_quant", False)) and silu is not None
+                and x.dim() == 2):
+            # SiLU(gate) * up inside down_proj's GEMV (TRIT_A8_PROLOGUE, M = 1) or its quantizer (TRIT_ACT_QUANT)
             x, _ = down.quant_method.apply_prologue(down, x, None, None, 0.0, silu, bias_of(down))
             return x, residual
         x, _ = down(mlp.act_fn(x))

@@ -458,12 +458,15 @@ class TernaryLinearMethod(_SpecLinearMethod):
         # TRIT_A8_PROLOGUE: the norm / activation in front of this layer runs inside its GEMV
         # (trit::ternary_mm_a8_prologue; the BitNet model and trit.vllm.llama)
         layer.trit_prologue = fusable and prologue_selected()
+        # TRIT_ACT_QUANT: Llama's SiLU(gate) * up in front of this layer (down_proj) computed by the layer's
+        # activation quantizer (trit::ternary_mm_a8_prologue's act route; trit.vllm.llama)
+        layer.trit_act_quant = fusable and act_quant_selected()
         # TRIT_CHAIN: this layer may be a stage of a decoder layer's tail run as one trit::ternary_chain
         # (apply_chain; the BitNet model and trit.vllm.llama decide whether the whole tail qualifies)
         layer.trit_chain = fusable and chain_selected()
         # TRIT_CHAIN=all: the chain at every token count (else at one token only: trit.vllm.bitnet.route_tokens)
         layer.trit_chain_all = layer.trit_chain and chain_mode() == "all"
-        for flag in ("trit_fused_norm", "trit_prologue", "trit_chain", "trit_chain_all"):
+        for flag in ("trit_fused_norm", "trit_prologue", "trit_act_quant", "trit_chain", "trit_chain_all"):
             if getattr(layer, flag):
                 key_compile_cache(self.prefix, flag)
         if layer.trit_fnorm_layout:  # the traced graph passes the layout to the two ops: its own cache entry
@@ -621,6 +624,17 @@ def prologue_selected(setting: Optional[str] = None) -> bool:
     arithmetic in several kernels. Unset / 0: off (the default until measured end to end). Only at TP = 1,
     where the layer runs the trit ops and vLLM compiles the model (model_compiled)."""
     return _switch_on("TRIT_A8_PROLOGUE", setting)
+
+
+def act_quant_selected(setting: Optional[str] = None) -> bool:
+    """TRIT_ACT_QUANT, read when the model loads (and by trit::ternary_mm_a8_prologue per call): 1 routes Llama's
+    SiLU(gate) * up -> down_proj (trit.vllm.llama) through trit::ternary_mm_a8_prologue, whose CUDA op then computes
+    the activation inside down_proj's activation quantizer (csrc trit_mm_a8_act: the cluster quantizer reading
+    [gate | up]) in front of the GEMV the plain layer runs - one kernel where the model runs the SiLU-mul kernel
+    and the quantizer (32 launches a step fewer on the 8B at every batch size up to 64). The same values as the
+    plain route, bit for bit (torch's roundings of silu and mul). Unset / 0: off (not yet measured on a GPU).
+    Only at TP = 1 where the layer runs the trit ops and vLLM compiles the model (model_compiled)."""
+    return _switch_on("TRIT_ACT_QUANT", setting)
 
 
 def _switch_on(name: str, setting: Optional[str] = None) -> bool:
