@@ -18,7 +18,7 @@ from reference.spec import spec_for
 
 from . import names as N
 from .golden import GoldenError, compute_fingerprint, write_golden
-from .inputs import fixed_inputs
+from .inputs import SEQ_LEN, fixed_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "models" / "tiny-bitnet"
@@ -30,7 +30,17 @@ def dump_reference(model_dir: Path, out: Path, *, spec_path=None, force: bool = 
     ``device="cuda"`` runs the same fp32 code on a GPU (real-sized models)."""
     cfg = ModelConfig.load(model_dir)
     spec = spec_for(model_dir, cfg, spec_path)
-    input_ids, desc = fixed_inputs(model_dir, cfg.vocab_size)
+    # a model with a short context gets inputs that fit it, one position left for the token the vllm target
+    # samples after the prompt (vLLM refuses a longer prompt; RoPE past the trained positions is no test either)
+    seq_len = min(SEQ_LEN, cfg.max_position_embeddings - 1)
+    if seq_len < 2:
+        raise ValueError(f"{model_dir}/config.json: max_position_embeddings {cfg.max_position_embeddings} leaves "
+                         f"fewer than 2 input positions (the parity inputs need 2 to {SEQ_LEN} tokens)")
+    input_ids, desc = fixed_inputs(model_dir, cfg.vocab_size, seq_len)
+    if seq_len < SEQ_LEN:
+        desc["seq_len_note"] = (f"cut from {SEQ_LEN} to {seq_len} tokens: config.json max_position_embeddings "
+                                f"{cfg.max_position_embeddings}, one position left for a sampled token")
+        print(f"note: {desc['seq_len_note']}", file=sys.stderr)
     model = ReferenceModel.from_dir(model_dir, spec_path=spec_path, device=device)
     captured = {}
     model.forward(input_ids, lambda n, t: captured.__setitem__(n, t.detach().float().cpu().clone()))

@@ -1333,6 +1333,7 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                                 f"are listed under candidate decodes", "low"))
     spec = build_spec(modules, floats, best, cfg, f"inspected:{model_dir.name}")
     spec.validate(cfg, ckpt)
+    findings.append(_activation_finding(cfg, spec, modules, ckpt, ids))
     zr = {}
     for hf, e in spec.linears.items():
         d = decode_linear(ckpt, e, hf)  # strict: an unused code at a logical position fails here
@@ -1342,6 +1343,39 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
         m.weight.zero_ratio_decoded = sum(vals) / len(vals) if vals else None
     loss = scored[0].loss if ids is not None else None
     return Inspection(model_dir, cfg, spec, stats, modules, floats, findings, scored, loss, zr)
+
+
+def _activation_finding(cfg, spec, modules, ckpt, ids) -> Finding:
+    """How the spec's activation_quant was decided (inspect_search.build_spec's rule), said in the report: BitNet's
+    architecture, quant_method 'bitnet' or a declared per-token int8 scheme give int8_per_token; a ternary Llama
+    without any of them runs bf16 activations (weights-only ternary, e.g. TriLM), which a checkpoint trained as
+    W1.58A8 does not - nothing in the weights tells the two apart (a trained W1.58A8 model scores about the same
+    loss either way), so that case is low confidence, with both losses where a text sample is scored."""
+    q = (cfg.quantization or {}).get("quant_method")
+    act = spec.activation_quant
+    if not spec.linears:
+        return Finding("activation quantization", act, "no ternary / packed linear: plain float linears", "high")
+    if q == "bitnet":
+        return Finding("activation quantization", act, "config.json quant_method 'bitnet': per-token absmax int8 "
+                       "(BitNet b1.58's W1.58A8)", "high (config)")
+    if cfg.arch == "bitnet":
+        return Finding("activation quantization", act, "BitNet architecture: per-token absmax int8 in front of every "
+                       "BitLinear (W1.58A8)", "high (architecture)")
+    if act == "int8_per_token":
+        return Finding("activation quantization", act, "config.json quantization_config declares dynamic per-token "
+                       "int8 input_activations", "high (config)")
+    ev = (f"{cfg.arch} architecture and no activation scheme in config.json: bf16 activations (weights-only "
+          f"ternary). A checkpoint trained as W1.58A8 needs activation_quant 'int8_per_token' in {SPEC_FILENAME} (or "
+          f"quantization_config.quant_method 'bitnet' in config.json): the weights cannot tell")
+    if ids is not None:
+        from dataclasses import replace
+
+        from .decode import model_loss
+
+        other = replace(spec, activation_quant="int8_per_token")
+        ev += (f"; loss {model_loss(cfg, spec, ckpt, ids):.4f} nats as chosen, "
+               f"{model_loss(cfg, other, ckpt, ids):.4f} with int8_per_token")
+    return Finding("activation quantization", act, ev, "low")
 
 
 def _online_inspection(model_dir, cfg, ckpt, stats, modules, floats, findings) -> Inspection:

@@ -116,3 +116,17 @@ def test_config_fields_of_the_wrong_type_are_named(field, value, match):
     with pytest.raises(CheckpointError, match=r"/x/config\.json: expected a JSON object .* got a list"):
         ModelConfig.from_dict([d], where="/x/config.json")
     assert ModelConfig.from_dict(config_dict(Preset("llama", 96, 200, 2, 6, 2, 89, False))).hidden_size == 96
+
+
+def test_transformers_target_names_packed_weights_without_a_quantization_config(tmp_path):
+    """Packed HF-BitNet weights with the quantization_config removed: transformers would build float linears and fail
+    with a size-mismatch dump; the target names the tensor, its dtype and what to use instead."""
+    import json
+
+    d = write_model(Preset("llama", 64, 96, 1, 4, 2, 67, False, seed=3), tmp_path / "m")
+    c = json.loads((d / "config.json").read_text())
+    c.pop("quantization_config")
+    (d / "config.json").write_text(json.dumps(c))
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.q_proj\.weight is stored as U8 \[16, 64\] "
+                                         r"\(7 such linear weights\) and config\.json has no quantization_config"):
+        get_target("transformers").capture(d, torch.zeros(1, 4, dtype=torch.long))

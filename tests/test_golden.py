@@ -202,3 +202,26 @@ def test_vocabulary_smaller_than_top10(tmp_path):
     r = run_parity("reference", model_dir=d, golden_dir=tmp_path / "g", runs_dir=None, diagnose=False)
     assert r.golden.top10.shape[-1] == 7
     assert r.comparison.passed, r.comparison.summary()
+
+
+def test_inputs_fit_a_short_context(tmp_path, capsys):
+    """max_position_embeddings below the 64 input tokens: the inputs are cut to max_position_embeddings - 1 (one
+    position for the token the vllm target samples), the manifest and stderr say so, and a run on them passes."""
+    import dataclasses
+
+    from reference.make_model import PRESETS, write_model
+
+    d = write_model(dataclasses.replace(PRESETS["oracle-llama-gqa"], max_pos=32), tmp_path / "m")
+    dump_reference(d, tmp_path / "g")
+    assert "cut from 64 to 31 tokens" in capsys.readouterr().err
+    g = GoldenSet.load(tmp_path / "g")
+    assert tuple(g.input_ids.shape) == (NUM_PROMPTS, 31)
+    assert "max_position_embeddings 32" in g.manifest["inputs"]["seq_len_note"]
+    r = run_parity("reference", model_dir=d, golden_dir=tmp_path / "g", runs_dir=None, diagnose=False)
+    assert r.comparison.passed, r.comparison.summary()
+    d2 = write_model(dataclasses.replace(PRESETS["oracle-llama-gqa"], max_pos=2), tmp_path / "m2")
+    with pytest.raises(ValueError, match=r"max_position_embeddings 2 leaves fewer than 2 input positions"):
+        dump_reference(d2, tmp_path / "g2")
+    full = write_model(dataclasses.replace(PRESETS["oracle-llama-gqa"], max_pos=65), tmp_path / "m3")
+    dump_reference(full, tmp_path / "g3")
+    assert tuple(GoldenSet.load(tmp_path / "g3").input_ids.shape) == (NUM_PROMPTS, SEQ_LEN)

@@ -189,6 +189,34 @@ def test_untrained_model_falls_back_to_the_convention_prior(tmp_path):
     assert any(f.what.startswith("layout (prior") for f in ins.findings)
 
 
+@pytest.mark.parametrize("arch", ["llama", "bitnet"])
+def test_activation_quantization_is_a_finding(arch, tmp_path):
+    """Packed HF-BitNet weights with the quantization_config removed: BitNet's architecture implies W1.58A8 (high
+    confidence, said so); a Llama-shaped one gets bf16 activations, which the weights cannot confirm - a low-
+    confidence finding naming the alternative and both losses, in the report too."""
+    from reference.inspect_report import render
+    from reference.make_model import Preset, write_model
+
+    d = write_model(Preset(arch, 64, 96, 2, 4, 2, 512, arch == "bitnet", seed=12), tmp_path / arch)
+    shutil.copy(TRAINED / "tokenizer.json", d / "tokenizer.json")  # a text sample to score the losses on
+    c = json.loads((d / "config.json").read_text())
+    c.pop("quantization_config")
+    (d / "config.json").write_text(json.dumps(c))
+    res = inspect_dir(d)
+    (f,) = [f for f in res.findings if f.what == "activation quantization"]
+    if arch == "bitnet":
+        assert (f.decision, f.confidence) == ("int8_per_token", "high (architecture)")
+        assert res.spec.activation_quant == "int8_per_token"
+    else:
+        assert (f.decision, f.confidence) == ("none", "low") and res.spec.activation_quant == "none"
+        assert "int8_per_token" in f.evidence and f.evidence.count("nats") == 1 and "with int8_per_token" in f.evidence
+    assert "activation quantization" in render(res)
+    with_qc = inspect_dir(write_model(Preset(arch, 64, 96, 2, 4, 2, 67, arch == "bitnet", seed=12), tmp_path / "qc"),
+                          use_loss=False)
+    (f,) = [f for f in with_qc.findings if f.what == "activation quantization"]
+    assert (f.decision, f.confidence) == ("int8_per_token", "high (config)")
+
+
 @pytest.mark.parametrize("fmt", sorted(synth.INT_FORMATS))
 def test_recovers_symmetric_integer_formats(fmt, logical, trained_loss, tmp_path):
     """int2 with all four levels {-2..1} and int4 with 16 levels: the used extra codes are integer

@@ -294,3 +294,33 @@ def test_wrong_sized_tensors_are_refused_before_vllm_loads_them(tmp_path):
     with pytest.raises(Exception, match=rf"model\.safetensors: tensor '{k}' .*has shape \[{n + 1}\], config\.json "
                                         rf"implies \[{n}\]"):
         LLM(model=str(d), dtype="float32", enforce_eager=True, max_model_len=32, skip_tokenizer_init=True)
+
+
+def test_cpu_head_size_without_a_kernel_is_named(tmp_path):
+    """head_dim 16 (hidden 64 / 4 heads): vLLM's CPU attention has no kernel for it and fails inside the first
+    forward naming neither model nor key; the vllm target refuses first, naming config.json, head_dim and vLLM's
+    own list of sizes (nothing to refuse with a GPU)."""
+    import dataclasses
+
+    from reference.make_model import PRESETS
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU attention's head sizes")
+    d = write_model(dataclasses.replace(PRESETS["oracle-llama-gqa"], hidden=64, heads=4, kv_heads=2), tmp_path / "m")
+    with pytest.raises(ValueError, match=r"config\.json: head_dim 16 .*vLLM's CPU attention runs head sizes \[32, "):
+        get_target("vllm").capture(d, torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_inputs_longer_than_the_engine_are_named(tmp_path):
+    """Golden inputs longer than the engine's max_model_len (goldens dumped before the inputs were cut to a short
+    context): an error naming the model, the positions needed and max_position_embeddings, not vLLM's traceback."""
+    from types import SimpleNamespace
+
+    from parity.targets.vllm import VllmTarget
+
+    d = write_model("oracle-llama-gqa", tmp_path / "m")
+    llm = SimpleNamespace(llm_engine=SimpleNamespace(model_config=SimpleNamespace(max_model_len=32)))
+    VllmTarget.check_fits(d, llm, 32, "capture")
+    with pytest.raises(ValueError, match=r"m: capture of 64-token inputs needs 65 positions but the vLLM engine's "
+                                         r"max_model_len is 32 \(config\.json max_position_embeddings 512\)"):
+        VllmTarget.check_fits(d, llm, 65, "capture of 64-token inputs")

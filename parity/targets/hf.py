@@ -77,6 +77,20 @@ class TransformersTarget(Target):
                 raise ValueError(f"{model_dir}: transformers' BitLinear cannot hold {m} ({n} output features, "
                                  f"not a multiple of 4; {len(odd)} such modules): use the reference or vllm target")
 
+        elif not (cfg.quantization or {}).get("quant_method"):
+            # without a quantization_config transformers builds plain nn.Linear layers: integer (packed) weights do
+            # not fit them, and it fails with a size-mismatch dump that names neither the format nor what to do
+            ck = Checkpoint(model_dir)
+            packed = [f"{m}.weight" for m in cfg.linear_shapes() if f"{m}.weight" in ck
+                      and ck.info(f"{m}.weight").dtype not in ("F32", "F16", "BF16", "F64")]
+            if packed:
+                info = ck.info(packed[0])
+                raise ValueError(f"{model_dir}: {packed[0]} is stored as {info.dtype} {list(info.shape)} ({len(packed)} "
+                                 f"such linear weights) and config.json has no quantization_config, so transformers "
+                                 f"builds float linears (its BitNet integration needs quant_method 'bitnet' and that "
+                                 f"packing): transformers is no oracle "
+                                 f"for this checkpoint; use the reference, bf16 or vllm target (after `python -m "
+                                 f"reference.inspect` for an undocumented format)")
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
                                                      attn_implementation="eager")
         return model.eval()

