@@ -432,8 +432,9 @@ std::tuple<at::Tensor, at::Tensor> ternary_mm_a8_prologue_cuda(
   at::Tensor h = xc;
   if (act != 0 && M > 0) {
     // TRIT_ACT_MUL=1: one kernel with torch's roundings (csrc act_mul_kernel; H200 run 27: bit for bit torch's
-    // three ops; off until measured end to end)
-    if (env_flag("TRIT_ACT_MUL", false)) {
+    // three ops; off until measured end to end). TRIT_ACT_QUANT=1 takes it too where its own route does not run
+    // (past M = 64, the GEMM routes): one kernel, as Inductor's SiLU-mul was, instead of two torch ops
+    if (env_flag("TRIT_ACT_MUL", false) || env_flag("TRIT_ACT_QUANT", false)) {
       h = at::empty({M, K}, x.options());
       check_launch(trit_act_mul(dtype_code(x.scalar_type(), op), xc.data_ptr(), h.data_ptr(), (int)M, (int)K,
                                 (int)act, current_stream(x)),

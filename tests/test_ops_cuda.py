@@ -1395,7 +1395,8 @@ def test_act_quant_hypothesis_cuda(M, N, K, dtype, act, bias, seed):
                                           (16, 2560, 6912, True), (32, 640, 1000, True), (72, 4096, 14336, False)])
 def test_act_quant_runs_two_kernels(M, N, K, fused):
     """Where it runs, the op is two kernels: the cluster quantizer reading [gate | up] and the GEMV - no activation
-    kernel, no other quantizer; past M = 64 (the GEMM route) the composed kernels."""
+    kernel, no other quantizer; past M = 64 (the GEMM route) the composed kernels, the activation as one
+    act_mul_kernel (not two torch ops)."""
     _sm90()
     names = _act_quant_kernels(M, N, K)
     quant = [n for n in names if "quant_rows" in n]
@@ -1403,7 +1404,8 @@ def test_act_quant_runs_two_kernels(M, N, K, fused):
         assert len(names) == 2 and len(quant) == 1 and "quant_rows_cluster_kernel" in quant[0], names
         assert any("a8_small_kernel" in n for n in names), names
     else:
-        assert len(names) > 2, names
+        assert len(names) > 2 and sum("act_mul_kernel" in n for n in names) == 1, names
+        assert not any("silu" in n.lower() or "mulfunctor" in n.lower() for n in names), names
 
 
 @pytest.mark.parametrize("knobs", [{"TRIT_QUANT_CLUSTER": "0"}, {"TRIT_QUANT_CLUSTER": "1"}, {"TRIT_A8_XI": "0"},
