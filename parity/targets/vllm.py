@@ -50,14 +50,31 @@ from .base import Target
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def check_tp_shardable(model_dir: Path, cfg: ModelConfig, tp: int) -> None:
+#: the linears whose input K vLLM splits over the TP ranks (RowParallelLinear), in both families
+ROW_PARALLEL = ("self_attn.o_proj", "mlp.down_proj")
+
+
+def check_tp_shardable(model_dir: Path, cfg: ModelConfig, tp: int, spec_path=None) -> None:
     """Fail here, in this process, with the model's numbers, rather than as an assertion inside a
-    vLLM worker ("5 is not divisible by 2")."""
+    vLLM worker ("5 is not divisible by 2") or a plugin error that only the worker processes print (the
+    caller sees "WorkerProc initialization failed"): the heads, and each row-parallel layer's K against
+    its group-scale size (the plugin slices group scales along K, so K / TP must hold whole groups)."""
     from trit.vllm import tp_heads_error
 
     why = tp_heads_error(cfg.num_heads, cfg.num_kv_heads, tp)
     if why:
         raise ValueError(f"{model_dir}: {why}")
+    try:
+        spec = spec_for(model_dir, cfg, spec_path)
+    except ValueError:  # no readable spec here (CheckpointError, FormatError): the engine's load names it
+        return
+    for name, e in spec.linears.items():
+        K = e.out_shape[1]
+        G = e.scale.group_size if e.scale is not None and e.scale.granularity in ("group", "block") else None
+        if name.endswith(ROW_PARALLEL) and G and K % tp == 0 and (K // tp) % G:
+            raise ValueError(f"{model_dir}: {name}: tensor_parallel_size {tp} splits in_features {K} into {K // tp} "
+                             f"per rank, not a multiple of its group-scale size {G} ({spec.name}: scale granularity "
+                             f"{e.scale.granularity!r}); use a TP size with (K / TP) % {G} == 0")
 
 
 def check_cpu_head_size(model_dir: Path, cfg: ModelConfig) -> None:
@@ -184,7 +201,7 @@ class VllmTarget(Target):
                 # undocumented format, and spec_for says to run the inspector (vLLM's error would not)
                 spec_for(model_dir, cfg)
         if self.tp > 1:
-            check_tp_shardable(model_dir, cfg, self.tp)
+            check_tp_shardable(model_dir, cfg, self.tp, spec_path)
             # tensor parallel: worker processes (the model is not in this process, so capture's hooks
             # cannot attach; topk_ids and generate work)
             kw["tensor_parallel_size"] = self.tp
