@@ -232,3 +232,39 @@ def test_online_mode_checkpoint_exports_with_its_multipliers(tmp_path):
     tx.export(d, out, log=lambda m: None)
     ids = torch.arange(3, 40).reshape(1, -1)
     assert torch.equal(ReferenceModel.from_dir(out).forward(ids), ReferenceModel.from_dir(d).forward(ids))
+
+
+def test_float_stored_ternary_exports_with_its_magnitudes_as_scales(tmp_path):
+    """TriLM stores {-s, 0, +s} as float weights with no scale tensor. One s per output row (trilm-row): the export
+    moves each row's s into the fp32 per-channel multiplier and packs sign(W) - every decoded weight equals the
+    original's bit for bit, the reference output stays within the fp32-a8 tier. Megatron-sharded TriLM (trilm: o /
+    down_proj with one s per column shard, varying along K) has no per-row multiplier: refused, naming the module."""
+    from reference import synth
+    from reference.inspect import inspect_dir
+
+    logical = synth.Logical.from_dir(Path(__file__).resolve().parent.parent / "models" / "tiny-trained")
+    for fmt in ("trilm", "trilm-row"):
+        synth.write(fmt, logical, tmp_path / fmt)
+        inspect_dir(tmp_path / fmt, use_loss=False).spec.save(tmp_path / fmt / SPEC_FILENAME)
+    with pytest.raises(tx.ExportError, match=r"(o_proj|down_proj): tensor .* not one magnitude per output row"):
+        tx.export(tmp_path / "trilm", tmp_path / "out0")
+    assert not (tmp_path / "out0").exists()
+    src = tmp_path / "trilm-row"
+    out = tmp_path / "out"
+    s1 = tx.export(src, out)
+    s0 = spec_for(src)
+    c0, c1 = Checkpoint(src), Checkpoint(out)
+    for mod, e in s0.linears.items():
+        a, b = decode_linear(c0, e, mod), decode_linear(c1, s1.linears[mod], mod)
+        assert torch.equal(a.effective(), b.effective()), mod
+        assert s1.linears[mod].scale.granularity == "channel" and b.values.dtype == torch.int8
+    # the same weights; the reference now sums sign(W) and multiplies by s after the sum (ulps that int8
+    # activations compound, as for --invert-scales): the fp32-a8 tier (5e-2)
+    from reference.model import ReferenceModel
+
+    ids = torch.randint(3, 512, (2, 24), generator=torch.Generator().manual_seed(7))
+    a, b = ReferenceModel.from_dir(src).forward(ids), ReferenceModel.from_dir(out).forward(ids)
+    assert ((a - b).abs().max() / a.abs().max()).item() < 5e-2
+    w = torch.tensor([[0.5, -0.5, 0.0], [0.25, 0.0, -0.75]])
+    assert tx._row_magnitudes(w) is None
+    assert torch.equal(tx._row_magnitudes(torch.tensor([[0.5, -0.5, 0.0], [0.0, 0.0, 0.0]])), torch.tensor([0.5, 1.0]))

@@ -22,7 +22,9 @@ linear once and writes OUTDIR with
   ``quant_method: bitnet`` would make transformers expect its own packing), plus the tokenizer
   and generation files copied as they are.
 
-Fused tensors on disk (spec entries with ``rows``) are written as separate modules.  Group
+Fused tensors on disk (spec entries with ``rows``) are written as separate modules.  Float-stored
+ternary weights without a scale (TriLM's {-s, 0, +s}) with one magnitude per output row export as
+sign(W) with s as the row's multiplier (_row_magnitudes).  Group
 (block) scales cannot be expressed as one multiplier per output channel: the export refuses
 them, naming the module.  The vLLM plugin then loads the int32 tiles straight into the layers
 (no decode, no staging, no repack at start-up; see ``trit.vllm.quant``).  A vLLM layer whose
@@ -71,6 +73,16 @@ def check_exportable(spec: CheckpointSpec) -> None:
                 f"the {LAYOUT} layout")
 
 
+def _row_magnitudes(w: torch.Tensor) -> Optional[torch.Tensor]:
+    """fp32 [N]: each row's one nonzero magnitude s_i where every weight of row i is -s_i, 0 or +s_i (TriLM's
+    float-stored ternary, per tensor or per row), 1 for an all-zero row; None where a row holds two magnitudes."""
+    a = w.abs().to(torch.float32)
+    s = a.amax(dim=1)
+    if not bool(((a == 0) | (a == s[:, None])).all()):
+        return None
+    return torch.where(s > 0, s, torch.ones_like(s)).contiguous()
+
+
 def export_linear(ckpt: Checkpoint, entry: LinearEntry, mod: str, *, invert_scales: bool = False):
     """One module -> (packed int32 tiles, fp32 [N] scale or None, bias or None, new entry).
 
@@ -84,10 +96,16 @@ def export_linear(ckpt: Checkpoint, entry: LinearEntry, mod: str, *, invert_scal
 
     d = decode_linear(ckpt, entry, mod)
     vals = d.values
-    if vals.is_floating_point():  # stored unpacked: must already be exactly ternary
+    folded = None  # float weights {-s_i, 0, +s_i} (TriLM): the per-row magnitudes s_i, moved into the scale
+    if vals.is_floating_point():  # stored unpacked: exactly ternary, or one magnitude per row without a scale
         if not bool(((vals == -1) | (vals == 0) | (vals == 1)).all()):
-            raise ExportError(f"{mod}: tensor {entry.weight_key!r} is stored unpacked but is not ternary "
-                              f"(values outside {{-1, 0, +1}}); fold float weights into the scale first")
+            folded = _row_magnitudes(vals) if entry.scale is None and entry.online is None else None
+            if folded is None:
+                raise ExportError(f"{mod}: tensor {entry.weight_key!r} is stored unpacked but is not ternary "
+                                  f"(values outside {{-1, 0, +1}}" + ("" if entry.scale is not None else
+                                  ", and not one magnitude per output row {-s, 0, +s}") + "): the trit kernels take "
+                                  f"ternary values times one multiplier per output channel")
+            vals = torch.sign(vals)
         vals = vals.to(torch.int8)
     elif vals.dtype != torch.int8 or (vals.numel() and int(vals.abs().max()) > 1):
         raise ExportError(f"{mod}: code table of {entry.weight_key!r} decodes to values outside {{-1, 0, +1}}; "
@@ -97,7 +115,9 @@ def export_linear(ckpt: Checkpoint, entry: LinearEntry, mod: str, *, invert_scal
     if not torch.equal(unpack(packed, n, k), vals):  # cheap, and the file is never wrong silently
         raise ExportError(f"{mod}: repack round trip failed (bug in trit.ops.repack)")
     scale, op = None, "multiply"
-    if entry.scale is not None or entry.online is not None:  # online: the multiplier came from the weight
+    if folded is not None:  # W = sign(W) * s_i exactly: the fp32 multiplier reproduces every stored value
+        scale = folded
+    elif entry.scale is not None or entry.online is not None:  # online: the multiplier came from the weight
         keep_div = (entry.scale is None or entry.scale.op == "divide") and not invert_scales
         m = (d.div if keep_div else d.mult).to(torch.float32)  # (1, 1) or (n, 1); d.mult = 1/s for 'divide'
         if m.shape[-1] != 1:
