@@ -11,6 +11,7 @@
 # ncuquant: the a8 quantizer at M = 1 for K = 2560 - 28672, ncunorm: rms_norm_a8q at M = 1, ncupro:
 # ternary_mm_a8_prologue vs the fused-quantizer GEMV at M = 1, ncuchain: the chain kernel per source line against
 # the ab stage's trees);
+# (actq: bench.act_quant, ACTQ_ARGS; normq: bench.x_footprint --no-scale --norm, NORMQ_CASES);
 # BENCH_ARGS passes arguments to the bench. Wheels in .whl/ (pytest, hypothesis, humming...)
 # are installed to /tmp/site first when present (the GPU machine has no network). To make them,
 # on a networked machine: pip download --no-deps --only-binary=:all: --python-version 3.12
@@ -474,6 +475,19 @@ if has readfloor; then
   krec=$(ls -t "$OUT"/*-h200*.json "$OUT"/20*.json 2>/dev/null | grep -v -e read-floor -e partial- | head -1)
   timeout ${FLOOR_TIMEOUT:-240} $PY -m bench.read_floor --out "$OUT" --shapes ${FLOOR_SHAPES:-2b,8b,70b} \
     ${krec:+--kernels "$krec"} || rc=1
+fi
+if has actq; then
+  # Llama's SiLU-mul inside down_proj's quantizer (TRIT_ACT_QUANT) against Inductor's SiLU-mul + ternary_mm_a8
+  # (bench/act_quant.py: op times, each kernel by CUPTI, a bit-exactness check); ACTQ_ARGS e.g. --cases 32:4096x14336
+  step "act-quant"
+  timeout ${ACTQ_TIMEOUT:-300} $PY -X faulthandler -m bench.act_quant --out "$OUT" ${ACTQ_ARGS:-} || rc=1
+fi
+if has normq; then
+  # the fused-norm route's kernels (rms_norm_a8q and the GEMV on its quantization) by CUPTI with PDL off, beside the
+  # default's quantizer + GEMV (bench.x_footprint --no-scale --norm; a case past --watchdog prints its stacks)
+  step "norm + quantizer kernels"
+  timeout ${NORMQ_TIMEOUT:-300} $PY -X faulthandler -m bench.x_footprint --no-scale --norm --out "$OUT" \
+    --cases ${NORMQ_CASES:-32:6144x4096,32:28672x4096,32:3840x2560,32:13824x2560,16:8192x8192,64:14336x4096} || rc=1
 fi
 step "done rc=$rc"
 exit $rc
