@@ -65,6 +65,10 @@ def main(argv=None) -> int:
     except (GoldenError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (OSError, AssertionError, RuntimeError) as e:  # a path that cannot be read or written (a missing --spec,
+        # an --out under a file or a read-only directory), --device cuda where torch has no CUDA: said, not a traceback
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
     print(f"wrote golden set {path}")
     return 0
 

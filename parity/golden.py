@@ -87,6 +87,9 @@ class GoldenSet:
             raise StaleGolden(f"{mf}: golden format {manifest.get('format')}, this harness reads {FORMAT}")
         from reference.checkpoint import read_header
 
+        if not (path / TENSORS).is_file():
+            raise GoldenError(f"{path}: {MANIFEST} without {TENSORS}: an incomplete golden set; regenerate it with "
+                              f"`python -m parity.dump --ref --force`")
         read_header(path / TENSORS)  # validates offsets: a truncated golden file says so
         data = load_file(str(path / TENSORS))
         tensors = {}
@@ -113,7 +116,11 @@ class GoldenSet:
         if then["weights_sha256"] != now["weights_sha256"]:
             why.append("weight files changed")
         if then["spec_sha256"] != now["spec_sha256"]:
-            why.append(f"format spec changed ({then['spec_name']} -> {now['spec_name']})")
+            # same-named specs differ in content (the model's shapes are part of a config-derived spec)
+            why.append(f"format spec changed ({then['spec_name']} -> {now['spec_name']})" if then["spec_name"] !=
+                       now["spec_name"] else f"format spec {now['spec_name']!r} changed (its content, same name)")
+        if why and then.get("dir") and Path(then["dir"]).resolve() != Path(model_dir).resolve():
+            why.insert(0, f"made from {then['dir']}, not {model_dir}")  # (a copy elsewhere with the same files is fine)
         if self.manifest["reference_version"] != reference_version:
             why.append(f"reference version {self.manifest['reference_version']} -> {reference_version}")
         return why
@@ -173,7 +180,11 @@ def write_golden(out: Path, tensors: dict, order: list, input_ids: torch.Tensor,
                  force: bool = False, compute: Optional[str] = None) -> Path:
     from safetensors.torch import save_file
 
+    from reference.io import umask_mode
+
     out = Path(out)
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()  # an empty directory (made by hand for the set) holds nothing to keep or refuse
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST).exists())):
         # not a golden set (a model directory, the golden/ root, ...): --force would move it aside and put a
         # golden set in its place
@@ -212,9 +223,12 @@ def write_golden(out: Path, tensors: dict, order: list, input_ids: torch.Tensor,
     }
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{time.time_ns()}")
     tmp.mkdir(parents=True)
+    aside = None
     try:
         save_file(data, str(tmp / TENSORS))
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        for f in (tmp / TENSORS, tmp / MANIFEST):  # readable as any file the user writes (safetensors makes 0600)
+            umask_mode(f)
         if out.exists():
             aside = out.with_name(f"{out.name}.prev-{time.strftime('%Y%m%d-%H%M%S')}")
             n = 0
@@ -224,6 +238,8 @@ def write_golden(out: Path, tensors: dict, order: list, input_ids: torch.Tensor,
             out.rename(aside)
         tmp.rename(out)
     except BaseException:
+        if aside is not None and aside.exists() and not out.exists():
+            aside.rename(out)  # interrupted between the two renames: the old set goes back where it was
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out

@@ -45,16 +45,33 @@ def _paths(config):
     return model, golden, (Path(spec) if spec else None)
 
 
-def parity_names(config) -> list[str]:
-    _, golden, _ = _paths(config)
+def golden_problem(config):
+    """Why the golden set cannot give the test names (None: it can): missing, or a manifest that is not a golden
+    manifest. Said by test_parity's placeholder test and, since `-k` may deselect that, by the terminal summary."""
+    model, golden, _ = _paths(config)
     mf = golden / "manifest.json"
     if not mf.exists():
+        return (f"no golden set at {golden} (no manifest.json): make one with `python -m parity.dump --ref --model "
+                f"{model} --out {golden}`")
+    try:
+        order = json.loads(mf.read_text())["order"]
+        if not isinstance(order, list):
+            raise TypeError(f"'order' is {type(order).__name__}")
+    except (ValueError, KeyError, TypeError) as e:
+        return f"{mf}: not a golden manifest ({type(e).__name__}: {e}); regenerate with `python -m parity.dump --ref --force`"
+    return None
+
+
+def parity_names(config) -> list[str]:
+    _, golden, _ = _paths(config)
+    if golden_problem(config) is not None:
         return ["golden-missing"]
-    return list(json.loads(mf.read_text())["order"]) + ["top10"]
+    return list(json.loads((golden / "manifest.json").read_text())["order"]) + ["top10"]
 
 
 def pytest_generate_tests(metafunc):
     if "parity_name" in metafunc.fixturenames:
+        _STATE["parity_collected"] = True
         names = parity_names(metafunc.config)
         metafunc.parametrize("parity_name", names, ids=names)
 
@@ -85,6 +102,10 @@ def parity_result(request):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     res = _STATE.get("result")
     if res is None:
+        why = golden_problem(config) if _STATE.get("parity_collected") else None
+        if why:  # the placeholder test was deselected (-k) or not run: say it anyway
+            terminalreporter.write_sep("=", "parity", red=True)
+            terminalreporter.write_line(why)
         return
     tr = terminalreporter
     if isinstance(res, Exception):

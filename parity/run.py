@@ -43,6 +43,9 @@ class RunResult:
 
 def load_fresh_golden(golden_dir: Path, model_dir: Path, spec_path=None) -> GoldenSet:
     """The golden set, or StaleGolden naming what changed since it was made."""
+    if not (Path(golden_dir) / "manifest.json").exists():  # the command to make it names this model
+        raise GoldenError(f"{golden_dir}: no golden set here (no manifest.json); make one with "
+                          f"`python -m parity.dump --ref --model {model_dir} --out {golden_dir}`")
     gs = GoldenSet.load(golden_dir)
     cfg = ModelConfig.load(model_dir)
     spec = spec_for(model_dir, cfg, spec_path)
@@ -120,12 +123,24 @@ def main(argv=None) -> int:
     except (GoldenError, CheckpointError, KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (NotImplementedError, RuntimeError) as e:  # a target that cannot run this model (e.g. the kernel
-        # target refusing group scales, vLLM an attention head size): say why, not a traceback
+    except (NotImplementedError, RuntimeError, AssertionError) as e:  # a target that cannot run this model (e.g.
+        # the kernel target refusing group scales, vLLM an attention head size, torch without CUDA for device=cuda):
+        # say why, not a traceback
         print(f"error: target {a.target!r} could not run {a.model}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a path that cannot be read or written (a missing --spec, a --runs under a file, ...)
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
     cmp = res.comparison
-    print(format_table(table(cmp)))
+    df = table(cmp)
+    fd = cmp.first_divergence
+    if fd is not None and not a.all:  # the rows around the first divergence, as the pytest plugin prints them
+        lo, hi = max(0, fd.order - 3), fd.order + 8
+        print(format_table(df.iloc[lo:hi]))
+        if len(df) > hi - lo:
+            print(f"({len(df) - len(df.iloc[lo:hi])} more rows in the report; --all prints every row)")
+    else:
+        print(format_table(df))
     print()
     print(cmp.summary())
     if res.run_dir:

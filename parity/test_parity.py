@@ -7,7 +7,9 @@ import pytest
 @pytest.mark.parity
 def test_parity(parity_name, parity_result, request):
     if parity_name == "golden-missing":
-        pytest.fail("no golden set: run `python -m parity.dump --ref` first", pytrace=False)
+        from .pytest_plugin import golden_problem
+
+        pytest.fail(golden_problem(request.config) or "no golden set", pytrace=False)
     cmp = parity_result.comparison
     if parity_name == "top10":
         tk = cmp.topk

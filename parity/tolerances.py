@@ -88,5 +88,11 @@ def parse_overrides(items) -> dict[str, float]:
         k, sep, v = it.partition("=")
         if not sep:
             raise ValueError(f"tolerance override {it!r} must look like TIER=VALUE")
-        out[k.strip()] = float(v)
+        try:
+            x = float(v)
+        except ValueError:
+            raise ValueError(f"tolerance override {it!r}: {v!r} is not a number") from None
+        if not (x >= 0 and x != float("inf")):  # nan / inf / negative would pass or fail everything silently
+            raise ValueError(f"tolerance override {it!r}: expected a finite number >= 0, got {v!r}")
+        out[k.strip()] = x
     return out

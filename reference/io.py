@@ -6,6 +6,14 @@ import tempfile
 from pathlib import Path
 
 
+def umask_mode(path) -> None:
+    """Give a file we wrote the mode any file the user writes gets (0666 less the umask): mkstemp and safetensors'
+    save_file make 0600, which another user of a shared golden set or export cannot read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -15,6 +23,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        umask_mode(tmp)  # mkstemp makes 0600
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

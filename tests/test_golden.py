@@ -225,3 +225,68 @@ def test_inputs_fit_a_short_context(tmp_path, capsys):
     full = write_model(dataclasses.replace(PRESETS["oracle-llama-gqa"], max_pos=65), tmp_path / "m3")
     dump_reference(full, tmp_path / "g3")
     assert tuple(GoldenSet.load(tmp_path / "g3").input_ids.shape) == (NUM_PROMPTS, SEQ_LEN)
+
+
+def test_cli_bad_paths_are_errors_not_tracebacks(tmp_path, capsys):
+    """A missing --spec, a golden set without its tensors, --runs or --out under a file, and unusable target
+    options: exit 2 with one line naming the problem (1 is kept for a divergence), nothing left half-written; the
+    command suggested for a missing set names the model."""
+    import dataclasses
+
+    from parity.run import main as run_main
+    from reference.make_model import PRESETS, write_model
+
+    d = write_model(dataclasses.replace(PRESETS["oracle-llama-gqa"], layers=2), tmp_path / "m")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert dump_main(["--ref", "--model", str(d), "--out", str(tmp_path / "g"), "--spec", str(tmp_path / "no.json")]) == 2
+    assert "no.json" in capsys.readouterr().err and not (tmp_path / "g").exists()
+    assert dump_main(["--ref", "--model", str(d), "--out", str(afile / "g")]) == 2
+    assert "afile" in capsys.readouterr().err
+    assert run_main(["--model", str(d), "--golden", str(tmp_path / "nothere")]) == 2
+    assert f"--model {d} --out {tmp_path / 'nothere'}" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert dump_main(["--ref", "--model", str(d), "--out", str(empty)]) == 0  # an empty dir is no set to protect
+    capsys.readouterr()
+    for f in ("tensors.safetensors", "manifest.json"):
+        assert (empty / f).stat().st_mode & 0o044 == 0o044, f"{f} not readable by others"  # umask 022 in CI
+    base = ["--model", str(d), "--golden", str(empty), "--runs", str(tmp_path / "runs")]
+    assert run_main(base[:4] + ["--runs", str(afile / "runs")]) == 2
+    assert "NotADirectoryError" in capsys.readouterr().err
+    for opt in (["--target-opt", "overrides=x"], ["--tol", "operator=nan"], ["--tol", "operator=-1"]):
+        assert run_main(base + opt) == 2, opt
+        assert "error" in capsys.readouterr().err
+    assert run_main(base + ["--target", "reference", "--target-opt", "dtype=bfloat16"]) in (0, 1)  # runs, bf16 tiers
+    capsys.readouterr()
+    trunc = tmp_path / "trunc"
+    shutil.copytree(empty, trunc)
+    (trunc / "tensors.safetensors").unlink()
+    assert run_main(["--model", str(d), "--golden", str(trunc)]) == 2
+    assert "without tensors.safetensors" in capsys.readouterr().err
+
+
+def test_interrupted_force_keeps_the_old_set_in_place(tmp_path, monkeypatch):
+    """--force moves the old set aside, then the new one into place: an interrupt between the two renames puts
+    the old set back (was: only NAME.prev-* left)."""
+    import dataclasses
+    from pathlib import Path
+
+    from reference.make_model import PRESETS, write_model
+
+    d = write_model(dataclasses.replace(PRESETS["oracle-llama-gqa"], layers=1), tmp_path / "m")
+    g = dump_reference(d, tmp_path / "g")
+    before = (g / "manifest.json").read_text()
+    real = Path.rename
+
+    def rename(self, target):
+        if self.name.startswith(".g.tmp-"):
+            raise KeyboardInterrupt
+        return real(self, target)
+
+    monkeypatch.setattr(Path, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        dump_reference(d, tmp_path / "g", force=True)
+    monkeypatch.undo()
+    assert (g / "manifest.json").read_text() == before
+    assert not list(tmp_path.glob("g.prev-*")) and not list(tmp_path.glob(".g.tmp-*"))

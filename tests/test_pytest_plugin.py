@@ -72,3 +72,41 @@ def test_k_selects_one_layer_of_a_deep_model(tmp_path):
         ids = [l for l in out.splitlines() if "test_parity[" in l]
         assert len(ids) == want, out
     assert all("test_parity[layer1." in l for l in ids), ids
+
+
+def test_missing_or_corrupt_golden_is_said_even_when_k_deselects_it(tmp_path):
+    """A missing golden set under -k (the placeholder test deselected) and a manifest that is not JSON (was a
+    collection traceback): the terminal summary says what is wrong and how to make the set, naming the model."""
+    rc, out = _pytest("--golden", str(tmp_path / "nothere"), "-k", "layer3", "--runs", str(tmp_path))
+    assert rc != 0 and f"no golden set at {tmp_path / 'nothere'}" in out, out
+    assert f"--model {ROOT / 'models' / 'tiny-bitnet'} --out {tmp_path / 'nothere'}" in out, out
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "manifest.json").write_text("{not json")
+    rc, out = _pytest("--golden", str(bad), "--runs", str(tmp_path))
+    assert rc != 0 and "manifest.json: invalid JSON" in out and "Traceback" not in out, out
+
+
+def test_run_cli_prints_the_rows_around_the_failure_unless_all(tmp_path, capsys):
+    """parity.run on a failing run prints the table around the first divergence (as the README says) and how many
+    rows it left out; --all prints every row."""
+    from parity.golden import sha256_tensor
+    from parity.run import main as run_main
+    from safetensors.torch import load_file, save_file
+
+    g = tmp_path / "golden"
+    shutil.copytree(ROOT / "golden" / "tiny-bitnet", g)
+    data = load_file(str(g / "tensors.safetensors"))
+    data["layer2.attn.o_proj"] = data["layer2.attn.o_proj"] * 1.5
+    save_file(data, str(g / "tensors.safetensors"))
+    m = json.loads((g / "manifest.json").read_text())
+    m["tensors"]["layer2.attn.o_proj"]["sha256"] = sha256_tensor(data["layer2.attn.o_proj"])
+    (g / "manifest.json").write_text(json.dumps(m))
+    args = ["--target", "reference", "--golden", str(g), "--runs", str(tmp_path / "runs")]
+    assert run_main(args) == 1
+    short = capsys.readouterr().out
+    assert run_main(args + ["--all"]) == 1
+    full = capsys.readouterr().out
+    rows = lambda out: [ln for ln in out.splitlines() if ln.lstrip().startswith(("layer", "embed", "final", "logits"))]  # noqa: E731
+    assert len(rows(short)) == 11 and "layer2.attn.o_proj" in short and "--all prints every row" in short, short
+    assert len(rows(full)) == len(m["order"]) and "--all prints" not in full

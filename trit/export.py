@@ -49,6 +49,7 @@ import torch
 from reference.checkpoint import Checkpoint
 from reference.config import ModelConfig
 from reference.formats import ScaleSpec
+from reference.io import umask_mode
 from reference.spec import SPEC_FILENAME, CheckpointSpec, LinearEntry, decode_linear, spec_for
 
 LAYOUT = "trit-tile16x128"
@@ -159,6 +160,7 @@ class _ShardWriter:
             return
         path = self.out / f"shard-{len(self.written):05d}.safetensors"
         save_file(self.pending, str(path), metadata=self.metadata)
+        umask_mode(path)  # safetensors makes 0600
         self.written.append((path, list(self.pending)))
         self.pending, self.pending_bytes = {}, 0
 

@@ -43,7 +43,7 @@ def get_target(name: str, **options) -> Target:
     klass = getattr(importlib.import_module(mod), cls)
     try:
         return klass(**options)
-    except TypeError as e:
+    except (TypeError, AttributeError) as e:  # an unknown option, or a value of the wrong kind
         import inspect
-        raise ValueError(f"target {name!r} does not take options {sorted(options)} ({e}); its constructor is "
-                         f"{cls}{inspect.signature(klass)}") from None
+        raise ValueError(f"target {name!r} does not take options {options} ({type(e).__name__}: {e}); its "
+                         f"constructor is {cls}{inspect.signature(klass)}") from None

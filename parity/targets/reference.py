@@ -41,6 +41,19 @@ class ReferenceTarget(Target):
 
     def __init__(self, overrides: Optional[Overrides] = None, dtype: torch.dtype = torch.float32,
                  device: str = "cpu"):
+        if overrides is not None and not isinstance(overrides, Overrides):
+            raise ValueError(f"overrides must be a parity.targets.reference.Overrides (a Python API option, not a "
+                             f"command-line value), got {overrides!r}")
+        if isinstance(dtype, str):  # --target-opt dtype=bfloat16
+            names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                     "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+            if dtype not in names:
+                raise ValueError(f"dtype {dtype!r}: expected one of {sorted(names)}")
+            dtype = names[dtype]
+        if dtype != torch.float32 and type(self) is ReferenceTarget:
+            # the reference computed in a narrower dtype is no longer the golden's arithmetic: its dtype's tiers
+            self.compute_dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+            self.bit_faithful = False
         self.overrides = overrides
         self.dtype = dtype
         self.device = device
