@@ -26,13 +26,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import faulthandler
-import json
-import os
 import statistics
 import sys
-import tempfile
 
-from bench.kernels import _f, time_graph, with_env
+from bench.kernels import _f, cupti_kernel_events, time_graph, with_env
 from bench.records import commit_id, write_record
 
 DEFAULT_CASES = ("1:4096x14336,16:4096x14336,32:4096x14336,64:4096x14336,"
@@ -59,21 +56,7 @@ def parse_cases(text: str) -> list[tuple[int, int, int]]:
 def kernel_medians(fn, n_calls: int, groups: dict) -> dict:
     """{group: median CUPTI duration (us) of the kernels whose name contains any of groups[group]'s substrings}
     over n_calls calls of fn(i) (None: no such kernel ran)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    for i in range(3):
-        fn(i)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(n_calls):
-            fn(i)
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as fh:
-            events = [e for e in json.load(fh).get("traceEvents", []) if e.get("cat") == "kernel"]
+    events = cupti_kernel_events(fn, n_calls)
     out = {}
     for g, subs in groups.items():
         ds = [float(e["dur"]) for e in events if any(s in e.get("name", "") for s in subs)]

@@ -104,6 +104,28 @@ def time_eager(calls, reps: int = 5) -> float:
     return statistics.median(ts)
 
 
+def cupti_kernel_events(fn, n_calls: int) -> list[dict]:
+    """The CUDA kernel events (chrome-trace dicts: name, dur in us, args grid / block) of n_calls calls of fn(i),
+    after 3 warm-up calls, from torch's profiler (CUPTI durations)."""
+    import json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    for i in range(3):
+        fn(i)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(n_calls):
+            fn(i)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as fh:
+            return [e for e in json.load(fh).get("traceEvents", []) if e.get("cat") == "kernel"]
+
+
 def with_env(env: dict, f):
     """f run with the given TRIT_* environment (read by the extension on every call, so also
     while a CUDA graph is captured: the graph keeps what was chosen then)."""

@@ -21,13 +21,10 @@ stem beside an earlier record, never over it). Runs on any CUDA GPU.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
-import tempfile
 
-from bench.kernels import _f, time_graph, with_env
+from bench.kernels import _f, cupti_kernel_events, time_graph, with_env
 from bench.records import commit_id, write_record
 
 DEFAULT_CASES = ("32:6144x4096,32:4096x4096,32:8192x8192,32:4096x14336,32:14336x4096,32:2560x6912,"
@@ -67,21 +64,7 @@ def _kernel_times(fn, n_calls: int, name: str = "a8_small_kernel", other: str = 
                   ) -> tuple[float, list, list, float | None]:
     """Median CUPTI duration (us) of the kernels whose name contains ``name`` over n_calls calls of fn(i), with
     the grid and block of the first, and the median of those whose name contains ``other`` (None: none ran)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    for i in range(3):
-        fn(i)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(n_calls):
-            fn(i)
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as fh:
-            events = json.load(fh).get("traceEvents", [])
+    events = cupti_kernel_events(fn, n_calls)
     ks = [e for e in events if e.get("cat") == "kernel" and name in e.get("name", "")]
     if not ks:
         raise RuntimeError(f"bench.x_footprint: no {name} kernel in the profile (route not the GEMV?)")

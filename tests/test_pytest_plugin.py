@@ -19,15 +19,9 @@ def _pytest(*args, cwd=ROOT):
     return p.returncode, p.stdout + p.stderr
 
 
-def test_k_layer3_selects_only_layer3(tmp_path):
-    rc, out = _pytest("--target", "reference", "-k", "layer3", "--runs", str(tmp_path), "-v", "-v")
-    assert rc == 0, out
-    ids = [l for l in out.splitlines() if "test_parity[" in l and "PASSED" in l]
-    assert len(ids) == 14 and all("test_parity[layer3." in l for l in ids), out
-    assert "no divergence" in out
-
-
-def test_failure_names_first_divergent_layer(tmp_path):
+def _golden_with_layer2_o_proj_scaled(tmp_path) -> Path:
+    """A copy of the bundled golden set whose layer2.attn.o_proj is 1.5x (manifest hash updated): a target that
+    reproduces the reference diverges there first."""
     from parity.golden import sha256_tensor
     from safetensors.torch import load_file, save_file
 
@@ -39,6 +33,19 @@ def test_failure_names_first_divergent_layer(tmp_path):
     m = json.loads((g / "manifest.json").read_text())
     m["tensors"]["layer2.attn.o_proj"]["sha256"] = sha256_tensor(data["layer2.attn.o_proj"])
     (g / "manifest.json").write_text(json.dumps(m))
+    return g
+
+
+def test_k_layer3_selects_only_layer3(tmp_path):
+    rc, out = _pytest("--target", "reference", "-k", "layer3", "--runs", str(tmp_path), "-v", "-v")
+    assert rc == 0, out
+    ids = [l for l in out.splitlines() if "test_parity[" in l and "PASSED" in l]
+    assert len(ids) == 14 and all("test_parity[layer3." in l for l in ids), out
+    assert "no divergence" in out
+
+
+def test_failure_names_first_divergent_layer(tmp_path):
+    g = _golden_with_layer2_o_proj_scaled(tmp_path)
     rc, out = _pytest("--target", "reference", "--golden", str(g), "--runs", str(tmp_path / "runs"))
     assert rc == 1, out
     assert "1 failed, 59 passed" in out, out
@@ -90,18 +97,9 @@ def test_missing_or_corrupt_golden_is_said_even_when_k_deselects_it(tmp_path):
 def test_run_cli_prints_the_rows_around_the_failure_unless_all(tmp_path, capsys):
     """parity.run on a failing run prints the table around the first divergence (as the README says) and how many
     rows it left out; --all prints every row."""
-    from parity.golden import sha256_tensor
     from parity.run import main as run_main
-    from safetensors.torch import load_file, save_file
 
-    g = tmp_path / "golden"
-    shutil.copytree(ROOT / "golden" / "tiny-bitnet", g)
-    data = load_file(str(g / "tensors.safetensors"))
-    data["layer2.attn.o_proj"] = data["layer2.attn.o_proj"] * 1.5
-    save_file(data, str(g / "tensors.safetensors"))
-    m = json.loads((g / "manifest.json").read_text())
-    m["tensors"]["layer2.attn.o_proj"]["sha256"] = sha256_tensor(data["layer2.attn.o_proj"])
-    (g / "manifest.json").write_text(json.dumps(m))
+    g = _golden_with_layer2_o_proj_scaled(tmp_path)
     args = ["--target", "reference", "--golden", str(g), "--runs", str(tmp_path / "runs")]
     assert run_main(args) == 1
     short = capsys.readouterr().out
@@ -109,4 +107,4 @@ def test_run_cli_prints_the_rows_around_the_failure_unless_all(tmp_path, capsys)
     full = capsys.readouterr().out
     rows = lambda out: [ln for ln in out.splitlines() if ln.lstrip().startswith(("layer", "embed", "final", "logits"))]  # noqa: E731
     assert len(rows(short)) == 11 and "layer2.attn.o_proj" in short and "--all prints every row" in short, short
-    assert len(rows(full)) == len(m["order"]) and "--all prints" not in full
+    assert len(rows(full)) == len(json.loads((g / "manifest.json").read_text())["order"]) and "--all prints" not in full
