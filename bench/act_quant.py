@@ -29,7 +29,7 @@ import faulthandler
 import statistics
 import sys
 
-from bench.kernels import _f, cupti_kernel_events, time_graph, with_env
+from bench.kernels import _f, cupti_kernel_events, parse_mnk_cases, time_graph, with_env
 from bench.records import commit_id, write_record
 
 DEFAULT_CASES = ("1:4096x14336,16:4096x14336,32:4096x14336,64:4096x14336,"
@@ -39,18 +39,7 @@ SILU = 2  # trit.ops.PROLOGUE_ACTS["silu"]
 
 def parse_cases(text: str) -> list[tuple[int, int, int]]:
     """'M:NxK,...' -> [(M, N, K)] (N x K: down_proj's weight, K the intermediate size); a clear error otherwise."""
-    out = []
-    for item in (s.strip() for s in text.split(",") if s.strip()):
-        try:
-            m, nk = item.split(":")
-            n, k = nk.lower().split("x")
-            M, N, K = int(m), int(n), int(k)
-        except ValueError:
-            raise SystemExit(f"bench.act_quant: case {item!r}: expected M:NxK, e.g. 32:4096x14336") from None
-        if not (1 <= M <= 64) or N < 1 or K < 1:
-            raise SystemExit(f"bench.act_quant: case {item!r}: M must be 1-64 (the GEMV routes), N, K >= 1")
-        out.append((M, N, K))
-    return out
+    return parse_mnk_cases(text, "bench.act_quant", 1, 64, "the GEMV routes", "32:4096x14336")
 
 
 def kernel_medians(fn, n_calls: int, groups: dict) -> dict:

@@ -104,6 +104,22 @@ def time_eager(calls, reps: int = 5) -> float:
     return statistics.median(ts)
 
 
+def parse_mnk_cases(text: str, prog: str, m_lo: int, m_hi: int, m_why: str, example: str) -> list[tuple[int, int, int]]:
+    """'M:NxK,...' -> [(M, N, K)] with m_lo <= M <= m_hi; anything else exits naming the case (SystemExit)."""
+    out = []
+    for item in (s.strip() for s in text.split(",") if s.strip()):
+        try:
+            m, nk = item.split(":")
+            n, k = nk.lower().split("x")
+            M, N, K = int(m), int(n), int(k)
+        except ValueError:
+            raise SystemExit(f"{prog}: case {item!r}: expected M:NxK, e.g. {example}") from None
+        if not (m_lo <= M <= m_hi) or N < 1 or K < 1:
+            raise SystemExit(f"{prog}: case {item!r}: M must be {m_lo}-{m_hi} ({m_why}), N, K >= 1")
+        out.append((M, N, K))
+    return out
+
+
 def cupti_kernel_events(fn, n_calls: int) -> list[dict]:
     """The CUDA kernel events (chrome-trace dicts: name, dur in us, args grid / block) of n_calls calls of fn(i),
     after 3 warm-up calls, from torch's profiler (CUPTI durations)."""

@@ -24,7 +24,7 @@ import argparse
 import statistics
 import sys
 
-from bench.kernels import _f, cupti_kernel_events, time_graph, with_env
+from bench.kernels import _f, cupti_kernel_events, parse_mnk_cases, time_graph, with_env
 from bench.records import commit_id, write_record
 
 DEFAULT_CASES = ("32:6144x4096,32:4096x4096,32:8192x8192,32:4096x14336,32:14336x4096,32:2560x6912,"
@@ -35,18 +35,7 @@ MAX_WARPS = 8  # warps per CTA of the v5 kernels (kV5Threads / 32)
 
 def parse_cases(text: str) -> list[tuple[int, int, int]]:
     """'M:NxK,...' -> [(M, N, K)]; a clear error for anything else."""
-    out = []
-    for item in (s.strip() for s in text.split(",") if s.strip()):
-        try:
-            m, nk = item.split(":")
-            n, k = nk.lower().split("x")
-            M, N, K = int(m), int(n), int(k)
-        except ValueError:
-            raise SystemExit(f"bench.x_footprint: case {item!r}: expected M:NxK, e.g. 32:6144x4096") from None
-        if not (8 < M <= 64) or N < 1 or K < 1:
-            raise SystemExit(f"bench.x_footprint: case {item!r}: M must be 9-64 (the MT = 2 / 4 / 8 GEMV), N, K >= 1")
-        out.append((M, N, K))
-    return out
+    return parse_mnk_cases(text, "bench.x_footprint", 9, 64, "the MT = 2 / 4 / 8 GEMV", "32:6144x4096")
 
 
 def scaled_launches(N: int, K: int, ks: int, nw: int, factors=(2, 4, 8)) -> list[dict]:
