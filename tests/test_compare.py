@@ -103,3 +103,17 @@ def test_structural_hints():
     ch = g.clone()
     ch[..., 5] *= 2
     assert "per-channel" in structural_hints(ch, g)[0]
+
+
+def test_unstructured_hint_bands_by_cosine():
+    """A correct target that drifted (cosine 0.99-0.999, e.g. bf16 over 12 layers) is not told 'wrong weights or
+    wiring'; unrelated numbers still are; near-identical ones read as noise."""
+    import torch
+
+    from parity.diagnose import structural_hints
+
+    g = torch.randn(64, 96, generator=torch.Generator().manual_seed(1))
+    noise = torch.randn(64, 96, generator=torch.Generator().manual_seed(2))
+    for scale, want in ((0.02, "noise-like"), (0.08, "close but drifted"), (3.0, "a different computation")):
+        (h,) = structural_hints(g + scale * noise, g)
+        assert want in h, (scale, h)
