@@ -65,6 +65,9 @@ def measure(M: int, N: int, K: int, n_calls: int = 30, min_bytes: int = 160 << 2
     packs = [ops.repack(torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda", generator=g)) for _ in range(nt)]
     scale = torch.rand(N, device="cuda", generator=g) + 0.5
     x = (torch.randn(M, 2 * K, device="cuda", generator=g) * 2).to(torch.bfloat16)
+    # a fresh compile per case: one function compiled for the default's 9 shapes passes dynamo's recompile_limit
+    # (8) and runs the 9th eagerly (found by a CPU dry run with the aot_eager backend)
+    torch._dynamo.reset()
 
     @torch.compile(dynamic=False)
     def silu_mul(t):  # vLLM's SiluAndMul.forward_native under Inductor

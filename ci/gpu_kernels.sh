@@ -2,8 +2,8 @@
 # The GPU job for the trit kernels (run it on a CUDA machine, e.g. the H200 device):
 #   build the extension -> GPU + CPU tests -> compute-sanitizer memcheck/racecheck on a few
 #   representative shapes -> python -m bench.kernels.
-# Everything is written under $OUT (default /tmp/trit-out): log.txt, junit.xml, sanitizer.txt,
-# sass.txt, gemm-probe.json and the bench JSON/Markdown. STAGES=build,probe,test,sanitize,bench selects stages (also readfloor: bench/read_floor.py after the bench; chain: bench.chain of this tree, CHAIN_ARGS / CHAIN_REPS; sanchain: the chain kernel under three sanitizer tools;
+# Everything is written under $OUT (default /tmp/trit-out): junit.xml, sanitizer.txt,
+# sass.txt, gemm-probe.json and the bench JSON/Markdown (its log: redirect stdout there, `bash ci/gpu_kernels.sh > $OUT/log.txt 2>&1`). STAGES=build,probe,test,sanitize,bench selects stages (also readfloor: bench/read_floor.py after the bench; chain: bench.chain of this tree, CHAIN_ARGS / CHAIN_REPS; sanchain: the chain kernel under three sanitizer tools;
 # ab: bench.chain of older trees beside this one, AB_TAR=".ab/A.tar.gz .ab/B.tar.gz", each from `git archive REV
 # csrc trit bench reference ci pyproject.toml`: a bisect in one call; the old trees build while the build stage
 # builds this one, and $OUT/ab.txt gets every row plus bench/ab_summary.py's table)

@@ -429,7 +429,7 @@ std::tuple<at::Tensor, at::Tensor> ternary_mm_a8_prologue_cuda(
   }
   // several launches: the activation as torch ops, then the norm (with the residual add) by the
   // rms_norm_a8q kernel, whose quantization ternary_mm_a8q reads at M <= 8
-  at::Tensor h = xc;
+  at::Tensor h = act != 0 && M == 0 ? xc.narrow(1, 0, K) : xc;  // M = 0: no rows to activate, [0, K] for the GEMV
   if (act != 0 && M > 0) {
     // TRIT_ACT_MUL=1: one kernel with torch's roundings (csrc act_mul_kernel; H200 run 27: bit for bit torch's
     // three ops; off until measured end to end). TRIT_ACT_QUANT=1 takes it too where its own route does not run

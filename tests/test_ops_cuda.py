@@ -1339,18 +1339,27 @@ def _act_ref_input(x, act, K):
     return (torch.relu(g).square() if act == 1 else torch.nn.functional.silu(g)) * u
 
 
-def _check_act_quant(M, N, K, dtype, act, bias, seed, what=""):
+def _check_act_quant(M, N, K, dtype, act, bias, seed, what="", misaligned=False):
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(M, 2 * K, generator=g) * 2).to(dtype).to(DEV)
+    if misaligned:  # the same values at an address 1 element past a 16-byte boundary: the quantizer's scalar path
+        buf = torch.empty(M * 2 * K + 1, dtype=dtype, device=DEV)
+        buf[1:].view(M, 2 * K).copy_(x)
+        x = buf[1:].view(M, 2 * K)
     _, _, p, s, b = make_case(M, N, K, dtype, bias, seed, device=DEV)
     with _env(TRIT_ACT_QUANT="1"):
         got = torch.ops.trit.ternary_mm_a8_prologue(x, None, None, 0.0, act, p, s, N, K, b)[0]
     want = torch.ops.trit.ternary_mm_a8(_act_ref_input(x, act, K), p, s, N, K, b)
-    what = f"M={M} N={N} K={K} act={act} {dtype} bias={bias} {what}"
+    what = f"M={M} N={N} K={K} act={act} {dtype} bias={bias}{' misaligned' if misaligned else ''} {what}"
     if act == 2 and dtype == torch.float32:  # fp32 SiLU: expf vs torch's last bit (test_act_mul_kernel_cuda)
         assert_close_rel(got, want, 3e-2, what)
     else:
         assert torch.equal(got, want), f"{what}: {(got != want).sum().item()} outputs differ"
+    # against the routes that compute act(gate) * up with the same device function (chain_act: the M = 1 prologue
+    # kernel, act_mul_kernel past it): bit for bit in every dtype, fp32 SiLU included
+    with _env(TRIT_ACT_QUANT="0", TRIT_ACT_MUL="1"):
+        same = torch.ops.trit.ternary_mm_a8_prologue(x, None, None, 0.0, act, p, s, N, K, b)[0]
+    assert torch.equal(got, same), f"{what}: {(got != same).sum().item()} outputs differ from the act_mul route"
 
 
 def _act_quant_kernels(M, N, K, act=2, dtype=torch.bfloat16):
@@ -1372,14 +1381,37 @@ def _sm90():
 
 
 @pytest.mark.parametrize("M", [1, 2, 8, 9, 16, 17, 32, 33, 64])
-@pytest.mark.parametrize("K", [37, 1000, 2560, 6912, 14336])
+@pytest.mark.parametrize("K", [37, 1000, 2560, 6912, 14336, 28672, 65536])
 def test_act_quant_equals_plain_op_cuda(M, K):
     """TRIT_ACT_QUANT=1 gives ternary_mm_a8 of torch's act(gate) * up bit for bit at every M of the v5 GEMV (MT = 1
-    row-major, MT = 2 / 4 / 8 interleaved xq), every dtype, both acts, K % 8 == 0 or not, with and without bias."""
+    row-major, MT = 2 / 4 / 8 interleaved xq), every dtype, both acts, K % 8 == 0 or not, with and without bias,
+    clusters of 1 to 8 CTAs per row (K = 28672: Llama-70B's down_proj, 7; 65536: 8)."""
     _sm90()
     for dtype in DTYPES:
         for act in (1, 2):
             _check_act_quant(M, 200, K, dtype, act, (M + act) % 2 == 0, M * K + act)
+
+
+@pytest.mark.parametrize("M,K", [(1, 6912), (9, 2560), (32, 14336), (64, 1000)])
+def test_act_quant_misaligned_input_cuda(M, K):
+    """[gate | up] at an address that is not 16-byte aligned (K % 8 == 0 or not): the quantizer's scalar loads,
+    the plain op's result."""
+    _sm90()
+    for dtype in DTYPES:
+        _check_act_quant(M, 640, K, dtype, 2, True, M + K, misaligned=True)
+
+
+def test_act_quant_zero_rows_cuda():
+    """M = 0 (an empty batch): a [0, N] result on every route of the prologue op with an activation (the composed
+    route used to hand [0, 2K] to ternary_mm_a8)."""
+    N, K = 640, 2560
+    _, _, p, s, b = make_case(1, N, K, torch.bfloat16, True, 3, device=DEV)
+    x = torch.empty(0, 2 * K, dtype=torch.bfloat16, device=DEV)
+    for env in ({"TRIT_ACT_QUANT": "1"}, {"TRIT_ACT_QUANT": "0"}, {"TRIT_ACT_MUL": "1"}):
+        with _env(**env):
+            for act in (1, 2):
+                y = torch.ops.trit.ternary_mm_a8_prologue(x, None, None, 0.0, act, p, s, N, K, b)[0]
+                assert tuple(y.shape) == (0, N) and y.dtype == torch.bfloat16, (env, act)
 
 
 @SETTINGS
@@ -1391,14 +1423,18 @@ def test_act_quant_hypothesis_cuda(M, N, K, dtype, act, bias, seed):
     _check_act_quant(M, N, K, dtype, act, bias, seed)
 
 
-@pytest.mark.parametrize("M,N,K,fused", [(1, 4096, 14336, True), (32, 4096, 14336, True), (64, 4096, 14336, True),
-                                          (16, 2560, 6912, True), (32, 640, 1000, True), (72, 4096, 14336, False)])
-def test_act_quant_runs_two_kernels(M, N, K, fused):
+@pytest.mark.parametrize("M,N,K,fused,dtype", [
+    (1, 4096, 14336, True, torch.bfloat16), (32, 4096, 14336, True, torch.bfloat16),
+    (64, 4096, 14336, True, torch.bfloat16), (16, 2560, 6912, True, torch.bfloat16),
+    (32, 640, 1000, True, torch.bfloat16), (72, 4096, 14336, False, torch.bfloat16),
+    (8, 640, 1000, True, torch.float16), (16, 640, 4099, True, torch.float32), (1, 1000, 28672, True, torch.float16)])
+def test_act_quant_runs_two_kernels(M, N, K, fused, dtype):
     """Where it runs, the op is two kernels: the cluster quantizer reading [gate | up] and the GEMV - no activation
-    kernel, no other quantizer; past M = 64 (the GEMM route) the composed kernels, the activation as one
-    act_mul_kernel (not two torch ops)."""
+    kernel, no other quantizer (in every dtype, K % 8 == 0 or not: an exact result elsewhere could be the
+    fallback's); past M = 64 (the GEMM route) the composed kernels, the activation as one act_mul_kernel (not two
+    torch ops)."""
     _sm90()
-    names = _act_quant_kernels(M, N, K)
+    names = _act_quant_kernels(M, N, K, dtype=dtype)
     quant = [n for n in names if "quant_rows" in n]
     if fused:
         assert len(names) == 2 and len(quant) == 1 and "quant_rows_cluster_kernel" in quant[0], names
