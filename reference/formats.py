@@ -21,6 +21,11 @@ Where a logical element lands is fixed by three things:
 * ``bit_order`` — ``lsb``: slot s occupies bits ``[s*bits, (s+1)*bits)``; ``msb``: slot 0 sits
   in the most significant bits (slot s at ``(V-1-s)*bits``).
 
+* ``fields`` — V when the codes do not tile the container: V fields of ``bits`` at the low end of
+  each container, the bits above them unused (zero on pack, ignored on unpack).  mobiusml/hqq
+  ``BitPack.pack_3bit_32``: ten 3-bit fields in an int32, bits 30-31 unused (with ``msb`` slot 0
+  sits at bit 27).  ``None`` (the default, omitted from JSON) = ``container_bits // bits``.
+
 * ``codes`` — code -> value (``None`` = unused code; decoding one is an error).
 
 * ``record`` — ``(E, R)``: along the pack axis every ``E`` logical elements are stored as one
@@ -168,13 +173,18 @@ class PackSpec:
     group_view: Optional[int] = None  # G: pack a group view of W (HQQ); see module docstring
     group_axis: int = 1  # 1: view W.reshape(N*K/G, G) (HQQ axis=1); 0: W.reshape(G, N*K/G) (HQQ axis=0)
     segments: Optional[tuple] = None  # lengths along the pack axis, each packed on its own; see module docstring
+    fields: Optional[int] = None  # codes per container when they do not tile it (HQQ 3bit_32: 10); see docstring
 
     def __post_init__(self):
         if self.container not in CONTAINERS:
             raise FormatError(f"unknown container {self.container!r}; known: {sorted(CONTAINERS)}")
         cbits = CONTAINERS[self.container][1]
-        if self.bits < 1 or cbits % self.bits:
-            raise FormatError(f"{self.bits}-bit codes do not tile a {self.container} container")
+        if self.fields is not None:
+            if self.bits < 1 or not 1 <= self.fields * self.bits <= cbits:
+                raise FormatError(f"{self.fields} fields of {self.bits} bits do not fit a {self.container} container")
+        elif self.bits < 1 or cbits % self.bits:
+            raise FormatError(f"{self.bits}-bit codes do not tile a {self.container} container (give 'fields' for "
+                              f"containers with unused bits, e.g. 10 for 3-bit codes in int32)")
         if len(self.codes) != 1 << self.bits:
             raise FormatError(f"code table has {len(self.codes)} entries, {self.bits} bits need {1 << self.bits}")
         # JSON round trips give lists; keep the dataclass hashable.
@@ -221,7 +231,7 @@ class PackSpec:
     # ---- derived sizes -------------------------------------------------------------
     @property
     def values_per_container(self) -> int:
-        return CONTAINERS[self.container][1] // self.bits
+        return self.fields if self.fields is not None else CONTAINERS[self.container][1] // self.bits
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -318,6 +328,8 @@ class PackSpec:
             del d["group_view"]  # absent: JSON of the other formats unchanged
         if self.group_axis == 1:
             del d["group_axis"]  # absent: HQQ axis=1 and the other formats unchanged
+        if self.fields is None:
+            del d["fields"]  # absent: JSON of the tiling formats unchanged
         if self.segments is None:
             del d["segments"]  # absent: JSON of one-segment formats unchanged
         else:

@@ -15,27 +15,36 @@ Pipeline (each step records its evidence and a confidence for the report):
                the third is 0), more = symmetric integer levels (int2 {-2..1}, int4 {-8..7}: offset
                binary or two's complement).  Two conventions are recognised by their block structure
                first: llama.cpp TQ2_0 (uint8 [N, ceil(K/256)*66], fp16 scale inside each 66-byte
-               block) and HQQ 2-bit (W_q + per-group scale and integer zero points, axis=1 or
-               axis=0 groups, with or without HQQ's meta tensors; see "HQQ" below)
+               block) and HQQ (W_q + per-group scale and zero points, axis=1 or axis=0 groups, every
+               HQQ packing, ternary or HQQ's asymmetric levels, with or without HQQ's meta tensors;
+               see "HQQ" below)
   4. search    what statistics cannot tell (+-1 swap, bit order, lane layout and block,
                multiply/divide when config and magnitudes are silent) is scored by the reference
                model's loss on a text sample; identical decodes are merged; the margin to the
                best alternative is the confidence
   5. output    ``reference.spec.CheckpointSpec`` JSON (DIR/ternary_spec.json) + Markdown report
 
-HQQ (mobiusml/hqq, read from its source, not guessed; ternary 2-bit case only):
+HQQ (mobiusml/hqq, read from its source, not guessed):
   * ``hqq/core/quantize.py`` ``Quantizer.quantize``: W [N, K] (row-major) is viewed as
     ``W.reshape([-1, group_size])`` for ``axis=1`` (one row per group of G consecutive inputs) or
     ``W.reshape([group_size, -1])`` for ``axis=0`` (one group per *column* of the [G, N*K/G] view:
     flat elements j, j + N*K/G, ...); min / max, hence ``scale`` and ``zero``, are taken along
     ``axis`` with keepdim, so both are [N*K/G, 1] (axis=1) or [1, N*K/G] (axis=0); ``dequantize``
     is ``((W_q_unpacked - zero) * scale).reshape(shape)``.  G must divide N*K (HQQ asserts it);
-    here axis=1 also needs G | K (groups within a row) and axis=0 needs 4 | G.
-  * ``hqq/core/bitpack.py`` ``BitPack.pack_2bit_u8``: the view is cut along its axis 0 into four
-    chunks of len/4 rows, chunk c in bits 7-2c..6-2c (chunk 0 in the high bits): W_q is uint8
-    [N*K/G/4, G] (axis=1) or [G/4, N*K/G] (axis=0) = ``PackSpec(pack_axis=0, lanes='blocked',
-    bit_order='msb', group_view=G, group_axis=axis)``.  nbits 2 and 1.58 both pack as '2bit_u8'
-    (``Quantizer.bit_to_packing``).
+    here axis=1 also needs G | K (groups within a row) and axis=0 needs f | G for the uint8 packings.
+    ``scale = (2^nbits - 1) / (max - min)``, ``zero = -min * scale`` (rounded only with round_zero, HQQ's
+    default for nbits 4), stored as 1 / scale and zero: the zero points are floats, so q - zero is
+    HQQ's asymmetric levels, ternary only where every zero is an integer and every q - zero in
+    {-1, 0, +1} (the spec's ``levels: "ternary"``; a checkpoint with a stray non-integer zero, or
+    fewer than 1% of values outside {-1, 0, +1}, is a ternary one with a corrupt tensor: an error).
+  * ``hqq/core/bitpack.py`` ``BitPack.pack_<packing>``: the view is cut along its axis 0 into f chunks
+    of len/f rows, chunk c in the c-th highest field (chunk 0 in the high bits): f = 8 / 4 / 2 / 1 for
+    '1bit_u8' / '2bit_u8' / '4bit_u8' / '8bit_u8' (uint8 [ceil(N*K/G / f), G] for axis=1, [G/f, N*K/G]
+    for axis=0) and f = 10 for '3bit_32' (int32, rows zero-padded to a multiple of 10, bits 30-31
+    unused: ``PackSpec.fields`` 10) = ``PackSpec(pack_axis=0, lanes='blocked', bit_order='msb',
+    group_view=G, group_axis=axis)``.  nbits 2 and 1.58 both pack as '2bit_u8', 5 / 6 / 8 as '8bit_u8'
+    (``Quantizer.bit_to_packing``).  Without meta the packing is read from W_q's dtype and rows
+    against the number of scales.
   * ``HQQLinear.state_dict`` (``encoded_state_dict=True``, what ``save_to_safetensors`` and
     transformers' ``save_pretrained`` store under ``<module>.<key>``): ``W_q``, the meta dict
     (``nbits group_size shape scale zero axis packing unpack_view_dtype view_as_float quant_scale
@@ -47,9 +56,9 @@ HQQ (mobiusml/hqq, read from its source, not guessed; ternary 2-bit case only):
     'torch.float16') -> uint8 1-d of the characters' ``ord``, torch.Size -> ``torch.tensor(size)``
     (int64 [2] = [out_features, in_features]).  The inspector reads these meta tensors next to a
     ``W_q`` (``HQQ_META``), uses axis / group_size as evidence, and refuses, naming the file, the
-    tensor and the expected value, any that contradicts the stored tensors or config.json (nbits
-    not 2 / 1.58, packing not '2bit_u8', unpack_view_dtype not 'torch.uint8', view_as_float /
-    quant_scale / quant_zero / offload_meta set, channel_wise unset, shape not config.json's
+    tensor and the expected value, any that contradicts the stored tensors or config.json (an nbits
+    HQQ does not have, a packing that is not nbits' own, an unpack_view_dtype not the packing's,
+    view_as_float / quant_scale / quant_zero / offload_meta set, channel_wise unset, shape not config.json's
     [N, K], an axis or group_size that does not give the stored W_q / scale / zero shapes); the
     spec lists them under ``ignored``.  Without meta, the axis is read from the shapes: scale /
     zero [1, N*K/G] with W_q [G/4, N*K/G] is axis=0, else axis=1 as before.
@@ -68,7 +77,7 @@ import torch
 
 from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig
-from .formats import FormatError, PackSpec, unpack_codes
+from .formats import FormatError, PackSpec, ScaleSpec, unpack_codes
 from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
 from .inspect_search import (BLOCKS, TQ2_0_RECORD, Candidate, axis_margins, build_spec, codes_str, confidence,
                              declared_activation_quant, lane_options, per_part_options, plain_float_linear, search)
@@ -153,6 +162,8 @@ class Module:
     group_view: Optional[int] = None  # G: codes packed as a group view (HQQ; see PackSpec.group_view)
     group_axis: int = 1  # 1: the [N*K/G, G] view (HQQ axis=1); 0: the [G, N*K/G] view (HQQ axis=0)
     zero_kw: Optional[dict] = None  # ScaleSpec kwargs of per-group zero points (HQQ)
+    levels: Optional[str] = None  # LinearEntry.levels: "ternary" where the zero points were found to give ternary
+    fields: Optional[int] = None  # PackSpec.fields: codes per container that do not tile it (HQQ 3bit_32)
     hqq_meta: dict = field(default_factory=dict)  # HQQ meta key (HQQ_META) -> its TensorStats, next to a W_q
     hqq_values: dict = field(default_factory=dict)  # HQQ meta key -> decoded value (detect_hqq)
 
@@ -525,16 +536,22 @@ HQQ_META: dict[str, str] = {
 #: HQQ's packings (Quantizer.bit_to_packing) -> Quantizer.unpack_view_dtype
 HQQ_PACKINGS = {"8bit_u8": "torch.uint8", "4bit_u8": "torch.uint8", "3bit_32": "torch.int32",
                 "2bit_u8": "torch.uint8", "1bit_u8": "torch.uint8"}
-#: meta values that must hold for the ternary 2-bit case this inspector reads (others are informational)
-HQQ_REQUIRED = {"packing": "2bit_u8", "unpack_view_dtype": "torch.uint8", "view_as_float": False,
-                "quant_scale": False, "quant_zero": False, "offload_meta": False, "channel_wise": True}
+#: packing -> (code bits, safetensors dtype of W_q, codes per container: hqq/core/bitpack.py, each packing cuts
+#: the group view along its axis 0 into that many chunks, chunk 0 in the highest field; 3bit_32 pads the rows to
+#: a multiple of 10 and leaves bits 30-31 unused)
+HQQ_BITPACK = {"8bit_u8": (8, "U8", 1), "4bit_u8": (4, "U8", 2), "3bit_32": (3, "I32", 10), "2bit_u8": (2, "U8", 4),
+               "1bit_u8": (1, "U8", 8)}
+#: Quantizer.bit_to_packing: nbits -> packing
+HQQ_NBITS = {8: "8bit_u8", 6: "8bit_u8", 5: "8bit_u8", 4: "4bit_u8", 3: "3bit_32", 2: "2bit_u8", 1.58: "2bit_u8",
+             1: "1bit_u8"}
+#: meta values that must hold for the layouts this inspector reads (others are informational)
+HQQ_REQUIRED = {"view_as_float": False, "quant_scale": False, "quant_zero": False, "offload_meta": False,
+                "channel_wise": True}
 HQQ_WHY = {"view_as_float": "W_q stored as a float view of the packed bytes is not supported",
            "quant_scale": "quantized scales are not serialised by HQQLinear.state_dict",
            "quant_zero": "quantized zero points are not serialised by HQQLinear.state_dict",
            "offload_meta": "offloaded meta (zero_scale) replaces scale / zero",
-           "channel_wise": "channel_wise=False quantizes the whole tensor with one scale, not per group",
-           "packing": "the inspector reads HQQ's 2-bit packing ('2bit_u8', nbits 2 or 1.58) only",
-           "unpack_view_dtype": "HQQ's '2bit_u8' packing unpacks uint8 (Quantizer.unpack_view_dtype)"}
+           "channel_wise": "channel_wise=False quantizes the whole tensor with one scale, not per group"}
 HQQ_TORCH_DTYPES = ("torch.float16", "torch.bfloat16", "torch.float32", "torch.float64")
 
 
@@ -578,13 +595,19 @@ def _hqq_meta_values(m: Module, ckpt: Checkpoint) -> dict:
                                    f"(torch.tensor(torch.Size([out_features, in_features])), int64 [2])")
             v = [int(x) for x in t.tolist()]
         out[leaf] = v
-        if leaf == "nbits" and not any(abs(float(v) - b) < 1e-4 for b in (2, 1.58)):
-            raise InspectError(f"{where}: nbits {v}, but {m.weight.name!r} {m.weight.dtype} "
-                               f"{list(m.weight.shape)} is read as HQQ's 2-bit packing; expected 2 (or 1.58, which "
-                               f"HQQ also packs as '2bit_u8')")
+        if leaf == "nbits" and v not in HQQ_NBITS:
+            raise InspectError(f"{where}: nbits {v}, expected one of HQQ's {sorted(HQQ_NBITS)} "
+                               f"(Quantizer.SUPPORTED_BITS)")
         if leaf == "packing" and v not in HQQ_PACKINGS:
             raise InspectError(f"{where}: unknown packing {v!r}; HQQ's packings are {sorted(HQQ_PACKINGS)} "
-                               f"(Quantizer.bit_to_packing), expected '2bit_u8'")
+                               f"(Quantizer.bit_to_packing)")
+        if leaf == "packing" and "nbits" in out and HQQ_NBITS[out["nbits"]] != v:
+            raise InspectError(f"{where}: packing {v!r}, but tensor {m.hqq_meta['nbits'].name!r} says nbits "
+                               f"{out['nbits']}, which packs as {HQQ_NBITS[out['nbits']]!r} (Quantizer.bit_to_packing); "
+                               f"expected the two to agree")
+        if leaf == "unpack_view_dtype" and "packing" in out and v != HQQ_PACKINGS[out["packing"]]:
+            raise InspectError(f"{where}: {v!r}, expected {HQQ_PACKINGS[out['packing']]!r} (HQQ's "
+                               f"{out['packing']!r} packing unpacks that dtype, Quantizer.unpack_view_dtype)")
         if leaf in HQQ_REQUIRED and v != HQQ_REQUIRED[leaf]:
             raise InspectError(f"{where}: {v!r}, expected {HQQ_REQUIRED[leaf]!r} ({HQQ_WHY[leaf]})")
         if leaf == "shape" and v != list(m.logical):
@@ -599,30 +622,32 @@ def _hqq_meta_values(m: Module, ckpt: Checkpoint) -> dict:
     return out
 
 
-def _hqq_problems(m: Module, axis: int, g: int) -> list[str]:
-    """Why ``m``'s W_q / scale / zero are not HQQ's 2-bit layout for ``axis`` and groups of ``g`` (empty: they
-    are).  Each reason names the tensor and its expected shape."""
+def _hqq_problems(m: Module, axis: int, g: int, packing: str = "2bit_u8") -> list[str]:
+    """Why ``m``'s W_q / scale / zero are not HQQ's ``packing`` layout for ``axis`` and groups of ``g`` (empty:
+    they are).  Each reason names the tensor and its expected shape."""
     n, k = m.logical
     if g < 1 or (n * k) % g:
         return [f"group_size {g} does not divide N*K = {n * k}"]
+    bits, dt, f = HQQ_BITPACK[packing]
     cols = n * k // g
     out = []
     if axis == 1:
         if k % g:
             return [f"group_size {g} does not divide K = {k} (axis=1 groups that straddle rows are not supported); "
                     f"expected a divisor of {k}"]
-        want_w = (-(-cols // 4), g)
+        want_w = (-(-cols // f), g)
         ok_s = {(cols, 1), (cols,), (n, k // g)}
         s_txt = f"[{cols}, 1] (one value per row of the [{cols}, {g}] group view)"
     else:
-        if g % 4:
-            return [f"group_size {g} is not a multiple of 4 (BitPack.pack_2bit_u8 cuts the [{g}, {cols}] view into "
-                    f"four chunks of rows)"]
-        want_w = (g // 4, cols)
+        if dt == "U8" and g % f:
+            return [f"group_size {g} is not a multiple of {f} (BitPack.pack_{packing} cuts the [{g}, {cols}] view "
+                    f"into {f} chunks of rows)"]
+        want_w = (-(-g // f), cols)
         ok_s = {(1, cols), (cols,)}
         s_txt = f"[1, {cols}] (one value per column of the [{g}, {cols}] group view)"
-    if m.weight.dtype != "U8" or tuple(m.weight.shape) != want_w:
-        out.append(f"{m.weight.name!r} is {m.weight.dtype} {list(m.weight.shape)}, expected uint8 {list(want_w)}")
+    if m.weight.dtype != dt or tuple(m.weight.shape) != want_w:
+        out.append(f"{m.weight.name!r} is {m.weight.dtype} {list(m.weight.shape)}, expected "
+                   f"{CONTAINER_OF[dt]} {list(want_w)} ({packing})")
     for t, what in ((m.scale, "scale"), (m.zeros, "zero")):
         if t is None:
             out.append(f"no {what} tensor {m.prefix + '.' + what!r}")
@@ -631,47 +656,135 @@ def _hqq_problems(m: Module, axis: int, g: int) -> list[str]:
     return out
 
 
-def _hqq_layout(m: Module, ckpt: Checkpoint) -> Optional[tuple[int, int]]:
-    """(axis, group_size) of an HQQ 2-bit module, or None when its tensors are not HQQ's.  Without meta the
-    axis is read from the shapes (scale / zero [1, N*K/G] and W_q [G/4, N*K/G]: axis=0; else axis=1, as HQQ
-    defaults); with meta tensors they are decoded and checked, and a disagreement is an error."""
+def _hqq_groups(m: Module, axis: int, packing: str) -> int:
+    """The group size HQQ's ``axis`` view implies for ``m``'s stored shapes: axis=1 -> W_q's width; axis=0 ->
+    N*K over the number of scales (W_q's rows for one-value-per-byte packings)."""
+    a, b = m.weight.shape
+    if axis == 1:
+        return b
+    n, k = m.logical
+    cols = m.scale.numel if m.scale is not None else b
+    return n * k // cols if cols and (n * k) % cols == 0 else HQQ_BITPACK[packing][2] * a
+
+
+def _hqq_layout(m: Module, ckpt: Checkpoint) -> Optional[tuple[int, int, str]]:
+    """(axis, group_size, packing) of an HQQ module, or None when its tensors are not HQQ's.  Without meta the
+    packing and axis are read from the shapes (W_q's dtype and rows against the number of groups; scale / zero
+    [1, N*K/G]: axis=0, else axis=1, as HQQ defaults); with meta tensors they are decoded and checked, and a
+    disagreement is an error."""
     if len(m.weight.shape) != 2:
         return None
-    a, b = m.weight.shape
+    packings = [p for p, (_, dt, _) in HQQ_BITPACK.items() if dt == m.weight.dtype]
+    packings.sort(key=lambda p: p != "2bit_u8")  # the ternary packing first, then HQQ's order
     if not m.hqq_meta:
-        for axis, g in ((1, b), (0, 4 * a)):
-            if not _hqq_problems(m, axis, g):
-                return axis, g
+        for packing in packings:
+            for axis in (1, 0):
+                g = _hqq_groups(m, axis, packing)
+                if not _hqq_problems(m, axis, g, packing):
+                    return axis, g, packing
         return None
     meta = m.hqq_values = _hqq_meta_values(m, ckpt)
+    if "packing" in meta or "nbits" in meta:
+        packings = [meta.get("packing") or HQQ_NBITS[meta["nbits"]]]
     axes = [meta["axis"]] if "axis" in meta else [1, 0]
     tried = []
-    for axis in axes:
-        g = meta.get("group_size", b if axis == 1 else 4 * a)
-        probs = _hqq_problems(m, axis, g)
-        if not probs:
-            return axis, g
-        tried.append((axis, g, probs))
-    said = [m.hqq_meta[k] for k in ("axis", "group_size") if k in meta] or list(m.hqq_meta.values())[:1]
-    axis, g, probs = tried[0]
+    for packing in packings or ["2bit_u8"]:
+        for axis in axes:
+            g = meta.get("group_size", _hqq_groups(m, axis, packing))
+            probs = _hqq_problems(m, axis, g, packing)
+            if not probs:
+                return axis, g, packing
+            tried.append((axis, g, packing, probs))
+    said = [m.hqq_meta[k] for k in ("packing", "nbits", "axis", "group_size") if k in meta] \
+        or list(m.hqq_meta.values())[:1]
+    axis, g, packing, probs = tried[0]
     raise InspectError(
         f"{said[0].file}: HQQ meta " + " and ".join(f"tensor {st.name!r} = {meta.get(st.name.rsplit('.', 1)[-1])!r}"
                                                      for st in said)
-        + f" next to {m.weight.name!r} contradict the stored tensors: for axis={axis}, group_size={g} (logical "
-        f"{m.logical[0]}x{m.logical[1]}) "
-        + "; ".join(probs) + (f" (axis={tried[1][0]} fits neither: " + "; ".join(tried[1][2]) + ")"
+        + f" next to {m.weight.name!r} contradict the stored tensors: for axis={axis}, group_size={g} ({packing}, "
+        f"logical {m.logical[0]}x{m.logical[1]}) "
+        + "; ".join(probs) + (f" (axis={tried[1][0]} fits neither: " + "; ".join(tried[1][3]) + ")"
                               if len(tried) > 1 else ""))
 
 
+#: below this share of non-integer zero points an HQQ checkpoint is a ternary one with corrupt zero points
+#: (an error naming the first); at or above it, HQQ's asymmetric quantization (round_zero=False: float zeros)
+HQQ_FLOAT_ZERO_SHARE = 0.5
+#: with integer zero points: below this share of values q - z outside {-1, 0, +1} the checkpoint is a ternary one
+#: with a corrupt code or zero point (an error); at or above it, HQQ's 2-bit levels (round_zero=True)
+HQQ_STRAY_LEVELS = 0.01
+
+
+def _hqq_ternary(fit: list[Module], layout: dict, ckpt: Checkpoint) -> tuple[bool, str]:
+    """Whether the HQQ modules ``fit`` hold ternary values (every zero point an integer, every q - z in
+    {-1, 0, +1} under HQQ's own packing) and the evidence.  A ternary checkpoint with a few non-integer zero
+    points is an InspectError naming the first (they cannot be HQQ's asymmetric zeros: those are almost all
+    non-integer)."""
+    from .inspect_search import hqq_pack_spec
+    from .spec import subtract_zero
+
+    zs = {m.prefix: ckpt.get(m.zeros.name).float().reshape(-1) for m in fit}
+    for m in fit:
+        z = zs[m.prefix]
+        if not bool(torch.isfinite(z).all()):
+            i = int((~torch.isfinite(z)).nonzero()[0])
+            raise InspectError(f"{m.zeros.file}: zero point tensor {m.zeros.name!r} holds {float(z[i])} at group {i} "
+                               f"next to HQQ weight {m.weight.name!r}: expected finite zero points")
+    total = sum(z.numel() for z in zs.values())
+    frac = sum(int((z != z.round()).sum()) for z in zs.values())
+    share = frac / max(1, total)
+    if 0 < share < HQQ_FLOAT_ZERO_SHARE:
+        m = next(m for m in fit if bool((zs[m.prefix] != zs[m.prefix].round()).any()))
+        z = zs[m.prefix]
+        i = int((z != z.round()).nonzero()[0])
+        raise InspectError(f"{m.zeros.file}: zero point tensor {m.zeros.name!r} holds non-integer values (e.g. "
+                           f"{float(z[i])} at group {i}) next to HQQ weight {m.weight.name!r}, where {total - frac} of "
+                           f"{total} zero points in the model are integers: (q - z) is not ternary; expected integer "
+                           f"zero points (1 or 2 for 2-bit codes), or non-integer ones throughout (HQQ's asymmetric "
+                           f"quantization)")
+    if frac:
+        return False, (f"{frac} of {total} zero points are non-integer (HQQ's asymmetric quantization, "
+                       f"round_zero=False): W = (q - zero) * scale is not ternary")
+    zvals = sorted({int(v) for z in zs.values() for v in torch.unique(z).tolist()})
+    if any(layout[m.prefix][2] != "2bit_u8" for m in fit):
+        widths = sorted({layout[m.prefix][2] for m in fit})
+        return False, f"integer zero points {zvals[:8]}; packings {widths}: more than three levels per group"
+    outside, first = 0, None
+    for m in fit:
+        codes = unpack_codes(ckpt.get(m.weight.name), hqq_pack_spec(*layout[m.prefix]), m.logical)
+        axis, g, _ = layout[m.prefix]
+        zspec = ScaleSpec(key=m.zeros.name, granularity="group", group_size=g, **({"group_axis": 0} if axis == 0 else {}))
+        vals = subtract_zero(codes, ckpt.get(m.zeros.name), zspec, m.logical, m.where())
+        bad = vals.abs() > 1
+        if bool(bad.any()):
+            outside += int(bad.sum())
+            if first is None:
+                idx = tuple(int(i) for i in bad.nonzero()[0])
+                first = (m, idx, int(vals[idx]))
+    n_all = sum(m.logical[0] * m.logical[1] for m in fit)
+    if first is not None and outside / n_all < HQQ_STRAY_LEVELS:
+        m, idx, v = first
+        raise InspectError(f"{m.where()}: q - zero = {v} at logical index {idx} (zero points {m.zeros.name!r}), but "
+                           f"only {outside} of {n_all} values in the model leave {{-1, 0, +1}}: a ternary checkpoint "
+                           f"with corrupt codes or zero points; expected every (q - z) in {{-1, 0, +1}}, or HQQ's "
+                           f"asymmetric levels throughout")
+    if first is not None:
+        return False, (f"integer zero points {zvals[:8]}, but {outside} of {n_all} values q - zero leave "
+                       f"{{-1, 0, +1}} under HQQ's own packing (e.g. {first[2]} in {first[0].weight.name!r}): "
+                       f"HQQ's 2-bit levels (round_zero), not ternary")
+    return True, f"the zero points are integers {zvals}, so q - zero is ternary"
+
+
 def detect_hqq(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> bool:
-    """HQQ 2-bit (mobiusml/hqq; the rule is in the module docstring): a uint8 ``W_q`` next to float ``scale``
-    and ``zero`` with one value per group, groups of G along axis=1 (W_q [ceil(N*K/G / 4), G], scale / zero
-    [N*K/G, 1], K % G == 0) or axis=0 (W_q [G/4, N*K/G], scale / zero [1, N*K/G]), and maybe HQQ's meta
-    tensors (checked by ``_hqq_meta_values``).  Ternary only when every zero point is an integer (then
-    q - z is ternary); a non-integer zero is a "not ternary" error naming the tensor.  On a match: 2-bit
-    codes of the group view packed along its axis 0, identity code table, group scales and zero points;
-    lanes and bit order are searched (HQQ's own first).  A model with meta tensors is HQQ: every packed
-    weight must then be an HQQ one (else an error naming it)."""
+    """HQQ (mobiusml/hqq; the rule is in the module docstring): a packed ``W_q`` (uint8, or int32 for 3-bit) next
+    to float ``scale`` and ``zero`` with one value per group, groups of G along axis=1 (W_q [ceil(N*K/G / f), G],
+    scale / zero [N*K/G, 1], K % G == 0) or axis=0 (W_q [ceil(G/f), N*K/G], scale / zero [1, N*K/G]), f codes
+    per container, and maybe HQQ's meta tensors (checked by ``_hqq_meta_values``).  Ternary when every zero point
+    is an integer and q - z is ternary (the spec then checks it: ``levels`` 'ternary'), else HQQ's asymmetric
+    levels ((q - z) * scale with float zero points, or 3- / 4- / 8-bit codes).  On a match: the codes of the
+    group view packed along its axis 0, identity code table, group scales and zero points; lanes and bit order
+    are searched (HQQ's own first).  A model with meta tensors is HQQ: every packed weight must then be an HQQ
+    one (else an error naming it)."""
     packed = [m for m in modules if m.packed]
     layout = {m.prefix: _hqq_layout(m, ckpt) for m in packed}
     fit = [m for m in packed if layout[m.prefix]]
@@ -682,41 +795,34 @@ def detect_hqq(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findin
                 a, b = m.weight.shape if len(m.weight.shape) == 2 else (0, 0)
                 probs = _hqq_problems(m, 1, b) if b else [f"{m.weight.name!r} is not 2-D"]
                 raise InspectError(
-                    f"{m.where()}: not HQQ's 2-bit layout, although {named[0].weight.name!r} carries HQQ meta "
+                    f"{m.where()}: not an HQQ layout, although {named[0].weight.name!r} carries HQQ meta "
                     f"tensors (e.g. {next(iter(named[0].hqq_meta.values())).name!r}): " + "; ".join(probs)
                     + (f"; as axis=0: " + "; ".join(_hqq_problems(m, 0, 4 * a)) if a else ""))
     if not fit or len(fit) < len(packed):
         return False
-    zvals: set = set()
-    for m in fit:
-        z = ckpt.get(m.zeros.name).float().reshape(-1)
-        frac = z != z.round()
-        if bool(frac.any()) or not bool(torch.isfinite(z).all()):
-            i = int((frac | ~torch.isfinite(z)).nonzero()[0])
-            raise InspectError(f"{m.zeros.file}: zero point tensor {m.zeros.name!r} holds non-integer values (e.g. "
-                               f"{float(z[i])} at group {i}) next to HQQ weight {m.weight.name!r}: (q - z) is not "
-                               f"ternary; expected integer zero points (1 or 2 for 2-bit codes)")
-        zvals |= set(torch.unique(z).tolist())
+    ternary, why = _hqq_ternary(fit, layout, ckpt)
     for m in modules:
         m.bits = 2
         if not m.packed:
             continue
-        axis, g = layout[m.prefix]
+        axis, g, packing = layout[m.prefix]
+        m.bits = HQQ_BITPACK[packing][0]
         m.group_view, m.group_axis, m.pack_axis, m.transposed = g, axis, 0, False
+        m.fields = HQQ_BITPACK[packing][2] if packing == "3bit_32" else None
         kw = dict(granularity="group", group_size=g, **({"group_axis": 0} if axis == 0 else {}))
         m.scale_kw = [dict(kw)] * len(m.parts)
         m.zero_kw = dict(kw)
-    by_axis = {ax: sorted({layout[m.prefix][1] for m in fit if layout[m.prefix][0] == ax}) for ax in (1, 0)}
-    shapes = {1: "uint8 [N*K/G/4, G] with float scale and zero [N*K/G, 1]",
-              0: "uint8 [G/4, N*K/G] with float scale and zero [1, N*K/G]"}
+        m.levels = "ternary" if ternary else None
+    by = sorted({(layout[m.prefix][2], layout[m.prefix][0]) for m in fit})
+    desc = "; ".join(f"{p} axis={ax} groups of {sorted({layout[m.prefix][1] for m in fit if (layout[m.prefix][2], layout[m.prefix][0]) == (p, ax)})}"
+                     for p, ax in by)
     findings.append(Finding(
-        "block structure", "HQQ 2-bit, " + "; ".join(f"axis={ax} groups of {gs}" for ax, gs in by_axis.items() if gs)
-        + ": W = (q - zero) * scale",
-        f"all {len(packed)} packed weights are " + " or ".join(
-            f"{shapes[ax]} (axis={ax}: {sum(layout[m.prefix][0] == ax for m in fit)})" for ax in (1, 0) if by_axis[ax])
-        + f"; the zero points are integers {sorted(int(v) for v in zvals)}, so q - zero is ternary"
-        + (f"; axis{' and group_size' if any('group_size' in m.hqq_values for m in named) else ''} from HQQ's meta "
-           f"tensors for {len(named)} modules" if named else "; axis from the shapes (no HQQ meta tensors)"),
+        "block structure", f"HQQ {'ternary' if ternary else 'asymmetric low-bit'}, {desc}: W = (q - zero) * scale",
+        f"all {len(packed)} packed weights are {sorted({CONTAINER_OF[m.weight.dtype] for m in fit})} W_q of the "
+        f"group view with float scale and zero per group ([N*K/G, 1] axis=1, [1, N*K/G] axis=0); {why}"
+        + (f"; packing, axis{' and group_size' if any('group_size' in m.hqq_values for m in named) else ''} from "
+           f"HQQ's meta tensors for {len(named)} modules" if named else
+           "; packing and axis from the shapes (no HQQ meta tensors)"),
         "high"))
     if named:
         keys = sorted({k for m in named for k in m.hqq_meta})
@@ -1252,8 +1358,10 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                "untied (transformers' tie_weights, vLLM's maybe_untie_word_embeddings)" if cfg.tie_word_embeddings
                else "") + note, "high"))
     convention = infer_structure(modules, cfg, ckpt, findings)
-    if convention == "hqq":  # codes decode to q, values = q - zero (integer zero points checked above)
-        tables = [(0, 1, 2, 3)]
+    if convention == "hqq":  # codes decode to q, values = q - zero (detect_hqq decided whether they are ternary)
+        widths = sorted({m.bits for m in modules if m.packed}, key=lambda b: (-sum(m.bits == b for m in modules), b))
+        ident = [tuple(range(1 << b)) for b in widths]
+        tables = [ident[0] if len(ident) == 1 else MixedTables((ident[0], tuple(ident[1:])))]
         findings.append(Finding("code table", "identity (q), values q - zero", "HQQ: W = (q - zero) * scale",
                                 "high (structure)"))
     elif len({m.bits for m in modules if m.packed}) <= 1:

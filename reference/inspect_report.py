@@ -66,8 +66,8 @@ def mapping_rows(res) -> list[str]:
                     + (" (HQQ axis=0: one per column of the [G, N*K/G] view)" if sc.group_axis == 0 else "")
                 rows.append(f"| `{m.scale.name}` | `{p}.weight_scale` | {what}, {sc.op}"
                             f"{'; shard ' + repr(shard) if shard else ''} |")
-        zero_what = ("per-group integer zero points: values = q - zero (HQQ), not in vLLM" if m.zero_kw
-                     else "folded into code table (constant)")
+        zero_what = ("per-group zero points: values = q - zero (HQQ), vLLM `weight_zero` (dense fallback)"
+                     if m.zero_kw else "folded into code table (constant)")
         for extra, what in ((m.zeros, zero_what), (m.g_idx, "checked trivial, dropped"),
                             (m.shape_t, "checked against config, dropped")):
             if extra is not None:

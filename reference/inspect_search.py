@@ -132,7 +132,18 @@ def pack_spec(m: Module, c: Candidate) -> PackSpec:
                     lanes="interleaved" if single else c.lanes, block=None if single else c.block,
                     bit_order="lsb" if single else c.bit_order, codes=codes, transposed=m.transposed,
                     pad_code=codes.index(0), record=m.record, group_view=m.group_view, group_axis=m.group_axis,
-                    segments=segments)
+                    segments=segments, fields=m.fields)
+
+
+def hqq_pack_spec(axis: int, group_size: int, packing: str) -> PackSpec:
+    """HQQ's own layout (mobiusml/hqq hqq/core/bitpack.py) of a ``packing`` ('2bit_u8', '3bit_32', ...): the
+    group view cut along its axis 0 into one chunk per field, chunk 0 in the highest field; identity codes."""
+    from .inspect import HQQ_BITPACK
+
+    bits, dt, f = HQQ_BITPACK[packing]
+    return PackSpec(bits=bits, container=CONTAINER_OF[dt], pack_axis=0, lanes="blocked" if f > 1 else "interleaved",
+                    bit_order="msb" if f > 1 else "lsb", codes=tuple(range(1 << bits)), group_view=group_size,
+                    group_axis=axis, fields=f if packing == "3bit_32" else None)
 
 
 def zero_spec(m: Module) -> Optional[ScaleSpec]:
@@ -182,7 +193,8 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
             sc = ScaleSpec(key=key, op=c.op, **kw) if kw else None
             linears[hf] = LinearEntry(weight_key=m.weight.name, shape=m.logical, pack=pk, scale=sc,
                                       rows=rows if len(m.parts) > 1 else None,
-                                      bias_key=m.bias.name if m.bias is not None else None, zero=zero_spec(m))
+                                      bias_key=m.bias.name if m.bias is not None else None, zero=zero_spec(m),
+                                      levels=m.levels)
     # BitNet b1.58 quantises activations to int8, unless no linear is ternary / packed at all: a float
     # checkpoint (every weight an unconstrained float) runs plain linears, as transformers does and as
     # spec_for's "unquantized" spec says
@@ -238,7 +250,7 @@ class DecodeCache:
         self.raw = {m.weight.name: ckpt.get(m.weight.name) for m in modules if m.packed}
         self.codes: dict = {}
         self.vals: dict = {}
-        self.zeros: dict = {}  # zero point key -> (N, K) int16 (spec.zero_points)
+        self.zeros: dict = {}  # zero point key -> (N, K) float32 (spec.zero_points)
 
     def values(self, key: str, pack: PackSpec, shape: tuple, where: str) -> torch.Tensor:
         """(N, K) int8 values.  The lane/bit unpacking is shared by all code tables of one layout
@@ -269,11 +281,12 @@ class DecodeCache:
         for m in modules:
             if m.packed:
                 v = self.values(m.weight.name, pack_spec(m, c), m.logical, m.where())
-                if m.zero_kw:  # values = q - zero must be ternary, or the candidate is invalid
+                if m.zero_kw:  # values = q - zero (ternary HQQ: must be ternary, or the candidate is invalid)
                     zs = zero_spec(m)
                     if m.zeros.name not in self.zeros:  # the same for every candidate: expanded once
                         self.zeros[m.zeros.name] = zero_points(self.ckpt.get(m.zeros.name), zs, m.logical, m.where())
-                    v = subtract_zero(v, None, zs, m.logical, m.where(), z=self.zeros[m.zeros.name])
+                    v = subtract_zero(v, None, zs, m.logical, m.where(), z=self.zeros[m.zeros.name],
+                                      ternary=m.levels == "ternary")
                 h.update(v.numpy().tobytes())
         return h.hexdigest()
 

@@ -13,8 +13,10 @@ tensors and odd key names need no special cases:
          "scale": {...ScaleSpec...},     # null = no scale
          "bias_key": null,
          "layout": "trit-tile16x128",    # optional, absent = the "pack" route; see LAYOUTS
-         "zero": {...ScaleSpec...}},     # optional, absent = none: per-group integer zero points,
+         "zero": {...ScaleSpec...},      # optional, absent = none: per-group zero points,
                                          # values = code - zero (HQQ); see finish_linear
+         "levels": "ternary"},           # optional, absent = none: a check that the decoded values
+                                         # are -1 / 0 / +1 (HQQ's ternary case)
          ...},
      "tensors": {"model.embed_tokens.weight": "model.embed_tokens.weight", ...}}
 
@@ -53,6 +55,8 @@ SPEC_FILENAME = "ternary_spec.json"
 #: reproduces the source's arithmetic bit for bit); written by ``python -m trit.export``.
 #: ``None`` (the default, omitted from JSON) = the ``pack`` route.
 LAYOUTS = ("trit-tile16x128",)
+#: ``LinearEntry.levels`` values: ``None`` (any values the format decodes to) or ``"ternary"`` (checked)
+LEVELS = (None, "ternary")
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,12 @@ class LinearEntry:
     bias_key: Optional[str] = None
     layout: Optional[str] = None  # None = ``pack`` route; "trit-tile16x128" = kernel layout (LAYOUTS)
     # per-group zero points (HQQ W = (q - z) * s): a ScaleSpec read as the zero z of each group;
-    # the packed codes decode to q (code table = identity) and values = q - z must be ternary
+    # the packed codes decode to q (code table = identity) and values = q - z: integers where every z
+    # is one, else float32 (HQQ's asymmetric quantization stores float zero points)
     zero: Optional[ScaleSpec] = None
+    # "ternary": the decoded values must be -1 / 0 / +1 (a CheckpointError otherwise), the inspector's
+    # decision for HQQ with integer zero points; None = whatever the format decodes to
+    levels: Optional[str] = None
     # "absmean": the stored weight is the float latent of transformers' online BitNet mode
     # (quantization_mode: online, AutoBitLinear.WeightQuant): values = round(W / mean|W|) clamped to
     # [-1, 1] over this module's matrix, multiplier mean|W| (as 1 / (1 / mean|W|.clamp(1e-5)) in fp32)
@@ -80,6 +88,8 @@ class LinearEntry:
                               f"without pack / scale / zero / layout (the multiplier comes from the weight itself)")
         if self.rows is not None:
             object.__setattr__(self, "rows", tuple(int(r) for r in self.rows))
+        if self.levels not in LEVELS:
+            raise FormatError(f"linear {self.weight_key!r}: levels {self.levels!r}, expected one of {list(LEVELS)}")
         if self.layout is not None:
             where = f"linear {self.weight_key!r}"
             if self.layout not in LAYOUTS:
@@ -116,6 +126,7 @@ class LinearEntry:
             **({"layout": self.layout} if self.layout is not None else {}),  # absent: old JSON unchanged
             **({"zero": self.zero.to_dict()} if self.zero is not None else {}),  # likewise
             **({"online": self.online} if self.online is not None else {}),  # likewise
+            **({"levels": self.levels} if self.levels is not None else {}),  # likewise
         }
 
     @classmethod
@@ -126,7 +137,7 @@ class LinearEntry:
             pack=PackSpec.from_dict(d["pack"]) if d.get("pack") else None,
             scale=ScaleSpec(**d["scale"]) if d.get("scale") else None,
             bias_key=d.get("bias_key"), layout=d.get("layout"),
-            zero=ScaleSpec(**d["zero"]) if d.get("zero") else None, online=d.get("online"))
+            zero=ScaleSpec(**d["zero"]) if d.get("zero") else None, online=d.get("online"), levels=d.get("levels"))
 
 
 @dataclass(frozen=True)
@@ -318,7 +329,7 @@ def _check_bias(ckpt: Checkpoint, key: str, mod: str, n: int) -> None:
 class DecodedLinear:
     """Integer matrix + float multiplier of one module: W_eff = values * mult."""
 
-    values: torch.Tensor  # (N, K) int8 (or float for unpacked storage)
+    values: torch.Tensor  # (N, K) int8 (int16 past int8; float32 for unpacked storage or float zero points)
     mult: torch.Tensor  # float32, broadcastable to (N, K): (1,1) | (N,1) | (N,K)
     bias: Optional[torch.Tensor] = None
     div: Optional[torch.Tensor] = None  # the stored scale when the format divides (mult = 1/div)
@@ -395,31 +406,47 @@ def online_absmean(raw: torch.Tensor, entry: LinearEntry, where: str, bias: Opti
 
 
 def zero_points(zero: torch.Tensor, zspec: ScaleSpec, shape: tuple[int, int], where: str) -> torch.Tensor:
-    """Per-group zero points (HQQ) broadcast to (N, K) as int16; a non-integer one is a FormatError (then
-    ``codes - z`` is not ternary)."""
-    z = expand_scale(zero, zspec, shape, name=where)  # finite, shape-checked, broadcast to (N, K)
-    frac = (z != z.round())
-    if bool(frac.any()):
-        zs = zero.detach().float().reshape(-1)
-        i = int((zs != zs.round()).nonzero()[0]) if bool((zs != zs.round()).any()) else 0
-        raise FormatError(f"{where}: zero point tensor {zspec.key!r} holds non-integer values (e.g. {float(zs[i])} at "
-                          f"element {i}): (q - z) is not ternary; expected integer zero points (1 or 2 for 2-bit codes)")
-    return z.to(torch.int16)
+    """Per-group zero points (HQQ) broadcast to (N, K) as float32 (finite, shape-checked by ``expand_scale``)."""
+    return expand_scale(zero, zspec, shape, name=where)
 
 
-def subtract_zero(codes: torch.Tensor, zero: torch.Tensor, zspec: ScaleSpec, shape: tuple[int, int],
-                  where: str, *, z: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Ternary values ``codes - z`` of a format with per-group zero points (HQQ): z must be
-    integer-valued (else the checkpoint is not ternary) and every value in {-1, 0, +1}.  ``z``: the
-    ``zero_points`` of ``zero``, when the caller already has them (the inspector's search)."""
+def subtract_zero(codes: torch.Tensor, zero: Optional[torch.Tensor], zspec: ScaleSpec, shape: tuple[int, int],
+                  where: str, *, z: Optional[torch.Tensor] = None, ternary: bool = False) -> torch.Tensor:
+    """Values ``codes - z`` of a format with per-group zero points (HQQ): integers (int8, or int16 where
+    they do not fit) when every zero point is an integer, else float32 (exact: codes and zero points
+    are narrow).  ``ternary``: z must be integer-valued and every value in {-1, 0, +1}, else a
+    FormatError naming the zero point tensor.  ``z``: the ``zero_points`` of ``zero``, when the caller
+    already has them (the inspector's search)."""
     if z is None:
         z = zero_points(zero, zspec, shape, where)
-    vals = codes.to(torch.int16) - z
-    if vals.numel() and int(vals.abs().max()) > 1:
+    frac = z != z.round()
+    if bool(frac.any()):
+        if ternary:
+            src = zero.detach().float().reshape(-1) if zero is not None else z.reshape(-1)
+            i = int((src != src.round()).nonzero()[0]) if bool((src != src.round()).any()) else 0
+            raise FormatError(f"{where}: zero point tensor {zspec.key!r} holds non-integer values (e.g. "
+                              f"{float(src[i])} at element {i}): (q - z) is not ternary; expected integer zero "
+                              f"points (1 or 2 for 2-bit codes)")
+        return codes.to(torch.float32) - z
+    vals = codes.to(torch.int16) - z.to(torch.int16)
+    if ternary and vals.numel() and int(vals.abs().max()) > 1:
         idx = tuple(int(i) for i in (vals.abs() > 1).nonzero()[0])
         raise FormatError(f"{where}: code - zero = {int(vals[idx])} at logical index {idx} (zero points "
                           f"{zspec.key!r}): not ternary; expected every (q - z) in {{-1, 0, +1}}")
-    return vals.to(torch.int8)
+    fits = not (vals.numel() and int(vals.abs().max()) > 127)
+    return vals.to(torch.int8) if fits else vals
+
+
+def check_levels(vals: torch.Tensor, entry: LinearEntry, where: str) -> None:
+    """``levels`` 'ternary': every decoded value -1, 0 or +1 (a CheckpointError naming the first other one)."""
+    if entry.levels == "ternary" and vals.numel():
+        bad = vals.abs() > 1
+        if vals.is_floating_point():
+            bad |= vals != vals.round()
+        if bool(bad.any()):
+            idx = tuple(int(i) for i in bad.nonzero()[0])
+            raise CheckpointError(f"{where}: value {float(vals[idx])} at logical index {idx}, but the spec says "
+                                  f"levels 'ternary': expected -1, 0 or +1")
 
 
 def finish_linear(ckpt: Checkpoint, entry: LinearEntry, vals: torch.Tensor, where: str) -> DecodedLinear:
@@ -427,9 +454,12 @@ def finish_linear(ckpt: Checkpoint, entry: LinearEntry, vals: torch.Tensor, wher
     of a 'divide' format, so the reference can follow its arithmetic order) and the bias."""
     if entry.zero is not None:
         try:
-            vals = subtract_zero(vals, ckpt.get(entry.zero.key), entry.zero, entry.shape, where)
+            vals = subtract_zero(vals, ckpt.get(entry.zero.key), entry.zero, entry.shape, where,
+                                 ternary=entry.levels == "ternary")
         except FormatError as e:
             raise CheckpointError(str(e)) from None
+    else:  # (subtract_zero checked these)
+        check_levels(vals, entry, where)
     if entry.rows is not None:
         vals = vals[entry.rows[0]:entry.rows[1]]
     div = None

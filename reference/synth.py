@@ -63,6 +63,17 @@ Conventions (``FORMATS`` keys):
                       7 / 8 / 9) for layer 0 and every down_proj, int-2 (int32 [N, K/16]) elsewhere;
                       per-channel fp16 scales [N, 1]; one config_group per width
 
+HQQ's quantizer on a float model (``HQQ_FORMATS``, ``w_hqq_quant``: the logical weights plus noise, quantized as
+mobiusml/hqq ``Quantizer.quantize`` does with optimize=False; asymmetric levels, not ternary; take any ``Logical``):
+  hqq-2bit, hqq-2bit-nometa, hqq-2bit-axis0
+                      2bit_u8, float zero points (round_zero False), groups of 64, with / without meta tensors
+  hqq-3bit, hqq-3bit-axis0-nometa
+                      3bit_32: int32 W_q, ten 3-bit fields per word (bits 30-31 unused), rows padded to 10
+  hqq-4bit, hqq-4bit-nometa
+                      4bit_u8 with HQQ's rounded (integer) zero points for nbits 4
+  hqq-1bit, hqq-8bit  1bit_u8 (eight chunks per byte), 8bit_u8 (one code per byte)
+  hqq-mixed           4-bit attention projections, 2-bit MLP
+
 Symmetric low-bit integers beyond ternary (``INT_FORMATS``; take a multi-level ``Logical``, e.g.
 ``Logical.requantized(bits)``):
   compressed-tensors-int2  num_bits=2, int32 [N, K/16], code v+2, all four levels {-2, -1, 0, 1}
@@ -414,7 +425,8 @@ def _hqq_str(v: str) -> torch.Tensor:
     return torch.tensor([ord(c) for c in v], dtype=torch.uint8)
 
 
-def hqq_meta(shape: tuple, axis: int, group_size: int, nbits=2, compute_dtype: str = "torch.float16") -> dict:
+def hqq_meta(shape: tuple, axis: int, group_size: int, nbits=2, compute_dtype: str = "torch.float16",
+             packing: str = "2bit_u8", round_zero: Optional[bool] = None) -> dict:
     """The non-tensor entries HQQLinear.state_dict (hqq/core/quantize.py, ``encoded_state_dict=True``, as
     ``save_to_safetensors`` / transformers' ``save_pretrained`` store it) writes next to W_q / scale / zero of a
     2-bit layer quantized with ``hqq_base_quant_config(nbits=2, group_size, axis)``: the meta dict of
@@ -432,11 +444,12 @@ def hqq_meta(shape: tuple, axis: int, group_size: int, nbits=2, compute_dtype: s
         return _hqq_str(v)
 
     meta = {"nbits": enc(nbits), "group_size": enc(group_size), "shape": torch.tensor(torch.Size(shape)),
-            "axis": enc(axis), "packing": enc("2bit_u8"), "unpack_view_dtype": enc("torch.uint8"),
+            "axis": enc(axis), "packing": enc(packing),
+            "unpack_view_dtype": enc("torch.int32" if packing == "3bit_32" else "torch.uint8"),
             "view_as_float": enc(False), "quant_scale": enc(False), "quant_zero": enc(False),
             "compute_dtype": enc(compute_dtype), "offload_meta": enc(False), "encoded_state_dict": enc(True),
             "stores_quant_config": enc(True), "channel_wise": enc(True), "optimize": enc(True),
-            "round_zero": enc(nbits == 4)}
+            "round_zero": enc(nbits == 4 if round_zero is None else round_zero)}
     return meta
 
 
@@ -469,6 +482,83 @@ def w_hqq(lg: Logical, seed: int = 0, axis: int = 1, group_size: int = HQQ_GROUP
         if meta:
             sd.update({f"{mod}.{key}": v for key, v in hqq_meta((n, k), axis, G).items()})
     return sd, None, Truth(tern, mult, f"hqq{'-axis0' if axis == 0 else ''}{'-meta' if meta else ''}")
+
+
+#: hqq/core/bitpack.py: packing -> (code bits, codes per container); Quantizer.bit_to_packing: nbits -> packing
+HQQ_BITPACK = {"8bit_u8": (8, 1), "4bit_u8": (4, 2), "3bit_32": (3, 10), "2bit_u8": (2, 4), "1bit_u8": (1, 8)}
+HQQ_PACKING = {8: "8bit_u8", 4: "4bit_u8", 3: "3bit_32", 2: "2bit_u8", 1: "1bit_u8"}
+
+
+def hqq_bitpack(W_q: torch.Tensor, packing: str) -> torch.Tensor:
+    """mobiusml/hqq hqq/core/bitpack.py ``BitPack.pack_<packing>``, transcribed: the rows are cut into f chunks
+    (f codes per container), chunk c shifted to the c-th highest field (chunk 0 in the high bits); '3bit_32' first
+    pads the rows with zeros to a multiple of 10 (int32, bits 30-31 unused); the u8 packings need len % f == 0
+    (else HQQ's own broadcast fails)."""
+    bits, f = HQQ_BITPACK[packing]
+    if packing == "3bit_32":
+        q = torch.zeros(-(-len(W_q) // 10) * 10, W_q.shape[1], dtype=torch.int32)
+        q[:len(W_q)] = W_q.to(torch.int32)
+    else:
+        q = W_q.to(torch.uint8)
+        if len(q) % f:
+            raise ValueError(f"BitPack.pack_{packing} needs a multiple of {f} rows, got {len(q)}")
+    step = len(q) // f
+    out = torch.zeros_like(q[:step])
+    for c in range(f):
+        out |= q[c * step:(c + 1) * step] << (bits * (f - 1 - c))
+    return out
+
+
+def w_hqq_quant(lg: Logical, nbits: int = 2, axis: int = 1, group_size: int = HQQ_GROUP, meta: bool = True,
+                round_zero: Optional[bool] = None, noise: float = 0.3, seed: int = 0,
+                compute_dtype: torch.dtype = torch.float16):
+    """HQQ as its quantizer writes a float model (mobiusml/hqq ``Quantizer.quantize`` with optimize=False,
+    transcribed): W = the logical effective weights plus ``noise`` * m * N(0, 1) (a float model, not ternary),
+    viewed as W.reshape(-1, G) (axis=1) or W.reshape(G, -1) (axis=0); min / max along ``axis``;
+    scale = (2^nbits - 1) / (max - min) clamped to 2e4, zero = -min * scale (rounded when ``round_zero``, HQQ's
+    default for nbits 4 only), W_q = round(W * scale + zero) clamped to [0, 2^nbits - 1] and packed
+    (``hqq_bitpack``); stored meta scale = 1 / scale and zero in ``compute_dtype`` (``Quantizer.cuda`` casts
+    them), plus the meta tensors when ``meta``.  Truth: values q - zero (float32; integers where the zeros are)
+    and the multiplier scale, so ``effective`` = Quantizer.dequantize in float32."""
+    if round_zero is None:
+        round_zero = nbits == 4  # hqq_base_quant_config: "round_zero": True if nbits == 4 else False
+    packing = HQQ_PACKING[nbits]
+    g = torch.Generator().manual_seed(seed)
+    G = group_size
+    sd, vals, mult = _floats(lg, "hf"), {}, {}
+    max_v = 2 ** nbits - 1
+    for mod in lg.ternary:
+        n, k = lg.ternary[mod].shape
+        W = lg.effective(mod) + noise * lg.mult[mod].expand(n, k) * torch.randn(n, k, generator=g)
+        Wv = W.reshape(-1, G) if axis == 1 else W.reshape(G, -1)
+        _min = Wv.min(dim=axis, keepdim=True)[0]
+        _max = Wv.max(dim=axis, keepdim=True)[0]
+        scale = (max_v / (_max - _min)).clamp(max=2e4)
+        zero = -_min * scale
+        if round_zero:
+            zero = torch.round(zero)
+        q = torch.round(Wv * scale + zero).clamp(0, max_v)
+        s_st, z_st = (1.0 / scale).to(compute_dtype), zero.to(compute_dtype)
+        sd[f"{mod}.W_q"] = hqq_bitpack(q, packing)
+        sd[f"{mod}.scale"], sd[f"{mod}.zero"] = s_st.contiguous(), z_st.contiguous()
+        vals[mod] = (q - z_st.float()).reshape(n, k)
+        mult[mod] = s_st.float().expand_as(q).reshape(n, k).contiguous()
+        if meta:
+            sd.update({f"{mod}.{key}": v for key, v in hqq_meta((n, k), axis, G, nbits=nbits, packing=packing,
+                                                                 round_zero=round_zero,
+                                                                 compute_dtype=str(compute_dtype)).items()})
+    fmt = f"hqq-{nbits}bit{'-axis0' if axis == 0 else ''}{'' if meta else '-nometa'}"
+    return sd, None, Truth(vals, mult, fmt)
+
+
+def w_hqq_mixed(lg: Logical, attn_bits: int = 4, mlp_bits: int = 2):
+    """HQQ's quantizer with one width for the attention projections and another for the MLP (a common HQQ
+    recipe: more bits where the layer is small), meta tensors included; see ``w_hqq_quant``."""
+    a, m = w_hqq_quant(lg, attn_bits), w_hqq_quant(lg, mlp_bits)
+    sd = {k: (a[0][k] if ".self_attn." in k else v) for k, v in m[0].items()}
+    pick = lambda mod: a[2] if ".self_attn." in mod else m[2]  # noqa: E731
+    return sd, None, Truth({mod: pick(mod).ternary[mod] for mod in lg.ternary},
+                           {mod: pick(mod).mult[mod] for mod in lg.ternary}, f"hqq-mixed-{attn_bits}-{mlp_bits}")
 
 
 def w_trilm(lg: Logical, shards: int = 2, per_row: bool = False):
@@ -660,6 +750,20 @@ FORMATS: dict[str, Callable] = {
     "compressed-tensors-mixed": w_compressed_tensors_mixed,
 }
 
+#: HQQ's quantizer on a float model (``w_hqq_quant``: asymmetric levels, not ternary; any ``Logical``)
+HQQ_FORMATS: dict[str, Callable] = {
+    "hqq-2bit": lambda lg: w_hqq_quant(lg, 2),
+    "hqq-2bit-nometa": lambda lg: w_hqq_quant(lg, 2, meta=False),
+    "hqq-2bit-axis0": lambda lg: w_hqq_quant(lg, 2, axis=0),
+    "hqq-4bit": lambda lg: w_hqq_quant(lg, 4),
+    "hqq-4bit-nometa": lambda lg: w_hqq_quant(lg, 4, meta=False),
+    "hqq-3bit": lambda lg: w_hqq_quant(lg, 3),
+    "hqq-3bit-axis0-nometa": lambda lg: w_hqq_quant(lg, 3, axis=0, meta=False),
+    "hqq-1bit": lambda lg: w_hqq_quant(lg, 1),
+    "hqq-8bit": lambda lg: w_hqq_quant(lg, 8),
+    "hqq-mixed": w_hqq_mixed,
+}
+
 #: symmetric low-bit integer conventions beyond ternary (write a ``Logical.requantized(bits)`` model)
 INT_FORMATS: dict[str, Callable] = {
     "compressed-tensors-int2": lambda lg: w_compressed_tensors_int(lg, 2),
@@ -693,10 +797,10 @@ def write(fmt, lg: Logical, out, *, shards: int = 1, keep_quant_config: bool = T
     to directory ``out`` (replaced); return the ground truth."""
     if callable(fmt):
         writer, fmt = fmt, getattr(fmt, "__name__", "custom")
-    elif fmt in FORMATS or fmt in INT_FORMATS:
-        writer = FORMATS.get(fmt) or INT_FORMATS[fmt]
+    elif fmt in FORMATS or fmt in INT_FORMATS or fmt in HQQ_FORMATS:
+        writer = FORMATS.get(fmt) or INT_FORMATS.get(fmt) or HQQ_FORMATS[fmt]
     else:
-        raise KeyError(f"unknown convention {fmt!r}; known: {sorted(FORMATS) + sorted(INT_FORMATS)}")
+        raise KeyError(f"unknown convention {fmt!r}; known: {sorted(FORMATS) + sorted(INT_FORMATS) + sorted(HQQ_FORMATS)}")
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)

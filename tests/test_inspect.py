@@ -477,6 +477,7 @@ def test_hqq_structure_and_prior(use_loss, logical, tmp_path):
     e = res.spec.linears["model.layers.2.mlp.up_proj"]
     assert (e.pack.group_view, e.pack.pack_axis, e.pack.lanes, e.pack.bit_order) == (64, 0, "blocked", "msb")
     assert e.zero.key == "model.layers.2.mlp.up_proj.zero" and e.scale.granularity == "group"
+    assert e.levels == "ternary"  # integer zero points that give ternary values: checked on every decode
     assert "model.layers.2.mlp.up_proj.zero" not in res.spec.ignored
     assert any(f.what == "block structure" and "HQQ" in f.decision for f in res.findings)
 
@@ -497,6 +498,69 @@ def test_hqq_non_integer_zero_is_not_ternary(logical, tmp_path):
         inspect_dir(out, use_loss=False)
     msg = str(e.value)
     assert key in msg and "non-integer" in msg and "1.25 at group 7" in msg and "not ternary" in msg
+
+
+@pytest.mark.parametrize("bad,what", [(3.0, "integer"), (1.5, "non-integer")])
+def test_hqq_ternary_with_one_corrupt_zero_is_named(bad, what, logical, tmp_path):
+    """A ternary HQQ checkpoint where one zero point is off: an integer one puts a few q - z outside {-1, 0, 1}, a
+    non-integer one stands alone among integers; either is an error naming the tensor (HQQ's asymmetric levels
+    would be so throughout)."""
+    from reference.inspect import InspectError
+
+    out = tmp_path / "hqq"
+    synth.write("hqq", logical, out)
+    key = "model.layers.0.self_attn.o_proj.zero"
+
+    def edit(z):
+        z[7] = bad
+        return z
+
+    _rewrite(out, key, edit)
+    with pytest.raises(InspectError) as e:
+        inspect_dir(out, use_loss=False)
+    msg = str(e.value)
+    assert key in msg and ("corrupt codes or zero points" if bad == 3.0 else "1.5 at group 7") in msg, msg
+
+
+@pytest.mark.parametrize("fmt", sorted(synth.HQQ_FORMATS))
+def test_hqq_quantizer_checkpoints_recovered(fmt, logical, tmp_path):
+    """HQQ's own quantizer on a float model: 1- / 2- / 3- / 4- / 8-bit packings (3bit_32 in int32 with 10 fields),
+    axis 1 and 0, with and without meta tensors, float zero points (integers for nbits 4, round_zero), 4-bit
+    attention beside a 2-bit MLP in one model: the
+    packing, group view and zero points are found and the decode is HQQ's dequantize bit for bit; not ternary
+    (no 'levels' check), said in the block-structure finding."""
+    out = tmp_path / fmt
+    truth = synth.write(fmt, logical, out)
+    res = inspect_dir(out, use_loss=False)
+    axis = 0 if "axis0" in fmt else 1
+    ck = Checkpoint(out)
+    for mod in truth.ternary:
+        nbits = (4 if ".self_attn." in mod else 2) if fmt == "hqq-mixed" else int(fmt.split("-")[1][0])
+        e = res.spec.linears[mod]
+        assert (e.pack.bits, e.pack.group_view, e.pack.group_axis, e.levels) == (nbits, 64, axis, None), mod
+        assert e.pack.fields == (10 if nbits == 3 else None) and e.zero.key == f"{mod}.zero"
+        d = decode_linear(ck, e, mod)
+        assert torch.equal(d.values.float(), truth.ternary[mod]) and torch.equal(d.effective(), truth.effective(mod))
+    f = next(f for f in res.findings if f.what == "block structure")
+    assert f.decision.startswith("HQQ asymmetric low-bit") and f"axis={axis}" in f.decision
+    assert ("non-integer" in f.evidence) == (fmt != "hqq-4bit" and fmt != "hqq-4bit-nometa")
+    assert ("4bit_u8" in f.decision and "2bit_u8" in f.decision) == (fmt == "hqq-mixed")
+    again = CheckpointSpec.from_dict(json.loads(json.dumps(res.spec.to_dict())))
+    assert again == res.spec
+
+
+def test_hqq_asymmetric_layout_by_loss(logical, tmp_path):
+    """With a text sample, HQQ's own chunk layout (blocked, chunk 0 in the high bits) wins by loss over the
+    other lanes and bit orders of the same codes."""
+    out = tmp_path / "hqq-2bit"
+    truth = synth.write("hqq-2bit", logical, out)
+    res = inspect_dir(out)
+    e = res.spec.linears[HQQ_MOD]
+    assert (e.pack.lanes, e.pack.bit_order) == ("blocked", "msb")
+    check = next(f for f in res.findings if f.what == "lanes (by loss)")
+    assert check.confidence == "high", check
+    d = decode_linear(Checkpoint(out), e, HQQ_MOD)
+    assert torch.equal(d.effective(), truth.effective(HQQ_MOD))
 
 
 # ---------------------------------------------------------------------------------------
@@ -571,7 +635,7 @@ def _chars(s: str) -> torch.Tensor:
 I32 = torch.int32
 BAD_META = [  # (format, meta key, stored value, what the message must say)
     ("hqq-meta", "nbits", torch.tensor(4, dtype=I32), "nbits 4"),
-    ("hqq-axis0-meta", "nbits", torch.tensor(3, dtype=I32), "expected 2 (or 1.58"),
+    ("hqq-axis0-meta", "nbits", torch.tensor(3, dtype=I32), "nbits 3, which packs as '3bit_32'"),
     ("hqq-meta", "shape", torch.tensor([128, 64]), "expected [64, 128]"),
     ("hqq-axis0-meta", "shape", torch.tensor([64, 128, 1]), "expected [64, 128]"),
     ("hqq-meta", "group_size", torch.tensor(48, dtype=I32), "group_size 48 does not divide N*K = 64*128 = 8192"),
@@ -579,7 +643,8 @@ BAD_META = [  # (format, meta key, stored value, what the message must say)
     ("hqq-meta", "group_size", torch.tensor(32, dtype=I32), "expected uint8 [64, 32]"),
     ("hqq-axis0-meta", "group_size", torch.tensor(128, dtype=I32), "expected uint8 [32, 64]"),
     ("hqq-meta", "packing", _chars("2bit_u9"), "unknown packing '2bit_u9'"),
-    ("hqq-meta", "packing", _chars("4bit_u8"), "expected '2bit_u8'"),
+    ("hqq-meta", "packing", _chars("4bit_u8"), "nbits 2, which packs as '2bit_u8'"),
+    ("hqq-meta", "nbits", torch.tensor(7, dtype=I32), "nbits 7, expected one of HQQ's"),
     ("hqq-axis0-meta", "axis", torch.tensor(2, dtype=I32), "axis 2, expected 0 or 1"),
     ("hqq-axis0-meta", "axis", torch.tensor(1, dtype=I32), "for axis=1, group_size=64"),
     ("hqq-meta", "axis", torch.tensor(0, dtype=I32), "expected uint8 [16, 128]"),

@@ -196,27 +196,30 @@ def test_vllm_in_block_scales_and_float_valued_weights(arch, fmt, tmp_path):
 
 
 @pytest.mark.vllm
-def test_vllm_llama_refuses_hqq_zero_points_by_name(tmp_path):
-    """HQQ zero points on vLLM's own Llama (`--quantization ternary`, the checkpoint's config names hqq): refused at
-    config time by module and tensor, as our BitNet's key map does (before: a group-scale shape error from inside
-    the loader)."""
-    import os
-
+@pytest.mark.parametrize("fmt", ["hqq", "hqq-2bit"])
+def test_vllm_llama_runs_hqq_zero_points(fmt, tmp_path):
+    """HQQ on vLLM's own Llama (`--quantization ternary` through the directory's spec): W_q / scale / zero renamed
+    to the layer's weight / weight_scale / weight_zero, q/k/v and gate/up stacked by vLLM, the zero points
+    subtracted by the dense fallback - the ternary case (integer zero points) and HQQ's 2-bit quantizer (float
+    zero points); every canonical tensor against the reference (fp32 tier: a Llama without activation
+    quantization)."""
+    from parity.compare import compare
+    from parity.names import canonical_names
+    from parity.targets import get_target
     from reference.inspect import main as inspect_main
+    from reference.spec import SPEC_FILENAME, CheckpointSpec
 
     base = write_model(Preset("llama", 128, 192, 2, 4, 2, 89, False, seed=38), tmp_path / "base")
-    d = tmp_path / "hqq"
-    synth.write("hqq", synth.Logical.from_dir(base), d)
+    d = tmp_path / fmt
+    synth.write(fmt, synth.Logical.from_dir(base), d)
     assert inspect_main([str(d), "--no-loss"]) == 0
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    import trit.vllm
-    from vllm import LLM
-
-    trit.vllm.register()
-    with pytest.raises(Exception, match=r"mlp\.down_proj has per-group zero points 'model\.layers\.0\.mlp\.down_proj\.zero'"):
-        LLM(model=str(d), quantization="ternary", dtype="float32", enforce_eager=True, max_model_len=32,
-            skip_tokenizer_init=True)
+    spec = CheckpointSpec.load(d / SPEC_FILENAME)
+    assert spec.activation_quant == "none" and spec.linears["model.layers.0.mlp.down_proj"].zero is not None
+    ids = torch.randint(3, 89, (2, 20), generator=torch.Generator().manual_seed(0))
+    ref = get_target("reference").capture(d, ids)
+    v = get_target("vllm", compute_dtype="fp32").capture(d, ids)
+    c = compare(ref, v, order=canonical_names(2, "llama"), dtype="fp32", target_name="vllm")
+    assert c.passed, c.summary()
 
 
 @pytest.mark.vllm

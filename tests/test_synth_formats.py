@@ -8,6 +8,7 @@ the inspector tests prove nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -538,12 +539,15 @@ def test_group_view_roundtrip(n, groups, g, order, lanes, seed):
 
 
 def test_hqq_zero_points_must_make_ternary_values(logical, tmp_path):
-    """A non-integer zero point, or an integer one that puts (q - z) outside {-1, 0, 1}: a clear
-    'not ternary' error naming the tensor."""
+    """Under ``levels: ternary`` a non-integer zero point, or an integer one that puts (q - z) outside
+    {-1, 0, 1}, is a clear 'not ternary' error naming the tensor; without it the decode is HQQ's own
+    q - z (float32 where a zero point is not an integer, integers otherwise)."""
+    import dataclasses
+
     from safetensors.torch import load_file, save_file
 
     from reference.checkpoint import CheckpointError
-    from reference.formats import ScaleSpec
+    from reference.formats import ScaleSpec, unpack_codes
     from reference.spec import LinearEntry, decode_linear
 
     out = tmp_path / "hqq"
@@ -552,7 +556,8 @@ def test_hqq_zero_points_must_make_ternary_values(logical, tmp_path):
     n, k = logical.ternary[D].shape
     e = LinearEntry(weight_key=f"{D}.W_q", shape=(n, k), pack=synth.HQQ_SPEC,
                     scale=ScaleSpec(f"{D}.scale", "group", group_size=64),
-                    zero=ScaleSpec(f"{D}.zero", "group", group_size=64))
+                    zero=ScaleSpec(f"{D}.zero", "group", group_size=64), levels="ternary")
+    q = unpack_codes(sd[f"{D}.W_q"], synth.HQQ_SPEC, (n, k)).float()
     for bad, want in ((1.5, "non-integer values (e.g. 1.5 at element 3)"), (3.0, "not ternary")):
         z = sd[f"{D}.zero"].clone()
         z[3] = bad
@@ -560,6 +565,55 @@ def test_hqq_zero_points_must_make_ternary_values(logical, tmp_path):
         with pytest.raises(CheckpointError) as ei:
             decode_linear(Checkpoint(out), e, D)
         assert f"{D}.zero" in str(ei.value) and want in str(ei.value) and "not ternary" in str(ei.value)
+        d = decode_linear(Checkpoint(out), dataclasses.replace(e, levels=None), D)
+        zz = z.float().reshape(n, k // 64).repeat_interleave(64, dim=1)
+        assert d.values.is_floating_point() == (bad == 1.5)
+        assert torch.equal(d.values.float(), q - zz)
+
+
+def hqq_unpack(W_q: torch.Tensor, packing: str) -> torch.Tensor:
+    """mobiusml/hqq BitPack.unpack_<packing>, transcribed from its masks and shifts (one chunk of rows per field,
+    chunk 0 from the highest field; unpack_3bit_32 keeps the 10 fields of bits 29-0)."""
+    bits, shifts = {"8bit_u8": (8, [0]), "4bit_u8": (4, [4, 0]), "2bit_u8": (2, [6, 4, 2, 0]),
+                    "1bit_u8": (1, [7, 6, 5, 4, 3, 2, 1, 0]), "3bit_32": (3, [27, 24, 21, 18, 15, 12, 9, 6, 3, 0])}[packing]
+    return torch.cat([(W_q >> sh) & ((1 << bits) - 1) for sh in shifts], dim=0)
+
+
+@pytest.mark.parametrize("fmt", sorted(f for f in synth.HQQ_FORMATS if f != "hqq-mixed"))
+def test_hqq_quantizer_writer_matches_hqq_dequantize(fmt, logical, tmp_path):
+    """HQQ's quantizer on a float model (any nbits, both axes, meta or not): HQQ's unpack of the stored W_q, then
+    Quantizer.dequantize ((W_q - zero) * scale, the 3-bit rows cut to the group view, reshape) = the ground
+    truth bit for bit in float32; the zero points are non-integer except where HQQ rounds them (nbits 4); W_q has
+    the dtype and shape of HQQ's packing; the spec decode of HQQ's own layout agrees."""
+    from reference.formats import ScaleSpec
+    from reference.inspect_search import hqq_pack_spec
+    from reference.spec import LinearEntry, decode_linear
+
+    ck, truth = _write(fmt, logical, tmp_path)
+    nbits = int(fmt.split("-")[1][0])
+    packing = synth.HQQ_PACKING[nbits]
+    axis = 0 if "axis0" in fmt else 1
+    for mod in (Q, D):
+        n, k = logical.ternary[mod].shape
+        cols = n * k // 64
+        W_q, s, z = ck.get(f"{mod}.W_q"), ck.get(f"{mod}.scale"), ck.get(f"{mod}.zero")
+        f = synth.HQQ_BITPACK[packing][1]
+        rows = -(-(cols if axis == 1 else 64) // f)
+        assert W_q.dtype == (torch.int32 if nbits == 3 else torch.uint8)
+        assert tuple(W_q.shape) == ((rows, 64) if axis == 1 else (rows, cols))
+        assert s.shape == z.shape == ((cols, 1) if axis == 1 else (1, cols)) and s.dtype == z.dtype == torch.float16
+        frac = (z != z.round()).float().mean().item()
+        assert (frac == 0) if nbits == 4 else frac > 0.8, frac  # (fp16 zeros near 128 are integers 1 in 16)
+        q = hqq_unpack(W_q, packing)[:cols if axis == 1 else 64].float()
+        assert int(q.min()) >= 0 and int(q.max()) <= 2 ** nbits - 1 and len(torch.unique(q)) >= min(2 ** nbits, 64)
+        eff = ((q - z.float()) * s.float()).reshape(n, k)
+        assert torch.equal(eff, truth.effective(mod)), mod
+        zs = ScaleSpec(f"{mod}.zero", "group", group_size=64, group_axis=axis)
+        e = LinearEntry(weight_key=f"{mod}.W_q", shape=(n, k), pack=hqq_pack_spec(axis, 64, packing),
+                        scale=dataclasses.replace(zs, key=f"{mod}.scale"), zero=zs)
+        d = decode_linear(ck, e, mod)
+        assert torch.equal(d.values.float(), truth.ternary[mod]) and torch.equal(d.effective(), eff)
+        assert d.values.is_floating_point() == (nbits != 4)
 
 
 def test_hqq_spec_json_roundtrip_and_old_json_unchanged():

@@ -51,6 +51,28 @@ def int4_group():
     return spec, sd, eff
 
 
+@pytest.fixture(scope="module")
+def hqq_group():
+    """Layer 0 of a synthetic HQQ 2-bit model (axis=1, groups of 64): W_q uint8 [N*K/256, 64] (HQQ's
+    pack_2bit_u8 of the group view), fp16 scale and non-integer zero [N*K/64, 1]; W = (q - zero) * scale."""
+    from reference.inspect_search import hqq_pack_spec
+
+    g = torch.Generator().manual_seed(1)
+    linears, sd, eff = {}, {}, {}
+    for m, (n, k) in SHAPES.items():
+        mod = f"{P0}.{m}"
+        q = torch.randint(0, 4, (n * k // G, G), generator=g)
+        s = (torch.rand(n * k // G, 1, generator=g) * 0.02 + 0.005).to(torch.float16)
+        z = (torch.rand(n * k // G, 1, generator=g) * 3).to(torch.float16)
+        sd[f"{mod}.W_q"], sd[f"{mod}.scale"], sd[f"{mod}.zero"] = synth.hqq_bitpack(q, "2bit_u8"), s, z
+        eff[mod] = ((q.float() - z.float()) * s.float()).reshape(n, k)
+        zs = ScaleSpec(key=f"{mod}.zero", granularity="group", group_size=G)
+        linears[mod] = LinearEntry(weight_key=f"{mod}.W_q", shape=(n, k), pack=hqq_pack_spec(1, G, "2bit_u8"),
+                                   scale=dataclasses.replace(zs, key=f"{mod}.scale"), zero=zs)
+    spec = CheckpointSpec(name="synthetic-hqq-2bit", linears=linears, tensors={}, activation_quant="none")
+    return spec, sd, eff
+
+
 def build(kind: str, qc):
     from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 
@@ -92,10 +114,13 @@ MODS = {"qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
 
 @pytest.mark.parametrize("kind", ["qkv", "gate_up", "down"])
 @pytest.mark.parametrize("size", [1, 2])
-def test_group_scales_slice_under_tp(vllm_env, tp, int4_group, kind, size):
+@pytest.mark.parametrize("model", ["int4_group", "hqq_group"])
+def test_group_scales_slice_under_tp(vllm_env, tp, request, model, kind, size):
+    """Group scales (and HQQ's zero points, laid out as the scales) sliced with the weight: each rank's dense
+    weight is its slice of the effective weight, exactly."""
     from trit.vllm.quant import DenseFallbackLinearMethod, TernaryConfig
 
-    spec, sd, eff = int4_group
+    spec, sd, eff = request.getfixturevalue(model)
     for rank in range(size):
         tp(rank, size)
         layer = build(kind, TernaryConfig(spec))
@@ -110,6 +135,7 @@ def test_group_scales_slice_under_tp(vllm_env, tp, int4_group, kind, size):
         else:  # column-parallel: every shard's rows sliced, concatenated in shard order
             want = torch.cat([f.chunk(size)[rank] for f in full])
         assert layer.weight.dtype == torch.float32 and not hasattr(layer, "weight_scale")
+        assert not hasattr(layer, "weight_zero")
         assert torch.equal(layer.weight.data, want), f"{kind} TP{size} rank {rank}"
 
 
@@ -288,16 +314,39 @@ def test_tq2_0_runs_in_vllm(tmp_path):
     _capture_and_compare(d, ids, "fp32-a8", spec_path=d / "ternary_spec.json")
 
 
-def test_hqq_zero_points_are_refused_by_name(tmp_path):
-    """Per-group zero points (HQQ) are not loaded by the plugin: the key map refuses them by module."""
-    from reference.formats import ScaleSpec
+def test_hqq_zero_points_map_to_weight_zero(hqq_group):
+    """HQQ's zero points load into the dense fallback's ``weight_zero`` (per shard, like the scales); axis=0 zero
+    points (one per column of W's [G, N*K/G] view) are refused by module and tensor at config time."""
+    from trit.vllm.quant import TernaryConfig
 
-    e = LinearEntry(weight_key=f"{P0}.mlp.down_proj.W_q", shape=(128, 384), pack=synth.HQQ_SPEC,
-                    scale=ScaleSpec(f"{P0}.mlp.down_proj.scale", "group", group_size=64),
-                    zero=ScaleSpec(f"{P0}.mlp.down_proj.zero", "group", group_size=64))
-    spec = CheckpointSpec(name="hqq", linears={f"{P0}.mlp.down_proj": e}, tensors={})
-    with pytest.raises(km.KeyMapError, match=r"mlp\.down_proj has per-group zero points .*down_proj\.zero"):
-        km.build_key_map(spec, {})
+    spec = hqq_group[0]
+    km_ = km.build_key_map(spec, {})
+    assert km_[f"{P0}.self_attn.k_proj.zero"] == [km.Target(f"{P0}.self_attn.qkv_proj.weight_zero", "k", "zero",
+                                                            f"{P0}.self_attn.k_proj")]
+    assert km.dense_reason(spec.linears[f"{P0}.mlp.down_proj"]).startswith("group-wise scale (group_size 64) and "
+                                                                          "per-group zero points")
+    e = spec.linears[f"{P0}.mlp.down_proj"]
+    ax0 = dataclasses.replace(spec, linears={f"{P0}.mlp.down_proj": dataclasses.replace(
+        e, zero=dataclasses.replace(e.zero, group_axis=0))})
+    with pytest.raises(km.KeyMapError, match=r"mlp\.down_proj has group zero points .*down_proj\.zero.*axis=0"):
+        km.build_key_map(ax0, {})  # our BitNet's key map; vLLM's Llama: TernaryConfig.maybe_update_config
+    assert set(TernaryConfig(spec).dense_modules()) == set(spec.linears)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["hqq-3bit", "hqq-4bit-nometa"])
+def test_hqq_quantizer_checkpoint_runs_in_vllm(fmt, tmp_path):
+    """HQQ's quantizer on the trained model (3-bit in int32 with 10 fields and float zero points; 4-bit with
+    HQQ's rounded zeros, no meta tensors), inspected: the dense fallback subtracts the zero points as the
+    reference does; BitNet's int8 activations: fp32-a8 tier."""
+    from reference.inspect import main as inspect_main
+
+    d = tmp_path / fmt
+    synth.write(fmt, synth.Logical.from_dir(TRAINED), d)
+    assert inspect_main([str(d), "--no-loss"]) == 0
+    assert CheckpointSpec.load(d / "ternary_spec.json").linears[f"{P0}.mlp.down_proj"].zero is not None
+    ids = torch.randint(3, 512, (2, 24), generator=torch.Generator().manual_seed(0))
+    _capture_and_compare(d, ids, "fp32-a8")
 
 
 def test_hqq_axis0_group_scale_is_refused_by_name():

@@ -17,7 +17,7 @@ import torch
 
 from reference.checkpoint import Checkpoint
 from reference.config import ModelConfig
-from reference.formats import PackSpec
+from reference.formats import PackSpec, _narrow
 from reference.model import Overrides, ReferenceModel
 from reference.spec import DecodedLinear, LinearEntry, decode_linear, finish_linear, spec_for
 
@@ -127,7 +127,7 @@ def lut_decode(packed: torch.Tensor, pack: PackSpec, shape: tuple[int, int]) -> 
 def lut_decoder(ckpt: Checkpoint, entry: LinearEntry, name: str) -> DecodedLinear:
     if entry.pack is None or entry.pack.container != "uint8":
         return decode_linear(ckpt, entry, name)  # unpacked or wide containers: shared path
-    vals = lut_decode(ckpt.get(entry.weight_key), entry.pack, entry.shape).to(torch.int8)
+    vals = _narrow(lut_decode(ckpt.get(entry.weight_key), entry.pack, entry.shape))  # int8 unless a code > 127
     return finish_linear(ckpt, entry, vals, name)
 
 

@@ -106,7 +106,7 @@ class Target:
 
     param: str  # e.g. "model.layers.0.self_attn.qkv_proj.weight"
     shard_id: ShardId
-    kind: str  # "weight" | "scale" | "bias" | "float"
+    kind: str  # "weight" | "scale" | "zero" | "bias" | "float"
     hf_module: Optional[str] = None  # the spec's module name (linears only)
 
 
@@ -132,6 +132,8 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
         add(e.weight_key, Target(f"{layer}.weight", sid, "weight", mod))
         if e.scale is not None and e.scale.key != e.weight_key:  # in-block scales: the weight's loader fills them
             add(e.scale.key, Target(f"{layer}.weight_scale", sid, "scale", mod))
+        if e.zero is not None:
+            add(e.zero.key, Target(f"{layer}.weight_zero", sid, "zero", mod))
         if e.bias_key:
             add(e.bias_key, Target(f"{layer}.bias", sid, "bias", mod))
     for hf, vname in float_params.items():
@@ -159,13 +161,16 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
 
 
 def refuse_zero_points(spec: CheckpointSpec) -> None:
-    """KeyMapError naming the first module with per-group zero points (HQQ): the plugin does not load them
-    (TernaryConfig.maybe_update_config checks every spec, so vLLM's own Llama refuses them as our BitNet does)."""
+    """KeyMapError naming the first module whose per-group zero points the dense fallback cannot load: HQQ
+    axis=0 groups (one zero per column of W's [G, N*K/G] view, not consecutive inputs of a row; checked at
+    config time, so vLLM's own Llama refuses them as our BitNet does)."""
     for mod, e in spec.linears.items():
-        if e.zero is not None:
-            raise KeyMapError(f"spec {spec.name!r}: {mod} has per-group zero points {e.zero.key!r} (HQQ-style "
-                              f"W = (q - z) * s), which the vLLM plugin does not load yet; decode the checkpoint "
-                              f"with `python -m reference.decode` and serve the float weights instead")
+        if e.zero is not None and (e.zero.group_axis == 0 or e.zero.granularity != "group"):
+            raise KeyMapError(f"spec {spec.name!r}: {mod} has {e.zero.granularity} zero points {e.zero.key!r} "
+                              f"(group_axis {e.zero.group_axis}: HQQ axis=0 groups, one per column of W's "
+                              f"[{e.zero.group_size}, N*K/{e.zero.group_size}] view), which the vLLM plugin does "
+                              f"not load (its group zero points and scales cover consecutive inputs of a row); "
+                              f"decode the checkpoint with `python -m reference.decode` and serve the float weights")
 
 
 def float_valued(entry: LinearEntry, stored_dtype: str) -> bool:
@@ -212,6 +217,7 @@ def checkpoint_renames(spec: CheckpointSpec) -> dict[str, str]:
         scale = e.scale.key if e.scale is not None and e.scale.key != e.weight_key else None
         put(e.weight_key, f"{mod}.weight")
         put(scale, f"{mod}.weight_scale")
+        put(e.zero.key if e.zero is not None else None, f"{mod}.weight_zero")
         put(e.bias_key, f"{mod}.bias")
     for key, mods in fused_on_disk.items():
         layers = {vllm_target(m)[0] for m in mods}
@@ -233,6 +239,12 @@ def checkpoint_renames(spec: CheckpointSpec) -> dict[str, str]:
             for m, e in zip(whole.values(), entries):
                 if e.scale is not None and e.scale.key != e.weight_key:
                     put(e.scale.key, f"{m}.weight_scale")
+        zeros = {e.zero.key for e in entries if e.zero is not None}
+        if len(zeros) == 1 and all(e.zero is not None for e in entries):
+            put(next(iter(zeros)), f"{layer}.weight_zero")
+        else:
+            for m, e in zip(whole.values(), entries):
+                put(e.zero.key if e.zero is not None else None, f"{m}.weight_zero")
         biases = {e.bias_key for e in entries}
         if biases == {None}:
             continue
@@ -332,7 +344,9 @@ def dense_reason(entry: LinearEntry) -> Optional[str]:
     if entry.scale is not None and entry.scale.granularity == "block":
         why.append(f"in-block scale (one {entry.scale.dtype} per {entry.scale.group_size}-value block, "
                    f"{entry.scale.record_bytes}-byte blocks)")
-    if entry.pack is not None:
+    if entry.zero is not None:
+        why.append(f"per-group zero points {entry.zero.key!r} (W = (q - zero) * scale)")
+    elif entry.pack is not None:
         levels = sorted({int(v) for v in entry.pack.codes if v is not None})
         if not set(levels) <= TERNARY_LEVELS:
             why.append(f"integer levels {levels[0]}..{levels[-1]} ({entry.pack.bits}-bit codes)")
@@ -343,7 +357,8 @@ def decode_levels(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bo
                   floats: bool = False) -> torch.Tensor:
     """Checkpoint tensor -> int8 (n, K) integer values of module ``name`` (its ``rows`` of a fused
     tensor, or the whole fused tensor when ``fused``); any levels that fit int8. ``floats``: an undecoded
-    float-valued module (``float_valued``) -> its fp32 values as stored."""
+    float-valued module (``float_valued``) -> its fp32 values as stored.  A module with zero points: its
+    codes q as fp32 (the dense fallback subtracts the zero points once every tensor has arrived)."""
     where = f"tensor {entry.weight_key!r} ({name})"
     raw = raw.detach()  # unpack runs where raw is: the loaders hand it over on the layer's device
     if entry.online is not None:  # its multiplier comes with the values: online_decode, in the ternary loader
@@ -373,6 +388,8 @@ def decode_levels(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bo
                               f"scale first")
     if entry.rows is not None and not fused:
         vals = vals[entry.rows[0]:entry.rows[1]]
+    if entry.zero is not None:  # the codes q (HQQ: up to 255); the dense fallback subtracts the zero points
+        return vals.to(torch.float32).contiguous()
     if vals.numel() and (int(vals.min()) < -128 or int(vals.max()) > 127):
         raise FormatError(f"{where}: integer values outside int8 [-128, 127]")
     return vals.to(torch.int8).contiguous()
@@ -416,6 +433,8 @@ def group_mult(raw: Optional[torch.Tensor], entry: LinearEntry, name: str, group
             s = raw.detach().cpu().to(torch.float32)
         if sc.transposed and s.dim() == 2:
             s = s.t()
+        elif sc.granularity == "group" and tuple(s.shape) in ((entry.shape[0] * cols,), (entry.shape[0] * cols, 1)):
+            s = s.reshape(entry.shape[0], cols)  # one per group, row-major (HQQ axis=1: [N*K/G, 1])
         if tuple(s.shape) != (entry.shape[0], cols):
             raise FormatError(f"{where}: group scale must have shape {(entry.shape[0], cols)} (group_size "
                               f"{group_size}), has {tuple(raw.shape)}")

@@ -22,7 +22,7 @@ Life of a ternary linear layer:
 
 Dense fallback (``DenseFallbackLinearMethod``): a layer with a module the trit ops cannot express
 (``keymap.dense_reason``: group-wise scales, stored apart or in-block as llama.cpp TQ2_0 keeps them,
-integer levels beyond ternary) is decoded at load into
+integer levels beyond ternary, HQQ's per-group zero points) is decoded at load into
 its effective weight in the model dtype and computed with a dense matmul; see that class.  A ternary
 ``lm_head`` (spec entry "lm_head": transformers' BitLinear head when modules_to_not_convert leaves it
 converted) takes the same method on vLLM's ParallelLMHead (vocab rows sliced and padded by its loader),
@@ -53,6 +53,7 @@ defaults).  Neither version lists our method in WEIGHT_LOADER_V2_SUPPORTED, so b
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -189,7 +190,7 @@ class TernaryConfig(QuantizationConfig):
                 from reference.config import ModelConfig
 
                 self.spec.validate(ModelConfig.load(model_name), ck)
-        refuse_zero_points(self.spec)  # at config time, for vLLM's Llama as for our BitNet (its key map)
+        refuse_zero_points(self.spec)  # HQQ axis=0 zeros, at config time: vLLM's Llama as our BitNet's key map
         if ck is not None:
             self.float_modules = {m for m, e in self.spec.linears.items()
                                   if e.weight_key in ck and float_valued(e, ck.info(e.weight_key).dtype)}
@@ -337,7 +338,8 @@ class _SpecLinearMethod(LinearMethodBase):
     def _fused_entries(self, what: str):
         """[(module, entry)] in shard order for a tensor that vLLM hands over fused (shard_id None)."""
         out = [(m, self.spec.linears[m]) for m in self.modules.values()]
-        keys = {(e.weight_key if what == "weight_key" else (e.scale.key if e.scale else None)) for _, e in out}
+        keys = {e.weight_key if what == "weight_key" else (getattr(e, what).key if getattr(e, what) else None)
+                for _, e in out}
         if len(keys) != 1 or None in keys:
             raise KeyMapError(f"vLLM passed one fused tensor for {self.prefix!r}, but the spec stores its modules "
                               f"{[m for m, _ in out]} under different {what} keys {sorted(map(str, keys))}")
@@ -346,7 +348,7 @@ class _SpecLinearMethod(LinearMethodBase):
     def _shard_loader(self, layer, vllm_loader, what: str, convert, post):
         """vLLM loader for a layer's "weight" or "scale" parameter. convert(raw, entry, module) -> that
         module's rows; post(rows, param) -> what vLLM's own loader receives."""
-        key = "weight_key" if what == "weight" else "scale"
+        key = {"weight": "weight_key", "scale": "scale", "zero": "zero"}[what]
 
         def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
             if what == "weight" and param.device.type == "cuda":
@@ -382,10 +384,11 @@ class _SpecLinearMethod(LinearMethodBase):
             if ("weight", sid) not in layer.trit_loaded:
                 raise KeyMapError(f"missing checkpoint tensor {e.weight_key!r}: {what} of {name} (vLLM "
                                   f"{self.prefix}.weight{'' if sid is None else f', shard {sid!r}'}) was never loaded")
-            if e.scale is not None and ("scale", sid) not in layer.trit_loaded:
-                raise KeyMapError(f"missing checkpoint tensor {e.scale.key!r}: scale of {name} (vLLM "
-                                  f"{self.prefix}.weight_scale{'' if sid is None else f', shard {sid!r}'}) was never "
-                                  f"loaded")
+            for what, t in (("scale", e.scale), ("zero", e.zero)):
+                if t is not None and (what, sid) not in layer.trit_loaded:
+                    raise KeyMapError(f"missing checkpoint tensor {t.key!r}: {what} of {name} (vLLM "
+                                      f"{self.prefix}.weight_{what}{'' if sid is None else f', shard {sid!r}'}) was "
+                                      f"never loaded")
 
 
 class TernaryLinearMethod(_SpecLinearMethod):
@@ -631,8 +634,10 @@ def act_quant_selected(setting: Optional[str] = None) -> bool:
     SiLU(gate) * up -> down_proj (trit.vllm.llama) through trit::ternary_mm_a8_prologue, whose CUDA op then computes
     the activation inside down_proj's activation quantizer (csrc trit_mm_a8_act: the cluster quantizer reading
     [gate | up]) in front of the GEMV the plain layer runs - one kernel where the model runs the SiLU-mul kernel
-    and the quantizer (32 launches a step fewer on the 8B at every batch size up to 64). The same values as the
-    plain route, bit for bit (torch's roundings of silu and mul). Unset / 0: off (not yet measured on a GPU).
+    and the quantizer (32 launches a step fewer on the 8B at every batch size up to 64). Bit for bit eager torch's
+    silu(gate) * up (two roundings, the op's reference); vLLM's compiled plain route (Inductor's fused SiLU-mul)
+    rounds once, so end to end the two agree within rounding, not bit for bit. Unset / 0: off (not yet measured
+    on a GPU).
     Only at TP = 1 where the layer runs the trit ops and vLLM compiles the model (model_compiled)."""
     return _switch_on("TRIT_ACT_QUANT", setting)
 
@@ -824,9 +829,12 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
                      which needs K_part % G == 0, checked here), or (N_part, 1) with output_dim
                      only when the layer has no group scale (per-tensor / per-channel scales are
                      repeated over the groups; 'divide' scales inverted at load).
+                     ``weight_zero`` (modules with zero points, HQQ): fp32 (N_part, ceil(K_part / G)),
+                     laid out, sliced and loaded as the group scales (0 for a module without), and
+                     ``weight`` then holds the codes q in fp32.
     process_weights_after_loading
-                     weight <- (values * repeat_interleave(scale, G)).to(model dtype); the int8
-                     values and the scales are dropped.
+                     weight <- ((values - repeat_interleave(zero, G)) * repeat_interleave(scale, G))
+                     .to(model dtype); the staged values, zero points and scales are dropped.
     apply            with ``activation_quant: int8_per_token``: xs = 127 / absmax(x) per token
                      (all-gathered across TP for a row-parallel layer, as on the ternary path),
                      y = F.linear(round(x * xs).clamp(-128, 127), W) / xs (+ bias), i.e.
@@ -844,6 +852,8 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         self.group_size: Optional[int] = sizes.pop() if sizes else None
         # modules stored as float values (TriLM): loaded as is, into a float32 staging parameter
         self.floats = {m for m in self.modules.values() if m in quant_config.float_modules}
+        # modules with per-group zero points (HQQ): their codes q, staged as float32, minus ``weight_zero``
+        self.zeros = {m for m in self.modules.values() if self.spec.linears[m].zero is not None}
 
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], input_size: int, output_size: int,
@@ -863,8 +873,8 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
                               f"so its group scales cannot be sliced along the group axis; use a TP size with "
                               f"(K / TP) % {G} == 0")
         cols = 1 if G is None else -(-k_part // G)
-        values = Parameter(torch.zeros(n_part, k_part, dtype=torch.float32 if self.floats else torch.int8),
-                           requires_grad=False)
+        values = Parameter(torch.zeros(n_part, k_part, dtype=torch.float32 if self.floats or self.zeros
+                                       else torch.int8), requires_grad=False)
         scale_loader = self._scale_loader(layer, vllm_loader)
         set_weight_attrs(values, {"output_dim": 0, "input_dim": 1,
                                   "weight_loader": self._weight_loader(layer, vllm_loader, scale_loader)})
@@ -875,6 +885,10 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
             set_weight_attrs(scale, {"input_dim": 1})
         layer.register_parameter("weight", values)
         layer.register_parameter("weight_scale", scale)
+        if self.zeros:  # per-group zero points, laid out and sharded as the group scales (0 for other modules)
+            zero = Parameter(torch.zeros(n_part, cols, dtype=torch.float32), requires_grad=False)
+            set_weight_attrs(zero, {"output_dim": 0, "input_dim": 1, "weight_loader": self._zero_loader(layer, vllm_loader)})
+            layer.register_parameter("weight_zero", zero)
         layer.trit_n, layer.trit_k, layer.trit_dtype = n_part, k_part, params_dtype
         layer.trit_dense = True
         layer.trit_loaded = set()
@@ -902,10 +916,22 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         G = self.group_size
         return self._scale_loader_with(layer, vllm_loader, lambda raw, e, m: group_mult(raw, e, m, G))
 
+    def _zero_loader(self, layer, vllm_loader):
+        G = self.group_size
+
+        def convert(raw, e, m):  # the zero points read as a group scale of their own (keymap.group_mult)
+            return group_mult(raw, dataclasses.replace(e, scale=e.zero), m, G)
+        return self._shard_loader(layer, vllm_loader, "zero", convert,
+                                  lambda z, p: z.to(device=p.device, dtype=p.dtype))
+
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         self._check_loaded(layer, what="weight")
+        zero = None
+        if self.zeros:
+            zero = layer.weight_zero.data
+            del layer.weight_zero
         layer.weight = Parameter(dense_weight(layer.weight.data, layer.weight_scale.data, self.group_size,
-                                              layer.trit_dtype), requires_grad=False)
+                                              layer.trit_dtype, zero), requires_grad=False)
         del layer.weight_scale
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -921,11 +947,16 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
-def dense_weight(values: torch.Tensor, mult: torch.Tensor, group_size: Optional[int], dtype: torch.dtype):
+def dense_weight(values: torch.Tensor, mult: torch.Tensor, group_size: Optional[int], dtype: torch.dtype,
+                 zero: Optional[torch.Tensor] = None):
     """int8 (N, K) values x fp32 (N, ceil(K/G)) | (N, 1) multipliers -> (N, K) effective weight in ``dtype``
-    (computed in fp32, as reference.spec.DecodedLinear.effective)."""
+    (computed in fp32, as reference.spec.DecodedLinear.effective); ``zero`` (fp32, laid out as ``mult``): per-group
+    zero points, values = codes - zero first (HQQ: W = (q - z) * s, as reference.spec.subtract_zero)."""
     k = values.shape[1]
-    m = mult.float()
-    if group_size is not None:
-        m = m.repeat_interleave(group_size, dim=1)[:, :k]
-    return (values.float() * m).to(dtype).contiguous()
+
+    def groups(t):
+        t = t.float()
+        return t.repeat_interleave(group_size, dim=1)[:, :k] if group_size is not None else t
+
+    v = values.float() if zero is None else values.float() - groups(zero)
+    return (v * groups(mult)).to(dtype).contiguous()
