@@ -51,9 +51,28 @@ def load_fresh_golden(golden_dir: Path, model_dir: Path, spec_path=None) -> Gold
     spec = spec_for(model_dir, cfg, spec_path)
     why = gs.staleness(model_dir, spec, REFERENCE_VERSION)
     if why:
+        own = _own_model(gs)
+        if own is not None and own.resolve() != Path(model_dir).resolve():
+            # a current set of another model (say a --golden without its --model): regenerating it for this model
+            # would replace that model's goldens, so the advice is the other way round
+            raise StaleGolden(f"golden set {golden_dir} is stale for {model_dir}: {'; '.join(why)}. It is current for "
+                              f"{own}: pass `--model {own}` to check that model, or dump goldens for {model_dir} into "
+                              f"another directory (`python -m parity.dump --ref --model {model_dir} --out DIR`)")
         raise StaleGolden(f"golden set {golden_dir} is stale for {model_dir}: {'; '.join(why)}. Regenerate it with "
                           f"`python -m parity.dump --ref --model {model_dir} --out {golden_dir} --force`")
     return gs
+
+
+def _own_model(gs: GoldenSet) -> Optional[Path]:
+    """The model directory a golden set was made from, where it still exists and the set is current for it."""
+    d = gs.manifest.get("model", {}).get("dir")
+    if not d or not (Path(d) / "config.json").exists():
+        return None
+    try:
+        fresh = not gs.staleness(Path(d), spec_for(Path(d), ModelConfig.load(Path(d))), REFERENCE_VERSION)
+    except Exception:  # noqa: BLE001 - an unreadable model there is simply not this set's own
+        return None
+    return Path(d) if fresh else None
 
 
 def run_parity(target: Target | str, *, target_options: Optional[dict] = None, model_dir: Path = DEFAULT_MODEL, golden_dir: Path = DEFAULT_GOLDEN,

@@ -161,7 +161,8 @@ class Module:
     record: Optional[tuple] = None  # (values, bytes) per record: llama.cpp TQ2_0 blocks (256, 66)
     group_view: Optional[int] = None  # G: codes packed as a group view (HQQ; see PackSpec.group_view)
     group_axis: int = 1  # 1: the [N*K/G, G] view (HQQ axis=1); 0: the [G, N*K/G] view (HQQ axis=0)
-    zero_kw: Optional[dict] = None  # ScaleSpec kwargs of per-group zero points (HQQ)
+    zero_kw: Optional[dict] = None  # ScaleSpec kwargs of per-group zero points (HQQ, GPTQ sym=False)
+    zero_pack: Optional[PackSpec] = None  # LinearEntry.zero_pack: the zero tensor's own packing (GPTQ qzeros)
     levels: Optional[str] = None  # LinearEntry.levels: "ternary" where the zero points were found to give ternary
     fields: Optional[int] = None  # PackSpec.fields: codes per container that do not tile it (HQQ 3bit_32)
     hqq_meta: dict = field(default_factory=dict)  # HQQ meta key (HQQ_META) -> its TensorStats, next to a W_q
@@ -968,46 +969,77 @@ def _group_size(k: int, g: int) -> Optional[int]:
     return (pow2 or [gs for gs in fits if k % gs == 0] or fits)[0]
 
 
+#: ``check_zero_points``' answer for per-group (asymmetric) zero points: values = q - z, identity code table
+ASYMMETRIC = "asymmetric"
+
+
 def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Finding],
-                      cfg: Optional[ModelConfig] = None) -> Optional[int]:
-    """GPTQ-style qzeros / g_idx: symmetric ternary needs one constant zero point (folded into the
-    code table) and a trivial g_idx.  Returns the zero *code* implied (v1 stores z - 1) or None."""
-    zs = set()
+                      cfg: Optional[ModelConfig] = None):
+    """GPTQ-style qzeros / g_idx.  One constant zero point (symmetric, ``sym=True``): folded into the code
+    table; returns the zero *code* implied (v1 stores z - 1) or None without zero points.  Zero points that
+    differ between groups (``sym=False``): every module's become per-group zero points (``Module.zero_kw``,
+    packed qzeros unpacked through ``Module.zero_pack``, whose code table adds v1's 1 back) and the answer is
+    ``ASYMMETRIC`` (the weight codes then decode to q itself).  A trivial g_idx is required either way."""
+    q = (cfg.quantization or {}) if cfg is not None else {}
+    v2 = str(q.get("checkpoint_format", "")).lower() == "gptq_v2"
+    zs, per = set(), {}
     for m in modules:
+        gs = next((kw["group_size"] for kw in m.scale_kw if kw and kw.get("granularity") == "group"), None)
         if m.g_idx is not None:
             gi = ckpt.get(m.g_idx.name).to(torch.int64)
             k = m.logical[1]
             # no group scales (per-channel / per-tensor, e.g. GPTQ group_size -1, or one group as wide as K):
             # the whole row is group 0, and the trivial g_idx is all zeros
-            gs = next((kw["group_size"] for kw in m.scale_kw if kw and kw.get("granularity") == "group"), k)
-            if gs is None or gi.numel() != k or not torch.equal(gi, torch.arange(k) // gs):
+            if gi.numel() != k or not torch.equal(gi, torch.arange(k) // (gs or k)):
                 raise InspectError(f"{m.g_idx.file}: tensor {m.g_idx.name!r} is not arange(K) // group_size "
-                                   f"(K={k}, group_size={gs}): act-order (desc_act) permutations are not supported")
+                                   f"(K={k}, group_size={gs or k}): act-order (desc_act) permutations are not supported")
         if m.zeros is not None:
             raw = ckpt.get(m.zeros.name)
+            n, k = m.logical
+            g = -(-k // (gs or k))
             if raw.dtype.is_floating_point:
                 vals = set(torch.unique(raw.float()).tolist())
-            else:  # packed like GPTQ: 2-bit fields along N, low bits first -> logical (G, N)
-                zb = m.bits if m.bits < 8 else 2
+                if tuple(raw.shape) not in ((g, n), (n, g)):
+                    raise InspectError(f"{m.zeros.file}: zero points {m.zeros.name!r} have shape {list(raw.shape)}, "
+                                       f"expected [{g}, {n}] (groups x outputs) or [{n}, {g}]")
+                per[m.prefix] = (None, tuple(raw.shape) == (g, n) and (g, n) != (n, g), gs or k)
+            else:  # packed like GPTQ: b-bit fields along N, low bits first -> logical (G, N)
+                zb = int(q.get("bits") or 0) if q.get("quant_method") == "gptq" else 0
+                zb = zb if zb in (2, 3, 4, 8) and 32 % zb == 0 else (m.bits if m.bits < 8 else 2)
                 zspec = PackSpec(bits=zb, container=CONTAINER_OF.get(m.zeros.dtype, "int32"), pack_axis=1,
                                  codes=tuple(range(1 << zb)))
                 try:
-                    vals = set(torch.unique(unpack_codes(raw, zspec, (raw.shape[0], m.logical[0]))).tolist())
+                    vals = set(torch.unique(unpack_codes(raw, zspec, (raw.shape[0], n))).tolist())
                 except FormatError as e:
                     raise InspectError(f"{m.zeros.file}: zero points {m.zeros.name!r}: {e} (expected {zb}-bit fields "
-                                       f"packed along the {m.logical[0]} output channels)") from None
-            if len(vals) != 1:
-                raise InspectError(f"{m.zeros.file}: zero points {m.zeros.name!r} take values {sorted(vals)[:8]}: "
-                                   f"asymmetric zero points are not ternary; expected one constant zero point")
-            zs |= vals
+                                       f"packed along the {n} output channels)") from None
+                if raw.shape[0] != g:
+                    raise InspectError(f"{m.zeros.file}: zero points {m.zeros.name!r} have {raw.shape[0]} rows, "
+                                       f"expected one per group: {g} (K={k}, group_size={gs or k})")
+                per[m.prefix] = (zspec if v2 else zspec.replace(codes=tuple(range(1, (1 << zb) + 1))), True, gs or k)
+            zs |= {(v, len(vals) > 1) for v in vals}
     if not zs:
         return None
-    if len(zs) != 1:
-        raise InspectError(f"zero points differ between modules: {sorted(zs)}; expected one constant")
-    z = int(next(iter(zs)))
-    q = (cfg.quantization or {}) if cfg is not None else {}
+    values = {v for v, _ in zs}
+    if any(many for _, many in zs):  # zero points that differ between groups: sym=False
+        for m in modules:
+            if m.prefix in per:
+                zpk, transposed, gs = per[m.prefix]
+                m.zero_kw = dict(granularity="group", group_size=gs, **({"transposed": True} if transposed else {}))
+                m.zero_pack = zpk
+        floating = any(zpk is None for zpk, _, _ in per.values())
+        findings.append(Finding(
+            "zero point", "per-group zero points (asymmetric, GPTQ sym=False): W = scale * (q - z)",
+            f"{len(per)} zero point tensors take {len(values)} distinct stored values ({sorted(values)[:6]}"
+            f"{' ...' if len(values) > 6 else ''}); "
+            + ("float zero points store z" if floating else "checkpoint_format gptq_v2: qzeros store z" if v2
+               else "GPTQ v1 qzeros store z - 1"), "high"))
+        return ASYMMETRIC
+    if len(values) != 1:
+        raise InspectError(f"zero points differ between modules: {sorted(values)}; expected one constant")
+    z = int(next(iter(values)))
     floating = any(m.zeros is not None and m.zeros.dtype not in INT_DTYPES for m in modules)
-    if floating or str(q.get("checkpoint_format", "")).lower() == "gptq_v2":  # the zero point itself
+    if floating or v2:  # the zero point itself
         why = "float zero points" if floating else "config checkpoint_format gptq_v2"
         findings.append(Finding("zero point", f"constant stored zero {z} -> zero code {z} ({why} store z)",
                                 "every zero point holds the same value", "high"))
@@ -1149,7 +1181,7 @@ def mixed_code_candidates(modules: list[Module], ckpt: Checkpoint, findings: lis
         group = [m for m in packed if m.bits == b] + ([m for m in modules if not m.packed] if i == 0 else [])
         n0 = len(findings)
         zero_code = check_zero_points(group, ckpt, findings, cfg)
-        per.append(code_candidates(group, zero_code, findings, cfg))
+        per.append([tuple(range(1 << b))] if zero_code == ASYMMETRIC else code_candidates(group, zero_code, findings, cfg))
         for f in findings[n0:]:
             f.what = f"{f.what} [{b}-bit modules]"
     return [MixedTables((combo[0], tuple(combo[1:]))) for combo in itertools.product(*per)]
@@ -1276,7 +1308,7 @@ def _prior_key(c: Candidate, modules: list, cfg: ModelConfig) -> tuple:
 
     packed = [m for m in modules if m.packed]
     record = next((m.record for m in packed), None)
-    hqq = any(m.zero_kw for m in modules)
+    hqq = any(m.group_view for m in modules)
     axis0 = sum(m.pack_axis == 0 for m in packed) > len(packed) / 2
     return prior_rank(c, cfg, record, hqq, axis0)
 
@@ -1366,7 +1398,13 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                                 "high (structure)"))
     elif len({m.bits for m in modules if m.packed}) <= 1:
         zero_code = check_zero_points(modules, ckpt, findings, cfg)
-        tables = code_candidates(modules, zero_code, findings, cfg)
+        if zero_code == ASYMMETRIC:  # values = q - z: the codes are q
+            bits = next((m.bits for m in modules if m.packed), 2)
+            tables = [tuple(range(1 << bits))]
+            findings.append(Finding("code table", "identity (q), values q - zero", "per-group zero points",
+                                    "high (structure)"))
+        else:
+            tables = code_candidates(modules, zero_code, findings, cfg)
     else:
         tables = mixed_code_candidates(modules, ckpt, findings, cfg)
     if convention == "hqq":  # W = (q - zero) * scale by definition

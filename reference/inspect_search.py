@@ -194,7 +194,7 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
             linears[hf] = LinearEntry(weight_key=m.weight.name, shape=m.logical, pack=pk, scale=sc,
                                       rows=rows if len(m.parts) > 1 else None,
                                       bias_key=m.bias.name if m.bias is not None else None, zero=zero_spec(m),
-                                      levels=m.levels)
+                                      levels=m.levels, zero_pack=m.zero_pack)
     # BitNet b1.58 quantises activations to int8, unless no linear is ternary / packed at all: a float
     # checkpoint (every weight an unconstrained float) runs plain linears, as transformers does and as
     # spec_for's "unquantized" spec says
@@ -284,7 +284,8 @@ class DecodeCache:
                 if m.zero_kw:  # values = q - zero (ternary HQQ: must be ternary, or the candidate is invalid)
                     zs = zero_spec(m)
                     if m.zeros.name not in self.zeros:  # the same for every candidate: expanded once
-                        self.zeros[m.zeros.name] = zero_points(self.ckpt.get(m.zeros.name), zs, m.logical, m.where())
+                        self.zeros[m.zeros.name] = zero_points(self.ckpt.get(m.zeros.name), zs, m.logical, m.where(),
+                                                               m.zero_pack)
                     v = subtract_zero(v, None, zs, m.logical, m.where(), z=self.zeros[m.zeros.name],
                                       ternary=m.levels == "ternary")
                 h.update(v.numpy().tobytes())

@@ -14,7 +14,8 @@ tensors and odd key names need no special cases:
          "bias_key": null,
          "layout": "trit-tile16x128",    # optional, absent = the "pack" route; see LAYOUTS
          "zero": {...ScaleSpec...},      # optional, absent = none: per-group zero points,
-                                         # values = code - zero (HQQ); see finish_linear
+                                         # values = code - zero (HQQ, GPTQ sym=False); see finish_linear
+         "zero_pack": {...PackSpec...},  # optional: the zero tensor is packed (GPTQ qzeros)
          "levels": "ternary"},           # optional, absent = none: a check that the decoded values
                                          # are -1 / 0 / +1 (HQQ's ternary case)
          ...},
@@ -75,6 +76,10 @@ class LinearEntry:
     # "ternary": the decoded values must be -1 / 0 / +1 (a CheckpointError otherwise), the inspector's
     # decision for HQQ with integer zero points; None = whatever the format decodes to
     levels: Optional[str] = None
+    # the zero point tensor is itself packed integers (GPTQ ``qzeros`` int32 [G, N*b/32]): unpacked with this
+    # PackSpec to its [G, N] ([N, G] unless ``zero.transposed``) matrix first, its code table giving the zero
+    # (AutoGPTQ v1 stores z - 1: code c -> c + 1); None = the tensor holds the zero points themselves
+    zero_pack: Optional[PackSpec] = None
     # "absmean": the stored weight is the float latent of transformers' online BitNet mode
     # (quantization_mode: online, AutoBitLinear.WeightQuant): values = round(W / mean|W|) clamped to
     # [-1, 1] over this module's matrix, multiplier mean|W| (as 1 / (1 / mean|W|.clamp(1e-5)) in fp32)
@@ -102,6 +107,10 @@ class LinearEntry:
         if self.zero is not None and (self.pack is None or self.zero.op != "multiply" or self.layout is not None):
             raise FormatError(f"linear {self.weight_key!r}: zero points {self.zero.key!r} need a packed weight "
                               f"('pack', no 'layout') and op 'multiply' (the zero is subtracted, not scaled)")
+        if self.zero_pack is not None and (self.zero is None or self.zero.granularity != "group"
+                                           or self.zero.group_axis != 1):
+            raise FormatError(f"linear {self.weight_key!r}: zero_pack needs group zero points of consecutive inputs "
+                              f"('zero' with granularity 'group'), got zero {self.zero}")
         if self.layout is not None:
             where = f"linear {self.weight_key!r}"
             if self.scale is not None and (self.scale.granularity not in ("tensor", "channel")
@@ -127,6 +136,7 @@ class LinearEntry:
             **({"zero": self.zero.to_dict()} if self.zero is not None else {}),  # likewise
             **({"online": self.online} if self.online is not None else {}),  # likewise
             **({"levels": self.levels} if self.levels is not None else {}),  # likewise
+            **({"zero_pack": self.zero_pack.to_dict()} if self.zero_pack is not None else {}),  # likewise
         }
 
     @classmethod
@@ -137,7 +147,8 @@ class LinearEntry:
             pack=PackSpec.from_dict(d["pack"]) if d.get("pack") else None,
             scale=ScaleSpec(**d["scale"]) if d.get("scale") else None,
             bias_key=d.get("bias_key"), layout=d.get("layout"),
-            zero=ScaleSpec(**d["zero"]) if d.get("zero") else None, online=d.get("online"), levels=d.get("levels"))
+            zero=ScaleSpec(**d["zero"]) if d.get("zero") else None, online=d.get("online"), levels=d.get("levels"),
+            zero_pack=PackSpec.from_dict(d["zero_pack"]) if d.get("zero_pack") else None)
 
 
 @dataclass(frozen=True)
@@ -405,24 +416,42 @@ def online_absmean(raw: torch.Tensor, entry: LinearEntry, where: str, bias: Opti
     return DecodedLinear(vals.contiguous(), (1.0 / s).reshape(1, 1), bias, s.reshape(1, 1))
 
 
-def zero_points(zero: torch.Tensor, zspec: ScaleSpec, shape: tuple[int, int], where: str) -> torch.Tensor:
-    """Per-group zero points (HQQ) broadcast to (N, K) as float32 (finite, shape-checked by ``expand_scale``)."""
-    return expand_scale(zero, zspec, shape, name=where)
+def zero_matrix(zero: torch.Tensor, zspec: ScaleSpec, zpack: Optional[PackSpec], shape: tuple[int, int],
+                where: str) -> torch.Tensor:
+    """The zero point tensor as stored, or, packed (``zpack``: GPTQ qzeros), its unpacked [G, N] (``transposed``)
+    / [N, G] matrix of zero points (the code table's values), G = ceil(K / group_size)."""
+    if zpack is None:
+        return zero
+    n, k = shape
+    g = -(-k // zspec.group_size)
+    try:
+        return unpack(zero, zpack, (g, n) if zspec.transposed else (n, g), name=f"{where}: zero points {zspec.key!r}")
+    except FormatError as e:
+        raise FormatError(f"{e} (expected {zpack.bits}-bit zero points of {g} groups x {n} outputs packed in "
+                          f"{zpack.container}{', stored transposed' if zspec.transposed else ''})") from None
+
+
+def zero_points(zero: torch.Tensor, zspec: ScaleSpec, shape: tuple[int, int], where: str,
+                zpack: Optional[PackSpec] = None) -> torch.Tensor:
+    """Per-group zero points (HQQ, GPTQ) broadcast to (N, K) as float32 (finite, shape-checked by ``expand_scale``;
+    unpacked first where ``zpack`` says the tensor is packed)."""
+    return expand_scale(zero_matrix(zero, zspec, zpack, shape, where), zspec, shape, name=where)
 
 
 def subtract_zero(codes: torch.Tensor, zero: Optional[torch.Tensor], zspec: ScaleSpec, shape: tuple[int, int],
-                  where: str, *, z: Optional[torch.Tensor] = None, ternary: bool = False) -> torch.Tensor:
+                  where: str, *, z: Optional[torch.Tensor] = None, ternary: bool = False,
+                  zpack: Optional[PackSpec] = None) -> torch.Tensor:
     """Values ``codes - z`` of a format with per-group zero points (HQQ): integers (int8, or int16 where
     they do not fit) when every zero point is an integer, else float32 (exact: codes and zero points
     are narrow).  ``ternary``: z must be integer-valued and every value in {-1, 0, +1}, else a
     FormatError naming the zero point tensor.  ``z``: the ``zero_points`` of ``zero``, when the caller
     already has them (the inspector's search)."""
     if z is None:
-        z = zero_points(zero, zspec, shape, where)
+        z = zero_points(zero, zspec, shape, where, zpack)
     frac = z != z.round()
     if bool(frac.any()):
         if ternary:
-            src = zero.detach().float().reshape(-1) if zero is not None else z.reshape(-1)
+            src = zero.detach().float().reshape(-1) if zero is not None and zpack is None else z.reshape(-1)
             i = int((src != src.round()).nonzero()[0]) if bool((src != src.round()).any()) else 0
             raise FormatError(f"{where}: zero point tensor {zspec.key!r} holds non-integer values (e.g. "
                               f"{float(src[i])} at element {i}): (q - z) is not ternary; expected integer zero "
@@ -455,7 +484,7 @@ def finish_linear(ckpt: Checkpoint, entry: LinearEntry, vals: torch.Tensor, wher
     if entry.zero is not None:
         try:
             vals = subtract_zero(vals, ckpt.get(entry.zero.key), entry.zero, entry.shape, where,
-                                 ternary=entry.levels == "ternary")
+                                 ternary=entry.levels == "ternary", zpack=entry.zero_pack)
         except FormatError as e:
             raise CheckpointError(str(e)) from None
     else:  # (subtract_zero checked these)

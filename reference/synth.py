@@ -74,6 +74,12 @@ mobiusml/hqq ``Quantizer.quantize`` does with optimize=False; asymmetric levels,
   hqq-1bit, hqq-8bit  1bit_u8 (eight chunks per byte), 8bit_u8 (one code per byte)
   hqq-mixed           4-bit attention projections, 2-bit MLP
 
+AutoGPTQ ``sym=False`` on a float model (``GPTQ_ASYM_FORMATS``, ``w_gptq_asym``: round-to-nearest with
+AutoGPTQ's find_params / quantize, per-group integer zero points; take any ``Logical``):
+  gptq-asym-int4, gptq-asym-int2, gptq-asym-int8
+                      qweight int32 [K*b/32, N] (q, no offset), scales fp16 [G, N], qzeros [G, N*b/32] holding z - 1
+  gptq-asym-int4-v2   the same with qzeros holding z (checkpoint_format gptq_v2)
+
 Symmetric low-bit integers beyond ternary (``INT_FORMATS``; take a multi-level ``Logical``, e.g.
 ``Logical.requantized(bits)``):
   compressed-tensors-int2  num_bits=2, int32 [N, K/16], code v+2, all four levels {-2, -1, 0, 1}
@@ -378,6 +384,44 @@ def w_gptq(lg: Logical, group_size: int = 64, bits: int = 2, ternary: bool = Tru
     q = {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": False, "sym": True,
          "checkpoint_format": "gptq"}
     return sd, q, Truth(tern, mult, "gptq" if bits == 2 else f"gptq-int{bits}")
+
+
+def w_gptq_asym(lg: Logical, bits: int = 4, group_size: int = 64, noise: float = 0.3, seed: int = 0,
+                v2: bool = False):
+    """AutoGPTQ with ``sym=False`` on a float model (the logical effective weights plus ``noise`` * m * N(0, 1)):
+    per row and group of ``group_size`` inputs AutoGPTQ's ``Quantizer.find_params`` (xmin = min(min, 0), xmax =
+    max(max, 0), scale = (xmax - xmin) / maxq, zero = round(-xmin / scale)) and ``quantize`` (q = clamp(round(w /
+    scale) + zero, 0, maxq)), round-to-nearest without GPTQ's error feedback; stored as ``QuantLinear.pack``
+    does: qweight int32 [K*bits/32, N] (q, consecutive inputs, low bits first), scales fp16 [G, N], qzeros int32
+    [G, N*bits/32] holding z - 1 (v1; ``v2``: z itself, checkpoint_format gptq_v2), g_idx.  W = scale * (q - z):
+    not ternary, every level used.  Truth: values q - z and the multiplier scale (fp16)."""
+    maxq = (1 << bits) - 1
+    spec = GPTQ_SPEC.replace(bits=bits, codes=tuple(range(1 << bits)), pad_code=0)
+    zspec = GPTQ_ZERO_SPEC.replace(bits=bits, codes=tuple(range(1 << bits)))
+    g = torch.Generator().manual_seed(seed)
+    sd, vals, mult = _floats(lg, "hf"), {}, {}
+    for mod in lg.ternary:
+        n, k = lg.ternary[mod].shape
+        if k % group_size:
+            raise ValueError(f"{mod}: K = {k} is not a multiple of group_size {group_size}")
+        G = k // group_size
+        W = lg.effective(mod) + noise * lg.mult[mod].expand(n, k) * torch.randn(n, k, generator=g)
+        Wg = W.reshape(n, G, group_size)
+        xmin = Wg.min(dim=2).values.clamp(max=0)
+        xmax = Wg.max(dim=2).values.clamp(min=0)
+        scale = ((xmax - xmin) / maxq).to(torch.float16)  # (N, G), stored fp16 and used as stored
+        zero = torch.round(-xmin / scale.float()).clamp(0, maxq)
+        q = (torch.round(Wg / scale.float().unsqueeze(2)) + zero.unsqueeze(2)).clamp(0, maxq).reshape(n, k)
+        sd[f"{mod}.qweight"] = pack(q.to(torch.int64), spec)
+        sd[f"{mod}.scales"] = scale.t().contiguous()
+        sd[f"{mod}.qzeros"] = pack((zero.t() - (0 if v2 else 1)).to(torch.int64) & maxq, zspec)
+        sd[f"{mod}.g_idx"] = (torch.arange(k) // group_size).to(torch.int32)
+        zz = zero if v2 else ((zero - 1).to(torch.int64) & maxq) + 1  # what a v1 reader gets back (z = 0 -> 2^bits)
+        vals[mod] = (q - zz.float().repeat_interleave(group_size, dim=1)).to(torch.int16)
+        mult[mod] = scale.float().repeat_interleave(group_size, dim=1)
+    q = {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": False, "sym": False,
+         "checkpoint_format": "gptq_v2" if v2 else "gptq"}
+    return sd, q, Truth(vals, mult, f"gptq-asym-int{bits}{'-v2' if v2 else ''}")
 
 
 I2S_SPEC = PackSpec(bits=2, container="uint8", pack_axis=1, lanes="block_interleaved", block=128,
@@ -764,6 +808,14 @@ HQQ_FORMATS: dict[str, Callable] = {
     "hqq-mixed": w_hqq_mixed,
 }
 
+#: AutoGPTQ sym=False on a float model (``w_gptq_asym``: per-group integer zero points; any ``Logical``)
+GPTQ_ASYM_FORMATS: dict[str, Callable] = {
+    "gptq-asym-int4": lambda lg: w_gptq_asym(lg, 4),
+    "gptq-asym-int2": lambda lg: w_gptq_asym(lg, 2),
+    "gptq-asym-int4-v2": lambda lg: w_gptq_asym(lg, 4, v2=True),
+    "gptq-asym-int8": lambda lg: w_gptq_asym(lg, 8),
+}
+
 #: symmetric low-bit integer conventions beyond ternary (write a ``Logical.requantized(bits)`` model)
 INT_FORMATS: dict[str, Callable] = {
     "compressed-tensors-int2": lambda lg: w_compressed_tensors_int(lg, 2),
@@ -797,10 +849,11 @@ def write(fmt, lg: Logical, out, *, shards: int = 1, keep_quant_config: bool = T
     to directory ``out`` (replaced); return the ground truth."""
     if callable(fmt):
         writer, fmt = fmt, getattr(fmt, "__name__", "custom")
-    elif fmt in FORMATS or fmt in INT_FORMATS or fmt in HQQ_FORMATS:
-        writer = FORMATS.get(fmt) or INT_FORMATS.get(fmt) or HQQ_FORMATS[fmt]
+    elif any(fmt in d for d in (FORMATS, INT_FORMATS, HQQ_FORMATS, GPTQ_ASYM_FORMATS)):
+        writer = next(d[fmt] for d in (FORMATS, INT_FORMATS, HQQ_FORMATS, GPTQ_ASYM_FORMATS) if fmt in d)
     else:
-        raise KeyError(f"unknown convention {fmt!r}; known: {sorted(FORMATS) + sorted(INT_FORMATS) + sorted(HQQ_FORMATS)}")
+        raise KeyError(f"unknown convention {fmt!r}; known: "
+                       f"{sorted(FORMATS) + sorted(INT_FORMATS) + sorted(HQQ_FORMATS) + sorted(GPTQ_ASYM_FORMATS)}")
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)

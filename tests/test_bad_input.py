@@ -173,12 +173,24 @@ def test_unused_code_occurs(model):
 
 
 def test_asymmetric_gptq_zero_points(tmp_path):
+    """Zero points that differ between groups are GPTQ's sym=False: read as per-group zero points (values q - z),
+    not folded into the code table; here one tensor's zero points flip 1 -> 2 in one field of every word."""
+    from reference.spec import decode_linear
+
     d = tmp_path / "gptq"
-    synth.write("gptq", synth.Logical.from_dir(TRAINED), d)
+    lg = synth.Logical.from_dir(TRAINED)
+    synth.write("gptq", lg, d)
     qz = "model.layers.0.self_attn.q_proj.qzeros"
     edit(d, lambda sd: sd.__setitem__(qz, sd[qz] ^ 0b11))  # one zero point per column flips 1 -> 2
-    with pytest.raises(InspectError, match=r"qzeros.*asymmetric"):
-        inspect_dir(d, use_loss=False)
+    res = inspect_dir(d, use_loss=False)
+    e = res.spec.linears["model.layers.0.self_attn.q_proj"]
+    assert e.zero is not None and e.zero.key == qz
+    t = lg.ternary["model.layers.0.self_attn.q_proj"].to(torch.int16)
+    got = decode_linear(Checkpoint(d), e, "model.layers.0.self_attn.q_proj").values.to(torch.int16)
+    # (q - z): the flipped fields (every 16th output column, z = 3 instead of 2) decode one lower
+    moved = torch.zeros_like(t, dtype=torch.bool)
+    moved[0::16] = True
+    assert torch.equal(got, torch.where(moved, t - 1, t))
 
 
 def test_act_order_g_idx(tmp_path):

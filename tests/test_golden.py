@@ -1,6 +1,7 @@
 """Golden sets: atomic, never overwritten silently, stale when the model changes, verified."""
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,6 +95,23 @@ def test_stale_golden_is_reported_as_stale(gold, tmp_path):
     (model / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(StaleGolden, match="config.json changed"):
         run_parity("reference", model_dir=model, golden_dir=gold, runs_dir=None)
+
+
+def test_golden_of_another_model_points_at_that_model(gold, tmp_path):
+    """A current golden set checked against another model (a --golden given without its --model): the message
+    names the model the set belongs to and says to pass it, instead of advising a --force that would replace
+    that model's goldens."""
+    own = Path(GoldenSet.load(gold).manifest["model"]["dir"])  # the bundled model (dumped on this machine)
+    other = tmp_path / "other"
+    shutil.copytree(DEFAULT_MODEL, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["rms_norm_eps"] = 1e-5
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(StaleGolden) as e:
+        run_parity("reference", model_dir=other, golden_dir=gold, runs_dir=None)
+    msg = str(e.value)
+    assert "config.json changed" in msg and f"It is current for {own}" in msg and f"--model {own}" in msg
+    assert "--force" not in msg
 
 
 def test_corrupted_golden_detected(gold, tmp_path):

@@ -563,6 +563,30 @@ def test_hqq_asymmetric_layout_by_loss(logical, tmp_path):
     assert torch.equal(d.effective(), truth.effective(HQQ_MOD))
 
 
+@pytest.mark.parametrize("fmt", sorted(synth.GPTQ_ASYM_FORMATS))
+def test_gptq_asymmetric_zero_points_recovered(fmt, logical, tmp_path):
+    """AutoGPTQ sym=False (int2 / int4 / int8, v1 and gptq_v2): per-group zero points (packed qzeros, v1's z - 1
+    undone by the zero_pack's code table), identity codes, GPTQ's layout; the decode is scale * (q - z) bit for
+    bit, with and without a text sample; the qzeros are not listed as ignored."""
+    out = tmp_path / fmt
+    truth = synth.write(fmt, logical, out)
+    bits = int(fmt.split("int")[1][0])
+    for use_loss in (False, True):
+        res = inspect_dir(out, use_loss=use_loss)
+        ck = Checkpoint(out)
+        for mod in truth.ternary:
+            e = res.spec.linears[mod]
+            assert e.pack.codes == tuple(range(1 << bits)) and e.zero.key == f"{mod}.qzeros" and e.zero.transposed
+            assert e.zero_pack.codes[0] == (0 if fmt.endswith("-v2") else 1)
+            d = decode_linear(ck, e, mod)
+            assert torch.equal(d.values.to(torch.int16), truth.ternary[mod]), mod
+            assert torch.equal(d.effective(), truth.effective(mod)), mod
+        assert f"{HQQ_MOD}.qzeros" not in res.spec.ignored
+        assert any(f.what == "zero point" and "per-group" in f.decision for f in res.findings)
+        again = CheckpointSpec.from_dict(json.loads(json.dumps(res.spec.to_dict())))
+        assert again == res.spec
+
+
 # ---------------------------------------------------------------------------------------
 # HQQ meta tensors and axis=0 grouping (mobiusml/hqq; the rule is in reference/inspect.py's docstring)
 

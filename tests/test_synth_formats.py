@@ -293,6 +293,33 @@ def test_gptq_int4_matches_autogptq_v1(fmt, logical, tmp_path):
         assert bool((as_u32(ck.get(f"{mod}.qzeros")) == 0x77777777).all())
 
 
+@pytest.mark.parametrize("fmt", sorted(synth.GPTQ_ASYM_FORMATS))
+def test_gptq_asym_matches_autogptq(fmt, logical, tmp_path):
+    """AutoGPTQ sym=False (round to nearest): find_params' scale / zero per row and group (xmin <= 0 <= xmax,
+    zero = round(-xmin / scale)), QuantLinear.pack of q (no offset: the zero point carries it) along K and of
+    the zero points along N (z - 1 for v1, z for gptq_v2); AutoGPTQ's dequantization scale * (q - z) of what was
+    stored = the ground truth; every level occurs; config sym false."""
+    import json
+
+    bits = int(fmt.split("int")[1][0])
+    v2 = fmt.endswith("-v2")
+    out = tmp_path / fmt
+    truth = synth.write(fmt, logical, out)
+    ck = Checkpoint(out)
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["sym"] is False
+    per = 32 // bits
+    for mod in (Q, D):
+        n, k = logical.ternary[mod].shape
+        qw, sc, qz = as_u32(ck.get(f"{mod}.qweight")), ck.get(f"{mod}.scales").float(), as_u32(ck.get(f"{mod}.qzeros"))
+        assert qw.shape == (k // per, n) and sc.shape == (k // 64, n) and qz.shape == (k // 64, n // per)
+        q = torch.stack([(qw >> (bits * j)) & ((1 << bits) - 1) for j in range(per)], 1).reshape(k, n)  # (K, N)
+        z = torch.stack([(qz >> (bits * j)) & ((1 << bits) - 1) for j in range(per)], 2).reshape(k // 64, n)
+        z = z + (0 if v2 else 1)
+        w = (sc.repeat_interleave(64, 0) * (q - z.repeat_interleave(64, 0))).t()  # AutoGPTQ's dequant, (N, K)
+        assert torch.equal(w, truth.effective(mod)), mod
+        assert len(torch.unique(q)) >= min(1 << bits, 64) and len(torch.unique(z)) > 1
+
+
 # ---------------------------------------------------------------------------------------
 # llama.cpp TQ2_0 (ggml-quants.c, block_tq2_0: qs[QK_K/4] then ggml_half d; QK_K = 256)
 

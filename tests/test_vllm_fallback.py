@@ -349,6 +349,31 @@ def test_hqq_quantizer_checkpoint_runs_in_vllm(fmt, tmp_path):
     _capture_and_compare(d, ids, "fp32-a8")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt,arch", [("gptq-asym-int2", "bitnet"), ("gptq-asym-int4-v2", "llama")])
+def test_gptq_asymmetric_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
+    """AutoGPTQ sym=False (v1 int2 on BitNet, gptq_v2 int4 on vLLM's own Llama), inspected: packed qzeros
+    unpacked and subtracted by the dense fallback as the reference does."""
+    from parity.compare import compare
+    from parity.names import canonical_names
+    from parity.targets import get_target
+    from reference.inspect import main as inspect_main
+    from reference.make_model import Preset, write_model
+
+    base = TRAINED if arch == "bitnet" else write_model(Preset("llama", 128, 192, 2, 4, 2, 89, False, seed=38),
+                                                        tmp_path / "base")
+    d = tmp_path / fmt
+    synth.write(fmt, synth.Logical.from_dir(base), d)
+    assert inspect_main([str(d), "--no-loss"]) == 0
+    assert CheckpointSpec.load(d / "ternary_spec.json").linears[f"{P0}.mlp.down_proj"].zero_pack is not None
+    ids = torch.randint(3, 89, (2, 20), generator=torch.Generator().manual_seed(0))
+    ref = get_target("reference").capture(d, ids)
+    v = get_target("vllm", compute_dtype="fp32").capture(d, ids)
+    c = compare(ref, v, order=canonical_names(3 if arch == "bitnet" else 2, arch), dtype="fp32-a8",
+                target_name="vllm")
+    assert c.passed, c.summary()
+
+
 def test_hqq_axis0_group_scale_is_refused_by_name():
     """An HQQ axis=0 group scale (one value per column of W's [G, N*K/G] view) is not the consecutive-input
     groups the dense fallback takes: refused naming the tensor, not misread."""

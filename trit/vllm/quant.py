@@ -919,8 +919,11 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
     def _zero_loader(self, layer, vllm_loader):
         G = self.group_size
 
-        def convert(raw, e, m):  # the zero points read as a group scale of their own (keymap.group_mult)
-            return group_mult(raw, dataclasses.replace(e, scale=e.zero), m, G)
+        def convert(raw, e, m):  # the zero points (unpacked: GPTQ qzeros) read as a group scale (keymap.group_mult)
+            from reference.spec import zero_matrix
+
+            z = zero_matrix(raw.detach().cpu(), e.zero, e.zero_pack, e.shape, f"tensor {e.zero.key!r} ({m})")
+            return group_mult(z, dataclasses.replace(e, scale=e.zero), m, G)
         return self._shard_loader(layer, vllm_loader, "zero", convert,
                                   lambda z, p: z.to(device=p.device, dtype=p.dtype))
 
