@@ -711,16 +711,16 @@ def _hqq_layout(m: Module, ckpt: Checkpoint) -> Optional[tuple[int, int, str]]:
 #: below this share of non-integer zero points an HQQ checkpoint is a ternary one with corrupt zero points
 #: (an error naming the first); at or above it, HQQ's asymmetric quantization (round_zero=False: float zeros)
 HQQ_FLOAT_ZERO_SHARE = 0.5
-#: with integer zero points: below this share of values q - z outside {-1, 0, +1} the checkpoint is a ternary one
-#: with a corrupt code or zero point (an error); at or above it, HQQ's 2-bit levels (round_zero=True)
+#: with integer zero points: below this share of groups holding a value q - z outside {-1, 0, +1} the checkpoint is a
+#: ternary one with a corrupt code or zero point (an error); at or above it, HQQ's 2-bit levels (round_zero=True)
 HQQ_STRAY_LEVELS = 0.01
 
 
 def _hqq_ternary(fit: list[Module], layout: dict, ckpt: Checkpoint) -> tuple[bool, str]:
-    """Whether the HQQ modules ``fit`` hold ternary values (every zero point an integer, every q - z in
-    {-1, 0, +1} under HQQ's own packing) and the evidence.  A ternary checkpoint with a few non-integer zero
-    points is an InspectError naming the first (they cannot be HQQ's asymmetric zeros: those are almost all
-    non-integer)."""
+    """Whether the HQQ modules ``fit`` hold ternary values (all of them 2-bit, every zero point an integer, every
+    q - z in {-1, 0, +1} under HQQ's own packing) and the evidence.  A 2-bit checkpoint that is ternary but for
+    a stray non-integer zero point (fewer than half of them), or whose values leave {-1, 0, +1} in fewer than 1% of
+    its groups, is an InspectError naming the first (a corrupt tensor: HQQ's asymmetric levels are so throughout)."""
     from .inspect_search import hqq_pack_spec
     from .spec import subtract_zero
 
@@ -733,8 +733,12 @@ def _hqq_ternary(fit: list[Module], layout: dict, ckpt: Checkpoint) -> tuple[boo
                                f"next to HQQ weight {m.weight.name!r}: expected finite zero points")
     total = sum(z.numel() for z in zs.values())
     frac = sum(int((z != z.round()).sum()) for z in zs.values())
-    share = frac / max(1, total)
-    if 0 < share < HQQ_FLOAT_ZERO_SHARE:
+    if any(layout[m.prefix][2] != "2bit_u8" for m in fit):  # 1 / 3 / 4 / 8-bit codes: never HQQ's ternary case
+        widths = sorted({layout[m.prefix][2] for m in fit})
+        return False, (f"packings {widths}: not all 2-bit, so not ternary; "
+                       + (f"{frac} of {total} zero points are non-integer" if frac else
+                          "integer zero points (HQQ rounds them for nbits 4)"))
+    if 0 < frac / max(1, total) < HQQ_FLOAT_ZERO_SHARE:
         m = next(m for m in fit if bool((zs[m.prefix] != zs[m.prefix].round()).any()))
         z = zs[m.prefix]
         i = int((z != z.round()).nonzero()[0])
@@ -747,10 +751,7 @@ def _hqq_ternary(fit: list[Module], layout: dict, ckpt: Checkpoint) -> tuple[boo
         return False, (f"{frac} of {total} zero points are non-integer (HQQ's asymmetric quantization, "
                        f"round_zero=False): W = (q - zero) * scale is not ternary")
     zvals = sorted({int(v) for z in zs.values() for v in torch.unique(z).tolist()})
-    if any(layout[m.prefix][2] != "2bit_u8" for m in fit):
-        widths = sorted({layout[m.prefix][2] for m in fit})
-        return False, f"integer zero points {zvals[:8]}; packings {widths}: more than three levels per group"
-    outside, first = 0, None
+    outside, groups_out, first = 0, 0, None
     for m in fit:
         codes = unpack_codes(ckpt.get(m.weight.name), hqq_pack_spec(*layout[m.prefix]), m.logical)
         axis, g, _ = layout[m.prefix]
@@ -759,20 +760,21 @@ def _hqq_ternary(fit: list[Module], layout: dict, ckpt: Checkpoint) -> tuple[boo
         bad = vals.abs() > 1
         if bool(bad.any()):
             outside += int(bad.sum())
+            # groups holding a value outside {-1, 0, +1}: rows of the [N*K/G, G] view (axis 1), columns of [G, N*K/G]
+            groups_out += int(bad.reshape(-1, g).any(1).sum() if axis == 1 else bad.reshape(g, -1).any(0).sum())
             if first is None:
                 idx = tuple(int(i) for i in bad.nonzero()[0])
                 first = (m, idx, int(vals[idx]))
-    n_all = sum(m.logical[0] * m.logical[1] for m in fit)
-    if first is not None and outside / n_all < HQQ_STRAY_LEVELS:
+    if first is not None and groups_out / max(1, total) < HQQ_STRAY_LEVELS:
         m, idx, v = first
         raise InspectError(f"{m.where()}: q - zero = {v} at logical index {idx} (zero points {m.zeros.name!r}), but "
-                           f"only {outside} of {n_all} values in the model leave {{-1, 0, +1}}: a ternary checkpoint "
-                           f"with corrupt codes or zero points; expected every (q - z) in {{-1, 0, +1}}, or HQQ's "
-                           f"asymmetric levels throughout")
+                           f"only {groups_out} of {total} groups in the model hold a value outside {{-1, 0, +1}} "
+                           f"({outside} values): a ternary checkpoint with corrupt codes or zero points; expected every "
+                           f"(q - z) in {{-1, 0, +1}}, or HQQ's 2-bit levels throughout")
     if first is not None:
-        return False, (f"integer zero points {zvals[:8]}, but {outside} of {n_all} values q - zero leave "
-                       f"{{-1, 0, +1}} under HQQ's own packing (e.g. {first[2]} in {first[0].weight.name!r}): "
-                       f"HQQ's 2-bit levels (round_zero), not ternary")
+        return False, (f"integer zero points {zvals[:8]}, but {outside} values q - zero in {groups_out} of {total} "
+                       f"groups leave {{-1, 0, +1}} under HQQ's own packing (e.g. {first[2]} in "
+                       f"{first[0].weight.name!r}): HQQ's 2-bit levels (round_zero), not ternary")
     return True, f"the zero points are integers {zvals}, so q - zero is ternary"
 
 
@@ -790,15 +792,22 @@ def detect_hqq(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findin
     layout = {m.prefix: _hqq_layout(m, ckpt) for m in packed}
     fit = [m for m in packed if layout[m.prefix]]
     named = [m for m in packed if m.hqq_meta]
-    if named:
+    # HQQ by its key names: every packed weight a W_q next to a zero tensor (HQQLinear.state_dict's names); then a
+    # module that does not fit is a broken HQQ module, said with HQQ's reasons (not the generic path's)
+    by_name = bool(packed) and all(m.weight.name.endswith(".W_q") and m.zeros is not None for m in packed)
+    if named or (by_name and len(fit) < len(packed)):
         for m in packed:
             if layout[m.prefix] is None:
                 a, b = m.weight.shape if len(m.weight.shape) == 2 else (0, 0)
-                probs = _hqq_problems(m, 1, b) if b else [f"{m.weight.name!r} is not 2-D"]
+                pk = "3bit_32" if m.weight.dtype == "I32" else "2bit_u8"
+                probs = _hqq_problems(m, 1, b, pk) if b else [f"{m.weight.name!r} is not 2-D"]
+                why = (f"although {named[0].weight.name!r} carries HQQ meta tensors (e.g. "
+                       f"{next(iter(named[0].hqq_meta.values())).name!r})" if named else
+                       f"although every packed weight is an HQQ W_q with a zero tensor ({len(fit)} of {len(packed)} "
+                       f"fit HQQ's layouts)")
                 raise InspectError(
-                    f"{m.where()}: not an HQQ layout, although {named[0].weight.name!r} carries HQQ meta "
-                    f"tensors (e.g. {next(iter(named[0].hqq_meta.values())).name!r}): " + "; ".join(probs)
-                    + (f"; as axis=0: " + "; ".join(_hqq_problems(m, 0, 4 * a)) if a else ""))
+                    f"{m.where()}: not an HQQ layout, {why}: as {pk} axis=1: " + "; ".join(probs)
+                    + (f"; as axis=0: " + "; ".join(_hqq_problems(m, 0, _hqq_groups(m, 0, pk), pk)) if a else ""))
     if not fit or len(fit) < len(packed):
         return False
     ternary, why = _hqq_ternary(fit, layout, ckpt)

@@ -549,6 +549,49 @@ def test_hqq_quantizer_checkpoints_recovered(fmt, logical, tmp_path):
     assert again == res.spec
 
 
+@pytest.mark.parametrize("writer", ["a2m4", "8bit-bf16", "2bit-rz-outliers"])
+def test_hqq_not_ternary_despite_integer_looking_zeros(writer, logical, tmp_path):
+    """Checkpoints whose zero points are mostly integers but are not ternary are HQQ's levels, not a corrupt ternary
+    model: 2-bit attention beside a 4-bit MLP (HQQ rounds the 4-bit zeros), 8-bit with bf16 zeros (a bf16 zero
+    near 128 is an integer), and 2-bit round_zero with one outlier per group (few values, but in every group,
+    leave {-1, 0, +1}). Decoded as stored."""
+    if writer == "2bit-rz-outliers":
+        tern = {}
+        for mod, t in logical.ternary.items():
+            t = t.clone()
+            t.view(-1, 128)[:, 5] = 8  # one outlier per group of 128 (K is a multiple of 128)
+            tern[mod] = t
+        lg = synth.Logical(logical.config, tern, logical.mult, logical.floats, logical.tokenizer_dir)
+        w = lambda g: synth.w_hqq_quant(g, 2, group_size=128, round_zero=True, noise=0.0)  # noqa: E731
+    else:
+        lg = logical
+        w = (lambda g: synth.w_hqq_mixed(g, 2, 4)) if writer == "a2m4" else \
+            (lambda g: synth.w_hqq_quant(g, 8, compute_dtype=torch.bfloat16))
+    out = tmp_path / writer
+    truth = synth.write(w, lg, out)
+    res = inspect_dir(out, use_loss=False)
+    ck = Checkpoint(out)
+    for mod in truth.ternary:
+        assert res.spec.linears[mod].levels is None
+        assert torch.equal(decode_linear(ck, res.spec.linears[mod], mod).effective(), truth.effective(mod)), mod
+    assert next(f for f in res.findings if f.what == "block structure").decision.startswith("HQQ asymmetric")
+
+
+def test_hqq_broken_module_without_meta_is_named(logical, tmp_path):
+    """Without meta tensors, one HQQ module whose W_q lost a row: the error names that W_q and HQQ's expected
+    shape (not another module through the generic path)."""
+    from reference.inspect import InspectError
+
+    out = tmp_path / "hqq"
+    synth.write("hqq-2bit-nometa", logical, out)
+    key = f"{HQQ_MOD}.W_q"
+    _rewrite(out, key, lambda w: w[:-1].contiguous())
+    with pytest.raises(InspectError) as e:
+        inspect_dir(out, use_loss=False)
+    msg = str(e.value)
+    assert repr(key) in msg and "not an HQQ layout" in msg and "expected uint8 [32, 64] (2bit_u8)" in msg, msg
+
+
 def test_hqq_asymmetric_layout_by_loss(logical, tmp_path):
     """With a text sample, HQQ's own chunk layout (blocked, chunk 0 in the high bits) wins by loss over the
     other lanes and bit orders of the same codes."""

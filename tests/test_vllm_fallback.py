@@ -148,6 +148,34 @@ def test_row_parallel_split_inside_a_group_is_an_error(vllm_env, tp, int4_group)
         build("down", TernaryConfig(spec))
 
 
+def test_hqq_ternary_levels_are_checked_at_load(vllm_env, tp):
+    """A spec that says levels 'ternary' (HQQ with integer zero points) is checked by the dense fallback as the
+    reference checks it: one zero point off by 0.5 is a FormatError naming the module and its zero points."""
+    from reference.inspect_search import hqq_pack_spec
+    from trit.vllm.quant import TernaryConfig
+
+    g = torch.Generator().manual_seed(2)
+    mod = f"{P0}.mlp.down_proj"
+    n, k = SHAPES["mlp.down_proj"]
+    t = torch.randint(-1, 2, (n * k // G, G), generator=g)
+    z = torch.randint(1, 3, (n * k // G, 1), generator=g)
+    sd = {f"{mod}.W_q": synth.hqq_bitpack(t + z, "2bit_u8"), f"{mod}.scale": torch.full((n * k // G, 1), 0.01),
+          f"{mod}.zero": z.to(torch.float16)}
+    zs = ScaleSpec(key=f"{mod}.zero", granularity="group", group_size=G)
+    e = LinearEntry(weight_key=f"{mod}.W_q", shape=(n, k), pack=hqq_pack_spec(1, G, "2bit_u8"),
+                    scale=dataclasses.replace(zs, key=f"{mod}.scale"), zero=zs, levels="ternary")
+    spec = CheckpointSpec(name="hqq-ternary", linears={mod: e}, tensors={}, activation_quant="none")
+    tp(0, 1)
+    layer = build("down", TernaryConfig(spec))
+    load(layer, spec, sd)  # as stored: ternary, loads
+    assert torch.equal(layer.weight.data, (t.float() * 0.01).reshape(n, k))
+    sd[f"{mod}.zero"] = sd[f"{mod}.zero"].clone()
+    sd[f"{mod}.zero"][9] = 1.5
+    layer = build("down", TernaryConfig(spec))
+    with pytest.raises(km.FormatError, match=r"down_proj: q - zero = .* row 1, .*down_proj\.zero.*levels 'ternary'"):
+        load(layer, spec, sd)
+
+
 @pytest.mark.parametrize("act_quant", ["none", "int8_per_token"])
 def test_apply_matches_reference_linear(vllm_env, int4_group, act_quant):
     from reference.model import Linear

@@ -67,6 +67,7 @@ from vllm.model_executor.layers.linear import (LinearBase, LinearMethodBase, Rep
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from vllm.model_executor.utils import set_weight_attrs
 
+from reference.formats import FormatError
 from reference.spec import SPEC_FILENAME, CheckpointSpec
 
 from .kernels import Backend, get_backend
@@ -846,6 +847,7 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         entries = [self.spec.linears[m] for m in self.modules.values()]
         sizes = {e.scale.group_size for e in entries
                  if e.scale is not None and e.scale.granularity in ("group", "block")}  # block: in-block (TQ2_0)
+        sizes |= {e.zero.group_size for e in entries if e.zero is not None}  # zero points: the scales' groups
         if len(sizes) > 1:
             raise KeyMapError(f"vLLM layer {prefix!r} fuses {list(self.modules.values())} with different group sizes "
                               f"{sorted(sizes)}; one fused layer takes one group size")
@@ -933,9 +935,34 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         if self.zeros:
             zero = layer.weight_zero.data
             del layer.weight_zero
+            self._check_ternary_levels(layer, zero)
         layer.weight = Parameter(dense_weight(layer.weight.data, layer.weight_scale.data, self.group_size,
                                               layer.trit_dtype, zero), requires_grad=False)
         del layer.weight_scale
+
+    def _check_ternary_levels(self, layer: torch.nn.Module, zero: torch.Tensor) -> None:
+        """The spec's ``levels: "ternary"`` (HQQ with integer zero points) checked on this rank's rows, as the
+        reference's decode does: q - z in {-1, 0, +1}, else a FormatError naming the module and its zero points."""
+        sizes = list(getattr(layer, "output_partition_sizes", None) or [layer.trit_n])
+        if len(sizes) != len(self.modules):
+            sizes = [layer.trit_n] if len(self.modules) == 1 else []
+        start = 0
+        for size, name in zip(sizes, self.modules.values()):
+            e = self.spec.linears[name]
+            rows = slice(start, start + size)
+            start += size
+            if e.levels != "ternary":
+                continue
+            z = zero[rows].float()
+            if self.group_size is not None:
+                z = z.repeat_interleave(self.group_size, dim=1)[:, :layer.trit_k]
+            v = layer.weight.data[rows].float() - z
+            bad = (v != v.round()) | (v.abs() > 1)
+            if bool(bad.any()):
+                i, j = (int(t) for t in bad.nonzero()[0])
+                raise FormatError(f"{name}: q - zero = {float(v[i, j])} at row {i}, input {j} of vLLM layer "
+                                  f"{self.prefix!r} (this rank's shard; zero points {e.zero.key!r}), but the spec says "
+                                  f"levels 'ternary': expected -1, 0 or +1")
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         import torch.nn.functional as F
