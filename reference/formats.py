@@ -36,6 +36,12 @@ Where a logical element lands is fixed by three things:
   (``write_record_scales`` fills in the scales); ``unpack`` skips them.  uint8, pack axis 1,
   not transposed; ``None`` (the default, omitted from JSON) = no records.
 
+* ``codec`` — ``"tq1_0"``: the record's code bytes hold base-3 digits, not bit fields (llama.cpp
+  TQ1_0, ``block_tq1_0``: 256 values = ``qs[48]`` (5 per byte) + ``qh[4]`` (4 per byte) + fp16 ``d``
+  = 54 bytes; see ``TQ1_0``).  Needs ``record`` (256, 54) and 2-bit codes (code
+  = trit = w + 1, 0..2: llama.cpp's table is (-1, 0, 1, None)); lanes and bit order do not apply.  ``None``
+  (the default, omitted from JSON).
+
 * ``group_view`` — ``G``: the packed matrix is not ``W[N, K]`` but a row-major view of it in
   which each group of G elements is one row or one column; everything above applies to the view.
   ``None`` (the default, omitted from JSON) = the matrix itself.  ``group_axis`` says which view
@@ -174,6 +180,7 @@ class PackSpec:
     group_axis: int = 1  # 1: view W.reshape(N*K/G, G) (HQQ axis=1); 0: W.reshape(G, N*K/G) (HQQ axis=0)
     segments: Optional[tuple] = None  # lengths along the pack axis, each packed on its own; see module docstring
     fields: Optional[int] = None  # codes per container when they do not tile it (HQQ 3bit_32: 10); see docstring
+    codec: Optional[str] = None  # "tq1_0": base-3 digits in llama.cpp TQ1_0 records; see docstring
 
     def __post_init__(self):
         if self.container not in CONTAINERS:
@@ -211,7 +218,17 @@ class PackSpec:
             if not self.segments or min(self.segments) < 1 or self.record is not None or self.group_view is not None:
                 raise FormatError(f"segments must be lengths >= 1 and exclusive of record / group_view, got "
                                   f"{self.segments}")
-        if self.record is not None:
+        if self.codec is not None:
+            if self.codec not in CODECS:
+                raise FormatError(f"unknown codec {self.codec!r}; known: {sorted(CODECS)}")
+            if (tuple(self.record or ()) != TQ1_0_RECORD or self.container != "uint8" or self.pack_axis != 1
+                    or self.transposed or self.bits != 2):
+                raise FormatError(f"codec {self.codec!r} is llama.cpp TQ1_0: record {TQ1_0_RECORD}, 2-bit codes "
+                                  f"(trits) in uint8 along axis 1, not transposed; got record {self.record}, "
+                                  f"{self.bits}-bit {self.container}, pack_axis {self.pack_axis}, transposed "
+                                  f"{self.transposed}")
+            object.__setattr__(self, "record", tuple(int(x) for x in self.record))
+        elif self.record is not None:
             if len(self.record) != 2:
                 raise FormatError(f"record must be (elements, bytes), got {self.record!r}")
             object.__setattr__(self, "record", tuple(int(x) for x in self.record))
@@ -248,6 +265,8 @@ class PackSpec:
     @property
     def code_bytes(self) -> int:
         """Code containers per record (records only)."""
+        if self.codec == "tq1_0":
+            return TQ1_0_CODE_BYTES
         return self.record[0] // self.values_per_container
 
     def packed_len(self, axis_len: int) -> int:
@@ -330,6 +349,8 @@ class PackSpec:
             del d["group_axis"]  # absent: HQQ axis=1 and the other formats unchanged
         if self.fields is None:
             del d["fields"]  # absent: JSON of the tiling formats unchanged
+        if self.codec is None:
+            del d["codec"]  # absent: JSON of the bit-field formats unchanged
         if self.segments is None:
             del d["segments"]  # absent: JSON of one-segment formats unchanged
         else:
@@ -430,6 +451,8 @@ def pack_codes(codes: torch.Tensor, spec: PackSpec) -> torch.Tensor:
     if spec.group_view is not None:
         n, k = codes.shape
         return pack_codes(codes.reshape(spec.view_shape((n, k))), spec.ungrouped())
+    if spec.codec is not None:
+        return _tq1_0_pack(codes, spec)
     if spec.record is not None:
         return _pack_records(codes, spec)
     # containers of <= 16 bits are assembled in int32 (exact: words < 2**16), wider ones in int64;
@@ -509,6 +532,8 @@ def _place(fields: torch.Tensor, spec: PackSpec, length: int) -> torch.Tensor:
 
 def unpack_codes(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int]) -> torch.Tensor:
     """packed container tensor -> codes int64 [N, K] for the logical ``shape``."""
+    if spec.codec is not None:
+        return _tq1_0_unpack(packed, spec, shape)
     if spec.segments is not None:
         return _by_segment(packed, spec, shape, unpack_codes)
     if spec.group_view is not None:
@@ -569,7 +594,7 @@ def unpack(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int], *, name
         return _narrow(_by_segment(packed, spec, shape, lambda p, s, sh: unpack(p, s, sh, name=name, strict=strict),
                                    name=name))
     vals, unused = code_lut(spec)
-    if CONTAINERS[spec.container][1] == 8:
+    if CONTAINERS[spec.container][1] == 8 and spec.codec is None:
         wide = bool((vals.abs() > 127).any())
         out, bad = _unpack_bytes(packed, spec, shape, torch.int16 if wide else torch.int8)
         if not (strict and bad):  # (an unused code under strict: the codes path below names it)
@@ -744,13 +769,74 @@ TQ2_0 = PackSpec(bits=2, container="uint8", pack_axis=1, lanes="block_interleave
                  codes=(-1, 0, 1, None), pad_code=1, record=(256, 66))
 
 
+#: llama.cpp TQ1_0 (ggml-quants.c ``block_tq1_0``, QK_K = 256): 54-byte blocks of 256 inputs, ``qs[48]`` (5 base-3
+#: digits per byte), ``qh[4]`` (4 per byte), then fp16 ``d``; trit t = w + 1, W = (t - 1) * d.  A byte holds
+#: ceil(sum(t_n * 3^(4-n)) * 256 / 243) (``quantize_row_tq1_0_ref``; qh's four digits are shifted up one place
+#: first) and digit n is ((byte * 3^n) mod 256) * 3 >> 8 (``dequantize_row_tq1_0``).  Element order in a block:
+#: qs[m] digit n = element 32n + m (m < 32), qs[32 + m] digit n = 160 + 16n + m (m < 16), qh[j] digit n =
+#: 240 + 4n + j.
+TQ1_0_RECORD = (256, 54)
+TQ1_0_CODE_BYTES = 52
+CODECS = ("tq1_0",)
+TQ1_0 = PackSpec(bits=2, container="uint8", pack_axis=1, lanes="interleaved", bit_order="lsb",
+                 codes=(-1, 0, 1, None), pad_code=1, record=TQ1_0_RECORD, codec="tq1_0")
+_POW3 = (1, 3, 9, 27, 81, 243)
+#: (byte range within the block's code bytes, digits per byte): qs[0:32], qs[32:48], qh[0:4]
+_TQ1_0_PARTS = ((0, 32, 5), (32, 48, 5), (48, 52, 4))
+
+
+def _tq1_0_digits(b: torch.Tensor, ndig: int) -> torch.Tensor:
+    """bytes (int64) -> their ``ndig`` base-3 digits as dequantize_row_tq1_0 reads them: (..., ndig, bytes)."""
+    return torch.stack([(((b * _POW3[n]) & 0xFF) * 3) >> 8 for n in range(ndig)], dim=-2)
+
+
+def _tq1_0_unpack(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int]) -> torch.Tensor:
+    """uint8 [N, ceil(K/256) * 54] TQ1_0 blocks -> codes (trits 0..2) int64 [N, K]."""
+    n, k = shape
+    p, _ = _oriented(packed, spec, shape)  # checked, each record's 52 code bytes: (N, nrec * 52)
+    b = p.to(torch.int64).reshape(n, -1, TQ1_0_CODE_BYTES)
+    parts = [_tq1_0_digits(b[:, :, lo:hi], nd).reshape(n, b.shape[1], -1) for lo, hi, nd in _TQ1_0_PARTS]
+    return torch.cat(parts, dim=2).reshape(n, -1)[:, :k].contiguous()
+
+
+def _tq1_0_pack(codes: torch.Tensor, spec: PackSpec) -> torch.Tensor:
+    """codes (trits 0..2) [N, K] -> uint8 [N, ceil(K/256) * 54] as quantize_row_tq1_0_ref packs them (the fp16 d
+    bytes zero: ``write_record_scales`` fills them)."""
+    n, k = codes.shape
+    if codes.numel() and int(codes.max()) > 2:
+        raise FormatError(f"TQ1_0 holds base-3 digits: code {int(codes.max())} has no digit (codes 0, 1, 2)")
+    nrec = -(-k // 256)
+    full = torch.full((n, nrec * 256), spec.pad_code, dtype=torch.int64)
+    full[:, :k] = codes
+    blk = full.reshape(n, nrec, 256)
+    out, start = [], 0
+    for lo, hi, nd in _TQ1_0_PARTS:
+        w = hi - lo
+        t = blk[:, :, start:start + nd * w].reshape(n, nrec, nd, w)  # element start + n*w + m -> digit n of byte m
+        q = torch.zeros(n, nrec, w, dtype=torch.int64)
+        for d in range(nd):
+            q = q * 3 + t[:, :, d]
+        if nd == 4:
+            q = q * 3  # qh: the first value to the most significant trit
+        out.append((q * 256 + 242) // 243)  # ceiling division (243 == 3^5)
+        start += nd * w
+    side = torch.zeros(n, nrec, TQ1_0_RECORD[1] - TQ1_0_CODE_BYTES, dtype=torch.int64)
+    return torch.cat(out + [side], dim=2).reshape(n, nrec * TQ1_0_RECORD[1]).to(torch.uint8).contiguous()
+
+
+def tq1_0_scale(key: str) -> ScaleSpec:
+    """The in-block fp16 ``d`` of a TQ1_0 weight ``key`` (multiplied)."""
+    return ScaleSpec(key=key, granularity="block", op="multiply", group_size=256, record_bytes=54, byte_offset=52,
+                     dtype="float16")
+
+
 def tq2_0_scale(key: str) -> ScaleSpec:
     """The in-block fp16 ``d`` of a TQ2_0 weight ``key`` (multiplied)."""
     return ScaleSpec(key=key, granularity="block", op="multiply", group_size=256, record_bytes=66, byte_offset=64,
                      dtype="float16")
 
 
-BUILTIN: dict[str, PackSpec] = {"hf-bitnet": HF_BITNET, "seed": SEED, "tq2_0": TQ2_0}
+BUILTIN: dict[str, PackSpec] = {"hf-bitnet": HF_BITNET, "seed": SEED, "tq2_0": TQ2_0, "tq1_0": TQ1_0}
 
 
 # ---------------------------------------------------------------------------------------

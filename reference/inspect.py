@@ -158,7 +158,8 @@ class Module:
     pack_axis: int = 1
     scale_kw: list = field(default_factory=list)  # per part: ScaleSpec kwargs (no key / op)
     bits: int = 2  # code width of a packed weight (2, 4, or 8 = one value per byte)
-    record: Optional[tuple] = None  # (values, bytes) per record: llama.cpp TQ2_0 blocks (256, 66)
+    record: Optional[tuple] = None  # (values, bytes) per record: llama.cpp TQ2_0 blocks (256, 66), TQ1_0 (256, 54)
+    codec: Optional[str] = None  # PackSpec.codec: "tq1_0" (base-3 digits in llama.cpp TQ1_0 blocks)
     group_view: Optional[int] = None  # G: codes packed as a group view (HQQ; see PackSpec.group_view)
     group_axis: int = 1  # 1: the [N*K/G, G] view (HQQ axis=1); 0: the [G, N*K/G] view (HQQ axis=0)
     zero_kw: Optional[dict] = None  # ScaleSpec kwargs of per-group zero points (HQQ, GPTQ sym=False)
@@ -527,6 +528,71 @@ def detect_tq2_0(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, find
     return True
 
 
+#: llama.cpp TQ1_0 (reference.formats.TQ1_0): 54-byte blocks, the fp16 d at bytes 52-53
+TQ1_SCALE_KW = dict(granularity="block", group_size=256, record_bytes=54, byte_offset=52, dtype="float16")
+#: the bytes quantize_row_tq1_0_ref can write: ceil(v * 256 / 243) for the 243 values v of five base-3 digits
+TQ1_0_BYTES = frozenset((v * 256 + 242) // 243 for v in range(243))
+
+
+def detect_tq1_0(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> bool:
+    """llama.cpp TQ1_0 stored in safetensors: uint8 [N, ceil(K/256) * 54] weights with no scale tensor, whose
+    bytes 52-53 of every 54-byte block decode as plausible fp16 scales and whose 52 code bytes are all bytes
+    TQ1_0's quantizer writes (243 of the 256).  The layout is the format's own (base-3 digits, reference.formats
+    TQ1_0: nothing to search); the code table is trit - 1.  A model that is TQ1_0 but has a tensor of the wrong
+    width, a byte TQ1_0 never writes or NaN/Inf block scales fails here, naming the tensor."""
+    from .formats import TQ1_0, record_scales
+
+    packed = [m for m in modules if m.packed]
+    width = lambda k: -(-k // 256) * 54  # noqa: E731
+    fit = [m for m in packed if m.weight.dtype == "U8" and m.scale is None and m.zeros is None
+           and len(m.weight.shape) == 2 and m.weight.shape[0] == m.logical[0] and m.weight.shape[1] == width(m.logical[1])]
+    if not fit or len(fit) < len(packed) / 2:
+        return False
+    valid = torch.zeros(256, dtype=torch.bool)
+    valid[list(TQ1_0_BYTES)] = True
+    ev = {}
+    for m in fit:
+        n, k = m.logical
+        raw = ckpt.get(m.weight.name)
+        codes = raw.reshape(n, -1, 54)[:, :, :52].reshape(-1).to(torch.int64)
+        bad = int((~valid[codes]).sum())
+        d = raw.reshape(n, -1, 54)[:, :, 52:54].clone(memory_format=torch.contiguous_format).view(torch.float16).float()
+        ev[m.prefix] = (bad, codes[~valid[codes]][:1].tolist(), d)
+    like = [m for m in fit if ev[m.prefix][0] == 0]
+    if len(like) < len(packed) / 2:
+        return False  # another packing that happens to have this width
+    for m in packed:  # this is a TQ1_0 model: every packed weight must be one
+        n, k = m.logical
+        if m not in fit:
+            raise InspectError(f"{m.where()}: shape {list(m.weight.shape)} {m.weight.dtype}; llama.cpp TQ1_0 (like "
+                               f"{len(like)} other weights of this model) stores the logical {n}x{k} matrix of "
+                               f"{[p for p, _ in m.parts]} as uint8 [{n}, {width(k)}] (ceil({k}/256) blocks of 54 bytes, "
+                               f"no separate scale tensor)")
+        bad, first, d = ev[m.prefix]
+        if bad:
+            raise InspectError(f"{m.where()}: {bad} code bytes (e.g. {first[0]}) that llama.cpp TQ1_0 never writes "
+                               f"(its bytes are ceil(v * 256 / 243) of five base-3 digits): corrupt, or not TQ1_0")
+        try:
+            record_scales(ckpt.get(m.weight.name), ScaleSpec(key=m.weight.name, **TQ1_SCALE_KW), m.logical,
+                          name=m.where())
+        except FormatError as e:
+            raise InspectError(str(e)) from None
+    for m in modules:
+        m.bits = 2
+        if not m.packed:
+            continue
+        m.record, m.codec, m.pack_axis, m.transposed = TQ1_0.record, TQ1_0.codec, 1, False
+        m.scale_kw = [dict(TQ1_SCALE_KW)] * len(m.parts)
+    ds = torch.cat([ev[m.prefix][2].reshape(-1) for m in fit])
+    findings.append(Finding(
+        "block structure", "llama.cpp TQ1_0: 54-byte blocks of 256 inputs (qs[48] 5 trits / byte + qh[4] 4 trits / "
+        "byte, base 3, + in-block fp16 d, multiply)",
+        f"all {len(packed)} packed weights are uint8 [N, ceil(K/256)*54] with no scale tensor; every code byte is one "
+        f"TQ1_0's quantizer writes (243 of 256 values); bytes 52-53 of every block decode as finite fp16 scales "
+        f"(median |d| {float(ds.abs().median()):.3g}, {float((ds > 0).float().mean()):.0%} positive)", "high"))
+    return True
+
+
 #: HQQ meta keys: ``HQQLinear.state_dict_keys()`` (mobiusml/hqq hqq/core/quantize.py) less W_q / scale /
 #: zero / bias, each with its ``_META_TYPE`` (how ``encode_safetensor_type`` stored it; see module docstring)
 HQQ_META: dict[str, str] = {
@@ -860,8 +926,8 @@ def _refuse_stray_hqq_meta(modules: list[Module]) -> None:
 def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]
                     ) -> Optional[str]:
     """Per-module structure; returns the named convention found by its block structure
-    ('tq2_0', 'hqq') or None."""
-    for name, detect in (("tq2_0", detect_tq2_0), ("hqq", detect_hqq)):
+    ('tq2_0', 'tq1_0', 'hqq') or None."""
+    for name, detect in (("tq2_0", detect_tq2_0), ("tq1_0", detect_tq1_0), ("hqq", detect_hqq)):
         if not detect(modules, cfg, ckpt, findings):
             continue
         _refuse_stray_hqq_meta(modules)
@@ -1405,6 +1471,10 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
         tables = [ident[0] if len(ident) == 1 else MixedTables((ident[0], tuple(ident[1:])))]
         findings.append(Finding("code table", "identity (q), values q - zero", "HQQ: W = (q - zero) * scale",
                                 "high (structure)"))
+    elif convention == "tq1_0":  # trit - 1 by the format's definition (dequantize_row_tq1_0: xi - 1)
+        tables = [(-1, 0, 1, None)]
+        findings.append(Finding("code table", "trit t -> t - 1", "llama.cpp TQ1_0: W = (t - 1) * d",
+                                "high (structure)"))
     elif len({m.bits for m in modules if m.packed}) <= 1:
         zero_code = check_zero_points(modules, ckpt, findings, cfg)
         if zero_code == ASYMMETRIC:  # values = q - z: the codes are q
@@ -1419,6 +1489,9 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     if convention == "hqq":  # W = (q - zero) * scale by definition
         ops = ["multiply"]
         findings.append(Finding("scale op", "multiply", "HQQ dequantises (W_q - zero) * scale", "high (structure)"))
+    elif convention == "tq1_0":
+        ops = ["multiply"]
+        findings.append(Finding("scale op", "multiply", "llama.cpp TQ1_0 dequantises (t - 1) * d", "high (structure)"))
     else:
         ops = op_candidates(modules, cfg, ckpt, findings)
     unpacked = [m for m in modules if m.weight.kind in ("ternary_float", "float")]
@@ -1438,7 +1511,9 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     if unpacked:
         findings.append(Finding("unpacked weights", f"{len(unpacked)} modules stored as float",
                                 f"kinds {sorted({m.weight.kind for m in unpacked})}; decoded as is", "high"))
-    if tables:
+    if convention == "tq1_0":  # the codec fixes the layout: one candidate
+        cands = [Candidate(tables[0], "lsb", "interleaved", None, "multiply")]
+    elif tables:
         single = all(INT_DTYPES[m.weight.dtype] == m.bits for m in modules if m.packed)  # 1 value/element
         orders = ("lsb",) if single else (("msb", "lsb") if convention == "hqq" else ("lsb", "msb"))
         # per-part packing of fused tensors only matters where lanes span more than one container

@@ -32,6 +32,11 @@ Conventions (``FORMATS`` keys):
                       (multiply); GGUF tensor names, no separate scale tensor.  Writes per-256
                       group multipliers (``Logical.with_group_jitter(256)``); a partial last block
                       (K % 256, which llama.cpp itself never writes) is padded with code 1 (= 0)
+  tq1_0               llama.cpp TQ1_0 as a safetensors tensor: uint8 [N, ceil(K/256) * 54], per 256 inputs
+                      qs[48] (5 base-3 digits a byte: elements 32n + m of byte m < 32, 160 + 16n + m of byte
+                      32 + m), qh[4] (4 digits: element 240 + 4n + j of byte j), trit w + 1, each byte
+                      ceil(v * 256 / 243), then fp16 d (multiply); GGUF tensor names.  Per-256 group multipliers
+                      as tq2_0
   hqq                 HQQ 2-bit (mobiusml/hqq, axis=1, group 64), ternary case: per module ``W_q`` uint8
                       [N*K/256, 64] = BitPack.pack_2bit_u8 of the group view W.reshape(-1, 64) (four
                       axis-0 chunks, chunk 0 in bits 7-6), ``scale`` / ``zero`` fp16 [N*K/64, 1];
@@ -99,7 +104,8 @@ import torch
 
 from .checkpoint import Checkpoint
 from .config import ModelConfig
-from .formats import HF_BITNET, SEED, TQ2_0, PackSpec, code_table, offset_table, pack, tq2_0_scale, write_record_scales
+from .formats import (HF_BITNET, SEED, TQ1_0, TQ2_0, PackSpec, code_table, offset_table, pack, tq1_0_scale, tq2_0_scale,
+                      write_record_scales)
 from .io import atomic_write_text
 from .spec import decode_linear, spec_for
 
@@ -446,6 +452,18 @@ def w_tq2_0(lg: Logical):
     return sd, None, Truth(tern, mult, "tq2_0")
 
 
+def w_tq1_0(lg: Logical):
+    """llama.cpp TQ1_0 blocks in a uint8 safetensors tensor per linear (see module docstring)."""
+    sd, tern, mult = _floats(lg, "gguf"), {}, {}
+    for mod, t in lg.ternary.items():
+        n, k = t.shape
+        key = f"{rename(mod, 'gguf')}.weight"
+        d = _group(lg.mult[mod], n, k, 256).to(torch.float16)  # (N, ceil(K/256)): one d per block
+        sd[key] = write_record_scales(pack(t, TQ1_0), d, tq1_0_scale(key), (n, k))
+        tern[mod], mult[mod] = t, d.float().repeat_interleave(256, dim=1)[:, :k]
+    return sd, None, Truth(tern, mult, "tq1_0")
+
+
 HQQ_GROUP = 64
 #: HQQ's packing as a PackSpec: axis=1 (the [N*K/G, G] group view) and axis=0 (the [G, N*K/G] one)
 HQQ_SPEC = PackSpec(bits=2, container="uint8", pack_axis=0, lanes="blocked", bit_order="msb", codes=(0, 1, 2, 3),
@@ -775,6 +793,7 @@ FORMATS: dict[str, Callable] = {
     "gptq": lambda lg: w_gptq(lg, 64),
     "i2s": w_i2s,
     "tq2_0": w_tq2_0,
+    "tq1_0": w_tq1_0,
     "hqq": w_hqq,
     "hqq-meta": lambda lg: w_hqq(lg, meta=True),
     "hqq-axis0": lambda lg: w_hqq(lg, axis=0),

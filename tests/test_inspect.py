@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAINED = ROOT / "models" / "tiny-trained"
 JITTER = {"seed", "seed-msb", "group", "compressed-tensors", "compressed-tensors-group", "gptq", "int8-ternary",
           "uint8-ternary-perm", "nibble-ternary", "compressed-tensors-int4-ternary"}  # channel / group scales
-GROUP_JITTER = {"tq2_0": 256, "hqq": 64, "hqq-meta": 64,  # per-block scales (llama.cpp TQ2_0: one fp16 d per 256
+GROUP_JITTER = {"tq2_0": 256, "tq1_0": 256, "hqq": 64, "hqq-meta": 64,  # per-block scales (llama.cpp TQ2_0 / TQ1_0: one fp16 d per 256
                 "hqq-axis0": 64, "hqq-axis0-meta": 64}  # inputs; HQQ: one scale per group)
 AXIS0_JITTER = {"hqq-axis0", "hqq-axis0-meta"}  # HQQ axis=0: the groups are columns of W's [64, N*K/64] view
 SCALE_RTOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3}  # rounding of a stored scale
@@ -458,6 +458,35 @@ def test_tq2_0_non_finite_block_scale_is_named(bad, logical, tmp_path):
         decode_linear(Checkpoint(out), entry, "model.layers.2.self_attn.k_proj")
     msg = str(e.value)
     assert key in msg and "row 5 block 0" in msg and "expected finite scales" in msg
+
+
+def test_tq1_0_corrupt_byte_and_scale_are_named(logical, tmp_path):
+    """llama.cpp TQ1_0: a code byte its quantizer never writes (1: ceil(v * 256 / 243) skips it) and a NaN block
+    scale are errors naming the tensor; the format's own layout is found without a search (one candidate)."""
+    from reference.inspect import InspectError
+
+    out = tmp_path / "tq1"
+    synth.write("tq1_0", logical, out)
+    res = inspect_dir(out, use_loss=False)
+    assert len(res.scored) == 1 and res.spec.linears["model.layers.0.mlp.down_proj"].pack.codec == "tq1_0"
+    key = "blk.1.attn_k.weight"
+
+    def byte(w):
+        w = w.clone()
+        w[3, 7] = 1
+        return w
+
+    def nan_d(w):
+        w = w.clone()
+        w[2, 52:54] = torch.tensor([float("nan")], dtype=torch.float16).view(torch.uint8)
+        return w
+
+    for fn, want in ((byte, "code bytes (e.g. 1) that llama.cpp TQ1_0 never writes"), (nan_d, "nan")):
+        synth.write("tq1_0", logical, out)
+        _rewrite(out, key, fn)
+        with pytest.raises(InspectError) as e:
+            inspect_dir(out, use_loss=False)
+        assert repr(key) in str(e.value) and want in str(e.value), str(e.value)
 
 
 # ---------------------------------------------------------------------------------------

@@ -420,6 +420,78 @@ def test_tq2_0_writer_matches_llamacpp(logical, tmp_path):
     torch.testing.assert_close(dec.effective(), t.float() * m, rtol=1e-3, atol=0)  # fp16 rounding of d only
 
 
+def tq1_0_quantize_ref(w: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """llama.cpp ggml-quants.c quantize_row_tq1_0_ref, transcribed (uint8 arithmetic as in C), for ternary rows
+    w (N, K % 256 == 0) whose block absmax is d: per block qs[48] (5 digits a byte: x[m + n*32], then
+    x[160 + m + n*16]), qh[4] (4 digits: x[240 + j + m*4], then one more factor 3), each byte ceil(q * 256 / 243),
+    then fp16 d."""
+    n, k = w.shape
+    out = torch.zeros(n, k // 256 * 54, dtype=torch.uint8)
+    for r in range(n):
+        row = bytearray()
+        for b in range(k // 256):
+            x = (w[r, b * 256:(b + 1) * 256].to(torch.int64) + 1).tolist()  # lroundf(x * id) + 1
+            qs, qh = [], []
+            for base, width in ((0, 32), (160, 16)):
+                for m in range(width):
+                    q = 0
+                    for j in range(5):
+                        q = (q * 3 + x[base + m + j * width]) & 0xFF
+                    qs.append(((q * 256 + 242) // 243) & 0xFF)
+            for j in range(4):
+                q = 0
+                for m in range(4):
+                    q = (q * 3 + x[240 + j + m * 4]) & 0xFF
+                q = (q * 3) & 0xFF
+                qh.append(((q * 256 + 242) // 243) & 0xFF)
+            row += bytes(qs) + bytes(qh) + d[r, b].reshape(1).view(torch.uint8).numpy().tobytes()
+        out[r] = torch.tensor(list(row), dtype=torch.uint8)
+    return out
+
+
+def tq1_0_dequantize_ref(raw: torch.Tensor, k: int) -> torch.Tensor:
+    """llama.cpp dequantize_row_tq1_0, transcribed: digit n of a byte is ((byte * 3^n) mod 256) * 3 >> 8."""
+    pow3 = (1, 3, 9, 27, 81, 243)
+    n = raw.shape[0]
+    blk = raw.reshape(n, -1, 54).to(torch.int64)
+    d = blk[:, :, 52:54].to(torch.uint8).clone().view(torch.float16).float().reshape(n, -1, 1)
+    ys = []
+    for lo, width, nd in ((0, 32, 5), (32, 16, 5), (48, 4, 4)):
+        for j in range(nd):
+            q = (blk[:, :, lo:lo + width] * pow3[j]) & 0xFF
+            ys.append(((q * 3) >> 8) - 1)
+    return (torch.cat(ys, dim=2).float() * d).reshape(n, -1)[:, :k]
+
+
+def test_tq1_0_writer_matches_llamacpp(tmp_path):
+    """synth 'tq1_0' (llama.cpp TQ1_0, base-3 digits): bytes equal llama.cpp's quantize_row_tq1_0_ref output; the
+    spec decode gives T bit-exact and W_eff = dequantize_row_tq1_0 exactly; a partial last block (K % 256) pads
+    with trit 1 (= 0) and round-trips."""
+    from safetensors.torch import save_file
+
+    from reference.formats import TQ1_0, pack, tq1_0_scale, unpack
+    from reference.spec import LinearEntry, decode_linear
+
+    g = torch.Generator().manual_seed(4)
+    t = torch.randint(-1, 2, (8, 512), generator=g).to(torch.int8)
+    m = (0.02 + 0.01 * torch.rand(8, 2, generator=g)).repeat_interleave(256, dim=1)
+    lg = synth.Logical({}, {"model.layers.0.mlp.down_proj": t}, {"model.layers.0.mlp.down_proj": m}, {})
+    sd, qcfg, truth = synth.w_tq1_0(lg)
+    key = "blk.0.ffn_down.weight"
+    raw = sd[key]
+    assert qcfg is None and raw.dtype == torch.uint8 and raw.shape == (8, 2 * 54)
+    assert torch.equal(raw, tq1_0_quantize_ref(t, m[:, ::256].to(torch.float16)))
+    save_file({key: raw}, str(tmp_path / "model.safetensors"))
+    e = LinearEntry(weight_key=key, shape=(8, 512), pack=TQ1_0, scale=tq1_0_scale(key))
+    dec = decode_linear(Checkpoint(tmp_path), e, "down")
+    assert torch.equal(dec.values.to(torch.int8), t)
+    assert torch.equal(dec.effective(), tq1_0_dequantize_ref(raw, 512))
+    assert torch.equal(dec.effective(), truth.effective("model.layers.0.mlp.down_proj"))
+    part = torch.randint(-1, 2, (3, 300), generator=g).to(torch.int8)
+    assert pack(part, TQ1_0).shape == (3, 108) and torch.equal(unpack(pack(part, TQ1_0), TQ1_0, (3, 300)), part)
+    assert PackSpec.from_dict(TQ1_0.to_dict()) == TQ1_0
+
+
 def test_tq2_0_trained_model_partial_blocks(logical, tmp_path):
     """tiny-trained (K = 128 / 384: a partial last block, padded with code 1 = 0) with per-256
     group multipliers: T bit-exact, W_eff within fp16 rounding of d, GGUF names, no scale tensor."""

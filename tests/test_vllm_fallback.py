@@ -328,13 +328,14 @@ def test_tq2_0_row_parallel_split_inside_a_block_is_an_error(vllm_env, tp, tq2_l
 
 
 @pytest.mark.slow
-def test_tq2_0_runs_in_vllm(tmp_path):
-    """llama.cpp TQ2_0 blocks (per-256 fp16 d inside the weight), inspected, through vLLM's dense
-    fallback vs the reference model; BitNet int8 activations: fp32-a8 tier."""
+@pytest.mark.parametrize("fmt", ["tq2_0", "tq1_0"])
+def test_tq2_0_runs_in_vllm(fmt, tmp_path):
+    """llama.cpp TQ2_0 / TQ1_0 blocks (per-256 fp16 d inside the weight; TQ1_0 base-3 digits), inspected, through
+    vLLM's dense fallback vs the reference model; BitNet int8 activations: fp32-a8 tier."""
     from reference.inspect import main as inspect_main
 
-    d = tmp_path / "tq2"
-    synth.write("tq2_0", synth.Logical.from_dir(TRAINED).with_group_jitter(256, seed=3), d)
+    d = tmp_path / fmt
+    synth.write(fmt, synth.Logical.from_dir(TRAINED).with_group_jitter(256, seed=3), d)
     assert inspect_main([str(d)]) == 0
     spec = CheckpointSpec.load(d / "ternary_spec.json")
     assert spec.linears[f"{P0}.mlp.down_proj"].scale.granularity == "block"

@@ -125,8 +125,8 @@ def lut_decode(packed: torch.Tensor, pack: PackSpec, shape: tuple[int, int]) -> 
 
 
 def lut_decoder(ckpt: Checkpoint, entry: LinearEntry, name: str) -> DecodedLinear:
-    if entry.pack is None or entry.pack.container != "uint8":
-        return decode_linear(ckpt, entry, name)  # unpacked or wide containers: shared path
+    if entry.pack is None or entry.pack.container != "uint8" or entry.pack.codec is not None:
+        return decode_linear(ckpt, entry, name)  # unpacked, wide containers or base-3 (TQ1_0): shared path
     vals = _narrow(lut_decode(ckpt.get(entry.weight_key), entry.pack, entry.shape))  # int8 unless a code > 127
     return finish_linear(ckpt, entry, vals, name)
 
