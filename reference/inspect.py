@@ -559,8 +559,9 @@ def detect_tq1_0(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, find
         d = raw.reshape(n, -1, 54)[:, :, 52:54].clone(memory_format=torch.contiguous_format).view(torch.float16).float()
         ev[m.prefix] = (bad, codes[~valid[codes]][:1].tolist(), d)
     like = [m for m in fit if ev[m.prefix][0] == 0]
-    if len(like) < len(packed) / 2:
-        return False  # another packing that happens to have this width
+    plain = [m for m in fit if any(layout_options(tuple(m.weight.shape), m.logical, 8, b) for b in bits_options(8))]
+    if len(like) < len(packed) / 2 and (plain or len(fit) < len(packed)):
+        return False  # another packing that happens to have this width (else: TQ1_0 with corrupt bytes, said below)
     for m in packed:  # this is a TQ1_0 model: every packed weight must be one
         n, k = m.logical
         if m not in fit:
@@ -889,9 +890,11 @@ def detect_hqq(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findin
         m.scale_kw = [dict(kw)] * len(m.parts)
         m.zero_kw = dict(kw)
         m.levels = "ternary" if ternary else None
-    by = sorted({(layout[m.prefix][2], layout[m.prefix][0]) for m in fit})
-    desc = "; ".join(f"{p} axis={ax} groups of {sorted({layout[m.prefix][1] for m in fit if (layout[m.prefix][2], layout[m.prefix][0]) == (p, ax)})}"
-                     for p, ax in by)
+    groups: dict = {}  # (packing, axis) -> group sizes
+    for m in fit:
+        axis, g, packing = layout[m.prefix]
+        groups.setdefault((packing, axis), set()).add(g)
+    desc = "; ".join(f"{p} axis={ax} groups of {sorted(gs)}" for (p, ax), gs in sorted(groups.items()))
     findings.append(Finding(
         "block structure", f"HQQ {'ternary' if ternary else 'asymmetric low-bit'}, {desc}: W = (q - zero) * scale",
         f"all {len(packed)} packed weights are {sorted({CONTAINER_OF[m.weight.dtype] for m in fit})} W_q of the "
@@ -1065,7 +1068,10 @@ def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Fi
             k = m.logical[1]
             # no group scales (per-channel / per-tensor, e.g. GPTQ group_size -1, or one group as wide as K):
             # the whole row is group 0, and the trivial g_idx is all zeros
-            if gi.numel() != k or not torch.equal(gi, torch.arange(k) // (gs or k)):
+            if gi.numel() != k:
+                raise InspectError(f"{m.g_idx.file}: tensor {m.g_idx.name!r} has {gi.numel()} elements, expected one "
+                                   f"per input: K = {k}")
+            if not torch.equal(gi, torch.arange(k) // (gs or k)):
                 raise InspectError(f"{m.g_idx.file}: tensor {m.g_idx.name!r} is not arange(K) // group_size "
                                    f"(K={k}, group_size={gs or k}): act-order (desc_act) permutations are not supported")
         if m.zeros is not None:
@@ -1096,13 +1102,23 @@ def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Fi
     if not zs:
         return None
     values = {v for v, _ in zs}
-    if any(many for _, many in zs):  # zero points that differ between groups: sym=False
+    floating = any(zpk is None for zpk, _, _ in per.values())
+    zb = next((zpk.bits for zpk, _, _ in per.values() if zpk is not None), 0)
+    const = int(next(iter(values))) + (0 if floating or v2 else 1) if len(values) == 1 else None
+    # sym=False: zero points that differ between groups or between modules, or one constant that is no code (v1's
+    # stored 2^b - 1 for z = 0 reads back as z = 2^b): per-group zero points, values q - z exactly as stored
+    if any(many for _, many in zs) or len(values) > 1 or (zb and not 0 <= const < (1 << zb)):
+        missing = [m for m in modules if m.packed and m.prefix not in per]
+        if missing:
+            m = missing[0]
+            raise InspectError(f"{m.where()}: no zero point tensor next to it, but {len(per)} other modules carry "
+                               f"per-group zero points (e.g. {next(iter(per))}): expected "
+                               f"{m.prefix + '.qzeros'!r} (W = scale * (q - z) needs z for every module)")
         for m in modules:
             if m.prefix in per:
                 zpk, transposed, gs = per[m.prefix]
                 m.zero_kw = dict(granularity="group", group_size=gs, **({"transposed": True} if transposed else {}))
                 m.zero_pack = zpk
-        floating = any(zpk is None for zpk, _, _ in per.values())
         findings.append(Finding(
             "zero point", "per-group zero points (asymmetric, GPTQ sym=False): W = scale * (q - z)",
             f"{len(per)} zero point tensors take {len(values)} distinct stored values ({sorted(values)[:6]}"
@@ -1110,10 +1126,7 @@ def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Fi
             + ("float zero points store z" if floating else "checkpoint_format gptq_v2: qzeros store z" if v2
                else "GPTQ v1 qzeros store z - 1"), "high"))
         return ASYMMETRIC
-    if len(values) != 1:
-        raise InspectError(f"zero points differ between modules: {sorted(values)}; expected one constant")
     z = int(next(iter(values)))
-    floating = any(m.zeros is not None and m.zeros.dtype not in INT_DTYPES for m in modules)
     if floating or v2:  # the zero point itself
         why = "float zero points" if floating else "config checkpoint_format gptq_v2"
         findings.append(Finding("zero point", f"constant stored zero {z} -> zero code {z} ({why} store z)",

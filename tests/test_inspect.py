@@ -7,6 +7,7 @@ reproduce the trained model's loss; the loss of every wrong candidate must be fa
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -489,6 +490,25 @@ def test_tq1_0_corrupt_byte_and_scale_are_named(logical, tmp_path):
         assert repr(key) in str(e.value) and want in str(e.value), str(e.value)
 
 
+def test_tq1_0_corrupt_in_every_tensor_is_still_named_as_tq1_0(logical, tmp_path):
+    """A bad byte in every TQ1_0 tensor (no tensor clean): still read as TQ1_0, and the error names a tensor and
+    the byte (was: the generic path's 'cannot hold' message)."""
+    from safetensors.torch import save_file
+
+    from reference.inspect import InspectError
+
+    out = tmp_path / "tq1"
+    synth.write("tq1_0", logical, out)
+    sd = load_file(str(out / "model.safetensors"))
+    for k, v in sd.items():
+        if k.startswith("blk.") and v.dtype == torch.uint8:
+            sd[k] = v.clone()
+            sd[k][0, 5] = 1
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(InspectError, match=r"'blk\.\d+\..*weight': 1 code bytes \(e\.g\. 1\) that llama\.cpp TQ1_0 never"):
+        inspect_dir(out, use_loss=False)
+
+
 # ---------------------------------------------------------------------------------------
 # HQQ 2-bit with integer zero points (ternary case)
 
@@ -657,6 +677,41 @@ def test_gptq_asymmetric_zero_points_recovered(fmt, logical, tmp_path):
         assert any(f.what == "zero point" and "per-group" in f.decision for f in res.findings)
         again = CheckpointSpec.from_dict(json.loads(json.dumps(res.spec.to_dict())))
         assert again == res.spec
+
+
+def test_gptq_zero_point_edge_cases(logical, tmp_path):
+    """sym=False edge cases: a module without qzeros among modules with them is an error naming the missing tensor;
+    zero points constant per module but different between modules, and v1's stored 2^b - 1 everywhere (z = 2^b:
+    no code of the weight's table), are per-group zero points read as stored (values q - z)."""
+    from safetensors.torch import save_file
+
+    from reference.inspect import InspectError
+
+    def write_edit(name, fn):
+        out = tmp_path / name
+        synth.write("gptq-asym-int4", logical, out)
+        sd = load_file(str(out / "model.safetensors"))
+        fn(sd)
+        save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return out
+
+    out = write_edit("missing", lambda sd: sd.pop("model.layers.0.self_attn.q_proj.qzeros"))
+    with pytest.raises(InspectError, match=r"q_proj\.qweight.*no zero point tensor.*'model\.layers\.0\.self_attn\.q_proj\.qzeros'"):
+        inspect_dir(out, use_loss=False)
+
+    def const(sd, alternate):
+        for i, k in enumerate(sorted(k for k in sd if k.endswith("qzeros"))):
+            sd[k] = torch.full_like(sd[k], (0x66666666 if i % 2 else 0x77777777) if alternate else -1)
+
+    for name, alternate in (("per-module", True), ("z0", False)):
+        out = write_edit(name, lambda sd: const(sd, alternate))
+        res = inspect_dir(out, use_loss=False)
+        ck = Checkpoint(out)
+        for mod in ("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj"):
+            e = res.spec.linears[mod]
+            z = 16 if not alternate else (7 if ck.get(f"{mod}.qzeros").flatten()[0] == 0x66666666 else 8)
+            codes = decode_linear(ck, dataclasses.replace(e, zero=None, zero_pack=None), mod).values.to(torch.int16)
+            assert torch.equal(decode_linear(ck, e, mod).values.to(torch.int16), codes - z), (name, mod)
 
 
 # ---------------------------------------------------------------------------------------
