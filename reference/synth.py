@@ -440,28 +440,25 @@ def w_i2s(lg: Logical):
     return sd, None, truth
 
 
-def w_tq2_0(lg: Logical):
-    """llama.cpp TQ2_0 blocks in a uint8 safetensors tensor per linear (see module docstring)."""
+def _llamacpp_blocks(lg: Logical, spec: PackSpec, scale: Callable, fmt: str):
+    """llama.cpp TQ2_0 / TQ1_0 blocks in a uint8 safetensors tensor per linear under its GGUF name, one fp16 d per
+    256 inputs written into each block (``scale(key)``: the block's ScaleSpec); see the module docstring."""
     sd, tern, mult = _floats(lg, "gguf"), {}, {}
     for mod, t in lg.ternary.items():
         n, k = t.shape
         key = f"{rename(mod, 'gguf')}.weight"
         d = _group(lg.mult[mod], n, k, 256).to(torch.float16)  # (N, ceil(K/256)): one d per block
-        sd[key] = write_record_scales(pack(t, TQ2_0), d, tq2_0_scale(key), (n, k))
+        sd[key] = write_record_scales(pack(t, spec), d, scale(key), (n, k))
         tern[mod], mult[mod] = t, d.float().repeat_interleave(256, dim=1)[:, :k]
-    return sd, None, Truth(tern, mult, "tq2_0")
+    return sd, None, Truth(tern, mult, fmt)
+
+
+def w_tq2_0(lg: Logical):
+    return _llamacpp_blocks(lg, TQ2_0, tq2_0_scale, "tq2_0")
 
 
 def w_tq1_0(lg: Logical):
-    """llama.cpp TQ1_0 blocks in a uint8 safetensors tensor per linear (see module docstring)."""
-    sd, tern, mult = _floats(lg, "gguf"), {}, {}
-    for mod, t in lg.ternary.items():
-        n, k = t.shape
-        key = f"{rename(mod, 'gguf')}.weight"
-        d = _group(lg.mult[mod], n, k, 256).to(torch.float16)  # (N, ceil(K/256)): one d per block
-        sd[key] = write_record_scales(pack(t, TQ1_0), d, tq1_0_scale(key), (n, k))
-        tern[mod], mult[mod] = t, d.float().repeat_interleave(256, dim=1)[:, :k]
-    return sd, None, Truth(tern, mult, "tq1_0")
+    return _llamacpp_blocks(lg, TQ1_0, tq1_0_scale, "tq1_0")
 
 
 HQQ_GROUP = 64
