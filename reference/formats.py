@@ -26,6 +26,13 @@ Where a logical element lands is fixed by three things:
   ``BitPack.pack_3bit_32``: ten 3-bit fields in an int32, bits 30-31 unused (with ``msb`` slot 0
   sits at bit 27).  ``None`` (the default, omitted from JSON) = ``container_bits // bits``.
 
+* ``order`` — a permutation of the V slots of every container: slot ``i`` holds the lanes' element
+  ``order[i]`` of that container (the lanes above say which V elements share it and ``order[i]`` is their
+  rank).  AutoAWQ (``awq/modules/linear/gemm.py`` ``WQLinear_GEMM.from_linear``: ``qweight[:, col] |=
+  intweight[:, col * 8 + order_map[i]] << (i * 4)`` with ``order_map = [0, 2, 4, 6, 1, 3, 5, 7]``, the
+  ``AWQ_ORDER`` of ``awq/utils/packing_utils.py``) packs eight consecutive outputs per int32 that way.
+  ``None`` (the default, omitted from JSON) = the identity (slot i holds element i).
+
 * ``codes`` — code -> value (``None`` = unused code; decoding one is an error).
 
 * ``record`` — ``(E, R)``: along the pack axis every ``E`` logical elements are stored as one
@@ -181,6 +188,7 @@ class PackSpec:
     segments: Optional[tuple] = None  # lengths along the pack axis, each packed on its own; see module docstring
     fields: Optional[int] = None  # codes per container when they do not tile it (HQQ 3bit_32: 10); see docstring
     codec: Optional[str] = None  # "tq1_0": base-3 digits in llama.cpp TQ1_0 records; see docstring
+    order: Optional[tuple] = None  # slot i holds the container's element order[i] (AutoAWQ); see docstring
 
     def __post_init__(self):
         if self.container not in CONTAINERS:
@@ -218,6 +226,11 @@ class PackSpec:
             if not self.segments or min(self.segments) < 1 or self.record is not None or self.group_view is not None:
                 raise FormatError(f"segments must be lengths >= 1 and exclusive of record / group_view, got "
                                   f"{self.segments}")
+        if self.order is not None:
+            object.__setattr__(self, "order", tuple(int(x) for x in self.order))
+            if sorted(self.order) != list(range(self.values_per_container)) or self.codec is not None:
+                raise FormatError(f"order {list(self.order)} must be a permutation of the {self.values_per_container} "
+                                  f"slots of a {self.container} container ({self.bits}-bit codes), without a codec")
         if self.codec is not None:
             if self.codec not in CODECS:
                 raise FormatError(f"unknown codec {self.codec!r}; known: {sorted(CODECS)}")
@@ -351,6 +364,10 @@ class PackSpec:
             del d["fields"]  # absent: JSON of the tiling formats unchanged
         if self.codec is None:
             del d["codec"]  # absent: JSON of the bit-field formats unchanged
+        if self.order is None:
+            del d["order"]  # absent: JSON of the identity-order formats unchanged
+        else:
+            d["order"] = list(self.order)
         if self.segments is None:
             del d["segments"]  # absent: JSON of one-segment formats unchanged
         else:
@@ -378,7 +395,8 @@ class PackSpec:
 
 
 def _slot_index(spec: PackSpec, axis_len: int) -> torch.Tensor:
-    """elem[c, s] = logical index along the pack axis held by container c, slot s (-1 = pad)."""
+    """elem[c, s] = logical index along the pack axis held by container c at lane rank s (-1 = pad); its slot
+    in the container is s, or the i with ``order[i] == s`` (``_shifts``)."""
     v = spec.values_per_container
     blk = spec.block_len(axis_len)
     per_block = blk // v
@@ -390,8 +408,12 @@ def _slot_index(spec: PackSpec, axis_len: int) -> torch.Tensor:
 
 
 def _shifts(spec: PackSpec) -> torch.Tensor:
+    """Bit offset of the lanes' element j (j < V) in its container: the slot ``order`` puts it in (itself
+    without one), counted from the low end (``lsb``) or the high end (``msb``)."""
     v = spec.values_per_container
     s = torch.arange(v, dtype=torch.int64)
+    if spec.order is not None:  # element j sits in the slot i with order[i] == j
+        s = torch.tensor([spec.order.index(j) for j in range(v)], dtype=torch.int64)
     if spec.bit_order == "msb":
         s = v - 1 - s
     return s * spec.bits
@@ -836,7 +858,21 @@ def tq2_0_scale(key: str) -> ScaleSpec:
                      dtype="float16")
 
 
-BUILTIN: dict[str, PackSpec] = {"hf-bitnet": HF_BITNET, "seed": SEED, "tq2_0": TQ2_0, "tq1_0": TQ1_0}
+#: AutoAWQ's slot order (``awq/utils/packing_utils.py`` ``AWQ_ORDER``; ``WQLinear_GEMM.from_linear``'s ``order_map``
+#: for w_bit 4): slot i of an int32 holds output ``col * 8 + AWQ_ORDER[i]``; its inverse is ``AWQ_REVERSE_ORDER``
+#: [0, 4, 1, 5, 2, 6, 3, 7], with which ``dequantize_gemm`` (and vLLM's ``_REVERSE_AWQ_PACK_ORDER``) unpack.
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+#: AutoAWQ ``version: "gemm"`` ``qweight``: int32 [K, N/8], 4-bit codes q of eight consecutive outputs per word in
+#: AWQ_ORDER, low bits first (the transpose of W's [N/8, K] packed along its axis 0); identity codes, W = (q - z) * s
+AWQ_GEMM = PackSpec(bits=4, container="int32", pack_axis=0, lanes="interleaved", bit_order="lsb",
+                    codes=tuple(range(16)), transposed=True, pad_code=0, order=AWQ_ORDER)
+#: its ``qzeros``: int32 [K/G, N/8], the zero points z of the [K/G, N] group matrix packed along N as qweight is
+#: (``LinearEntry.zero_pack``; stored as z itself, no GPTQ v1 - 1)
+AWQ_GEMM_ZEROS = PackSpec(bits=4, container="int32", pack_axis=1, lanes="interleaved", bit_order="lsb",
+                          codes=tuple(range(16)), pad_code=0, order=AWQ_ORDER)
+
+BUILTIN: dict[str, PackSpec] = {"hf-bitnet": HF_BITNET, "seed": SEED, "tq2_0": TQ2_0, "tq1_0": TQ1_0,
+                                "awq-gemm": AWQ_GEMM}
 
 
 # ---------------------------------------------------------------------------------------

@@ -85,6 +85,13 @@ AutoGPTQ's find_params / quantize, per-group integer zero points; take any ``Log
                       qweight int32 [K*b/32, N] (q, no offset), scales fp16 [G, N], qzeros [G, N*b/32] holding z - 1
   gptq-asym-int4-v2   the same with qzeros holding z (checkpoint_format gptq_v2)
 
+AutoAWQ on a float model (``AWQ_FORMATS``, ``w_awq``: ``AwqQuantizer.pseudo_quantize_tensor`` and
+``WQLinear_GEMM.from_linear`` transcribed, 4-bit, zero_point true, version gemm; take any ``Logical``):
+  awq-gemm-g128, awq-gemm-g64, awq-gemm-g32
+                      qweight int32 [K, N/8] (q of eight consecutive outputs per word in AWQ_ORDER [0, 2, 4, 6, 1, 3,
+                      5, 7], low bits first), qzeros int32 [K/G, N/8] (z, packed the same way), scales fp16 [K/G, N]
+  awq-gemm-row        group_size -1 (one group per row: scales / qzeros [1, ...])
+
 Symmetric low-bit integers beyond ternary (``INT_FORMATS``; take a multi-level ``Logical``, e.g.
 ``Logical.requantized(bits)``):
   compressed-tensors-int2  num_bits=2, int32 [N, K/16], code v+2, all four levels {-2, -1, 0, 1}
@@ -104,7 +111,7 @@ import torch
 
 from .checkpoint import Checkpoint
 from .config import ModelConfig
-from .formats import (HF_BITNET, SEED, TQ1_0, TQ2_0, PackSpec, code_table, offset_table, pack, tq1_0_scale, tq2_0_scale,
+from .formats import (AWQ_GEMM, AWQ_GEMM_ZEROS, HF_BITNET, SEED, TQ1_0, TQ2_0, PackSpec, code_table, offset_table, pack, tq1_0_scale, tq2_0_scale,
                       write_record_scales)
 from .io import atomic_write_text
 from .spec import decode_linear, spec_for
@@ -428,6 +435,86 @@ def w_gptq_asym(lg: Logical, bits: int = 4, group_size: int = 64, noise: float =
     q = {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": False, "sym": False,
          "checkpoint_format": "gptq_v2" if v2 else "gptq"}
     return sd, q, Truth(vals, mult, f"gptq-asym-int{bits}{'-v2' if v2 else ''}")
+
+
+def awq_pseudo_quantize(w: torch.Tensor, bits: int, group_size: int):
+    """AutoAWQ's ``AwqQuantizer.pseudo_quantize_tensor`` (``awq/quantize/quantizer.py``, zero_point=True), line for
+    line on the fp16 weight ``_apply_quant`` hands it (``linear_layer.half()``): per row and group of ``group_size``
+    inputs (-1: the whole row) max / min, scales = (max - min).clamp(min=1e-5) / (2^b - 1), zeros = (-round(min /
+    scales)).clamp(0, 2^b - 1), w = (clamp(round(w / scales) + zeros, 0, 2^b - 1) - zeros) * scales, every op in
+    fp16 as there.  Returns (the fake-quantized w [N, K], scales [N, G], zeros [N, G]), all fp16."""
+    org_w_shape = w.shape
+    if group_size > 0:
+        w = w.reshape(-1, group_size)
+    max_val = w.amax(dim=1, keepdim=True)
+    min_val = w.amin(dim=1, keepdim=True)
+    max_int, min_int = 2 ** bits - 1, 0
+    scales = (max_val - min_val).clamp(min=1e-5) / max_int
+    zeros = (-torch.round(min_val / scales)).clamp_(min_int, max_int)
+    w = (torch.clamp(torch.round(w / scales) + zeros, min_int, max_int) - zeros) * scales
+    zeros = zeros.view(org_w_shape[0], -1)
+    scales = scales.view(org_w_shape[0], -1)
+    return w.reshape(org_w_shape), scales, zeros
+
+
+def awq_gemm_intweight(w: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The codes ``WQLinear_GEMM.from_linear`` (``awq/modules/linear/gemm.py``) packs: from the fake-quantized fp16
+    weight w [N, K] and the transposed scales / zeros [G, N] (``_apply_quant``'s ``.t()``), per input column idx
+    round((w[:, idx] + (zeros * scales)[idx // G]) / scales[idx // G]) in fp16, as int32 [K, N] (``intweight.t()``).
+    Vectorised over idx: the same elementwise fp16 ops on the same operands."""
+    scale_zeros = zeros * scales  # (G, N) fp16
+    k = w.shape[1]
+    grp = torch.arange(k) // group_size
+    intweight = torch.round((w + scale_zeros[grp].t()) / scales[grp].t()).to(torch.int)  # (N, K)
+    return intweight.t().contiguous().to(torch.int32)
+
+
+def awq_float_model(lg: Logical, noise: float = 0.3, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The float model ``w_awq`` quantizes: per module the logical effective weights plus ``noise`` * m * N(0, 1)
+    (one seeded generator, modules in order), in fp16 as AutoAWQ's ``_apply_quant`` casts the layer (``.half()``)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for mod in lg.ternary:
+        n, k = lg.ternary[mod].shape
+        out[mod] = (lg.effective(mod) + noise * lg.mult[mod].expand(n, k) * torch.randn(n, k, generator=g)).half()
+    return out
+
+
+def w_awq(lg: Logical, group_size: int = 128, noise: float = 0.3, seed: int = 0):
+    """AutoAWQ ``version: "gemm"`` as it stores a float model (``awq_float_model``): ``awq_pseudo_quantize`` (round
+    to nearest with a zero point; no activation-aware scale search, which only changes the float weights before this
+    step), then
+    ``WQLinear_GEMM.from_linear``: scales fp16 [G, N], qweight int32 [K, N/8] = ``awq_gemm_intweight`` packed along
+    N eight per word in ``formats.AWQ_ORDER``, qzeros int32 [G, N/8] = the integer zeros packed the same way (z, not
+    z - 1).  AutoAWQ packs 4-bit codes only (``w_bit not in [4]`` raises).  ``group_size`` -1 is one group per row
+    (the writer's intent: ``WQLinear_GEMM.group_size`` = in_features; AutoAWQ 0.2.9's own from_linear indexes
+    ``scale_zeros[idx // -1]`` and fails for K > 2, so no AutoAWQ checkpoint has it, but vLLM / transformers read it).
+    Truth: values q - z and the multiplier scales, so ``effective`` = ``dequantize_gemm`` (``awq/utils/
+    packing_utils.py``: (iweight - izeros) * scales) in exact arithmetic (fp32; AutoAWQ's fp16 result is its
+    rounding)."""
+    bits = 4
+    sd, vals, mult = _floats(lg, "hf"), {}, {}
+    for mod, W in awq_float_model(lg, noise, seed).items():
+        n, k = W.shape
+        gs = k if group_size == -1 else group_size
+        if k % gs or n % 32:
+            raise ValueError(f"{mod}: AutoAWQ needs K % group_size == 0 and N % 32 == 0 (WQLinear_GEMM asserts N % 8; "
+                             f"from_linear sizes qweight N // 32 * 4 columns), got N = {n}, K = {k}, group_size {gs}")
+        wq, scales, zeros = awq_pseudo_quantize(W, bits, group_size)
+        scales, zeros = scales.t().contiguous(), zeros.t().contiguous()  # (G, N): _apply_quant, version gemm
+        intweight = awq_gemm_intweight(wq, scales, zeros, gs)  # (K, N)
+        if int(intweight.min()) < 0 or int(intweight.max()) > 15:  # from_linear would OR it into the next field
+            raise ValueError(f"{mod}: a code {int(intweight.min())}..{int(intweight.max())} outside 0..15")
+        q = intweight.t().to(torch.int64)  # (N, K)
+        z = zeros.to(torch.int32).to(torch.int64)  # from_linear: zeros.to(dtype=torch.int32)
+        sd[f"{mod}.qweight"] = pack(q, AWQ_GEMM)
+        sd[f"{mod}.qzeros"] = pack(z, AWQ_GEMM_ZEROS)
+        sd[f"{mod}.scales"] = scales.half()
+        vals[mod] = (q - z.t().repeat_interleave(gs, dim=1)).to(torch.int8)
+        mult[mod] = scales.t().float().repeat_interleave(gs, dim=1).contiguous()
+    q = {"quant_method": "awq", "bits": bits, "group_size": group_size, "zero_point": True, "version": "gemm",
+         "modules_to_not_convert": None}
+    return sd, q, Truth(vals, mult, f"awq-gemm-g{group_size}")
 
 
 I2S_SPEC = PackSpec(bits=2, container="uint8", pack_axis=1, lanes="block_interleaved", block=128,
@@ -832,12 +919,24 @@ GPTQ_ASYM_FORMATS: dict[str, Callable] = {
     "gptq-asym-int8": lambda lg: w_gptq_asym(lg, 8),
 }
 
+#: AutoAWQ (version gemm, 4-bit, zero_point true) on a float model (``w_awq``: per-group integer zero points; any
+#: ``Logical`` whose K is a multiple of the group size and N of 32)
+AWQ_FORMATS: dict[str, Callable] = {
+    "awq-gemm-g128": lambda lg: w_awq(lg, 128),
+    "awq-gemm-g64": lambda lg: w_awq(lg, 64),
+    "awq-gemm-g32": lambda lg: w_awq(lg, 32),
+    "awq-gemm-row": lambda lg: w_awq(lg, -1),
+}
+
 #: symmetric low-bit integer conventions beyond ternary (write a ``Logical.requantized(bits)`` model)
 INT_FORMATS: dict[str, Callable] = {
     "compressed-tensors-int2": lambda lg: w_compressed_tensors_int(lg, 2),
     "compressed-tensors-int4": lambda lg: w_compressed_tensors_int(lg, 4),
     "gptq-int4": lambda lg: w_gptq(lg, 64, bits=4, ternary=False),
 }
+
+
+_WRITERS = (FORMATS, INT_FORMATS, HQQ_FORMATS, GPTQ_ASYM_FORMATS, AWQ_FORMATS)
 
 
 def save_checkpoint(sd: dict[str, torch.Tensor], out: Path, shards: int = 1) -> None:
@@ -865,11 +964,10 @@ def write(fmt, lg: Logical, out, *, shards: int = 1, keep_quant_config: bool = T
     to directory ``out`` (replaced); return the ground truth."""
     if callable(fmt):
         writer, fmt = fmt, getattr(fmt, "__name__", "custom")
-    elif any(fmt in d for d in (FORMATS, INT_FORMATS, HQQ_FORMATS, GPTQ_ASYM_FORMATS)):
-        writer = next(d[fmt] for d in (FORMATS, INT_FORMATS, HQQ_FORMATS, GPTQ_ASYM_FORMATS) if fmt in d)
+    elif any(fmt in d for d in _WRITERS):
+        writer = next(d[fmt] for d in _WRITERS if fmt in d)
     else:
-        raise KeyError(f"unknown convention {fmt!r}; known: "
-                       f"{sorted(FORMATS) + sorted(INT_FORMATS) + sorted(HQQ_FORMATS) + sorted(GPTQ_ASYM_FORMATS)}")
+        raise KeyError(f"unknown convention {fmt!r}; known: {sorted(f for d in _WRITERS for f in d)}")
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)

@@ -26,9 +26,11 @@ def specs(draw):
     if n >= 4 and draw(st.booleans()):
         codes[draw(st.integers(0, n - 1))] = None  # an unused code
     pad = next(i for i, c in enumerate(codes) if c is not None)
+    # a slot order inside each container (AutoAWQ's AWQ_ORDER is one) in a quarter of the examples
+    order = tuple(draw(st.permutations(list(range(v))))) if v > 1 and draw(st.integers(0, 3)) == 0 else None
     return PackSpec(bits=bits, container=container, pack_axis=draw(st.sampled_from([0, 1])), lanes=lanes,
                     block=block, bit_order=draw(st.sampled_from(["lsb", "msb"])), codes=tuple(codes),
-                    transposed=draw(st.booleans()), pad_code=pad)
+                    transposed=draw(st.booleans()), pad_code=pad, order=order)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -106,6 +108,26 @@ def test_i2s_block_interleave():
     assert p[0, 0].item() == (2 << 6) | (0 << 4) | (2 << 2) | 1
 
 
+def test_slot_order_places_each_element():
+    """PackSpec.order: slot i of a container holds the lanes' element order[i] - AutoAWQ's gemm packing
+    (awq/modules/linear/gemm.py WQLinear_GEMM.from_linear: qweight |= intweight[:, col * 8 + order_map[i]] << 4i,
+    order_map = AWQ_ORDER); msb counts the slots from the top; the identity order is the default and is not
+    written to JSON; anything but a permutation of the slots is refused."""
+    from reference.formats import AWQ_ORDER
+
+    spec = PackSpec(bits=4, container="int32", pack_axis=1, codes=tuple(range(16)), order=AWQ_ORDER)
+    w = torch.arange(8).reshape(1, 8)
+    word = int(pack(w, spec)[0, 0]) & 0xFFFFFFFF
+    assert [(word >> (4 * i)) & 15 for i in range(8)] == list(AWQ_ORDER)
+    word = int(pack(w, spec.replace(bit_order="msb"))[0, 0]) & 0xFFFFFFFF
+    assert [(word >> (4 * (7 - i))) & 15 for i in range(8)] == list(AWQ_ORDER)
+    assert torch.equal(pack(w, spec.replace(order=tuple(range(8)))), pack(w, spec.replace(order=None)))
+    assert "order" not in spec.replace(order=None).to_dict() and spec.to_dict()["order"] == list(AWQ_ORDER)
+    for bad in ((0, 1, 2), (0, 0, 1, 2, 3, 4, 5, 6), (1, 2, 3, 4, 5, 6, 7, 8)):
+        with pytest.raises(FormatError, match="permutation"):
+            spec.replace(order=bad)
+
+
 def test_unused_code_is_reported_with_position():
     p = torch.tensor([[0b11]], dtype=torch.uint8)  # code 3 = unused in HF-BitNet
     with pytest.raises(FormatError, match=r"code 3 at logical index \(0, 0\).*unused"):
@@ -152,7 +174,7 @@ def test_bf16_targets_lut_decoder_agrees(spec, n, k, seed):
     """The bf16 target's independent byte-LUT decoder == reference.formats.unpack (uint8 only)."""
     from parity.targets.reference import lut_decode
 
-    spec = spec.replace(container="uint8", bits=2, codes=(-1, 0, 1, None), pad_code=0,
+    spec = spec.replace(container="uint8", bits=2, codes=(-1, 0, 1, None), pad_code=0, order=None,
                         block=(spec.block and 4 * max(1, spec.block // spec.values_per_container)))
     w = torch.randint(-1, 2, (n, k), generator=torch.Generator().manual_seed(seed))
     p = pack(w, spec)

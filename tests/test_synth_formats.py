@@ -321,6 +321,148 @@ def test_gptq_asym_matches_autogptq(fmt, logical, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
+# AutoAWQ 0.2.9, transcribed line by line (no awq import: the package needs CUDA-era pins): the quantizer
+# (awq/quantize/quantizer.py AwqQuantizer.pseudo_quantize_tensor, zero_point=True), the gemm packer
+# (awq/modules/linear/gemm.py WQLinear_GEMM.from_linear) and the dequantization (awq/utils/packing_utils.py
+# unpack_awq + reverse_awq_order + dequantize_gemm)
+
+AWQ_ORDER_MAP = [0, 2, 4, 6, 1, 3, 5, 7]  # from_linear's order_map for w_bit 4 (= packing_utils.AWQ_ORDER)
+AWQ_REVERSE_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]  # packing_utils.AWQ_REVERSE_ORDER
+
+
+def awq_pseudo_quantize_tensor(w, w_bit, group_size):
+    org_w_shape = w.shape
+    if group_size > 0:
+        assert org_w_shape[-1] % group_size == 0
+        w = w.reshape(-1, group_size)
+    assert w.dim() == 2
+    assert torch.isnan(w).sum() == 0
+    max_val = w.amax(dim=1, keepdim=True)
+    min_val = w.amin(dim=1, keepdim=True)
+    max_int = 2**w_bit - 1
+    min_int = 0
+    scales = (max_val - min_val).clamp(min=1e-5) / max_int
+    zeros = (-torch.round(min_val / scales)).clamp_(min_int, max_int)
+    w = (torch.clamp(torch.round(w / scales) + zeros, min_int, max_int) - zeros) * scales
+    zeros = zeros.view(org_w_shape[0], -1)
+    scales = scales.view(org_w_shape[0], -1)
+    w = w.reshape(org_w_shape)
+    return w, scales, zeros
+
+
+def awq_gemm_from_linear(weight, w_bit, group_size, scales, zeros):
+    """from_linear after _apply_quant's scales.t() / zeros.t() (version gemm); ``group_size`` as the module's
+    own (in_features for -1: from_linear's ``idx // -1`` indexing fails there, see synth.w_awq)."""
+    in_features = weight.shape[1]
+    scale_zeros = zeros * scales
+    qscales = scales.clone().half()
+    pack_num = 32 // w_bit
+    intweight = []
+    for idx in range(in_features):
+        intweight.append(torch.round((weight[:, idx] + scale_zeros[idx // group_size])
+                                     / qscales[idx // group_size]).to(torch.int)[:, None])
+    intweight = torch.cat(intweight, dim=1)
+    intweight = intweight.t().contiguous()
+    intweight = intweight.to(dtype=torch.int32)
+    qweight = torch.zeros((intweight.shape[0], intweight.shape[1] // 32 * w_bit), dtype=torch.int32)
+    for col in range(intweight.shape[1] // pack_num):
+        for i in range(pack_num):
+            qweight_col = intweight[:, col * pack_num + AWQ_ORDER_MAP[i]]
+            qweight[:, col] |= qweight_col << (i * w_bit)
+    zeros = zeros.to(dtype=torch.int32)
+    qzeros = torch.zeros((zeros.shape[0], zeros.shape[1] // 32 * w_bit), dtype=torch.int32)
+    for col in range(zeros.shape[1] // pack_num):
+        for i in range(pack_num):
+            qzero_col = zeros[:, col * pack_num + AWQ_ORDER_MAP[i]]
+            qzeros[:, col] |= qzero_col << (i * w_bit)
+    return qweight, qzeros, qscales
+
+
+def awq_dequantize_gemm(qweight, qzeros, scales, bits, group_size):
+    shifts = torch.arange(0, 32, bits)
+    iweights = torch.bitwise_right_shift(qweight[:, :, None], shifts[None, None, :]).to(torch.int8)
+    iweights = iweights.view(iweights.shape[0], -1)
+    izeros = torch.bitwise_right_shift(qzeros[:, :, None], shifts[None, None, :]).to(torch.int8)
+    izeros = izeros.view(izeros.shape[0], -1)
+    reverse_order_tensor = torch.arange(iweights.shape[-1], dtype=torch.int32)
+    reverse_order_tensor = reverse_order_tensor.view(-1, 32 // bits)
+    reverse_order_tensor = reverse_order_tensor[:, AWQ_REVERSE_ORDER]
+    reverse_order_tensor = reverse_order_tensor.view(-1)
+    izeros = izeros[:, reverse_order_tensor]
+    iweights = iweights[:, reverse_order_tensor]
+    iweight = torch.bitwise_and(iweights, (2**bits) - 1)
+    izeros = torch.bitwise_and(izeros, (2**bits) - 1)
+    scales = scales.repeat_interleave(group_size, dim=0)
+    izeros = izeros.repeat_interleave(group_size, dim=0)
+    return (iweight - izeros) * scales  # (K, N)
+
+
+@pytest.mark.parametrize("fmt", sorted(synth.AWQ_FORMATS))
+def test_awq_matches_autoawq(fmt, logical, tmp_path):
+    """AutoAWQ gemm: what synth.write stores is bit for bit what AutoAWQ's pseudo_quantize_tensor + from_linear
+    (transcribed loops) store for the same fp16 float model; AutoAWQ's dequantize_gemm of the stored tensors is the
+    ground truth in fp32 (scales as fp32) and, in AutoAWQ's own fp16 arithmetic, the truth rounded to fp16 and the
+    quantizer's fake-quantized weight; every one of the 16 codes occurs; config.json as AwqConfig writes it."""
+    import json
+
+    out = tmp_path / fmt
+    truth = synth.write(fmt, logical, out)
+    ck = Checkpoint(out)
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    gs = -1 if fmt.endswith("-row") else int(fmt.rsplit("g", 1)[1])
+    assert qc == {"quant_method": "awq", "bits": 4, "group_size": gs, "zero_point": True, "version": "gemm",
+                  "modules_to_not_convert": None}
+    floats = synth.awq_float_model(logical)
+    for mod in (Q, D, "model.layers.0.mlp.gate_proj"):
+        n, k = logical.ternary[mod].shape
+        G = k if gs == -1 else gs
+        wq, scales, zeros = awq_pseudo_quantize_tensor(floats[mod].clone(), 4, gs)
+        qweight, qzeros, qscales = awq_gemm_from_linear(wq, 4, G, scales.t().contiguous(), zeros.t().contiguous())
+        assert qweight.shape == (k, n // 8) and qzeros.shape == (k // G, n // 8) and qscales.shape == (k // G, n)
+        assert torch.equal(ck.get(f"{mod}.qweight"), qweight), mod
+        assert torch.equal(ck.get(f"{mod}.qzeros"), qzeros), mod
+        assert ck.get(f"{mod}.scales").dtype == torch.float16 and torch.equal(ck.get(f"{mod}.scales"), qscales), mod
+        deq = awq_dequantize_gemm(qweight, qzeros, qscales.float(), 4, G).t()  # exact: (q - z) * s in fp32
+        assert torch.equal(deq, truth.effective(mod)), mod
+        deq16 = awq_dequantize_gemm(qweight, qzeros, qscales, 4, G).t()  # AutoAWQ's own fp16 result
+        assert deq16.dtype == torch.float16 and torch.equal(deq16, truth.effective(mod).half()), mod
+        assert torch.equal(deq16, wq), mod  # the packed codes are the quantizer's q
+        q = torch.stack([(as_u32(qweight) >> (4 * j)) & 15 for j in range(8)], 2)
+        assert len(torch.unique(q)) == 16
+
+
+@settings(max_examples=25, deadline=None)
+@given(blocks=hst.integers(1, 4), groups=hst.integers(1, 4), gs=hst.sampled_from([32, 64, 128, -1]),
+       spread=hst.floats(0.01, 4.0), seed=hst.integers(0, 2 ** 31))
+def test_awq_packer_and_decode_any_shape(blocks, groups, gs, spread, seed):
+    """For any AutoAWQ shape (N = 32 * blocks outputs: from_linear sizes qweight as N // 32 * 4 columns, so it writes
+    no other N; K = groups * G inputs, G in 32 / 64 / 128 or -1) and weight
+    scale: synth's vectorised quantizer + formats.pack(AWQ_GEMM / AWQ_GEMM_ZEROS) = AutoAWQ's loops bit for bit, and
+    the reference's decode of the stored tensors (unpack, zero_points through the zero_pack, expand_scale, as
+    reference.spec.finish_linear) = AutoAWQ's dequantize_gemm."""
+    from reference.formats import AWQ_GEMM, AWQ_GEMM_ZEROS, ScaleSpec, expand_scale
+    from reference.spec import subtract_zero
+
+    n = 32 * blocks
+    G = 128 if gs == -1 else gs
+    k = groups * G
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) * spread + torch.rand(n, 1, generator=g) * spread).half()
+    wq, scales, zeros = awq_pseudo_quantize_tensor(w.clone(), 4, gs)
+    G = k if gs == -1 else gs
+    qweight, qzeros, qscales = awq_gemm_from_linear(wq, 4, G, scales.t().contiguous(), zeros.t().contiguous())
+    swq, ss, sz = synth.awq_pseudo_quantize(w.clone(), 4, gs)
+    assert torch.equal(swq, wq) and torch.equal(ss, scales) and torch.equal(sz, zeros)
+    code = synth.awq_gemm_intweight(swq, ss.t().contiguous(), sz.t().contiguous(), G)  # (K, N)
+    assert torch.equal(pack(code.t(), AWQ_GEMM), qweight)
+    assert torch.equal(pack(sz.t().to(torch.int64), AWQ_GEMM_ZEROS), qzeros)
+    spec = ScaleSpec("qzeros", "group", group_size=G, transposed=True)
+    vals = subtract_zero(unpack(qweight, AWQ_GEMM, (n, k)), qzeros, spec, (n, k), "t", zpack=AWQ_GEMM_ZEROS)
+    mult = expand_scale(qscales, dataclasses.replace(spec, key="scales"), (n, k))
+    assert torch.equal(vals.float() * mult, awq_dequantize_gemm(qweight, qzeros, qscales.float(), 4, G).t())
+
+
+# ---------------------------------------------------------------------------------------
 # llama.cpp TQ2_0 (ggml-quants.c, block_tq2_0: qs[QK_K/4] then ggml_half d; QK_K = 256)
 
 

@@ -125,8 +125,10 @@ def lut_decode(packed: torch.Tensor, pack: PackSpec, shape: tuple[int, int]) -> 
 
 
 def lut_decoder(ckpt: Checkpoint, entry: LinearEntry, name: str) -> DecodedLinear:
-    if entry.pack is None or entry.pack.container != "uint8" or entry.pack.codec is not None:
-        return decode_linear(ckpt, entry, name)  # unpacked, wide containers or base-3 (TQ1_0): shared path
+    if entry.pack is None or entry.pack.container != "uint8" or entry.pack.codec is not None \
+            or entry.pack.order is not None:
+        # unpacked, wide containers, base-3 (TQ1_0) or a slot order (AutoAWQ): the shared path
+        return decode_linear(ckpt, entry, name)
     vals = _narrow(lut_decode(ckpt.get(entry.weight_key), entry.pack, entry.shape))  # int8 unless a code > 127
     return finish_linear(ckpt, entry, vals, name)
 
