@@ -13,8 +13,10 @@ Pipeline (each step records its evidence and a confidence for the report):
                granularity / group size, zero-point and g_idx sanity, code table: three used codes
                = ternary (unused codes; the +-1 pair = the two used codes with the closest counts;
                the third is 0), more = symmetric integer levels (int2 {-2..1}, int4 {-8..7}: offset
-               binary or two's complement).  Two conventions are recognised by their block structure
-               first: llama.cpp TQ2_0 (uint8 [N, ceil(K/256)*66], fp16 scale inside each 66-byte
+               binary or two's complement).  AutoAWQ gemm checkpoints are recognised first, from
+               config.json (quant_method awq) or their qweight / qzeros / scales shapes (``detect_awq``:
+               AWQ_ORDER, per-group zero points, nothing to search).  Two conventions are recognised by their
+               block structure next: llama.cpp TQ2_0 (uint8 [N, ceil(K/256)*66], fp16 scale inside each 66-byte
                block) and HQQ (W_q + per-group scale and zero points, axis=1 or axis=0 groups, every
                HQQ packing, ternary or HQQ's asymmetric levels, with or without HQQ's meta tensors;
                see "HQQ" below)
@@ -77,7 +79,7 @@ import torch
 
 from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig
-from .formats import FormatError, PackSpec, ScaleSpec, unpack_codes
+from .formats import AWQ_GEMM, AWQ_GEMM_ZEROS, AWQ_ORDER, FormatError, PackSpec, ScaleSpec, unpack_codes
 from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
 from .inspect_search import (BLOCKS, TQ2_0_RECORD, Candidate, axis_margins, build_spec, codes_str, confidence,
                              declared_activation_quant, lane_options, per_part_options, plain_float_linear, search)
@@ -168,6 +170,7 @@ class Module:
     fields: Optional[int] = None  # PackSpec.fields: codes per container that do not tile it (HQQ 3bit_32)
     hqq_meta: dict = field(default_factory=dict)  # HQQ meta key (HQQ_META) -> its TensorStats, next to a W_q
     hqq_values: dict = field(default_factory=dict)  # HQQ meta key -> decoded value (detect_hqq)
+    order: Optional[tuple] = None  # PackSpec.order: the slot order inside each container (AutoAWQ's AWQ_ORDER)
 
     @property
     def packed(self) -> bool:
@@ -915,6 +918,144 @@ def detect_hqq(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findin
     return True
 
 
+#: quantization_config keys of AutoAWQ (``awq/models/_config.py`` ``AwqConfig.to_transformers_dict``: quant_method,
+#: zero_point, group_size, bits, version, modules_to_not_convert) and their AutoAWQ-internal spellings, which vLLM's
+#: ``AutoAWQConfig.from_config`` also reads (w_bit, q_group_size); transformers' ``AwqConfig`` calls version ``format``
+AWQ_KEYS = {"bits": ("bits", "w_bit"), "group_size": ("group_size", "q_group_size"), "version": ("version", "format")}
+AWQ_DEFAULTS = {"bits": 4, "group_size": 128, "version": "gemm", "zero_point": True}  # AwqConfig's defaults
+
+
+def _awq_config(cfg: ModelConfig) -> dict:
+    """quantization_config of an AWQ checkpoint: bits, group_size, version, zero_point (AwqConfig's defaults
+    where absent); an InspectError naming the key for anything AutoAWQ's gemm layout does not write."""
+    q = cfg.quantization or {}
+    where = "config.json: quantization_config"
+    out, key = {}, {}
+    for k, names in AWQ_KEYS.items():
+        key[k] = next((n for n in names if q.get(n) is not None), names[0])  # the spelling config.json uses
+        out[k] = q.get(key[k], AWQ_DEFAULTS[k])
+    out["zero_point"] = True if q.get("zero_point") is None else q["zero_point"]
+    if out["bits"] != 4:
+        raise InspectError(f"{where}.{key['bits']} is {out['bits']!r}: AutoAWQ packs 4-bit codes only "
+                           f"(awq/modules/linear/gemm.py WQLinear_GEMM: 'Only 4-bit are supported for now'; its "
+                           f"AWQ_ORDER interleaves 8 codes per int32); expected 4")
+    v = str(out["version"]).lower()
+    if v != "gemm":
+        what = ("qweight int32 [N, K/8] packed along K, qzeros / scales [N, ...] padded to a multiple of 8 groups "
+                "(WQLinear_GEMV)" if v == "gemv" else "a layout this inspector has not read")
+        raise InspectError(f"{where}.{key['version']} is {out['version']!r}: {what}; only AutoAWQ's 'gemm' layout is "
+                           f"supported (qweight int32 [K, N/8], qzeros int32 [K/G, N/8], scales fp16 [K/G, N])")
+    if out["zero_point"] is not True:
+        raise InspectError(f"{where}.zero_point is {out['zero_point']!r}: AutoAWQ writes gemm checkpoints with zero "
+                           f"points only (WQLinear_GEMM.from_linear asserts zeros is not None; vLLM's AWQ loads qzeros "
+                           f"either way), so a checkpoint without them has no layout to follow; expected true")
+    gs = out["group_size"]
+    if isinstance(gs, bool) or not isinstance(gs, int) or (gs < 1 and gs != -1):
+        raise InspectError(f"{where}.{key['group_size']} is {gs!r}: expected a positive integer (AutoAWQ: 128, 64, "
+                           f"32) or -1 (one group per row)")
+    return out
+
+
+def _awq_shaped(m: Module) -> bool:
+    """A module stored as AutoAWQ gemm stores one: qweight int32 [K, N/8] next to int32 qzeros [G, N/8] and
+    scales [G, N] (the inspector's evidence where config.json has no quantization_config)."""
+    n, k = m.logical
+    return (m.weight.name.endswith(".qweight") and m.weight.dtype == "I32" and n % 8 == 0
+            and tuple(m.weight.shape) == (k, n // 8) and m.zeros is not None and m.zeros.dtype == "I32"
+            and len(m.zeros.shape) == 2 and m.zeros.shape[1] == n // 8 and m.scale is not None
+            and tuple(m.scale.shape) == (m.zeros.shape[0], n) and m.zeros.shape[0] > 0 and k % m.zeros.shape[0] == 0)
+
+
+def _awq_check(m: Module, gs: int, ckpt: Checkpoint) -> int:
+    """The tensors of one AutoAWQ gemm module against the layout (WQLinear_GEMM's buffers): an InspectError naming
+    the tensor and the shape it must have.  Returns the module's group size."""
+    n, k = m.logical
+    G = k if gs == -1 else gs
+    parts = [p for p, _ in m.parts]
+    lay = f"AutoAWQ gemm (group_size {gs}) stores the logical {n}x{k} matrix of {parts} as"
+    for t in (m.g_idx, m.shape_t, *m.hqq_meta.values()):
+        if t is not None:
+            raise InspectError(f"{t.file}: tensor {t.name!r} next to weight {m.weight.name!r} is not part of AutoAWQ's "
+                               f"layout (qweight, qzeros, scales, bias; extra key)")
+    if n % 8:
+        raise InspectError(f"{m.where()}: {n} outputs for {parts}, but AutoAWQ packs 8 outputs per int32 "
+                           f"(WQLinear_GEMM asserts out_features % 8 == 0)")
+    if k % G:
+        raise InspectError(f"{m.where()}: K = {k} inputs for {parts} is not a multiple of "
+                           f"quantization_config.group_size {G} (WQLinear_GEMM asserts in_features % group_size == 0)")
+    g = k // G
+    if m.weight.dtype != "I32" or tuple(m.weight.shape) != (k, n // 8):
+        hint = " (that is GPTQ's [K/8, N] qweight, not AWQ's)" if tuple(m.weight.shape) == (k // 8, n) else ""
+        raise InspectError(f"{m.where()}: {m.weight.dtype} {list(m.weight.shape)}, but {lay} qweight int32 "
+                           f"[K, N/8] = [{k}, {n // 8}]{hint}")
+    if m.zeros is None:
+        raise InspectError(f"{m.where()}: qzeros missing: no zero point tensor next to it, but {lay} qweight with "
+                           f"qzeros int32 [K/G, N/8] = [{g}, {n // 8}] ({m.prefix + '.qzeros'!r}; W = (q - z) * s "
+                           f"needs z)")
+    if m.zeros.dtype != "I32" or tuple(m.zeros.shape) != (g, n // 8):
+        raise InspectError(f"{m.zeros.file}: tensor {m.zeros.name!r} is {m.zeros.dtype} {list(m.zeros.shape)}, "
+                           f"but {lay} qzeros int32 [K/G, N/8] = [{g}, {n // 8}]")
+    if m.scale is None:
+        raise InspectError(f"{m.where()}: no scales tensor next to it, but {lay} scales fp16 [K/G, N] = [{g}, {n}] "
+                           f"({m.prefix + '.scales'!r})")
+    if m.scale.dtype in INT_DTYPES or tuple(m.scale.shape) != (g, n):
+        raise InspectError(f"{m.scale.file}: tensor {m.scale.name!r} is {m.scale.dtype} {list(m.scale.shape)}, "
+                           f"but {lay} scales fp16 [K/G, N] = [{g}, {n}]")
+    s = ckpt.get(m.scale.name).to(torch.float32)
+    bad = ~torch.isfinite(s)
+    if bool(bad.any()):
+        i, j = (int(x) for x in bad.nonzero()[0])
+        raise InspectError(f"{m.scale.file}: scales {m.scale.name!r} have {int(bad.sum())} NaN/Inf values (first "
+                           f"{float(s[i, j])} at group {i}, output {j}); expected finite AutoAWQ scales for "
+                           f"{m.weight.name!r}")
+    if bool((s == 0).any()):
+        raise InspectError(f"{m.scale.file}: scales {m.scale.name!r} have {int((s == 0).sum())} zero values; AutoAWQ's "
+                           f"are (max - min).clamp(min=1e-5) / 15 > 0 (a zero erases the group of {m.weight.name!r})")
+    return G
+
+
+def detect_awq(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> bool:
+    """AutoAWQ ``version: "gemm"`` (read from AutoAWQ 0.2.9, not guessed): ``awq/modules/linear/gemm.py``
+    ``WQLinear_GEMM.from_linear`` stores per module qweight int32 [K, N/8] (the codes q of eight consecutive outputs
+    per word, slot i holding output ``col * 8 + AWQ_ORDER[i]`` at bits 4i: ``formats.AWQ_GEMM``), qzeros int32
+    [K/G, N/8] (the integer zero points z packed the same way: ``formats.AWQ_GEMM_ZEROS``) and scales fp16 [K/G, N];
+    ``awq/utils/packing_utils.py`` ``dequantize_gemm`` reads W^T = (q - z) * s with ``AWQ_REVERSE_ORDER``.  Taken
+    when config.json says quant_method 'awq' (``_awq_config`` refuses what that layout does not cover: bits other
+    than 4, versions other than gemm, zero_point false), or, without a quantization_config, when every packed
+    weight is a ``qweight`` of exactly that shape with its qzeros and scales.  Every packed module is then checked
+    against the layout (``_awq_check``: an error names the tensor and the shape it must have, a missing qzeros, NaN
+    scales); identity codes, values q - z, per-group zero points (``Module.zero_pack``), op multiply."""
+    q = cfg.quantization or {}
+    method = str(q.get("quant_method") or "").lower()
+    packed = [m for m in modules if m.packed]
+    if not packed or (method != "awq" and (q or not all(_awq_shaped(m) for m in packed))):
+        return False
+    if method == "awq":
+        ac = _awq_config(cfg)
+        gs, why = ac["group_size"], "config.json quantization_config (quant_method awq, version gemm, bits 4)"
+    else:
+        gs = None  # each module's from its qzeros' rows
+        why = (f"no quantization_config: every packed weight is a qweight int32 [K, N/8] with qzeros [K/G, N/8] and "
+               f"scales [K/G, N] (AutoAWQ gemm's shapes; GPTQ stores [K/8, N])")
+    sizes = set()
+    for m in packed:
+        G = _awq_check(m, gs if gs is not None else m.logical[1] // m.zeros.shape[0], ckpt)
+        sizes.add(G)
+        kw = dict(granularity="group", group_size=G, transposed=True)
+        m.bits, m.pack_axis, m.transposed, m.order = 4, 0, True, AWQ_ORDER
+        m.scale_kw = [dict(kw)] * len(m.parts)
+        m.zero_kw = dict(kw)
+        m.zero_pack = AWQ_GEMM_ZEROS
+    findings.append(Finding(
+        "block structure", f"AutoAWQ gemm, 4-bit, groups of {sorted(sizes)} inputs: W = (q - z) * s",
+        f"{why}; all {len(packed)} packed weights are qweight int32 [K, N/8] (eight outputs per word in AWQ_ORDER "
+        f"{list(AWQ_ORDER)}, awq/modules/linear/gemm.py WQLinear_GEMM.from_linear) with qzeros int32 [K/G, N/8] and "
+        f"scales [K/G, N]", "high (config)" if method == "awq" else "medium (names and shapes)"))
+    findings.append(Finding("zero point", "per-group zero points (AutoAWQ zero_point true): W = scale * (q - z)",
+                            "qzeros store z itself, packed along N as qweight is (AWQ_GEMM_ZEROS)", "high (structure)"))
+    return True
+
+
 def _refuse_stray_hqq_meta(modules: list[Module]) -> None:
     """HQQ meta tensors belong to an HQQ-packed W_q: next to any other weight they are extra keys."""
     for m in modules:
@@ -929,8 +1070,8 @@ def _refuse_stray_hqq_meta(modules: list[Module]) -> None:
 def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]
                     ) -> Optional[str]:
     """Per-module structure; returns the named convention found by its block structure
-    ('tq2_0', 'tq1_0', 'hqq') or None."""
-    for name, detect in (("tq2_0", detect_tq2_0), ("tq1_0", detect_tq1_0), ("hqq", detect_hqq)):
+    ('awq', 'tq2_0', 'tq1_0', 'hqq') or None."""
+    for name, detect in (("awq", detect_awq), ("tq2_0", detect_tq2_0), ("tq1_0", detect_tq1_0), ("hqq", detect_hqq)):
         if not detect(modules, cfg, ckpt, findings):
             continue
         _refuse_stray_hqq_meta(modules)
@@ -1484,6 +1625,11 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
         tables = [ident[0] if len(ident) == 1 else MixedTables((ident[0], tuple(ident[1:])))]
         findings.append(Finding("code table", "identity (q), values q - zero", "HQQ: W = (q - zero) * scale",
                                 "high (structure)"))
+    elif convention == "awq":  # codes decode to q, values = q - z (detect_awq)
+        tables = [tuple(range(16))]
+        findings.append(Finding("code table", "identity (q), values q - zero",
+                                "AutoAWQ: W = (q - z) * s (awq/utils/packing_utils.py dequantize_gemm)",
+                                "high (structure)"))
     elif convention == "tq1_0":  # trit - 1 by the format's definition (dequantize_row_tq1_0: xi - 1)
         tables = [(-1, 0, 1, None)]
         findings.append(Finding("code table", "trit t -> t - 1", "llama.cpp TQ1_0: W = (t - 1) * d",
@@ -1502,6 +1648,9 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     if convention == "hqq":  # W = (q - zero) * scale by definition
         ops = ["multiply"]
         findings.append(Finding("scale op", "multiply", "HQQ dequantises (W_q - zero) * scale", "high (structure)"))
+    elif convention == "awq":
+        ops = ["multiply"]
+        findings.append(Finding("scale op", "multiply", "AutoAWQ dequantises (q - z) * scales", "high (structure)"))
     elif convention == "tq1_0":
         ops = ["multiply"]
         findings.append(Finding("scale op", "multiply", "llama.cpp TQ1_0 dequantises (t - 1) * d", "high (structure)"))
@@ -1524,7 +1673,7 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     if unpacked:
         findings.append(Finding("unpacked weights", f"{len(unpacked)} modules stored as float",
                                 f"kinds {sorted({m.weight.kind for m in unpacked})}; decoded as is", "high"))
-    if convention == "tq1_0":  # the codec fixes the layout: one candidate
+    if convention in ("tq1_0", "awq"):  # the codec / AutoAWQ's AWQ_ORDER fixes the layout: one candidate
         cands = [Candidate(tables[0], "lsb", "interleaved", None, "multiply")]
     elif tables:
         single = all(INT_DTYPES[m.weight.dtype] == m.bits for m in modules if m.packed)  # 1 value/element

@@ -132,7 +132,7 @@ def pack_spec(m: Module, c: Candidate) -> PackSpec:
                     lanes="interleaved" if single else c.lanes, block=None if single else c.block,
                     bit_order="lsb" if single else c.bit_order, codes=codes, transposed=m.transposed,
                     pad_code=codes.index(0), record=m.record, group_view=m.group_view, group_axis=m.group_axis,
-                    segments=segments, fields=m.fields, codec=m.codec)
+                    segments=segments, fields=m.fields, codec=m.codec, order=m.order)
 
 
 def hqq_pack_spec(axis: int, group_size: int, packing: str) -> PackSpec:

@@ -15,7 +15,7 @@ tensors and odd key names need no special cases:
          "layout": "trit-tile16x128",    # optional, absent = the "pack" route; see LAYOUTS
          "zero": {...ScaleSpec...},      # optional, absent = none: per-group zero points,
                                          # values = code - zero (HQQ, GPTQ sym=False); see finish_linear
-         "zero_pack": {...PackSpec...},  # optional: the zero tensor is packed (GPTQ qzeros)
+         "zero_pack": {...PackSpec...},  # optional: the zero tensor is packed (GPTQ / AutoAWQ qzeros)
          "levels": "ternary"},           # optional, absent = none: a check that the decoded values
                                          # are -1 / 0 / +1 (HQQ's ternary case)
          ...},
@@ -76,9 +76,10 @@ class LinearEntry:
     # "ternary": the decoded values must be -1 / 0 / +1 (a CheckpointError otherwise), the inspector's
     # decision for HQQ with integer zero points; None = whatever the format decodes to
     levels: Optional[str] = None
-    # the zero point tensor is itself packed integers (GPTQ ``qzeros`` int32 [G, N*b/32]): unpacked with this
-    # PackSpec to its [G, N] ([N, G] unless ``zero.transposed``) matrix first, its code table giving the zero
-    # (AutoGPTQ v1 stores z - 1: code c -> c + 1); None = the tensor holds the zero points themselves
+    # the zero point tensor is itself packed integers (GPTQ ``qzeros`` int32 [G, N*b/32]; AutoAWQ's [G, N/8] in
+    # AWQ_ORDER, formats.AWQ_GEMM_ZEROS): unpacked with this PackSpec to its [G, N] ([N, G] unless
+    # ``zero.transposed``) matrix first, its code table giving the zero (AutoGPTQ v1 stores z - 1: code c -> c + 1;
+    # AutoAWQ z itself); None = the tensor holds the zero points themselves
     zero_pack: Optional[PackSpec] = None
     # "absmean": the stored weight is the float latent of transformers' online BitNet mode
     # (quantization_mode: online, AutoBitLinear.WeightQuant): values = round(W / mean|W|) clamped to

@@ -202,6 +202,63 @@ def test_act_order_g_idx(tmp_path):
         inspect_dir(d, use_loss=False)
 
 
+AWQ_MOD = "model.layers.1.self_attn.k_proj"  # logical 64 x 128: AutoAWQ g64 stores qweight [128, 8], qzeros [2, 8]
+
+
+@pytest.fixture
+def awq(tmp_path) -> Path:
+    d = tmp_path / "awq"
+    synth.write("awq-gemm-g64", synth.Logical.from_dir(TRAINED), d)
+    return d
+
+
+@pytest.mark.parametrize("case,fn,want", [
+    ("qzeros missing", lambda sd: sd.pop(f"{AWQ_MOD}.qzeros"),
+     rf"{AWQ_MOD}.qweight'.*qzeros missing.*qzeros int32 \[K/G, N/8\] = \[2, 8\].*'{AWQ_MOD}.qzeros'"),
+    ("GPTQ-shaped qweight", lambda sd: sd.__setitem__(f"{AWQ_MOD}.qweight", torch.zeros(16, 64, dtype=torch.int32)),
+     rf"{AWQ_MOD}.qweight'.*I32 \[16, 64\].*qweight int32 \[K, N/8\] = \[128, 8\].*GPTQ's"),
+    ("qzeros shape", lambda sd: sd.__setitem__(f"{AWQ_MOD}.qzeros", sd[f"{AWQ_MOD}.qzeros"][:, :4].contiguous()),
+     rf"{AWQ_MOD}.qzeros' is I32 \[2, 4\].*qzeros int32 \[K/G, N/8\] = \[2, 8\]"),
+    ("scales shape", lambda sd: sd.__setitem__(f"{AWQ_MOD}.scales", sd[f"{AWQ_MOD}.scales"][:1].contiguous()),
+     rf"{AWQ_MOD}.scales' is F16 \[1, 64\].*scales fp16 \[K/G, N\] = \[2, 64\]"),
+    ("NaN scales", lambda sd: sd[f"{AWQ_MOD}.scales"].__setitem__((1, 5), float("nan")),
+     rf"scales '{AWQ_MOD}.scales' have 1 NaN/Inf values \(first nan at group 1, output 5\)"),
+    ("zero scales", lambda sd: sd[f"{AWQ_MOD}.scales"].__setitem__((0, 0), 0.0),
+     rf"scales '{AWQ_MOD}.scales' have 1 zero values"),
+])
+def test_awq_broken_tensor_is_named(awq, case, fn, want, capsys):
+    """A damaged AutoAWQ gemm module: the error names the tensor and the shape AutoAWQ's layout gives it (or the
+    bad values), from the API and as the CLI's one-line error."""
+    edit(awq, fn)
+    with pytest.raises(InspectError, match=want):
+        inspect_dir(awq, use_loss=False)
+    err = cli_error(awq, capsys)
+    assert AWQ_MOD in err and "AutoAWQ" in err, case
+
+
+@pytest.mark.parametrize("change,want", [
+    ({"bits": 8}, r"quantization_config.bits is 8: AutoAWQ packs 4-bit codes only"),
+    ({"version": "gemv"}, r"quantization_config.version is 'gemv': qweight int32 \[N, K/8\].*only AutoAWQ's 'gemm'"),
+    ({"version": None, "format": "gemv_fast"},
+     r"quantization_config.format is 'gemv_fast': a layout this inspector has not read"),
+    ({"zero_point": False}, r"quantization_config.zero_point is False: AutoAWQ writes gemm checkpoints with zero "
+                            r"points only"),
+    ({"group_size": 0}, r"quantization_config.group_size is 0"),
+    ({"group_size": 128}, r"qzeros' is I32 \[(\d+), (\d+)\], but AutoAWQ gemm \(group_size 128\) stores .* as qzeros "
+                          r"int32 \[K/G, N/8\] = \[(?!\1\])\d+, \2\]"),
+    ({"group_size": 100}, r"K = \d+ inputs .* not a multiple of quantization_config.group_size 100"),
+])
+def test_awq_config_it_cannot_follow_is_named(awq, change, want, capsys):
+    """quantization_config of quant_method awq that AutoAWQ's gemm layout does not cover (bits 8, other versions,
+    zero_point false) or that contradicts the stored tensors (group_size): an error naming the key / tensor."""
+    cfg = json.loads((awq / "config.json").read_text())
+    cfg["quantization_config"].update(change)
+    (awq / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InspectError, match=want):
+        inspect_dir(awq, use_loss=False)
+    cli_error(awq, capsys)
+
+
 def test_config_missing_field(model, capsys):
     cfg = json.loads((model / "config.json").read_text())
     del cfg["hidden_size"]

@@ -714,6 +714,61 @@ def test_gptq_zero_point_edge_cases(logical, tmp_path):
             assert torch.equal(decode_linear(ck, e, mod).values.to(torch.int16), codes - z), (name, mod)
 
 
+@pytest.mark.parametrize("fmt", sorted(synth.AWQ_FORMATS))
+def test_awq_zero_points_recovered(fmt, logical, tmp_path):
+    """AutoAWQ gemm (groups of 128 / 64 / 32 / one per row), from config.json: qweight in AWQ_GEMM (int32 [K, N/8],
+    AWQ_ORDER), qzeros through AWQ_GEMM_ZEROS as per-group zero points (stored as z), transposed fp16 group scales,
+    identity codes; the decode is (q - z) * s bit for bit, with and without a text sample, one candidate (the
+    layout is AutoAWQ's own); the qzeros are not listed as ignored; the spec survives JSON."""
+    from reference.formats import AWQ_GEMM, AWQ_GEMM_ZEROS
+
+    out = tmp_path / fmt
+    truth = synth.write(fmt, logical, out)
+    ck = Checkpoint(out)
+    for use_loss in (False, True):
+        res = inspect_dir(out, use_loss=use_loss)
+        for mod in truth.ternary:
+            e = res.spec.linears[mod]
+            k = e.shape[1]
+            gs = k if fmt.endswith("-row") else int(fmt.rsplit("g", 1)[1])
+            assert e.weight_key == f"{mod}.qweight" and e.pack == AWQ_GEMM and e.zero_pack == AWQ_GEMM_ZEROS
+            assert (e.zero.key, e.zero.group_size, e.zero.transposed) == (f"{mod}.qzeros", gs, True)
+            assert (e.scale.key, e.scale.granularity, e.scale.group_size, e.scale.transposed, e.scale.op) == \
+                (f"{mod}.scales", "group", gs, True, "multiply")
+            d = decode_linear(ck, e, mod)
+            assert torch.equal(d.values.to(torch.int8), truth.ternary[mod]), mod
+            assert torch.equal(d.effective(), truth.effective(mod)), mod
+        assert not any(k.endswith(".qzeros") for k in res.spec.ignored)
+        assert len(res.scored) == 1  # nothing to search: AutoAWQ's layout
+        assert any(f.what == "block structure" and "AutoAWQ gemm" in f.decision and f.confidence == "high (config)"
+                   for f in res.findings)
+        assert any(f.what == "zero point" and "per-group" in f.decision for f in res.findings)
+        again = CheckpointSpec.from_dict(json.loads(json.dumps(res.spec.to_dict())))
+        assert again == res.spec
+
+
+def test_awq_without_quantization_config_and_config_aliases(logical, tmp_path):
+    """AutoAWQ's tensors without a quantization_config are recognised by their names and shapes (qweight int32
+    [K, N/8] with qzeros [K/G, N/8] and scales [K/G, N]: GPTQ's qweight is [K/8, N]) with the same spec; a config
+    in AutoAWQ's own spellings (w_bit, q_group_size) or transformers' (format instead of version) reads the same."""
+    bare = tmp_path / "bare"
+    truth = synth.write("awq-gemm-g64", logical, bare, keep_quant_config=False)
+    res = inspect_dir(bare, use_loss=False)
+    ref = tmp_path / "ref"
+    synth.write("awq-gemm-g64", logical, ref)
+    want = inspect_dir(ref, use_loss=False).spec
+    assert res.spec.linears == want.linears
+    assert any(f.what == "block structure" and f.confidence == "medium (names and shapes)" for f in res.findings)
+    ck = Checkpoint(bare)
+    mod = HQQ_MOD
+    assert torch.equal(decode_linear(ck, res.spec.linears[mod], mod).effective(), truth.effective(mod))
+    cfg = json.loads((ref / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "awq", "w_bit": 4, "q_group_size": 64, "zero_point": True,
+                                  "format": "gemm"}
+    (ref / "config.json").write_text(json.dumps(cfg))
+    assert inspect_dir(ref, use_loss=False).spec.linears == want.linears
+
+
 # ---------------------------------------------------------------------------------------
 # HQQ meta tensors and axis=0 grouping (mobiusml/hqq; the rule is in reference/inspect.py's docstring)
 
