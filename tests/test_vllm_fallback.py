@@ -73,6 +73,24 @@ def hqq_group():
     return spec, sd, eff
 
 
+@pytest.fixture(scope="module")
+def awq_group(tmp_path_factory):
+    """Layer 0 of the trained model as AutoAWQ gemm stores it (reference.synth awq-gemm-g64: qweight int32 [K, N/8]
+    in AWQ_ORDER, qzeros int32 [K/64, N/8], fp16 scales [K/64, N]), inspected: the spec's layer-0 entries, the
+    stored tensors and the exact effective weights (q - z) * s."""
+    from reference.checkpoint import Checkpoint
+    from reference.inspect import inspect_dir
+
+    out = tmp_path_factory.mktemp("awq") / "ck"
+    truth = synth.write("awq-gemm-g64", synth.Logical.from_dir(TRAINED), out)
+    full = inspect_dir(out, use_loss=False).spec
+    linears = {f"{P0}.{m}": full.linears[f"{P0}.{m}"] for m in SHAPES}
+    ck = Checkpoint(out)
+    sd = {k: ck.get(k) for e in linears.values() for k in (e.weight_key, e.scale.key, e.zero.key)}
+    spec = CheckpointSpec(name="awq-gemm-g64-layer0", linears=linears, tensors={}, activation_quant="none")
+    return spec, sd, {m: truth.effective(m) for m in linears}
+
+
 def build(kind: str, qc):
     from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 
@@ -114,10 +132,11 @@ MODS = {"qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
 
 @pytest.mark.parametrize("kind", ["qkv", "gate_up", "down"])
 @pytest.mark.parametrize("size", [1, 2])
-@pytest.mark.parametrize("model", ["int4_group", "hqq_group"])
+@pytest.mark.parametrize("model", ["int4_group", "hqq_group", "awq_group"])
 def test_group_scales_slice_under_tp(vllm_env, tp, request, model, kind, size):
-    """Group scales (and HQQ's zero points, laid out as the scales) sliced with the weight: each rank's dense
-    weight is its slice of the effective weight, exactly."""
+    """Group scales (and HQQ's / AutoAWQ's zero points, laid out as the scales; AutoAWQ's packed along N in
+    AWQ_ORDER and unpacked through the entry's zero_pack) sliced with the weight: each rank's dense weight is its
+    slice of the effective weight, exactly."""
     from trit.vllm.quant import DenseFallbackLinearMethod, TernaryConfig
 
     spec, sd, eff = request.getfixturevalue(model)
@@ -395,6 +414,33 @@ def test_gptq_asymmetric_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
     synth.write(fmt, synth.Logical.from_dir(base), d)
     assert inspect_main([str(d), "--no-loss"]) == 0
     assert CheckpointSpec.load(d / "ternary_spec.json").linears[f"{P0}.mlp.down_proj"].zero_pack is not None
+    ids = torch.randint(3, 89, (2, 20), generator=torch.Generator().manual_seed(0))
+    ref = get_target("reference").capture(d, ids)
+    v = get_target("vllm", compute_dtype="fp32").capture(d, ids)
+    c = compare(ref, v, order=canonical_names(3 if arch == "bitnet" else 2, arch), dtype="fp32-a8",
+                target_name="vllm")
+    assert c.passed, c.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt,arch", [("awq-gemm-g128", "bitnet"), ("awq-gemm-g64", "llama")])
+def test_awq_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
+    """AutoAWQ gemm (groups of 128 on BitNet, 64 on vLLM's own Llama, whose loader renames qweight / qzeros /
+    scales and stacks q/k/v and gate/up), inspected: the dense fallback unpacks qweight and qzeros in AWQ_ORDER and
+    computes (q - z) * s as the reference does."""
+    from parity.compare import compare
+    from parity.names import canonical_names
+    from parity.targets import get_target
+    from reference.formats import AWQ_GEMM_ZEROS
+    from reference.inspect import main as inspect_main
+    from reference.make_model import Preset, write_model
+
+    base = TRAINED if arch == "bitnet" else write_model(Preset("llama", 128, 192, 2, 4, 2, 89, False, seed=38),
+                                                        tmp_path / "base")
+    d = tmp_path / fmt
+    synth.write(fmt, synth.Logical.from_dir(base), d)
+    assert inspect_main([str(d), "--no-loss"]) == 0
+    assert CheckpointSpec.load(d / "ternary_spec.json").linears[f"{P0}.mlp.down_proj"].zero_pack == AWQ_GEMM_ZEROS
     ids = torch.randint(3, 89, (2, 20), generator=torch.Generator().manual_seed(0))
     ref = get_target("reference").capture(d, ids)
     v = get_target("vllm", compute_dtype="fp32").capture(d, ids)

@@ -830,7 +830,8 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
                      which needs K_part % G == 0, checked here), or (N_part, 1) with output_dim
                      only when the layer has no group scale (per-tensor / per-channel scales are
                      repeated over the groups; 'divide' scales inverted at load).
-                     ``weight_zero`` (modules with zero points, HQQ): fp32 (N_part, ceil(K_part / G)),
+                     ``weight_zero`` (modules with zero points: HQQ, GPTQ sym=False, AutoAWQ; packed qzeros
+                     unpacked through the entry's ``zero_pack``): fp32 (N_part, ceil(K_part / G)),
                      laid out, sliced and loaded as the group scales (0 for a module without), and
                      ``weight`` then holds the codes q in fp32.
     process_weights_after_loading
@@ -921,7 +922,7 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
     def _zero_loader(self, layer, vllm_loader):
         G = self.group_size
 
-        def convert(raw, e, m):  # the zero points (unpacked: GPTQ qzeros) read as a group scale (keymap.group_mult)
+        def convert(raw, e, m):  # the zero points (unpacked: GPTQ / AutoAWQ qzeros) read as a group scale (group_mult)
             from reference.spec import zero_matrix
 
             z = zero_matrix(raw.detach().cpu(), e.zero, e.zero_pack, e.shape, f"tensor {e.zero.key!r} ({m})")
