@@ -111,8 +111,8 @@ import torch
 
 from .checkpoint import Checkpoint
 from .config import ModelConfig
-from .formats import (AWQ_GEMM, AWQ_GEMM_ZEROS, HF_BITNET, SEED, TQ1_0, TQ2_0, PackSpec, code_table, offset_table, pack, tq1_0_scale, tq2_0_scale,
-                      write_record_scales)
+from .formats import (AWQ_GEMM, AWQ_GEMM_ZEROS, HF_BITNET, SEED, TQ1_0, TQ2_0, PackSpec, code_table, offset_table, pack,
+                      tq1_0_scale, tq2_0_scale, write_record_scales)
 from .io import atomic_write_text
 from .spec import decode_linear, spec_for
 
