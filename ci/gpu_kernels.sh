@@ -11,7 +11,8 @@
 # ncuquant: the a8 quantizer at M = 1 for K = 2560 - 28672, ncunorm: rms_norm_a8q at M = 1, ncupro:
 # ternary_mm_a8_prologue vs the fused-quantizer GEMV at M = 1, ncuchain: the chain kernel per source line against
 # the ab stage's trees);
-# (actq: bench.act_quant, ACTQ_ARGS; normq: bench.x_footprint --no-scale --norm, NORMQ_CASES);
+# (actq: bench.act_quant, ACTQ_ARGS; normq: bench.x_footprint --no-scale --norm, NORMQ_CASES; normc:
+# bench.norm_quant, NORMC_ARGS: rms_norm_a8q's cluster variants against Inductor's norm + the a8 quantizer);
 # BENCH_ARGS passes arguments to the bench. Wheels in .whl/ (pytest, hypothesis, humming...)
 # are installed to /tmp/site first when present (the GPU machine has no network). To make them,
 # on a networked machine: pip download --no-deps --only-binary=:all: --python-version 3.12
@@ -488,6 +489,13 @@ if has normq; then
   step "norm + quantizer kernels"
   timeout ${NORMQ_TIMEOUT:-300} $PY -X faulthandler -m bench.x_footprint --no-scale --norm --out "$OUT" \
     --cases ${NORMQ_CASES:-32:6144x4096,32:28672x4096,32:3840x2560,32:13824x2560,16:8192x8192,64:14336x4096} || rc=1
+fi
+if has normc; then
+  # rms_norm_a8q under TRIT_RNQ_CLUSTER (the one-CTA kernel, the row over a cluster of CTAs) against Inductor's
+  # add + RMSNorm and the a8 quantizer it replaces, each kernel by CUPTI with PDL off, outputs checked
+  # (bench/norm_quant.py; NORMC_ARGS e.g. --cases 32:4096 --clusters 0,2)
+  step "rms_norm_a8q cluster variants"
+  timeout ${NORMC_TIMEOUT:-240} $PY -X faulthandler -m bench.norm_quant --out "$OUT" ${NORMC_ARGS:-} || rc=1
 fi
 step "done rc=$rc"
 exit $rc

@@ -3001,6 +3001,167 @@ __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __
   }
 }
 
+// rms_norm_quant_kernel's arithmetic with one row split over a thread-block cluster of S CTAs (grid (S, rows),
+// cluster (S, 1, 1); TRIT_RNQ_CLUSTER, rnq_cluster_size), for the decode batch sizes where a handful of one-CTA
+// rows leave the GPU idle and each CTA walks its row alone (H200 run 63, CUPTI with PDL off: 3.6-3.8 us at
+// M = 32, K = 2560 / 4096; 6.4 us at M = 16, K = 8192 - against ~2.5 us for Inductor's add + RMSNorm and
+// 2.4-2.9 us for the quantizer it replaces). Two differences besides the split:
+//   - the norm weight w (a parameter, not the kernel before's output) is loaded into registers before the PDL
+//     wait, so under PDL its round trip overlaps the kernel before (the one-CTA kernel only asked it into L2);
+//   - every load of x and residual is issued before the first use (one round trip), as in the cluster quantizer.
+// The CTAs exchange their partial sums of squares, then their |out| maxima, through distributed shared memory
+// (each CTA writes its value into every CTA's slot [rank]; every CTA adds the S slots in rank order, so all agree
+// on the same rsqrt and xs), and send their partial row sums of xq to rank 0. With S = 1 the sums and maxima are
+// taken in the one-CTA kernel's order (thread t holds groups t, t + 256, ...; warps added 0..7): the results are
+// that kernel's bit for bit; with S > 1 the sum of squares is added in another order (out within one rounding).
+// Needs vec (K % 8 == 0, 16-byte aligned rows; else the one-CTA kernel runs) and sm_90 (clusters).
+constexpr int kRncVecs = 4;  // groups of 8 per thread: S <= 8 CTAs x 256 x 4 x 8 = 65536 >= kRnqMaxK
+template <typename T>
+__global__ void __launch_bounds__(256) rms_norm_quant_cluster_kernel(const T* __restrict__ x,
+                                                                     const T* __restrict__ residual,
+                                                                     const T* __restrict__ w, T* __restrict__ out,
+                                                                     T* __restrict__ res_out,
+                                                                     int8_t* __restrict__ xq,
+                                                                     float* __restrict__ xs_out,
+                                                                     int32_t* __restrict__ rowsum, int K, int Kp,
+                                                                     float eps, int S, int M, int Mp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ float sh_ss[8], sh_am[8];
+  __shared__ int sh_i[8];
+  __shared__ float s_ss[8], s_am[8];  // [rank]: every CTA's partial sum of squares / maximum, written by that CTA
+  __shared__ int s_part[8];           // rank 0's copy: every CTA's partial row sum
+  const unsigned rank = S > 1 ? cluster_ctarank() : 0u;
+  const int m = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int G = Kp >> 3, per = (G + S - 1) / S, g0 = (int)rank * per, g1 = min(G, g0 + per);
+  auto dst = [&](int g) {  // row m's 8 bytes of group g (layout 1's tiles for m < Mp, else row-major)
+    return reinterpret_cast<uint2*>(xq + (m < Mp ? xi_offset(m, g * 8, Mp) : (size_t)m * Kp + (size_t)g * 8));
+  };
+  if (m >= M) {  // a zero row of the layout (every CTA of this cluster is here: no cluster barrier)
+    pdl_trigger();
+    pdl_wait();  // the kernel before may still read xq
+    for (int g = g0 + tid; g < g1; g += 256) *dst(g) = make_uint2(0u, 0u);
+    return;
+  }
+  if (S > 1) cluster_arrive_relaxed();
+  pdl_trigger();  // the GEMV behind may launch now and stream its weights; it waits for this grid
+  constexpr int kW = sizeof(T) == 2 ? 1 : 2;  // 16-byte words per group of 8
+  auto in_row = [&](int v) { const int g = g0 + tid + v * 256; return g < g1 && g * 8 < K; };
+  uint4 rw[kRncVecs][kW], rx[kRncVecs][kW], rr[kRncVecs][kW];
+#pragma unroll
+  for (int v = 0; v < kRncVecs; ++v)  // w first: a parameter, on its way before the wait
+#pragma unroll
+    for (int i = 0; i < kW; ++i)
+      rw[v][i] = in_row(v) ? __ldg(reinterpret_cast<const uint4*>(w + (size_t)(g0 + tid + v * 256) * 8) + i)
+                           : make_uint4(0u, 0u, 0u, 0u);
+  pdl_wait();  // x / residual come from the kernel before (and xq's memory may have been read by it)
+  const size_t off = (size_t)m * K;
+#pragma unroll
+  for (int v = 0; v < kRncVecs; ++v)
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      const size_t e = off + (size_t)(g0 + tid + v * 256) * 8;
+      rx[v][i] = in_row(v) ? __ldg(reinterpret_cast<const uint4*>(x + e) + i) : make_uint4(0u, 0u, 0u, 0u);
+      rr[v][i] = (in_row(v) && residual != nullptr) ? __ldg(reinterpret_cast<const uint4*>(residual + e) + i)
+                                                    : make_uint4(0u, 0u, 0u, 0u);
+    }
+  float z[kRncVecs][8];
+  float ss = 0.f;
+#pragma unroll
+  for (int v = 0; v < kRncVecs; ++v) {
+    const T* hx = reinterpret_cast<const T*>(&rx[v][0]);
+    const T* hr = reinterpret_cast<const T*>(&rr[v][0]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      z[v][i] = residual != nullptr ? to_f32<T>(from_f32<T>(to_f32<T>(hx[i]) + to_f32<T>(hr[i]))) : to_f32<T>(hx[i]);
+    if (in_row(v)) {
+      if (residual != nullptr) store8<T>(res_out + off, (g0 + tid + v * 256) * 8, K, true, z[v]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss += z[v][i] * z[v][i];
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (lane == 0) sh_ss[warp] = ss;
+  __syncthreads();
+  ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) ss += sh_ss[i];
+  if (S > 1) {
+    cluster_wait();  // every CTA of the cluster has started: its shared memory may be written
+    if (tid < S) st_cluster(&s_ss[rank], (unsigned)tid, ss);
+    cluster_sync();
+    ss = s_ss[0];
+    for (int r = 1; r < S; ++r) ss += s_ss[r];
+  }
+  const float inv = rsqrtf(ss / (float)K + eps);
+  float amax = 0.f;
+#pragma unroll
+  for (int v = 0; v < kRncVecs; ++v) {
+    const T* hw = reinterpret_cast<const T*>(&rw[v][0]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      z[v][i] = in_row(v) ? to_f32<T>(from_f32<T>(z[v][i] * inv * to_f32<T>(hw[i]))) : 0.f;
+      amax = fmaxf(amax, fabsf(z[v][i]));
+    }
+    if (in_row(v)) store8<T>(out + off, (g0 + tid + v * 256) * 8, K, true, z[v]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (lane == 0) sh_am[warp] = amax;
+  __syncthreads();
+  amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, sh_am[i]);
+  if (S > 1) {
+    if (tid < S) st_cluster(&s_am[rank], (unsigned)tid, amax);
+    cluster_sync();
+    amax = s_am[0];
+    for (int r = 1; r < S; ++r) amax = fmaxf(amax, s_am[r]);
+  }
+  const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as torch: reciprocal(t) * 127
+  int part = 0;
+#pragma unroll
+  for (int v = 0; v < kRncVecs; ++v) {
+    const int g = g0 + tid + v * 256;
+    if (g < g1) *dst(g) = quant_group8(z[v], xs, part);  // zeros past K
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+  if (lane == 0) sh_i[warp] = part;
+  __syncthreads();
+  if (tid == 0) {
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sum += sh_i[i];
+    if (S > 1) st_cluster(&s_part[rank], 0u, sum);
+    else s_part[0] = sum;
+  }
+  if (S > 1) cluster_sync();  // after it rank 0 reads only its own shared memory: the others may exit
+  if (rank == 0 && tid == 0) {
+    int sum = 0;
+    for (int r = 0; r < S; ++r) sum += s_part[r];
+    rowsum[m] = sum;
+    xs_out[m] = xs;
+  }
+#else
+  __trap();
+#endif
+}
+
+// TRIT_RNQ_CLUSTER = n > 0: rms_norm_quant_cluster_kernel with the row over S CTAs - at most n, at most one
+// CTA per 256 groups of 8 (no CTA with idle threads only), at least the fewest that hold the row in registers
+// (kRncVecs groups a thread), at most 8; n = 1: one CTA (the one-CTA kernel's sums, w before the PDL wait).
+// 0, or unset (-1: not yet measured on a GPU): the one-CTA kernel rms_norm_quant_kernel.
+int rnq_cluster_auto(int /*Kp*/) { return 0; }
+int rnq_cluster_size(int Kp, int n) {
+  if (n < 0) n = rnq_cluster_auto(Kp);
+  if (n <= 0) return 0;
+  const int G = Kp / 8;
+  const int need = (G + 256 * kRncVecs - 1) / (256 * kRncVecs), want = min(min(n, 8), (G + 255) / 256);
+  const int S = max(need, want);
+  return S <= 8 ? S : 0;
+}
+
 template <typename T>
 cudaError_t launch_rms_norm_quant(const T* x, const T* residual, const T* w, T* out, T* res_out, int8_t* xq,
                                   float* xs, int32_t* rowsum, int M, int K, float eps, int layout, cudaStream_t st) {
@@ -3012,6 +3173,27 @@ cudaError_t launch_rms_norm_quant(const T* x, const T* residual, const T* w, T* 
   auto al = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = K % 8 == 0 && al(x) && al(residual) && al(w) && al(out) && al(res_out);
   const bool pdl = knobs().pdl && pdl_supported();
+  const int S = (vec && pdl_supported()) ? rnq_cluster_size(Kp, env_int("TRIT_RNQ_CLUSTER", -1)) : 0;
+  if (S == 1)
+    return launch_ex(rms_norm_quant_cluster_kernel<T>, dim3(1, rows), dim3(256), 0, st, pdl, x, residual, w, out,
+                     res_out, xq, xs, rowsum, K, Kp, eps, 1, M, Mp);
+  if (S > 1) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(S, rows);
+    cfg.blockDim = dim3(256);
+    cfg.stream = st;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = S;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 2 : 1;
+    return cudaLaunchKernelEx(&cfg, rms_norm_quant_cluster_kernel<T>, x, residual, w, out, res_out, xq, xs, rowsum,
+                              K, Kp, eps, S, M, Mp);
+  }
   const int groups = (K + kRnqThreads * 8 - 1) / (kRnqThreads * 8);  // groups of 8 per thread
   auto go = [&](auto kern) {
     return launch_ex(kern, dim3(rows), dim3(kRnqThreads), 0, st, pdl, x, residual, w, out, res_out, xq, xs, rowsum, K,

@@ -1820,3 +1820,97 @@ def test_opcheck_tiled_layout_cuda():
     _, _, xq, xs, rs = torch.ops.trit.rms_norm_a8q(x, None, w, 1e-6, 1)
     _, _, p, s, b = make_case(24, 640, 2560, torch.bfloat16, True, 4, DEV)
     torch.library.opcheck(torch.ops.trit.ternary_mm_a8q, (x, xq, xs, rs, p, s, 640, 2560, b, 1))
+
+
+# ------------------------------------------------------------------ rms_norm_a8q over a thread-block cluster
+# TRIT_RNQ_CLUSTER=n (csrc rms_norm_quant_cluster_kernel, rnq_cluster_size): the row split over up to n CTAs, the norm
+# weight loaded before the PDL wait; n = 1 one CTA with the one-CTA kernel's sums (bit for bit), n > 1 the sum of
+# squares added in another order (out within one rounding step); 0 / unset the one-CTA kernel.
+RNQ_CLUSTERS = ["1", "2", "4", "8"]
+
+
+@pytest.mark.parametrize("n", RNQ_CLUSTERS)
+@pytest.mark.parametrize("K", [8, 1000, 2560, 4096, 4104, 6912, 8192, 10240, 16384])
+@pytest.mark.parametrize("M", [1, 5, 16, 32, 33, 70])
+@pytest.mark.parametrize("res", [False, True])
+def test_rms_norm_a8q_cluster_cuda(n, K, M, res):
+    """Against the one-CTA kernel and the op's torch definition: the residual stream bit for bit, out bit for bit at
+    n = 1 (else within one rounding step of the torch definition), xq / xs / rowsum exactly a8_quantize of the out it
+    returned, in both xq layouts, every dtype; misaligned rows fall back to the one-CTA kernel (same results)."""
+    for dtype in DTYPES:
+        for misalign in ((), ("w",)):
+            x, r, w = _rnq_inputs(M, K, dtype, res, K + M + 7, misalign)
+            for layout in (0, 1):
+                Kp = (K + 127) // 128 * 128
+                torch.empty(4 * (ops.a8_tile_rows(M) * Kp + 2 * M * K * x.element_size()), dtype=torch.uint8,
+                            device=DEV).fill_(0x7F)
+                with _env(TRIT_RNQ_CLUSTER="0"):
+                    one = torch.ops.trit.rms_norm_a8q(x, r, w, 1e-6, layout)
+                with _env(TRIT_RNQ_CLUSTER=n):
+                    out, res_out, xq, xs, rowsum = torch.ops.trit.rms_norm_a8q(x, r, w, 1e-6, layout)
+                ref_out, ref_res, *_ = ops.rms_norm_a8q_ref(x, r, w, 1e-6)
+                what = f"n={n} K={K} M={M} res={res} {dtype} misalign={misalign} layout={layout}"
+                if res:
+                    assert torch.equal(res_out, ref_res), what
+                if n == "1" or misalign:
+                    assert torch.equal(out, one[0]), f"{what}: out differs from the one-CTA kernel's"
+                    for got, want, name in zip((xq, xs, rowsum), one[2:], ("xq", "xs", "rowsum")):
+                        assert torch.equal(got, want), f"{what}: {name} differs from the one-CTA kernel's"
+                step = {torch.float32: 4e-6, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7}[dtype]
+                bad = (out.double() - ref_out.double()).abs() > step * ref_out.double().abs() + 1e-6
+                assert not bad.any(), f"{what}: {bad.sum().item()} outputs off by more than one rounding step"
+                want = ops.a8_quantize(out)
+                if layout == 1:
+                    want = (ops.a8_tile(want[0], M), want[1], want[2])
+                for got, wv, name in zip((xq, xs, rowsum), want, ("xq", "xs", "rowsum")):
+                    assert got.shape == wv.shape and torch.equal(got, wv), f"{what}: {name}"
+
+
+@pytest.mark.parametrize("n,K,S", [("1", 4096, 1), ("2", 4096, 2), ("8", 4096, 2), ("8", 8192, 4),
+                                   ("2", 16384, 2), ("1", 16384, 2), ("8", 14336, 7), ("0", 4096, None)])
+def test_rms_norm_a8q_cluster_launch(n, K, S):
+    """The kernel and CTAs per row each TRIT_RNQ_CLUSTER value gives (rnq_cluster_size): n = 0 the one-CTA kernel;
+    else at most n, at most one CTA per 256 groups of 8, at least what holds the row in registers (K = 16384 at
+    n = 1: two)."""
+    from bench.kernels import cupti_kernel_events
+
+    M = 4
+    x, r, w = _rnq_inputs(M, K, torch.bfloat16, True, 3)
+    with _env(TRIT_RNQ_CLUSTER=n):
+        ev = [e for e in cupti_kernel_events(lambda i: torch.ops.trit.rms_norm_a8q(x, r, w, 1e-6), 2)
+              if e.get("cat") == "kernel"]
+    assert len(ev) == 2, [e.get("name") for e in ev]
+    name, grid = ev[0]["name"], list(ev[0].get("args", {}).get("grid", []))
+    if S is None:
+        assert "rms_norm_quant_kernel" in name and grid[:2] == [M, 1], (name, grid)
+    else:
+        assert "rms_norm_quant_cluster_kernel" in name and grid[:2] == [S, M], (name, grid)
+
+
+@pytest.mark.parametrize("n", ["1", "2", "8"])
+@pytest.mark.parametrize("M", [1, 16, 32, 48])
+def test_rms_norm_a8q_cluster_chain_in_a_cuda_graph(n, M):
+    """Norm (cluster kernel, PDL on) -> GEMV captured and replayed on new inputs: what the same chain gives eagerly,
+    bit for bit, and at n = 1 what the one-CTA kernel's chain gives."""
+    N, K = 6144, 4096
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 31, DEV)
+    r = torch.randn(M, K, generator=torch.Generator().manual_seed(32)).to(torch.bfloat16).to(DEV)
+    wn = (torch.rand(K, generator=torch.Generator().manual_seed(33)) + 0.5).to(torch.bfloat16).to(DEV)
+    layout = 1 if 8 < M <= 32 else 0
+
+    def route(sx):
+        h, _, xq, xs, rs = torch.ops.trit.rms_norm_a8q(sx, r, wn, 1e-6, layout)
+        return torch.ops.trit.ternary_mm_a8q(h, xq, xs, rs, p, s, N, K, b, layout)
+
+    with _env(TRIT_RNQ_CLUSTER=n):
+        static_x = x.clone()
+        g, out = capture(route, static_x)
+        for seed in (1, 2):
+            static_x.copy_(torch.randn(M, K, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(DEV))
+            poison(out)
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, route(static_x)), f"replay {seed}"
+    if n == "1":
+        with _env(TRIT_RNQ_CLUSTER="0"):
+            assert torch.equal(out, route(static_x)), "n = 1 differs from the one-CTA kernel's chain"
