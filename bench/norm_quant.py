@@ -134,7 +134,7 @@ def measure(M: int, K: int, clusters: list[int], n_calls: int = 50) -> tuple[dic
     row["inductor_norm_us"] = round(_median_kernel(with_env(off, lambda i: cnorm(x, r, w)), n_calls, "triton")[0], 3)
     # the default route's quantizer: the a8 op's own (its kernel ahead of the GEMV), on a small layer
     N = 256
-    packed = ops.pack_ternary(torch.randint(-1, 2, (N, K), device="cuda", dtype=torch.int8))
+    packed = ops.repack(torch.randint(-1, 2, (N, K), device="cuda", dtype=torch.int8))
     scale = torch.ones(N, device="cuda")
     h = norm(x, r, w)[0]
     op = with_env(off, lambda i: torch.ops.trit.ternary_mm_a8(h, packed, scale, N, K, None))

@@ -3076,7 +3076,7 @@ __global__ void __launch_bounds__(256) rms_norm_quant_cluster_kernel(const T* __
     if (in_row(v)) {
       if (residual != nullptr) store8<T>(res_out + off, (g0 + tid + v * 256) * 8, K, true, z[v]);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) ss += z[v][i] * z[v][i];
+      for (int i = 0; i < 8; ++i) ss += __fmul_rn(z[v][i], z[v][i]);  // each square rounded, as the one-CTA kernel
     }
   }
 #pragma unroll

@@ -1852,7 +1852,7 @@ def test_rms_norm_a8q_cluster_cuda(n, K, M, res):
                 what = f"n={n} K={K} M={M} res={res} {dtype} misalign={misalign} layout={layout}"
                 if res:
                     assert torch.equal(res_out, ref_res), what
-                if n == "1" or misalign:
+                if (n == "1" and K <= 8192) or misalign:  # one CTA (K > 8192 takes two at n = 1) or the fallback
                     assert torch.equal(out, one[0]), f"{what}: out differs from the one-CTA kernel's"
                     for got, want, name in zip((xq, xs, rowsum), one[2:], ("xq", "xs", "rowsum")):
                         assert torch.equal(got, want), f"{what}: {name} differs from the one-CTA kernel's"
