@@ -903,3 +903,33 @@ def twos_complement_table(bits: int) -> tuple:
 
 def dumps(spec: PackSpec) -> str:
     return json.dumps(spec.to_dict(), sort_keys=True)
+
+
+# ---------------------------------------------------------------------------------------
+# compressed-tensors pack-quantized (read from compressed-tensors 0.17.0, not guessed)
+
+#: strategies whose asymmetric zero points compressed-tensors packs (``compressors/pack_quantized/base.py``
+#: ``PACK_ZP_STRATS``; 0.9.4 - 0.12.x: the same list in ``quantized_compressors/pack_quantized.py``); a
+#: ``tensor`` strategy zero point stays the int8 [1] the quantizer made
+CT_PACK_ZP_STRATEGIES = ("group", "channel")
+
+
+def ct_pack_spec(bits: int) -> PackSpec:
+    """compressed-tensors ``weight_packed``: int32 [N, ceil(K / (32/b))], ``pack_to_int32(q, b)`` (``compressors/
+    pack_quantized/helpers.py``): the signed code q in [-2^(b-1), 2^(b-1) - 1] stored as q + 2^(b-1), 32 // b
+    consecutive inputs per word, input i at bits b*i (low bits first), the last word padded with stored 0 (after the
+    offset, so the pad reads back as -2^(b-1) and is cropped).  Code c -> c - 2^(b-1) (``unpack_from_int32``).
+    Widths that do not tile 32 bits (3, 5, 6, 7) leave the high bits unused (``fields`` = 32 // b)."""
+    half = 1 << (bits - 1)
+    return PackSpec(bits=bits, container="int32", pack_axis=1, lanes="interleaved", bit_order="lsb",
+                    codes=offset_table(bits, half), pad_code=0, fields=32 // bits if 32 % bits else None)
+
+
+def ct_zero_pack_spec(bits: int) -> PackSpec:
+    """compressed-tensors >= 0.9.4 asymmetric ``weight_zero_point`` of a group / channel strategy:
+    ``pack_to_int32(zero_point, b, packed_dim=0)`` of the int8 [N, G] zero points (G = 1 per channel), i.e. int32
+    [ceil(N / (32/b)), G], 32 // b consecutive *outputs* per word at bits b*i, each stored as z + 2^(b-1) like the
+    weight codes (so W = (q - z) * s = (stored q - stored z) * s, what vLLM's ``CompressedTensorsWNA16`` kernels
+    take as uint-b weights with uint-b zero points); the last word's unused fields stored 0.  Read with
+    ``LinearEntry.zero_pack`` on the zero point's [N, G] matrix; code c -> z = c - 2^(b-1)."""
+    return dataclasses.replace(ct_pack_spec(bits), pack_axis=0)

@@ -77,9 +77,11 @@ class LinearEntry:
     # decision for HQQ with integer zero points; None = whatever the format decodes to
     levels: Optional[str] = None
     # the zero point tensor is itself packed integers (GPTQ ``qzeros`` int32 [G, N*b/32]; AutoAWQ's [G, N/8] in
-    # AWQ_ORDER, formats.AWQ_GEMM_ZEROS): unpacked with this PackSpec to its [G, N] ([N, G] unless
-    # ``zero.transposed``) matrix first, its code table giving the zero (AutoGPTQ v1 stores z - 1: code c -> c + 1;
-    # AutoAWQ z itself); None = the tensor holds the zero points themselves
+    # AWQ_ORDER, formats.AWQ_GEMM_ZEROS; compressed-tensors >= 0.9.4 ``weight_zero_point`` int32 [ceil(N*b/32), G]
+    # packed along N, formats.ct_zero_pack_spec): unpacked with this PackSpec to its [G, N] ([N, G] unless
+    # ``zero.transposed``; G = 1 for a 'channel' zero) matrix first, its code table giving the zero (AutoGPTQ v1
+    # stores z - 1: code c -> c + 1; AutoAWQ z itself; compressed-tensors z + 2^(b-1): c -> c - 2^(b-1));
+    # None = the tensor holds the zero points themselves
     zero_pack: Optional[PackSpec] = None
     # "absmean": the stored weight is the float latent of transformers' online BitNet mode
     # (quantization_mode: online, AutoBitLinear.WeightQuant): values = round(W / mean|W|) clamped to
@@ -108,10 +110,11 @@ class LinearEntry:
         if self.zero is not None and (self.pack is None or self.zero.op != "multiply" or self.layout is not None):
             raise FormatError(f"linear {self.weight_key!r}: zero points {self.zero.key!r} need a packed weight "
                               f"('pack', no 'layout') and op 'multiply' (the zero is subtracted, not scaled)")
-        if self.zero_pack is not None and (self.zero is None or self.zero.granularity != "group"
+        if self.zero_pack is not None and (self.zero is None or self.zero.granularity not in ("group", "channel")
                                            or self.zero.group_axis != 1):
             raise FormatError(f"linear {self.weight_key!r}: zero_pack needs group zero points of consecutive inputs "
-                              f"('zero' with granularity 'group'), got zero {self.zero}")
+                              f"or per-channel ones ('zero' with granularity 'group' or 'channel'), got zero "
+                              f"{self.zero}")
         if self.layout is not None:
             where = f"linear {self.weight_key!r}"
             if self.scale is not None and (self.scale.granularity not in ("tensor", "channel")
@@ -419,12 +422,13 @@ def online_absmean(raw: torch.Tensor, entry: LinearEntry, where: str, bias: Opti
 
 def zero_matrix(zero: torch.Tensor, zspec: ScaleSpec, zpack: Optional[PackSpec], shape: tuple[int, int],
                 where: str) -> torch.Tensor:
-    """The zero point tensor as stored, or, packed (``zpack``: GPTQ qzeros), its unpacked [G, N] (``transposed``)
-    / [N, G] matrix of zero points (the code table's values), G = ceil(K / group_size)."""
+    """The zero point tensor as stored, or, packed (``zpack``: GPTQ / AutoAWQ qzeros, compressed-tensors
+    weight_zero_point), its unpacked [G, N] (``transposed``) / [N, G] matrix of zero points (the code table's
+    values), G = ceil(K / group_size), or 1 for per-channel zero points."""
     if zpack is None:
         return zero
     n, k = shape
-    g = -(-k // zspec.group_size)
+    g = 1 if zspec.granularity == "channel" else -(-k // zspec.group_size)
     try:
         return unpack(zero, zpack, (g, n) if zspec.transposed else (n, g), name=f"{where}: zero points {zspec.key!r}")
     except FormatError as e:

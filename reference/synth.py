@@ -92,6 +92,23 @@ AutoAWQ on a float model (``AWQ_FORMATS``, ``w_awq``: ``AwqQuantizer.pseudo_quan
                       5, 7], low bits first), qzeros int32 [K/G, N/8] (z, packed the same way), scales fp16 [K/G, N]
   awq-gemm-row        group_size -1 (one group per row: scales / qzeros [1, ...])
 
+compressed-tensors ``symmetric: false`` on a float model (``CT_ASYM_FORMATS``, ``w_compressed_tensors_asym``:
+llm-compressor's min-max weight observer, compressed-tensors 0.17's calculate_qparams / quantize and its compressors
+transcribed; bf16 weights and scales; take any ``Logical``):
+  compressed-tensors-asym-int4, -int2, -int8
+                      pack-quantized, group 64: weight_packed int32 [N, K*b/32] (q + 2^(b-1)), weight_scale [N, K/64],
+                      weight_zero_point int32 [ceil(N*b/32), K/64] (z + 2^(b-1) packed along N, >= 0.9.4)
+  compressed-tensors-asym-int4-channel, -int8-channel
+                      strategy channel: scale [N, 1], zero point int32 [ceil(N*b/32), 1]
+  compressed-tensors-asym-int4-tensor
+                      strategy tensor: scale [1], zero point int8 [1] (never packed)
+  compressed-tensors-asym-int4-legacy, -int8-channel-legacy
+                      compressed-tensors <= 0.9.3: zero point int8 [N, G] / [N, 1] unpacked (signed z, truncated)
+  compressed-tensors-asym-mixed
+                      int4 by default, int8 down_proj, int2 layer 0 (one config group per width)
+  compressed-tensors-asym-naive-int8
+                      naive-quantized: weight int8 [N, K] = q, zero point int8 [N, K/64]
+
 Symmetric low-bit integers beyond ternary (``INT_FORMATS``; take a multi-level ``Logical``, e.g.
 ``Logical.requantized(bits)``):
   compressed-tensors-int2  num_bits=2, int32 [N, K/16], code v+2, all four levels {-2, -1, 0, 1}
@@ -111,8 +128,9 @@ import torch
 
 from .checkpoint import Checkpoint
 from .config import ModelConfig
-from .formats import (AWQ_GEMM, AWQ_GEMM_ZEROS, HF_BITNET, SEED, TQ1_0, TQ2_0, PackSpec, code_table, offset_table, pack,
-                      tq1_0_scale, tq2_0_scale, write_record_scales)
+from .formats import (AWQ_GEMM, AWQ_GEMM_ZEROS, CT_PACK_ZP_STRATEGIES, HF_BITNET, SEED, TQ1_0, TQ2_0, PackSpec,
+                      code_table, ct_pack_spec, ct_zero_pack_spec, offset_table, pack, tq1_0_scale, tq2_0_scale,
+                      write_record_scales)
 from .io import atomic_write_text
 from .spec import decode_linear, spec_for
 
@@ -515,6 +533,173 @@ def w_awq(lg: Logical, group_size: int = 128, noise: float = 0.3, seed: int = 0)
     q = {"quant_method": "awq", "bits": bits, "group_size": group_size, "zero_point": True, "version": "gemm",
          "modules_to_not_convert": None}
     return sd, q, Truth(vals, mult, f"awq-gemm-g{group_size}")
+
+
+# ---------------------------------------------------------------------------------------
+# compressed-tensors asymmetric (symmetric: false) weights, transcribed from compressed-tensors 0.17.0
+# (quantization/utils/helpers.py calculate_range / calculate_qparams, quantization/lifecycle/forward.py quantize ->
+# forward_helpers.py _process_group / _quantize, compressors/pack_quantized/base.py PackedQuantizationCompressor
+# .compress with helpers.py pack_to_int32, compressors/naive_quantized/base.py NaiveQuantizationCompressor.compress)
+# and llm-compressor 0.14's weight observer (observers/helpers.py _flatten_weight + min_max.py _get_min_max, the
+# memoryless_minmax observer compressed-tensors names for static weights); ``legacy``: compressed-tensors <= 0.9.3
+# (quantization/utils/helpers.py calculate_qparams: scales clamped to fp32 eps, zero points cast to int8 without
+# rounding; quantized_compressors/base.py keeps weight_zero_point as the int8 [N, G] parameter, unpacked)
+
+CT_STRATEGIES = ("group", "channel", "tensor")
+
+
+def ct_range(bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``calculate_range`` for type int: q_min = -2^b / 2, q_max = 2^b / 2 - 1 (fp32 0-d tensors)."""
+    bit_range = 2.0 ** bits
+    return torch.tensor(-bit_range / 2), torch.tensor(bit_range / 2 - 1)
+
+
+def ct_observe(w: torch.Tensor, strategy: str, group_size: Optional[int] = None):
+    """llm-compressor's weight observer: ``flatten_for_calibration`` (tensor: (1, 1, N*K); channel: (1, N, 1, K);
+    group: (1, N, G, group_size)) then ``amin`` / ``amax`` over dims (0, -1): (1,) / (N, 1) / (N, G) in w's dtype."""
+    if strategy == "tensor":
+        obs = w.reshape((1, 1, -1))
+    elif strategy == "channel":
+        obs = w.unsqueeze(-2).unsqueeze(0)
+    elif strategy == "group":
+        obs = w.unflatten(-1, (-1, group_size)).unsqueeze(0)
+    else:
+        raise ValueError(f"strategy {strategy!r}: expected one of {CT_STRATEGIES}")
+    return torch.amin(obs, dim=(0, -1)), torch.amax(obs, dim=(0, -1))
+
+
+def ct_qparams(min_vals: torch.Tensor, max_vals: torch.Tensor, bits: int, legacy: bool = False):
+    """``calculate_qparams`` for symmetric false, type int, no global scale / scale_dtype, zp_dtype int8: the range
+    widened to include 0, scales = (max - min) / (2^b - 1), zero points = q_min - min / scales clamped to [q_min,
+    q_max]; a zero scale becomes its dtype's eps; the zero points rounded and cast to int8 (``round_to_quantized_
+    type_dtype``).  ``legacy`` (<= 0.9.3): scales clamped to at least fp32 eps before the zero points, which are
+    cast to int8 unrounded (truncated).  Scales keep w's dtype (the weight_scale parameter's)."""
+    min_vals = torch.min(min_vals, torch.zeros_like(min_vals))
+    max_vals = torch.max(max_vals, torch.zeros_like(max_vals))
+    bit_min, bit_max = ct_range(bits)
+    bit_range = bit_max - bit_min
+    scales = (max_vals - min_vals) / float(bit_range)
+    if legacy:
+        scales = torch.clamp(scales, min=torch.finfo(torch.float32).eps)
+    zero_points = bit_min - (min_vals / scales)
+    zero_points = torch.clamp(zero_points, bit_min, bit_max)
+    if legacy:
+        zero_points = zero_points.to(torch.int8)
+    else:
+        scales = torch.where(scales == 0, torch.tensor(torch.finfo(scales.dtype).eps, dtype=scales.dtype), scales)
+        zero_points = torch.round(torch.clamp(zero_points, -128, 127)).to(torch.int8)
+    if scales.ndim == 0:
+        scales, zero_points = scales.reshape(1), zero_points.reshape(1)
+    return scales, zero_points
+
+
+def ct_quantize(w: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, bits: int, strategy: str,
+                group_size: Optional[int] = None) -> torch.Tensor:
+    """``quantize(..., dtype=torch.int8)``: per group (``_process_group``: the last dim unflattened into (G,
+    group_size), scale / zero point unsqueezed) or broadcast (channel, tensor), ``_quantize``: x / scale + zero point
+    (in w's dtype), clamped to [q_min, q_max], rounded, cast to int8.  Returns q, int8 [N, K] (signed)."""
+    q_min, q_max = ct_range(bits)
+    x, s, z = w, scale, zero_point
+    if strategy == "group":
+        x = w.unflatten(-1, (-(-w.shape[-1] // group_size), group_size))
+        s, z = scale.unsqueeze(-1), zero_point.unsqueeze(-1)
+    scaled = x / s
+    scaled += z.to(x.dtype)
+    q = torch.round(torch.clamp(scaled, q_min, q_max)).to(x.dtype).to(torch.int8)
+    return q.flatten(start_dim=-2) if strategy == "group" else q
+
+
+def ct_float_model(lg: Logical, dtype: torch.dtype = torch.bfloat16, noise: float = 0.3, seed: int = 0,
+                   shift: float = 0.5) -> dict[str, torch.Tensor]:
+    """The float model ``w_compressed_tensors_asym`` quantizes: per module the logical effective weights plus
+    ``noise`` * m * N(0, 1) plus a per-row offset ``shift`` * m * U(0, 1) (one seeded generator, modules in order;
+    the offset makes rows lopsided, so zero points differ from the symmetric q_min + 2^(b-1) - 1 / 2), in
+    ``dtype`` (the model's weight dtype, which the scales keep)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for mod in lg.ternary:
+        n, k = lg.ternary[mod].shape
+        m = lg.mult[mod].expand(n, k)
+        w = lg.effective(mod) + noise * m * torch.randn(n, k, generator=g) + shift * m * torch.rand(n, 1, generator=g)
+        out[mod] = w.to(dtype)
+    return out
+
+
+def ct_asym_quantize(w: torch.Tensor, bits: int, strategy: str, group_size: Optional[int] = None,
+                     legacy: bool = False):
+    """One module through llm-compressor + compressed-tensors: observer min / max, ``ct_qparams``, ``ct_quantize``.
+    Returns (q int8 [N, K], scale [N, G] | [N, 1] | [1] in w's dtype, zero point int8 of the scale's shape)."""
+    scale, zp = ct_qparams(*ct_observe(w, strategy, group_size), bits, legacy=legacy)
+    return ct_quantize(w, scale, zp, bits, strategy, group_size), scale, zp
+
+
+def ct_weights_args(bits: int, strategy: str, group_size: Optional[int]) -> dict:
+    """config_groups.*.weights as compressed-tensors 0.17's ``QuantizationArgs.model_dump()`` writes it for
+    symmetric false (zp_dtype serialised as 'torch.int8')."""
+    return {"num_bits": bits, "type": "int", "symmetric": False,
+            "group_size": group_size if strategy == "group" else None, "strategy": strategy, "block_structure": None,
+            "dynamic": False, "actorder": None, "scale_dtype": None, "zp_dtype": "torch.int8",
+            "observer": "memoryless_minmax", "observer_kwargs": {}}
+
+
+def w_compressed_tensors_asym(lg: Logical, bits: int = 4, strategy: str = "group", group_size: int = 64,
+                              fmt: str = "pack-quantized", legacy: bool = False, dtype: torch.dtype = torch.bfloat16,
+                              wide: Optional[dict] = None):
+    """compressed-tensors ``symmetric: false`` as llm-compressor saves a float model (``ct_float_model``) with
+    ``ct_asym_quantize`` per module and the compressor of ``fmt``:
+
+    * ``pack-quantized`` (``PackedQuantizationCompressor.compress``): weight_packed int32 [N, ceil(K*b/32)] =
+      ``pack_to_int32(q, b)`` (``formats.ct_pack_spec``: q + 2^(b-1), consecutive inputs low bits first),
+      weight_shape int64 [2] = [N, K], weight_scale (w's dtype) [N, G] / [N, 1] / [1], and weight_zero_point:
+      group / channel strategies ``pack_to_int32(zp, b, packed_dim=0)`` int32 [ceil(N*b/32), G]
+      (``formats.ct_zero_pack_spec``: z + 2^(b-1) along N), a tensor strategy the int8 [1] zero point as is;
+      ``legacy`` (<= 0.9.3): every zero point the int8 [N, G] / [N, 1] parameter as is (signed z, unpacked);
+    * ``naive-quantized`` / ``int-quantized`` (``NaiveQuantizationCompressor``): weight int8 [N, K] = q itself,
+      weight_scale, weight_zero_point int8 as quantized (never packed).
+
+    ``wide``: {module name substring: bits} for mixed widths (one config group per width, targets the module
+    names).  Truth: values q - z (int16) and the multiplier scale (fp32), so ``effective`` = the decompressor's
+    ``dequantize`` (x_q - zero_point) * scale in exact arithmetic (fp32; compressed-tensors' own result in the scale
+    dtype is its rounding)."""
+    if strategy not in CT_STRATEGIES:
+        raise ValueError(f"strategy {strategy!r}: expected one of {CT_STRATEGIES}")
+    if fmt not in ("pack-quantized", "naive-quantized", "int-quantized"):
+        raise ValueError(f"format {fmt!r}: expected pack-quantized, naive-quantized or int-quantized")
+    sd, vals, mult = _floats(lg, "hf"), {}, {}
+    targets: dict[int, list] = {}
+    for mod, W in ct_float_model(lg, dtype).items():
+        n, k = W.shape
+        b = next((v for s, v in (wide or {}).items() if s in mod), bits)
+        targets.setdefault(b, []).append(mod)
+        if strategy == "group" and k % group_size:
+            raise ValueError(f"{mod}: K = {k} is not a multiple of group_size {group_size} (compressed-tensors' "
+                             f"_process_group refuses it)")
+        q, scale, zp = ct_asym_quantize(W, b, strategy, group_size, legacy=legacy)
+        if fmt == "pack-quantized":
+            sd[f"{mod}.weight_packed"] = pack(q, ct_pack_spec(b))
+            sd[f"{mod}.weight_shape"] = torch.tensor([n, k])
+            packed_zp = strategy in CT_PACK_ZP_STRATEGIES and not legacy
+            sd[f"{mod}.weight_zero_point"] = pack(zp, ct_zero_pack_spec(b)).contiguous() if packed_zp else zp
+        else:
+            sd[f"{mod}.weight"] = q
+            sd[f"{mod}.weight_zero_point"] = zp
+        sd[f"{mod}.weight_scale"] = scale
+        G = group_size if strategy == "group" else k
+        expand = (lambda t: t.float().repeat_interleave(G, dim=1)) if strategy == "group" else \
+            (lambda t: t.float().reshape(-1, 1))
+        vals[mod] = (q.to(torch.int16) - expand(zp).to(torch.int16)).to(torch.int16)
+        mult[mod] = expand(scale).contiguous()
+    groups = {}
+    for b in sorted(targets, key=lambda b: (b != bits, b)):
+        groups[f"group_{len(groups)}"] = {
+            "targets": ["Linear"] if b == bits else targets[b], "weights": ct_weights_args(b, strategy, group_size),
+            "input_activations": None, "output_activations": None, "format": fmt}
+    if wide:  # name targets first: vLLM / compressed-tensors match a layer's name before its class
+        groups = dict(sorted(groups.items(), key=lambda kv: kv[1]["targets"] == ["Linear"]))
+    qc = {"config_groups": groups, "quant_method": "compressed-tensors", "kv_cache_scheme": None, "format": fmt,
+          "quantization_status": "compressed", "global_compression_ratio": None, "ignore": ["lm_head"]}
+    name = f"ct-asym-{fmt.split('-')[0]}-int{bits}-{strategy}{'-legacy' if legacy else ''}"
+    return sd, qc, Truth(vals, mult, name)
 
 
 I2S_SPEC = PackSpec(bits=2, container="uint8", pack_axis=1, lanes="block_interleaved", block=128,
@@ -928,6 +1113,25 @@ AWQ_FORMATS: dict[str, Callable] = {
     "awq-gemm-row": lambda lg: w_awq(lg, -1),
 }
 
+#: compressed-tensors ``symmetric: false`` on a float model (``w_compressed_tensors_asym``: llm-compressor's min-max
+#: observer + compressed-tensors 0.17's calculate_qparams / quantize / compressors; any ``Logical`` whose K is a
+#: multiple of 64)
+CT_ASYM_FORMATS: dict[str, Callable] = {
+    "compressed-tensors-asym-int4": lambda lg: w_compressed_tensors_asym(lg, 4, "group", 64),
+    "compressed-tensors-asym-int2": lambda lg: w_compressed_tensors_asym(lg, 2, "group", 64),
+    "compressed-tensors-asym-int8": lambda lg: w_compressed_tensors_asym(lg, 8, "group", 64),
+    "compressed-tensors-asym-int4-channel": lambda lg: w_compressed_tensors_asym(lg, 4, "channel"),
+    "compressed-tensors-asym-int8-channel": lambda lg: w_compressed_tensors_asym(lg, 8, "channel"),
+    "compressed-tensors-asym-int4-tensor": lambda lg: w_compressed_tensors_asym(lg, 4, "tensor"),
+    "compressed-tensors-asym-int4-legacy": lambda lg: w_compressed_tensors_asym(lg, 4, "group", 64, legacy=True),
+    "compressed-tensors-asym-int8-channel-legacy": lambda lg: w_compressed_tensors_asym(lg, 8, "channel",
+                                                                                         legacy=True),
+    "compressed-tensors-asym-mixed": lambda lg: w_compressed_tensors_asym(lg, 4, "group", 64,
+                                                                          wide={"down_proj": 8, "layers.0.": 2}),
+    "compressed-tensors-asym-naive-int8": lambda lg: w_compressed_tensors_asym(lg, 8, "group", 64,
+                                                                               fmt="naive-quantized"),
+}
+
 #: symmetric low-bit integer conventions beyond ternary (write a ``Logical.requantized(bits)`` model)
 INT_FORMATS: dict[str, Callable] = {
     "compressed-tensors-int2": lambda lg: w_compressed_tensors_int(lg, 2),
@@ -936,7 +1140,7 @@ INT_FORMATS: dict[str, Callable] = {
 }
 
 
-_WRITERS = (FORMATS, INT_FORMATS, HQQ_FORMATS, GPTQ_ASYM_FORMATS, AWQ_FORMATS)
+_WRITERS = (FORMATS, INT_FORMATS, HQQ_FORMATS, GPTQ_ASYM_FORMATS, AWQ_FORMATS, CT_ASYM_FORMATS)
 
 
 def save_checkpoint(sd: dict[str, torch.Tensor], out: Path, shards: int = 1) -> None:

@@ -463,6 +463,206 @@ def test_awq_packer_and_decode_any_shape(blocks, groups, gs, spread, seed):
 
 
 # ---------------------------------------------------------------------------------------
+# compressed-tensors symmetric: false.  The installed compressed-tensors (vLLM's dependency, 0.17) is the
+# independent implementation: calculate_qparams, quantize, PackedQuantizationCompressor / NaiveQuantizationCompressor
+# .compress / .decompress and QuantizationConfig parse what synth writes.  llm-compressor's min-max observer is not
+# installed: its per-group min / max (observers/helpers.py _flatten_weight, min_max.py _get_min_max) is transcribed
+# as synth.ct_observe and checked against a plain reshape below.  compressed-tensors <= 0.9.3 (unpacked int8 zero
+# points, truncated) is transcribed from its source (quantization/utils/helpers.py calculate_qparams,
+# quantized_compressors/pack_quantized.py decompress_weight), since 0.17 cannot read those checkpoints.
+
+CT_LIBRARY_FORMATS = sorted(f for f in synth.CT_ASYM_FORMATS if not f.endswith("-legacy"))
+
+
+def _ct_scheme(bits, strategy, group_size):
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    args = QuantizationArgs(num_bits=bits, type="int", symmetric=False, strategy=strategy,
+                            group_size=group_size if strategy == "group" else None)
+    return QuantizationScheme(targets=["Linear"], weights=args)
+
+
+def _ct_library(w, bits, strategy, group_size, fmt="pack-quantized"):
+    """compressed-tensors 0.17 on one float weight: qparams from the observer's min / max, then the compressor."""
+    from compressed_tensors.compressors.naive_quantized.base import NaiveQuantizationCompressor
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    scheme = _ct_scheme(bits, strategy, group_size)
+    scale, zp = calculate_qparams(*synth.ct_observe(w, strategy, group_size), scheme.weights)
+    comp = PackedQuantizationCompressor if fmt == "pack-quantized" else NaiveQuantizationCompressor
+    return comp, scheme, comp.compress({"weight": w, "weight_scale": scale, "weight_zero_point": zp}, scheme)
+
+
+def _ct_fmt_args(fmt):
+    """(bits, strategy, group size, compressor format, per-module width overrides) of a CT_ASYM_FORMATS name."""
+    bits = int(fmt.split("int")[1][0]) if "int" in fmt else 4
+    strategy = "channel" if "-channel" in fmt else "tensor" if fmt.endswith("-tensor") else "group"
+    wide = {"down_proj": 8, "layers.0.": 2} if fmt.endswith("-mixed") else {}
+    return bits, strategy, 64, "naive-quantized" if "naive" in fmt else "pack-quantized", wide
+
+
+@pytest.mark.parametrize("fmt", CT_LIBRARY_FORMATS)
+def test_compressed_tensors_asym_matches_library(fmt, logical, tmp_path):
+    """compressed-tensors symmetric false: every stored tensor bit for bit what compressed-tensors' own compressor
+    stores for the same bf16 weight and qparams (weight_packed, weight_shape, weight_scale, weight_zero_point
+    packed along N for group / channel, int8 [1] for tensor; naive-quantized: weight int8 and zero point int8);
+    its decompressor on the stored tensors gives the ground truth exactly with fp32 scales and the truth rounded to
+    bf16 in its own arithmetic; config.json parses as its QuantizationConfig with these weight args; the zero points
+    vary and (4-bit) every code occurs."""
+    import json
+
+    from compressed_tensors.quantization import QuantizationConfig
+
+    bits, strategy, gs, cfmt, wide = _ct_fmt_args(fmt)
+    out = tmp_path / fmt
+    truth = synth.write(fmt, logical, out)
+    ck = Checkpoint(out)
+    qc = QuantizationConfig.model_validate(json.loads((out / "config.json").read_text())["quantization_config"])
+    assert qc.format == cfmt and qc.quant_method == "compressed-tensors" and qc.ignore == ["lm_head"]
+    floats = synth.ct_float_model(logical)
+    for mod in (Q, D, "model.layers.0.mlp.gate_proj", "model.layers.0.self_attn.q_proj"):
+        b = next((v for s, v in wide.items() if s in mod), bits)
+        group = next(g for g in qc.config_groups.values() if (mod in g.targets) or g.targets == ["Linear"]
+                     and not any(mod in h.targets for h in qc.config_groups.values()))
+        assert (group.weights.num_bits, group.weights.symmetric, group.weights.strategy) == (b, False, strategy)
+        comp, scheme, want = _ct_library(floats[mod], b, strategy, gs, cfmt)
+        stored = {k: ck.get(f"{mod}.{k}") for k in want}
+        assert set(want) == {k.rsplit(".", 1)[1] for k in ck.keys() if k.startswith(mod + ".")}, mod
+        for k, v in want.items():
+            assert stored[k].dtype == v.dtype and torch.equal(stored[k], v), (mod, k)
+        zp = want["weight_zero_point"]
+        if cfmt == "pack-quantized" and strategy != "tensor":
+            n = floats[mod].shape[0]
+            assert zp.dtype == torch.int32 and zp.shape == (-(-n // (32 // b)), want["weight_scale"].shape[1])
+        else:
+            assert zp.dtype == torch.int8 and zp.shape == want["weight_scale"].shape
+        exact = dict(stored, weight_scale=stored["weight_scale"].float())
+        assert torch.equal(comp.decompress(exact, scheme)["weight"], truth.effective(mod)), mod
+        own = comp.decompress(stored, scheme)["weight"]
+        assert own.dtype == torch.bfloat16 and torch.equal(own, truth.effective(mod).bfloat16()), mod
+        if strategy != "tensor":  # lopsided rows: the zero points differ between groups / channels
+            assert len(torch.unique(synth.ct_asym_quantize(floats[mod], b, strategy, gs)[2])) > 1, mod
+    if bits == 4 and strategy == "group" and cfmt == "pack-quantized" and not wide:
+        q = torch.stack([(ck.get(f"{D}.weight_packed").to(torch.int64) >> (4 * j)) & 15 for j in range(8)])
+        assert len(torch.unique(q)) == 16
+
+
+def ct093_calculate_qparams(min_vals, max_vals, bits):
+    """compressed-tensors 0.9.3 quantization/utils/helpers.py calculate_qparams, symmetric false, type int."""
+    min_vals = torch.min(min_vals, torch.zeros_like(min_vals))
+    max_vals = torch.max(max_vals, torch.zeros_like(max_vals))
+    bit_range = 2 ** bits
+    bit_min, bit_max = torch.tensor(-bit_range / 2), torch.tensor(bit_range / 2 - 1)
+    bit_range = bit_max - bit_min
+    zp_dtype = torch.int8
+    scales = (max_vals - min_vals) / float(bit_range)
+    scales = torch.clamp(scales, min=torch.finfo(torch.float32).eps)
+    zero_points = bit_min - (min_vals / scales)
+    zero_points = torch.clamp(zero_points, bit_min, bit_max)
+    zero_points = zero_points.to(zp_dtype)
+    if scales.ndim == 0:
+        scales = scales.reshape(1)
+        zero_points = zero_points.reshape(1)
+    return scales, zero_points
+
+
+def ct093_unpack_from_int32(value, num_bits, shape):
+    """compressed-tensors 0.9.3 unpack_from_int32 (packed_dim 1 only)."""
+    pack_factor = 32 // num_bits
+    mask = (1 << num_bits) - 1
+    unpacked = torch.zeros((value.shape[0], value.shape[1] * pack_factor), dtype=torch.int32)
+    for i in range(pack_factor):
+        unpacked[:, i::pack_factor] = (value >> (num_bits * i)) & mask
+    unpacked = unpacked[:, : int(shape[1])]
+    offset = pow(2, num_bits) // 2
+    return (unpacked - offset).to(torch.int8)
+
+
+@pytest.mark.parametrize("fmt", sorted(f for f in synth.CT_ASYM_FORMATS if f.endswith("-legacy")))
+def test_compressed_tensors_asym_legacy_matches_093(fmt, logical, tmp_path):
+    """compressed-tensors <= 0.9.3: the zero point is the int8 [N, G] parameter itself (signed z, cast without
+    rounding), the weight packed as today; decompress_weight (unpack_from_int32, then dequantize with the unpacked
+    zero points) of the stored tensors is the truth.  compressed-tensors 0.17 cannot read it (its decompressor
+    unpacks weight_zero_point as int32 and raises)."""
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    from compressed_tensors.quantization.lifecycle.forward import dequantize, quantize
+
+    bits, strategy, gs, _, _ = _ct_fmt_args(fmt)
+    out = tmp_path / fmt
+    truth = synth.write(fmt, logical, out)
+    ck = Checkpoint(out)
+    floats = synth.ct_float_model(logical)
+    for mod in (Q, D):
+        w = floats[mod]
+        scale, zp = ct093_calculate_qparams(*synth.ct_observe(w, strategy, gs), bits)
+        scheme = _ct_scheme(bits, strategy, gs)
+        q = quantize(w, scale, zp, scheme.weights, dtype=torch.int8)  # 0.9.3's _quantize: the same ops
+        assert torch.equal(ck.get(f"{mod}.weight_packed"), pack_to_int32(q, bits))
+        assert torch.equal(ck.get(f"{mod}.weight_scale"), scale)
+        z = ck.get(f"{mod}.weight_zero_point")
+        assert z.dtype == torch.int8 and torch.equal(z, zp) and z.shape == scale.shape
+        x_q = ct093_unpack_from_int32(ck.get(f"{mod}.weight_packed"), bits, w.shape)
+        assert torch.equal(dequantize(x_q, scale.float(), z), truth.effective(mod)), mod
+        stored = {k: ck.get(f"{mod}.{k}") for k in ("weight_packed", "weight_scale", "weight_zero_point",
+                                                     "weight_shape")}
+        with pytest.raises(ValueError, match="Expected torch.int32"):
+            PackedQuantizationCompressor.decompress(stored, scheme)
+    rounded = synth.ct_qparams(*synth.ct_observe(floats[D], strategy, gs), bits)[1]
+    assert not torch.equal(rounded, ck.get(f"{D}.weight_zero_point"))  # 0.9.4+ rounds, 0.9.3 truncated
+
+
+def test_ct_observer_is_a_plain_min_max():
+    """synth.ct_observe (llm-compressor's flatten_for_calibration + amin / amax over dims (0, -1)) = per group /
+    channel / tensor min and max, in the weight's dtype."""
+    w = torch.randn(6, 12).bfloat16()
+    mn, mx = synth.ct_observe(w, "group", 4)
+    assert torch.equal(mn, w.reshape(6, 3, 4).amin(-1)) and torch.equal(mx, w.reshape(6, 3, 4).amax(-1))
+    mn, mx = synth.ct_observe(w, "channel")
+    assert torch.equal(mn, w.amin(1, keepdim=True)) and mn.dtype == torch.bfloat16
+    mn, mx = synth.ct_observe(w, "tensor")
+    assert mn.shape == (1,) and float(mx) == float(w.max())
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=hst.integers(1, 70), groups=hst.integers(1, 4), gs=hst.sampled_from([8, 32, 64, 128]),
+       bits=hst.integers(2, 8), strategy=hst.sampled_from(["group", "channel", "tensor"]),
+       dtype=hst.sampled_from([torch.bfloat16, torch.float16, torch.float32]), spread=hst.floats(0.01, 4.0),
+       seed=hst.integers(0, 2 ** 31))
+def test_ct_asym_packer_and_decode_any_shape(n, groups, gs, bits, strategy, dtype, spread, seed):
+    """For any shape (N not a multiple of 32/b: the packed zero points' last word padded; widths 3 / 5 / 6 / 7 that
+    do not tile an int32), strategy and weight dtype: synth's transcribed qparams / quantize + formats.pack
+    (ct_pack_spec / ct_zero_pack_spec) = compressed-tensors' compressor bit for bit, and the reference's decode of the
+    stored tensors (unpack, the zero points through the zero_pack, expand_scale, as reference.spec.finish_linear) =
+    its decompressor with fp32 scales, exactly."""
+    from reference.formats import ScaleSpec, ct_pack_spec, ct_zero_pack_spec, expand_scale
+    from reference.spec import subtract_zero
+
+    k = groups * gs
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) * spread + torch.rand(n, 1, generator=g) * spread).to(dtype)
+    comp, scheme, want = _ct_library(w, bits, strategy, gs)
+    q, scale, zp = synth.ct_asym_quantize(w, bits, strategy, gs)
+    assert torch.equal(scale, want["weight_scale"])
+    assert torch.equal(pack(q, ct_pack_spec(bits)), want["weight_packed"])
+    kw = {"group": dict(granularity="group", group_size=gs), "channel": dict(granularity="channel"),
+          "tensor": dict(granularity="tensor")}[strategy]
+    zspec = ScaleSpec("weight_zero_point", **kw)
+    zpack = None
+    if strategy == "tensor":
+        assert torch.equal(zp, want["weight_zero_point"])
+    else:
+        zpack = ct_zero_pack_spec(bits)
+        assert torch.equal(pack(zp, zpack), want["weight_zero_point"])
+    vals = subtract_zero(unpack(want["weight_packed"], ct_pack_spec(bits), (n, k)), want["weight_zero_point"], zspec,
+                         (n, k), "t", zpack=zpack)
+    mult = expand_scale(want["weight_scale"], dataclasses.replace(zspec, key="weight_scale"), (n, k))
+    exact = dict(want, weight_scale=want["weight_scale"].float())
+    assert torch.equal(vals.float() * mult, comp.decompress(exact, scheme)["weight"])
+
+
+# ---------------------------------------------------------------------------------------
 # llama.cpp TQ2_0 (ggml-quants.c, block_tq2_0: qs[QK_K/4] then ggml_half d; QK_K = 256)
 
 
