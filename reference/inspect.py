@@ -15,7 +15,9 @@ Pipeline (each step records its evidence and a confidence for the report):
                the third is 0), more = symmetric integer levels (int2 {-2..1}, int4 {-8..7}: offset
                binary or two's complement).  AutoAWQ gemm checkpoints are recognised first, from
                config.json (quant_method awq) or their qweight / qzeros / scales shapes (``detect_awq``:
-               AWQ_ORDER, per-group zero points, nothing to search).  Two conventions are recognised by their
+               AWQ_ORDER, per-group zero points, nothing to search), then compressed-tensors ``symmetric:
+               false`` (``detect_ct_asym``: config_groups or weight_packed / weight_zero_point shapes, zero
+               points packed along N or int8 unpacked, nothing to search).  Two conventions are recognised by their
                block structure next: llama.cpp TQ2_0 (uint8 [N, ceil(K/256)*66], fp16 scale inside each 66-byte
                block) and HQQ (W_q + per-group scale and zero points, axis=1 or axis=0 groups, every
                HQQ packing, ternary or HQQ's asymmetric levels, with or without HQQ's meta tensors;
@@ -79,7 +81,8 @@ import torch
 
 from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig
-from .formats import AWQ_GEMM, AWQ_GEMM_ZEROS, AWQ_ORDER, FormatError, PackSpec, ScaleSpec, unpack_codes
+from .formats import (AWQ_GEMM, AWQ_GEMM_ZEROS, AWQ_ORDER, CT_PACK_ZP_STRATEGIES, FormatError, PackSpec, ScaleSpec,
+                      ct_zero_pack_spec, offset_table, twos_complement_table, unpack_codes)
 from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
 from .inspect_search import (BLOCKS, TQ2_0_RECORD, Candidate, axis_margins, build_spec, codes_str, confidence,
                              declared_activation_quant, lane_options, per_part_options, plain_float_linear, search)
@@ -171,6 +174,8 @@ class Module:
     hqq_meta: dict = field(default_factory=dict)  # HQQ meta key (HQQ_META) -> its TensorStats, next to a W_q
     hqq_values: dict = field(default_factory=dict)  # HQQ meta key -> decoded value (detect_hqq)
     order: Optional[tuple] = None  # PackSpec.order: the slot order inside each container (AutoAWQ's AWQ_ORDER)
+    codes: Optional[tuple] = None  # this module's code table, fixed by its format (compressed-tensors asymmetric)
+    pad_code: Optional[int] = None  # PackSpec.pad_code where the format fixes it (compressed-tensors pads with 0)
 
     @property
     def packed(self) -> bool:
@@ -1056,6 +1061,299 @@ def detect_awq(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findin
     return True
 
 
+#: compressed-tensors formats whose asymmetric integer weights are read (``config/base.py`` CompressionFormat):
+#: pack-quantized (``PackedQuantizationCompressor``) and naive- / int-quantized (``NaiveQuantizationCompressor``)
+CT_FORMATS = ("pack-quantized", "naive-quantized", "int-quantized")
+CT_WHERE = "config.json: quantization_config"
+#: weight strategies read (compressed-tensors QuantizationStrategy values)
+CT_STRATEGIES_READ = ("group", "channel", "tensor")
+
+
+@dataclass(frozen=True)
+class CtArgs:
+    """One compressed-tensors weight scheme: its config group (or how it was inferred), format and weights args."""
+    group: str
+    fmt: str
+    bits: int
+    symmetric: bool
+    strategy: str
+    group_size: Optional[int]
+
+    def label(self) -> str:
+        gs = f" {self.group_size}" if self.strategy == "group" else ""
+        return (f"{self.fmt} int{self.bits} {'symmetric' if self.symmetric else 'asymmetric'} "
+                f"{self.strategy}{gs}")
+
+
+def _ct_args(name: str, g, top_fmt) -> Optional[tuple[list, CtArgs]]:
+    """(targets, CtArgs) of one config group, QuantizationArgs' defaults where keys are absent (num_bits 8, type
+    int, symmetric true; strategy from group_size: none -> tensor, > 0 -> group, -1 -> channel); None for a group
+    without weights.  An InspectError naming the key for what the readers here do not cover."""
+    where = f"{CT_WHERE}.config_groups.{name}"
+    if not isinstance(g, dict):
+        raise InspectError(f"{where} is {g!r}, expected a mapping (targets, weights, input_activations, ...)")
+    w = g.get("weights")
+    if w is None:
+        return None
+    if not isinstance(w, dict):
+        raise InspectError(f"{where}.weights is {w!r}, expected a mapping (num_bits, type, symmetric, strategy, ...)")
+    targets = g.get("targets") or []
+    if isinstance(targets, str) or not all(isinstance(t, str) for t in targets):
+        raise InspectError(f"{where}.targets is {targets!r}, expected a list of layer names, 're:' patterns or class "
+                           f"names")
+    fmt = g.get("format") or top_fmt
+    if fmt not in CT_FORMATS:
+        raise InspectError(f"{where}: format {fmt!r} (the group's 'format', else quantization_config.format): integer "
+                           f"weights are read from {list(CT_FORMATS)} only")
+    bits, typ, sym = w.get("num_bits", 8), w.get("type", "int"), w.get("symmetric", True)
+    gs, strategy = w.get("group_size"), w.get("strategy")
+    if strategy is None and (gs is None or isinstance(gs, int)):
+        strategy = "tensor" if gs is None else "group" if gs > 0 else "channel" if gs == -1 else None
+    if typ != "int":
+        raise InspectError(f"{where}.weights.type is {typ!r}: only integer weights (type 'int') are read here "
+                           f"(compressed-tensors' asymmetric zero points are int8 offsets of integer codes)")
+    if not isinstance(sym, bool):
+        raise InspectError(f"{where}.weights.symmetric is {sym!r}, expected true or false")
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
+        raise InspectError(f"{where}.weights.num_bits is {bits!r}: expected 2..8 (pack_to_int32 packs 1-8 bits; vLLM's "
+                           f"CompressedTensorsWNA16 takes 2-8)")
+    if strategy not in CT_STRATEGIES_READ:
+        raise InspectError(f"{where}.weights.strategy is {strategy!r} (group_size {gs!r}): only "
+                           f"{list(CT_STRATEGIES_READ)} are read")
+    if strategy == "group" and (isinstance(gs, bool) or not isinstance(gs, int) or gs < 1):
+        raise InspectError(f"{where}.weights.group_size is {gs!r}: strategy 'group' needs a positive group_size")
+    if w.get("actorder") == "group":
+        raise InspectError(f"{where}.weights.actorder is 'group': its weight_g_idx permutes the inputs into groups, "
+                           f"which is not supported (actorder 'weight' or null keeps consecutive-input groups)")
+    if w.get("dynamic") not in (None, False):
+        raise InspectError(f"{where}.weights.dynamic is {w.get('dynamic')!r}: stored weights need static scales "
+                           f"(dynamic false)")
+    return list(targets), CtArgs(name, fmt, bits, sym, strategy, gs if strategy == "group" else None)
+
+
+def _ct_target_match(name: str, target: str, cls: bool = False) -> bool:
+    """vLLM's ``is_equal_or_regex_match`` (quantization/utils/config_utils.py): 're:' patterns with re.match, else
+    equality with the layer name, or (``cls``, the class-name pass) containment in the class name 'Linear'."""
+    import re
+
+    if target.startswith("re:"):
+        return re.match(target[3:], name) is not None
+    return target.lower() in name.lower() if cls else target == name
+
+
+def _ct_scheme_of(name: str, groups: list) -> Optional[CtArgs]:
+    """The config group of layer ``name`` as vLLM's ``find_matched_target`` picks it: the first target (groups in
+    order) equal to / matching the layer name, else the first matching its class name ('Linear')."""
+    for pass_cls, value in ((False, name), (True, "Linear")):
+        for targets, args in groups:
+            if any(_ct_target_match(value, t, pass_cls) for t in targets):
+                return args
+    return None
+
+
+def _ct_config_schemes(modules: list[Module], cfg: ModelConfig) -> Optional[dict]:
+    """{module prefix: CtArgs} from a compressed-tensors quantization_config with at least one asymmetric weight
+    group, or zero point tensors next to packed weights (else None: symmetric checkpoints keep the general search);
+    an InspectError for a packed module that no group covers, one listed in ``ignore``, or fused parts under
+    different schemes."""
+    q = cfg.quantization or {}
+    if str(q.get("quant_method") or "").lower() != "compressed-tensors":
+        return None
+    groups_cfg = q.get("config_groups") or {}
+    if not isinstance(groups_cfg, dict):
+        raise InspectError(f"{CT_WHERE}.config_groups is {type(groups_cfg).__name__}, expected a mapping")
+    raw = {n: g for n, g in groups_cfg.items()}
+    if not any(isinstance(g, dict) and isinstance(g.get("weights"), dict) and g["weights"].get("symmetric") is False
+               for g in raw.values()) and not any(m.packed and m.zeros is not None for m in modules):
+        return None  # symmetric without zero point tensors: the general search, as before
+    top = q.get("format")
+    groups = [a for a in (_ct_args(n, g, top if top != "mixed-precision" else None) for n, g in raw.items()) if a]
+    ignore = q.get("ignore") or []
+    out = {}
+    for m in modules:
+        if not m.packed:
+            continue
+        found = {}
+        for hf, _ in m.parts:
+            if any(_ct_target_match(hf, t) for t in ignore):
+                raise InspectError(f"{m.where()}: {hf} is listed in quantization_config.ignore {ignore!r} (kept in "
+                                   f"float), but its weight is stored as integers {m.weight.dtype} "
+                                   f"{list(m.weight.shape)}")
+            a = _ct_scheme_of(hf, groups)
+            if a is None:
+                raise InspectError(f"{m.where()}: no quantization_config.config_groups target matches {hf} "
+                                   f"(targets {[t for ts, _ in groups for t in ts]}), but its weight is stored as "
+                                   f"integers")
+            found[hf] = a
+        if len(set(found.values())) > 1:
+            raise InspectError(f"{m.where()}: the fused parts {sorted(found)} fall under different config groups "
+                               f"{sorted({a.group for a in found.values()})}: one stored tensor has one scheme")
+        out[m.prefix] = next(iter(found.values()))
+    return out
+
+
+def _ct_shaped_args(m: Module, ckpt: Checkpoint) -> Optional[CtArgs]:
+    """Without a quantization_config: compressed-tensors' pack-quantized names and shapes (``weight_packed`` int32
+    [N, ceil(K*b/32)] at exactly one of b = 2 / 4 / 8, ``weight_shape``, ``weight_scale`` [N, G] / [N, 1] / [1] and
+    a ``weight_zero_point``: int32 [ceil(N*b/32), G] packed, or int8 [N, G] / [1]) give the scheme; None otherwise."""
+    n, k = m.logical
+    if not (m.weight.name.endswith(".weight_packed") and m.weight.dtype == "I32" and m.shape_t is not None
+            and m.zeros is not None and m.scale is not None and len(m.weight.shape) == 2):
+        return None
+    fits = [b for b in (2, 4, 8) if tuple(m.weight.shape) == (n, -(-k // (32 // b)))]
+    if len(fits) != 1:
+        return None
+    b = fits[0]
+    s = tuple(m.scale.shape)
+    if s in ((1,), (1, 1)) and m.scale.numel == 1:
+        return CtArgs("(names and shapes)", "pack-quantized", b, False, "tensor", None)
+    if len(s) != 2 or s[0] != n or k % s[1]:
+        return None
+    return (CtArgs("(names and shapes)", "pack-quantized", b, False, "channel", None) if s[1] == 1 else
+            CtArgs("(names and shapes)", "pack-quantized", b, False, "group", k // s[1]))
+
+
+def _ct_check(m: Module, a: CtArgs, ckpt: Checkpoint) -> dict:
+    """One module against compressed-tensors' layout for scheme ``a``: an InspectError naming the tensor and the
+    shape it must have (weight, weight_shape, weight_scale, weight_zero_point), a missing zero point, NaN / Inf /
+    zero scales, zero points outside the signed range.  Returns the module's settings (see detect_ct_asym)."""
+    n, k = m.logical
+    b, pf = a.bits, 32 // a.bits
+    lo, hi = -(1 << (b - 1)), (1 << (b - 1)) - 1
+    parts = [p for p, _ in m.parts]
+    lay = f"compressed-tensors {a.label()} (config group {a.group}) stores the logical {n}x{k} matrix of {parts} as"
+    for t in (m.g_idx, *m.hqq_meta.values()):
+        if t is not None:
+            raise InspectError(f"{t.file}: tensor {t.name!r} next to weight {m.weight.name!r} is not part of "
+                               f"compressed-tensors' layout for {a.label()} (extra key; weight_g_idx comes with "
+                               f"actorder 'group', which is not supported)")
+    if a.strategy == "group" and k % a.group_size:
+        raise InspectError(f"{m.where()}: K = {k} inputs for {parts} is not a multiple of group_size {a.group_size} "
+                           f"(config group {a.group}; compressed-tensors' _process_group refuses such a weight)")
+    g = k // a.group_size if a.strategy == "group" else 1
+    packed = a.fmt == "pack-quantized"
+    if packed:
+        want = (n, -(-k // pf))
+        if m.weight.dtype != "I32" or tuple(m.weight.shape) != want:
+            raise InspectError(f"{m.where()}: {m.weight.dtype} {list(m.weight.shape)}, but {lay} weight_packed int32 "
+                               f"[N, ceil(K/{pf})] = [{want[0]}, {want[1]}] (pack_to_int32: {pf} codes per int32)")
+    elif m.weight.dtype != "I8" or tuple(m.weight.shape) != (n, k):
+        raise InspectError(f"{m.where()}: {m.weight.dtype} {list(m.weight.shape)}, but {lay} weight int8 [N, K] = "
+                           f"[{n}, {k}] (the codes q themselves)")
+    if m.shape_t is not None:
+        ws = ckpt.get(m.shape_t.name).tolist()
+        if tuple(ws) != (n, k):
+            raise InspectError(f"{m.shape_t.file}: tensor {m.shape_t.name!r} says logical shape {ws}, config.json "
+                               f"implies {[n, k]} for {parts} (compressed-tensors' weight_shape: the unpacked [N, K])")
+    if not packed:
+        q = ckpt.get(m.weight.name)
+        if q.numel() and (int(q.min()) < lo or int(q.max()) > hi):
+            raise InspectError(f"{m.where()}: codes {int(q.min())}..{int(q.max())} outside the signed int{b} range "
+                               f"[{lo}, {hi}] that compressed-tensors' quantize clamps to (num_bits {b})")
+    want_s = {"group": (n, g), "channel": (n, 1), "tensor": (1,)}[a.strategy]
+    if m.scale is None:
+        raise InspectError(f"{m.where()}: weight_scale missing: no scale tensor next to it, but {lay} weight_scale "
+                           f"{list(want_s)} ({m.prefix + '.weight_scale'!r})")
+    if m.scale.dtype in INT_DTYPES or tuple(m.scale.shape) != want_s:
+        raise InspectError(f"{m.scale.file}: tensor {m.scale.name!r} is {m.scale.dtype} {list(m.scale.shape)}, but "
+                           f"{lay} weight_scale (float) {list(want_s)}")
+    s = ckpt.get(m.scale.name).to(torch.float32).reshape(want_s[0], -1)
+    bad = ~torch.isfinite(s)
+    if bool(bad.any()):
+        i, j = (int(x) for x in bad.nonzero()[0])
+        raise InspectError(f"{m.scale.file}: scales {m.scale.name!r} have {int(bad.sum())} NaN/Inf values (first "
+                           f"{float(s[i, j])} at output {i}, group {j}); expected finite compressed-tensors scales for "
+                           f"{m.weight.name!r}")
+    if bool((s == 0).any()):
+        raise InspectError(f"{m.scale.file}: scales {m.scale.name!r} have {int((s == 0).sum())} zero values; "
+                           f"compressed-tensors' calculate_qparams replaces a zero scale by its dtype's eps (a zero "
+                           f"erases the group of {m.weight.name!r})")
+    kw = {"group": dict(granularity="group", group_size=a.group_size), "channel": dict(granularity="channel"),
+          "tensor": dict(granularity="tensor")}[a.strategy]
+    out = dict(bits=b if packed else 8, codes=offset_table(b, 1 << (b - 1)) if packed else twos_complement_table(8),
+               pad_code=0 if packed else None, fields=(pf if 32 % b else None) if packed else None, scale_kw=kw,
+               zero_kw=None, zero_pack=None, generation=None)
+    z = m.zeros
+    if a.symmetric:
+        if z is not None:
+            raise InspectError(f"{z.file}: tensor {z.name!r} next to weight {m.weight.name!r}, but config group "
+                               f"{a.group} is symmetric: compressed-tensors drops symmetric zero points "
+                               f"(BaseCompressor._remove_symmetric_zp) (extra key, or symmetric should be false)")
+        return out
+    zpk = packed and a.strategy in CT_PACK_ZP_STRATEGIES
+    want_p, want_u = (-(-n // pf), g), ((1,) if a.strategy == "tensor" else (n, g))
+    expect = (f"weight_zero_point int32 [ceil(N/{pf}), G] = {list(want_p)} (compressed-tensors >= 0.9.4: z + "
+              f"2^(b-1) packed along N) or int8 {list(want_u)} (<= 0.9.3: z unpacked)" if zpk else
+              f"weight_zero_point int8 {list(want_u)} (z itself, never packed "
+              + ("for strategy tensor)" if packed else f"by {a.fmt})"))
+    if z is None:
+        raise InspectError(f"{m.where()}: weight_zero_point missing: no zero point tensor next to it, but "
+                           f"compressed-tensors {a.label()} (config group {a.group}: symmetric false) stores the "
+                           f"logical {n}x{k} matrix of {parts} with {expect} ({m.prefix + '.weight_zero_point'!r}; "
+                           f"W = (q - z) * s needs z)")
+    if zpk and z.dtype == "I32" and tuple(z.shape) == want_p:
+        out.update(zero_kw=kw, zero_pack=ct_zero_pack_spec(b), generation="packed")
+        return out
+    if z.dtype != "I8" or tuple(z.shape) != want_u:
+        raise InspectError(f"{z.file}: tensor {z.name!r} is {z.dtype} {list(z.shape)}, but {lay} {expect}")
+    zv = ckpt.get(z.name)
+    if zv.numel() and (int(zv.min()) < lo or int(zv.max()) > hi):
+        raise InspectError(f"{z.file}: zero points {z.name!r} hold {int(zv.min())}..{int(zv.max())}, outside the "
+                           f"signed int{b} range [{lo}, {hi}] compressed-tensors' calculate_qparams clamps them to "
+                           f"(unsigned z + {1 << (b - 1)} stored unpacked?)")
+    out.update(zero_kw=kw, generation="legacy" if zpk else "unpacked")
+    return out
+
+
+def detect_ct_asym(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> bool:
+    """compressed-tensors ``symmetric: false`` (read from compressed-tensors 0.17.0, and 0.9.3 / 0.9.4 for the zero
+    point's two generations, not guessed).  ``PackedQuantizationCompressor.compress`` (``compressors/pack_quantized/
+    base.py``) stores per module weight_packed int32 [N, ceil(K / (32/b))] (``pack_to_int32``: q + 2^(b-1), consecutive
+    inputs low bits first: ``formats.ct_pack_spec``), weight_shape [N, K], weight_scale [N, K/G] / [N, 1] / [1] and,
+    for group / channel strategies, weight_zero_point = ``pack_to_int32(z, b, packed_dim=0)``: int32 [ceil(N /
+    (32/b)), G], z + 2^(b-1) packed along N (``formats.ct_zero_pack_spec``; since 0.9.4); compressed-tensors <= 0.9.3,
+    a tensor strategy and naive- / int-quantized (weight int8 [N, K] = q) keep the int8 zero points z unpacked.
+    The decompressor (``unpack_from_int32`` both, then ``dequantize``) reads W = (q - z) * s.  Taken when config.json
+    names quant_method compressed-tensors with at least one ``symmetric: false`` weight group (each module's group
+    as vLLM's find_matched_target picks it; symmetric groups of the same model are read alongside, without zero
+    points), or, without a quantization_config, when every packed weight is a ``weight_packed`` with compressed-
+    tensors' shapes and a zero point.  Each module is checked (``_ct_check``); values q - z, op multiply."""
+    schemes = _ct_config_schemes(modules, cfg)
+    packed = [m for m in modules if m.packed]
+    if schemes is None:
+        if cfg.quantization or not packed:
+            return False
+        inferred = {m.prefix: _ct_shaped_args(m, ckpt) for m in packed}
+        if not all(inferred.values()):
+            return False
+        schemes, why, conf = inferred, ("no quantization_config: every packed weight is a weight_packed int32 [N, "
+                                        "ceil(K*b/32)] with weight_shape, weight_scale and weight_zero_point "
+                                        "(compressed-tensors' names and shapes)"), "medium (names and shapes)"
+    else:
+        why, conf = "config.json quantization_config (quant_method compressed-tensors, symmetric false)", "high (config)"
+    gens: dict[str, int] = {}
+    for m in packed:
+        a = schemes[m.prefix]
+        got = _ct_check(m, a, ckpt)
+        m.bits, m.pack_axis, m.transposed = got["bits"], 1, False
+        m.codes, m.pad_code, m.fields = got["codes"], got["pad_code"], got["fields"]
+        m.scale_kw = [dict(got["scale_kw"])] * len(m.parts)
+        m.zero_kw, m.zero_pack = got["zero_kw"], got["zero_pack"]
+        gens[got["generation"] or "none"] = gens.get(got["generation"] or "none", 0) + 1
+    labels = sorted({schemes[m.prefix].label() for m in packed})
+    findings.append(Finding(
+        "block structure", f"compressed-tensors {'; '.join(labels)}: W = (q - z) * s",
+        f"{why}; {len(packed)} packed weights checked against compressed-tensors' layout (pack_to_int32 codes q + "
+        f"2^(b-1), consecutive inputs low bits first)", conf))
+    say = {"packed": "int32, z + 2^(b-1) packed along N (compressed-tensors >= 0.9.4, pack_to_int32 packed_dim=0)",
+           "legacy": "int8 z unpacked (compressed-tensors <= 0.9.3)",
+           "unpacked": "int8 z unpacked (strategy tensor / naive-quantized: never packed)",
+           "none": "none (symmetric groups)"}
+    findings.append(Finding("zero point", "per-group / per-channel zero points (symmetric false): W = scale * (q - z)",
+                            "; ".join(f"{n} modules: {say[g]}" for g, n in sorted(gens.items())), "high (structure)"))
+    return True
+
+
 def _refuse_stray_hqq_meta(modules: list[Module]) -> None:
     """HQQ meta tensors belong to an HQQ-packed W_q: next to any other weight they are extra keys."""
     for m in modules:
@@ -1070,8 +1368,9 @@ def _refuse_stray_hqq_meta(modules: list[Module]) -> None:
 def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]
                     ) -> Optional[str]:
     """Per-module structure; returns the named convention found by its block structure
-    ('awq', 'tq2_0', 'tq1_0', 'hqq') or None."""
-    for name, detect in (("awq", detect_awq), ("tq2_0", detect_tq2_0), ("tq1_0", detect_tq1_0), ("hqq", detect_hqq)):
+    ('awq', 'ct_asym', 'tq2_0', 'tq1_0', 'hqq') or None."""
+    for name, detect in (("awq", detect_awq), ("ct_asym", detect_ct_asym), ("tq2_0", detect_tq2_0),
+                         ("tq1_0", detect_tq1_0), ("hqq", detect_hqq)):
         if not detect(modules, cfg, ckpt, findings):
             continue
         _refuse_stray_hqq_meta(modules)
@@ -1630,6 +1929,11 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
         findings.append(Finding("code table", "identity (q), values q - zero",
                                 "AutoAWQ: W = (q - z) * s (awq/utils/packing_utils.py dequantize_gemm)",
                                 "high (structure)"))
+    elif convention == "ct_asym":  # each module's table fixed by its format (detect_ct_asym: Module.codes)
+        tables = [next(m.codes for m in modules if m.packed)]
+        findings.append(Finding("code table", "offset binary (stored c -> q = c - 2^(b-1)), values q - zero",
+                                "compressed-tensors: unpack_from_int32 subtracts 2^(b-1), dequantize (q - z) * s "
+                                "(naive-quantized: the int8 q itself)", "high (structure)"))
     elif convention == "tq1_0":  # trit - 1 by the format's definition (dequantize_row_tq1_0: xi - 1)
         tables = [(-1, 0, 1, None)]
         findings.append(Finding("code table", "trit t -> t - 1", "llama.cpp TQ1_0: W = (t - 1) * d",
@@ -1651,6 +1955,10 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     elif convention == "awq":
         ops = ["multiply"]
         findings.append(Finding("scale op", "multiply", "AutoAWQ dequantises (q - z) * scales", "high (structure)"))
+    elif convention == "ct_asym":
+        ops = ["multiply"]
+        findings.append(Finding("scale op", "multiply", "compressed-tensors dequantises (q - z) * scale",
+                                "high (structure)"))
     elif convention == "tq1_0":
         ops = ["multiply"]
         findings.append(Finding("scale op", "multiply", "llama.cpp TQ1_0 dequantises (t - 1) * d", "high (structure)"))
@@ -1673,7 +1981,7 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     if unpacked:
         findings.append(Finding("unpacked weights", f"{len(unpacked)} modules stored as float",
                                 f"kinds {sorted({m.weight.kind for m in unpacked})}; decoded as is", "high"))
-    if convention in ("tq1_0", "awq"):  # the codec / AutoAWQ's AWQ_ORDER fixes the layout: one candidate
+    if convention in ("tq1_0", "awq", "ct_asym"):  # the codec / the format's own layout fixes it: one candidate
         cands = [Candidate(tables[0], "lsb", "interleaved", None, "multiply")]
     elif tables:
         single = all(INT_DTYPES[m.weight.dtype] == m.bits for m in modules if m.packed)  # 1 value/element

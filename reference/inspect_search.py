@@ -123,7 +123,7 @@ def lane_options(modules: list[Module]) -> list[tuple[str, Optional[int]]]:
 
 
 def pack_spec(m: Module, c: Candidate) -> PackSpec:
-    codes = c.table(m.bits)
+    codes = m.codes if m.codes is not None else c.table(m.bits)  # a table the format fixes, else the candidate's
     # one value per element (an int8 layer of a mixed-width model): no lanes, no bit order
     single = INT_DTYPES[m.weight.dtype] == m.bits
     segments = tuple(r1 - r0 for _, (r0, r1) in m.parts) \
@@ -131,7 +131,7 @@ def pack_spec(m: Module, c: Candidate) -> PackSpec:
     return PackSpec(bits=m.bits, container=CONTAINER_OF[m.weight.dtype], pack_axis=m.pack_axis,
                     lanes="interleaved" if single else c.lanes, block=None if single else c.block,
                     bit_order="lsb" if single else c.bit_order, codes=codes, transposed=m.transposed,
-                    pad_code=codes.index(0), record=m.record, group_view=m.group_view, group_axis=m.group_axis,
+                    pad_code=codes.index(0) if m.pad_code is None else m.pad_code, record=m.record, group_view=m.group_view, group_axis=m.group_axis,
                     segments=segments, fields=m.fields, codec=m.codec, order=m.order)
 
 

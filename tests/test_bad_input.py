@@ -259,6 +259,100 @@ def test_awq_config_it_cannot_follow_is_named(awq, change, want, capsys):
     cli_error(awq, capsys)
 
 
+CT_MOD = "model.layers.1.self_attn.k_proj"  # logical 64 x 128: int4 g64 stores weight_packed [64, 16], zp [8, 2]
+
+
+@pytest.fixture
+def ct_asym(tmp_path) -> Path:
+    d = tmp_path / "ct-asym"
+    synth.write("compressed-tensors-asym-int4", synth.Logical.from_dir(TRAINED), d)
+    return d
+
+
+@pytest.mark.parametrize("case,fn,want", [
+    ("zero point missing", lambda sd: sd.pop(f"{CT_MOD}.weight_zero_point"),
+     rf"{CT_MOD}.weight_packed'.*weight_zero_point missing.*symmetric false.*weight_zero_point int32 \[ceil\(N/8\), G\] "
+     rf"= \[8, 2\].*'{CT_MOD}.weight_zero_point'"),
+    ("zero point shape", lambda sd: sd.__setitem__(f"{CT_MOD}.weight_zero_point",
+                                                   sd[f"{CT_MOD}.weight_zero_point"][:4].contiguous()),
+     rf"{CT_MOD}.weight_zero_point' is I32 \[4, 2\].*weight_zero_point int32 \[ceil\(N/8\), G\] = \[8, 2\].*or int8 "
+     rf"\[64, 2\]"),
+    ("zero point unpacked out of range", lambda sd: sd.__setitem__(f"{CT_MOD}.weight_zero_point",
+                                                                   torch.full((64, 2), 12, dtype=torch.int8)),
+     rf"zero points '{CT_MOD}.weight_zero_point' hold 12..12, outside the signed int4 range \[-8, 7\]"),
+    ("weight_packed shape", lambda sd: sd.__setitem__(f"{CT_MOD}.weight_packed",
+                                                      sd[f"{CT_MOD}.weight_packed"][:, :8].contiguous()),
+     rf"{CT_MOD}.weight_packed'.*I32 \[64, 8\].*weight_packed int32 \[N, ceil\(K/8\)\] = \[64, 16\]"),
+    ("scale shape", lambda sd: sd.__setitem__(f"{CT_MOD}.weight_scale", sd[f"{CT_MOD}.weight_scale"][:, :1].contiguous()),
+     rf"{CT_MOD}.weight_scale' is BF16 \[64, 1\].*weight_scale \(float\) \[64, 2\]"),
+    ("NaN scales", lambda sd: sd[f"{CT_MOD}.weight_scale"].__setitem__((3, 1), float("nan")),
+     rf"scales '{CT_MOD}.weight_scale' have 1 NaN/Inf values \(first nan at output 3, group 1\)"),
+    ("zero scales", lambda sd: sd[f"{CT_MOD}.weight_scale"].__setitem__((0, 0), 0.0),
+     rf"scales '{CT_MOD}.weight_scale' have 1 zero values"),
+    ("weight_shape", lambda sd: sd.__setitem__(f"{CT_MOD}.weight_shape", torch.tensor([64, 256])),
+     rf"{CT_MOD}.weight_shape' says logical shape \[64, 256\], config.json implies \[64, 128\]"),
+])
+def test_ct_asym_broken_tensor_is_named(ct_asym, case, fn, want, capsys):
+    """A damaged compressed-tensors symmetric-false module: the error names the tensor and the shape compressed-
+    tensors' layout gives it (both zero point generations where it could be either), or the bad values, from the
+    API and as the CLI's one-line error."""
+    edit(ct_asym, fn)
+    with pytest.raises(InspectError, match=want):
+        inspect_dir(ct_asym, use_loss=False)
+    err = cli_error(ct_asym, capsys)
+    assert CT_MOD in err and "compressed-tensors" in err, case
+
+
+def _ct_weights(**kw):
+    return lambda q: q["config_groups"]["group_0"]["weights"].update(kw)
+
+
+@pytest.mark.parametrize("change,want", [
+    (_ct_weights(num_bits=16), r"config_groups.group_0.weights.num_bits is 16: expected 2..8"),
+    (_ct_weights(num_bits=8), r"weight_packed'.*I32 \[\d+, (\d+)\], but compressed-tensors pack-quantized int8 "
+                              r"asymmetric group 64.*weight_packed int32 \[N, ceil\(K/4\)\] = \[\d+, (?!\1\])\d+\]"),
+    (_ct_weights(type="float"), r"weights.type is 'float': only integer weights"),
+    (_ct_weights(strategy="block"), r"weights.strategy is 'block'.*only \['group', 'channel', 'tensor'\]"),
+    (_ct_weights(actorder="group"), r"weights.actorder is 'group': its weight_g_idx permutes"),
+    (_ct_weights(dynamic=True), r"weights.dynamic is True"),
+    (_ct_weights(group_size=100), r"K = \d+ inputs .* not a multiple of group_size 100"),
+    (_ct_weights(group_size=128), r"weight_scale' is BF16 \[128, 6\].*group 128.*weight_scale \(float\) \[128, 3\]"),
+    (_ct_weights(strategy="channel", group_size=None), r"weight_scale' is BF16 \[\d+, \d+\].*asymmetric channel .*"
+                                                       r"weight_scale \(float\) \[\d+, 1\]"),
+    (_ct_weights(symmetric=True, zp_dtype=None), r"weight_zero_point' next to weight .* but config group group_0 is "
+                                                 r"symmetric: compressed-tensors drops symmetric zero points"),
+    (lambda q: q["config_groups"]["group_0"].update(format="marlin-24"),
+     r"config_groups.group_0: format 'marlin-24'.*read from \['pack-quantized', 'naive-quantized', 'int-quantized'\]"),
+    (lambda q: q["config_groups"]["group_0"].update(targets=["re:.*mlp.*"]),
+     r"no quantization_config.config_groups target matches model.layers.0.self_attn.\w+ \(targets \['re:.\*mlp.\*'\]\)"),
+    (lambda q: q.update(ignore=["lm_head", CT_MOD]),
+     rf"{CT_MOD} is listed in quantization_config.ignore .* but its weight is stored as integers"),
+])
+def test_ct_asym_config_it_cannot_follow_is_named(ct_asym, change, want, capsys):
+    """quantization_config of a compressed-tensors symmetric-false checkpoint that the readers do not cover (widths
+    outside 2..8, float weights, block strategy, act-order groups, dynamic weights, other formats) or that
+    contradicts the stored tensors (num_bits, group_size, strategy, symmetric, targets, ignore): an error naming the
+    key / tensor."""
+    cfg = json.loads((ct_asym / "config.json").read_text())
+    change(cfg["quantization_config"])
+    (ct_asym / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InspectError, match=want):
+        inspect_dir(ct_asym, use_loss=False)
+    cli_error(ct_asym, capsys)
+
+
+def test_ct_asym_legacy_zero_point_shape_is_named(tmp_path, capsys):
+    """compressed-tensors <= 0.9.3 zero points (int8 [N, G], unpacked) of the wrong shape: named, with both
+    generations' shapes."""
+    d = tmp_path / "legacy"
+    synth.write("compressed-tensors-asym-int4-legacy", synth.Logical.from_dir(TRAINED), d)
+    edit(d, lambda sd: sd.__setitem__(f"{CT_MOD}.weight_zero_point", sd[f"{CT_MOD}.weight_zero_point"].t().contiguous()))
+    with pytest.raises(InspectError, match=rf"{CT_MOD}.weight_zero_point' is I8 \[2, 64\].*int32 \[ceil\(N/8\), G\] = "
+                                           rf"\[8, 2\] \(compressed-tensors >= 0.9.4.*or int8 \[64, 2\] \(<= 0.9.3"):
+        inspect_dir(d, use_loss=False)
+    cli_error(d, capsys)
+
+
 def test_config_missing_field(model, capsys):
     cfg = json.loads((model / "config.json").read_text())
     del cfg["hidden_size"]

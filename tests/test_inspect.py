@@ -769,6 +769,136 @@ def test_awq_without_quantization_config_and_config_aliases(logical, tmp_path):
     assert inspect_dir(ref, use_loss=False).spec.linears == want.linears
 
 
+CT_MOD = "model.layers.1.self_attn.k_proj"  # logical 64 x 128
+
+
+def _ct_expected(fmt: str, mod: str, n: int, k: int):
+    """(bits, strategy, pack, zero granularity, zero_pack, generation) of a synth.CT_ASYM_FORMATS module."""
+    from reference.formats import ct_pack_spec, ct_zero_pack_spec
+
+    bits = int(fmt.split("int")[1][0]) if "int" in fmt else 4
+    if fmt.endswith("-mixed"):
+        bits = 8 if "down_proj" in mod else 2 if "layers.0." in mod else 4
+    strategy = "channel" if "-channel" in fmt else "tensor" if fmt.endswith("-tensor") else "group"
+    naive = "naive" in fmt
+    pack = PackSpec(bits=8, container="int8", pack_axis=1, codes=twos_complement_table(8)) if naive \
+        else ct_pack_spec(bits)
+    zpack = None if naive or strategy == "tensor" or fmt.endswith("-legacy") else ct_zero_pack_spec(bits)
+    return bits, strategy, pack, zpack
+
+
+@pytest.mark.parametrize("fmt", sorted(synth.CT_ASYM_FORMATS))
+def test_compressed_tensors_asym_recovered(fmt, logical, tmp_path):
+    """compressed-tensors symmetric false (int2 / int4 / int8; group 64, channel, tensor; zero points packed along N
+    as compressed-tensors >= 0.9.4 writes them, or int8 unpacked as <= 0.9.3, a tensor strategy and naive-quantized
+    keep them; mixed widths from config groups with name targets), from config.json: weight_packed through
+    ct_pack_spec (naive: the int8 q), zero points through ct_zero_pack_spec where packed, scales as stored; the
+    decode is (q - z) * s bit for bit, with and without a text sample, one candidate; weight_shape is ignored (and
+    checked), the zero points are not; the spec survives JSON."""
+    out = tmp_path / fmt
+    truth = synth.write(fmt, logical, out)
+    ck = Checkpoint(out)
+    for use_loss in (False, True):
+        res = inspect_dir(out, use_loss=use_loss)
+        for mod in truth.ternary:
+            e = res.spec.linears[mod]
+            n, k = e.shape
+            bits, strategy, pack, zpack = _ct_expected(fmt, mod, n, k)
+            assert e.pack == pack and e.zero_pack == zpack, mod
+            assert e.weight_key == f"{mod}.{'weight' if 'naive' in fmt else 'weight_packed'}"
+            gran = (e.zero.key, e.zero.granularity, e.zero.group_size)
+            assert gran == (f"{mod}.weight_zero_point", strategy, 64 if strategy == "group" else None), mod
+            assert (e.scale.key, e.scale.granularity, e.scale.op) == (f"{mod}.weight_scale", strategy, "multiply")
+            d = decode_linear(ck, e, mod)
+            assert torch.equal(d.values.to(torch.int16), truth.ternary[mod]), mod
+            assert torch.equal(d.effective(), truth.effective(mod)), mod
+        assert not any(k.endswith(".weight_zero_point") for k in res.spec.ignored)
+        assert ("naive" in fmt) != any(k.endswith(".weight_shape") for k in res.spec.ignored)
+        assert len(res.scored) == 1  # nothing to search: compressed-tensors' layout
+        assert any(f.what == "block structure" and "compressed-tensors" in f.decision and
+                   f.confidence == "high (config)" for f in res.findings)
+        assert any(f.what == "zero point" and "symmetric false" in f.decision for f in res.findings)
+        again = CheckpointSpec.from_dict(json.loads(json.dumps(res.spec.to_dict())))
+        assert again == res.spec
+
+
+@pytest.mark.parametrize("fmt", ["compressed-tensors-asym-int4", "compressed-tensors-asym-int8-channel",
+                                 "compressed-tensors-asym-int4-tensor", "compressed-tensors-asym-int4-legacy"])
+def test_compressed_tensors_asym_without_quantization_config(fmt, logical, tmp_path):
+    """compressed-tensors' tensors without a quantization_config are recognised by their names and shapes
+    (weight_packed int32 [N, ceil(K*b/32)] at one of b = 2 / 4 / 8, weight_shape, weight_scale [N, G] / [N, 1] /
+    [1], weight_zero_point packed [ceil(N*b/32), G] or int8): the same spec as from config.json, medium confidence."""
+    bare, ref = tmp_path / "bare", tmp_path / "ref"
+    truth = synth.write(fmt, logical, bare, keep_quant_config=False)
+    synth.write(fmt, logical, ref)
+    res = inspect_dir(bare, use_loss=False)
+    assert res.spec.linears == inspect_dir(ref, use_loss=False).spec.linears
+    assert any(f.what == "block structure" and f.confidence == "medium (names and shapes)" for f in res.findings)
+    assert torch.equal(decode_linear(Checkpoint(bare), res.spec.linears[CT_MOD], CT_MOD).effective(),
+                       truth.effective(CT_MOD))
+
+
+def test_compressed_tensors_asym_config_variants(logical, tmp_path):
+    """config.json as other compressed-tensors versions / tools write it reads the same: no per-group 'format'
+    (the top-level one), top-level 'mixed-precision' with per-group formats, no 'strategy' (from group_size, as
+    QuantizationArgs infers it), 're:' targets picked before the class target 'Linear' (vLLM's find_matched_target),
+    and a symmetric group next to an asymmetric one (its modules without zero points: their values q)."""
+    out = tmp_path / "ct"
+    truth = synth.write("compressed-tensors-asym-mixed", logical, out)
+    want = inspect_dir(out, use_loss=False).spec.linears
+    cfg = json.loads((out / "config.json").read_text())
+
+    def variant(edit):
+        c = json.loads(json.dumps(cfg))
+        edit(c["quantization_config"])
+        (out / "config.json").write_text(json.dumps(c))
+        return inspect_dir(out, use_loss=False).spec.linears
+
+    def no_group_format(q):
+        for g in q["config_groups"].values():
+            g.pop("format")
+
+    def mixed_precision(q):
+        q["format"] = "mixed-precision"
+
+    def no_strategy(q):
+        for g in q["config_groups"].values():
+            g["weights"].pop("strategy")
+
+    def regex_targets(q):
+        for g in q["config_groups"].values():
+            if g["targets"] != ["Linear"]:
+                g["targets"] = ["re:" + "|".join(t.replace(".", r"\.") + "$" for t in g["targets"])]
+        q["config_groups"] = dict(reversed(list(q["config_groups"].items())))  # 'Linear' first: names still win
+
+    for edit in (no_group_format, mixed_precision, no_strategy, regex_targets):
+        assert variant(edit) == want, edit.__name__
+    # a symmetric int4 group for the 4-bit modules: stored without zero points, decoded as q (offset binary)
+    sym = tmp_path / "sym"
+    shutil.copytree(out, sym)
+    c = json.loads(json.dumps(cfg))
+    g4 = next(g for g in c["quantization_config"]["config_groups"].values() if g["weights"]["num_bits"] == 4)
+    g4["weights"].update(symmetric=True, zp_dtype=None)
+    (sym / "config.json").write_text(json.dumps(c))
+    sd = load_file(str(sym / "model.safetensors"))
+    four = [m for m in truth.ternary if "down_proj" not in m and "layers.0." not in m]
+    for m in four:
+        del sd[f"{m}.weight_zero_point"]
+    from safetensors.torch import save_file
+
+    save_file(sd, str(sym / "model.safetensors"))
+    spec = inspect_dir(sym, use_loss=False).spec
+    ck = Checkpoint(sym)
+    for m in truth.ternary:
+        e = spec.linears[m]
+        assert (e.zero is None) == (m in four), m
+        if m in four:  # q itself: the stored codes minus 8
+            q = torch.stack([(sd[f"{m}.weight_packed"].to(torch.int64) >> (4 * j)) & 15 for j in range(8)], 2)
+            assert torch.equal(decode_linear(ck, e, m).values.to(torch.int64), q.reshape(e.shape[0], -1) - 8)
+        else:
+            assert torch.equal(decode_linear(ck, e, m).effective(), truth.effective(m)), m
+
+
 # ---------------------------------------------------------------------------------------
 # HQQ meta tensors and axis=0 grouping (mobiusml/hqq; the rule is in reference/inspect.py's docstring)
 
