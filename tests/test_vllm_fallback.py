@@ -6,7 +6,7 @@ Unit tests (no engine): q/k/v, gate/up (shards loaded separately) and down under
 (rank and world size patched into vLLM's linear module, as the loaders read them), against the
 slices of the effective weight; the error for a row-parallel split that cuts a group.  Engine tests:
 tiny checkpoints written by reference.synth (seed packing + group scales, ternary; compressed-tensors
-int4 with group scales, inspected) through vLLM vs the reference model."""
+int4 with group scales, and symmetric false with zero points, inspected) through vLLM vs the reference model."""
 from __future__ import annotations
 
 import dataclasses
@@ -91,6 +91,35 @@ def awq_group(tmp_path_factory):
     return spec, sd, {m: truth.effective(m) for m in linears}
 
 
+def _inspected_layer0(tmp_path_factory, fmt: str):
+    """Layer 0 of the trained model written by reference.synth in ``fmt`` and inspected: the spec's layer-0 entries,
+    the stored tensors they name and the exact effective weights."""
+    from reference.checkpoint import Checkpoint
+    from reference.inspect import inspect_dir
+
+    out = tmp_path_factory.mktemp("ct") / fmt
+    truth = synth.write(fmt, synth.Logical.from_dir(TRAINED), out)
+    full = inspect_dir(out, use_loss=False).spec
+    linears = {f"{P0}.{m}": full.linears[f"{P0}.{m}"] for m in SHAPES}
+    ck = Checkpoint(out)
+    sd = {k: ck.get(k) for e in linears.values() for k in (e.weight_key, e.scale.key, e.zero.key)}
+    spec = CheckpointSpec(name=f"{fmt}-layer0", linears=linears, tensors={}, activation_quant="none")
+    return spec, sd, {m: truth.effective(m) for m in linears}
+
+
+@pytest.fixture(scope="module")
+def ct_asym_group(tmp_path_factory):
+    """compressed-tensors symmetric false, int4 groups of 64 (weight_packed, bf16 weight_scale [N, K/64],
+    weight_zero_point int32 [N/8, K/64] packed along N), inspected."""
+    return _inspected_layer0(tmp_path_factory, "compressed-tensors-asym-int4")
+
+
+@pytest.fixture(scope="module")
+def ct_asym_legacy(tmp_path_factory):
+    """The same as compressed-tensors <= 0.9.3 stores it: weight_zero_point int8 [N, K/64], unpacked."""
+    return _inspected_layer0(tmp_path_factory, "compressed-tensors-asym-int4-legacy")
+
+
 def build(kind: str, qc):
     from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 
@@ -132,11 +161,12 @@ MODS = {"qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
 
 @pytest.mark.parametrize("kind", ["qkv", "gate_up", "down"])
 @pytest.mark.parametrize("size", [1, 2])
-@pytest.mark.parametrize("model", ["int4_group", "hqq_group", "awq_group"])
+@pytest.mark.parametrize("model", ["int4_group", "hqq_group", "awq_group", "ct_asym_group", "ct_asym_legacy"])
 def test_group_scales_slice_under_tp(vllm_env, tp, request, model, kind, size):
-    """Group scales (and HQQ's / AutoAWQ's zero points, laid out as the scales; AutoAWQ's packed along N in
-    AWQ_ORDER and unpacked through the entry's zero_pack) sliced with the weight: each rank's dense weight is its
-    slice of the effective weight, exactly."""
+    """Group scales (and HQQ's / AutoAWQ's / compressed-tensors' zero points, laid out as the scales; AutoAWQ's
+    packed along N in AWQ_ORDER, compressed-tensors' packed along N as z + 2^(b-1) or int8 unpacked, through the
+    entry's zero_pack) sliced with the weight: each rank's dense weight is its slice of the effective weight,
+    exactly."""
     from trit.vllm.quant import DenseFallbackLinearMethod, TernaryConfig
 
     spec, sd, eff = request.getfixturevalue(model)
@@ -156,6 +186,41 @@ def test_group_scales_slice_under_tp(vllm_env, tp, request, model, kind, size):
         assert layer.weight.dtype == torch.float32 and not hasattr(layer, "weight_scale")
         assert not hasattr(layer, "weight_zero")
         assert torch.equal(layer.weight.data, want), f"{kind} TP{size} rank {rank}"
+
+
+@pytest.fixture(scope="module", params=["compressed-tensors-asym-int8-channel", "compressed-tensors-asym-int4-channel",
+                                        "compressed-tensors-asym-int8-channel-legacy",
+                                        "compressed-tensors-asym-int4-tensor"])
+def ct_asym_channel(request, tmp_path_factory):
+    """compressed-tensors symmetric false with channel / tensor strategies, inspected: (fmt, spec, sd, eff)."""
+    return (request.param, *_inspected_layer0(tmp_path_factory, request.param))
+
+
+@pytest.mark.parametrize("kind,size", [("qkv", 1), ("qkv", 2), ("gate_up", 2), ("gate_up", 4), ("down", 2),
+                                       ("down", 4)])
+def test_channel_zero_points_slice_under_tp(vllm_env, tp, ct_asym_channel, kind, size):
+    """compressed-tensors' per-channel zero points (int32 [ceil(N*b/32), 1] packed along N, or int8 [N, 1] as <=
+    0.9.3 stores them) and per-tensor ones (int8 [1]) with their channel / tensor scales: no group axis, so the
+    staged scale / zero are (N_part, 1) without input_dim and a row-parallel split anywhere in K keeps them whole
+    (TP 4 cuts down_proj's K = 384 into 96, no multiple of any group); each rank's dense weight is its slice of
+    the effective weight, exactly."""
+    from trit.vllm.quant import DenseFallbackLinearMethod, TernaryConfig
+
+    fmt, spec, sd, eff = ct_asym_channel
+    for rank in range(size):
+        tp(rank, size)
+        layer = build(kind, TernaryConfig(spec))
+        assert isinstance(layer.quant_method, DenseFallbackLinearMethod) and layer.quant_method.group_size is None
+        for p in (layer.weight_scale, layer.weight_zero):
+            assert p.shape == (layer.trit_n, 1) and getattr(p, "input_dim", None) is None
+        load(layer, spec, sd)
+        full = [eff[f"{P0}.{m}"] for m in MODS[kind]]
+        if kind == "down":
+            k = 384 // size
+            want = full[0][:, rank * k:(rank + 1) * k]
+        else:
+            want = torch.cat([f.chunk(size)[rank] for f in full])
+        assert torch.equal(layer.weight.data, want), f"{fmt} {kind} TP{size} rank {rank}"
 
 
 def test_row_parallel_split_inside_a_group_is_an_error(vllm_env, tp, int4_group):
@@ -447,6 +512,78 @@ def test_awq_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
     c = compare(ref, v, order=canonical_names(3 if arch == "bitnet" else 2, arch), dtype="fp32-a8",
                 target_name="vllm")
     assert c.passed, c.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt,arch", [("compressed-tensors-asym-int4", "bitnet"),
+                                      ("compressed-tensors-asym-int8-channel", "llama"),
+                                      ("compressed-tensors-asym-mixed", "llama")])
+def test_ct_asym_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
+    """compressed-tensors symmetric false (int4 groups of 64 on BitNet; int8 per channel and mixed int2 / int4 /
+    int8 groups on vLLM's own Llama, whose loader renames weight_packed / weight_scale / weight_zero_point and stacks
+    q/k/v and gate/up), inspected: the dense fallback unpacks weight_packed and the zero points packed along N and
+    computes (q - z) * s as the reference does."""
+    from parity.compare import compare
+    from parity.names import canonical_names
+    from parity.targets import get_target
+    from reference.formats import ct_zero_pack_spec
+    from reference.inspect import main as inspect_main
+    from reference.make_model import Preset, write_model
+
+    base = TRAINED if arch == "bitnet" else write_model(Preset("llama", 128, 192, 2, 4, 2, 89, False, seed=38),
+                                                        tmp_path / "base")
+    d = tmp_path / fmt
+    synth.write(fmt, synth.Logical.from_dir(base), d)
+    assert inspect_main([str(d), "--no-loss"]) == 0
+    bits = 8 if fmt.endswith(("-int8-channel", "-mixed")) else 4  # down_proj: 8-bit in the mixed model
+    assert CheckpointSpec.load(d / "ternary_spec.json").linears[f"{P0}.mlp.down_proj"].zero_pack == \
+        ct_zero_pack_spec(bits)
+    ids = torch.randint(3, 89, (2, 20), generator=torch.Generator().manual_seed(0))
+    ref = get_target("reference").capture(d, ids)
+    v = get_target("vllm", compute_dtype="fp32").capture(d, ids)
+    c = compare(ref, v, order=canonical_names(3 if arch == "bitnet" else 2, arch), dtype="fp32-a8",
+                target_name="vllm")
+    assert c.passed, c.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["compressed-tensors-asym-int4", "compressed-tensors-asym-int4-channel"])
+def test_ct_asym_checkpoint_matches_vllms_own_compressed_tensors(fmt, tmp_path):
+    """An independent reader of the layout: vLLM's own compressed-tensors method (CompressedTensorsWNA16 with zero
+    points: uint4 weights and zero points on the CPUWNA16 kernel, bf16 only; the inspected spec kept outside the
+    directory, so vLLM follows config.json) runs synth's checkpoint within the bf16 tier of the trit dense fallback
+    under the inspected spec, and not under a spec that reads every zero point one lower (stored z + 2^(b-1) taken
+    as z + 2^(b-1) + 1), so the tier sees a zero point convention off by one; groups of 64 also within the bf16
+    tier of the fp32 reference (per channel, this random model's layer-1 attention amplifies bf16 rounding past
+    the tier in both vLLM routes alike)."""
+    from parity.compare import compare
+    from parity.names import canonical_names
+    from parity.targets import get_target
+    from reference.formats import offset_table
+    from reference.inspect import main as inspect_main
+    from reference.make_model import Preset, write_model
+
+    base = write_model(Preset("llama", 128, 192, 2, 4, 2, 89, False, seed=38), tmp_path / "base")
+    d = tmp_path / fmt
+    synth.write(fmt, synth.Logical.from_dir(base), d)
+    good = tmp_path / "spec.json"
+    assert inspect_main([str(d), "--no-loss", "--out", str(good)]) == 0 and not (d / "ternary_spec.json").exists()
+    spec = CheckpointSpec.load(good)
+    bad = tmp_path / "off-by-one.json"
+    dataclasses.replace(spec, linears={m: dataclasses.replace(e, zero_pack=e.zero_pack.replace(codes=offset_table(4, 7)))
+                                       for m, e in spec.linears.items()}).save(bad)
+    ids = torch.randint(3, 89, (2, 20), generator=torch.Generator().manual_seed(0))
+    vllm = get_target("vllm", compute_dtype="bf16")
+    own = vllm.capture(d, ids)  # vLLM's compressed-tensors method
+    order = canonical_names(2, "llama")
+    for path, ok in ((good, True), (bad, False)):
+        ours = vllm.capture(d, ids, spec_path=path)  # the trit plugin's dense fallback
+        c = compare(ours, own, order=order, dtype="bf16", target_name="vllm")
+        assert c.passed is ok, (path.name, c.summary())
+    if fmt.endswith("-int4"):
+        ref = get_target("reference").capture(d, ids, spec_path=good)
+        c = compare(ref, own, order=order, dtype="bf16", target_name="vllm")
+        assert c.passed, c.summary()
 
 
 def test_hqq_axis0_group_scale_is_refused_by_name():

@@ -163,9 +163,10 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
 def refuse_zero_points(spec: CheckpointSpec) -> None:
     """KeyMapError naming the first module whose per-group zero points the dense fallback cannot load: HQQ
     axis=0 groups (one zero per column of W's [G, N*K/G] view, not consecutive inputs of a row; checked at
-    config time, so vLLM's own Llama refuses them as our BitNet does)."""
+    config time, so vLLM's own Llama refuses them as our BitNet does).  Group zero points of consecutive inputs,
+    per-channel and per-tensor ones (compressed-tensors' channel / tensor strategies) load."""
     for mod, e in spec.linears.items():
-        if e.zero is not None and (e.zero.group_axis == 0 or e.zero.granularity != "group"):
+        if e.zero is not None and (e.zero.group_axis == 0 or e.zero.granularity not in ("group", "channel", "tensor")):
             raise KeyMapError(f"spec {spec.name!r}: {mod} has {e.zero.granularity} zero points {e.zero.key!r} "
                               f"(group_axis {e.zero.group_axis}: HQQ axis=0 groups, one per column of W's "
                               f"[{e.zero.group_size}, N*K/{e.zero.group_size}] view), which the vLLM plugin does "

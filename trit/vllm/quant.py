@@ -830,9 +830,11 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
                      which needs K_part % G == 0, checked here), or (N_part, 1) with output_dim
                      only when the layer has no group scale (per-tensor / per-channel scales are
                      repeated over the groups; 'divide' scales inverted at load).
-                     ``weight_zero`` (modules with zero points: HQQ, GPTQ sym=False, AutoAWQ; packed qzeros
-                     unpacked through the entry's ``zero_pack``): fp32 (N_part, ceil(K_part / G)),
-                     laid out, sliced and loaded as the group scales (0 for a module without), and
+                     ``weight_zero`` (modules with zero points: HQQ, GPTQ sym=False, AutoAWQ, compressed-tensors
+                     symmetric false; packed qzeros / weight_zero_point unpacked through the entry's
+                     ``zero_pack``): fp32 (N_part, ceil(K_part / G)), laid out, sliced and loaded as the group
+                     scales (per-channel / per-tensor zero points repeated over the groups, or (N_part, 1)
+                     with output_dim only when the layer has no group scale; 0 for a module without), and
                      ``weight`` then holds the codes q in fp32.
     process_weights_after_loading
                      weight <- ((values - repeat_interleave(zero, G)) * repeat_interleave(scale, G))
@@ -848,7 +850,8 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         entries = [self.spec.linears[m] for m in self.modules.values()]
         sizes = {e.scale.group_size for e in entries
                  if e.scale is not None and e.scale.granularity in ("group", "block")}  # block: in-block (TQ2_0)
-        sizes |= {e.zero.group_size for e in entries if e.zero is not None}  # zero points: the scales' groups
+        # group zero points: the scales' groups (per-channel / per-tensor ones are repeated over them, as scales are)
+        sizes |= {e.zero.group_size for e in entries if e.zero is not None and e.zero.granularity == "group"}
         if len(sizes) > 1:
             raise KeyMapError(f"vLLM layer {prefix!r} fuses {list(self.modules.values())} with different group sizes "
                               f"{sorted(sizes)}; one fused layer takes one group size")
@@ -890,7 +893,9 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         layer.register_parameter("weight_scale", scale)
         if self.zeros:  # per-group zero points, laid out and sharded as the group scales (0 for other modules)
             zero = Parameter(torch.zeros(n_part, cols, dtype=torch.float32), requires_grad=False)
-            set_weight_attrs(zero, {"output_dim": 0, "input_dim": 1, "weight_loader": self._zero_loader(layer, vllm_loader)})
+            set_weight_attrs(zero, {"output_dim": 0, "weight_loader": self._zero_loader(layer, vllm_loader)})
+            if G is not None:  # (N_part, 1) without a group scale: whole on every rank of a row-parallel layer
+                set_weight_attrs(zero, {"input_dim": 1})
             layer.register_parameter("weight_zero", zero)
         layer.trit_n, layer.trit_k, layer.trit_dtype = n_part, k_part, params_dtype
         layer.trit_dense = True
@@ -922,7 +927,8 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
     def _zero_loader(self, layer, vllm_loader):
         G = self.group_size
 
-        def convert(raw, e, m):  # the zero points (unpacked: GPTQ / AutoAWQ qzeros) read as a group scale (group_mult)
+        def convert(raw, e, m):  # the zero points (unpacked: GPTQ / AutoAWQ qzeros, compressed-tensors
+            # weight_zero_point) read as a scale of the same granularity (keymap.group_mult)
             from reference.spec import zero_matrix
 
             z = zero_matrix(raw.detach().cpu(), e.zero, e.zero_pack, e.shape, f"tensor {e.zero.key!r} ({m})")
