@@ -978,6 +978,12 @@ def _awq_check(m: Module, gs: int, ckpt: Checkpoint) -> int:
     G = k if gs == -1 else gs
     parts = [p for p, _ in m.parts]
     lay = f"AutoAWQ gemm (group_size {gs}) stores the logical {n}x{k} matrix of {parts} as"
+    if m.g_idx is not None and tuple(m.weight.shape) == (k // 8, n) and tuple(m.weight.shape) != (k, n // 8):
+        # AutoGPTQ writes g_idx with every module: a GPTQ checkpoint under an awq config shows here first
+        raise InspectError(f"{m.where()}: {m.weight.dtype} {list(m.weight.shape)} next to g_idx {m.g_idx.name!r}: "
+                           f"that is AutoGPTQ's layout (qweight [K/8, N] + g_idx), but config.json says quant_method "
+                           f"'awq', whose {lay} qweight int32 [K, N/8] = [{k}, {n // 8}] without g_idx (a GPTQ "
+                           f"checkpoint needs quant_method 'gptq')")
     for t in (m.g_idx, m.shape_t, *m.hqq_meta.values()):
         if t is not None:
             raise InspectError(f"{t.file}: tensor {t.name!r} next to weight {m.weight.name!r} is not part of AutoAWQ's "
@@ -1414,6 +1420,12 @@ def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, find
             v = cbits // bits
             div = "" if n % v == 0 and k % v == 0 else (f" (note: {'K' if k % v else 'N'}="
                                                          f"{k if k % v else n} is not divisible by {v})")
+            if st.name.endswith(".weight_packed") and not (cfg.quantization or {}).get("config_groups"):
+                # compressed-tensors' name, but no config_groups to give num_bits: the width above was a guess
+                div += (f"; {st.name.rsplit('.', 1)[-1]} is compressed-tensors' packed weight, and without a "
+                        f"quantization_config (config_groups ... weights.num_bits) its width is guessed from the "
+                        f"codes and shapes, which covers 2 / 4 / 8-bit only: add the quantization_config that "
+                        f"compressed-tensors wrote (e.g. num_bits 3 / 5 / 6 / 7)")
             raise InspectError(
                 f"{m.where()}: shape {list(st.shape)} {st.dtype} cannot hold the logical {n}x{k} matrix that "
                 f"config.json implies for {[p for p, _ in m.parts]} at {v} {bits}-bit values per "

@@ -259,6 +259,36 @@ def test_awq_config_it_cannot_follow_is_named(awq, change, want, capsys):
     cli_error(awq, capsys)
 
 
+def test_gptq_tensors_under_an_awq_config_are_said_to_be_gptq(tmp_path, capsys):
+    """An AutoGPTQ checkpoint (qweight [K/8, N] with g_idx, as AutoGPTQ always writes) whose config.json says
+    quant_method awq: the error says these are AutoGPTQ's tensors and which quant_method reads them (it named the
+    g_idx an extra key of AWQ's layout before)."""
+    d = tmp_path / "gptq-under-awq"
+    synth.write("gptq-asym-int4", synth.Logical.from_dir(TRAINED), d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
+                                  "version": "gemm"}
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InspectError, match=r"qweight'.*next to g_idx .*AutoGPTQ's layout \(qweight \[K/8, N\] \+ "
+                                           r"g_idx\).*quant_method 'awq'.*needs quant_method 'gptq'"):
+        inspect_dir(d, use_loss=False)
+    assert "AutoGPTQ" in cli_error(d, capsys)
+
+
+def test_bare_compressed_tensors_at_an_odd_width_asks_for_its_config(tmp_path, capsys):
+    """compressed-tensors int3 without its quantization_config: the width is guessed from codes and shapes (2 / 4 /
+    8-bit only), so the shape error says to add the config that names num_bits."""
+    d = tmp_path / "ct3-bare"
+    synth.write(lambda lg: synth.w_compressed_tensors_asym(lg, 3, "group", 64), synth.Logical.from_dir(TRAINED), d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.pop("quantization_config")
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InspectError, match=r"weight_packed'.*cannot hold.*compressed-tensors' packed weight.*"
+                                           r"quantization_config.*num_bits 3 / 5 / 6 / 7"):
+        inspect_dir(d, use_loss=False)
+    cli_error(d, capsys)
+
+
 CT_MOD = "model.layers.1.self_attn.k_proj"  # logical 64 x 128: int4 g64 stores weight_packed [64, 16], zp [8, 2]
 
 

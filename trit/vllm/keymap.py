@@ -346,7 +346,9 @@ def dense_reason(entry: LinearEntry) -> Optional[str]:
         why.append(f"in-block scale (one {entry.scale.dtype} per {entry.scale.group_size}-value block, "
                    f"{entry.scale.record_bytes}-byte blocks)")
     if entry.zero is not None:
-        why.append(f"per-group zero points {entry.zero.key!r} (W = (q - zero) * scale)")
+        kind = {"group": "per-group", "channel": "per-channel", "tensor": "per-tensor"}.get(entry.zero.granularity,
+                                                                                           entry.zero.granularity)
+        why.append(f"{kind} zero points {entry.zero.key!r} (W = (q - zero) * scale)")
     elif entry.pack is not None:
         levels = sorted({int(v) for v in entry.pack.codes if v is not None})
         if not set(levels) <= TERNARY_LEVELS:
