@@ -2268,6 +2268,26 @@ cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sm
   cfg.numAttrs = pdl ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
 }
+// cudaLaunchKernelEx of 256-thread CTAs on grid in thread-block clusters of (S, 1, 1), with (pdl) or without
+// programmatic stream serialization. Clusters need sm_90: the caller checks (pdl_supported).
+template <typename... KArgs, typename... Args>
+cudaError_t launch_cluster_ex(void (*kernel)(KArgs...), dim3 grid, int S, cudaStream_t st, bool pdl, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(256);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = S;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 2 : 1;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+}
 
 // TRIT_QUANT_CLUSTER = n > 0: the cluster quantizer's CTAs per row - the fewest that give each thread
 // <= 2 groups of 8 (one 16-byte load each), at most n, but at least the fewest that hold the row in
@@ -2295,27 +2315,16 @@ int quant_cluster_size(int Kp, int n) {
 template <typename T>
 cudaError_t launch_quant_cluster(int S, const T* x, int8_t* xq, float* xs, int32_t* rowsum, int M, int K, int Kp,
                                  bool vec, cudaStream_t st, bool pdl, int Mp = 0, int act = 0) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(S, Mp > 0 ? Mp : M);
-  cfg.blockDim = dim3(256);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = S;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 2 : 1;
+  const dim3 grid(S, Mp > 0 ? Mp : M);
   if (act != 0)
-    return Mp > 0 ? cudaLaunchKernelEx(&cfg, quant_rows_cluster_kernel<T, true, true>, x, xq, xs, rowsum, K, Kp, S, vec,
-                                       M, Mp, act)
-                  : cudaLaunchKernelEx(&cfg, quant_rows_cluster_kernel<T, false, true>, x, xq, xs, rowsum, K, Kp, S,
-                                       vec, M, 0, act);
-  return Mp > 0 ? cudaLaunchKernelEx(&cfg, quant_rows_cluster_kernel<T, true>, x, xq, xs, rowsum, K, Kp, S, vec, M, Mp, 0)
-                : cudaLaunchKernelEx(&cfg, quant_rows_cluster_kernel<T>, x, xq, xs, rowsum, K, Kp, S, vec, M, 0, 0);
+    return Mp > 0 ? launch_cluster_ex(quant_rows_cluster_kernel<T, true, true>, grid, S, st, pdl, x, xq, xs, rowsum, K,
+                                      Kp, S, vec, M, Mp, act)
+                  : launch_cluster_ex(quant_rows_cluster_kernel<T, false, true>, grid, S, st, pdl, x, xq, xs, rowsum, K,
+                                      Kp, S, vec, M, 0, act);
+  return Mp > 0 ? launch_cluster_ex(quant_rows_cluster_kernel<T, true>, grid, S, st, pdl, x, xq, xs, rowsum, K, Kp, S,
+                                    vec, M, Mp, 0)
+                : launch_cluster_ex(quant_rows_cluster_kernel<T>, grid, S, st, pdl, x, xq, xs, rowsum, K, Kp, S, vec, M,
+                                    0, 0);
 }
 
 // Rows of x per v5 warp: MT 8-row tiles. Where v5 runs, from the H200 table (bench/results,
@@ -3177,23 +3186,9 @@ cudaError_t launch_rms_norm_quant(const T* x, const T* residual, const T* w, T* 
   if (S == 1)
     return launch_ex(rms_norm_quant_cluster_kernel<T>, dim3(1, rows), dim3(256), 0, st, pdl, x, residual, w, out,
                      res_out, xq, xs, rowsum, K, Kp, eps, 1, M, Mp);
-  if (S > 1) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(S, rows);
-    cfg.blockDim = dim3(256);
-    cfg.stream = st;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = S;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 2 : 1;
-    return cudaLaunchKernelEx(&cfg, rms_norm_quant_cluster_kernel<T>, x, residual, w, out, res_out, xq, xs, rowsum,
-                              K, Kp, eps, S, M, Mp);
-  }
+  if (S > 1)
+    return launch_cluster_ex(rms_norm_quant_cluster_kernel<T>, dim3(S, rows), S, st, pdl, x, residual, w, out, res_out,
+                             xq, xs, rowsum, K, Kp, eps, S, M, Mp);
   const int groups = (K + kRnqThreads * 8 - 1) / (kRnqThreads * 8);  // groups of 8 per thread
   auto go = [&](auto kern) {
     return launch_ex(kern, dim3(rows), dim3(kRnqThreads), 0, st, pdl, x, residual, w, out, res_out, xq, xs, rowsum, K,

@@ -462,14 +462,9 @@ def test_hqq_quantizer_checkpoint_runs_in_vllm(fmt, tmp_path):
     _capture_and_compare(d, ids, "fp32-a8")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("fmt,arch", [("gptq-asym-int2", "bitnet"), ("gptq-asym-int4-v2", "llama")])
-def test_gptq_asymmetric_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
-    """AutoGPTQ sym=False (v1 int2 on BitNet, gptq_v2 int4 on vLLM's own Llama), inspected: packed qzeros
-    unpacked and subtracted by the dense fallback as the reference does."""
-    from parity.compare import compare
-    from parity.names import canonical_names
-    from parity.targets import get_target
+def _inspected_zero_point_model(fmt: str, arch: str, tmp_path) -> tuple:
+    """synth's ``fmt`` written over the trained BitNet model (arch 'bitnet') or a small vLLM-Llama (arch 'llama'),
+    inspected: (its directory, the inspected spec's down_proj entry)."""
     from reference.inspect import main as inspect_main
     from reference.make_model import Preset, write_model
 
@@ -478,13 +473,30 @@ def test_gptq_asymmetric_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
     d = tmp_path / fmt
     synth.write(fmt, synth.Logical.from_dir(base), d)
     assert inspect_main([str(d), "--no-loss"]) == 0
-    assert CheckpointSpec.load(d / "ternary_spec.json").linears[f"{P0}.mlp.down_proj"].zero_pack is not None
+    return d, CheckpointSpec.load(d / "ternary_spec.json").linears[f"{P0}.mlp.down_proj"]
+
+
+def _vllm_within_fp32_a8_of_reference(d, arch: str) -> None:
+    from parity.compare import compare
+    from parity.names import canonical_names
+    from parity.targets import get_target
+
     ids = torch.randint(3, 89, (2, 20), generator=torch.Generator().manual_seed(0))
     ref = get_target("reference").capture(d, ids)
     v = get_target("vllm", compute_dtype="fp32").capture(d, ids)
     c = compare(ref, v, order=canonical_names(3 if arch == "bitnet" else 2, arch), dtype="fp32-a8",
                 target_name="vllm")
     assert c.passed, c.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt,arch", [("gptq-asym-int2", "bitnet"), ("gptq-asym-int4-v2", "llama")])
+def test_gptq_asymmetric_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
+    """AutoGPTQ sym=False (v1 int2 on BitNet, gptq_v2 int4 on vLLM's own Llama), inspected: packed qzeros
+    unpacked and subtracted by the dense fallback as the reference does."""
+    d, down = _inspected_zero_point_model(fmt, arch, tmp_path)
+    assert down.zero_pack is not None
+    _vllm_within_fp32_a8_of_reference(d, arch)
 
 
 @pytest.mark.slow
@@ -493,25 +505,11 @@ def test_awq_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
     """AutoAWQ gemm (groups of 128 on BitNet, 64 on vLLM's own Llama, whose loader renames qweight / qzeros /
     scales and stacks q/k/v and gate/up), inspected: the dense fallback unpacks qweight and qzeros in AWQ_ORDER and
     computes (q - z) * s as the reference does."""
-    from parity.compare import compare
-    from parity.names import canonical_names
-    from parity.targets import get_target
     from reference.formats import AWQ_GEMM_ZEROS
-    from reference.inspect import main as inspect_main
-    from reference.make_model import Preset, write_model
 
-    base = TRAINED if arch == "bitnet" else write_model(Preset("llama", 128, 192, 2, 4, 2, 89, False, seed=38),
-                                                        tmp_path / "base")
-    d = tmp_path / fmt
-    synth.write(fmt, synth.Logical.from_dir(base), d)
-    assert inspect_main([str(d), "--no-loss"]) == 0
-    assert CheckpointSpec.load(d / "ternary_spec.json").linears[f"{P0}.mlp.down_proj"].zero_pack == AWQ_GEMM_ZEROS
-    ids = torch.randint(3, 89, (2, 20), generator=torch.Generator().manual_seed(0))
-    ref = get_target("reference").capture(d, ids)
-    v = get_target("vllm", compute_dtype="fp32").capture(d, ids)
-    c = compare(ref, v, order=canonical_names(3 if arch == "bitnet" else 2, arch), dtype="fp32-a8",
-                target_name="vllm")
-    assert c.passed, c.summary()
+    d, down = _inspected_zero_point_model(fmt, arch, tmp_path)
+    assert down.zero_pack == AWQ_GEMM_ZEROS
+    _vllm_within_fp32_a8_of_reference(d, arch)
 
 
 @pytest.mark.slow
@@ -523,27 +521,12 @@ def test_ct_asym_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
     int8 groups on vLLM's own Llama, whose loader renames weight_packed / weight_scale / weight_zero_point and stacks
     q/k/v and gate/up), inspected: the dense fallback unpacks weight_packed and the zero points packed along N and
     computes (q - z) * s as the reference does."""
-    from parity.compare import compare
-    from parity.names import canonical_names
-    from parity.targets import get_target
     from reference.formats import ct_zero_pack_spec
-    from reference.inspect import main as inspect_main
-    from reference.make_model import Preset, write_model
 
-    base = TRAINED if arch == "bitnet" else write_model(Preset("llama", 128, 192, 2, 4, 2, 89, False, seed=38),
-                                                        tmp_path / "base")
-    d = tmp_path / fmt
-    synth.write(fmt, synth.Logical.from_dir(base), d)
-    assert inspect_main([str(d), "--no-loss"]) == 0
+    d, down = _inspected_zero_point_model(fmt, arch, tmp_path)
     bits = 8 if fmt.endswith(("-int8-channel", "-mixed")) else 4  # down_proj: 8-bit in the mixed model
-    assert CheckpointSpec.load(d / "ternary_spec.json").linears[f"{P0}.mlp.down_proj"].zero_pack == \
-        ct_zero_pack_spec(bits)
-    ids = torch.randint(3, 89, (2, 20), generator=torch.Generator().manual_seed(0))
-    ref = get_target("reference").capture(d, ids)
-    v = get_target("vllm", compute_dtype="fp32").capture(d, ids)
-    c = compare(ref, v, order=canonical_names(3 if arch == "bitnet" else 2, arch), dtype="fp32-a8",
-                target_name="vllm")
-    assert c.passed, c.summary()
+    assert down.zero_pack == ct_zero_pack_spec(bits)
+    _vllm_within_fp32_a8_of_reference(d, arch)
 
 
 @pytest.mark.slow
