@@ -62,15 +62,19 @@ def parse_clusters(text: str) -> list[int]:
     return list(dict.fromkeys(vals))
 
 
-def _median_kernel(fn, n_calls: int, name: str, exclude: str = "") -> tuple[float, list | None]:
-    """Median CUPTI duration (us) of the kernels whose name contains ``name`` (and not ``exclude``), and the
-    grid of the first."""
+def _median_kernel(fn, n_calls: int, name: str) -> tuple[float, list | None]:
+    """Per call, the summed CUPTI durations (us) of the kernels whose name contains ``name`` (Inductor may split
+    a norm into more than one kernel), median over the calls, and the grid of the first such kernel."""
     events = [e for e in cupti_kernel_events(fn, n_calls) if e.get("cat") == "kernel"]
-    ks = [e for e in events if name in e.get("name", "") and not (exclude and exclude in e.get("name", ""))]
+    ks = [e for e in events if name in e.get("name", "")]
     if not ks:
         names = sorted({e.get("name", "")[:60] for e in events})
         raise RuntimeError(f"bench.norm_quant: no kernel named like {name!r} in the profile (kernels: {names})")
-    return statistics.median(float(e["dur"]) for e in ks), ks[0].get("args", {}).get("grid")
+    per = len(ks) // n_calls
+    if per < 1 or len(ks) % n_calls:
+        raise RuntimeError(f"bench.norm_quant: {len(ks)} kernels named like {name!r} in {n_calls} calls")
+    durs = [sum(float(e["dur"]) for e in ks[i * per:(i + 1) * per]) for i in range(n_calls)]
+    return statistics.median(durs), ks[0].get("args", {}).get("grid")
 
 
 def check(ref: tuple, got: tuple, what: str, layout: int = 0) -> list[str]:

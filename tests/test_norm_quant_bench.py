@@ -53,3 +53,19 @@ def test_markdown_table():
     assert "all passed" in md
     md = nq.markdown({"device": "H200", "date": "d", "commit": "c", "command": "cmd"}, rows, [0, 2], ["M=32: xq"])
     assert "- M=32: xq" in md
+
+
+def test_kernel_time_sums_each_calls_kernels(monkeypatch):
+    """Kernels named alike in one call (Inductor's norm split in two) are added per call, then the median taken;
+    a count that does not divide into the calls is an error."""
+    evs = [{"cat": "kernel", "name": "triton_red_0", "dur": 1.0, "args": {"grid": [4, 1, 1]}},
+           {"cat": "kernel", "name": "triton_poi_1", "dur": 2.0}] * 2 + [{"cat": "kernel", "name": "other", "dur": 9.0}]
+    evs[2] = dict(evs[2], dur=3.0)
+    monkeypatch.setattr(nq, "cupti_kernel_events", lambda fn, n: evs)
+    us, grid = nq._median_kernel(None, 2, "triton")
+    assert us == 4.0 and grid == [4, 1, 1]  # calls: 1 + 2 = 3 and 3 + 2 = 5, median 4
+    with pytest.raises(RuntimeError, match="3 kernels named like 'triton' in 2 calls"):
+        monkeypatch.setattr(nq, "cupti_kernel_events", lambda fn, n: evs[:3])
+        nq._median_kernel(None, 2, "triton")
+    with pytest.raises(RuntimeError, match="no kernel named like 'quant_rows'"):
+        nq._median_kernel(None, 2, "quant_rows")
