@@ -961,6 +961,20 @@ def _awq_config(cfg: ModelConfig) -> dict:
     return out
 
 
+def _check_scale_values(m: Module, s: torch.Tensor, axes: tuple[str, str], who: str, zero_why: str) -> None:
+    """A 2-D scale tensor of a zero-point format (AutoAWQ, compressed-tensors): an InspectError naming the tensor,
+    the count and the first NaN / Inf (at its ``axes`` indices), or the count of zeros and ``zero_why``."""
+    bad = ~torch.isfinite(s)
+    if bool(bad.any()):
+        i, j = (int(x) for x in bad.nonzero()[0])
+        raise InspectError(f"{m.scale.file}: scales {m.scale.name!r} have {int(bad.sum())} NaN/Inf values (first "
+                           f"{float(s[i, j])} at {axes[0]} {i}, {axes[1]} {j}); expected finite {who} scales for "
+                           f"{m.weight.name!r}")
+    if bool((s == 0).any()):
+        raise InspectError(f"{m.scale.file}: scales {m.scale.name!r} have {int((s == 0).sum())} zero values; "
+                           f"{zero_why} (a zero erases the group of {m.weight.name!r})")
+
+
 def _awq_shaped(m: Module) -> bool:
     """A module stored as AutoAWQ gemm stores one: qweight int32 [K, N/8] next to int32 qzeros [G, N/8] and
     scales [G, N] (the inspector's evidence where config.json has no quantization_config)."""
@@ -1013,15 +1027,7 @@ def _awq_check(m: Module, gs: int, ckpt: Checkpoint) -> int:
         raise InspectError(f"{m.scale.file}: tensor {m.scale.name!r} is {m.scale.dtype} {list(m.scale.shape)}, "
                            f"but {lay} scales fp16 [K/G, N] = [{g}, {n}]")
     s = ckpt.get(m.scale.name).to(torch.float32)
-    bad = ~torch.isfinite(s)
-    if bool(bad.any()):
-        i, j = (int(x) for x in bad.nonzero()[0])
-        raise InspectError(f"{m.scale.file}: scales {m.scale.name!r} have {int(bad.sum())} NaN/Inf values (first "
-                           f"{float(s[i, j])} at group {i}, output {j}); expected finite AutoAWQ scales for "
-                           f"{m.weight.name!r}")
-    if bool((s == 0).any()):
-        raise InspectError(f"{m.scale.file}: scales {m.scale.name!r} have {int((s == 0).sum())} zero values; AutoAWQ's "
-                           f"are (max - min).clamp(min=1e-5) / 15 > 0 (a zero erases the group of {m.weight.name!r})")
+    _check_scale_values(m, s, ("group", "output"), "AutoAWQ", "AutoAWQ's are (max - min).clamp(min=1e-5) / 15 > 0")
     return G
 
 
@@ -1264,16 +1270,8 @@ def _ct_check(m: Module, a: CtArgs, ckpt: Checkpoint) -> dict:
         raise InspectError(f"{m.scale.file}: tensor {m.scale.name!r} is {m.scale.dtype} {list(m.scale.shape)}, but "
                            f"{lay} weight_scale (float) {list(want_s)}")
     s = ckpt.get(m.scale.name).to(torch.float32).reshape(want_s[0], -1)
-    bad = ~torch.isfinite(s)
-    if bool(bad.any()):
-        i, j = (int(x) for x in bad.nonzero()[0])
-        raise InspectError(f"{m.scale.file}: scales {m.scale.name!r} have {int(bad.sum())} NaN/Inf values (first "
-                           f"{float(s[i, j])} at output {i}, group {j}); expected finite compressed-tensors scales for "
-                           f"{m.weight.name!r}")
-    if bool((s == 0).any()):
-        raise InspectError(f"{m.scale.file}: scales {m.scale.name!r} have {int((s == 0).sum())} zero values; "
-                           f"compressed-tensors' calculate_qparams replaces a zero scale by its dtype's eps (a zero "
-                           f"erases the group of {m.weight.name!r})")
+    _check_scale_values(m, s, ("output", "group"), "compressed-tensors",
+                        "compressed-tensors' calculate_qparams replaces a zero scale by its dtype's eps")
     kw = {"group": dict(granularity="group", group_size=a.group_size), "channel": dict(granularity="channel"),
           "tensor": dict(granularity="tensor")}[a.strategy]
     out = dict(bits=b if packed else 8, codes=offset_table(b, 1 << (b - 1)) if packed else twos_complement_table(8),
