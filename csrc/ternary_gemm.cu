@@ -2252,41 +2252,43 @@ bool pdl_supported() {  // griddepcontrol needs sm_90+; ask once per device
   return cached[dev] == 1;
 }
 
-// cudaLaunchKernelEx with (pdl) or without programmatic stream serialization.
+// cudaLaunchKernelEx with (pdl) or without programmatic stream serialization, and (cluster > 0) in thread-block
+// clusters of (cluster, 1, 1) (clusters need sm_90: the caller checks, pdl_supported).
 template <typename... KArgs, typename... Args>
-cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl,
-                      Args... args) {
+cudaError_t launch_attrs(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl,
+                         int cluster, Args... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster > 0) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
 }
-// cudaLaunchKernelEx of 256-thread CTAs on grid in thread-block clusters of (S, 1, 1), with (pdl) or without
-// programmatic stream serialization. Clusters need sm_90: the caller checks (pdl_supported).
+template <typename... KArgs, typename... Args>
+cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl,
+                      Args... args) {
+  return launch_attrs(kernel, grid, block, smem, st, pdl, 0, args...);
+}
+// 256-thread CTAs on grid in clusters of (S, 1, 1)
 template <typename... KArgs, typename... Args>
 cudaError_t launch_cluster_ex(void (*kernel)(KArgs...), dim3 grid, int S, cudaStream_t st, bool pdl, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(256);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = S;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 2 : 1;
-  return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+  return launch_attrs(kernel, grid, dim3(256), 0, st, pdl, S, args...);
 }
 
 // TRIT_QUANT_CLUSTER = n > 0: the cluster quantizer's CTAs per row - the fewest that give each thread
