@@ -12,7 +12,8 @@
 # ternary_mm_a8_prologue vs the fused-quantizer GEMV at M = 1, ncuchain: the chain kernel per source line against
 # the ab stage's trees);
 # (actq: bench.act_quant, ACTQ_ARGS; normq: bench.x_footprint --no-scale --norm, NORMQ_CASES; normc:
-# bench.norm_quant, NORMC_ARGS: rms_norm_a8q's cluster variants against Inductor's norm + the a8 quantizer);
+# bench.norm_quant, NORMC_ARGS: rms_norm_a8q's cluster variants against Inductor's norm + the a8 quantizer;
+# export: the build and its manifest to $OUT/prebuilt, for TRIT_PREBUILT=DIR on a later cold machine);
 # BENCH_ARGS passes arguments to the bench. Wheels in .whl/ (pytest, hypothesis, humming...)
 # are installed to /tmp/site first when present (the GPU machine has no network). To make them,
 # on a networked machine: pip download --no-deps --only-binary=:all: --python-version 3.12
@@ -91,9 +92,15 @@ fi
 if has build; then
   step "build extension"
   t0=$(date +%s)
-  TRIT_VERBOSE=${TRIT_VERBOSE:-} $PY -c "import trit.ops as o; assert o.EXTENSION_LOADED, o.EXTENSION_ERROR; print('extension loaded')" || exit 1
-  echo "build+load: $(( $(date +%s) - t0 )) s"
-  so=$(find "$TRIT_BUILD_DIR" -name 'trit_C*.so' | head -1)
+  TRIT_VERBOSE=${TRIT_VERBOSE:-} $PY -c "import sys, trit.ops as o; assert o.EXTENSION_LOADED, o.EXTENSION_ERROR; open(sys.argv[1], 'w').write(o.EXTENSION_SO)" /tmp/trit-so.txt || exit 1
+  so=$(cat /tmp/trit-so.txt)
+  echo "extension loaded from $so; build+load: $(( $(date +%s) - t0 )) s"
+  if has export && [ -n "$so" ]; then
+    # the build and its manifest, for TRIT_PREBUILT on the next (cold) machine: copy $OUT/prebuilt to an ignored
+    # folder of the repo, carry it and set TRIT_PREBUILT to it (trit/ops.py loads it only while csrc/ is unchanged)
+    mkdir -p "$OUT/prebuilt" && cp "$so" "$OUT/prebuilt/trit_C.so" && cp "$(dirname "$so")/trit_C.json" "$OUT/prebuilt/" \
+      && echo "exported $(du -h "$OUT/prebuilt/trit_C.so" | cut -f1) build to \$OUT/prebuilt"
+  fi
   if [ -n "$so" ] && command -v cuobjdump >/dev/null; then
     cuobjdump --dump-sass "$so" > /tmp/trit-sass.txt 2>&1
     { echo "SASS instruction counts per kernel (HMMA/IMMA = tensor cores, LDG.E.128 = 16-byte loads)";

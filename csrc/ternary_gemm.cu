@@ -2955,7 +2955,8 @@ __global__ void __launch_bounds__(kRnqThreads) rms_norm_quant_kernel(const T* __
         store8<T>(res_out + off, k, K, vec, v[j]);
       }
 #pragma unroll
-      for (int i = 0; i < 8; ++i) ss += (k + i < K) ? v[j][i] * v[j][i] : 0.f;
+      for (int i = 0; i < 8; ++i)
+        if (k + i < K) ss = __fmaf_rn(v[j][i], v[j][i], ss);  // explicit: the cluster kernel at S = 1 does the same
     }
   }
 #pragma unroll
@@ -3087,7 +3088,7 @@ __global__ void __launch_bounds__(256) rms_norm_quant_cluster_kernel(const T* __
     if (in_row(v)) {
       if (residual != nullptr) store8<T>(res_out + off, (g0 + tid + v * 256) * 8, K, true, z[v]);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) ss += __fmul_rn(z[v][i], z[v][i]);  // each square rounded, as the one-CTA kernel
+      for (int i = 0; i < 8; ++i) ss = __fmaf_rn(z[v][i], z[v][i], ss);  // as the one-CTA kernel, explicitly
     }
   }
 #pragma unroll

@@ -81,7 +81,10 @@ int8 cuBLAS there).
 
 CUDA kernels come from the extension in csrc/, built on first import when CUDA is available
 (cached in $TRIT_BUILD_DIR or ~/.cache/trit). Set TRIT_NO_EXT=1 to skip it; CUDA tensors then
-run the pure-torch implementations.
+run the pure-torch implementations. TRIT_PREBUILT=DIR loads DIR/trit_C.so, a build copied from
+another machine (each build writes trit_C.json beside its .so: the sha256 of csrc/ and the torch /
+CUDA / arch it was built for), without compiling - only where that manifest matches this tree and
+this torch; otherwise it says which entry differs and builds as usual.
 """
 from __future__ import annotations
 
@@ -693,6 +696,7 @@ def _decode_fake(packed, scale, N, K, dtype):
 _CSRC = Path(__file__).resolve().parent.parent / "csrc"
 EXTENSION_LOADED = False
 EXTENSION_ERROR: Optional[str] = None
+EXTENSION_SO: Optional[str] = None  # the shared library loaded (a TRIT_PREBUILT copy or this machine's build)
 # the loaded extension was built for sm_90a on a compute capability 9.0 device: the a8 GEMM kernel's
 # wgmma loops (TRIT_A8_GEMM_WG) exist; elsewhere that knob is ignored
 WGMMA = False
@@ -712,9 +716,56 @@ def _build_dir() -> Path:
     return path
 
 
+PREBUILT_MANIFEST = "trit_C.json"
+
+
+def build_manifest(csrc: Path = _CSRC, arch_list: Optional[str] = None) -> dict:
+    """What a build of the extension depends on: the sha256 of every file in csrc/ (name and bytes, in name
+    order), the torch and CUDA versions and TORCH_CUDA_ARCH_LIST. Two builds with equal manifests are
+    interchangeable; TRIT_PREBUILT loads a copied build only where its manifest equals this one."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(csrc).iterdir() if p.is_file()):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    arch = arch_list if arch_list is not None else os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+    return {"csrc_sha256": h.hexdigest(), "torch": torch.__version__, "cuda": str(torch.version.cuda),
+            "arch_list": arch}
+
+
+def prebuilt_mismatch(directory: Path, want: dict) -> Optional[str]:
+    """Why DIR's build cannot stand in for this tree's (None: it can): a missing .so / manifest, a manifest that
+    is not JSON, or the first entry that differs, with both values."""
+    import json
+
+    so, man = Path(directory) / "trit_C.so", Path(directory) / PREBUILT_MANIFEST
+    if not so.is_file():
+        return f"{so} does not exist"
+    if not man.is_file():
+        return f"{man} does not exist (builds write it beside trit_C.so)"
+    try:
+        have = json.loads(man.read_text())
+    except (OSError, ValueError) as e:
+        return f"{man}: not a JSON manifest ({e})"
+    if not isinstance(have, dict):
+        return f"{man}: expected a JSON object, found {type(have).__name__}"
+    for key, val in want.items():
+        if have.get(key) != val:
+            return f"{man}: {key} is {have.get(key)!r}, this tree needs {val!r}"
+    return None
+
+
+def _write_manifest(directory: Path, manifest: dict) -> None:
+    import json
+
+    tmp = Path(directory) / (PREBUILT_MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(tmp, Path(directory) / PREBUILT_MANIFEST)
+
+
 def _load_extension() -> None:
     """Build (first time, ~1 min) and load csrc/ as a library that registers the CUDA kernels."""
-    global EXTENSION_LOADED, WGMMA
+    global EXTENSION_LOADED, EXTENSION_SO, WGMMA
     from torch.utils import cpp_extension
 
     major, minor = torch.cuda.get_device_capability()
@@ -725,16 +776,30 @@ def _load_extension() -> None:
     # the host code may select the wgmma kernels only when their sm_90a build exists (a preset
     # TORCH_CUDA_ARCH_LIST=9.0 builds them as traps)
     sm90a = _arch_list_has_sm90a()
+    manifest = build_manifest()
+    pre = os.environ.get("TRIT_PREBUILT")
+    if pre:
+        why = prebuilt_mismatch(Path(pre), manifest)
+        if why is None:
+            EXTENSION_SO = str(Path(pre) / "trit_C.so")
+            torch.ops.load_library(EXTENSION_SO)
+            EXTENSION_LOADED = True
+            WGMMA = sm90a and (major, minor) == (9, 0)
+            return
+        warnings.warn(f"trit: TRIT_PREBUILT not used, building csrc/ instead: {why}")
+    build_dir = _build_dir()
     cpp_extension.load(
         name="trit_C",
         sources=[str(_CSRC / "bindings.cpp"), str(_CSRC / "ternary_gemm.cu")],
         extra_include_paths=[str(_CSRC)],
         extra_cflags=["-O3"],
         extra_cuda_cflags=["-O3", "-lineinfo"] + (["-DTRIT_HOST_SM90A=1"] if sm90a else []),
-        build_directory=str(_build_dir()),
+        build_directory=str(build_dir),
         is_python_module=False,
         verbose=bool(os.environ.get("TRIT_VERBOSE")),
     )
+    _write_manifest(build_dir, manifest)
+    EXTENSION_SO = str(build_dir / "trit_C.so")
     EXTENSION_LOADED = True
     WGMMA = sm90a and (major, minor) == (9, 0)
 
