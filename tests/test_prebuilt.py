@@ -69,5 +69,11 @@ def test_missing_or_broken_files_are_named(tmp_path):
 def test_manifest_is_written_whole(tmp_path):
     m = ops.build_manifest(_csrc(tmp_path), "9.0a")
     ops._write_manifest(tmp_path, m)
-    assert json.loads((tmp_path / ops.PREBUILT_MANIFEST).read_text()) == m
-    assert not list(tmp_path.glob("*.tmp"))
+    path = tmp_path / ops.PREBUILT_MANIFEST
+    assert json.loads(path.read_text()) == m
+    assert not list(tmp_path.glob(".*.tmp"))
+    before = path.stat().st_mtime_ns
+    ops._write_manifest(tmp_path, m)  # the same manifest: not rewritten
+    assert path.stat().st_mtime_ns == before
+    ops._write_manifest(tmp_path, {**m, "torch": "other"})
+    assert json.loads(path.read_text())["torch"] == "other"

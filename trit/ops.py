@@ -756,11 +756,20 @@ def prebuilt_mismatch(directory: Path, want: dict) -> Optional[str]:
 
 
 def _write_manifest(directory: Path, manifest: dict) -> None:
+    """DIR/trit_C.json, whole or not at all; left alone where it already says the same (processes that import
+    trit.ops at once, e.g. tensor-parallel workers, each write their own temporary file)."""
     import json
 
-    tmp = Path(directory) / (PREBUILT_MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, Path(directory) / PREBUILT_MANIFEST)
+    path = Path(directory) / PREBUILT_MANIFEST
+    text = json.dumps(manifest, indent=1) + "\n"
+    try:
+        if path.read_text() == text:
+            return
+    except OSError:
+        pass
+    tmp = Path(directory) / f".{PREBUILT_MANIFEST}.{os.getpid()}.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _load_extension() -> None:
