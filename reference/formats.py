@@ -48,6 +48,15 @@ Where a logical element lands is fixed by three things:
   = 54 bytes; see ``TQ1_0``).  Needs ``record`` (256, 54) and 2-bit codes (code
   = trit = w + 1, 0..2: llama.cpp's table is (-1, 0, 1, None)); lanes and bit order do not apply.  ``None``
   (the default, omitted from JSON).
+  ``"bitstream"``: the codes along the pack axis are one little-endian bit stream, code j at bits
+  ``[j * bits, (j + 1) * bits)`` of the containers read in order (container c holds stream bits
+  ``[c * cbits, (c + 1) * cbits)``), so a code may straddle two containers.  AutoGPTQ's 3-bit
+  ``QuantLinear.pack`` (``auto_gptq/nn_modules/qlinear/qlinear_cuda_old.py`` and its siblings: 32
+  codes in three int32 - ten at bits 0-29, the eleventh across bits 30-31 of the first and bit 0 of
+  the second, ...; qzeros the same along N).  The axis is padded with ``pad_code`` to whole periods
+  of ``lcm(bits, cbits) / bits`` codes (AutoGPTQ's K / 32 * 3 rows).  Containers of <= 32 bits,
+  ``lanes`` interleaved, ``bit_order`` lsb, no fields / order / record / group view / segments; for
+  bits dividing the container it is the interleaved lsb layout itself.
 
 * ``group_view`` — ``G``: the packed matrix is not ``W[N, K]`` but a row-major view of it in
   which each group of G elements is one row or one column; everything above applies to the view.
@@ -187,14 +196,23 @@ class PackSpec:
     group_axis: int = 1  # 1: view W.reshape(N*K/G, G) (HQQ axis=1); 0: W.reshape(G, N*K/G) (HQQ axis=0)
     segments: Optional[tuple] = None  # lengths along the pack axis, each packed on its own; see module docstring
     fields: Optional[int] = None  # codes per container when they do not tile it (HQQ 3bit_32: 10); see docstring
-    codec: Optional[str] = None  # "tq1_0": base-3 digits in llama.cpp TQ1_0 records; see docstring
+    codec: Optional[str] = None  # "tq1_0" (llama.cpp TQ1_0 records) or "bitstream" (AutoGPTQ 3-bit); see docstring
     order: Optional[tuple] = None  # slot i holds the container's element order[i] (AutoAWQ); see docstring
 
     def __post_init__(self):
         if self.container not in CONTAINERS:
             raise FormatError(f"unknown container {self.container!r}; known: {sorted(CONTAINERS)}")
         cbits = CONTAINERS[self.container][1]
-        if self.fields is not None:
+        if self.codec == "bitstream":
+            if (not 1 <= self.bits <= 16 or cbits > 32 or self.lanes != "interleaved" or self.bit_order != "lsb"
+                    or self.fields is not None or self.order is not None or self.record is not None
+                    or self.group_view is not None or self.segments is not None):
+                raise FormatError(f"codec 'bitstream' takes 1-16-bit codes in a container of <= 32 bits with "
+                                  f"interleaved lanes, lsb bit order and no fields / order / record / group_view / "
+                                  f"segments; got {self.bits}-bit {self.container}, lanes {self.lanes}, bit_order "
+                                  f"{self.bit_order}, fields {self.fields}, order {self.order}, record "
+                                  f"{self.record}, group_view {self.group_view}, segments {self.segments}")
+        elif self.fields is not None:
             if self.bits < 1 or not 1 <= self.fields * self.bits <= cbits:
                 raise FormatError(f"{self.fields} fields of {self.bits} bits do not fit a {self.container} container")
         elif self.bits < 1 or cbits % self.bits:
@@ -231,9 +249,9 @@ class PackSpec:
             if sorted(self.order) != list(range(self.values_per_container)) or self.codec is not None:
                 raise FormatError(f"order {list(self.order)} must be a permutation of the {self.values_per_container} "
                                   f"slots of a {self.container} container ({self.bits}-bit codes), without a codec")
-        if self.codec is not None:
-            if self.codec not in CODECS:
-                raise FormatError(f"unknown codec {self.codec!r}; known: {sorted(CODECS)}")
+        if self.codec is not None and self.codec not in CODECS:
+            raise FormatError(f"unknown codec {self.codec!r}; known: {sorted(CODECS)}")
+        if self.codec == "tq1_0":
             if (tuple(self.record or ()) != TQ1_0_RECORD or self.container != "uint8" or self.pack_axis != 1
                     or self.transposed or self.bits != 2):
                 raise FormatError(f"codec {self.codec!r} is llama.cpp TQ1_0: record {TQ1_0_RECORD}, 2-bit codes "
@@ -261,7 +279,20 @@ class PackSpec:
     # ---- derived sizes -------------------------------------------------------------
     @property
     def values_per_container(self) -> int:
+        """Codes per container (a bit stream: whole codes per container, rounded down; see ``period``)."""
         return self.fields if self.fields is not None else CONTAINERS[self.container][1] // self.bits
+
+    @property
+    def period(self) -> tuple[int, int]:
+        """(codes, containers) of the shortest whole stretch of a bit stream (codec 'bitstream': lcm(bits,
+        cbits) bits; 3-bit in int32: (32, 3)); (values_per_container, 1) for the bit-field layouts."""
+        if self.codec != "bitstream":
+            return self.values_per_container, 1
+        import math
+
+        cbits = CONTAINERS[self.container][1]
+        bits = math.lcm(self.bits, cbits)
+        return bits // self.bits, bits // cbits
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -291,6 +322,9 @@ class PackSpec:
             return sum(inner.packed_len(n) for n in self.segments)
         if self.record is not None:
             return -(-axis_len // self.record[0]) * self.record[1]
+        if self.codec == "bitstream":
+            codes, conts = self.period
+            return -(-axis_len // codes) * conts
         b = self.block_len(axis_len)
         return -(-axis_len // b) * (b // self.values_per_container)
 
@@ -334,6 +368,10 @@ class PackSpec:
                 return []
             top = packed // self.record[1] * self.record[0]
             lengths = range(max(1, top - self.record[0] + 1), top + 1)
+        elif self.codec == "bitstream":
+            per, conts = self.period
+            top = packed // conts * per
+            lengths = range(max(1, top - per + 1), top + 1) if packed % conts == 0 else []
         else:
             lengths = range(max(1, (packed - 1) * v - 256), packed * v + 1)
         for length in lengths:
@@ -473,6 +511,8 @@ def pack_codes(codes: torch.Tensor, spec: PackSpec) -> torch.Tensor:
     if spec.group_view is not None:
         n, k = codes.shape
         return pack_codes(codes.reshape(spec.view_shape((n, k))), spec.ungrouped())
+    if spec.codec == "bitstream":
+        return _bitstream_pack(codes, spec)
     if spec.codec is not None:
         return _tq1_0_pack(codes, spec)
     if spec.record is not None:
@@ -528,7 +568,9 @@ def _oriented(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int]) -> t
                                               else f", and {packed.shape[-1]} is not a multiple of {spec.record[1]}"))
         raise FormatError(
             f"packed tensor has shape {tuple(packed.shape)}, a logical {n}x{k} matrix in this format "
-            f"needs {want} (pack_axis={spec.pack_axis}, lanes={spec.lanes}, {spec.values_per_container}/container"
+            f"needs {want} (pack_axis={spec.pack_axis}, lanes={spec.lanes}, " + (
+                f"{spec.period[0]} codes per {spec.period[1]} containers" if spec.codec == "bitstream"
+                else f"{spec.values_per_container}/container") +
             f"{rec})")
     if packed.dtype != spec.torch_dtype:
         raise FormatError(f"packed tensor has dtype {packed.dtype}, format says {spec.container}")
@@ -554,6 +596,8 @@ def _place(fields: torch.Tensor, spec: PackSpec, length: int) -> torch.Tensor:
 
 def unpack_codes(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int]) -> torch.Tensor:
     """packed container tensor -> codes int64 [N, K] for the logical ``shape``."""
+    if spec.codec == "bitstream":
+        return _bitstream_unpack(packed, spec, shape)
     if spec.codec is not None:
         return _tq1_0_unpack(packed, spec, shape)
     if spec.segments is not None:
@@ -799,12 +843,63 @@ TQ2_0 = PackSpec(bits=2, container="uint8", pack_axis=1, lanes="block_interleave
 #: 240 + 4n + j.
 TQ1_0_RECORD = (256, 54)
 TQ1_0_CODE_BYTES = 52
-CODECS = ("tq1_0",)
+CODECS = ("tq1_0", "bitstream")
 TQ1_0 = PackSpec(bits=2, container="uint8", pack_axis=1, lanes="interleaved", bit_order="lsb",
                  codes=(-1, 0, 1, None), pad_code=1, record=TQ1_0_RECORD, codec="tq1_0")
 _POW3 = (1, 3, 9, 27, 81, 243)
 #: (byte range within the block's code bytes, digits per byte): qs[0:32], qs[32:48], qh[0:4]
 _TQ1_0_PARTS = ((0, 32, 5), (32, 48, 5), (48, 52, 4))
+
+
+def _bitstream_offsets(spec: PackSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per code j of one period: its first container (within the period) and its bit offset there."""
+    codes, _ = spec.period
+    cbits = CONTAINERS[spec.container][1]
+    off = torch.arange(codes, dtype=torch.int64) * spec.bits
+    return off // cbits, off % cbits
+
+
+def _bitstream_pack(codes: torch.Tensor, spec: PackSpec) -> torch.Tensor:
+    """codes [N, K] -> containers: each period's codes OR-ed into its containers (a code straddling two
+    containers puts its low bits at the top of the first and the rest at the bottom of the next)."""
+    per, conts = spec.period
+    cbits = CONTAINERS[spec.container][1]
+    c = codes.to(torch.int64)
+    if spec.pack_axis == 0:
+        c = c.t()
+    rows, length = c.shape
+    n_per = -(-length // per)
+    full = torch.full((rows, n_per * per), spec.pad_code, dtype=torch.int64)
+    full[:, :length] = c
+    full = full.view(rows, n_per, per)
+    first, sh = _bitstream_offsets(spec)
+    mask = (1 << cbits) - 1
+    words = torch.zeros(rows, n_per, conts + 1, dtype=torch.int64)  # one spare container for the last spill
+    words.index_add_(2, first, (full << sh) & mask)  # disjoint bit ranges: adding is OR-ing
+    words.index_add_(2, first + 1, full >> (cbits - sh))  # the spill (zero where the code fits)
+    packed = _to_container(words[:, :, :conts].reshape(rows, n_per * conts), spec)
+    if spec.pack_axis == 0:
+        packed = packed.t()
+    if spec.transposed:
+        packed = packed.t()
+    return packed.contiguous()
+
+
+def _bitstream_unpack(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int]) -> torch.Tensor:
+    p, length = _oriented(packed, spec, shape)
+    per, conts = spec.period
+    cbits = CONTAINERS[spec.container][1]
+    words = _from_container(p, spec)
+    rows = words.shape[0]
+    words = torch.cat([words.view(rows, -1, conts), torch.zeros(rows, words.shape[1] // conts, 1,
+                                                                   dtype=torch.int64, device=words.device)], dim=2)
+    first, sh = (t.to(words.device) for t in _bitstream_offsets(spec))
+    lo = words.index_select(2, first) >> sh
+    hi = words.index_select(2, first + 1) << (cbits - sh)  # bits past the code's width are masked off
+    out = ((lo | hi) & ((1 << spec.bits) - 1)).reshape(rows, -1)[:, :length]
+    if spec.pack_axis == 0:
+        out = out.t()
+    return out.contiguous()
 
 
 def _tq1_0_digits(b: torch.Tensor, ndig: int) -> torch.Tensor:
