@@ -112,6 +112,10 @@ _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        # the same with the norm writing the tiled xq (trit.ops.a8_tile) that the 8 < M <= 32 GEMV reads with its
        # interleaved loads (TRIT_FUSED_NORM_LAYOUT=1; a tree before it ignores the variable: runs -fnorm32)
        "-fnorm32-tiled": {"TRIT_FUSED_NORM_QUANT": "1", "TRIT_A8_PRE_MAXM": "32", "TRIT_FUSED_NORM_LAYOUT": "1"},
+       # the same with the norm kernel's row over a thread-block cluster of up to n CTAs (TRIT_RNQ_CLUSTER=n, csrc
+       # rnq_cluster_size: at K = 4096 at most 2, at K = 8192 at most 4; a tree before it runs -fnorm32-tiled)
+       **{f"-fnorm32-tiled-c{n}": {"TRIT_FUSED_NORM_QUANT": "1", "TRIT_A8_PRE_MAXM": "32", "TRIT_FUSED_NORM_LAYOUT": "1",
+                                   "TRIT_RNQ_CLUSTER": str(n)} for n in (1, 2, 4, 8)},
        "-chain": {"TRIT_CHAIN": "1"}, "-chain-all": {"TRIT_CHAIN": "all"},
        "-chain-am": {"TRIT_CHAIN": "all", "TRIT_ACT_MUL": "1"},
        # Llama's SiLU-mul computed by down_proj's activation quantizer (TRIT_ACT_QUANT: one kernel where the
