@@ -125,6 +125,11 @@ class ScaleSpec:
     ``W.reshape(group_size, -1)``, one scale / zero per column, stored ``[1, N*K/group_size]``):
     element ``f`` of the row-major flattened W takes value ``f mod (N*K/group_size)``, i.e.
     ``s.reshape(1, M).expand(group_size, M).reshape(N, K)`` with ``M = N*K/group_size``.
+    padded_groups (granularity ``group``, group_axis 1 only): the stored tensor holds this many group columns
+    ([N, P], or [P, N] transposed), ``P >= ceil(K / group_size)``; the columns past ceil(K / group_size) are
+    padding that must be zero (AutoAWQ ``version: "gemv"``: ``awq/modules/linear/gemv.py``
+    ``calculate_zeros_width`` * 8 columns, zero-filled by ``WQLinear_GEMV.from_linear``; ``unpad_groups``).
+    ``None`` (the default, omitted from JSON) = no padding.
     """
 
     key: str
@@ -138,8 +143,15 @@ class ScaleSpec:
     byte_offset: Optional[int] = None
     dtype: Optional[str] = None
     group_axis: int = 1  # granularity "group": 1 = groups of consecutive inputs, 0 = HQQ axis=0 (see above)
+    padded_groups: Optional[int] = None  # stored group columns incl. zero padding (AutoAWQ gemv); see above
 
     def __post_init__(self):
+        if self.padded_groups is not None and (isinstance(self.padded_groups, bool)
+                                               or not isinstance(self.padded_groups, int) or self.padded_groups < 1
+                                               or self.granularity != "group" or self.group_axis != 1):
+            raise FormatError(f"scale {self.key!r}: padded_groups must be a positive integer on a granularity "
+                              f"'group' scale of consecutive inputs (group_axis 1), got {self.padded_groups!r} with "
+                              f"granularity {self.granularity!r}")
         if self.group_axis not in (0, 1) or (self.group_axis == 0 and (
                 self.granularity != "group" or self.transposed or self.index is not None)):
             raise FormatError(f"scale {self.key!r}: group_axis must be 1, or 0 on an untransposed, unindexed "
@@ -175,6 +187,8 @@ class ScaleSpec:
                 del d[f]
         if self.group_axis == 1:
             del d["group_axis"]  # absent: every scale but HQQ axis=0's unchanged
+        if self.padded_groups is None:
+            del d["padded_groups"]  # absent: every scale but AutoAWQ gemv's unchanged
         return d
 
 
@@ -744,6 +758,9 @@ def expand_scale(scale: torch.Tensor, spec: ScaleSpec, shape: tuple[int, int], *
             raise FormatError(f"{name}: axis-0 group scale {spec.key!r} must have shape {(1, cols)} (one value per "
                               f"column of the [{g}, {cols}] group view, group_size {g}), has {tuple(scale.shape)}")
         m = s.reshape(1, cols).expand(g, cols).reshape(n, k)
+    elif spec.padded_groups is not None:  # AutoAWQ gemv: [N, P] (transposed [P, N]) with zero padding columns
+        s = unpad_groups(s.t() if spec.transposed and s.dim() == 2 else s, spec, shape, name=name)
+        m = s.repeat_interleave(spec.group_size, dim=1)[:, :k]
     else:
         g = -(-k // spec.group_size)
         if spec.transposed:
@@ -766,6 +783,30 @@ def expand_scale(scale: torch.Tensor, spec: ScaleSpec, shape: tuple[int, int], *
                               f"{float(bad[0])} for {bad.numel()} value(s)); expected |scale| >= "
                               f"{1 / torch.finfo(torch.float32).max:.1e}")
     return m
+
+
+def unpad_groups(s: torch.Tensor, spec: ScaleSpec, shape: tuple[int, int], *, name: str = "scale") -> torch.Tensor:
+    """A group tensor stored with ``spec.padded_groups`` columns, [N, P] (already transposed back where the spec
+    says so) -> its [N, ceil(K / G)] real groups.  The shape must be exactly [N, P] and every padding column zero
+    (AutoAWQ gemv: ``WQLinear_GEMV.from_linear`` fills ``qscales[:, :groups]`` of a ``torch.zeros`` buffer and ORs
+    only the real zero points into ``qzeros``); a FormatError names the tensor and the first nonzero pad."""
+    n, k = shape
+    g, p = -(-k // spec.group_size), spec.padded_groups
+    if p < g:
+        raise FormatError(f"{name}: {spec.key!r}: padded_groups {p} < the {g} groups of {spec.group_size} inputs "
+                          f"that K = {k} needs")
+    want = (p, n) if spec.transposed else (n, p)
+    if s.dim() != 2 or tuple(s.shape) != (n, p):
+        got = tuple(s.t().shape) if spec.transposed and s.dim() == 2 else tuple(s.shape)
+        raise FormatError(f"{name}: group tensor {spec.key!r} must have shape {want} ({g} groups of "
+                          f"{spec.group_size} inputs padded to {p}), has {got}")
+    pad = s[:, g:]
+    if pad.numel() and bool((pad != 0).any()):
+        i, j = (int(x) for x in (pad != 0).nonzero()[0])
+        raise FormatError(f"{name}: group tensor {spec.key!r} holds {float(pad[i, j])} at output {i}, padding "
+                          f"column {g + j} ({int((pad != 0).sum())} nonzero padding values); columns {g}..{p - 1} "
+                          f"past the {g} groups of K = {k} must be 0 (AutoAWQ gemv zero-fills them)")
+    return s[:, :g]
 
 
 def _record_view(packed: torch.Tensor, spec: ScaleSpec, shape: tuple[int, int], name: str) -> torch.Tensor:
@@ -966,8 +1007,42 @@ AWQ_GEMM = PackSpec(bits=4, container="int32", pack_axis=0, lanes="interleaved",
 AWQ_GEMM_ZEROS = PackSpec(bits=4, container="int32", pack_axis=1, lanes="interleaved", bit_order="lsb",
                           codes=tuple(range(16)), pad_code=0, order=AWQ_ORDER)
 
+#: AutoAWQ ``version: "gemv"`` ``qweight`` (``awq/modules/linear/gemv.py`` ``WQLinear_GEMV.from_linear``:
+#: ``qweight[:, col] |= intweight[:, col * 8 + order_map[i]] << (i * 4)`` with ``order_map = [0, 1, ..., 7]``):
+#: int32 [N, K/8], the 4-bit codes q of eight consecutive *inputs* per word in natural order, low bits first;
+#: identity codes, W = (q - z) * s
+AWQ_GEMV = PackSpec(bits=4, container="int32", pack_axis=1, lanes="interleaved", bit_order="lsb",
+                    codes=tuple(range(16)), pad_code=0)
+#: its ``qzeros``: int32 [N, calculate_zeros_width(K, G)], the zero points z of the [N, groups] matrix packed along
+#: the groups the same way (z itself), the columns past ``groups`` zero (``LinearEntry.zero_pack`` on the zero's
+#: padded [N, 8 * width] matrix: ``ScaleSpec.padded_groups``)
+AWQ_GEMV_ZEROS = AWQ_GEMV
+
+
+def awq_gemv_zeros_width(in_features: int, group_size: int, pack_num: int = 8) -> int:
+    """``calculate_zeros_width`` of ``awq/modules/linear/gemv.py`` (AutoAWQ 0.2.9), line for line: the int32 columns
+    of a gemv ``qzeros`` (``scales`` has 8 times as many): ceil(groups / 8) rounded up to a multiple of 1 (group
+    >= 128), 2 (64) or 4 (32).  Other group sizes raise there (``NotImplementedError``); here a FormatError."""
+    if group_size >= 128:
+        size_multiplier = 1
+    elif group_size == 64:
+        size_multiplier = 2
+    elif group_size == 32:
+        size_multiplier = 4
+    else:
+        raise FormatError(f"AutoAWQ gemv takes group_size >= 128, 64 or 32 (awq/modules/linear/gemv.py "
+                          f"calculate_zeros_width raises NotImplementedError for {group_size})")
+
+    def make_divisible(c, divisor):  # gemv.py's make_divisible: a ceiling division, despite its name
+        return (c + divisor - 1) // divisor
+
+    base_width = make_divisible(in_features // group_size, pack_num)
+    base_width = make_divisible(base_width, size_multiplier) * size_multiplier
+    return base_width
+
+
 BUILTIN: dict[str, PackSpec] = {"hf-bitnet": HF_BITNET, "seed": SEED, "tq2_0": TQ2_0, "tq1_0": TQ1_0,
-                                "awq-gemm": AWQ_GEMM}
+                                "awq-gemm": AWQ_GEMM, "awq-gemv": AWQ_GEMV}
 
 
 # ---------------------------------------------------------------------------------------

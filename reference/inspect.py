@@ -945,20 +945,44 @@ def _awq_config(cfg: ModelConfig) -> dict:
                            f"(awq/modules/linear/gemm.py WQLinear_GEMM: 'Only 4-bit are supported for now'; its "
                            f"AWQ_ORDER interleaves 8 codes per int32); expected 4")
     v = str(out["version"]).lower()
-    if v != "gemm":
-        what = ("qweight int32 [N, K/8] packed along K, qzeros / scales [N, ...] padded to a multiple of 8 groups "
-                "(WQLinear_GEMV)" if v == "gemv" else "a layout this inspector has not read")
-        raise InspectError(f"{where}.{key['version']} is {out['version']!r}: {what}; only AutoAWQ's 'gemm' layout is "
-                           f"supported (qweight int32 [K, N/8], qzeros int32 [K/G, N/8], scales fp16 [K/G, N])")
+    if v not in AWQ_VERSIONS:
+        raise InspectError(f"{where}.{key['version']} is {out['version']!r}: {_awq_version_refusal(v)}; AutoAWQ's "
+                           f"'gemm' (qweight int32 [K, N/8], qzeros int32 [K/G, N/8], scales fp16 [K/G, N]) and "
+                           f"'gemv' (qweight int32 [N, K/8], qzeros int32 [N, W], scales fp16 [N, 8 W], W = "
+                           f"calculate_zeros_width(K, G)) layouts are supported")
+    out["version"] = v
     if out["zero_point"] is not True:
-        raise InspectError(f"{where}.zero_point is {out['zero_point']!r}: AutoAWQ writes gemm checkpoints with zero "
-                           f"points only (WQLinear_GEMM.from_linear asserts zeros is not None; vLLM's AWQ loads qzeros "
-                           f"either way), so a checkpoint without them has no layout to follow; expected true")
+        raise InspectError(f"{where}.zero_point is {out['zero_point']!r}: AutoAWQ writes {v} checkpoints with zero "
+                           f"points only (WQLinear_{v.upper()}.from_linear asserts zeros is not None; vLLM's AWQ loads "
+                           f"qzeros either way), so a checkpoint without them has no layout to follow; expected true")
     gs = out["group_size"]
     if isinstance(gs, bool) or not isinstance(gs, int) or (gs < 1 and gs != -1):
         raise InspectError(f"{where}.{key['group_size']} is {gs!r}: expected a positive integer (AutoAWQ: 128, 64, "
                            f"32) or -1 (one group per row)")
+    if v == "gemv" and gs != -1 and gs < 128 and gs not in (32, 64):
+        raise InspectError(f"{where}.{key['group_size']} is {gs!r}: AutoAWQ gemv takes group_size >= 128, 64 or 32 "
+                           f"(awq/modules/linear/gemv.py calculate_zeros_width raises NotImplementedError otherwise); "
+                           f"expected one of those or -1")
     return out
+
+
+#: AutoAWQ quantization_config versions whose layout is read (``detect_awq``: gemm, ``_detect_awq_gemv``: gemv)
+AWQ_VERSIONS = ("gemm", "gemv")
+
+
+def _awq_version_refusal(v: str) -> str:
+    """Why an AutoAWQ version other than gemm / gemv is not read (named, with what its layout is)."""
+    if v == "gemv_fast":
+        return ("AutoAWQ's gemv_fast layout (awq/modules/linear/gemv_fast.py WQLinear_GEMVFast) is not read: qweight "
+                "int16 [N/4, K] (pack_intweight: codes permuted within 32-input chunks, [0, 2, 4, 6, 1, 3, 5, 7] per "
+                "8, four output rows interleaved per 64-input stride, four codes per int16), scales fp16 [8 W, N] and "
+                "qzeros fp16 [8 W, N] holding -(scale * z) rounded to fp16, not the integer z")
+    if v == "marlin":
+        return ("AutoAWQ's marlin layout (awq/modules/linear/marlin.py WQLinear_Marlin: Marlin's tiled, permuted "
+                "qweight and permuted scales, no qzeros) is not read")
+    if v in ("exllama", "exllamav2", "ipex"):
+        return f"AutoAWQ's {v} is a kernel choice at load time, not a checkpoint layout AutoAWQ writes"
+    return "a layout this inspector has not read"
 
 
 def _check_scale_values(m: Module, s: torch.Tensor, axes: tuple[str, str], who: str, zero_why: str) -> None:
@@ -1045,6 +1069,11 @@ def detect_awq(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findin
     q = cfg.quantization or {}
     method = str(q.get("quant_method") or "").lower()
     packed = [m for m in modules if m.packed]
+    if packed and method == "awq" and _awq_config(cfg)["version"] == "gemv":
+        return _detect_awq_gemv(packed, cfg, ckpt, findings, _awq_config(cfg)["group_size"])
+    if packed and not q and all(_awq_gemv_shaped(m) for m in packed) \
+            and not all(_awq_shaped(m) for m in packed):
+        return _detect_awq_gemv(packed, cfg, ckpt, findings, None)
     if not packed or (method != "awq" and (q or not all(_awq_shaped(m) for m in packed))):
         return False
     if method == "awq":
@@ -1070,6 +1099,154 @@ def detect_awq(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findin
         f"scales [K/G, N]", "high (config)" if method == "awq" else "medium (names and shapes)"))
     findings.append(Finding("zero point", "per-group zero points (AutoAWQ zero_point true): W = scale * (q - z)",
                             "qzeros store z itself, packed along N as qweight is (AWQ_GEMM_ZEROS)", "high (structure)"))
+    return True
+
+
+# ---------------------------------------------------------------------------------------
+# AutoAWQ version "gemv" (read from AutoAWQ 0.2.9 awq/modules/linear/gemv.py, not guessed)
+
+from .formats import AWQ_GEMV_ZEROS, awq_gemv_zeros_width, unpack  # noqa: E402  (this section's own)
+
+
+def _awq_gemv_shaped(m: Module) -> bool:
+    """A module stored as AutoAWQ gemv stores one: qweight int32 [N, K/8] next to int32 qzeros [N, W] and float
+    scales [N, 8 W] (W >= 1; the inspector's evidence where config.json has no quantization_config).  Against
+    gemm's [K, N/8] / [K/G, N/8] / [K/G, N] the three tensors' shared first axis N tells them apart: both read
+    alike only for G = 1 with N = K, which gemv cannot write (calculate_zeros_width takes G >= 32)."""
+    n, k = m.logical
+    return (m.weight.name.endswith(".qweight") and m.weight.dtype == "I32" and n % 8 == 0 and k % 8 == 0
+            and tuple(m.weight.shape) == (n, k // 8) and m.zeros is not None and m.zeros.dtype == "I32"
+            and len(m.zeros.shape) == 2 and m.zeros.shape[0] == n and m.zeros.shape[1] >= 1
+            and m.scale is not None and m.scale.dtype not in INT_DTYPES
+            and tuple(m.scale.shape) == (n, 8 * m.zeros.shape[1]))
+
+
+def _awq_gemv_group_candidates(k: int, width: int) -> set:
+    """The group sizes (-1 for one group per row) AutoAWQ gemv could have written a K-input module's qzeros of
+    ``width`` columns with: calculate_zeros_width(K, G) == width, K % G == 0, G in 32, 64 or >= 128."""
+    out = set()
+    for g in [32, 64, *range(128, k + 1)]:
+        if g <= k and k % g == 0 and awq_gemv_zeros_width(k, g) == width:
+            out.add(g)
+    if (k >= 128 or k in (32, 64)) and awq_gemv_zeros_width(k, k) == width:
+        out.add(-1)
+    return out
+
+
+def _awq_gemv_check(m: Module, gs: int, ckpt: Checkpoint) -> tuple[int, int]:
+    """The tensors of one AutoAWQ gemv module against ``WQLinear_GEMV``'s buffers (``__init__`` / ``from_linear``):
+    an InspectError naming the file, the tensor and the shape or value it must have.  Returns (the module's group
+    size G, the qzeros width W = calculate_zeros_width(K, G))."""
+    n, k = m.logical
+    G = k if gs == -1 else gs
+    parts = [p for p, _ in m.parts]
+    lay = f"AutoAWQ gemv (group_size {gs}) stores the logical {n}x{k} matrix of {parts} as"
+    for t in (m.g_idx, m.shape_t, *m.hqq_meta.values()):
+        if t is not None:
+            raise InspectError(f"{t.file}: tensor {t.name!r} next to weight {m.weight.name!r} is not part of AutoAWQ's "
+                               f"gemv layout (qweight, qzeros, scales, bias; extra key)")
+    if n % 8:
+        raise InspectError(f"{m.where()}: {n} outputs for {parts}, but AutoAWQ gemv needs N % 8 == 0 (WQLinear_GEMV "
+                           f"asserts out_features % (32 // w_bit) == 0)")
+    if k % G:
+        raise InspectError(f"{m.where()}: K = {k} inputs for {parts} is not a multiple of quantization_config."
+                           f"group_size {G} (WQLinear_GEMV asserts in_features % group_size == 0)")
+    if k % 8:
+        raise InspectError(f"{m.where()}: K = {k} inputs for {parts} is not a multiple of 8: WQLinear_GEMV's qweight "
+                           f"[N, K // 8] = [{n}, {k // 8}] cannot hold the last {k % 8} inputs")
+    try:
+        W = awq_gemv_zeros_width(k, G)
+    except FormatError as e:
+        raise InspectError(f"{m.where()}: {e} (module {parts}, K = {k})") from None
+    g = k // G
+    if m.weight.dtype != "I32" or tuple(m.weight.shape) != (n, k // 8):
+        hint = (" (that is AutoAWQ gemm's [K, N/8] qweight; config.json says version gemv)"
+                if tuple(m.weight.shape) == (k, n // 8) else "")
+        raise InspectError(f"{m.where()}: {m.weight.dtype} {list(m.weight.shape)}, but {lay} qweight int32 "
+                           f"[N, K/8] = [{n}, {k // 8}]{hint}")
+    if m.zeros is None:
+        raise InspectError(f"{m.where()}: qzeros missing: no zero point tensor next to it, but {lay} qweight with "
+                           f"qzeros int32 [N, W] = [{n}, {W}] ({m.prefix + '.qzeros'!r}; W = (q - z) * s needs z)")
+    if m.zeros.dtype != "I32" or tuple(m.zeros.shape) != (n, W):
+        hint = (" (that is AutoAWQ gemm's [K/G, N/8] qzeros)" if tuple(m.zeros.shape) == (g, n // 8) else "")
+        raise InspectError(f"{m.zeros.file}: tensor {m.zeros.name!r} is {m.zeros.dtype} {list(m.zeros.shape)}, "
+                           f"but {lay} qzeros int32 [N, W] = [{n}, {W}] (W = calculate_zeros_width({k}, {G}): {g} "
+                           f"groups padded){hint}")
+    if m.scale is None:
+        raise InspectError(f"{m.where()}: no scales tensor next to it, but {lay} scales fp16 [N, 8 W] = [{n}, {8 * W}] "
+                           f"({m.prefix + '.scales'!r})")
+    if m.scale.dtype in INT_DTYPES or tuple(m.scale.shape) != (n, 8 * W):
+        raise InspectError(f"{m.scale.file}: tensor {m.scale.name!r} is {m.scale.dtype} {list(m.scale.shape)}, "
+                           f"but {lay} scales fp16 [N, 8 W] = [{n}, {8 * W}] ({g} groups, zero-padded to {8 * W} "
+                           f"columns)")
+    s = ckpt.get(m.scale.name).to(torch.float32)
+    _check_scale_values(m, s[:, :g], ("output", "group"), "AutoAWQ",
+                        "AutoAWQ's are (max - min).clamp(min=1e-5) / 15 > 0")
+    for what, t, mat in (("scales", m.scale, s),
+                         ("qzeros", m.zeros, unpack(ckpt.get(m.zeros.name), AWQ_GEMV_ZEROS, (n, 8 * W)))):
+        pad = mat[:, g:]
+        if pad.numel() and bool((pad != 0).any()):
+            i, j = (int(x) for x in (pad != 0).nonzero()[0])
+            raise InspectError(f"{t.file}: {what} {t.name!r} hold {float(pad[i, j]):g} at output {i}, padding "
+                               f"column {g + j} ({int((pad != 0).sum())} nonzero padding values): {lay} {g} groups "
+                               f"padded to {8 * W} columns, the padding 0 (WQLinear_GEMV.from_linear zero-fills it); "
+                               f"expected 0")
+    return G, W
+
+
+def _detect_awq_gemv(packed: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding],
+                     gs: Optional[int]) -> bool:
+    """AutoAWQ ``version: "gemv"`` (read from AutoAWQ 0.2.9, not guessed): ``awq/modules/linear/gemv.py``
+    ``WQLinear_GEMV.from_linear`` stores per module qweight int32 [N, K/8] (the codes q of eight consecutive inputs
+    per word in natural order, ``order_map = [0, ..., 7]``, input ``col * 8 + i`` at bits 4i: ``formats.AWQ_GEMV``),
+    qzeros int32 [N, W] (the integer zero points z of the [N, groups] matrix packed the same way along the groups,
+    the words past the groups 0) and scales fp16 [N, 8 W] (the group scales, zero-padded), W =
+    ``calculate_zeros_width(K, G)`` (``formats.awq_gemv_zeros_width``); its gemv kernels read W = (q - z) * s.
+    ``gs``: config.json's group size (``_awq_config``), or None without a quantization_config, where it comes from
+    the qzeros widths: the one group size (or -1) every module's width admits; where several do, the shapes do not
+    say which, and config.json's quantization_config must (an InspectError listing them).  Every module is checked
+    against the layout (``_awq_gemv_check``); the spec reads the scales and the zeros through
+    ``ScaleSpec.padded_groups`` = 8 W (padding checked zero at decode too)."""
+    if gs is None:
+        common = None
+        for m in packed:
+            c = _awq_gemv_group_candidates(m.logical[1], m.zeros.shape[1])
+            common = c if common is None else common & c
+        # -1 (G = K) and a fixed G that equals every module's K give the same layout
+        resolved = {tuple(m.logical[1] if c == -1 else c for m in packed) for c in (common or ())}
+        if len(resolved) != 1:
+            shapes = sorted({(m.logical[1], m.zeros.shape[1]) for m in packed})
+            raise InspectError(
+                f"{packed[0].where()}: the tensors are AutoAWQ gemv's (qweight int32 [N, K/8], qzeros [N, W], scales "
+                f"[N, 8 W]), but without a quantization_config the group size is "
+                + (f"ambiguous: (K, W) = {shapes} fit group sizes {sorted(common)}" if common else
+                   f"unknown: no one group size gives every module's (K, W) = {shapes} (calculate_zeros_width)")
+                + "; add config.json quantization_config {\"quant_method\": \"awq\", \"version\": \"gemv\", "
+                  "\"bits\": 4, \"zero_point\": true, \"group_size\": G}")
+        gs = sorted(common)[-1] if -1 not in common else -1
+        why = (f"no quantization_config: every packed weight is a qweight int32 [N, K/8] with qzeros [N, W] and "
+               f"scales [N, 8 W] (AutoAWQ gemv's shapes; gemm stores [K, N/8]); group size from the qzeros widths")
+    else:
+        why = "config.json quantization_config (quant_method awq, version gemv, bits 4)"
+    sizes, widths = set(), set()
+    for m in packed:
+        G, W = _awq_gemv_check(m, gs, ckpt)
+        sizes.add(G)
+        widths.add((m.logical[1], W))
+        kw = dict(granularity="group", group_size=G, padded_groups=8 * W)
+        m.bits, m.pack_axis, m.transposed, m.order = 4, 1, False, None
+        m.scale_kw = [dict(kw)] * len(m.parts)
+        m.zero_kw = dict(kw)
+        m.zero_pack = AWQ_GEMV_ZEROS
+    findings.append(Finding(
+        "block structure", f"AutoAWQ gemv, 4-bit, groups of {sorted(sizes)} inputs: W = (q - z) * s",
+        f"{why}; all {len(packed)} packed weights are qweight int32 [N, K/8] (eight inputs per word in natural "
+        f"order, awq/modules/linear/gemv.py WQLinear_GEMV.from_linear) with qzeros int32 [N, W] and scales [N, 8 W], "
+        f"(K, W) in {sorted(widths)} (calculate_zeros_width: the groups padded with zeros, checked)",
+        "high (config)" if (cfg.quantization or {}) else "medium (names and shapes)"))
+    findings.append(Finding("zero point", "per-group zero points (AutoAWQ zero_point true): W = scale * (q - z)",
+                            "qzeros store z itself, packed along the groups as qweight is along K (AWQ_GEMV_ZEROS), "
+                            "padding columns zero", "high (structure)"))
     return True
 
 

@@ -424,11 +424,13 @@ def zero_matrix(zero: torch.Tensor, zspec: ScaleSpec, zpack: Optional[PackSpec],
                 where: str) -> torch.Tensor:
     """The zero point tensor as stored, or, packed (``zpack``: GPTQ / AutoAWQ qzeros, compressed-tensors
     weight_zero_point), its unpacked [G, N] (``transposed``) / [N, G] matrix of zero points (the code table's
-    values), G = ceil(K / group_size), or 1 for per-channel zero points."""
+    values), G = ceil(K / group_size), or 1 for per-channel zero points; ``zspec.padded_groups`` where the packed
+    tensor holds padding groups too (AutoAWQ gemv qzeros [N, calculate_zeros_width]: its [N, padded_groups]
+    matrix, whose padding ``expand_scale`` checks and drops)."""
     if zpack is None:
         return zero
     n, k = shape
-    g = 1 if zspec.granularity == "channel" else -(-k // zspec.group_size)
+    g = 1 if zspec.granularity == "channel" else zspec.padded_groups or -(-k // zspec.group_size)
     try:
         return unpack(zero, zpack, (g, n) if zspec.transposed else (n, g), name=f"{where}: zero points {zspec.key!r}")
     except FormatError as e:

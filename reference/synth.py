@@ -91,6 +91,10 @@ AutoAWQ on a float model (``AWQ_FORMATS``, ``w_awq``: ``AwqQuantizer.pseudo_quan
                       qweight int32 [K, N/8] (q of eight consecutive outputs per word in AWQ_ORDER [0, 2, 4, 6, 1, 3,
                       5, 7], low bits first), qzeros int32 [K/G, N/8] (z, packed the same way), scales fp16 [K/G, N]
   awq-gemm-row        group_size -1 (one group per row: scales / qzeros [1, ...])
+  awq-gemv-g128, awq-gemv-g64, awq-gemv-g32, awq-gemv-row
+                      version gemv (``w_awq_gemv``, ``WQLinear_GEMV.from_linear``): qweight int32 [N, K/8] (q of eight
+                      consecutive inputs per word, natural order, low bits first), qzeros int32 [N, W] (z, packed the
+                      same way), scales fp16 [N, 8 W], W = calculate_zeros_width(K, G), padding columns zero
 
 compressed-tensors ``symmetric: false`` on a float model (``CT_ASYM_FORMATS``, ``w_compressed_tensors_asym``:
 llm-compressor's min-max weight observer, compressed-tensors 0.17's calculate_qparams / quantize and its compressors
@@ -533,6 +537,72 @@ def w_awq(lg: Logical, group_size: int = 128, noise: float = 0.3, seed: int = 0)
     q = {"quant_method": "awq", "bits": bits, "group_size": group_size, "zero_point": True, "version": "gemm",
          "modules_to_not_convert": None}
     return sd, q, Truth(vals, mult, f"awq-gemm-g{group_size}")
+
+
+def awq_gemv_from_linear(w: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int):
+    """``WQLinear_GEMV.from_linear`` (``awq/modules/linear/gemv.py``, AutoAWQ 0.2.9) vectorised, on the
+    fake-quantized fp16 weight w [N, K] and the quantizer's scales / zeros [N, groups] as ``_apply_quant`` hands
+    them for version gemv (not transposed): ``qscales`` = fp16 zeros [N, calculate_zeros_width(K, G) * 8] with
+    ``qscales[:, :groups] = scales``; ``intweight[:, idx] = round((w[:, idx] + (zeros * scales)[:, idx // G]) /
+    qscales[:, idx // G])`` in fp16 (the same elementwise ops as its per-column loop); the codes of eight
+    consecutive inputs per int32 in natural order (``order_map = [0, ..., 7]``: ``formats.AWQ_GEMV``) into
+    ``qweight`` [N, K // 32 * 4]; ``zeros.to(int32)`` packed the same way along the groups into ``qzeros``
+    [N, calculate_zeros_width(K, G)], columns past the groups left 0.  ``group_size``: the module's (K for -1,
+    see ``w_awq_gemv``).  Returns (qweight, qzeros, qscales, the codes q [N, K] int64, the zeros z [N, groups])."""
+    from .formats import AWQ_GEMV, AWQ_GEMV_ZEROS, awq_gemv_zeros_width  # (kept out of the shared import list)
+
+    n, k = w.shape
+    width = awq_gemv_zeros_width(k, group_size)
+    if k // 32 * 4 != k // 8:  # from_linear sizes qweight k // 32 * 4 columns and packs k // 8 of them
+        raise ValueError(f"AutoAWQ gemv's from_linear writes qweight [N, K // 32 * 4] and packs K // 8 words per "
+                         f"row: K = {k} (K % 32 = {k % 32}) overruns it; expected K % 32 < 8")
+    groups = scales.shape[1]
+    scale_zeros = zeros * scales  # (N, groups) fp16
+    qscales = torch.zeros(n, width * 8, dtype=torch.float16)
+    qscales[:, :groups] = scales
+    grp = torch.arange(k) // group_size
+    intweight = torch.round((w + scale_zeros[:, grp]) / qscales[:, grp]).to(torch.int).to(torch.int32)
+    if int(intweight.min()) < 0 or int(intweight.max()) > 15:  # from_linear would OR it into the next field
+        raise ValueError(f"a code {int(intweight.min())}..{int(intweight.max())} outside 0..15")
+    q = intweight.to(torch.int64)
+    z = zeros.to(torch.int32).to(torch.int64)  # from_linear: zeros.to(dtype=torch.int32)
+    zpad = torch.zeros(n, width * 8, dtype=torch.int64)
+    zpad[:, :groups] = z
+    return pack(q, AWQ_GEMV), pack(zpad, AWQ_GEMV_ZEROS), qscales, q, z
+
+
+def w_awq_gemv(lg: Logical, group_size: int = 128, noise: float = 0.3, seed: int = 0):
+    """AutoAWQ ``version: "gemv"`` as it stores a float model (``awq_float_model``, the same float weights as
+    ``w_awq``): ``awq_pseudo_quantize`` then ``awq_gemv_from_linear`` (``WQLinear_GEMV.from_linear``): qweight int32
+    [N, K/8] (eight consecutive inputs per word, natural order, low bits first: ``formats.AWQ_GEMV``), qzeros int32
+    [N, W] and scales fp16 [N, 8 W], W = ``calculate_zeros_width(K, G)`` (``formats.awq_gemv_zeros_width``: the
+    groups padded to a multiple of 8, 16 or 32 columns for G >= 128, 64, 32), zero padding.  AutoAWQ asserts
+    K % G == 0 and N % 8 == 0 (so N = 8 * odd is fine, unlike gemm's N % 32) and takes G >= 128, 64 or 32.
+    ``group_size`` -1: one group per row laid out as ``WQLinear_GEMV.__init__`` sizes the buffers it loads into
+    (group_size = in_features: W = calculate_zeros_width(K, K)); AutoAWQ 0.2.9's from_linear itself calls
+    calculate_zeros_width(K, -1), which raises, so no AutoAWQ run writes it.  Truth: values q - z and the
+    multiplier scales: W = (q - z) * s exactly (the gemv kernel's fp16 arithmetic is its rounding)."""
+    from .formats import FormatError
+
+    bits = 4
+    sd, vals, mult = _floats(lg, "hf"), {}, {}
+    for mod, W in awq_float_model(lg, noise, seed).items():
+        n, k = W.shape
+        gs = k if group_size == -1 else group_size
+        if k % gs or n % 8:
+            raise ValueError(f"{mod}: AutoAWQ gemv needs K % group_size == 0 and N % 8 == 0 (WQLinear_GEMV asserts "
+                             f"both), got N = {n}, K = {k}, group_size {gs}")
+        wq, scales, zeros = awq_pseudo_quantize(W, bits, group_size)  # (N, groups): version gemv keeps them so
+        try:
+            qweight, qzeros, qscales, q, z = awq_gemv_from_linear(wq, scales, zeros, gs)
+        except (ValueError, FormatError) as e:
+            raise ValueError(f"{mod}: {e}") from None
+        sd[f"{mod}.qweight"], sd[f"{mod}.qzeros"], sd[f"{mod}.scales"] = qweight, qzeros, qscales
+        vals[mod] = (q - z.repeat_interleave(gs, dim=1)).to(torch.int8)
+        mult[mod] = scales.float().repeat_interleave(gs, dim=1).contiguous()
+    q = {"quant_method": "awq", "bits": bits, "group_size": group_size, "zero_point": True, "version": "gemv",
+         "modules_to_not_convert": None}
+    return sd, q, Truth(vals, mult, f"awq-gemv-g{group_size}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -1104,13 +1174,17 @@ GPTQ_ASYM_FORMATS: dict[str, Callable] = {
     "gptq-asym-int8": lambda lg: w_gptq_asym(lg, 8),
 }
 
-#: AutoAWQ (version gemm, 4-bit, zero_point true) on a float model (``w_awq``: per-group integer zero points; any
-#: ``Logical`` whose K is a multiple of the group size and N of 32)
+#: AutoAWQ (version gemm / gemv, 4-bit, zero_point true) on a float model (``w_awq`` / ``w_awq_gemv``: per-group
+#: integer zero points; any ``Logical`` whose K is a multiple of the group size and N of 32 (gemm) / 8 (gemv))
 AWQ_FORMATS: dict[str, Callable] = {
     "awq-gemm-g128": lambda lg: w_awq(lg, 128),
     "awq-gemm-g64": lambda lg: w_awq(lg, 64),
     "awq-gemm-g32": lambda lg: w_awq(lg, 32),
     "awq-gemm-row": lambda lg: w_awq(lg, -1),
+    "awq-gemv-g128": lambda lg: w_awq_gemv(lg, 128),
+    "awq-gemv-g64": lambda lg: w_awq_gemv(lg, 64),
+    "awq-gemv-g32": lambda lg: w_awq_gemv(lg, 32),
+    "awq-gemv-row": lambda lg: w_awq_gemv(lg, -1),
 }
 
 #: compressed-tensors ``symmetric: false`` on a float model (``w_compressed_tensors_asym``: llm-compressor's min-max

@@ -40,7 +40,7 @@ from typing import Optional, Union
 
 import torch
 
-from reference.formats import FormatError, expand_scale, record_scales, unpack
+from reference.formats import FormatError, expand_scale, record_scales, unpack, unpad_groups
 from reference.spec import CheckpointSpec, LinearEntry, unpack_layout
 
 ShardId = Union[str, int, None]
@@ -438,6 +438,8 @@ def group_mult(raw: Optional[torch.Tensor], entry: LinearEntry, name: str, group
             s = s.t()
         elif sc.granularity == "group" and tuple(s.shape) in ((entry.shape[0] * cols,), (entry.shape[0] * cols, 1)):
             s = s.reshape(entry.shape[0], cols)  # one per group, row-major (HQQ axis=1: [N*K/G, 1])
+        if sc.padded_groups is not None:  # AutoAWQ gemv: [N, P] with zero padding columns past the groups
+            s = unpad_groups(s, sc, entry.shape, name=where)
         if tuple(s.shape) != (entry.shape[0], cols):
             raise FormatError(f"{where}: group scale must have shape {(entry.shape[0], cols)} (group_size "
                               f"{group_size}), has {tuple(raw.shape)}")
