@@ -397,7 +397,7 @@ def awq_dequantize_gemm(qweight, qzeros, scales, bits, group_size):
     return (iweight - izeros) * scales  # (K, N)
 
 
-@pytest.mark.parametrize("fmt", sorted(synth.AWQ_FORMATS))
+@pytest.mark.parametrize("fmt", sorted(f for f in synth.AWQ_FORMATS if f.startswith("awq-gemm-")))
 def test_awq_matches_autoawq(fmt, logical, tmp_path):
     """AutoAWQ gemm: what synth.write stores is bit for bit what AutoAWQ's pseudo_quantize_tensor + from_linear
     (transcribed loops) store for the same fp16 float model; AutoAWQ's dequantize_gemm of the stored tensors is the
@@ -460,6 +460,156 @@ def test_awq_packer_and_decode_any_shape(blocks, groups, gs, spread, seed):
     vals = subtract_zero(unpack(qweight, AWQ_GEMM, (n, k)), qzeros, spec, (n, k), "t", zpack=AWQ_GEMM_ZEROS)
     mult = expand_scale(qscales, dataclasses.replace(spec, key="scales"), (n, k))
     assert torch.equal(vals.float() * mult, awq_dequantize_gemm(qweight, qzeros, qscales.float(), 4, G).t())
+
+
+# AutoAWQ 0.2.9 version "gemv", transcribed line by line: awq/modules/linear/gemv.py make_divisible,
+# calculate_zeros_width and WQLinear_GEMV.__init__ / from_linear (scales / zeros as _apply_quant hands them for gemv:
+# [N, groups], not transposed).  AutoAWQ has no Python dequantizer for gemv (its awq_ext kernels read the buffers);
+# awq_gemv_dequantize below reads them back as the kernel's layout says: word col of a row holds input / group
+# col * 8 + i at bits 4i, W = (q - z) * s.
+
+
+def awq_make_divisible(c, divisor):
+    return (c + divisor - 1) // divisor
+
+
+def awq_calculate_zeros_width(in_features, group_size=128, pack_num=8):
+    if group_size >= 128:
+        size_multiplier = 1
+    elif group_size == 64:
+        size_multiplier = 2
+    elif group_size == 32:
+        size_multiplier = 4
+    else:
+        raise NotImplementedError
+
+    base_width = awq_make_divisible(in_features // group_size, pack_num)
+    base_width = awq_make_divisible(base_width, size_multiplier) * size_multiplier
+    return base_width
+
+
+def awq_gemv_from_linear(weight, w_bit, group_size, scales, zeros):
+    """WQLinear_GEMV.from_linear (w_bit 4, no bias); ``group_size`` the module's (in_features for -1, as __init__
+    sizes the buffers: from_linear itself raises in calculate_zeros_width(K, -1))."""
+    in_features, out_features = weight.shape[1], weight.shape[0]
+    assert in_features % group_size == 0
+    assert out_features % (32 // w_bit) == 0
+    scale_zeros = zeros * scales
+    pack_num = 32 // w_bit
+    qscales = torch.zeros((scales.shape[0], awq_calculate_zeros_width(in_features, group_size) * pack_num),
+                          dtype=torch.float16)
+    qscales[:, : scales.shape[1]] = scales
+    intweight = []
+    for idx in range(in_features):
+        intweight.append(torch.round((weight[:, idx] + scale_zeros[:, idx // group_size])
+                                     / qscales[:, idx // group_size]).to(torch.int)[:, None])
+    intweight = torch.cat(intweight, dim=1)
+    intweight = intweight.to(dtype=torch.int32)
+    qweight = torch.zeros((intweight.shape[0], intweight.shape[1] // 32 * w_bit), dtype=torch.int32)
+    for col in range(intweight.shape[1] // pack_num):
+        order_map = [0, 1, 2, 3, 4, 5, 6, 7]
+        for i in range(pack_num):
+            qweight_col = intweight[:, col * pack_num + order_map[i]]
+            qweight[:, col] |= qweight_col << (i * w_bit)
+    zeros = zeros.to(dtype=torch.int32)
+    qzeros = torch.zeros((zeros.shape[0], awq_calculate_zeros_width(in_features, group_size)), dtype=torch.int32)
+    for col in range((zeros.shape[1] + pack_num - 1) // pack_num):
+        order_map = [0, 1, 2, 3, 4, 5, 6, 7]
+        for i in range(pack_num):
+            if col * pack_num + order_map[i] >= zeros.shape[1]:
+                continue
+            qzero_col = zeros[:, col * pack_num + order_map[i]]
+            qzeros[:, col] |= qzero_col << (i * w_bit)
+    return qweight, qzeros, qscales
+
+
+def awq_gemv_dequantize(qweight, qzeros, qscales, k, group_size):
+    """(q - z) * s of WQLinear_GEMV's buffers in fp32, unpacked with shifts (independent of formats.unpack)."""
+    shifts = torch.arange(0, 32, 4)
+    q = ((as_u32(qweight)[:, :, None] >> shifts) & 15).reshape(qweight.shape[0], -1)[:, :k]
+    z = ((as_u32(qzeros)[:, :, None] >> shifts) & 15).reshape(qzeros.shape[0], -1)[:, :k // group_size]
+    s = qscales.float()[:, :k // group_size]
+    return (q - z.repeat_interleave(group_size, dim=1)).float() * s.repeat_interleave(group_size, dim=1)
+
+
+@pytest.mark.parametrize("fmt", sorted(f for f in synth.AWQ_FORMATS if f.startswith("awq-gemv-")))
+def test_awq_gemv_matches_autoawq(fmt, logical, tmp_path):
+    """AutoAWQ gemv: what synth.write stores is bit for bit what AutoAWQ's pseudo_quantize_tensor + WQLinear_GEMV.
+    from_linear (transcribed loops, calculate_zeros_width) store for the same fp16 float model - qweight [N, K/8],
+    qzeros [N, W], scales [N, 8 W] with zero padding; their (q - z) * s is the ground truth in fp32 and, in fp16,
+    the quantizer's fake-quantized weight; every one of the 16 codes occurs; config.json as AwqConfig writes it."""
+    import json
+
+    out = tmp_path / fmt
+    truth = synth.write(fmt, logical, out)
+    ck = Checkpoint(out)
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    gs = -1 if fmt.endswith("-row") else int(fmt.rsplit("g", 1)[1])
+    assert qc == {"quant_method": "awq", "bits": 4, "group_size": gs, "zero_point": True, "version": "gemv",
+                  "modules_to_not_convert": None}
+    floats = synth.awq_float_model(logical)
+    for mod in (Q, D, "model.layers.0.mlp.gate_proj"):
+        n, k = logical.ternary[mod].shape
+        G = k if gs == -1 else gs
+        W = awq_calculate_zeros_width(k, G)
+        wq, scales, zeros = awq_pseudo_quantize_tensor(floats[mod].clone(), 4, gs)
+        qweight, qzeros, qscales = awq_gemv_from_linear(wq, 4, G, scales, zeros)
+        assert qweight.shape == (n, k // 8) and qzeros.shape == (n, W) and qscales.shape == (n, 8 * W)
+        assert torch.equal(ck.get(f"{mod}.qweight"), qweight), mod
+        assert torch.equal(ck.get(f"{mod}.qzeros"), qzeros), mod
+        assert ck.get(f"{mod}.scales").dtype == torch.float16 and torch.equal(ck.get(f"{mod}.scales"), qscales), mod
+        assert 8 * W > k // G and not bool(qscales[:, k // G:].any())  # padding exercised, and zero
+        deq = awq_gemv_dequantize(qweight, qzeros, qscales, k, G)
+        assert torch.equal(deq, truth.effective(mod)), mod
+        assert torch.equal(deq.half(), wq), mod  # the packed codes are the quantizer's q (fp16 (q - z) * s exact)
+        q = torch.stack([(as_u32(qweight) >> (4 * j)) & 15 for j in range(8)], 2)
+        assert len(torch.unique(q)) == 16
+
+
+@settings(max_examples=30, deadline=None)
+@given(odd=hst.integers(0, 5), groups=hst.integers(1, 11), gs=hst.sampled_from([32, 64, 128, 256, -1]),
+       spread=hst.floats(0.01, 4.0), seed=hst.integers(0, 2 ** 31))
+def test_awq_gemv_packer_and_decode_any_shape(odd, groups, gs, spread, seed):
+    """For any AutoAWQ gemv shape - N = 8 * (2 odd + 1) outputs (gemv asserts only N % 8, unlike gemm's N % 32),
+    K = groups * G inputs with 1..11 groups (so the zero padding of calculate_zeros_width varies: 1..11 groups in
+    8 / 16 / 32 columns), G in 32 / 64 / 128 / 256 or -1 - and weight scale: synth's awq_gemv_from_linear =
+    AutoAWQ's loops bit for bit, and the reference's decode of the stored tensors (formats.unpack with AWQ_GEMV,
+    subtract_zero through AWQ_GEMV_ZEROS with padded_groups, expand_scale, as reference.spec.finish_linear) = the
+    shift-and-mask (q - z) * s."""
+    from reference.formats import AWQ_GEMV, AWQ_GEMV_ZEROS, ScaleSpec, awq_gemv_zeros_width, expand_scale
+    from reference.spec import subtract_zero
+
+    n = 8 * (2 * odd + 1)
+    k = groups * (128 if gs == -1 else gs)
+    G = k if gs == -1 else gs
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) * spread + torch.rand(n, 1, generator=g) * spread).half()
+    wq, scales, zeros = awq_pseudo_quantize_tensor(w.clone(), 4, gs)
+    qweight, qzeros, qscales = awq_gemv_from_linear(wq, 4, G, scales, zeros)
+    W = awq_gemv_zeros_width(k, G)
+    assert W == awq_calculate_zeros_width(k, G)
+    sq, sz, ss, q, z = synth.awq_gemv_from_linear(wq, scales, zeros, G)
+    assert torch.equal(sq, qweight) and torch.equal(sz, qzeros) and torch.equal(ss, qscales)
+    spec = ScaleSpec("qzeros", "group", group_size=G, padded_groups=8 * W)
+    vals = subtract_zero(unpack(qweight, AWQ_GEMV, (n, k)), qzeros, spec, (n, k), "t", zpack=AWQ_GEMV_ZEROS)
+    mult = expand_scale(qscales, dataclasses.replace(spec, key="scales"), (n, k))
+    assert torch.equal(vals.float() * mult, awq_gemv_dequantize(qweight, qzeros, qscales, k, G))
+    assert torch.equal(vals.to(torch.int64), q - z.repeat_interleave(G, dim=1))
+
+
+def test_awq_gemv_writer_refuses_what_autoawq_refuses():
+    """calculate_zeros_width's group sizes (>= 128, 64, 32) and from_linear's K // 32 * 4 qweight columns: the
+    writer refuses G = 16 and K = 136 (G = 136: K // 8 = 17 words, from_linear sizes 16) as AutoAWQ fails on them."""
+    from reference.formats import FormatError
+
+    w = torch.zeros(8, 136, dtype=torch.float16)
+    s, z = torch.ones(8, 1, dtype=torch.float16), torch.zeros(8, 1, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"K = 136 \(K % 32 = 8\) overruns it"):
+        synth.awq_gemv_from_linear(w, s, z, 136)
+    with pytest.raises(FormatError, match="calculate_zeros_width raises NotImplementedError for 16"):
+        synth.awq_gemv_from_linear(torch.zeros(8, 32, dtype=torch.float16), s.repeat(1, 2), z.repeat(1, 2), 16)
+    with pytest.raises(NotImplementedError):
+        awq_calculate_zeros_width(32, 16)
 
 
 # ---------------------------------------------------------------------------------------
