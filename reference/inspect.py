@@ -1034,7 +1034,9 @@ def _awq_check(m: Module, gs: int, ckpt: Checkpoint) -> int:
                            f"quantization_config.group_size {G} (WQLinear_GEMM asserts in_features % group_size == 0)")
     g = k // G
     if m.weight.dtype != "I32" or tuple(m.weight.shape) != (k, n // 8):
-        hint = " (that is GPTQ's [K/8, N] qweight, not AWQ's)" if tuple(m.weight.shape) == (k // 8, n) else ""
+        hint = " (that is GPTQ's [K/8, N] qweight, not AWQ's)" if tuple(m.weight.shape) == (k // 8, n) else \
+            " (that is AutoAWQ gemv's [N, K/8] qweight; config.json says version gemm)" \
+            if tuple(m.weight.shape) == (n, k // 8) else ""
         raise InspectError(f"{m.where()}: {m.weight.dtype} {list(m.weight.shape)}, but {lay} qweight int32 "
                            f"[K, N/8] = [{k}, {n // 8}]{hint}")
     if m.zeros is None:

@@ -238,9 +238,15 @@ def test_awq_broken_tensor_is_named(awq, case, fn, want, capsys):
 
 @pytest.mark.parametrize("change,want", [
     ({"bits": 8}, r"quantization_config.bits is 8: AutoAWQ packs 4-bit codes only"),
-    ({"version": "gemv"}, r"quantization_config.version is 'gemv': qweight int32 \[N, K/8\].*only AutoAWQ's 'gemm'"),
+    ({"version": "gemv"}, r"qweight': I32 \[384, 16\], but AutoAWQ gemv \(group_size 64\) stores .* as qweight int32 "
+                          r"\[N, K/8\] = \[128, 48\] \(that is AutoAWQ gemm's \[K, N/8\] qweight; config.json says "
+                          r"version gemv\)"),
     ({"version": None, "format": "gemv_fast"},
-     r"quantization_config.format is 'gemv_fast': a layout this inspector has not read"),
+     r"quantization_config.format is 'gemv_fast': AutoAWQ's gemv_fast layout \(awq/modules/linear/gemv_fast.py "
+     r"WQLinear_GEMVFast\) is not read: qweight int16 \[N/4, K\].*qzeros fp16 \[8 W, N\] holding -\(scale \* z\)"),
+    ({"version": "marlin"}, r"quantization_config.version is 'marlin': AutoAWQ's marlin layout .* is not read"),
+    ({"version": "gemm_v9"}, r"quantization_config.version is 'gemm_v9': a layout this inspector has not read; "
+                             r"AutoAWQ's 'gemm' .* and 'gemv' .* layouts are supported"),
     ({"zero_point": False}, r"quantization_config.zero_point is False: AutoAWQ writes gemm checkpoints with zero "
                             r"points only"),
     ({"group_size": 0}, r"quantization_config.group_size is 0"),
@@ -257,6 +263,100 @@ def test_awq_config_it_cannot_follow_is_named(awq, change, want, capsys):
     with pytest.raises(InspectError, match=want):
         inspect_dir(awq, use_loss=False)
     cli_error(awq, capsys)
+
+
+# AutoAWQ gemv g64, module k_proj (64 x 128): 2 groups, calculate_zeros_width(128, 64) = 2 -> qweight [64, 16],
+# qzeros [64, 2] (groups 2..15 padding), scales [64, 16] (columns 2..15 padding)
+@pytest.fixture
+def awq_gemv(tmp_path) -> Path:
+    d = tmp_path / "awq-gemv"
+    synth.write("awq-gemv-g64", synth.Logical.from_dir(TRAINED), d)
+    return d
+
+
+def _set(key, idx, value):
+    def fn(sd):
+        sd[key][idx] = value
+    return fn
+
+
+@pytest.mark.parametrize("case,fn,want", [
+    ("qzeros missing", lambda sd: sd.pop(f"{AWQ_MOD}.qzeros"),
+     rf"{AWQ_MOD}.qweight'.*qzeros missing.*qzeros int32 \[N, W\] = \[64, 2\].*'{AWQ_MOD}.qzeros'"),
+    ("gemm-shaped qweight", lambda sd: sd.__setitem__(f"{AWQ_MOD}.qweight", torch.zeros(128, 8, dtype=torch.int32)),
+     rf"{AWQ_MOD}.qweight'.*I32 \[128, 8\].*AutoAWQ gemv \(group_size 64\).*qweight int32 \[N, K/8\] = \[64, 16\] "
+     rf"\(that is AutoAWQ gemm's \[K, N/8\] qweight"),
+    ("qzeros shape", lambda sd: sd.__setitem__(f"{AWQ_MOD}.qzeros", sd[f"{AWQ_MOD}.qzeros"][:, :1].contiguous()),
+     rf"{AWQ_MOD}.qzeros' is I32 \[64, 1\].*qzeros int32 \[N, W\] = \[64, 2\] \(W = calculate_zeros_width\(128, 64\): "
+     rf"2 groups padded\)"),
+    ("scales unpadded", lambda sd: sd.__setitem__(f"{AWQ_MOD}.scales", sd[f"{AWQ_MOD}.scales"][:, :2].contiguous()),
+     rf"{AWQ_MOD}.scales' is F16 \[64, 2\].*scales fp16 \[N, 8 W\] = \[64, 16\] \(2 groups, zero-padded to 16"),
+    ("NaN scales", _set(f"{AWQ_MOD}.scales", (5, 1), float("nan")),
+     rf"scales '{AWQ_MOD}.scales' have 1 NaN/Inf values \(first nan at output 5, group 1\)"),
+    ("zero scales", _set(f"{AWQ_MOD}.scales", (0, 0), 0.0), rf"scales '{AWQ_MOD}.scales' have 1 zero values"),
+    ("scale padding", _set(f"{AWQ_MOD}.scales", (3, 9), 0.5),
+     rf"scales '{AWQ_MOD}.scales' hold 0.5 at output 3, padding column 9 \(1 nonzero padding values\).*expected 0"),
+    ("NaN in the scale padding", _set(f"{AWQ_MOD}.scales", (4, 2), float("nan")),
+     rf"scales '{AWQ_MOD}.scales' hold nan at output 4, padding column 2 .*expected 0"),
+    ("qzeros padding, second word", _set(f"{AWQ_MOD}.qzeros", (7, 1), 5),
+     rf"qzeros '{AWQ_MOD}.qzeros' hold 5 at output 7, padding column 8 .*expected 0"),
+    ("qzeros padding, first word", lambda sd: sd[f"{AWQ_MOD}.qzeros"].__setitem__((0, 0), sd[f"{AWQ_MOD}.qzeros"][0, 0]
+                                                                                   | 0x300),
+     rf"qzeros '{AWQ_MOD}.qzeros' hold 3 at output 0, padding column 2 .*expected 0"),
+])
+def test_awq_gemv_broken_tensor_is_named(awq_gemv, case, fn, want, capsys):
+    """A damaged AutoAWQ gemv module: the error names the file, the tensor and the shape / value AutoAWQ's gemv layout
+    gives it (WQLinear_GEMV's buffers; padding columns zero as from_linear leaves them), from the API and the CLI."""
+    edit(awq_gemv, fn)
+    with pytest.raises(InspectError, match=want) as ei:
+        inspect_dir(awq_gemv, use_loss=False)
+    assert "model.safetensors" in str(ei.value), case
+    err = cli_error(awq_gemv, capsys)
+    assert AWQ_MOD in err and "AutoAWQ" in err, case
+
+
+@pytest.mark.parametrize("change,want", [
+    ({"group_size": 16}, r"quantization_config.group_size is 16: AutoAWQ gemv takes group_size >= 128, 64 or 32 "
+                         r"\(awq/modules/linear/gemv.py calculate_zeros_width raises NotImplementedError"),
+    ({"group_size": 256}, r"K = 384 inputs .* not a multiple of quantization_config.group_size 256 \(WQLinear_GEMV "
+                          r"asserts in_features % group_size == 0\)"),
+    ({"group_size": 128}, r"qzeros' is I32 \[128, 2\], but AutoAWQ gemv \(group_size 128\) .* qzeros int32 \[N, W\] = "
+                          r"\[128, 1\] \(W = calculate_zeros_width\(384, 128\): 3 groups padded\)"),
+    ({"group_size": 32}, r"qzeros' is I32 \[128, 2\], but AutoAWQ gemv \(group_size 32\) .* \[N, W\] = \[128, 4\]"),
+    ({"version": "gemm"}, r"qweight': I32 \[128, 48\], but AutoAWQ gemm \(group_size 64\) .* qweight int32 \[K, N/8\] = "
+                          r"\[384, 16\] \(that is AutoAWQ gemv's \[N, K/8\] qweight; config.json says version gemm\)"),
+    ({"zero_point": False}, r"quantization_config.zero_point is False: AutoAWQ writes gemv checkpoints with zero "
+                            r"points only \(WQLinear_GEMV.from_linear"),
+])
+def test_awq_gemv_config_it_cannot_follow_is_named(awq_gemv, change, want, capsys):
+    """A gemv checkpoint under a quantization_config that contradicts it (group sizes gemv cannot write or that the
+    stored widths do not fit, version gemm, zero_point false): an error naming the key or the tensor."""
+    cfg = json.loads((awq_gemv / "config.json").read_text())
+    cfg["quantization_config"].update(change)
+    (awq_gemv / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InspectError, match=want):
+        inspect_dir(awq_gemv, use_loss=False)
+    cli_error(awq_gemv, capsys)
+
+
+def test_awq_gemv_padding_is_checked_at_decode_too(awq_gemv):
+    """The spec route (reference.decode / the reference model) after inspection: a nonzero scale or zero point in
+    the padding columns is a CheckpointError naming the tensor, the column and the expected 0 (expand_scale /
+    zero_matrix with ScaleSpec.padded_groups), not silently cropped."""
+    from reference.spec import decode_linear
+
+    spec = inspect_dir(awq_gemv, use_loss=False).spec
+    e = spec.linears[AWQ_MOD]
+    assert (e.scale.padded_groups, e.zero.padded_groups) == (16, 16)
+    decode_linear(Checkpoint(awq_gemv), e, AWQ_MOD)  # clean
+    edit(awq_gemv, _set(f"{AWQ_MOD}.scales", (3, 15), 1.0))
+    with pytest.raises(CheckpointError, match=rf"'{AWQ_MOD}.scales' holds 1.0 at output 3, padding column 15 .*"
+                                              rf"columns 2..15 past the 2 groups of K = 128 must be 0"):
+        decode_linear(Checkpoint(awq_gemv), e, AWQ_MOD)
+    edit(awq_gemv, _set(f"{AWQ_MOD}.scales", (3, 15), 0.0))
+    edit(awq_gemv, _set(f"{AWQ_MOD}.qzeros", (2, 0), 1 << 28))  # group 7 of row 2
+    with pytest.raises(CheckpointError, match=rf"'{AWQ_MOD}.qzeros' holds 1.0 at output 2, padding column 7"):
+        decode_linear(Checkpoint(awq_gemv), e, AWQ_MOD)
 
 
 def test_gptq_tensors_under_an_awq_config_are_said_to_be_gptq(tmp_path, capsys):
