@@ -714,7 +714,7 @@ def test_gptq_zero_point_edge_cases(logical, tmp_path):
             assert torch.equal(decode_linear(ck, e, mod).values.to(torch.int16), codes - z), (name, mod)
 
 
-@pytest.mark.parametrize("fmt", sorted(synth.AWQ_FORMATS))
+@pytest.mark.parametrize("fmt", sorted(f for f in synth.AWQ_FORMATS if f.startswith("awq-gemm-")))
 def test_awq_zero_points_recovered(fmt, logical, tmp_path):
     """AutoAWQ gemm (groups of 128 / 64 / 32 / one per row), from config.json: qweight in AWQ_GEMM (int32 [K, N/8],
     AWQ_ORDER), qzeros through AWQ_GEMM_ZEROS as per-group zero points (stored as z), transposed fp16 group scales,
@@ -767,6 +767,76 @@ def test_awq_without_quantization_config_and_config_aliases(logical, tmp_path):
                                   "format": "gemm"}
     (ref / "config.json").write_text(json.dumps(cfg))
     assert inspect_dir(ref, use_loss=False).spec.linears == want.linears
+
+
+@pytest.mark.parametrize("fmt", sorted(f for f in synth.AWQ_FORMATS if f.startswith("awq-gemv-")))
+def test_awq_gemv_zero_points_recovered(fmt, logical, tmp_path):
+    """AutoAWQ gemv (groups of 128 / 64 / 32 / one per row), from config.json: qweight in AWQ_GEMV (int32 [N, K/8],
+    eight inputs per word in natural order), qzeros through AWQ_GEMV_ZEROS and fp16 scales [N, 8 W] as per-group
+    zero points / scales with padded_groups = 8 * calculate_zeros_width(K, G); the decode is (q - z) * s bit for bit,
+    with and without a text sample, one candidate; the spec survives JSON (padded_groups included)."""
+    from reference.formats import AWQ_GEMV, AWQ_GEMV_ZEROS, awq_gemv_zeros_width
+
+    out = tmp_path / fmt
+    truth = synth.write(fmt, logical, out)
+    ck = Checkpoint(out)
+    for use_loss in (False, True):
+        res = inspect_dir(out, use_loss=use_loss)
+        for mod in truth.ternary:
+            e = res.spec.linears[mod]
+            k = e.shape[1]
+            gs = k if fmt.endswith("-row") else int(fmt.rsplit("g", 1)[1])
+            P = 8 * awq_gemv_zeros_width(k, gs)
+            assert e.weight_key == f"{mod}.qweight" and e.pack == AWQ_GEMV and e.zero_pack == AWQ_GEMV_ZEROS
+            assert (e.zero.key, e.zero.group_size, e.zero.transposed, e.zero.padded_groups) == \
+                (f"{mod}.qzeros", gs, False, P)
+            assert (e.scale.key, e.scale.granularity, e.scale.group_size, e.scale.transposed, e.scale.op,
+                    e.scale.padded_groups) == (f"{mod}.scales", "group", gs, False, "multiply", P)
+            assert P > k // gs  # padding present in every module of this model
+            d = decode_linear(ck, e, mod)
+            assert torch.equal(d.values.to(torch.int8), truth.ternary[mod]), mod
+            assert torch.equal(d.effective(), truth.effective(mod)), mod
+        assert not any(k.endswith(".qzeros") for k in res.spec.ignored)
+        assert len(res.scored) == 1
+        assert any(f.what == "block structure" and "AutoAWQ gemv" in f.decision and f.confidence == "high (config)"
+                   for f in res.findings)
+        again = CheckpointSpec.from_dict(json.loads(json.dumps(res.spec.to_dict())))
+        assert again == res.spec
+        assert "padded_groups" in json.dumps(res.spec.to_dict())
+
+
+def test_awq_gemv_without_quantization_config(logical, tmp_path):
+    """AutoAWQ gemv's tensors without a quantization_config: recognised by names and shapes (qweight [N, K/8],
+    qzeros [N, W], scales [N, 8 W]: gemm's share no first axis) with the group size from the qzeros widths where
+    only one fits every module (g64: K = 128 -> W = 2, K = 384 -> W = 2; g32: 4 / 4) - the same spec as from the
+    config; where several fit (g128: W = 1 for K = 128 and 384 fits 128 and -1), an error that says the shapes are
+    ambiguous, lists the group sizes and asks for the quantization_config.  A config in AutoAWQ's own spellings
+    (w_bit, q_group_size) or transformers' (format) reads the same."""
+    from reference.inspect import InspectError
+
+    for fmt in ("awq-gemv-g64", "awq-gemv-g32"):
+        bare, ref = tmp_path / f"{fmt}-bare", tmp_path / fmt
+        truth = synth.write(fmt, logical, bare, keep_quant_config=False)
+        res = inspect_dir(bare, use_loss=False)
+        synth.write(fmt, logical, ref)
+        want = inspect_dir(ref, use_loss=False).spec
+        assert res.spec.linears == want.linears, fmt
+        assert any(f.what == "block structure" and "AutoAWQ gemv" in f.decision
+                   and f.confidence == "medium (names and shapes)" for f in res.findings)
+        mod = HQQ_MOD
+        assert torch.equal(decode_linear(Checkpoint(bare), res.spec.linears[mod], mod).effective(),
+                           truth.effective(mod))
+    cfg = json.loads((ref / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "awq", "w_bit": 4, "q_group_size": 32, "zero_point": True,
+                                  "format": "gemv"}
+    (ref / "config.json").write_text(json.dumps(cfg))
+    assert inspect_dir(ref, use_loss=False).spec.linears == want.linears
+    bare = tmp_path / "g128-bare"
+    synth.write("awq-gemv-g128", logical, bare, keep_quant_config=False)
+    with pytest.raises(InspectError, match=r"AutoAWQ gemv's .* without a quantization_config the group size is "
+                                           r"ambiguous: \(K, W\) = \[\(128, 1\), \(384, 1\)\] fit group sizes "
+                                           r"\[-1, 128\]; add config.json quantization_config .*\"version\": \"gemv\""):
+        inspect_dir(bare, use_loss=False)
 
 
 CT_MOD = "model.layers.1.self_attn.k_proj"  # logical 64 x 128
