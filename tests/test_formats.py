@@ -230,3 +230,33 @@ def test_segments_pack_each_part_on_its_own(base):
     assert "segments" not in base.to_dict()
     with pytest.raises(FormatError, match="segments"):
         spec.packed_shape((w.shape[0] + 1, w.shape[1]) if base.pack_axis == 0 else (w.shape[0], w.shape[1] + 1))
+
+
+def test_scale_spec_padded_groups():
+    """ScaleSpec.padded_groups (AutoAWQ gemv's zero-padded scales / qzeros): only on a group scale of consecutive
+    inputs, omitted from JSON when unset; expand_scale takes exactly [N, P] (or [P, N] transposed), drops zero
+    padding and names a nonzero pad or too few columns."""
+    import torch
+
+    from reference.formats import FormatError, ScaleSpec, expand_scale
+
+    for bad in (dict(granularity="channel", padded_groups=8), dict(granularity="group", group_size=4, padded_groups=0),
+                dict(granularity="group", group_size=4, group_axis=0, padded_groups=8)):
+        with pytest.raises(FormatError, match="padded_groups must be a positive integer"):
+            ScaleSpec("s", **bad)
+    assert "padded_groups" not in ScaleSpec("s", "group", group_size=4).to_dict()
+    sp = ScaleSpec("s", "group", group_size=4, padded_groups=8)
+    s = torch.zeros(2, 8)
+    s[:, :3] = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    m = expand_scale(s, sp, (2, 12))
+    assert torch.equal(m, s[:, :3].repeat_interleave(4, dim=1))
+    assert torch.equal(expand_scale(s.t().contiguous(), ScaleSpec("s", "group", group_size=4, padded_groups=8,
+                                                                  transposed=True), (2, 12)), m)
+    s[1, 5] = 2.0
+    with pytest.raises(FormatError, match=r"'s' holds 2.0 at output 1, padding column 5 \(1 nonzero padding values\); "
+                                          r"columns 3..7 past the 3 groups of K = 12 must be 0"):
+        expand_scale(s, sp, (2, 12))
+    with pytest.raises(FormatError, match=r"must have shape \(2, 8\) \(3 groups of 4 inputs padded to 8\), has \(2, 3\)"):
+        expand_scale(s[:, :3], sp, (2, 12))
+    with pytest.raises(FormatError, match=r"padded_groups 8 < the 9 groups"):
+        expand_scale(torch.ones(2, 8), sp, (2, 36))

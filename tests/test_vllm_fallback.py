@@ -108,6 +108,14 @@ def _inspected_layer0(tmp_path_factory, fmt: str):
 
 
 @pytest.fixture(scope="module")
+def awq_gemv_group(tmp_path_factory):
+    """Layer 0 of the trained model as AutoAWQ gemv stores it (awq-gemv-g64: qweight int32 [N, K/8], qzeros int32
+    [N, W] and fp16 scales [N, 8 W] with zero padding past the K/64 groups, W = calculate_zeros_width(K, 64): 2 for
+    K = 128 and 384), inspected."""
+    return _inspected_layer0(tmp_path_factory, "awq-gemv-g64")
+
+
+@pytest.fixture(scope="module")
 def ct_asym_group(tmp_path_factory):
     """compressed-tensors symmetric false, int4 groups of 64 (weight_packed, bf16 weight_scale [N, K/64],
     weight_zero_point int32 [N/8, K/64] packed along N), inspected."""
@@ -161,7 +169,8 @@ MODS = {"qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
 
 @pytest.mark.parametrize("kind", ["qkv", "gate_up", "down"])
 @pytest.mark.parametrize("size", [1, 2])
-@pytest.mark.parametrize("model", ["int4_group", "hqq_group", "awq_group", "ct_asym_group", "ct_asym_legacy"])
+@pytest.mark.parametrize("model", ["int4_group", "hqq_group", "awq_group", "awq_gemv_group", "ct_asym_group",
+                                   "ct_asym_legacy"])
 def test_group_scales_slice_under_tp(vllm_env, tp, request, model, kind, size):
     """Group scales (and HQQ's / AutoAWQ's / compressed-tensors' zero points, laid out as the scales; AutoAWQ's
     packed along N in AWQ_ORDER, compressed-tensors' packed along N as z + 2^(b-1) or int8 unpacked, through the
@@ -510,6 +519,49 @@ def test_awq_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
     d, down = _inspected_zero_point_model(fmt, arch, tmp_path)
     assert down.zero_pack == AWQ_GEMM_ZEROS
     _vllm_within_fp32_a8_of_reference(d, arch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt,arch", [("awq-gemv-g128", "bitnet"), ("awq-gemv-g32", "llama")])
+def test_awq_gemv_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
+    """AutoAWQ gemv (groups of 128 on BitNet, 32 on vLLM's own Llama - the inspected spec routes it to the trit plugin
+    as gemm's: vLLM has no gemv method, and its AutoAWQ config would read any version as gemm), inspected: the dense
+    fallback unpacks qweight along K and the padded qzeros / scales (ScaleSpec.padded_groups) and computes
+    (q - z) * s as the reference does."""
+    from reference.formats import AWQ_GEMV_ZEROS
+
+    d, down = _inspected_zero_point_model(fmt, arch, tmp_path)
+    assert down.zero_pack == AWQ_GEMV_ZEROS and down.scale.padded_groups > down.shape[1] // down.scale.group_size
+    _vllm_within_fp32_a8_of_reference(d, arch)
+
+
+def test_awq_gemv_padding_is_checked_by_the_vllm_loader(awq_gemv_group):
+    """keymap.group_mult (the dense fallback's scale and zero loader) drops the padding columns of a gemv
+    scales / qzeros tensor only where they are zero: a nonzero one is a FormatError naming the tensor, the column
+    and the expected 0; an unpadded [N, groups] tensor is refused with the padded shape."""
+    import dataclasses
+
+    from reference.formats import FormatError
+    from reference.spec import zero_matrix
+
+    spec, sd, eff = awq_gemv_group
+    mod = f"{P0}.mlp.down_proj"  # K = 384: 6 groups of 64 padded to 16
+    e = spec.linears[mod]
+    s = sd[e.scale.key].clone()
+    assert tuple(s.shape) == (128, 16) and torch.equal(km.group_mult(s, e, mod, G), s[:, :6].float())
+    s[5, 11] = 0.25
+    with pytest.raises(FormatError, match=rf"'{mod}.scales' holds 0.25 at output 5, padding column 11 .*must be 0"):
+        km.group_mult(s, e, mod, G)
+    with pytest.raises(FormatError, match=rf"'{mod}.scales' must have shape \(128, 16\) \(6 groups of 64 inputs "
+                                          rf"padded to 16\), has \(128, 6\)"):
+        km.group_mult(sd[e.scale.key][:, :6].contiguous(), e, mod, G)
+    z = zero_matrix(sd[e.zero.key], e.zero, e.zero_pack, e.shape, "t")
+    ze = dataclasses.replace(e, scale=e.zero)
+    assert tuple(z.shape) == (128, 16) and torch.equal(km.group_mult(z, ze, mod, G), z[:, :6].float())
+    qz = sd[e.zero.key].clone()
+    qz[9, 1] |= 7 << 4  # group 9 of output 9
+    with pytest.raises(FormatError, match=rf"'{mod}.qzeros' holds 7.0 at output 9, padding column 9"):
+        km.group_mult(zero_matrix(qz, e.zero, e.zero_pack, e.shape, "t"), ze, mod, G)
 
 
 @pytest.mark.slow
