@@ -1064,7 +1064,8 @@ def detect_awq(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findin
     [K/G, N/8] (the integer zero points z packed the same way: ``formats.AWQ_GEMM_ZEROS``) and scales fp16 [K/G, N];
     ``awq/utils/packing_utils.py`` ``dequantize_gemm`` reads W^T = (q - z) * s with ``AWQ_REVERSE_ORDER``.  Taken
     when config.json says quant_method 'awq' (``_awq_config`` refuses what that layout does not cover: bits other
-    than 4, versions other than gemm, zero_point false), or, without a quantization_config, when every packed
+    than 4, versions other than gemm / gemv - gemv goes to ``_detect_awq_gemv`` - zero_point false), or, without a
+    quantization_config, when every packed
     weight is a ``qweight`` of exactly that shape with its qzeros and scales.  Every packed module is then checked
     against the layout (``_awq_check``: an error names the tensor and the shape it must have, a missing qzeros, NaN
     scales); identity codes, values q - z, per-group zero points (``Module.zero_pack``), op multiply."""
