@@ -13,7 +13,7 @@ Pipeline (each step records its evidence and a confidence for the report):
                granularity / group size, zero-point and g_idx sanity, code table: three used codes
                = ternary (unused codes; the +-1 pair = the two used codes with the closest counts;
                the third is 0), more = symmetric integer levels (int2 {-2..1}, int4 {-8..7}: offset
-               binary or two's complement).  AutoAWQ gemm checkpoints are recognised first, from
+               binary or two's complement).  AutoAWQ gemm / gemv checkpoints are recognised first, from
                config.json (quant_method awq) or their qweight / qzeros / scales shapes (``detect_awq``:
                AWQ_ORDER, per-group zero points, nothing to search), then compressed-tensors ``symmetric:
                false`` (``detect_ct_asym``: config_groups or weight_packed / weight_zero_point shapes, zero
