@@ -123,8 +123,9 @@ def test_roundtrip_any_width(bits, container, axis, transposed, n, k, seed):
     assert tuple(packed.shape) == spec.packed_shape((n, k)) and packed.dtype == spec.torch_dtype
     assert torch.equal(unpack_codes(packed, spec, (n, k)), codes)
     assert (n, k) in spec.logical_shapes(tuple(packed.shape))
-    values = unpack(packed, spec, (n, k))  # identity code table: the values are the codes
-    assert torch.equal(values.long(), codes) and torch.equal(pack(values, spec), packed)
+    if bits <= 15:  # unpack's values are int8 / int16: 16-bit codes above 32767 do not fit them
+        values = unpack(packed, spec, (n, k))  # identity code table: the values are the codes
+        assert torch.equal(values.long(), codes) and torch.equal(pack(values, spec), packed)
 
 
 @pytest.mark.parametrize("bits,container", [(1, "uint8"), (2, "uint8"), (4, "int32"), (8, "int32"), (16, "int32"),
