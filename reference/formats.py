@@ -722,11 +722,60 @@ def pack(values: torch.Tensor, spec: PackSpec) -> torch.Tensor:
 # scales
 
 
+def group_index(g_idx: torch.Tensor, k: int, group_size: int, *, key: str = "g_idx",
+                name: str = "tensor") -> torch.Tensor:
+    """An act-order group index (AutoGPTQ / GPTQModel ``g_idx`` with ``desc_act``, compressed-tensors
+    ``weight_g_idx`` with ``actorder: group``) checked and returned as int64 [K]: input k belongs to group
+    ``g_idx[k]``, whose scale / zero point column it takes (``expand_scale``).
+
+    Both writers quantize the inputs in a permuted order and cut *that* order into groups of ``group_size``
+    consecutive inputs (AutoGPTQ ``GPTQ.fasterquant``: ``g_idx = [i // group_size for i in range(K)]`` in the
+    permuted order, then ``g_idx[invperm]``; llm-compressor's ``quantize_weight`` the same for actorder group), so
+    the index is a permutation of ``arange(K) // group_size``: every group g holds exactly ``min(group_size,
+    K - g * group_size)`` inputs.  That is required here, not only plausible: compressed-tensors' own
+    ``_process_group`` sorts the inputs by g_idx and cuts the sorted order into groups of group_size (a group of
+    another size would take its neighbour's scale there), as vLLM's exllama GPTQ kernel did with desc_act (rows
+    sorted by g_idx, ``groupsize = size_k / groups``), while a reader indexing ``scales[g_idx]`` (AutoGPTQ's torch
+    path) would give another weight.  A FormatError names the tensor and the first
+    offending input or group: an integer dtype, shape [K], values in [0, G), and the group sizes."""
+    g = -(-k // group_size)
+    where = f"{name}: group index {key!r}"
+    if g_idx.dtype.is_floating_point or g_idx.dtype in (torch.bool, torch.complex64, torch.complex128):
+        raise FormatError(f"{where} is {str(g_idx.dtype).replace('torch.', '')}, expected an integer tensor (int32 "
+                          f"[{k}]: the group of each input)")
+    if tuple(g_idx.shape) != (k,):
+        raise FormatError(f"{where} has shape {list(g_idx.shape)}, expected [{k}] (one group per input, K = {k})")
+    gi = g_idx.detach().to(torch.int64).cpu()
+    bad = (gi < 0) | (gi >= g)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        hint = (" (-1 is compressed-tensors' unset index: GPTQ never filled it)" if int(gi[i]) == -1 else "")
+        raise FormatError(f"{where}: input {i} is in group {int(gi[i])}, outside [0, {g}) ({g} groups of "
+                          f"{group_size} for K = {k}; {int(bad.sum())} such inputs){hint}")
+    have = torch.bincount(gi, minlength=g)
+    want = torch.bincount(torch.arange(k) // group_size, minlength=g)
+    if not torch.equal(have, want):
+        j = int((have != want).nonzero()[0])
+        raise FormatError(f"{where}: group {j} holds {int(have[j])} inputs, expected {int(want[j])}: an act-order "
+                          f"index is a permutation of arange(K) // group_size (K = {k}, group_size {group_size}), "
+                          f"each group {group_size} inputs (the last {int(want[-1])}), as AutoGPTQ / GPTQModel and "
+                          f"llm-compressor write it and compressed-tensors reads it")
+    return gi
+
+
 def expand_scale(scale: torch.Tensor, spec: ScaleSpec, shape: tuple[int, int], *,
-                 rows: Optional[tuple[int, int]] = None, name: str = "scale") -> torch.Tensor:
+                 rows: Optional[tuple[int, int]] = None, name: str = "scale",
+                 g_idx: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Scale tensor -> float32 multiplier broadcastable to [N, K] (``divide`` inverted),
-    for the row slice ``rows`` of a fused matrix.  Validates shape and finiteness."""
+    for the row slice ``rows`` of a fused matrix.  Validates shape and finiteness.  ``g_idx``: a checked act-order
+    group index (``group_index``, int64 [K]) for a granularity ``group`` (group_axis 1) scale: input k takes its
+    group ``g_idx[k]``'s column, not that of k // group_size."""
     n, k = shape
+    if g_idx is not None and (spec.granularity != "group" or spec.group_axis != 1 or tuple(g_idx.shape) != (k,)):
+        raise FormatError(f"{name}: scale {spec.key!r}: an act-order group index applies to a granularity 'group' "
+                          f"scale of consecutive-input groups (group_axis 1) with one entry per input (K = {k}); got "
+                          f"granularity {spec.granularity!r}, group_axis {spec.group_axis}, index shape "
+                          f"{list(g_idx.shape)}")
     if spec.granularity == "block":
         s = record_scales(scale, spec, shape, name=name)  # (N, ceil(K / E)), finite
     else:
@@ -770,7 +819,7 @@ def expand_scale(scale: torch.Tensor, spec: ScaleSpec, shape: tuple[int, int], *
         if tuple(s.shape) != (n, g):
             raise FormatError(f"{name}: group scale {spec.key!r} must have shape {(n, g)} or {(n * g, 1)} "
                               f"(group_size {spec.group_size}), has {tuple(scale.shape)}")
-        m = s.repeat_interleave(spec.group_size, dim=1)[:, :k]
+        m = s[:, g_idx.to(s.device)] if g_idx is not None else s.repeat_interleave(spec.group_size, dim=1)[:, :k]
     if rows is not None and m.shape[0] > 1:
         m = m[rows[0]:rows[1]]
     if spec.op == "divide":

@@ -16,6 +16,8 @@ tensors and odd key names need no special cases:
          "zero": {...ScaleSpec...},      # optional, absent = none: per-group zero points,
                                          # values = code - zero (HQQ, GPTQ sym=False); see finish_linear
          "zero_pack": {...PackSpec...},  # optional: the zero tensor is packed (GPTQ / AutoAWQ qzeros)
+         "g_idx": "model...q_proj.g_idx",  # optional: act-order group index (GPTQ desc_act, compressed-tensors
+                                         # actorder group): input k takes group g_idx[k]'s scale / zero point
          "levels": "ternary"},           # optional, absent = none: a check that the decoded values
                                          # are -1 / 0 / +1 (HQQ's ternary case)
          ...},
@@ -44,7 +46,7 @@ def derived_buffer(key: str) -> bool:
     frequencies older Llama checkpoints carry (``model.layers.N.self_attn.rotary_emb.inv_freq``).
     transformers and vLLM skip them on load; the reference, the inspector and the BitNet plugin do too."""
     return key.endswith("rotary_emb.inv_freq")
-from .formats import HF_BITNET, FormatError, PackSpec, ScaleSpec, expand_scale, unpack
+from .formats import HF_BITNET, FormatError, PackSpec, ScaleSpec, expand_scale, group_index, unpack
 
 SPEC_VERSION = 1
 ACT_QUANT = ("none", "int8_per_token")
@@ -87,6 +89,12 @@ class LinearEntry:
     # (quantization_mode: online, AutoBitLinear.WeightQuant): values = round(W / mean|W|) clamped to
     # [-1, 1] over this module's matrix, multiplier mean|W| (as 1 / (1 / mean|W|.clamp(1e-5)) in fp32)
     online: Optional[str] = None
+    # act-order group index (AutoGPTQ / GPTQModel ``g_idx`` with desc_act, compressed-tensors ``weight_g_idx`` with
+    # actorder 'group'): the key of an int [K] tensor; input k takes the scale (and zero point) of group g_idx[k]
+    # instead of k // group_size (``formats.group_index`` checks it: a permutation of arange(K) // group_size).
+    # Needs a granularity 'group' scale of consecutive-input groups (zero points, if any, of the same groups).
+    # None (the default, omitted from JSON) = consecutive groups; a trivial g_idx is listed under ``ignored``
+    g_idx: Optional[str] = None
 
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
@@ -115,6 +123,14 @@ class LinearEntry:
             raise FormatError(f"linear {self.weight_key!r}: zero_pack needs group zero points of consecutive inputs "
                               f"or per-channel ones ('zero' with granularity 'group' or 'channel'), got zero "
                               f"{self.zero}")
+        if self.g_idx is not None:
+            sc, z = self.scale, self.zero
+            if sc is None or sc.granularity != "group" or sc.group_axis != 1 or self.layout is not None or (
+                    z is not None and (z.granularity != "group" or z.group_axis != 1
+                                       or z.group_size != sc.group_size)):
+                raise FormatError(f"linear {self.weight_key!r}: act-order group index {self.g_idx!r} needs a "
+                                  f"granularity 'group' scale of consecutive-input groups (group_axis 1), zero points "
+                                  f"(if any) of the same groups and no 'layout'; got scale {sc}, zero {z}")
         if self.layout is not None:
             where = f"linear {self.weight_key!r}"
             if self.scale is not None and (self.scale.granularity not in ("tensor", "channel")
@@ -141,6 +157,7 @@ class LinearEntry:
             **({"online": self.online} if self.online is not None else {}),  # likewise
             **({"levels": self.levels} if self.levels is not None else {}),  # likewise
             **({"zero_pack": self.zero_pack.to_dict()} if self.zero_pack is not None else {}),  # likewise
+            **({"g_idx": self.g_idx} if self.g_idx is not None else {}),  # likewise
         }
 
     @classmethod
@@ -152,7 +169,7 @@ class LinearEntry:
             scale=ScaleSpec(**d["scale"]) if d.get("scale") else None,
             bias_key=d.get("bias_key"), layout=d.get("layout"),
             zero=ScaleSpec(**d["zero"]) if d.get("zero") else None, online=d.get("online"), levels=d.get("levels"),
-            zero_pack=PackSpec.from_dict(d["zero_pack"]) if d.get("zero_pack") else None)
+            zero_pack=PackSpec.from_dict(d["zero_pack"]) if d.get("zero_pack") else None, g_idx=d.get("g_idx"))
 
 
 @dataclass(frozen=True)
@@ -161,7 +178,7 @@ class CheckpointSpec:
     linears: dict = field(hash=False)  # module name -> LinearEntry
     tensors: dict = field(hash=False)  # HF float param name -> checkpoint key
     activation_quant: str = "none"
-    # checkpoint keys that were checked and are not needed to compute (GPTQ g_idx / constant qzeros,
+    # checkpoint keys that were checked and are not needed to compute (a trivial GPTQ g_idx, constant qzeros,
     # compressed-tensors weight_shape): key -> why.  Optional; omitted from JSON when empty.
     ignored: dict = field(default_factory=dict, hash=False)
 
@@ -255,6 +272,9 @@ class CheckpointSpec:
             if e.zero:
                 ckpt.info(e.zero.key)
                 used.add(e.zero.key)
+            if e.g_idx:
+                ckpt.info(e.g_idx)
+                used.add(e.g_idx)
             if e.bias_key:
                 _check_bias(ckpt, e.bias_key, mod, shape[0])
                 used.add(e.bias_key)
@@ -439,22 +459,36 @@ def zero_matrix(zero: torch.Tensor, zspec: ScaleSpec, zpack: Optional[PackSpec],
 
 
 def zero_points(zero: torch.Tensor, zspec: ScaleSpec, shape: tuple[int, int], where: str,
-                zpack: Optional[PackSpec] = None) -> torch.Tensor:
+                zpack: Optional[PackSpec] = None, g_idx: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Per-group zero points (HQQ, GPTQ) broadcast to (N, K) as float32 (finite, shape-checked by ``expand_scale``;
-    unpacked first where ``zpack`` says the tensor is packed)."""
-    return expand_scale(zero_matrix(zero, zspec, zpack, shape, where), zspec, shape, name=where)
+    unpacked first where ``zpack`` says the tensor is packed; ``g_idx``: a checked act-order group index,
+    ``formats.group_index``)."""
+    return expand_scale(zero_matrix(zero, zspec, zpack, shape, where), zspec, shape, name=where, g_idx=g_idx)
+
+
+def group_index_of(ckpt: Checkpoint, entry: LinearEntry) -> Optional[torch.Tensor]:
+    """The entry's act-order group index (``LinearEntry.g_idx``) read and checked (``formats.group_index``: int
+    [K], values in [0, G), a permutation of arange(K) // group_size), or None; a CheckpointError names the file and
+    tensor."""
+    if entry.g_idx is None:
+        return None
+    try:
+        return group_index(ckpt.get(entry.g_idx), entry.shape[1], entry.scale.group_size, key=entry.g_idx,
+                           name=str(ckpt.info(entry.g_idx).file))
+    except FormatError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def subtract_zero(codes: torch.Tensor, zero: Optional[torch.Tensor], zspec: ScaleSpec, shape: tuple[int, int],
                   where: str, *, z: Optional[torch.Tensor] = None, ternary: bool = False,
-                  zpack: Optional[PackSpec] = None) -> torch.Tensor:
+                  zpack: Optional[PackSpec] = None, g_idx: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Values ``codes - z`` of a format with per-group zero points (HQQ): integers (int8, or int16 where
     they do not fit) when every zero point is an integer, else float32 (exact: codes and zero points
     are narrow).  ``ternary``: z must be integer-valued and every value in {-1, 0, +1}, else a
     FormatError naming the zero point tensor.  ``z``: the ``zero_points`` of ``zero``, when the caller
-    already has them (the inspector's search)."""
+    already has them (the inspector's search).  ``g_idx``: the act-order group index (``group_index_of``)."""
     if z is None:
-        z = zero_points(zero, zspec, shape, where, zpack)
+        z = zero_points(zero, zspec, shape, where, zpack, g_idx)
     frac = z != z.round()
     if bool(frac.any()):
         if ternary:
@@ -487,11 +521,13 @@ def check_levels(vals: torch.Tensor, entry: LinearEntry, where: str) -> None:
 
 def finish_linear(ckpt: Checkpoint, entry: LinearEntry, vals: torch.Tensor, where: str) -> DecodedLinear:
     """The shared tail of every decoder: zero points (values = code - z), the fused-row slice, the scale (and the stored divisor
-    of a 'divide' format, so the reference can follow its arithmetic order) and the bias."""
+    of a 'divide' format, so the reference can follow its arithmetic order) and the bias.  An act-order group index
+    (``LinearEntry.g_idx``) picks each input's group column of the zero points and scales."""
+    gi = group_index_of(ckpt, entry)
     if entry.zero is not None:
         try:
             vals = subtract_zero(vals, ckpt.get(entry.zero.key), entry.zero, entry.shape, where,
-                                 ternary=entry.levels == "ternary", zpack=entry.zero_pack)
+                                 ternary=entry.levels == "ternary", zpack=entry.zero_pack, g_idx=gi)
         except FormatError as e:
             raise CheckpointError(str(e)) from None
     else:  # (subtract_zero checked these)
@@ -501,10 +537,11 @@ def finish_linear(ckpt: Checkpoint, entry: LinearEntry, vals: torch.Tensor, wher
     div = None
     if entry.scale is not None:
         try:
-            mult = expand_scale(ckpt.get(entry.scale.key), entry.scale, entry.shape, rows=entry.rows, name=where)
+            mult = expand_scale(ckpt.get(entry.scale.key), entry.scale, entry.shape, rows=entry.rows, name=where,
+                                g_idx=gi)
             if entry.scale.op == "divide":
                 div = expand_scale(ckpt.get(entry.scale.key), dataclasses.replace(entry.scale, op="multiply"),
-                                   entry.shape, rows=entry.rows, name=where)
+                                   entry.shape, rows=entry.rows, name=where, g_idx=gi)
         except FormatError as e:
             raise CheckpointError(str(e)) from None
     else:

@@ -27,6 +27,9 @@ Conventions (``FORMATS`` keys):
                       inputs, low bits first, code v+2), weight_shape, weight_scale [N, 1]
   gptq                AutoGPTQ v1 int2: qweight int32 [K/16, N], qzeros [G, N/16] holding z-1 = 1,
                       scales fp16 [G, N], g_idx [K]; W = s * (q - 2)
+  gptq-actorder       gptq with desc_act true: g_idx int32 [K] a permutation of arange(K) // 64 (``actorder_g_idx``
+                      of ``actorder_perms``), each group's scale that of its first input in activation order; write a
+                      ``Logical.with_group_jitter(64, g_idx=...)`` of that index so the groups differ
   tq2_0               llama.cpp TQ2_0 as a safetensors tensor: uint8 [N, ceil(K/256) * 66], per 256 inputs
                       qs[64] (byte m of half h = elems 128h+m+32n at bits 2n, code w+1) + fp16 d
                       (multiply); GGUF tensor names, no separate scale tensor.  Writes per-256
@@ -84,6 +87,13 @@ AutoGPTQ's find_params / quantize, per-group integer zero points; take any ``Log
   gptq-asym-int4, gptq-asym-int2, gptq-asym-int8
                       qweight int32 [K*b/32, N] (q, no offset), scales fp16 [G, N], qzeros [G, N*b/32] holding z - 1
   gptq-asym-int4-v2   the same with qzeros holding z (checkpoint_format gptq_v2)
+  gptq-asym-int4-actorder, gptq-asym-int8-actorder-v2
+                      desc_act true: groups cut from the inputs in activation order (GPTQ.fasterquant), g_idx int32 [K]
+                      the group of each input (a permutation of arange(K) // 64), W = s[g_idx] * (q - z[g_idx])
+  gptq-asym-int4-actorder-static
+                      desc_act and static_groups true: groups fixed before the permutation, g_idx arange(K) // 64
+  gptq-asym-int4-actorder-row
+                      desc_act true, group_size -1: one group per row, scales / qzeros [1, ...], g_idx all zeros
 
 AutoAWQ on a float model (``AWQ_FORMATS``, ``w_awq``: ``AwqQuantizer.pseudo_quantize_tensor`` and
 ``WQLinear_GEMM.from_linear`` transcribed, 4-bit, zero_point true, version gemm; take any ``Logical``):
@@ -112,12 +122,20 @@ transcribed; bf16 weights and scales; take any ``Logical``):
                       int4 by default, int8 down_proj, int2 layer 0 (one config group per width)
   compressed-tensors-asym-naive-int8
                       naive-quantized: weight int8 [N, K] = q, zero point int8 [N, K/64]
+  compressed-tensors-asym-int4-actorder, -naive-int8-actorder
+                      actorder 'group': groups cut from the inputs in activation order, weight_g_idx int32 [K] (a
+                      permutation of arange(K) // 64), W = (q - z[:, g_idx]) * s[:, g_idx]
+  compressed-tensors-asym-int4-actorder-weight
+                      actorder 'weight': consecutive groups, no weight_g_idx (the order only steers GPTQ)
 
 Symmetric low-bit integers beyond ternary (``INT_FORMATS``; take a multi-level ``Logical``, e.g.
 ``Logical.requantized(bits)``):
   compressed-tensors-int2  num_bits=2, int32 [N, K/16], code v+2, all four levels {-2, -1, 0, 1}
   compressed-tensors-int4  num_bits=4, int32 [N, K/8], code v+8, 16 levels {-8 .. 7}
   gptq-int4                AutoGPTQ v1 int4: qweight int32 [K/8, N] (v+8), qzeros holding z-1 = 7
+  compressed-tensors-int4-actorder
+                           compressed-tensors-int4 with actorder 'group': weight_g_idx int32 [K], group scales per
+                           group of the activation order
 """
 from __future__ import annotations
 
@@ -218,16 +236,27 @@ class Logical:
             cfg["tie_word_embeddings"] = tie
         return Logical(cfg, tern, mult, floats, self.tokenizer_dir)
 
-    def with_group_jitter(self, group_size: int, seed: int = 0, amount: float = 0.02, axis: int = 1) -> "Logical":
+    def with_group_jitter(self, group_size: int, seed: int = 0, amount: float = 0.02, axis: int = 1,
+                          g_idx: Optional[dict] = None) -> "Logical":
         """Per-group multipliers m * (1 + amount * u) over groups of ``group_size`` consecutive
         inputs of each row, u in [-1, 1), expanded to (N, K): block scales that differ block to
         block (a misplaced block scale shows) while the model's function barely changes.
         ``axis=0``: HQQ's axis-0 groups instead (one per column j of W's row-major [group_size,
-        N*K/group_size] view: the flattened elements j, j + N*K/group_size, ...)."""
+        N*K/group_size] view: the flattened elements j, j + N*K/group_size, ...).  ``g_idx``: {module:
+        group of each input} (act-order groups, ``actorder_g_idx``): u per such group, over the module's
+        multiplier (which must be per tensor or per channel)."""
         g = torch.Generator().manual_seed(seed)
         mult = {}
         for mod, t in self.ternary.items():
             n, k = t.shape
+            if g_idx is not None:
+                gi = g_idx[mod].long()
+                u = torch.rand(n, int(gi.max()) + 1, generator=g) * 2 - 1
+                base = self.mult[mod].expand(n, k)[:, :1]
+                if not torch.equal(self.mult[mod].expand(n, k), base.expand(n, k)):
+                    raise ValueError(f"{mod}: act-order group jitter needs per-tensor / per-channel multipliers")
+                mult[mod] = (base * (1 + amount * u))[:, gi].float().contiguous()
+                continue
             if axis == 0:
                 cols = n * k // group_size
                 u = torch.rand(cols, generator=g) * 2 - 1
@@ -399,7 +428,51 @@ GPTQ_ZERO_SPEC = PackSpec(bits=2, container="int32", pack_axis=1, lanes="interle
                           codes=(0, 1, 2, 3))
 
 
-def w_gptq(lg: Logical, group_size: int = 64, bits: int = 2, ternary: bool = True):
+def _module_input(mod: str) -> str:
+    """The input a module reads: q / k / v share the attention's, gate / up the MLP's (one Hessian, hence one
+    activation order, for the modules AutoGPTQ / llm-compressor quantize from the same inputs)."""
+    for part, shared in (("self_attn.k_proj", "self_attn.q_proj"), ("self_attn.v_proj", "self_attn.q_proj"),
+                         ("mlp.up_proj", "mlp.gate_proj")):
+        if mod.endswith(part):
+            return mod[: -len(part)] + shared
+    return mod
+
+
+def actorder_perms(lg: Logical, seed: int = 0) -> dict[str, torch.Tensor]:
+    """{module: perm}: the activation order GPTQ quantizes a module's inputs in, ``perm = argsort(diag(H),
+    descending=True)`` (AutoGPTQ ``GPTQ.fasterquant`` with actorder, llm-compressor ``_apply_activation_ordering``),
+    for a seeded stand-in of the Hessian's diagonal (the mean square of each input over the calibration data): one
+    per module input (q / k / v and gate / up share theirs, as they share H), drawn in module order."""
+    g = torch.Generator().manual_seed(seed)
+    diag: dict[str, torch.Tensor] = {}
+    out = {}
+    for mod, t in lg.ternary.items():
+        src = _module_input(mod)
+        if src not in diag:
+            diag[src] = torch.rand(t.shape[1], generator=g)
+        out[mod] = torch.argsort(diag[src], descending=True)
+    return out
+
+
+def actorder_g_idx(perm: torch.Tensor, group_size: int, static_groups: bool = False) -> torch.Tensor:
+    """int32 [K] group of each input after quantizing in the order ``perm``, AutoGPTQ's ``GPTQ.fasterquant`` (and
+    GPTQModel's, llm-compressor's for actorder group) line for line: ``g_idx = [perm[i] // group_size ...]`` with
+    static_groups else ``[i // group_size for i in range(columns)]``, then ``g_idx[invperm]`` (invperm =
+    argsort(perm)).  Without static groups, group g holds the inputs perm[g*gs:(g+1)*gs]; with them, the index is
+    arange(K) // group_size again (groups fixed before the permutation)."""
+    k = perm.numel()
+    g_idx = torch.tensor([int(perm[i]) // group_size if static_groups else i // group_size for i in range(k)],
+                         dtype=torch.int32)
+    return g_idx[torch.argsort(perm)]
+
+
+def w_gptq(lg: Logical, group_size: int = 64, bits: int = 2, ternary: bool = True, act_order: bool = False,
+           seed: int = 0):
+    """AutoGPTQ v1 symmetric: qweight int32 [K*b/32, N] (q = w + 2^(b-1)), qzeros holding z - 1 = 2^(b-1) - 1, fp16
+    scales [G, N] (each group's multiplier: that of the group's first input), g_idx int32 [K].  ``act_order``
+    (desc_act true): the groups are those of ``actorder_g_idx`` for ``actorder_perms(lg, seed)``, each taking the
+    multiplier of its first input in the permuted order (where fasterquant calls find_params); write a
+    ``Logical.with_group_jitter(group_size, g_idx=...)`` of the same index so that they differ."""
     half = 1 << (bits - 1)
     spec, zspec = GPTQ_SPEC, GPTQ_ZERO_SPEC
     if bits != 2 or not ternary:
@@ -407,56 +480,76 @@ def w_gptq(lg: Logical, group_size: int = 64, bits: int = 2, ternary: bool = Tru
         spec = GPTQ_SPEC.replace(bits=bits, codes=codes, pad_code=half)
         zspec = GPTQ_ZERO_SPEC.replace(bits=bits, codes=tuple(range(1 << bits)))
     sd, tern, mult = _floats(lg, "hf"), {}, {}
+    perms = actorder_perms(lg, seed) if act_order else {}
     for mod, t in lg.ternary.items():
         n, k = t.shape
         g = -(-k // group_size)
+        perm = perms.get(mod, torch.arange(k))
+        gi = actorder_g_idx(perm, group_size)
         sd[f"{mod}.qweight"] = pack(t, spec)  # (K*bits/32, N): q = w + 2^(bits-1)
-        s = _group(lg.mult[mod], n, k, group_size).to(torch.float16)  # (N, G)
+        s = lg.mult[mod].expand(n, k)[:, perm[::group_size]].to(torch.float16)  # (N, G): each group's first input
         sd[f"{mod}.scales"] = s.t().contiguous()  # (G, N)
         sd[f"{mod}.qzeros"] = pack(torch.full((g, n), half - 1, dtype=torch.int64), zspec)  # v1 stores z - 1
-        sd[f"{mod}.g_idx"] = (torch.arange(k) // group_size).to(torch.int32)
-        tern[mod], mult[mod] = t, s.float().repeat_interleave(group_size, dim=1)[:, :k]
-    q = {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": False, "sym": True,
-         "checkpoint_format": "gptq"}
-    return sd, q, Truth(tern, mult, "gptq" if bits == 2 else f"gptq-int{bits}")
+        sd[f"{mod}.g_idx"] = gi
+        tern[mod], mult[mod] = t, s.float()[:, gi.long()]
+    q = {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": act_order, "sym": True,
+         "checkpoint_format": "gptq", **({"static_groups": False} if act_order else {})}
+    return sd, q, Truth(tern, mult, ("gptq" if bits == 2 else f"gptq-int{bits}") + ("-actorder" if act_order else ""))
+
+
+def gptq_float_model(lg: Logical, noise: float = 0.3, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The float model ``w_gptq_asym`` quantizes: per module the logical effective weights plus ``noise`` * m *
+    N(0, 1) in fp32 (one seeded generator, modules in order)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for mod in lg.ternary:
+        n, k = lg.ternary[mod].shape
+        out[mod] = lg.effective(mod) + noise * lg.mult[mod].expand(n, k) * torch.randn(n, k, generator=g)
+    return out
 
 
 def w_gptq_asym(lg: Logical, bits: int = 4, group_size: int = 64, noise: float = 0.3, seed: int = 0,
-                v2: bool = False):
+                v2: bool = False, act_order: bool = False, static_groups: bool = False):
     """AutoGPTQ with ``sym=False`` on a float model (the logical effective weights plus ``noise`` * m * N(0, 1)):
-    per row and group of ``group_size`` inputs AutoGPTQ's ``Quantizer.find_params`` (xmin = min(min, 0), xmax =
-    max(max, 0), scale = (xmax - xmin) / maxq, zero = round(-xmin / scale)) and ``quantize`` (q = clamp(round(w /
-    scale) + zero, 0, maxq)), round-to-nearest without GPTQ's error feedback; stored as ``QuantLinear.pack``
-    does: qweight int32 [K*bits/32, N] (q, consecutive inputs, low bits first), scales fp16 [G, N], qzeros int32
-    [G, N*bits/32] holding z - 1 (v1; ``v2``: z itself, checkpoint_format gptq_v2), g_idx.  W = scale * (q - z):
-    not ternary, every level used.  Truth: values q - z and the multiplier scale (fp16)."""
+    per row and group of ``group_size`` inputs (-1: the whole row) AutoGPTQ's ``Quantizer.find_params`` (xmin =
+    min(min, 0), xmax = max(max, 0), scale = (xmax - xmin) / maxq, zero = round(-xmin / scale)) and ``quantize``
+    (q = clamp(round(w / scale) + zero, 0, maxq)), round-to-nearest without GPTQ's error feedback; stored as
+    ``QuantLinear.pack`` does: qweight int32 [K*bits/32, N] (q, consecutive inputs, low bits first), scales fp16
+    [G, N], qzeros int32 [G, N*bits/32] holding z - 1 (v1; ``v2``: z itself, checkpoint_format gptq_v2), g_idx.
+    ``act_order`` (desc_act true): the inputs are quantized in the order ``actorder_perms(lg, seed)`` and the groups
+    are cut from that order (``GPTQ.fasterquant``: find_params on W[:, perm] columns g*gs .. (g+1)*gs - 1), g_idx =
+    ``actorder_g_idx``, Q unpermuted before packing (``Q[:, invperm]``); ``static_groups``: the groups are fixed on
+    the unpermuted columns first (g_idx arange(K) // group_size).  W = scale[g_idx] * (q - z[g_idx]) (AutoGPTQ's
+    dequantization): not ternary, every level used.  Truth: values q - z and the multiplier scale (fp16)."""
     maxq = (1 << bits) - 1
     spec = GPTQ_SPEC.replace(bits=bits, codes=tuple(range(1 << bits)), pad_code=0)
     zspec = GPTQ_ZERO_SPEC.replace(bits=bits, codes=tuple(range(1 << bits)))
-    g = torch.Generator().manual_seed(seed)
+    perms = actorder_perms(lg, seed) if act_order else {}
     sd, vals, mult = _floats(lg, "hf"), {}, {}
-    for mod in lg.ternary:
-        n, k = lg.ternary[mod].shape
-        if k % group_size:
-            raise ValueError(f"{mod}: K = {k} is not a multiple of group_size {group_size}")
-        G = k // group_size
-        W = lg.effective(mod) + noise * lg.mult[mod].expand(n, k) * torch.randn(n, k, generator=g)
-        Wg = W.reshape(n, G, group_size)
+    for mod, W in gptq_float_model(lg, noise, seed).items():
+        n, k = W.shape
+        gs = k if group_size == -1 else group_size
+        if k % gs:
+            raise ValueError(f"{mod}: K = {k} is not a multiple of group_size {gs}")
+        G = k // gs
+        gi = actorder_g_idx(perms.get(mod, torch.arange(k)), gs, static_groups).long()
+        Wg = W[:, torch.argsort(gi, stable=True)].reshape(n, G, gs)  # the members of each group (any order)
         xmin = Wg.min(dim=2).values.clamp(max=0)
         xmax = Wg.max(dim=2).values.clamp(min=0)
         scale = ((xmax - xmin) / maxq).to(torch.float16)  # (N, G), stored fp16 and used as stored
         zero = torch.round(-xmin / scale.float()).clamp(0, maxq)
-        q = (torch.round(Wg / scale.float().unsqueeze(2)) + zero.unsqueeze(2)).clamp(0, maxq).reshape(n, k)
+        q = (torch.round(W / scale.float()[:, gi]) + zero[:, gi]).clamp(0, maxq)  # each input with its group's
         sd[f"{mod}.qweight"] = pack(q.to(torch.int64), spec)
         sd[f"{mod}.scales"] = scale.t().contiguous()
         sd[f"{mod}.qzeros"] = pack((zero.t() - (0 if v2 else 1)).to(torch.int64) & maxq, zspec)
-        sd[f"{mod}.g_idx"] = (torch.arange(k) // group_size).to(torch.int32)
+        sd[f"{mod}.g_idx"] = gi.to(torch.int32)
         zz = zero if v2 else ((zero - 1).to(torch.int64) & maxq) + 1  # what a v1 reader gets back (z = 0 -> 2^bits)
-        vals[mod] = (q - zz.float().repeat_interleave(group_size, dim=1)).to(torch.int16)
-        mult[mod] = scale.float().repeat_interleave(group_size, dim=1)
-    q = {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": False, "sym": False,
-         "checkpoint_format": "gptq_v2" if v2 else "gptq"}
-    return sd, q, Truth(vals, mult, f"gptq-asym-int{bits}{'-v2' if v2 else ''}")
+        vals[mod] = (q - zz.float()[:, gi]).to(torch.int16)
+        mult[mod] = scale.float()[:, gi]
+    q = {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": act_order, "sym": False,
+         "checkpoint_format": "gptq_v2" if v2 else "gptq", **({"static_groups": static_groups} if act_order else {})}
+    tag = ("-actorder" + ("-static" if static_groups else "")) if act_order else ""
+    return sd, q, Truth(vals, mult, f"gptq-asym-int{bits}{'-v2' if v2 else ''}{tag}")
 
 
 def awq_pseudo_quantize(w: torch.Tensor, bits: int, group_size: int):
@@ -703,18 +796,18 @@ def ct_asym_quantize(w: torch.Tensor, bits: int, strategy: str, group_size: Opti
     return ct_quantize(w, scale, zp, bits, strategy, group_size), scale, zp
 
 
-def ct_weights_args(bits: int, strategy: str, group_size: Optional[int]) -> dict:
+def ct_weights_args(bits: int, strategy: str, group_size: Optional[int], actorder: Optional[str] = None) -> dict:
     """config_groups.*.weights as compressed-tensors 0.17's ``QuantizationArgs.model_dump()`` writes it for
     symmetric false (zp_dtype serialised as 'torch.int8')."""
     return {"num_bits": bits, "type": "int", "symmetric": False,
             "group_size": group_size if strategy == "group" else None, "strategy": strategy, "block_structure": None,
-            "dynamic": False, "actorder": None, "scale_dtype": None, "zp_dtype": "torch.int8",
+            "dynamic": False, "actorder": actorder, "scale_dtype": None, "zp_dtype": "torch.int8",
             "observer": "memoryless_minmax", "observer_kwargs": {}}
 
 
 def w_compressed_tensors_asym(lg: Logical, bits: int = 4, strategy: str = "group", group_size: int = 64,
                               fmt: str = "pack-quantized", legacy: bool = False, dtype: torch.dtype = torch.bfloat16,
-                              wide: Optional[dict] = None):
+                              wide: Optional[dict] = None, actorder: Optional[str] = None, seed: int = 0):
     """compressed-tensors ``symmetric: false`` as llm-compressor saves a float model (``ct_float_model``) with
     ``ct_asym_quantize`` per module and the compressor of ``fmt``:
 
@@ -728,11 +821,20 @@ def w_compressed_tensors_asym(lg: Logical, bits: int = 4, strategy: str = "group
       weight_scale, weight_zero_point int8 as quantized (never packed).
 
     ``wide``: {module name substring: bits} for mixed widths (one config group per width, targets the module
-    names).  Truth: values q - z (int16) and the multiplier scale (fp32), so ``effective`` = the decompressor's
-    ``dequantize`` (x_q - zero_point) * scale in exact arithmetic (fp32; compressed-tensors' own result in the scale
-    dtype is its rounding)."""
+    names).  ``actorder`` 'group' (group strategy): llm-compressor's ``quantize_weight`` with ActivationOrdering.GROUP
+    (the inputs permuted by ``actorder_perms(lg, seed)`` first, the observer's groups cut from the permuted columns,
+    g_idx = ``actorder_g_idx`` after ``g_idx[invperm]``), stored as ``weight_g_idx`` int32 [K], which the compressor
+    (``_process_group``: inputs sorted by g_idx, cut into groups) quantizes with; 'weight': the permutation only
+    changes GPTQ's calibration order, so without its error feedback the tensors are those of actorder null (no
+    g_idx), the config says 'weight'.  Truth: values q - z (int16) and the multiplier scale (fp32), so ``effective`` =
+    the decompressor's ``dequantize`` (x_q - zero_point) * scale in exact arithmetic (fp32; compressed-tensors' own
+    result in the scale dtype is its rounding)."""
     if strategy not in CT_STRATEGIES:
         raise ValueError(f"strategy {strategy!r}: expected one of {CT_STRATEGIES}")
+    if actorder not in (None, "group", "weight") or (actorder == "group" and strategy != "group"):
+        raise ValueError(f"actorder {actorder!r} with strategy {strategy!r}: expected null, 'weight', or 'group' with "
+                         f"the group strategy (QuantizationArgs refuses group ordering otherwise)")
+    perms = actorder_perms(lg, seed) if actorder == "group" else {}
     if fmt not in ("pack-quantized", "naive-quantized", "int-quantized"):
         raise ValueError(f"format {fmt!r}: expected pack-quantized, naive-quantized or int-quantized")
     sd, vals, mult = _floats(lg, "hf"), {}, {}
@@ -744,7 +846,15 @@ def w_compressed_tensors_asym(lg: Logical, bits: int = 4, strategy: str = "group
         if strategy == "group" and k % group_size:
             raise ValueError(f"{mod}: K = {k} is not a multiple of group_size {group_size} (compressed-tensors' "
                              f"_process_group refuses it)")
-        q, scale, zp = ct_asym_quantize(W, b, strategy, group_size, legacy=legacy)
+        gi = None
+        if mod in perms:  # quantized in activation order: groups of the permuted columns, q back in input order
+            perm = perms[mod]
+            gi = actorder_g_idx(perm, group_size)
+            q, scale, zp = ct_asym_quantize(W[:, perm], b, strategy, group_size, legacy=legacy)
+            q = q[:, torch.argsort(perm)].contiguous()
+            sd[f"{mod}.weight_g_idx"] = gi
+        else:
+            q, scale, zp = ct_asym_quantize(W, b, strategy, group_size, legacy=legacy)
         if fmt == "pack-quantized":
             sd[f"{mod}.weight_packed"] = pack(q, ct_pack_spec(b))
             sd[f"{mod}.weight_shape"] = torch.tensor([n, k])
@@ -757,18 +867,22 @@ def w_compressed_tensors_asym(lg: Logical, bits: int = 4, strategy: str = "group
         G = group_size if strategy == "group" else k
         expand = (lambda t: t.float().repeat_interleave(G, dim=1)) if strategy == "group" else \
             (lambda t: t.float().reshape(-1, 1))
+        if gi is not None:
+            expand = lambda t, gi=gi.long(): t.float()[:, gi]  # noqa: E731 - each input its group's column
         vals[mod] = (q.to(torch.int16) - expand(zp).to(torch.int16)).to(torch.int16)
         mult[mod] = expand(scale).contiguous()
     groups = {}
     for b in sorted(targets, key=lambda b: (b != bits, b)):
         groups[f"group_{len(groups)}"] = {
-            "targets": ["Linear"] if b == bits else targets[b], "weights": ct_weights_args(b, strategy, group_size),
+            "targets": ["Linear"] if b == bits else targets[b],
+            "weights": ct_weights_args(b, strategy, group_size, actorder),
             "input_activations": None, "output_activations": None, "format": fmt}
     if wide:  # name targets first: vLLM / compressed-tensors match a layer's name before its class
         groups = dict(sorted(groups.items(), key=lambda kv: kv[1]["targets"] == ["Linear"]))
     qc = {"config_groups": groups, "quant_method": "compressed-tensors", "kv_cache_scheme": None, "format": fmt,
           "quantization_status": "compressed", "global_compression_ratio": None, "ignore": ["lm_head"]}
-    name = f"ct-asym-{fmt.split('-')[0]}-int{bits}-{strategy}{'-legacy' if legacy else ''}"
+    name = f"ct-asym-{fmt.split('-')[0]}-int{bits}-{strategy}{'-legacy' if legacy else ''}" \
+        + (f"-actorder-{actorder}" if actorder else "")
     return sd, qc, Truth(vals, mult, name)
 
 
@@ -1068,15 +1182,26 @@ def ct_spec(bits: int, ternary: bool = False) -> PackSpec:
                     pad_code=0 if codes[0] is not None else half)
 
 
-def w_compressed_tensors_int(lg: Logical, bits: int, ternary: bool = False, group_size: int = 64):
-    """compressed-tensors pack-quantized, symmetric int-``bits``, group strategy."""
+def w_compressed_tensors_int(lg: Logical, bits: int, ternary: bool = False, group_size: int = 64,
+                             actorder: Optional[str] = None, seed: int = 0):
+    """compressed-tensors pack-quantized, symmetric int-``bits``, group strategy.  ``actorder`` 'group': the groups
+    of ``actorder_g_idx`` for ``actorder_perms(lg, seed)`` (llm-compressor's ActivationOrdering.GROUP), each with the
+    fp16 multiplier of its first input in the permuted order, and ``weight_g_idx`` int32 [K]; write a
+    ``Logical.with_group_jitter(group_size, g_idx=...)`` of the same index so that the groups differ."""
     sd, truth = _packed_convention(lg, ct_spec(bits, ternary), scale="group", op="multiply",
                                    scale_dtype=torch.float16, weight_suffix="weight_packed", group_size=group_size,
                                    fmt=f"compressed-tensors-int{bits}")
+    perms = actorder_perms(lg, seed) if actorder == "group" else {}
     for mod, t in lg.ternary.items():
+        n, k = t.shape
         sd[f"{mod}.weight_shape"] = torch.tensor(list(t.shape), dtype=torch.int64)
+        if mod in perms:
+            gi = actorder_g_idx(perms[mod], group_size)
+            s = lg.mult[mod].expand(n, k)[:, perms[mod][::group_size]].to(torch.float16)  # (N, G)
+            sd[f"{mod}.weight_scale"], sd[f"{mod}.weight_g_idx"] = s, gi
+            truth.mult[mod] = s.float()[:, gi.long()]
     w = {"num_bits": bits, "type": "int", "symmetric": True, "strategy": "group", "group_size": group_size,
-         "dynamic": False}
+         "dynamic": False, **({"actorder": actorder} if actorder else {})}
     q = {"quant_method": "compressed-tensors", "format": "pack-quantized",
          "config_groups": {"group_0": {"targets": ["Linear"], "weights": w, "input_activations": None}},
          "ignore": ["lm_head"]}
@@ -1130,6 +1255,7 @@ FORMATS: dict[str, Callable] = {
     "compressed-tensors": lambda lg: w_compressed_tensors(lg, "channel"),
     "compressed-tensors-group": lambda lg: w_compressed_tensors(lg, "group", 64),
     "gptq": lambda lg: w_gptq(lg, 64),
+    "gptq-actorder": lambda lg: w_gptq(lg, 64, act_order=True),
     "i2s": w_i2s,
     "tq2_0": w_tq2_0,
     "tq1_0": w_tq1_0,
@@ -1172,6 +1298,10 @@ GPTQ_ASYM_FORMATS: dict[str, Callable] = {
     "gptq-asym-int2": lambda lg: w_gptq_asym(lg, 2),
     "gptq-asym-int4-v2": lambda lg: w_gptq_asym(lg, 4, v2=True),
     "gptq-asym-int8": lambda lg: w_gptq_asym(lg, 8),
+    "gptq-asym-int4-actorder": lambda lg: w_gptq_asym(lg, 4, act_order=True),
+    "gptq-asym-int8-actorder-v2": lambda lg: w_gptq_asym(lg, 8, v2=True, act_order=True),
+    "gptq-asym-int4-actorder-static": lambda lg: w_gptq_asym(lg, 4, act_order=True, static_groups=True),
+    "gptq-asym-int4-actorder-row": lambda lg: w_gptq_asym(lg, 4, group_size=-1, act_order=True),
 }
 
 #: AutoAWQ (version gemm / gemv, 4-bit, zero_point true) on a float model (``w_awq`` / ``w_awq_gemv``: per-group
@@ -1204,6 +1334,12 @@ CT_ASYM_FORMATS: dict[str, Callable] = {
                                                                           wide={"down_proj": 8, "layers.0.": 2}),
     "compressed-tensors-asym-naive-int8": lambda lg: w_compressed_tensors_asym(lg, 8, "group", 64,
                                                                                fmt="naive-quantized"),
+    "compressed-tensors-asym-int4-actorder": lambda lg: w_compressed_tensors_asym(lg, 4, "group", 64,
+                                                                                  actorder="group"),
+    "compressed-tensors-asym-naive-int8-actorder": lambda lg: w_compressed_tensors_asym(
+        lg, 8, "group", 64, fmt="naive-quantized", actorder="group"),
+    "compressed-tensors-asym-int4-actorder-weight": lambda lg: w_compressed_tensors_asym(lg, 4, "group", 64,
+                                                                                         actorder="weight"),
 }
 
 #: symmetric low-bit integer conventions beyond ternary (write a ``Logical.requantized(bits)`` model)
@@ -1211,6 +1347,7 @@ INT_FORMATS: dict[str, Callable] = {
     "compressed-tensors-int2": lambda lg: w_compressed_tensors_int(lg, 2),
     "compressed-tensors-int4": lambda lg: w_compressed_tensors_int(lg, 4),
     "gptq-int4": lambda lg: w_gptq(lg, 64, bits=4, ternary=False),
+    "compressed-tensors-int4-actorder": lambda lg: w_compressed_tensors_int(lg, 4, actorder="group"),
 }
 
 

@@ -293,31 +293,98 @@ def test_gptq_int4_matches_autogptq_v1(fmt, logical, tmp_path):
         assert bool((as_u32(ck.get(f"{mod}.qzeros")) == 0x77777777).all())
 
 
+def autogptq_rtn(W: torch.Tensor, bits: int, group_size: int, perm, static_groups: bool):
+    """AutoGPTQ ``GPTQ.fasterquant``'s index bookkeeping (auto_gptq/quantization/gptq.py), loop for loop, without
+    the Hessian's error feedback (round to nearest, as synth.w_gptq_asym): W permuted by ``perm`` (None: actorder
+    off), ``Quantizer.find_params`` (sym=False: xmin = min(min, 0), xmax = max(max, 0), scale = (xmax - xmin) /
+    maxq, zero = round(-xmin / scale); the scale rounded to fp16 first, the writer's simplification) at every
+    group_size-th column of the permuted W, or per static group of the unpermuted W picked through
+    ``perm[idx] // group_size``; ``quantize`` per column; then g_idx = [perm[i] // gs (static) or i // gs] and
+    ``Q[:, invperm]``, ``g_idx[invperm]``.  Returns (q int [N, K], scales [N, G] fp16, zeros [N, G], g_idx int32)."""
+    maxq = (1 << bits) - 1
+    n, columns = W.shape
+    gs = group_size if group_size != -1 else columns
+
+    def find_params(x):
+        xmin = torch.minimum(x.min(1).values, torch.zeros(n))
+        xmax = torch.maximum(x.max(1).values, torch.zeros(n))
+        scale = ((xmax - xmin) / maxq).half()
+        return scale, torch.round(-xmin / scale.float())
+
+    scale, zero, groups = [], [], []
+    if static_groups:
+        for i in range(0, columns, gs):
+            groups.append(find_params(W[:, i:i + gs]))
+            scale.append(groups[-1][0])
+            zero.append(groups[-1][1])
+    if perm is not None:
+        W = W[:, perm]
+        invperm = torch.argsort(perm)
+    Q = torch.zeros(n, columns)
+    params = None
+    for i in range(columns):
+        if not static_groups:
+            if i % gs == 0:
+                params = find_params(W[:, i:i + gs])
+                scale.append(params[0])
+                zero.append(params[1])
+        else:
+            idx = int(perm[i]) if perm is not None else i
+            params = groups[idx // gs]
+        Q[:, i] = torch.clamp(torch.round(W[:, i] / params[0].float()) + params[1], 0, maxq)
+    if static_groups and perm is not None:
+        g_idx = [int(perm[i]) // gs for i in range(columns)]
+    else:
+        g_idx = [i // gs for i in range(columns)]
+    g_idx = torch.tensor(g_idx, dtype=torch.int32)
+    if perm is not None:
+        Q = Q[:, invperm]
+        g_idx = g_idx[invperm]
+    return Q.to(torch.int64), torch.stack(scale, 1), torch.stack(zero, 1), g_idx
+
+
 @pytest.mark.parametrize("fmt", sorted(synth.GPTQ_ASYM_FORMATS))
 def test_gptq_asym_matches_autogptq(fmt, logical, tmp_path):
     """AutoGPTQ sym=False (round to nearest): find_params' scale / zero per row and group (xmin <= 0 <= xmax,
     zero = round(-xmin / scale)), QuantLinear.pack of q (no offset: the zero point carries it) along K and of
-    the zero points along N (z - 1 for v1, z for gptq_v2); AutoGPTQ's dequantization scale * (q - z) of what was
-    stored = the ground truth; every level occurs; config sym false."""
+    the zero points along N (z - 1 for v1, z for gptq_v2); AutoGPTQ's dequantization ``scales[g_idx] * (weight -
+    zeros[g_idx])`` (qlinear_cuda.py's torch path) of what was stored = the ground truth; every level occurs;
+    config sym false.  Act-order (desc_act true; static_groups; group_size -1): q, scales, zeros and g_idx are those
+    of ``autogptq_rtn``, fasterquant's group bookkeeping transcribed, on the writer's float model and activation
+    order; g_idx is non-trivial exactly where fasterquant makes it so (desc_act without static groups, > 1 group)."""
     import json
 
     bits = int(fmt.split("int")[1][0])
-    v2 = fmt.endswith("-v2")
+    v2 = "-v2" in fmt
     out = tmp_path / fmt
     truth = synth.write(fmt, logical, out)
     ck = Checkpoint(out)
-    assert json.loads((out / "config.json").read_text())["quantization_config"]["sym"] is False
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["sym"] is False and qc["desc_act"] is ("actorder" in fmt)
     per = 32 // bits
+    floats, perms = synth.gptq_float_model(logical), synth.actorder_perms(logical)
     for mod in (Q, D):
         n, k = logical.ternary[mod].shape
+        gs = k if qc["group_size"] == -1 else qc["group_size"]
         qw, sc, qz = as_u32(ck.get(f"{mod}.qweight")), ck.get(f"{mod}.scales").float(), as_u32(ck.get(f"{mod}.qzeros"))
-        assert qw.shape == (k // per, n) and sc.shape == (k // 64, n) and qz.shape == (k // 64, n // per)
+        gi = ck.get(f"{mod}.g_idx")
+        assert qw.shape == (k // per, n) and sc.shape == (k // gs, n) and qz.shape == (k // gs, n // per)
+        assert gi.dtype == torch.int32 and gi.shape == (k,)
         q = torch.stack([(qw >> (bits * j)) & ((1 << bits) - 1) for j in range(per)], 1).reshape(k, n)  # (K, N)
-        z = torch.stack([(qz >> (bits * j)) & ((1 << bits) - 1) for j in range(per)], 2).reshape(k // 64, n)
+        z = torch.stack([(qz >> (bits * j)) & ((1 << bits) - 1) for j in range(per)], 2).reshape(k // gs, n)
         z = z + (0 if v2 else 1)
-        w = (sc.repeat_interleave(64, 0) * (q - z.repeat_interleave(64, 0))).t()  # AutoGPTQ's dequant, (N, K)
+        g = gi.long()
+        w = (sc[g] * (q - z[g])).t()  # AutoGPTQ's dequant, (N, K)
         assert torch.equal(w, truth.effective(mod)), mod
         assert len(torch.unique(q)) >= min(1 << bits, 64) and len(torch.unique(z)) > 1
+        want_q, want_s, want_z, want_gi = autogptq_rtn(floats[mod], bits, qc["group_size"],
+                                                       perms[mod] if qc["desc_act"] else None,
+                                                       qc.get("static_groups", False))
+        assert torch.equal(q.t(), want_q) and torch.equal(ck.get(f"{mod}.scales"), want_s.t()), mod
+        assert torch.equal(z - (0 if v2 else 1), (want_z.t().to(torch.int64) - (0 if v2 else 1)) & ((1 << bits) - 1))
+        assert torch.equal(gi, want_gi), mod
+        trivial = torch.equal(g, torch.arange(k) // gs)
+        assert trivial is not (qc["desc_act"] and not qc.get("static_groups") and k > gs), mod
 
 
 # ---------------------------------------------------------------------------------------
@@ -624,32 +691,42 @@ def test_awq_gemv_writer_refuses_what_autoawq_refuses():
 CT_LIBRARY_FORMATS = sorted(f for f in synth.CT_ASYM_FORMATS if not f.endswith("-legacy"))
 
 
-def _ct_scheme(bits, strategy, group_size):
+def _ct_scheme(bits, strategy, group_size, actorder=None, symmetric=False):
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
-    args = QuantizationArgs(num_bits=bits, type="int", symmetric=False, strategy=strategy,
-                            group_size=group_size if strategy == "group" else None)
+    args = QuantizationArgs(num_bits=bits, type="int", symmetric=symmetric, strategy=strategy,
+                            group_size=group_size if strategy == "group" else None, actorder=actorder)
     return QuantizationScheme(targets=["Linear"], weights=args)
 
 
-def _ct_library(w, bits, strategy, group_size, fmt="pack-quantized"):
-    """compressed-tensors 0.17 on one float weight: qparams from the observer's min / max, then the compressor."""
+def _ct_library(w, bits, strategy, group_size, fmt="pack-quantized", actorder=None, perm=None):
+    """compressed-tensors 0.17 on one float weight: qparams from the observer's min / max, then the compressor.
+    ``actorder`` 'group' with the activation order ``perm``: llm-compressor's quantize_weight for
+    ActivationOrdering.GROUP - the observer on W[:, perm] (groups of the permuted columns), g_idx = arange(K) //
+    group_size in that order, then ``g_idx[invperm]`` - and the compressor quantizes W with that weight_g_idx."""
     from compressed_tensors.compressors.naive_quantized.base import NaiveQuantizationCompressor
     from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
     from compressed_tensors.quantization.utils import calculate_qparams
 
-    scheme = _ct_scheme(bits, strategy, group_size)
+    scheme = _ct_scheme(bits, strategy, group_size, actorder)
+    sd = {"weight": w}
+    if actorder == "group":
+        g_idx = torch.arange(w.shape[1], dtype=torch.int) // group_size
+        sd["weight_g_idx"] = g_idx[torch.argsort(perm)]
+        w = w[:, perm]
     scale, zp = calculate_qparams(*synth.ct_observe(w, strategy, group_size), scheme.weights)
     comp = PackedQuantizationCompressor if fmt == "pack-quantized" else NaiveQuantizationCompressor
-    return comp, scheme, comp.compress({"weight": w, "weight_scale": scale, "weight_zero_point": zp}, scheme)
+    return comp, scheme, comp.compress(dict(sd, weight_scale=scale, weight_zero_point=zp), scheme)
 
 
 def _ct_fmt_args(fmt):
-    """(bits, strategy, group size, compressor format, per-module width overrides) of a CT_ASYM_FORMATS name."""
+    """(bits, strategy, group size, compressor format, per-module width overrides, actorder) of a CT_ASYM_FORMATS
+    name."""
     bits = int(fmt.split("int")[1][0]) if "int" in fmt else 4
     strategy = "channel" if "-channel" in fmt else "tensor" if fmt.endswith("-tensor") else "group"
     wide = {"down_proj": 8, "layers.0.": 2} if fmt.endswith("-mixed") else {}
-    return bits, strategy, 64, "naive-quantized" if "naive" in fmt else "pack-quantized", wide
+    actorder = ("weight" if fmt.endswith("-weight") else "group") if "-actorder" in fmt else None
+    return bits, strategy, 64, "naive-quantized" if "naive" in fmt else "pack-quantized", wide, actorder
 
 
 @pytest.mark.parametrize("fmt", CT_LIBRARY_FORMATS)
@@ -664,19 +741,25 @@ def test_compressed_tensors_asym_matches_library(fmt, logical, tmp_path):
 
     from compressed_tensors.quantization import QuantizationConfig
 
-    bits, strategy, gs, cfmt, wide = _ct_fmt_args(fmt)
+    bits, strategy, gs, cfmt, wide, actorder = _ct_fmt_args(fmt)
     out = tmp_path / fmt
     truth = synth.write(fmt, logical, out)
     ck = Checkpoint(out)
     qc = QuantizationConfig.model_validate(json.loads((out / "config.json").read_text())["quantization_config"])
     assert qc.format == cfmt and qc.quant_method == "compressed-tensors" and qc.ignore == ["lm_head"]
-    floats = synth.ct_float_model(logical)
+    floats, perms = synth.ct_float_model(logical), synth.actorder_perms(logical)
     for mod in (Q, D, "model.layers.0.mlp.gate_proj", "model.layers.0.self_attn.q_proj"):
         b = next((v for s, v in wide.items() if s in mod), bits)
         group = next(g for g in qc.config_groups.values() if (mod in g.targets) or g.targets == ["Linear"]
                      and not any(mod in h.targets for h in qc.config_groups.values()))
         assert (group.weights.num_bits, group.weights.symmetric, group.weights.strategy) == (b, False, strategy)
-        comp, scheme, want = _ct_library(floats[mod], b, strategy, gs, cfmt)
+        assert group.weights.actorder == actorder
+        comp, scheme, want = _ct_library(floats[mod], b, strategy, gs, cfmt, actorder, perms[mod])
+        assert ("weight_g_idx" in want) is (actorder == "group")
+        if actorder == "group":  # a permutation of arange(K) // 64 that moves inputs between groups
+            gi = want["weight_g_idx"].long()
+            assert torch.equal(gi.sort().values, torch.arange(gi.numel()) // gs)
+            assert not torch.equal(gi, torch.arange(gi.numel()) // gs)
         stored = {k: ck.get(f"{mod}.{k}") for k in want}
         assert set(want) == {k.rsplit(".", 1)[1] for k in ck.keys() if k.startswith(mod + ".")}, mod
         for k, v in want.items():
@@ -739,7 +822,7 @@ def test_compressed_tensors_asym_legacy_matches_093(fmt, logical, tmp_path):
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
     from compressed_tensors.quantization.lifecycle.forward import dequantize, quantize
 
-    bits, strategy, gs, _, _ = _ct_fmt_args(fmt)
+    bits, strategy, gs, _, _, _ = _ct_fmt_args(fmt)
     out = tmp_path / fmt
     truth = synth.write(fmt, logical, out)
     ck = Checkpoint(out)
@@ -1380,3 +1463,189 @@ def test_compressed_tensors_mixed_widths_match_library(logical, tmp_path):
     assert sorted(g["weights"]["num_bits"] for g in groups.values()) == [2, 4]
     wide = next(g for g in groups.values() if g["weights"]["num_bits"] == 4)["targets"]
     assert sorted(wide) == sorted(m for m, b in widths.items() if b == 4)
+
+
+# ---------------------------------------------------------------------------------------
+# act-order group indices (AutoGPTQ / GPTQModel desc_act, compressed-tensors actorder 'group')
+
+
+def _actorder_jitter(logical, group_size=64):
+    """The logical model with per-group multipliers over synth's act-order groups (so that a group index applied
+    wrongly shows in the effective weights)."""
+    gi = {m: synth.actorder_g_idx(p, group_size) for m, p in synth.actorder_perms(logical).items()}
+    return logical.with_group_jitter(group_size, seed=3, g_idx=gi), gi
+
+
+def test_gptq_actorder_matches_autogptq_v1(logical, tmp_path):
+    """AutoGPTQ v1 symmetric ternary with desc_act true: qweight exactly as without act-order (QuantLinear.pack
+    packs q = w + 2 in input order; the order only decides the groups), qzeros z - 1 = 1, g_idx = fasterquant's
+    ``[i // 64 for i in range(K)][invperm]`` (transcribed here from synth's activation order), each group's fp16
+    scale the multiplier of its members, and AutoGPTQ's dequantization scales[g_idx] * (q - zeros[g_idx]) = the
+    ground truth = the jittered logical weights within fp16; q / k / v share one order (one Hessian)."""
+    import json
+
+    lg, gis = _actorder_jitter(logical)
+    ck, truth = _write("gptq-actorder", lg, tmp_path)
+    qc = json.loads((tmp_path / "gptq-actorder" / "config.json").read_text())["quantization_config"]
+    assert (qc["desc_act"], qc["static_groups"], qc["sym"]) == (True, False, True)
+    perms = synth.actorder_perms(logical)
+    assert torch.equal(perms["model.layers.1.self_attn.q_proj"], perms[Q])
+    assert not torch.equal(perms["model.layers.1.self_attn.o_proj"], perms[Q])
+    for mod in (Q, D):
+        t = lg.ternary[mod]
+        n, k = t.shape
+        invperm = torch.argsort(perms[mod])
+        want_gi = torch.tensor([i // 64 for i in range(k)], dtype=torch.int32)[invperm]
+        gi = ck.get(f"{mod}.g_idx")
+        assert gi.dtype == torch.int32 and torch.equal(gi, want_gi) and torch.equal(gi, gis[mod])
+        assert torch.equal(as_u32(ck.get(f"{mod}.qweight")), gptq_v1_pack(t))
+        assert bool((as_u32(ck.get(f"{mod}.qzeros")) == 0x55555555).all())
+        sc = ck.get(f"{mod}.scales")
+        assert sc.shape == (k // 64, n) and sc.dtype == torch.float16
+        for g in range(k // 64):  # every member of group g carries the multiplier stored for g
+            members = (gi == g).nonzero().flatten()
+            assert members.numel() == 64
+            assert torch.equal(lg.mult[mod][:, members].half(), sc[g].unsqueeze(1).expand(n, 64))
+        g = gi.long()
+        w = (sc.float()[g] * ((t.t().to(torch.int64) + 2) - 2)).t()  # scales[g_idx] * (q - zeros[g_idx])
+        assert torch.equal(w, truth.effective(mod))
+        torch.testing.assert_close(w, lg.effective(mod), rtol=1e-3, atol=0)
+        consecutive = sc.float().t().repeat_interleave(64, dim=1) * t.float()
+        assert not torch.equal(consecutive, w)  # the index matters: consecutive groups give another weight
+
+
+def test_compressed_tensors_int_actorder_matches_library(logical, tmp_path):
+    """compressed-tensors symmetric int4 with actorder 'group': compressed-tensors 0.17's PackedQuantization
+    Compressor, given the ground-truth weight, the stored fp16 scales and weight_g_idx, stores exactly these tensors
+    (weight_packed through _process_group's sort by g_idx, weight_scale, weight_shape, weight_g_idx; no zero point),
+    its decompressor returns the truth, and the config parses with actorder 'group'."""
+    import json
+
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationConfig
+
+    lg = _actorder_jitter(logical.requantized(4, seed=1))[0]
+    ck, truth = _write("compressed-tensors-int4-actorder", lg, tmp_path)
+    qc = QuantizationConfig.model_validate(
+        json.loads((tmp_path / "compressed-tensors-int4-actorder" / "config.json").read_text())["quantization_config"])
+    assert qc.config_groups["group_0"].weights.actorder == "group"
+    scheme = _ct_scheme(4, "group", 64, "group", symmetric=True)
+    for mod in (Q, D):
+        k = lg.ternary[mod].shape[1]
+        stored = {key.rsplit(".", 1)[1]: ck.get(key) for key in ck.keys() if key.startswith(mod + ".")}
+        assert set(stored) == {"weight_packed", "weight_scale", "weight_shape", "weight_g_idx"}
+        gi = stored["weight_g_idx"]
+        assert gi.dtype == torch.int32 and torch.equal(gi.sort().values.long(), torch.arange(k) // 64)
+        want = PackedQuantizationCompressor.compress(
+            {"weight": truth.effective(mod), "weight_scale": stored["weight_scale"], "weight_g_idx": gi}, scheme)
+        assert set(want) == set(stored)
+        for key, v in want.items():
+            assert stored[key].dtype == v.dtype and torch.equal(stored[key], v), (mod, key)
+        exact = dict(stored, weight_scale=stored["weight_scale"].float())
+        assert torch.equal(PackedQuantizationCompressor.decompress(exact, scheme)["weight"], truth.effective(mod))
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=hst.integers(1, 40), groups=hst.integers(2, 5), gs=hst.sampled_from([8, 32, 64]), bits=hst.integers(2, 8),
+       fmt=hst.sampled_from(["pack-quantized", "naive-quantized"]),
+       dtype=hst.sampled_from([torch.bfloat16, torch.float16, torch.float32]), seed=hst.integers(0, 2 ** 31))
+def test_ct_actorder_packer_and_decode_any_shape(n, groups, gs, bits, fmt, dtype, seed):
+    """For any shape, width, weight dtype and activation order: synth's act-order bookkeeping (the observer and
+    quantizer on W[:, perm], q unpermuted, g_idx = actorder_g_idx) stores what compressed-tensors' compressor stores
+    given llm-compressor's qparams and g_idx, and the reference's decode (formats.group_index, the zero points
+    and scales expanded through the index, as reference.spec.finish_linear) = its decompressor with fp32 scales;
+    the same tensors decoded without the index (consecutive groups) differ."""
+    from reference.formats import (ScaleSpec, ct_pack_spec, ct_zero_pack_spec, expand_scale, group_index,
+                                   twos_complement_table)
+    from reference.spec import subtract_zero
+
+    k = groups * gs
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) + torch.rand(n, 1, generator=g)).to(dtype)
+    perm = torch.randperm(k, generator=g)
+    comp, scheme, want = _ct_library(w, bits, "group", gs, fmt, "group", perm)
+    q, scale, zp = synth.ct_asym_quantize(w[:, perm], bits, "group", gs)
+    q = q[:, torch.argsort(perm)]
+    gi = synth.actorder_g_idx(perm, gs)
+    assert torch.equal(gi, want["weight_g_idx"]) and torch.equal(scale, want["weight_scale"])
+    packed = fmt == "pack-quantized"
+    wspec = ct_pack_spec(bits) if packed else PackSpec(bits=8, container="int8", pack_axis=1,
+                                                         codes=twos_complement_table(8))
+    assert torch.equal(pack(q, wspec) if packed else q, want["weight_packed" if packed else "weight"])
+    zpack = ct_zero_pack_spec(bits) if packed else None
+    assert torch.equal(pack(zp, zpack) if packed else zp, want["weight_zero_point"])
+    idx = group_index(want["weight_g_idx"], k, gs)
+    zspec = ScaleSpec("weight_zero_point", "group", group_size=gs)
+    codes = unpack(want["weight_packed"], wspec, (n, k)) if packed else want["weight"]
+    vals = subtract_zero(codes, want["weight_zero_point"], zspec, (n, k), "t", zpack=zpack, g_idx=idx)
+    mult = expand_scale(want["weight_scale"], dataclasses.replace(zspec, key="weight_scale"), (n, k), g_idx=idx)
+    exact = dict(want, weight_scale=want["weight_scale"].float())
+    dec = comp.decompress(exact, scheme)["weight"]
+    assert torch.equal(vals.float() * mult, dec)
+    plain = subtract_zero(codes, want["weight_zero_point"], zspec, (n, k), "t", zpack=zpack).float() * \
+        expand_scale(want["weight_scale"], dataclasses.replace(zspec, key="weight_scale"), (n, k))
+    if not torch.equal(idx, torch.arange(k) // gs) and bool((scale.float().amax(1) != scale.float().amin(1)).any()):
+        assert not torch.equal(plain, dec)
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=hst.integers(1, 300), gs=hst.sampled_from([1, 3, 8, 32, 64, 128]), static=hst.booleans(),
+       seed=hst.integers(0, 2 ** 31))
+def test_group_index_accepts_fasterquant_and_names_bad_ones(k, gs, static, seed):
+    """formats.group_index accepts every index AutoGPTQ's fasterquant can write (any K, also K % group_size != 0,
+    any order, static groups or not) and refuses, naming the tensor and the input / group, a float dtype, a wrong
+    length, a value outside [0, G), -1 (compressed-tensors' unset index) and groups of the wrong size."""
+    from reference.formats import FormatError, group_index
+
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(k, generator=g)
+    gi = synth.actorder_g_idx(perm, gs, static_groups=static)
+    got = group_index(gi, k, gs, key="m.g_idx", name="f.safetensors")
+    assert got.dtype == torch.int64 and torch.equal(got, gi.long())
+    assert torch.equal(got, torch.arange(k) // gs) or not static
+    G = -(-k // gs)
+    with pytest.raises(FormatError, match=r"f\.safetensors: group index 'm\.g_idx' is float32, expected an integer"):
+        group_index(gi.float(), k, gs, key="m.g_idx", name="f.safetensors")
+    with pytest.raises(FormatError, match=rf"'m\.g_idx' has shape \[{k + 1}\], expected \[{k}\]"):
+        group_index(torch.cat([gi, gi[:1]]), k, gs, key="m.g_idx", name="f.safetensors")
+    i = int(torch.randint(k, (1,), generator=g))
+    for v, hint in ((G, ""), (-1, "compressed-tensors' unset index")):
+        bad = gi.clone()
+        bad[i] = v
+        with pytest.raises(FormatError, match=rf"'m\.g_idx': input {i} is in group {v}, outside \[0, {G}\).*{hint}"):
+            group_index(bad, k, gs, key="m.g_idx", name="f.safetensors")
+    if G > 1:  # move one input to another group: both groups have the wrong size
+        bad = gi.clone()
+        bad[i] = (int(gi[i]) + 1) % G
+        lo = min(int(gi[i]), int(bad[i]))
+        with pytest.raises(FormatError, match=rf"'m\.g_idx': group {lo} holds \d+ inputs, expected \d+: .*permutation"):
+            group_index(bad, k, gs, key="m.g_idx", name="f.safetensors")
+
+
+def test_act_order_spec_json_roundtrip_and_checks():
+    """LinearEntry.g_idx round-trips through JSON and is absent when None (old specs unchanged); it needs a
+    granularity 'group' scale of consecutive-input groups and zero points of the same groups; expand_scale refuses
+    an index for another granularity."""
+    import json
+
+    from reference.formats import FormatError, ScaleSpec, expand_scale
+    from reference.spec import LinearEntry
+
+    sc = ScaleSpec("m.scales", "group", group_size=64, transposed=True)
+    e = LinearEntry(weight_key="m.qweight", shape=(8, 128), pack=synth.GPTQ_SPEC, scale=sc,
+                    zero=dataclasses.replace(sc, key="m.qzeros"), g_idx="m.g_idx")
+    d = json.loads(json.dumps(e.to_dict()))
+    assert d["g_idx"] == "m.g_idx" and LinearEntry.from_dict(d) == e
+    plain = dataclasses.replace(e, g_idx=None).to_dict()
+    assert "g_idx" not in plain and LinearEntry.from_dict(plain).g_idx is None
+    for bad in (dict(scale=ScaleSpec("m.scales", "channel")), dict(scale=None),
+                dict(zero=ScaleSpec("m.qzeros", "group", group_size=32, transposed=True))):
+        with pytest.raises(FormatError, match=r"'m\.qweight': act-order group index 'm\.g_idx' needs a granularity "
+                                              r"'group' scale"):
+            dataclasses.replace(e, **bad)
+    with pytest.raises(FormatError, match=r"'m\.s': an act-order group index applies to a granularity 'group'"):
+        expand_scale(torch.ones(8), ScaleSpec("m.s", "channel"), (8, 128), g_idx=torch.zeros(128, dtype=torch.long))
+    s = torch.arange(16, dtype=torch.float32).reshape(8, 2)
+    gi = torch.arange(128) % 2
+    assert torch.equal(expand_scale(s, ScaleSpec("m.s", "group", group_size=64), (8, 128), g_idx=gi),
+                       s[:, gi])
