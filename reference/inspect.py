@@ -82,7 +82,7 @@ import torch
 from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig
 from .formats import (AWQ_GEMM, AWQ_GEMM_ZEROS, AWQ_ORDER, CT_PACK_ZP_STRATEGIES, FormatError, PackSpec, ScaleSpec,
-                      ct_zero_pack_spec, offset_table, twos_complement_table, unpack_codes)
+                      ct_zero_pack_spec, group_index, offset_table, twos_complement_table, unpack_codes)
 from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
 from .inspect_search import (BLOCKS, TQ2_0_RECORD, Candidate, axis_margins, build_spec, codes_str, confidence,
                              declared_activation_quant, lane_options, per_part_options, plain_float_linear, search)
@@ -176,6 +176,7 @@ class Module:
     order: Optional[tuple] = None  # PackSpec.order: the slot order inside each container (AutoAWQ's AWQ_ORDER)
     codes: Optional[tuple] = None  # this module's code table, fixed by its format (compressed-tensors asymmetric)
     pad_code: Optional[int] = None  # PackSpec.pad_code where the format fixes it (compressed-tensors pads with 0)
+    act_order: bool = False  # g_idx is a non-trivial act-order group index (LinearEntry.g_idx); trivial: ignored
 
     @property
     def packed(self) -> bool:
@@ -1270,11 +1271,31 @@ class CtArgs:
     symmetric: bool
     strategy: str
     group_size: Optional[int]
+    actorder: Optional[str] = None  # ct_actorder: 'group' (weight_g_idx stored), 'weight' or None
 
     def label(self) -> str:
         gs = f" {self.group_size}" if self.strategy == "group" else ""
+        ao = f" actorder {self.actorder}" if self.actorder else ""
         return (f"{self.fmt} int{self.bits} {'symmetric' if self.symmetric else 'asymmetric'} "
-                f"{self.strategy}{gs}")
+                f"{self.strategy}{gs}{ao}")
+
+
+def ct_actorder(value, where: str) -> Optional[str]:
+    """A weights.actorder value as compressed-tensors 0.17's QuantizationArgs reads it (``validate_actorder`` and
+    ``ActivationOrdering``'s aliases): true / 'group' / 'dynamic' -> 'group' (the inputs quantized in activation
+    order, the groups cut from that order, ``weight_g_idx`` stored), 'weight' / 'static' -> 'weight' (the order
+    only steers GPTQ; consecutive groups, no g_idx), false / null -> None; anything else an InspectError naming it."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return "group"
+    v = value.lower() if isinstance(value, str) else value
+    if v in ("group", "dynamic"):
+        return "group"
+    if v in ("weight", "static"):
+        return "weight"
+    raise InspectError(f"{where}.weights.actorder is {value!r}: expected 'group' / 'dynamic', 'weight' / 'static', "
+                       f"true, false or null (compressed-tensors' ActivationOrdering)")
 
 
 def _ct_args(name: str, g, top_fmt) -> Optional[tuple[list, CtArgs]]:
@@ -1314,13 +1335,15 @@ def _ct_args(name: str, g, top_fmt) -> Optional[tuple[list, CtArgs]]:
                            f"{list(CT_STRATEGIES_READ)} are read")
     if strategy == "group" and (isinstance(gs, bool) or not isinstance(gs, int) or gs < 1):
         raise InspectError(f"{where}.weights.group_size is {gs!r}: strategy 'group' needs a positive group_size")
-    if w.get("actorder") == "group":
-        raise InspectError(f"{where}.weights.actorder is 'group': its weight_g_idx permutes the inputs into groups, "
-                           f"which is not supported (actorder 'weight' or null keeps consecutive-input groups)")
+    actorder = ct_actorder(w.get("actorder"), where)
+    if actorder == "group" and strategy != "group":
+        raise InspectError(f"{where}.weights.actorder is {w.get('actorder')!r} with strategy {strategy!r}: group "
+                           f"activation ordering needs the group strategy (compressed-tensors' QuantizationArgs "
+                           f"refuses it otherwise; no weight_g_idx to follow)")
     if w.get("dynamic") not in (None, False):
         raise InspectError(f"{where}.weights.dynamic is {w.get('dynamic')!r}: stored weights need static scales "
                            f"(dynamic false)")
-    return list(targets), CtArgs(name, fmt, bits, sym, strategy, gs if strategy == "group" else None)
+    return list(targets), CtArgs(name, fmt, bits, sym, strategy, gs if strategy == "group" else None, actorder)
 
 
 def _ct_target_match(name: str, target: str, cls: bool = False) -> bool:
@@ -1387,7 +1410,8 @@ def _ct_config_schemes(modules: list[Module], cfg: ModelConfig) -> Optional[dict
 def _ct_shaped_args(m: Module, ckpt: Checkpoint) -> Optional[CtArgs]:
     """Without a quantization_config: compressed-tensors' pack-quantized names and shapes (``weight_packed`` int32
     [N, ceil(K*b/32)] at exactly one of b = 2 / 4 / 8, ``weight_shape``, ``weight_scale`` [N, G] / [N, 1] / [1] and
-    a ``weight_zero_point``: int32 [ceil(N*b/32), G] packed, or int8 [N, G] / [1]) give the scheme; None otherwise."""
+    a ``weight_zero_point``: int32 [ceil(N*b/32), G] packed, or int8 [N, G] / [1]; a ``weight_g_idx`` next to group
+    scales: actorder 'group') give the scheme; None otherwise."""
     n, k = m.logical
     if not (m.weight.name.endswith(".weight_packed") and m.weight.dtype == "I32" and m.shape_t is not None
             and m.zeros is not None and m.scale is not None and len(m.weight.shape) == 2):
@@ -1402,7 +1426,8 @@ def _ct_shaped_args(m: Module, ckpt: Checkpoint) -> Optional[CtArgs]:
     if len(s) != 2 or s[0] != n or k % s[1]:
         return None
     return (CtArgs("(names and shapes)", "pack-quantized", b, False, "channel", None) if s[1] == 1 else
-            CtArgs("(names and shapes)", "pack-quantized", b, False, "group", k // s[1]))
+            CtArgs("(names and shapes)", "pack-quantized", b, False, "group", k // s[1],
+                   "group" if m.g_idx is not None else None))  # weight_g_idx: stored with actorder 'group' only
 
 
 def _ct_check(m: Module, a: CtArgs, ckpt: Checkpoint) -> dict:
@@ -1414,11 +1439,18 @@ def _ct_check(m: Module, a: CtArgs, ckpt: Checkpoint) -> dict:
     lo, hi = -(1 << (b - 1)), (1 << (b - 1)) - 1
     parts = [p for p, _ in m.parts]
     lay = f"compressed-tensors {a.label()} (config group {a.group}) stores the logical {n}x{k} matrix of {parts} as"
-    for t in (m.g_idx, *m.hqq_meta.values()):
-        if t is not None:
-            raise InspectError(f"{t.file}: tensor {t.name!r} next to weight {m.weight.name!r} is not part of "
-                               f"compressed-tensors' layout for {a.label()} (extra key; weight_g_idx comes with "
-                               f"actorder 'group', which is not supported)")
+    for t in m.hqq_meta.values():
+        raise InspectError(f"{t.file}: tensor {t.name!r} next to weight {m.weight.name!r} is not part of "
+                           f"compressed-tensors' layout for {a.label()} (extra key)")
+    if m.g_idx is not None and a.actorder != "group":
+        raise InspectError(f"{m.g_idx.file}: tensor {m.g_idx.name!r} next to weight {m.weight.name!r} is not part of "
+                           f"compressed-tensors' layout for {a.label()} (config group {a.group}): its compressors "
+                           f"store weight_g_idx only with weights.actorder 'group' (extra key, or actorder should be "
+                           f"'group')")
+    if a.actorder == "group" and m.g_idx is None:
+        raise InspectError(f"{m.where()}: weight_g_idx missing: config group {a.group} says weights.actorder 'group', "
+                           f"so compressed-tensors stores {m.prefix + '.weight_g_idx'!r} int32 [K] = [{k}] (the group "
+                           f"of each input) next to it; without it the groups of the stored scales are unknown")
     if a.strategy == "group" and k % a.group_size:
         raise InspectError(f"{m.where()}: K = {k} inputs for {parts} is not a multiple of group_size {a.group_size} "
                            f"(config group {a.group}; compressed-tensors' _process_group refuses such a weight)")
@@ -1454,9 +1486,16 @@ def _ct_check(m: Module, a: CtArgs, ckpt: Checkpoint) -> dict:
                         "compressed-tensors' calculate_qparams replaces a zero scale by its dtype's eps")
     kw = {"group": dict(granularity="group", group_size=a.group_size), "channel": dict(granularity="channel"),
           "tensor": dict(granularity="tensor")}[a.strategy]
+    act_order = False
+    if a.actorder == "group":  # weight_g_idx: compressed-tensors' _process_group sorts the inputs by it
+        try:
+            gi = group_index(ckpt.get(m.g_idx.name), k, a.group_size, key=m.g_idx.name, name=str(m.g_idx.file))
+        except FormatError as e:
+            raise InspectError(f"{e} (config group {a.group}: {a.label()})") from None
+        act_order = not torch.equal(gi, torch.arange(k) // a.group_size)
     out = dict(bits=b if packed else 8, codes=offset_table(b, 1 << (b - 1)) if packed else twos_complement_table(8),
                pad_code=0 if packed else None, fields=(pf if 32 % b else None) if packed else None, scale_kw=kw,
-               zero_kw=None, zero_pack=None, generation=None)
+               zero_kw=None, zero_pack=None, generation=None, act_order=act_order)
     z = m.zeros
     if a.symmetric:
         if z is not None:
@@ -1523,6 +1562,7 @@ def detect_ct_asym(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, fi
         m.codes, m.pad_code, m.fields = got["codes"], got["pad_code"], got["fields"]
         m.scale_kw = [dict(got["scale_kw"])] * len(m.parts)
         m.zero_kw, m.zero_pack = got["zero_kw"], got["zero_pack"]
+        m.act_order = got["act_order"]
         gens[got["generation"] or "none"] = gens.get(got["generation"] or "none", 0) + 1
     labels = sorted({schemes[m.prefix].label() for m in packed})
     findings.append(Finding(
@@ -1535,7 +1575,21 @@ def detect_ct_asym(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, fi
            "none": "none (symmetric groups)"}
     findings.append(Finding("zero point", "per-group / per-channel zero points (symmetric false): W = scale * (q - z)",
                             "; ".join(f"{n} modules: {say[g]}" for g, n in sorted(gens.items())), "high (structure)"))
+    _act_order_finding(packed, findings, "config.json weights.actorder 'group': weight_g_idx int32 [K] next to each "
+                                         "weight")
     return True
+
+
+def _act_order_finding(modules: list[Module], findings: list[Finding], why: str) -> None:
+    """The report's line for act-order group indices (Module.act_order), if any module has one."""
+    perm = [m for m in modules if m.act_order]
+    if not perm:
+        return
+    findings.append(Finding(
+        "act-order", f"act-order g_idx, groups permuted ({len(perm)} modules): input k takes the scale / zero point "
+        f"of group g_idx[k]", f"{why}; each a permutation of arange(K) // group_size (e.g. {perm[0].g_idx.name!r}); "
+        f"{sum(1 for m in modules if m.g_idx is not None and not m.act_order)} trivial ones dropped",
+        "high (structure)"))
 
 
 def _refuse_stray_hqq_meta(modules: list[Module]) -> None:
@@ -1681,29 +1735,87 @@ def _group_size(k: int, g: int) -> Optional[int]:
 ASYMMETRIC = "asymmetric"
 
 
+def _ct_actorders(q: dict) -> list:
+    """[(targets, ('actorder', value))] of a compressed-tensors quantization_config's groups with weights, for
+    ``_ct_scheme_of`` (the value ``ct_actorder`` normalises: 'group', 'weight' or None)."""
+    groups = q.get("config_groups") or {}
+    out = []
+    for name, g in (groups.items() if isinstance(groups, dict) else ()):
+        w = g.get("weights") if isinstance(g, dict) else None
+        if isinstance(w, dict):
+            where = f"{CT_WHERE}.config_groups.{name}"
+            out.append((list(g.get("targets") or []), ("actorder", ct_actorder(w.get("actorder"), where))))
+    return out
+
+
+def _act_order_why(q: dict, method: str) -> str:
+    """The evidence line of the act-order finding for a config (check_zero_points)."""
+    if method == "gptq":
+        return (f"config.json desc_act {q.get('desc_act')!r}, static_groups {q.get('static_groups', False)!r} "
+                f"(AutoGPTQ / GPTQModel: groups cut from the inputs in activation order)")
+    if method == "compressed-tensors":
+        return "config.json weights.actorder 'group': weight_g_idx int32 [K] next to each weight"
+    return "no quantization_config: read from the g_idx tensors alone"
+
+
+def _declared_act_order(m: Module, q: dict, method: str, ct_orders: list) -> tuple[bool, str]:
+    """(whether config.json declares act-order groups for module ``m``, the config key that says so): GPTQ
+    quantization_config.desc_act (AutoGPTQ / GPTQModel), or the weights.actorder of the compressed-tensors config
+    group that matches each of its parts (as vLLM's find_matched_target picks it)."""
+    if method == "gptq":
+        return bool(q.get("desc_act")), f"quantization_config.desc_act {q.get('desc_act')!r}"
+    if method == "compressed-tensors":
+        found = {_ct_scheme_of(hf, ct_orders) for hf, _ in m.parts}
+        vals = {f[1] if f else None for f in found}
+        val = next(iter(vals)) if len(vals) == 1 else None
+        return val == "group", (f"weights.actorder {val!r} in the config group of {m.parts[0][0]}" if len(vals) == 1
+                                else f"different weights.actorder for the fused parts {[p for p, _ in m.parts]}")
+    return False, f"quantization_config.quant_method {method!r}, which writes no act-order index"
+
+
 def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Finding],
                       cfg: Optional[ModelConfig] = None):
     """GPTQ-style qzeros / g_idx.  One constant zero point (symmetric, ``sym=True``): folded into the code
     table; returns the zero *code* implied (v1 stores z - 1) or None without zero points.  Zero points that
     differ between groups (``sym=False``): every module's become per-group zero points (``Module.zero_kw``,
     packed qzeros unpacked through ``Module.zero_pack``, whose code table adds v1's 1 back) and the answer is
-    ``ASYMMETRIC`` (the weight codes then decode to q itself).  A trivial g_idx is required either way."""
+    ``ASYMMETRIC`` (the weight codes then decode to q itself).  A g_idx (GPTQ, or compressed-tensors'
+    weight_g_idx of a symmetric group) is checked (``formats.group_index``: int [K], values in [0, G), a
+    permutation of arange(K) // group_size): the trivial one is dropped, another is an act-order group index
+    (``Module.act_order``) where the config says so (GPTQ desc_act true, compressed-tensors actorder 'group', or no
+    quantization_config), an InspectError naming the key otherwise; a module without g_idx where the config says
+    act-order is an error too."""
     q = (cfg.quantization or {}) if cfg is not None else {}
     v2 = str(q.get("checkpoint_format", "")).lower() == "gptq_v2"
+    method = str(q.get("quant_method") or "").lower()
+    ct_orders = _ct_actorders(q) if method == "compressed-tensors" else []
     zs, per = set(), {}
     for m in modules:
         gs = next((kw["group_size"] for kw in m.scale_kw if kw and kw.get("granularity") == "group"), None)
+        k = m.logical[1]
+        order, order_key = _declared_act_order(m, q, method, ct_orders)
         if m.g_idx is not None:
-            gi = ckpt.get(m.g_idx.name).to(torch.int64)
-            k = m.logical[1]
             # no group scales (per-channel / per-tensor, e.g. GPTQ group_size -1, or one group as wide as K):
             # the whole row is group 0, and the trivial g_idx is all zeros
-            if gi.numel() != k:
-                raise InspectError(f"{m.g_idx.file}: tensor {m.g_idx.name!r} has {gi.numel()} elements, expected one "
-                                   f"per input: K = {k}")
-            if not torch.equal(gi, torch.arange(k) // (gs or k)):
-                raise InspectError(f"{m.g_idx.file}: tensor {m.g_idx.name!r} is not arange(K) // group_size "
-                                   f"(K={k}, group_size={gs or k}): act-order (desc_act) permutations are not supported")
+            if m.g_idx.numel != k:
+                raise InspectError(f"{m.g_idx.file}: tensor {m.g_idx.name!r} has {m.g_idx.numel} elements, expected "
+                                   f"one per input: K = {k}")
+            try:
+                gi = group_index(ckpt.get(m.g_idx.name), k, gs or k, key=m.g_idx.name, name=str(m.g_idx.file))
+            except FormatError as e:
+                raise InspectError(f"{e} (the group index of {m.weight.name!r}, group_size {gs or k} from its "
+                                   f"scales)") from None
+            m.act_order = not torch.equal(gi, torch.arange(k) // (gs or k))
+            if m.act_order and method and not order:
+                fix = "desc_act: true" if method == "gptq" else "weights.actorder: 'group'"
+                raise InspectError(f"{m.g_idx.file}: tensor {m.g_idx.name!r} permutes the inputs into groups (an "
+                                   f"act-order group index, not arange(K) // {gs}), but config.json says "
+                                   f"{order_key}: readers that follow the config take consecutive groups; fix the "
+                                   f"config ({fix}) or the tensor")
+        elif m.packed and order and gs is not None:
+            raise InspectError(f"{m.where()}: no g_idx next to it, but config.json says {order_key}: the stored "
+                               f"scales are those of act-order groups, and without {m.prefix}.g_idx (the group of "
+                               f"each input; compressed-tensors: weight_g_idx) they cannot be placed")
         if m.zeros is not None:
             raw = ckpt.get(m.zeros.name)
             n, k = m.logical
@@ -1730,6 +1842,7 @@ def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Fi
                 per[m.prefix] = (zspec if v2 else zspec.replace(codes=tuple(range(1, (1 << zb) + 1))), True, gs or k)
             zs |= {(v, len(vals) > 1) for v in vals}
     if not zs:
+        _act_order_finding(modules, findings, _act_order_why(q, method))
         return None
     values = {v for v, _ in zs}
     floating = any(zpk is None for zpk, _, _ in per.values())
@@ -1749,6 +1862,7 @@ def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Fi
                 zpk, transposed, gs = per[m.prefix]
                 m.zero_kw = dict(granularity="group", group_size=gs, **({"transposed": True} if transposed else {}))
                 m.zero_pack = zpk
+        _act_order_finding(modules, findings, _act_order_why(q, method))
         findings.append(Finding(
             "zero point", "per-group zero points (asymmetric, GPTQ sym=False): W = scale * (q - z)",
             f"{len(per)} zero point tensors take {len(values)} distinct stored values ({sorted(values)[:6]}"
@@ -1756,6 +1870,7 @@ def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Fi
             + ("float zero points store z" if floating else "checkpoint_format gptq_v2: qzeros store z" if v2
                else "GPTQ v1 qzeros store z - 1"), "high"))
         return ASYMMETRIC
+    _act_order_finding(modules, findings, _act_order_why(q, method))
     z = int(next(iter(values)))
     if floating or v2:  # the zero point itself
         why = "float zero points" if floating else "config checkpoint_format gptq_v2"

@@ -68,7 +68,9 @@ def mapping_rows(res) -> list[str]:
                             f"{'; shard ' + repr(shard) if shard else ''} |")
         zero_what = ("per-group zero points: values = q - zero (HQQ), vLLM `weight_zero` (dense fallback)"
                      if m.zero_kw else "folded into code table (constant)")
-        for extra, what in ((m.zeros, zero_what), (m.g_idx, "checked trivial, dropped"),
+        gidx_what = ("act-order g_idx, groups permuted: input k takes the scale / zero point of group g_idx[k]"
+                     if m.act_order else "checked trivial, dropped")
+        for extra, what in ((m.zeros, zero_what), (m.g_idx, gidx_what),
                             (m.shape_t, "checked against config, dropped")):
             if extra is not None:
                 rows.append(f"| `{extra.name}` | - | {what} |")

@@ -18,7 +18,7 @@ import torch
 
 from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig
-from .formats import FormatError, PackSpec, ScaleSpec, code_lut, unpack_codes
+from .formats import FormatError, PackSpec, ScaleSpec, code_lut, group_index, unpack_codes
 from .scan import CONTAINER_OF, INT_DTYPES
 from .spec import (CheckpointSpec, DecodedLinear, LinearEntry, decode_linear, finish_linear, subtract_zero,
                    zero_points)
@@ -194,7 +194,8 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
             linears[hf] = LinearEntry(weight_key=m.weight.name, shape=m.logical, pack=pk, scale=sc,
                                       rows=rows if len(m.parts) > 1 else None,
                                       bias_key=m.bias.name if m.bias is not None else None, zero=zero_spec(m),
-                                      levels=m.levels, zero_pack=m.zero_pack)
+                                      levels=m.levels, zero_pack=m.zero_pack,
+                                      g_idx=m.g_idx.name if m.act_order else None)
     # BitNet b1.58 quantises activations to int8, unless no linear is ternary / packed at all: a float
     # checkpoint (every weight an unconstrained float) runs plain linears, as transformers does and as
     # spec_for's "unquantized" spec says
@@ -205,7 +206,7 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
     ignored = {}
     for m in modules:
         for t, why in ((None if m.zero_kw else m.zeros, "constant zero point, folded into the code table"),
-                       (m.g_idx, "g_idx == arange(K) // group_size (no act-order)"),
+                       (None if m.act_order else m.g_idx, "g_idx == arange(K) // group_size (no act-order)"),
                        (m.shape_t, "logical shape, checked against config.json")):
             if t is not None:
                 ignored[t.name] = why
@@ -284,8 +285,10 @@ class DecodeCache:
                 if m.zero_kw:  # values = q - zero (ternary HQQ: must be ternary, or the candidate is invalid)
                     zs = zero_spec(m)
                     if m.zeros.name not in self.zeros:  # the same for every candidate: expanded once
+                        gi = group_index(self.ckpt.get(m.g_idx.name), m.logical[1], zs.group_size, key=m.g_idx.name,
+                                         name=str(m.g_idx.file)) if m.act_order else None
                         self.zeros[m.zeros.name] = zero_points(self.ckpt.get(m.zeros.name), zs, m.logical, m.where(),
-                                                               m.zero_pack)
+                                                               m.zero_pack, gi)
                     v = subtract_zero(v, None, zs, m.logical, m.where(), z=self.zeros[m.zeros.name],
                                       ternary=m.levels == "ternary")
                 h.update(v.numpy().tobytes())

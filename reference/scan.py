@@ -182,6 +182,8 @@ def classify(st: TensorStats) -> str:
         if len(st.shape) == 2:
             return "packed"
         return "other_int"
+    if "g_idx" in leaf:  # a group index stored as floats: named by its key, refused by formats.group_index
+        return "index"
     if "scale" in leaf or leaf in ("scales", "alpha", "s", "weight_s"):
         return "scale"
     if "zero" in leaf:

@@ -193,13 +193,77 @@ def test_asymmetric_gptq_zero_points(tmp_path):
     assert torch.equal(got, torch.where(moved, t - 1, t))
 
 
-def test_act_order_g_idx(tmp_path):
+def test_permuted_g_idx_under_desc_act_false_is_named(tmp_path, capsys):
+    """A valid act-order index (a permutation of arange(K) // 64) in a checkpoint whose config says desc_act false:
+    readers that follow the config take consecutive groups, so the disagreement is an error naming the tensor and
+    the key, not a silent choice."""
     d = tmp_path / "gptq"
     synth.write("gptq", synth.Logical.from_dir(TRAINED), d)
     gi = "model.layers.0.mlp.down_proj.g_idx"
     edit(d, lambda sd: sd.__setitem__(gi, sd[gi].flip(0).contiguous()))
-    with pytest.raises(InspectError, match=r"g_idx.*act-order"):
+    with pytest.raises(InspectError, match=rf"tensor '{gi}' permutes the inputs into groups .*config.json says "
+                                           rf"quantization_config.desc_act False.*fix the config \(desc_act: true\)"):
         inspect_dir(d, use_loss=False)
+    assert gi in cli_error(d, capsys)
+
+
+GI = "model.layers.0.mlp.down_proj.g_idx"  # K = 384: 6 groups of 64
+
+
+def _shuffle_one(t: torch.Tensor) -> torch.Tensor:
+    """Input 5 moved to the next group: groups of 63 and 65 inputs."""
+    t = t.clone()
+    t[5] = (int(t[5]) + 1) % 6
+    return t
+
+
+@pytest.mark.parametrize("case,fn,want", [
+    ("wrong length", lambda t: t[:-1].contiguous(), rf"tensor '{GI}' has 383 elements, expected one per input: K = 384"),
+    ("out of range", lambda t: torch.where(torch.arange(384) == 7, 6, t).to(torch.int32),
+     rf"group index '{GI}': input 7 is in group 6, outside \[0, 6\)"),
+    ("negative", lambda t: torch.where(torch.arange(384) == 0, -1, t).to(torch.int32),
+     rf"group index '{GI}': input 0 is in group -1, outside \[0, 6\)"),
+    ("group sizes", _shuffle_one, rf"group index '{GI}': group \d holds (63|65) inputs, expected 64: an act-order "
+                                  rf"index is a permutation of arange\(K\) // group_size"),
+    ("float (NaN)", lambda t: torch.where(torch.arange(384) == 3, float("nan"), t.float()),
+     rf"group index '{GI}' is float32, expected an integer tensor"),
+])
+def test_act_order_g_idx_is_checked(tmp_path, case, fn, want, capsys):
+    """A GPTQ desc_act checkpoint whose g_idx is damaged: the error names the file, the tensor and what it must
+    hold (one group per input, values in [0, G), each group group_size inputs, an integer dtype), from the API and
+    the CLI; the same checks guard a decode through an already written spec."""
+    from reference.decode import effective_weights
+    from reference.spec import CheckpointSpec
+
+    d = tmp_path / "gptq"
+    synth.write("gptq-asym-int4-actorder", synth.Logical.from_dir(TRAINED), d)
+    assert inspect_main([str(d), "--no-loss"]) == 0
+    assert CheckpointSpec.load(d / "ternary_spec.json").linears["model.layers.0.mlp.down_proj"].g_idx == GI
+    edit(d, lambda sd: sd.__setitem__(GI, fn(sd[GI])))
+    with pytest.raises(InspectError, match=want):
+        inspect_dir(d, use_loss=False)
+    assert GI in cli_error(d, capsys), case
+    # the spec written before the damage: its decode checks the index itself (formats.group_index)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: " + (
+            rf"group index '{GI}' has shape \[383\], expected \[384\]" if case == "wrong length" else want)):
+        effective_weights(d, validate=False)
+
+
+def test_act_order_config_and_tensors_must_agree(tmp_path, capsys):
+    """desc_act true with a module that has no g_idx (the groups of its scales cannot be placed), NaN scales in an
+    act-order checkpoint: errors naming the tensor; static_groups (trivial g_idx) reads as consecutive groups."""
+    d = tmp_path / "gptq"
+    synth.write("gptq-asym-int4-actorder", synth.Logical.from_dir(TRAINED), d)
+    edit(d, lambda sd: sd.pop(GI))
+    with pytest.raises(InspectError, match=r"down_proj.qweight.*no g_idx next to it, but config.json says "
+                                           r"quantization_config.desc_act True"):
+        inspect_dir(d, use_loss=False)
+    synth.write("gptq-asym-int4-actorder", synth.Logical.from_dir(TRAINED), d)
+    sc = "model.layers.0.mlp.down_proj.scales"
+    edit(d, lambda sd: sd[sc].__setitem__((1, 2), float("nan")))
+    with pytest.raises(InspectError, match=rf"scale tensor '{sc}' has 1 NaN/Inf values"):
+        inspect_dir(d, use_loss=False)
+    assert sc in cli_error(d, capsys)
 
 
 AWQ_MOD = "model.layers.1.self_attn.k_proj"  # logical 64 x 128: AutoAWQ g64 stores qweight [128, 8], qzeros [2, 8]
@@ -443,7 +507,11 @@ def _ct_weights(**kw):
                               r"asymmetric group 64.*weight_packed int32 \[N, ceil\(K/4\)\] = \[\d+, (?!\1\])\d+\]"),
     (_ct_weights(type="float"), r"weights.type is 'float': only integer weights"),
     (_ct_weights(strategy="block"), r"weights.strategy is 'block'.*only \['group', 'channel', 'tensor'\]"),
-    (_ct_weights(actorder="group"), r"weights.actorder is 'group': its weight_g_idx permutes"),
+    (_ct_weights(actorder="group"), r"_proj.weight_packed': weight_g_idx missing: config group group_0 says "
+                                    r"weights.actorder 'group'.*'model.layers.\d.\w+.\w+.weight_g_idx' int32 \[K\] = \[\d+\]"),
+    (_ct_weights(actorder="group", strategy="channel", group_size=None),
+     r"weights.actorder is 'group' with strategy 'channel': group activation ordering needs the group strategy"),
+    (_ct_weights(actorder="sideways"), r"weights.actorder is 'sideways': expected 'group' / 'dynamic', 'weight'"),
     (_ct_weights(dynamic=True), r"weights.dynamic is True"),
     (_ct_weights(group_size=100), r"K = \d+ inputs .* not a multiple of group_size 100"),
     (_ct_weights(group_size=128), r"weight_scale' is BF16 \[128, 6\].*group 128.*weight_scale \(float\) \[128, 3\]"),

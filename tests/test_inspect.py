@@ -33,6 +33,12 @@ GROUP_JITTER = {"tq2_0": 256, "tq1_0": 256, "hqq": 64, "hqq-meta": 64,  # per-bl
                 "hqq-axis0": 64, "hqq-axis0-meta": 64}  # inputs; HQQ: one scale per group)
 AXIS0_JITTER = {"hqq-axis0", "hqq-axis0-meta"}  # HQQ axis=0: the groups are columns of W's [64, N*K/64] view
 SCALE_RTOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3}  # rounding of a stored scale
+ACT_ORDER_JITTER = {"gptq-actorder"}  # per-group scales over synth's act-order groups (actorder_g_idx)
+
+
+def _actorder_jitter(logical: synth.Logical, group_size: int = 64) -> synth.Logical:
+    gi = {m: synth.actorder_g_idx(p, group_size) for m, p in synth.actorder_perms(logical).items()}
+    return logical.with_group_jitter(group_size, seed=1, g_idx=gi)
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +72,8 @@ def test_recovers_public_format(fmt, logical, trained_loss, tmp_path):
     lg = logical.with_channel_jitter(seed=1) if fmt in JITTER else logical
     if fmt in GROUP_JITTER:  # block scales that differ block to block (a misplaced d shows)
         lg = logical.with_group_jitter(GROUP_JITTER[fmt], seed=1, axis=0 if fmt in AXIS0_JITTER else 1)
+    if fmt in ACT_ORDER_JITTER:  # scales that differ between the act-order groups (a misplaced g_idx shows)
+        lg = _actorder_jitter(logical)
     out = tmp_path / fmt
     truth = synth.write(fmt, lg, out, shards=2 if fmt == "gptq" else 1)
     res = inspect_dir(out)
@@ -73,8 +81,8 @@ def test_recovers_public_format(fmt, logical, trained_loss, tmp_path):
     rtol = {"bitnet-gpu": 8e-3, "int8-ternary": 8e-3, "trilm": 0.05, "trilm-row": 0.05}.get(fmt, 1e-3)
     check_recovered(out, res.spec, truth, lg, rtol)
     # the reference reproduces the trained model's loss (jittered channel scales move it a hair)
-    assert res.loss == pytest.approx(trained_loss, abs=0.03 if fmt in JITTER | set(GROUP_JITTER) | {"trilm", "trilm-row"}
-                                     else 0.01)
+    assert res.loss == pytest.approx(trained_loss, abs=0.03 if fmt in JITTER | set(GROUP_JITTER) | ACT_ORDER_JITTER
+                                     | {"trilm", "trilm-row"} else 0.01)
     # every decode that differs from the chosen one is far worse
     wrong = [s for s in res.scored[1:] if s.loss != res.scored[0].loss and s.loss != float("inf")]
     if wrong:
@@ -666,14 +674,21 @@ def test_gptq_asymmetric_zero_points_recovered(fmt, logical, tmp_path):
     for use_loss in (False, True):
         res = inspect_dir(out, use_loss=use_loss)
         ck = Checkpoint(out)
+        permuted = "actorder" in fmt and not fmt.endswith(("-static", "-row"))  # static groups / one group: trivial
         for mod in truth.ternary:
             e = res.spec.linears[mod]
             assert e.pack.codes == tuple(range(1 << bits)) and e.zero.key == f"{mod}.qzeros" and e.zero.transposed
-            assert e.zero_pack.codes[0] == (0 if fmt.endswith("-v2") else 1)
+            assert e.zero_pack.codes[0] == (0 if "-v2" in fmt else 1)
+            assert e.g_idx == (f"{mod}.g_idx" if permuted else None), mod
+            assert (f"{mod}.g_idx" in res.spec.ignored) is not permuted
             d = decode_linear(ck, e, mod)
             assert torch.equal(d.values.to(torch.int16), truth.ternary[mod]), mod
             assert torch.equal(d.effective(), truth.effective(mod)), mod
+            if permuted:  # the index matters: consecutive groups decode to another weight
+                plain = decode_linear(ck, dataclasses.replace(e, g_idx=None), mod)
+                assert not torch.equal(plain.effective(), truth.effective(mod)), mod
         assert f"{HQQ_MOD}.qzeros" not in res.spec.ignored
+        assert any(f.what == "act-order" for f in res.findings) is permuted
         assert any(f.what == "zero point" and "per-group" in f.decision for f in res.findings)
         again = CheckpointSpec.from_dict(json.loads(json.dumps(res.spec.to_dict())))
         assert again == res.spec
@@ -879,6 +894,8 @@ def test_compressed_tensors_asym_recovered(fmt, logical, tmp_path):
             gran = (e.zero.key, e.zero.granularity, e.zero.group_size)
             assert gran == (f"{mod}.weight_zero_point", strategy, 64 if strategy == "group" else None), mod
             assert (e.scale.key, e.scale.granularity, e.scale.op) == (f"{mod}.weight_scale", strategy, "multiply")
+            permuted = "-actorder" in fmt and not fmt.endswith("-weight")  # actorder 'weight' stores no g_idx
+            assert e.g_idx == (f"{mod}.weight_g_idx" if permuted else None), mod
             d = decode_linear(ck, e, mod)
             assert torch.equal(d.values.to(torch.int16), truth.ternary[mod]), mod
             assert torch.equal(d.effective(), truth.effective(mod)), mod
@@ -973,6 +990,93 @@ def test_compressed_tensors_asym_config_variants(logical, tmp_path):
 # HQQ meta tensors and axis=0 grouping (mobiusml/hqq; the rule is in reference/inspect.py's docstring)
 
 HQQ_MOD = "model.layers.1.self_attn.k_proj"  # logical 64 x 128: not square
+
+
+ACT_MOD = "model.layers.0.mlp.down_proj"  # K = 384: six groups of 64
+
+
+def test_act_order_report_and_trivial_g_idx_unchanged(logical, tmp_path):
+    """The report's key table says what happens to each g_idx: an act-order index is used ("act-order g_idx,
+    groups permuted"), a trivial one (desc_act false; desc_act with static_groups) is "checked trivial, dropped"
+    and listed under ``ignored`` as before, with no g_idx in the spec's JSON (old specs byte-for-byte the same
+    form) and no act-order finding."""
+    from reference.inspect import main as inspect_main
+
+    for fmt, permuted in (("gptq-asym-int4-actorder", True), ("gptq-asym-int4", False),
+                          ("gptq-asym-int4-actorder-static", False), ("gptq", False)):
+        out = tmp_path / fmt
+        synth.write(fmt, logical, out)
+        assert inspect_main([str(out), "--no-loss"]) == 0
+        report = (out / "ternary_spec.md").read_text()
+        raw = json.loads((out / "ternary_spec.json").read_text())
+        row = next(r for r in report.splitlines() if r.startswith(f"| `{ACT_MOD}.g_idx` | - |"))  # key table
+        if permuted:
+            assert "act-order g_idx, groups permuted" in row and raw["linears"][ACT_MOD]["g_idx"] == f"{ACT_MOD}.g_idx"
+            assert f"{ACT_MOD}.g_idx" not in raw.get("ignored", {}) and "act-order" in report
+        else:
+            assert "checked trivial, dropped" in row, (fmt, row)
+            assert not any("g_idx" in e for e in raw["linears"].values()), fmt
+            assert raw["ignored"][f"{ACT_MOD}.g_idx"] == "g_idx == arange(K) // group_size (no act-order)"
+            assert "act-order g_idx, groups permuted" not in report
+
+
+@pytest.mark.parametrize("fmt", ["gptq-asym-int4-actorder", "compressed-tensors-asym-int4-actorder"])
+def test_act_order_without_quantization_config(fmt, logical, tmp_path):
+    """Without a quantization_config the group index is read from the tensors alone (GPTQ's g_idx, compressed-
+    tensors' weight_g_idx next to group scales): the same decode, bit for bit."""
+    out = tmp_path / fmt
+    truth = synth.write(fmt, logical, out, keep_quant_config=False)
+    res = inspect_dir(out, use_loss=False)
+    ck = Checkpoint(out)
+    for mod in (ACT_MOD, CT_MOD):
+        e = res.spec.linears[mod]
+        assert e.g_idx is not None and e.g_idx.endswith("g_idx")
+        assert torch.equal(decode_linear(ck, e, mod).effective(), truth.effective(mod)), mod
+
+
+def test_compressed_tensors_g_idx_must_match_the_config(logical, tmp_path):
+    """compressed-tensors stores weight_g_idx only for actorder 'group' (compression_param_names) and always then: a
+    weight_g_idx under actorder null is an extra key (asymmetric groups) or an index the config does not declare
+    (symmetric groups, read by the general search), a missing one under actorder 'group' is named, and one with
+    groups of the wrong size is refused naming the tensor and the group."""
+    from reference.inspect import InspectError
+
+    def with_config(out, fn):
+        cfg = json.loads((out / "config.json").read_text())
+        fn(cfg["quantization_config"]["config_groups"]["group_0"]["weights"])
+        (out / "config.json").write_text(json.dumps(cfg))
+
+    asym = tmp_path / "asym"
+    synth.write("compressed-tensors-asym-int4-actorder", logical, asym)
+    with_config(asym, lambda w: w.update(actorder=None))
+    with pytest.raises(InspectError, match=r"weight_g_idx' next to weight .* not part of compressed-tensors' layout "
+                                           r".*only with weights.actorder 'group'"):
+        inspect_dir(asym, use_loss=False)
+    with_config(asym, lambda w: w.update(actorder="dynamic"))  # compressed-tensors' alias of 'group'
+    assert inspect_dir(asym, use_loss=False).spec.linears[CT_MOD].g_idx == f"{CT_MOD}.weight_g_idx"
+    sd = load_file(str(asym / "model.safetensors"))
+    gi = sd[f"{CT_MOD}.weight_g_idx"]
+    sd[f"{CT_MOD}.weight_g_idx"] = torch.where(gi == 1, 0, gi).to(torch.int32)  # K = 128: group 0 takes all
+    from safetensors.torch import save_file
+    save_file(sd, str(asym / "model.safetensors"))
+    with pytest.raises(InspectError, match=rf"group index '{CT_MOD}.weight_g_idx': group 0 holds 128 inputs, expected "
+                                           rf"64.*\(config group group_0"):
+        inspect_dir(asym, use_loss=False)
+
+    sym = tmp_path / "sym"
+    synth.write("compressed-tensors-int4-actorder", logical.requantized(4, seed=5), sym)
+    assert inspect_dir(sym, use_loss=False).spec.linears[CT_MOD].g_idx == f"{CT_MOD}.weight_g_idx"
+    with_config(sym, lambda w: w.pop("actorder"))
+    with pytest.raises(InspectError, match=r"'model.layers.\d.\w+.\w+.weight_g_idx' permutes the inputs into groups .*"
+                                           r"weights.actorder None .*fix the config \(weights.actorder: 'group'\)"):
+        inspect_dir(sym, use_loss=False)
+    with_config(sym, lambda w: w.update(actorder="group"))
+    sd = load_file(str(sym / "model.safetensors"))
+    sd.pop(f"{CT_MOD}.weight_g_idx")
+    save_file(sd, str(sym / "model.safetensors"))
+    with pytest.raises(InspectError, match=rf"'{CT_MOD}.weight_packed': no g_idx next to it, but config.json says "
+                                           rf"weights.actorder 'group'"):
+        inspect_dir(sym, use_loss=False)
 
 
 @pytest.mark.parametrize("fmt,axis,meta", [("hqq-meta", 1, True), ("hqq-axis0", 0, False),
