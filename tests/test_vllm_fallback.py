@@ -91,18 +91,19 @@ def awq_group(tmp_path_factory):
     return spec, sd, {m: truth.effective(m) for m in linears}
 
 
-def _inspected_layer0(tmp_path_factory, fmt: str):
-    """Layer 0 of the trained model written by reference.synth in ``fmt`` and inspected: the spec's layer-0 entries,
-    the stored tensors they name and the exact effective weights."""
+def _inspected_layer0(tmp_path_factory, fmt: str, lg=None):
+    """Layer 0 of the trained model (or ``lg``) written by reference.synth in ``fmt`` and inspected: the spec's
+    layer-0 entries, the stored tensors they name and the exact effective weights."""
     from reference.checkpoint import Checkpoint
     from reference.inspect import inspect_dir
 
     out = tmp_path_factory.mktemp("ct") / fmt
-    truth = synth.write(fmt, synth.Logical.from_dir(TRAINED), out)
+    truth = synth.write(fmt, lg or synth.Logical.from_dir(TRAINED), out)
     full = inspect_dir(out, use_loss=False).spec
     linears = {f"{P0}.{m}": full.linears[f"{P0}.{m}"] for m in SHAPES}
     ck = Checkpoint(out)
-    sd = {k: ck.get(k) for e in linears.values() for k in (e.weight_key, e.scale.key, e.zero.key)}
+    sd = {k: ck.get(k) for e in linears.values()
+          for k in (e.weight_key, e.scale.key, e.zero.key if e.zero else None, e.g_idx) if k}
     spec = CheckpointSpec(name=f"{fmt}-layer0", linears=linears, tensors={}, activation_quant="none")
     return spec, sd, {m: truth.effective(m) for m in linears}
 
@@ -230,6 +231,132 @@ def test_channel_zero_points_slice_under_tp(vllm_env, tp, ct_asym_channel, kind,
         else:
             want = torch.cat([f.chunk(size)[rank] for f in full])
         assert torch.equal(layer.weight.data, want), f"{fmt} {kind} TP{size} rank {rank}"
+
+
+def _act_order_lg(bits=None):
+    """The trained model (requantized to ``bits``) with multipliers per synth act-order group of 64."""
+    lg = synth.Logical.from_dir(TRAINED)
+    lg = lg.requantized(bits, seed=1) if bits else lg
+    gi = {m: synth.actorder_g_idx(p, G) for m, p in synth.actorder_perms(lg).items()}
+    return lg.with_group_jitter(G, seed=2, g_idx=gi)
+
+
+@pytest.fixture(scope="module", params=["gptq-asym-int4-actorder", "compressed-tensors-asym-int4-actorder",
+                                        "compressed-tensors-int4-actorder", "gptq-actorder", "mixed"])
+def act_order_layer0(request, tmp_path_factory):
+    """Act-order checkpoints (AutoGPTQ desc_act with per-group zero points and ternary symmetric; compressed-tensors
+    actorder 'group' symmetric false and symmetric int4), inspected, and ``_act_order_mixed``: (fmt, spec, sd, eff)
+    of layer 0."""
+    fmt = request.param
+    if fmt == "mixed":
+        return _act_order_mixed()
+    lg = _act_order_lg(4 if fmt == "compressed-tensors-int4-actorder" else None) if "asym" not in fmt else None
+    spec, sd, eff = _inspected_layer0(tmp_path_factory, fmt, lg)
+    assert all(e.g_idx is not None for e in spec.linears.values())
+    return fmt, spec, sd, eff
+
+
+def _act_order_mixed():
+    """A hand-made int4 layer 0 whose modules have *different* act-order indices (q / k / gate / down each their
+    own permutation, v and up consecutive groups without g_idx): group scales [N, K/64] and the effective weights
+    v * s[:, g_idx]."""
+    g = torch.Generator().manual_seed(7)
+    spec4 = synth.ct_spec(4)
+    linears, sd, eff = {}, {}, {}
+    for m, (n, k) in SHAPES.items():
+        mod = f"{P0}.{m}"
+        v = torch.randint(-8, 8, (n, k), generator=g, dtype=torch.int8)
+        s = (torch.rand(n, k // G, generator=g) * 0.02 + 0.005).to(torch.float16)
+        sd[f"{mod}.weight_packed"], sd[f"{mod}.weight_scale"] = pack(v, spec4), s
+        gi = torch.arange(k) // G
+        key = None
+        if m not in ("self_attn.v_proj", "mlp.up_proj"):
+            gi = synth.actorder_g_idx(torch.randperm(k, generator=g), G).long()
+            key = sd_key = f"{mod}.weight_g_idx"
+            sd[sd_key] = gi.to(torch.int32)
+        eff[mod] = v.float() * s.float()[:, gi]
+        linears[mod] = LinearEntry(weight_key=f"{mod}.weight_packed", shape=(n, k), pack=spec4, g_idx=key,
+                                   scale=ScaleSpec(key=f"{mod}.weight_scale", granularity="group", group_size=G))
+    spec = CheckpointSpec(name="synthetic-int4-act-order", linears=linears, tensors={}, activation_quant="none")
+    return "mixed", spec, sd, eff
+
+
+@pytest.mark.parametrize("kind,size", [("qkv", 1), ("qkv", 2), ("gate_up", 2), ("down", 1), ("down", 2), ("down", 4)])
+def test_act_order_groups_under_tp(vllm_env, tp, act_order_layer0, kind, size):
+    """Act-order layers: every group's scale / zero point whole on every rank (no input_dim), ``weight_g_idx`` one
+    row per module holding this rank's K slice of its index (consecutive groups for a module without one), so a
+    row-parallel split anywhere in K works (TP 4 cuts down_proj's K = 384 into 96, which a consecutive-group layer
+    refuses); each rank's dense weight is its slice of the effective weight, exactly, and differs from what
+    consecutive groups would give."""
+    from trit.vllm.quant import DenseFallbackLinearMethod, TernaryConfig
+
+    fmt, spec, sd, eff = act_order_layer0
+    for rank in range(size):
+        tp(rank, size)
+        layer = build(kind, TernaryConfig(spec))
+        qm = layer.quant_method
+        assert isinstance(qm, DenseFallbackLinearMethod) and qm.act_order
+        k = 384 if kind == "down" else 128
+        assert layer.weight_scale.shape == (layer.trit_n, k // G) and getattr(layer.weight_scale, "input_dim", None) is None
+        assert layer.weight_g_idx.shape == (len(MODS[kind]), layer.trit_k) and layer.weight_g_idx.dtype == torch.int32
+        load(layer, spec, sd)
+        full = [eff[f"{P0}.{m}"] for m in MODS[kind]]
+        if kind == "down":
+            kp = 384 // size
+            want = full[0][:, rank * kp:(rank + 1) * kp]
+        else:
+            want = torch.cat([f.chunk(size)[rank] for f in full])
+        assert not hasattr(layer, "weight_g_idx") and not hasattr(layer, "weight_scale")
+        assert torch.equal(layer.weight.data, want), f"{fmt} {kind} TP{size} rank {rank}"
+    consecutive = dataclasses.replace(spec, linears={m: dataclasses.replace(e, g_idx=None)
+                                                     for m, e in spec.linears.items()})
+    tp(0, 1)
+    layer = build(kind, TernaryConfig(consecutive))
+    load(layer, consecutive, sd)
+    assert not torch.equal(layer.weight.data, torch.cat([eff[f"{P0}.{m}"] for m in MODS[kind]])), fmt
+
+
+def test_act_order_g_idx_is_checked_at_load(vllm_env, tp):
+    """The dense fallback checks each group index as the reference does (formats.group_index): groups of the wrong
+    size are a FormatError naming the module and the tensor; an act-order module whose index never arrives is a
+    KeyMapError naming the missing tensor."""
+    from trit.vllm.quant import TernaryConfig
+
+    _, spec, sd, _ = _act_order_mixed()
+    key = f"{P0}.mlp.down_proj.weight_g_idx"
+    bad = dict(sd, **{key: torch.where(sd[key] == 1, 0, sd[key]).to(torch.int32)})
+    tp(0, 1)
+    layer = build("down", TernaryConfig(spec))
+    with pytest.raises(km.FormatError, match=rf"down_proj \(vLLM {P0}.mlp.down_proj.weight_g_idx\): group index "
+                                             rf"'{key}': group 0 holds 128 inputs, expected 64"):
+        load(layer, spec, bad)
+    layer = build("down", TernaryConfig(spec))
+    for k, targets in km.build_key_map(spec, {}).items():  # every tensor of the layer but its group index
+        for t in targets:
+            if t.param.startswith(f"{P0}.mlp.down_proj.") and t.kind != "g_idx":
+                p = getattr(layer, t.param.rsplit(".", 1)[1])
+                p.weight_loader(p, sd[k])
+    with pytest.raises(km.KeyMapError, match=rf"missing checkpoint tensor '{key}': g_idx of {P0}.mlp.down_proj"):
+        layer.quant_method.process_weights_after_loading(layer)
+
+
+def test_act_order_keys_map_to_weight_g_idx(act_order_layer0):
+    """An act-order index loads into the dense fallback's ``weight_g_idx`` (per shard, like the scales; vLLM's own
+    Llama through the rename <module>.g_idx -> <module>.weight_g_idx), the layer falls back naming the index, and a
+    trivial g_idx stays an ignored key."""
+    from trit.vllm.quant import TernaryConfig
+
+    fmt, spec, _, _ = act_order_layer0
+    e = spec.linears[f"{P0}.self_attn.k_proj"]
+    assert km.build_key_map(spec, {})[e.g_idx] == [km.Target(f"{P0}.self_attn.qkv_proj.weight_g_idx", "k", "g_idx",
+                                                             f"{P0}.self_attn.k_proj")]
+    assert km.checkpoint_renames(spec).get(e.g_idx, e.g_idx) == f"{P0}.self_attn.k_proj.weight_g_idx"
+    assert f"act-order groups of g_idx {e.g_idx!r}" in km.dense_reason(e)
+    assert set(TernaryConfig(spec).dense_modules()) == set(spec.linears)
+    trivial = dataclasses.replace(spec, linears={m: dataclasses.replace(x, g_idx=None) for m, x in spec.linears.items()},
+                                  ignored={e.g_idx: "g_idx == arange(K) // group_size (no act-order)"})
+    assert km.build_key_map(trivial, {})[e.g_idx] == [km.Target("", None, km.IGNORED)]
+    assert e.g_idx not in km.checkpoint_renames(trivial)
 
 
 def test_row_parallel_split_inside_a_group_is_an_error(vllm_env, tp, int4_group):
@@ -619,6 +746,37 @@ def test_ct_asym_checkpoint_matches_vllms_own_compressed_tensors(fmt, tmp_path):
         ref = get_target("reference").capture(d, ids, spec_path=good)
         c = compare(ref, own, order=order, dtype="bf16", target_name="vllm")
         assert c.passed, c.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt,arch", [("gptq-asym-int4-actorder", "bitnet"), ("gptq-asym-int4-actorder", "llama"),
+                                      ("compressed-tensors-asym-int4-actorder", "llama")])
+def test_act_order_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
+    """Act-order checkpoints (AutoGPTQ desc_act on BitNet and on vLLM's own Llama, whose loader gets g_idx renamed
+    to weight_g_idx and stacks q/k/v and gate/up; compressed-tensors actorder 'group' on vLLM's Llama), inspected:
+    the dense fallback places every input's scale and zero point by its group index as the reference does; BitNet's
+    int8 activations: fp32-a8 tier."""
+    d, down = _inspected_zero_point_model(fmt, arch, tmp_path)
+    assert down.g_idx is not None and down.g_idx.endswith("g_idx")
+    _vllm_within_fp32_a8_of_reference(d, arch)
+
+
+def test_vllms_own_methods_refuse_act_order_groups():
+    """Why the act-order tests have no cross-check against vLLM's own methods (as the compressed-tensors zero point
+    tests have): vLLM 0.32 refuses both act-order forms when it reads the config (AutoGPTQ desc_act with groups,
+    compressed-tensors actorder 'group'), while it still takes desc_act with group_size -1 (a trivial g_idx); if a
+    later vLLM takes them again, this fails and the cross-check should be added."""
+    from vllm.model_executor.layers.quantization.auto_gptq import AutoGPTQConfig
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
+
+    base = {"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": True, "sym": True}
+    with pytest.raises(ValueError, match="desc_act=True.*no longer supported"):
+        AutoGPTQConfig.from_config(base)
+    assert AutoGPTQConfig.from_config(dict(base, group_size=-1)).desc_act is False
+    lg = synth.Logical.from_dir(TRAINED)
+    _, qc, _ = synth.w_compressed_tensors_asym(lg, 4, "group", 64, actorder="group")
+    with pytest.raises(ValueError, match="actorder='group'.*no longer supported"):
+        CompressedTensorsConfig.from_config(qc)
 
 
 def test_hqq_axis0_group_scale_is_refused_by_name():

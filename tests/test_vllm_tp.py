@@ -100,3 +100,33 @@ def test_tp2_fused_on_disk_meta_names(tmp_path):
     limit = resolve(col)["model"].limit(float(logits.abs().max()))
     tk = topk_ids_agreement(VllmTarget("fp32", tensor_parallel_size=2).topk_ids(d, ids, 10), logits, limit)
     assert tk.passed and tk.top1_agree > 0.95, tk
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_tp2_act_order_splits_k_inside_a_group(tmp_path):
+    """TP=2 through vLLM's own Llama on AutoGPTQ desc_act checkpoints (sym=False, groups of 64): down_proj's K = 192
+    splits into 96 per rank, inside a group. Consecutive groups cannot be sliced there (named before any worker
+    starts); act-order layers keep every group's scale and zero point on every rank and slice only the group index
+    with K, so the split is fine: top-10 next tokens against the fp32 reference."""
+    from parity.targets.vllm import check_tp_shardable
+    from reference import synth
+    from reference.config import ModelConfig
+    from reference.inspect import main as inspect_main
+    from reference.make_model import Preset, write_model
+
+    base = write_model(Preset("llama", 128, 192, 2, 4, 2, 89, False, seed=39), tmp_path / "base")
+    for fmt in ("gptq-asym-int4", "gptq-asym-int4-actorder"):
+        synth.write(fmt, synth.Logical.from_dir(base), tmp_path / fmt)
+        assert inspect_main([str(tmp_path / fmt), "--no-loss"]) == 0
+    with pytest.raises(ValueError, match=r"down_proj: tensor_parallel_size 2 splits in_features 192 into 96 per rank"):
+        check_tp_shardable(tmp_path / "gptq-asym-int4", ModelConfig.load(tmp_path / "gptq-asym-int4"), 2)
+    d = tmp_path / "gptq-asym-int4-actorder"
+    assert spec_for(d).linears["model.layers.0.mlp.down_proj"].g_idx == "model.layers.0.mlp.down_proj.g_idx"
+    check_tp_shardable(d, ModelConfig.load(d), 2)
+    ids = torch.randint(3, 89, (2, 16), generator=torch.Generator().manual_seed(0))
+    logits = ReferenceModel.from_dir(d).forward(ids)
+    col = column("fp32", spec_for(d).activation_quant, bit_faithful=False)
+    limit = resolve(col)["model"].limit(float(logits.abs().max()))
+    tk = topk_ids_agreement(VllmTarget("fp32", tensor_parallel_size=2).topk_ids(d, ids, 10), logits, limit)
+    assert tk.passed and tk.top1_agree > 0.95, tk

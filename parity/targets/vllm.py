@@ -71,6 +71,8 @@ def check_tp_shardable(model_dir: Path, cfg: ModelConfig, tp: int, spec_path=Non
     for name, e in spec.linears.items():
         K = e.out_shape[1]
         G = e.scale.group_size if e.scale is not None and e.scale.granularity in ("group", "block") else None
+        if e.g_idx is not None:  # act-order: the plugin keeps every group on every rank, any K split works
+            G = None
         if name.endswith(ROW_PARALLEL) and G and K % tp == 0 and (K // tp) % G:
             raise ValueError(f"{model_dir}: {name}: tensor_parallel_size {tp} splits in_features {K} into {K // tp} "
                              f"per rank, not a multiple of its group-scale size {G} ({spec.name}: scale granularity "

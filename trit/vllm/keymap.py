@@ -106,11 +106,11 @@ class Target:
 
     param: str  # e.g. "model.layers.0.self_attn.qkv_proj.weight"
     shard_id: ShardId
-    kind: str  # "weight" | "scale" | "zero" | "bias" | "float"
+    kind: str  # "weight" | "scale" | "zero" | "g_idx" | "bias" | "float"
     hf_module: Optional[str] = None  # the spec's module name (linears only)
 
 
-#: ``Target.kind`` of a checkpoint key the spec lists under ``ignored`` (GPTQ g_idx / constant qzeros,
+#: ``Target.kind`` of a checkpoint key the spec lists under ``ignored`` (a trivial GPTQ g_idx, constant qzeros,
 #: compressed-tensors weight_shape): read and dropped by the model's load_weights
 IGNORED = "ignored"
 
@@ -134,6 +134,8 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
             add(e.scale.key, Target(f"{layer}.weight_scale", sid, "scale", mod))
         if e.zero is not None:
             add(e.zero.key, Target(f"{layer}.weight_zero", sid, "zero", mod))
+        if e.g_idx is not None:  # act-order group index: the dense fallback's weight_g_idx
+            add(e.g_idx, Target(f"{layer}.weight_g_idx", sid, "g_idx", mod))
         if e.bias_key:
             add(e.bias_key, Target(f"{layer}.bias", sid, "bias", mod))
     for hf, vname in float_params.items():
@@ -199,7 +201,8 @@ def checkpoint_renames(spec: CheckpointSpec) -> dict[str, str]:
       fused-on-disk tensor that holds any other set of modules cannot be expressed as a rename
       (``KeyMapError`` naming it: the BitNet architecture loads it, through ``build_key_map``).
 
-    In-block scales (the weight's own key) keep their names."""
+    An act-order group index (``LinearEntry.g_idx``: GPTQ ``<module>.g_idx``) loads as ``<module>.weight_g_idx``,
+    the dense fallback's parameter.  In-block scales (the weight's own key) keep their names."""
     out: dict[str, str] = {}
 
     def put(key, want):
@@ -219,6 +222,7 @@ def checkpoint_renames(spec: CheckpointSpec) -> dict[str, str]:
         put(e.weight_key, f"{mod}.weight")
         put(scale, f"{mod}.weight_scale")
         put(e.zero.key if e.zero is not None else None, f"{mod}.weight_zero")
+        put(e.g_idx, f"{mod}.weight_g_idx")
         put(e.bias_key, f"{mod}.bias")
     for key, mods in fused_on_disk.items():
         layers = {vllm_target(m)[0] for m in mods}
@@ -246,6 +250,12 @@ def checkpoint_renames(spec: CheckpointSpec) -> dict[str, str]:
         else:
             for m, e in zip(whole.values(), entries):
                 put(e.zero.key if e.zero is not None else None, f"{m}.weight_zero")
+        idx = {e.g_idx for e in entries}
+        if len(idx) == 1 and None not in idx:  # one group index for the fused tensor (its inputs are shared)
+            put(next(iter(idx)), f"{layer}.weight_g_idx")
+        else:
+            for m, e in zip(whole.values(), entries):
+                put(e.g_idx, f"{m}.weight_g_idx")
         biases = {e.bias_key for e in entries}
         if biases == {None}:
             continue
@@ -341,7 +351,8 @@ def dense_reason(entry: LinearEntry) -> Optional[str]:
     llama.cpp TQ2_0 does), or integer levels beyond {-1, 0, +1}."""
     why = []
     if entry.scale is not None and entry.scale.granularity == "group":
-        why.append(f"group-wise scale (group_size {entry.scale.group_size})")
+        why.append(f"group-wise scale (group_size {entry.scale.group_size}"
+                   + (f", act-order groups of g_idx {entry.g_idx!r})" if entry.g_idx is not None else ")"))
     if entry.scale is not None and entry.scale.granularity == "block":
         why.append(f"in-block scale (one {entry.scale.dtype} per {entry.scale.group_size}-value block, "
                    f"{entry.scale.record_bytes}-byte blocks)")

@@ -385,9 +385,10 @@ class _SpecLinearMethod(LinearMethodBase):
             if ("weight", sid) not in layer.trit_loaded:
                 raise KeyMapError(f"missing checkpoint tensor {e.weight_key!r}: {what} of {name} (vLLM "
                                   f"{self.prefix}.weight{'' if sid is None else f', shard {sid!r}'}) was never loaded")
-            for what, t in (("scale", e.scale), ("zero", e.zero)):
-                if t is not None and (what, sid) not in layer.trit_loaded:
-                    raise KeyMapError(f"missing checkpoint tensor {t.key!r}: {what} of {name} (vLLM "
+            for what, t in (("scale", e.scale), ("zero", e.zero), ("g_idx", e.g_idx)):
+                key = t if isinstance(t, str) else (t.key if t is not None else None)
+                if key is not None and (what, sid) not in layer.trit_loaded:
+                    raise KeyMapError(f"missing checkpoint tensor {key!r}: {what} of {name} (vLLM "
                                       f"{self.prefix}.weight_{what}{'' if sid is None else f', shard {sid!r}'}) was "
                                       f"never loaded")
 
@@ -836,9 +837,17 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
                      scales (per-channel / per-tensor zero points repeated over the groups, or (N_part, 1)
                      with output_dim only when the layer has no group scale; 0 for a module without), and
                      ``weight`` then holds the codes q in fp32.
+                     Act-order layers (a module with ``LinearEntry.g_idx``: GPTQ desc_act, compressed-tensors
+                     actorder 'group'): the groups are not consecutive inputs, so ``weight_scale`` /
+                     ``weight_zero`` hold all ceil(K / G) groups on every rank (no input_dim: a row-parallel
+                     split need not fall on group boundaries, as vLLM's own act-order loaders kept them whole)
+                     and ``weight_g_idx`` int32 (S, K_part), one row per module of the layer in shard order,
+                     holds each input's group (this rank's K slice; ``formats.group_index`` checks the index;
+                     arange(K) // G for a module without one).
     process_weights_after_loading
                      weight <- ((values - repeat_interleave(zero, G)) * repeat_interleave(scale, G))
-                     .to(model dtype); the staged values, zero points and scales are dropped.
+                     .to(model dtype) (act-order: zero[:, g_idx] and scale[:, g_idx] per module's rows); the
+                     staged values, zero points, scales and group indices are dropped.
     apply            with ``activation_quant: int8_per_token``: xs = 127 / absmax(x) per token
                      (all-gathered across TP for a row-parallel layer, as on the ternary path),
                      y = F.linear(round(x * xs).clamp(-128, 127), W) / xs (+ bias), i.e.
@@ -860,6 +869,8 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         self.floats = {m for m in self.modules.values() if m in quant_config.float_modules}
         # modules with per-group zero points (HQQ): their codes q, staged as float32, minus ``weight_zero``
         self.zeros = {m for m in self.modules.values() if self.spec.linears[m].zero is not None}
+        # act-order layers: a module with a group index (LinearEntry.g_idx) makes the layer's groups indexed
+        self.act_order = any(self.spec.linears[m].g_idx is not None for m in self.modules.values())
 
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], input_size: int, output_size: int,
@@ -872,13 +883,15 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
                 raise KeyMapError(f"{name}: spec says in_features {e.out_shape[1]}, vLLM layer {self.prefix!r} has "
                                   f"{input_size}")
         G = self.group_size
-        if G is not None and k_part != input_size and k_part % G:
+        if G is not None and k_part != input_size and k_part % G and not self.act_order:
             tp = getattr(layer, "tp_size", input_size // max(k_part, 1))
             raise KeyMapError(f"vLLM layer {self.prefix!r}: tensor parallelism splits its input K={input_size} over "
                               f"TP={tp} ranks into {k_part} per rank, which is not a multiple of the group size {G}, "
                               f"so its group scales cannot be sliced along the group axis; use a TP size with "
                               f"(K / TP) % {G} == 0")
-        cols = 1 if G is None else -(-k_part // G)
+        # act-order: every group on every rank (the rank's inputs belong to any of them, by weight_g_idx)
+        cols = 1 if G is None else -(-(input_size if self.act_order else k_part) // G)
+        sliced = G is not None and not self.act_order  # the group axis follows the K split
         values = Parameter(torch.zeros(n_part, k_part, dtype=torch.float32 if self.floats or self.zeros
                                        else torch.int8), requires_grad=False)
         scale_loader = self._scale_loader(layer, vllm_loader)
@@ -887,17 +900,23 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         set_weight_attrs(values, extra_weight_attrs)
         scale = Parameter(torch.ones(n_part, cols, dtype=torch.float32), requires_grad=False)
         set_weight_attrs(scale, {"output_dim": 0, "weight_loader": scale_loader})
-        if G is not None:
+        if sliced:
             set_weight_attrs(scale, {"input_dim": 1})
         layer.register_parameter("weight", values)
         layer.register_parameter("weight_scale", scale)
         if self.zeros:  # per-group zero points, laid out and sharded as the group scales (0 for other modules)
             zero = Parameter(torch.zeros(n_part, cols, dtype=torch.float32), requires_grad=False)
             set_weight_attrs(zero, {"output_dim": 0, "weight_loader": self._zero_loader(layer, vllm_loader)})
-            if G is not None:  # (N_part, 1) without a group scale: whole on every rank of a row-parallel layer
+            if sliced:  # (N_part, 1) without a group scale: whole on every rank of a row-parallel layer
                 set_weight_attrs(zero, {"input_dim": 1})
             layer.register_parameter("weight_zero", zero)
         layer.trit_n, layer.trit_k, layer.trit_dtype = n_part, k_part, params_dtype
+        if self.act_order:  # each module's group of each of this rank's inputs (consecutive until loaded)
+            k0 = self._k_start(layer, input_size, k_part)
+            gidx = Parameter((torch.arange(k0, k0 + k_part, dtype=torch.int32) // G).repeat(len(self.modules), 1),
+                             requires_grad=False)
+            set_weight_attrs(gidx, {"weight_loader": self._g_idx_loader(layer, input_size)})
+            layer.register_parameter("weight_g_idx", gidx)
         layer.trit_dense = True
         layer.trit_loaded = set()
         layer.trit_global_absmax = bool(self.act_quant and isinstance(layer, RowParallelLinear)
@@ -924,6 +943,37 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         G = self.group_size
         return self._scale_loader_with(layer, vllm_loader, lambda raw, e, m: group_mult(raw, e, m, G))
 
+    @staticmethod
+    def _k_start(layer, input_size: int, k_part: int) -> int:
+        """The first input of this rank's K slice: a row-parallel layer's rank r holds [r * K_part, (r+1) * K_part)
+        (vLLM's RowParallelLinear.weight_loader narrows at tp_rank * shard_size); other layers hold all of K."""
+        return 0 if k_part == input_size else int(getattr(layer, "tp_rank", 0)) * k_part
+
+    def _g_idx_loader(self, layer, input_size: int):
+        """Loader of ``weight_g_idx``: the checkpoint's group index of one module (or of every module of a tensor
+        fused on disk, shard id None), checked against the entry (``formats.group_index``), this rank's K slice into
+        the module's row."""
+        from reference.formats import group_index
+
+        order = list(self.modules)
+
+        def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
+            if shard_id is None and len(self.modules) > 1:
+                sids = [sid for sid, m in self.modules.items() if self.spec.linears[m].g_idx is not None]
+            else:
+                sids = [shard_id]
+            for sid in sids:
+                name, e = self._entry(sid)
+                if e.g_idx is None:
+                    raise KeyMapError(f"vLLM layer {self.prefix!r}: a group index arrived for {name}, whose spec entry "
+                                      f"has none (g_idx)")
+                gi = group_index(loaded_weight.detach().cpu(), e.shape[1], e.scale.group_size, key=e.g_idx,
+                                 name=f"{name} (vLLM {self.prefix}.weight_g_idx)")
+                k0, k_part = self._k_start(layer, input_size, param.shape[1]), param.shape[1]
+                param.data[order.index(sid)].copy_(gi[k0:k0 + k_part].to(torch.int32))
+                layer.trit_loaded.add(("g_idx", sid))
+        return load
+
     def _zero_loader(self, layer, vllm_loader):
         G = self.group_size
 
@@ -938,31 +988,51 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         self._check_loaded(layer, what="weight")
-        zero = None
+        zero, mult, G = None, layer.weight_scale.data, self.group_size
         if self.zeros:
             zero = layer.weight_zero.data
             del layer.weight_zero
-            self._check_ternary_levels(layer, zero)
-        layer.weight = Parameter(dense_weight(layer.weight.data, layer.weight_scale.data, self.group_size,
-                                              layer.trit_dtype, zero), requires_grad=False)
+        if self.act_order:  # each module's rows take their groups' columns by its index: (N_part, K_part)
+            gi = layer.weight_g_idx.data.long()
+            del layer.weight_g_idx
+            mult = self._by_index(layer, mult, gi)
+            zero = self._by_index(layer, zero, gi) if zero is not None else None
+            G = None
+        if zero is not None:
+            self._check_ternary_levels(layer, zero, G)
+        layer.weight = Parameter(dense_weight(layer.weight.data, mult, G, layer.trit_dtype, zero), requires_grad=False)
         del layer.weight_scale
 
-    def _check_ternary_levels(self, layer: torch.nn.Module, zero: torch.Tensor) -> None:
-        """The spec's ``levels: "ternary"`` (HQQ with integer zero points) checked on this rank's rows, as the
-        reference's decode does: q - z in {-1, 0, +1}, else a FormatError naming the module and its zero points."""
+    def _row_slices(self, layer: torch.nn.Module) -> list:
+        """[(rows, module)] of this rank's output rows per module of the layer, in shard order."""
         sizes = list(getattr(layer, "output_partition_sizes", None) or [layer.trit_n])
         if len(sizes) != len(self.modules):
             sizes = [layer.trit_n] if len(self.modules) == 1 else []
-        start = 0
+        out, start = [], 0
         for size, name in zip(sizes, self.modules.values()):
-            e = self.spec.linears[name]
-            rows = slice(start, start + size)
+            out.append((slice(start, start + size), name))
             start += size
+        return out
+
+    def _by_index(self, layer: torch.nn.Module, t: torch.Tensor, gi: torch.Tensor) -> torch.Tensor:
+        """Group columns (N_part, G) -> (N_part, K_part): module s's rows gathered at its group index gi[s]."""
+        slices = self._row_slices(layer)
+        if sum(r.stop - r.start for r, _ in slices) != t.shape[0]:
+            raise KeyMapError(f"vLLM layer {self.prefix!r}: output partitions {[r.stop - r.start for r, _ in slices]} "
+                              f"do not cover its {t.shape[0]} rows; cannot apply the act-order group indices")
+        return torch.cat([t[rows][:, gi[s].to(t.device)] for s, (rows, _) in enumerate(slices)]).contiguous()
+
+    def _check_ternary_levels(self, layer: torch.nn.Module, zero: torch.Tensor, group_size: Optional[int]) -> None:
+        """The spec's ``levels: "ternary"`` (HQQ with integer zero points) checked on this rank's rows, as the
+        reference's decode does: q - z in {-1, 0, +1}, else a FormatError naming the module and its zero points.
+        ``zero`` is laid out per group (``group_size``) or already per input (None)."""
+        for rows, name in self._row_slices(layer):
+            e = self.spec.linears[name]
             if e.levels != "ternary":
                 continue
             z = zero[rows].float()
-            if self.group_size is not None:
-                z = z.repeat_interleave(self.group_size, dim=1)[:, :layer.trit_k]
+            if group_size is not None:
+                z = z.repeat_interleave(group_size, dim=1)[:, :layer.trit_k]
             v = layer.weight.data[rows].float() - z
             bad = (v != v.round()) | (v.abs() > 1)
             if bool(bad.any()):
