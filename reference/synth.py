@@ -63,6 +63,9 @@ Conventions (``FORMATS`` keys):
   uint8-ternary-perm  unpacked: uint8 [N, K], codes 0->0 1->+1 2->-1, fp16 group scales [N, K/64]
   nibble-ternary      two 4-bit codes per uint8 [N, K/2], w+1, high nibble first, fp16 scale [N]
   gptq-int4-ternary   AutoGPTQ v1 int4 storing ternary (codes 7, 8, 9), qzeros z-1 = 7
+  gptq-int3-ternary   AutoGPTQ v1 int3 storing ternary (codes 3, 4, 5), qzeros z-1 = 3: qweight int32 [K/32*3, N],
+                      32 codes of 32 consecutive inputs as one bit stream in 3 words (codes straddle words), qzeros
+                      [G, N/32*3] the same along N (QuantLinear.pack's bits == 3 branch; PackSpec codec 'bitstream')
   compressed-tensors-int4-ternary
                       pack-quantized num_bits=4: int32 [N, K/8], code v+8 (ternary uses 7, 8, 9),
                       group scales [N, K/64]
@@ -94,6 +97,9 @@ AutoGPTQ's find_params / quantize, per-group integer zero points; take any ``Log
                       desc_act and static_groups true: groups fixed before the permutation, g_idx arange(K) // 64
   gptq-asym-int4-actorder-row
                       desc_act true, group_size -1: one group per row, scales / qzeros [1, ...], g_idx all zeros
+  gptq-asym-int3-g128, -g32, -row, gptq-asym-int3-v2 (groups of 64, gptq_v2)
+                      3-bit: qweight int32 [K/32*3, N], qzeros [G, N/32*3] as bit streams (gptq-int3-ternary);
+                      -row: group_size -1 (scales / qzeros [1, ...], g_idx all 0)
 
 AutoAWQ on a float model (``AWQ_FORMATS``, ``w_awq``: ``AwqQuantizer.pseudo_quantize_tensor`` and
 ``WQLinear_GEMM.from_linear`` transcribed, 4-bit, zero_point true, version gemm; take any ``Logical``):
@@ -136,6 +142,7 @@ Symmetric low-bit integers beyond ternary (``INT_FORMATS``; take a multi-level `
   compressed-tensors-int4-actorder
                            compressed-tensors-int4 with actorder 'group': weight_g_idx int32 [K], group scales per
                            group of the activation order
+  gptq-int3                AutoGPTQ v1 int3: qweight int32 [K/32*3, N] bit stream (v+4), qzeros holding z-1 = 3
 """
 from __future__ import annotations
 
@@ -428,6 +435,17 @@ GPTQ_ZERO_SPEC = PackSpec(bits=2, container="int32", pack_axis=1, lanes="interle
                           codes=(0, 1, 2, 3))
 
 
+def _gptq_codec(bits: int) -> Optional[str]:
+    """AutoGPTQ's ``QuantLinear.pack`` writes 3-bit codes as one bit stream along K (qweight) / N (qzeros): 32 codes
+    in three int32, codes straddling words (``PackSpec`` codec 'bitstream'); 2 / 4 / 8 bits tile the int32."""
+    return "bitstream" if 32 % bits else None
+
+
+def _gptq_check_k(mod: str, k: int, bits: int) -> None:
+    if bits == 3 and k % 32:  # AutoGPTQ's 3-bit pack walks K in whole periods of 32 inputs (3 int32 rows)
+        raise ValueError(f"{mod}: K = {k} is not a multiple of 32: AutoGPTQ's 3-bit QuantLinear.pack needs it")
+
+
 def _module_input(mod: str) -> str:
     """The input a module reads: q / k / v share the attention's, gate / up the MLP's (one Hessian, hence one
     activation order, for the modules AutoGPTQ / llm-compressor quantize from the same inputs)."""
@@ -472,17 +490,19 @@ def w_gptq(lg: Logical, group_size: int = 64, bits: int = 2, ternary: bool = Tru
     scales [G, N] (each group's multiplier: that of the group's first input), g_idx int32 [K].  ``act_order``
     (desc_act true): the groups are those of ``actorder_g_idx`` for ``actorder_perms(lg, seed)``, each taking the
     multiplier of its first input in the permuted order (where fasterquant calls find_params); write a
-    ``Logical.with_group_jitter(group_size, g_idx=...)`` of the same index so that they differ."""
+    ``Logical.with_group_jitter(group_size, g_idx=...)`` of the same index so that they differ.  bits 2 / 3 / 4 / 8
+    (3: the bit stream of ``_gptq_codec``)."""
     half = 1 << (bits - 1)
     spec, zspec = GPTQ_SPEC, GPTQ_ZERO_SPEC
     if bits != 2 or not ternary:
         codes = code_table(bits, {half - 1: -1, half: 0, half + 1: 1}) if ternary else offset_table(bits, half)
-        spec = GPTQ_SPEC.replace(bits=bits, codes=codes, pad_code=half)
-        zspec = GPTQ_ZERO_SPEC.replace(bits=bits, codes=tuple(range(1 << bits)))
+        spec = GPTQ_SPEC.replace(bits=bits, codes=codes, pad_code=half, codec=_gptq_codec(bits))
+        zspec = GPTQ_ZERO_SPEC.replace(bits=bits, codes=tuple(range(1 << bits)), codec=_gptq_codec(bits))
     sd, tern, mult = _floats(lg, "hf"), {}, {}
     perms = actorder_perms(lg, seed) if act_order else {}
     for mod, t in lg.ternary.items():
         n, k = t.shape
+        _gptq_check_k(mod, k, bits)
         g = -(-k // group_size)
         perm = perms.get(mod, torch.arange(k))
         gi = actorder_g_idx(perm, group_size)
@@ -522,12 +542,13 @@ def w_gptq_asym(lg: Logical, bits: int = 4, group_size: int = 64, noise: float =
     the unpermuted columns first (g_idx arange(K) // group_size).  W = scale[g_idx] * (q - z[g_idx]) (AutoGPTQ's
     dequantization): not ternary, every level used.  Truth: values q - z and the multiplier scale (fp16)."""
     maxq = (1 << bits) - 1
-    spec = GPTQ_SPEC.replace(bits=bits, codes=tuple(range(1 << bits)), pad_code=0)
-    zspec = GPTQ_ZERO_SPEC.replace(bits=bits, codes=tuple(range(1 << bits)))
+    spec = GPTQ_SPEC.replace(bits=bits, codes=tuple(range(1 << bits)), pad_code=0, codec=_gptq_codec(bits))
+    zspec = GPTQ_ZERO_SPEC.replace(bits=bits, codes=tuple(range(1 << bits)), codec=_gptq_codec(bits))
     perms = actorder_perms(lg, seed) if act_order else {}
     sd, vals, mult = _floats(lg, "hf"), {}, {}
     for mod, W in gptq_float_model(lg, noise, seed).items():
         n, k = W.shape
+        _gptq_check_k(mod, k, bits)
         gs = k if group_size == -1 else group_size
         if k % gs:
             raise ValueError(f"{mod}: K = {k} is not a multiple of group_size {gs}")
@@ -1275,6 +1296,7 @@ FORMATS: dict[str, Callable] = {
     "nibble-ternary": w_nibble,
     "compressed-tensors-int4-ternary": lambda lg: w_compressed_tensors_int(lg, 4, ternary=True),
     "gptq-int4-ternary": lambda lg: w_gptq(lg, 64, bits=4),
+    "gptq-int3-ternary": lambda lg: w_gptq(lg, 64, bits=3),
     "compressed-tensors-mixed": w_compressed_tensors_mixed,
 }
 
@@ -1302,6 +1324,10 @@ GPTQ_ASYM_FORMATS: dict[str, Callable] = {
     "gptq-asym-int8-actorder-v2": lambda lg: w_gptq_asym(lg, 8, v2=True, act_order=True),
     "gptq-asym-int4-actorder-static": lambda lg: w_gptq_asym(lg, 4, act_order=True, static_groups=True),
     "gptq-asym-int4-actorder-row": lambda lg: w_gptq_asym(lg, 4, group_size=-1, act_order=True),
+    "gptq-asym-int3-g128": lambda lg: w_gptq_asym(lg, 3, group_size=128),
+    "gptq-asym-int3-v2": lambda lg: w_gptq_asym(lg, 3, v2=True),
+    "gptq-asym-int3-g32": lambda lg: w_gptq_asym(lg, 3, group_size=32),
+    "gptq-asym-int3-row": lambda lg: w_gptq_asym(lg, 3, group_size=-1),
 }
 
 #: AutoAWQ (version gemm / gemv, 4-bit, zero_point true) on a float model (``w_awq`` / ``w_awq_gemv``: per-group
@@ -1348,6 +1374,7 @@ INT_FORMATS: dict[str, Callable] = {
     "compressed-tensors-int4": lambda lg: w_compressed_tensors_int(lg, 4),
     "gptq-int4": lambda lg: w_gptq(lg, 64, bits=4, ternary=False),
     "compressed-tensors-int4-actorder": lambda lg: w_compressed_tensors_int(lg, 4, actorder="group"),
+    "gptq-int3": lambda lg: w_gptq(lg, 64, bits=3, ternary=False),
 }
 
 

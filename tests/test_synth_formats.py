@@ -341,18 +341,34 @@ def autogptq_rtn(W: torch.Tensor, bits: int, group_size: int, perm, static_group
         Q = Q[:, invperm]
         g_idx = g_idx[invperm]
     return Q.to(torch.int64), torch.stack(scale, 1), torch.stack(zero, 1), g_idx
+def stream_fields(words: torch.Tensor, bits: int) -> torch.Tensor:
+    """Independent reader of AutoGPTQ-packed int32 words along axis 0 (qweight rows, or qzeros columns after a
+    transpose): each column's words as one little-endian integer (word r at bits 32r), field j at bits [bits*j,
+    bits*(j+1)).  For 2 / 4 / 8 bits the plain 32/b fields per word; for 3 bits QuantLinear.pack's straddling
+    stream."""
+    w = as_u32(words).tolist()
+    rows, cols = len(w), len(w[0])
+    out = torch.zeros(rows * 32 // bits, cols, dtype=torch.int64)
+    for c in range(cols):
+        big = sum(w[r][c] << (32 * r) for r in range(rows))
+        out[:, c] = torch.tensor([(big >> (bits * j)) & ((1 << bits) - 1) for j in range(rows * 32 // bits)])
+    return out
 
 
 @pytest.mark.parametrize("fmt", sorted(synth.GPTQ_ASYM_FORMATS))
 def test_gptq_asym_matches_autogptq(fmt, logical, tmp_path):
     """AutoGPTQ sym=False (round to nearest): find_params' scale / zero per row and group (xmin <= 0 <= xmax,
     zero = round(-xmin / scale)), QuantLinear.pack of q (no offset: the zero point carries it) along K and of
-    the zero points along N (z - 1 for v1, z for gptq_v2); AutoGPTQ's dequantization ``scales[g_idx] * (weight -
-    zeros[g_idx])`` (qlinear_cuda.py's torch path) of what was stored = the ground truth; every level occurs;
-    config sym false.  Act-order (desc_act true; static_groups; group_size -1): q, scales, zeros and g_idx are those
-    of ``autogptq_rtn``, fasterquant's group bookkeeping transcribed, on the writer's float model and activation
-    order; g_idx is non-trivial exactly where fasterquant makes it so (desc_act without static groups, > 1 group)."""
+    the zero points along N (z - 1 for v1, z for gptq_v2; 3-bit: one bit stream, 32 codes in 3 words); AutoGPTQ's
+    dequantization ``scales[g_idx] * (weight - zeros[g_idx])`` (qlinear_cuda.py's torch path) of what was stored =
+    the ground truth; AutoGPTQ's own pack loops (transcribed in test_bitstream) of the q and z read back give the
+    stored tensors bit for bit; every level occurs; config sym false, bits as written.  Act-order (desc_act true;
+    static_groups; group_size -1): q, scales, zeros and g_idx are those of ``autogptq_rtn``, fasterquant's group
+    bookkeeping transcribed, on the writer's float model and activation order; g_idx is non-trivial exactly where
+    fasterquant makes it so (desc_act without static groups, > 1 group)."""
     import json
+
+    from test_bitstream import autogptq_pack_rows, autogptq_pack_zeros
 
     bits = int(fmt.split("int")[1][0])
     v2 = "-v2" in fmt
@@ -360,19 +376,20 @@ def test_gptq_asym_matches_autogptq(fmt, logical, tmp_path):
     truth = synth.write(fmt, logical, out)
     ck = Checkpoint(out)
     qc = json.loads((out / "config.json").read_text())["quantization_config"]
-    assert qc["sym"] is False and qc["desc_act"] is ("actorder" in fmt)
-    per = 32 // bits
+    assert qc["sym"] is False and qc["desc_act"] is ("actorder" in fmt) and qc["bits"] == bits
     floats, perms = synth.gptq_float_model(logical), synth.actorder_perms(logical)
     for mod in (Q, D):
         n, k = logical.ternary[mod].shape
         gs = k if qc["group_size"] == -1 else qc["group_size"]
-        qw, sc, qz = as_u32(ck.get(f"{mod}.qweight")), ck.get(f"{mod}.scales").float(), as_u32(ck.get(f"{mod}.qzeros"))
+        qw, sc, qz = ck.get(f"{mod}.qweight"), ck.get(f"{mod}.scales").float(), ck.get(f"{mod}.qzeros")
         gi = ck.get(f"{mod}.g_idx")
-        assert qw.shape == (k // per, n) and sc.shape == (k // gs, n) and qz.shape == (k // gs, n // per)
+        assert qw.shape == (k * bits // 32, n) and sc.shape == (k // gs, n) and qz.shape == (k // gs, n * bits // 32)
         assert gi.dtype == torch.int32 and gi.shape == (k,)
-        q = torch.stack([(qw >> (bits * j)) & ((1 << bits) - 1) for j in range(per)], 1).reshape(k, n)  # (K, N)
-        z = torch.stack([(qz >> (bits * j)) & ((1 << bits) - 1) for j in range(per)], 2).reshape(k // gs, n)
-        z = z + (0 if v2 else 1)
+        q = stream_fields(qw, bits)  # (K, N)
+        zs = stream_fields(qz.t(), bits).t()  # (G, N): stored z - 1 (v1) or z
+        assert torch.equal(torch.from_numpy(autogptq_pack_rows(q.numpy(), bits)), qw)
+        assert torch.equal(torch.from_numpy(autogptq_pack_zeros(zs.numpy(), bits)), qz)
+        z = zs + (0 if v2 else 1)
         g = gi.long()
         w = (sc[g] * (q - z[g])).t()  # AutoGPTQ's dequant, (N, K)
         assert torch.equal(w, truth.effective(mod)), mod
@@ -385,6 +402,28 @@ def test_gptq_asym_matches_autogptq(fmt, logical, tmp_path):
         assert torch.equal(gi, want_gi), mod
         trivial = torch.equal(g, torch.arange(k) // gs)
         assert trivial is not (qc["desc_act"] and not qc.get("static_groups") and k > gs), mod
+
+
+@pytest.mark.parametrize("fmt", ["gptq-int3-ternary", "gptq-int3"])
+def test_gptq_int3_matches_autogptq_v1(fmt, logical, tmp_path):
+    """AutoGPTQ v1 QuantLinear.pack at bits=3 (sym=True): intweight = w + 4 packed as the 3-bit stream (32 inputs in
+    3 int32 rows), qzeros = z - 1 = 3 streamed along N, exactly what AutoGPTQ's pack loops (test_bitstream's
+    transcription) write; the constant zero point reads back everywhere."""
+    from test_bitstream import autogptq_pack_rows, autogptq_pack_zeros
+
+    lg = logical if fmt.endswith("ternary") else logical.requantized(3, seed=4)
+    out = tmp_path / fmt
+    truth = synth.write(fmt, lg, out)
+    ck = Checkpoint(out)
+    for mod in (Q, D):
+        t = lg.ternary[mod]
+        n, k = t.shape
+        want = autogptq_pack_rows((t.to(torch.int64) + 4).t().numpy(), 3)
+        assert torch.equal(ck.get(f"{mod}.qweight"), torch.from_numpy(want)) and want.shape == (k // 32 * 3, n)
+        zwant = autogptq_pack_zeros(torch.full((k // 64, n), 3).numpy(), 3)
+        assert torch.equal(ck.get(f"{mod}.qzeros"), torch.from_numpy(zwant))
+        assert torch.equal(stream_fields(ck.get(f"{mod}.qweight"), 3) - 4, t.t().to(torch.int64))
+        assert torch.equal(truth.ternary[mod], t)
 
 
 # ---------------------------------------------------------------------------------------
