@@ -345,8 +345,8 @@ def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]
     ok_of: dict[str, list[int]] = {}
     for m in packed:
         cbits = INT_DTYPES[m.weight.dtype]
-        ok = [b for b in bits_options(cbits) if layout_options(tuple(m.weight.shape), m.logical, cbits, b,
-                                                               _part_rows(m))]
+        ok = [b for b in bits_options(cbits) + _stream_bits(m, cbits)
+              if layout_options(tuple(m.weight.shape), m.logical, cbits, b, _part_rows(m))]
         ok_of[m.prefix] = ok
         for b in ok:
             fits[b] = fits.get(b, 0) + 1
@@ -354,6 +354,8 @@ def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]
                 unique[b] = unique.get(b, 0) + 1
     if not fits:
         return _set_bits(modules, hint or 2)
+    if GPTQ_STREAM_BITS in fits and not _declared_bits(cfg):
+        _refuse_ambiguous_stream(packed, ok_of)
 
     def rank(b):
         return (fits[b], unique.get(b, 0), b == hint, b == 2, -b)
@@ -375,6 +377,49 @@ def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]
         + (f"; config.json says {hint} bits" if hint else ""),
         "high" if fits[best] == len(packed) and not any(n == fits[best] for n in others.values()) else "medium"))
     return _set_bits(modules, best)
+
+
+#: AutoGPTQ's bit-stream width (``QuantLinear.pack``'s bits == 3 branch: 32 codes in three int32, codes straddling
+#: words; ``PackSpec`` codec 'bitstream'), tried for int32 ``qweight`` tensors (the name AutoGPTQ / GPTQModel write)
+GPTQ_STREAM_BITS = 3
+
+
+def _stream_bits(m: Module, cbits: int) -> list[int]:
+    """[3] for an int32 GPTQ ``qweight`` (whose 3-bit codes are a bit stream), else []."""
+    return [GPTQ_STREAM_BITS] if cbits == 32 and m.weight.name.endswith(".qweight") else []
+
+
+def _refuse_ambiguous_stream(packed: list[Module], ok_of: dict) -> None:
+    """Without a width in config.json, a qweight whose rows fit both AutoGPTQ's 3-bit stream (ceil(K/32)*3 rows) and
+    another width (K/8 4-bit rows coincide for small K not a multiple of 32, e.g. K = 48: 6 rows either way) has no
+    width the shapes can tell: the config's ``bits`` must say it."""
+    for m in packed:
+        ok = ok_of[m.prefix]
+        if GPTQ_STREAM_BITS in ok and len(ok) > 1:
+            n, k = m.logical
+            raise InspectError(
+                f"{m.where()}: shape {list(m.weight.shape)} {m.weight.dtype} holds the logical {n}x{k} matrix at "
+                f"{' and at '.join(f'{b}-bit' for b in ok)} codes (AutoGPTQ 3-bit: int32 [ceil(K/32)*3, N] = "
+                f"[{-(-k // 32) * 3}, {n}]; 4-bit [K/8, N] = [{-(-k // 8)}, {n}]), and config.json names no width: "
+                f"add the quantization_config AutoGPTQ / GPTQModel wrote (quant_method 'gptq' with bits "
+                f"{' or '.join(str(b) for b in ok)})")
+
+
+def _check_stream_k(modules: list[Module], findings: list[Finding]) -> None:
+    """3-bit GPTQ modules (codec 'bitstream'): K a multiple of 32, as AutoGPTQ's ``QuantLinear.pack`` requires
+    (it walks K in periods of 32 inputs = 3 int32 rows and writes no padding)."""
+    mods = [m for m in modules if m.packed and m.codec == "bitstream"]
+    for m in mods:
+        n, k = m.logical
+        if k % 32:
+            raise InspectError(f"{m.where()}: K = {k} inputs (config.json, {[p for p, _ in m.parts]}) is not a "
+                               f"multiple of 32, but a 3-bit GPTQ qweight is AutoGPTQ's bit stream of whole 32-input "
+                               f"periods (QuantLinear.pack: K / 32 * 3 int32 rows): expected K % 32 == 0")
+    if mods:
+        findings.append(Finding("GPTQ 3-bit layout", "bit stream along K (PackSpec codec 'bitstream')",
+                                f"{len(mods)} int32 qweights hold 32 codes of 32 consecutive inputs in 3 words, codes "
+                                f"straddling words (AutoGPTQ QuantLinear.pack, bits 3): K / 32 * 3 rows; qzeros the "
+                                f"same along N", "high (structure)"))
 
 
 def _set_bits(modules: list[Module], bits: int) -> int:
@@ -434,6 +479,11 @@ def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int, parts: 
             if (a, b)[1 - axis] != logical[1 - axis]:
                 continue
             length, packed = logical[axis], (a, b)[axis]
+            if cbits % bits:  # a bit stream (AutoGPTQ 3-bit): whole periods of lcm(bits, cbits) bits, nothing else
+                per, conts = math.lcm(bits, cbits) // bits, math.lcm(bits, cbits) // cbits
+                if packed == -(-length // per) * conts:
+                    out.append((transposed, axis))
+                continue
             lens = {-(-length // v)} | {-(-length // blk) * (blk // v) for blk in BLOCKS if blk % v == 0 and blk > v}
             if axis == 0 and len(parts) > 1:
                 lens.add(sum(-(-n // v) for n in parts))
@@ -1644,9 +1694,20 @@ def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, find
                 raise InspectError(f"{m.shape_t.file}: tensor {m.shape_t.name!r} says logical shape {ws}, "
                                    f"config.json implies {list(m.logical)}")
         bits = m.bits
+        if cbits % bits:  # no whole number of codes per container: AutoGPTQ's 3-bit bit stream
+            if cbits != 32:
+                raise InspectError(f"{m.where()}: {bits}-bit codes in {st.dtype}: {bits}-bit weights are read as "
+                                   f"AutoGPTQ's bit stream in int32 qweights only (expected dtype I32)")
+            m.codec = "bitstream"
         opts = layout_options(tuple(st.shape), m.logical, cbits, bits, _part_rows(m))
         if cbits == bits:  # one value per element: no pack axis, only (maybe) transposed storage
             opts = sorted({(t, 1) for t, _ in opts})
+        if not opts and m.codec == "bitstream":
+            n, k = m.logical
+            raise InspectError(
+                f"{m.where()}: shape {list(st.shape)} {st.dtype} cannot hold the logical {n}x{k} matrix that "
+                f"config.json implies for {[p for p, _ in m.parts]} as AutoGPTQ's {bits}-bit qweight: expected "
+                f"[K/32*{bits}, N] = [{-(-k // 32) * bits}, {n}] (32 inputs per {bits} int32 rows)")
         if not opts:
             n, k = m.logical
             v = cbits // bits
@@ -1672,6 +1733,9 @@ def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, find
         opts = opts_of[m.prefix]
         best = max(opts, key=lambda o: (votes.get(o, 0), o == (False, 1)))
         m.transposed, m.pack_axis = best
+        if m.codec == "bitstream":  # scan's field histograms cover whole-container fields only: count the stream
+            _stream_hist(m, ckpt)
+    _check_stream_k(modules, findings)
     if opts_of:
         amb = sum(len(o) > 1 for o in opts_of.values())
         chosen = {(m.transposed, m.pack_axis) for m in modules if m.packed}
@@ -1684,6 +1748,14 @@ def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, find
             f"{amb} shape-ambiguous (square) modules follow them", conf))
     for m in modules:
         _scale_layout(m, ckpt)
+
+
+def _stream_hist(m: Module, ckpt: Checkpoint) -> None:
+    """``field_hist[bits]`` of a bit-stream weight: the counts of its logical codes (no padding counted)."""
+    spec = PackSpec(bits=m.bits, container=CONTAINER_OF[m.weight.dtype], pack_axis=m.pack_axis,
+                    codes=tuple(range(1 << m.bits)), transposed=m.transposed, codec="bitstream")
+    codes = unpack_codes(ckpt.get(m.weight.name), spec, m.logical)
+    m.weight.field_hist[m.bits] = torch.bincount(codes.reshape(-1), minlength=1 << m.bits).tolist()
 
 
 def _scale_layout(m: Module, ckpt: Checkpoint) -> None:
@@ -1828,9 +1900,10 @@ def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Fi
                 per[m.prefix] = (None, tuple(raw.shape) == (g, n) and (g, n) != (n, g), gs or k)
             else:  # packed like GPTQ: b-bit fields along N, low bits first -> logical (G, N)
                 zb = int(q.get("bits") or 0) if q.get("quant_method") == "gptq" else 0
-                zb = zb if zb in (2, 3, 4, 8) and 32 % zb == 0 else (m.bits if m.bits < 8 else 2)
-                zspec = PackSpec(bits=zb, container=CONTAINER_OF.get(m.zeros.dtype, "int32"), pack_axis=1,
-                                 codes=tuple(range(1 << zb)))
+                zb = zb if zb in (2, 3, 4, 8) else (m.bits if m.bits < 8 else 2)
+                zc = CONTAINER_OF.get(m.zeros.dtype, "int32")  # 3-bit: AutoGPTQ's bit stream along N, as qweight's
+                zspec = PackSpec(bits=zb, container=zc, pack_axis=1, codes=tuple(range(1 << zb)),
+                                 codec="bitstream" if INT_DTYPES[m.zeros.dtype] % zb else None)
                 try:
                     vals = set(torch.unique(unpack_codes(raw, zspec, (raw.shape[0], n))).tolist())
                 except FormatError as e:
@@ -2025,6 +2098,8 @@ def _pads(m: Module) -> int:
     n, k = m.logical
     if m.record is not None:  # the records' code bytes only (their scale bytes are no fields)
         return n * (-(-k // m.record[0]) * m.record[0] - k)
+    if m.codec == "bitstream":  # _stream_hist counts the logical codes only
+        return 0
     return m.weight.numel * (INT_DTYPES[m.weight.dtype] // m.bits) - n * k
 
 
@@ -2288,6 +2363,10 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                                 f"kinds {sorted({m.weight.kind for m in unpacked})}; decoded as is", "high"))
     if convention in ("tq1_0", "awq", "ct_asym"):  # the codec / the format's own layout fixes it: one candidate
         cands = [Candidate(tables[0], "lsb", "interleaved", None, "multiply")]
+    elif tables and any(m.codec == "bitstream" for m in modules if m.packed):
+        # AutoGPTQ's 3-bit stream fixes lanes and bit order (interleaved, lsb): only the code table / op are open
+        cands = [Candidate(t[0], "lsb", "interleaved", None, op, t[1]) if isinstance(t, MixedTables)
+                 else Candidate(t, "lsb", "interleaved", None, op) for t in tables for op in ops]
     elif tables:
         single = all(INT_DTYPES[m.weight.dtype] == m.bits for m in modules if m.packed)  # 1 value/element
         orders = ("lsb",) if single else (("msb", "lsb") if convention == "hqq" else ("lsb", "msb"))

@@ -198,12 +198,14 @@ class Logical:
     def requantized(self, bits: int, seed: int = 0, noise: float = 1.0, rare: bool = False) -> "Logical":
         """A symmetric ``bits``-bit integer model close to this ternary one: values
         ``clip(T * L + round(noise * N(0, 1)), -2^(b-1), 2^(b-1) - 1)`` with ``L = 2^(b-1) - 3``
-        (int4: 5; int2: 1) and multiplier ``m / L``, so every level occurs and the effective
-        weights stay near the original ones.  ``rare`` (int2): the -2 level only once in every 8th
+        (int4: 5; int2: 1; int3: L = 2 and half the noise, which at L = 1 would swamp the levels)
+        and multiplier ``m / L``, so every level occurs and the effective weights stay near the
+        original ones.  ``rare`` (int2): the -2 level only once in every 8th
         row (as symmetric int2 with scale absmax/1.5 produces: w/s = -1.5 at a row's absmax)."""
         g = torch.Generator().manual_seed(seed)
         lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-        lev = max(1, hi - 2)
+        lev = max(1, hi - 2) if bits != 3 else 2
+        noise = noise / 2 if bits == 3 else noise
         tern, mult = {}, {}
         for mod, t in self.ternary.items():
             z = torch.round(torch.randn(t.shape, generator=g) * noise)

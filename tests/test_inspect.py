@@ -21,7 +21,7 @@ from reference.checkpoint import Checkpoint, CheckpointError
 from reference.config import ModelConfig
 from reference.decode import main as decode_main, model_loss, text_ids
 from reference.formats import PackSpec, code_table, offset_table, twos_complement_table
-from reference.inspect import inspect_dir, main as inspect_main
+from reference.inspect import InspectError, inspect_dir, main as inspect_main
 from reference.model import ReferenceModel
 from reference.spec import CheckpointSpec, decode_linear, spec_for
 
@@ -228,9 +228,9 @@ def test_activation_quantization_is_a_finding(arch, tmp_path):
 
 @pytest.mark.parametrize("fmt", sorted(synth.INT_FORMATS))
 def test_recovers_symmetric_integer_formats(fmt, logical, trained_loss, tmp_path):
-    """int2 with all four levels {-2..1} and int4 with 16 levels: the used extra codes are integer
-    levels, not corruption; decode bit-exact, far below every wrong code table."""
-    bits = 2 if "int2" in fmt else 4
+    """int2 with all four levels {-2..1}, int3 (AutoGPTQ's bit stream) with 8 and int4 with 16 levels: the used extra
+    codes are integer levels, not corruption; decode bit-exact, far below every wrong code table."""
+    bits = int(fmt.split("-int")[1][0])
     lg = logical.requantized(bits, seed=5)
     assert len(torch.unique(torch.cat([t.reshape(-1) for t in lg.ternary.values()]))) == 1 << bits
     out = tmp_path / fmt
@@ -692,6 +692,65 @@ def test_gptq_asymmetric_zero_points_recovered(fmt, logical, tmp_path):
         assert any(f.what == "zero point" and "per-group" in f.decision for f in res.findings)
         again = CheckpointSpec.from_dict(json.loads(json.dumps(res.spec.to_dict())))
         assert again == res.spec
+
+
+def _drop_quant_keys(d: Path, keys=None) -> None:
+    """config.json without its quantization_config (``keys`` None) or without those of its keys."""
+    cfg = json.loads((d / "config.json").read_text())
+    if keys is None:
+        del cfg["quantization_config"]
+    else:
+        for k in keys:
+            del cfg["quantization_config"][k]
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("fmt", ["gptq-int3-ternary", "gptq-int3", "gptq-asym-int3-g32"])
+def test_gptq_3bit_stream_read_from_shapes_alone(fmt, logical, tmp_path):
+    """AutoGPTQ 3-bit without a quantization_config: an int32 qweight of K/32*3 rows fits no whole-container width,
+    only the bit stream, so the width, the codec (and the qzeros' stream along N) come from the shapes; ternary
+    codes q = w + 4 read as the table (-1, 0, 1 at codes 3, 4, 5), the 8 int3 levels as offset codes; bit for bit,
+    with a finding naming the layout."""
+    lg = logical.requantized(3, seed=4) if fmt == "gptq-int3" else logical
+    out = tmp_path / fmt
+    truth = synth.write(fmt, lg, out)
+    _drop_quant_keys(out)
+    res = inspect_dir(out, use_loss=False)
+    ck = Checkpoint(out)
+    for mod in truth.ternary:
+        e = res.spec.linears[mod]
+        assert (e.pack.bits, e.pack.codec, e.pack.container) == (3, "bitstream", "int32"), mod
+        assert (e.zero_pack is not None and e.zero_pack.codec == "bitstream") is ("asym" in fmt)
+        assert torch.equal(decode_linear(ck, e, mod).effective(), truth.effective(mod)), mod
+    if fmt == "gptq-int3-ternary":
+        assert res.spec.linears[HQQ_MOD].pack.codes == (None, None, None, -1, 0, 1, None, None)
+    assert any(f.what == "GPTQ 3-bit layout" for f in res.findings)
+
+
+def test_gptq_3bit_ambiguous_width_and_bad_k(tmp_path):
+    """K = 48: a 4-bit qweight's K/8 = 6 rows are also ceil(48/32)*3 = 6 rows of a 3-bit stream; without ``bits``
+    in the config the inspector refuses to guess, naming tensor, both readings and the config key; with bits 3
+    the 4-bit qzeros have the wrong width for a 3-bit stream along N (named with the expected shape); an int3
+    writer refuses K not a multiple of 32 (AutoGPTQ's pack needs whole 32-input periods)."""
+    from reference.make_model import Preset, write_model
+
+    base = write_model(Preset("llama", 48, 96, 1, 2, 1, 67, False, seed=3), tmp_path / "base")
+    lg = synth.Logical.from_dir(base)
+    d = tmp_path / "g4"
+    synth.write("gptq-int4", lg.requantized(4, seed=1), d)
+    assert inspect_dir(d, use_loss=False).spec.linears["model.layers.0.mlp.gate_proj"].pack.bits == 4
+    _drop_quant_keys(d, ["bits"])
+    with pytest.raises(InspectError, match=r"gate_proj.qweight': shape \[6, 96\] I32 holds the logical 96x48 matrix "
+                                           r"at 4-bit and at 3-bit codes .*config.json names no width.*bits 4 or 3"):
+        inspect_dir(d, use_loss=False)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"]["bits"] = 3
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InspectError, match=r"zero points 'model.layers.0.*qzeros'.*needs \(1, 9\).*32 codes per 3 "
+                                           r"containers.*3-bit fields packed along the 96 output channels"):
+        inspect_dir(d, use_loss=False)
+    with pytest.raises(ValueError, match=r"K = 48 is not a multiple of 32: AutoGPTQ's 3-bit QuantLinear.pack"):
+        synth.write("gptq-int3", lg.requantized(3), tmp_path / "g3")
 
 
 def test_gptq_zero_point_edge_cases(logical, tmp_path):

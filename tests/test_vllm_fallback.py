@@ -636,6 +636,20 @@ def test_gptq_asymmetric_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("fmt,arch", [("gptq-int3-ternary", "bitnet"), ("gptq-asym-int3-row", "bitnet"),
+                                      ("gptq-asym-int3-g32", "llama"), ("gptq-asym-int3-v2", "llama")])
+def test_gptq_3bit_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
+    """AutoGPTQ 3-bit (QuantLinear.pack's bit stream: 32 codes in 3 int32, codes straddling words; qzeros streamed
+    along N): ternary symmetric and sym=False per row on BitNet, groups of 32 and gptq_v2 on vLLM's own Llama,
+    inspected: the weights (and zero points) decode through PackSpec codec 'bitstream' in the plugin's loaders as
+    in the reference."""
+    d, down = _inspected_zero_point_model(fmt, arch, tmp_path)
+    assert down.pack.codec == "bitstream" and down.pack.bits == 3
+    assert (down.zero_pack is not None and down.zero_pack.codec == "bitstream") is ("asym" in fmt)
+    _vllm_within_fp32_a8_of_reference(d, arch)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt,arch", [("awq-gemm-g128", "bitnet"), ("awq-gemm-g64", "llama")])
 def test_awq_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
     """AutoAWQ gemm (groups of 128 on BitNet, 64 on vLLM's own Llama, whose loader renames qweight / qzeros /
