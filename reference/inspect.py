@@ -1653,6 +1653,90 @@ def _refuse_stray_hqq_meta(modules: list[Module]) -> None:
                                f"(expected a uint8 W_q with float scale and zero per group, HQQ 2-bit)")
 
 
+#: quantization_config lists of modules a quantizer leaves in float, and how each loader matches a module name:
+#: transformers' should_convert_module (re.match from the start or a suffix; AutoAWQ / vLLM's is_layer_skipped_awq:
+#: a substring), compressed-tensors / vLLM's is_equal_or_regex_match (equality or 're:'), HQQ's skip_modules (a
+#: substring, hqq's patch_linearlayers)
+EXCLUSION_KEYS = ("modules_to_not_convert", "ignore", "skip_modules")
+
+
+def _excluded_by(name: str, q: dict) -> Optional[tuple[str, str]]:
+    """(config key, entry) of the first quantization_config exclusion entry that names module ``name``, else None."""
+    import re
+
+    for key in EXCLUSION_KEYS:
+        pats = q.get(key)
+        if not isinstance(pats, list):
+            continue
+        for p in pats:
+            if not isinstance(p, str):
+                continue
+            if key == "ignore":
+                hit = _ct_target_match(name, p)
+            elif key == "skip_modules" or q.get("quant_method") == "awq":
+                hit = p in name
+            else:
+                try:
+                    hit = re.match(p, name) is not None or name.endswith(p)
+                except re.error:
+                    hit = name.endswith(p)
+            if hit:
+                return key, p
+    return None
+
+
+def _ct_targeted(name: str, q: dict) -> bool:
+    """Whether a compressed-tensors config group with weights targets layer ``name`` (by name / 're:', or the class
+    'Linear'), as vLLM's find_matched_target would."""
+    groups = q.get("config_groups")
+    for g in (groups.values() if isinstance(groups, dict) else ()):
+        targets = g.get("targets") if isinstance(g, dict) and g.get("weights") else None
+        if isinstance(targets, list) and any(isinstance(t, str) and (_ct_target_match(name, t)
+                                                                     or _ct_target_match("Linear", t, True))
+                                             for t in targets):
+            return True
+    return False
+
+
+def _config_exclusion_finding(modules: list[Module], kept: list[Module], cfg: ModelConfig,
+                              findings: list[Finding]) -> None:
+    """Where quantization_config's exclusion list (``EXCLUSION_KEYS``) and the tensors disagree - a module the list
+    keeps in float stored quantized, or a float module that a list exists for but does not name - the inspector
+    follows the tensors (they are what decodes); the disagreement is a finding, as the quantizer's own loader (and
+    vLLM's) would build the other layer and fail or misread it."""
+    q = cfg.quantization or {}
+    if not any(isinstance(q.get(k), list) for k in EXCLUSION_KEYS):
+        return
+    quantized, floated = [], []
+    for m in modules:
+        if m.role == "lm_head":  # the head has its own rules (transformers' default skips; a finding of its own)
+            continue
+        for hf, _ in m.parts:
+            hit = _excluded_by(hf, q)
+            if m in kept and hit is None:
+                if q.get("quant_method") == "compressed-tensors" and not _ct_targeted(hf, q):
+                    continue  # only what a config group with weights targets is quantized
+                floated.append(f"{hf} ({m.weight.name!r} {m.weight.dtype})")
+            elif m not in kept and hit is not None:
+                quantized.append(f"{hf} ({m.weight.name!r} {m.weight.dtype} {list(m.weight.shape)}; "
+                                 f"{hit[0]} entry {hit[1]!r})")
+    if not (quantized or floated):
+        return
+    lists = "; ".join(f"{k} {q[k]!r}" for k in EXCLUSION_KEYS if isinstance(q.get(k), list))
+    parts = []
+    if quantized:
+        parts.append(f"listed as kept in float but stored quantized (decoded as stored): "
+                     + ", ".join(quantized[:4]) + (f" and {len(quantized) - 4} more" if len(quantized) > 4 else ""))
+    if floated:
+        parts.append(f"stored as plain float, which the list would quantize (kept in float): "
+                     + ", ".join(floated[:4]) + (f" and {len(floated) - 4} more" if len(floated) > 4 else ""))
+    findings.append(Finding(
+        "config vs tensors", "the tensors followed, not quantization_config's exclusion list",
+        f"config.json quantization_config {lists}; " + "; ".join(parts) + ". The quantizer's own loader (and vLLM's "
+        f"method for it) builds layers from the list and would fail on or misread these tensors; the spec written "
+        f"here reads them as stored", "medium (config contradicted)"))
+
+
 def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]
                     ) -> Optional[str]:
     """Per-module structure; returns the named convention found by its block structure
@@ -2358,6 +2442,7 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                                 f"checkpoint (modules_to_not_convert / an ignore list): "
                                 + ", ".join(m.parts[0][0] for m in kept[:6]) + (" ..." if len(kept) > 6 else ""),
                                 "high"))
+    _config_exclusion_finding(modules, kept, cfg, findings)
     if unpacked:
         findings.append(Finding("unpacked weights", f"{len(unpacked)} modules stored as float",
                                 f"kinds {sorted({m.weight.kind for m in unpacked})}; decoded as is", "high"))

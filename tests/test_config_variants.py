@@ -82,6 +82,59 @@ def test_inspector_keeps_float_linears_of_a_ternary_checkpoint_in_float(arch, tm
         assert torch.equal(ref[n], ins[n]), n
 
 
+def _set_quant(d, **kv):
+    import json
+
+    c = json.loads((d / "config.json").read_text())
+    c["quantization_config"].update(kv)
+    (d / "config.json").write_text(json.dumps(c))
+
+
+def test_inspector_names_exclusion_lists_that_contradict_the_tensors(tmp_path):
+    """modules_to_not_convert naming a module stored packed, or leaving out one stored as plain floats: the
+    inspector decodes what is stored (same spec as with a consistent list) and says so in one finding naming the
+    modules, their tensors and the entry; a consistent list gives no such finding."""
+    from reference.inspect import inspect_dir
+
+    p = Preset("bitnet", 64, 96, 2, 4, 2, 67, True, seed=52)
+    mods = [f"model.layers.0.self_attn.{m}" for m in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    d = with_float_modules(p, tmp_path / "m", ["model.layers.0.self_attn", "lm_head"], mods)
+    good = inspect_dir(d, use_loss=False)
+    assert not [f for f in good.findings if f.what == "config vs tensors"]
+    _set_quant(d, modules_to_not_convert=["model.layers.0.self_attn.q_proj", "down_proj", "lm_head"])
+    res = inspect_dir(d, use_loss=False)
+    assert res.spec == good.spec
+    (f,) = [f for f in res.findings if f.what == "config vs tensors"]
+    assert f.confidence == "medium (config contradicted)"
+    assert ("listed as kept in float but stored quantized (decoded as stored): model.layers.0.mlp.down_proj "
+            "('model.layers.0.mlp.down_proj.weight' U8 [16, 96]; modules_to_not_convert entry 'down_proj')") in f.evidence
+    assert "model.layers.1.mlp.down_proj" in f.evidence
+    assert ("stored as plain float, which the list would quantize (kept in float): model.layers.0.self_attn.k_proj "
+            "('model.layers.0.self_attn.k_proj.weight' F32)") in f.evidence
+    assert "self_attn.q_proj (" not in f.evidence  # listed and float: consistent
+
+
+def test_inspector_names_a_compressed_tensors_ignore_list_that_contradicts_the_tensors(tmp_path):
+    """compressed-tensors: an ``ignore`` entry (exact name or 're:') naming a packed module is a finding; a float
+    module that a config group's targets cover without an ignore entry too; one no target covers is not."""
+    from pathlib import Path
+
+    from reference import synth
+    from reference.inspect import inspect_dir
+
+    out = tmp_path / "ct"
+    synth.write("compressed-tensors", synth.Logical.from_dir(Path(__file__).parents[1] / "models" / "tiny-trained"),
+                out)
+    base = inspect_dir(out, use_loss=False)
+    assert not [f for f in base.findings if f.what == "config vs tensors"]
+    _set_quant(out, ignore=["lm_head", "re:.*layers\\.1\\.mlp\\.up_proj$"])
+    res = inspect_dir(out, use_loss=False)
+    assert res.spec == base.spec
+    (f,) = [f for f in res.findings if f.what == "config vs tensors"]
+    assert "model.layers.1.mlp.up_proj (" in f.evidence and "ignore entry 're:" in f.evidence
+    assert "stored as plain float" not in f.evidence
+
+
 @pytest.mark.parametrize("tie", [False, True])
 def test_transformers_target_refuses_modules_to_not_convert_without_lm_head(tie, tmp_path):
     """transformers adds lm_head to its skips only when modules_to_not_convert is null; a list without it makes
