@@ -10,6 +10,15 @@ from .checkpoint import CheckpointError, load_config
 ARCHITECTURES = {"BitNetForCausalLM": "bitnet", "LlamaForCausalLM": "llama",
                  "LLaMAForCausalLM": "llama"}  # the early-conversion spelling (vLLM's registry maps it to Llama)
 MODEL_TYPES = {"bitnet": "bitnet", "llama": "llama"}
+#: 1bitLLM's remote-code class (1bitLLM/bitnet_b1_58-large, -xl, -3B: the b1.58 paper's reproductions; config
+#: model_type llama, so a LlamaConfig with its defaults, plus weight_bits 1 / input_bits 8): float latent weights
+#: ternarised on the fly (utils_quant.BitLinear: absmean weights, per-token absmax int8 activations) and sub-norms
+#: self_attn.inner_attn_ln / mlp.ffn_layernorm before o_proj / down_proj - transformers' BitNet with hidden_act silu
+#: in its online mode (quantization_mode online, AutoBitLinear's WeightQuant / ActQuant compute the same), which is
+#: how the reference reads it (``ONEBIT_LLM_QUANTIZATION``)
+ONEBIT_LLM = "BitnetForCausalLM"
+ONEBIT_LLM_QUANTIZATION = {"quant_method": "bitnet", "linear_class": "autobitlinear", "quantization_mode": "online",
+                           "modules_to_not_convert": None}
 
 
 # transformers' ACT2FN names the reference computes (reference.model.mlp_act): SiLU (Llama), relu^2 (BitNet
@@ -80,6 +89,15 @@ class ModelConfig:
             raise CheckpointError(f"{where}: expected a JSON object of model settings, got a {type(d).__name__}")
         archs = d.get("architectures") or []
         arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+        quant = d.get("quantization_config")
+        defaults = None  # the config class whose defaults fill absent fields: that of arch unless 1bitLLM's
+        if arch is None and ONEBIT_LLM in archs and d.get("model_type") == "llama":
+            arch, defaults = "bitnet", "llama"
+            for key, want in (("weight_bits", 1), ("input_bits", 8)):
+                if d.get(key, want) != want:
+                    raise CheckpointError(f"{where}: {ONEBIT_LLM} (1bitLLM) with {key}={d.get(key)!r}: only the "
+                                          f"b1.58 setting {key}={want} (ternary weights, int8 activations) is read")
+            quant = quant if quant is not None else dict(ONEBIT_LLM_QUANTIZATION)
         if arch is None and archs and d.get("model_type") in MODEL_TYPES:
             # another class with a Llama/BitNet model_type (custom code): running it as the plain model_type
             # would be a wrong answer, not a parity check (1bitLLM's BitnetForCausalLM, model_type llama,
@@ -91,6 +109,7 @@ class ModelConfig:
                 f"those models, set architectures to its class")
         if arch is None:
             arch = MODEL_TYPES.get(d.get("model_type", ""))
+        defaults = defaults or arch
         if arch is None:
             raise CheckpointError(
                 f"{where}: architectures={archs} model_type={d.get('model_type')!r}: only Llama-family and "
@@ -101,7 +120,7 @@ class ModelConfig:
             heads = size("num_attention_heads")
             head_dim = int(d.get("head_dim") or hidden // heads)
             rp = d.get("rope_parameters") or d.get("rope_scaling") or {}
-            theta = float(rp.get("rope_theta", d.get("rope_theta", 10000.0 if arch == "llama" else 500000.0)))
+            theta = float(rp.get("rope_theta", d.get("rope_theta", 10000.0 if defaults == "llama" else 500000.0)))
             kind = rp.get("rope_type", rp.get("type", "default")) or "default"
             if kind not in ROPE_KINDS:
                 raise CheckpointError(f"{where}: rope_type {kind!r} is not supported ({', '.join(ROPE_KINDS)})")
@@ -139,7 +158,7 @@ class ModelConfig:
                 beta_fast=float(rp.get("beta_fast") or 32), beta_slow=float(rp.get("beta_slow") or 1),
                 truncate=bool(rp.get("truncate", True)),
                 attention_factor=float(attn) if kind == "yarn" else 1.0)
-            act = d.get("hidden_act", "relu2" if arch == "bitnet" else "silu")
+            act = d.get("hidden_act", "relu2" if defaults == "bitnet" else "silu")
             if act not in MLP_ACTS:
                 raise CheckpointError(f"{where}: hidden_act {act!r} is not supported ({', '.join(MLP_ACTS)})")
             cfg = cls(
@@ -150,17 +169,17 @@ class ModelConfig:
                 num_layers=size("num_hidden_layers"),
                 num_heads=heads,
                 num_kv_heads=int(d.get("num_key_value_heads") or
-                                 (BITNET_DEFAULT_KV_HEADS if arch == "bitnet" and "num_key_value_heads" not in d
+                                 (BITNET_DEFAULT_KV_HEADS if defaults == "bitnet" and "num_key_value_heads" not in d
                                   else heads)),
                 head_dim=head_dim,
-                rms_norm_eps=float(d.get("rms_norm_eps", 1e-5 if arch == "bitnet" else 1e-6)),
+                rms_norm_eps=float(d.get("rms_norm_eps", 1e-5 if defaults == "bitnet" else 1e-6)),
                 rope=rope,
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
                 hidden_act=act,
                 attention_bias=bool(d.get("attention_bias", False)),
                 mlp_bias=bool(d.get("mlp_bias", False)),
                 max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
-                quantization=d.get("quantization_config"),
+                quantization=quant,
             )
         except KeyError as e:
             raise CheckpointError(f"{where}: missing required field {e.args[0]!r}")
@@ -172,7 +191,7 @@ class ModelConfig:
         if cfg.num_heads % cfg.num_kv_heads:
             why = (f" (config.json has no num_key_value_heads: transformers' BitNetConfig, and vLLM with it, then "
                    f"assume {BITNET_DEFAULT_KV_HEADS}; set it, = num_attention_heads for full multi-head attention)"
-                   if arch == "bitnet" and "num_key_value_heads" not in d else "")
+                   if defaults == "bitnet" and "num_key_value_heads" not in d else "")
             raise CheckpointError(f"{where}: num_attention_heads {cfg.num_heads} is not a multiple of "
                                   f"num_key_value_heads {cfg.num_kv_heads}{why}")
         if cfg.head_dim % 2:

@@ -240,6 +240,33 @@ def to_online(model_dir: str | Path, seed: int = 0) -> Path:
     return d
 
 
+def to_onebit_llm(model_dir: str | Path, seed: int = 0, hidden_act: str = "silu") -> Path:
+    """Turn a written BitNet ``linear_class: autobitlinear`` model into 1bitLLM's layout in place
+    (config.ONEBIT_LLM: 1bitLLM/bitnet_b1_58-large and its siblings): float latent weights (``to_online``),
+    config.json as 1bitLLM ships it (architectures BitnetForCausalLM, model_type llama, weight_bits 1,
+    input_bits 8, hidden_act ``hidden_act``, no quantization_config) and the sub-norms under its names
+    self_attn.inner_attn_ln / mlp.ffn_layernorm."""
+    from safetensors.torch import load_file, save_file
+
+    d = to_online(model_dir, seed)
+    cfg = json.loads((d / "config.json").read_text())
+    if cfg.get("model_type") != "bitnet":
+        raise ValueError(f"{d}: 1bitLLM's layout is a BitNet model's, config.json has model_type {cfg.get('model_type')!r}")
+    del cfg["quantization_config"]
+    cfg.update(architectures=["BitnetForCausalLM"], model_type="llama", weight_bits=1, input_bits=8,
+               hidden_act=hidden_act)
+    sd = load_file(str(d / "model.safetensors"))
+    ren = {".self_attn.attn_sub_norm.weight": ".self_attn.inner_attn_ln.weight",
+           ".mlp.ffn_sub_norm.weight": ".mlp.ffn_layernorm.weight"}
+    out = {}
+    for k, v in sd.items():
+        suf = next((a for a in ren if k.endswith(a)), None)
+        out[k[: -len(suf)] + ren[suf] if suf else k] = v
+    save_file(out, str(d / "model.safetensors"), metadata={"format": "pt"})
+    atomic_write_text(d / "config.json", json.dumps(cfg, indent=1))
+    return d
+
+
 def keep_float(model_dir: str | Path, preset: str | Preset, patterns: list, modules: list) -> Path:
     """Turn a written model into one with some linears kept in float, in place: config.json's
     ``quantization_config.modules_to_not_convert`` = patterns, and each of ``modules`` (HF module names) stored

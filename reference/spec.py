@@ -558,8 +558,20 @@ def linear_modules(cfg: ModelConfig) -> list[str]:
     return [m for m in cfg.linear_shapes() if m != "lm_head"]
 
 
+#: other spellings of the BitNet sub-norms: 1bitLLM's remote code (config.ONEBIT_LLM) names them inner_attn_ln /
+#: ffn_layernorm (as llama.cpp's tensor map knows them)
+SUB_NORM_ALIASES = {".self_attn.attn_sub_norm.weight": ".self_attn.inner_attn_ln.weight",
+                    ".mlp.ffn_sub_norm.weight": ".mlp.ffn_layernorm.weight"}
+
+
 def _float_tensors(cfg: ModelConfig, ckpt_keys) -> dict[str, str]:
-    t = {k: k for k in cfg.float_params()}
+    """{HF parameter name: checkpoint key} of the non-linear parameters: the name itself, or a sub-norm's other
+    spelling (``SUB_NORM_ALIASES``) where the checkpoint stores that one instead."""
+    keys = set(ckpt_keys or ())
+    t = {}
+    for k in cfg.float_params():
+        alias = next((k[: -len(a)] + b for a, b in SUB_NORM_ALIASES.items() if k.endswith(a)), None)
+        t[k] = alias if alias is not None and k not in keys and alias in keys else k
     if not cfg.tie_word_embeddings:
         t["lm_head.weight"] = "lm_head.weight"
     return t
@@ -627,7 +639,7 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
     skip = not_converted(q.get("modules_to_not_convert"))
     shapes = cfg.linear_shapes()
     linears = {}
-    tensors = _float_tensors(cfg, ckpt_keys)
+    tensors = _float_tensors(cfg, keys)
     head = _hf_bitnet_lm_head(cfg, keys, ckpt, mode, op)
     if head is not None:
         linears["lm_head"] = head

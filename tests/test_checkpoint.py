@@ -228,14 +228,17 @@ def test_bitnet_config_without_kv_heads_reads_as_transformers_does():
 
 
 def test_unknown_architecture_with_a_known_model_type_is_refused():
-    """architectures names a custom class (1bitLLM's BitnetForCausalLM: model_type llama, float weights it
-    ternarises on the fly): not run as a plain Llama, an error naming the key and the supported classes.
-    model_type alone (no architectures) and the LLaMAForCausalLM spelling still read as Llama."""
+    """architectures names a custom class (MistralForCausalLM with model_type llama): not run as a plain Llama,
+    an error naming the key and the supported classes; 1bitLLM's BitnetForCausalLM is read as BitNet
+    (tests/test_onebit_llm.py) only under model_type llama. model_type alone (no architectures) and the
+    LLaMAForCausalLM spelling still read as Llama."""
     from reference.config import ModelConfig
     from reference.make_model import PRESETS, config_dict
     d = config_dict(PRESETS["oracle-llama-gqa"])
-    with pytest.raises(CheckpointError, match=r"config.json: architectures=\['BitnetForCausalLM'\] names no class the "
-                                              r"reference implements \(BitNetForCausalLM, LlamaForCausalLM"):
-        ModelConfig.from_dict({**d, "architectures": ["BitnetForCausalLM"], "weight_bits": 1})
+    with pytest.raises(CheckpointError, match=r"config.json: architectures=\['MistralForCausalLM'\] names no class "
+                                              r"the reference implements \(BitNetForCausalLM, LlamaForCausalLM"):
+        ModelConfig.from_dict({**d, "architectures": ["MistralForCausalLM"]})
+    with pytest.raises(CheckpointError, match=r"architectures=\['BitnetForCausalLM'\] names no class"):
+        ModelConfig.from_dict({**d, "architectures": ["BitnetForCausalLM"], "model_type": "bitnet"})
     assert ModelConfig.from_dict({k: v for k, v in d.items() if k != "architectures"}).arch == "llama"
     assert ModelConfig.from_dict({**d, "architectures": ["LLaMAForCausalLM"]}).arch == "llama"

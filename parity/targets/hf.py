@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from reference.checkpoint import Checkpoint, CheckpointError
-from reference.config import ModelConfig
+from reference.checkpoint import Checkpoint, CheckpointError, load_config
+from reference.config import ONEBIT_LLM, ModelConfig
 from reference.spec import not_converted, spec_from_hf_bitnet
 
 from .base import Target
@@ -44,6 +44,14 @@ class TransformersTarget(Target):
         from transformers import AutoModelForCausalLM
 
         cfg = ModelConfig.load(model_dir)
+        archs = load_config(model_dir).get("architectures") or []
+        if ONEBIT_LLM in archs:
+            # 1bitLLM's class is remote code: transformers would build a float LlamaForCausalLM from model_type
+            # llama (no sub-norms, no ternarisation) and load the latent weights into it - wrong, not an oracle
+            raise ValueError(f"{model_dir}: architectures {archs}: {ONEBIT_LLM} (1bitLLM) is remote code that "
+                             f"transformers does not implement; from model_type 'llama' it would build a float "
+                             f"LlamaForCausalLM without the sub-norms or the ternarisation: transformers is no oracle "
+                             f"for this checkpoint; use the reference, bf16 or vllm target")
         if (cfg.quantization or {}).get("quant_method") == "bitnet":
             # transformers' BitLinear unpacks 4 output rows per byte and keeps the padding rows
             try:

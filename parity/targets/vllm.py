@@ -193,6 +193,11 @@ class VllmTarget(Target):
             # model_type alone (the reference accepts it): without architectures vLLM would not pick the
             # causal-LM class (it falls back to a pooling model)
             overrides["architectures"] = [next(a for a, f in ARCHITECTURES.items() if f == cfg.arch)]
+        if cfg.quantization and "quantization_config" not in load_config(model_dir) \
+                and "quantization_config" not in overrides:
+            # a quantization config.json implies without the key (1bitLLM's BitnetForCausalLM: online ternary,
+            # reference.config.ONEBIT_LLM_QUANTIZATION); vLLM, reading config.json alone, would run float linears
+            overrides["quantization_config"] = dict(cfg.quantization)
         if overrides:
             kw["hf_overrides"] = overrides
         if not (cfg.quantization or {}).get("quant_method") and "quantization_config" not in overrides:
