@@ -568,10 +568,12 @@ def _float_tensors(cfg: ModelConfig, ckpt_keys) -> dict[str, str]:
     """{HF parameter name: checkpoint key} of the non-linear parameters: the name itself, or a sub-norm's other
     spelling (``SUB_NORM_ALIASES``) where the checkpoint stores that one instead."""
     keys = set(ckpt_keys or ())
+    # a sub-norm stored under neither name is looked for (and named missing) under the spelling the others use
+    aliased = any(k.endswith(b) for k in keys for b in SUB_NORM_ALIASES.values())
     t = {}
     for k in cfg.float_params():
         alias = next((k[: -len(a)] + b for a, b in SUB_NORM_ALIASES.items() if k.endswith(a)), None)
-        t[k] = alias if alias is not None and k not in keys and alias in keys else k
+        t[k] = alias if alias is not None and k not in keys and (alias in keys or aliased) else k
     if not cfg.tie_word_embeddings:
         t["lm_head.weight"] = "lm_head.weight"
     return t

@@ -71,6 +71,20 @@ def test_reference_matches_the_transformers_bitnet_twin_bit_for_bit(onebit, twin
     (twin / "config.json").write_text(json.dumps(plain))
 
 
+def test_a_missing_sub_norm_is_named_under_1bitllms_spelling(onebit, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path / "m"
+    shutil.copytree(onebit, d)
+    sd = load_file(str(d / "model.safetensors"))
+    del sd["model.layers.1.mlp.ffn_layernorm.weight"]
+    save_file(sd, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"no tensor 'model.layers.1.mlp.ffn_layernorm.weight'"):
+        ReferenceModel.from_dir(d)
+
+
 def test_inspector_reads_it_as_online_ternary(onebit):
     from reference.inspect import inspect_dir
 
