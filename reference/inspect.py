@@ -1060,6 +1060,22 @@ def _awq_shaped(m: Module) -> bool:
             and tuple(m.scale.shape) == (m.zeros.shape[0], n) and m.zeros.shape[0] > 0 and k % m.zeros.shape[0] == 0)
 
 
+def _awq_shape_basics(m: Module, G: int, version: str, n_why: str, cls: str) -> None:
+    """What every AutoAWQ version asks of a module: no tensor beside qweight / qzeros / scales / bias, N % 8 == 0
+    (``n_why``), K a multiple of the group size ``G`` (``cls`` asserts it); InspectErrors naming the tensor."""
+    n, k = m.logical
+    parts = [p for p, _ in m.parts]
+    for t in (m.g_idx, m.shape_t, *m.hqq_meta.values()):
+        if t is not None:
+            raise InspectError(f"{t.file}: tensor {t.name!r} next to weight {m.weight.name!r} is not part of AutoAWQ's "
+                               f"{version}layout (qweight, qzeros, scales, bias; extra key)")
+    if n % 8:
+        raise InspectError(f"{m.where()}: {n} outputs for {parts}, but {n_why}")
+    if k % G:
+        raise InspectError(f"{m.where()}: K = {k} inputs for {parts} is not a multiple of quantization_config."
+                           f"group_size {G} ({cls} asserts in_features % group_size == 0)")
+
+
 def _awq_check(m: Module, gs: int, ckpt: Checkpoint) -> int:
     """The tensors of one AutoAWQ gemm module against the layout (WQLinear_GEMM's buffers): an InspectError naming
     the tensor and the shape it must have.  Returns the module's group size."""
@@ -1073,16 +1089,8 @@ def _awq_check(m: Module, gs: int, ckpt: Checkpoint) -> int:
                            f"that is AutoGPTQ's layout (qweight [K/8, N] + g_idx), but config.json says quant_method "
                            f"'awq', whose {lay} qweight int32 [K, N/8] = [{k}, {n // 8}] without g_idx (a GPTQ "
                            f"checkpoint needs quant_method 'gptq')")
-    for t in (m.g_idx, m.shape_t, *m.hqq_meta.values()):
-        if t is not None:
-            raise InspectError(f"{t.file}: tensor {t.name!r} next to weight {m.weight.name!r} is not part of AutoAWQ's "
-                               f"layout (qweight, qzeros, scales, bias; extra key)")
-    if n % 8:
-        raise InspectError(f"{m.where()}: {n} outputs for {parts}, but AutoAWQ packs 8 outputs per int32 "
-                           f"(WQLinear_GEMM asserts out_features % 8 == 0)")
-    if k % G:
-        raise InspectError(f"{m.where()}: K = {k} inputs for {parts} is not a multiple of "
-                           f"quantization_config.group_size {G} (WQLinear_GEMM asserts in_features % group_size == 0)")
+    _awq_shape_basics(m, G, "", "AutoAWQ packs 8 outputs per int32 (WQLinear_GEMM asserts out_features % 8 == 0)",
+                      "WQLinear_GEMM")
     g = k // G
     if m.weight.dtype != "I32" or tuple(m.weight.shape) != (k, n // 8):
         hint = " (that is GPTQ's [K/8, N] qweight, not AWQ's)" if tuple(m.weight.shape) == (k // 8, n) else \
@@ -1195,16 +1203,8 @@ def _awq_gemv_check(m: Module, gs: int, ckpt: Checkpoint) -> tuple[int, int]:
     G = k if gs == -1 else gs
     parts = [p for p, _ in m.parts]
     lay = f"AutoAWQ gemv (group_size {gs}) stores the logical {n}x{k} matrix of {parts} as"
-    for t in (m.g_idx, m.shape_t, *m.hqq_meta.values()):
-        if t is not None:
-            raise InspectError(f"{t.file}: tensor {t.name!r} next to weight {m.weight.name!r} is not part of AutoAWQ's "
-                               f"gemv layout (qweight, qzeros, scales, bias; extra key)")
-    if n % 8:
-        raise InspectError(f"{m.where()}: {n} outputs for {parts}, but AutoAWQ gemv needs N % 8 == 0 (WQLinear_GEMV "
-                           f"asserts out_features % (32 // w_bit) == 0)")
-    if k % G:
-        raise InspectError(f"{m.where()}: K = {k} inputs for {parts} is not a multiple of quantization_config."
-                           f"group_size {G} (WQLinear_GEMV asserts in_features % group_size == 0)")
+    _awq_shape_basics(m, G, "gemv ", "AutoAWQ gemv needs N % 8 == 0 (WQLinear_GEMV asserts out_features % "
+                      "(32 // w_bit) == 0)", "WQLinear_GEMV")
     if k % 8:
         raise InspectError(f"{m.where()}: K = {k} inputs for {parts} is not a multiple of 8: WQLinear_GEMV's qweight "
                            f"[N, K // 8] = [{n}, {k // 8}] cannot hold the last {k % 8} inputs")
