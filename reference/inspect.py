@@ -1830,8 +1830,22 @@ def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, find
             f"{len(opts_of) - amb} modules fit a single layout "
             f"{ {('axis%d' % a) + ('T' if t else ''): n for (t, a), n in votes.items()} }; "
             f"{amb} shape-ambiguous (square) modules follow them", conf))
+    hint = _config_group_size(cfg)
     for m in modules:
-        _scale_layout(m, ckpt)
+        _scale_layout(m, ckpt, hint)
+
+
+def _config_group_size(cfg: ModelConfig) -> Optional[int]:
+    """quantization_config.group_size of a GPTQ config (AutoGPTQ / GPTQModel: G = ceil(K / group_size) groups, the
+    last one shorter where group_size does not divide K), a positive integer, else None."""
+    q = cfg.quantization or {}
+    if str(q.get("quant_method") or "").lower() != "gptq":
+        return None
+    try:
+        gs = int(q.get("group_size"))
+    except (TypeError, ValueError):
+        return None
+    return gs if gs > 0 else None
 
 
 def _stream_hist(m: Module, ckpt: Checkpoint) -> None:
@@ -1842,7 +1856,9 @@ def _stream_hist(m: Module, ckpt: Checkpoint) -> None:
     m.weight.field_hist[m.bits] = torch.bincount(codes.reshape(-1), minlength=1 << m.bits).tolist()
 
 
-def _scale_layout(m: Module, ckpt: Checkpoint) -> None:
+def _scale_layout(m: Module, ckpt: Checkpoint, hint: Optional[int] = None) -> None:
+    """The granularity of ``m``'s scale from its shape; ``hint``: config.json's group size, taken where it gives the
+    stored number of groups (G groups of K fit a range of sizes when the last group is shorter)."""
     n, k = m.logical
     m.scale_kw = [None] * len(m.parts)
     if m.scale is None:
@@ -1868,7 +1884,7 @@ def _scale_layout(m: Module, ckpt: Checkpoint) -> None:
     elif len(shape) == 2 and (shape[0] == n or shape[1] == n):
         tr = shape[0] != n
         g = shape[0] if tr else shape[1]
-        gs = _group_size(k, g)
+        gs = hint if hint and -(-k // hint) == g else _group_size(k, g)
         if gs is None:
             raise InspectError(f"{where}: shape {list(shape)} gives {g} groups, no group size splits K={k} into {g}")
         kw = [dict(granularity="group", group_size=gs, transposed=tr)] * len(m.parts)
@@ -1929,6 +1945,24 @@ def _declared_act_order(m: Module, q: dict, method: str, ct_orders: list) -> tup
     return False, f"quantization_config.quant_method {method!r}, which writes no act-order index"
 
 
+def _index_group_size(g_idx: torch.Tensor, k: int, gs: Optional[int]) -> Optional[int]:
+    """The group size a group index's own counts give (its largest group) where it differs from ``gs`` (inferred
+    from the scales' G groups) yet yields the same G and a valid index (``formats.group_index``), else None."""
+    if gs is None or g_idx.dtype.is_floating_point or g_idx.dtype == torch.bool or tuple(g_idx.shape) != (k,):
+        return None
+    gi = g_idx.detach().to(torch.int64).cpu()
+    if bool((gi < 0).any()):
+        return None
+    alt = int(torch.bincount(gi).max())
+    if alt == gs or -(-k // alt) != -(-k // gs):
+        return None
+    try:
+        group_index(gi, k, alt)
+    except FormatError:
+        return None
+    return alt
+
+
 def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Finding],
                       cfg: Optional[ModelConfig] = None):
     """GPTQ-style qzeros / g_idx.  One constant zero point (symmetric, ``sym=True``): folded into the code
@@ -1956,11 +1990,20 @@ def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Fi
             if m.g_idx.numel != k:
                 raise InspectError(f"{m.g_idx.file}: tensor {m.g_idx.name!r} has {m.g_idx.numel} elements, expected "
                                    f"one per input: K = {k}")
+            raw_gi = ckpt.get(m.g_idx.name)
             try:
-                gi = group_index(ckpt.get(m.g_idx.name), k, gs or k, key=m.g_idx.name, name=str(m.g_idx.file))
+                gi = group_index(raw_gi, k, gs or k, key=m.g_idx.name, name=str(m.g_idx.file))
             except FormatError as e:
-                raise InspectError(f"{e} (the group index of {m.weight.name!r}, group_size {gs or k} from its "
-                                   f"scales)") from None
+                alt = _index_group_size(raw_gi, k, gs)
+                if alt is None:
+                    raise InspectError(f"{e} (the group index of {m.weight.name!r}, group_size {gs or k} from its "
+                                       f"scales)") from None
+                # G groups of K fit several sizes when the last group is shorter (K = 128, group_size 96: 2 groups,
+                # as 64 gives): the index's own group sizes tell which
+                gi = group_index(raw_gi, k, alt, key=m.g_idx.name, name=str(m.g_idx.file))
+                gs = alt
+                m.scale_kw = [dict(kw, group_size=alt) if kw and kw.get("granularity") == "group" else kw
+                              for kw in m.scale_kw]
             m.act_order = not torch.equal(gi, torch.arange(k) // (gs or k))
             if m.act_order and method and not order:
                 fix = "desc_act: true" if method == "gptq" else "weights.actorder: 'group'"

@@ -753,6 +753,28 @@ def test_gptq_3bit_ambiguous_width_and_bad_k(tmp_path):
         synth.write("gptq-int3", lg.requantized(3), tmp_path / "g3")
 
 
+@pytest.mark.parametrize("act_order,config", [(True, True), (False, True), (True, False)])
+def test_gptq_group_size_that_does_not_divide_k(act_order, config, logical, tmp_path):
+    """AutoGPTQ group_size 96 on K = 128 / 384: ceil(K / 96) groups, the last one shorter on K = 128 (96 + 32).  The
+    2 groups of K = 128 also fit group_size 64, which the scales' shape alone suggests; config.json's group_size, or
+    the g_idx's own group sizes without a config, say 96 (was: the valid g_idx refused as 'group 0 holds 96 inputs,
+    expected 64').  3-bit stream, desc_act with a permuted index or consecutive groups: bit for bit."""
+    lg = logical.requantized(3, seed=4)
+    perms = synth.actorder_perms(lg)
+    gi = {m: synth.actorder_g_idx(p if act_order else torch.arange(p.numel()), 96) for m, p in perms.items()}
+    lg = lg.with_group_jitter(96, seed=1, g_idx=gi)
+    out = tmp_path / "g96"
+    truth = synth.write(lambda l: synth.w_gptq(l, 96, bits=3, ternary=False, act_order=act_order), lg, out)
+    if not config:
+        _drop_quant_keys(out)
+    res = inspect_dir(out, use_loss=False)
+    ck = Checkpoint(out)
+    for mod in truth.ternary:
+        e = res.spec.linears[mod]
+        assert e.scale.group_size == 96 and (e.g_idx is not None) is act_order, mod
+        assert torch.equal(decode_linear(ck, e, mod).effective(), truth.effective(mod)), mod
+
+
 def test_gptq_zero_point_edge_cases(logical, tmp_path):
     """sym=False edge cases: a module without qzeros among modules with them is an error naming the missing tensor;
     zero points constant per module but different between modules, and v1's stored 2^b - 1 everywhere (z = 2^b:
