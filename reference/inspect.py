@@ -70,7 +70,9 @@ HQQ (mobiusml/hqq, read from its source, not guessed):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
+import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -2384,6 +2386,35 @@ def _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings) -> Candi
     return best.cand
 
 
+#: AutoGPTQ / GPTQModel write their quantization config to this file too (AutoGPTQ before 0.7 only there)
+QUANTIZE_CONFIG = "quantize_config.json"
+
+
+def _with_quantize_config(cfg: ModelConfig, model_dir: Path, findings: list[Finding]) -> ModelConfig:
+    """``cfg`` with the quantization block of ``quantize_config.json`` where config.json has no quantization_config
+    (as AutoGPTQ's from_quantized and vLLM's GPTQ config read it): its bits, group_size, desc_act, sym and
+    checkpoint_format (gptq_v2 qzeros store z, not z - 1) decide as config.json's would; a file without quant_method
+    but with bits is AutoGPTQ's (quant_method 'gptq')."""
+    path = model_dir / QUANTIZE_CONFIG
+    if cfg.quantization is not None or not path.is_file():
+        return cfg
+    try:
+        q = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise InspectError(f"{path}: not readable as JSON ({e}); config.json has no quantization_config, so this "
+                           f"file would give the quantization settings (bits, group_size, desc_act, sym, "
+                           f"checkpoint_format)") from None
+    if not isinstance(q, dict):
+        raise InspectError(f"{path}: expected a JSON object of quantization settings, got a {type(q).__name__}")
+    if "quant_method" not in q and "bits" in q:
+        q = dict(q, quant_method="gptq")
+    findings.append(Finding("quantization config", f"{QUANTIZE_CONFIG} (config.json has no quantization_config)",
+                            f"quant_method {q.get('quant_method')!r}, bits {q.get('bits')!r}, group_size "
+                            f"{q.get('group_size')!r}, desc_act {q.get('desc_act')!r}, checkpoint_format "
+                            f"{q.get('checkpoint_format', 'gptq')!r}", "high (config)"))
+    return dataclasses.replace(cfg, quantization=q)
+
+
 def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True, n_seq: int = 2,
                 seq_len: int = 64) -> Inspection:
     model_dir = Path(model_dir)
@@ -2391,6 +2422,7 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     ckpt = Checkpoint(model_dir)
     stats = scan(ckpt)
     findings: list[Finding] = []
+    cfg = _with_quantize_config(cfg, model_dir, findings)
     modules, floats = map_keys(stats, cfg)
     fused = [m for m in modules if len(m.parts) > 1]
     findings.append(Finding("key mapping", f"{len(modules)} linear tensors, {len(floats)} float tensors",

@@ -775,6 +775,27 @@ def test_gptq_group_size_that_does_not_divide_k(act_order, config, logical, tmp_
         assert torch.equal(decode_linear(ck, e, mod).effective(), truth.effective(mod)), mod
 
 
+def test_gptq_quantize_config_json(logical, tmp_path):
+    """AutoGPTQ / GPTQModel also write quantize_config.json (AutoGPTQ before 0.7 only that, without quant_method);
+    AutoGPTQ's from_quantized and vLLM's GPTQ config read it.  Where config.json has no quantization_config, its
+    checkpoint_format gptq_v2 decides that qzeros store z (was: read as v1's z - 1 from the tensors alone, every
+    weight off by one zero step without a word); a finding names the file."""
+    out = tmp_path / "v2"
+    truth = synth.write("gptq-asym-int3-v2", logical, out)
+    cfg = json.loads((out / "config.json").read_text())
+    q = cfg.pop("quantization_config")
+    (out / "config.json").write_text(json.dumps(cfg))
+    for qc in (q, {k: v for k, v in q.items() if k != "quant_method"}):
+        (out / "quantize_config.json").write_text(json.dumps(qc))
+        res = inspect_dir(out, use_loss=False)
+        assert any(f.what == "quantization config" and "quantize_config.json" in f.decision for f in res.findings)
+        ck = Checkpoint(out)
+        for mod in truth.ternary:
+            e = res.spec.linears[mod]
+            assert e.zero_pack.codes[0] == 0, mod
+            assert torch.equal(decode_linear(ck, e, mod).effective(), truth.effective(mod)), mod
+
+
 def test_gptq_zero_point_edge_cases(logical, tmp_path):
     """sym=False edge cases: a module without qzeros among modules with them is an error naming the missing tensor;
     zero points constant per module but different between modules, and v1's stored 2^b - 1 everywhere (z = 2^b:
