@@ -2036,8 +2036,10 @@ def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Fi
                 try:
                     vals = set(torch.unique(unpack_codes(raw, zspec, (raw.shape[0], n))).tolist())
                 except FormatError as e:
+                    why = (f"; quantization_config.bits says {zb}, but the weight {m.weight.name!r} reads as "
+                           f"{m.bits}-bit codes: is config.json's bits right?" if zb != m.bits else "")
                     raise InspectError(f"{m.zeros.file}: zero points {m.zeros.name!r}: {e} (expected {zb}-bit fields "
-                                       f"packed along the {n} output channels)") from None
+                                       f"packed along the {n} output channels{why})") from None
                 if raw.shape[0] != g:
                     raise InspectError(f"{m.zeros.file}: zero points {m.zeros.name!r} have {raw.shape[0]} rows, "
                                        f"expected one per group: {g} (K={k}, group_size={gs or k})")

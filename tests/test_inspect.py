@@ -727,6 +727,20 @@ def test_gptq_3bit_stream_read_from_shapes_alone(fmt, logical, tmp_path):
     assert any(f.what == "GPTQ 3-bit layout" for f in res.findings)
 
 
+def test_gptq_config_bits_contradicting_the_tensors_is_named(logical, tmp_path):
+    """3-bit tensors under quantization_config.bits 4: the weight reads at the only width its rows allow (3), the
+    qzeros at the config's, which does not fit them; the error names the qzeros and says the config's bits
+    contradict the weight's width."""
+    out = tmp_path / "g3"
+    synth.write("gptq-asym-int3-g32", logical, out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"]["bits"] = 4
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InspectError, match=r"zero points '.*qzeros'.*quantization_config.bits says 4, but the weight "
+                                           r"'.*qweight' reads as 3-bit codes: is config.json's bits right\?"):
+        inspect_dir(out, use_loss=False)
+
+
 def test_gptq_3bit_ambiguous_width_and_bad_k(tmp_path):
     """K = 48: a 4-bit qweight's K/8 = 6 rows are also ceil(48/32)*3 = 6 rows of a 3-bit stream; without ``bits``
     in the config the inspector refuses to guess, naming tensor, both readings and the config key; with bits 3
