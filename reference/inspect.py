@@ -347,7 +347,7 @@ def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]
     ok_of: dict[str, list[int]] = {}
     for m in packed:
         cbits = INT_DTYPES[m.weight.dtype]
-        ok = [b for b in bits_options(cbits) + _stream_bits(m, cbits)
+        ok = [b for b in bits_options(cbits) + _stream_bits(m, cbits) + _byte_codes_in_words(cbits)
               if layout_options(tuple(m.weight.shape), m.logical, cbits, b, _part_rows(m))]
         ok_of[m.prefix] = ok
         for b in ok:
@@ -384,6 +384,12 @@ def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]
 #: AutoGPTQ's bit-stream width (``QuantLinear.pack``'s bits == 3 branch: 32 codes in three int32, codes straddling
 #: words; ``PackSpec`` codec 'bitstream'), tried for int32 ``qweight`` tensors (the name AutoGPTQ / GPTQModel write)
 GPTQ_STREAM_BITS = 3
+
+
+def _byte_codes_in_words(cbits: int) -> list[int]:
+    """[8] for a container wider than a byte: 8-bit codes tiled in it (GPTQ int8: four per int32 qweight word,
+    K/4 rows - a row count no 2- or 4-bit layout of the same matrix has), tried after the narrower widths."""
+    return [8] if cbits > 8 else []
 
 
 def _stream_bits(m: Module, cbits: int) -> list[int]:
@@ -2029,7 +2035,7 @@ def check_zero_points(modules: list[Module], ckpt: Checkpoint, findings: list[Fi
                 per[m.prefix] = (None, tuple(raw.shape) == (g, n) and (g, n) != (n, g), gs or k)
             else:  # packed like GPTQ: b-bit fields along N, low bits first -> logical (G, N)
                 zb = int(q.get("bits") or 0) if q.get("quant_method") == "gptq" else 0
-                zb = zb if zb in (2, 3, 4, 8) else (m.bits if m.bits < 8 else 2)
+                zb = zb if zb in (2, 3, 4, 8) else (m.bits if m.bits < 8 or INT_DTYPES[m.weight.dtype] > 8 else 2)
                 zc = CONTAINER_OF.get(m.zeros.dtype, "int32")  # 3-bit: AutoGPTQ's bit stream along N, as qweight's
                 zspec = PackSpec(bits=zb, container=zc, pack_axis=1, codes=tuple(range(1 << zb)),
                                  codec="bitstream" if INT_DTYPES[m.zeros.dtype] % zb else None)
@@ -2588,6 +2594,13 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
         vals = [zr[hf] for hf, _ in m.parts if hf in zr]  # none for a float linear (kept as a tensor)
         m.weight.zero_ratio_decoded = sum(vals) / len(vals) if vals else None
     loss = scored[0].loss if ids is not None else None
+    if loss is not None and loss >= math.log(cfg.vocab_size):
+        findings.append(Finding(
+            "decode quality", "no candidate decode gives a working model",
+            f"the best decode scores {loss:.3f} nats a token, not below ln(vocab_size {cfg.vocab_size}) = "
+            f"{math.log(cfg.vocab_size):.3f}, what predicting every token uniformly scores: either the weights are "
+            f"untrained (random: the loss then tells nothing) or the checkpoint's format is none of those tried "
+            f"(see the code width / layout findings; the decisions above are then guesses)", "low"))
     return Inspection(model_dir, cfg, spec, stats, modules, floats, findings, scored, loss, zr)
 
 

@@ -112,6 +112,11 @@ UNSEEN = {
     "int16-nibbles-axis0-blocked": dict(pack_spec=PackSpec(bits=4, container="int16", pack_axis=0, lanes="blocked",
                                                            codes=code_table(4, {15: -1, 0: 0, 1: 1})),
                                         scale="tensor", op="divide", scale_dtype=torch.float32),
+    # 8-bit codes tiled four to an int32 word (GPTQ int8's qweight layout), and two to an int16 in blocked lanes
+    "i32-byte-codes-axis1": dict(pack_spec=PackSpec(bits=8, container="int32", pack_axis=1, pad_code=1,
+                                                    codes=code_table(8, {0: -1, 1: 0, 2: 1})), scale="channel"),
+    "i16-byte-codes-blocked": dict(pack_spec=PackSpec(bits=8, container="int16", pack_axis=1, lanes="blocked",
+                                                      codes=code_table(8, {255: -1, 0: 0, 1: 1})), scale="group"),
     "u8-nibbles-i2s-lanes": dict(pack_spec=PackSpec(bits=4, container="uint8", pack_axis=1, lanes="block_interleaved",
                                                     block=64, bit_order="msb", codes=code_table(4, {1: -1, 2: 0, 3: 1}),
                                                     pad_code=2), scale="channel"),
@@ -126,6 +131,24 @@ def test_recovers_unseen_layouts(name, logical, trained_loss, tmp_path):
     res = inspect_dir(out)
     check_recovered(out, res.spec, truth, logical, 1e-3)
     assert res.loss == pytest.approx(trained_loss, abs=0.01)
+
+
+def test_a_decode_worse_than_uniform_is_flagged(logical, trained_loss, tmp_path):
+    """A layout outside the search (int64 containers in 128-blocks along an output axis of 64: k / v pad to twice
+    their rows, which the width search reads as 4-bit codes) decodes to a broken model: its loss is above
+    ln(vocab_size), so a low-confidence 'decode quality' finding says no candidate works; the committed model's
+    inspection has none."""
+    import math
+
+    spec = PackSpec(bits=2, container="int64", pack_axis=0, lanes="block_interleaved", block=128, bit_order="msb",
+                    codes=(0, None, 1, -1))
+    out = tmp_path / "odd"
+    synth.write(lambda g: synth.w_custom(g, spec, scale="tensor", scale_dtype=torch.float32), logical, out)
+    res = inspect_dir(out)
+    assert res.loss > math.log(512) > trained_loss
+    (f,) = [f for f in res.findings if f.what == "decode quality"]
+    assert f.confidence == "low" and "not below ln(vocab_size 512) = 6.238" in f.evidence
+    assert not [f for f in inspect_dir(TRAINED).findings if f.what == "decode quality"]
 
 
 def test_trained_margin_and_report(tmp_path, trained_loss, capsys):
@@ -808,6 +831,22 @@ def test_gptq_quantize_config_json(logical, tmp_path):
             e = res.spec.linears[mod]
             assert e.zero_pack.codes[0] == 0, mod
             assert torch.equal(decode_linear(ck, e, mod).effective(), truth.effective(mod)), mod
+
+
+@pytest.mark.parametrize("drop", [["bits"], None])
+def test_gptq_int8_without_bits_in_the_config(drop, logical, tmp_path):
+    """GPTQ int8 (four 8-bit codes per int32: qweight [K/4, N], qzeros [G, N/4]) with no bits in
+    quantization_config, or no quantization_config: the width comes from the K/4 rows, the qzeros are read at it;
+    bit for bit."""
+    out = tmp_path / "g8"
+    truth = synth.write("gptq-asym-int8", logical, out)
+    _drop_quant_keys(out, drop)
+    res = inspect_dir(out, use_loss=False)
+    ck = Checkpoint(out)
+    for mod in truth.ternary:
+        e = res.spec.linears[mod]
+        assert e.pack.bits == 8 and e.pack.container == "int32" and e.zero_pack.bits == 8, mod
+        assert torch.equal(decode_linear(ck, e, mod).effective(), truth.effective(mod)), mod
 
 
 def test_gptq_zero_point_edge_cases(logical, tmp_path):
