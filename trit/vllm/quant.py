@@ -947,7 +947,14 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
     def _k_start(layer, input_size: int, k_part: int) -> int:
         """The first input of this rank's K slice: a row-parallel layer's rank r holds [r * K_part, (r+1) * K_part)
         (vLLM's RowParallelLinear.weight_loader narrows at tp_rank * shard_size); other layers hold all of K."""
-        return 0 if k_part == input_size else int(getattr(layer, "tp_rank", 0)) * k_part
+        if k_part == input_size:
+            return 0
+        rank = getattr(layer, "tp_rank", None)
+        if rank is None:  # a vLLM whose LinearBase keeps no tp_rank: the rank its loaders narrow with
+            from vllm.model_executor.layers import linear as vllm_linear
+
+            rank = vllm_linear.get_tensor_model_parallel_rank()
+        return int(rank) * k_part
 
     def _g_idx_loader(self, layer, input_size: int):
         """Loader of ``weight_g_idx``: the checkpoint's group index of one module (or of every module of a tensor
