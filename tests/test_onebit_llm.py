@@ -133,3 +133,20 @@ def test_vllm_without_the_quantization_config_names_the_override(onebit):
     with pytest.raises(Exception, match=r"BitnetForCausalLM \(1bitLLM\) stores float latent weights.*pass "
                                         r"hf_overrides"):
         LLM(model=str(onebit), dtype="float32", enforce_eager=True, max_model_len=64, skip_tokenizer_init=True)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_tp2_matches_the_reference(onebit):
+    """TP = 2 (worker processes: the override travels in hf_overrides; the sub-norm over the intermediate split
+    across ranks): top-10 next tokens against the fp32 reference."""
+    from parity.compare import topk_ids_agreement
+    from parity.targets.vllm import VllmTarget
+    from parity.tolerances import column, resolve
+
+    ids = torch.randint(3, 67, (2, 16), generator=torch.Generator().manual_seed(0))
+    logits = ReferenceModel.from_dir(onebit).forward(ids)
+    limit = resolve(column("fp32", spec_for(onebit).activation_quant, bit_faithful=False))["model"].limit(
+        float(logits.abs().max()))
+    tk = topk_ids_agreement(VllmTarget("fp32", tensor_parallel_size=2).topk_ids(onebit, ids, 10), logits, limit)
+    assert tk.passed and tk.top1_agree == 1.0, tk
