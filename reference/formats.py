@@ -76,6 +76,13 @@ Where a logical element lands is fixed by three things:
   separately (transformers' ``pack_weights`` per projection) and then concatenated.  The lengths
   sum to the axis length.  ``None`` (the default, omitted from JSON) = one segment.
 
+* ``stored_as`` — the float dtype (``float16`` / ``bfloat16`` / ``float32``) whose bytes hold the packed
+  container tensor: the stored tensor is the container tensor's ``.view(dtype)`` (its last dim scaled by the
+  byte ratio: uint8 [a, b] as float16 is [a, b/2], int32 [a, b] as float16 [a, 2b]), read back with
+  ``.view(container)`` before unpacking, bit for bit.  mobiusml/hqq ``view_as_float=True``
+  (``Quantizer.quantize``: ``W_q = W_q.view(compute_dtype)``; ``dequantize``: ``W_q.view(unpack_view_dtype)``).
+  ``None`` (the default, omitted from JSON) = the container dtype itself.
+
 ``transposed`` means the stored tensor is the transpose of the packed matrix (GPTQ stores
 ``qweight`` as ``[K/16, N]``).  Padding (L not a multiple of the block) is filled with
 ``pad_code`` and cropped on unpack, so ``unpack(pack(W)) == W`` for any shape.
@@ -103,6 +110,10 @@ Lanes = Literal["interleaved", "blocked", "block_interleaved"]
 class FormatError(ValueError):
     """A tensor does not match the format it is declared to have."""
 
+
+#: PackSpec.stored_as: float dtypes whose bytes may carry a container tensor -> (torch dtype, bytes)
+STORED_AS: dict[str, tuple[torch.dtype, int]] = {"float16": (torch.float16, 2), "bfloat16": (torch.bfloat16, 2),
+                                                  "float32": (torch.float32, 4)}
 
 #: in-block (record) scale dtypes: name -> (torch dtype, bytes)
 RECORD_SCALE_DTYPES: dict[str, tuple[torch.dtype, int]] = {"float16": (torch.float16, 2)}
@@ -212,10 +223,13 @@ class PackSpec:
     fields: Optional[int] = None  # codes per container when they do not tile it (HQQ 3bit_32: 10); see docstring
     codec: Optional[str] = None  # "tq1_0" (llama.cpp TQ1_0 records) or "bitstream" (AutoGPTQ 3-bit); see docstring
     order: Optional[tuple] = None  # slot i holds the container's element order[i] (AutoAWQ); see docstring
+    stored_as: Optional[str] = None  # float dtype whose bytes hold the containers (HQQ view_as_float); see docstring
 
     def __post_init__(self):
         if self.container not in CONTAINERS:
             raise FormatError(f"unknown container {self.container!r}; known: {sorted(CONTAINERS)}")
+        if self.stored_as is not None and self.stored_as not in STORED_AS:
+            raise FormatError(f"unknown stored_as {self.stored_as!r}; known: {sorted(STORED_AS)}")
         cbits = CONTAINERS[self.container][1]
         if self.codec == "bitstream":
             if (not 1 <= self.bits <= 16 or cbits > 32 or self.lanes != "interleaved" or self.bit_order != "lsb"
@@ -362,13 +376,39 @@ class PackSpec:
         return self.replace(group_view=None, group_axis=1)
 
     def packed_shape(self, shape: tuple[int, int]) -> tuple[int, int]:
+        """The stored tensor's shape for a logical ``shape`` (with ``stored_as``: its float view's)."""
         n, k = self.view_shape(shape)
         s = [n, k]
         s[self.pack_axis] = self.packed_len(s[self.pack_axis])
-        return (s[1], s[0]) if self.transposed else (s[0], s[1])
+        out = (s[1], s[0]) if self.transposed else (s[0], s[1])
+        if self.stored_as is not None:
+            cb, fb = CONTAINERS[self.container][1] // 8, STORED_AS[self.stored_as][1]
+            if (out[1] * cb) % fb:
+                raise FormatError(f"a {self.container} {list(out)} container tensor has no {self.stored_as} view: "
+                                  f"its last dim of {out[1]} * {cb} bytes is not a multiple of {fb}")
+            out = (out[0], out[1] * cb // fb)
+        return out
+
+    def container_shape(self, stored_shape: tuple) -> tuple:
+        """The container tensor's shape behind a stored tensor of ``stored_shape`` (``stored_as``: the last dim
+        scaled by the byte ratio); the shape itself without ``stored_as``."""
+        if self.stored_as is None or not len(stored_shape):
+            return tuple(stored_shape)
+        cb, fb = CONTAINERS[self.container][1] // 8, STORED_AS[self.stored_as][1]
+        last = stored_shape[-1] * fb
+        if last % cb:
+            raise FormatError(f"a {self.stored_as} {list(stored_shape)} tensor has no {self.container} view: its last "
+                              f"dim of {stored_shape[-1]} * {fb} bytes is not a multiple of {cb}")
+        return (*stored_shape[:-1], last // cb)
 
     def logical_shapes(self, stored_shape: tuple[int, int]) -> list[tuple[int, int]]:
         """Logical shapes whose packed shape is ``stored_shape`` (for the inspector)."""
+        if self.stored_as is not None:
+            try:
+                stored_shape = self.container_shape(tuple(stored_shape))
+            except FormatError:
+                return []
+            return self.replace(stored_as=None).logical_shapes(stored_shape)
         a, b = stored_shape
         if self.transposed:
             a, b = b, a
@@ -428,6 +468,8 @@ class PackSpec:
             del d["record"]  # absent: JSON of record-less formats unchanged
         else:
             d["record"] = list(self.record)
+        if self.stored_as is None:
+            del d["stored_as"]  # absent: JSON of formats stored in their container dtype unchanged
         return d
 
     @classmethod
@@ -490,6 +532,46 @@ def _from_container(x: torch.Tensor, spec: PackSpec) -> torch.Tensor:
     return x
 
 
+def as_container(stored: torch.Tensor, spec: PackSpec, name: str = "tensor", shape: Optional[tuple] = None
+                 ) -> torch.Tensor:
+    """The container tensor whose bytes ``stored`` holds (``spec.stored_as``: ``.view(container)`` on the last dim,
+    bit for bit); ``stored`` itself without ``stored_as``.  A dtype other than ``stored_as``, a last dim with no
+    container view, or (given the logical ``shape``) a stored shape other than its ``packed_shape`` is a
+    FormatError naming the expected dtype / shape."""
+    if spec.stored_as is None:
+        return stored
+    want = STORED_AS[spec.stored_as][0]
+    if stored.dtype != want:
+        raise FormatError(f"{name}: stored as {stored.dtype}, format says {spec.container} containers stored as "
+                          f"{spec.stored_as} (a {spec.stored_as} view of their bytes); expected dtype {want}")
+    if stored.dim() == 0:
+        raise FormatError(f"{name}: a 0-d {stored.dtype} tensor has no {spec.container} view; expected a 2-D tensor")
+    try:
+        if shape is not None:
+            want = spec.packed_shape(tuple(shape))
+            if tuple(stored.shape) != want:
+                raise FormatError(f"stored {stored.dtype} tensor has shape {tuple(stored.shape)}, a logical "
+                                  f"{shape[0]}x{shape[1]} matrix in this format needs {spec.stored_as} {want} (the "
+                                  f"{spec.stored_as} view of {spec.container} {spec.replace(stored_as=None).packed_shape(tuple(shape))})")
+        cshape = spec.container_shape(tuple(stored.shape))
+    except FormatError as e:
+        raise FormatError(f"{name}: {e}") from None
+    return stored.contiguous().view(spec.torch_dtype).reshape(cshape)
+
+
+def as_stored(packed: torch.Tensor, spec: PackSpec, name: str = "tensor") -> torch.Tensor:
+    """The inverse of ``as_container``: the ``stored_as`` view of a container tensor (itself without)."""
+    if spec.stored_as is None:
+        return packed
+    if packed.dtype != spec.torch_dtype:
+        raise FormatError(f"{name}: dtype {packed.dtype}, format says {spec.container}")
+    cb, fb = CONTAINERS[spec.container][1] // 8, STORED_AS[spec.stored_as][1]
+    if packed.dim() == 0 or (packed.shape[-1] * cb) % fb:
+        raise FormatError(f"{name}: a {spec.container} {list(packed.shape)} container tensor has no {spec.stored_as} "
+                          f"view: its last dim * {cb} bytes is not a multiple of {fb}")
+    return packed.contiguous().view(STORED_AS[spec.stored_as][0])
+
+
 def _by_segment(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int], fn, name: str = "tensor"
                 ) -> torch.Tensor:
     """``fn(piece, inner_spec, piece_shape)`` on every packed segment (``spec.segments``), the results
@@ -514,9 +596,11 @@ def _by_segment(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int], fn
 
 
 def pack_codes(codes: torch.Tensor, spec: PackSpec) -> torch.Tensor:
-    """codes int [N, K] (each in [0, 2**bits)) -> packed container tensor."""
+    """codes int [N, K] (each in [0, 2**bits)) -> packed container tensor (``stored_as``: its float view)."""
     if codes.dim() != 2:
         raise FormatError(f"pack expects a 2-D code matrix, got shape {tuple(codes.shape)}")
+    if spec.stored_as is not None:
+        return as_stored(pack_codes(codes, spec.replace(stored_as=None)), spec)
     if spec.segments is not None:
         spec.packed_len(codes.shape[spec.pack_axis])  # the segments cover the axis
         inner = spec.replace(segments=None)
@@ -610,6 +694,8 @@ def _place(fields: torch.Tensor, spec: PackSpec, length: int) -> torch.Tensor:
 
 def unpack_codes(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int]) -> torch.Tensor:
     """packed container tensor -> codes int64 [N, K] for the logical ``shape``."""
+    if spec.stored_as is not None:
+        return unpack_codes(as_container(packed, spec, shape=shape), spec.replace(stored_as=None), shape)
     if spec.codec == "bitstream":
         return _bitstream_unpack(packed, spec, shape)
     if spec.codec is not None:
@@ -667,6 +753,9 @@ def unpack(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int], *, name
            strict: bool = True) -> torch.Tensor:
     """packed -> logical integer values int8 [N, K] (int16 when a value does not fit int8), on
     the device of ``packed``.  An unused code is an error if ``strict``."""
+    if spec.stored_as is not None:
+        return unpack(as_container(packed, spec, name, shape), spec.replace(stored_as=None), shape, name=name,
+                      strict=strict)
     if spec.group_view is not None:
         inner = spec.ungrouped()
         return unpack(packed, inner, spec.view_shape(shape), name=name, strict=strict).reshape(shape)

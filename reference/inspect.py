@@ -62,9 +62,17 @@ HQQ (mobiusml/hqq, read from its source, not guessed):
     ``W_q`` (``HQQ_META``), uses axis / group_size as evidence, and refuses, naming the file, the
     tensor and the expected value, any that contradicts the stored tensors or config.json (an nbits
     HQQ does not have, a packing that is not nbits' own, an unpack_view_dtype not the packing's,
-    view_as_float / quant_scale / quant_zero / offload_meta set, channel_wise unset, shape not config.json's
+    quant_scale / quant_zero / offload_meta set, channel_wise unset, shape not config.json's
     [N, K], an axis or group_size that does not give the stored W_q / scale / zero shapes); the
-    spec lists them under ``ignored``.  Without meta, the axis is read from the shapes: scale /
+    spec lists them under ``ignored``.
+  * ``view_as_float`` True (``Quantizer.quantize``: ``W_q = W_q.view(compute_dtype)`` after packing;
+    ``dequantize`` views it back as ``unpack_view_dtype``): W_q is a float16 / bfloat16 / float32
+    tensor whose bytes are the packed integer tensor (uint8 [a, b] as float16 [a, b/2], int32 [a, b]
+    as float16 [a, 2b]).  The inspector reads its integer view (``unpack_view_dtype``, else the
+    packing's), bit for bit, in place of the stored tensor (``_hqq_float_views``), and the spec says
+    so with ``pack.stored_as``.  view_as_float True next to an integer W_q, a float W_q without it,
+    a float dtype other than compute_dtype or a byte count that is no integer view is an error
+    naming the file, the tensor and what was expected.  Without meta, the axis is read from the shapes: scale /
     zero [1, N*K/G] with W_q [G/4, N*K/G] is axis=0, else axis=1 as before.
 """
 from __future__ import annotations
@@ -173,6 +181,8 @@ class Module:
     zero_pack: Optional[PackSpec] = None  # LinearEntry.zero_pack: the zero tensor's own packing (GPTQ qzeros)
     levels: Optional[str] = None  # LinearEntry.levels: "ternary" where the zero points were found to give ternary
     fields: Optional[int] = None  # PackSpec.fields: codes per container that do not tile it (HQQ 3bit_32)
+    stored_as: Optional[str] = None  # PackSpec.stored_as: weight is the integer view of a float tensor (HQQ view_as_float)
+    stored: Optional[TensorStats] = None  # the stored float tensor's stats where stored_as is set (weight: its view)
     hqq_meta: dict = field(default_factory=dict)  # HQQ meta key (HQQ_META) -> its TensorStats, next to a W_q
     hqq_values: dict = field(default_factory=dict)  # HQQ meta key -> decoded value (detect_hqq)
     order: Optional[tuple] = None  # PackSpec.order: the slot order inside each container (AutoAWQ's AWQ_ORDER)
@@ -680,14 +690,15 @@ HQQ_BITPACK = {"8bit_u8": (8, "U8", 1), "4bit_u8": (4, "U8", 2), "3bit_32": (3, 
 HQQ_NBITS = {8: "8bit_u8", 6: "8bit_u8", 5: "8bit_u8", 4: "4bit_u8", 3: "3bit_32", 2: "2bit_u8", 1.58: "2bit_u8",
              1: "1bit_u8"}
 #: meta values that must hold for the layouts this inspector reads (others are informational)
-HQQ_REQUIRED = {"view_as_float": False, "quant_scale": False, "quant_zero": False, "offload_meta": False,
+HQQ_REQUIRED = {"quant_scale": False, "quant_zero": False, "offload_meta": False,
                 "channel_wise": True}
-HQQ_WHY = {"view_as_float": "W_q stored as a float view of the packed bytes is not supported",
-           "quant_scale": "quantized scales are not serialised by HQQLinear.state_dict",
+HQQ_WHY = {"quant_scale": "quantized scales are not serialised by HQQLinear.state_dict",
            "quant_zero": "quantized zero points are not serialised by HQQLinear.state_dict",
            "offload_meta": "offloaded meta (zero_scale) replaces scale / zero",
            "channel_wise": "channel_wise=False quantizes the whole tensor with one scale, not per group"}
 HQQ_TORCH_DTYPES = ("torch.float16", "torch.bfloat16", "torch.float32", "torch.float64")
+#: safetensors dtype of a view_as_float W_q (W_q.view(compute_dtype)) -> PackSpec.stored_as
+HQQ_FLOAT_VIEWS = {"F16": "float16", "BF16": "bfloat16", "F32": "float32"}
 
 
 def _hqq_meta_values(m: Module, ckpt: Checkpoint) -> dict:
@@ -782,13 +793,86 @@ def _hqq_problems(m: Module, axis: int, g: int, packing: str = "2bit_u8") -> lis
         s_txt = f"[1, {cols}] (one value per column of the [{g}, {cols}] group view)"
     if m.weight.dtype != dt or tuple(m.weight.shape) != want_w:
         out.append(f"{m.weight.name!r} is {m.weight.dtype} {list(m.weight.shape)}, expected "
-                   f"{CONTAINER_OF[dt]} {list(want_w)} ({packing})")
+                   f"{CONTAINER_OF[dt]} {list(want_w)} ({packing})" + _hqq_view_note(m, dt, want_w))
     for t, what in ((m.scale, "scale"), (m.zeros, "zero")):
         if t is None:
             out.append(f"no {what} tensor {m.prefix + '.' + what!r}")
         elif t.dtype in INT_DTYPES or tuple(t.shape) not in ok_s:
             out.append(f"{what} {t.name!r} is {t.dtype} {list(t.shape)}, expected a float {s_txt}")
     return out
+
+
+def _hqq_view_note(m: Module, dt: str, want: tuple) -> str:
+    """For a view_as_float W_q (``m.stored_as``): the stored float tensor and the float shape ``want`` needs."""
+    if m.stored_as is None:
+        return ""
+    cb, fb = INT_DTYPES[dt] // 8, m.stored.nbytes // max(1, m.stored.numel)
+    exp = (f"expected {m.stored_as} {[want[0], want[1] * cb // fb]}" if (want[1] * cb) % fb == 0 else
+           f"no {m.stored_as} tensor holds it ({want[1]} * {cb} bytes per row)")
+    return (f" (read as the {CONTAINER_OF[m.weight.dtype]} view of the stored {m.stored_as} {list(m.stored.shape)}, "
+            f"view_as_float; {exp})")
+
+
+def _hqq_float_views(modules: list[Module], ckpt: Checkpoint) -> None:
+    """HQQ ``view_as_float`` (see module docstring): where a W_q's meta tensors say view_as_float True and W_q is a
+    float tensor of compute_dtype, the module's weight becomes the statistics of its integer view
+    (``unpack_view_dtype``, else the packing's; ``scan.tensor_stats``), ``stored_as`` the float dtype and ``stored``
+    the stored tensor's own stats, so HQQ detection reads the packed integers bit for bit.  view_as_float True
+    next to an integer W_q, a float W_q without it (meta present), a float dtype that is not compute_dtype, or a
+    row whose bytes are no whole number of integers is an InspectError naming the file, the tensor and the
+    expected dtype / shape.  Modules without HQQ meta are left alone."""
+    from .scan import tensor_stats
+
+    for m in modules:
+        st = m.weight
+        if not (st.name.endswith(".W_q") and m.hqq_meta) or m.stored_as is not None:
+            continue
+        vst = m.hqq_meta.get("view_as_float")
+        vaf = False
+        if vst is not None:
+            t = ckpt.get(vst.name)
+            if t.numel() != 1 or t.is_floating_point() or t.reshape(-1)[0].item() not in (0, 1):
+                continue  # malformed: _hqq_meta_values names it
+            vaf = bool(t.reshape(-1)[0].item())
+        is_float = st.dtype not in INT_DTYPES
+        if not vaf and (not is_float or m.scale is None or m.zeros is None):
+            continue  # an integer W_q, or a float weight with no scale / zero next to it (not HQQ-packed: said later)
+        meta = _hqq_meta_values(m, ckpt)
+        packing = meta.get("packing") or (HQQ_NBITS[meta["nbits"]] if "nbits" in meta else None)
+        cont = meta.get("unpack_view_dtype") or (HQQ_PACKINGS[packing] if packing else None)
+        cname = cont.removeprefix("torch.") if cont else "uint8 / int32"
+        where = f"{st.file}: tensor {st.name!r} (HQQ W_q)"
+        said = (f"HQQ meta tensor {vst.name!r} says view_as_float {vaf}" if vst is not None else
+                "no HQQ meta 'view_as_float' next to it (HQQ's default: False)")
+        comp = meta.get("compute_dtype")
+        want_f = comp.removeprefix("torch.") if comp else None
+        if not vaf:
+            raise InspectError(f"{where} is {st.dtype} {list(st.shape)}, but {said}: without view_as_float HQQ "
+                               f"stores W_q as its packing's integers; expected {cname} (unpack_view_dtype), or "
+                               f"view_as_float True for a float view of them")
+        if not is_float:
+            raise InspectError(f"{where} is {st.dtype} {list(st.shape)}, but {said}: Quantizer.quantize then stores "
+                               f"W_q.view(compute_dtype); expected a {want_f or 'float16 / bfloat16 / float32'} "
+                               f"tensor holding the packed {cname} bytes (or view_as_float False)")
+        if cont not in ("torch.uint8", "torch.int32"):
+            raise InspectError(f"{where}: {said}, but no HQQ meta 'packing', 'nbits' or 'unpack_view_dtype' says "
+                               f"which integer dtype its bytes hold; expected one of them (e.g. unpack_view_dtype "
+                               f"'torch.uint8')")
+        if st.dtype not in HQQ_FLOAT_VIEWS or (want_f is not None and HQQ_FLOAT_VIEWS[st.dtype] != want_f):
+            raise InspectError(f"{where} is {st.dtype} {list(st.shape)}; {said} and Quantizer.quantize stores "
+                               f"W_q.view(compute_dtype): expected "
+                               + (f"{want_f} (HQQ meta {m.hqq_meta['compute_dtype'].name!r} = {comp!r})" if want_f
+                                  else f"one of {sorted(HQQ_FLOAT_VIEWS.values())}"))
+        t = ckpt.get(st.name)
+        dt, cb = ("U8", 1) if cont == "torch.uint8" else ("I32", 4)
+        fb = t.element_size()
+        if t.dim() != 2 or (t.shape[-1] * fb) % cb:
+            raise InspectError(f"{where} is {st.dtype} {list(st.shape)} (view_as_float): expected a 2-D tensor whose "
+                               f"rows are whole {cname} values, but a row of {t.shape[-1] if t.dim() else 0} * {fb} "
+                               f"bytes is not a multiple of {cb} (W_q.view({cont}) fails)")
+        iv = t.contiguous().view(torch.uint8 if dt == "U8" else torch.int32)
+        m.stored, m.stored_as = st, HQQ_FLOAT_VIEWS[st.dtype]
+        m.weight = tensor_stats(iv, st.name, st.file, dt, st.nbytes)
 
 
 def _hqq_groups(m: Module, axis: int, packing: str) -> int:
@@ -887,7 +971,8 @@ def _hqq_ternary(fit: list[Module], layout: dict, ckpt: Checkpoint) -> tuple[boo
     zvals = sorted({int(v) for z in zs.values() for v in torch.unique(z).tolist()})
     outside, groups_out, first = 0, 0, None
     for m in fit:
-        codes = unpack_codes(ckpt.get(m.weight.name), hqq_pack_spec(*layout[m.prefix]), m.logical)
+        codes = unpack_codes(ckpt.get(m.weight.name), hqq_pack_spec(*layout[m.prefix], stored_as=m.stored_as),
+                             m.logical)
         axis, g, _ = layout[m.prefix]
         zspec = ScaleSpec(key=m.zeros.name, granularity="group", group_size=g, **({"group_axis": 0} if axis == 0 else {}))
         vals = subtract_zero(codes, ckpt.get(m.zeros.name), zspec, m.logical, m.where())
@@ -966,6 +1051,9 @@ def detect_hqq(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findin
         "block structure", f"HQQ {'ternary' if ternary else 'asymmetric low-bit'}, {desc}: W = (q - zero) * scale",
         f"all {len(packed)} packed weights are {sorted({CONTAINER_OF[m.weight.dtype] for m in fit})} W_q of the "
         f"group view with float scale and zero per group ([N*K/G, 1] axis=1, [1, N*K/G] axis=0); {why}"
+        + (f"; W_q of {sum(m.stored_as is not None for m in fit)} modules stored as a float view of those bytes "
+           f"(view_as_float: {sorted({m.stored_as for m in fit if m.stored_as})}), read as their integer view"
+           if any(m.stored_as for m in fit) else "")
         + (f"; packing, axis{' and group_size' if any('group_size' in m.hqq_values for m in named) else ''} from "
            f"HQQ's meta tensors for {len(named)} modules" if named else
            "; packing and axis from the shapes (no HQQ meta tensors)"),
@@ -1749,6 +1837,7 @@ def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, f
                     ) -> Optional[str]:
     """Per-module structure; returns the named convention found by its block structure
     ('awq', 'ct_asym', 'tq2_0', 'tq1_0', 'hqq') or None."""
+    _hqq_float_views(modules, ckpt)  # an HQQ view_as_float W_q: its integer view from here on
     for name, detect in (("awq", detect_awq), ("ct_asym", detect_ct_asym), ("tq2_0", detect_tq2_0),
                          ("tq1_0", detect_tq1_0), ("hqq", detect_hqq)):
         if not detect(modules, cfg, ckpt, findings):

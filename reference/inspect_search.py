@@ -132,18 +132,19 @@ def pack_spec(m: Module, c: Candidate) -> PackSpec:
                     lanes="interleaved" if single else c.lanes, block=None if single else c.block,
                     bit_order="lsb" if single else c.bit_order, codes=codes, transposed=m.transposed,
                     pad_code=codes.index(0) if m.pad_code is None else m.pad_code, record=m.record, group_view=m.group_view, group_axis=m.group_axis,
-                    segments=segments, fields=m.fields, codec=m.codec, order=m.order)
+                    segments=segments, fields=m.fields, codec=m.codec, order=m.order, stored_as=m.stored_as)
 
 
-def hqq_pack_spec(axis: int, group_size: int, packing: str) -> PackSpec:
+def hqq_pack_spec(axis: int, group_size: int, packing: str, stored_as: Optional[str] = None) -> PackSpec:
     """HQQ's own layout (mobiusml/hqq hqq/core/bitpack.py) of a ``packing`` ('2bit_u8', '3bit_32', ...): the
-    group view cut along its axis 0 into one chunk per field, chunk 0 in the highest field; identity codes."""
+    group view cut along its axis 0 into one chunk per field, chunk 0 in the highest field; identity codes;
+    ``stored_as``: W_q stored as that float view of its bytes (HQQ view_as_float)."""
     from .inspect import HQQ_BITPACK
 
     bits, dt, f = HQQ_BITPACK[packing]
     return PackSpec(bits=bits, container=CONTAINER_OF[dt], pack_axis=0, lanes="blocked" if f > 1 else "interleaved",
                     bit_order="msb" if f > 1 else "lsb", codes=tuple(range(1 << bits)), group_view=group_size,
-                    group_axis=axis, fields=f if packing == "3bit_32" else None)
+                    group_axis=axis, fields=f if packing == "3bit_32" else None, stored_as=stored_as)
 
 
 def zero_spec(m: Module) -> Optional[ScaleSpec]:
@@ -185,7 +186,7 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
     linears = {}
     for m in modules:
         pk = pack_spec(m, c) if m.packed else None
-        if pk is not None and pk.packed_shape(m.logical) != tuple(m.weight.shape):
+        if pk is not None and pk.packed_shape(m.logical) != tuple((m.stored or m.weight).shape):
             raise FormatError(f"{m.where()}: {c.label()} needs shape {list(pk.packed_shape(m.logical))}")
         for (hf, rows), kw in zip(m.parts, m.scale_kw):
             # an in-block scale (TQ2_0 'block') is read from the weight tensor itself

@@ -97,8 +97,14 @@ def _unsigned(x: torch.Tensor, bits: int) -> torch.Tensor:
 
 def scan_tensor(ckpt: Checkpoint, name: str) -> TensorStats:
     info = ckpt.info(name)
-    st = TensorStats(name, str(info.file), info.dtype, tuple(info.shape), info.nbytes)
-    t = ckpt.get(name)
+    return tensor_stats(ckpt.get(name), name, str(info.file), info.dtype, info.nbytes)
+
+
+def tensor_stats(t: torch.Tensor, name: str, file: str, dtype: str, nbytes: int) -> TensorStats:
+    """The statistics of ``t`` read as the safetensors ``dtype`` (``scan_tensor`` of a stored tensor; the inspector
+    also scans the integer view of an HQQ view_as_float W_q through it)."""
+    st = TensorStats(name, file, dtype, tuple(t.shape), nbytes)
+    info = st
     flat = t.reshape(-1)
     uniq: set = set()
     is_int = info.dtype in INT_DTYPES

@@ -84,6 +84,9 @@ mobiusml/hqq ``Quantizer.quantize`` does with optimize=False; asymmetric levels,
                       4bit_u8 with HQQ's rounded (integer) zero points for nbits 4
   hqq-1bit, hqq-8bit  1bit_u8 (eight chunks per byte), 8bit_u8 (one code per byte)
   hqq-mixed           4-bit attention projections, 2-bit MLP
+  hqq-2bit-float16-view, hqq-4bit-bfloat16-view, hqq-3bit-float16-view
+                      view_as_float=True: W_q stored as W_q.view(compute_dtype) (uint8 [a, b] -> float16 [a, b/2],
+                      int32 3bit_32 [a, b] -> float16 [a, 2b]), meta view_as_float True
 
 AutoGPTQ ``sym=False`` on a float model (``GPTQ_ASYM_FORMATS``, ``w_gptq_asym``: round-to-nearest with
 AutoGPTQ's find_params / quantize, per-group integer zero points; take any ``Logical``):
@@ -964,7 +967,7 @@ def _hqq_str(v: str) -> torch.Tensor:
 
 
 def hqq_meta(shape: tuple, axis: int, group_size: int, nbits=2, compute_dtype: str = "torch.float16",
-             packing: str = "2bit_u8", round_zero: Optional[bool] = None) -> dict:
+             packing: str = "2bit_u8", round_zero: Optional[bool] = None, view_as_float: bool = False) -> dict:
     """The non-tensor entries HQQLinear.state_dict (hqq/core/quantize.py, ``encoded_state_dict=True``, as
     ``save_to_safetensors`` / transformers' ``save_pretrained`` store it) writes next to W_q / scale / zero of a
     2-bit layer quantized with ``hqq_base_quant_config(nbits=2, group_size, axis)``: the meta dict of
@@ -984,7 +987,7 @@ def hqq_meta(shape: tuple, axis: int, group_size: int, nbits=2, compute_dtype: s
     meta = {"nbits": enc(nbits), "group_size": enc(group_size), "shape": torch.tensor(torch.Size(shape)),
             "axis": enc(axis), "packing": enc(packing),
             "unpack_view_dtype": enc("torch.int32" if packing == "3bit_32" else "torch.uint8"),
-            "view_as_float": enc(False), "quant_scale": enc(False), "quant_zero": enc(False),
+            "view_as_float": enc(view_as_float), "quant_scale": enc(False), "quant_zero": enc(False),
             "compute_dtype": enc(compute_dtype), "offload_meta": enc(False), "encoded_state_dict": enc(True),
             "stores_quant_config": enc(True), "channel_wise": enc(True), "optimize": enc(True),
             "round_zero": enc(nbits == 4 if round_zero is None else round_zero)}
@@ -1049,14 +1052,15 @@ def hqq_bitpack(W_q: torch.Tensor, packing: str) -> torch.Tensor:
 
 def w_hqq_quant(lg: Logical, nbits: int = 2, axis: int = 1, group_size: int = HQQ_GROUP, meta: bool = True,
                 round_zero: Optional[bool] = None, noise: float = 0.3, seed: int = 0,
-                compute_dtype: torch.dtype = torch.float16):
+                compute_dtype: torch.dtype = torch.float16, view_as_float: bool = False):
     """HQQ as its quantizer writes a float model (mobiusml/hqq ``Quantizer.quantize`` with optimize=False,
     transcribed): W = the logical effective weights plus ``noise`` * m * N(0, 1) (a float model, not ternary),
     viewed as W.reshape(-1, G) (axis=1) or W.reshape(G, -1) (axis=0); min / max along ``axis``;
     scale = (2^nbits - 1) / (max - min) clamped to 2e4, zero = -min * scale (rounded when ``round_zero``, HQQ's
     default for nbits 4 only), W_q = round(W * scale + zero) clamped to [0, 2^nbits - 1] and packed
     (``hqq_bitpack``); stored meta scale = 1 / scale and zero in ``compute_dtype`` (``Quantizer.cuda`` casts
-    them), plus the meta tensors when ``meta``.  Truth: values q - zero (float32; integers where the zeros are)
+    them), plus the meta tensors when ``meta``.  ``view_as_float``: W_q stored as ``W_q.view(compute_dtype)``, its
+    packed bytes as a float tensor (``Quantizer.quantize`` with view_as_float=True; meta view_as_float True).  Truth: values q - zero (float32; integers where the zeros are)
     and the multiplier scale, so ``effective`` = Quantizer.dequantize in float32."""
     if round_zero is None:
         round_zero = nbits == 4  # hqq_base_quant_config: "round_zero": True if nbits == 4 else False
@@ -1078,14 +1082,17 @@ def w_hqq_quant(lg: Logical, nbits: int = 2, axis: int = 1, group_size: int = HQ
         q = torch.round(Wv * scale + zero).clamp(0, max_v)
         s_st, z_st = (1.0 / scale).to(compute_dtype), zero.to(compute_dtype)
         sd[f"{mod}.W_q"] = hqq_bitpack(q, packing)
+        if view_as_float:  # Quantizer.quantize: W_q = W_q.view(compute_dtype) after packing
+            sd[f"{mod}.W_q"] = sd[f"{mod}.W_q"].view(compute_dtype)
         sd[f"{mod}.scale"], sd[f"{mod}.zero"] = s_st.contiguous(), z_st.contiguous()
         vals[mod] = (q - z_st.float()).reshape(n, k)
         mult[mod] = s_st.float().expand_as(q).reshape(n, k).contiguous()
         if meta:
             sd.update({f"{mod}.{key}": v for key, v in hqq_meta((n, k), axis, G, nbits=nbits, packing=packing,
-                                                                 round_zero=round_zero,
+                                                                 round_zero=round_zero, view_as_float=view_as_float,
                                                                  compute_dtype=str(compute_dtype)).items()})
-    fmt = f"hqq-{nbits}bit{'-axis0' if axis == 0 else ''}{'' if meta else '-nometa'}"
+    fmt = f"hqq-{nbits}bit{'-axis0' if axis == 0 else ''}{'' if meta else '-nometa'}" \
+        + (f"-{str(compute_dtype).removeprefix('torch.')}-view" if view_as_float else "")
     return sd, None, Truth(vals, mult, fmt)
 
 
@@ -1314,6 +1321,10 @@ HQQ_FORMATS: dict[str, Callable] = {
     "hqq-1bit": lambda lg: w_hqq_quant(lg, 1),
     "hqq-8bit": lambda lg: w_hqq_quant(lg, 8),
     "hqq-mixed": w_hqq_mixed,
+    # view_as_float=True: W_q stored as W_q.view(compute_dtype), the packed bytes as a float tensor
+    "hqq-2bit-float16-view": lambda lg: w_hqq_quant(lg, 2, view_as_float=True),
+    "hqq-4bit-bfloat16-view": lambda lg: w_hqq_quant(lg, 4, compute_dtype=torch.bfloat16, view_as_float=True),
+    "hqq-3bit-float16-view": lambda lg: w_hqq_quant(lg, 3, view_as_float=True),
 }
 
 #: AutoGPTQ sym=False on a float model (``w_gptq_asym``: per-group integer zero points; any ``Logical``)

@@ -606,7 +606,8 @@ def test_hqq_ternary_with_one_corrupt_zero_is_named(bad, what, logical, tmp_path
 def test_hqq_quantizer_checkpoints_recovered(fmt, logical, tmp_path):
     """HQQ's own quantizer on a float model: 1- / 2- / 3- / 4- / 8-bit packings (3bit_32 in int32 with 10 fields),
     axis 1 and 0, with and without meta tensors, float zero points (integers for nbits 4, round_zero), 4-bit
-    attention beside a 2-bit MLP in one model: the
+    attention beside a 2-bit MLP in one model, W_q stored as a float16 / bfloat16 view of its bytes
+    (view_as_float; the spec's pack.stored_as): the
     packing, group view and zero points are found and the decode is HQQ's dequantize bit for bit; not ternary
     (no 'levels' check), said in the block-structure finding."""
     out = tmp_path / fmt
@@ -623,8 +624,11 @@ def test_hqq_quantizer_checkpoints_recovered(fmt, logical, tmp_path):
         assert torch.equal(d.values.float(), truth.ternary[mod]) and torch.equal(d.effective(), truth.effective(mod))
     f = next(f for f in res.findings if f.what == "block structure")
     assert f.decision.startswith("HQQ asymmetric low-bit") and f"axis={axis}" in f.decision
-    assert ("non-integer" in f.evidence) == (fmt != "hqq-4bit" and fmt != "hqq-4bit-nometa")
+    assert ("non-integer" in f.evidence) == (not fmt.startswith("hqq-4bit"))
     assert ("4bit_u8" in f.decision and "2bit_u8" in f.decision) == (fmt == "hqq-mixed")
+    view = fmt.split("-")[2] if fmt.endswith("-view") else None  # view_as_float: W_q.view(compute_dtype)
+    assert {e.pack.stored_as for e in res.spec.linears.values() if e.pack} == {view}
+    assert ("view_as_float" in f.evidence) == (view is not None)
     again = CheckpointSpec.from_dict(json.loads(json.dumps(res.spec.to_dict())))
     assert again == res.spec
 
@@ -1313,7 +1317,7 @@ BAD_META = [  # (format, meta key, stored value, what the message must say)
     ("hqq-axis0-meta", "axis", torch.tensor(2, dtype=I32), "axis 2, expected 0 or 1"),
     ("hqq-axis0-meta", "axis", torch.tensor(1, dtype=I32), "for axis=1, group_size=64"),
     ("hqq-meta", "axis", torch.tensor(0, dtype=I32), "expected uint8 [16, 128]"),
-    ("hqq-meta", "view_as_float", torch.tensor(1, dtype=torch.uint8), "expected False"),
+    ("hqq-meta", "view_as_float", torch.tensor(1, dtype=torch.uint8), "expected a float16 tensor"),
     ("hqq-meta", "unpack_view_dtype", _chars("torch.int32"), "expected 'torch.uint8'"),
     ("hqq-meta", "nbits", torch.tensor([2, 2], dtype=I32), "expected one value"),
 ]
@@ -1330,6 +1334,51 @@ def test_hqq_bad_meta_is_named(fmt, leaf, value, want, logical, tmp_path):
     synth.write(fmt, logical, out)
     key = f"{HQQ_MOD}.{leaf}"
     _with(out, key, value)
+    with pytest.raises(InspectError) as e:
+        inspect_dir(out, use_loss=False)
+    msg = str(e.value)
+    assert str(out / "model.safetensors") in msg and repr(key) in msg and want in msg, msg
+
+
+def _vf_wq(out: Path) -> torch.Tensor:
+    return Checkpoint(out).get(f"{HQQ_MOD}.W_q").clone()
+
+
+VIEW_BAD = [  # (format, what to store, what the message must say)
+    ("hqq-2bit-float16-view", "meta-false", "without view_as_float HQQ stores W_q as its packing's integers; "
+                                            "expected uint8"),
+    ("hqq-2bit-float16-view", "integer", "expected a float16 tensor holding the packed uint8 bytes"),
+    ("hqq-2bit-float16-view", "bf16", "expected float16 (HQQ meta"),
+    ("hqq-2bit-float16-view", "short", "expected uint8 [32, 64] (2bit_u8) (read as the uint8 view of the stored "
+                                       "float16 [32, 31], view_as_float; expected float16 [32, 32])"),
+    ("hqq-3bit-float16-view", "odd", "a row of 127 * 2 bytes is not a multiple of 4"),
+    ("hqq-2bit", "float-nometa-false", "expected uint8"),
+]
+
+
+@pytest.mark.parametrize("fmt,how,want", VIEW_BAD, ids=[f"{f}-{h}" for f, h, _ in VIEW_BAD])
+def test_hqq_view_as_float_inconsistent_is_named(fmt, how, want, logical, tmp_path):
+    """HQQ view_as_float (W_q = W_q.view(compute_dtype)): a float W_q whose meta says view_as_float False, an
+    integer W_q whose meta says True, a float dtype other than compute_dtype, a float W_q of the wrong size (a
+    column short: its uint8 view does not give HQQ's shape) and an int32 packing whose float row is no whole number
+    of int32 are errors naming the file, W_q and the expected dtype / shape."""
+    from reference.inspect import InspectError
+
+    out = tmp_path / fmt
+    synth.write(fmt, logical, out)
+    wq, key = _vf_wq(out), f"{HQQ_MOD}.W_q"
+    if how == "meta-false":
+        _with(out, f"{HQQ_MOD}.view_as_float", torch.tensor(0, dtype=torch.uint8))
+    elif how == "integer":
+        _with(out, key, wq.view(torch.uint8))
+    elif how == "bf16":
+        _with(out, key, wq.view(torch.bfloat16))
+    elif how == "short":
+        _with(out, key, wq[:, :-1].contiguous())
+    elif how == "odd":
+        _with(out, key, wq[:, :-1].contiguous())
+    else:  # an integer-packed checkpoint (view_as_float False) whose W_q is stored as a float view anyway
+        _with(out, key, wq.view(torch.float16))
     with pytest.raises(InspectError) as e:
         inspect_dir(out, use_loss=False)
     msg = str(e.value)

@@ -1306,15 +1306,20 @@ def test_hqq_quantizer_writer_matches_hqq_dequantize(fmt, logical, tmp_path):
     nbits = int(fmt.split("-")[1][0])
     packing = synth.HQQ_PACKING[nbits]
     axis = 0 if "axis0" in fmt else 1
+    view = fmt.split("-")[2] if fmt.endswith("-view") else None  # view_as_float: W_q.view(compute_dtype)
+    cdt = getattr(torch, view or "float16")
     for mod in (Q, D):
         n, k = logical.ternary[mod].shape
         cols = n * k // 64
         W_q, s, z = ck.get(f"{mod}.W_q"), ck.get(f"{mod}.scale"), ck.get(f"{mod}.zero")
+        if view:  # Quantizer.dequantize: W_q.view(meta["unpack_view_dtype"]) before unpacking
+            assert W_q.dtype == cdt
+            W_q = W_q.view(torch.int32 if nbits == 3 else torch.uint8)
         f = synth.HQQ_BITPACK[packing][1]
         rows = -(-(cols if axis == 1 else 64) // f)
         assert W_q.dtype == (torch.int32 if nbits == 3 else torch.uint8)
         assert tuple(W_q.shape) == ((rows, 64) if axis == 1 else (rows, cols))
-        assert s.shape == z.shape == ((cols, 1) if axis == 1 else (1, cols)) and s.dtype == z.dtype == torch.float16
+        assert s.shape == z.shape == ((cols, 1) if axis == 1 else (1, cols)) and s.dtype == z.dtype == cdt
         frac = (z != z.round()).float().mean().item()
         assert (frac == 0) if nbits == 4 else frac > 0.8, frac  # (fp16 zeros near 128 are integers 1 in 16)
         q = hqq_unpack(W_q, packing)[:cols if axis == 1 else 64].float()
@@ -1322,11 +1327,81 @@ def test_hqq_quantizer_writer_matches_hqq_dequantize(fmt, logical, tmp_path):
         eff = ((q - z.float()) * s.float()).reshape(n, k)
         assert torch.equal(eff, truth.effective(mod)), mod
         zs = ScaleSpec(f"{mod}.zero", "group", group_size=64, group_axis=axis)
-        e = LinearEntry(weight_key=f"{mod}.W_q", shape=(n, k), pack=hqq_pack_spec(axis, 64, packing),
+        e = LinearEntry(weight_key=f"{mod}.W_q", shape=(n, k), pack=hqq_pack_spec(axis, 64, packing, stored_as=view),
                         scale=dataclasses.replace(zs, key=f"{mod}.scale"), zero=zs)
         d = decode_linear(ck, e, mod)
         assert torch.equal(d.values.float(), truth.ternary[mod]) and torch.equal(d.effective(), eff)
         assert d.values.is_floating_point() == (nbits != 4)
+
+
+VIEW_FORMATS = {"hqq-2bit-float16-view": (2, torch.float16), "hqq-4bit-bfloat16-view": (4, torch.bfloat16),
+                "hqq-3bit-float16-view": (3, torch.float16)}
+
+
+@pytest.mark.parametrize("fmt", sorted(VIEW_FORMATS))
+def test_hqq_view_as_float_bytes_round_trip(fmt, logical, tmp_path):
+    """HQQ view_as_float (hqq/core/quantize.py Quantizer.quantize: ``W_q = W_q.view(compute_dtype)`` after packing,
+    dequantize: ``W_q.view(meta["unpack_view_dtype"])``): the stored W_q is a compute_dtype tensor whose bytes
+    are those of the integer-packed writer's W_q (uint8 [a, b] as [a, b/2], int32 [a, b] as [a, 2b]); the meta
+    says view_as_float True (uint8 1) and nothing else changes; PackSpec ``stored_as`` unpacks it bit for bit and
+    packs the codes back to the same bytes."""
+    from reference.formats import FormatError, unpack_codes
+    from reference.inspect_search import hqq_pack_spec
+
+    nbits, cdt = VIEW_FORMATS[fmt]
+    ck, _ = _write(fmt, logical, tmp_path)
+    plain, _ = synth.w_hqq_quant(logical, nbits, compute_dtype=cdt)[:2]  # the same quantizer, view_as_float False
+    idt = torch.int32 if nbits == 3 else torch.uint8
+    packing = synth.HQQ_PACKING[nbits]
+    name = str(cdt).removeprefix("torch.")
+    for mod in (Q, D):
+        n, k = logical.ternary[mod].shape
+        W_q, ref = ck.get(f"{mod}.W_q"), plain[f"{mod}.W_q"]
+        ratio = idt.itemsize / cdt.itemsize
+        assert W_q.dtype == cdt and tuple(W_q.shape) == (ref.shape[0], int(ref.shape[1] * ratio))
+        assert torch.equal(W_q.view(idt), ref)  # the bytes, bit for bit
+        assert W_q.numpy().tobytes() == ref.numpy().tobytes() if cdt != torch.bfloat16 else \
+            W_q.view(torch.int16).numpy().tobytes() == ref.numpy().tobytes()
+        assert ck.get(f"{mod}.view_as_float").dtype == torch.uint8 and int(ck.get(f"{mod}.view_as_float")) == 1
+        for key in ("scale", "zero", "nbits", "packing", "unpack_view_dtype", "compute_dtype", "shape"):
+            assert torch.equal(ck.get(f"{mod}.{key}"), plain[f"{mod}.{key}"]), key
+        spec = hqq_pack_spec(1, 64, packing, stored_as=name)
+        assert spec.packed_shape((n, k)) == tuple(W_q.shape)
+        codes = unpack_codes(W_q, spec, (n, k))
+        assert torch.equal(codes, unpack_codes(ref, hqq_pack_spec(1, 64, packing), (n, k)))
+        again = pack(codes, spec)
+        assert again.dtype == cdt and torch.equal(again.view(idt), ref)
+        with pytest.raises(FormatError, match=f"expected dtype {cdt}"):
+            unpack_codes(ref, spec, (n, k))
+        with pytest.raises(FormatError, match=f"needs {name}"):
+            unpack_codes(W_q[:, :-2], spec, (n, k))
+
+
+def test_stored_as_spec_json_and_checks():
+    """``stored_as`` is absent from JSON when unset (older specs byte-identical), round trips when set, and is
+    validated: an unknown dtype, a stored tensor of another dtype, a last dim with no container view."""
+    import json
+
+    from reference.formats import FormatError, dumps, unpack_codes
+
+    base = synth.HQQ_SPEC
+    assert "stored_as" not in base.to_dict() and dumps(base) == dumps(PackSpec.from_dict(base.to_dict()))
+    sp = base.replace(stored_as="bfloat16")
+    d = json.loads(json.dumps(sp.to_dict()))
+    assert d["stored_as"] == "bfloat16" and PackSpec.from_dict(d) == sp
+    with pytest.raises(FormatError, match="unknown stored_as 'int8'"):
+        base.replace(stored_as="int8")
+    f32 = base.replace(group_view=None, stored_as="float32")  # uint8 [16, 6]: 6 bytes a row, no float32 view
+    with pytest.raises(FormatError, match=r"uint8 \[16, 6\] container tensor has no float32 view"):
+        f32.packed_shape((64, 6))
+    with pytest.raises(FormatError, match=r"tensor: stored as torch.float16, .* expected dtype torch.float32"):
+        unpack_codes(torch.zeros(16, 2, dtype=torch.float16), f32, (64, 8))
+    with pytest.raises(FormatError, match=r"no uint8 view|needs float32 \(16, 2\)"):
+        unpack_codes(torch.zeros(16, 3, dtype=torch.float32), f32, (64, 8))
+    codes = torch.randint(0, 4, (64, 8))
+    packed = pack(codes, f32.replace(codes=(0, 1, 2, 3)))
+    assert packed.dtype == torch.float32 and tuple(packed.shape) == (16, 2)
+    assert torch.equal(unpack_codes(packed, f32, (64, 8)), codes)
 
 
 def test_hqq_spec_json_roundtrip_and_old_json_unchanged():

@@ -626,6 +626,17 @@ def _vllm_within_fp32_a8_of_reference(d, arch: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("fmt,arch", [("hqq-3bit-float16-view", "bitnet"), ("hqq-2bit-float16-view", "llama")])
+def test_hqq_view_as_float_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
+    """HQQ view_as_float (W_q stored as W_q.view(float16): 3bit_32 int32 as float16 [a, 2b] on BitNet, 2bit_u8 as
+    float16 [a, b/2] on vLLM's own Llama), inspected: the spec's pack.stored_as, and the dense fallback reads the
+    float tensor's integer view at load, within the fp32-a8 tier of the reference."""
+    d, down = _inspected_zero_point_model(fmt, arch, tmp_path)
+    assert down.pack.stored_as == "float16" and down.zero is not None
+    _vllm_within_fp32_a8_of_reference(d, arch)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt,arch", [("gptq-asym-int2", "bitnet"), ("gptq-asym-int4-v2", "llama")])
 def test_gptq_asymmetric_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
     """AutoGPTQ sym=False (v1 int2 on BitNet, gptq_v2 int4 on vLLM's own Llama), inspected: packed qzeros

@@ -96,6 +96,10 @@ def lut_decode(packed: torch.Tensor, pack: PackSpec, shape: tuple[int, int]) -> 
     """Decode a uint8-packed matrix with a byte table: (N, K) int16."""
     if pack.container != "uint8":
         raise NotImplementedError(f"the bf16 target's independent decoder reads uint8 containers, not {pack.container}")
+    if pack.stored_as is not None:  # HQQ view_as_float: the float tensor's bytes are the uint8 containers
+        if packed.dtype != getattr(torch, pack.stored_as):
+            raise ValueError(f"packed tensor is {packed.dtype}, the spec says uint8 stored as {pack.stored_as}")
+        return lut_decode(packed.contiguous().view(torch.uint8), pack.replace(stored_as=None), shape)
     if pack.segments is not None:  # fused parts packed one by one: decode each packed segment on its own
         from reference.formats import _by_segment
 
