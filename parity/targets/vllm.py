@@ -220,6 +220,12 @@ class VllmTarget(Target):
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(
                     f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups))
         kw.update(self.llm_kwargs)
+        # an earlier in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) froze vllm.envs (EngineCore calls
+        # enable_envs_cache): this engine would read the old values, e.g. VLLM_CPU_OMP_THREADS_BIND "auto" set
+        # above for TP workers, and vllm-cpu then refuses to bind 2 workers to one NUMA node
+        from vllm import envs as vllm_envs
+
+        getattr(vllm_envs, "disable_envs_cache", lambda: None)()
         return LLM(**kw)
 
     @staticmethod
