@@ -253,15 +253,17 @@ def to_onebit_llm(model_dir: str | Path, seed: int = 0, hidden_act: str = "silu"
     if cfg.get("model_type") != "bitnet":
         raise ValueError(f"{d}: 1bitLLM's layout is a BitNet model's, config.json has model_type {cfg.get('model_type')!r}")
     del cfg["quantization_config"]
-    cfg.update(architectures=["BitnetForCausalLM"], model_type="llama", weight_bits=1, input_bits=8,
+    from .config import ONEBIT_LLM
+
+    cfg.update(architectures=[ONEBIT_LLM], model_type="llama", weight_bits=1, input_bits=8,
                hidden_act=hidden_act)
     sd = load_file(str(d / "model.safetensors"))
-    ren = {".self_attn.attn_sub_norm.weight": ".self_attn.inner_attn_ln.weight",
-           ".mlp.ffn_sub_norm.weight": ".mlp.ffn_layernorm.weight"}
+    from .spec import SUB_NORM_ALIASES
+
     out = {}
     for k, v in sd.items():
-        suf = next((a for a in ren if k.endswith(a)), None)
-        out[k[: -len(suf)] + ren[suf] if suf else k] = v
+        suf = next((a for a in SUB_NORM_ALIASES if k.endswith(a)), None)
+        out[k[: -len(suf)] + SUB_NORM_ALIASES[suf] if suf else k] = v
     save_file(out, str(d / "model.safetensors"), metadata={"format": "pt"})
     atomic_write_text(d / "config.json", json.dumps(cfg, indent=1))
     return d

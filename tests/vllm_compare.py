@@ -3,7 +3,8 @@ against the fp32 reference on every canonical tensor, with the fp32-a8 tiers."""
 import torch
 
 
-def vllm_vs_reference(d, vocab: int, layers: int, arch: str) -> None:
+def vllm_vs_reference(d, vocab: int, layers: int, arch: str):
+    """Asserts every canonical tensor within the fp32-a8 tiers; returns the Comparison (top-k agreement etc.)."""
     from parity.compare import compare
     from parity.names import canonical_names
     from parity.targets import get_target
@@ -13,3 +14,4 @@ def vllm_vs_reference(d, vocab: int, layers: int, arch: str) -> None:
     v = get_target("vllm", compute_dtype="fp32").capture(d, ids)
     c = compare(ref, v, order=canonical_names(layers, arch), dtype="fp32-a8", target_name="vllm")
     assert c.passed, c.summary()
+    return c

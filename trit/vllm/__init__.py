@@ -45,13 +45,15 @@ def register() -> None:
         from .bitnet import BitNetForCausalLM
 
         ModelRegistry.register_model("BitNetForCausalLM", BitNetForCausalLM)
-    if "BitnetForCausalLM" not in ModelRegistry.get_supported_archs():
+    from reference.config import ONEBIT_LLM
+
+    if ONEBIT_LLM not in ModelRegistry.get_supported_archs():
         # 1bitLLM's remote-code class (reference.config.ONEBIT_LLM): the same model with hidden_act silu, its
         # sub-norms under other names (the spec maps them) and online ternarisation (its quantization_config,
         # which config.json lacks, comes through hf_overrides: see the README)
         from .bitnet import BitNetForCausalLM
 
-        ModelRegistry.register_model("BitnetForCausalLM", BitNetForCausalLM)
+        ModelRegistry.register_model(ONEBIT_LLM, BitNetForCausalLM)
     from .quant import act_quant_selected, chain_mode, chain_selected, fused_norm_selected, prologue_selected
 
     if chain_mode() == "one":

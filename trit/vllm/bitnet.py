@@ -385,14 +385,17 @@ class BitNetForCausalLM(nn.Module):
             if self.quant_config is not None:
                 raise KeyMapError(f"BitNetForCausalLM on vLLM supports the ternary method or no quantization; got "
                                   f"quant_config={self.quant_config!r}")
-            if "BitnetForCausalLM" in (getattr(self.config, "architectures", None) or []):
+            from reference.config import ONEBIT_LLM, ONEBIT_LLM_QUANTIZATION
+
+            if ONEBIT_LLM in (getattr(self.config, "architectures", None) or []):
                 # 1bitLLM: float latent weights that its remote code ternarises; run as float they would be a
                 # different model
-                raise KeyMapError("BitnetForCausalLM (1bitLLM) stores float latent weights that it ternarises on "
-                                  "the fly, and config.json has no quantization_config to say so: pass hf_overrides "
-                                  "{\"quantization_config\": {\"quant_method\": \"bitnet\", \"linear_class\": "
-                                  "\"autobitlinear\", \"quantization_mode\": \"online\"}} (vllm serve "
-                                  "--hf-overrides ...) to serve it ternary")
+                import json
+
+                raise KeyMapError(f"{ONEBIT_LLM} (1bitLLM) stores float latent weights that it ternarises on the "
+                                  f"fly, and config.json has no quantization_config to say so: pass hf_overrides "
+                                  f"{json.dumps({'quantization_config': ONEBIT_LLM_QUANTIZATION})} (vllm serve "
+                                  f"--hf-overrides ...) to serve it ternary")
             spec = _unquantized_spec(self.config.num_hidden_layers, floats)
         return build_key_map(spec, floats)
 
