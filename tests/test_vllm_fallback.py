@@ -198,6 +198,40 @@ def test_group_scales_slice_under_tp(vllm_env, tp, request, model, kind, size):
         assert torch.equal(layer.weight.data, want), f"{kind} TP{size} rank {rank}"
 
 
+@pytest.fixture(scope="module", params=["hqq-axis0", "hqq-axis0-meta"])
+def hqq_axis0(request, tmp_path_factory):
+    """HQQ axis=0 (groups of 64 are columns of W's [64, N*K/64] view; scale and zero [1, N*K/64]) over the trained
+    model with axis-0 group jitter, inspected: (fmt, spec, sd, eff) of layer 0."""
+    lg = synth.Logical.from_dir(TRAINED).with_group_jitter(G, seed=1, axis=0)
+    return (request.param, *_inspected_layer0(tmp_path_factory, request.param, lg))
+
+
+@pytest.mark.parametrize("kind,size", [("qkv", 1), ("qkv", 2), ("gate_up", 2), ("down", 1), ("down", 2), ("down", 4)])
+def test_hqq_axis0_groups_load_elementwise_under_tp(vllm_env, tp, hqq_axis0, kind, size):
+    """HQQ axis=0 groups are no run of consecutive inputs: the dense fallback stages one scale and zero point per
+    weight (group size 1; fp32 (N_part, K_part), sliced with the weight on both axes: TP 4 cuts down_proj's
+    K = 384 into 96, no multiple of 64); each rank's dense weight is its slice of the effective weight, exactly."""
+    from trit.vllm.quant import DenseFallbackLinearMethod, TernaryConfig
+
+    fmt, spec, sd, eff = hqq_axis0
+    assert all(e.scale.group_axis == e.zero.group_axis == 0 for e in spec.linears.values())
+    for rank in range(size):
+        tp(rank, size)
+        layer = build(kind, TernaryConfig(spec))
+        assert isinstance(layer.quant_method, DenseFallbackLinearMethod) and layer.quant_method.group_size == 1
+        for p in (layer.weight_scale, layer.weight_zero):
+            assert p.shape == (layer.trit_n, layer.trit_k) and getattr(p, "input_dim", None) == 1
+        load(layer, spec, sd)
+        full = [eff[f"{P0}.{m}"] for m in MODS[kind]]
+        if kind == "down":
+            k = 384 // size
+            want = full[0][:, rank * k:(rank + 1) * k]
+        else:
+            want = torch.cat([f.chunk(size)[rank] for f in full])
+        assert not hasattr(layer, "weight_scale") and not hasattr(layer, "weight_zero")
+        assert torch.equal(layer.weight.data, want), f"{fmt} {kind} TP{size} rank {rank}"
+
+
 @pytest.fixture(scope="module", params=["compressed-tensors-asym-int8-channel", "compressed-tensors-asym-int4-channel",
                                         "compressed-tensors-asym-int8-channel-legacy",
                                         "compressed-tensors-asym-int4-tensor"])
@@ -564,8 +598,9 @@ def test_tq2_0_runs_in_vllm(fmt, tmp_path):
 
 
 def test_hqq_zero_points_map_to_weight_zero(hqq_group):
-    """HQQ's zero points load into the dense fallback's ``weight_zero`` (per shard, like the scales); axis=0 zero
-    points (one per column of W's [G, N*K/G] view) are refused by module and tensor at config time."""
+    """HQQ's zero points load into the dense fallback's ``weight_zero`` (per shard, like the scales), axis=0 zero
+    points (one per column of W's [G, N*K/G] view) too; a zero point granularity the fallback has no layout for is
+    refused by module and tensor at config time."""
     from trit.vllm.quant import TernaryConfig
 
     spec = hqq_group[0]
@@ -577,8 +612,11 @@ def test_hqq_zero_points_map_to_weight_zero(hqq_group):
     e = spec.linears[f"{P0}.mlp.down_proj"]
     ax0 = dataclasses.replace(spec, linears={f"{P0}.mlp.down_proj": dataclasses.replace(
         e, zero=dataclasses.replace(e.zero, group_axis=0))})
-    with pytest.raises(km.KeyMapError, match=r"mlp\.down_proj has group zero points .*down_proj\.zero.*axis=0"):
-        km.build_key_map(ax0, {})  # our BitNet's key map; vLLM's Llama: TernaryConfig.maybe_update_config
+    assert km.build_key_map(ax0, {})[f"{P0}.mlp.down_proj.zero"][0].param == f"{P0}.mlp.down_proj.weight_zero"
+    blk = dataclasses.replace(spec, linears={f"{P0}.mlp.down_proj": dataclasses.replace(
+        e, zero=dataclasses.replace(e.zero, granularity="block", dtype="float16", record_bytes=66, byte_offset=64))})
+    with pytest.raises(km.KeyMapError, match=r"mlp\.down_proj has block zero points .*down_proj\.zero"):
+        km.build_key_map(blk, {})  # our BitNet's key map; vLLM's Llama: TernaryConfig.maybe_update_config
     assert set(TernaryConfig(spec).dense_modules()) == set(spec.linears)
 
 
@@ -628,6 +666,17 @@ def test_hqq_view_as_float_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
     float tensor's integer view at load, within the fp32-a8 tier of the reference."""
     d, down = _inspected_zero_point_model(fmt, arch, tmp_path)
     assert down.pack.stored_as == "float16" and down.zero is not None
+    _vllm_within_fp32_a8_of_reference(d, arch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt,arch", [("hqq-axis0", "bitnet"), ("hqq-axis0-meta", "llama")])
+def test_hqq_axis0_checkpoint_runs_in_vllm(fmt, arch, tmp_path):
+    """HQQ axis=0 (groups are columns of W's [64, N*K/64] view; with and without HQQ's meta tensors, on BitNet and on
+    vLLM's own Llama), inspected: the dense fallback expands scale and zero point per weight at load and matches the
+    reference within the fp32-a8 tier."""
+    d, down = _inspected_zero_point_model(fmt, arch, tmp_path)
+    assert down.scale.group_axis == down.zero.group_axis == 0
     _vllm_within_fp32_a8_of_reference(d, arch)
 
 
@@ -799,13 +848,26 @@ def test_vllms_own_methods_refuse_act_order_groups():
         CompressedTensorsConfig.from_config(qc)
 
 
-def test_hqq_axis0_group_scale_is_refused_by_name():
-    """An HQQ axis=0 group scale (one value per column of W's [G, N*K/G] view) is not the consecutive-input
-    groups the dense fallback takes: refused naming the tensor, not misread."""
-    e = LinearEntry(weight_key=f"{P0}.mlp.down_proj.W_q", shape=(128, 384), pack=synth.HQQ_AXIS0_SPEC,
-                    scale=ScaleSpec(f"{P0}.mlp.down_proj.scale", "group", group_size=64, group_axis=0))
-    with pytest.raises(km.FormatError, match=r"down_proj\.scale.*HQQ axis=0 group scale"):
-        km.group_mult(torch.ones(1, 128 * 384 // 64), e, f"{P0}.mlp.down_proj", 64)
+def test_hqq_axis0_group_scale_expands_per_weight():
+    """An HQQ axis=0 group scale (one value per column of W's [G, N*K/G] view) is no consecutive-input group: in an
+    elementwise layer (group size 1) ``group_mult`` gives one multiplier per weight, the reference's expand_scale
+    ('divide' inverted there), for a module's rows of a fused tensor too; with a group size it is refused by name,
+    not misread as consecutive groups."""
+    from reference.formats import expand_scale
+
+    n, k = 128, 384
+    sc = ScaleSpec(f"{P0}.mlp.down_proj.scale", "group", group_size=64, group_axis=0)
+    e = LinearEntry(weight_key=f"{P0}.mlp.down_proj.W_q", shape=(n, k), pack=synth.HQQ_AXIS0_SPEC, scale=sc)
+    raw = torch.rand(1, n * k // 64, generator=torch.Generator().manual_seed(3)) + 0.5
+    got = km.group_mult(raw, e, f"{P0}.mlp.down_proj", 1)
+    assert got.shape == (n, k) and torch.equal(got, expand_scale(raw, sc, (n, k)))
+    # row-major [64, N*K/64] view: weight (r, c) is flat index r*K + c, column (r*K + c) % (N*K/64)
+    cols = n * k // 64
+    assert all(float(got[r, c]) == float(raw[0, (r * k + c) % cols]) for r, c in ((0, 0), (1, 5), (127, 383), (64, 7)))
+    inv = km.group_mult(raw, dataclasses.replace(e, scale=dataclasses.replace(sc, op="divide")), "down", 1)
+    assert torch.allclose(inv * got, torch.ones(n, k))
+    with pytest.raises(km.FormatError, match=r"down_proj\.scale.*HQQ axis=0 group scale.*group_size 64"):
+        km.group_mult(raw, e, f"{P0}.mlp.down_proj", 64)
 
 
 # ---------------------------------------------------------------------------------------- mixed widths

@@ -163,17 +163,16 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
 
 
 def refuse_zero_points(spec: CheckpointSpec) -> None:
-    """KeyMapError naming the first module whose per-group zero points the dense fallback cannot load: HQQ
-    axis=0 groups (one zero per column of W's [G, N*K/G] view, not consecutive inputs of a row; checked at
-    config time, so vLLM's own Llama refuses them as our BitNet does).  Group zero points of consecutive inputs,
-    per-channel and per-tensor ones (compressed-tensors' channel / tensor strategies) load."""
+    """KeyMapError naming the first module whose zero points the dense fallback cannot load (checked at config
+    time, so vLLM's own Llama refuses them as our BitNet does): any granularity but group (consecutive inputs of a
+    row, or HQQ axis=0's columns of W's [G, N*K/G] view, which the fallback loads elementwise), channel and
+    tensor (compressed-tensors' channel / tensor strategies)."""
     for mod, e in spec.linears.items():
-        if e.zero is not None and (e.zero.group_axis == 0 or e.zero.granularity not in ("group", "channel", "tensor")):
-            raise KeyMapError(f"spec {spec.name!r}: {mod} has {e.zero.granularity} zero points {e.zero.key!r} "
-                              f"(group_axis {e.zero.group_axis}: HQQ axis=0 groups, one per column of W's "
-                              f"[{e.zero.group_size}, N*K/{e.zero.group_size}] view), which the vLLM plugin does "
-                              f"not load (its group zero points and scales cover consecutive inputs of a row); "
-                              f"decode the checkpoint with `python -m reference.decode` and serve the float weights")
+        if e.zero is not None and e.zero.granularity not in ("group", "channel", "tensor"):
+            raise KeyMapError(f"spec {spec.name!r}: {mod} has {e.zero.granularity} zero points {e.zero.key!r}, "
+                              f"which the vLLM plugin does not load (it takes group, channel and tensor zero "
+                              f"points); decode the checkpoint with `python -m reference.decode` and serve the "
+                              f"float weights")
 
 
 def float_valued(entry: LinearEntry, stored_dtype: str) -> bool:
@@ -434,10 +433,14 @@ def group_mult(raw: Optional[torch.Tensor], entry: LinearEntry, name: str, group
         return torch.ones(n, cols)
     where = f"tensor {entry.scale.key!r} ({name})"
     sc = entry.scale
+    if group_size == 1:  # an elementwise layer (HQQ axis=0 groups): one multiplier per weight, any granularity
+        m = expand_scale(raw.detach().cpu(), sc, entry.shape, rows=rows, name=where)  # broadcastable to (n, k)
+        return m.expand(n, k).contiguous()
     if sc.group_axis == 0:
         raise FormatError(f"{where}: HQQ axis=0 group scale (one value per column of W's [{sc.group_size}, N*K/"
-                          f"{sc.group_size}] view) is not supported by the vLLM plugin, whose group scales cover "
-                          f"consecutive inputs of a row; decode the checkpoint with `python -m reference.decode`")
+                          f"{sc.group_size}] view) needs the dense fallback's elementwise layout (group_size 1, "
+                          f"DenseFallbackLinearMethod picks it for a layer with such a scale), got group_size "
+                          f"{group_size}")
     if sc.granularity in ("group", "block"):
         if sc.group_size != group_size:
             raise FormatError(f"{where}: group_size {sc.group_size}, but its fused vLLM layer uses {group_size}")

@@ -837,6 +837,10 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
                      scales (per-channel / per-tensor zero points repeated over the groups, or (N_part, 1)
                      with output_dim only when the layer has no group scale; 0 for a module without), and
                      ``weight`` then holds the codes q in fp32.
+                     HQQ axis=0 layers (a module whose scale or zero points group the columns of W's
+                     [G, N*K/G] view): group size 1, i.e. ``weight_scale`` / ``weight_zero`` fp32
+                     (N_part, K_part), one per weight, sliced with the weight on either axis (fp32 staging of
+                     12 bytes a weight at load, dropped after).
                      Act-order layers (a module with ``LinearEntry.g_idx``: GPTQ desc_act, compressed-tensors
                      actorder 'group'): the groups are not consecutive inputs, so ``weight_scale`` /
                      ``weight_zero`` hold all ceil(K / G) groups on every rank (no input_dim: a row-parallel
@@ -861,6 +865,12 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
                  if e.scale is not None and e.scale.granularity in ("group", "block")}  # block: in-block (TQ2_0)
         # group zero points: the scales' groups (per-channel / per-tensor ones are repeated over them, as scales are)
         sizes |= {e.zero.group_size for e in entries if e.zero is not None and e.zero.granularity == "group"}
+        # HQQ axis=0 groups (columns of W's [G, N*K/G] view) are no run of consecutive inputs: such a layer keeps
+        # one multiplier and zero point per weight (group size 1, every module's scale expanded to it)
+        self.elementwise = any(t is not None and t.granularity == "group" and t.group_axis == 0
+                               for e in entries for t in (e.scale, e.zero))
+        if self.elementwise:
+            sizes = {1}
         if len(sizes) > 1:
             raise KeyMapError(f"vLLM layer {prefix!r} fuses {list(self.modules.values())} with different group sizes "
                               f"{sorted(sizes)}; one fused layer takes one group size")
