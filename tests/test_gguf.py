@@ -4,6 +4,7 @@ the reference model work on them and on their safetensors conversion; corrupt / 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -114,11 +115,11 @@ def write_gguf(path: Path, arch: str, sd: dict, cfg: dict, *, qtype=None, permut
     for k, v in (meta or {}).items():
         w.add_string(k, v) if isinstance(v, str) else w.add_uint32(k, v)
     for name, t in sd.items():
-        a = t.numpy()
-        if permute and (".attn_q." in name or ".attn_k." in name):
-            a = llamacpp_permute(a, heads, heads if ".attn_q." in name else kv)
         if name.endswith(".scale") and name[:-6] + ".weight" in sd and qtype == 36:
             continue  # I2_S: the scale lives in the weight's tail
+        a = t.numpy()
+        if permute and re.search(r"\.attn_[qk]\.(weight|bias)$", name):
+            a = llamacpp_permute(a, heads, heads if ".attn_q." in name else kv)
         if t.dtype == torch.uint8 and qtype == 36:
             scale = float(sd[name[:-7] + ".scale"])
             tern = synth_i2s_values(t)
@@ -150,6 +151,7 @@ CASES = {  # name: (gguf arch, logical arch, synth writer, ggml type)
     "llama-tq1_0": ("llama", "llama", synth.w_tq1_0, QT.TQ1_0),
     "bitnet-tq2_0": ("bitnet", "bitnet", synth.w_tq2_0, QT.TQ2_0),
     "bitnet-b1.58-i2s": ("bitnet-b1.58", "bitnet", synth.w_i2s, 36),
+    "llama-i2s": ("llama", "llama", synth.w_i2s, 36),  # convert-hf-to-gguf-bitnet.py LlamaModel: permuted, then I2_S
 }
 
 
@@ -485,3 +487,20 @@ def test_ggml_type_table_matches_gguf_py():
     from gguf.constants import GGML_QUANT_SIZES
     for t, (block, size) in GGML_QUANT_SIZES.items():
         assert GGML_TYPES[int(t)] == (t.name, block, size)
+
+
+def test_i2s_and_tq_shapes_refused_by_name(tmp_path):
+    """I2_S rows must be whole 128-value blocks; a TQ weight with a separate .scale is not presented."""
+    t = np.zeros((4, 64), dtype=np.float32)
+    path = tmp_path / "i2s.gguf"
+    w = gguf.GGUFWriter(str(path), "bitnet-b1.58")
+    w.add_tensor("blk.0.attn_q.weight", bitnet_quantize_to_i2_s(t, 1.0).view(np.int8), raw_shape=t.shape, raw_dtype=36)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    with pytest.raises(CheckpointError, match=r"'blk.0.attn_q.weight': I2_S \[4, 64\] .*K % 128 == 0"):
+        Checkpoint(path)
+    lg = _logical("bitnet", hidden=256, inter=256)
+    sd, _, _ = synth.w_tq2_0(lg)
+    sd = {"blk.0.attn_q.weight": sd["blk.0.attn_q.weight"], "blk.0.attn_q.scale": torch.ones(1)}
+    path = write_gguf(tmp_path / "tq.gguf", "bitnet", sd, lg.config, qtype=QT.TQ2_0)
+    with pytest.raises(CheckpointError, match="'blk.0.attn_q.weight' \\(TQ2_0\\) has a separate per-tensor scale"):
+        Checkpoint(path)
