@@ -16,6 +16,7 @@ pip install -q -e ".[test,vllm]"
 pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 python - <<'PY'
 import torch, transformers, safetensors
+import gguf  # llama.cpp's gguf-py (pyproject dependency): reference.gguf dequantizes with it, tests write GGUF with it
 print(f"setup ok: torch {torch.__version__}, transformers {transformers.__version__}")
 try:
     import vllm

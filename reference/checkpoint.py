@@ -1,4 +1,7 @@
-"""Safe, strict access to safetensors checkpoints (single file or sharded with an index).
+"""Safe, strict access to safetensors checkpoints (single file or sharded with an index), and to llama.cpp GGUF
+model files (one ``.gguf`` file, or a directory holding one and no safetensors: reference.gguf presents its tensors
+under their GGUF names as the safetensors conventions store them, and ``load_config`` synthesises config.json from
+its metadata when the directory has none).
 
 Never unpickles.  The header of every file is validated before any tensor is read (offsets
 inside the file, no overlaps, sizes that match dtype x shape), so a truncated or corrupted
@@ -116,6 +119,13 @@ class Checkpoint:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.infos: dict[str, TensorInfo] = {}
+        self._handles: dict[Path, object] = {}
+        self._gguf = None
+        src = gguf_source(self.path)
+        if src is not None:
+            self._gguf = gguf_model(src)
+            self.infos = dict(self._gguf.infos)
+            return
         files = self._files()
         for f in files:
             for name, info in read_header(f).items():
@@ -123,7 +133,6 @@ class Checkpoint:
                     raise CheckpointError(f"tensor {name!r} appears in both {self.infos[name].file} and {f}")
                 self.infos[name] = info
         self._check_index()
-        self._handles: dict[Path, object] = {}
 
     def _files(self) -> list[Path]:
         p = self.path
@@ -209,6 +218,13 @@ class Checkpoint:
         from safetensors import safe_open
 
         info = self.info(name)
+        if self._gguf is not None:
+            try:
+                return self._gguf.get(name)
+            except CheckpointError:
+                raise
+            except (OSError, RuntimeError, ValueError) as e:
+                raise CheckpointError(f"{info.file}: tensor {name!r}: cannot read ({e})") from e
         h = self._handles.get(info.file)
         if h is None:
             try:
@@ -233,9 +249,40 @@ def refuse_pickle(path: Path) -> CheckpointError:
         f"or safetensors.torch.save_file(torch.load(path, weights_only=True), 'model.safetensors')).")
 
 
+def gguf_source(path: Path):
+    """The GGUF file a checkpoint path names: the path itself (``*.gguf``), or the one GGUF model of a directory
+    without safetensors files or index (reference.gguf.find_gguf refuses split sets and several models); else None."""
+    path = Path(path)
+    if path.is_file():
+        return path if path.suffix == ".gguf" else None
+    if not path.is_dir() or (path / INDEX_NAME).exists() or any(path.glob("*.safetensors")):
+        return None
+    from .gguf import find_gguf
+    return find_gguf(path)
+
+
+_GGUF_CACHE: dict = {}
+
+
+def gguf_model(path: Path):
+    """reference.gguf.GGUFModel of ``path``, parsed once per file version (config and tensors read the same header)."""
+    from .gguf import GGUFModel
+
+    st = Path(path).stat()
+    key = (str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
+    if key not in _GGUF_CACHE:
+        if len(_GGUF_CACHE) >= 4:
+            _GGUF_CACHE.pop(next(iter(_GGUF_CACHE)))
+        _GGUF_CACHE[key] = GGUFModel(path)
+    return _GGUF_CACHE[key]
+
+
 def load_config(model_dir: str | os.PathLike) -> dict:
     p = Path(model_dir) / "config.json"
     if not p.exists():
+        src = gguf_source(Path(model_dir))
+        if src is not None:  # a GGUF model: config.json from its metadata
+            return gguf_model(src).config()
         raise CheckpointError(f"{model_dir}: no config.json")
     try:
         return json.loads(p.read_text())

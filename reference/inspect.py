@@ -2512,6 +2512,14 @@ def _with_quantize_config(cfg: ModelConfig, model_dir: Path, findings: list[Find
     return dataclasses.replace(cfg, quantization=q)
 
 
+def _gguf_without_tokenizer(model_dir: Path) -> bool:
+    from .checkpoint import gguf_source
+
+    d = model_dir if model_dir.is_dir() else model_dir.parent
+    return gguf_source(model_dir) is not None and not any(
+        (d / f).exists() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"))
+
+
 def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True, n_seq: int = 2,
                 seq_len: int = 64) -> Inspection:
     model_dir = Path(model_dir)
@@ -2636,6 +2644,12 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     else:
         cands = [Candidate((-1, 0, 1, None), op=op) for op in ops]
     ids = None
+    if use_loss and _gguf_without_tokenizer(model_dir):
+        findings.append(Finding("candidate scoring", "statistics only",
+                                "a GGUF model without tokenizer.json / tokenizer.model / tokenizer_config.json (its "
+                                "tokenizer is in the GGUF metadata, which is not converted): no text to score "
+                                "candidates on", "n/a"))
+        use_loss = False
     if use_loss:
         from .decode import text_ids
 
@@ -2749,7 +2763,7 @@ def _online_inspection(model_dir, cfg, ckpt, stats, modules, floats, findings) -
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m reference.inspect", description=__doc__.split("\n")[0])
-    ap.add_argument("dir", help="checkpoint directory (config.json + *.safetensors)")
+    ap.add_argument("dir", help="checkpoint directory (config.json + *.safetensors, or one llama.cpp .gguf model)")
     ap.add_argument("--out", default=None, help=f"spec JSON (default DIR/{SPEC_FILENAME})")
     ap.add_argument("--report", default=None, help="Markdown report (default: next to the spec, .md)")
     ap.add_argument("--text", default=None, help="text file to score candidates on (default: corpus tail)")
