@@ -53,15 +53,23 @@ def text_ids(model_dir, text: Optional[str] = None, *, n_seq: int = 2, seq_len: 
     d = Path(model_dir)
     tok_path = d / "tokenizer.json"
     slow = [f for f in ("tokenizer.model", "tokenizer_config.json") if (d / f).exists()]
+    gguf_tok = None
     if not tok_path.exists() and not slow:
-        raise CheckpointError(f"{model_dir}: no tokenizer.json, tokenizer.model or tokenizer_config.json, cannot "
-                              f"score candidates on text (pass --no-loss to rely on statistics only)")
+        from .checkpoint import gguf_model, gguf_source
+
+        src = gguf_source(d)
+        if src is None:
+            raise CheckpointError(f"{model_dir}: no tokenizer.json, tokenizer.model or tokenizer_config.json, cannot "
+                                  f"score candidates on text (pass --no-loss to rely on statistics only)")
+        gguf_tok = gguf_model(src).tokenizer()  # the GGUF's own (tokenizer.ggml.*), or a CheckpointError saying why not
     if text is None:
         if not DEFAULT_TEXT.exists():
             raise CheckpointError(f"no --text given and {DEFAULT_TEXT} is missing")
         full = DEFAULT_TEXT.read_text()
         text = full[int(len(full) * 0.95):]
-    if tok_path.exists():
+    if gguf_tok is not None:
+        ids = gguf_tok.encode(text).ids
+    elif tok_path.exists():
         ids = Tokenizer.from_file(str(tok_path)).encode(text).ids
     else:  # a sentencepiece tokenizer.model (Llama-2-style checkpoints ship no tokenizer.json): transformers reads it
         try:

@@ -467,6 +467,31 @@ class GGUFModel:
     def config(self) -> dict:
         return config_from_metadata(self.file.metadata, self.infos, self.path)
 
+    def tokenizer(self):
+        """The tokenizer the metadata describes (``tokenizer.ggml.*``: llama.cpp's vocabulary, merges, token types and
+        pre-tokenizer name) as a ``tokenizers.Tokenizer``, built by transformers' own GGUF tokenizer converter
+        (transformers' GGUF loading path; 'gpt2' byte-level BPE, 'llama' sentencepiece, ...).  A CheckpointError says
+        why there is none (no ``tokenizer.ggml.model``, a type transformers does not build, an old transformers)."""
+        meta = self.file.metadata
+        model = meta.get("tokenizer.ggml.model")
+        if not isinstance(model, str) or not isinstance(meta.get("tokenizer.ggml.tokens"), list):
+            raise CheckpointError(f"{self.path}: no tokenizer in the metadata (tokenizer.ggml.model "
+                                  f"{'missing' if model is None else repr(model)}, tokenizer.ggml.tokens "
+                                  f"{'present' if 'tokenizer.ggml.tokens' in meta else 'missing'})")
+        try:
+            try:  # transformers >= 5.x
+                from transformers.integrations.gguf.gguf_tokenizer_mapping import (GGUF_TOKENIZER_MAPPING,
+                                                                                    convert_gguf_tokenizer)
+            except ImportError:  # transformers 4.x
+                from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+            keys = GGUF_TOKENIZER_MAPPING["tokenizer"]
+            tdict = {name: meta[f"tokenizer.{key}"] for key, name in keys.items() if f"tokenizer.{key}" in meta}
+            tok, _ = convert_gguf_tokenizer(self.arch, tdict)
+        except Exception as e:  # noqa: BLE001 - any converter failure is the same answer: no tokenizer from this file
+            raise CheckpointError(f"{self.path}: transformers could not build the tokenizer of this GGUF "
+                                  f"(tokenizer.ggml.model {model!r}; {type(e).__name__}: {e})") from e
+        return tok
+
 
 def _f32_decimal(x) -> float:
     """A FLOAT32 metadata value as the shortest decimal that rounds to it (1e-06, not 9.999999974752427e-07): the
@@ -562,7 +587,8 @@ def find_gguf(model_dir: Path) -> Optional[Path]:
 
 
 def convert(src, out) -> Path:
-    """GGUF -> a safetensors directory (model.safetensors with the tensors as presented + config.json)."""
+    """GGUF -> a safetensors directory (model.safetensors with the tensors as presented + config.json, and
+    tokenizer.json where the metadata describes a tokenizer transformers builds)."""
     from safetensors.torch import save
 
     from .io import atomic_write_bytes, atomic_write_text
@@ -573,9 +599,16 @@ def convert(src, out) -> Path:
     model = GGUFModel(src)
     cfg = model.config()
     tensors = {name: model.get(name) for name in model.infos}
+    try:
+        tok = model.tokenizer().to_str()
+    except CheckpointError as e:
+        tok = None
+        print(f"note: no tokenizer.json written: {e}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out / "model.safetensors", save(tensors, metadata={"format": "pt", "source": src.name}))
     atomic_write_text(out / "config.json", json.dumps(cfg, indent=1))
+    if tok is not None:
+        atomic_write_text(out / "tokenizer.json", tok)
     return out
 
 
@@ -590,7 +623,7 @@ def main(argv=None) -> int:
     except (CheckpointError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {out / 'model.safetensors'} and {out / 'config.json'}")
+    print(f"wrote {', '.join(str(out / f) for f in ('model.safetensors', 'config.json', 'tokenizer.json') if (out / f).exists())}")
     return 0
 
 

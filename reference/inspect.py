@@ -2512,12 +2512,20 @@ def _with_quantize_config(cfg: ModelConfig, model_dir: Path, findings: list[Find
     return dataclasses.replace(cfg, quantization=q)
 
 
-def _gguf_without_tokenizer(model_dir: Path) -> bool:
-    from .checkpoint import gguf_source
+def _gguf_tokenizer_problem(model_dir: Path) -> Optional[str]:
+    """Why a GGUF model directory has no text tokenizer (no tokenizer.json / tokenizer.model / tokenizer_config.json
+    beside it, and none built from its metadata), else None (also for a safetensors directory)."""
+    from .checkpoint import gguf_model, gguf_source
 
     d = model_dir if model_dir.is_dir() else model_dir.parent
-    return gguf_source(model_dir) is not None and not any(
-        (d / f).exists() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"))
+    src = gguf_source(model_dir)
+    if src is None or any((d / f).exists() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
+        return None
+    try:
+        gguf_model(src).tokenizer()
+    except CheckpointError as e:
+        return str(e)
+    return None
 
 
 def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True, n_seq: int = 2,
@@ -2644,11 +2652,10 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     else:
         cands = [Candidate((-1, 0, 1, None), op=op) for op in ops]
     ids = None
-    if use_loss and _gguf_without_tokenizer(model_dir):
+    if use_loss and (why := _gguf_tokenizer_problem(model_dir)) is not None:
         findings.append(Finding("candidate scoring", "statistics only",
-                                "a GGUF model without tokenizer.json / tokenizer.model / tokenizer_config.json (its "
-                                "tokenizer is in the GGUF metadata, which is not converted): no text to score "
-                                "candidates on", "n/a"))
+                                f"a GGUF model without tokenizer.json / tokenizer.model / tokenizer_config.json, and "
+                                f"none from its metadata ({why}): no text to score candidates on", "n/a"))
         use_loss = False
     if use_loss:
         from .decode import text_ids

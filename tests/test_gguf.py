@@ -93,10 +93,26 @@ def _logical(arch: str, hidden: int = 256, inter: int = 512, seed: int = 0, tie:
     return lg if per_tensor else lg.with_group_jitter(256, seed=seed + 1)
 
 
+def write_tokenizer_meta(w, tokenizer_json: Path) -> None:
+    """A byte-level BPE tokenizer.json as llama.cpp's converter stores it (tokenizer.ggml.model 'gpt2': the
+    vocabulary by id, the merges as 'a b' strings, token types 3 = control for the added special tokens)."""
+    t = json.loads(tokenizer_json.read_text())
+    toks = [None] * len(t["model"]["vocab"])
+    for tok, i in t["model"]["vocab"].items():
+        toks[i] = tok
+    special = {a["id"] for a in t["added_tokens"] if a["special"]}
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(toks)
+    w.add_token_types([3 if i in special else 1 for i in range(len(toks))])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in t["model"]["merges"]])
+
+
 def write_gguf(path: Path, arch: str, sd: dict, cfg: dict, *, qtype=None, permute: bool = False,
-               embd_type=None, meta: dict | None = None, endianess=None) -> Path:
+               embd_type=None, meta: dict | None = None, endianess=None, tokenizer: Path | None = None) -> Path:
     """A GGUF file as llama.cpp's converter lays it out: metadata keys of ``arch``, GGUF tensor names, q / k rows
-    permuted for llama, uint8 record tensors as ``qtype`` (int for bitnet.cpp's I2_S, which gguf-py lacks)."""
+    permuted for llama, uint8 record tensors as ``qtype`` (int for bitnet.cpp's I2_S, which gguf-py lacks);
+    ``tokenizer``: a tokenizer.json stored in the metadata (else a token list of placeholders, no tokenizer model)."""
     kw = {"endianess": endianess} if endianess is not None else {}
     w = gguf.GGUFWriter(str(path), arch, **kw)
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -109,7 +125,10 @@ def write_gguf(path: Path, arch: str, sd: dict, cfg: dict, *, qtype=None, permut
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
     w.add_rope_dimension_count(cfg["head_dim"])
-    w.add_token_list([f"t{i}" for i in range(cfg["vocab_size"])])
+    if tokenizer is not None:
+        write_tokenizer_meta(w, tokenizer)
+    else:
+        w.add_token_list([f"t{i}" for i in range(cfg["vocab_size"])])
     w.add_bos_token_id(cfg["bos_token_id"])
     w.add_eos_token_id(cfg["eos_token_id"])
     for k, v in (meta or {}).items():
@@ -156,16 +175,16 @@ CASES = {  # name: (gguf arch, logical arch, synth writer, ggml type)
 
 
 def _case(name: str, tmp_path: Path, trained: bool = False):
-    """``trained``: models/tiny-trained itself (K = 128 / 384: I2_S only) with its tokenizer beside the GGUF."""
+    """``trained``: models/tiny-trained itself (K = 128 / 384: I2_S only) with its tokenizer in the GGUF's metadata
+    (no tokenizer.json beside it, as llama.cpp ships models)."""
     arch, larch, writer, qtype = CASES[name]
     lg = synth.Logical.from_dir(TRAINED) if trained else _logical(larch, per_tensor=qtype == 36)
     sd, _, truth = writer(lg)
     meta = {"bitnet.hidden_activation": "relu2"} if arch == "bitnet" else None
     d = tmp_path / name
     d.mkdir()
-    write_gguf(d / "model.gguf", arch, sd, lg.config, qtype=qtype, permute=arch == "llama", meta=meta)
-    if trained:
-        shutil.copy(TRAINED / "tokenizer.json", d / "tokenizer.json")
+    write_gguf(d / "model.gguf", arch, sd, lg.config, qtype=qtype, permute=arch == "llama", meta=meta,
+               tokenizer=TRAINED / "tokenizer.json" if trained else None)
     return lg, sd, truth, d
 
 
@@ -312,7 +331,8 @@ def _check_decoded(d: Path, spec, truth: synth.Truth):
 def test_inspector_on_gguf_and_its_conversion(case, tmp_path):
     """The inspector on a GGUF-only directory decodes the true ternary weights; on the converted safetensors directory
     it finds the same layout.  TQ: untrained models, no tokenizer (statistics only, a finding says so; the records fix
-    the layout).  I2_S has no record structure to go by: the QAT-trained tiny model with its tokenizer, scored by loss."""
+    the layout).  I2_S has no record structure to go by: the QAT-trained tiny model with its tokenizer in the GGUF
+    metadata (built by transformers' GGUF converter; the conversion writes it as tokenizer.json), scored by loss."""
     i2s = case.endswith("i2s")
     lg, sd, truth, d = _case(case, tmp_path, trained=i2s)
     res = inspect_dir(d)
@@ -320,8 +340,7 @@ def test_inspector_on_gguf_and_its_conversion(case, tmp_path):
     _check_decoded(d, res.spec, truth)
     out = tmp_path / "converted"
     assert gguf_main([str(d / "model.gguf"), str(out)]) == 0
-    if i2s:
-        shutil.copy(TRAINED / "tokenizer.json", out / "tokenizer.json")
+    assert (out / "tokenizer.json").exists() == i2s
     res2 = inspect_dir(out, use_loss=i2s)
     _check_decoded(out, res2.spec, truth)
     for mod, e in res.spec.linears.items():
@@ -504,3 +523,27 @@ def test_i2s_and_tq_shapes_refused_by_name(tmp_path):
     path = write_gguf(tmp_path / "tq.gguf", "bitnet", sd, lg.config, qtype=QT.TQ2_0)
     with pytest.raises(CheckpointError, match="'blk.0.attn_q.weight' \\(TQ2_0\\) has a separate per-tensor scale"):
         Checkpoint(path)
+
+
+def test_tokenizer_from_gguf_metadata_encodes_as_tokenizer_json(tmp_path):
+    """The tokenizer stored in a GGUF's metadata (llama.cpp's 'gpt2' byte-level BPE keys) gives the token ids of the
+    tokenizer.json it came from on the corpus text (what the inspector scores candidates on), through
+    ``decode.text_ids`` on a GGUF-only directory; without a tokenizer model in the metadata, text_ids and the
+    inspector's finding say why."""
+    from tokenizers import Tokenizer
+
+    from reference.decode import text_ids
+
+    _, _, _, d = _case("bitnet-b1.58-i2s", tmp_path, trained=True)
+    text = (ROOT / "models" / "corpus.txt").read_text()[-20000:]
+    want = Tokenizer.from_file(str(TRAINED / "tokenizer.json")).encode(text).ids
+    assert GGUFModel(d / "model.gguf").tokenizer().encode(text).ids == want
+    got = text_ids(d, text, n_seq=2, seq_len=64)
+    assert got.flatten().tolist() == want[:2 * 65]
+    _, _, _, bare = _case("bitnet-tq2_0", tmp_path)
+    with pytest.raises(CheckpointError, match=r"model\.gguf: no tokenizer in the metadata \(tokenizer\.ggml\.model "
+                                              r"missing"):
+        text_ids(bare, text)
+    res = inspect_dir(bare)
+    f = [f for f in res.findings if f.what == "candidate scoring"]
+    assert len(f) == 1 and "tokenizer.ggml.model missing" in f[0].evidence
