@@ -152,7 +152,10 @@ SETS = ({}, {"TRIT_A8_FUSEQ": "1", "TRIT_WN": "2", "TRIT_A8_DENSE_MIN_M": "17"},
               # 8 < M <= 32 on the plain k-block-major xq (the default interleaves it: TRIT_A8_XI)
               {"TRIT_A8_XI": "0", "TRIT_A8_FUSEQ": "", "TRIT_NW": ""},
               # the interleaved xq's quantizer as the cluster kernel (zero-row clusters; S = 3 at M = 20, K = 9000)
-              {"TRIT_A8_XI": "1", "TRIT_QUANT_CLUSTER_XI": "1", "TRIT_QUANT_CLUSTER": "8"})
+              {"TRIT_A8_XI": "1", "TRIT_QUANT_CLUSTER_XI": "1", "TRIT_QUANT_CLUSTER": "8"},
+              # rms_norm_a8q's cluster kernel: the row over up to 8 CTAs of a cluster (S = 2..8 at the K >= 4096
+              # shapes below, odd K tails), then the one-CTA-per-row cluster form (S = 1)
+              {"TRIT_RNQ_CLUSTER": "8"}, {"TRIT_RNQ_CLUSTER": "1"})
 # SAN_LAST=n: the default set and the last n sets only (a quick check of the newest knobs)
 if int(os.environ.get("SAN_LAST", "0")) > 0:
   SETS = SETS[:1] + SETS[-int(os.environ["SAN_LAST"]):]
