@@ -22,11 +22,14 @@ apply unchanged:
     dequantized to float32 with gguf-py (``gguf.quants.dequantize``, imported only when such a tensor is read).
   * llama.cpp's converters permute the rows of q_proj / k_proj of some architectures for its rotary layout; that is
     undone (``ROPE_PERMUTED``), so every tensor holds the HF checkpoint's rows.
-The HF config.json is synthesised from the metadata (``config_from_metadata``).
+The HF config.json is synthesised from the metadata (``config_from_metadata``).  A llama.cpp split set
+(``NAME-0000i-of-0000N.gguf``) is one model: ``split_parts`` finds every part, ``GGUFModel`` reads each part's tensors
+(the metadata from part 1) and checks the numbering.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import mmap
@@ -348,7 +351,11 @@ class GGUFModel:
 
     def __init__(self, path):
         self.path = Path(path)
-        self.file = read_gguf(self.path)
+        self.parts = split_parts(self.path)  # [path] for one file; every part of a llama.cpp split set, in order
+        self.file = read_gguf(self.parts[0])
+        self._file_of: dict[str, Path] = {t: self.parts[0] for t in self.file.tensors}
+        if len(self.parts) > 1:
+            self._read_split()
         meta = self.file.metadata
         arch = meta.get("general.architecture")
         if not isinstance(arch, str):
@@ -372,11 +379,37 @@ class GGUFModel:
         if ARCHS[arch][3]:
             self._rope_rows()
 
+    def _read_split(self) -> None:
+        """The tensors of every part of a split set (llama.cpp's gguf-split / gguf-py ``split_max_*``: part i has
+        ``split.no`` i - 1 and ``split.count`` N; the model's metadata lives in the first part), checked: counts,
+        numbering, no tensor in two parts, the total against ``split.tensors.count``."""
+        n = len(self.parts)
+        tensors = dict(self.file.tensors)
+        for i, part in enumerate(self.parts):
+            f = self.file if i == 0 else read_gguf(part)
+            no, count = f.metadata.get("split.no"), f.metadata.get("split.count")
+            if no != i or count != n:
+                raise CheckpointError(f"{part}: split.no {no!r} / split.count {count!r}, but it is part {i + 1} of the "
+                                      f"{n} files named {self.parts[0].name} .. {self.parts[-1].name} (expected "
+                                      f"split.no {i}, split.count {n})")
+            if i == 0:
+                continue
+            for name, t in f.tensors.items():
+                if name in tensors:
+                    raise CheckpointError(f"{part}: tensor {name!r} is also in {self._file_of[name]}")
+                tensors[name] = t
+                self._file_of[name] = part
+        total = self.file.metadata.get("split.tensors.count")
+        if total is not None and total != len(tensors):
+            raise CheckpointError(f"{self.parts[0]}: split.tensors.count {total}, but the {n} parts hold "
+                                  f"{len(tensors)} tensors")
+        self.file = dataclasses.replace(self.file, tensors=tensors)
+
     def _add(self, name: str, kind: str, t: GGUFTensor, dtype: str, shape: tuple[int, ...], nbytes: int) -> None:
         if name in self.infos:
             raise CheckpointError(f"{self.path}: tensor {name!r} is both stored in the file and the scale of the "
                                   f"I2_S weight {name[:-len('.scale')] + '.weight'!r} (presented under that name)")
-        self.infos[name] = TensorInfo(name, dtype, shape, self.path, nbytes)
+        self.infos[name] = TensorInfo(name, dtype, shape, self._file_of[t.name], nbytes)
         self._src[name] = (kind, t)
 
     def _present(self, t: GGUFTensor) -> None:
@@ -424,11 +457,12 @@ class GGUFModel:
 
     def _bytes(self, t: GGUFTensor, offset: int = 0, n: Optional[int] = None) -> bytearray:
         n = t.nbytes - offset if n is None else n
-        with open(self.path, "rb") as f:
+        path = self._file_of[t.name]
+        with open(path, "rb") as f:
             f.seek(t.offset + offset)
             data = bytearray(f.read(n))
         if len(data) != n:
-            raise CheckpointError(f"{self.path}: tensor {t.name!r}: read {len(data)} of {n} bytes (file changed?)")
+            raise CheckpointError(f"{path}: tensor {t.name!r}: read {len(data)} of {n} bytes (file changed?)")
         return data
 
     def get(self, name: str) -> torch.Tensor:
@@ -567,19 +601,40 @@ def config_from_metadata(meta: dict, infos: dict[str, TensorInfo], where) -> dic
     return cfg
 
 
+def split_parts(path: Path) -> list[Path]:
+    """[path] for a single GGUF file; for a part of a llama.cpp split set (``NAME-0000i-of-0000N.gguf``), all N parts
+    in order, each of which must exist."""
+    m = SPLIT_RE.match(path.name)
+    if m is None:
+        return [path]
+    stem, n = m.group(1), int(m.group(3))
+    if n < 1 or not 1 <= int(m.group(2)) <= n:
+        raise CheckpointError(f"{path}: split file name says part {int(m.group(2))} of {n}")
+    parts = [path.with_name(f"{stem}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]
+    missing = [p.name for p in parts if not p.is_file()]
+    if missing:
+        raise CheckpointError(f"{path}: part of a {n}-file split GGUF set, but {', '.join(missing)} "
+                              f"{'is' if len(missing) == 1 else 'are'} missing")
+    return parts
+
+
 def find_gguf(model_dir: Path) -> Optional[Path]:
-    """The one GGUF model file of a directory, None if it has none; a split set or several models are refused."""
+    """The one GGUF model of a directory (a file, or the first part of one llama.cpp split set), None if it has none;
+    several models are refused."""
     files = sorted(p for p in Path(model_dir).glob("*.gguf") if p.is_file())
     if not files:
         return None
-    splits = [f for f in files if SPLIT_RE.match(f.name)]
-    if splits:
-        raise CheckpointError(f"{model_dir}: {splits[0].name} is part of a llama.cpp split GGUF set; split sets are "
-                              f"not read: merge it first (llama-gguf-split --merge {splits[0].name} model.gguf)")
-    if len(files) > 1:
-        raise CheckpointError(f"{model_dir}: {len(files)} GGUF files ({', '.join(f.name for f in files)}); expected "
-                              f"one model: pass the file itself")
-    return files[0]
+    models = {}  # model -> its first file
+    for f in files:
+        m = SPLIT_RE.match(f.name)
+        key = (m.group(1), m.group(3)) if m else (f.name, None)
+        models.setdefault(key, f)
+    if len(models) > 1:
+        names = [f.name if k[1] is None else f"{k[0]}-*-of-{k[1]}.gguf" for k, f in models.items()]
+        raise CheckpointError(f"{model_dir}: {len(models)} GGUF models ({', '.join(names)}); expected one: pass the "
+                              f"file itself")
+    (key, first), = models.items()
+    return first if key[1] is None else split_parts(first)[0]
 
 
 # ---------------------------------------------------------------------------------------

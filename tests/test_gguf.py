@@ -109,12 +109,13 @@ def write_tokenizer_meta(w, tokenizer_json: Path) -> None:
 
 
 def write_gguf(path: Path, arch: str, sd: dict, cfg: dict, *, qtype=None, permute: bool = False,
-               embd_type=None, meta: dict | None = None, endianess=None, tokenizer: Path | None = None) -> Path:
+               embd_type=None, meta: dict | None = None, endianess=None, tokenizer: Path | None = None,
+               split_max_tensors: int = 0) -> Path:
     """A GGUF file as llama.cpp's converter lays it out: metadata keys of ``arch``, GGUF tensor names, q / k rows
     permuted for llama, uint8 record tensors as ``qtype`` (int for bitnet.cpp's I2_S, which gguf-py lacks);
     ``tokenizer``: a tokenizer.json stored in the metadata (else a token list of placeholders, no tokenizer model)."""
     kw = {"endianess": endianess} if endianess is not None else {}
-    w = gguf.GGUFWriter(str(path), arch, **kw)
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors, **kw)
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
@@ -486,19 +487,51 @@ def test_unknown_architecture_refused(tmp_path):
 
 
 def test_directory_rules(small, tmp_path):
-    """A split set and two models in one directory are refused by name; safetensors beside a GGUF win."""
+    """A split set with a part missing and two models in one directory are refused by name; safetensors beside a
+    GGUF win."""
     path, _ = small
     d = tmp_path / "split"
     d.mkdir()
     shutil.copy(path, d / "model-00001-of-00002.gguf")
-    with pytest.raises(CheckpointError, match="split GGUF set"):
+    with pytest.raises(CheckpointError, match=r"part of a 2-file split GGUF set, but model-00002-of-00002\.gguf is "
+                                              r"missing"):
         Checkpoint(d)
     d2 = tmp_path / "two"
     d2.mkdir()
     shutil.copy(path, d2 / "a.gguf")
     shutil.copy(path, d2 / "b.gguf")
-    with pytest.raises(CheckpointError, match="2 GGUF files"):
+    with pytest.raises(CheckpointError, match="2 GGUF models"):
         Checkpoint(d2)
+
+
+def test_split_set_reads_as_one_model(tmp_path):
+    """A llama.cpp split set (written by gguf-py's GGUFWriter with split_max_tensors, as convert_hf_to_gguf.py
+    --split-max-tensors does: the metadata in part 1, split.no / split.count / split.tensors.count in each) reads
+    as the one model: every tensor as synth wrote it, from its own part, the config, the inspector's decode and the
+    conversion; parts that disagree with their names are refused by name."""
+    lg = _logical("llama")
+    sd, _, truth = synth.w_tq2_0(lg)
+    d = tmp_path / "set"
+    d.mkdir()
+    write_gguf(d / "model.gguf", "llama", sd, lg.config, qtype=QT.TQ2_0, permute=True, split_max_tensors=7)
+    parts = sorted(d.glob("*.gguf"))
+    assert len(parts) >= 3 and parts[0].name == f"model-00001-of-{len(parts):05d}.gguf"
+    for ck in (Checkpoint(d), Checkpoint(parts[-1])):
+        assert set(ck.keys()) == set(sd)
+        for k, t in sd.items():
+            assert torch.equal(ck.get(k), t), k
+        assert {ck.info(k).file for k in ck.keys()} == set(parts)
+    assert ModelConfig.from_dict(load_config(d)) == ModelConfig.from_dict(lg.config)
+    _check_decoded(d, inspect_dir(d).spec, truth)
+    assert gguf_main([str(parts[1]), str(tmp_path / "conv")]) == 0
+    assert set(Checkpoint(tmp_path / "conv").keys()) == set(sd)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for i, p in enumerate(parts):  # parts 1 and 2 swapped: part 1's name, split.no 1
+        shutil.copy(parts[{0: 1, 1: 0}.get(i, i)], bad / p.name)
+    with pytest.raises(CheckpointError, match=r"model-00001-of-\d{5}\.gguf: split\.no 1 / split\.count \d+, but it is "
+                                              r"part 1 .*expected split\.no 0"):
+        Checkpoint(bad)
 
 
 def test_ggml_type_table_matches_gguf_py():
