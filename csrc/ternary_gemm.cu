@@ -3163,8 +3163,13 @@ __global__ void __launch_bounds__(256) rms_norm_quant_cluster_kernel(const T* __
 // TRIT_RNQ_CLUSTER = n > 0: rms_norm_quant_cluster_kernel with the row over S CTAs - at most n, at most one
 // CTA per 256 groups of 8 (no CTA with idle threads only), at least the fewest that hold the row in registers
 // (kRncVecs groups a thread), at most 8; n = 1: one CTA (the one-CTA kernel's sums, w before the PDL wait).
-// 0, or unset (-1: not yet measured on a GPU): the one-CTA kernel rms_norm_quant_kernel.
-int rnq_cluster_auto(int /*Kp*/) { return 0; }
+// 0: the one-CTA kernel rms_norm_quant_kernel.  Unset (-1): rnq_cluster_auto, n = 1 - measured (H100 run 66,
+// bench.norm_quant, CUPTI medians) at or below the one-CTA kernel on every case: 3.60-3.81 vs 3.74-3.90 us at
+// K = 2560 / 4096 (M = 1-64), 4.42-4.58 vs 6.30-6.56 us at K = 6912 / 8192, where the one-CTA kernel's dependent
+// norm-weight read follows the first reduction; n = 2 / 4 / 8 were slower than n = 1 everywhere (4.96-6.05 us),
+// cluster launch and DSMEM exchange costing more than the split saves at these K.  Rows longer than one CTA holds
+// in registers take the fewest CTAs that do (need above).
+int rnq_cluster_auto(int /*Kp*/) { return 1; }
 int rnq_cluster_size(int Kp, int n) {
   if (n < 0) n = rnq_cluster_auto(Kp);
   if (n <= 0) return 0;
