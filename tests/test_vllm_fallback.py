@@ -168,6 +168,17 @@ MODS = {"qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
         "gate_up": ["mlp.gate_proj", "mlp.up_proj"], "down": ["mlp.down_proj"]}
 
 
+def rank_slice(eff: dict, kind: str, size: int, rank: int) -> torch.Tensor:
+    """What TP rank ``rank`` of ``size`` holds of layer 0's fused ``kind`` layer, from the modules' effective weights:
+    down_proj (row-parallel) its K slice; q|k|v and gate|up (column-parallel) every module's row chunk, concatenated
+    in shard order."""
+    full = [eff[f"{P0}.{m}"] for m in MODS[kind]]
+    if kind == "down":
+        k = full[0].shape[1] // size
+        return full[0][:, rank * k:(rank + 1) * k]
+    return torch.cat([f.chunk(size)[rank] for f in full])
+
+
 @pytest.mark.parametrize("kind", ["qkv", "gate_up", "down"])
 @pytest.mark.parametrize("size", [1, 2])
 @pytest.mark.parametrize("model", ["int4_group", "hqq_group", "awq_group", "awq_gemv_group", "ct_asym_group",
@@ -187,12 +198,7 @@ def test_group_scales_slice_under_tp(vllm_env, tp, request, model, kind, size):
         cols = layer.weight_scale.shape[1]
         assert cols == layer.trit_k // G and getattr(layer.weight_scale, "input_dim", None) == 1
         load(layer, spec, sd)
-        full = [eff[f"{P0}.{m}"] for m in MODS[kind]]
-        if kind == "down":  # row-parallel: K sliced, the group axis with it
-            k = 384 // size
-            want = full[0][:, rank * k:(rank + 1) * k]
-        else:  # column-parallel: every shard's rows sliced, concatenated in shard order
-            want = torch.cat([f.chunk(size)[rank] for f in full])
+        want = rank_slice(eff, kind, size, rank)
         assert layer.weight.dtype == torch.float32 and not hasattr(layer, "weight_scale")
         assert not hasattr(layer, "weight_zero")
         assert torch.equal(layer.weight.data, want), f"{kind} TP{size} rank {rank}"
@@ -222,12 +228,7 @@ def test_hqq_axis0_groups_load_elementwise_under_tp(vllm_env, tp, hqq_axis0, kin
         for p in (layer.weight_scale, layer.weight_zero):
             assert p.shape == (layer.trit_n, layer.trit_k) and getattr(p, "input_dim", None) == 1
         load(layer, spec, sd)
-        full = [eff[f"{P0}.{m}"] for m in MODS[kind]]
-        if kind == "down":
-            k = 384 // size
-            want = full[0][:, rank * k:(rank + 1) * k]
-        else:
-            want = torch.cat([f.chunk(size)[rank] for f in full])
+        want = rank_slice(eff, kind, size, rank)
         assert not hasattr(layer, "weight_scale") and not hasattr(layer, "weight_zero")
         assert torch.equal(layer.weight.data, want), f"{fmt} {kind} TP{size} rank {rank}"
 
@@ -258,12 +259,7 @@ def test_channel_zero_points_slice_under_tp(vllm_env, tp, ct_asym_channel, kind,
         for p in (layer.weight_scale, layer.weight_zero):
             assert p.shape == (layer.trit_n, 1) and getattr(p, "input_dim", None) is None
         load(layer, spec, sd)
-        full = [eff[f"{P0}.{m}"] for m in MODS[kind]]
-        if kind == "down":
-            k = 384 // size
-            want = full[0][:, rank * k:(rank + 1) * k]
-        else:
-            want = torch.cat([f.chunk(size)[rank] for f in full])
+        want = rank_slice(eff, kind, size, rank)
         assert torch.equal(layer.weight.data, want), f"{fmt} {kind} TP{size} rank {rank}"
 
 
@@ -334,12 +330,7 @@ def test_act_order_groups_under_tp(vllm_env, tp, act_order_layer0, kind, size):
         assert layer.weight_scale.shape == (layer.trit_n, k // G) and getattr(layer.weight_scale, "input_dim", None) is None
         assert layer.weight_g_idx.shape == (len(MODS[kind]), layer.trit_k) and layer.weight_g_idx.dtype == torch.int32
         load(layer, spec, sd)
-        full = [eff[f"{P0}.{m}"] for m in MODS[kind]]
-        if kind == "down":
-            kp = 384 // size
-            want = full[0][:, rank * kp:(rank + 1) * kp]
-        else:
-            want = torch.cat([f.chunk(size)[rank] for f in full])
+        want = rank_slice(eff, kind, size, rank)
         assert not hasattr(layer, "weight_g_idx") and not hasattr(layer, "weight_scale")
         assert torch.equal(layer.weight.data, want), f"{fmt} {kind} TP{size} rank {rank}"
     consecutive = dataclasses.replace(spec, linears={m: dataclasses.replace(e, g_idx=None)
@@ -568,9 +559,7 @@ def test_tq2_0_in_block_scales_take_the_dense_fallback(vllm_env, tp, tq2_layer0,
         layer = build(kind, TernaryConfig(spec))
         assert isinstance(layer.quant_method, DenseFallbackLinearMethod) and layer.quant_method.group_size == 256
         load(layer, spec, sd)
-        full = [eff[f"{P0}.{m}"] for m in MODS[kind]]
-        want = torch.cat([f.chunk(size)[rank] for f in full])
-        assert torch.equal(layer.weight.data, want), f"{kind} TP{size} rank {rank}"
+        assert torch.equal(layer.weight.data, rank_slice(eff, kind, size, rank)), f"{kind} TP{size} rank {rank}"
 
 
 def test_tq2_0_row_parallel_split_inside_a_block_is_an_error(vllm_env, tp, tq2_layer0):
