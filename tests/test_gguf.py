@@ -607,3 +607,13 @@ def test_vllm_target_on_a_gguf_directory(case, layers, arch, tmp_path, monkeypat
     conv = converted(d / "model.gguf")
     assert conv.parent == tmp_path / "cache" and [p.name for p in (tmp_path / "cache").iterdir()] == [conv.name]
     assert (conv / "tokenizer.json").exists() == case.endswith("i2s")
+
+
+def test_transformers_target_refuses_a_gguf_model(tmp_path):
+    """The transformers oracle loads Hugging Face checkpoints only: a GGUF directory is refused naming the targets
+    that read it and the converter, before transformers is asked."""
+    from parity.targets import get_target
+
+    _, _, _, d = _case("llama-tq2_0", tmp_path)
+    with pytest.raises(ValueError, match=r"a GGUF model: the transformers target .*\(python -m reference\.gguf"):
+        get_target("transformers").capture(d, torch.zeros(1, 4, dtype=torch.long))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from reference.checkpoint import Checkpoint, CheckpointError, load_config
+from reference.checkpoint import Checkpoint, CheckpointError, gguf_source, load_config
 from reference.config import ONEBIT_LLM, ModelConfig
 from reference.spec import not_converted, spec_from_hf_bitnet
 
@@ -43,6 +43,12 @@ class TransformersTarget(Target):
     def load(self, model_dir: Path):
         from transformers import AutoModelForCausalLM
 
+        if gguf_source(Path(model_dir)) is not None:
+            # transformers' own GGUF loading (gguf_file=) dequantizes to a float model of its architectures, not
+            # bitnet.cpp's; the reference and the vllm target read GGUF models (reference.gguf)
+            raise ValueError(f"{model_dir}: a GGUF model: the transformers target loads Hugging Face checkpoints "
+                             f"(config.json + safetensors) only; use the reference, bf16 or vllm target, or convert "
+                             f"it first (python -m reference.gguf FILE OUTDIR)")
         cfg = ModelConfig.load(model_dir)
         archs = load_config(model_dir).get("architectures") or []
         if ONEBIT_LLM in archs:
