@@ -369,9 +369,10 @@ class GGUFModel:
         self._perm: dict[str, int] = {}  # presented name -> head count whose rope permutation is undone
         for t in self.file.tensors.values():
             self._present(t)
+        self._rope = None  # rope_parameters recovered from rope_freqs.weight (llama3), consumed, not presented
         if "rope_freqs.weight" in self.infos:
-            raise CheckpointError(f"{self.path}: tensor 'rope_freqs.weight' (llama3-style RoPE frequency factors "
-                                  f"stored as a tensor) is not read; the config cannot express it here")
+            self._rope = self._llama3_rope()
+            del self.infos["rope_freqs.weight"], self._src["rope_freqs.weight"]
         for name, (kind, t) in self._src.items():
             if kind == "records" and name.endswith(".weight") and name[:-7] + ".scale" in self._src:
                 raise CheckpointError(f"{self.path}: tensor {name!r} ({t.type_name}) has a separate per-tensor scale "
@@ -499,7 +500,38 @@ class GGUFModel:
         return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
 
     def config(self) -> dict:
-        return config_from_metadata(self.file.metadata, self.infos, self.path)
+        return config_from_metadata(self.file.metadata, self.infos, self.path, rope=self._rope)
+
+    def _llama3_rope(self) -> dict:
+        """rope_parameters of the llama3 scaling whose frequency factors ``rope_freqs.weight`` holds, bit for bit:
+        llama.cpp's converter (convert_hf_to_gguf.py ``LlamaModel.generate_extra_tensors``, Llama 3.1 / 3.2) writes
+        them from the HF config's factor, low / high_freq_factor and original_max_position_embeddings, and the
+        metadata keeps none of those.  ``llama3_rope_factors`` transcribes the converter; the factor is the largest
+        stored value and the other three are searched over the values Llama 3.x use and their neighbours (they enter
+        only as the wavelength thresholds old / low and old / high, so the first exact match is the scaling itself,
+        whichever spelling of it); a tensor no candidate reproduces exactly is refused by name."""
+        meta, arch = self.file.metadata, self.arch
+        rf = self.get("rope_freqs.weight").float().reshape(-1)
+        theta = meta.get(f"{arch}.rope.freq_base", 10000.0)
+        heads = meta.get(f"{arch}.attention.head_count")
+        dim = meta.get(f"{arch}.rope.dimension_count") or meta.get(f"{arch}.attention.key_length") or (
+            meta.get(f"{arch}.embedding_length", 0) // heads if isinstance(heads, int) and heads else 0)
+        where = f"{self.path}: tensor 'rope_freqs.weight'"
+        if not isinstance(dim, int) or dim < 2 or rf.numel() != dim // 2:
+            raise CheckpointError(f"{where}: {rf.numel()} frequency factors, expected head_dim / 2 = {dim // 2}")
+        factor = float(rf.max())
+        for old in (8192, 4096, 16384, 2048, 32768, 131072):
+            for low in (1.0, 2.0, 0.5, 4.0):
+                for high in (4.0, 8.0, 2.0, 1.0, 16.0):
+                    if high <= low:
+                        continue
+                    if torch.equal(llama3_rope_factors(theta, dim, factor, low, high, old), rf):
+                        return {"rope_type": "llama3", "rope_theta": _f32_decimal(theta), "factor": _f32_decimal(factor),
+                                "low_freq_factor": low, "high_freq_factor": high,
+                                "original_max_position_embeddings": old}
+        raise CheckpointError(f"{where}: frequency factors (max {factor:g}) that no llama3 rope scaling reproduces "
+                              f"(factor = the max, low_freq_factor 0.5-4, high_freq_factor 1-16, "
+                              f"original_max_position_embeddings 2048-131072 tried); not read")
 
     def tokenizer(self):
         """The tokenizer the metadata describes (``tokenizer.ggml.*``: llama.cpp's vocabulary, merges, token types and
@@ -534,8 +566,28 @@ def _f32_decimal(x) -> float:
     return float(str(np.float32(x)))
 
 
-def config_from_metadata(meta: dict, infos: dict[str, TensorInfo], where) -> dict:
-    """HF config.json (transformers' Llama / BitNet fields) from llama.cpp metadata and the presented tensors."""
+def llama3_rope_factors(theta: float, dim: int, factor: float, low: float, high: float, old: int) -> torch.Tensor:
+    """llama.cpp's rope_freqs.weight for a llama3 rope scaling, transcribed from convert_hf_to_gguf.py
+    ``LlamaModel.generate_extra_tensors`` (torch float32 frequencies, Python float arithmetic per frequency, the
+    list stored as float32)."""
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    low_wavelen, high_wavelen = old / low, old / high
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def config_from_metadata(meta: dict, infos: dict[str, TensorInfo], where, rope: Optional[dict] = None) -> dict:
+    """HF config.json (transformers' Llama / BitNet fields) from llama.cpp metadata and the presented tensors;
+    ``rope``: rope_parameters recovered from a rope_freqs tensor (``GGUFModel._llama3_rope``)."""
     arch = meta.get("general.architecture")
     if arch not in ARCHS:
         raise CheckpointError(f"{where}: general.architecture {arch!r} is not supported (read: {', '.join(ARCHS)})")
@@ -559,8 +611,13 @@ def config_from_metadata(meta: dict, infos: dict[str, TensorInfo], where) -> dic
                               f"not read)")
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     factor = meta.get(f"{arch}.rope.scaling.factor", 1.0)
-    rope = {"rope_type": "default", "rope_theta": _f32_decimal(need("rope.freq_base", 10000.0))}
-    if scaling not in ("none", "linear") or (scaling == "linear" and factor != 1.0):
+    recovered, rope = rope, {"rope_type": "default", "rope_theta": _f32_decimal(need("rope.freq_base", 10000.0))}
+    if recovered is not None:
+        if scaling not in ("none",) and not (scaling == "linear" and factor == 1.0):
+            raise CheckpointError(f"{where}: rope_freqs.weight (llama3 factors) and {arch}.rope.scaling.type "
+                                  f"{scaling!r} both scale RoPE; expected one")
+        rope = dict(recovered)
+    elif scaling not in ("none", "linear") or (scaling == "linear" and factor != 1.0):
         if scaling == "linear":
             rope.update(rope_type="linear", factor=_f32_decimal(factor))
         else:

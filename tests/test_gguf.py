@@ -617,3 +617,73 @@ def test_transformers_target_refuses_a_gguf_model(tmp_path):
     _, _, _, d = _case("llama-tq2_0", tmp_path)
     with pytest.raises(ValueError, match=r"a GGUF model: the transformers target .*\(python -m reference\.gguf"):
         get_target("transformers").capture(d, torch.zeros(1, 4, dtype=torch.long))
+
+
+def _hf_llama3_factors(theta, dim, factor, low, high, old):
+    """llama.cpp's convert_hf_to_gguf.py LlamaModel.generate_extra_tensors (rope_freqs for rope_type llama3),
+    transcribed as it runs: ``freqs`` a torch float32 tensor, so each ``freq`` is a 0-d float32 tensor and the
+    wavelength / smooth arithmetic happens in float32."""
+    import math
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    low_freq_wavelen, high_freq_wavelen = old / low, old / high
+    rope_factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            rope_factors.append(1)
+        elif wavelen > low_freq_wavelen:
+            rope_factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            rope_factors.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(rope_factors, dtype=torch.float32).numpy()
+
+
+@pytest.mark.parametrize("factor,low,high,old", [(8.0, 1.0, 4.0, 8192), (32.0, 1.0, 4.0, 8192),
+                                                 (16.0, 2.0, 8.0, 4096)])
+def test_llama3_rope_freqs_recovered(factor, low, high, old, tmp_path):
+    """rope_freqs.weight (Llama 3.1 / 3.2 GGUFs: llama3 RoPE scaling as frequency factors, its parameters in no
+    metadata key) reads back as rope_parameters that reproduce it bit for bit (the same scaling: equal wavelength
+    thresholds), is not presented as a tensor, and
+    the reference's logits on the GGUF equal those of the same model in safetensors with the HF llama3 config
+    (and differ from default RoPE's at these positions: the factors matter there)."""
+    lg = _logical("llama")
+    rp = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": factor, "low_freq_factor": low,
+          "high_freq_factor": high, "original_max_position_embeddings": old}
+    lg = synth.Logical(dict(lg.config, rope_parameters=rp, max_position_embeddings=4 * old), lg.ternary, lg.mult,
+                       lg.floats)
+    sd, _, _ = synth.w_tq2_0(lg)
+    hd = lg.config["head_dim"]
+    rf = _hf_llama3_factors(10000.0, hd, factor, low, high, old)
+    assert len(set(rf.tolist())) > 2  # ones, the factor and smoothed values in between
+    d = tmp_path / "g"
+    d.mkdir()
+    write_gguf(d / "model.gguf", "llama", dict(sd, **{"rope_freqs.weight": torch.from_numpy(rf)}), lg.config,
+               qtype=QT.TQ2_0, permute=True)
+    ck = Checkpoint(d)
+    assert "rope_freqs.weight" not in ck.keys()
+    got = load_config(d)["rope_parameters"]
+    # (old, low, high) enter only as old / low, old / high and their ratio: (4096, 2, 8) and (8192, 4, 16) are one
+    # scaling; the recovered one must reproduce the stored factors (and below, the logits) exactly
+    assert (got["rope_type"], got["factor"], got["rope_theta"]) == ("llama3", factor, 10000.0), got
+    assert (got["original_max_position_embeddings"] / got["low_freq_factor"],
+            got["original_max_position_embeddings"] / got["high_freq_factor"]) == (old / low, old / high), got
+    assert np.array_equal(_hf_llama3_factors(10000.0, hd, factor, got["low_freq_factor"], got["high_freq_factor"],
+                                             got["original_max_position_embeddings"]), rf)
+    st = tmp_path / "st"
+    synth.write("tq2_0", lg, st)
+    plain = tmp_path / "plain"
+    synth.write("tq2_0", synth.Logical(dict(lg.config, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                                       lg.ternary, lg.mult, lg.floats), plain)
+    ids = torch.randint(0, lg.config["vocab_size"], (1, 48), generator=torch.Generator().manual_seed(0))
+    logits = [ReferenceModel(ModelConfig.load(m), inspect_dir(m, use_loss=False).spec, Checkpoint(m)).forward(ids)
+              for m in (st, d, plain)]
+    assert torch.equal(logits[0], logits[1])
+    assert not torch.equal(logits[0], logits[2])
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    write_gguf(bad / "model.gguf", "llama", dict(sd, **{"rope_freqs.weight": torch.from_numpy(rf * 1.001)}),
+               lg.config, qtype=QT.TQ2_0, permute=True)
+    with pytest.raises(CheckpointError, match=r"rope_freqs\.weight': frequency factors .* no llama3 rope scaling "
+                                              r"reproduces"):
+        Checkpoint(bad)
