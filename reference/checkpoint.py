@@ -267,10 +267,9 @@ _GGUF_CACHE: dict = {}
 def gguf_model(path: Path):
     """reference.gguf.GGUFModel of ``path``, parsed once per version of its file(s) (config and tensors read the same
     header; a split set's every part counts)."""
-    from .gguf import GGUFModel, split_parts
+    from .gguf import GGUFModel, file_version
 
-    parts = split_parts(Path(path))
-    key = tuple((str(p.resolve()), p.stat().st_mtime_ns, p.stat().st_size) for p in parts)
+    key = file_version(Path(path))
     if key not in _GGUF_CACHE:
         if len(_GGUF_CACHE) >= 4:
             _GGUF_CACHE.pop(next(iter(_GGUF_CACHE)))

@@ -369,6 +369,7 @@ class GGUFModel:
         self._perm: dict[str, int] = {}  # presented name -> head count whose rope permutation is undone
         for t in self.file.tensors.values():
             self._present(t)
+        self._tok = None  # tokenizer(): the built tokenizer or the CheckpointError saying why there is none
         self._rope = None  # rope_parameters recovered from rope_freqs.weight (llama3), consumed, not presented
         if "rope_freqs.weight" in self.infos:
             self._rope = self._llama3_rope()
@@ -537,7 +538,19 @@ class GGUFModel:
         """The tokenizer the metadata describes (``tokenizer.ggml.*``: llama.cpp's vocabulary, merges, token types and
         pre-tokenizer name) as a ``tokenizers.Tokenizer``, built by transformers' own GGUF tokenizer converter
         (transformers' GGUF loading path; 'gpt2' byte-level BPE, 'llama' sentencepiece, ...).  A CheckpointError says
-        why there is none (no ``tokenizer.ggml.model``, a type transformers does not build, an old transformers)."""
+        why there is none (no ``tokenizer.ggml.model``, a type transformers does not build, an old transformers).
+        Built once per model (the inspector asks whether there is one, then encodes with it): the answer, tokenizer or
+        error, is kept."""
+        if self._tok is None:
+            try:
+                self._tok = self._build_tokenizer()
+            except CheckpointError as e:
+                self._tok = e
+        if isinstance(self._tok, CheckpointError):
+            raise self._tok
+        return self._tok
+
+    def _build_tokenizer(self):
         meta = self.file.metadata
         model = meta.get("tokenizer.ggml.model")
         if not isinstance(model, str) or not isinstance(meta.get("tokenizer.ggml.tokens"), list):
@@ -658,6 +671,16 @@ def config_from_metadata(meta: dict, infos: dict[str, TensorInfo], where, rope: 
     return cfg
 
 
+def file_version(path: Path) -> tuple:
+    """(resolved path, mtime_ns, size) of every file of GGUF model ``path`` (each part of a split set): the key that
+    the parsed-model cache (checkpoint.gguf_model) and the conversion cache (``converted``) are kept under."""
+    out = []
+    for p in split_parts(Path(path)):
+        st = p.stat()
+        out.append((str(p.resolve()), st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
 def split_parts(path: Path) -> list[Path]:
     """[path] for a single GGUF file; for a part of a llama.cpp split set (``NAME-0000i-of-0000N.gguf``), all N parts
     in order, each of which must exist."""
@@ -708,7 +731,9 @@ def convert(src, out) -> Path:
     src, out = Path(src), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"{out}: exists and is not an empty directory; refusing to overwrite it")
-    model = GGUFModel(src)
+    from .checkpoint import gguf_model
+
+    model = gguf_model(src)  # parsed once per file version: the inspector or the reference may have read it already
     cfg = model.config()
     tensors = {name: model.get(name) for name in model.infos}
     try:
@@ -734,10 +759,7 @@ def converted(src) -> Path:
 
     src = Path(src)
     parts = split_parts(src)
-    h = hashlib.sha256()
-    for p in parts:
-        st = p.stat()
-        h.update(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    h = hashlib.sha256(repr(file_version(src)).encode())
     root = Path(os.environ.get("TRIT_GGUF_CACHE") or Path(tempfile.gettempdir()) / "trit-gguf")
     m = SPLIT_RE.match(parts[0].name)
     stem = m.group(1) if m else parts[0].name.removesuffix(".gguf")

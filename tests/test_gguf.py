@@ -14,16 +14,14 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as hst
 
-gguf = pytest.importorskip("gguf")
-
-from reference import synth  # noqa: E402
-from reference.checkpoint import Checkpoint, CheckpointError, load_config  # noqa: E402
-from reference.config import ModelConfig  # noqa: E402
-from reference.gguf import (GGML_TYPES, GGUFModel, convert, main as gguf_main, read_gguf,  # noqa: E402
-                            unpermute_rows)
-from reference.inspect import inspect_dir, main as inspect_main  # noqa: E402
-from reference.model import ReferenceModel  # noqa: E402
-from reference.spec import decode_linear  # noqa: E402
+import gguf  # a project dependency (pyproject): these tests must run, not skip, wherever the project is installed
+from reference import synth
+from reference.checkpoint import Checkpoint, CheckpointError, load_config
+from reference.config import ModelConfig
+from reference.gguf import GGML_TYPES, GGUFModel, convert, main as gguf_main, read_gguf, unpermute_rows
+from reference.inspect import inspect_dir, main as inspect_main
+from reference.model import ReferenceModel
+from reference.spec import decode_linear
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINED = ROOT / "models" / "tiny-trained"

@@ -867,9 +867,8 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         sizes |= {e.zero.group_size for e in entries if e.zero is not None and e.zero.granularity == "group"}
         # HQQ axis=0 groups (columns of W's [G, N*K/G] view) are no run of consecutive inputs: such a layer keeps
         # one multiplier and zero point per weight (group size 1, every module's scale expanded to it)
-        self.elementwise = any(t is not None and t.granularity == "group" and t.group_axis == 0
-                               for e in entries for t in (e.scale, e.zero))
-        if self.elementwise:
+        if any(t is not None and t.granularity == "group" and t.group_axis == 0
+               for e in entries for t in (e.scale, e.zero)):
             sizes = {1}
         if len(sizes) > 1:
             raise KeyMapError(f"vLLM layer {prefix!r} fuses {list(self.modules.values())} with different group sizes "
