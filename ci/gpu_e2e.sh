@@ -2,6 +2,9 @@
 # GPU end-to-end job (issue 6), in stages that each fit one device call (<= 10 min):
 #   ci/gpu_e2e.sh setup      install the staged vLLM 0.26 bundle (staging: see ci/gpu_vllm.sh), build the trit ops
 #   ci/gpu_e2e.sh parity     vLLM parity record of the bundled tiny model (eager capture + CUDA graphs)
+#   ci/gpu_e2e.sh innorm     use_rms_norm (an input RMSNorm inside every linear): tiny-bitnet with norms, its
+#                            goldens, vLLM parity record, tests/test_input_norm.py's vLLM tests (needs pytest:
+#                            carry .whl)
 #   ci/gpu_e2e.sh probe      ci/chain_route_probe.py: TRIT_CHAIN=${PROBE_MODES:-1} against the default on the
 #                            tiny model (~1 min a mode): does the one-token routing compile on this vLLM
 #   ci/gpu_e2e.sh scale      BitNet-2B-shaped model: fp32 goldens + bf16 noise floor on the GPU, vLLM parity record
@@ -31,6 +34,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/models /tmp/golden
+if compgen -G ".whl/*.whl" >/dev/null && [ ! -d /tmp/site/_pytest ]; then  # carried test wheels (pytest, ...)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || true
+fi
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
        HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 CUDA_HOME=/usr/local/cuda \
        TRIT_BUILD_DIR=/tmp/trit-build PYTHONUNBUFFERED=1
@@ -69,9 +75,15 @@ for stage in "$@"; do
   case $stage in
     setup)
       step setup
-      if [ ! -d /tmp/site/vllm ]; then
+      if [ ! -d /tmp/site/vllm ] && compgen -G "/tmp/vstage/wheels.tar.part*" >/dev/null; then
         ( cd /tmp/vstage && cat wheels.tar.part* > wheels.tar && sha256sum -c wheels.sha256 && mkdir -p w \
           && tar -xf wheels.tar -C w && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site w/*.whl ) || exit 1
+      elif [ ! -d /tmp/site/vllm ]; then
+        # ../shared/gpu/make-vllm-bundle's chunks (.gpu-bundle/c1..c6: the vLLM wheel in five parts, then the
+        # other wheels and vllm.sha256), each staged by an earlier run of the same machine into /tmp/vstage
+        ( cd /tmp/vstage && cat vllm-*.whl.part0? > vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl \
+          && sha256sum -c vllm.sha256 && rm vllm-*.whl.part0? \
+          && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site *.whl ) || exit 1
       fi
       # the plugin's entry point (pyproject's vllm.general_plugins), so that processes vLLM starts itself
       # (the engine core with bench.e2e --engine mp, TP workers under spawn) register trit too; this
@@ -87,6 +99,20 @@ for stage in "$@"; do
     parity)
       step "parity: tiny-bitnet"
       python3 -m bench.vllm_parity --out "$OUT" 2>&1 | quiet | tail -40 || rc=1
+      ;;
+    innorm)
+      # transformers' use_rms_norm (an input RMSNorm inside every BitLinear): tiny-bitnet with per-module norm
+      # weights (reference.make_model.to_rms_norm), its goldens, the vLLM parity record (eager capture, then CUDA
+      # graphs on) and the vLLM tests of tests/test_input_norm.py (fp32; TP 2 needs two GPUs: skipped here)
+      step "innorm: tiny-bitnet with use_rms_norm"
+      M=/tmp/models/tiny-bitnet-rms
+      [ -f $M/config.json ] || { rm -rf $M && cp -r models/tiny-bitnet $M \
+        && python3 -c "from reference.make_model import to_rms_norm; to_rms_norm('$M', seed=1)"; } || rc=1
+      [ -f /tmp/golden/tiny-bitnet-rms/manifest.json ] || python3 -m parity.dump --ref --model $M \
+        --out /tmp/golden/tiny-bitnet-rms --device cuda || rc=1
+      python3 -m bench.vllm_parity --model $M --golden /tmp/golden/tiny-bitnet-rms --out "$OUT" 2>&1 | quiet | tail -50 || rc=1
+      python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_input_norm.py -m vllm -k "not tp2" \
+        --junitxml="$OUT/innorm-junit.xml" 2>&1 | quiet | tail -15 || rc=1
       ;;
     probe)
       step "probe: TRIT_CHAIN modes on the tiny model under this vLLM (compile + CUDA graphs)"

@@ -189,6 +189,7 @@ class Module:
     codes: Optional[tuple] = None  # this module's code table, fixed by its format (compressed-tensors asymmetric)
     pad_code: Optional[int] = None  # PackSpec.pad_code where the format fixes it (compressed-tensors pads with 0)
     act_order: bool = False  # g_idx is a non-trivial act-order group index (LinearEntry.g_idx); trivial: ignored
+    in_norm: Optional[TensorStats] = None  # ``<module>.rms_norm.weight``: an input RMSNorm inside the linear
 
     @property
     def packed(self) -> bool:
@@ -206,13 +207,22 @@ class Finding:
     confidence: str  # "high" | "medium" | "low" | "n/a"
 
 
+IN_NORM_SUFFIX = ".rms_norm.weight"  # transformers' BitLinear(use_rms_norm): the input RMSNorm inside a linear
+
+
 def map_keys(stats: dict[str, TensorStats], cfg: ModelConfig) -> tuple[list[Module], dict[str, str]]:
     groups: dict[str, list[TensorStats]] = {}
     roles: dict[str, tuple] = {}
     unknown = []
+    in_norms: dict[str, TensorStats] = {}  # linear prefix -> its input RMSNorm weight
     for name, st in stats.items():
         if derived_buffer(name):  # RoPE inv_freq: computed from config.json, skipped like transformers
             continue
+        if name.endswith(IN_NORM_SUFFIX):
+            layer, role, prefix = parse_key(name[: -len(IN_NORM_SUFFIX)] + ".weight")
+            if role in LINEAR_PARTS:
+                in_norms[prefix] = st
+                continue
         layer, role, prefix = parse_key(name)
         if role is None:
             unknown.append(name)
@@ -244,9 +254,22 @@ def map_keys(stats: dict[str, TensorStats], cfg: ModelConfig) -> tuple[list[Modu
         if hf in floats:
             raise InspectError(f"{st.file}: tensors {floats[hf]!r} and {st.name!r} both map to {hf}")
         floats[hf] = st.name
+    for m in modules:
+        m.in_norm = in_norms.pop(m.prefix, None)
+        if m.in_norm is not None and (m.in_norm.dtype in INT_DTYPES or tuple(m.in_norm.shape) != (m.logical[1],)):
+            raise InspectError(f"{m.in_norm.file}: tensor {m.in_norm.name!r} (the input RMSNorm of {m.prefix}) is "
+                               f"{m.in_norm.dtype} {list(m.in_norm.shape)}, expected a float [{m.logical[1]}] "
+                               f"(in_features)")
+    for prefix, st in in_norms.items():
+        raise InspectError(f"{st.file}: tensor {st.name!r} is an input RMSNorm weight (use_rms_norm) of {prefix!r}, "
+                           f"which has no linear weight in the checkpoint (extra key)")
     # lm_head: a float one is a plain parameter
     for m in [m for m in modules if m.role == "lm_head"]:
         if m.weight.kind in ("float", "ternary_float") and m.scale is None:
+            if m.in_norm is not None:
+                raise InspectError(f"{m.in_norm.file}: tensor {m.in_norm.name!r} is an input RMSNorm of the float "
+                                   f"lm_head {m.weight.name!r}; transformers normalizes the inputs of converted "
+                                   f"(BitLinear) layers only (extra key)")
             floats["lm_head.weight"] = m.weight.name
             modules.remove(m)
     _check_complete(modules, floats, cfg)
@@ -2528,6 +2551,41 @@ def _gguf_tokenizer_problem(model_dir: Path) -> Optional[str]:
     return None
 
 
+def in_norm_eps(cfg: ModelConfig) -> float:
+    """eps of the input RMSNorms inside the linears: quantization_config.rms_norm_eps (transformers'
+    BitNetQuantConfig), else its default 1e-6."""
+    from .spec import bitnet_use_rms_norm
+
+    q = cfg.quantization or {}
+    if q.get("quant_method") == "bitnet" and bitnet_use_rms_norm(q):  # checks rms_norm_eps
+        return float(q.get("rms_norm_eps", 1e-6))
+    eps = q.get("rms_norm_eps", 1e-6)
+    return float(eps) if isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps >= 0 else 1e-6
+
+
+def _in_norm_finding(modules: list[Module], cfg: ModelConfig, findings: list) -> None:
+    normed = [m for m in modules if m.in_norm is not None]
+    if not normed:
+        q = cfg.quantization or {}
+        if q.get("quant_method") == "bitnet" and q.get("use_rms_norm"):
+            raise InspectError(f"config.json: quantization_config.use_rms_norm is true, so every BitLinear normalizes "
+                               f"its input with its own RMSNorm (<module>{IN_NORM_SUFFIX}); the checkpoint stores none")
+        return
+    bare = [m.prefix for m in modules if m.in_norm is None]
+    if bare:
+        raise InspectError(f"{normed[0].in_norm.file}: {len(normed)} linears have an input RMSNorm "
+                           f"(<module>{IN_NORM_SUFFIX}, e.g. {normed[0].in_norm.name!r}) and {len(bare)} do not "
+                           f"({bare[:4]}); use_rms_norm gives every converted linear one")
+    q = cfg.quantization or {}
+    said = q.get("use_rms_norm") if q.get("quant_method") == "bitnet" else None
+    findings.append(Finding(
+        "input norms", f"an RMSNorm of the input inside every linear (eps {in_norm_eps(cfg)}), before its "
+        f"activation quantization", f"{len(normed)} tensors <module>{IN_NORM_SUFFIX}, e.g. {normed[0].in_norm.name!r}"
+        + ("; config.json quantization_config.use_rms_norm = true (transformers' BitLinear / AutoBitLinear)" if said
+           else "; note: config.json does not set quantization_config.use_rms_norm, so transformers would ignore "
+           "these tensors (the spec written here applies them)"), "high" if said else "medium"))
+
+
 def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True, n_seq: int = 2,
                 seq_len: int = 64) -> Inspection:
     model_dir = Path(model_dir)
@@ -2541,6 +2599,7 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     findings.append(Finding("key mapping", f"{len(modules)} linear tensors, {len(floats)} float tensors",
                             f"{len(fused)} fused ({sorted({m.role for m in fused})}) split by config.json sizes"
                             if fused else "no fused tensors", "high"))
+    _in_norm_finding(modules, cfg, findings)
     # raises on an activation scheme the spec cannot run, before any search
     act = declared_activation_quant(cfg, f"{model_dir / 'config.json'}")
     if act is not None:

@@ -66,6 +66,10 @@ def mapping_rows(res) -> list[str]:
                     + (" (HQQ axis=0: one per column of the [G, N*K/G] view)" if sc.group_axis == 0 else "")
                 rows.append(f"| `{m.scale.name}` | `{p}.weight_scale` | {what}, {sc.op}"
                             f"{'; shard ' + repr(shard) if shard else ''} |")
+            e = res.spec.linears.get(hf)
+            if m.in_norm is not None and e is not None and e.input_norm is not None:
+                rows.append(f"| `{m.in_norm.name}` | `{p}.weight_in_norm` | input RMSNorm (eps {e.input_norm.eps}) "
+                            f"before the activation quantization{'; shard ' + repr(shard) if shard else ''} |")
         zero_what = ("per-group zero points: values = q - zero (HQQ), vLLM `weight_zero` (dense fallback)"
                      if m.zero_kw else "folded into code table (constant)")
         gidx_what = ("act-order g_idx, groups permuted: input k takes the scale / zero point of group g_idx[k]"

@@ -20,7 +20,7 @@ from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig
 from .formats import FormatError, PackSpec, ScaleSpec, code_lut, group_index, unpack_codes
 from .scan import CONTAINER_OF, INT_DTYPES
-from .spec import (CheckpointSpec, DecodedLinear, LinearEntry, decode_linear, finish_linear, subtract_zero,
+from .spec import (CheckpointSpec, DecodedLinear, InputNorm, LinearEntry, decode_linear, finish_linear, subtract_zero,
                    zero_points)
 
 if TYPE_CHECKING:  # Module lives in reference.inspect, which imports this file
@@ -183,6 +183,8 @@ def declared_activation_quant(cfg: ModelConfig, where: str = "config.json") -> O
 
 
 def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConfig, name: str) -> CheckpointSpec:
+    from .inspect import in_norm_eps
+
     linears = {}
     for m in modules:
         pk = pack_spec(m, c) if m.packed else None
@@ -196,7 +198,9 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
                                       rows=rows if len(m.parts) > 1 else None,
                                       bias_key=m.bias.name if m.bias is not None else None, zero=zero_spec(m),
                                       levels=m.levels, zero_pack=m.zero_pack,
-                                      g_idx=m.g_idx.name if m.act_order else None)
+                                      g_idx=m.g_idx.name if m.act_order else None,
+                                      input_norm=InputNorm(m.in_norm.name, in_norm_eps(cfg))
+                                      if m.in_norm is not None else None)
     # BitNet b1.58 quantises activations to int8, unless no linear is ternary / packed at all: a float
     # checkpoint (every weight an unconstrained float) runs plain linears, as transformers does and as
     # spec_for's "unquantized" spec says

@@ -240,6 +240,41 @@ def to_online(model_dir: str | Path, seed: int = 0) -> Path:
     return d
 
 
+def to_rms_norm(model_dir: str | Path, seed: int = 0, eps: float = 1e-6) -> Path:
+    """Turn a written ``quant_method: bitnet`` model into transformers' ``use_rms_norm`` variant in place:
+    ``use_rms_norm: true`` and ``rms_norm_eps`` in quantization_config, and every converted linear (a
+    BitLinear / AutoBitLinear: not in modules_to_not_convert, lm_head only when it is packed) gets its own
+    input RMSNorm weight ``<module>.rms_norm.weight`` (float [in_features], 1 + 0.5 * N(0, 1) drawn per module,
+    so modules that share an input - q / k / v, gate / up - see different inputs), in the dtype of the model's
+    other norms."""
+    from safetensors.torch import load_file, save_file
+
+    from .config import ModelConfig
+    from .spec import not_converted
+
+    d = Path(model_dir)
+    cfg = json.loads((d / "config.json").read_text())
+    q = cfg.get("quantization_config") or {}
+    if q.get("quant_method") != "bitnet":
+        raise ValueError(f"{d}: use_rms_norm is a quant_method 'bitnet' option, config.json has {q.get('quant_method')!r}")
+    q["use_rms_norm"], q["rms_norm_eps"] = True, float(eps)
+    shapes = ModelConfig.from_dict(cfg).linear_shapes()
+    sd = load_file(str(d / "model.safetensors"))
+    dtype = sd["model.norm.weight"].dtype
+    skip = not_converted(q.get("modules_to_not_convert"))
+    g = torch.Generator().manual_seed(seed)
+    for mod in sorted(shapes):
+        if mod == "lm_head" and not (f"{mod}.weight_scale" in sd or q.get("quantization_mode") == "online"
+                                     and q.get("modules_to_not_convert") is not None and not skip(mod)):
+            continue  # a float head (transformers' default skips): no BitLinear, no norm
+        if skip(mod):
+            continue
+        sd[f"{mod}.rms_norm.weight"] = (1 + 0.5 * torch.randn(shapes[mod][1], generator=g)).to(dtype)
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+    atomic_write_text(d / "config.json", json.dumps(cfg, indent=1))
+    return d
+
+
 def to_onebit_llm(model_dir: str | Path, seed: int = 0, hidden_act: str = "silu") -> Path:
     """Turn a written BitNet ``linear_class: autobitlinear`` model into 1bitLLM's layout in place
     (config.ONEBIT_LLM: 1bitLLM/bitnet_b1_58-large and its siblings): float latent weights (``to_online``),

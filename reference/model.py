@@ -95,6 +95,22 @@ class Linear:
         return y.to(self.dtype)
 
 
+class NormedLinear:
+    """A linear with an RMSNorm of its input inside it (spec ``InputNorm``: transformers' BitLinear /
+    AutoBitLinear with ``use_rms_norm``): y = linear(rms_norm(x, weight, eps)), the norm before the activation
+    quantization, computed as every RMSNorm of the reference (fp32, cast back to the model dtype)."""
+
+    def __init__(self, weight: torch.Tensor, eps: float, inner):
+        self.weight, self.eps, self.inner = weight, eps, inner
+
+    @property
+    def out_features(self) -> int:
+        return self.inner.out_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(rms_norm(x, self.weight, self.eps))
+
+
 def _to(d: DecodedLinear, device: torch.device) -> DecodedLinear:
     if device.type == "cpu":
         return d
@@ -198,9 +214,20 @@ class ReferenceModel:
             d = decoder(ckpt, entry, mod)
             if self.ov.linear_hook:
                 d = self.ov.linear_hook(mod, d)
-            if self.ov.linear_factory:
-                return self.ov.linear_factory(d, act_quant, dtype, mod)
-            return Linear(_to(d, self.device), act_quant, dtype)
+            inner = (self.ov.linear_factory(d, act_quant, dtype, mod) if self.ov.linear_factory
+                     else Linear(_to(d, self.device), act_quant, dtype))
+            if entry.input_norm is not None:  # transformers' use_rms_norm: the BitLinear's own RMSNorm first
+                return NormedLinear(param_key(entry.input_norm.key, f"{mod} input RMSNorm"), entry.input_norm.eps,
+                                    inner)
+            return inner
+
+        def param_key(key: str, what: str) -> torch.Tensor:
+            t = ckpt.get(key).float()
+            if not bool(torch.isfinite(t).all()):
+                bad = int((~torch.isfinite(t)).sum())
+                raise CheckpointError(f"{ckpt.info(key).file}: tensor {key!r} ({what}) has {bad} NaN/Inf values, "
+                                      f"expected finite floats")
+            return t.to(self.device)
 
         def param(name: str) -> torch.Tensor:
             key = spec.tensors[name]

@@ -18,8 +18,12 @@ tensors and odd key names need no special cases:
          "zero_pack": {...PackSpec...},  # optional: the zero tensor is packed (GPTQ / AutoAWQ qzeros)
          "g_idx": "model...q_proj.g_idx",  # optional: act-order group index (GPTQ desc_act, compressed-tensors
                                          # actorder group): input k takes group g_idx[k]'s scale / zero point
-         "levels": "ternary"},           # optional, absent = none: a check that the decoded values
+         "levels": "ternary",            # optional, absent = none: a check that the decoded values
                                          # are -1 / 0 / +1 (HQQ's ternary case)
+         "input_norm": {"key": "model...q_proj.rms_norm.weight", "eps": 1e-6}},
+                                         # optional, absent = none: an RMSNorm of the input inside the
+                                         # linear, before its activation quantization (transformers'
+                                         # use_rms_norm; InputNorm)
          ...},
      "tensors": {"model.embed_tokens.weight": "model.embed_tokens.weight", ...}}
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +65,27 @@ SPEC_FILENAME = "ternary_spec.json"
 LAYOUTS = ("trit-tile16x128",)
 #: ``LinearEntry.levels`` values: ``None`` (any values the format decodes to) or ``"ternary"`` (checked)
 LEVELS = (None, "ternary")
+
+
+@dataclass(frozen=True)
+class InputNorm:
+    """An RMSNorm applied to a linear's *input* inside the linear, before its activation quantization:
+    transformers' BitLinear / AutoBitLinear with ``quantization_config.use_rms_norm`` (a LlamaRMSNorm of
+    in_features, eps ``rms_norm_eps``, its weight stored as ``<module>.rms_norm.weight``).  Each module has its
+    own weight, so modules that share an input (q / k / v, gate / up) see differently normalized inputs."""
+    key: str  # checkpoint key of the norm weight, float [in_features]
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        eps = self.eps
+        if not isinstance(self.key, str) or not self.key or isinstance(eps, bool) or not isinstance(eps, (int, float)) \
+                or not math.isfinite(eps) or eps < 0:
+            raise FormatError(f"input_norm {{'key': {self.key!r}, 'eps': {eps!r}}}: expected a checkpoint key and a "
+                              f"finite eps >= 0")
+        object.__setattr__(self, "eps", float(eps))
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "eps": self.eps}
 
 
 @dataclass(frozen=True)
@@ -95,9 +121,13 @@ class LinearEntry:
     # Needs a granularity 'group' scale of consecutive-input groups (zero points, if any, of the same groups).
     # None (the default, omitted from JSON) = consecutive groups; a trivial g_idx is listed under ``ignored``
     g_idx: Optional[str] = None
+    # an RMSNorm of the input inside the linear (InputNorm: transformers' use_rms_norm); None = none
+    input_norm: Optional[InputNorm] = None
 
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        if isinstance(self.input_norm, dict):
+            object.__setattr__(self, "input_norm", InputNorm(**self.input_norm))
         if self.online is not None and (self.online != "absmean" or self.pack is not None or self.scale is not None
                                         or self.zero is not None or self.layout is not None):
             raise FormatError(f"linear {self.weight_key!r}: online {self.online!r}: only 'absmean', on a float weight "
@@ -158,6 +188,7 @@ class LinearEntry:
             **({"levels": self.levels} if self.levels is not None else {}),  # likewise
             **({"zero_pack": self.zero_pack.to_dict()} if self.zero_pack is not None else {}),  # likewise
             **({"g_idx": self.g_idx} if self.g_idx is not None else {}),  # likewise
+            **({"input_norm": self.input_norm.to_dict()} if self.input_norm is not None else {}),  # likewise
         }
 
     @classmethod
@@ -169,7 +200,8 @@ class LinearEntry:
             scale=ScaleSpec(**d["scale"]) if d.get("scale") else None,
             bias_key=d.get("bias_key"), layout=d.get("layout"),
             zero=ScaleSpec(**d["zero"]) if d.get("zero") else None, online=d.get("online"), levels=d.get("levels"),
-            zero_pack=PackSpec.from_dict(d["zero_pack"]) if d.get("zero_pack") else None, g_idx=d.get("g_idx"))
+            zero_pack=PackSpec.from_dict(d["zero_pack"]) if d.get("zero_pack") else None, g_idx=d.get("g_idx"),
+            input_norm=InputNorm(**d["input_norm"]) if d.get("input_norm") else None)
 
 
 @dataclass(frozen=True)
@@ -275,6 +307,9 @@ class CheckpointSpec:
             if e.g_idx:
                 ckpt.info(e.g_idx)
                 used.add(e.g_idx)
+            if e.input_norm is not None:
+                _check_input_norm(ckpt, e.input_norm.key, mod, shape[1])
+                used.add(e.input_norm.key)
             if e.bias_key:
                 _check_bias(ckpt, e.bias_key, mod, shape[0])
                 used.add(e.bias_key)
@@ -308,6 +343,14 @@ class CheckpointSpec:
             raise CheckpointError(
                 f"{ckpt.path}: {len(unknown)} checkpoint tensors are not used by spec {self.name!r}: "
                 f"{unknown[:5]}{' ...' if len(unknown) > 5 else ''} (unknown keys; fix the spec's key mapping)")
+
+
+def _check_input_norm(ckpt: Checkpoint, key: str, mod: str, k: int) -> None:
+    """The input RMSNorm weight of module ``mod`` (InputNorm): a float [in_features] tensor."""
+    info = ckpt.info(key)
+    if info.dtype not in ("F64", "F32", "F16", "BF16") or tuple(info.shape) != (k,):
+        raise CheckpointError(f"{info.file}: tensor {key!r} (the input RMSNorm weight of {mod}) is {info.dtype} "
+                              f"{list(info.shape)}, expected a float [{k}] (in_features)")
 
 
 def tied_lm_head_key(cfg: ModelConfig, spec: "CheckpointSpec", ckpt: Checkpoint) -> Optional[str]:
@@ -627,9 +670,7 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
     q = cfg.quantization or {}
     if q.get("quant_method") != "bitnet":
         raise CheckpointError(f"quantization_config.quant_method is {q.get('quant_method')!r}, not 'bitnet'")
-    if q.get("use_rms_norm"):
-        raise CheckpointError("quantization_config.use_rms_norm=true (an RMSNorm inside every BitLinear) is not "
-                              "supported by the reference yet")
+    use_norm = bitnet_use_rms_norm(q)
     mode = q.get("quantization_mode", "offline")
     if mode not in ("offline", "online"):
         raise CheckpointError(f"quantization_config.quantization_mode is {mode!r}; expected 'offline' or 'online'")
@@ -653,9 +694,10 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
                 tensors[mod + ".bias"] = mod + ".bias"
             continue
         bias_key = f"{mod}.bias" if _has_bias(cfg, mod) else None
+        norm = _bitnet_input_norm(mod, q, keys, ckpt, ckpt_keys) if use_norm else None
         if mode == "online":  # the float latent weight, quantized as transformers' WeightQuant does
             linears[mod] = LinearEntry(weight_key=f"{mod}.weight", shape=shapes[mod], bias_key=bias_key,
-                                       online="absmean")
+                                       online="absmean", input_norm=norm)
             continue
         skey = scale_key_of(mod, keys, ckpt) or f"{mod}.weight_scale"
         if skey.endswith(tuple("." + s for s in INVERSE_SCALE_SUFFIXES)):
@@ -668,10 +710,44 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
                 f"which settles the op by magnitudes and loss and writes {SPEC_FILENAME}")
         linears[mod] = LinearEntry(weight_key=f"{mod}.weight", shape=shapes[mod], pack=HF_BITNET,
                                    scale=ScaleSpec(key=skey, granularity="tensor", op=op),
-                                   bias_key=bias_key)
+                                   bias_key=bias_key, input_norm=norm)
+    if use_norm and "lm_head" in linears:
+        linears["lm_head"] = dataclasses.replace(linears["lm_head"],
+                                                 input_norm=_bitnet_input_norm("lm_head", q, keys, ckpt, ckpt_keys))
     return CheckpointSpec(name=f"hf-bitnet-{linear_class}" + ("-online" if mode == "online" else ""),
                           linears=linears, tensors=tensors,
                           activation_quant="int8_per_token")
+
+
+def bitnet_use_rms_norm(q: dict) -> bool:
+    """quantization_config.use_rms_norm of a ``quant_method: bitnet`` config (transformers' BitNetQuantConfig,
+    default false): true gives every converted BitLinear / AutoBitLinear an RMSNorm of its input (a
+    LlamaRMSNorm of in_features, eps ``rms_norm_eps``, default 1e-6) in front of the activation quantization."""
+    v = q.get("use_rms_norm", False)
+    if v is None:
+        v = False
+    if not isinstance(v, bool):
+        raise CheckpointError(f"config.json: quantization_config.use_rms_norm is {v!r}; expected true or false")
+    if v:
+        eps = q.get("rms_norm_eps", 1e-6)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+            raise CheckpointError(f"config.json: quantization_config.rms_norm_eps is {eps!r}; use_rms_norm=true needs "
+                                  f"a finite number >= 0 (transformers' default 1e-6 when absent)")
+    return v
+
+
+def _bitnet_input_norm(mod: str, q: dict, keys: set, ckpt: Optional[Checkpoint], ckpt_keys) -> InputNorm:
+    """The input RMSNorm of converted module ``mod`` under use_rms_norm: ``<mod>.rms_norm.weight`` (the
+    LlamaRMSNorm inside transformers' BitLinear).  A checkpoint that does not store it is refused, naming the
+    key: transformers would initialise the missing weight to ones with only a warning, which hides a
+    checkpoint written without its norms."""
+    key = f"{mod}.rms_norm.weight"
+    if (ckpt is not None or ckpt_keys) and key not in keys:
+        where = ckpt.path if ckpt is not None else "checkpoint"
+        raise CheckpointError(f"{where}: quantization_config.use_rms_norm is true, so {mod} (a BitLinear) normalizes "
+                              f"its input with an RMSNorm whose weight is {key!r}, a float [in_features] tensor; the "
+                              f"checkpoint has no such tensor")
+    return InputNorm(key=key, eps=float(q.get("rms_norm_eps", 1e-6)))
 
 
 def not_converted(patterns) -> Callable[[str], bool]:

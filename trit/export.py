@@ -36,6 +36,7 @@ decode route instead: same weights, a repack for those layers only (tiny-bitnet:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -128,10 +129,13 @@ def export_linear(ckpt: Checkpoint, entry: LinearEntry, mod: str, *, invert_scal
         scale = m.reshape(-1).expand(n).contiguous().clone()
         op = "divide" if keep_div else "multiply"
     bias = ckpt.get(entry.bias_key) if entry.bias_key else None
+    norm = None
+    if entry.input_norm is not None:  # use_rms_norm: the module's input RMSNorm weight, carried as stored
+        norm = dataclasses.replace(entry.input_norm, key=f"{mod}.rms_norm.weight")
     new = LinearEntry(weight_key=f"{mod}.weight", shape=(n, k), layout=LAYOUT,
                       scale=ScaleSpec(key=f"{mod}.weight_scale", granularity="channel", op=op)
                       if scale is not None else None,
-                      bias_key=f"{mod}.bias" if bias is not None else None)
+                      bias_key=f"{mod}.bias" if bias is not None else None, input_norm=norm)
     return packed, scale, bias, new
 
 
@@ -213,6 +217,8 @@ def export(model_dir, out_dir, *, spec_path=None, force: bool = False, invert_sc
                 writer.add(new.scale.key, mult)
             if bias is not None:
                 writer.add(new.bias_key, bias)
+            if new.input_norm is not None:
+                writer.add(new.input_norm.key, ckpt.get(e.input_norm.key))
             linears[mod] = new
         tensors: dict[str, str] = {}
         first_of_key: dict[str, str] = {}

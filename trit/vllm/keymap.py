@@ -106,7 +106,7 @@ class Target:
 
     param: str  # e.g. "model.layers.0.self_attn.qkv_proj.weight"
     shard_id: ShardId
-    kind: str  # "weight" | "scale" | "zero" | "g_idx" | "bias" | "float"
+    kind: str  # "weight" | "scale" | "zero" | "g_idx" | "bias" | "in_norm" | "float"
     hf_module: Optional[str] = None  # the spec's module name (linears only)
 
 
@@ -138,6 +138,8 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
             add(e.g_idx, Target(f"{layer}.weight_g_idx", sid, "g_idx", mod))
         if e.bias_key:
             add(e.bias_key, Target(f"{layer}.bias", sid, "bias", mod))
+        if e.input_norm is not None:  # use_rms_norm: the module's own input RMSNorm weight
+            add(e.input_norm.key, Target(f"{layer}.weight_in_norm", sid, "in_norm", mod))
     for hf, vname in float_params.items():
         if hf == "lm_head.weight" and "lm_head" in spec.linears:
             continue  # a ternary lm_head: its weight and scale are the linear's, above
@@ -214,6 +216,8 @@ def checkpoint_renames(spec: CheckpointSpec) -> dict[str, str]:
 
     fused_on_disk: dict[str, list[str]] = {}  # weight key -> modules stored in it
     for mod, e in spec.linears.items():
+        # use_rms_norm: a module's own input RMSNorm weight (one per module, fused on disk or not)
+        put(e.input_norm.key if e.input_norm is not None else None, f"{mod}.weight_in_norm")
         if e.rows is not None:
             fused_on_disk.setdefault(e.weight_key, []).append(mod)
             continue

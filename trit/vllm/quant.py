@@ -241,7 +241,8 @@ class TernaryConfig(QuantizationConfig):
         stored = set(self.spec.tensors.values()) if self.spec is not None else set()
         if self.spec is not None:
             for e in self.spec.linears.values():
-                stored.update(k for k in (e.weight_key, e.scale.key if e.scale else None, e.bias_key) if k)
+                stored.update(k for k in (e.weight_key, e.scale.key if e.scale else None, e.bias_key,
+                                          e.input_norm.key if e.input_norm else None) if k)
         hf_names = set(renames.values()) | {k for k in stored if k not in renames}
         inner = {n[len("model."):] for n in hf_names if n.startswith("model.")}
         loops = sorted(set(renames) & set(renames.values()))
@@ -329,6 +330,13 @@ class _SpecLinearMethod(LinearMethodBase):
         self.prefix = prefix
         self.modules = hf_modules(prefix)  # {shard id: HF module name}
         self.act_quant = self.spec.activation_quant == "int8_per_token"
+        # transformers' use_rms_norm: each module normalizes its own input (spec InputNorm) before its activation
+        # quantization, so a fused layer (q|k|v, gate|up) runs module by module on differently normalized inputs
+        norms = [self.spec.linears[m].input_norm for m in self.modules.values() if m in self.spec.linears]
+        self.in_norms = any(n is not None for n in norms)
+        if self.in_norms and any(n is None for n in norms):
+            raise KeyMapError(f"vLLM layer {prefix!r} fuses {list(self.modules.values())}, of which only some have an "
+                              f"input RMSNorm (input_norm) in spec {self.spec.name!r}; one fused layer takes all or none")
 
     def _entry(self, shard_id):
         if shard_id not in self.modules:
@@ -379,9 +387,80 @@ class _SpecLinearMethod(LinearMethodBase):
         return self._shard_loader(layer, vllm_loader, "scale", convert,
                                   lambda s, p: s.to(device=p.device, dtype=p.dtype))
 
+    # -- input RMSNorms (spec InputNorm: transformers' use_rms_norm) ---------------------------------------------
+    def _create_in_norm(self, layer, input_size: int, k_part: int) -> None:
+        """``weight_in_norm``: fp32 (S, K_part), module s's norm weight over this rank's inputs (a row-parallel
+        layer's K slice), one row per module in shard order; loaded from ``<module>.rms_norm.weight``."""
+        if not self.in_norms:
+            return
+        w = Parameter(torch.ones(len(self.modules), k_part, dtype=torch.float32), requires_grad=False)
+        set_weight_attrs(w, {"weight_loader": self._in_norm_loader(layer, input_size)})
+        layer.register_parameter("weight_in_norm", w)
+        layer.trit_in_norm_eps = [self.spec.linears[m].input_norm.eps for m in self.modules.values()]
+        layer.trit_in_norm_k = input_size  # the whole row's length: the mean of squares is over all of it
+        layer.trit_in_norm_tp = k_part != input_size  # a row-parallel K slice: the sum of squares is all-reduced
+
+    def _in_norm_loader(self, layer, input_size: int):
+        order = list(self.modules)
+
+        def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
+            if shard_id is None and len(self.modules) > 1:
+                raise KeyMapError(f"vLLM passed one fused input-norm tensor for {self.prefix!r}; transformers' "
+                                  f"use_rms_norm stores one <module>.rms_norm.weight per module")
+            name, e = self._entry(shard_id)
+            key = e.input_norm.key
+            t = loaded_weight.detach()
+            if not t.is_floating_point() or tuple(t.shape) != (input_size,):
+                raise KeyMapError(f"tensor {key!r} (the input RMSNorm weight of {name}): {t.dtype} {list(t.shape)}, "
+                                  f"expected a float [{input_size}]")
+            if not bool(torch.isfinite(t).all()):
+                raise KeyMapError(f"tensor {key!r} (the input RMSNorm weight of {name}) has "
+                                  f"{int((~torch.isfinite(t)).sum())} NaN/Inf values, expected finite floats")
+            k_part = param.shape[1]
+            k0 = DenseFallbackLinearMethod._k_start(layer, input_size, k_part)
+            param.data[order.index(shard_id)].copy_(t[k0:k0 + k_part].to(device=param.device, dtype=param.dtype))
+            layer.trit_loaded.add(("in_norm", shard_id))
+        return load
+
+    def _finish_in_norm(self, layer, dtype: torch.dtype) -> None:
+        """After loading: the norm weights in the model dtype (transformers' LlamaRMSNorm multiplies in the
+        weight's dtype), and each module's output rows [(n0, n1)] of this rank."""
+        if not self.in_norms:
+            return
+        layer.weight_in_norm = Parameter(layer.weight_in_norm.data.to(dtype), requires_grad=False)
+        sizes = list(getattr(layer, "output_partition_sizes", None) or [layer.trit_n])
+        if len(sizes) != len(self.modules) or sum(sizes) != layer.trit_n:
+            raise KeyMapError(f"vLLM layer {self.prefix!r}: output partitions {sizes} do not match its modules "
+                              f"{list(self.modules.values())} ({layer.trit_n} rows); cannot apply the per-module "
+                              f"input RMSNorms")
+        bounds, n0 = [], 0
+        for n in sizes:
+            bounds.append((n0, n0 + n))
+            n0 += n
+        layer.trit_in_norm_rows = bounds
+
+    @staticmethod
+    def in_norm(layer, x2: torch.Tensor, i: int) -> torch.Tensor:
+        """Module i's input RMSNorm of x2 (M, K_part), as transformers' LlamaRMSNorm computes it: the mean of
+        squares in fp32 (over the whole row: all-reduced across TP for a row-parallel K slice), x * rsqrt(var +
+        eps) cast back to x's dtype, times the weight."""
+        xf = x2.float()
+        if layer.trit_in_norm_tp:
+            from vllm.distributed import tensor_model_parallel_all_reduce
+
+            var = tensor_model_parallel_all_reduce(xf.pow(2).sum(-1, keepdim=True)) / layer.trit_in_norm_k
+        else:
+            var = xf.pow(2).mean(-1, keepdim=True)
+        y = (xf * torch.rsqrt(var + layer.trit_in_norm_eps[i])).to(x2.dtype)
+        return layer.weight_in_norm[i].to(x2.dtype) * y
+
     def _check_loaded(self, layer, what: str = "ternary weight") -> None:
         for sid, name in self.modules.items():
             e = self.spec.linears[name]
+            if e.input_norm is not None and ("in_norm", sid) not in layer.trit_loaded:
+                raise KeyMapError(f"missing checkpoint tensor {e.input_norm.key!r}: the input RMSNorm weight of {name} "
+                                  f"(vLLM {self.prefix}.weight_in_norm{'' if sid is None else f', shard {sid!r}'}) was "
+                                  f"never loaded")
             if ("weight", sid) not in layer.trit_loaded:
                 raise KeyMapError(f"missing checkpoint tensor {e.weight_key!r}: {what} of {name} (vLLM "
                                   f"{self.prefix}.weight{'' if sid is None else f', shard {sid!r}'}) was never loaded")
@@ -439,11 +518,13 @@ class TernaryLinearMethod(_SpecLinearMethod):
         layer.register_parameter("weight_scale", scale)
         layer.trit_n, layer.trit_k, layer.trit_stage_factor = n_part, k_part, f
         layer.trit_loaded = set()
+        layer.trit_dtype = params_dtype
+        self._create_in_norm(layer, input_size, k_part)
         # BitNet's per-token absmax is over the *whole* input row; a row-parallel layer under TP
         # sees only its K slice, so the absmax is all-gathered across the TP group (see apply).
         layer.trit_global_absmax = bool(self.act_quant and isinstance(layer, RowParallelLinear)
                                         and getattr(layer, "tp_size", 1) > 1)
-        layer.trit_prequant = bool(self.act_quant and not layer.trit_global_absmax
+        layer.trit_prequant = bool(self.act_quant and not layer.trit_global_absmax and not self.in_norms
                                    and self.backend.linear_a8_pre is not None and prequant_selected(self.prefix)
                                    and model_compiled())
         if layer.trit_prequant:
@@ -453,8 +534,9 @@ class TernaryLinearMethod(_SpecLinearMethod):
         # the routes that fuse the model's norm / activation with this layer: W1.58A8 on the trit ops, the
         # whole input row in one process (TP = 1), and vLLM compiling the model
         from trit.ops import RMS_NORM_A8Q_MAX_K
+        # (not with input RMSNorms: the layer's input is normalized per module inside it)
         fusable = bool(self.act_quant and not layer.trit_global_absmax and getattr(layer, "tp_size", 1) == 1
-                       and self.backend.linear_a8_pre is not None and model_compiled())
+                       and self.backend.linear_a8_pre is not None and model_compiled() and not self.in_norms)
         # TRIT_FUSED_NORM_QUANT: the RMSNorm in front computes this layer's activation quantization
         # (trit::rms_norm_a8q; the BitNet model's norm_then_linear)
         layer.trit_fused_norm = fusable and k_part <= RMS_NORM_A8Q_MAX_K and fused_norm_selected()
@@ -541,14 +623,23 @@ class TernaryLinearMethod(_SpecLinearMethod):
         self._check_loaded(layer)
         if layer.trit_prepacked:  # already the kernel weight (trit.export): no decode, no repack
             layer.trit_backend = self.backend
+            if self.in_norms:  # module i's tiles: whole 16-row tile rows (prepacked_route: fused parts are multiples)
+                from .keymap import TILE_ROWS
+
+                self._finish_in_norm(layer, layer.trit_dtype)
+                layer.trit_packed_rows = [(n0 // TILE_ROWS, -(-n1 // TILE_ROWS)) for n0, n1 in layer.trit_in_norm_rows]
             return
         w = stage_unpack(layer.weight.data, layer.trit_stage_factor, layer.trit_n)  # int8 (N_part, K_part)
+        if self.in_norms:
+            self._finish_in_norm(layer, layer.trit_dtype)
         set_ternary_weight(layer, w, self.backend)
 
     # -- forward -----------------------------------------------------------------------
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         N, K = layer.trit_n, layer.trit_k
         x2 = x.reshape(-1, K)  # (M, K) — vLLM may hand 3-D inputs
+        if self.in_norms:
+            return self._apply_in_norms(layer, x2, bias).reshape(*x.shape[:-1], N)
         if layer.trit_global_absmax:
             y = _a8_global_absmax(self.backend, x2, layer.weight, layer.weight_scale, N, K, bias)
         elif layer.trit_prequant:  # implies act_quant
@@ -558,6 +649,21 @@ class TernaryLinearMethod(_SpecLinearMethod):
         else:
             y = self.backend.linear(x2, layer.weight, layer.weight_scale, N, K, bias)
         return y.reshape(*x.shape[:-1], N)
+
+    def _apply_in_norms(self, layer: torch.nn.Module, x2: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """Module by module: its input RMSNorm, then its activation quantization and GEMM on its own packed rows
+        (set_ternary_weight's per-module packing), outputs concatenated in shard order."""
+        K, ys = layer.trit_k, []
+        for i, ((n0, n1), (p0, p1)) in enumerate(zip(layer.trit_in_norm_rows, layer.trit_packed_rows)):
+            xn, w, s, n = self.in_norm(layer, x2, i), layer.weight[p0:p1], layer.weight_scale[n0:n1], n1 - n0
+            b = bias[n0:n1] if bias is not None else None
+            if layer.trit_global_absmax:
+                ys.append(_a8_global_absmax(self.backend, xn, w, s, n, K, b))
+            elif self.act_quant:
+                ys.append(self.backend.linear_a8(xn, w, s, n, K, b))
+            else:
+                ys.append(self.backend.linear(xn, w, s, n, K, b))
+        return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
 
     def apply_quantized(self, layer: torch.nn.Module, x: torch.Tensor, xq: torch.Tensor, xs: torch.Tensor,
                         rowsum: torch.Tensor, bias: Optional[torch.Tensor] = None, layout: int = 0) -> torch.Tensor:
@@ -785,7 +891,19 @@ def set_ternary_weight(layer: torch.nn.Module, w_int8: torch.Tensor, backend: Op
     backend = backend or layer.trit_backend
     if tuple(w_int8.shape) != (layer.trit_n, layer.trit_k):
         raise ValueError(f"weight shape {tuple(w_int8.shape)} != layer ({layer.trit_n}, {layer.trit_k})")
-    packed = backend.repack(w_int8.to(layer.weight_scale.device))
+    w_int8 = w_int8.to(layer.weight_scale.device)
+    rows = getattr(layer, "trit_in_norm_rows", None)
+    if rows is None:
+        packed = backend.repack(w_int8)
+    else:
+        # per-module input norms: each module's rows packed on their own and concatenated, so that module i's
+        # kernel weight is the contiguous slice packed[trit_packed_rows[i]] (its own tile padding included)
+        parts = [backend.repack(w_int8[n0:n1]) for n0, n1 in rows]
+        starts = [0]
+        for p in parts:
+            starts.append(starts[-1] + p.shape[0])
+        layer.trit_packed_rows = list(zip(starts, starts[1:]))
+        packed = torch.cat(parts)
     layer.weight = Parameter(packed, requires_grad=False)
     layer.trit_backend = backend
 
@@ -930,6 +1048,7 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         layer.trit_loaded = set()
         layer.trit_global_absmax = bool(self.act_quant and isinstance(layer, RowParallelLinear)
                                         and getattr(layer, "tp_size", 1) > 1)
+        self._create_in_norm(layer, input_size, k_part)
 
     def _weight_loader(self, layer, vllm_loader, scale_loader=None):
         convert = lambda raw, e, m: decode_levels(raw, e, m, floats=m in self.floats)  # noqa: E731
@@ -1018,6 +1137,7 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
             self._check_ternary_levels(layer, zero, G)
         layer.weight = Parameter(dense_weight(layer.weight.data, mult, G, layer.trit_dtype, zero), requires_grad=False)
         del layer.weight_scale
+        self._finish_in_norm(layer, layer.trit_dtype)
 
     def _row_slices(self, layer: torch.nn.Module) -> list:
         """[(rows, module)] of this rank's output rows per module of the layer, in shard order."""
@@ -1058,16 +1178,24 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
                                   f"levels 'ternary': expected -1, 0 or +1")
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x2 = x.reshape(-1, layer.trit_k)
+        if self.in_norms:  # module by module on its own normalized input, outputs in shard order
+            ys = []
+            for i, (n0, n1) in enumerate(layer.trit_in_norm_rows):
+                ys.append(self._dense(layer, self.in_norm(layer, x2, i), layer.weight[n0:n1],
+                                      bias[n0:n1] if bias is not None else None))
+            y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+        else:
+            y = self._dense(layer, x2, layer.weight, bias)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    def _dense(self, layer: torch.nn.Module, x2: torch.Tensor, w: torch.Tensor, bias) -> torch.Tensor:
         import torch.nn.functional as F
 
-        x2 = x.reshape(-1, layer.trit_k)
-        w = layer.weight
         if self.act_quant:
             xq, xs = _a8_quant(x2, across_tp=layer.trit_global_absmax)
-            y = _a8_dequant(F.linear(xq.to(w.dtype), w), xs, bias, x.dtype)
-        else:
-            y = F.linear(x2.to(w.dtype), w, bias).to(x.dtype)
-        return y.reshape(*x.shape[:-1], y.shape[-1])
+            return _a8_dequant(F.linear(xq.to(w.dtype), w), xs, bias, x2.dtype)
+        return F.linear(x2.to(w.dtype), w, bias).to(x2.dtype)
 
 
 def dense_weight(values: torch.Tensor, mult: torch.Tensor, group_size: Optional[int], dtype: torch.dtype,
