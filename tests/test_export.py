@@ -190,16 +190,6 @@ def test_prepacked_route_conditions():
     assert "not every module" in prepacked_route([LinearEntry("w", (64, 128))], [64], 128, 128, **ok)
 
 
-@pytest.fixture(scope="module")
-def vllm_target():
-    pytest.importorskip("vllm", reason="vllm is not importable")
-    from parity.targets.vllm import VllmTarget
-
-    t = VllmTarget("fp32")
-    yield t
-    t.close()
-
-
 @pytest.mark.vllm
 def test_vllm_loads_export_as_stored_and_generates_identically(vllm_target, exported):
     def layers(m):

@@ -41,19 +41,21 @@ def llamacpp_permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) ->
             .reshape(weights.shape))
 
 
-def bitnet_quantize_to_i2_s(t: np.ndarray, scale: float) -> np.ndarray:
+def bitnet_quantize_to_i2_s(t: np.ndarray, scale: float, block: int = 128) -> np.ndarray:
     """microsoft/BitNet utils/convert-hf-to-gguf-bitnet.py ``quantize_to_i2_s`` (override_scale path) on an already
     ternary (M, K) matrix: flattened 128-value blocks, byte = c0 << 6 | c1 << 4 | c2 << 2 | c3 of values j, 32+j,
-    64+j, 96+j; codes -1 -> 0, 0 -> 1, +1 -> 2; n/4 bytes then a 32-byte tail holding the float32 scale."""
+    64+j, 96+j; codes -1 -> 0, 0 -> 1, +1 -> 2; n/4 bytes then a 32-byte tail holding the float32 scale.
+    ``block=64``: src/ggml-bitnet-mad.cpp ``quantize_i2_s`` built for ARM NEON (QK_I2_S 64: byte j of a block's 16
+    holds values j, 16+j, 32+j, 48+j), under the same ggml type id and size."""
     n = t.size
     q = np.ones(n, dtype=np.uint8)
     flat = t.reshape(-1)
     q[flat > 0.5] = 2
     q[flat < -0.5] = 0
-    pad = (128 - n % 128) % 128
+    pad = (block - n % block) % block
     if pad:
         q = np.pad(q, (0, pad), constant_values=1)
-    q = q.reshape(-1, 4, 32)
+    q = q.reshape(-1, 4, block // 4)
     packed = ((q[:, 0, :] << 6) | (q[:, 1, :] << 4) | (q[:, 2, :] << 2) | q[:, 3, :]).reshape(-1).astype(np.uint8)
     out = np.zeros(n // 4 + 32, dtype=np.uint8)
     out[:n // 4] = packed[:n // 4]
@@ -108,7 +110,7 @@ def write_tokenizer_meta(w, tokenizer_json: Path) -> None:
 
 def write_gguf(path: Path, arch: str, sd: dict, cfg: dict, *, qtype=None, permute: bool = False,
                embd_type=None, meta: dict | None = None, endianess=None, tokenizer: Path | None = None,
-               split_max_tensors: int = 0) -> Path:
+               split_max_tensors: int = 0, i2s_block: int = 128) -> Path:
     """A GGUF file as llama.cpp's converter lays it out: metadata keys of ``arch``, GGUF tensor names, q / k rows
     permuted for llama, uint8 record tensors as ``qtype`` (int for bitnet.cpp's I2_S, which gguf-py lacks);
     ``tokenizer``: a tokenizer.json stored in the metadata (else a token list of placeholders, no tokenizer model)."""
@@ -142,7 +144,8 @@ def write_gguf(path: Path, arch: str, sd: dict, cfg: dict, *, qtype=None, permut
             scale = float(sd[name[:-7] + ".scale"])
             tern = synth_i2s_values(t)
             raw = bitnet_quantize_to_i2_s(llamacpp_permute(tern, heads, heads if ".attn_q." in name else kv)
-                                          if permute and (".attn_q." in name or ".attn_k." in name) else tern, scale)
+                                          if permute and (".attn_q." in name or ".attn_k." in name) else tern, scale,
+                                          i2s_block)
             w.add_tensor(name, raw.view(np.int8), raw_shape=tern.shape, raw_dtype=36)
         elif t.dtype == torch.uint8:
             w.add_tensor(name, a, raw_dtype=qtype)
@@ -173,9 +176,9 @@ CASES = {  # name: (gguf arch, logical arch, synth writer, ggml type)
 }
 
 
-def _case(name: str, tmp_path: Path, trained: bool = False):
+def _case(name: str, tmp_path: Path, trained: bool = False, i2s_block: int = 128):
     """``trained``: models/tiny-trained itself (K = 128 / 384: I2_S only) with its tokenizer in the GGUF's metadata
-    (no tokenizer.json beside it, as llama.cpp ships models)."""
+    (no tokenizer.json beside it, as llama.cpp ships models); ``i2s_block``: 64 writes bitnet.cpp's ARM I2_S."""
     arch, larch, writer, qtype = CASES[name]
     lg = synth.Logical.from_dir(TRAINED) if trained else _logical(larch, per_tensor=qtype == 36)
     sd, _, truth = writer(lg)
@@ -183,7 +186,7 @@ def _case(name: str, tmp_path: Path, trained: bool = False):
     d = tmp_path / name
     d.mkdir()
     write_gguf(d / "model.gguf", arch, sd, lg.config, qtype=qtype, permute=arch == "llama", meta=meta,
-               tokenizer=TRAINED / "tokenizer.json" if trained else None)
+               tokenizer=TRAINED / "tokenizer.json" if trained else None, i2s_block=i2s_block)
     return lg, sd, truth, d
 
 
@@ -345,6 +348,31 @@ def test_inspector_on_gguf_and_its_conversion(case, tmp_path):
     for mod, e in res.spec.linears.items():
         e2 = res2.spec.linears[mod]
         assert (e.weight_key, e.pack, e.scale) == (e2.weight_key, e2.pack, e2.scale), mod
+
+
+Q0 = "model.layers.0.self_attn.q_proj"
+
+
+def test_inspector_finds_the_arm_i2s_layout_by_loss(tmp_path):
+    """bitnet.cpp built for ARM writes I2_S in 64-value blocks under the same type id and size as the x86 layout that
+    the x86 one (the file does not say which): the inspector, scoring the block sizes on text with the GGUF's own
+    tokenizer, finds block 64 (128 on the x86 file) and decodes the true weights, and the reference on its spec gives
+    the logits of the same model read from the x86-layout file."""
+    (tmp_path / "arm").mkdir()
+    (tmp_path / "x86").mkdir()
+    _, _, truth, d = _case("bitnet-b1.58-i2s", tmp_path / "arm", trained=True, i2s_block=64)
+    res = inspect_dir(d)
+    lanes = [f for f in res.findings if f.what.startswith("lanes")]
+    assert lanes and "block=64" in lanes[0].decision and lanes[0].confidence == "high", res.findings
+    _check_decoded(d, res.spec, truth)
+    _, _, _, x86 = _case("bitnet-b1.58-i2s", tmp_path / "x86", trained=True)
+    res86 = inspect_dir(x86)
+    assert res86.spec.linears[Q0].pack.block == 128 and res.spec.linears[Q0].pack.block == 64
+    res.spec.save(d / "ternary_spec.json")
+    res86.spec.save(x86 / "ternary_spec.json")
+    ids = torch.randint(3, 200, (1, 24), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(ReferenceModel.from_dir(d).forward(ids), ReferenceModel.from_dir(x86).forward(ids),
+                               rtol=0, atol=0)
 
 
 def test_inspect_cli_on_gguf_dir(tmp_path):

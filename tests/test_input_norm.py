@@ -187,16 +187,6 @@ def test_vllm_matches_the_reference(arch, linear_class, online, tmp_path):
     _vllm_vs_reference(d, 89, 2, arch)
 
 
-@pytest.fixture(scope="module")
-def vllm_target():
-    pytest.importorskip("vllm", reason="vllm is not importable")
-    from parity.targets.vllm import VllmTarget
-
-    t = VllmTarget("fp32")
-    yield t
-    t.close()
-
-
 @pytest.mark.vllm
 def test_vllm_prepacked_export_with_norms(vllm_target, tmp_path):
     """A trit.export of a use_rms_norm model: q|k|v loads as stored tiles and each module's GEMV reads its own tile

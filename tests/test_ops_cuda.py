@@ -1917,3 +1917,34 @@ def test_rms_norm_a8q_cluster_chain_in_a_cuda_graph(n, M):
     if n == "1":
         with _env(TRIT_RNQ_CLUSTER="0"):
             assert torch.equal(out, route(static_x)), "n = 1 differs from the one-CTA kernel's chain"
+
+
+@pytest.mark.parametrize("sizes", [(128, 64, 64), (200, 200), (344,), (40, 24, 24)],
+                         ids=["qkv-16x", "gate_up-odd", "one", "qkv-small"])
+@pytest.mark.parametrize("M", [1, 5, 16, 33, 64, 300])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_module_rows_of_one_packed_tensor(sizes, M, dtype):
+    """The vLLM plugin's per-module route (input RMSNorms, use_rms_norm): each module of a fused layer repacked on
+    its own and concatenated, module i's GEMV / GEMM reading the contiguous row slice packed[p0:p1] (a view at a
+    tile-row offset). Every route of the a8 and bf16 ops on that view equals the op on the module's own tensor, bit
+    for bit, and is within the float64 reference's tolerance."""
+    from trit.vllm.kernels import get_backend
+
+    be, K = get_backend("trit"), 640
+    g = torch.Generator(device=DEV).manual_seed(M * 7 + len(sizes))
+    ws = [torch.randint(-1, 2, (n, K), generator=g, device=DEV, dtype=torch.int8) for n in sizes]
+    parts = [be.repack(w) for w in ws]
+    packed = torch.cat(parts)
+    x = torch.randn(M, K, generator=g, device=DEV).to(dtype)
+    p0 = 0
+    for w, part in zip(ws, parts):
+        n, p1 = w.shape[0], p0 + part.shape[0]
+        view = packed[p0:p1]
+        assert view.is_contiguous() and view.data_ptr() % 16 == 0
+        s = torch.rand(n, generator=g, device=DEV) + 0.5
+        for name, fn in (("a8", be.linear_a8), ("w1.58a16", be.linear)):
+            got, want = fn(x, view, s, n, K, None), fn(x, part, s, n, K, None)
+            assert torch.equal(got, want), f"{name} M={M} n={n}: the row view differs from the module's own tensor"
+        ref = (x.double() @ w.double().t()) * s.double()
+        assert_close_rel(be.linear(x, view, s, n, K, None).double(), ref, TOL[dtype], f"w1.58a16 M={M} n={n}")
+        p0 = p1
