@@ -213,15 +213,16 @@ def test_vllm_prepacked_export_with_norms(vllm_target, tmp_path):
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_vllm_tp2_with_norms(tmp_path):
-    """TP = 2 through vLLM's Llama: o_proj / down_proj see half of each row, so the mean of squares is all-reduced
-    across the ranks; top-10 next tokens against the fp32 reference with the TP = 1 tolerances."""
+@pytest.mark.parametrize("arch,linear_class", [("llama", "autobitlinear"), ("bitnet", "bitlinear")])
+def test_vllm_tp2_with_norms(arch, linear_class, tmp_path):
+    """TP = 2 through vLLM's Llama and trit's BitNet: o_proj / down_proj see half of each row, so the mean of squares
+    is all-reduced across the ranks; top-10 next tokens against the fp32 reference with the TP = 1 tolerances."""
     pytest.importorskip("vllm")
     from parity.compare import topk_ids_agreement
     from parity.targets.vllm import VllmTarget
     from parity.tolerances import column, resolve
 
-    d = _model(tmp_path, "llama", "autobitlinear", seed=8)
+    d = _model(tmp_path, arch, linear_class, seed=8)
     ids = torch.randint(3, 89, (2, 16), generator=torch.Generator().manual_seed(0))
     logits = ReferenceModel.from_dir(d).forward(ids)
     limit = resolve(column("fp32", spec_for(d).activation_quant, bit_faithful=False))["model"].limit(
