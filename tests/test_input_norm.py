@@ -229,3 +229,28 @@ def test_vllm_tp2_with_norms(arch, linear_class, tmp_path):
         float(logits.abs().max()))
     tk = topk_ids_agreement(VllmTarget("fp32", tensor_parallel_size=2).topk_ids(d, ids, 10), logits, limit)
     assert tk.passed and tk.top1_agree > 0.95, tk
+
+
+@pytest.mark.vllm
+def test_ternary_lm_head_with_its_norm(tmp_path):
+    """modules_to_not_convert [] makes lm_head a BitLinear too, with its own input norm: the reference equals
+    transformers on every canonical tensor (logits included), and vLLM's ParallelLMHead (the dense fallback method)
+    applies the head's norm: logits within fp32-a8 of the reference."""
+    from parity.compare import compare
+    from reference import synth
+
+    base = write_model(Preset("llama", 128, 200, 2, 4, 2, 92, False, seed=31), tmp_path / "base")  # BitLinear: V % 4 == 0
+    d = tmp_path / "m"
+    synth.write("hf-bitlinear-head", synth.Logical.from_dir(base).with_ternary_head(tie=False), d)
+    to_rms_norm(d, seed=4)
+    spec = spec_for(d)
+    assert spec.linears["lm_head"].input_norm == InputNorm("lm_head.rms_norm.weight", 1e-6)
+    ids = torch.randint(3, 92, (2, 20), generator=torch.Generator().manual_seed(0))
+    ref = get_target("reference").capture(d, ids)
+    names = canonical_names(2, "llama")
+    c = compare(ref, get_target("transformers").capture(d, ids), order=names, dtype="fp32", target_name="transformers")
+    assert c.passed, c.summary()
+    pytest.importorskip("vllm")
+    c = compare(ref, get_target("vllm", compute_dtype="fp32").capture(d, ids), order=names, dtype="fp32-a8",
+                target_name="vllm")
+    assert c.passed, c.summary()
