@@ -4,7 +4,8 @@
 
 Every linear module becomes ``{module}.weight`` float32 ``(N, K)`` = values * scale (fused
 tensors split back into q/k/v and gate/up), every float parameter is copied under its HF name
-(``model.embed_tokens.weight``, ``model.layers.N.input_layernorm.weight``, ...).  Also home of
+(``model.embed_tokens.weight``, ``model.layers.N.input_layernorm.weight``, ...), and a module's input RMSNorm
+(spec ``input_norm``: transformers' use_rms_norm) as ``{module}.rms_norm.weight``.  Also home of
 the loss helpers the inspector uses to score candidate decodes (``text_ids``, ``model_loss``).
 """
 from __future__ import annotations
@@ -40,6 +41,8 @@ def effective_weights(model_dir, spec: Optional[CheckpointSpec] = None, *, spec_
         out[f"{mod}.weight"] = d.effective().contiguous()  # (N, K)
         if d.bias is not None:
             out[f"{mod}.bias"] = d.bias.contiguous()
+        if entry.input_norm is not None:  # use_rms_norm: the module's own input RMSNorm, under transformers' name
+            out[f"{mod}.rms_norm.weight"] = ckpt.get(entry.input_norm.key).to(torch.float32).contiguous()
     for hf, key in spec.tensors.items():
         out[hf] = ckpt.get(key).to(torch.float32).contiguous()
     return out

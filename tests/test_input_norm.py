@@ -156,6 +156,16 @@ def test_inspector_finds_the_input_norms(tmp_path):
         inspect_dir(d, use_loss=False)
 
 
+def test_decode_writes_the_norms(tmp_path):
+    from reference.decode import effective_weights
+
+    d = _model(tmp_path)
+    w = effective_weights(d)
+    sd = load_file(str(d / "model.safetensors"))
+    assert torch.equal(w[f"{Q}.rms_norm.weight"], sd[f"{Q}.rms_norm.weight"].float())
+    assert sum(k.endswith(".rms_norm.weight") for k in w) == 14
+
+
 def test_export_carries_the_norms(tmp_path):
     from trit import export as tx
 
