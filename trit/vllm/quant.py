@@ -387,6 +387,19 @@ class _SpecLinearMethod(LinearMethodBase):
         return self._shard_loader(layer, vllm_loader, "scale", convert,
                                   lambda s, p: s.to(device=p.device, dtype=p.dtype))
 
+    @staticmethod
+    def _k_start(layer, input_size: int, k_part: int) -> int:
+        """The first input of this rank's K slice: a row-parallel layer's rank r holds [r * K_part, (r+1) * K_part)
+        (vLLM's RowParallelLinear.weight_loader narrows at tp_rank * shard_size); other layers hold all of K."""
+        if k_part == input_size:
+            return 0
+        rank = getattr(layer, "tp_rank", None)
+        if rank is None:  # a vLLM whose LinearBase keeps no tp_rank: the rank its loaders narrow with
+            from vllm.model_executor.layers import linear as vllm_linear
+
+            rank = vllm_linear.get_tensor_model_parallel_rank()
+        return int(rank) * k_part
+
     # -- input RMSNorms (spec InputNorm: transformers' use_rms_norm) ---------------------------------------------
     def _create_in_norm(self, layer, input_size: int, k_part: int) -> None:
         """``weight_in_norm``: fp32 (S, K_part), module s's norm weight over this rank's inputs (a row-parallel
@@ -417,7 +430,7 @@ class _SpecLinearMethod(LinearMethodBase):
                 raise KeyMapError(f"tensor {key!r} (the input RMSNorm weight of {name}) has "
                                   f"{int((~torch.isfinite(t)).sum())} NaN/Inf values, expected finite floats")
             k_part = param.shape[1]
-            k0 = DenseFallbackLinearMethod._k_start(layer, input_size, k_part)
+            k0 = self._k_start(layer, input_size, k_part)
             param.data[order.index(shard_id)].copy_(t[k0:k0 + k_part].to(device=param.device, dtype=param.dtype))
             layer.trit_loaded.add(("in_norm", shard_id))
         return load
@@ -1070,19 +1083,6 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
     def _scale_loader(self, layer, vllm_loader):
         G = self.group_size
         return self._scale_loader_with(layer, vllm_loader, lambda raw, e, m: group_mult(raw, e, m, G))
-
-    @staticmethod
-    def _k_start(layer, input_size: int, k_part: int) -> int:
-        """The first input of this rank's K slice: a row-parallel layer's rank r holds [r * K_part, (r+1) * K_part)
-        (vLLM's RowParallelLinear.weight_loader narrows at tp_rank * shard_size); other layers hold all of K."""
-        if k_part == input_size:
-            return 0
-        rank = getattr(layer, "tp_rank", None)
-        if rank is None:  # a vLLM whose LinearBase keeps no tp_rank: the rank its loaders narrow with
-            from vllm.model_executor.layers import linear as vllm_linear
-
-            rank = vllm_linear.get_tensor_model_parallel_rank()
-        return int(rank) * k_part
 
     def _g_idx_loader(self, layer, input_size: int):
         """Loader of ``weight_g_idx``: the checkpoint's group index of one module (or of every module of a tensor
