@@ -223,20 +223,14 @@ class ReferenceModel:
 
         def param_key(key: str, what: str) -> torch.Tensor:
             t = ckpt.get(key).float()
-            if not bool(torch.isfinite(t).all()):
+            if not bool(torch.isfinite(t).all()):  # a NaN embedding row / norm weight poisons every output
                 bad = int((~torch.isfinite(t)).sum())
                 raise CheckpointError(f"{ckpt.info(key).file}: tensor {key!r} ({what}) has {bad} NaN/Inf values, "
                                       f"expected finite floats")
             return t.to(self.device)
 
         def param(name: str) -> torch.Tensor:
-            key = spec.tensors[name]
-            t = ckpt.get(key).float()
-            if not bool(torch.isfinite(t).all()):  # a NaN embedding row / norm weight poisons every output
-                bad = int((~torch.isfinite(t)).sum())
-                raise CheckpointError(f"{ckpt.info(key).file}: tensor {key!r} ({name}) has {bad} NaN/Inf "
-                                      f"values, expected finite floats")
-            return t.to(self.device)
+            return param_key(spec.tensors[name], name)
 
         self.embed = param("model.embed_tokens.weight")  # (V, C)
         self.layers = []

@@ -400,6 +400,17 @@ class _SpecLinearMethod(LinearMethodBase):
             rank = vllm_linear.get_tensor_model_parallel_rank()
         return int(rank) * k_part
 
+    def _row_slices(self, layer: torch.nn.Module) -> list:
+        """[(rows, module)] of this rank's output rows per module of the layer, in shard order."""
+        sizes = list(getattr(layer, "output_partition_sizes", None) or [layer.trit_n])
+        if len(sizes) != len(self.modules):
+            sizes = [layer.trit_n] if len(self.modules) == 1 else []
+        out, start = [], 0
+        for size, name in zip(sizes, self.modules.values()):
+            out.append((slice(start, start + size), name))
+            start += size
+        return out
+
     # -- input RMSNorms (spec InputNorm: transformers' use_rms_norm) ---------------------------------------------
     def _create_in_norm(self, layer, input_size: int, k_part: int) -> None:
         """``weight_in_norm``: fp32 (S, K_part), module s's norm weight over this rank's inputs (a row-parallel
@@ -441,22 +452,20 @@ class _SpecLinearMethod(LinearMethodBase):
         if not self.in_norms:
             return
         layer.weight_in_norm = Parameter(layer.weight_in_norm.data.to(dtype), requires_grad=False)
-        sizes = list(getattr(layer, "output_partition_sizes", None) or [layer.trit_n])
-        if len(sizes) != len(self.modules) or sum(sizes) != layer.trit_n:
-            raise KeyMapError(f"vLLM layer {self.prefix!r}: output partitions {sizes} do not match its modules "
+        slices = self._row_slices(layer)
+        if len(slices) != len(self.modules) or sum(r.stop - r.start for r, _ in slices) != layer.trit_n:
+            raise KeyMapError(f"vLLM layer {self.prefix!r}: output partitions "
+                              f"{getattr(layer, 'output_partition_sizes', None)} do not match its modules "
                               f"{list(self.modules.values())} ({layer.trit_n} rows); cannot apply the per-module "
                               f"input RMSNorms")
-        bounds, n0 = [], 0
-        for n in sizes:
-            bounds.append((n0, n0 + n))
-            n0 += n
-        layer.trit_in_norm_rows = bounds
+        layer.trit_in_norm_rows = [(r.start, r.stop) for r, _ in slices]
 
     @staticmethod
-    def in_norm(layer, x2: torch.Tensor, i: int) -> torch.Tensor:
-        """Module i's input RMSNorm of x2 (M, K_part), as transformers' LlamaRMSNorm computes it: the mean of
-        squares in fp32 (over the whole row: all-reduced across TP for a row-parallel K slice), x * rsqrt(var +
-        eps) cast back to x's dtype, times the weight."""
+    def in_norm_inputs(layer, x2: torch.Tensor) -> list:
+        """Each module's input RMSNorm of x2 (M, K_part), in shard order, as transformers' LlamaRMSNorm computes
+        it: the mean of squares in fp32 (over the whole row: all-reduced across TP for a row-parallel K slice;
+        computed once, the modules differ only in eps and weight), x * rsqrt(var + eps) cast back to x's dtype,
+        times the module's weight."""
         xf = x2.float()
         if layer.trit_in_norm_tp:
             from vllm.distributed import tensor_model_parallel_all_reduce
@@ -464,8 +473,8 @@ class _SpecLinearMethod(LinearMethodBase):
             var = tensor_model_parallel_all_reduce(xf.pow(2).sum(-1, keepdim=True)) / layer.trit_in_norm_k
         else:
             var = xf.pow(2).mean(-1, keepdim=True)
-        y = (xf * torch.rsqrt(var + layer.trit_in_norm_eps[i])).to(x2.dtype)
-        return layer.weight_in_norm[i].to(x2.dtype) * y
+        return [layer.weight_in_norm[i].to(x2.dtype) * (xf * torch.rsqrt(var + eps)).to(x2.dtype)
+                for i, eps in enumerate(layer.trit_in_norm_eps)]
 
     def _check_loaded(self, layer, what: str = "ternary weight") -> None:
         for sid, name in self.modules.items():
@@ -667,8 +676,9 @@ class TernaryLinearMethod(_SpecLinearMethod):
         """Module by module: its input RMSNorm, then its activation quantization and GEMM on its own packed rows
         (set_ternary_weight's per-module packing), outputs concatenated in shard order."""
         K, ys = layer.trit_k, []
-        for i, ((n0, n1), (p0, p1)) in enumerate(zip(layer.trit_in_norm_rows, layer.trit_packed_rows)):
-            xn, w, s, n = self.in_norm(layer, x2, i), layer.weight[p0:p1], layer.weight_scale[n0:n1], n1 - n0
+        for xn, (n0, n1), (p0, p1) in zip(self.in_norm_inputs(layer, x2), layer.trit_in_norm_rows,
+                                          layer.trit_packed_rows):
+            w, s, n = layer.weight[p0:p1], layer.weight_scale[n0:n1], n1 - n0
             b = bias[n0:n1] if bias is not None else None
             if layer.trit_global_absmax:
                 ys.append(_a8_global_absmax(self.backend, xn, w, s, n, K, b))
@@ -1139,17 +1149,6 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         del layer.weight_scale
         self._finish_in_norm(layer, layer.trit_dtype)
 
-    def _row_slices(self, layer: torch.nn.Module) -> list:
-        """[(rows, module)] of this rank's output rows per module of the layer, in shard order."""
-        sizes = list(getattr(layer, "output_partition_sizes", None) or [layer.trit_n])
-        if len(sizes) != len(self.modules):
-            sizes = [layer.trit_n] if len(self.modules) == 1 else []
-        out, start = [], 0
-        for size, name in zip(sizes, self.modules.values()):
-            out.append((slice(start, start + size), name))
-            start += size
-        return out
-
     def _by_index(self, layer: torch.nn.Module, t: torch.Tensor, gi: torch.Tensor) -> torch.Tensor:
         """Group columns (N_part, G) -> (N_part, K_part): module s's rows gathered at its group index gi[s]."""
         slices = self._row_slices(layer)
@@ -1180,10 +1179,8 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         x2 = x.reshape(-1, layer.trit_k)
         if self.in_norms:  # module by module on its own normalized input, outputs in shard order
-            ys = []
-            for i, (n0, n1) in enumerate(layer.trit_in_norm_rows):
-                ys.append(self._dense(layer, self.in_norm(layer, x2, i), layer.weight[n0:n1],
-                                      bias[n0:n1] if bias is not None else None))
+            ys = [self._dense(layer, xn, layer.weight[n0:n1], bias[n0:n1] if bias is not None else None)
+                  for xn, (n0, n1) in zip(self.in_norm_inputs(layer, x2), layer.trit_in_norm_rows)]
             y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
         else:
             y = self._dense(layer, x2, layer.weight, bias)
