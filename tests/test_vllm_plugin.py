@@ -397,3 +397,53 @@ def test_route_tokens_decides_per_call_in_a_graph_traced_once(vllm_env):
         assert gm(*args(8))[0][0, 0].item() == 3.0
         assert gm(*args(1))[0][0, 0].item() == want_one, fn
     torch._dynamo.reset()
+
+
+def test_target_releases_other_models_engines_one_model_at_a_time(monkeypatch, tmp_path):
+    """On a GPU (one_model_at_a_time) a new model's engine first shuts down every cached engine of another model
+    (each engine asks for 0.3 of the card; a module building five models stopped at the fourth on an H100, run 69b),
+    while the capture and graph engines of one model coexist; on the CPU engines stay cached."""
+    import vllm.distributed.parallel_state as ps
+
+    from parity.targets.vllm import VllmTarget
+
+    made, shut, cleanups = [], [], []
+
+    class Core:
+        def __init__(self, name):
+            self.name = name
+
+        def shutdown(self):
+            shut.append(self.name)
+
+    class FakeLLM:
+        def __init__(self, name):
+            self.llm_engine = type("E", (), {})()
+            self.llm_engine.engine_core = Core(name)
+
+    def make(self, model_dir, spec_path, eager):
+        made.append((Path(model_dir).name, eager))
+        return FakeLLM(f"{Path(model_dir).name}/{'eager' if eager else 'graph'}")
+
+    monkeypatch.setattr(VllmTarget, "_make_llm", make)
+    monkeypatch.setattr(ps, "cleanup_dist_env_and_memory", lambda *a, **k: cleanups.append(1))
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+
+    t = VllmTarget("fp32")
+    t.one_model_at_a_time = True
+    ea, ga = t.llm(a), t.llm(a, eager=False)
+    assert t.llm(a) is ea and not shut  # one model's two engines coexist, cached
+    eb = t.llm(b)
+    assert sorted(shut) == ["a/eager", "a/graph"] and cleanups == [1]
+    assert list(t._engines.values()) == [eb]
+    assert t.llm(a) is not ea and made[-1] == ("a", True)  # a again: a fresh engine, b's shut down
+    assert shut[-1] == "b/eager" and len(cleanups) == 2
+
+    cpu = VllmTarget("fp32")
+    cpu.one_model_at_a_time = False
+    e1 = cpu.llm(a)
+    cpu.llm(b)
+    assert cpu.llm(a) is e1 and len(shut) == 3  # cached, nothing shut down
+    cpu.close()
+    assert len(shut) == 3 and len(cleanups) == 2 and not cpu._engines

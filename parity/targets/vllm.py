@@ -129,6 +129,11 @@ class VllmTarget(Target):
         self.llm_kwargs = dict(llm_kwargs or {})
         self.tp = int(tensor_parallel_size)
         self._engines: dict[tuple, object] = {}
+        # On a GPU each engine takes gpu_memory_utilization of the card and vLLM refuses to start one when less
+        # is free: engines of one model (capture + graph: 2 x 0.3) coexist, a new model's engine first shuts the
+        # others down (a test module that builds five models would otherwise stop at the fourth). On the CPU each
+        # engine holds VLLM_CPU_KVCACHE_SPACE (1 GiB) and they stay cached.
+        self.one_model_at_a_time = torch.cuda.is_available()
 
     # -- engines -----------------------------------------------------------------------
     def llm(self, model_dir, spec_path=None, *, eager: bool = True):
@@ -137,6 +142,8 @@ class VllmTarget(Target):
         (``reference.gguf.converted``, made once and cached), with the inspector's spec from beside the GGUF."""
         key = (str(Path(model_dir).resolve()), str(spec_path) if spec_path else None, eager)
         if key not in self._engines:
+            if self.one_model_at_a_time and any(k[:2] != key[:2] for k in self._engines):
+                self.close()
             model_dir = Path(model_dir)
             src = gguf_source(model_dir)
             if src is not None:
@@ -253,8 +260,22 @@ class VllmTarget(Target):
                              f"shorten the inputs")
 
     def close(self):
+        """Drop every cached engine. Where engines are released one model at a time (a GPU), each engine core is
+        shut down and vLLM's cleanup returns the memory (and the in-process distributed state, which the next
+        engine sets up again) before a new engine asks for its share."""
+        engines = list(self._engines.values())
         self._engines.clear()
+        if self.one_model_at_a_time:
+            for llm in engines:
+                core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+                if core is not None and hasattr(core, "shutdown"):
+                    core.shutdown()
+        del engines
         gc.collect()
+        if self.one_model_at_a_time:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            cleanup_dist_env_and_memory()
 
     def apply_model(self, model_dir, fn: Callable, spec_path=None):
         """Run ``fn(model)`` on the capture engine's model (in-process); returns its result."""
