@@ -51,11 +51,24 @@ def sha256_file(p: Path) -> str:
 
 
 def model_identity(model_dir: Path, spec) -> dict:
-    """What a golden set depends on: config, every weight file, the spec."""
+    """What a golden set depends on: config, every weight file, the spec. A GGUF model (a .gguf file, or a directory
+    holding one model's GGUF file(s)) is identified by its file(s) - each part of a split set - and the config the
+    reference reads: config.json where the directory has one, else the one derived from the GGUF metadata."""
+    from reference.checkpoint import gguf_source, load_config
+
     model_dir = Path(model_dir)
-    files = {p.name: sha256_file(p) for p in sorted(model_dir.glob("*.safetensors"))}
-    return {"config_sha256": sha256_file(model_dir / "config.json"), "weights_sha256": files,
-            "spec_name": spec.name, "spec_sha256": spec.digest()}
+    src = gguf_source(model_dir)
+    if src is None:
+        files = {p.name: sha256_file(p) for p in sorted(model_dir.glob("*.safetensors"))}
+        config = sha256_file(model_dir / "config.json")
+    else:
+        from reference.gguf import split_parts
+
+        files = {p.name: sha256_file(p) for p in split_parts(Path(src))}
+        cfg_file = model_dir / "config.json" if model_dir.is_dir() else None
+        config = sha256_file(cfg_file) if cfg_file is not None and cfg_file.exists() else hashlib.sha256(
+            json.dumps(load_config(model_dir), sort_keys=True).encode()).hexdigest()
+    return {"config_sha256": config, "weights_sha256": files, "spec_name": spec.name, "spec_sha256": spec.digest()}
 
 
 @dataclass

@@ -713,3 +713,38 @@ def test_llama3_rope_freqs_recovered(factor, low, high, old, tmp_path):
     with pytest.raises(CheckpointError, match=r"rope_freqs\.weight': frequency factors .* no llama3 rope scaling "
                                               r"reproduces"):
         Checkpoint(bad)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-file", "split-set"])
+def test_goldens_of_a_gguf_model_and_their_staleness(split, tmp_path):
+    """`python -m parity.dump --ref` on a GGUF-only directory (it hashed a config.json that is not there): the golden
+    set names the GGUF file(s) - every part of a split set - and the metadata's config; a changed part, or a
+    config.json placed beside the GGUF (the reference reads it then), makes the set stale."""
+    from parity.dump import dump_reference
+    from parity.golden import GoldenSet, model_identity
+    from reference.spec import spec_for
+
+    lg = _logical("llama")
+    sd, _, _ = synth.w_tq2_0(lg)
+    d = tmp_path / "m"
+    d.mkdir()
+    write_gguf(d / "model.gguf", "llama", sd, lg.config, qtype=QT.TQ2_0, permute=True,
+               split_max_tensors=7 if split else 0)
+    parts = sorted(d.glob("*.gguf"))
+    assert (len(parts) > 2) == split
+    assert inspect_main([str(d), "--no-loss"]) == 0
+    out = dump_reference(d, tmp_path / "g")
+    gs = GoldenSet.load(out)
+    assert sorted(gs.manifest["model"]["weights_sha256"]) == [p.name for p in parts]
+    spec = spec_for(d)
+    from parity.dump import REFERENCE_VERSION
+
+    assert gs.staleness(d, spec, REFERENCE_VERSION) == []
+    assert model_identity(parts[0], spec)["weights_sha256"] == gs.manifest["model"]["weights_sha256"]
+    (d / "config.json").write_text(json.dumps(load_config(d)))  # same content, now a file the reference reads
+    assert gs.staleness(d, spec, REFERENCE_VERSION) == ["config.json changed"]
+    (d / "config.json").unlink()
+    data = bytearray(parts[-1].read_bytes())
+    data[-1] ^= 1  # one bit of the last tensor of the last part
+    parts[-1].write_bytes(bytes(data))
+    assert gs.staleness(d, spec, REFERENCE_VERSION) == ["weight files changed"]
