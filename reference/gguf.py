@@ -467,6 +467,13 @@ class GGUFModel:
             raise CheckpointError(f"{path}: tensor {t.name!r}: read {len(data)} of {n} bytes (file changed?)")
         return data
 
+    def kind(self, name: str) -> str:
+        """How tensor ``name`` is presented: "raw" (a float tensor), "records" (TQ2_0 / TQ1_0 blocks), "i2s" (the
+        packed codes of an I2_S weight), "i2s_scale" (its per-tensor scale), ... (see ``_present``)."""
+        if name not in self._src:
+            raise CheckpointError(f"{self.path}: no tensor {name!r}")
+        return self._src[name][0]
+
     def get(self, name: str) -> torch.Tensor:
         if name not in self._src:
             raise CheckpointError(f"{self.path}: no tensor {name!r}")

@@ -181,6 +181,7 @@ class Module:
     zero_pack: Optional[PackSpec] = None  # LinearEntry.zero_pack: the zero tensor's own packing (GPTQ qzeros)
     levels: Optional[str] = None  # LinearEntry.levels: "ternary" where the zero points were found to give ternary
     fields: Optional[int] = None  # PackSpec.fields: codes per container that do not tile it (HQQ 3bit_32)
+    gguf_i2s: bool = False  # the weight is a GGUF I2_S tensor (its type names bitnet.cpp's layouts)
     stored_as: Optional[str] = None  # PackSpec.stored_as: weight is the integer view of a float tensor (HQQ view_as_float)
     stored: Optional[TensorStats] = None  # the stored float tensor's stats where stored_as is set (weight: its view)
     hqq_meta: dict = field(default_factory=dict)  # HQQ meta key (HQQ_META) -> its TensorStats, next to a W_q
@@ -2467,14 +2468,15 @@ def _prior_key(c: Candidate, modules: list, cfg: ModelConfig) -> tuple:
     record = next((m.record for m in packed), None)
     hqq = any(m.group_view for m in modules)
     axis0 = sum(m.pack_axis == 0 for m in packed) > len(packed) / 2
-    return prior_rank(c, cfg, record, hqq, axis0)
+    i2s = bool(packed) and all(m.gguf_i2s for m in packed)
+    return prior_rank(c, cfg, record, hqq, axis0, i2s)
 
 
 def _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings) -> Candidate:
     """When the loss cannot separate the best candidate from the a-priori most plausible one
     (within PRIOR_MARGIN nats: an untrained or tiny model), keep the plausible one and say so."""
     from .decode import model_loss
-    from .inspect_search import NAMED_MARGIN, PRIOR_MARGIN
+    from .inspect_search import NAMED_MARGIN, PRIOR_MARGIN, UNTRAINED_BAND
 
     valid = [s for s in scored if math.isfinite(s.loss)]
     prior = min(valid, key=lambda s: _prior_key(s.cand, modules, cfg))
@@ -2486,7 +2488,10 @@ def _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings) -> Candi
         prior.stage = "full"
     gap = prior.loss - best.loss
     named = _prior_key(prior.cand, modules, cfg)[0] < 0  # the checkpoint names this layout itself
-    margin = NAMED_MARGIN if named else PRIOR_MARGIN
+    # an untrained model (its best decode scores within UNTRAINED_BAND of ln V, the loss of a uniform guess): the
+    # decodes differ by noise of ~0.1 nats, more than PRIOR_MARGIN, so the loss may not pick against the prior
+    untrained = best.loss > math.log(cfg.vocab_size) - UNTRAINED_BAND
+    margin = NAMED_MARGIN if named or untrained else PRIOR_MARGIN
     if gap < margin:
         # every distinct decode the loss cannot separate from the best one is a live alternative: name them
         tied, seen = [], {prior.fp}
@@ -2498,9 +2503,11 @@ def _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings) -> Candi
                                 f"kept {prior.cand.label()}; alternatives the loss cannot rule out: "
                                 + "; ".join(tied[:8]) + (f"; ... {len(tied) - 8} more" if len(tied) > 8 else ""),
                                 "low (prior)"))
+        why = (f"; the best decode's loss {best.loss:.3f} is within {UNTRAINED_BAND} of ln(vocab_size) = "
+               f"{math.log(cfg.vocab_size):.3f} (an untrained model: its decodes differ by noise)" if untrained else "")
         findings.append(Finding("layout (prior tie-break)", prior.cand.label(),
                                 f"the text sample cannot tell: {best.cand.label()} scores only {gap:+.4f} nats "
-                                f"better (< {margin}); kept the public convention that the config and "
+                                f"better (< {margin}){why}; kept the public convention that the config and "
                                 f"../shared/FORMATS.md make most likely", "low (prior)"))
         return prior.cand
     return best.cand
@@ -2586,6 +2593,36 @@ def _in_norm_finding(modules: list[Module], cfg: ModelConfig, findings: list) ->
            "these tensors (the spec written here applies them)"), "high" if said else "medium"))
 
 
+def _check_norm_weights(stats: dict, ckpt: Checkpoint) -> None:
+    """Every 1-D RMSNorm weight (``*norm.weight``: the layers', the sub-norms, the final norm, use_rms_norm's) finite,
+    as the scales are checked: a spec for a checkpoint that cannot run is not written (an InspectError names the
+    file, the tensor, the count and the first bad value)."""
+    for name, st in stats.items():
+        if not name.endswith("norm.weight") or len(st.shape) != 1:
+            continue
+        w = ckpt.get(name)
+        if not w.is_floating_point():
+            continue
+        bad = ~torch.isfinite(w)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            raise InspectError(f"{st.file}: norm weight {name!r} has {int(bad.sum())} NaN/Inf values (first "
+                               f"{float(w[i])} at index {i}); expected finite values")
+
+
+def _mark_gguf_i2s(model_dir: Path, modules: list) -> None:
+    """Module.gguf_i2s for the weights a GGUF model stores as I2_S (type 36): the type names bitnet.cpp's
+    layouts, which prior_rank then puts first (without text to score on they are the decode kept)."""
+    from .checkpoint import gguf_model, gguf_source
+
+    src = gguf_source(model_dir)
+    if src is None:
+        return
+    g = gguf_model(src)
+    for m in modules:
+        m.gguf_i2s = m.weight.name in g.infos and g.kind(m.weight.name) == "i2s"
+
+
 def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True, n_seq: int = 2,
                 seq_len: int = 64) -> Inspection:
     model_dir = Path(model_dir)
@@ -2595,6 +2632,8 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     findings: list[Finding] = []
     cfg = _with_quantize_config(cfg, model_dir, findings)
     modules, floats = map_keys(stats, cfg)
+    _mark_gguf_i2s(model_dir, modules)
+    _check_norm_weights(stats, ckpt)
     fused = [m for m in modules if len(m.parts) > 1]
     findings.append(Finding("key mapping", f"{len(modules)} linear tensors, {len(floats)} float tensors",
                             f"{len(fused)} fused ({sorted({m.role for m in fused})}) split by config.json sizes"
@@ -2752,6 +2791,10 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
         findings.append(Finding("search", best.label(), f"no loss scoring: the a-priori most plausible of {distinct} "
                                 f"distinct decodes (public conventions, then codes increasing with value); the others "
                                 f"are listed under candidate decodes", "low"))
+        if any(m.gguf_i2s for m in modules) and best.block == 128:
+            findings.append(Finding("ambiguous decode", "GGUF I2_S: bitnet.cpp's x86 layout (128-value blocks) kept",
+                                    "its ARM build writes 64-value blocks under the same type id and size; without "
+                                    "text to score on (a tokenizer) the two cannot be told apart", "low (prior)"))
     spec = build_spec(modules, floats, best, cfg, f"inspected:{model_dir.name}")
     spec.validate(cfg, ckpt)
     findings.append(_activation_finding(cfg, spec, modules, ckpt, ids))

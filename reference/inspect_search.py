@@ -381,6 +381,11 @@ PRIOR_MARGIN = 0.05
 #: of an untrained model differ by ~0.1 nats (a random BitNet of hidden 128: 0.074), while a wrong decode
 #: of a trained one costs far more than 0.5 (tests/test_inspect.py asserts that for every format)
 NAMED_MARGIN = 0.5
+#: a best decode whose loss lies within this many nats of ln(vocab_size) (a uniform guess) is an untrained
+#: model's: its decodes differ by noise (two decodes of one random model up to ~0.1 nats apart, each just under
+#: ln V by chance), so only NAMED_MARGIN overrides the prior there; a trained model's decode scores far lower
+#: (models/tiny-trained: 0.15 nats against ln 512 = 6.24)
+UNTRAINED_BAND = 1.0
 
 #: (lanes, block, bit order) of public conventions (../shared/FORMATS.md), most common first
 KNOWN_LAYOUTS = [("blocked", None, "lsb"),  # transformers HF-BitNet pack_weights
@@ -392,7 +397,7 @@ KNOWN_LAYOUTS = [("blocked", None, "lsb"),  # transformers HF-BitNet pack_weight
 
 
 def prior_rank(c: Candidate, cfg: ModelConfig, record: Optional[tuple] = None, hqq: bool = False,
-               axis0: bool = True) -> tuple:
+               axis0: bool = True, i2s: bool = False) -> tuple:
     """Smaller = more plausible a priori.  A config that names transformers' bitnet method
     points at its layout first, llama.cpp TQ2_0 blocks (``record``) at theirs; codes increasing
     with value (-1 < 0 < +1) beat swapped tables.  ``axis0``: most packed tensors are packed along
@@ -408,6 +413,12 @@ def prior_rank(c: Candidate, cfg: ModelConfig, record: Optional[tuple] = None, h
         known = -1
     if hqq and layout == ("blocked", None, "msb"):  # HQQ BitPack: four axis-0 chunks, chunk 0 in the high bits
         known = -1
+    # GGUF I2_S (``i2s``): the type names bitnet.cpp's layouts, x86's 128-value blocks first, then its ARM build's
+    # 64-value blocks (same type id and size; only the loss on text tells them apart)
+    if i2s and layout == ("block_interleaved", 128, "msb"):
+        known = -1
+    if i2s and layout == ("block_interleaved", 64, "msb"):
+        known = -0.5
     # GPTQ / AWQ / compressed-tensors, and 4-bit packers in general, put consecutive inputs low bits first
     if (q in ("gptq", "awq", "compressed-tensors") or _table_bits(c.codes) == 4) and layout == ("interleaved", None, "lsb"):
         known = -1

@@ -748,3 +748,18 @@ def test_goldens_of_a_gguf_model_and_their_staleness(split, tmp_path):
     data[-1] ^= 1  # one bit of the last tensor of the last part
     parts[-1].write_bytes(bytes(data))
     assert gs.staleness(d, spec, REFERENCE_VERSION) == ["weight files changed"]
+
+
+@pytest.mark.parametrize("case", ["bitnet-b1.58-i2s", "llama-i2s"])
+def test_i2s_without_a_tokenizer_keeps_bitnet_cpp_layout(case, tmp_path):
+    """A GGUF I2_S model without a tokenizer (statistics only): the type names bitnet.cpp's layouts, so the decode
+    kept is its x86 one (128-value blocks, msb) - it was consecutive inputs low bits first, which I2_S never uses,
+    and every weight decoded wrong - with a finding that the ARM build's 64-value blocks cannot be ruled out."""
+    lg, _, truth, d = _case(case, tmp_path)
+    res = inspect_dir(d)
+    assert any(f.what == "candidate scoring" and f.decision == "statistics only" for f in res.findings)
+    _check_decoded(d, res.spec, truth)
+    e = res.spec.linears["model.layers.0.mlp.down_proj"].pack
+    assert (e.lanes, e.block, e.bit_order) == ("block_interleaved", 128, "msb")
+    amb = next(f for f in res.findings if f.what == "ambiguous decode")
+    assert "64-value blocks" in amb.evidence

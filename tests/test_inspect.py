@@ -1772,3 +1772,46 @@ def test_heavy_padding_does_not_hide_the_zero_code(tmp_path, fmt, hidden):
     for hf, e in res.spec.linears.items():  # the written ternary values, every linear
         got, want = decode_linear(ck1, e, hf), decode_linear(ck0, want_spec.linears[hf], hf)
         assert torch.equal(got.values, want.values), hf
+
+
+def test_untrained_model_noise_above_prior_margin_keeps_the_convention(tmp_path):
+    """The seed's layout on a random Llama (head_dim 32 with 2 heads, MQA, K = 344, a 256-token tokenizer; no
+    quantization_config): a layout no public convention uses scored 0.05 nats better than the seed's by chance -
+    more than PRIOR_MARGIN - and every weight decoded wrong with no "ambiguous decode" finding (an adversarial user
+    pass). The best loss lies within UNTRAINED_BAND of ln V, so only NAMED_MARGIN overrides the prior now."""
+    import math
+
+    from reference.inspect_search import UNTRAINED_BAND
+    from reference.make_model import Preset, write_model
+
+    base = write_model(Preset("llama", 128, 344, 2, 2, 1, 256, False, head_dim=32, seed=24, tokenizer_vocab=256),
+                       tmp_path / "base")
+    lg = synth.Logical.from_dir(base)
+    out = tmp_path / "seed"
+    truth = synth.write("seed", lg, out)
+    res = inspect_dir(out)
+    check_recovered(out, res.spec, truth, lg, 1e-3)
+    assert res.loss > math.log(256) - UNTRAINED_BAND
+    tie = next(f for f in res.findings if f.what == "layout (prior tie-break)")
+    assert "untrained model" in tie.evidence
+    assert next(f for f in res.findings if f.what == "ambiguous decode").confidence.startswith("low")
+
+
+def test_nan_norm_weight_is_named_by_the_inspector(tmp_path):
+    """A NaN in a layer's RMSNorm weight: the inspector (which checks scales) refuses it too, naming the file, the
+    tensor and the first bad index, and writes no spec (it wrote one; only parity.dump named the tensor)."""
+    from safetensors.torch import load_file as lf, save_file
+
+    from parity.dump import DEFAULT_MODEL
+
+    d = tmp_path / "m"
+    shutil.copytree(DEFAULT_MODEL, d)
+    for f in d.glob("ternary_spec.*"):
+        f.unlink()
+    sd = lf(str(d / "model.safetensors"))
+    sd["model.layers.1.post_attention_layernorm.weight"][7] = float("nan")
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(InspectError, match=r"model\.safetensors: norm weight 'model\.layers\.1\.post_attention_"
+                                           r"layernorm\.weight' has 1 NaN/Inf values \(first nan at index 7\)"):
+        inspect_dir(d)
+    assert inspect_main([str(d)]) != 0 and not (d / "ternary_spec.json").exists()
