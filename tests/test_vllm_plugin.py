@@ -489,3 +489,20 @@ print("SAME", torch.equal(first, t2.generate("models/tiny-bitnet", ids, 4)))
     r = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "ALIVE False False" in r.stdout and "SAME True" in r.stdout, r.stdout[-2000:]
+
+
+def test_chat_warmup_failure_is_dropped_only_for_engines_without_a_tokenizer(monkeypatch):
+    """vLLM's "Chat template warmup failed" (a traceback at every start of an engine with skip_tokenizer_init) is
+    dropped while the target builds such an engine, and passes otherwise, as does every other record."""
+    import logging
+
+    import parity.targets.vllm as tv
+
+    def rec(msg):
+        return logging.LogRecord("vllm.renderers.base", logging.WARNING, __file__, 1, msg, None, None)
+
+    f = tv._CHAT_FILTER
+    monkeypatch.setattr(tv, "_QUIET_CHAT_WARMUP", True)
+    assert not f.filter(rec("Chat template warmup failed")) and f.filter(rec("something else"))
+    monkeypatch.setattr(tv, "_QUIET_CHAT_WARMUP", False)
+    assert f.filter(rec("Chat template warmup failed"))
