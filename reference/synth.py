@@ -1004,6 +1004,12 @@ def w_hqq(lg: Logical, seed: int = 0, axis: int = 1, group_size: int = HQQ_GROUP
     for mod, t in lg.ternary.items():
         n, k = t.shape
         groups = n * k // G
+        if axis == 1 and k % G or axis == 0 and (n * k) % G:
+            # HQQ's quantizer takes any N*K divisible by G; the reader (and this writer) not groups straddling
+            # rows (README: "Not yet")
+            raise ValueError(f"{mod}: {n}x{k} in HQQ groups of {G} along axis {axis}: "
+                             + (f"K = {k} is not a multiple of {G} (groups would straddle rows; not written)"
+                                if axis == 1 else f"N*K = {n * k} is not a multiple of {G}"))
         if axis == 1:
             z = torch.randint(1, 3, (n, k // G), generator=g)  # zero 1 (codes 0..2) or 2 (codes 1..3)
             q = t.to(torch.int64) + z.repeat_interleave(G, dim=1)
