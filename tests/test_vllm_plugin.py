@@ -491,18 +491,34 @@ print("SAME", torch.equal(first, t2.generate("models/tiny-bitnet", ids, 4)))
     assert "ALIVE False False" in r.stdout and "SAME True" in r.stdout, r.stdout[-2000:]
 
 
-def test_chat_warmup_failure_is_dropped_only_for_engines_without_a_tokenizer(monkeypatch):
+def test_chat_warmup_failure_is_dropped_only_for_engines_without_a_tokenizer(monkeypatch, tmp_path):
     """vLLM's "Chat template warmup failed" (a traceback at every start of an engine with skip_tokenizer_init) is
-    dropped while the target builds such an engine, and passes otherwise, as does every other record."""
+    dropped while the target builds an engine without a tokenizer, and passes otherwise, as does every other
+    record; the filter is gone once the engine is built."""
     import logging
+    import shutil
 
     import parity.targets.vllm as tv
 
-    def rec(msg):
-        return logging.LogRecord("vllm.renderers.base", logging.WARNING, __file__, 1, msg, None, None)
+    log = logging.getLogger("vllm.renderers.base")
+    seen = []
 
-    f = tv._CHAT_FILTER
-    monkeypatch.setattr(tv, "_QUIET_CHAT_WARMUP", True)
-    assert not f.filter(rec("Chat template warmup failed")) and f.filter(rec("something else"))
-    monkeypatch.setattr(tv, "_QUIET_CHAT_WARMUP", False)
-    assert f.filter(rec("Chat template warmup failed"))
+    class FakeLLM:
+        def __init__(self, **kw):
+            seen.append([bool(log.filter(logging.LogRecord(log.name, logging.WARNING, __file__, 1, msg, None, None)))
+                         for msg in ("Chat template warmup failed", "something else")])
+
+    monkeypatch.setattr("vllm.LLM", FakeLLM)
+    from parity.dump import DEFAULT_MODEL
+
+    with_tok = tmp_path / "with-tokenizer"
+    shutil.copytree(DEFAULT_MODEL, with_tok)
+    without = tmp_path / "without"
+    shutil.copytree(DEFAULT_MODEL, without)
+    for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"):
+        (without / f).unlink(missing_ok=True)
+    t = tv.VllmTarget("fp32")
+    t.llm(without)
+    t.llm(with_tok)
+    assert seen == [[False, True], [True, True]]
+    assert tv._no_chat_warmup_failure not in log.filters

@@ -117,17 +117,11 @@ def check_dynamic_rope_len(model_dir: Path, cfg: ModelConfig, max_model_len: int
 _SHARED_ENGINES: dict[tuple, object] = {}
 
 
-class _NoChatWarmupWithoutTokenizer(logging.Filter):
-    """vLLM (0.32's renderers) warms a chat template up at engine start and, with skip_tokenizer_init (a model
-    without tokenizer files, which the target runs on token ids), logs "Chat template warmup failed" with a
-    12-line traceback: expected there, and it reads like a crash in a parity run. Dropped for such engines only."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (_QUIET_CHAT_WARMUP and record.getMessage().startswith("Chat template warmup failed"))
-
-
-_QUIET_CHAT_WARMUP = False
-_CHAT_FILTER = _NoChatWarmupWithoutTokenizer()
+def _no_chat_warmup_failure(record: logging.LogRecord) -> bool:
+    """A logging filter for the start of an engine without a tokenizer: vLLM (0.32's renderers) warms a chat template
+    up at engine start and, with skip_tokenizer_init (the target runs such a model on token ids), logs "Chat
+    template warmup failed" with a 12-line traceback - expected there, and it reads like a crash in a parity run."""
+    return not record.getMessage().startswith("Chat template warmup failed")
 
 
 def _shutdown_engine(llm) -> None:
@@ -276,13 +270,13 @@ class VllmTarget(Target):
         from vllm import envs as vllm_envs
 
         getattr(vllm_envs, "disable_envs_cache", lambda: None)()
-        global _QUIET_CHAT_WARMUP
-        logging.getLogger("vllm.renderers.base").addFilter(_CHAT_FILTER)  # a no-op where already added
-        _QUIET_CHAT_WARMUP = not has_tok
+        log = logging.getLogger("vllm.renderers.base")
+        if not has_tok:
+            log.addFilter(_no_chat_warmup_failure)
         try:
             return LLM(**kw)
         finally:
-            _QUIET_CHAT_WARMUP = False
+            log.removeFilter(_no_chat_warmup_failure)
 
     @staticmethod
     def check_fits(model_dir, llm, n_tokens: int, what: str) -> None:
