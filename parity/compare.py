@@ -40,7 +40,7 @@ class TensorResult:
     worst_index: tuple = ()
     worst_target: float = math.nan
     worst_golden: float = math.nan
-    limit_source: str = "tier"  # "noise" when a measured noise floor widened the tier limit
+    limit_source: str = "tier"  # "noise": a measured noise floor widened the tier limit; "override": --tol set it
     jump: Optional[float] = None  # growth factor over the previous layer, when flagged
     hints: list = field(default_factory=list)
     detail: str = ""
@@ -56,7 +56,7 @@ class TensorResult:
     def line(self) -> str:
         if self.status in ("missing", "shape", "nonfinite"):
             return f"{self.name}: {self.status.upper()} {self.detail}"
-        src = ", noise floor" if self.limit_source == "noise" else ""
+        src = {"noise": ", noise floor", "override": ", --tol override"}.get(self.limit_source, "")
         s = (f"{self.name} [{self.tier}] max_abs={self.max_abs:.3e} (limit {self.limit:.3e}{src}, "
              f"max|golden|={self.ref_absmax:.3g}) max_rel={self.max_rel:.2e} sqnr={self.sqnr_db:.1f}dB "
              f"cos={self.cosine:.6f} worst at {list(self.worst_index)}: target {self.worst_target:.6g} "
@@ -87,6 +87,7 @@ class Comparison:
     topk: Optional[TopKResult] = None
     tol: dict = field(default_factory=dict)
     noise_factor: Optional[float] = None  # set when limits may widen to a measured noise floor
+    overrides: dict = field(default_factory=dict)  # --tol TIER[.atol|.rtol]=X given for this run (reported)
 
     @property
     def first_divergence(self) -> Optional[TensorResult]:
@@ -99,7 +100,8 @@ class Comparison:
 
     @property
     def passed(self) -> bool:
-        return all(r.passed for r in self.results) and (self.topk is None or self.topk.passed)
+        # nothing compared is no pass (a golden set or target that yielded no tensors)
+        return bool(self.results) and all(r.passed for r in self.results) and (self.topk is None or self.topk.passed)
 
     def by_name(self) -> dict:
         return {r.name: r for r in self.results}
@@ -111,11 +113,15 @@ class Comparison:
         if self.noise_factor is not None:
             nw = sum(r.limit_source == "noise" for r in self.results)
             tiers += f" or {self.noise_factor:g}x the {self.dtype} noise floor ({nw} limits widened)"
+        if self.overrides:
+            tiers += " OVERRIDDEN " + ", ".join(f"{k}={v:g}" for k, v in sorted(self.overrides.items()))
         head = f"parity [{self.target}, {tiers}]: {len(self.results) - n_fail}/{len(self.results)} tensors pass"
         if self.topk is not None:
             head += (f"; top-1 agreement {self.topk.top1_agree:.1%}, top-10 overlap {self.topk.overlap:.1%}"
                      f"{'' if self.topk.passed else f' ({self.topk.unexplained} unexplained top-10 differences)'}")
-        if fd is None:
+        if not self.results:
+            head += "; NOTHING COMPARED (no tensors): not a pass"
+        elif fd is None:
             head += "; no divergence"
         else:
             layer, op = N.split(fd.name)
@@ -197,6 +203,8 @@ def compare(golden: dict, target: dict, *, order: list, dtype: str, target_name:
     a tensor's limit is then max(tier limit, noise_factor x floor): never tighter than the tier."""
     factor = NOISE_FACTOR if noise_factor is None else noise_factor
     tol = T.resolve(dtype, tol_overrides)
+    overrides = {(k if "." in k else f"{k}.rtol"): float(v) for k, v in (tol_overrides or {}).items()}
+    over_tiers = {k.partition(".")[0] for k in overrides}
     results = []
     for i, name in enumerate(order):
         g = golden[name]
@@ -207,6 +215,8 @@ def compare(golden: dict, target: dict, *, order: list, dtype: str, target_name:
             r.status, r.detail = "missing", "the target did not capture this tensor"
         elif tuple(t.shape) != tuple(g.shape):
             r.status, r.detail = "shape", f"target shape {tuple(t.shape)} != golden {tuple(g.shape)}"
+        elif not bool(torch.isfinite(g).all()):  # GoldenSet.load refuses such sets; a golden dict from elsewhere
+            r.status, r.detail = "nonfinite", f"{int((~torch.isfinite(g)).sum())} NaN/Inf values in the golden"
         elif not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
             r.status, r.detail = "nonfinite", f"{bad} NaN/Inf values in the target"
@@ -214,9 +224,11 @@ def compare(golden: dict, target: dict, *, order: list, dtype: str, target_name:
             for k, v in tensor_metrics(t, g).items():
                 setattr(r, k, v)
             r.limit = tol[tier].limit(r.ref_absmax)
+            if tier in over_tiers:
+                r.limit_source = "override"
             if noise is not None and name in noise and factor * noise[name] > r.limit:
                 r.limit, r.limit_source = factor * noise[name], "noise"
-            if r.max_abs > r.limit:
+            if not r.max_abs <= r.limit:  # a NaN error (a non-finite golden) fails too
                 r.status = "FAIL"
         if not r.passed and diagnose is not None and t is not None:
             try:
@@ -230,7 +242,7 @@ def compare(golden: dict, target: dict, *, order: list, dtype: str, target_name:
         topk = topk_agreement(target["logits"], golden["logits"], tol["model"].limit(0.0) + tol["model"].rtol *
                               float(golden["logits"].abs().max()))
     return Comparison(target=target_name, dtype=dtype, results=results, topk=topk, tol=tol,
-                      noise_factor=factor if noise is not None else None)
+                      noise_factor=factor if noise is not None else None, overrides=overrides)
 
 
 def _flag_jumps(results: list, tol: dict) -> None:

@@ -69,6 +69,13 @@ def main(argv=None) -> int:
         # an --out under a file or a read-only directory), --device cuda where torch has no CUDA: said, not a traceback
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 - anything else is an error too (exit 2), never a silent 1
+        import traceback
+
+        traceback.print_exc()
+        print(f"error: the dump failed: {type(e).__name__}: {e} (traceback above); nothing was written to {out}",
+              file=sys.stderr)
+        return 2
     print(f"wrote golden set {path}")
     return 0
 

@@ -71,6 +71,36 @@ def model_identity(model_dir: Path, spec) -> dict:
     return {"config_sha256": config, "weights_sha256": files, "spec_name": spec.name, "spec_sha256": spec.digest()}
 
 
+def _check_manifest(mf: Path, m: dict) -> None:
+    """A manifest's structure, named by file and key: what load() and staleness() read, and an order that is the
+    model's whole canonical list (a set with names dropped from 'order' would pass without checking them)."""
+    need = {"order": list, "tensors": dict, "model": dict, "inputs": dict, "reference_version": str,
+            "num_layers": int, "arch": str}
+    for key, typ in need.items():
+        if key not in m:
+            raise GoldenError(f"{mf}: no {key!r} (a golden manifest records format, order, tensors, model, inputs, "
+                              f"reference_version, num_layers, arch); regenerate with `python -m parity.dump --ref --force`")
+        if not isinstance(m[key], typ) or (typ is int and isinstance(m[key], bool)):
+            raise GoldenError(f"{mf}: {key!r} is a {type(m[key]).__name__}, expected a {typ.__name__}")
+    for key in ("config_sha256", "weights_sha256", "spec_name", "spec_sha256"):
+        if key not in m["model"]:
+            raise GoldenError(f"{mf}: model has no {key!r} (what tells a stale set from a current one)")
+    if "input_ids_sha256" not in m["inputs"]:
+        raise GoldenError(f"{mf}: inputs has no 'input_ids_sha256'")
+    if m["arch"] not in N.ARCHS or m["num_layers"] < 1:
+        raise GoldenError(f"{mf}: arch {m['arch']!r} / num_layers {m['num_layers']}: expected one of {sorted(N.ARCHS)} "
+                          f"and >= 1 layer")
+    want = N.canonical_names(m["num_layers"], m["arch"])
+    if m["order"] != want:
+        gone = [n for n in want if n not in m["order"]]
+        extra = [n for n in m["order"] if n not in want]
+        what = (f"lacks {len(gone)} of them ({gone[:4]}{' ...' if len(gone) > 4 else ''})" if gone else
+                f"has names that are not canonical ({extra[:4]})" if extra else "has them out of order or repeated")
+        raise GoldenError(f"{mf}: 'order' is not the {len(want)} canonical names of a {m['num_layers']}-layer "
+                          f"{m['arch']} model in execution order: it {what}; every golden set holds all of them "
+                          f"(select tensors with `pytest parity/ -k ...`, not by editing the manifest)")
+
+
 @dataclass
 class GoldenSet:
     path: Path
@@ -96,8 +126,12 @@ class GoldenSet:
             manifest = json.loads(mf.read_text())
         except json.JSONDecodeError as e:
             raise GoldenError(f"{mf}: invalid JSON ({e})")
+        if not isinstance(manifest, dict):
+            raise GoldenError(f"{mf}: expected a JSON object (format, order, tensors, model, inputs, ...), got a "
+                              f"{type(manifest).__name__}; regenerate the set with `python -m parity.dump --ref --force`")
         if manifest.get("format") != FORMAT:
             raise StaleGolden(f"{mf}: golden format {manifest.get('format')}, this harness reads {FORMAT}")
+        _check_manifest(mf, manifest)
         from reference.checkpoint import read_header
 
         if not (path / TENSORS).is_file():
@@ -105,19 +139,45 @@ class GoldenSet:
                               f"`python -m parity.dump --ref --force`")
         read_header(path / TENSORS)  # validates offsets: a truncated golden file says so
         data = load_file(str(path / TENSORS))
+        tf = path / TENSORS
         tensors = {}
         for name in manifest["order"]:
             meta = manifest["tensors"].get(name)
-            if name not in data or meta is None:
-                raise GoldenError(f"{path}: manifest lists {name!r} but {TENSORS} lacks it")
+            if meta is None:
+                raise GoldenError(f"{mf}: 'order' lists {name!r} but 'tensors' has no entry for it (shape, dtype, "
+                                  f"sha256); the manifest was edited by hand or cut short")
+            lacks = [k for k in ("shape", "dtype", "sha256") if not isinstance(meta, dict) or k not in meta]
+            if lacks:
+                raise GoldenError(f"{mf}: tensors[{name!r}] has no {lacks} (each entry records shape, dtype, sha256)")
+            if name not in data:
+                raise GoldenError(f"{path}: {MANIFEST} lists {name!r} but {TENSORS} lacks it")
             t = data[name]
+            if t.dtype != torch.float32 or meta.get("dtype") != "float32":
+                raise GoldenError(f"{tf}: {name} is {t.dtype} (manifest: {meta.get('dtype')!r}); golden tensors are "
+                                  f"float32")
             if list(t.shape) != meta["shape"]:
                 raise GoldenError(f"{path}: {name} has shape {list(t.shape)}, manifest says {meta['shape']}")
             if verify and sha256_tensor(t) != meta["sha256"]:
                 raise GoldenError(f"{path}: {name} does not match its sha256 in the manifest (file corrupted "
                                   f"or edited by hand); regenerate with `python -m parity.dump --ref --force`")
+            if not bool(torch.isfinite(t).all()):  # write_golden never writes one: a NaN golden passes nothing
+                bad = int((~torch.isfinite(t)).sum())
+                raise GoldenError(f"{tf}: {name} holds {bad} NaN/Inf values; expected finite goldens (the set was "
+                                  f"edited after it was written); regenerate with `python -m parity.dump --ref --force`")
             tensors[name] = t
-        return cls(path, manifest, tensors, data["input_ids"], data.get("top10_ids"))
+        ids = data.get("input_ids")
+        inputs = manifest["inputs"]
+        if ids is None:
+            raise GoldenError(f"{tf}: no 'input_ids' tensor (the tokens the goldens were computed on)")
+        if ids.dtype != torch.int64 or ids.dim() != 2 or list(ids.shape) != list(inputs.get("shape", ids.shape)):
+            raise GoldenError(f"{tf}: input_ids is {ids.dtype} {list(ids.shape)}; expected int64 "
+                              f"{inputs.get('shape', '[prompts, tokens]')} as {MANIFEST} records")
+        if verify and sha256_tensor(ids) != inputs["input_ids_sha256"]:
+            raise GoldenError(f"{tf}: input_ids do not match inputs.input_ids_sha256 in {MANIFEST} (file corrupted or "
+                              f"edited by hand); regenerate with `python -m parity.dump --ref --force`")
+        if ids.numel() and int(ids.min()) < 0:
+            raise GoldenError(f"{tf}: input_ids holds {int(ids.min())}; token ids are >= 0")
+        return cls(path, manifest, tensors, ids, data.get("top10_ids"))
 
     def staleness(self, model_dir: Path, spec, reference_version: str) -> list[str]:
         """Reasons this set no longer describes the model (empty when fresh)."""
@@ -136,6 +196,12 @@ class GoldenSet:
             why.insert(0, f"made from {then['dir']}, not {model_dir}")  # (a copy elsewhere with the same files is fine)
         if self.manifest["reference_version"] != reference_version:
             why.append(f"reference version {self.manifest['reference_version']} -> {reference_version}")
+        from reference.config import ModelConfig
+
+        cfg = ModelConfig.load(model_dir)
+        if (self.manifest["num_layers"], self.manifest["arch"]) != (cfg.num_layers, cfg.arch):
+            why.append(f"the set is for a {self.manifest['num_layers']}-layer {self.manifest['arch']} model, the config "
+                       f"describes a {cfg.num_layers}-layer {cfg.arch} one")
         return why
 
 
@@ -242,6 +308,11 @@ def write_golden(out: Path, tensors: dict, order: list, input_ids: torch.Tensor,
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         for f in (tmp / TENSORS, tmp / MANIFEST):  # readable as any file the user writes (safetensors makes 0600)
             umask_mode(f)
+        if out.exists() and not force:
+            # another writer (a second dump into the same --out) finished while this one computed: its set is kept
+            raise GoldenError(f"{out} now holds a golden set written while this dump ran (another process?); "
+                              f"not replaced - pass --force to replace it (the old set is kept as "
+                              f"{out.name}.prev-<timestamp>)")
         if out.exists():
             aside = out.with_name(f"{out.name}.prev-{time.strftime('%Y%m%d-%H%M%S')}")
             n = 0
@@ -249,7 +320,13 @@ def write_golden(out: Path, tensors: dict, order: list, input_ids: torch.Tensor,
                 n += 1
                 aside = aside.with_name(f"{aside.name}-{n}")
             out.rename(aside)
-        tmp.rename(out)
+        try:
+            tmp.rename(out)  # onto a non-empty directory this fails: a set that appeared since the check stays
+        except OSError as e:
+            if aside is None and out.exists():
+                raise GoldenError(f"{out} now holds a golden set written while this dump ran (another process?); "
+                                  f"not replaced - pass --force to replace it") from e
+            raise
     except BaseException:
         if aside is not None and aside.exists() and not out.exists():
             aside.rename(out)  # interrupted between the two renames: the old set goes back where it was

@@ -40,7 +40,11 @@ def fixed_inputs(model_dir, vocab_size: int, seq_len: int = SEQ_LEN) -> tuple[to
     if tp is not None:
         from tokenizers import Tokenizer
 
-        tok = Tokenizer.from_file(str(tp))
+        try:
+            tok = Tokenizer.from_file(str(tp))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for a truncated / invalid file
+            raise ValueError(f"{tp}: not a readable tokenizers file ({e}); fix or remove it (without a "
+                             f"tokenizer.json the parity inputs are seeded random ids)") from e
         rows = []
         for i, text in enumerate(PROMPTS):
             ids = tok.encode(text).ids

@@ -100,6 +100,8 @@ def write_report(cmp: Comparison, run_dir: Path, *, golden: dict, target: dict, 
     df = table(cmp)
     atomic_write_text(run_dir / "report.csv", df.to_csv(index=False))
     md = [f"# Parity report: target `{cmp.target}`", "", f"- {cmp.summary()}", ""]
+    if cmp.overrides:  # a loosened (or tightened) run says so wherever its verdict is read
+        md += [f"- tolerance overrides (--tol): {', '.join(f'{k}={v:g}' for k, v in sorted(cmp.overrides.items()))}"]
     md += [f"- {k}: {v}" for k, v in meta.items()]
     md += ["", df.to_markdown(index=False) if _has_tabulate() else "```\n" + format_table(df) + "\n```", ""]
     fails = [r for r in cmp.results if not r.passed]
@@ -124,7 +126,8 @@ def write_report(cmp: Comparison, run_dir: Path, *, golden: dict, target: dict, 
         "first_divergence": cmp.first_divergence.name if cmp.first_divergence else None,
         "first_divergence_hints": cmp.first_divergence.hints if cmp.first_divergence else [],
         "jumps": [r.name for r in cmp.jumps],
-        "topk": vars(cmp.topk) if cmp.topk else None, **meta,
+        "topk": vars(cmp.topk) if cmp.topk else None,
+        "tol_overrides": dict(cmp.overrides), "tolerances": {k: vars(v) for k, v in cmp.tol.items()}, **meta,
     }
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=1, default=str))
     return summary

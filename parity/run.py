@@ -3,7 +3,8 @@
     python -m parity.run [--target bf16] [--model DIR] [--golden DIR] [--tol operator=1e-2] [--runs DIR]
 
 Exit status: 0 pass, 1 divergence (the table and the first divergent layer are printed),
-2 bad input or a stale golden set.  The pytest suite (``pytest parity/``) calls the same
+2 no comparison: bad input, a stale or corrupt golden set, or any other error (named, with a traceback
+for an unexpected one) - never 1, which a CI gate reads as a numeric divergence.  The pytest suite (``pytest parity/``) calls the same
 functions; this is the one-command form the README and CI use.
 """
 from __future__ import annotations
@@ -149,6 +150,12 @@ def main(argv=None) -> int:
         return 2
     except OSError as e:  # a path that cannot be read or written (a missing --spec, a --runs under a file, ...)
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - 1 means a measured divergence: any other failure is 2, with its traceback
+        import traceback
+
+        traceback.print_exc()
+        print(f"error: the run failed before a comparison: {type(e).__name__}: {e} (traceback above)", file=sys.stderr)
         return 2
     cmp = res.comparison
     df = table(cmp)

@@ -191,8 +191,22 @@ class LinearEntry:
             **({"input_norm": self.input_norm.to_dict()} if self.input_norm is not None else {}),  # likewise
         }
 
+    FIELDS = ("weight_key", "shape", "rows", "pack", "scale", "bias_key", "layout", "zero", "online", "levels",
+              "zero_pack", "g_idx", "input_norm")  # to_dict's keys: what from_dict reads
+
     @classmethod
     def from_dict(cls, d: dict) -> "LinearEntry":
+        if not isinstance(d, dict):
+            raise FormatError(f"expected an object with {list(cls.FIELDS[:2])} ..., got a {type(d).__name__}")
+        unknown = sorted(set(d) - set(cls.FIELDS))
+        if unknown:  # a misspelt field would otherwise be dropped and its default used
+            raise FormatError(f"unknown field(s) {unknown}; a linear entry has {list(cls.FIELDS)}")
+        for k in ("weight_key", "shape"):
+            if k not in d:
+                raise FormatError(f"no {k!r} (a linear entry needs weight_key and shape)")
+        if not (isinstance(d["shape"], (list, tuple)) and len(d["shape"]) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in d["shape"])):
+            raise FormatError(f"shape {d['shape']!r}: expected [N, K], two positive integers")
         return cls(
             weight_key=d["weight_key"], shape=tuple(d["shape"]),
             rows=tuple(d["rows"]) if d.get("rows") else None,
@@ -230,19 +244,43 @@ class CheckpointSpec:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "spec") -> "CheckpointSpec":
+        if not isinstance(d, dict):
+            raise FormatError(f"{where}: expected a JSON object (spec_version, name, activation_quant, linears, "
+                              f"tensors), got a {type(d).__name__}")
         if d.get("spec_version") != SPEC_VERSION:
             raise FormatError(f"{where}: spec_version {d.get('spec_version')!r}, this code reads {SPEC_VERSION}")
+        known = ("spec_version", "name", "activation_quant", "linears", "tensors", "ignored")  # to_dict's keys
+        unknown = sorted(set(d) - set(known))
+        if unknown:  # e.g. 'activation_quantization': dropped, the goldens would be computed without quantisation
+            raise FormatError(f"{where}: unknown field(s) {unknown}; a spec has {list(known)}")
+        for k, typ in (("name", str), ("linears", dict), ("tensors", dict)):
+            if k not in d:
+                raise FormatError(f"{where}: no {k!r}")
+            if not isinstance(d[k], typ):
+                raise FormatError(f"{where}: {k!r} is a {type(d[k]).__name__}, expected a "
+                                  f"{'JSON object' if typ is dict else 'string'}")
+        linears = {}
+        for k, v in d["linears"].items():
+            try:
+                linears[k] = LinearEntry.from_dict(v)
+            except (ValueError, KeyError, TypeError) as e:  # FormatError is a ValueError
+                raise FormatError(f"{where}: linears[{k!r}]: {e}") from e
         try:
-            return cls(name=d["name"], activation_quant=d.get("activation_quant", "none"),
-                       linears={k: LinearEntry.from_dict(v) for k, v in d["linears"].items()},
+            return cls(name=d["name"], activation_quant=d.get("activation_quant", "none"), linears=linears,
                        tensors=dict(d["tensors"]), ignored=dict(d.get("ignored") or {}))
         except (KeyError, TypeError) as e:
             raise FormatError(f"{where}: malformed spec ({e!r})")
+        except FormatError as e:
+            raise FormatError(f"{where}: {e}") from e
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "CheckpointSpec":
         p = Path(path)
-        return cls.from_dict(json.loads(p.read_text()), where=str(p))
+        try:
+            d = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise FormatError(f"{p}: invalid JSON ({e})") from e
+        return cls.from_dict(d, where=str(p))
 
     def save(self, path: str | os.PathLike) -> None:
         from .io import atomic_write_text
@@ -579,8 +617,14 @@ def finish_linear(ckpt: Checkpoint, entry: LinearEntry, vals: torch.Tensor, wher
         vals = vals[entry.rows[0]:entry.rows[1]]
     div = None
     if entry.scale is not None:
+        raw_s = ckpt.get(entry.scale.key)
+        if entry.scale.granularity != "block" and not raw_s.is_floating_point():
+            # (block scales sit inside byte records, read by record_scales) an integer header dtype would be read as
+            # numbers: 1102703775 for the bytes of 23.24
+            raise CheckpointError(f"{ckpt.info(entry.scale.key).file}: scale {entry.scale.key!r} ({where}) is "
+                                  f"{raw_s.dtype}; expected a float tensor (F32 / F16 / BF16)")
         try:
-            mult = expand_scale(ckpt.get(entry.scale.key), entry.scale, entry.shape, rows=entry.rows, name=where,
+            mult = expand_scale(raw_s, entry.scale, entry.shape, rows=entry.rows, name=where,
                                 g_idx=gi)
             if entry.scale.op == "divide":
                 div = expand_scale(ckpt.get(entry.scale.key), dataclasses.replace(entry.scale, op="multiply"),
