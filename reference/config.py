@@ -177,7 +177,9 @@ class ModelConfig:
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
                 hidden_act=act,
                 attention_bias=bool(d.get("attention_bias", False)),
-                mlp_bias=bool(d.get("mlp_bias", False)),
+                # transformers' BitNetMLP has no bias whatever config.json says (BitNetConfig has no mlp_bias; 1bitLLM's
+                # remote code predates the field): ignored for the BitNet arch, so a stored MLP bias is an unknown key
+                mlp_bias=bool(d.get("mlp_bias", False)) and arch != "bitnet",
                 max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
                 quantization=quant,
             )

@@ -183,3 +183,14 @@ def test_transformers_target_names_packed_weights_without_a_quantization_config(
     with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.q_proj\.weight is stored as U8 \[16, 64\] "
                                          r"\(7 such linear weights\) and config\.json has no quantization_config"):
         get_target("transformers").capture(d, torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_bitnet_ignores_mlp_bias_as_transformers_does():
+    """transformers' BitNetMLP has bias=False whatever config.json says (BitNetConfig has no mlp_bias): the reference
+    needed biases transformers never loads (a checkpoint without them was refused, one with them diverged from
+    transformers and vLLM at the first gate_proj). Llama keeps its mlp_bias."""
+    from reference.config import ModelConfig
+    base = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "vocab_size": 97, "mlp_bias": True}
+    assert not ModelConfig.from_dict({**base, "architectures": ["BitNetForCausalLM"]}).mlp_bias
+    assert ModelConfig.from_dict({**base, "architectures": ["LlamaForCausalLM"]}).mlp_bias

