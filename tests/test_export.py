@@ -143,6 +143,55 @@ def test_refuses_existing_output_and_reexport(exported, tmp_path):
         tx.export(exported, tmp_path / "again")
 
 
+def test_force_never_deletes_what_is_not_an_export(tmp_path, monkeypatch):
+    """--force replaced --out by rmtree: an --out that contained the source deleted the source (and the folder's other
+    files); `--out ..` from inside emptied the parent; `--out .` failed with "PosixPath('.') has an empty name"."""
+    parent = tmp_path / "parent"
+    shutil.copytree(MODEL, parent / "src")
+    (parent / "other.txt").write_text("keep")
+    with pytest.raises(tx.ExportError, match=r"contains the source directory .*/parent/src"):
+        tx.export(parent / "src", parent, force=True, log=lambda m: None)
+    assert (parent / "src" / "config.json").exists() and (parent / "other.txt").read_text() == "keep"
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path / "empty")
+    for o in (".", ".."):
+        with pytest.raises(tx.ExportError, match=r"contains the current directory"):
+            tx.export(MODEL, o, force=True, log=lambda m: None)
+    assert (parent / "other.txt").exists() and (tmp_path / "empty").is_dir()
+    (tmp_path / "notexp").mkdir()
+    (tmp_path / "notexp" / "x").write_text("keep")
+    with pytest.raises(tx.ExportError, match=r"notexp exists and is not a trit export .* even with --force"):
+        tx.export(MODEL, tmp_path / "notexp", force=True, log=lambda m: None)
+    (tmp_path / "afile").write_text("keep")
+    with pytest.raises(tx.ExportError, match=r"afile exists and is not a directory"):
+        tx.export(MODEL, tmp_path / "afile", force=True, log=lambda m: None)
+    assert (tmp_path / "notexp" / "x").read_text() == "keep" and (tmp_path / "afile").read_text() == "keep"
+    out = tmp_path / "out"
+    tx.export(MODEL, out, log=lambda m: None)
+    tx.export(MODEL, out, force=True, log=lambda m: None)  # an export replaces an export
+    assert (out / SPEC_FILENAME).is_file() and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_leftovers_of_a_killed_export_are_cleaned(tmp_path):
+    """A killed export left .OUT.tmp-PID (a hidden copy the size of the model) that no rerun removed (the name holds the
+    dead process's id); one killed between its two renames left the old export only as .OUT.old-PID."""
+    import subprocess
+    import sys
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    out = tmp_path / "out"
+    tx.export(MODEL, out, log=lambda m: None)
+    stale = tmp_path / f".out.tmp-{dead}"
+    shutil.copytree(out, stale)
+    out.rename(tmp_path / f".out.old-{dead}")  # killed after moving the old export aside
+    live = tmp_path / f".out.tmp-{__import__('os').getpid()}x"  # not a pid name: left alone
+    live.mkdir()
+    with pytest.raises(FileExistsError, match="--force"):  # the old export is back in place, and kept
+        tx.export(MODEL, out, log=lambda m: None)
+    assert (out / SPEC_FILENAME).is_file() and not stale.exists() and not (tmp_path / f".out.old-{dead}").exists()
+    assert live.exists()
+
+
 def test_corrupt_tiles_are_named(exported, tmp_path):
     from safetensors.torch import load_file, save_file
 

@@ -185,15 +185,55 @@ class _ShardWriter:
         return final
 
 
+def _is_export(d: Path) -> bool:
+    """Whether directory d holds what export() writes (so that --force may replace it)."""
+    try:
+        qc = json.loads((d / "config.json").read_text()).get("quantization_config") or {}
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (d / SPEC_FILENAME).is_file() and isinstance(qc, dict) and qc.get("quant_method") == "ternary"
+
+
+def _drop_stale_tmp(out: Path) -> None:
+    """Remove what an interrupted export into ``out`` left beside it (``.NAME.tmp-PID`` / ``.NAME.old-PID`` of a
+    process that no longer runs): each would otherwise stay, a hidden copy the size of the model."""
+    for p in out.parent.glob(f".{out.name}.*-*"):
+        kind, _, pid = p.name[len(out.name) + 2:].partition("-")
+        if kind not in ("tmp", "old") or not pid.isdigit() or not p.is_dir():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # a running export's
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue  # another user's live process
+        if kind == "old" and not out.exists():
+            p.rename(out)  # killed between its two renames: the old export is the only complete one
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def export(model_dir, out_dir, *, spec_path=None, force: bool = False, invert_scales: bool = False,
            max_shard_bytes: int = 4 << 30, log=None) -> CheckpointSpec:
     """Write ``out_dir`` (see module docstring); returns the exported spec."""
-    src, out = Path(model_dir), Path(out_dir)
+    src, out = Path(model_dir).resolve(), Path(out_dir).expanduser().resolve()  # `--out .` / `..`: real names
     log = log or (lambda msg: print(msg, file=sys.stderr))
-    if out.resolve() == src.resolve():
+    if out == src:
         raise ExportError(f"--out {out} is the source directory; export writes a new directory")
-    if out.exists() and any(out.iterdir()) and not force:
-        raise FileExistsError(f"{out} exists and is not empty; pass --force to replace it")
+    for what, inner in (("the source directory", src), ("the current directory", Path.cwd().resolve())):
+        if inner.is_relative_to(out):  # replacing out would delete it (with --force: the source itself)
+            raise ExportError(f"--out {out} contains {what} {inner}; export writes a new directory, pick one outside it")
+    _drop_stale_tmp(out)
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} exists and is not a directory; export writes a directory, pick another --out")
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise FileExistsError(f"{out} exists and is not empty; pass --force to replace it")
+        if not _is_export(out):
+            raise ExportError(f"{out} exists and is not a trit export (no {SPEC_FILENAME} and config.json with "
+                              f"quantization_config.quant_method 'ternary'); refusing to replace it, even with --force: "
+                              f"pick another --out")
     t0 = time.perf_counter()
     cfg = ModelConfig.load(src)
     spec = spec_for(src, cfg, spec_path)
@@ -207,6 +247,7 @@ def export(model_dir, out_dir, *, spec_path=None, force: bool = False, invert_sc
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
+    old_out = None
     try:
         writer = _ShardWriter(tmp, max_shard_bytes, {"format": "pt", "trit_layout": LAYOUT})
         linears: dict[str, LinearEntry] = {}
@@ -248,10 +289,15 @@ def export(model_dir, out_dir, *, spec_path=None, force: bool = False, invert_sc
         os.umask(umask)
         for f in tmp.iterdir():  # safetensors / atomic writes create 0600 files
             os.chmod(f, 0o666 & ~umask)
-        if out.exists():
-            shutil.rmtree(out)
+        if out.exists():  # the old export goes aside first: an interruption leaves one of the two complete
+            old_out = out.with_name(f".{out.name}.old-{os.getpid()}")
+            out.rename(old_out)
         tmp.rename(out)
+        if old_out is not None:
+            shutil.rmtree(old_out, ignore_errors=True)
     except BaseException:
+        if old_out is not None and old_out.exists() and not out.exists():
+            old_out.rename(out)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
