@@ -35,7 +35,16 @@ def _fit(t: torch.Tensor, g: torch.Tensor, dim: Optional[int]):
     return c.flatten(), float(res)
 
 
-def structural_hints(t: torch.Tensor, g: torch.Tensor) -> list[str]:
+#: canonical operators that are an RMSNorm's output (per-channel factors there are the norm's weight, not a scale)
+NORM_OPS = ("input_norm", "post_attn_norm", "attn.sub_norm", "mlp.sub_norm")
+
+
+def structural_hints(t: torch.Tensor, g: torch.Tensor, name: Optional[str] = None, exact: bool = False) -> list[str]:
+    """Hints from the structure of (t - g) alone. name: the canonical tensor (the wording follows its kind: a norm
+    output, the attention output); exact: the target claims the reference's arithmetic bit for bit (its fp32 column),
+    so no difference there is rounding noise."""
+    op = N.split(name)[1] if name else None
+    is_norm = op in NORM_OPS or name == "final_norm"
     F = t.shape[-1]
     t2 = t.reshape(-1, F).double()
     g2 = g.reshape(-1, F).double()
@@ -61,10 +70,14 @@ def structural_hints(t: torch.Tensor, g: torch.Tensor) -> list[str]:
                 hints.append(f"sign flipped on {int(neg.sum())}/{F} channels (e.g. {neg.nonzero().flatten()[:6].tolist()}): "
                              f"code table or lane layout")
             elif bool(off.any()):
+                cause = ("the norm's weight missing (all ones) or another norm's weight" if is_norm else
+                         "per-channel or per-block scale")
                 hints.append(f"{int(off.sum())}/{F} output channels off by constant factors (e.g. channel "
-                             f"{int(off.nonzero()[0])}: x{float(cc[off][0]):.4g}): per-channel or per-block scale")
+                             f"{int(off.nonzero()[0])}: x{float(cc[off][0]):.4g}): {cause}")
+    if not hints and t2.shape[0] >= 2:
+        hints += _offset_hint(t2, g2)
     if not hints and t2.shape[0] >= 4 and F >= 4:
-        hints += _permutation_hint(t2, g2)
+        hints += _permutation_hint(t2, g2, attention=op == "attn.attn_out")
     if not hints:
         hints += _periodic_hint(t2, g2)
     if not hints:
@@ -72,15 +85,38 @@ def structural_hints(t: torch.Tensor, g: torch.Tensor) -> list[str]:
         spread = float((t2 - g2).pow(2).mean(0).sqrt().std() / (t2 - g2).pow(2).mean(0).sqrt().mean().clamp(min=1e-300))
         # cosine bands: a wrong weight or wiring falls far below 0.99; accumulated bf16 rounding over a deep model
         # (a correct bf16 target past its static tier) sits at 0.99-0.999
-        what = ("noise-like: accumulation / dtype" if cos > 0.999 else
-                "close but drifted: accumulated rounding over depth or a small numeric difference (compute dtype, "
-                "eps); a wiring error falls far lower (deep bf16 models: measure a noise floor with parity.noise)"
-                if cos > 0.99 else "a different computation: wrong weights or wiring")
+        if exact and cos > 0.99:
+            # a bit-faithful target has no rounding noise of its own: a small unstructured error is an arithmetic
+            # difference (the int8 activation quantiser's granularity or rounding, an eps, an operation order)
+            what = ("small but real on a target that claims the reference's arithmetic bit for bit: a different "
+                    "computation of this operator or its input (activation-quantisation granularity or rounding, an "
+                    "eps, the order of operations) - compare the first tensor whose error is nonzero")
+        else:
+            what = ("noise-like: accumulation / dtype" if cos > 0.999 else
+                    "close but drifted: accumulated rounding over depth or a small numeric difference (compute dtype, "
+                    "eps); a wiring error falls far lower (deep bf16 models: a noise floor measured by ANOTHER "
+                    "implementation of the same precision, `python -m parity.noise --target ...`; the target that "
+                    "measured a floor is never judged by it)"
+                    if cos > 0.99 else "a different computation: wrong weights or wiring")
         hints.append(f"unstructured error (max_rel {rel:.2e}, channel spread {spread:.2f}, cosine {cos:.4f}): {what}")
     return hints
 
 
-def _permutation_hint(t2: torch.Tensor, g2: torch.Tensor) -> list[str]:
+def _offset_hint(t2: torch.Tensor, g2: torch.Tensor) -> list[str]:
+    """The same per-channel difference at every token: an additive term (a bias added twice or missing)."""
+    e = t2 - g2
+    em = e.mean(0)
+    big = float(em.abs().max())
+    if big == 0 or big < 1e-3 * float(g2.abs().max()):
+        return []
+    if float((e - em).abs().max()) > 1e-2 * big:
+        return []
+    nz = int((em.abs() > 1e-3 * big).sum())
+    return [f"every token off by the same per-channel offset ({nz}/{t2.shape[1]} channels, largest {big:.3g}): an "
+            f"additive per-channel term - a bias added twice, missing, or another layer's"]
+
+
+def _permutation_hint(t2: torch.Tensor, g2: torch.Tensor, attention: bool = False) -> list[str]:
     F = t2.shape[1]
     if F > 4096:
         return []
@@ -97,9 +133,10 @@ def _permutation_hint(t2: torch.Tensor, g2: torch.Tensor) -> list[str]:
     disp = (k - j)
     common = torch.mode(disp).values.item()
     desc = f"e.g. channel {int(j[0])} holds golden channel {int(k[0])}"
+    cause = ("the heads merged in another order or reshaped wrongly ([T, H, D] <-> [T, H * D], GQA head mapping)"
+             if attention else "lane layout / bit order along the output axis, or a wrong qkv / gate_up split")
     return [f"output channels permuted: {int(moved.sum())}/{F} channels hold another golden channel ({desc}; most "
-            f"common displacement {common:+d}): lane layout / bit order along the output axis, or a wrong "
-            f"qkv / gate_up split"]
+            f"common displacement {common:+d}): {cause}"]
 
 
 def _periodic_hint(t2: torch.Tensor, g2: torch.Tensor) -> list[str]:
@@ -124,7 +161,8 @@ def _periodic_hint(t2: torch.Tensor, g2: torch.Tensor) -> list[str]:
 
 
 def depth_hint(results) -> Optional[str]:
-    """If layer outputs' errors grow steadily with depth (no single jump), say so."""
+    """If layer outputs' errors grow steadily with depth (no single jump), say so (parity.run adds it only where the
+    first divergence has no structural explanation of its own: an operator's clean factor also spreads downstream)."""
     outs = [r for r in results if r.name.endswith(".output") and r.max_abs == r.max_abs]
     errs = [r.max_rel for r in outs]
     if len(errs) < 3 or errs[0] <= 0:
@@ -235,7 +273,10 @@ def residual_hints(name: str, t: torch.Tensor, target: dict, probe: Optional["De
         right = h + o + d
         wrong = {"the MLP's residual add dropped (output = down_proj alone)": d,
                  "the MLP branch never added to the residual stream (output = the stream after attention)": h + o,
-                 "the attention's residual add dropped (output = o_proj + down_proj)": o + d}
+                 "the attention's residual add dropped (output = o_proj + down_proj)": o + d,
+                 "the MLP branch added twice (output = stream + o_proj + 2 down_proj)": h + o + 2 * d,
+                 "the attention branch added twice (output = stream + 2 o_proj + down_proj)": h + 2 * o + d,
+                 "the residual stream added twice (output = 2 stream + o_proj + down_proj)": 2 * h + o + d}
     else:
         if probe is None:
             return []
@@ -248,7 +289,9 @@ def residual_hints(name: str, t: torch.Tensor, target: dict, probe: Optional["De
         right = rms_norm(h + o, w, eps)
         wrong = {"the attention's residual add dropped (post-attention norm of o_proj alone)": rms_norm(o, w, eps),
                  "the attention branch never added (post-attention norm of the stream before attention)":
-                     rms_norm(h, w, eps)}
+                     rms_norm(h, w, eps),
+                 "the attention branch added twice (post-attention norm of stream + 2 o_proj)": rms_norm(h + 2 * o, w, eps),
+                 "the residual stream added twice (post-attention norm of 2 stream + o_proj)": rms_norm(2 * h + o, w, eps)}
     scale = float(t.abs().max()) or 1.0
     err_right = float((right - t).abs().max()) / scale
     for desc, y in wrong.items():
@@ -263,9 +306,10 @@ def residual_hints(name: str, t: torch.Tensor, target: dict, probe: Optional["De
 class Diagnoser:
     """Callable for parity.compare: structural hints + (optionally) re-decoding."""
 
-    def __init__(self, probe: Optional[DecodeProbe] = None, max_tensors: int = 4):
+    def __init__(self, probe: Optional[DecodeProbe] = None, max_tensors: int = 4, exact: bool = False):
         self.probe = probe
         self.left = max_tensors
+        self.exact = exact  # the target claims the reference's arithmetic bit for bit (structural_hints)
 
     def __call__(self, name, t, g, target) -> list[str]:
         if self.left <= 0:
@@ -277,4 +321,4 @@ class Diagnoser:
         wiring = residual_hints(name, t, target, self.probe)
         if wiring:  # the structure of a dropped branch reads as "unstructured: wrong weights"; this says more
             return hints + wiring
-        return hints + structural_hints(t, g)
+        return hints + structural_hints(t, g, name, exact=self.exact)

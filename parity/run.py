@@ -86,10 +86,10 @@ def run_parity(target: Target | str, *, target_options: Optional[dict] = None, m
     gs = load_fresh_golden(golden_dir, model_dir, spec_path)
     spec = spec_for(model_dir, ModelConfig.load(model_dir), spec_path)
     captured = target.capture(model_dir, gs.input_ids, spec_path=spec_path)
-    diag = Diagnoser(DecodeProbe(model_dir, spec_path)) if diagnose else None
     # a bit-faithful target is so only where the golden set was computed the same way (golden.py)
     claimed = target.faithful_for(model_dir)
     faithful = target_bit_faithful(target, gs.manifest, model_dir)
+    diag = Diagnoser(DecodeProbe(model_dir, spec_path), exact=faithful) if diagnose else None
     col = tolerance_column(target.compute_dtype, spec.activation_quant, faithful)
     note = None
     if target.bit_faithful and not claimed:
@@ -107,8 +107,15 @@ def run_parity(target: Target | str, *, target_options: Optional[dict] = None, m
     fd = cmp.first_divergence
     if fd is not None:
         h = depth_hint(cmp.results)
-        if h and not any("permuted" in x or "re-decoding" in x or "negated" in x for x in fd.hints):
+        # growth with depth is what one broken operator also shows downstream: only beside an unexplained error
+        if h and all(x.startswith("unstructured error") for x in fd.hints):
             fd.hints.append(h)
+        if faithful:  # any nonzero error of a bit-faithful target is real: the earliest one is where to look
+            first = next((r for r in cmp.results if r.max_abs == r.max_abs and r.max_abs > 0), None)
+            if first is not None and first.order < fd.order:
+                fd.hints.insert(0, f"the first nonzero difference (this target claims the reference's arithmetic bit "
+                                   f"for bit) is at {first.name}, max_abs {first.max_abs:.3g} within its limit "
+                                   f"{first.limit:.3g}: the fault is there or between it and {fd.name}")
     run_dir = None
     if runs_dir is not None:
         run_dir = new_run_dir(runs_dir, target.name)
