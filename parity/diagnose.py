@@ -95,8 +95,9 @@ def structural_hints(t: torch.Tensor, g: torch.Tensor, name: Optional[str] = Non
             what = ("noise-like: accumulation / dtype" if cos > 0.999 else
                     "close but drifted: accumulated rounding over depth or a small numeric difference (compute dtype, "
                     "eps); a wiring error falls far lower (deep bf16 models: a noise floor measured by ANOTHER "
-                    "implementation of the same precision, `python -m parity.noise --target ...`; the target that "
-                    "measured a floor is never judged by it)"
+                    "implementation of the same precision - `python -m parity.noise` (the bf16 target) for the "
+                    "others, `--target reference --target-opt dtype=bfloat16` for the bf16 target itself: the "
+                    "target that measured a floor is never judged by it)"
                     if cos > 0.99 else "a different computation: wrong weights or wiring")
         hints.append(f"unstructured error (max_rel {rel:.2e}, channel spread {spread:.2f}, cosine {cos:.4f}): {what}")
     return hints
