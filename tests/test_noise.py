@@ -96,3 +96,16 @@ def test_run_parity_uses_floor_for_other_targets(golden_copy):
     off = run_parity(_OtherBf16(), model_dir=MODEL, golden_dir=golden_copy, runs_dir=None, diagnose=False,
                      use_noise=False)
     assert off.comparison.noise_factor is None
+
+
+def test_bf16_target_gets_a_floor_from_the_reference_in_bf16(tmp_path):
+    """The bf16 target never uses a floor it measured; the reference computed in bf16 (another implementation of the
+    same precision) gives it one (on a 12-layer tiny-bitnet-shaped model this turned 169/171 into 171/171)."""
+    d = tmp_path / "tiny-bitnet"
+    shutil.copytree(GOLDEN, d)
+    measure_noise(MODEL, d, target="reference", target_options={"dtype": "bfloat16"})
+    rec = json.loads(noise_path(d, "bf16").read_text())
+    assert rec["target"] == "reference" and rec["column"] == "bf16"
+    assert load_noise(d, "bf16", exclude_target="bf16") is not None
+    res = run_parity(Bf16Target(), model_dir=MODEL, golden_dir=d, runs_dir=None, diagnose=False)
+    assert res.comparison.noise_factor == NOISE_FACTOR and res.comparison.passed
