@@ -73,7 +73,12 @@ def text_ids(model_dir, text: Optional[str] = None, *, n_seq: int = 2, seq_len: 
     if gguf_tok is not None:
         ids = gguf_tok.encode(text).ids
     elif tok_path.exists():
-        ids = Tokenizer.from_file(str(tok_path)).encode(text).ids
+        try:
+            tok = Tokenizer.from_file(str(tok_path))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for a truncated / invalid file
+            raise CheckpointError(f"{tok_path}: not a readable tokenizers file ({e}); fix it, or pass --no-loss to rely "
+                                  f"on statistics only") from None
+        ids = tok.encode(text).ids
     else:  # a sentencepiece tokenizer.model (Llama-2-style checkpoints ship no tokenizer.json): transformers reads it
         try:
             from transformers import AutoTokenizer

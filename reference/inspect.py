@@ -94,8 +94,9 @@ from .config import ModelConfig
 from .formats import (AWQ_GEMM, AWQ_GEMM_ZEROS, AWQ_ORDER, CT_PACK_ZP_STRATEGIES, FormatError, PackSpec, ScaleSpec,
                       ct_zero_pack_spec, group_index, offset_table, twos_complement_table, unpack_codes)
 from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
-from .inspect_search import (BLOCKS, TQ2_0_RECORD, Candidate, axis_margins, build_spec, codes_str, confidence,
-                             declared_activation_quant, lane_options, per_part_options, plain_float_linear, search)
+from .inspect_search import (BLOCKS, NAMED_MARGIN, TQ2_0_RECORD, UNTRAINED_BAND, Candidate, axis_margins, build_spec,
+                             codes_str, confidence, declared_activation_quant, lane_options, per_part_options,
+                             plain_float_linear, search)
 from .spec import (INVERSE_SCALE_SUFFIXES, SPEC_FILENAME, CheckpointSpec, bitnet_linear_class, decode_linear,
                    derived_buffer)
 
@@ -1954,6 +1955,49 @@ def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, find
     hint = _config_group_size(cfg)
     for m in modules:
         _scale_layout(m, ckpt, hint)
+    if hint is None:
+        _group_size_consensus(modules, findings)
+
+
+def _group_fits(k: int, g: int) -> list[int]:
+    """Every group size that cuts K inputs into g groups (the last one shorter where it does not divide K)."""
+    return [gs for gs in range(1, k + 1) if -(-k // gs) == g]
+
+
+def _group_size_consensus(modules: list, findings: list) -> None:
+    """One group size for the whole model: each module's [N, G] scale fits a range of sizes (G = ceil(K / size)), and a
+    module with a short K fits more of them (K = 128 in 2 groups: 64 ... 127), so its own first pick (a power of two)
+    may differ from what the others allow (a true size 96 read as 64 there, its effective weights off by ~30% on
+    inputs 64 - 95). The sizes every grouped module allows are intersected; the same preference (a power of two, then
+    a divisor of K) picks among them."""
+    grouped = [m for m in modules if m.scale_kw and m.scale_kw[0] and m.scale_kw[0].get("granularity") == "group"]
+    if len(grouped) < 2:
+        return
+    fits = None
+    for m in grouped:
+        k = m.logical[1]
+        gs0 = m.scale_kw[0]["group_size"]
+        f = set(_group_fits(k, -(-k // gs0)))
+        fits = f if fits is None else fits & f
+    picks = {m.scale_kw[0]["group_size"] for m in grouped}
+    if not fits:
+        findings.append(Finding("scale group size", ", ".join(map(str, sorted(picks))),
+                                "no single group size fits every module's scale shape: each module keeps its own",
+                                "low"))
+        return
+    order = sorted(fits)
+    ks = [m.logical[1] for m in grouped]
+    pow2 = [gs for gs in order if gs & (gs - 1) == 0]
+    div = [gs for gs in order if all(k % gs == 0 for k in ks)]
+    gs = (pow2 or div or order)[0]
+    for m in grouped:
+        m.scale_kw = [dict(kw, group_size=gs) for kw in m.scale_kw]
+    span = f"{order[0]}" if len(order) == 1 else f"{order[0]}..{order[-1]} ({len(order)} sizes)"
+    findings.append(Finding("scale group size", str(gs),
+                            f"the sizes every one of {len(grouped)} grouped scales allows (G = ceil(K / size)): {span}"
+                            + ("" if len(order) == 1 else "; a power of two, then a divisor of every K, preferred")
+                            + (f"; modules alone would have picked {sorted(picks)}" if picks != {gs} else ""),
+                            "high" if len(order) == 1 else "low (prior)"))
 
 
 def _config_group_size(cfg: ModelConfig) -> Optional[int]:
@@ -2224,7 +2268,7 @@ def _sign_magnitude(code: int, bits: int, sign_high: bool = True) -> int:
 
 
 def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: list[Finding],
-                    cfg: Optional[ModelConfig] = None) -> list[tuple]:
+                    cfg: Optional[ModelConfig] = None, widen: bool = False) -> list[tuple]:
     """Code tables to score.  Three used codes: ternary (the +-1 pair = the two codes with the
     closest counts, the third is 0; every other code unused).  More: symmetric low-bit integers
     (int2 {-2..1}, int4 {-8..7}, ...) as offset binary (v + 2^(b-1), the zero point's or the most
@@ -2299,6 +2343,8 @@ def code_candidates(modules: list[Module], zero_hint: Optional[int], findings: l
             asym(ranked[1]) - asym(ranked[0]) > noise(ranked[0]) + noise(ranked[1])
         zeros = ranked[:1] if clear else [z for z in ranked if z in ranked[:2] or
                                           asym(z) - asym(ranked[0]) <= noise(ranked[0]) + noise(z)]
+        if widen:  # the counts' choice gave no working model (inspect's retry): every used code as the zero
+            zeros = ranked
         why = (f"the other two codes have the closest counts (asymmetry {asym(ranked[0]):.3f} vs next "
                f"{asym(ranked[1]):.3f}" + ("" if clear else f", within sampling noise: zero codes {zeros} all "
                                             f"scored") + ")")
@@ -2393,7 +2439,8 @@ def _integer_tables(hist, bits, significant, zero_hint, findings, shares) -> lis
 # scale op
 
 
-def op_candidates(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> list[str]:
+def op_candidates(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding],
+                  widen: bool = False) -> list[str]:
     scaled = [m for m in modules if m.scale is not None]
     if not scaled:
         return ["multiply"]
@@ -2431,7 +2478,7 @@ def op_candidates(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, fin
     gap = abs(score["multiply"] - score["divide"])
     ev = (f"|ln(RMS(W_eff) * sqrt(K))| averaged over {len(scaled)} scales: multiply {score['multiply']:.2f}, "
           f"divide {score['divide']:.2f} (0 = the 1/sqrt(fan-in) a trained linear has)")
-    if gap > 3.0 and not inv:
+    if gap > 3.0 and not inv and not widen:  # (widen: the magnitudes' choice gave no working model: both scored)
         findings.append(Finding("scale op", best, ev + "; no config hint", "high (magnitudes)"))
         return [best]
     if inv:
@@ -2636,6 +2683,15 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                             f"{len(fused)} fused ({sorted({m.role for m in fused})}) split by config.json sizes"
                             if fused else "no fused tensors", "high"))
     _in_norm_finding(modules, cfg, findings)
+    meta = sorted({m.weight.name.rsplit(".", 2)[-2] for m in modules if m.role in ("q", "k", "qkv")
+                   and m.weight.name.rsplit(".", 2)[-2] in ("wq", "wk", "wqkv")})
+    if meta:  # (GGUF models are named attn_q / attn_k: the GGUF reader undoes llama.cpp's own permutation itself)
+        findings.append(Finding(
+            "q / k row order", "as stored (transformers' order)",
+            f"Meta-style names {meta}: Meta's consolidated checkpoints and Microsoft BitNet's GPU converter "
+            f"(gpu/convert_safetensors.py, '(h l d) i -> (h d l) i') store q / k rows permuted for interleaved RoPE; "
+            f"this reader does not undo that permutation, so a checkpoint written that way decodes with its q / k "
+            f"rows out of order (the model loss then stays far above what the other layers allow)", "low"))
     # raises on an activation scheme the spec cannot run, before any search
     act = declared_activation_quant(cfg, f"{model_dir / 'config.json'}")
     if act is not None:
@@ -2665,6 +2721,8 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                "untied (transformers' tie_weights, vLLM's maybe_untie_word_embeddings)" if cfg.tie_word_embeddings
                else "") + note, "high"))
     convention = infer_structure(modules, cfg, ckpt, findings)
+    widen_codes = widen_ops = False  # statistics-made choices a failed search may revisit
+    zero_code = None
     if convention == "hqq":  # codes decode to q, values = q - zero (detect_hqq decided whether they are ternary)
         widths = sorted({m.bits for m in modules if m.packed}, key=lambda b: (-sum(m.bits == b for m in modules), b))
         ident = [tuple(range(1 << b)) for b in widths]
@@ -2694,6 +2752,7 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                                     "high (structure)"))
         else:
             tables = code_candidates(modules, zero_code, findings, cfg)
+            widen_codes = zero_code is None  # the zero code came from the code counts
     else:
         tables = mixed_code_candidates(modules, ckpt, findings, cfg)
     if convention == "hqq":  # W = (q - zero) * scale by definition
@@ -2711,6 +2770,8 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
         findings.append(Finding("scale op", "multiply", "llama.cpp TQ1_0 dequantises (t - 1) * d", "high (structure)"))
     else:
         ops = op_candidates(modules, cfg, ckpt, findings)
+        widen_ops = True  # (the config's op stays: op_candidates returns it whatever widen says)
+    tables_widenable = {(True, True): "both", (True, False): "codes", (False, True): "ops"}.get((widen_codes, widen_ops))
     unpacked = [m for m in modules if m.weight.kind in ("ternary_float", "float")]
     q = cfg.quantization or {}
     if (q.get("quant_method") == "bitnet" and q.get("quantization_mode") == "online" and modules
@@ -2729,23 +2790,25 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     if unpacked:
         findings.append(Finding("unpacked weights", f"{len(unpacked)} modules stored as float",
                                 f"kinds {sorted({m.weight.kind for m in unpacked})}; decoded as is", "high"))
-    if convention in ("tq1_0", "awq", "ct_asym"):  # the codec / the format's own layout fixes it: one candidate
-        cands = [Candidate(tables[0], "lsb", "interleaved", None, "multiply")]
-    elif tables and any(m.codec == "bitstream" for m in modules if m.packed):
-        # AutoGPTQ's 3-bit stream fixes lanes and bit order (interleaved, lsb): only the code table / op are open
-        cands = [Candidate(t[0], "lsb", "interleaved", None, op, t[1]) if isinstance(t, MixedTables)
-                 else Candidate(t, "lsb", "interleaved", None, op) for t in tables for op in ops]
-    elif tables:
-        single = all(INT_DTYPES[m.weight.dtype] == m.bits for m in modules if m.packed)  # 1 value/element
-        orders = ("lsb",) if single else (("msb", "lsb") if convention == "hqq" else ("lsb", "msb"))
-        # per-part packing of fused tensors only matters where lanes span more than one container
-        cands = [Candidate(t[0], bo, ln, blk, op, t[1], per_part=pp) if isinstance(t, MixedTables)
-                 else Candidate(t, bo, ln, blk, op, per_part=pp)
-                 for ln, blk in lane_options(modules)
-                 for pp in (per_part_options(modules) if ln != "interleaved" else (False,))
-                 for bo in orders for t in tables for op in ops]  # grouped by layout: DecodeCache unpacks each layout once
-    else:
-        cands = [Candidate((-1, 0, 1, None), op=op) for op in ops]
+    def candidates(tables, ops):
+        if convention in ("tq1_0", "awq", "ct_asym"):  # the codec / the format's own layout fixes it: one candidate
+            return [Candidate(tables[0], "lsb", "interleaved", None, "multiply")]
+        if tables and any(m.codec == "bitstream" for m in modules if m.packed):
+            # AutoGPTQ's 3-bit stream fixes lanes and bit order (interleaved, lsb): only the code table / op are open
+            return [Candidate(t[0], "lsb", "interleaved", None, op, t[1]) if isinstance(t, MixedTables)
+                    else Candidate(t, "lsb", "interleaved", None, op) for t in tables for op in ops]
+        if tables:
+            single = all(INT_DTYPES[m.weight.dtype] == m.bits for m in modules if m.packed)  # 1 value/element
+            orders = ("lsb",) if single else (("msb", "lsb") if convention == "hqq" else ("lsb", "msb"))
+            # per-part packing of fused tensors only matters where lanes span more than one container
+            return [Candidate(t[0], bo, ln, blk, op, t[1], per_part=pp) if isinstance(t, MixedTables)
+                    else Candidate(t, bo, ln, blk, op, per_part=pp)
+                    for ln, blk in lane_options(modules)
+                    for pp in (per_part_options(modules) if ln != "interleaved" else (False,))
+                    for bo in orders for t in tables for op in ops]  # by layout: DecodeCache unpacks each once
+        return [Candidate((-1, 0, 1, None), op=op) for op in ops]
+
+    cands = candidates(tables, ops)
     ids = None
     if use_loss and (why := _gguf_tokenizer_problem(model_dir)) is not None:
         findings.append(Finding("candidate scoring", "statistics only",
@@ -2761,6 +2824,28 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                                f"is {cfg.vocab_size}: the tokenizer files do not belong to this model (pass --no-loss "
                                f"to rely on statistics only)")
     scored = search(modules, floats, cands, cfg, ckpt, ids)
+    if ids is not None and scored[0].loss > math.log(cfg.vocab_size) - UNTRAINED_BAND and tables_widenable:
+        # no working model among the candidates: the zero code (from code counts) or the scale op (from magnitudes)
+        # may be what is wrong - a function-preserving sign flip evens the counts, an unusual scale magnitude
+        # fools the magnitude rule; score every zero code and both ops once before concluding anything
+        scratch: list = []
+        wide = candidates(code_candidates(modules, zero_code, scratch, cfg, widen=True) if tables_widenable == "codes"
+                          or tables_widenable == "both" else tables,
+                          op_candidates(modules, cfg, ckpt, scratch, widen=True) if tables_widenable in ("ops", "both")
+                          else ops)
+        extra = [c for c in wide if c not in set(cands)]
+        if extra:
+            rescored = search(modules, floats, extra, cfg, ckpt, ids)
+            # taken only where it works (an untrained model's decodes differ by noise and work under none of them)
+            if rescored[0].loss < min(scored[0].loss - NAMED_MARGIN, math.log(cfg.vocab_size) - UNTRAINED_BAND):
+                findings.append(Finding(
+                    "widened search", rescored[0].cand.label(),
+                    f"the statistics' choice (zero code from code counts, scale op from magnitudes) decoded to no "
+                    f"working model ({scored[0].loss:.3f} nats, ln(vocab) {math.log(cfg.vocab_size):.3f}); with every "
+                    f"zero code and both scale ops scored, {rescored[0].loss:.3f}: the statistics' findings above are "
+                    f"overruled by loss", confidence(scored[0].loss - rescored[0].loss)))
+                cands = cands + extra
+                scored = sorted(scored + rescored, key=lambda r: r.loss)
     if not math.isfinite(scored[0].loss):
         raise InspectError(f"{model_dir}: no candidate decodes cleanly; first failure: {scored[0].note}")
     best = scored[0].cand
@@ -2879,7 +2964,11 @@ def main(argv=None) -> int:
         from .inspect_report import render
         from .io import atomic_write_text
 
-        text = Path(a.text).read_text() if a.text else None
+        try:
+            text = Path(a.text).read_text() if a.text else None
+        except UnicodeDecodeError as e:
+            raise CheckpointError(f"--text {a.text}: not UTF-8 text ({e.reason} at byte {e.start}); pass a UTF-8 "
+                                  f"text file") from None
         res = inspect_dir(a.dir, text=text, use_loss=not a.no_loss)
         out = Path(a.out) if a.out else Path(a.dir) / SPEC_FILENAME
         rep = Path(a.report) if a.report else out.with_suffix(".md")

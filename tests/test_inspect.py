@@ -1815,3 +1815,79 @@ def test_nan_norm_weight_is_named_by_the_inspector(tmp_path):
                                            r"layernorm\.weight' has 1 NaN/Inf values \(first nan at index 7\)"):
         inspect_dir(d)
     assert inspect_main([str(d)]) != 0 and not (d / "ternary_spec.json").exists()
+
+
+def test_statistics_choices_are_rescored_when_no_decode_works(tmp_path):
+    """The scale op was taken from magnitudes at 'high' and never scored by loss: a function-preserving rescale of a
+    trained model (every multiplier x100, the RMSNorm weight in front /100) read as 'divide' and decoded to 16 nats
+    (ln V = 6.2), with every finding confident. When the statistics' choice decodes to no working model, every zero
+    code and both ops are scored once; a decode that works overrules them, and says so."""
+    from reference.formats import pack
+    lg = synth.Logical.from_dir(TRAINED)
+    feeds = ("input_layernorm", "self_attn.attn_sub_norm", "post_attention_layernorm", "mlp.ffn_sub_norm")
+    floats = {k: (v / 100 if any(k.endswith(f"{n}.weight") for n in feeds) else v) for k, v in lg.floats.items()}
+    lg = synth.Logical(lg.config, lg.ternary, {m: v * 100 for m, v in lg.mult.items()}, floats, lg.tokenizer_dir)
+    spec = PackSpec(bits=2, container="uint8", pack_axis=1, codes=(0, 1, -1, None), pad_code=0)
+
+    def writer(lg):
+        sd, truth = synth._packed_convention(lg, spec, scale="channel", op="multiply", scale_dtype=torch.float32)
+        return sd, None, truth
+    out = tmp_path / "rescaled"
+    truth = synth.write(writer, lg, out)
+    res = inspect_dir(out)
+    f = {x.what: x for x in res.findings}
+    assert f["scale op"].decision == "divide" and "widened search" in f, [x.what for x in res.findings]
+    assert res.loss < 1.0
+    ck = Checkpoint(out)
+    for mod, e in res.spec.linears.items():
+        torch.testing.assert_close(decode_linear(ck, e, mod).effective(), truth.effective(mod), rtol=1e-6, atol=0)
+
+
+def test_unreadable_tokenizer_and_text_are_named(tmp_path, capsys):
+    out = tmp_path / "m"
+    synth.write("hf-bitlinear", synth.Logical.from_dir(TRAINED), out)
+    (tmp_path / "t.txt").write_bytes(b"\xff\xfe not utf-8")
+    assert inspect_main([str(out), "--text", str(tmp_path / "t.txt")]) == 2
+    assert "t.txt: not UTF-8 text" in capsys.readouterr().err
+    (out / "tokenizer.json").write_text("{\n")
+    assert inspect_main([str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "m/tokenizer.json: not a readable tokenizers file" in err and "--no-loss" in err
+
+
+def test_group_size_is_one_for_the_whole_model(tmp_path):
+    """Group scales of size 96: the K = 384 modules allow only 96..127, the K = 128 ones (2 groups) 64..127, and each
+    module picked its own first power of two - 64 for the K = 128 modules, effective weights off by ~30% on inputs
+    64-95, with no finding. The sizes every module allows are intersected."""
+    lg = synth.Logical.from_dir(TRAINED)
+    spec = PackSpec(bits=2, container="uint8", pack_axis=1, codes=(-1, 0, 1, None), pad_code=1)
+
+    def writer(lg):
+        g = torch.Generator().manual_seed(0)
+        jit = synth.Logical(lg.config, lg.ternary, {m: v * (1 + 0.2 * torch.rand(v.shape[0], 1, generator=g))
+                                                    for m, v in lg.mult.items()}, lg.floats, lg.tokenizer_dir)
+        sd, truth = synth._packed_convention(jit, spec, scale="group", op="multiply", scale_dtype=torch.float32,
+                                             group_size=96)
+        return sd, None, truth
+    out = tmp_path / "g96"
+    truth = synth.write(writer, lg, out)
+    res = inspect_dir(out, use_loss=False)
+    assert {e.scale.group_size for e in res.spec.linears.values()} == {96}
+    f = next(x for x in res.findings if x.what == "scale group size")
+    assert f.decision == "96" and "96..127" in f.evidence and "would have picked [64, 96]" in f.evidence
+    ck = Checkpoint(out)
+    for mod, e in res.spec.linears.items():
+        torch.testing.assert_close(decode_linear(ck, e, mod).effective(), truth.effective(mod), rtol=1e-6, atol=0)
+
+
+def test_meta_style_q_k_names_get_a_row_order_finding(tmp_path):
+    """Meta's consolidated checkpoints and Microsoft BitNet's GPU converter store q / k rows permuted for interleaved
+    RoPE; nothing here undoes that, so the inspector says what it assumed wherever it sees wq / wk / wqkv."""
+    out = tmp_path / "gpu"
+    synth.write("bitnet-gpu", synth.Logical.from_dir(TRAINED), out)
+    res = inspect_dir(out, use_loss=False)
+    f = next(x for x in res.findings if x.what == "q / k row order")
+    assert f.confidence == "low" and "['wqkv']" in f.evidence and "(h l d) i -> (h d l) i" in f.evidence
+    out2 = tmp_path / "hf"
+    synth.write("hf-bitlinear", synth.Logical.from_dir(TRAINED), out2)
+    assert not any(x.what == "q / k row order" for x in inspect_dir(out2, use_loss=False).findings)
