@@ -374,6 +374,12 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                 variants[f"a8_gemm_ks{k}"] = with_env({**gemm, "TRIT_A8_GEMM_KS": str(k)}, variants["a8"])
             # the fused v4 kernel falls far behind above M = 256 (run 2)
             variants["a8_kernel"] = with_env({"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}, variants["a8"])
+        if V5_MAX_M_A8 < M <= 256:  # the op on 64-row slices of x (per-token quantization: each row's result is
+            # the same): the MT = 8 GEMV per slice, a small layer's weights from L2 after the first; + the cat
+            def a8_split64(i):
+                return torch.cat([torch.ops.trit.ternary_mm_a8(x[j:j + V5_MAX_M_A8], packs[i % nt], scale, N, K, None)
+                                  for j in range(0, M, V5_MAX_M_A8)])
+            variants["a8_split64"] = a8_split64
         if M > V5_MAX_M_A8:
             variants["a8_int8"] = with_env({"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": "17"}, variants["a8"])
         if M > 16 and ops.WGMMA:  # the GEMM kernel's wgmma loops (compute capability 9.0, sm_90a build):
@@ -427,7 +433,8 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             try:
                 y0 = f(0)
                 y = y0.float()
-                if name in ("a8_bp", "a8_noxi", "a8_xqloop", "a8_xqcl8", "a8_mt8", "a8_mt8_noxi", "a8_mt8_xqloop") \
+                if name in ("a8_bp", "a8_noxi", "a8_xqloop", "a8_xqcl8", "a8_mt8", "a8_mt8_noxi", "a8_mt8_xqloop",
+                            "a8_split64") \
                         and "a8" in variants:  # the default's result bit for bit (same sums)
                     row[f"{name}_equal"] = bool(torch.equal(y0, variants["a8"](0)))
                 if name == "a8_fnorm_t" and "a8_fnorm" in variants:  # the row-major route's, bit for bit
