@@ -87,8 +87,11 @@ def _check_manifest(mf: Path, m: dict) -> None:
             raise GoldenError(f"{mf}: model has no {key!r} (what tells a stale set from a current one)")
     if "input_ids_sha256" not in m["inputs"]:
         raise GoldenError(f"{mf}: inputs has no 'input_ids_sha256'")
-    if m["arch"] not in N.ARCHS or m["num_layers"] < 1:
-        raise GoldenError(f"{mf}: arch {m['arch']!r} / num_layers {m['num_layers']}: expected one of {sorted(N.ARCHS)} "
+    from reference.config import MODEL_TYPES
+
+    archs = sorted(set(MODEL_TYPES.values()))  # what ModelConfig.arch can be
+    if m["arch"] not in archs or m["num_layers"] < 1:
+        raise GoldenError(f"{mf}: arch {m['arch']!r} / num_layers {m['num_layers']}: expected one of {archs} "
                           f"and >= 1 layer")
     want = N.canonical_names(m["num_layers"], m["arch"])
     if m["order"] != want:
@@ -179,8 +182,9 @@ class GoldenSet:
             raise GoldenError(f"{tf}: input_ids holds {int(ids.min())}; token ids are >= 0")
         return cls(path, manifest, tensors, ids, data.get("top10_ids"))
 
-    def staleness(self, model_dir: Path, spec, reference_version: str) -> list[str]:
-        """Reasons this set no longer describes the model (empty when fresh)."""
+    def staleness(self, model_dir: Path, spec, reference_version: str, cfg=None) -> list[str]:
+        """Reasons this set no longer describes the model (empty when fresh); cfg: the model's ModelConfig where the
+        caller has it (else read here)."""
         now = model_identity(model_dir, spec)
         then = self.manifest["model"]
         why = []
@@ -196,9 +200,10 @@ class GoldenSet:
             why.insert(0, f"made from {then['dir']}, not {model_dir}")  # (a copy elsewhere with the same files is fine)
         if self.manifest["reference_version"] != reference_version:
             why.append(f"reference version {self.manifest['reference_version']} -> {reference_version}")
-        from reference.config import ModelConfig
+        if cfg is None:
+            from reference.config import ModelConfig
 
-        cfg = ModelConfig.load(model_dir)
+            cfg = ModelConfig.load(model_dir)
         if (self.manifest["num_layers"], self.manifest["arch"]) != (cfg.num_layers, cfg.arch):
             why.append(f"the set is for a {self.manifest['num_layers']}-layer {self.manifest['arch']} model, the config "
                        f"describes a {cfg.num_layers}-layer {cfg.arch} one")

@@ -38,13 +38,9 @@ def fixed_inputs(model_dir, vocab_size: int, seq_len: int = SEQ_LEN) -> tuple[to
     """(input_ids (4, seq_len) int64, description for the manifest)."""
     tp = tokenizer_path(model_dir)
     if tp is not None:
-        from tokenizers import Tokenizer
+        from reference.decode import read_tokenizer
 
-        try:
-            tok = Tokenizer.from_file(str(tp))
-        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for a truncated / invalid file
-            raise ValueError(f"{tp}: not a readable tokenizers file ({e}); fix or remove it (without a "
-                             f"tokenizer.json the parity inputs are seeded random ids)") from e
+        tok = read_tokenizer(tp, "fix or remove it (without a tokenizer.json the parity inputs are seeded random ids)")
         rows = []
         for i, text in enumerate(PROMPTS):
             ids = tok.encode(text).ids

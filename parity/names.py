@@ -37,7 +37,6 @@ LAYER_OPS = [
     ("output", "block"),
 ]
 BITNET_ONLY = {"attn.sub_norm", "mlp.sub_norm"}
-ARCHS = ("llama", "bitnet")  # reference.config.ModelConfig.arch
 
 #: the linear module (HF name suffix) behind each linear output, and the captured tensor that is its input
 LINEAR_OPS = {

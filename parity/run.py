@@ -50,7 +50,7 @@ def load_fresh_golden(golden_dir: Path, model_dir: Path, spec_path=None) -> Gold
     gs = GoldenSet.load(golden_dir)
     cfg = ModelConfig.load(model_dir)
     spec = spec_for(model_dir, cfg, spec_path)
-    why = gs.staleness(model_dir, spec, REFERENCE_VERSION)
+    why = gs.staleness(model_dir, spec, REFERENCE_VERSION, cfg)
     if why:
         own = _own_model(gs)
         if own is not None and own.resolve() != Path(model_dir).resolve():
@@ -70,7 +70,8 @@ def _own_model(gs: GoldenSet) -> Optional[Path]:
     if not d or not (Path(d) / "config.json").exists():
         return None
     try:
-        fresh = not gs.staleness(Path(d), spec_for(Path(d), ModelConfig.load(Path(d))), REFERENCE_VERSION)
+        cfg = ModelConfig.load(Path(d))
+        fresh = not gs.staleness(Path(d), spec_for(Path(d), cfg), REFERENCE_VERSION, cfg)
     except Exception:  # noqa: BLE001 - an unreadable model there is simply not this set's own
         return None
     return Path(d) if fresh else None

@@ -48,11 +48,20 @@ def effective_weights(model_dir, spec: Optional[CheckpointSpec] = None, *, spec_
     return out
 
 
+def read_tokenizer(path, advice: str):
+    """A tokenizer.json through ``tokenizers``; a truncated or invalid file (tokenizers raises a bare Exception) is a
+    CheckpointError naming it, with ``advice`` (what the caller can do instead)."""
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"{path}: not a readable tokenizers file ({e}); {advice}") from None
+
+
 def text_ids(model_dir, text: Optional[str] = None, *, n_seq: int = 2, seq_len: int = 64) -> torch.Tensor:
     """Token ids (n_seq, seq_len + 1) of a text sample, with the model directory's tokenizer.
     Default text: the held-out tail (last 5%) of models/corpus.txt."""
-    from tokenizers import Tokenizer
-
     d = Path(model_dir)
     tok_path = d / "tokenizer.json"
     slow = [f for f in ("tokenizer.model", "tokenizer_config.json") if (d / f).exists()]
@@ -73,12 +82,7 @@ def text_ids(model_dir, text: Optional[str] = None, *, n_seq: int = 2, seq_len: 
     if gguf_tok is not None:
         ids = gguf_tok.encode(text).ids
     elif tok_path.exists():
-        try:
-            tok = Tokenizer.from_file(str(tok_path))
-        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for a truncated / invalid file
-            raise CheckpointError(f"{tok_path}: not a readable tokenizers file ({e}); fix it, or pass --no-loss to rely "
-                                  f"on statistics only") from None
-        ids = tok.encode(text).ids
+        ids = read_tokenizer(tok_path, "fix it, or pass --no-loss to rely on statistics only").encode(text).ids
     else:  # a sentencepiece tokenizer.model (Llama-2-style checkpoints ship no tokenizer.json): transformers reads it
         try:
             from transformers import AutoTokenizer

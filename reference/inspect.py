@@ -2061,7 +2061,7 @@ def _scale_layout(m: Module, ckpt: Checkpoint, hint: Optional[int] = None) -> No
 
 
 def _group_size(k: int, g: int) -> Optional[int]:
-    fits = [gs for gs in range(1, k + 1) if -(-k // gs) == g]
+    fits = _group_fits(k, g)
     if not fits:
         return None
     pow2 = [gs for gs in fits if gs & (gs - 1) == 0]
@@ -2771,7 +2771,6 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     else:
         ops = op_candidates(modules, cfg, ckpt, findings)
         widen_ops = True  # (the config's op stays: op_candidates returns it whatever widen says)
-    tables_widenable = {(True, True): "both", (True, False): "codes", (False, True): "ops"}.get((widen_codes, widen_ops))
     unpacked = [m for m in modules if m.weight.kind in ("ternary_float", "float")]
     q = cfg.quantization or {}
     if (q.get("quant_method") == "bitnet" and q.get("quantization_mode") == "online" and modules
@@ -2824,15 +2823,13 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                                f"is {cfg.vocab_size}: the tokenizer files do not belong to this model (pass --no-loss "
                                f"to rely on statistics only)")
     scored = search(modules, floats, cands, cfg, ckpt, ids)
-    if ids is not None and scored[0].loss > math.log(cfg.vocab_size) - UNTRAINED_BAND and tables_widenable:
+    if ids is not None and scored[0].loss > math.log(cfg.vocab_size) - UNTRAINED_BAND and (widen_codes or widen_ops):
         # no working model among the candidates: the zero code (from code counts) or the scale op (from magnitudes)
         # may be what is wrong - a function-preserving sign flip evens the counts, an unusual scale magnitude
         # fools the magnitude rule; score every zero code and both ops once before concluding anything
         scratch: list = []
-        wide = candidates(code_candidates(modules, zero_code, scratch, cfg, widen=True) if tables_widenable == "codes"
-                          or tables_widenable == "both" else tables,
-                          op_candidates(modules, cfg, ckpt, scratch, widen=True) if tables_widenable in ("ops", "both")
-                          else ops)
+        wide = candidates(code_candidates(modules, zero_code, scratch, cfg, widen=True) if widen_codes else tables,
+                          op_candidates(modules, cfg, ckpt, scratch, widen=True) if widen_ops else ops)
         extra = [c for c in wide if c not in set(cands)]
         if extra:
             rescored = search(modules, floats, extra, cfg, ckpt, ids)

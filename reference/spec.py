@@ -191,16 +191,14 @@ class LinearEntry:
             **({"input_norm": self.input_norm.to_dict()} if self.input_norm is not None else {}),  # likewise
         }
 
-    FIELDS = ("weight_key", "shape", "rows", "pack", "scale", "bias_key", "layout", "zero", "online", "levels",
-              "zero_pack", "g_idx", "input_norm")  # to_dict's keys: what from_dict reads
-
     @classmethod
     def from_dict(cls, d: dict) -> "LinearEntry":
+        fields = [f.name for f in dataclasses.fields(cls)]  # = to_dict's keys
         if not isinstance(d, dict):
-            raise FormatError(f"expected an object with {list(cls.FIELDS[:2])} ..., got a {type(d).__name__}")
-        unknown = sorted(set(d) - set(cls.FIELDS))
+            raise FormatError(f"expected an object with {fields[:2]} ..., got a {type(d).__name__}")
+        unknown = sorted(set(d) - set(fields))
         if unknown:  # a misspelt field would otherwise be dropped and its default used
-            raise FormatError(f"unknown field(s) {unknown}; a linear entry has {list(cls.FIELDS)}")
+            raise FormatError(f"unknown field(s) {unknown}; a linear entry has {fields}")
         for k in ("weight_key", "shape"):
             if k not in d:
                 raise FormatError(f"no {k!r} (a linear entry needs weight_key and shape)")
@@ -249,7 +247,7 @@ class CheckpointSpec:
                               f"tensors), got a {type(d).__name__}")
         if d.get("spec_version") != SPEC_VERSION:
             raise FormatError(f"{where}: spec_version {d.get('spec_version')!r}, this code reads {SPEC_VERSION}")
-        known = ("spec_version", "name", "activation_quant", "linears", "tensors", "ignored")  # to_dict's keys
+        known = ["spec_version"] + [f.name for f in dataclasses.fields(cls)]  # = to_dict's keys
         unknown = sorted(set(d) - set(known))
         if unknown:  # e.g. 'activation_quantization': dropped, the goldens would be computed without quantisation
             raise FormatError(f"{where}: unknown field(s) {unknown}; a spec has {list(known)}")
@@ -627,7 +625,7 @@ def finish_linear(ckpt: Checkpoint, entry: LinearEntry, vals: torch.Tensor, wher
             mult = expand_scale(raw_s, entry.scale, entry.shape, rows=entry.rows, name=where,
                                 g_idx=gi)
             if entry.scale.op == "divide":
-                div = expand_scale(ckpt.get(entry.scale.key), dataclasses.replace(entry.scale, op="multiply"),
+                div = expand_scale(raw_s, dataclasses.replace(entry.scale, op="multiply"),
                                    entry.shape, rows=entry.rows, name=where, g_idx=gi)
         except FormatError as e:
             raise CheckpointError(str(e)) from None
