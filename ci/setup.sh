@@ -10,9 +10,22 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
+# The wheel downloads (triton alone is ~290 MB) have broken off mid-file on CI (run of 12-05:
+# "incomplete-download" after pip's 5 resumes).  More resumes and retries per call, and the
+# whole install retried with a back-off: a finished wheel is not fetched twice (pip's cache).
+export PIP_RESUME_RETRIES=${PIP_RESUME_RETRIES:-30} PIP_RETRIES=${PIP_RETRIES:-10} PIP_TIMEOUT=${PIP_TIMEOUT:-60}
+pip_retry() {
+  local i
+  for i in 1 2 3 4; do
+    pip "$@" && return 0
+    echo "ci/setup.sh: 'pip $*' failed (attempt $i of 5); retrying in $((i * 20)) s" >&2
+    sleep $((i * 20))
+  done
+  pip "$@"
+}
 pip install -q --upgrade pip >/dev/null 2>&1 || true
-pip install -q "torch==2.13.0"
-pip install -q -e ".[test,vllm]"
+pip_retry install -q "torch==2.13.0"
+pip_retry install -q -e ".[test,vllm]"
 pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 python - <<'PY'
 import torch, transformers, safetensors
