@@ -13,6 +13,7 @@
 # the ab stage's trees);
 # (actq: bench.act_quant, ACTQ_ARGS; normq: bench.x_footprint --no-scale --norm, NORMQ_CASES; normc:
 # bench.norm_quant, NORMC_ARGS: rms_norm_a8q's cluster variants against Inductor's norm + the a8 quantizer;
+# a8split: bench.a8_breakdown, A8SPLIT_ARGS: the a8 op's quantizer / GEMM kernel / rest at 16 < M <= 256;
 # export: the build and its manifest to $OUT/prebuilt, for TRIT_PREBUILT=DIR on a later cold machine);
 # BENCH_ARGS passes arguments to the bench. Wheels in .whl/ (pytest, hypothesis, humming...)
 # are installed to /tmp/site first when present (the GPU machine has no network). To make them,
@@ -506,6 +507,12 @@ if has normc; then
   # (bench/norm_quant.py; NORMC_ARGS e.g. --cases 32:4096 --clusters 0,2)
   step "rms_norm_a8q cluster variants"
   timeout ${NORMC_TIMEOUT:-240} $PY -X faulthandler -m bench.norm_quant --out "$OUT" ${NORMC_ARGS:-} || rc=1
+fi
+if has a8split; then
+  # the a8 op at 16 < M <= 256 split into its quantizer and GEMM kernel (CUPTI, PDL off) and the op (graph, PDL
+  # on), default launch and split-K forced (bench/a8_breakdown.py; A8SPLIT_ARGS e.g. --cases 128:2560x2560 --ks 2,4)
+  step "a8 GEMM route breakdown"
+  timeout ${A8SPLIT_TIMEOUT:-300} $PY -X faulthandler -m bench.a8_breakdown --out "$OUT" ${A8SPLIT_ARGS:-} || rc=1
 fi
 step "done rc=$rc"
 exit $rc
