@@ -192,6 +192,7 @@ class Module:
     pad_code: Optional[int] = None  # PackSpec.pad_code where the format fixes it (compressed-tensors pads with 0)
     act_order: bool = False  # g_idx is a non-trivial act-order group index (LinearEntry.g_idx); trivial: ignored
     in_norm: Optional[TensorStats] = None  # ``<module>.rms_norm.weight``: an input RMSNorm inside the linear
+    rope: bool = False  # q / k rows stored in interleaved-RoPE order (LinearEntry.rope_interleave; Meta-style names)
 
     @property
     def packed(self) -> bool:
@@ -2685,13 +2686,9 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     _in_norm_finding(modules, cfg, findings)
     meta = sorted({m.weight.name.rsplit(".", 2)[-2] for m in modules if m.role in ("q", "k", "qkv")
                    and m.weight.name.rsplit(".", 2)[-2] in ("wq", "wk", "wqkv")})
-    if meta:  # (GGUF models are named attn_q / attn_k: the GGUF reader undoes llama.cpp's own permutation itself)
-        findings.append(Finding(
-            "q / k row order", "as stored (transformers' order)",
-            f"Meta-style names {meta}: Meta's consolidated checkpoints and Microsoft BitNet's GPU converter "
-            f"(gpu/convert_safetensors.py, '(h l d) i -> (h d l) i') store q / k rows permuted for interleaved RoPE; "
-            f"this reader does not undo that permutation, so a checkpoint written that way decodes with its q / k "
-            f"rows out of order (the model loss then stays far above what the other layers allow)", "low"))
+    # (GGUF models are named attn_q / attn_k: the GGUF reader undoes llama.cpp's own permutation itself)
+    for m in modules:  # Meta-style q / k: their rows in interleaved-RoPE order, until the loss says otherwise
+        m.rope = bool(meta) and m.role in ("q", "k", "qkv") and m.weight.name.rsplit(".", 2)[-2] in META_QK
     # raises on an activation scheme the spec cannot run, before any search
     act = declared_activation_quant(cfg, f"{model_dir / 'config.json'}")
     if act is not None:
@@ -2823,6 +2820,12 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                                f"is {cfg.vocab_size}: the tokenizer files do not belong to this model (pass --no-loss "
                                f"to rely on statistics only)")
     scored = search(modules, floats, cands, cfg, ckpt, ids)
+    if meta:  # the q / k row order: the names' choice, scored against the other order on the best decode
+        f = _rope_rows_finding(modules, floats, scored[0].cand if math.isfinite(scored[0].loss) else None, cfg, ckpt,
+                               ids, meta)
+        findings.append(f)
+        if f.decision.startswith("as stored"):  # the loss overruled the names: every decode scored again so
+            scored = search(modules, floats, cands, cfg, ckpt, ids)
     if ids is not None and scored[0].loss > math.log(cfg.vocab_size) - UNTRAINED_BAND and (widen_codes or widen_ops):
         # no working model among the candidates: the zero code (from code counts) or the scale op (from magnitudes)
         # may be what is wrong - a function-preserving sign flip evens the counts, an unusual scale magnitude
@@ -2893,6 +2896,43 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
             f"untrained (random: the loss then tells nothing) or the checkpoint's format is none of those tried "
             f"(see the code width / layout findings; the decisions above are then guesses)", "low"))
     return Inspection(model_dir, cfg, spec, stats, modules, floats, findings, scored, loss, zr)
+
+
+META_QK = ("wq", "wk", "wqkv")  # the Meta-style q / k module names whose rows Meta's writers store interleaved
+
+
+def _rope_rows_finding(modules, floats, best, cfg, ckpt, ids, meta) -> Finding:
+    """The q / k row order of a checkpoint with Meta-style names (``Module.rope``, set from the names): Meta's
+    consolidated checkpoints and Microsoft BitNet's GPU converter store them in interleaved-RoPE order. With text to
+    score on, the other order's loss decides where it is better by NAMED_MARGIN and works (below ln V -
+    UNTRAINED_BAND); the modules' flag is flipped then. Without text, or on an untrained model, the names decide."""
+    from .decode import model_loss
+
+    qk = [m for m in modules if m.rope]
+    names = (f"Meta-style names {meta}: Meta's consolidated checkpoints and Microsoft BitNet's GPU converter "
+             f"(gpu/convert_safetensors.py, '(h l d) i -> (h d l) i') store q / k rows in interleaved-RoPE order")
+    said = {True: f"interleaved-RoPE order (heads of {cfg.head_dim} rows), put back in transformers' order on read",
+            False: "as stored (transformers' order)"}
+    if ids is None or not qk or best is None:
+        return Finding("q / k row order", said[bool(qk)], names + ("; no text to score the other order on"
+                       if ids is None else "; no decode to score the other order with"), "medium (names)")
+    losses = {}
+    for flag in (True, False):
+        for m in qk:
+            m.rope = flag
+        losses[flag] = model_loss(cfg, build_spec(modules, floats, best, cfg, "rope-order"), ckpt, ids)
+    untrained = math.log(cfg.vocab_size) - UNTRAINED_BAND
+    flip = losses[False] < min(losses[True] - NAMED_MARGIN, untrained)
+    for m in qk:
+        m.rope = not flip
+    margin = abs(losses[True] - losses[False])
+    ev = (f"{names}; loss {losses[True]:.4f} nats with the rows un-permuted, {losses[False]:.4f} as stored")
+    if flip:  # (the caller scores every decode again under this order)
+        return Finding("q / k row order", said[False], ev + ": the loss overrules the names", confidence(margin))
+    if losses[True] < min(losses[False] - NAMED_MARGIN, untrained):
+        return Finding("q / k row order", said[True], ev, confidence(margin))
+    return Finding("q / k row order", said[True], ev + " (no working model tells them apart: the names decide)",
+                   "medium (names)")
 
 
 def _activation_finding(cfg, spec, modules, ckpt, ids) -> Finding:

@@ -200,7 +200,9 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
                                       levels=m.levels, zero_pack=m.zero_pack,
                                       g_idx=m.g_idx.name if m.act_order else None,
                                       input_norm=InputNorm(m.in_norm.name, in_norm_eps(cfg))
-                                      if m.in_norm is not None else None)
+                                      if m.in_norm is not None else None,
+                                      rope_interleave=cfg.head_dim if m.rope and hf.endswith(("q_proj", "k_proj"))
+                                      else None)
     # BitNet b1.58 quantises activations to int8, unless no linear is ternary / packed at all: a float
     # checkpoint (every weight an unconstrained float) runs plain linears, as transformers does and as
     # spec_for's "unquantized" spec says

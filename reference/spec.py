@@ -20,10 +20,15 @@ tensors and odd key names need no special cases:
                                          # actorder group): input k takes group g_idx[k]'s scale / zero point
          "levels": "ternary",            # optional, absent = none: a check that the decoded values
                                          # are -1 / 0 / +1 (HQQ's ternary case)
-         "input_norm": {"key": "model...q_proj.rms_norm.weight", "eps": 1e-6}},
+         "input_norm": {"key": "model...q_proj.rms_norm.weight", "eps": 1e-6},
                                          # optional, absent = none: an RMSNorm of the input inside the
                                          # linear, before its activation quantization (transformers'
                                          # use_rms_norm; InputNorm)
+         "rope_interleave": 64},         # optional, absent = none (q / k only): the module's rows are
+                                         # stored in interleaved-RoPE order with heads of 64 rows (Meta's
+                                         # consolidated checkpoints, Microsoft BitNet's GPU converter:
+                                         # '(h l d) -> (h d l)', l = 2) and are put back in transformers'
+                                         # order on read (rope_rows_index)
          ...},
      "tensors": {"model.embed_tokens.weight": "model.embed_tokens.weight", ...}}
 
@@ -123,6 +128,12 @@ class LinearEntry:
     g_idx: Optional[str] = None
     # an RMSNorm of the input inside the linear (InputNorm: transformers' use_rms_norm); None = none
     input_norm: Optional[InputNorm] = None
+    # q / k rows stored in interleaved-RoPE order, heads of this many rows (the head dim D): within each head, stored
+    # row 2i + l is transformers' row l * D / 2 + i (Meta's consolidated checkpoints and Microsoft BitNet's GPU
+    # converter, gpu/convert_safetensors.py: rearrange '(h l d) i -> (h d l) i', l = 2; transformers'
+    # convert_llama_weights_to_hf undoes it with its permute()).  Every reader puts the rows back in transformers'
+    # order (rope_rows_index) after decoding, with the row scales; None (the default, omitted from JSON) = as stored
+    rope_interleave: Optional[int] = None
 
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
@@ -161,6 +172,19 @@ class LinearEntry:
                 raise FormatError(f"linear {self.weight_key!r}: act-order group index {self.g_idx!r} needs a "
                                   f"granularity 'group' scale of consecutive-input groups (group_axis 1), zero points "
                                   f"(if any) of the same groups and no 'layout'; got scale {sc}, zero {z}")
+        if self.rope_interleave is not None:
+            d, n = self.rope_interleave, self.out_shape[0]
+            if isinstance(d, bool) or not isinstance(d, int) or d < 2 or d % 2:
+                raise FormatError(f"linear {self.weight_key!r}: rope_interleave {d!r}: expected the head dim, an even "
+                                  f"integer >= 2")
+            if n % d:
+                raise FormatError(f"linear {self.weight_key!r}: rope_interleave {d}: its {n} rows are not whole heads "
+                                  f"of {d} rows")
+            if self.layout is not None or self.bias_key is not None:
+                raise FormatError(f"linear {self.weight_key!r}: rope_interleave with "
+                                  f"{'a layout' if self.layout is not None else 'a bias'}: not supported (a trit.export "
+                                  f"checkpoint is written in transformers' order; no interleaved-RoPE writer stores "
+                                  f"q / k biases)")
         if self.layout is not None:
             where = f"linear {self.weight_key!r}"
             if self.scale is not None and (self.scale.granularity not in ("tensor", "channel")
@@ -189,6 +213,7 @@ class LinearEntry:
             **({"zero_pack": self.zero_pack.to_dict()} if self.zero_pack is not None else {}),  # likewise
             **({"g_idx": self.g_idx} if self.g_idx is not None else {}),  # likewise
             **({"input_norm": self.input_norm.to_dict()} if self.input_norm is not None else {}),  # likewise
+            **({"rope_interleave": self.rope_interleave} if self.rope_interleave is not None else {}),  # likewise
         }
 
     @classmethod
@@ -213,7 +238,8 @@ class LinearEntry:
             bias_key=d.get("bias_key"), layout=d.get("layout"),
             zero=ScaleSpec(**d["zero"]) if d.get("zero") else None, online=d.get("online"), levels=d.get("levels"),
             zero_pack=PackSpec.from_dict(d["zero_pack"]) if d.get("zero_pack") else None, g_idx=d.get("g_idx"),
-            input_norm=InputNorm(**d["input_norm"]) if d.get("input_norm") else None)
+            input_norm=InputNorm(**d["input_norm"]) if d.get("input_norm") else None,
+            rope_interleave=d.get("rope_interleave"))
 
 
 @dataclass(frozen=True)
@@ -316,6 +342,10 @@ class CheckpointSpec:
             if e.out_shape != shape:
                 raise CheckpointError(f"spec {self.name!r}: {mod} has logical shape {e.out_shape}, config.json "
                                       f"implies {shape}")
+            if e.rope_interleave is not None and (not mod.endswith(("self_attn.q_proj", "self_attn.k_proj"))
+                                                  or e.rope_interleave != cfg.head_dim):
+                raise CheckpointError(f"spec {self.name!r}: {mod} has rope_interleave {e.rope_interleave}; only q_proj / "
+                                      f"k_proj rows are rotated, in heads of config.json's head_dim {cfg.head_dim}")
             info = ckpt.info(e.weight_key)
             if e.layout is not None:
                 want = layout_shape(e.layout, e.shape)
@@ -598,6 +628,27 @@ def check_levels(vals: torch.Tensor, entry: LinearEntry, where: str) -> None:
                                   f"levels 'ternary': expected -1, 0 or +1")
 
 
+def rope_rows_index(n: int, head_dim: int) -> torch.Tensor:
+    """Row index that puts n = H * head_dim rows stored in interleaved-RoPE order (``LinearEntry.rope_interleave``)
+    back in transformers' order: ``hf = stored[idx]``, i.e. transformers' row h*D + l*D/2 + i is stored row
+    h*D + 2*i + l (D = head_dim, l in {0, 1}, i < D / 2) - convert_llama_weights_to_hf's permute()."""
+    if head_dim < 2 or head_dim % 2 or n % head_dim:
+        raise FormatError(f"rope_rows_index: {n} rows are not whole heads of an even head dim {head_dim}")
+    return torch.arange(n).view(n // head_dim, head_dim // 2, 2).transpose(1, 2).reshape(-1)
+
+
+def rope_rows(t: Optional[torch.Tensor], entry: LinearEntry) -> Optional[torch.Tensor]:
+    """``t``'s rows in transformers' order where ``entry`` stores its rows in interleaved-RoPE order and ``t`` holds
+    one row per output of the module (values, row scales, zero points); t itself otherwise (None, a (1, ...)
+    broadcast multiplier, no rope_interleave)."""
+    if t is None or entry.rope_interleave is None or t.dim() == 0:
+        return t
+    n = entry.out_shape[0]
+    if t.shape[0] != n or n == 1:
+        return t
+    return t[rope_rows_index(n, entry.rope_interleave).to(t.device)]
+
+
 def finish_linear(ckpt: Checkpoint, entry: LinearEntry, vals: torch.Tensor, where: str) -> DecodedLinear:
     """The shared tail of every decoder: zero points (values = code - z), the fused-row slice, the scale (and the stored divisor
     of a 'divide' format, so the reference can follow its arithmetic order) and the bias.  An act-order group index
@@ -632,6 +683,8 @@ def finish_linear(ckpt: Checkpoint, entry: LinearEntry, vals: torch.Tensor, wher
     else:
         mult = torch.ones(1, 1)
     bias = ckpt.get(entry.bias_key).to(torch.float32) if entry.bias_key else None
+    if entry.rope_interleave is not None:  # q / k rows of an interleaved-RoPE writer: transformers' order
+        vals, mult, div = rope_rows(vals, entry), rope_rows(mult, entry), rope_rows(div, entry)
     return DecodedLinear(vals.contiguous(), mult, bias, div)
 
 

@@ -1139,7 +1139,19 @@ BITNET_GPU_SPEC = PackSpec(bits=2, container="int8", pack_axis=1, lanes="block_i
                            bit_order="lsb", codes=(None, -1, 0, 1), pad_code=2)
 
 
+def rope_interleave_rows(w: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """transformers' q / k rows -> interleaved-RoPE order, as Microsoft BitNet's GPU converter writes them
+    (gpu/convert_safetensors.py invert_convert_q / _k: rearrange '(h l d) i -> (h d l) i', l = 2; Meta's
+    consolidated checkpoints are in this order too): within each head, transformers' row l * D / 2 + i becomes
+    row 2 i + l."""
+    n = w.shape[0]
+    return w.reshape(n // head_dim, 2, head_dim // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape).contiguous()
+
+
 def w_bitnet_gpu(lg: Logical):
+    """Microsoft BitNet's GPU layout (gpu/convert_safetensors.py + convert_checkpoint.py, as safetensors): Meta names,
+    q|k|v fused as wqkv with q / k rows in interleaved-RoPE order, gate|up as w13, int8 16x32-tile codes w + 2, one
+    bf16 scale per sub-matrix.  Truth is in transformers' order."""
     sd, tern, mult = _floats(lg, "meta"), {}, {}
     cfg = ModelConfig.from_dict(lg.config)
     for L in range(cfg.num_layers):
@@ -1147,7 +1159,9 @@ def w_bitnet_gpu(lg: Logical):
         for fused, parts in (("self_attn.qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
                              ("mlp.gate_up", ("mlp.gate_proj", "mlp.up_proj")),
                              ("self_attn.o_proj", ("self_attn.o_proj",)), ("mlp.down_proj", ("mlp.down_proj",))):
-            ts = [lg.ternary[f"{p}.{m}"] for m in parts]
+            ts = [rope_interleave_rows(lg.ternary[f"{p}.{m}"], cfg.head_dim) if m in ("self_attn.q_proj",
+                                                                                    "self_attn.k_proj")
+                  else lg.ternary[f"{p}.{m}"] for m in parts]
             base = rename(f"{p}.{fused}", "meta")
             sd[f"{base}.weight"] = pack(torch.cat(ts, 0), BITNET_GPU_SPEC)
             s = torch.tensor([_scalar(lg.mult[f"{p}.{m}"]) for m in parts]).to(torch.bfloat16)

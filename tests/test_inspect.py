@@ -1882,12 +1882,13 @@ def test_group_size_is_one_for_the_whole_model(tmp_path):
 
 def test_meta_style_q_k_names_get_a_row_order_finding(tmp_path):
     """Meta's consolidated checkpoints and Microsoft BitNet's GPU converter store q / k rows permuted for interleaved
-    RoPE; nothing here undoes that, so the inspector says what it assumed wherever it sees wq / wk / wqkv."""
+    RoPE: the inspector says what it decided wherever it sees wq / wk / wqkv (tests/test_rope_rows.py: how), and
+    nothing where the names are transformers'."""
     out = tmp_path / "gpu"
     synth.write("bitnet-gpu", synth.Logical.from_dir(TRAINED), out)
     res = inspect_dir(out, use_loss=False)
     f = next(x for x in res.findings if x.what == "q / k row order")
-    assert f.confidence == "low" and "['wqkv']" in f.evidence and "(h l d) i -> (h d l) i" in f.evidence
+    assert f.confidence == "medium (names)" and "['wqkv']" in f.evidence and "(h l d) i -> (h d l) i" in f.evidence
     out2 = tmp_path / "hf"
     synth.write("hf-bitlinear", synth.Logical.from_dir(TRAINED), out2)
     assert not any(x.what == "q / k row order" for x in inspect_dir(out2, use_loss=False).findings)

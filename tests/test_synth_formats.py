@@ -17,6 +17,7 @@ from hypothesis import given, settings, strategies as hst
 
 from reference import synth
 from reference.checkpoint import Checkpoint
+from reference.config import ModelConfig
 from reference.formats import PackSpec, pack, unpack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -167,7 +168,11 @@ def test_bitnet_gpu_fused(logical, tmp_path):
     ck, truth = _write("bitnet-gpu", logical, tmp_path)
     wqkv = ck.get("layers.1.attention.wqkv.weight")
     assert wqkv.dtype == torch.int8 and wqkv.shape == (128 + 64 + 64, 128 // 4)
-    t = torch.cat([logical.ternary[f"model.layers.1.self_attn.{p}_proj"] for p in "qkv"])
+    # q / k rows in interleaved-RoPE order (gpu/convert_safetensors.py: '(h l d) i -> (h d l) i', l = 2)
+    hd = ModelConfig.from_dict(logical.config).head_dim
+    t = torch.cat([synth.rope_interleave_rows(logical.ternary[f"model.layers.1.self_attn.{p}_proj"], hd)
+                   if p in "qk" else logical.ternary[f"model.layers.1.self_attn.{p}_proj"] for p in "qkv"])
+    assert not torch.equal(t[:128], logical.ternary["model.layers.1.self_attn.q_proj"])
     # lane rule: 4-byte groups, byte j of a group holds elements j, 4+j, 8+j, 12+j at bits 2s; code w+2
     u = wqkv.to(torch.int64) & 0xFF
     codes = torch.stack([(u >> (2 * s)) & 3 for s in range(4)], -1)  # (N, K/4, slot)

@@ -358,6 +358,11 @@ class _SpecLinearMethod(LinearMethodBase):
         """vLLM loader for a layer's "weight" or "scale" parameter. convert(raw, entry, module) -> that
         module's rows; post(rows, param) -> what vLLM's own loader receives."""
         key = {"weight": "weight_key", "scale": "scale", "zero": "zero"}[what]
+        from reference.spec import rope_rows
+
+        def rows_of(raw, e, m):  # one row per module output, in transformers' order (q / k rows stored
+            # in interleaved-RoPE order: LinearEntry.rope_interleave; before vLLM narrows them to this rank's heads)
+            return rope_rows(convert(raw, e, m), e)
 
         def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
             if what == "weight" and param.device.type == "cuda":
@@ -369,11 +374,11 @@ class _SpecLinearMethod(LinearMethodBase):
                 # fused on disk: every sub-module's entry names this one tensor with its rows;
                 # convert each and concatenate in vLLM's shard order (q|k|v, gate|up), whatever
                 # order the checkpoint keeps them in
-                t = torch.cat([convert(loaded_weight, e, m) for m, e in self._fused_entries(key)])
+                t = torch.cat([rows_of(loaded_weight, e, m) for m, e in self._fused_entries(key)])
                 layer.trit_loaded.update((what, sid) for sid in self.modules)
             else:
                 name, entry = self._entry(shard_id)
-                t = convert(loaded_weight, entry, name)
+                t = rows_of(loaded_weight, entry, name)
                 layer.trit_loaded.add((what, shard_id))
             t = post(t, param)
             if shard_id is None:
