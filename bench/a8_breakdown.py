@@ -24,7 +24,8 @@ from bench.records import commit_id, write_record
 
 DEFAULT_CASES = ("128:640x2560,128:2560x2560,128:6912x2560,128:2560x6912,128:4096x4096,128:4096x14336,"
                  "96:4096x4096,192:4096x4096,64:2560x6912,64:14336x4096,64:8192x8192")
-QUANT, GEMM = "quant_rows", ("a8_gemm_kernel", "a8_small_kernel")  # the GEMM kernel, or the GEMV where M <= 64 takes it
+QUANT, GEMM = "quant_rows", ("a8_gemm_kernel", "a8_small_kernel", "a8_kernel")  # the GEMM kernel, the GEMV (M <= 64)
+# or the v4 a8 kernel (the default route of some M = 65 - 256 shapes)
 
 
 def parse_cases(text: str) -> list[tuple[int, int, int]]:
@@ -43,6 +44,8 @@ def kernel_split(events: list[dict]) -> dict:
         if kind == "gemm" and grid is None:
             grid, block = e.get("args", {}).get("grid"), e.get("args", {}).get("block")
             main = next(g for g in GEMM if g in name)
+        elif kind == "gemm" and not name.count(main or "\0"):
+            main = f"{main}+{next(g for g in GEMM if g in name)}"
         if kind == "other":
             others.add(name[:80])
     if not by["gemm"]:
