@@ -2685,7 +2685,7 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                             if fused else "no fused tensors", "high"))
     _in_norm_finding(modules, cfg, findings)
     meta = sorted({m.weight.name.rsplit(".", 2)[-2] for m in modules if m.role in ("q", "k", "qkv")
-                   and m.weight.name.rsplit(".", 2)[-2] in ("wq", "wk", "wqkv")})
+                   and m.weight.name.rsplit(".", 2)[-2] in META_QK})
     # (GGUF models are named attn_q / attn_k: the GGUF reader undoes llama.cpp's own permutation itself)
     for m in modules:  # Meta-style q / k: their rows in interleaved-RoPE order, until the loss says otherwise
         m.rope = bool(meta) and m.role in ("q", "k", "qkv") and m.weight.name.rsplit(".", 2)[-2] in META_QK
@@ -2820,12 +2820,13 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                                f"is {cfg.vocab_size}: the tokenizer files do not belong to this model (pass --no-loss "
                                f"to rely on statistics only)")
     scored = search(modules, floats, cands, cfg, ckpt, ids)
-    if meta:  # the q / k row order: the names' choice, scored against the other order on the best decode
-        f = _rope_rows_finding(modules, floats, scored[0].cand if math.isfinite(scored[0].loss) else None, cfg, ckpt,
-                               ids, meta)
+    # the q / k row order: the names' choice, scored against the other orders on the best decode (with text)
+    f, switched = _rope_rows_finding(modules, floats, scored[0] if math.isfinite(scored[0].loss) else None, cfg,
+                                     ckpt, ids, meta)
+    if f is not None:
         findings.append(f)
-        if f.decision.startswith("as stored"):  # the loss overruled the names: every decode scored again so
-            scored = search(modules, floats, cands, cfg, ckpt, ids)
+    if switched:  # the loss overruled the names: every decode scored again under the new order
+        scored = search(modules, floats, cands, cfg, ckpt, ids)
     if ids is not None and scored[0].loss > math.log(cfg.vocab_size) - UNTRAINED_BAND and (widen_codes or widen_ops):
         # no working model among the candidates: the zero code (from code counts) or the scale op (from magnitudes)
         # may be what is wrong - a function-preserving sign flip evens the counts, an unusual scale magnitude
@@ -2901,38 +2902,60 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
 META_QK = ("wq", "wk", "wqkv")  # the Meta-style q / k module names whose rows Meta's writers store interleaved
 
 
-def _rope_rows_finding(modules, floats, best, cfg, ckpt, ids, meta) -> Finding:
-    """The q / k row order of a checkpoint with Meta-style names (``Module.rope``, set from the names): Meta's
-    consolidated checkpoints and Microsoft BitNet's GPU converter store them in interleaved-RoPE order. With text to
-    score on, the other order's loss decides where it is better by NAMED_MARGIN and works (below ln V -
-    UNTRAINED_BAND); the modules' flag is flipped then. Without text, or on an untrained model, the names decide."""
+def _rope_rows_finding(modules, floats, top, cfg, ckpt, ids, meta) -> tuple[Optional[Finding], bool]:
+    """The q / k row order (``Module.rope``, set from the names: Meta's consolidated checkpoints and Microsoft
+    BitNet's GPU converter store q / k rows in interleaved-RoPE order). With text to score on and a decode that
+    decodes (``top``: the search's best), three orders are scored on it - by the names, every q / k module
+    interleaved, none - and one that beats the names' by NAMED_MARGIN and works (below ln V - UNTRAINED_BAND) is
+    taken: a renamed-only conversion (Meta names over transformers' rows), HF names over interleaved rows, a mix.
+    Returns (the finding, or None for transformers' names kept as stored; whether the modules' flags changed)."""
     from .decode import model_loss
 
-    qk = [m for m in modules if m.rope]
+    qk = [m for m in modules if m.role in ("q", "k", "qkv")]
+    if not qk or (ids is None and not meta):
+        return None, False
     names = (f"Meta-style names {meta}: Meta's consolidated checkpoints and Microsoft BitNet's GPU converter "
-             f"(gpu/convert_safetensors.py, '(h l d) i -> (h d l) i') store q / k rows in interleaved-RoPE order")
-    said = {True: f"interleaved-RoPE order (heads of {cfg.head_dim} rows), put back in transformers' order on read",
-            False: "as stored (transformers' order)"}
-    if ids is None or not qk or best is None:
-        return Finding("q / k row order", said[bool(qk)], names + ("; no text to score the other order on"
-                       if ids is None else "; no decode to score the other order with"), "medium (names)")
-    losses = {}
-    for flag in (True, False):
-        for m in qk:
-            m.rope = flag
-        losses[flag] = model_loss(cfg, build_spec(modules, floats, best, cfg, "rope-order"), ckpt, ids)
+             f"(gpu/convert_safetensors.py, '(h l d) i -> (h d l) i') store q / k rows in interleaved-RoPE order"
+             if meta else "transformers' names")
+    default = frozenset(id(m) for m in qk if m.rope)
+
+    def said(sel):
+        if not sel:
+            return "as stored (transformers' order)"
+        which = "" if len(sel) == len(qk) else \
+            f" for {sorted(m.weight.name for m in qk if id(m) in sel)} only"
+        return (f"interleaved-RoPE order (heads of {cfg.head_dim} rows){which}, put back in transformers' order on "
+                f"read")
+    if ids is None or top is None:
+        return Finding("q / k row order", said(default), names + ("; no text to score the other order on"
+                       if ids is None else "; no decode to score the other order with"), "medium (names)"), False
+    options = {default: None, frozenset(id(m) for m in qk): None, frozenset(): None}
+    if top.stage == "full":  # the search scored the names' order on the whole sample already
+        options[default] = top.loss
+    for sel in options:
+        if options[sel] is None:
+            for m in qk:
+                m.rope = id(m) in sel
+            options[sel] = model_loss(cfg, build_spec(modules, floats, top.cand, cfg, "rope-order"), ckpt, ids)
+    best = min(options, key=lambda sel: (options[sel], sel != default))
     untrained = math.log(cfg.vocab_size) - UNTRAINED_BAND
-    flip = losses[False] < min(losses[True] - NAMED_MARGIN, untrained)
+    switch = best != default and options[best] < min(options[default] - NAMED_MARGIN, untrained)
+    chosen = best if switch else default
     for m in qk:
-        m.rope = not flip
-    margin = abs(losses[True] - losses[False])
-    ev = (f"{names}; loss {losses[True]:.4f} nats with the rows un-permuted, {losses[False]:.4f} as stored")
-    if flip:  # (the caller scores every decode again under this order)
-        return Finding("q / k row order", said[False], ev + ": the loss overrules the names", confidence(margin))
-    if losses[True] < min(losses[False] - NAMED_MARGIN, untrained):
-        return Finding("q / k row order", said[True], ev, confidence(margin))
-    return Finding("q / k row order", said[True], ev + " (no working model tells them apart: the names decide)",
-                   "medium (names)")
+        m.rope = id(m) in chosen
+    others = sorted((v, sel) for sel, v in options.items() if sel != chosen)
+    ev = names + "; loss " + ", ".join(
+        f"{v:.4f} nats {'as stored' if not sel else 'all q / k un-permuted' if len(sel) == len(qk) else 'by names'}"
+        for sel, v in sorted(options.items(), key=lambda kv: kv[1]))
+    margin = others[0][0] - options[chosen] if others else float("nan")
+    if switch:
+        return Finding("q / k row order", said(chosen), ev + ": the loss overrules the names", confidence(margin)), True
+    if not meta:  # transformers' names, and their order holds: nothing to say
+        return None, False
+    if options[chosen] < untrained and margin >= NAMED_MARGIN:
+        return Finding("q / k row order", said(chosen), ev, confidence(margin)), False
+    return Finding("q / k row order", said(chosen), ev + " (no working model tells them apart: the names decide)",
+                   "medium (names)"), False
 
 
 def _activation_finding(cfg, spec, modules, ckpt, ids) -> Finding:

@@ -511,8 +511,9 @@ def decode_linear(ckpt: Checkpoint, entry: LinearEntry, name: str, *, strict: bo
     """Read and decode one module's weight through its spec entry (fp32 multiplier)."""
     raw = ckpt.get(entry.weight_key)
     where = f"{ckpt.info(entry.weight_key).file}: tensor {entry.weight_key!r} ({name})"
-    if entry.online is not None:
-        return online_absmean(raw, entry, where, ckpt.get(entry.bias_key).to(torch.float32) if entry.bias_key else None)
+    if entry.online is not None:  # (one multiplier for the whole matrix: only the values' rows move)
+        d = online_absmean(raw, entry, where, ckpt.get(entry.bias_key).to(torch.float32) if entry.bias_key else None)
+        return dataclasses.replace(d, values=rope_rows(d.values, entry).contiguous())
     if entry.layout is not None:
         vals = unpack_layout(raw, entry.layout, entry.shape, where=where, strict=strict)
     elif entry.pack is not None:

@@ -213,3 +213,78 @@ def test_vllm_unpermutes_unfused_meta_q_k(tmp_path):
     torch.testing.assert_close(ReferenceModel.from_dir(d).forward(ids), ReferenceModel.from_dir(base).forward(ids),
                                rtol=0.05, atol=0.05)
     _vllm_vs_reference(d, 89, 2, "llama")
+
+
+def _meta_to_hf_names(src: Path, out: Path, only: tuple = ("wq", "wk", "wv", "wo")) -> None:
+    """The unfused Meta checkpoint with some attention tensors renamed to transformers' names (rows untouched): a
+    conversion that renamed without permuting."""
+    hf = {"wq": "q_proj", "wk": "k_proj", "wv": "v_proj", "wo": "o_proj"}
+    sd = load_file(str(src / "model.safetensors"))
+    renamed = {}
+    for k, v in sd.items():
+        parts = k.split(".")
+        if len(parts) >= 4 and parts[0] == "layers" and parts[2] == "attention" and parts[3] in only:
+            k = f"model.layers.{parts[1]}.self_attn.{hf[parts[3]]}." + ".".join(parts[4:])
+        renamed[k] = v
+    out.mkdir()
+    save_file(renamed, str(out / "model.safetensors"))
+    for f in src.iterdir():
+        if f.name != "model.safetensors" and f.is_file():
+            (out / f.name).write_bytes(f.read_bytes())
+
+
+@pytest.mark.parametrize("only", [("wk",), ("wq", "wk", "wv", "wo")])
+def test_interleaved_rows_under_other_names_found_by_loss(logical, tmp_path, only):
+    """Interleaved q / k rows whatever the names: k renamed to transformers' k_proj beside a Meta wq (the names
+    would un-permute q only), or every attention tensor under transformers' names (the names say nothing). The
+    loss takes every q / k module interleaved (0.15 nats against 1.5 / 7)."""
+    src = tmp_path / "gpu"
+    truth = synth.write("bitnet-gpu", logical, src)
+    meta = tmp_path / "meta"
+    _unfused_meta(src, meta)
+    out = tmp_path / "renamed"
+    _meta_to_hf_names(meta, out, only)
+    res = inspect_dir(out)
+    f = _finding(res)
+    assert f.decision.startswith("interleaved-RoPE order") and " only" not in f.decision, f
+    assert "overrules the names" in f.evidence and f.confidence == "high"
+    hd = ModelConfig.load(out).head_dim
+    assert all(e.rope_interleave == (hd if m.endswith(("q_proj", "k_proj")) else None)
+               for m, e in res.spec.linears.items())
+    _recovered(out, res.spec, truth)
+    assert res.loss < 0.3
+
+
+def test_online_absmean_rows_unpermuted_by_the_reference(tmp_path):
+    """A float latent weight quantized online (transformers' online BitNet mode) with interleaved q / k rows: the
+    reference puts the values' rows back as the vLLM plugin's loader does (the multiplier is the whole matrix's)."""
+    from reference.make_model import Preset, to_online, write_model
+    from reference.spec import spec_for
+
+    a = write_model(Preset("bitnet", 128, 192, 2, 4, 2, 89, False, linear_class="autobitlinear", seed=5),
+                    tmp_path / "a")
+    to_online(a)
+    cfg = ModelConfig.load(a)
+    spec = spec_for(a)
+    q = "model.layers.0.self_attn.q_proj"
+    sd = load_file(str(a / "model.safetensors"))
+    sd[spec.linears[q].weight_key] = synth.rope_interleave_rows(sd[spec.linears[q].weight_key], cfg.head_dim)
+    b = tmp_path / "b"
+    b.mkdir()
+    save_file(sd, str(b / "model.safetensors"))
+    e = dataclasses.replace(spec.linears[q], rope_interleave=cfg.head_dim)
+    da, db = decode_linear(Checkpoint(a), spec.linears[q], q), decode_linear(Checkpoint(b), e, q)
+    assert e.online == "absmean" and torch.equal(da.values, db.values)
+    # mean |W| over the stored order: the same sum in another order (an ulp apart at most)
+    torch.testing.assert_close(da.mult, db.mult, rtol=1e-6, atol=0)
+
+
+def test_transformers_target_refuses_a_checkpoint_it_cannot_load(logical, tmp_path):
+    """transformers loads nothing of a Meta-named checkpoint and initialises every weight at random; the target
+    said 0/45 pass (every layer 'diverged'). Now it names the missing parameters."""
+    from parity.targets import get_target
+
+    out = tmp_path / "gpu"
+    synth.write("bitnet-gpu", logical, out)
+    with pytest.raises(ValueError, match=r"no checkpoint tensor for \d+ of its parameters .* at random"):
+        get_target("transformers").capture(out, torch.zeros(1, 4, dtype=torch.long))

@@ -105,8 +105,15 @@ class TransformersTarget(Target):
                                  f"packing): transformers is no oracle "
                                  f"for this checkpoint; use the reference, bf16 or vllm target (after `python -m "
                                  f"reference.inspect` for an undocumented format)")
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
-                                                     attn_implementation="eager")
+        model, info = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                                           attn_implementation="eager", output_loading_info=True)
+        missing = sorted(info.get("missing_keys") or ())
+        if missing:  # transformers initialises those at random and goes on: its outputs would be noise, read as a
+            # divergence of every layer (a Meta / GGUF-named checkpoint loads nothing under transformers' names)
+            raise ValueError(f"{model_dir}: transformers found no checkpoint tensor for {len(missing)} of its "
+                             f"parameters ({missing[:4]}{' ...' if len(missing) > 4 else ''}) and would initialise "
+                             f"them at random: transformers is no oracle for this checkpoint (tensor names not "
+                             f"transformers'?); use the reference, bf16 or vllm target")
         return model.eval()
 
     def capture(self, model_dir, input_ids, *, spec_path=None):
