@@ -19,7 +19,7 @@ import argparse
 import statistics
 import sys
 
-from bench.kernels import cupti_kernel_events, parse_mnk_cases, time_graph, with_env
+from bench.kernels import cupti_kernel_events, parse_mnk_cases, rotated_a8_problem, time_graph, with_env
 from bench.records import commit_id, write_record
 
 DEFAULT_CASES = ("128:640x2560,128:2560x2560,128:6912x2560,128:2560x6912,128:4096x4096,128:4096x14336,"
@@ -49,7 +49,7 @@ def kernel_split(events: list[dict]) -> dict:
         if kind == "other":
             others.add(name[:80])
     if not by["gemm"]:
-        raise RuntimeError(f"bench.a8_breakdown: none of {GEMM} in the profile (the op did not take the GEMM route); "
+        raise RuntimeError(f"bench.a8_breakdown: none of {GEMM} in the profile (a route this bench does not know); "
                            f"kernels seen: {sorted({e.get('name', '')[:60] for e in events})}")
     med = {k: (round(statistics.median(v), 3) if v else None) for k, v in by.items()}
     n_ops = len(by["gemm"])
@@ -60,16 +60,10 @@ def kernel_split(events: list[dict]) -> dict:
 
 def measure(M: int, N: int, K: int, env: dict, n_calls: int = 24, min_bytes: int = 160 << 20) -> dict:
     import torch
-    from trit import ops
 
-    g = torch.Generator(device="cuda").manual_seed(N * 31 + K + M)
-    per = N * K // 4
-    nt = max(2, min(16, -(-min_bytes // per)))
-    packs = [ops.repack(torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda", generator=g)) for _ in range(nt)]
-    scale = torch.rand(N, device="cuda", generator=g) + 0.5
-    x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+    packs, _, _, op = rotated_a8_problem(M, N, K, N * 31 + K + M, min_bytes)
+    nt, per = len(packs), N * K // 4
     knobs = {k: str(v) for k, v in env.items()}
-    op = lambda i: torch.ops.trit.ternary_mm_a8(x, packs[i % nt], scale, N, K, None)  # noqa: E731
     ref = op(0)  # the default launch's output: every forced split-K must give the same bits
     same = bool(torch.equal(with_env(knobs, op)(0), ref))
     split = kernel_split(cupti_kernel_events(with_env({**knobs, "TRIT_PDL": "0"}, op), n_calls))

@@ -142,6 +142,22 @@ def cupti_kernel_events(fn, n_calls: int) -> list[dict]:
             return [e for e in json.load(fh).get("traceEvents", []) if e.get("cat") == "kernel"]
 
 
+def rotated_a8_problem(M: int, N: int, K: int, seed: int, min_bytes: int = 160 << 20):
+    """A random a8 problem on the GPU with enough weight copies (>= min_bytes of packed weights, 2 - 16 of them) that
+    calls rotating over them read from HBM, not L2: (packs, scale, x bf16 [M, K], the op ``i -> ternary_mm_a8`` on
+    copy i % len(packs))."""
+    import torch
+    from trit import ops
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    nt = max(2, min(16, -(-min_bytes // (N * K // 4))))
+    packs = [ops.repack(torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda", generator=g)) for _ in range(nt)]
+    scale = torch.rand(N, device="cuda", generator=g) + 0.5
+    x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+    op = lambda i: torch.ops.trit.ternary_mm_a8(x, packs[i % nt], scale, N, K, None)  # noqa: E731
+    return packs, scale, x, op
+
+
 def with_env(env: dict, f):
     """f run with the given TRIT_* environment (read by the extension on every call, so also
     while a CUDA graph is captured: the graph keeps what was chosen then)."""

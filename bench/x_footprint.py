@@ -24,7 +24,7 @@ import argparse
 import statistics
 import sys
 
-from bench.kernels import _f, cupti_kernel_events, parse_mnk_cases, time_graph, with_env
+from bench.kernels import _f, cupti_kernel_events, parse_mnk_cases, rotated_a8_problem, time_graph, with_env
 from bench.records import commit_id, write_record
 
 DEFAULT_CASES = ("32:6144x4096,32:4096x4096,32:8192x8192,32:4096x14336,32:14336x4096,32:2560x6912,"
@@ -71,16 +71,11 @@ def measure(M: int, N: int, K: int, env: dict, n_calls: int = 30, min_bytes: int
     two kernels with PDL off, trit::rms_norm_a8q (residual add + RMSNorm + quantizer, the tiled xq at M <= 32) and
     the GEMV on its quantization (ternary_mm_a8q), each by CUPTI (norm_q_us, gemv_pre_us)."""
     import torch
-    from trit import ops
 
-    g = torch.Generator(device="cuda").manual_seed(N * 31 + K)
-    per = N * K // 4
-    nt = max(2, min(16, -(-min_bytes // per)))
-    packs = [ops.repack(torch.randint(-1, 2, (N, K), dtype=torch.int8, device="cuda", generator=g)) for _ in range(nt)]
-    scale = torch.rand(N, device="cuda", generator=g) + 0.5
-    x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+    packs, scale, x, op = rotated_a8_problem(M, N, K, N * 31 + K, min_bytes)
+    nt = len(packs)
+    g = torch.Generator(device="cuda").manual_seed(N * 31 + K + 1)  # (the norm route's inputs)
     knobs = {k: str(v) for k, v in env.items()}
-    op = lambda i: torch.ops.trit.ternary_mm_a8(x, packs[i % nt], scale, N, K, None)  # noqa: E731
     us, grid, block, q_us = _kernel_times(with_env({**knobs, "TRIT_PDL": "0"}, op), n_calls)
     if op_time:  # the op as configured (PDL as the caller has it), graph-replayed like bench.kernels' `a8`
         op_us = time_graph([lambda i=i: with_env(knobs, op)(i) for i in range(4 * nt)])
