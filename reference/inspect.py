@@ -2996,6 +2996,13 @@ def _online_inspection(model_dir, cfg, ckpt, stats, modules, floats, findings) -
     that the model ternarizes at run time with each module's mean |W|; not plain float linears."""
     from .spec import spec_from_hf_bitnet
 
+    foreign = [m.weight.name for m in modules if len(m.parts) != 1 or m.weight.name != f"{m.parts[0][0]}.weight"]
+    if foreign:  # transformers' online mode reads its own names only; the config path builds them from config.json
+        raise InspectError(f"{foreign[0]} ({len(foreign)} such): config.json says quant_method bitnet with "
+                           f"quantization_mode online (float latent weights transformers ternarizes at load), but "
+                           f"this tensor is not under transformers' name or is fused; rename the tensors to "
+                           f"transformers' (e.g. model.layers.0.self_attn.q_proj.weight) or drop the "
+                           f"quantization_config")
     spec = spec_from_hf_bitnet(cfg, ckpt)
     findings.append(Finding("online quantization", "every linear ternarized at load (LinearEntry.online 'absmean')",
                             f"config.json: quant_method bitnet, quantization_mode online, linear_class "

@@ -288,3 +288,24 @@ def test_transformers_target_refuses_a_checkpoint_it_cannot_load(logical, tmp_pa
     synth.write("bitnet-gpu", logical, out)
     with pytest.raises(ValueError, match=r"no checkpoint tensor for \d+ of its parameters .* at random"):
         get_target("transformers").capture(out, torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_online_mode_under_meta_names_is_refused_by_name(tmp_path):
+    """quantization_mode online is transformers' (its own tensor names); Meta-named latent weights under it used to
+    end in a KeyError-like 'no tensor model.layers.0...' from the config path; now the inspector names the tensor."""
+    from reference.inspect import InspectError
+    from reference.make_model import Preset, to_online, write_model
+
+    a = write_model(Preset("bitnet", 128, 192, 2, 4, 2, 89, False, linear_class="autobitlinear", seed=5),
+                    tmp_path / "a")
+    to_online(a)
+    sd = load_file(str(a / "model.safetensors"))
+    meta = {}
+    for k, v in sd.items():
+        base, suf = (k[:-len(".weight")], ".weight") if k.endswith(".weight") else (k, "")
+        meta[synth.rename(base, "meta") + suf] = v
+    (a / "model.safetensors").unlink()
+    save_file(meta, str(a / "model.safetensors"))
+    with pytest.raises(InspectError, match=r"layers\.0\.attention\.wo\.weight .* quantization_mode online .* not under "
+                                           r"transformers' name"):
+        inspect_dir(a, use_loss=False)
