@@ -22,6 +22,12 @@ normalised error 1.1e-2 in layer 0 growing to 6.6e-2 at layer 3 (int8 activation
 quantisation of bf16 inputs flips many boundaries); 0.12 keeps ~2x margin.  bf16 runs
 rely on the top-10 check and the jump detector for sensitivity.  Deeper models compound past
 any fixed bf16 tier; parity.noise measures a per-tensor floor that limits may widen to.
+fp16: fp16 targets of float models (3e-2; attention and the model 5e-2).
+fp16-a8: fp16 targets of int8-activation models.  fp16's finer mantissa does not help there: the
+int8 boundary flips dominate, as in bf16.  Measured on the bundled model (the reference computed in
+fp16 vs the fp32 goldens, 2026-12-05): worst normalised error 4.0e-2 in layer 0, 6.3e-2 at
+layer 3 (bf16 in the same run: 7.3e-2); the plain fp16 column failed 16 of 59 tensors of this
+correct computation, and vLLM in fp16 19 of 59 while it passed in bf16.  So the bf16 widths.
 """
 from __future__ import annotations
 
@@ -48,6 +54,8 @@ TABLE: dict[str, dict[str, Tol]] = {
              "model": Tol(1e-3, 0.15)},
     "fp16": {"operator": Tol(1e-3, 3e-2), "attention": Tol(1e-3, 5e-2), "block": Tol(1e-3, 3e-2),
              "model": Tol(1e-3, 5e-2)},
+    "fp16-a8": {"operator": Tol(1e-3, 0.12), "attention": Tol(1e-3, 0.12), "block": Tol(1e-3, 0.12),
+                "model": Tol(1e-3, 0.15)},
 }
 
 #: a layer's error counts as a jump when it exceeds JUMP_FACTOR x the same operator's error in
@@ -61,9 +69,11 @@ TOPK = 10
 
 def column(compute_dtype: str, activation_quant: str, bit_faithful: bool) -> str:
     """The tolerance column for a target: its compute dtype, or fp32-a8 for an independent
-    fp32 implementation of an int8-activation model."""
+    fp32 implementation of an int8-activation model, fp16-a8 for any fp16 one."""
     if compute_dtype == "fp32" and activation_quant == "int8_per_token" and not bit_faithful:
         return "fp32-a8"
+    if compute_dtype == "fp16" and activation_quant == "int8_per_token":
+        return "fp16-a8"
     return compute_dtype
 
 

@@ -97,8 +97,8 @@ from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
 from .inspect_search import (BLOCKS, NAMED_MARGIN, TQ2_0_RECORD, UNTRAINED_BAND, Candidate, axis_margins, build_spec,
                              codes_str, confidence, declared_activation_quant, lane_options, per_part_options,
                              plain_float_linear, search)
-from .spec import (INVERSE_SCALE_SUFFIXES, SPEC_FILENAME, CheckpointSpec, bitnet_linear_class, decode_linear,
-                   derived_buffer)
+from .spec import (INVERSE_SCALE_SUFFIXES, SPEC_FILENAME, UNTIED_HEAD_HINT, CheckpointSpec, bitnet_linear_class,
+                   decode_linear, derived_buffer)
 
 
 class InspectError(CheckpointError):
@@ -320,6 +320,9 @@ def _check_complete(modules: list[Module], floats: dict, cfg: ModelConfig) -> No
     if not cfg.tie_word_embeddings and "lm_head.weight" not in floats:
         need.append("lm_head")
     for hf in need:
+        if hf == "lm_head" and hf not in have:
+            raise InspectError(f"missing key: no checkpoint tensor for the lm_head (looked for names like "
+                               f"{sorted(ALIASES['lm_head'])}): {UNTIED_HEAD_HINT}")
         if hf not in have:
             role = hf.rsplit(".", 1)[-1].replace("_proj", "")
             raise InspectError(f"missing key: no checkpoint tensor for module {hf!r} (config.json has "

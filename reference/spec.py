@@ -329,6 +329,8 @@ class CheckpointSpec:
             if e is None:
                 key = self.tensors.get(mod + ".weight")
                 if key is not None:  # a float linear (unquantised model, modules_to_not_convert, lm_head)
+                    if mod == "lm_head" and key not in ckpt:
+                        raise CheckpointError(f"{ckpt.path}: no tensor {key!r} (lm_head.weight): {UNTIED_HEAD_HINT}")
                     info = ckpt.info(key)
                     if tuple(info.shape) != tuple(shape):
                         raise CheckpointError(f"{info.file}: tensor {key!r} ({mod}) has shape {list(info.shape)}, "
@@ -417,6 +419,12 @@ def _check_input_norm(ckpt: Checkpoint, key: str, mod: str, k: int) -> None:
     if info.dtype not in ("F64", "F32", "F16", "BF16") or tuple(info.shape) != (k,):
         raise CheckpointError(f"{info.file}: tensor {key!r} (the input RMSNorm weight of {mod}) is {info.dtype} "
                               f"{list(info.shape)}, expected a float [{k}] (in_features)")
+
+
+#: why a model needs an lm_head tensor: transformers' default (and the reference's) for a missing key is untied
+UNTIED_HEAD_HINT = ("config.json's tie_word_embeddings is false or absent (transformers' default: false), so the "
+                    "output embedding is its own tensor; set \"tie_word_embeddings\": true if the model reuses the "
+                    "input embedding")
 
 
 def tied_lm_head_key(cfg: ModelConfig, spec: "CheckpointSpec", ckpt: Checkpoint) -> Optional[str]:

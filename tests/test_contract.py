@@ -289,3 +289,25 @@ def test_integer_scale_dtype_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match=rf"model.safetensors: scale '{key}' .* is torch.int32; expected a float"):
         ReferenceModel.from_dir(m)
     assert dump_main(["--ref", "--model", str(m), "--out", str(tmp_path / "g")]) == 2
+
+
+def test_missing_tie_key_and_no_head_say_why(tmp_path):
+    """A tied model whose config.json lost tie_word_embeddings (transformers' default: untied) and stores no head:
+    the inspector and the spec check say that the key is false or absent, not only that lm_head.weight is missing."""
+    import json as _json
+
+    from reference.inspect import InspectError, inspect_dir
+    from reference.make_model import Preset, write_model
+    from reference.spec import spec_for
+
+    d = write_model(Preset("bitnet", 64, 96, 1, 2, 1, 50, True, seed=3), tmp_path / "m")
+    cfg = _json.loads((d / "config.json").read_text())
+    cfg.pop("tie_word_embeddings", None)
+    (d / "config.json").write_text(_json.dumps(cfg))
+    with pytest.raises(InspectError, match=r"lm_head .* tie_word_embeddings is false or absent"):
+        inspect_dir(d, use_loss=False)
+    from reference.checkpoint import Checkpoint, CheckpointError
+    from reference.config import ModelConfig
+
+    with pytest.raises(CheckpointError, match=r"lm_head.weight.* tie_word_embeddings is false or absent"):
+        spec_for(d).validate(ModelConfig.load(d), Checkpoint(d))

@@ -8,6 +8,21 @@ from typing import Optional
 import torch
 
 
+#: ``--target-opt dtype=...`` spellings -> torch dtype (every target that takes a dtype reads it through as_dtype)
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def as_dtype(value, target: str = "target") -> torch.dtype:
+    """A torch dtype from a command-line spelling (``--target-opt dtype=bfloat16``) or a dtype; a ValueError naming
+    the accepted ones otherwise."""
+    if isinstance(value, torch.dtype) and value in DTYPES.values():
+        return value
+    if isinstance(value, str) and value in DTYPES:
+        return DTYPES[value]
+    raise ValueError(f"{target}: dtype {value!r}: expected one of {sorted(DTYPES)}")
+
+
 class Target(ABC):
     """A path under test.  ``capture`` runs the model on fixed prompts and returns
     {canonical name (parity.names): float32 tensor (B, T, features)} in (prompt, position)

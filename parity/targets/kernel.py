@@ -17,7 +17,7 @@ import torch
 from reference.model import Overrides, ReferenceModel
 from reference.spec import DecodedLinear
 
-from .base import Target
+from .base import Target, as_dtype
 from .reference import _capture
 
 
@@ -47,7 +47,9 @@ class KernelTarget(Target):
 
     def __init__(self, device: Optional[str] = None, dtype: Optional[torch.dtype] = None):
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.dtype = dtype or (torch.bfloat16 if self.device.startswith("cuda") else torch.float32)
+        # --target-opt dtype=bfloat16 arrives as a string
+        self.dtype = as_dtype(dtype, "kernel target") if dtype is not None else \
+            (torch.bfloat16 if self.device.startswith("cuda") else torch.float32)
         self.compute_dtype = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.dtype]
 
     def model(self, model_dir: Path, spec_path=None) -> ReferenceModel:

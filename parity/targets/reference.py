@@ -21,7 +21,7 @@ from reference.formats import PackSpec, _narrow
 from reference.model import Overrides, ReferenceModel
 from reference.spec import DecodedLinear, LinearEntry, decode_linear, finish_linear, spec_for
 
-from .base import Target
+from .base import Target, as_dtype
 
 
 def _capture(model: ReferenceModel, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -44,12 +44,7 @@ class ReferenceTarget(Target):
         if overrides is not None and not isinstance(overrides, Overrides):
             raise ValueError(f"overrides must be a parity.targets.reference.Overrides (a Python API option, not a "
                              f"command-line value), got {overrides!r}")
-        if isinstance(dtype, str):  # --target-opt dtype=bfloat16
-            names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-                     "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-            if dtype not in names:
-                raise ValueError(f"dtype {dtype!r}: expected one of {sorted(names)}")
-            dtype = names[dtype]
+        dtype = as_dtype(dtype, "reference target")  # --target-opt dtype=bfloat16
         if dtype != torch.float32 and type(self) is ReferenceTarget:
             # the reference computed in a narrower dtype is no longer the golden's arithmetic: its dtype's tiers
             self.compute_dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
