@@ -35,17 +35,16 @@ def parse_cases(text: str) -> list[tuple[int, int, int]]:
 def kernel_split(events: list[dict]) -> dict:
     """Median CUPTI duration (us) per kernel kind (quantizer, GEMM, other) and the GEMM's grid / block."""
     by: dict[str, list[float]] = {"quant": [], "gemm": [], "other": []}
-    grid = block = main = None
-    others = set()
+    grid = block = None
+    mains, others = set(), set()
     for e in events:
         name = e.get("name", "")
         kind = "quant" if QUANT in name else "gemm" if any(g in name for g in GEMM) else "other"
         by[kind].append(float(e["dur"]))
-        if kind == "gemm" and grid is None:
-            grid, block = e.get("args", {}).get("grid"), e.get("args", {}).get("block")
-            main = next(g for g in GEMM if g in name)
-        elif kind == "gemm" and not name.count(main or "\0"):
-            main = f"{main}+{next(g for g in GEMM if g in name)}"
+        if kind == "gemm":
+            mains.add(next(g for g in GEMM if g in name))
+            if grid is None:
+                grid, block = e.get("args", {}).get("grid"), e.get("args", {}).get("block")
         if kind == "other":
             others.add(name[:80])
     if not by["gemm"]:
@@ -55,7 +54,7 @@ def kernel_split(events: list[dict]) -> dict:
     n_ops = len(by["gemm"])
     return {"quant_us": med["quant"], "gemm_us": med["gemm"], "other_us": med["other"],
             "other_per_op": round(len(by["other"]) / n_ops, 2), "other_kernels": sorted(others),
-            "grid": grid, "block": block, "kernel": main}
+            "grid": grid, "block": block, "kernel": "+".join(sorted(mains))}  # (two: the median spans both)
 
 
 def measure(M: int, N: int, K: int, env: dict, n_calls: int = 24, min_bytes: int = 160 << 20) -> dict:

@@ -2691,7 +2691,8 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                    and m.weight.name.rsplit(".", 2)[-2] in META_QK})
     # (GGUF models are named attn_q / attn_k: the GGUF reader undoes llama.cpp's own permutation itself)
     for m in modules:  # Meta-style q / k: their rows in interleaved-RoPE order, until the loss says otherwise
-        m.rope = bool(meta) and m.role in ("q", "k", "qkv") and m.weight.name.rsplit(".", 2)[-2] in META_QK
+        m.rope = bool(meta) and m.role in ("q", "k", "qkv") and m.weight.name.rsplit(".", 2)[-2] in META_QK \
+            and _rope_expressible(m)
     # raises on an activation scheme the spec cannot run, before any search
     act = declared_activation_quant(cfg, f"{model_dir / 'config.json'}")
     if act is not None:
@@ -2905,6 +2906,12 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
 META_QK = ("wq", "wk", "wqkv")  # the Meta-style q / k module names whose rows Meta's writers store interleaved
 
 
+def _rope_expressible(m: Module) -> bool:
+    """Whether a q / k module's rows can be put back in transformers' order by the spec (LinearEntry.rope_interleave):
+    not with a bias (vLLM's own loader reads it) nor for a linear kept in float (a plain tensor, no entry)."""
+    return m.bias is None and not plain_float_linear(m)
+
+
 def _rope_rows_finding(modules, floats, top, cfg, ckpt, ids, meta) -> tuple[Optional[Finding], bool]:
     """The q / k row order (``Module.rope``, set from the names: Meta's consolidated checkpoints and Microsoft
     BitNet's GPU converter store q / k rows in interleaved-RoPE order). With text to score on and a decode that
@@ -2914,12 +2921,18 @@ def _rope_rows_finding(modules, floats, top, cfg, ckpt, ids, meta) -> tuple[Opti
     Returns (the finding, or None for transformers' names kept as stored; whether the modules' flags changed)."""
     from .decode import model_loss
 
-    qk = [m for m in modules if m.role in ("q", "k", "qkv")]
-    if not qk or (ids is None and not meta):
-        return None, False
+    qk = [m for m in modules if m.role in ("q", "k", "qkv") and _rope_expressible(m)]
+    fixed = [m.weight.name for m in modules if m.role in ("q", "k", "qkv") and not _rope_expressible(m)]
     names = (f"Meta-style names {meta}: Meta's consolidated checkpoints and Microsoft BitNet's GPU converter "
              f"(gpu/convert_safetensors.py, '(h l d) i -> (h d l) i') store q / k rows in interleaved-RoPE order"
              if meta else "transformers' names")
+    if meta and fixed:  # a bias (vLLM loads it itself) or a linear kept in float (a plain tensor): no row order field
+        names += (f"; read as stored, whatever their order: {fixed[:4]}{' ...' if len(fixed) > 4 else ''} (a bias, "
+                  f"or kept in float: the spec cannot put their rows back)")
+    if not qk:
+        return (Finding("q / k row order", "as stored (transformers' order)", names, "low") if meta else None), False
+    if ids is None and not meta:
+        return None, False
     default = frozenset(id(m) for m in qk if m.rope)
 
     def said(sel):

@@ -309,3 +309,61 @@ def test_online_mode_under_meta_names_is_refused_by_name(tmp_path):
     with pytest.raises(InspectError, match=r"layers\.0\.attention\.wo\.weight .* quantization_mode online .* not under "
                                            r"transformers' name"):
         inspect_dir(a, use_loss=False)
+
+
+def _with_qkv_bias(out: Path, meta: bool = False) -> None:
+    """Zero q / k / v biases (attention_bias: true) on a written checkpoint: under transformers' or Meta's names."""
+    cfg = ModelConfig.load(out)
+    sd = load_file(str(out / "model.safetensors"))
+    for L in range(cfg.num_layers):
+        for m, wm, n in (("q_proj", "wq", cfg.num_heads), ("k_proj", "wk", cfg.num_kv_heads),
+                         ("v_proj", "wv", cfg.num_kv_heads)):
+            key = f"layers.{L}.attention.{wm}.bias" if meta else f"model.layers.{L}.self_attn.{m}.bias"
+            sd[key] = torch.zeros(n * cfg.head_dim)
+    save_file(sd, str(out / "model.safetensors"))
+    c = json.loads((out / "config.json").read_text())
+    c["attention_bias"] = True
+    (out / "config.json").write_text(json.dumps(c))
+
+
+def test_q_k_biases_keep_their_rows(logical, tmp_path):
+    """A bias cannot be un-permuted (vLLM's own loader reads it): the order search leaves biased q / k modules out
+    (it crashed every inspection with text of a biased model); under Meta names they are read as stored, said low."""
+    out = tmp_path / "hf"
+    synth.write("hf-bitlinear", logical, out)
+    _with_qkv_bias(out)
+    res = inspect_dir(out)
+    assert not any(f.what == "q / k row order" for f in res.findings) and res.loss < 0.3
+    src = tmp_path / "gpu"
+    synth.write("bitnet-gpu", logical, src)
+    meta = tmp_path / "meta"
+    _unfused_meta(src, meta)
+    _with_qkv_bias(meta, meta=True)
+    res = inspect_dir(meta)
+    f = _finding(res)
+    assert f.decision == "as stored (transformers' order)" and f.confidence == "low" and "a bias" in f.evidence
+    assert all(e.rope_interleave is None for e in res.spec.linears.values())
+
+
+def test_transformers_target_refuses_interleaved_rows(logical, tmp_path):
+    """transformers reads q / k rows as stored: a directory whose spec un-permutes them is no oracle case."""
+    from parity.targets import get_target
+    from reference.spec import SPEC_FILENAME
+
+    out = tmp_path / "gpu"
+    synth.write("bitnet-gpu", logical, out)
+    inspect_dir(out, use_loss=False).spec.save(out / SPEC_FILENAME)
+    with pytest.raises(ValueError, match=r"interleaved-RoPE order \(rope_interleave\), which transformers does not"):
+        get_target("transformers").capture(out, torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_transformers_target_missing_head_says_why(tmp_path):
+    from parity.targets import get_target
+    from reference.make_model import Preset, write_model
+
+    d = write_model(Preset("llama", 64, 96, 1, 2, 1, 50, True, seed=3), tmp_path / "m")
+    c = json.loads((d / "config.json").read_text())
+    c.pop("tie_word_embeddings", None)
+    (d / "config.json").write_text(json.dumps(c))
+    with pytest.raises(ValueError, match=r"\['lm_head.weight'\].* tie_word_embeddings is false or absent"):
+        get_target("transformers").capture(d, torch.zeros(1, 4, dtype=torch.long))

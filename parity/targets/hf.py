@@ -49,6 +49,19 @@ class TransformersTarget(Target):
             raise ValueError(f"{model_dir}: a GGUF model: the transformers target loads Hugging Face checkpoints "
                              f"(config.json + safetensors) only; use the reference, bf16 or vllm target, or convert "
                              f"it first (python -m reference.gguf FILE OUTDIR)")
+        from reference.spec import SPEC_FILENAME, CheckpointSpec
+
+        if (Path(model_dir) / SPEC_FILENAME).is_file():  # the inspector's findings about this directory
+            try:
+                spec = CheckpointSpec.load(Path(model_dir) / SPEC_FILENAME)
+            except Exception:  # not this target's input (it reads config.json): a spec others refuse stays theirs
+                spec = None
+            rope = sorted(m for m, e in spec.linears.items() if e.rope_interleave is not None) if spec else []
+            if rope:  # transformers reads q / k rows as stored: RoPE would rotate the wrong pairs in every layer
+                raise ValueError(f"{model_dir}: {SPEC_FILENAME} says {rope[0]} ({len(rope)} such) stores its rows in "
+                                 f"interleaved-RoPE order (rope_interleave), which transformers does not undo: "
+                                 f"transformers is no oracle for this checkpoint; use the reference, bf16 or vllm "
+                                 f"target")
         cfg = ModelConfig.load(model_dir)
         archs = load_config(model_dir).get("architectures") or []
         if ONEBIT_LLM in archs:
@@ -110,10 +123,13 @@ class TransformersTarget(Target):
         missing = sorted(info.get("missing_keys") or ())
         if missing:  # transformers initialises those at random and goes on: its outputs would be noise, read as a
             # divergence of every layer (a Meta / GGUF-named checkpoint loads nothing under transformers' names)
+            from reference.spec import UNTIED_HEAD_HINT
+
+            why = UNTIED_HEAD_HINT if missing == ["lm_head.weight"] else "tensor names not transformers'?"
             raise ValueError(f"{model_dir}: transformers found no checkpoint tensor for {len(missing)} of its "
                              f"parameters ({missing[:4]}{' ...' if len(missing) > 4 else ''}) and would initialise "
-                             f"them at random: transformers is no oracle for this checkpoint (tensor names not "
-                             f"transformers'?); use the reference, bf16 or vllm target")
+                             f"them at random: transformers is no oracle for this checkpoint ({why}); use the "
+                             f"reference, bf16 or vllm target")
         return model.eval()
 
     def capture(self, model_dir, input_ids, *, spec_path=None):
