@@ -54,9 +54,8 @@ TABLE: dict[str, dict[str, Tol]] = {
              "model": Tol(1e-3, 0.15)},
     "fp16": {"operator": Tol(1e-3, 3e-2), "attention": Tol(1e-3, 5e-2), "block": Tol(1e-3, 3e-2),
              "model": Tol(1e-3, 5e-2)},
-    "fp16-a8": {"operator": Tol(1e-3, 0.12), "attention": Tol(1e-3, 0.12), "block": Tol(1e-3, 0.12),
-                "model": Tol(1e-3, 0.15)},
 }
+TABLE["fp16-a8"] = dict(TABLE["bf16"])  # the bf16 widths (see the module docstring)
 
 #: a layer's error counts as a jump when it exceeds JUMP_FACTOR x the same operator's error in
 #: the previous layer and JUMP_FLOOR x its tolerance (below that, it is rounding noise)

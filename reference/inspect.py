@@ -2687,12 +2687,11 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                             f"{len(fused)} fused ({sorted({m.role for m in fused})}) split by config.json sizes"
                             if fused else "no fused tensors", "high"))
     _in_norm_finding(modules, cfg, findings)
-    meta = sorted({m.weight.name.rsplit(".", 2)[-2] for m in modules if m.role in ("q", "k", "qkv")
-                   and m.weight.name.rsplit(".", 2)[-2] in META_QK})
     # (GGUF models are named attn_q / attn_k: the GGUF reader undoes llama.cpp's own permutation itself)
-    for m in modules:  # Meta-style q / k: their rows in interleaved-RoPE order, until the loss says otherwise
-        m.rope = bool(meta) and m.role in ("q", "k", "qkv") and m.weight.name.rsplit(".", 2)[-2] in META_QK \
-            and _rope_expressible(m)
+    meta_named = [m for m in modules if m.role in ("q", "k", "qkv") and m.weight.name.rsplit(".", 2)[-2] in META_QK]
+    meta = sorted({m.weight.name.rsplit(".", 2)[-2] for m in meta_named})
+    for m in meta_named:  # Meta-style q / k: their rows in interleaved-RoPE order, until the loss says otherwise
+        m.rope = _rope_expressible(m)
     # raises on an activation scheme the spec cannot run, before any search
     act = declared_activation_quant(cfg, f"{model_dir / 'config.json'}")
     if act is not None:
@@ -2959,11 +2958,10 @@ def _rope_rows_finding(modules, floats, top, cfg, ckpt, ids, meta) -> tuple[Opti
     chosen = best if switch else default
     for m in qk:
         m.rope = id(m) in chosen
-    others = sorted((v, sel) for sel, v in options.items() if sel != chosen)
     ev = names + "; loss " + ", ".join(
         f"{v:.4f} nats {'as stored' if not sel else 'all q / k un-permuted' if len(sel) == len(qk) else 'by names'}"
         for sel, v in sorted(options.items(), key=lambda kv: kv[1]))
-    margin = others[0][0] - options[chosen] if others else float("nan")
+    margin = min(v for sel, v in options.items() if sel != chosen) - options[chosen]  # (all != none: >= 2 options)
     if switch:
         return Finding("q / k row order", said(chosen), ev + ": the loss overrules the names", confidence(margin)), True
     if not meta:  # transformers' names, and their order holds: nothing to say

@@ -68,7 +68,7 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.utils import set_weight_attrs
 
 from reference.formats import FormatError
-from reference.spec import SPEC_FILENAME, CheckpointSpec
+from reference.spec import SPEC_FILENAME, CheckpointSpec, rope_rows
 
 from .kernels import Backend, get_backend
 from .keymap import (KeyMapError, checkpoint_renames, decode_levels, decode_weight, dense_reason, float_valued,
@@ -358,7 +358,6 @@ class _SpecLinearMethod(LinearMethodBase):
         """vLLM loader for a layer's "weight" or "scale" parameter. convert(raw, entry, module) -> that
         module's rows; post(rows, param) -> what vLLM's own loader receives."""
         key = {"weight": "weight_key", "scale": "scale", "zero": "zero"}[what]
-        from reference.spec import rope_rows
 
         def rows_of(raw, e, m):  # one row per module output, in transformers' order (q / k rows stored
             # in interleaved-RoPE order: LinearEntry.rope_interleave; before vLLM narrows them to this rank's heads)
