@@ -245,7 +245,10 @@ class Humming:
 # synccheck on its own driver), run 32 a8_bp (ternary_mm_a8_bp, the bitplane layout: its GPU tests bit for bit
 # against ternary_mm_a8 under every launch knob and graph replay, memcheck, racecheck; 0-37% slower than the code
 # layout, 2026-12-02-h200-run32b-bitplane.md). None pending now.
-EXPERIMENTAL: dict = {}  # name -> at_m(M): left out under --no-experimental (an earlier stage of the GPU job failed)
+# Pending now: the GEMM kernel's cluster quantizer (TRIT_A8_GEMM_QCL, quant_rows_cluster_kernel kKbm; its GPU tests are
+# tests/test_ops_cuda.py test_a8_gemm_cluster_quantizer_matches_the_loop_kernel / test_a8_gemm_quantizer_route).
+EXPERIMENTAL: dict = {  # name -> at_m(M): left out under --no-experimental (an earlier stage of the GPU job failed)
+    **{f"a8_{c}{n}": (lambda M: 16 < M <= 256) for c in ("gqcl", "gemmq") for n in ("1", "8")}}
 # TRIT_A8_GEMM_CFG values timed beside the default warp tile (csrc/ternary_gemm.cu gemm_cfg_id):
 # 1 = 2 weight tiles x 8 row tiles per warp, 4 warps (128 channels x 64 rows per CTA); 2 = the same
 # warp tile, 8 warps (256 channels); 3 = 4 weight tiles x 4 row tiles, 4 x 2 warps (256 channels);
@@ -328,6 +331,9 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             # (TRIT_QUANT_CLUSTER_XI=0, the default before run 45) / the cluster kernel on every row (TRIT_QUANT_CLUSTER=8)
             variants["a8_xqloop"] = with_env({"TRIT_QUANT_CLUSTER_XI": "0"}, variants["a8"])
             variants["a8_xqcl8"] = with_env({"TRIT_QUANT_CLUSTER_XI": "1", "TRIT_QUANT_CLUSTER": "8"}, variants["a8"])
+            # one CTA per row holding it in registers (TRIT_QUANT_CLUSTER=1: one pass where the loop kernel reads the
+            # row twice; 2 CTAs past K = 8192)
+            variants["a8_xqcl1"] = with_env({"TRIT_QUANT_CLUSTER_XI": "1", "TRIT_QUANT_CLUSTER": "1"}, variants["a8"])
         if 32 < M <= V5_MAX_M_A8:  # the MT = 8 GEMV (8 row tiles per warp): the default on layers of <= 64 Mi
             # weights (TRIT_A8_MT8_MAXW, Mi weights; 16 before H200 run 49), the GEMM kernel above. `a8_mt8` forces the GEMV on every layer;
             # `_noxi` on the plain k-block-major xq (TRIT_A8_XI=0: 8 rows x 4 quarter-used sectors per warp load
@@ -336,6 +342,10 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             variants["a8_mt8"] = with_env(mt8, variants["a8"])
             variants["a8_mt8_noxi"] = with_env({**mt8, "TRIT_A8_XI": "0"}, variants["a8"])
             variants["a8_mt8_xqloop"] = with_env({**mt8, "TRIT_QUANT_CLUSTER_XI": "0"}, variants["a8"])
+            # the cluster quantizer on every row, one CTA per row where it fits (=1) / up to 8 (=8): the M = 64
+            # layers behind humming in run 70 (2560x6912, 14336x4096, 8192x8192) are quantizer-bound
+            variants["a8_mt8_xqcl1"] = with_env({**mt8, "TRIT_QUANT_CLUSTER": "1"}, variants["a8"])
+            variants["a8_mt8_xqcl8"] = with_env({**mt8, "TRIT_QUANT_CLUSTER": "8"}, variants["a8"])
         if M <= BP_MAX_M and bps:  # the same route on the bitplane layout (bit-identical results)
             variants["a8_bp"] = lambda i: torch.ops.trit.ternary_mm_a8_bp(x, bps[i % nt], scale, N, K, None)
         if M <= 8:  # the quantizer fused into the GEMV
@@ -388,6 +398,14 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             variants["a8_gemm_late"] = with_env({**gemm, "TRIT_A8_GEMM_EARLY": "0"}, variants["a8"])
             for k in GEMM_KS:  # its split-K count forced (TRIT_A8_GEMM_KS)
                 variants[f"a8_gemm_ks{k}"] = with_env({**gemm, "TRIT_A8_GEMM_KS": str(k)}, variants["a8"])
+            # the GEMM kernel's quantizer as the cluster kernel (TRIT_A8_GEMM_QCL=n: <= n CTAs per row, the row in
+            # registers, one pass; the loop kernel reads it twice): the default route, and the GEMM route forced with
+            # its default main loop (a8_route.h) - M = 128's small layers, which take v4 by default (run 72)
+            for n in ("0", "1", "8"):
+                if n != "0":
+                    variants[f"a8_gqcl{n}"] = with_env({"TRIT_A8_GEMM_QCL": n}, variants["a8"])
+                variants[f"a8_gemmq{n}"] = with_env({"TRIT_A8_GEMM": "1", "TRIT_A8_DENSE_MIN_M": str(1 << 30),
+                                                     "TRIT_A8_GEMM_QCL": n}, variants["a8"])
             # the fused v4 kernel falls far behind above M = 256 (run 2)
             variants["a8_kernel"] = with_env({"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}, variants["a8"])
         if V5_MAX_M_A8 < M <= 256:  # the op on 64-row slices of x (per-token quantization: each row's result is
@@ -449,8 +467,9 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             try:
                 y0 = f(0)
                 y = y0.float()
-                if name in ("a8_bp", "a8_noxi", "a8_xqloop", "a8_xqcl8", "a8_mt8", "a8_mt8_noxi", "a8_mt8_xqloop",
-                            "a8_split64") \
+                if name in ("a8_bp", "a8_noxi", "a8_xqloop", "a8_xqcl8", "a8_xqcl1", "a8_mt8", "a8_mt8_noxi",
+                            "a8_mt8_xqloop", "a8_mt8_xqcl1", "a8_mt8_xqcl8", "a8_split64", "a8_gqcl1", "a8_gqcl8",
+                            "a8_gemmq0", "a8_gemmq1", "a8_gemmq8") \
                         and "a8" in variants:  # the default's result bit for bit (same sums)
                     row[f"{name}_equal"] = bool(torch.equal(y0, variants["a8"](0)))
                 if name == "a8_fnorm_t" and "a8_fnorm" in variants:  # the row-major route's, bit for bit
@@ -636,6 +655,24 @@ def markdown(meta, rows) -> str:
                          f"({_f(r.get('a8_x_bf16'), '.2f')}x) | {_f(r.get('a8_mt8_us'), '.1f')} | "
                          f"{_f(r.get('a8_mt8_noxi_us'), '.1f')} | {_f(r.get('a8_mt8_xqloop_us'), '.1f')} | {_f(h, '.1f')} | "
                          f"{_f(h / best if h and best else None, '.2f')}x | {eq} |")
+    qk = ("a8_xqcl1", "a8_mt8_xqcl1", "a8_mt8_xqcl8", "a8_gqcl1", "a8_gqcl8", "a8_gemmq0", "a8_gemmq1", "a8_gemmq8")
+    qrows = [r for r in rows if any(r.get(f"{k}_us") or r.get(f"{k}_error") for k in qk)]
+    if qrows:
+        lines += ["", "The a8 quantizer in front of the GEMV / GEMM kernel (us): the default; the cluster kernel on every "
+                  "row (TRIT_QUANT_CLUSTER=1 / 8: the row in registers, one pass, <= 1 / 8 CTAs per row) behind the "
+                  "M <= 32 GEMV and the MT = 8 GEMV forced (`mt8`); in front of the GEMM kernel (TRIT_A8_GEMM_QCL=1 / 8) "
+                  "on the default route (`gqcl`) and on the GEMM route forced with its default main loop (`gemmq`, 0 = the "
+                  "loop quantizer; v4's layers at M = 128 by default). "
+                  "`equal`: each bit for bit the default's.", "",
+                  "| N x K | M | default a8 | xqcl1 | mt8 / xqcl1 / xqcl8 | gqcl1 / gqcl8 | gemmq0 / gemmq1 / gemmq8 | "
+                  "humming | equal |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in qrows:
+            eq = all(r.get(f"{k}_equal", True) for k in qk)
+            lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('a8_us'), '.1f')} | {_f(r.get('a8_xqcl1_us'), '.1f')} | "
+                         f"{' / '.join(_f(r.get(f'a8_mt8{k}_us'), '.1f') for k in ('', '_xqcl1', '_xqcl8'))} | "
+                         f"{' / '.join(_f(r.get(f'a8_gqcl{n}_us'), '.1f') for n in ('1', '8'))} | "
+                         f"{' / '.join(_f(r.get(f'a8_gemmq{n}_us'), '.1f') for n in ('0', '1', '8'))} | "
+                         f"{_f(r.get('humming_us'), '.1f')} | {eq} |")
     bp = [r for r in rows if r.get("a8_bp_us") or r.get("a8_bp_error")]
     if bp:
         lines += ["", "Weight layout at M <= 32: the bitplane (+1/-1 bitmask) form, `ternary_mm_a8_bp` (one bit plane "

@@ -1936,12 +1936,18 @@ __device__ __forceinline__ void st_cluster(V* local, unsigned rank, V v) {  // *
 // act(gate) * up in T (chain_act: torch's ops and roundings, act 1 relu^2, 2 silu) - the values the act kernel in
 // front would have written, so the quantization is bit for bit that of ternary_mm_a8(act(gate) * up), with one
 // kernel fewer and no round trip of the product through memory.
+// kKbm (a8_gemm_kernel's quantizer, TRIT_A8_GEMM_QCL; not with kXI / kAct): quant_rows_perm_kernel's k-block-major
+// layouts of Mp rows - 1 plain ([Kp/128][Mp][128]), 2 the wgmma byte order (kWG) - grid (S, Mp), the clusters of
+// rows M .. Mp - 1 writing zeros; rank 0 of row 0's cluster zeroes the n_zero split-K tile counters at zero after the
+// PDL wait, as quant_rows_perm_kernel's CTA 0 does.
 constexpr int kQcVecs = 4;  // groups of 8 per thread: S = 8 CTAs x 256 threads x 4 x 8 = K <= 65536
-template <typename T, bool kXI = false, bool kAct = false>
+template <typename T, bool kXI = false, bool kAct = false, int kKbm = 0>
 __global__ void __launch_bounds__(256) quant_rows_cluster_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
                                                                  float* __restrict__ xs_out,
                                                                  int32_t* __restrict__ rowsum, int K, int Kp,
-                                                                 int S, bool vec, int M, int Mp, int act = 0) {
+                                                                 int S, bool vec, int M, int Mp, int act,
+                                                                 int32_t* __restrict__ zero, int n_zero) {
+  static_assert(kKbm == 0 || (!kXI && !kAct), "one xq layout");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ float sh_f[8];
   __shared__ int sh_i[8];
@@ -1950,18 +1956,31 @@ __global__ void __launch_bounds__(256) quant_rows_cluster_kernel(const T* __rest
   const unsigned rank = cluster_ctarank();
   const int m = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int G = Kp >> 3, per = (G + S - 1) / S, g0 = (int)rank * per, g1 = min(G, g0 + per);
-  auto dst = [&](int g) {  // row m's 8 bytes of group g
-    return reinterpret_cast<uint2*>(xq + (kXI ? xi_offset(m, g * 8, Mp) : (size_t)m * Kp + (size_t)g * 8));
+  auto put = [&](int g, uint2 v) {  // row m's 8 bytes of group g
+    if constexpr (kKbm == 2) {  // quant_rows_perm_kernel kWG: two 4-byte halves within the row's k-block
+      int8_t* rb = xq + ((size_t)(g >> 4) * Mp + m) * kBlockK;
+      const int grp = g & 15, cc = grp >> 2, ii = grp & 3;
+      *reinterpret_cast<uint32_t*>(rb + 32 * ii + 4 * cc) = v.x;
+      *reinterpret_cast<uint32_t*>(rb + 32 * ii + 16 + 4 * cc) = v.y;
+    } else if constexpr (kKbm == 1) {
+      *reinterpret_cast<uint2*>(xq + ((size_t)(g >> 4) * Mp + m) * kBlockK + (size_t)(g & 15) * 8) = v;
+    } else {
+      *reinterpret_cast<uint2*>(xq + (kXI ? xi_offset(m, g * 8, Mp) : (size_t)m * Kp + (size_t)g * 8)) = v;
+    }
   };
-  if (m >= M) {  // a zero row of the interleaved tiles (every CTA of this cluster is here: no cluster barrier)
+  if (m >= M) {  // a zero row of the interleaved / k-block-major tiles (every CTA of this cluster is here: no barrier)
     pdl_trigger();
     pdl_wait();  // the kernel before may still read xq
-    for (int g = g0 + tid; g < g1; g += 256) *dst(g) = make_uint2(0u, 0u);
+    for (int g = g0 + tid; g < g1; g += 256) put(g, make_uint2(0u, 0u));
     return;
   }
   cluster_arrive_relaxed();
   pdl_trigger();  // the GEMV may launch now and stream its weights; it waits for this grid
   pdl_wait();     // x comes from the kernel before
+  if constexpr (kKbm != 0) {  // the split-K tile counters of the a8_gemm_kernel launched next (it reads them only
+    if (m == 0 && rank == 0)  // after its own PDL wait, i.e. once this grid has finished)
+      for (int i = tid; i < n_zero; i += 256) zero[i] = 0;
+  }
   const T* row = x + (size_t)m * (kAct ? 2 * K : K);
   const T* up = row + K;  // kAct: the up half of the row
   float e[kQcVecs][8];
@@ -2032,7 +2051,7 @@ __global__ void __launch_bounds__(256) quant_rows_cluster_kernel(const T* __rest
 #pragma unroll
   for (int v = 0; v < kQcVecs; ++v) {
     const int g = g0 + tid + v * 256;
-    if (g < g1) *dst(g) = quant_group8(e[v], xs, part);
+    if (g < g1) put(g, quant_group8(e[v], xs, part));
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
@@ -2202,6 +2221,10 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //   TRIT_A8_GEMM = auto (default) | 0 | 1   a8 at M > 16: a8_gemm_kernel (above 256 only its wgmma loop) (read in bindings.cpp,
 //                                     a8_gemm_on: auto by shape; it gives the kernel its split-K workspace)
 //   TRIT_A8_GEMM_KS = n               its split-K CTAs (default: gemm_shape)
+//   TRIT_A8_GEMM_QCL = 0 (default) | n   its quantizer: 0 the one-CTA loop kernel (quant_rows_perm_kernel, two
+//                                     passes over the row), n > 0 (sm_90) the cluster kernel of <= n CTAs per row
+//                                     (quant_rows_cluster_kernel kKbm, quant_cluster_size: the row in registers,
+//                                     one pass); bit for bit the same xq. Not yet measured on a GPU
 //   TRIT_A8_GEMM_EARLY = 1 (default) | 0   its first weight stages requested before the PDL wait, and
 //                                     the split-K slices added two per round trip (H200 run 17: 0.2-1.5 us
 //                                     faster than 0 on 30 of 39 shapes x M, never slower by more than 0.6)
@@ -2318,15 +2341,27 @@ template <typename T>
 cudaError_t launch_quant_cluster(int S, const T* x, int8_t* xq, float* xs, int32_t* rowsum, int M, int K, int Kp,
                                  bool vec, cudaStream_t st, bool pdl, int Mp = 0, int act = 0) {
   const dim3 grid(S, Mp > 0 ? Mp : M);
+  int32_t* const nz = nullptr;
   if (act != 0)
     return Mp > 0 ? launch_cluster_ex(quant_rows_cluster_kernel<T, true, true>, grid, S, st, pdl, x, xq, xs, rowsum, K,
-                                      Kp, S, vec, M, Mp, act)
+                                      Kp, S, vec, M, Mp, act, nz, 0)
                   : launch_cluster_ex(quant_rows_cluster_kernel<T, false, true>, grid, S, st, pdl, x, xq, xs, rowsum, K,
-                                      Kp, S, vec, M, 0, act);
+                                      Kp, S, vec, M, 0, act, nz, 0);
   return Mp > 0 ? launch_cluster_ex(quant_rows_cluster_kernel<T, true>, grid, S, st, pdl, x, xq, xs, rowsum, K, Kp, S,
-                                    vec, M, Mp, 0)
+                                    vec, M, Mp, 0, nz, 0)
                 : launch_cluster_ex(quant_rows_cluster_kernel<T>, grid, S, st, pdl, x, xq, xs, rowsum, K, Kp, S, vec, M,
-                                    0, 0);
+                                    0, 0, nz, 0);
+}
+// The a8 GEMM kernel's quantizer as the cluster kernel (kKbm: wg, the wgmma byte order, else the plain k-block-major
+// layout) on grid (S, Mp), zeroing the n_zero split-K tile counters at zero.
+template <typename T>
+cudaError_t launch_quant_cluster_kbm(int S, bool wg, const T* x, int8_t* xq, float* xs, int32_t* rowsum, int M, int K,
+                                     int Kp, int Mp, bool vec, cudaStream_t st, bool pdl, int32_t* zero, int n_zero) {
+  const dim3 grid(S, Mp);
+  return wg ? launch_cluster_ex(quant_rows_cluster_kernel<T, false, false, 2>, grid, S, st, pdl, x, xq, xs, rowsum, K,
+                                Kp, S, vec, M, Mp, 0, zero, n_zero)
+            : launch_cluster_ex(quant_rows_cluster_kernel<T, false, false, 1>, grid, S, st, pdl, x, xq, xs, rowsum, K,
+                                Kp, S, vec, M, Mp, 0, zero, n_zero);
 }
 
 // Rows of x per v5 warp: MT 8-row tiles. Where v5 runs, from the H200 table (bench/results,
@@ -2642,9 +2677,16 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
   // split-K: the quantizer zeroes the tile counters at the head of ws
   const int n_cnt = g.ks > 1 ? g.gx * g.gy : 0;
   const bool wg = gemm_cfg_wg(g.cfg);  // x in the wgmma byte order
-  cudaError_t e = launch_ex(wg ? quant_rows_perm_kernel<T, true> : quant_rows_perm_kernel<T>,
-                            dim3(g.Mp), dim3(256), 0, st, pdl, x, xq, xs, rowsum, M, K,
-                            g.KB * kBlockK, g.Mp, vec, n_cnt > 0 ? ws : nullptr, n_cnt);
+  // the quantizer: the one-CTA loop kernel (two passes over the row), or with TRIT_A8_GEMM_QCL=n > 0 (sm_90) the
+  // cluster kernel of <= n CTAs per row (quant_cluster_size: the row in registers, one pass); its grid's y (rows) is
+  // limited to 65535: the loop kernel past that
+  const int qcl = pdl_supported() && g.Mp <= 65535 ? env_int("TRIT_A8_GEMM_QCL", 0) : 0;
+  const int S = qcl > 0 ? quant_cluster_size(g.KB * kBlockK, qcl) : 0;
+  cudaError_t e = S > 0 ? launch_quant_cluster_kbm<T>(S, wg, x, xq, xs, rowsum, M, K, g.KB * kBlockK, g.Mp, vec, st,
+                                                      pdl, n_cnt > 0 ? ws : nullptr, n_cnt)
+                        : launch_ex(wg ? quant_rows_perm_kernel<T, true> : quant_rows_perm_kernel<T>,
+                                    dim3(g.Mp), dim3(256), 0, st, pdl, x, xq, xs, rowsum, M, K,
+                                    g.KB * kBlockK, g.Mp, vec, n_cnt > 0 ? ws : nullptr, n_cnt);
   if (e != cudaSuccess) return e;
   const dim3 grid(g.gx, g.gy, g.ks);
   const int4* w4 = reinterpret_cast<const int4*>(wp);

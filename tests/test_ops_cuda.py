@@ -1733,6 +1733,71 @@ def test_quant_cluster_xi_route(monkeypatch, M, K, knobs, kernel):
         assert any("quant_rows_perm_kernel" in n for n in names), names
 
 
+# ------------------------------------------------------------------ the cluster quantizer in front of the GEMM kernel
+# TRIT_A8_GEMM_QCL=n > 0 (default 0: the one-CTA loop kernel): a8_gemm_kernel's quantizer is quant_rows_cluster_kernel
+# kKbm (grid (S, Mp), the row in registers, one pass) writing the loop kernel's k-block-major xq (plain, or the wgmma
+# byte order) and zeroing the split-K tile counters: the op's output bit for bit, on every main loop and split.
+
+
+@pytest.mark.parametrize("M,N,K", [(17, 1000, 4104), (40, 24, 8200), (65, 2560, 2560), (100, 130, 520),
+                                   (128, 6912, 2560), (128, 640, 14336), (200, 300, 30001), (256, 2048, 8192),
+                                   (300, 4096, 4096)])
+@pytest.mark.parametrize("n", ["1", "8"])
+def test_a8_gemm_cluster_quantizer_matches_the_loop_kernel(monkeypatch, M, N, K, n):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters: compute capability 9.0+")
+    monkeypatch.setenv("TRIT_A8_GEMM", "1")
+    monkeypatch.setenv("TRIT_A8_DENSE_MIN_M", str(1 << 30))
+    loops = [("0", "0")] + ([("1", "0"), ("1", "1"), ("2", "1")] if ops.WGMMA else [])
+    if M > 256:  # past 256 only the 128-row wgmma loop runs the GEMM kernel
+        loops = [("2", "1")] if ops.WGMMA else []
+    if not loops:
+        pytest.skip("M > 256: the GEMM kernel needs the wgmma loop (sm_90a build)")
+    for dtype in DTYPES:
+        x, w, p, s, b = make_case(M, N, K, dtype, dtype != torch.float32, 7 * M + K % 97, DEV)
+        x[min(1, M - 1)].zero_()  # a row of zeros: xs from the 1e-5 floor, rowsum 0
+        x[M - 1, K // 2] = 1e4  # an outlier in another CTA's part of the row
+        if dtype == torch.float16:  # x 2 bytes off 16-byte alignment: the quantizers' scalar loads (vec false)
+            x = torch.zeros(M * K + 1, dtype=dtype, device=DEV)[1:].view(M, K).copy_(x)
+        for wg, ov in loops:
+            monkeypatch.setenv("TRIT_A8_GEMM_WG", wg)
+            monkeypatch.setenv("TRIT_A8_GEMM_WG_OVERLAP", ov)
+            for ks in ("0", "1", "3"):
+                monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)
+                monkeypatch.setenv("TRIT_A8_GEMM_QCL", "0")
+                want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+                monkeypatch.setenv("TRIT_A8_GEMM_QCL", n)
+                # poison what the workspaces (xq, xs, rowsum; split-K counters and slices) may reuse
+                torch.empty(1 << 24, dtype=torch.int8, device=DEV).fill_(0x5A)
+                got = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+                g, static_y = capture(lambda t: torch.ops.trit.ternary_mm_a8(t, p, s, N, K, b), x.clone())
+                poison(static_y)
+                g.replay()
+                assert torch.equal(got, want), \
+                    f"M={M} N={N} K={K} n={n} wg={wg} ks={ks} {dtype}: {(got != want).sum().item()} outputs differ"
+                assert torch.equal(static_y, want), f"replayed M={M} N={N} K={K} n={n} wg={wg} ks={ks} {dtype}"
+        assert_close_rel(got, ops.ternary_mm_a8_ref(x, p, s, N, K, b),
+                         {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}[dtype], "a8 gemm qcl vs ref")
+
+
+@pytest.mark.parametrize("M,N,K,env,kernel", [
+    (128, 6912, 2560, {}, "perm"), (128, 6912, 2560, {"TRIT_A8_GEMM_QCL": "8"}, "cluster"),
+    (128, 4096, 14336, {"TRIT_A8_GEMM_QCL": "1"}, "cluster"), (256, 2560, 6912, {"TRIT_A8_GEMM_QCL": "0"}, "perm"),
+    (128, 2560, 2560, {"TRIT_A8_GEMM_QCL": "8"}, None)])  # the v4 route there (a8_gemm_on): its own quantizer
+def test_a8_gemm_quantizer_route(monkeypatch, M, N, K, env, kernel):
+    """Which quantizer runs in front of the GEMM kernel: the loop kernel by default and with TRIT_A8_GEMM_QCL=0, the
+    cluster kernel with n > 0 (n = 1 on a 14336 row: 2 CTAs, the fewest that hold it in registers)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters: compute capability 9.0+")
+    for k in ("TRIT_A8_GEMM", "TRIT_A8_GEMM_QCL", "TRIT_A8_DENSE_MIN_M"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    names = _quantizer_kernels(M, N, K)
+    assert any("quant_rows_cluster_kernel" in n for n in names) == (kernel == "cluster"), names
+    assert any("quant_rows_perm_kernel" in n for n in names) == (kernel == "perm"), names
+
+
 # ------------------------------------------------------------------ the tiled xq on the fused-norm route (layout 1)
 # rms_norm_a8q(..., layout=1) writes trit.ops.a8_tile's layout: at 8 < M <= 32 the interleaved row tiles that the
 # MT = 2 / 4 GEMV reads with kXI (ternary_mm_a8q(..., layout=1)); TRIT_FUSED_NORM_LAYOUT=1 in vLLM.
