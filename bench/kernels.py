@@ -332,7 +332,7 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             variants["a8_xqloop"] = with_env({"TRIT_QUANT_CLUSTER_XI": "0"}, variants["a8"])
             variants["a8_xqcl8"] = with_env({"TRIT_QUANT_CLUSTER_XI": "1", "TRIT_QUANT_CLUSTER": "8"}, variants["a8"])
             # one CTA per row holding it in registers (TRIT_QUANT_CLUSTER=1: one pass where the loop kernel reads the
-            # row twice; 2 CTAs past K = 8192)
+            # row twice; past K = 8192 the fewest CTAs that hold it: ceil(K / 8192))
             variants["a8_xqcl1"] = with_env({"TRIT_QUANT_CLUSTER_XI": "1", "TRIT_QUANT_CLUSTER": "1"}, variants["a8"])
         if 32 < M <= V5_MAX_M_A8:  # the MT = 8 GEMV (8 row tiles per warp): the default on layers of <= 64 Mi
             # weights (TRIT_A8_MT8_MAXW, Mi weights; 16 before H200 run 49), the GEMM kernel above. `a8_mt8` forces the GEMV on every layer;

@@ -1739,11 +1739,20 @@ def test_quant_cluster_xi_route(monkeypatch, M, K, knobs, kernel):
 # byte order) and zeroing the split-K tile counters: the op's output bit for bit, on every main loop and split.
 
 
+def _unaligned(x):
+    """x's values in a tensor 2 bytes off 16-byte alignment (fp16 / bf16): the quantizers' scalar loads (vec false)."""
+    return torch.zeros(x.numel() + 1, dtype=x.dtype, device=x.device)[1:].view(x.shape).copy_(x)
+
+
 @pytest.mark.parametrize("M,N,K", [(17, 1000, 4104), (40, 24, 8200), (65, 2560, 2560), (100, 130, 520),
                                    (128, 6912, 2560), (128, 640, 14336), (200, 300, 30001), (256, 2048, 8192),
                                    (300, 4096, 4096)])
 @pytest.mark.parametrize("n", ["1", "8"])
 def test_a8_gemm_cluster_quantizer_matches_the_loop_kernel(monkeypatch, M, N, K, n):
+    """Eagerly, and from a CUDA graph replayed twice: first on other values of x (its workspace then holds their
+    xq / xs / rowsum, and the split-K counters the count the last CTA of each tile left), then on x with the output
+    poisoned - a group, scale or row sum the cluster kernel failed to write, or counters it failed to zero (no tile
+    would then be stored), cannot pass on earlier values."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters: compute capability 9.0+")
     monkeypatch.setenv("TRIT_A8_GEMM", "1")
@@ -1757,25 +1766,31 @@ def test_a8_gemm_cluster_quantizer_matches_the_loop_kernel(monkeypatch, M, N, K,
         x, w, p, s, b = make_case(M, N, K, dtype, dtype != torch.float32, 7 * M + K % 97, DEV)
         x[min(1, M - 1)].zero_()  # a row of zeros: xs from the 1e-5 floor, rowsum 0
         x[M - 1, K // 2] = 1e4  # an outlier in another CTA's part of the row
+        other = torch.randn(M, K, generator=torch.Generator().manual_seed(M + K)).mul_(3).to(dtype).to(DEV)
         if dtype == torch.float16:  # x 2 bytes off 16-byte alignment: the quantizers' scalar loads (vec false)
-            x = torch.zeros(M * K + 1, dtype=dtype, device=DEV)[1:].view(M, K).copy_(x)
+            x = _unaligned(x)
+        op = lambda t: torch.ops.trit.ternary_mm_a8(t, p, s, N, K, b)  # noqa: E731
         for wg, ov in loops:
             monkeypatch.setenv("TRIT_A8_GEMM_WG", wg)
             monkeypatch.setenv("TRIT_A8_GEMM_WG_OVERLAP", ov)
             for ks in ("0", "1", "3"):
                 monkeypatch.setenv("TRIT_A8_GEMM_KS", ks)
                 monkeypatch.setenv("TRIT_A8_GEMM_QCL", "0")
-                want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+                want = op(x)
                 monkeypatch.setenv("TRIT_A8_GEMM_QCL", n)
-                # poison what the workspaces (xq, xs, rowsum; split-K counters and slices) may reuse
-                torch.empty(1 << 24, dtype=torch.int8, device=DEV).fill_(0x5A)
-                got = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
-                g, static_y = capture(lambda t: torch.ops.trit.ternary_mm_a8(t, p, s, N, K, b), x.clone())
-                poison(static_y)
-                g.replay()
+                got = op(x)
                 assert torch.equal(got, want), \
                     f"M={M} N={N} K={K} n={n} wg={wg} ks={ks} {dtype}: {(got != want).sum().item()} outputs differ"
-                assert torch.equal(static_y, want), f"replayed M={M} N={N} K={K} n={n} wg={wg} ks={ks} {dtype}"
+                static_x = x.clone() if dtype != torch.float16 else _unaligned(x)
+                g, static_y = capture(op, static_x)
+                static_x.copy_(other)
+                g.replay()
+                static_x.copy_(x)
+                poison(static_y)
+                g.replay()
+                assert torch.equal(static_y, want), \
+                    f"replayed M={M} N={N} K={K} n={n} wg={wg} ks={ks} {dtype}: " \
+                    f"{(static_y != want).sum().item()} outputs differ"
         assert_close_rel(got, ops.ternary_mm_a8_ref(x, p, s, N, K, b),
                          {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}[dtype], "a8 gemm qcl vs ref")
 

@@ -77,3 +77,26 @@ def test_manifest_is_written_whole(tmp_path):
     assert path.stat().st_mtime_ns == before
     ops._write_manifest(tmp_path, {**m, "torch": "other"})
     assert json.loads(path.read_text())["torch"] == "other"
+
+
+def test_a_matching_prebuilt_that_does_not_load_is_built_instead(tmp_path, monkeypatch):
+    """A prebuilt whose manifest matches but whose library does not load on this machine (here: 4 bytes, not an ELF
+    library; on a GPU machine e.g. a newer glibc than its own) is reported and the extension built, not left to the
+    pure-torch fallback. The device query and the build are stood in for (no GPU here)."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    monkeypatch.setenv("TRIT_BUILD_DIR", str(tmp_path / "build"))
+    pre = _prebuilt(tmp_path, ops.build_manifest(arch_list="9.0a"))  # this tree's manifest, a broken .so
+    monkeypatch.setenv("TRIT_PREBUILT", str(pre))
+    monkeypatch.setattr(ops.torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    built = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: built.append(kw["build_directory"]))
+    for name in ("EXTENSION_LOADED", "EXTENSION_SO", "WGMMA"):
+        monkeypatch.setattr(ops, name, getattr(ops, name))
+    with pytest.warns(UserWarning, match=r"TRIT_PREBUILT not used, building csrc/ instead: .*trit_C\.so does not "
+                                         r"load here"):
+        ops._load_extension()
+    assert len(built) == 1 and ops.EXTENSION_SO == str(Path(built[0]) / "trit_C.so") and ops.EXTENSION_LOADED
+    assert json.loads((Path(built[0]) / ops.PREBUILT_MANIFEST).read_text())["csrc_sha256"] == \
+        ops.build_manifest()["csrc_sha256"]

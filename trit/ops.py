@@ -792,11 +792,16 @@ def _load_extension() -> None:
     if pre:
         why = prebuilt_mismatch(Path(pre), manifest)
         if why is None:
-            EXTENSION_SO = str(Path(pre) / "trit_C.so")
-            torch.ops.load_library(EXTENSION_SO)
-            EXTENSION_LOADED = True
-            WGMMA = sm90a and (major, minor) == (9, 0)
-            return
+            so = str(Path(pre) / "trit_C.so")
+            try:  # a copy whose manifest matches may still not load here (a newer glibc / libstdc++ than this
+                torch.ops.load_library(so)  # machine's, a truncated copy): build instead of the pure-torch fallback
+            except OSError as e:
+                why = f"{so} does not load here: {e}"
+            else:
+                EXTENSION_SO = so
+                EXTENSION_LOADED = True
+                WGMMA = sm90a and (major, minor) == (9, 0)
+                return
         warnings.warn(f"trit: TRIT_PREBUILT not used, building csrc/ instead: {why}")
     build_dir = _build_dir()
     cpp_extension.load(
