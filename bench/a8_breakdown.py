@@ -1,6 +1,6 @@
 """Where does the a8 op's time go at 16 < M <= 256 (the GEMM-kernel route)?
 
-    python -m bench.a8_breakdown [--cases 128:2560x2560,...] [--ks 1,2,4,8] [--out DIR]
+    python -m bench.a8_breakdown [--cases 128:2560x2560,...] [--ks 1,2,4,8] [--env K=V[,K=V]]... [--out DIR]
 
 At M = 96 - 192 the op takes ~16 us even on 640x2560 (0.1 us of weights at the read floor), where torch's bf16
 GEMM takes ~6.5 us and humming-kernels ~13.5 us at 2560x2560 (H100 runs 70b / 71). This splits the op into its two
@@ -8,7 +8,9 @@ kernels - the quantizer (quant_rows_perm_kernel, which also zeroes the split-K t
 by CUPTI durations (median over launches on rotated weights, PDL off so no duration includes a wait on the kernel
 before), and times the whole op under CUDA-graph replay with PDL on (bench.kernels' `a8` timing); rest = op - the
 kernels (launch gaps and what PDL does not hide). Each case runs with the default launch and with the split-K
-count forced (TRIT_A8_GEMM_KS) to each --ks value, the main loop as the default picks it (csrc/a8_route.h).
+count forced (TRIT_A8_GEMM_KS) to each --ks value, the main loop as the default picks it (csrc/a8_route.h), and
+with each --env set of launch knobs (e.g. `--env TRIT_A8_GEMM_QCL=8 --env TRIT_A8_GEMM=1,TRIT_A8_GEMM_QCL=8`: the
+cluster quantizer in front of the GEMM kernel, on its default route and on the GEMM route forced).
 
 Prints a table, writes DIR/a8-breakdown.json / .md when --out is given (bench.records.write_record: the next free
 stem beside an earlier record, never over it). Runs on any CUDA GPU with the trit extension.
@@ -30,6 +32,20 @@ QUANT, GEMM = "quant_rows", ("a8_gemm_kernel", "a8_small_kernel", "a8_kernel")  
 
 def parse_cases(text: str) -> list[tuple[int, int, int]]:
     return parse_mnk_cases(text, "bench.a8_breakdown", 17, 256, "the GEMM-kernel route", "128:2560x2560")
+
+
+def parse_env(items: list[str]) -> list[dict]:
+    """--env values: each 'KEY=VALUE[,KEY=VALUE]' one launch variant; keys are trit's TRIT_* knobs."""
+    out = []
+    for item in items:
+        env = {}
+        for kv in item.split(","):
+            key, eq, val = kv.strip().partition("=")
+            if not eq or not key.startswith("TRIT_") or not val:
+                raise SystemExit(f"bench.a8_breakdown: --env {item!r}: expected TRIT_KNOB=VALUE[,TRIT_KNOB=VALUE]")
+            env[key] = val
+        out.append(env)
+    return out
 
 
 def kernel_split(events: list[dict]) -> dict:
@@ -106,9 +122,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default=DEFAULT_CASES, help="comma list of M:NxK (M 17-256)")
     ap.add_argument("--ks", default="1,2,4,8", help="split-K counts to force beside the default ('' : none)")
+    ap.add_argument("--env", action="append", default=[], metavar="K=V[,K=V]",
+                    help="one more launch variant per case with these knobs set (repeatable)")
     ap.add_argument("--out", default="", help="directory for a8-breakdown.json / .md")
     args = ap.parse_args(argv)
     cases = parse_cases(args.cases)
+    envs = parse_env(args.env)
     try:
         ks_list = [int(k) for k in args.ks.split(",") if k.strip()]
     except ValueError:
@@ -125,7 +144,7 @@ def main(argv=None) -> int:
     rows = []
     for M, N, K in cases:
         forced = [] if M <= 64 else [{"TRIT_A8_GEMM_KS": k} for k in ks_list]  # the GEMV ignores it
-        for env in [{}] + forced:
+        for env in [{}] + forced + envs:
             r = measure(M, N, K, env)
             rows.append(r)
             print(fmt(r), flush=True)

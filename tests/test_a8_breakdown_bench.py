@@ -37,3 +37,11 @@ def test_cases_and_table():
     md = b.markdown({"device": "X", "date": "d", "commit": "c", "command": "cmd"}, [r])
     assert "| 128 | 640x2560 | TRIT_A8_GEMM_KS=4 | a8_gemm_kernel | [1, 2, 4] | 2.0 | 10.00 |" in md
     assert "TRIT_A8_GEMM_KS=4" in b.fmt(r)
+
+
+def test_env_variants():
+    assert b.parse_env(["TRIT_A8_GEMM_QCL=8", "TRIT_A8_GEMM=1, TRIT_A8_GEMM_QCL=1"]) == [
+        {"TRIT_A8_GEMM_QCL": "8"}, {"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_QCL": "1"}]
+    for bad in ("TRIT_A8_GEMM_QCL", "A8_GEMM_QCL=8", "TRIT_A8_GEMM_QCL=", "TRIT_A8_GEMM=1,,"):
+        with pytest.raises(SystemExit, match="--env"):
+            b.parse_env([bad])
