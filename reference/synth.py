@@ -1172,15 +1172,20 @@ def w_bitnet_gpu(lg: Logical):
     return sd, None, Truth(tern, mult, "bitnet-gpu")
 
 
-def w_hf_fused_per_part(lg: Logical):
+def w_hf_fused_per_part(lg: Logical, swapped: bool = False):
     """Fused qkv_proj / gate_up_proj whose parts were each packed with transformers' pack_weights (axis 0,
-    blocked) and then concatenated: not the fused matrix packed at once (lanes restart in every part)."""
+    blocked) and then concatenated: not the fused matrix packed at once (lanes restart in every part).
+    ``swapped``: the parts in the other order a writer could pick, [up; gate] and [q; v; k] (no public writer is known
+    to; the inspector settles the order by loss)."""
     sd = _floats(lg, "hf")
     tern, mult = {}, {}
     cfg = ModelConfig.from_dict(lg.config)
     fused = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
              "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
              "self_attn.o_proj": ("self_attn.o_proj",), "mlp.down_proj": ("mlp.down_proj",)}
+    if swapped:
+        fused["self_attn.qkv_proj"] = ("self_attn.q_proj", "self_attn.v_proj", "self_attn.k_proj")
+        fused["mlp.gate_up_proj"] = ("mlp.up_proj", "mlp.gate_proj")
     for layer in range(cfg.num_layers):
         p = f"model.layers.{layer}"
         for f, parts in fused.items():
@@ -1189,7 +1194,7 @@ def w_hf_fused_per_part(lg: Logical):
             sd[f"{p}.{f}.weight_scale"] = 1.0 / s  # BitLinear: stored 1/m, divided
             for i, m in enumerate(parts):
                 tern[f"{p}.{m}"], mult[f"{p}.{m}"] = lg.ternary[f"{p}.{m}"], (1.0 / (1.0 / s[i])).reshape(1, 1)
-    return sd, None, Truth(tern, mult, "hf-fused-per-part")
+    return sd, None, Truth(tern, mult, "hf-fused-per-part-swapped" if swapped else "hf-fused-per-part")
 
 
 def w_custom(lg: Logical, pack_spec: PackSpec, *, scale: str = "channel", op: str = "multiply",
@@ -1317,6 +1322,7 @@ FORMATS: dict[str, Callable] = {
     "trilm-row": lambda lg: w_trilm(lg, per_row=True),
     "bitnet-gpu": w_bitnet_gpu,
     "hf-fused-per-part": w_hf_fused_per_part,
+    "hf-fused-per-part-swapped": lambda lg: w_hf_fused_per_part(lg, swapped=True),
     "int8-ternary": lambda lg: w_unpacked_int(lg, INT8_TERNARY, "int8", scale="channel", scale_dtype=torch.bfloat16,
                                               fmt="int8-ternary"),
     "uint8-ternary": lambda lg: w_unpacked_int(lg, UINT8_W1, "uint8", scale="tensor", op="divide",

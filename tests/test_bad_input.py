@@ -154,6 +154,29 @@ def test_extra_companion_key(model):
         inspect_dir(model, use_loss=False)
 
 
+@pytest.mark.parametrize("leaf", ["input_scale", "k_scale"])
+def test_static_activation_scale_is_named_not_read_as_the_weight_scale(model, leaf):
+    """A static activation / cache scale beside a weight (FP8 and compressed-tensors checkpoints carry input_scale) is
+    refused by its own name: it used to take the scale slot when it came first in the file, and the error then blamed
+    the real weight_scale as the extra key (a module with only an input_scale would have been scaled by it)."""
+    name = W.replace(".weight", f".{leaf}")
+    edit(model, lambda sd: sd.__setitem__(name, torch.tensor([0.05])))
+    with pytest.raises(InspectError) as e:
+        inspect_dir(model, use_loss=False)
+    msg = str(e.value)
+    assert name in msg and "static activation / cache scale" in msg and "not supported" in msg
+    assert f"{S!r}" not in msg.split("next to weight")[0]  # the weights' own scale is not the one blamed
+
+
+def test_two_scales_are_named_together(model):
+    """Two float tensors a module could read as its scale: both named, whichever comes first in the file."""
+    other = W.replace(".weight", ".weight_scale_2")
+    edit(model, lambda sd: sd.__setitem__(other, torch.tensor([0.5])))
+    with pytest.raises(InspectError, match=r"two tensors read as its scale") as e:
+        inspect_dir(model, use_loss=False)
+    assert S in str(e.value) and other in str(e.value)
+
+
 @pytest.mark.parametrize("bad,word", [(float("nan"), "NaN/Inf"), (float("inf"), "NaN/Inf"), (0.0, "zero")])
 def test_bad_scale(model, bad, word, capsys):
     edit(model, lambda sd: sd.__setitem__(S, torch.tensor([bad])))

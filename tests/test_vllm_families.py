@@ -170,20 +170,23 @@ def test_bitnet_plugin_yarn_cache_limit():
 
 
 @pytest.mark.vllm
-def test_fused_tensors_packed_part_by_part_through_vllm(tmp_path):
+@pytest.mark.parametrize("fmt", ["hf-fused-per-part", "hf-fused-per-part-swapped"])
+def test_fused_tensors_packed_part_by_part_through_vllm(fmt, tmp_path):
     """Fused qkv / gate_up tensors whose parts were packed one by one and concatenated: the inspector's
     spec (pack.segments) loads into vLLM, each fused shard decoded from its own segment, and every
-    canonical tensor matches the reference."""
+    canonical tensor matches the reference. Swapped: stored [q; v; k] and [up; gate], which the inspector finds by
+    loss; the plugin puts each module's rows where vLLM's shard order wants them."""
     from reference import synth
     from reference.inspect import main as inspect_main
 
     root = Path(__file__).resolve().parents[1]
     lg = synth.Logical.from_dir(root / "models" / "tiny-trained")
     d = tmp_path / "m"
-    synth.write(synth.FORMATS["hf-fused-per-part"], lg, d)
+    synth.write(synth.FORMATS[fmt], lg, d)
     assert inspect_main([str(d)]) == 0
     spec = json.loads((d / "ternary_spec.json").read_text())
     assert spec["linears"]["model.layers.0.self_attn.q_proj"]["pack"]["segments"] == [128, 64, 64]
+    assert spec["linears"]["model.layers.0.self_attn.k_proj"]["rows"] == ([192, 256] if "swapped" in fmt else [128, 192])
     cfg = json.loads((d / "config.json").read_text())
     _vllm_vs_reference(d, cfg["vocab_size"], cfg["num_hidden_layers"], "bitnet" if "BitNet" in cfg["architectures"][0]
                        else "llama")
