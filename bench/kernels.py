@@ -244,11 +244,10 @@ class Humming:
 # trit::ternary_mm_a8_prologue behind the `norm in GEMV` column (GPU tests, memcheck; racecheck and
 # synccheck on its own driver), run 32 a8_bp (ternary_mm_a8_bp, the bitplane layout: its GPU tests bit for bit
 # against ternary_mm_a8 under every launch knob and graph replay, memcheck, racecheck; 0-37% slower than the code
-# layout, 2026-12-02-h200-run32b-bitplane.md). None pending now.
-# Pending now: the GEMM kernel's cluster quantizer (TRIT_A8_GEMM_QCL, quant_rows_cluster_kernel kKbm; its GPU tests are
-# tests/test_ops_cuda.py test_a8_gemm_cluster_quantizer_matches_the_loop_kernel / test_a8_gemm_quantizer_route).
-EXPERIMENTAL: dict = {  # name -> at_m(M): left out under --no-experimental (an earlier stage of the GPU job failed)
-    **{f"a8_{c}{n}": (lambda M: 16 < M <= 256) for c in ("gqcl", "gemmq") for n in ("1", "8")}}
+# layout, 2026-12-02-h200-run32b-bitplane.md), H100 run 73 the GEMM kernel's cluster quantizer (TRIT_A8_GEMM_QCL,
+# quant_rows_cluster_kernel kKbm: its GPU tests bit for bit against the loop kernel under every main loop, split-K and
+# graph replay; the default on rows longer than 8192 since). None pending now.
+EXPERIMENTAL: dict = {}  # name -> at_m(M): left out under --no-experimental (an earlier stage of the GPU job failed)
 # TRIT_A8_GEMM_CFG values timed beside the default warp tile (csrc/ternary_gemm.cu gemm_cfg_id):
 # 1 = 2 weight tiles x 8 row tiles per warp, 4 warps (128 channels x 64 rows per CTA); 2 = the same
 # warp tile, 8 warps (256 channels); 3 = 4 weight tiles x 4 row tiles, 4 x 2 warps (256 channels);
@@ -389,6 +388,11 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
 
                 variants["a8_fnorm_t"] = a8_fnorm_t
 
+        if M > 16:  # the GEMM kernel's quantizer on the default route (TRIT_A8_GEMM_QCL=n: 0 the loop kernel, n > 0
+            # the cluster kernel of <= n CTAs per row, the row in registers, one pass; default: n = 1 at K > 8192);
+            # where the default takes no GEMM kernel (v4, int8 cuBLAS) they time the same op
+            for n in ("0", "1", "8"):
+                variants[f"a8_gqcl{n}"] = with_env({"TRIT_A8_GEMM_QCL": n}, variants["a8"])
         if 16 < M <= 256:  # the three a8 routes, each forced (the default picks by shape: a8_gemm_on)
             # its mma.sync main loop (TRIT_A8_GEMM_WG=0; the wgmma loops below)
             gemm = {"TRIT_A8_GEMM": "1", "TRIT_A8_DENSE_MIN_M": str(1 << 30), "TRIT_A8_GEMM_WG": "0"}
@@ -398,12 +402,10 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             variants["a8_gemm_late"] = with_env({**gemm, "TRIT_A8_GEMM_EARLY": "0"}, variants["a8"])
             for k in GEMM_KS:  # its split-K count forced (TRIT_A8_GEMM_KS)
                 variants[f"a8_gemm_ks{k}"] = with_env({**gemm, "TRIT_A8_GEMM_KS": str(k)}, variants["a8"])
-            # the GEMM kernel's quantizer as the cluster kernel (TRIT_A8_GEMM_QCL=n: <= n CTAs per row, the row in
-            # registers, one pass; the loop kernel reads it twice): the default route, and the GEMM route forced with
-            # its default main loop (a8_route.h) - M = 128's small layers, which take v4 by default (run 72)
+            # the GEMM route forced with its default main loop (a8_route.h) and each quantizer (TRIT_A8_GEMM_QCL=n:
+            # 0 the loop kernel, n the cluster kernel of <= n CTAs per row) - M = 128's small layers, which take v4 by
+            # default (run 72)
             for n in ("0", "1", "8"):
-                if n != "0":
-                    variants[f"a8_gqcl{n}"] = with_env({"TRIT_A8_GEMM_QCL": n}, variants["a8"])
                 variants[f"a8_gemmq{n}"] = with_env({"TRIT_A8_GEMM": "1", "TRIT_A8_DENSE_MIN_M": str(1 << 30),
                                                      "TRIT_A8_GEMM_QCL": n}, variants["a8"])
             # the fused v4 kernel falls far behind above M = 256 (run 2)
@@ -468,7 +470,7 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                 y0 = f(0)
                 y = y0.float()
                 if name in ("a8_bp", "a8_noxi", "a8_xqloop", "a8_xqcl8", "a8_xqcl1", "a8_mt8", "a8_mt8_noxi",
-                            "a8_mt8_xqloop", "a8_mt8_xqcl1", "a8_mt8_xqcl8", "a8_split64", "a8_gqcl1", "a8_gqcl8",
+                            "a8_mt8_xqloop", "a8_mt8_xqcl1", "a8_mt8_xqcl8", "a8_split64", "a8_gqcl0", "a8_gqcl1", "a8_gqcl8",
                             "a8_gemmq0", "a8_gemmq1", "a8_gemmq8") \
                         and "a8" in variants:  # the default's result bit for bit (same sums)
                     row[f"{name}_equal"] = bool(torch.equal(y0, variants["a8"](0)))
@@ -655,22 +657,23 @@ def markdown(meta, rows) -> str:
                          f"({_f(r.get('a8_x_bf16'), '.2f')}x) | {_f(r.get('a8_mt8_us'), '.1f')} | "
                          f"{_f(r.get('a8_mt8_noxi_us'), '.1f')} | {_f(r.get('a8_mt8_xqloop_us'), '.1f')} | {_f(h, '.1f')} | "
                          f"{_f(h / best if h and best else None, '.2f')}x | {eq} |")
-    qk = ("a8_xqcl1", "a8_mt8_xqcl1", "a8_mt8_xqcl8", "a8_gqcl1", "a8_gqcl8", "a8_gemmq0", "a8_gemmq1", "a8_gemmq8")
+    qk = ("a8_xqcl1", "a8_mt8_xqcl1", "a8_mt8_xqcl8", "a8_gqcl0", "a8_gqcl1", "a8_gqcl8", "a8_gemmq0", "a8_gemmq1",
+          "a8_gemmq8")
     qrows = [r for r in rows if any(r.get(f"{k}_us") or r.get(f"{k}_error") for k in qk)]
     if qrows:
         lines += ["", "The a8 quantizer in front of the GEMV / GEMM kernel (us): the default; the cluster kernel on every "
                   "row (TRIT_QUANT_CLUSTER=1 / 8: the row in registers, one pass, <= 1 / 8 CTAs per row) behind the "
-                  "M <= 32 GEMV and the MT = 8 GEMV forced (`mt8`); in front of the GEMM kernel (TRIT_A8_GEMM_QCL=1 / 8) "
-                  "on the default route (`gqcl`) and on the GEMM route forced with its default main loop (`gemmq`, 0 = the "
+                  "M <= 32 GEMV and the MT = 8 GEMV forced (`mt8`); in front of the GEMM kernel (TRIT_A8_GEMM_QCL=0 / 1 / 8; "
+                  "0 = the loop kernel; default: 1 at K > 8192, else 0) on the default route (`gqcl`) and on the GEMM route forced with its default main loop (`gemmq`, 0 = the "
                   "loop quantizer; v4's layers at M = 128 by default). "
                   "`equal`: each bit for bit the default's.", "",
-                  "| N x K | M | default a8 | xqcl1 | mt8 / xqcl1 / xqcl8 | gqcl1 / gqcl8 | gemmq0 / gemmq1 / gemmq8 | "
+                  "| N x K | M | default a8 | xqcl1 | mt8 / xqcl1 / xqcl8 | gqcl0 / gqcl1 / gqcl8 | gemmq0 / gemmq1 / gemmq8 | "
                   "humming | equal |", "|---|---|---|---|---|---|---|---|---|"]
         for r in qrows:
             eq = all(r.get(f"{k}_equal", True) for k in qk)
             lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('a8_us'), '.1f')} | {_f(r.get('a8_xqcl1_us'), '.1f')} | "
                          f"{' / '.join(_f(r.get(f'a8_mt8{k}_us'), '.1f') for k in ('', '_xqcl1', '_xqcl8'))} | "
-                         f"{' / '.join(_f(r.get(f'a8_gqcl{n}_us'), '.1f') for n in ('1', '8'))} | "
+                         f"{' / '.join(_f(r.get(f'a8_gqcl{n}_us'), '.1f') for n in ('0', '1', '8'))} | "
                          f"{' / '.join(_f(r.get(f'a8_gemmq{n}_us'), '.1f') for n in ('0', '1', '8'))} | "
                          f"{_f(r.get('humming_us'), '.1f')} | {eq} |")
     bp = [r for r in rows if r.get("a8_bp_us") or r.get("a8_bp_error")]

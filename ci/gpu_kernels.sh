@@ -156,7 +156,10 @@ SETS = ({}, {"TRIT_A8_FUSEQ": "1", "TRIT_WN": "2", "TRIT_A8_DENSE_MIN_M": "17"},
               {"TRIT_A8_XI": "1", "TRIT_QUANT_CLUSTER_XI": "1", "TRIT_QUANT_CLUSTER": "8"},
               # rms_norm_a8q's cluster kernel: the row over up to 8 CTAs of a cluster (S = 2..8 at the K >= 4096
               # shapes below, odd K tails), then the one-CTA-per-row cluster form (S = 1)
-              {"TRIT_RNQ_CLUSTER": "8"}, {"TRIT_RNQ_CLUSTER": "1"})
+              {"TRIT_RNQ_CLUSTER": "8"}, {"TRIT_RNQ_CLUSTER": "1"},
+              # the GEMM kernel's quantizer as the cluster kernel (kKbm; one CTA per row, then up to 8), the GEMM
+              # route forced at M <= 64 (split-K counters zeroed by the quantizer)
+              {"TRIT_RNQ_CLUSTER": "", "TRIT_A8_GEMM_QCL": "1"}, {"TRIT_A8_GEMM_QCL": "8", "TRIT_A8_GEMM": "1"})
 # SAN_LAST=n: the default set and the last n sets only (a quick check of the newest knobs)
 if int(os.environ.get("SAN_LAST", "0")) > 0:
   SETS = SETS[:1] + SETS[-int(os.environ["SAN_LAST"]):]

@@ -2221,10 +2221,10 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
 //   TRIT_A8_GEMM = auto (default) | 0 | 1   a8 at M > 16: a8_gemm_kernel (above 256 only its wgmma loop) (read in bindings.cpp,
 //                                     a8_gemm_on: auto by shape; it gives the kernel its split-K workspace)
 //   TRIT_A8_GEMM_KS = n               its split-K CTAs (default: gemm_shape)
-//   TRIT_A8_GEMM_QCL = 0 (default) | n   its quantizer: 0 the one-CTA loop kernel (quant_rows_perm_kernel, two
-//                                     passes over the row), n > 0 (sm_90) the cluster kernel of <= n CTAs per row
-//                                     (quant_rows_cluster_kernel kKbm, quant_cluster_size: the row in registers,
-//                                     one pass); bit for bit the same xq. Not yet measured on a GPU
+//   TRIT_A8_GEMM_QCL = -1 (default: auto) | 0 | n   its quantizer: 0 the one-CTA loop kernel (quant_rows_perm_kernel,
+//                                     two passes over the row), n > 0 (sm_90) the cluster kernel of <= n CTAs per
+//                                     row (quant_rows_cluster_kernel kKbm, quant_cluster_size: the row in registers,
+//                                     one pass); bit for bit the same xq; auto: gemm_qcl_auto (n = 1 at K > 8192)
 //   TRIT_A8_GEMM_EARLY = 1 (default) | 0   its first weight stages requested before the PDL wait, and
 //                                     the split-K slices added two per round trip (H200 run 17: 0.2-1.5 us
 //                                     faster than 0 on 30 of 39 shapes x M, never slower by more than 0.6)
@@ -2534,6 +2534,15 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
                    cfg.wn == 1 ? flags : 0, x, K, A8Pro<T>{nullptr, nullptr, nullptr, 0.f, 0});  // no prologue
 }
 
+// The GEMM kernel's quantizer by default (TRIT_A8_GEMM_QCL unset): the cluster kernel with one CTA per row
+// (quant_cluster_size: 2 CTAs at 14336, 4 at 28672) on rows longer than 8192, the loop kernel below. H100 run 73
+// (bench.kernels `gqcl1` vs `a8`, us): K = 14336 / 28672 won at every M it runs - 4096x14336 M = 128 33.1 -> 31.6,
+// M = 192 47.0 -> 45.4 (n = 8: 48.3); 8192x28672 M = 64 54.9 -> 49.8, 128 85.0 -> 79.3, 192 138.5 -> 136.0. At K =
+// 8192 it was +-1 us (28672x8192 -0.7..-1.1, 8192x8192 +0.2..-0.1), at K <= 6912 0.2 - 1.0 us slower (2560x2560 M
+// = 192 18.1 -> 19.1, 4096x4096 M = 128 19.4 -> 20.1): the loop kernel's two passes cost less than the cluster
+// launch on short rows.
+int gemm_qcl_auto(int K) { return K > 8192 ? 1 : 0; }
+
 // a8_gemm_kernel's launch (bindings.cpp a8_gemm_on picks the route): a8 at 16 < M <= 256
 // through a8_gemm_kernel, fed by the quantizer's k-block-major xq with Mp = M rounded up to BM rows
 // (the op's workspace has them). Split-K (ks CTAs along K) when the (N, M) tiles alone fill less
@@ -2680,7 +2689,10 @@ cudaError_t launch_a8_gemm(const T* x, const int32_t* wp, const float* scale, co
   // the quantizer: the one-CTA loop kernel (two passes over the row), or with TRIT_A8_GEMM_QCL=n > 0 (sm_90) the
   // cluster kernel of <= n CTAs per row (quant_cluster_size: the row in registers, one pass); its grid's y (rows) is
   // limited to 65535: the loop kernel past that
-  const int qcl = pdl_supported() && g.Mp <= 65535 ? env_int("TRIT_A8_GEMM_QCL", 0) : 0;
+  // cluster kernel; default (-1): n = 1 on rows longer than 8192 (gemm_qcl_auto)
+  int qcl = env_int("TRIT_A8_GEMM_QCL", -1);
+  if (qcl < 0) qcl = gemm_qcl_auto(K);
+  if (!pdl_supported() || g.Mp > 65535) qcl = 0;
   const int S = qcl > 0 ? quant_cluster_size(g.KB * kBlockK, qcl) : 0;
   cudaError_t e = S > 0 ? launch_quant_cluster_kbm<T>(S, wg, x, xq, xs, rowsum, M, K, g.KB * kBlockK, g.Mp, vec, st,
                                                       pdl, n_cnt > 0 ? ws : nullptr, n_cnt)

@@ -1734,7 +1734,7 @@ def test_quant_cluster_xi_route(monkeypatch, M, K, knobs, kernel):
 
 
 # ------------------------------------------------------------------ the cluster quantizer in front of the GEMM kernel
-# TRIT_A8_GEMM_QCL=n > 0 (default 0: the one-CTA loop kernel): a8_gemm_kernel's quantizer is quant_rows_cluster_kernel
+# TRIT_A8_GEMM_QCL=n > 0 (default: n = 1 past K = 8192, gemm_qcl_auto; 0 the one-CTA loop kernel): a8_gemm_kernel's quantizer is quant_rows_cluster_kernel
 # kKbm (grid (S, Mp), the row in registers, one pass) writing the loop kernel's k-block-major xq (plain, or the wgmma
 # byte order) and zeroing the split-K tile counters: the op's output bit for bit, on every main loop and split.
 
@@ -1797,11 +1797,14 @@ def test_a8_gemm_cluster_quantizer_matches_the_loop_kernel(monkeypatch, M, N, K,
 
 @pytest.mark.parametrize("M,N,K,env,kernel", [
     (128, 6912, 2560, {}, "perm"), (128, 6912, 2560, {"TRIT_A8_GEMM_QCL": "8"}, "cluster"),
-    (128, 4096, 14336, {"TRIT_A8_GEMM_QCL": "1"}, "cluster"), (256, 2560, 6912, {"TRIT_A8_GEMM_QCL": "0"}, "perm"),
+    (128, 4096, 14336, {}, "cluster"), (128, 4096, 14336, {"TRIT_A8_GEMM_QCL": "0"}, "perm"),
+    (128, 4096, 8192, {}, "perm"), (128, 4096, 14336, {"TRIT_A8_GEMM_QCL": "1"}, "cluster"),
+    (256, 2560, 6912, {"TRIT_A8_GEMM_QCL": "0"}, "perm"),
     (128, 2560, 2560, {"TRIT_A8_GEMM_QCL": "8"}, None)])  # the v4 route there (a8_gemm_on): its own quantizer
 def test_a8_gemm_quantizer_route(monkeypatch, M, N, K, env, kernel):
-    """Which quantizer runs in front of the GEMM kernel: the loop kernel by default and with TRIT_A8_GEMM_QCL=0, the
-    cluster kernel with n > 0 (n = 1 on a 14336 row: 2 CTAs, the fewest that hold it in registers)."""
+    """Which quantizer runs in front of the GEMM kernel: by default the loop kernel on rows up to 8192 and the cluster
+    kernel past them (gemm_qcl_auto, H100 run 73), the loop kernel with TRIT_A8_GEMM_QCL=0, the cluster kernel with
+    n > 0 (n = 1 on a 14336 row: 2 CTAs, the fewest that hold it in registers)."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters: compute capability 9.0+")
     for k in ("TRIT_A8_GEMM", "TRIT_A8_GEMM_QCL", "TRIT_A8_DENSE_MIN_M"):
