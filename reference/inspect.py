@@ -193,6 +193,7 @@ class Module:
     act_order: bool = False  # g_idx is a non-trivial act-order group index (LinearEntry.g_idx); trivial: ignored
     in_norm: Optional[TensorStats] = None  # ``<module>.rms_norm.weight``: an input RMSNorm inside the linear
     rope: bool = False  # q / k rows stored in interleaved-RoPE order (LinearEntry.rope_interleave; Meta-style names)
+    group_sizes: tuple = ()  # the sizes a group scale's shape leaves open, prior first (_group_size_options): by loss
 
     @property
     def packed(self) -> bool:
@@ -1986,38 +1987,57 @@ def _group_fits(k: int, g: int) -> list[int]:
     return [gs for gs in range(1, k + 1) if -(-k // gs) == g]
 
 
+def _group_size_options(shapes) -> list[int]:
+    """The group sizes worth scoring for grouped scales of ``shapes`` [(K, G)], the prior first: of the sizes that cut
+    every K into its G groups (``_group_fits``), the exact divisor (K / G for every K), then the power of two (its
+    last group shorter); neither: the smallest size that fits.  [] where no size fits every (K, G).
+    The exact divisor comes first because that is what writers store: AutoAWQ and compressed-tensors assert
+    K % group_size == 0, HQQ's axis=1 view needs it, and the usual sizes (32 / 64 / 128) divide real Ks, where the
+    divisor *is* the power of two; only AutoGPTQ / GPTQModel write a shorter last group (ceil(K / group_size)
+    groups), and they write config.json's group_size too, which ``_scale_layout`` takes before any prior.  The two
+    disagree only for a size that is no power of two (K = 384 in 2 groups of 192, read as 256 before) or a padded
+    one without its config; the loss decides between them where it can (``_group_size_search``)."""
+    fits = None
+    for k, g in shapes:
+        f = set(_group_fits(k, g))
+        fits = f if fits is None else fits & f
+    order = sorted(fits or ())
+    div = [gs for gs in order if all(k % gs == 0 for k, _ in shapes)]
+    pow2 = [gs for gs in order if gs & (gs - 1) == 0]
+    return list(dict.fromkeys(div + pow2)) or order[:1]
+
+
 def _group_size_consensus(modules: list, findings: list) -> None:
     """One group size for the whole model: each module's [N, G] scale fits a range of sizes (G = ceil(K / size)), and a
-    module with a short K fits more of them (K = 128 in 2 groups: 64 ... 127), so its own first pick (a power of two)
-    may differ from what the others allow (a true size 96 read as 64 there, its effective weights off by ~30% on
-    inputs 64 - 95). The sizes every grouped module allows are intersected; the same preference (a power of two, then
-    a divisor of K) picks among them."""
+    module with a short K fits more of them (K = 128 in 2 groups: 64 ... 127), so its own first pick may differ from
+    what the others allow (a true size 96 read as 64 there, its effective weights off by ~30% on inputs 64 - 95).
+    The sizes every grouped module allows are intersected; ``_group_size_options`` picks among them (an exact divisor
+    of every K, then a power of two) and leaves the others it names (``Module.group_sizes``) to the loss."""
     grouped = [m for m in modules if m.scale_kw and m.scale_kw[0] and m.scale_kw[0].get("granularity") == "group"]
     if len(grouped) < 2:
         return
-    fits = None
-    for m in grouped:
-        k = m.logical[1]
-        gs0 = m.scale_kw[0]["group_size"]
-        f = set(_group_fits(k, -(-k // gs0)))
-        fits = f if fits is None else fits & f
+    shapes = [(m.logical[1], -(-m.logical[1] // m.scale_kw[0]["group_size"])) for m in grouped]
+    fits = set.intersection(*(set(_group_fits(k, g)) for k, g in shapes))
     picks = {m.scale_kw[0]["group_size"] for m in grouped}
     if not fits:
+        for m in grouped:
+            m.group_sizes = ()
         findings.append(Finding("scale group size", ", ".join(map(str, sorted(picks))),
                                 "no single group size fits every module's scale shape: each module keeps its own",
                                 "low"))
         return
     order = sorted(fits)
-    ks = [m.logical[1] for m in grouped]
-    pow2 = [gs for gs in order if gs & (gs - 1) == 0]
-    div = [gs for gs in order if all(k % gs == 0 for k in ks)]
-    gs = (pow2 or div or order)[0]
+    opts = _group_size_options(shapes)
+    gs = opts[0]
     for m in grouped:
         m.scale_kw = [dict(kw, group_size=gs) for kw in m.scale_kw]
+        m.group_sizes = tuple(opts)
     span = f"{order[0]}" if len(order) == 1 else f"{order[0]}..{order[-1]} ({len(order)} sizes)"
     findings.append(Finding("scale group size", str(gs),
                             f"the sizes every one of {len(grouped)} grouped scales allows (G = ceil(K / size)): {span}"
-                            + ("" if len(order) == 1 else "; a power of two, then a divisor of every K, preferred")
+                            + ("" if len(order) == 1 else "; an exact divisor of every K, then a power of two, "
+                               "preferred" + (f" ({' / '.join(map(str, opts))} to score by loss)" if len(opts) > 1
+                                              else ""))
                             + (f"; modules alone would have picked {sorted(picks)}" if picks != {gs} else ""),
                             "high" if len(order) == 1 else "low (prior)"))
 
@@ -2071,23 +2091,16 @@ def _scale_layout(m: Module, ckpt: Checkpoint, hint: Optional[int] = None) -> No
     elif len(shape) == 2 and (shape[0] == n or shape[1] == n):
         tr = shape[0] != n
         g = shape[0] if tr else shape[1]
-        gs = hint if hint and -(-k // hint) == g else _group_size(k, g)
-        if gs is None:
+        opts = [hint] if hint and -(-k // hint) == g else _group_size_options([(k, g)])
+        if not opts:
             raise InspectError(f"{where}: shape {list(shape)} gives {g} groups, no group size splits K={k} into {g}")
-        kw = [dict(granularity="group", group_size=gs, transposed=tr)] * len(m.parts)
+        m.group_sizes = tuple(opts)
+        kw = [dict(granularity="group", group_size=opts[0], transposed=tr)] * len(m.parts)
     else:
         raise InspectError(f"{where}: shape {list(shape)} fits none of per-tensor [1], per-sub-matrix "
                            f"[{len(m.parts)}], per-channel [{n}] or per-group [{n}, G] / [G, {n}] for the "
                            f"logical {n}x{k} weight {m.weight.name!r}")
     m.scale_kw = kw
-
-
-def _group_size(k: int, g: int) -> Optional[int]:
-    fits = _group_fits(k, g)
-    if not fits:
-        return None
-    pow2 = [gs for gs in fits if gs & (gs - 1) == 0]
-    return (pow2 or [gs for gs in fits if k % gs == 0] or fits)[0]
 
 
 #: ``check_zero_points``' answer for per-group (asymmetric) zero points: values = q - z, identity code table
@@ -2853,6 +2866,9 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                                     lambda: search(modules, floats, cands, cfg, ckpt, ids))
     if f is not None:
         findings.append(f)
+    # the group size of group scales whose shape fits more than one (an exact divisor of K, a padded power of two)
+    scored = _group_size_search(modules, floats, scored, cfg, ckpt, ids, findings,
+                                lambda: search(modules, floats, cands, cfg, ckpt, ids))
     if ids is not None and scored[0].loss > math.log(cfg.vocab_size) - UNTRAINED_BAND and (widen_codes or widen_ops):
         # no working model among the candidates: the zero code (from code counts) or the scale op (from magnitudes)
         # may be what is wrong - a function-preserving sign flip evens the counts, an unusual scale magnitude
@@ -3000,6 +3016,75 @@ def _fused_order_search(modules, floats, scored, cfg, ckpt, ids, research) -> tu
           + ("" if working else ": no decode worked in the writers' order, the search was re-run in each")
           + "; no public writer we know of stores this order, the loss overrules the convention")
     return Finding("fused part order", what, ev, confidence(base - loss)), sc if sc is not None else research()
+
+
+def _group_size_search(modules, floats, scored, cfg, ckpt, ids, findings, research) -> list:
+    """The group size of grouped scales whose shape leaves more than one open (``Module.group_sizes``: K = 384 in 2
+    groups is 192 exactly or 256 with a shorter last group), scored by loss like the other unnamed choices: with a
+    working best decode (below ln V - UNTRAINED_BAND) each size is scored with that decode, without one each re-runs
+    the search (``research()``).  Another size is taken where it beats the prior (``_group_size_options``: the exact
+    divisor) by PRIOR_MARGIN (NAMED_MARGIN, and working, where no decode works: an untrained model's decodes differ
+    by noise).  A g_idx (``check_zero_points``: its own group counts) or config.json's group_size decided already:
+    nothing to score.  The "scale group size" finding says the pick, the losses and the confidence.  Before, the size
+    was a power of two by prior alone: groups of 192 over K = 384 read as 256, inputs 192 - 255 under the wrong
+    scale.  Returns the scored candidates under the size kept."""
+    from .decode import model_loss
+    from .inspect_search import PRIOR_MARGIN
+
+    grouped = [m for m in modules if len(m.group_sizes) > 1]
+    top = scored[0] if scored and math.isfinite(scored[0].loss) else None
+    if ids is None or top is None or not grouped or any(m.g_idx is not None for m in grouped):
+        return scored
+    opts = grouped[0].group_sizes
+    if any(m.group_sizes != opts for m in grouped):  # (consensus gives every module one tuple)
+        return scored
+    untrained = math.log(cfg.vocab_size) - UNTRAINED_BAND
+    working = top.loss < untrained
+
+    def use(gs):
+        for m in grouped:
+            m.scale_kw = [dict(kw, group_size=gs) if kw and kw.get("granularity") == "group" else kw
+                          for kw in m.scale_kw]
+            if m.zero_kw and m.zero_kw.get("granularity") == "group":
+                m.zero_kw = dict(m.zero_kw, group_size=gs)
+
+    prior = opts[0]
+    use(prior)
+    losses = {prior: top.loss if top.stage == "full" else model_loss(
+        cfg, build_spec(modules, floats, top.cand, cfg, "group-size"), ckpt, ids)}
+    rescored = {}
+    for gs in opts[1:]:
+        use(gs)
+        if working:
+            losses[gs] = model_loss(cfg, build_spec(modules, floats, top.cand, cfg, "group-size"), ckpt, ids)
+        else:
+            rescored[gs] = research()
+            losses[gs] = rescored[gs][0].loss
+    use(prior)
+    best = min(opts, key=lambda gs: (losses[gs], gs != prior))
+    margin = PRIOR_MARGIN if working else NAMED_MARGIN
+    switch = best != prior and losses[best] < losses[prior] - margin and losses[best] < untrained
+    chosen = best if switch else prior
+    use(chosen)
+    gap = min(v for gs, v in losses.items() if gs != chosen) - losses[chosen]
+    i = next((i for i, f in enumerate(findings) if f.what == "scale group size"), None)
+    ev = (findings[i].evidence if i is not None else
+          f"the {len(grouped)} grouped scale's shape fits group sizes {' / '.join(map(str, opts))} (prior {prior}: "
+          f"an exact divisor of K, then a power of two)")
+    ev += "; loss " + ", ".join(f"{v:.4f} nats at {gs}" for gs, v in sorted(losses.items(), key=lambda kv: kv[1]))
+    if switch:
+        ev += ": the loss overrules the prior"
+    elif gap < margin:
+        ev += f": within {margin} nats, the prior decides"
+    f = Finding("scale group size", str(chosen), ev,
+                confidence(gap) if switch or gap >= margin else "low (prior)")
+    if i is None:
+        findings.append(f)
+    else:
+        findings[i] = f
+    if not switch:
+        return scored
+    return rescored.get(chosen) or research()
 
 
 META_QK = ("wq", "wk", "wqkv")  # the Meta-style q / k module names whose rows Meta's writers store interleaved
