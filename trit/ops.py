@@ -76,7 +76,7 @@ other warp tiles (8 row tiles per warp, 16 weight tiles per CTA), TRIT_A8_GEMM_K
 count (default: up to one wave of CTAs, >= 4 k-blocks each) and TRIT_A8_GEMM_WG=0|1|2 its main loop
 (mma.sync, or Hopper wgmma with 64 | 128 rows per CTA; _OVERLAP, _DEEP: the ring); TRIT_A8_GEMM_QCL=n > 0
 puts the cluster quantizer (<= n CTAs per row, the row in registers) in front of it instead of the one-CTA
-loop kernel (bit-identical; not yet measured on a GPU, default 0). On compute
+loop kernel (bit-identical; default n = 1 on rows longer than 8192, 0 below: H100 run 73). On compute
 capability 9.0 with an sm_90a build the default loop is wgmma, chosen per shape (csrc/a8_route.h,
 H200 runs 19 / 20c), and the 128-row loop also takes M > 256 wherever it fills the GPU (ahead of
 int8 cuBLAS there).
