@@ -207,7 +207,7 @@ class ReferenceModel:
             if entry is None:  # unquantised linear kept as float in the checkpoint
                 w = param(mod + ".weight")
                 b = spec.tensors.get(mod + ".bias")
-                d = DecodedLinear(w, torch.ones(1, 1), ckpt.get(b).float() if b else None)
+                d = DecodedLinear(w, torch.ones(1, 1), param_key(b, f"bias of {mod}") if b else None)
                 return Linear(_to(d, self.device), False, dtype)
             if self.ov.spec_hook:
                 entry = self.ov.spec_hook(mod, entry)

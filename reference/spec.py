@@ -466,11 +466,15 @@ def _check_block_scale(e: LinearEntry) -> None:
 
 
 def _check_bias(ckpt: Checkpoint, key: str, mod: str, n: int) -> None:
-    """A linear's bias holds one value per output feature (a [1] bias would broadcast silently)."""
+    """A linear's bias holds one value per output feature (a [1] bias would broadcast silently), all finite."""
     info = ckpt.info(key)
     if tuple(info.shape) != (n,):
         raise CheckpointError(f"{info.file}: tensor {key!r} (bias of {mod}) has shape {list(info.shape)}, "
                               f"config.json implies [{n}]")
+    b = ckpt.get(key)
+    if b.is_floating_point() and not bool(torch.isfinite(b).all()):  # every output NaN otherwise, named nowhere
+        raise CheckpointError(f"{info.file}: tensor {key!r} (bias of {mod}) has {int((~torch.isfinite(b)).sum())} "
+                              f"NaN/Inf values, expected finite floats")
 
 
 # ---------------------------------------------------------------------------------------

@@ -47,8 +47,10 @@ def test_bitnet_with_silu_and_wide_heads(tmp_path):
 @pytest.mark.vllm
 @pytest.mark.parametrize("preset,arch", [(Preset("llama", 128, 136, 2, 4, 2, 97, False, seed=15, quantized=False),
                                           "llama"),
-                                         (Preset("bitnet", 128, 200, 2, 4, 2, 89, True, seed=16), "bitnet")],
-                         ids=["float-llama", "bitnet"])
+                                         (Preset("bitnet", 128, 200, 2, 4, 2, 89, True, seed=16), "bitnet"),
+                                         (Preset("bitnet", 128, 200, 2, 4, 2, 89, True, seed=63, bias=True,
+                                                 quantized=False), "bitnet")],
+                         ids=["float-llama", "bitnet", "float-bitnet-attention-bias"])
 def test_unquantized_and_model_type_only_checkpoints(preset, arch, tmp_path):
     """The vllm target runs a plain float checkpoint unquantised (not as 'ternary', which has no spec
     for it), and a config.json with model_type but no architectures (the reference accepts it) on
@@ -249,6 +251,41 @@ def test_modules_to_not_convert_regex(tmp_path):
 
 
 @pytest.mark.vllm
+def test_bitnet_biased_attention_kept_float(tmp_path):
+    """A ternary BitNet with attention_bias whose layer-0 attention is kept float (modules_to_not_convert): the float
+    linears' biases load into vLLM's unquantised layers (the key map once mapped only their .weight)."""
+    from reference.make_model import keep_float
+
+    p = Preset("bitnet", 128, 200, 2, 4, 2, 89, True, seed=81, bias=True)
+    mods = [f"model.layers.0.self_attn.{m}" for m in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    d = keep_float(write_model(p, tmp_path / "m"), p, ["model.layers.0.self_attn", "lm_head"], mods)
+    _vllm_vs_reference(d, 89, 2, "bitnet")
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("quantized", [True, False], ids=["ternary-llama", "float-bitnet"])
+def test_nan_bias_is_refused_by_name(quantized, tmp_path):
+    """A NaN in a linear's bias is refused naming the tensor, by the reference (spec validation; a float linear's bias
+    read as the other float parameters) and by vLLM (config time through the spec for the ternary Llama; the BitNet
+    plugin's load_weights for a float checkpoint), instead of NaN logits."""
+    from safetensors.torch import load_file, save_file
+
+    arch = "llama" if quantized else "bitnet"
+    d = write_model(Preset(arch, 128, 200, 2, 4, 2, 89, True, seed=64, bias=True, quantized=quantized),
+                    tmp_path / "m")
+    f = d / "model.safetensors"
+    sd = load_file(str(f))
+    key = "model.layers.1.self_attn.v_proj.bias"
+    sd[key] = sd[key].clone()
+    sd[key][3] = float("nan")
+    save_file(sd, str(f), metadata={"format": "pt"})
+    ids = torch.randint(3, 89, (1, 8), generator=torch.Generator().manual_seed(0))
+    for target in (get_target("reference"), get_target("vllm", compute_dtype="fp32")):
+        with pytest.raises(Exception, match=r"v_proj\.bias'.*1 NaN/Inf values, expected finite floats"):
+            target.capture(d, ids)
+
+
+@pytest.mark.vllm
 def test_inspected_spec_with_float_linears(tmp_path):
     """The inspector's spec of a ternary checkpoint with float linears (float tensors, not ternary entries)
     runs in vLLM as config.json's spec does in the reference."""
@@ -363,3 +400,25 @@ def test_inputs_longer_than_the_engine_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"m: capture of 64-token inputs needs 65 positions but the vLLM engine's "
                                          r"max_model_len is 32 \(config\.json max_position_embeddings 512\)"):
         VllmTarget.check_fits(d, llm, 65, "capture of 64-token inputs")
+
+
+def test_ternary_layer_bias_checked_after_loading():
+    """Where the spec was not validated against local files (a hub model name), the ternary method still refuses a
+    NaN / Inf bias after loading, naming the module of a fused layer whose rows hold it and its checkpoint key."""
+    from types import SimpleNamespace
+
+    from reference.spec import CheckpointSpec, LinearEntry
+    from trit.vllm.keymap import KeyMapError
+    from trit.vllm.quant import TernaryLinearMethod
+
+    m = object.__new__(TernaryLinearMethod)
+    names = {"q": "model.layers.0.self_attn.q_proj", "k": "model.layers.0.self_attn.k_proj"}
+    m.modules, m.prefix = names, "model.layers.0.self_attn.qkv_proj"
+    m.spec = CheckpointSpec(name="t", linears={n: LinearEntry(weight_key=n + ".weight", shape=(4, 8), bias_key=n + ".b")
+                                                for n in names.values()}, tensors={})
+    layer = SimpleNamespace(bias=torch.nn.Parameter(torch.zeros(6), requires_grad=False), output_partition_sizes=[4, 2],
+                            trit_n=6)
+    m._check_bias(layer)  # finite: nothing to say
+    layer.bias.data[5] = float("inf")
+    with pytest.raises(KeyMapError, match=r"'model\.layers\.0\.self_attn\.k_proj\.b' \(bias of .*k_proj.*1 NaN/Inf"):
+        m._check_bias(layer)

@@ -408,7 +408,7 @@ class BitNetForCausalLM(nn.Module):
                                   f"fly, and config.json has no quantization_config to say so: pass hf_overrides "
                                   f"{json.dumps({'quantization_config': ONEBIT_LLM_QUANTIZATION})} (vllm serve "
                                   f"--hf-overrides ...) to serve it ternary")
-            spec = _unquantized_spec(self.config.num_hidden_layers, floats)
+            spec = _unquantized_spec(self.config, floats)
         return build_key_map(spec, floats)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -424,6 +424,10 @@ class BitNetForCausalLM(nn.Module):
                 raise KeyMapError(f"checkpoint tensor {key!r} has no vLLM parameter in the BitNet key map "
                                   f"(unknown key; the spec's mapping does not name it)")
             seen.add(key)
+            if any(t.kind in ("bias", "float") for t in targets) and tensor.is_floating_point() \
+                    and not bool(torch.isfinite(tensor).all()):  # every output NaN otherwise, named nowhere
+                raise KeyMapError(f"checkpoint tensor {key!r} ({targets[0].param}) has "
+                                  f"{int((~torch.isfinite(tensor)).sum())} NaN/Inf values, expected finite floats")
             for t in targets:
                 if t.kind == IGNORED:  # listed under the spec's "ignored" (g_idx, weight_shape, ...)
                     continue
@@ -445,16 +449,20 @@ class BitNetForCausalLM(nn.Module):
         return loaded
 
 
-def _unquantized_spec(num_layers: int, floats: dict):
+def _unquantized_spec(config, floats: dict):
     """A float BitNet checkpoint (e.g. bf16 master weights, or the bf16 baseline of a benchmark):
-    every linear is a plain tensor under its HF name."""
+    every linear is a plain tensor under its HF name, the attention's biases too where config.json has
+    attention_bias (transformers' BitNet: q / k / v / o)."""
     from reference.spec import CheckpointSpec
 
     tensors = {hf: hf for hf in floats}
-    for L in range(num_layers):
-        for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+    attn = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+    for L in range(config.num_hidden_layers):
+        for m in attn + ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
             tensors[f"model.layers.{L}.{m}.weight"] = f"model.layers.{L}.{m}.weight"
+        if getattr(config, "attention_bias", False):
+            for m in attn:
+                tensors[f"model.layers.{L}.{m}.bias"] = f"model.layers.{L}.{m}.bias"
     return CheckpointSpec(name="unquantized", linears={}, tensors=tensors)
 
 

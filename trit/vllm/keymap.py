@@ -155,9 +155,10 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
     for hf, key in spec.tensors.items():
         if hf in float_params or hf == "lm_head.weight":
             continue
-        if hf.endswith(".weight") and hf[: -len(".weight")] not in spec.linears:
-            layer, sid = vllm_target(hf[: -len(".weight")])
-            add(key, Target(f"{layer}.weight", sid, "float"))
+        for leaf, kind in ((".weight", "float"), (".bias", "bias")):  # its bias too (attention_bias, mlp_bias)
+            if hf.endswith(leaf) and hf[: -len(leaf)] not in spec.linears:
+                layer, sid = vllm_target(hf[: -len(leaf)])
+                add(key, Target(f"{layer}{leaf}", sid, kind))
     for key in getattr(spec, "ignored", None) or {}:
         if key not in out:
             add(key, Target("", None, IGNORED))

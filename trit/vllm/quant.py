@@ -185,9 +185,9 @@ class TernaryConfig(QuantizationConfig):
         if self.spec is None:
             self.spec = load_spec(model_name, hf_config, self.hf_quant_config.get("spec_path"))
             if ck is not None:
-                # the reference's checks of every tensor's shape against config.json (headers only): vLLM's own
-                # loaders narrow an oversized bias silently and fail on a wrong-sized float tensor without
-                # naming it
+                # the reference's checks of every tensor's shape against config.json (headers, and the biases'
+                # values: finite): vLLM's own loaders narrow an oversized bias silently and fail on a wrong-sized
+                # float tensor without naming it
                 from reference.config import ModelConfig
 
                 self.spec.validate(ModelConfig.load(model_name), ck)
@@ -496,6 +496,21 @@ class _SpecLinearMethod(LinearMethodBase):
                     raise KeyMapError(f"missing checkpoint tensor {key!r}: {what} of {name} (vLLM "
                                       f"{self.prefix}.weight_{what}{'' if sid is None else f', shard {sid!r}'}) was "
                                       f"never loaded")
+        self._check_bias(layer)
+
+    def _check_bias(self, layer) -> None:
+        """A NaN / Inf in a linear's bias (vLLM's own parameter, loaded by its loader) is refused by name, as the
+        scales and norm weights are: it would otherwise turn every output NaN without a word."""
+        b = getattr(layer, "bias", None)
+        if b is None or not b.is_floating_point() or bool(torch.isfinite(b.data).all()):
+            return
+        bad = ~torch.isfinite(b.data.detach().reshape(-1))
+        for rows, name in self._row_slices(layer) or [(slice(0, bad.numel()), next(iter(self.modules.values())))]:
+            n_bad = int(bad[rows].sum())
+            if n_bad:
+                key = self.spec.linears[name].bias_key or f"{name}.bias"
+                raise KeyMapError(f"checkpoint tensor {key!r} (bias of {name}, vLLM {self.prefix}.bias) has {n_bad} "
+                                  f"NaN/Inf values, expected finite floats")
 
 
 class TernaryLinearMethod(_SpecLinearMethod):
