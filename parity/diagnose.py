@@ -106,6 +106,8 @@ def structural_hints(t: torch.Tensor, g: torch.Tensor, name: Optional[str] = Non
 def _offset_hint(t2: torch.Tensor, g2: torch.Tensor) -> list[str]:
     """The same per-channel difference at every token: an additive term (a bias added twice or missing)."""
     e = t2 - g2
+    if not bool(torch.isfinite(e).all()):  # NaN compares False everywhere below: no offset to read
+        return []
     em = e.mean(0)
     big = float(em.abs().max())
     if big == 0 or big < 1e-3 * float(g2.abs().max()):

@@ -51,7 +51,7 @@ def dump_reference(model_dir: Path, out: Path, *, spec_path=None, force: bool = 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m parity.dump", description=__doc__.split("\n")[1])
+    ap = argparse.ArgumentParser(prog="python -m parity.dump", description=__doc__.strip().split("\n")[0])
     ap.add_argument("--ref", action="store_true", required=True, help="dump the fp32 reference (required)")
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--spec", type=Path, default=None, help="format spec JSON (default: from the model dir)")

@@ -46,7 +46,8 @@ def norm_eps(norms: list[str], eps: float) -> Overrides:
 
 
 def wrong_qkv_split(layer: int) -> Overrides:
-    """k and v rows exchanged, as a loader that splits a fused qkv in the wrong order would."""
+    """v_proj given k_proj's rows (v := k), as a loader that splits a fused qkv at the wrong offset would; the
+    harness names layer<L>.attn.v_proj."""
     state = {}
 
     def hook(name, d):

@@ -180,7 +180,12 @@ class GoldenSet:
                               f"edited by hand); regenerate with `python -m parity.dump --ref --force`")
         if ids.numel() and int(ids.min()) < 0:
             raise GoldenError(f"{tf}: input_ids holds {int(ids.min())}; token ids are >= 0")
-        return cls(path, manifest, tensors, ids, data.get("top10_ids"))
+        top10 = data.get("top10_ids")
+        if verify and top10 is not None and "top10_sha256" in manifest and \
+                sha256_tensor(top10) != manifest["top10_sha256"]:
+            raise GoldenError(f"{tf}: top10_ids do not match top10_sha256 in {MANIFEST} (file corrupted or edited by "
+                              f"hand); regenerate with `python -m parity.dump --ref --force`")
+        return cls(path, manifest, tensors, ids, top10)
 
     def staleness(self, model_dir: Path, spec, reference_version: str, cfg=None) -> list[str]:
         """Reasons this set no longer describes the model (empty when fresh); cfg: the model's ModelConfig where the
@@ -298,7 +303,7 @@ def write_golden(out: Path, tensors: dict, order: list, input_ids: torch.Tensor,
         "compute": compute or compute_fingerprint("cpu"),
         "arch": arch,
         "num_layers": num_layers,
-        "model": {"dir": str(model_dir), **model_identity(model_dir, spec)},
+        "model": {"dir": str(Path(model_dir).resolve()), **model_identity(model_dir, spec)},  # (from any cwd)
         "inputs": {**inputs_desc, "input_ids_sha256": sha256_tensor(input_ids)},
         "order": list(order),
         "tensors": {n: {"shape": list(data[n].shape), "dtype": "float32", "sha256": sha256_tensor(data[n]),
@@ -319,11 +324,11 @@ def write_golden(out: Path, tensors: dict, order: list, input_ids: torch.Tensor,
                               f"not replaced - pass --force to replace it (the old set is kept as "
                               f"{out.name}.prev-<timestamp>)")
         if out.exists():
-            aside = out.with_name(f"{out.name}.prev-{time.strftime('%Y%m%d-%H%M%S')}")
-            n = 0
+            base = f"{out.name}.prev-{time.strftime('%Y%m%d-%H%M%S')}"
+            aside, n = out.with_name(base), 0
             while aside.exists():
                 n += 1
-                aside = aside.with_name(f"{aside.name}-{n}")
+                aside = out.with_name(f"{base}-{n}")
             out.rename(aside)
         try:
             tmp.rename(out)  # onto a non-empty directory this fails: a set that appeared since the check stays

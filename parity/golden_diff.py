@@ -16,7 +16,7 @@ import sys
 import torch
 
 from .golden import GoldenError, GoldenSet, computed_alike
-from .tolerances import resolve
+from .tolerances import TABLE, resolve
 
 
 def diff(new: GoldenSet, old: GoldenSet, rtol: float, cross_column: str = "fp32-a8") -> list[str]:
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     ap.add_argument("new")
     ap.add_argument("old")
     ap.add_argument("--rtol", type=float, default=1e-6)
-    ap.add_argument("--cross-column", default="fp32-a8",
+    ap.add_argument("--cross-column", default="fp32-a8", choices=sorted(TABLE),
                     help="tolerance column (parity.tolerances) for sets computed on different hardware")
     a = ap.parse_args(argv)
     try:

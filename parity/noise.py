@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -88,6 +89,8 @@ def measure_noise(model_dir: Path, golden_dir: Path, *, target: str = "bf16", ta
     out = noise_path(golden_dir, col)
     if out.exists() and not force:
         raise GoldenError(f"{out} exists; pass --force to replace it")
+    if not os.access(out.parent, os.W_OK):  # before the capture (minutes on a large model), not after it
+        raise GoldenError(f"{out.parent} is not writable: the noise floor {out.name} goes there")
     captured = t.capture(model_dir, gs.input_ids, spec_path=spec_path)
     floors = {}
     for n in gs.order:
@@ -131,6 +134,19 @@ def main(argv=None) -> int:
                           spec_path=a.spec, force=a.force)
     except (GoldenError, CheckpointError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (NotImplementedError, RuntimeError, AssertionError) as e:  # a target that cannot run this model (torch
+        # without CUDA for device=cuda, ...): say why, not a traceback (as parity.run)
+        print(f"error: target {a.target!r} could not run {a.model}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a path that cannot be read or written (a missing --spec, ...)
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - any other failure: 2 with its traceback, never a bare crash
+        import traceback
+
+        traceback.print_exc()
+        print(f"error: the noise measurement failed: {type(e).__name__}: {e} (traceback above)", file=sys.stderr)
         return 2
     d = json.loads(p.read_text())
     worst = max(d["max_abs"].items(), key=lambda kv: kv[1])

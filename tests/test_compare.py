@@ -63,6 +63,19 @@ def test_missing_shape_nonfinite():
     assert r["layer0.mlp.act"].status == "nonfinite"
 
 
+def test_nonfinite_target_gets_its_own_hint_not_a_structural_one():
+    """A NaN in the target is said as the first NaN / Inf, not read by the structural diagnosis (whose comparisons
+    are all False on NaN: it once called it a per-channel offset), and a shape mismatch gets no diagnosis error."""
+    order, gold = _golden(L=1)
+    tgt = {n: t.clone() for n, t in gold.items()}
+    tgt["layer0.mlp.act"][0, 0, 0] = float("nan")
+    tgt["layer0.attn.k_proj"] = tgt["layer0.attn.k_proj"][:, :, :3]
+    r = compare(gold, tgt, order=order, dtype="fp32", diagnose=structural_hints).by_name()
+    assert r["layer0.mlp.act"].hints and "NaN / Inf" in r["layer0.mlp.act"].hints[0]
+    assert not any("offset" in h for h in r["layer0.mlp.act"].hints)
+    assert not any("diagnosis failed" in h for h in r["layer0.attn.k_proj"].hints)
+
+
 def test_jump_flagged_inside_tolerance():
     order, gold = _golden(L=4)
     tgt = {n: t.clone() for n, t in gold.items()}
@@ -85,6 +98,34 @@ def test_topk_near_ties_are_explained():
     t[0, 2, 15] = 100.0  # an id far outside the golden top-10 jumps in: unexplained
     r = topk_agreement(t, g, limit=0.01)
     assert not r.passed and r.unexplained == 1 and "position 2" in r.worst
+
+
+def test_topk_swap_of_two_logits_each_within_the_limit_is_explained():
+    """Two logits each off by < limit in opposite directions swap when their golden gap is < 2 * limit: a near tie
+    the tier allows (1.5 x limit here; explained), while 2.5 x limit cannot come from logits within the tier."""
+    g = torch.zeros(1, 1, 20)
+    g[..., :10] = torch.arange(10, 0, -1).float()
+    g[0, 0, 10] = 1.0 - 0.015  # 1.5 x limit below the golden 10th value (id 9: 1.0)
+    t = g.clone()
+    t[0, 0, 9] -= 0.0099
+    t[0, 0, 10] += 0.0099  # 0.9949 > 0.9901: swapped, each logit 0.99 x limit off
+    assert set(t[0, 0].topk(10).indices.tolist()) != set(g[0, 0].topk(10).indices.tolist())
+    assert (t - g).abs().max() < 0.01
+    assert topk_agreement(t, g, limit=0.01).passed
+    g[0, 0, 10] = 1.0 - 0.025  # 2.5 x limit: a swap needs an error past the tier
+    t[0, 0, 10] = 1.0
+    assert not topk_agreement(t, g, limit=0.01).passed
+
+
+def test_summary_names_a_top10_failure_when_every_tensor_passes():
+    """A comparison that fails only on the top-10 ranking says so as its first divergence, not 'no divergence'."""
+    from parity.compare import Comparison, TopKResult
+
+    order, gold = _golden(L=1)
+    cmp = compare(gold, {n: t.clone() for n, t in gold.items()}, order=order, dtype="fp32")
+    cmp.topk = TopKResult(positions=4, top1_agree=1.0, overlap=0.975, unexplained=1, worst="position 3: ...")
+    assert not cmp.passed
+    assert "FIRST DIVERGENCE: top-10" in cmp.summary() and "no divergence" not in cmp.summary()
 
 
 def test_structural_hints():

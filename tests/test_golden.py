@@ -308,3 +308,76 @@ def test_interrupted_force_keeps_the_old_set_in_place(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert (g / "manifest.json").read_text() == before
     assert not list(tmp_path.glob("g.prev-*")) and not list(tmp_path.glob(".g.tmp-*"))
+
+
+def test_noise_cli_errors_are_exit_2_not_tracebacks(tmp_path, capsys, monkeypatch):
+    """parity.noise as parity.run / parity.dump: a missing --spec, a target that cannot run (device=cuda without a
+    GPU: an AssertionError in torch), an unwritable golden dir (refused before the capture) - exit 2, one line."""
+    import dataclasses
+    import os
+
+    from parity.noise import main as noise_main
+    from reference.make_model import PRESETS, write_model
+
+    d = write_model(dataclasses.replace(PRESETS["oracle-llama-gqa"], layers=1), tmp_path / "m")
+    g = tmp_path / "g"
+    assert dump_main(["--ref", "--model", str(d), "--out", str(g)]) == 0
+    capsys.readouterr()
+    assert noise_main(["--model", str(d), "--golden", str(g), "--spec", str(tmp_path / "no.json")]) == 2
+    assert "no.json" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert noise_main(["--model", str(d), "--golden", str(g), "--target-opt", "device=cuda"]) == 2
+        assert "could not run" in capsys.readouterr().err
+    monkeypatch.setattr(os, "access", lambda p, mode: mode != os.W_OK and os.path.exists(p))
+    assert noise_main(["--model", str(d), "--golden", str(g)]) == 2
+    assert "not writable" in capsys.readouterr().err
+
+
+def test_manifest_records_the_model_dir_absolute(tmp_path, monkeypatch, capsys):
+    """A set dumped with a relative --model records the directory resolved, so that a later run from another cwd
+    neither calls it 'made from m, not rel/m' nor checks whatever `m` is there."""
+    import dataclasses
+
+    from parity.golden import GoldenSet
+    from reference.make_model import PRESETS, write_model
+
+    write_model(dataclasses.replace(PRESETS["oracle-llama-gqa"], layers=1), tmp_path / "rel" / "m")
+    monkeypatch.chdir(tmp_path / "rel")
+    assert dump_main(["--ref", "--model", "m", "--out", "g"]) == 0
+    assert GoldenSet.load(tmp_path / "rel" / "g").manifest["model"]["dir"] == str((tmp_path / "rel" / "m").resolve())
+
+
+def test_golden_diff_unknown_column_is_a_usage_error(gold, capsys):
+    from parity.golden_diff import main as gd_main
+
+    with pytest.raises(SystemExit) as e:
+        gd_main([str(gold), str(gold), "--cross-column", "bogus"])
+    assert e.value.code == 2 and "bogus" in capsys.readouterr().err
+
+
+def test_repeated_force_in_one_second_numbers_the_old_sets_from_one_base(gold, tmp_path, monkeypatch):
+    """Three --force dumps within one clock second: g.prev-T, g.prev-T-1, g.prev-T-2 (was g.prev-T-1-2)."""
+    import time as _time
+
+    out = tmp_path / "g"
+    shutil.copytree(gold, out)
+    real = _time.strftime
+    monkeypatch.setattr(_time, "strftime", lambda fmt, *a: "20261206-000000" if fmt == "%Y%m%d-%H%M%S" else
+                        real(fmt, *a))
+    for _ in range(3):
+        assert dump_main(["--ref", "--out", str(out), "--force"]) == 0
+    names = sorted(p.name for p in tmp_path.glob("g.prev-*"))
+    assert names == ["g.prev-20261206-000000", "g.prev-20261206-000000-1", "g.prev-20261206-000000-2"], names
+
+
+def test_edited_top10_ids_are_refused(gold, tmp_path):
+    """top10_ids is checked against the manifest's top10_sha256 like every other tensor."""
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path / "g"
+    shutil.copytree(gold, out)
+    data = load_file(str(out / "tensors.safetensors"))
+    data["top10_ids"] = data["top10_ids"].flip(-1).contiguous()
+    save_file(data, str(out / "tensors.safetensors"))
+    with pytest.raises(GoldenError, match="top10_ids do not match top10_sha256"):
+        GoldenSet.load(out)
