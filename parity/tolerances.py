@@ -62,7 +62,7 @@ TABLE["fp16-a8"] = dict(TABLE["bf16"])  # the bf16 widths (see the module docstr
 JUMP_FACTOR = 10.0
 JUMP_FLOOR = 0.1
 #: top-10 agreement: positions whose top-10 sets differ must be explained by a golden logit
-#: gap (10th vs 11th) below the model tier's limit
+#: gap (10th vs the swapped-in id) below twice the model tier's limit (two logits each within it)
 TOPK = 10
 
 
