@@ -470,8 +470,8 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                 y0 = f(0)
                 y = y0.float()
                 if name in ("a8_bp", "a8_noxi", "a8_xqloop", "a8_xqcl8", "a8_xqcl1", "a8_mt8", "a8_mt8_noxi",
-                            "a8_mt8_xqloop", "a8_mt8_xqcl1", "a8_mt8_xqcl8", "a8_split64", "a8_gqcl0", "a8_gqcl1", "a8_gqcl8",
-                            "a8_gemmq0", "a8_gemmq1", "a8_gemmq8") \
+                            "a8_mt8_xqloop", "a8_mt8_xqcl1", "a8_mt8_xqcl8", "a8_split64", "a8_gqcl0", "a8_gqcl1",
+                            "a8_gqcl8", "a8_gemmq0", "a8_gemmq1", "a8_gemmq8") \
                         and "a8" in variants:  # the default's result bit for bit (same sums)
                     row[f"{name}_equal"] = bool(torch.equal(y0, variants["a8"](0)))
                 if name == "a8_fnorm_t" and "a8_fnorm" in variants:  # the row-major route's, bit for bit
@@ -663,12 +663,13 @@ def markdown(meta, rows) -> str:
     if qrows:
         lines += ["", "The a8 quantizer in front of the GEMV / GEMM kernel (us): the default; the cluster kernel on every "
                   "row (TRIT_QUANT_CLUSTER=1 / 8: the row in registers, one pass, <= 1 / 8 CTAs per row) behind the "
-                  "M <= 32 GEMV and the MT = 8 GEMV forced (`mt8`); in front of the GEMM kernel (TRIT_A8_GEMM_QCL=0 / 1 / 8; "
-                  "0 = the loop kernel; default: 1 at K > 8192, else 0) on the default route (`gqcl`) and on the GEMM route forced with its default main loop (`gemmq`, 0 = the "
+                  "M <= 32 GEMV and the MT = 8 GEMV forced (`mt8`); in front of the GEMM kernel "
+                  "(TRIT_A8_GEMM_QCL=0 / 1 / 8; 0 = the loop kernel; default: 1 at K > 8192, else 0) on the default "
+                  "route (`gqcl`) and on the GEMM route forced with its default main loop (`gemmq`, 0 = the "
                   "loop quantizer; v4's layers at M = 128 by default). "
                   "`equal`: each bit for bit the default's.", "",
-                  "| N x K | M | default a8 | xqcl1 | mt8 / xqcl1 / xqcl8 | gqcl0 / gqcl1 / gqcl8 | gemmq0 / gemmq1 / gemmq8 | "
-                  "humming | equal |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| N x K | M | default a8 | xqcl1 | mt8 / xqcl1 / xqcl8 | gqcl0 / gqcl1 / gqcl8 | "
+                  "gemmq0 / gemmq1 / gemmq8 | humming | equal |", "|---|---|---|---|---|---|---|---|---|"]
         for r in qrows:
             eq = all(r.get(f"{k}_equal", True) for k in qk)
             lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('a8_us'), '.1f')} | {_f(r.get('a8_xqcl1_us'), '.1f')} | "

@@ -1734,9 +1734,10 @@ def test_quant_cluster_xi_route(monkeypatch, M, K, knobs, kernel):
 
 
 # ------------------------------------------------------------------ the cluster quantizer in front of the GEMM kernel
-# TRIT_A8_GEMM_QCL=n > 0 (default: n = 1 past K = 8192, gemm_qcl_auto; 0 the one-CTA loop kernel): a8_gemm_kernel's quantizer is quant_rows_cluster_kernel
-# kKbm (grid (S, Mp), the row in registers, one pass) writing the loop kernel's k-block-major xq (plain, or the wgmma
-# byte order) and zeroing the split-K tile counters: the op's output bit for bit, on every main loop and split.
+# TRIT_A8_GEMM_QCL=n > 0 (default: n = 1 past K = 8192, gemm_qcl_auto; 0 the one-CTA loop kernel): a8_gemm_kernel's
+# quantizer is quant_rows_cluster_kernel kKbm (grid (S, Mp), the row in registers, one pass) writing the loop
+# kernel's k-block-major xq (plain, or the wgmma byte order) and zeroing the split-K tile counters: the op's output bit
+# for bit, on every main loop and split.
 
 
 def _unaligned(x):

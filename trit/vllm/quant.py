@@ -502,9 +502,11 @@ class _SpecLinearMethod(LinearMethodBase):
         """A NaN / Inf in a linear's bias (vLLM's own parameter, loaded by its loader) is refused by name, as the
         scales and norm weights are: it would otherwise turn every output NaN without a word."""
         b = getattr(layer, "bias", None)
-        if b is None or not b.is_floating_point() or bool(torch.isfinite(b.data).all()):
+        if b is None or not b.is_floating_point():
             return
-        bad = ~torch.isfinite(b.data.detach().reshape(-1))
+        bad = ~torch.isfinite(b.data.reshape(-1))
+        if not bool(bad.any()):
+            return
         for rows, name in self._row_slices(layer) or [(slice(0, bad.numel()), next(iter(self.modules.values())))]:
             n_bad = int(bad[rows].sum())
             if n_bad:
