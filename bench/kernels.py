@@ -253,7 +253,7 @@ LG_VARIANTS = {"ks1": {"TRIT_LG_KS": "1"}, "ks2": {"TRIT_LG_KS": "2"}, "ks4": {"
                "ks8": {"TRIT_LG_KS": "8"}, "nw2": {"TRIT_LG_NW": "2"}, "nw8": {"TRIT_LG_NW": "8"},
                "wn1": {"TRIT_LG_WN": "1"}, "st2": {"TRIT_LG_STAGES": "2"}, "st3": {"TRIT_LG_STAGES": "3"},
                "st4": {"TRIT_LG_STAGES": "4"}}
-EXPERIMENTAL: dict = {"lg": lambda M: M <= 512,  # not yet run on a GPU: lin_gemm_kernel (TRIT_LIN_GEMM=1)
+EXPERIMENTAL: dict = {"linear_ord0": lambda M: 8 < M <= 64, "lg": lambda M: M <= 512,  # not yet run on a GPU: lin_gemm_kernel (TRIT_LIN_GEMM=1)
                       **{f"lg_{t}": (lambda M: M <= 512) for t in LG_VARIANTS}}  # name -> at_m(M): left out under --no-experimental (an earlier stage of the GPU job failed)
 # TRIT_A8_GEMM_CFG values timed beside the default warp tile (csrc/ternary_gemm.cu gemm_cfg_id):
 # 1 = 2 weight tiles x 8 row tiles per warp, 4 warps (128 channels x 64 rows per CTA); 2 = the same
@@ -352,6 +352,9 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             # layers behind humming in run 70 (2560x6912, 14336x4096, 8192x8192) are quantizer-bound
             variants["a8_mt8_xqcl1"] = with_env({**mt8, "TRIT_QUANT_CLUSTER": "1"}, variants["a8"])
             variants["a8_mt8_xqcl8"] = with_env({**mt8, "TRIT_QUANT_CLUSTER": "8"}, variants["a8"])
+        if 8 < M <= 64:  # tmm_kernel (the fp op's kernel at 8 < M <= 64) with its mma in the order before H100 run 78
+            # (TRIT_TMM_ORDER=0: an accumulator's two k16 steps back to back); the same bits as the default
+            variants["linear_ord0"] = with_env({"TRIT_TMM_ORDER": "0"}, variants["linear"])
         if M <= 512:  # the fp op through the x-stationary GEMM kernel (TRIT_LIN_GEMM=1, lin_gemm_kernel: x k-blocks
             # staged once per CTA in shared memory, split-K over a thread-block cluster), beside `linear` (tmm_kernel up
             # to M = 64, decode + cuBLAS above); its launch shape forced: split-K TRIT_LG_KS, warps along N TRIT_LG_NW,

@@ -407,7 +407,7 @@ __device__ __forceinline__ void tile_epilogue(const Acc (&acc)[kChains][WN][MT][
 // slices of the k-blocks (split-K inside the CTA, reduced deterministically through shared
 // memory at the end: no atomics). The NW warps of a CTA read the same x slices at about the
 // same time, so x comes from L1 rather than L2 for all but one of them.
-template <typename T, int MT, int WN>
+template <typename T, int MT, int WN, bool kOrd = true>
 __global__ void __launch_bounds__(Shape<MT>::kMaxThreads)
     tmm_kernel(const T* __restrict__ x, const int4* __restrict__ wp, const float* __restrict__ scale,
                const T* __restrict__ bias, T* __restrict__ y, int M, int N, int K, int KB, int n_tiles,
@@ -470,18 +470,33 @@ __global__ void __launch_bounds__(Shape<MT>::kMaxThreads)
                                                                                             : word_of<3>(a[wn]);
       Decode<DT>::run(w, af[wn]);
     }
+    if constexpr (kOrd && In::kPieces == 1) {
+      // k16 step h = 0 on every accumulator, then h = 1 (the same sums in the same order per accumulator, so the
+      // same bits): an accumulator's two mma are WN * MT mma apart instead of back to back (TRIT_TMM_ORDER)
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      uint32_t b[In::kPieces][2][2];
-      xi[mt].frag(b);
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int wn = 0; wn < WN; ++wn)
+        for (int mt = 0; mt < MT; ++mt) {
+          uint32_t b[1][2][2];
+          xi[mt].frag(b);
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+          for (int wn = 0; wn < WN; ++wn)
+            mma16816<DT>(acc[kChains == 1 ? 0 : h % kChains][wn][mt], &af[wn][4 * h], b[0][h][0], b[0][h][1]);
+        }
+    } else {
 #pragma unroll
-          for (int s = 0; s < In::kPieces; ++s)
-            mma16816<DT>(acc[kChains == 1 ? 0 : h % kChains][wn][mt], &af[wn][4 * h], b[s][h][0],
-                         b[s][h][1]);
+      for (int mt = 0; mt < MT; ++mt) {
+        uint32_t b[In::kPieces][2][2];
+        xi[mt].frag(b);
+#pragma unroll
+        for (int wn = 0; wn < WN; ++wn)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int s = 0; s < In::kPieces; ++s)
+              mma16816<DT>(acc[kChains == 1 ? 0 : h % kChains][wn][mt], &af[wn][4 * h], b[s][h][0],
+                           b[s][h][1]);
+      }
     }
   };
   auto process_chunk = [&](const int4 (&a)[kU][WN], int kb) {
@@ -2181,7 +2196,7 @@ __device__ __forceinline__ float ld_cluster_f32(const float* local, unsigned ran
 }
 
 template <typename T, int MT, int WN>
-__global__ void __launch_bounds__(kLgMaxThreads)
+__global__ void __launch_bounds__(kLgMaxThreads, 1)
     lin_gemm_kernel(const T* __restrict__ x, const int4* __restrict__ wp, const float* __restrict__ scale,
                     const T* __restrict__ bias, T* __restrict__ y, int M, int N, int K, int KB, int n_tiles, int ks,
                     int stages) {
@@ -2231,15 +2246,18 @@ __global__ void __launch_bounds__(kLgMaxThreads)
                                                                                               : word_of<3>(a[wn]);
         Decode<T>::run(w, af[wn]);
       }
+      uint4 v[MT];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const uint4 v = *reinterpret_cast<const uint4*>(base + mt * 8 * kLgRow + i * 64);
+      for (int mt = 0; mt < MT; ++mt) v[mt] = *reinterpret_cast<const uint4*>(base + mt * 8 * kLgRow + i * 64);
+      // k16 step h = 0 on every accumulator, then h = 1: an accumulator's two mma are WN * MT mma apart (back to
+      // back, the second waits out the first's latency: H100 run 77, ~20 clocks per mma with one warp per scheduler)
 #pragma unroll
-        for (int wn = 0; wn < WN; ++wn) {
-          mma16816<T>(acc[wn][mt], &af[wn][0], v.x, v.y);
-          mma16816<T>(acc[wn][mt], &af[wn][4], v.z, v.w);
-        }
-      }
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int wn = 0; wn < WN; ++wn)
+            mma16816<T>(acc[wn][mt], &af[wn][4 * h], h ? v[mt].z : v[mt].x, h ? v[mt].w : v[mt].y);
     }
   };
   auto process = [&](const int4 (&a)[kU][WN], int j0) {
@@ -2351,6 +2369,7 @@ Cfg choose_cfg(int M, int N, int K, int max_mt = 8, int max_thr = 0) {
   return c;
 }
 
+int env_int(const char* name, int dflt);  // below, with the knobs
 template <typename T, int MT, int WN>
 cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const float* scale,
                        const T* bias, T* y, int M, int N, int K, cudaStream_t st) {
@@ -2359,8 +2378,14 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
   dim3 grid((n_tiles + WN * cfg.nw - 1) / (WN * cfg.nw), (M + 8 * MT - 1) / (8 * MT));
   dim3 block(cfg.ks * 32, cfg.nw);
   const size_t smem = (size_t)cfg.nw * cfg.ks * WN * MT * 128 * sizeof(float);
-  tmm_kernel<T, MT, WN><<<grid, block, smem, st>>>(x, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N,
-                                                   K, KB, n_tiles, vec);
+  // TRIT_TMM_ORDER = 1 (default) | 0: the mma order of compute_word (1: k16 step-major, 0: the order before H100
+  // run 78, an accumulator's two k16 steps back to back); the same bits either way
+  if (env_int("TRIT_TMM_ORDER", 1) != 0)
+    tmm_kernel<T, MT, WN, true><<<grid, block, smem, st>>>(x, reinterpret_cast<const int4*>(wp), scale, bias, y, M,
+                                                           N, K, KB, n_tiles, vec);
+  else
+    tmm_kernel<T, MT, WN, false><<<grid, block, smem, st>>>(x, reinterpret_cast<const int4*>(wp), scale, bias, y, M,
+                                                            N, K, KB, n_tiles, vec);
   return cudaGetLastError();
 }
 
