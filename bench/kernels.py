@@ -246,15 +246,8 @@ class Humming:
 # against ternary_mm_a8 under every launch knob and graph replay, memcheck, racecheck; 0-37% slower than the code
 # layout, 2026-12-02-h200-run32b-bitplane.md), H100 run 73 the GEMM kernel's cluster quantizer (TRIT_A8_GEMM_QCL,
 # quant_rows_cluster_kernel kKbm: its GPU tests bit for bit against the loop kernel under every main loop, split-K and
-# graph replay; the default on rows longer than 8192 since). Pending: `lg` / `lg_*` (lin_gemm_kernel,
-# TRIT_LIN_GEMM=1: tests/test_lin_gemm_cuda.py, sanitizer sets).
-# lin_gemm_kernel's launch shapes forced beside its default (csrc/ternary_gemm.cu lin_gemm_cfg)
-LG_VARIANTS = {"ks1": {"TRIT_LG_KS": "1"}, "ks2": {"TRIT_LG_KS": "2"}, "ks4": {"TRIT_LG_KS": "4"},
-               "ks8": {"TRIT_LG_KS": "8"}, "nw2": {"TRIT_LG_NW": "2"}, "nw8": {"TRIT_LG_NW": "8"},
-               "wn1": {"TRIT_LG_WN": "1"}, "st2": {"TRIT_LG_STAGES": "2"}, "st3": {"TRIT_LG_STAGES": "3"},
-               "st4": {"TRIT_LG_STAGES": "4"}}
-EXPERIMENTAL: dict = {"linear_ord0": lambda M: 8 < M <= 64, "lg": lambda M: M <= 512,  # not yet run on a GPU: lin_gemm_kernel (TRIT_LIN_GEMM=1)
-                      **{f"lg_{t}": (lambda M: M <= 512) for t in LG_VARIANTS}}  # name -> at_m(M): left out under --no-experimental (an earlier stage of the GPU job failed)
+# graph replay; the default on rows longer than 8192 since). None pending now.
+EXPERIMENTAL: dict = {}  # name -> at_m(M): left out under --no-experimental (an earlier stage of the GPU job failed)
 # TRIT_A8_GEMM_CFG values timed beside the default warp tile (csrc/ternary_gemm.cu gemm_cfg_id):
 # 1 = 2 weight tiles x 8 row tiles per warp, 4 warps (128 channels x 64 rows per CTA); 2 = the same
 # warp tile, 8 warps (256 channels); 3 = 4 weight tiles x 4 row tiles, 4 x 2 warps (256 channels);
@@ -352,17 +345,6 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             # layers behind humming in run 70 (2560x6912, 14336x4096, 8192x8192) are quantizer-bound
             variants["a8_mt8_xqcl1"] = with_env({**mt8, "TRIT_QUANT_CLUSTER": "1"}, variants["a8"])
             variants["a8_mt8_xqcl8"] = with_env({**mt8, "TRIT_QUANT_CLUSTER": "8"}, variants["a8"])
-        if 8 < M <= 64:  # tmm_kernel (the fp op's kernel at 8 < M <= 64) with its mma in the order before H100 run 78
-            # (TRIT_TMM_ORDER=0: an accumulator's two k16 steps back to back); the same bits as the default
-            variants["linear_ord0"] = with_env({"TRIT_TMM_ORDER": "0"}, variants["linear"])
-        if M <= 512:  # the fp op through the x-stationary GEMM kernel (TRIT_LIN_GEMM=1, lin_gemm_kernel: x k-blocks
-            # staged once per CTA in shared memory, split-K over a thread-block cluster), beside `linear` (tmm_kernel up
-            # to M = 64, decode + cuBLAS above); its launch shape forced: split-K TRIT_LG_KS, warps along N TRIT_LG_NW,
-            # tiles per warp TRIT_LG_WN, ring depth TRIT_LG_STAGES
-            lg = {"TRIT_LIN_GEMM": "1"}
-            variants["lg"] = with_env(lg, variants["fused"])
-            for tag, env in LG_VARIANTS.items():
-                variants[f"lg_{tag}"] = with_env({**lg, **env}, variants["fused"])
         if M <= BP_MAX_M and bps:  # the same route on the bitplane layout (bit-identical results)
             variants["a8_bp"] = lambda i: torch.ops.trit.ternary_mm_a8_bp(x, bps[i % nt], scale, N, K, None)
         if M <= 8:  # the quantizer fused into the GEMV

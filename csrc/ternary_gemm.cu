@@ -407,7 +407,7 @@ __device__ __forceinline__ void tile_epilogue(const Acc (&acc)[kChains][WN][MT][
 // slices of the k-blocks (split-K inside the CTA, reduced deterministically through shared
 // memory at the end: no atomics). The NW warps of a CTA read the same x slices at about the
 // same time, so x comes from L1 rather than L2 for all but one of them.
-template <typename T, int MT, int WN, bool kOrd = true>
+template <typename T, int MT, int WN>
 __global__ void __launch_bounds__(Shape<MT>::kMaxThreads)
     tmm_kernel(const T* __restrict__ x, const int4* __restrict__ wp, const float* __restrict__ scale,
                const T* __restrict__ bias, T* __restrict__ y, int M, int N, int K, int KB, int n_tiles,
@@ -470,33 +470,18 @@ __global__ void __launch_bounds__(Shape<MT>::kMaxThreads)
                                                                                             : word_of<3>(a[wn]);
       Decode<DT>::run(w, af[wn]);
     }
-    if constexpr (kOrd && In::kPieces == 1) {
-      // k16 step h = 0 on every accumulator, then h = 1 (the same sums in the same order per accumulator, so the
-      // same bits): an accumulator's two mma are WN * MT mma apart instead of back to back (TRIT_TMM_ORDER)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+    for (int mt = 0; mt < MT; ++mt) {
+      uint32_t b[In::kPieces][2][2];
+      xi[mt].frag(b);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          uint32_t b[1][2][2];
-          xi[mt].frag(b);
+      for (int wn = 0; wn < WN; ++wn)
 #pragma unroll
-          for (int wn = 0; wn < WN; ++wn)
-            mma16816<DT>(acc[kChains == 1 ? 0 : h % kChains][wn][mt], &af[wn][4 * h], b[0][h][0], b[0][h][1]);
-        }
-    } else {
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        uint32_t b[In::kPieces][2][2];
-        xi[mt].frag(b);
-#pragma unroll
-        for (int wn = 0; wn < WN; ++wn)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int s = 0; s < In::kPieces; ++s)
-              mma16816<DT>(acc[kChains == 1 ? 0 : h % kChains][wn][mt], &af[wn][4 * h], b[s][h][0],
-                           b[s][h][1]);
-      }
+          for (int s = 0; s < In::kPieces; ++s)
+            mma16816<DT>(acc[kChains == 1 ? 0 : h % kChains][wn][mt], &af[wn][4 * h], b[s][h][0],
+                         b[s][h][1]);
     }
   };
   auto process_chunk = [&](const int4 (&a)[kU][WN], int kb) {
@@ -2163,172 +2148,6 @@ __global__ void __launch_bounds__(256) decode_kernel(const int32_t* __restrict__
   }
 }
 
-// ---------------------------------------------------------------- x-stationary linear GEMM (fp activations)
-// lin_gemm_kernel<T, MT, WN> (TRIT_LIN_GEMM, see lin_gemm_on): bf16 / fp16 x with K % 8 == 0 and 16-byte
-// aligned rows, the fp op (trit_mm) at the M where tmm_kernel re-reads every weight for each 32 rows of x
-// and the large-M path pays a dense decode before cuBLAS. A CTA holds 8 * MT * NWM rows of x (NWM = blockDim.z
-// warps along M) for one k-block at a time in a cp.async ring of shared memory (lin_gemm_stages deep) and
-// NWN = blockDim.y warps along N, each with WN packed tiles (16 channels) in registers: every weight is
-// loaded from memory once per CTA row block and decoded once per warp, every x k-block staged once per CTA
-// and read by all its warps. Split-K over a thread-block cluster of ks CTAs along x (sm_90): each keeps its
-// fp32 partial tile in its own shared memory, and after a cluster barrier CTA r sums slice r of the tile
-// over the ks CTAs in rank order (distributed shared memory): deterministic, no global workspace, no
-// atomics. ks = 1: no cluster, the sums go straight out of registers.
-// Shared memory per stage: rows x kLgRow bytes. A row's 128-input k-block is 16 pieces of 8 inputs; piece
-// p = 4c + i (lane c's word i, the A fragment's inputs c * 32 + 8 i ..) sits at slot 4i + c, and rows are
-// kLgRow = 320 bytes apart (64 mod 128), so a warp's LDS.128 of word i (rows g, slots 4i + c) touches
-// every bank once per quarter-warp.
-constexpr int kLgRow = kBlockK * 2 + 64;
-constexpr int kLgMaxThreads = 256;
-__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool valid) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ float ld_cluster_f32(const float* local, unsigned rank) {  // *local in CTA `rank`
-  float v = 0.f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(local));
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
-#endif
-  return v;
-}
-
-template <typename T, int MT, int WN>
-__global__ void __launch_bounds__(kLgMaxThreads, 1)
-    lin_gemm_kernel(const T* __restrict__ x, const int4* __restrict__ wp, const float* __restrict__ scale,
-                    const T* __restrict__ bias, T* __restrict__ y, int M, int N, int K, int KB, int n_tiles, int ks,
-                    int stages) {
-  constexpr int kU = 2;  // k-blocks per register chunk of weights (double-buffered)
-  extern __shared__ __align__(16) unsigned char lg_smem[];
-  const int lane = threadIdx.x, g = lane >> 2, c = lane & 3;
-  const int NWN = blockDim.y, NWM = blockDim.z;
-  const int warp = threadIdx.z * NWN + threadIdx.y;
-  const int tid = warp * 32 + lane, nthr = 32 * NWN * NWM;
-  const int rank = ks > 1 ? (int)cluster_ctarank() : 0;
-  const int t0 = ((blockIdx.x / ks) * NWN + threadIdx.y) * WN;
-  const int Mc = 8 * MT * NWM, m0 = blockIdx.y * Mc, mw = threadIdx.z * MT * 8;
-  const int kb_begin = (KB * rank) / ks, kb_end = (KB * (rank + 1)) / ks, nkb = kb_end - kb_begin;
-  const size_t stage_bytes = (size_t)Mc * kLgRow;
-
-  float acc[WN][MT][4];
-#pragma unroll
-  for (int a = 0; a < WN; ++a)
-#pragma unroll
-    for (int b = 0; b < MT; ++b)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[a][b][r] = 0.f;
-
-  const int4* wtile[WN];
-#pragma unroll
-  for (int wn = 0; wn < WN; ++wn) wtile[wn] = wp + (size_t)min(t0 + wn, n_tiles - 1) * KB * 32 + lane;
-
-  // x k-block kb into ring slot s: rows past M read row M - 1 (their outputs are dropped), inputs past K
-  // are zero-filled (the padding weights are zero, but x there must be finite)
-  auto stage_x = [&](int s, int kb) {
-    unsigned char* base = lg_smem + (size_t)s * stage_bytes;
-    for (int q = tid; q < Mc * 16; q += nthr) {
-      const int r = q >> 4, p = q & 15, k = kb * kBlockK + p * 8;
-      const bool ok = k < K;
-      const T* src = x + (size_t)min(m0 + r, M - 1) * K + (ok ? k : 0);
-      cp_async16_zfill(base + r * kLgRow + ((p & 3) * 4 + (p >> 2)) * 16, src, ok);
-    }
-  };
-  auto compute = [&](const int4 (&a)[WN], int s) {
-    const unsigned char* base = lg_smem + (size_t)s * stage_bytes + (mw + g) * kLgRow + c * 16;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      uint32_t af[WN][8];
-#pragma unroll
-      for (int wn = 0; wn < WN; ++wn) {
-        const uint32_t w = i == 0 ? word_of<0>(a[wn]) : i == 1 ? word_of<1>(a[wn]) : i == 2 ? word_of<2>(a[wn])
-                                                                                              : word_of<3>(a[wn]);
-        Decode<T>::run(w, af[wn]);
-      }
-      uint4 v[MT];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) v[mt] = *reinterpret_cast<const uint4*>(base + mt * 8 * kLgRow + i * 64);
-      // k16 step h = 0 on every accumulator, then h = 1: an accumulator's two mma are WN * MT mma apart (back to
-      // back, the second waits out the first's latency: H100 run 77, ~20 clocks per mma with one warp per scheduler)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int wn = 0; wn < WN; ++wn)
-            mma16816<T>(acc[wn][mt], &af[wn][4 * h], h ? v[mt].z : v[mt].x, h ? v[mt].w : v[mt].y);
-    }
-  };
-  auto process = [&](const int4 (&a)[kU][WN], int j0) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int j = j0 + u;
-      if (j >= nkb) break;
-      if (stages == 2) cp_async_wait<0>(); else if (stages == 3) cp_async_wait<1>(); else cp_async_wait<2>();
-      __syncthreads();  // k-block j is in; every warp is done with slot (j - 1) % stages
-      const int jn = j + stages - 1;
-      if (jn < nkb) stage_x(jn % stages, kb_begin + jn);
-      cp_async_commit();
-      compute(a[u], j % stages);
-    }
-  };
-
-  int4 a0[kU][WN], a1[kU][WN];
-  load_chunk<WN, kU>(a0, wtile, kb_begin, kb_end);  // weights: no kernel before writes them
-  pdl_wait();                                       // x comes from the kernel before
-  for (int s = 0; s < stages - 1; ++s) {
-    if (s < nkb) stage_x(s, kb_begin + s);
-    cp_async_commit();
-  }
-  for (int j0 = 0; j0 < nkb; j0 += 2 * kU) {
-    load_chunk<WN, kU>(a1, wtile, kb_begin + j0 + kU, kb_end);
-    process(a0, j0);
-    if (j0 + kU >= nkb) break;
-    load_chunk<WN, kU>(a0, wtile, kb_begin + j0 + 2 * kU, kb_end);
-    process(a1, j0 + kU);
-  }
-  pdl_trigger();
-
-  if (ks == 1) {
-#pragma unroll
-    for (int wn = 0; wn < WN; ++wn)
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int n = (t0 + wn) * kTileN + g + 8 * (r >> 1), m = m0 + mw + mt * 8 + 2 * c + (r & 1);
-          if (t0 + wn < n_tiles && n < N && m < M)
-            store_out<T, false>(acc[wn][mt][r], m, n, N, scale, bias, y, nullptr, nullptr);
-        }
-    return;
-  }
-  // split-K over the cluster: partials into this CTA's shared memory (the x ring is done with)
-  cp_async_wait<0>();
-  __syncthreads();
-  float* red = reinterpret_cast<float*>(lg_smem);
-  constexpr int kSlots = WN * MT * 4;  // per warp, x 32 lanes
-#pragma unroll
-  for (int wn = 0; wn < WN; ++wn)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) red[(warp * kSlots + (wn * MT + mt) * 4 + r) * 32 + lane] = acc[wn][mt][r];
-  cluster_sync();
-  const int E = nthr * kSlots, e0 = (E * rank) / ks, e1 = (E * (rank + 1)) / ks;
-  for (int e = e0 + tid; e < e1; e += nthr) {
-    float v = 0.f;
-    for (int q = 0; q < ks; ++q) v += ld_cluster_f32(red + e, (unsigned)q);
-    const int ln = e & 31, sl = (e >> 5) % kSlots, w = (e >> 5) / kSlots;
-    const int r = sl & 3, mt = (sl >> 2) % MT, wn = (sl >> 2) / MT;
-    const int wy = w % NWN, wz = w / NWN;
-    const int tile = ((blockIdx.x / ks) * NWN + wy) * WN + wn;
-    const int n = tile * kTileN + (ln >> 2) + 8 * (r >> 1), m = m0 + wz * MT * 8 + mt * 8 + 2 * (ln & 3) + (r & 1);
-    if (tile < n_tiles && n < N && m < M) store_out<T, false>(v, m, n, N, scale, bias, y, nullptr, nullptr);
-  }
-  cluster_sync();  // no CTA leaves while another still reads its shared memory
-}
-
 // ---------------------------------------------------------------- launch configuration
 struct Cfg {
   int mt, wn, nw, ks;
@@ -2369,7 +2188,6 @@ Cfg choose_cfg(int M, int N, int K, int max_mt = 8, int max_thr = 0) {
   return c;
 }
 
-int env_int(const char* name, int dflt);  // below, with the knobs
 template <typename T, int MT, int WN>
 cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const float* scale,
                        const T* bias, T* y, int M, int N, int K, cudaStream_t st) {
@@ -2378,14 +2196,8 @@ cudaError_t launch_tmm(const Cfg& cfg, const T* x, const int32_t* wp, const floa
   dim3 grid((n_tiles + WN * cfg.nw - 1) / (WN * cfg.nw), (M + 8 * MT - 1) / (8 * MT));
   dim3 block(cfg.ks * 32, cfg.nw);
   const size_t smem = (size_t)cfg.nw * cfg.ks * WN * MT * 128 * sizeof(float);
-  // TRIT_TMM_ORDER = 1 (default) | 0: the mma order of compute_word (1: k16 step-major, 0: the order before H100
-  // run 78, an accumulator's two k16 steps back to back); the same bits either way
-  if (env_int("TRIT_TMM_ORDER", 1) != 0)
-    tmm_kernel<T, MT, WN, true><<<grid, block, smem, st>>>(x, reinterpret_cast<const int4*>(wp), scale, bias, y, M,
-                                                           N, K, KB, n_tiles, vec);
-  else
-    tmm_kernel<T, MT, WN, false><<<grid, block, smem, st>>>(x, reinterpret_cast<const int4*>(wp), scale, bias, y, M,
-                                                            N, K, KB, n_tiles, vec);
+  tmm_kernel<T, MT, WN><<<grid, block, smem, st>>>(x, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N,
+                                                   K, KB, n_tiles, vec);
   return cudaGetLastError();
 }
 
@@ -2651,88 +2463,11 @@ cudaError_t launch_small(const Knobs& kn, const T* x, const int32_t* wp, const f
                    n_tiles, l2pf_flags(kn.l2pf, false, N, K, kn.l2pf_head));
 }
 
-// TRIT_LIN_GEMM = 0 (default) | 1: the fp op (trit_mm) through lin_gemm_kernel at every M (bf16 / fp16 x, K % 8
-// == 0, 16-byte aligned rows; sm_90: its split-K is a thread-block cluster). Its shape, chosen from the shape
-// alone: MT = 2 / 4 / 8 row tiles per warp up to M = 16 / 32 / above, two warps along M past 64 rows, WN = 2
-// tiles on NWN = 4 warps along N (128 channels a CTA), split-K ks (a power of two <= 8, >= 2 k-blocks per CTA)
-// doubled until ~2 CTAs per SM; the x ring 4 k-blocks deep (3 at 128 rows a CTA). TRIT_LG_KS / TRIT_LG_NW /
-// TRIT_LG_WN / TRIT_LG_STAGES override ks, NWN, WN, the ring depth (read per call, for bench sweeps).
-struct LgCfg {
-  int mt, wn, nwn, nwm, ks, stages;
-  long gy, groups;
-  size_t smem;
-};
-LgCfg lin_gemm_cfg(int M, int N, int K) {
-  LgCfg c;
-  c.mt = M <= 16 ? 2 : M <= 32 ? 4 : 8;
-  c.nwm = M > 64 ? 2 : 1;
-  c.wn = env_int("TRIT_LG_WN", 2) == 1 ? 1 : 2;
-  c.nwn = max(1, min(kLgMaxThreads / 32 / c.nwm, env_int("TRIT_LG_NW", 4)));
-  const int rows = 8 * c.mt * c.nwm;
-  c.stages = env_int("TRIT_LG_STAGES", rows > 64 ? 3 : 4);
-  c.stages = max(2, min(4, c.stages));
-  const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
-  c.gy = (M + rows - 1) / rows;
-  c.groups = (n_tiles + c.wn * c.nwn - 1) / (c.wn * c.nwn);
-  const int force = env_int("TRIT_LG_KS", 0);
-  if (force > 0) {
-    c.ks = min(min(force, 8), KB);
-  } else {
-    c.ks = 1;
-    while (c.ks < 8 && c.groups * c.gy * c.ks < 2L * sm_count() && KB / (2 * c.ks) >= 2) c.ks *= 2;
-  }
-  const size_t ring = (size_t)c.stages * rows * kLgRow;
-  const size_t red = (size_t)32 * c.nwn * c.nwm * c.wn * c.mt * 4 * sizeof(float);
-  c.smem = c.ks > 1 ? max(ring, red) : ring;
-  return c;
-}
-bool lin_gemm_on(int M, int N, int K) {
-  if (env_int("TRIT_LIN_GEMM", 0) != 1 || M < 1 || N < 1 || K < 1 || !pdl_supported()) return false;
-  const LgCfg c = lin_gemm_cfg(M, N, K);
-  return c.gy <= 65535 && c.groups * c.ks <= INT_MAX;
-}
-
-template <typename T, int MT, int WN>
-cudaError_t launch_lin_gemm_t(const LgCfg& c, const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
-                              int M, int N, int K, cudaStream_t st) {
-  auto kernel = lin_gemm_kernel<T, MT, WN>;
-  static int smem_set[64] = {0};  // the opt-in past 48 KB, once per device and kernel
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (c.smem > 48 * 1024 && dev >= 0 && dev < 64 && smem_set[dev] == 0) {
-    const cudaError_t a = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
-    if (a != cudaSuccess) return a;
-    smem_set[dev] = 1;
-  }
-  const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
-  return launch_attrs(kernel, dim3((unsigned)(c.groups * c.ks), (unsigned)c.gy), dim3(32, c.nwn, c.nwm), c.smem, st,
-                      knobs().pdl, c.ks > 1 ? c.ks : 0, x, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, K,
-                      KB, n_tiles, c.ks, c.stages);
-}
-template <typename T>
-cudaError_t launch_lin_gemm(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y, int M, int N,
-                            int K, cudaStream_t st) {
-  const LgCfg c = lin_gemm_cfg(M, N, K);
-  if (c.wn == 1) {
-    switch (c.mt) {
-      case 2: return launch_lin_gemm_t<T, 2, 1>(c, x, wp, scale, bias, y, M, N, K, st);
-      case 4: return launch_lin_gemm_t<T, 4, 1>(c, x, wp, scale, bias, y, M, N, K, st);
-      default: return launch_lin_gemm_t<T, 8, 1>(c, x, wp, scale, bias, y, M, N, K, st);
-    }
-  }
-  switch (c.mt) {
-    case 2: return launch_lin_gemm_t<T, 2, 2>(c, x, wp, scale, bias, y, M, N, K, st);
-    case 4: return launch_lin_gemm_t<T, 4, 2>(c, x, wp, scale, bias, y, M, N, K, st);
-    default: return launch_lin_gemm_t<T, 8, 2>(c, x, wp, scale, bias, y, M, N, K, st);
-  }
-}
-
 template <typename T>
 cudaError_t dispatch_tmm(const T* x, const int32_t* wp, const float* scale, const T* bias, T* y,
                          int M, int N, int K, cudaStream_t st) {
   if constexpr (sizeof(T) == 2) {
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
-    if (vec && lin_gemm_on(M, N, K)) return launch_lin_gemm<T>(x, wp, scale, bias, y, M, N, K, st);
     if (M <= kV5MaxMFp && vec) {
       const Knobs kn = knobs();
       if (kn.v5) return launch_small<T>(kn, x, wp, scale, bias, y, M, N, K, st);

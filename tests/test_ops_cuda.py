@@ -371,16 +371,6 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
             assert torch.equal(torch.ops.trit.ternary_mm(x, p, s, N, K, b), y0), f"fp pdl={pdl} pf={pf} head={head}"
             assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), a0), f"a8 pdl={pdl} pf={pf} head={head}"
         monkeypatch.delenv("TRIT_L2PF_HEAD")
-        # tmm_kernel's mma order (TRIT_TMM_ORDER=0: an accumulator's two k16 steps back to back, the order before
-        # H100 run 78): the same sums per accumulator in the same order, so the same bits, v5 (M > 8) and v4
-        monkeypatch.setenv("TRIT_TMM_ORDER", "0")
-        assert torch.equal(torch.ops.trit.ternary_mm(x, p, s, N, K, b), y0), "fp TRIT_TMM_ORDER=0"
-        monkeypatch.setenv("TRIT_KERNEL", "v4")
-        y4 = torch.ops.trit.ternary_mm(x, p, s, N, K, b)
-        monkeypatch.setenv("TRIT_TMM_ORDER", "1")
-        assert torch.equal(torch.ops.trit.ternary_mm(x, p, s, N, K, b), y4), "fp v4 TRIT_TMM_ORDER=1 vs 0"
-        monkeypatch.delenv("TRIT_TMM_ORDER")
-        monkeypatch.setenv("TRIT_KERNEL", "v5")
         # the defaults choose per shape (wn_auto: 2 tiles per warp at N >= 6144; fuseq_auto: the
         # quantizer fused into the GEMV at M = 1 on small layers): each choice forced both ways
         for fq in ("1", "0"):  # quantizer fused into the GEMV (M <= 8, fits in 48 KB) / never
