@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import time
 from dataclasses import dataclass
@@ -124,7 +125,7 @@ class GoldenSet:
         mf = path / MANIFEST
         if not mf.exists():
             raise GoldenError(f"{path}: no golden set here (no {MANIFEST}); make one with "
-                              f"`python -m parity.dump --ref --out {path}`")
+                              f"`python -m parity.dump --ref --out {shlex.quote(str(path))}`")
         try:
             manifest = json.loads(mf.read_text())
         except json.JSONDecodeError as e:

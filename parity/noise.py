@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -62,7 +63,7 @@ def load_noise(golden_dir: Path, column: str, *, exclude_target: Optional[str] =
     if d.get("golden_manifest_sha256") != want:
         raise GoldenError(f"{p} was measured against another golden set (manifest sha256 "
                           f"{str(d.get('golden_manifest_sha256'))[:12]} != {want[:12]}); regenerate it with "
-                          f"`python -m parity.noise --golden {golden_dir} ...`")
+                          f"`python -m parity.noise --golden {shlex.quote(str(golden_dir))} ...`")
     if exclude_target is not None and d.get("target") == exclude_target:
         return None
     bad = [k for k, v in d["max_abs"].items() if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0)]

@@ -11,6 +11,7 @@ with the reason (what changed), never with numbers.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,7 @@ def golden_problem(config):
     mf = golden / "manifest.json"
     if not mf.exists():
         return (f"no golden set at {golden} (no manifest.json): make one with `python -m parity.dump --ref --model "
-                f"{model} --out {golden}`")
+                f"{shlex.quote(str(model))} --out {shlex.quote(str(golden))}`")
     try:
         order = json.loads(mf.read_text())["order"]
         if not isinstance(order, list):
@@ -74,6 +75,31 @@ def pytest_generate_tests(metafunc):
         _STATE["parity_collected"] = True
         names = parity_names(metafunc.config)
         metafunc.parametrize("parity_name", names, ids=names)
+
+
+def pytest_deselected(items):
+    _STATE["parity_deselected"] = _STATE.get("parity_deselected", 0) + sum(
+        1 for it in items if it.get_closest_marker("parity") is not None)
+
+
+def pytest_collection_finish(session):
+    _STATE["parity_selected"] = sum(1 for it in session.items if it.get_closest_marker("parity") is not None)
+
+
+def selection_problem(config) -> str | None:
+    """Why `-k` ran no parity test although the golden set has some (None: it ran some, or none were deselected):
+    the expression, how many tensors it left out and which layers the set has, e.g. `-k layer7` on a 2-layer model."""
+    if _STATE.get("parity_selected", 1) > 0 or not _STATE.get("parity_deselected") or golden_problem(config):
+        return None
+    import re
+
+    _, golden, _ = _paths(config)
+    names = parity_names(config)
+    layers = sorted({int(m.group(1)) for n in names for m in [re.match(r"layer(\d+)\.", n)] if m})
+    have = f"layers {layers[0]}-{layers[-1]}" if layers else "no layer tensors"
+    expr = config.getoption("keyword", "") or ""
+    return (f"-k {expr!r} selected none of the {len(names)} parity tests of {golden} ({have}; names like "
+            f"{names[1] if len(names) > 1 else names[0]!r}); `pytest parity/ --collect-only -q` lists them")
 
 
 @pytest.fixture(scope="session")
@@ -102,8 +128,8 @@ def parity_result(request):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     res = _STATE.get("result")
     if res is None:
-        why = golden_problem(config) if _STATE.get("parity_collected") else None
-        if why:  # the placeholder test was deselected (-k) or not run: say it anyway
+        why = (golden_problem(config) or selection_problem(config)) if _STATE.get("parity_collected") else None
+        if why:  # the placeholder test was deselected (-k) or not run, or -k matched no tensor: say it anyway
             terminalreporter.write_sep("=", "parity", red=True)
             terminalreporter.write_line(why)
         return

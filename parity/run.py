@@ -10,6 +10,7 @@ functions; this is the one-command form the README and CI use.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -30,6 +31,11 @@ from .report import format_table, new_run_dir, table, write_report
 from .targets import Target, get_target, parse_options
 from .tolerances import column as tolerance_column, parse_overrides
 
+
+def _q(p) -> str:  # a path as the shell reads it (spaces, quotes)
+    return shlex.quote(str(p))
+
+
 DEFAULT_RUNS = ROOT / "parity_runs"
 
 
@@ -46,7 +52,7 @@ def load_fresh_golden(golden_dir: Path, model_dir: Path, spec_path=None) -> Gold
     """The golden set, or StaleGolden naming what changed since it was made."""
     if not (Path(golden_dir) / "manifest.json").exists():  # the command to make it names this model
         raise GoldenError(f"{golden_dir}: no golden set here (no manifest.json); make one with "
-                          f"`python -m parity.dump --ref --model {model_dir} --out {golden_dir}`")
+                          f"`python -m parity.dump --ref --model {_q(model_dir)} --out {_q(golden_dir)}`")
     gs = GoldenSet.load(golden_dir)
     cfg = ModelConfig.load(model_dir)
     spec = spec_for(model_dir, cfg, spec_path)
@@ -57,10 +63,10 @@ def load_fresh_golden(golden_dir: Path, model_dir: Path, spec_path=None) -> Gold
             # a current set of another model (say a --golden without its --model): regenerating it for this model
             # would replace that model's goldens, so the advice is the other way round
             raise StaleGolden(f"golden set {golden_dir} is stale for {model_dir}: {'; '.join(why)}. It is current for "
-                              f"{own}: pass `--model {own}` to check that model, or dump goldens for {model_dir} into "
-                              f"another directory (`python -m parity.dump --ref --model {model_dir} --out DIR`)")
+                              f"{own}: pass `--model {_q(own)}` to check that model, or dump goldens for {model_dir} into "
+                              f"another directory (`python -m parity.dump --ref --model {_q(model_dir)} --out DIR`)")
         raise StaleGolden(f"golden set {golden_dir} is stale for {model_dir}: {'; '.join(why)}. Regenerate it with "
-                          f"`python -m parity.dump --ref --model {model_dir} --out {golden_dir} --force`")
+                          f"`python -m parity.dump --ref --model {_q(model_dir)} --out {_q(golden_dir)} --force`")
     return gs
 
 

@@ -3218,10 +3218,33 @@ def _online_inspection(model_dir, cfg, ckpt, stats, modules, floats, findings) -
     return Inspection(model_dir, cfg, spec, stats, modules, floats, findings, [], None, zr)
 
 
+def _keep_previous(path: Path, new_text: str) -> tuple[Path, Path] | None:
+    """An existing `path` whose text differs from `new_text` (a spec edited by hand, an earlier inspection) is
+    renamed to PATH.prev-<timestamp>[-n] before the new one is written, never overwritten: (path, where it went),
+    or None when there was nothing to keep."""
+    import time
+
+    try:
+        old = path.read_text()
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError:
+        old = None
+    if old == new_text:
+        return None
+    base = f"{path.name}.prev-{time.strftime('%Y%m%d-%H%M%S')}"
+    dest, n = path.with_name(base), 1
+    while dest.exists():
+        dest, n = path.with_name(f"{base}-{n}"), n + 1
+    path.rename(dest)
+    return path, dest
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m reference.inspect", description=__doc__.split("\n")[0])
     ap.add_argument("dir", help="checkpoint directory (config.json + *.safetensors, or one llama.cpp .gguf model)")
-    ap.add_argument("--out", default=None, help=f"spec JSON (default DIR/{SPEC_FILENAME})")
+    ap.add_argument("--out", default=None, help=f"spec JSON (default DIR/{SPEC_FILENAME}; an existing one that "
+                    f"differs is kept as NAME.prev-<timestamp>)")
     ap.add_argument("--report", default=None, help="Markdown report (default: next to the spec, .md)")
     ap.add_argument("--text", default=None, help="text file to score candidates on (default: corpus tail)")
     ap.add_argument("--no-loss", action="store_true", help="statistics only; no model evaluation")
@@ -3238,6 +3261,7 @@ def main(argv=None) -> int:
         res = inspect_dir(a.dir, text=text, use_loss=not a.no_loss)
         out = Path(a.out) if a.out else Path(a.dir) / SPEC_FILENAME
         rep = Path(a.report) if a.report else out.with_suffix(".md")
+        kept = [k for k in (_keep_previous(out, res.spec.to_json()), _keep_previous(rep, render(res))) if k]
         res.spec.save(out)
         atomic_write_text(rep, render(res))
     except (CheckpointError, FormatError, OSError, UnicodeDecodeError) as e:
@@ -3247,6 +3271,8 @@ def main(argv=None) -> int:
         print(f"error: unexpected {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out} and {rep}")
+    for k in kept:
+        print(f"  the previous {k[0].name} differed: kept as {k[1]}")
     for f in res.findings:
         print(f"  {f.what}: {f.decision}  [{f.confidence}]")
     return 0

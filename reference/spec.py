@@ -41,6 +41,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -814,7 +815,7 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
                 f"{where}: tensor {skey!r}: quant_method 'bitnet' (linear_class {linear_class!r}) defines "
                 f"{mod}.weight_scale, {'divided' if op == 'divide' else 'multiplied'}; a weight_scale_inv may be its "
                 f"reciprocal or the dequantisation multiplier (as FP8 checkpoints store it), so multiply vs divide is "
-                f"ambiguous. Expected {mod}.weight_scale; or run `python -m reference.inspect {ckpt.path if ckpt else 'DIR'}`, "
+                f"ambiguous. Expected {mod}.weight_scale; or run `python -m reference.inspect {shlex.quote(str(ckpt.path)) if ckpt else 'DIR'}`, "
                 f"which settles the op by magnitudes and loss and writes {SPEC_FILENAME}")
         linears[mod] = LinearEntry(weight_key=f"{mod}.weight", shape=shapes[mod], pack=HF_BITNET,
                                    scale=ScaleSpec(key=skey, granularity="tensor", op=op),
@@ -967,4 +968,4 @@ def spec_for(model_dir, cfg: Optional[ModelConfig] = None, spec_path=None) -> Ch
             return spec_unquantized(cfg)
     raise CheckpointError(
         f"{model_dir}: no {SPEC_FILENAME} and quantization_config is {q or None}; run "
-        f"`python -m reference.inspect {model_dir}` to infer the format")
+        f"`python -m reference.inspect {shlex.quote(str(model_dir))}` to infer the format")

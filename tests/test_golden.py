@@ -381,3 +381,21 @@ def test_edited_top10_ids_are_refused(gold, tmp_path):
     save_file(data, str(out / "tensors.safetensors"))
     with pytest.raises(GoldenError, match="top10_ids do not match top10_sha256"):
         GoldenSet.load(out)
+
+
+def test_suggested_commands_are_shell_quoted(tmp_path):
+    """A path with a space in an error's suggested command is quoted: pasted into a shell, the command gets the
+    path as one argument."""
+    import re
+    import shlex
+
+    from parity.dump import DEFAULT_MODEL
+    from parity.golden import GoldenError
+    from parity.run import load_fresh_golden
+
+    g = tmp_path / "my goldens"
+    with pytest.raises(GoldenError) as e:
+        load_fresh_golden(g, DEFAULT_MODEL)
+    cmd = re.search(r"`(python -m parity\.dump [^`]*)`", str(e.value)).group(1)
+    argv = shlex.split(cmd)
+    assert argv[argv.index("--out") + 1] == str(g) and argv[argv.index("--model") + 1] == str(DEFAULT_MODEL)

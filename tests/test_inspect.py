@@ -151,6 +151,25 @@ def test_a_decode_worse_than_uniform_is_flagged(logical, trained_loss, tmp_path)
     assert not [f for f in inspect_dir(TRAINED).findings if f.what == "decode quality"]
 
 
+def test_rerun_keeps_a_differing_spec_aside(tmp_path, capsys):
+    """A spec that differs from what the inspector writes (edited by hand) is never overwritten: it is kept as
+    NAME.prev-<timestamp> and the CLI says so; an identical one is left as is (no .prev file)."""
+    out, rep = tmp_path / "spec.json", tmp_path / "report.md"
+    args = [str(TRAINED), "--out", str(out), "--report", str(rep), "--no-loss"]
+    assert inspect_main(args) == 0
+    first = out.read_text()
+    assert inspect_main(args) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md", "spec.json"]
+    edited = json.loads(first)
+    edited["name"] = "edited by hand"
+    out.write_text(json.dumps(edited))
+    capsys.readouterr()
+    assert inspect_main(args) == 0
+    kept = sorted(tmp_path.glob("spec.json.prev-*"))
+    assert len(kept) == 1 and json.loads(kept[0].read_text())["name"] == "edited by hand"
+    assert out.read_text() == first and f"the previous spec.json differed: kept as {kept[0]}" in capsys.readouterr().out
+
+
 def test_trained_margin_and_report(tmp_path, trained_loss, capsys):
     """The committed model: correct decode far below every wrong candidate; CLI writes spec + report."""
     out, rep = tmp_path / "spec.json", tmp_path / "report.md"

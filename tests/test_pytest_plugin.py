@@ -94,6 +94,20 @@ def test_missing_or_corrupt_golden_is_said_even_when_k_deselects_it(tmp_path):
     assert rc != 0 and "manifest.json: invalid JSON" in out and "Traceback" not in out, out
 
 
+def test_k_matching_no_tensor_says_which_layers_exist(tmp_path):
+    """`-k layer7` on a model with fewer layers: pytest alone says only "deselected"; the summary names the
+    expression, the golden set and the layers it has (and no target runs)."""
+    order = json.loads((ROOT / "golden" / "tiny-bitnet" / "manifest.json").read_text())["order"]
+    last = max(int(n.split(".")[0][5:]) for n in order if n.startswith("layer"))
+    rc, out = _pytest("--target", "reference", "-k", f"layer{last + 4}", "--runs", str(tmp_path))
+    assert rc != 0, out
+    assert (f"-k 'layer{last + 4}' selected none of the {len(order) + 1} parity tests of "
+            f"{ROOT / 'golden' / 'tiny-bitnet'} (layers 0-{last}" in out), out
+    assert not any(tmp_path.iterdir()), "a -k that selects nothing must not run the target"
+    rc, out = _pytest("--target", "reference", "-k", "layer1.attn.q_proj", "--runs", str(tmp_path))
+    assert rc == 0 and "selected none" not in out, out
+
+
 def test_run_cli_prints_the_rows_around_the_failure_unless_all(tmp_path, capsys):
     """parity.run on a failing run prints the table around the first divergence (as the README says) and how many
     rows it left out; --all prints every row."""
