@@ -18,6 +18,7 @@ stem beside an earlier record, never over it). Runs on any CUDA GPU with the tri
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import sys
 
@@ -150,7 +151,7 @@ def main(argv=None) -> int:
             print(fmt(r), flush=True)
     meta = {"device": torch.cuda.get_device_name(0), "date": datetime.date.today().isoformat(),
             "commit": commit_id(), "command": "python -m bench.a8_breakdown " +
-            " ".join(argv if argv is not None else sys.argv[1:])}
+            shlex.join(argv if argv is not None else sys.argv[1:])}
     md = markdown(meta, rows)
     print(md)
     if args.out:

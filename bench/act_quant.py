@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import faulthandler
+import shlex
 import statistics
 import sys
 
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
         rows.append(r)
         print(fmt(r), flush=True)
     meta = {"device": torch.cuda.get_device_name(0), "date": datetime.date.today().isoformat(), "commit": commit_id(),
-            "command": "python -m bench.act_quant " + " ".join(argv if argv is not None else sys.argv[1:])}
+            "command": "python -m bench.act_quant " + shlex.join(argv if argv is not None else sys.argv[1:])}
     md = markdown(meta, rows)
     print(md)
     if args.out:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     except RecordError as e:
         print(f"bench.ceiling: {e}", file=sys.stderr)
         return 2
-    command = "python -m bench.ceiling " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench.ceiling " + shlex.join(argv if argv is not None else sys.argv[1:])
     md = markdown(res, a.e2e, a.floor, command)
     print(md)
     if a.out:

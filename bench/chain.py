@@ -28,6 +28,7 @@ weight floor: the tail's packed weight bytes at the 4.18 TB/s copy bandwidth mea
 from __future__ import annotations
 
 import argparse
+import shlex
 import datetime as dt
 import json
 import os
@@ -283,7 +284,7 @@ def main(argv=None):
     props = torch.cuda.get_device_properties(0)
     meta = {"device": props.name, "sm_count": props.multi_processor_count,
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit_id(),
-            "command": "python -m bench.chain " + " ".join(argv or sys.argv[1:]), "torch": torch.__version__,
+            "command": "python -m bench.chain " + shlex.join(argv or sys.argv[1:]), "torch": torch.__version__,
             "cuda": torch.version.cuda, "host": platform.node(), "extension_loaded": ops.EXTENSION_LOADED}
     rows = []
     ms = [int(m) for m in args.ms.split(",")]

@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -592,7 +593,7 @@ def main(argv=None) -> int:
 
     def save_partial():
         doc = json.dumps({"device": dev, "commit": commit, "partial": True, "settings": settings,
-                          "command": "python -m bench.e2e " + " ".join(argv or sys.argv[1:]),
+                          "command": "python -m bench.e2e " + shlex.join(argv or sys.argv[1:]),
                           "rows": rows}, indent=1, default=str)
         for f in (partial, state):
             if f is not None:
@@ -641,7 +642,7 @@ def main(argv=None) -> int:
     md = [f"# End-to-end vLLM throughput, shape {a.shape}, {dev}", "",
           f"- date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
           f"- commit: {commit}",
-          f"- command: python -m bench.e2e {' '.join(argv or sys.argv[1:])}",
+          f"- command: python -m bench.e2e {shlex.join(argv or sys.argv[1:])}",
           f"- {a.prompt_len} prompt + {a.gen_len} output tokens, greedy; best of {SMALL_BATCH_RUNS} runs at B <= 8 and of {LARGE_BATCH_RUNS} above, each batch size after an untimed {WARMUP_TOKENS}-token generation (median and every run in the JSON); "
           f"tensor_parallel_size {a.tp}; engine core "
           + ("in its own process (vLLM's default; no profile or graph replay)" if a.engine == "mp"

@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -235,7 +236,7 @@ def main(argv=None) -> int:
             ("load_weights_s", "load_weights"), ("ternary_post_s", "ternary post-processing")]
     summary = {name: {k: dict(zip(("median", "min", "max"), _med(rs, k))) for k, _ in keys}
                for name, rs in runs.items()}
-    cmd = "python -m bench.export_load " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python -m bench.export_load " + shlex.join(argv if argv is not None else sys.argv[1:])
     import vllm
 
     md = [f"# vLLM start-up: original vs offline-repack export ({label}, {dev})", "",

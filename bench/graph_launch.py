@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -109,7 +110,7 @@ def main(argv=None) -> int:
     line = fit(rows)
     dev = torch.cuda.get_device_name(0)
     meta = {"device": dev, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit_id(),
-            "command": "python -m bench.graph_launch " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "command": "python -m bench.graph_launch " + shlex.join(argv if argv is not None else sys.argv[1:]),
             "torch": torch.__version__, "cuda": torch.version.cuda}
     md = markdown(meta, rows, line)
     print(md)

@@ -13,6 +13,7 @@ Writes <out>/<date>-<gpu>.json and .md with device, date, git commit and command
 from __future__ import annotations
 
 import argparse
+import shlex
 import datetime as dt
 import json
 import math
@@ -748,7 +749,7 @@ def main(argv=None):
     meta = {
         "device": props.name, "sm_count": props.multi_processor_count,
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": commit_id(), "command": "python -m bench.kernels " + " ".join(argv or sys.argv[1:]),
+        "commit": commit_id(), "command": "python -m bench.kernels " + shlex.join(argv or sys.argv[1:]),
         "torch": torch.__version__, "cuda": torch.version.cuda, "host": platform.node(),
         "fused_max_m": ops.FUSED_MAX_M, "extension_loaded": ops.EXTENSION_LOADED,
         "humming": hum.error or "humming-kernels BitnetWeightSchema, bf16",

@@ -21,6 +21,7 @@ stem beside an earlier record, never over it). Runs on any CUDA GPU of compute c
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import sys
 
@@ -203,7 +204,7 @@ def main(argv=None) -> int:
             print("  MISMATCH " + p, flush=True)
     meta = {"device": torch.cuda.get_device_name(0), "date": datetime.date.today().isoformat(),
             "commit": commit_id(), "command": "python -m bench.norm_quant " +
-            " ".join(argv if argv is not None else sys.argv[1:])}
+            shlex.join(argv if argv is not None else sys.argv[1:])}
     md = markdown(meta, rows, clusters, problems)
     print(md)
     if args.out:

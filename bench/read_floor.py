@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import shlex
 import datetime as dt
 import json
 import math
@@ -211,7 +212,7 @@ def main(argv=None) -> int:
     check(lib, 16, configs[:3] + configs[-2:])
     meta = {"device": props.name, "sm_count": props.multi_processor_count,
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit_id(),
-            "command": "python -m bench.read_floor " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "command": "python -m bench.read_floor " + shlex.join(argv if argv is not None else sys.argv[1:]),
             "torch": torch.__version__, "cuda": torch.version.cuda, "host": platform.node(),
             "kernels": str(args.kernels) if args.kernels else None, "n_configs": len(configs),
             "checked": "every config's XOR equals the host's (1 MiB + 48 B buffer)"}

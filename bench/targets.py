@@ -13,6 +13,7 @@ of one launch, whatever it computes; the table says so instead of counting it as
 from __future__ import annotations
 
 import argparse
+import shlex
 import datetime as dt
 import json
 import sys
@@ -199,7 +200,7 @@ def main(argv=None) -> int:
     meta = {"device": dev, "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "records": [m["file"] for m in metas], "commits": sorted({str(m.get("commit")) for m in metas}),
             "record_dates": [m.get("date") for m in metas], "read_floor": a.read_floor.name if a.read_floor else None,
-            "command": "python -m bench.targets " + " ".join(sys.argv[1:] if argv is None else argv)}
+            "command": "python -m bench.targets " + shlex.join(sys.argv[1:] if argv is None else argv)}
     md = markdown(meta, results)
     stem = a.stem or f"{meta['date'][:10]}-{dev.replace(' ', '_')}-targets"
     js, mdp = write_record(a.out, stem, {"meta": meta, "targets": results}, md)

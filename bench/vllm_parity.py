@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
     import vllm
 
     rec = {"device": dev, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "commit": commit_id(),
-           "command": "python -m bench.vllm_parity " + " ".join(argv or sys.argv[1:]),
+           "command": "python -m bench.vllm_parity " + shlex.join(argv or sys.argv[1:]),
            "vllm": vllm.__version__, "torch": torch.__version__, "model": str(a.model), "dtype": a.dtype,
            "tensor_parallel_size": a.tp, "kernel_env": {k: v for k, v in os.environ.items() if k.startswith("TRIT_")}}
     t0 = time.time()

@@ -21,6 +21,7 @@ stem beside an earlier record, never over it). Runs on any CUDA GPU.
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import sys
 
@@ -199,7 +200,7 @@ def main(argv=None) -> int:
     rows = run(cases, scale=not args.no_scale, norm=args.norm and args.no_scale, watchdog=args.watchdog)
     meta = {"device": torch.cuda.get_device_name(0), "date": datetime.date.today().isoformat(),
             "commit": commit_id(), "command": "python -m bench.x_footprint " +
-            " ".join(argv if argv is not None else sys.argv[1:])}
+            shlex.join(argv if argv is not None else sys.argv[1:])}
     md = markdown(meta, rows)
     print(md)
     if args.out:  # x-footprint.json / .md, or the next free stem (never over an earlier record)

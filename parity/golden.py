@@ -72,6 +72,16 @@ def model_identity(model_dir: Path, spec) -> dict:
     return {"config_sha256": config, "weights_sha256": files, "spec_name": spec.name, "spec_sha256": spec.digest()}
 
 
+def regen_command(path, manifest=None, model=None) -> str:
+    """The command that rebuilds the golden set at `path`, paths shell-quoted: its model is `model`, else the model
+    dir its manifest records, else MODEL_DIR for the user to fill in (a bare `--ref --force` would rebuild the
+    default set, not this one)."""
+    if model is None and isinstance(manifest, dict) and isinstance(manifest.get("model"), dict):
+        model = manifest["model"].get("dir") if isinstance(manifest["model"].get("dir"), str) else None
+    m = shlex.quote(str(model)) if model else "MODEL_DIR"
+    return f"`python -m parity.dump --ref --model {m} --out {shlex.quote(str(path))} --force`"
+
+
 def _check_manifest(mf: Path, m: dict) -> None:
     """A manifest's structure, named by file and key: what load() and staleness() read, and an order that is the
     model's whole canonical list (a set with names dropped from 'order' would pass without checking them)."""
@@ -80,7 +90,7 @@ def _check_manifest(mf: Path, m: dict) -> None:
     for key, typ in need.items():
         if key not in m:
             raise GoldenError(f"{mf}: no {key!r} (a golden manifest records format, order, tensors, model, inputs, "
-                              f"reference_version, num_layers, arch); regenerate with `python -m parity.dump --ref --force`")
+                              f"reference_version, num_layers, arch); regenerate with {regen_command(mf.parent, m)}")
         if not isinstance(m[key], typ) or (typ is int and isinstance(m[key], bool)):
             raise GoldenError(f"{mf}: {key!r} is a {type(m[key]).__name__}, expected a {typ.__name__}")
     for key in ("config_sha256", "weights_sha256", "spec_name", "spec_sha256"):
@@ -132,7 +142,7 @@ class GoldenSet:
             raise GoldenError(f"{mf}: invalid JSON ({e})")
         if not isinstance(manifest, dict):
             raise GoldenError(f"{mf}: expected a JSON object (format, order, tensors, model, inputs, ...), got a "
-                              f"{type(manifest).__name__}; regenerate the set with `python -m parity.dump --ref --force`")
+                              f"{type(manifest).__name__}; regenerate the set with {regen_command(path, manifest)}")
         if manifest.get("format") != FORMAT:
             raise StaleGolden(f"{mf}: golden format {manifest.get('format')}, this harness reads {FORMAT}")
         _check_manifest(mf, manifest)
@@ -140,7 +150,7 @@ class GoldenSet:
 
         if not (path / TENSORS).is_file():
             raise GoldenError(f"{path}: {MANIFEST} without {TENSORS}: an incomplete golden set; regenerate it with "
-                              f"`python -m parity.dump --ref --force`")
+                              f"{regen_command(path, manifest)}")
         read_header(path / TENSORS)  # validates offsets: a truncated golden file says so
         data = load_file(str(path / TENSORS))
         tf = path / TENSORS
@@ -163,11 +173,11 @@ class GoldenSet:
                 raise GoldenError(f"{path}: {name} has shape {list(t.shape)}, manifest says {meta['shape']}")
             if verify and sha256_tensor(t) != meta["sha256"]:
                 raise GoldenError(f"{path}: {name} does not match its sha256 in the manifest (file corrupted "
-                                  f"or edited by hand); regenerate with `python -m parity.dump --ref --force`")
+                                  f"or edited by hand); regenerate with {regen_command(path, manifest)}")
             if not bool(torch.isfinite(t).all()):  # write_golden never writes one: a NaN golden passes nothing
                 bad = int((~torch.isfinite(t)).sum())
                 raise GoldenError(f"{tf}: {name} holds {bad} NaN/Inf values; expected finite goldens (the set was "
-                                  f"edited after it was written); regenerate with `python -m parity.dump --ref --force`")
+                                  f"edited after it was written); regenerate with {regen_command(path, manifest)}")
             tensors[name] = t
         ids = data.get("input_ids")
         inputs = manifest["inputs"]
@@ -178,14 +188,14 @@ class GoldenSet:
                               f"{inputs.get('shape', '[prompts, tokens]')} as {MANIFEST} records")
         if verify and sha256_tensor(ids) != inputs["input_ids_sha256"]:
             raise GoldenError(f"{tf}: input_ids do not match inputs.input_ids_sha256 in {MANIFEST} (file corrupted or "
-                              f"edited by hand); regenerate with `python -m parity.dump --ref --force`")
+                              f"edited by hand); regenerate with {regen_command(path, manifest)}")
         if ids.numel() and int(ids.min()) < 0:
             raise GoldenError(f"{tf}: input_ids holds {int(ids.min())}; token ids are >= 0")
         top10 = data.get("top10_ids")
         if verify and top10 is not None and "top10_sha256" in manifest and \
                 sha256_tensor(top10) != manifest["top10_sha256"]:
             raise GoldenError(f"{tf}: top10_ids do not match top10_sha256 in {MANIFEST} (file corrupted or edited by "
-                              f"hand); regenerate with `python -m parity.dump --ref --force`")
+                              f"hand); regenerate with {regen_command(path, manifest)}")
         return cls(path, manifest, tensors, ids, top10)
 
     def staleness(self, model_dir: Path, spec, reference_version: str, cfg=None) -> list[str]:

@@ -58,8 +58,13 @@ def golden_problem(config):
         order = json.loads(mf.read_text())["order"]
         if not isinstance(order, list):
             raise TypeError(f"'order' is {type(order).__name__}")
-    except (ValueError, KeyError, TypeError) as e:
-        return f"{mf}: not a golden manifest ({type(e).__name__}: {e}); regenerate with `python -m parity.dump --ref --force`"
+        bad = [n for n in order if not isinstance(n, str)]
+        if bad:
+            raise TypeError(f"'order' holds {len(bad)} non-string entries, e.g. {bad[0]!r}")
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        from .golden import regen_command
+
+        return f"{mf}: not a golden manifest ({type(e).__name__}: {e}); regenerate with {regen_command(golden, model=model)}"
     return None
 
 
@@ -83,23 +88,28 @@ def pytest_deselected(items):
 
 
 def pytest_collection_finish(session):
-    _STATE["parity_selected"] = sum(1 for it in session.items if it.get_closest_marker("parity") is not None)
+    _STATE["selected"] = len(session.items)
 
 
 def selection_problem(config) -> str | None:
     """Why `-k` ran no parity test although the golden set has some (None: it ran some, or none were deselected):
     the expression, how many tensors it left out and which layers the set has, e.g. `-k layer7` on a 2-layer model."""
-    if _STATE.get("parity_selected", 1) > 0 or not _STATE.get("parity_deselected") or golden_problem(config):
+    expr = config.getoption("keyword", "") or ""
+    # only when nothing at all ran and -k is why (not -m / --deselect, nor a -k that picked other tests)
+    if not expr or _STATE.get("selected", 1) > 0 or not _STATE.get("parity_deselected") or golden_problem(config):
         return None
     import re
 
-    _, golden, _ = _paths(config)
+    model, golden, _ = _paths(config)
     names = parity_names(config)
     layers = sorted({int(m.group(1)) for n in names for m in [re.match(r"layer(\d+)\.", n)] if m})
     have = f"layers {layers[0]}-{layers[-1]}" if layers else "no layer tensors"
-    expr = config.getoption("keyword", "") or ""
+    listing = "pytest parity/ --collect-only -q"
+    for opt, val in (("--model", model), ("--golden", golden)):
+        if config.getoption(opt) not in (None, str(DEFAULT_MODEL)):
+            listing += f" {opt} {shlex.quote(str(val))}"
     return (f"-k {expr!r} selected none of the {len(names)} parity tests of {golden} ({have}; names like "
-            f"{names[1] if len(names) > 1 else names[0]!r}); `pytest parity/ --collect-only -q` lists them")
+            f"{names[1] if len(names) > 1 else names[0]!r}); `{listing}` lists them")
 
 
 @pytest.fixture(scope="session")

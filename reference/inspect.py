@@ -3240,6 +3240,11 @@ def _keep_previous(path: Path, new_text: str) -> tuple[Path, Path] | None:
     return path, dest
 
 
+def _say_kept(kept: list, stream) -> None:
+    for path, dest in kept:
+        print(f"  the previous {path.name} differed: kept as {dest}", file=stream)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m reference.inspect", description=__doc__.split("\n")[0])
     ap.add_argument("dir", help="checkpoint directory (config.json + *.safetensors, or one llama.cpp .gguf model)")
@@ -3249,6 +3254,7 @@ def main(argv=None) -> int:
     ap.add_argument("--text", default=None, help="text file to score candidates on (default: corpus tail)")
     ap.add_argument("--no-loss", action="store_true", help="statistics only; no model evaluation")
     a = ap.parse_args(argv)
+    kept: list = []
     try:
         from .inspect_report import render
         from .io import atomic_write_text
@@ -3258,21 +3264,27 @@ def main(argv=None) -> int:
         except UnicodeDecodeError as e:
             raise CheckpointError(f"--text {a.text}: not UTF-8 text ({e.reason} at byte {e.start}); pass a UTF-8 "
                                   f"text file") from None
-        res = inspect_dir(a.dir, text=text, use_loss=not a.no_loss)
         out = Path(a.out) if a.out else Path(a.dir) / SPEC_FILENAME
         rep = Path(a.report) if a.report else out.with_suffix(".md")
-        kept = [k for k in (_keep_previous(out, res.spec.to_json()), _keep_previous(rep, render(res))) if k]
-        res.spec.save(out)
-        atomic_write_text(rep, render(res))
+        if out.resolve() == rep.resolve():
+            raise FormatError(f"--out {out} and the report {rep} are the same file; pass --report (or an --out "
+                              f"not ending in .md: the report goes next to the spec as .md)")
+        res = inspect_dir(a.dir, text=text, use_loss=not a.no_loss)
+        for path, body in ((out, res.spec.to_json()), (rep, render(res))):
+            k = _keep_previous(path, body)  # a differing file is renamed aside, then the new one written
+            if k:
+                kept.append(k)
+            atomic_write_text(path, body)
     except (CheckpointError, FormatError, OSError, UnicodeDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
+        _say_kept(kept, sys.stderr)
         return 2
     except Exception as e:  # never a bare traceback from the CLI
         print(f"error: unexpected {type(e).__name__}: {e}", file=sys.stderr)
+        _say_kept(kept, sys.stderr)
         return 2
     print(f"wrote {out} and {rep}")
-    for k in kept:
-        print(f"  the previous {k[0].name} differed: kept as {k[1]}")
+    _say_kept(kept, sys.stdout)
     for f in res.findings:
         print(f"  {f.what}: {f.decision}  [{f.confidence}]")
     return 0

@@ -399,3 +399,21 @@ def test_suggested_commands_are_shell_quoted(tmp_path):
     cmd = re.search(r"`(python -m parity\.dump [^`]*)`", str(e.value)).group(1)
     argv = shlex.split(cmd)
     assert argv[argv.index("--out") + 1] == str(g) and argv[argv.index("--model") + 1] == str(DEFAULT_MODEL)
+
+
+def test_regenerate_advice_names_the_set_and_its_model(tmp_path):
+    """A broken golden set's advice rebuilds that set from the model its manifest records (a bare
+    `parity.dump --ref --force` would rebuild the default set instead)."""
+    import shlex
+
+    from parity.golden import GoldenError, GoldenSet
+
+    from parity.dump import DEFAULT_GOLDEN
+
+    g = tmp_path / "my set"
+    shutil.copytree(DEFAULT_GOLDEN, g)
+    (g / "tensors.safetensors").unlink()
+    with pytest.raises(GoldenError, match="incomplete golden set") as e:
+        GoldenSet.load(g)
+    model = json.loads((g / "manifest.json").read_text())["model"]["dir"]
+    assert f"--model {shlex.quote(model)} --out {shlex.quote(str(g))} --force" in str(e.value), str(e.value)

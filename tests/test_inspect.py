@@ -170,6 +170,26 @@ def test_rerun_keeps_a_differing_spec_aside(tmp_path, capsys):
     assert out.read_text() == first and f"the previous spec.json differed: kept as {kept[0]}" in capsys.readouterr().out
 
 
+def test_spec_and_report_on_one_path_refused_and_a_failed_report_names_what_was_kept(tmp_path, capsys):
+    """--out and --report on one file (also an --out ending in .md, whose default report is itself) is refused
+    before anything is touched; a report that cannot be written after the spec was replaced says where the old
+    spec went (nothing is lost)."""
+    same = tmp_path / "same.json"
+    same.write_text("{}")
+    assert inspect_main([str(TRAINED), "--no-loss", "--out", str(same), "--report", str(same)]) == 2
+    md = tmp_path / "spec.md"
+    assert inspect_main([str(TRAINED), "--no-loss", "--out", str(md)]) == 2
+    assert "are the same file" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["same.json"] and same.read_text() == "{}"
+    spec = tmp_path / "s.json"
+    spec.write_text('{"x": 1}')
+    (tmp_path / "r.md").mkdir()  # the report path is a directory: its write fails after the spec's
+    assert inspect_main([str(TRAINED), "--no-loss", "--out", str(spec), "--report", str(tmp_path / "r.md")]) == 2
+    kept = list(tmp_path.glob("s.json.prev-*"))
+    assert len(kept) == 1 and kept[0].read_text() == '{"x": 1}'
+    assert f"kept as {kept[0]}" in capsys.readouterr().err
+
+
 def test_trained_margin_and_report(tmp_path, trained_loss, capsys):
     """The committed model: correct decode far below every wrong candidate; CLI writes spec + report."""
     out, rep = tmp_path / "spec.json", tmp_path / "report.md"

@@ -106,6 +106,31 @@ def test_k_matching_no_tensor_says_which_layers_exist(tmp_path):
     assert not any(tmp_path.iterdir()), "a -k that selects nothing must not run the target"
     rc, out = _pytest("--target", "reference", "-k", "layer1.attn.q_proj", "--runs", str(tmp_path))
     assert rc == 0 and "selected none" not in out, out
+    # a -k that selects other tests, and -m (not -k) deselecting the parity tests: no such message
+    rc, out = _pytest("tests/test_golden.py", "-k", "shell_quoted", "--runs", str(tmp_path))
+    assert rc == 0 and "selected none" not in out, out
+    rc, out = _pytest("-m", "not parity", "--runs", str(tmp_path))
+    assert "selected none" not in out and "-k ''" not in out, out
+    # another golden set: the listing command names it (quoted)
+    g = tmp_path / "my gold"
+    shutil.copytree(ROOT / "golden" / "tiny-bitnet", g)
+    rc, out = _pytest("--golden", str(g), "-k", "layer99", "--runs", str(tmp_path / "r"))
+    assert f"`pytest parity/ --collect-only -q --golden '{g}'` lists them" in out, out
+
+
+def test_manifest_that_is_not_one_is_said_cleanly(tmp_path):
+    """A manifest whose order holds non-strings, or a manifest.json that is a directory: one line saying so and the
+    command that rebuilds that set (not the default one), no traceback."""
+    ints = tmp_path / "ints"
+    ints.mkdir()
+    (ints / "manifest.json").write_text('{"order": [1, 2]}')
+    rc, out = _pytest("--golden", str(ints), "-k", "layer7", "--runs", str(tmp_path))
+    assert rc != 0 and "non-string entries" in out and "Traceback" not in out, out
+    assert f"--out {ints} --force" in out, out
+    d = tmp_path / "dir"
+    (d / "manifest.json").mkdir(parents=True)
+    rc, out = _pytest("--golden", str(d), "--runs", str(tmp_path))
+    assert rc != 0 and "Is a directory" in out and "Traceback" not in out and "INTERNALERROR" not in out, out
 
 
 def test_run_cli_prints_the_rows_around_the_failure_unless_all(tmp_path, capsys):
