@@ -1,6 +1,6 @@
 """The engine's ceiling under an end-to-end record: the tok/s vLLM itself allows on that machine.
 
-    python -m bench.ceiling --e2e E2E.json --floor TINY.json [--floor TINY2.json] [--baseline bf16-llama]
+    python -m bench.ceiling --e2e E2E.json --floor TINY.json [--floor TINY2.json] [--baseline CONFIG]
                             [--targets 1=2.5,32=1.8] [--out DIR]
 
 A floor record is ``bench.e2e --shape tiny`` (``ci/gpu_e2e.sh floor``) run on the same machine: the bundled
@@ -65,6 +65,16 @@ def record_date(path: Path) -> str:
     leaves partial-DATE-...)."""
     m = re.match(r"(?:partial-)?(\d{4}-\d{2}-\d{2})", Path(path).name)
     return m.group(1) if m else "?"
+
+
+def default_baseline(e2e: dict) -> str:
+    """The record's bf16 baseline: bf16-llama (2B records: the twin the Llama-shaped configs compare with) where it
+    is a config, else bf16 (8B records), else the error that names the configs."""
+    labels = [r.get("label") for r in e2e.get("rows", [])]
+    for want in ("bf16-llama", "bf16"):
+        if want in labels:
+            return want
+    raise RecordError(f"no bf16 config in the e2e record (it has {labels}): pass --baseline")
 
 
 def ceiling(e2e: dict, floors: list[dict], baseline: str, targets: dict[int, float] | None = None) -> dict:
@@ -152,14 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--e2e", required=True, type=Path, help="a bench.e2e JSON record (2b, 8b...)")
     ap.add_argument("--floor", required=True, type=Path, action="append",
                     help="a bench.e2e --shape tiny JSON record of the same machine (repeatable: best tok/s per B)")
-    ap.add_argument("--baseline", default="bf16-llama", help="the config the ratios are taken against")
+    ap.add_argument("--baseline", default=None,
+                    help="the config the ratios are taken against (default: the record's bf16 config, bf16-llama in 2B "
+                         "records, bf16 in 8B ones)")
     ap.add_argument("--targets", help="target ratios to check against the ceiling, e.g. 1=2.5,32=1.8")
     ap.add_argument("--out", type=Path, help="write <e2e stem>-ceiling.json / .md here")
     a = ap.parse_args(argv)
     try:
         e2e = load_record(a.e2e, want_tiny=False)
         floors = [load_record(p, want_tiny=True) for p in a.floor]
-        res = ceiling(e2e, floors, a.baseline, parse_targets(a.targets))
+        res = ceiling(e2e, floors, a.baseline or default_baseline(e2e), parse_targets(a.targets))
     except RecordError as e:
         print(f"bench.ceiling: {e}", file=sys.stderr)
         return 2

@@ -57,10 +57,11 @@ def diff(new: GoldenSet, old: GoldenSet, rtol: float, cross_column: str = "fp32-
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m parity.golden_diff")
-    ap.add_argument("new")
-    ap.add_argument("old")
-    ap.add_argument("--rtol", type=float, default=1e-6)
+    ap = argparse.ArgumentParser(prog="python -m parity.golden_diff", description=__doc__.split("\n")[0])
+    ap.add_argument("new", help="golden set directory to check (e.g. freshly dumped)")
+    ap.add_argument("old", help="golden set directory to check it against (e.g. the committed one)")
+    ap.add_argument("--rtol", type=float, default=1e-6,
+                    help="a difference within rtol of a tensor's max|value| is reported but passes (same hardware)")
     ap.add_argument("--cross-column", default="fp32-a8", choices=sorted(TABLE),
                     help="tolerance column (parity.tolerances) for sets computed on different hardware")
     a = ap.parse_args(argv)

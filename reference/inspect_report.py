@@ -157,6 +157,7 @@ def render(res) -> str:
     if len(res.scored) > 1:
         valid = [sc for sc in res.scored if math.isfinite(sc.loss)]
         if res.loss is not None:
+            valid.sort(key=lambda sc: sc.loss)  # the search's order is not the loss order
             L += ["", "## Candidate decodes scored by loss (best first)", "", "| # | candidate | loss (nats) | note |",
                   "|---|---|---|---|"]
         else:  # --no-loss: nothing was evaluated; the a-priori order, the chosen decode first

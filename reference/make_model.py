@@ -329,7 +329,7 @@ def keep_float(model_dir: str | Path, preset: str | Preset, patterns: list, modu
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m reference.make_model", description=__doc__.split("\n")[0])
     ap.add_argument("--preset", required=True, choices=sorted(PRESETS))
     ap.add_argument("--out", required=True)
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])

@@ -225,7 +225,7 @@ def write(model: TinyBitNet, out: Path, meta: dict) -> None:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m reference.train_tiny", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(ROOT / "models" / "tiny-trained"))
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)

@@ -164,3 +164,20 @@ def test_table_ratio_rounded_once(tmp_path):
     res = C.ceiling(e2e, [rec("tiny", [("t", {32: 10688.1})])], "bf16", {32: 1.8})
     md = C.markdown(res, tmp_path / "2026-12-03-x.json", [tmp_path / "2026-12-03-t.json"], "cmd")
     assert "ours 9825.6, 1.69x, 92%" in md and "| 1.84x |" in md, md
+
+
+def test_default_baseline_is_the_records_bf16_config(tmp_path, capsys):
+    """Without --baseline: bf16-llama in a 2B record (the twin), bf16 in an 8B one (which has no bf16-llama), and a
+    record with neither is refused naming its configs."""
+    f = write(tmp_path, "2026-12-06-x-e2e-tiny.json", rec("tiny", [("t", {1: 770.0})]))
+    e8 = write(tmp_path, "2026-12-06-x-e2e-8b.json", rec("8b", [("ours", {1: 400.0}), ("bf16", {1: 154.0}),
+                                                                  ("humming", {1: 328.0})]))
+    assert C.main(["--e2e", str(e8), "--floor", str(f)]) == 0
+    assert "| 1 | 770 | 1.299 | 154 | 5.00x | - | ours 400, 2.60x, 52%; humming 328, 2.13x, 43% |" in capsys.readouterr().out
+    e2 = write(tmp_path, "2026-12-06-x-e2e-2b.json", rec("2b", [("ours", {1: 500.0}), ("bf16", {1: 300.0}),
+                                                                  ("bf16-llama", {1: 400.0})]))
+    assert C.main(["--e2e", str(e2), "--floor", str(f)]) == 0
+    assert "| 400 |" in capsys.readouterr().out
+    none = write(tmp_path, "2026-12-06-y-e2e-8b.json", rec("8b", [("ours", {1: 400.0})]))
+    assert C.main(["--e2e", str(none), "--floor", str(f)]) == 2
+    assert "no bf16 config in the e2e record (it has ['ours'])" in capsys.readouterr().err
