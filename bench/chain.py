@@ -28,11 +28,11 @@ weight floor: the tail's packed weight bytes at the 4.18 TB/s copy bandwidth mea
 from __future__ import annotations
 
 import argparse
-import shlex
 import datetime as dt
 import json
 import os
 import platform
+import shlex
 import sys
 from pathlib import Path
 

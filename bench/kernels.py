@@ -13,12 +13,12 @@ Writes <out>/<date>-<gpu>.json and .md with device, date, git commit and command
 from __future__ import annotations
 
 import argparse
-import shlex
 import datetime as dt
 import json
 import math
 import os
 import platform
+import shlex
 import signal
 import statistics
 import subprocess

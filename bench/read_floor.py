@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import shlex
 import datetime as dt
 import json
 import math
 import os
 import platform
+import shlex
 import subprocess
 import sys
 from pathlib import Path

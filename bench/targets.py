@@ -13,9 +13,9 @@ of one launch, whatever it computes; the table says so instead of counting it as
 from __future__ import annotations
 
 import argparse
-import shlex
 import datetime as dt
 import json
+import shlex
 import sys
 from pathlib import Path
 

@@ -280,7 +280,7 @@ def write_golden(out: Path, tensors: dict, order: list, input_ids: torch.Tensor,
                  force: bool = False, compute: Optional[str] = None) -> Path:
     from safetensors.torch import save_file
 
-    from reference.io import umask_mode
+    from reference.io import aside_path, umask_mode
 
     out = Path(out)
     if out.is_dir() and not any(out.iterdir()):
@@ -335,11 +335,7 @@ def write_golden(out: Path, tensors: dict, order: list, input_ids: torch.Tensor,
                               f"not replaced - pass --force to replace it (the old set is kept as "
                               f"{out.name}.prev-<timestamp>)")
         if out.exists():
-            base = f"{out.name}.prev-{time.strftime('%Y%m%d-%H%M%S')}"
-            aside, n = out.with_name(base), 0
-            while aside.exists():
-                n += 1
-                aside = out.with_name(f"{base}-{n}")
+            aside = aside_path(out)
             out.rename(aside)
         try:
             tmp.rename(out)  # onto a non-empty directory this fails: a set that appeared since the check stays

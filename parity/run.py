@@ -25,7 +25,7 @@ from reference.spec import spec_for
 from .compare import Comparison, compare
 from .diagnose import DecodeProbe, Diagnoser, depth_hint
 from .dump import DEFAULT_GOLDEN, DEFAULT_MODEL, ROOT
-from .golden import GoldenError, GoldenSet, StaleGolden, compute_fingerprint, target_bit_faithful
+from .golden import GoldenError, GoldenSet, StaleGolden, compute_fingerprint, regen_command, target_bit_faithful
 from .noise import load_noise
 from .report import format_table, new_run_dir, table, write_report
 from .targets import Target, get_target, parse_options
@@ -66,7 +66,7 @@ def load_fresh_golden(golden_dir: Path, model_dir: Path, spec_path=None) -> Gold
                               f"{own}: pass `--model {_q(own)}` to check that model, or dump goldens for {model_dir} into "
                               f"another directory (`python -m parity.dump --ref --model {_q(model_dir)} --out DIR`)")
         raise StaleGolden(f"golden set {golden_dir} is stale for {model_dir}: {'; '.join(why)}. Regenerate it with "
-                          f"`python -m parity.dump --ref --model {_q(model_dir)} --out {_q(golden_dir)} --force`")
+                          f"{regen_command(golden_dir, model=model_dir)}")
     return gs
 
 

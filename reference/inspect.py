@@ -3222,7 +3222,7 @@ def _keep_previous(path: Path, new_text: str) -> tuple[Path, Path] | None:
     """An existing `path` whose text differs from `new_text` (a spec edited by hand, an earlier inspection) is
     renamed to PATH.prev-<timestamp>[-n] before the new one is written, never overwritten: (path, where it went),
     or None when there was nothing to keep."""
-    import time
+    from .io import aside_path
 
     try:
         old = path.read_text()
@@ -3232,10 +3232,7 @@ def _keep_previous(path: Path, new_text: str) -> tuple[Path, Path] | None:
         old = None
     if old == new_text:
         return None
-    base = f"{path.name}.prev-{time.strftime('%Y%m%d-%H%M%S')}"
-    dest, n = path.with_name(base), 1
-    while dest.exists():
-        dest, n = path.with_name(f"{base}-{n}"), n + 1
+    dest = aside_path(path)
     path.rename(dest)
     return path, dest
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from pathlib import Path
 
 
@@ -33,3 +34,15 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def aside_path(path: Path) -> Path:
+    """Where an existing file or directory goes instead of being overwritten: PATH.prev-<timestamp>, or
+    PATH.prev-<timestamp>-n when that is taken (several replacements within one second)."""
+    path = Path(path)
+    base = f"{path.name}.prev-{time.strftime('%Y%m%d-%H%M%S')}"
+    dest, n = path.with_name(base), 0
+    while dest.exists():
+        n += 1
+        dest = path.with_name(f"{base}-{n}")
+    return dest
