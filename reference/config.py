@@ -60,6 +60,19 @@ def _count(d: dict, key: str, where: str) -> int:
     return int(v)
 
 
+def rope_dict(d: dict) -> dict:
+    """The RoPE parameters of a config.json dict as transformers resolves them (convert_rope_params_to_dict:
+    ``self.rope_parameters = rope_scaling or self.rope_parameters``): a non-empty ``rope_scaling`` (the key of
+    configs written before transformers 5) wins over ``rope_parameters`` when both are present, and vLLM reads the
+    config transformers built.  The rope_theta of the dict not taken is not used either (the top-level key or the
+    architecture's default fills a dict without one)."""
+    key = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
+    rp = d.get(key) or {}
+    if not isinstance(rp, dict):
+        raise TypeError(f"{key} is {type(rp).__name__} {rp!r}, not a dict")
+    return rp
+
+
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
@@ -119,7 +132,7 @@ class ModelConfig:
             hidden = size("hidden_size")
             heads = size("num_attention_heads")
             head_dim = int(d.get("head_dim") or hidden // heads)
-            rp = d.get("rope_parameters") or d.get("rope_scaling") or {}
+            rp = rope_dict(d)
             theta = float(rp.get("rope_theta", d.get("rope_theta", 10000.0 if defaults == "llama" else 500000.0)))
             kind = rp.get("rope_type", rp.get("type", "default")) or "default"
             if kind not in ROPE_KINDS:
@@ -196,6 +209,12 @@ class ModelConfig:
                    if defaults == "bitnet" and "num_key_value_heads" not in d else "")
             raise CheckpointError(f"{where}: num_attention_heads {cfg.num_heads} is not a multiple of "
                                   f"num_key_value_heads {cfg.num_kv_heads}{why}")
+        if cfg.arch == "llama" and cfg.hidden_size % cfg.num_heads:
+            # transformers' LlamaConfig.validate_architecture refuses it whatever head_dim says (so vLLM, which
+            # loads the config through transformers, cannot start); BitNetConfig has no such check
+            raise CheckpointError(f"{where}: hidden_size {cfg.hidden_size} is not a multiple of num_attention_heads "
+                                  f"{cfg.num_heads}: transformers' LlamaConfig (and vLLM with it) refuses such a "
+                                  f"config even with an explicit head_dim ({cfg.head_dim})")
         if cfg.head_dim % 2:
             raise CheckpointError(f"{where}: head_dim {cfg.head_dim} must be even for RoPE")
         return cfg

@@ -1948,6 +1948,14 @@ def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, find
                         f"quantization_config (config_groups ... weights.num_bits) its width is guessed from the "
                         f"codes and shapes, which covers 2 / 4 / 8-bit only: add the quantization_config that "
                         f"compressed-tensors wrote (e.g. num_bits 3 / 5 / 6 / 7)")
+            shp = tuple(st.shape)
+            if shp in ((n, k), (k, n)):
+                div += (f"; the shape is the logical matrix itself: one value per {CONTAINER_OF[st.dtype]} "
+                        f"(unpacked integer weights are read from int8 / uint8 containers only: store them as int8)")
+            elif cbits == 8 and shp in ((n, -(-k // 5)), (-(-n // 5), k), (-(-k // 5), n), (k, -(-n // 5))):
+                div += ("; 5 values per byte fits base-3 packing (3^5 = 243 <= 256, trits as digits of a byte), "
+                        "which is read only inside llama.cpp TQ1_0 records (uint8 [N, ceil(K/256) * 54]), not as "
+                        "a plain [N, ceil(K/5)] array")
             raise InspectError(
                 f"{m.where()}: shape {list(st.shape)} {st.dtype} cannot hold the logical {n}x{k} matrix that "
                 f"config.json implies for {[p for p, _ in m.parts]} at {v} {bits}-bit values per "
@@ -2490,29 +2498,42 @@ def op_candidates(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, fin
                                 f"{qm!r} defines the op of weight_scale, and an inverse scale may be its reciprocal or "
                                 f"the multiplier itself; magnitudes, then the loss decide", "n/a"))
         qm = None
+    def magnitudes():
+        # effective weights of a linear with fan-in K have RMS ~ 1/sqrt(K) (within ~10x)
+        score = {"multiply": 0.0, "divide": 0.0}
+        for m in scaled:
+            s = ckpt.get(m.scale.name).float().abs()
+            typ = float(s.log().mean().exp())
+            k = m.logical[1]
+            for op, eff in (("multiply", typ), ("divide", 1.0 / typ)):
+                score[op] += abs(math.log(eff * 0.8 * math.sqrt(k)))
+        for op in score:
+            score[op] /= len(scaled)
+        best = min(score, key=score.get)
+        ev = (f"|ln(RMS(W_eff) * sqrt(K))| averaged over {len(scaled)} scales: multiply {score['multiply']:.2f}, "
+              f"divide {score['divide']:.2f} (0 = the 1/sqrt(fan-in) a trained linear has)")
+        return best, abs(score["multiply"] - score["divide"]), ev
+
+    def config_op(op: str, why: str, check: bool) -> list[str]:
+        findings.append(Finding("scale op", op, why, "high (config)"))
+        best, gap, ev = magnitudes() if check else (op, 0.0, "")
+        if best != op and gap > 3.0:
+            # the config decides (transformers and vLLM read it and would compute the same), but the tensors look
+            # like the other op's: a converter that wrote multipliers under a divide config, or the reverse
+            findings.append(Finding("scale op vs config", f"the scale tensors look like {best!r} scales",
+                                    f"{ev}; config.json says {op!r}, which the spec follows as transformers and vLLM "
+                                    f"do - if this checkpoint's converter stored the other kind, every effective "
+                                    f"weight is off by s^2 (check the report's decode quality)", "low (magnitudes)"))
+        return [op]
+
     if qm == "bitnet":
         lc = bitnet_linear_class(q)
-        op = "divide" if lc == "bitlinear" else "multiply"
-        findings.append(Finding("scale op", op, f"config.json quantization_config.linear_class={lc!r}", "high (config)"))
-        return [op]
+        return config_op("divide" if lc == "bitlinear" else "multiply",
+                         f"config.json quantization_config.linear_class={lc!r}", True)
     if qm in ("gptq", "compressed-tensors", "awq"):
-        findings.append(Finding("scale op", "multiply", f"config.json quant_method={qm!r} defines W = s * (q - z)",
-                                "high (config)"))
-        return ["multiply"]
-    # magnitudes: effective weights of a linear with fan-in K have RMS ~ 1/sqrt(K) (within ~10x)
-    score = {"multiply": 0.0, "divide": 0.0}
-    for m in scaled:
-        s = ckpt.get(m.scale.name).float().abs()
-        typ = float(s.log().mean().exp())
-        k = m.logical[1]
-        for op, eff in (("multiply", typ), ("divide", 1.0 / typ)):
-            score[op] += abs(math.log(eff * 0.8 * math.sqrt(k)))
-    for op in score:
-        score[op] /= len(scaled)
-    best = min(score, key=score.get)
-    gap = abs(score["multiply"] - score["divide"])
-    ev = (f"|ln(RMS(W_eff) * sqrt(K))| averaged over {len(scaled)} scales: multiply {score['multiply']:.2f}, "
-          f"divide {score['divide']:.2f} (0 = the 1/sqrt(fan-in) a trained linear has)")
+        # (their scales multiply codes q - z of several bits: the ternary magnitude rule does not apply)
+        return config_op("multiply", f"config.json quant_method={qm!r} defines W = s * (q - z)", False)
+    best, gap, ev = magnitudes()
     if gap > 3.0 and not inv and not widen:  # (widen: the magnitudes' choice gave no working model: both scored)
         findings.append(Finding("scale op", best, ev + "; no config hint", "high (magnitudes)"))
         return [best]
@@ -2734,6 +2755,18 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
         for m in scaled:
             suf = m.scale.name[len(m.prefix) + 1:] if m.scale.name.startswith(m.prefix + ".") else m.scale.name
             suffixes[suf] = suffixes.get(suf, 0) + 1
+        # a packed linear with no scale where the others have one: its multiplier would silently be 1 (a missing
+        # tensor, e.g. a conversion that skipped a module). Formats whose scales live inside the weight (llama.cpp
+        # records) or in meta tensors (HQQ) have none beside any weight, so they never mix
+        unscaled = [m for m in modules if m.packed and m.scale is None and m.record is None and not m.hqq_meta
+                    and m.stored_as is None]
+        if unscaled:
+            suf = max(sorted(suffixes), key=lambda k: suffixes[k])
+            miss = ", ".join(f"{m.prefix}.{suf!s}" for m in unscaled[:4]) + (
+                f" (+{len(unscaled) - 4} more)" if len(unscaled) > 4 else "")
+            raise InspectError(f"{unscaled[0].where()}: no scale tensor next to it, but {len(scaled)} other packed "
+                               f"linear(s) have one (<module>.{suf}, e.g. {scaled[0].scale.name!r}); expected {miss} "
+                               f"- decoded without one, its weights would be off by the missing multiplier")
         findings.append(Finding("scale keys", ", ".join(f"<module>.{s}" for s in sorted(suffixes)),
                                 f"{len(scaled)} scale tensors ({', '.join(f'{s}: {n}' for s, n in sorted(suffixes.items()))})"
                                 f", e.g. {scaled[0].scale.name!r} for {scaled[0].weight.name!r}", "high"))

@@ -157,7 +157,7 @@ def test_transformers_target_refuses_modules_to_not_convert_without_lm_head(tie,
     ("vocab_size", 0, r"vocab_size is 0"),
     ("vocab_size", True, r"vocab_size is True"),
     ("max_position_embeddings", None, r"wrong type \(TypeError"),
-    ("rope_parameters", [1], r"wrong type \(AttributeError"),
+    ("rope_parameters", [1], r"wrong type \(TypeError: rope_parameters is list \[1\], not a dict"),
 ])
 def test_config_fields_of_the_wrong_type_are_named(field, value, match):
     """A config.json field of the wrong type gave a raw traceback (TypeError from int(None)) or an error naming

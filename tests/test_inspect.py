@@ -1959,3 +1959,61 @@ def test_meta_style_q_k_names_get_a_row_order_finding(tmp_path):
     out2 = tmp_path / "hf"
     synth.write("hf-bitlinear", synth.Logical.from_dir(TRAINED), out2)
     assert not any(x.what == "q / k row order" for x in inspect_dir(out2, use_loss=False).findings)
+
+
+@pytest.mark.parametrize("fmt,keep_config", [("seed", True), ("hf-bitlinear", True), ("hf-bitlinear", False)])
+def test_one_missing_scale_is_named_not_read_as_one(fmt, keep_config, logical, tmp_path):
+    """One packed linear without its scale tensor where every other has one (a conversion that skipped a module):
+    decoded with a multiplier of 1 it was 14x too large, with exit 0 and no finding. The inspector names the
+    module, the key it expected and how many others have theirs."""
+    out = tmp_path / fmt
+    synth.write(fmt, logical, out, keep_quant_config=keep_config)
+    sd = load_file(str(out / "model.safetensors"))
+    key = next(k for k in sorted(sd) if k.startswith("model.layers.1.mlp.down_proj.") and "scale" in k)
+    suffix = key[len("model.layers.1.mlp.down_proj."):]
+    del sd[key]
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(InspectError, match=rf"'model\.layers\.1\.mlp\.down_proj\.weight\w*'.*no scale tensor next to "
+                                           rf"it, but \d+ other packed linear\(s\) have one.*expected "
+                                           rf"model\.layers\.1\.mlp\.down_proj\.{suffix}"):
+        inspect_dir(out, use_loss=False)
+
+
+def test_scales_contradicting_the_config_op_are_a_finding(logical, tmp_path):
+    """quant_method bitnet with linear_class bitlinear (divide) over scales stored as multipliers: the spec follows
+    config.json as transformers and vLLM do, and a finding says the tensors look like the other op's."""
+    out = tmp_path / "hf-mult"
+    synth.write(lambda lg: synth.w_hf(lg, op="multiply"), logical, out)
+    res = inspect_dir(out, use_loss=False)
+    ops = {f.what: f for f in res.findings if f.what.startswith("scale op")}
+    assert ops["scale op"].decision == "divide"
+    assert "multiply" in ops["scale op vs config"].decision
+    clean = tmp_path / "hf"
+    synth.write("hf-bitlinear", logical, clean)
+    assert not [f for f in inspect_dir(clean, use_loss=False).findings if f.what == "scale op vs config"]
+
+
+@pytest.mark.parametrize("layout,why", [
+    ("int32-unpacked", r"the shape is the logical matrix itself: one value per int32 \(unpacked integer weights are "
+                       r"read from int8 / uint8 containers only"),
+    ("base3-5-per-byte", r"5 values per byte fits base-3 packing .* only inside llama.cpp TQ1_0 records")])
+def test_unsupported_layouts_are_named_for_what_they_look_like(layout, why, logical, tmp_path):
+    """Shapes no supported layout explains, but that say what they are: the error names it rather than only the
+    2-bit shapes it expected."""
+    out = tmp_path / layout
+    out.mkdir()
+    cfg = dict(logical.config)
+    cfg.pop("quantization_config", None)
+    (out / "config.json").write_text(json.dumps(cfg))
+    sd = dict(logical.floats)
+    for mod, t in logical.ternary.items():
+        if layout == "int32-unpacked":
+            w = t.to(torch.int32)
+        else:  # base 3, 5 trits per byte, the first input the lowest digit
+            c = torch.nn.functional.pad(t.to(torch.int32) + 1, (0, -t.shape[1] % 5)).reshape(t.shape[0], -1, 5)
+            w = (c * torch.tensor([1, 3, 9, 27, 81], dtype=torch.int32)).sum(-1).to(torch.uint8)
+        sd[f"{mod}.weight"] = w.contiguous()
+        sd[f"{mod}.weight_scale"] = logical.mult[mod].reshape(1).float()
+    save_file(sd, str(out / "model.safetensors"))
+    with pytest.raises(InspectError, match=why):
+        inspect_dir(out, use_loss=False)

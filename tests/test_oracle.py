@@ -108,6 +108,14 @@ ROPE_VARIANTS = {
     "llama3-top-level-original-max": lambda c: (c.update(max_position_embeddings=64, original_max_position_embeddings=16),
                                                 c["rope_parameters"].update(
         rope_type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32)),
+    # both keys (a config edited by hand or converted twice): transformers' convert_rope_params_to_dict takes a
+    # non-empty rope_scaling over rope_parameters, the rope_theta inside the dict not taken included
+    "linear-both-keys": lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 4.0}),
+    "default-both-keys-scaling-wins": lambda c: (c["rope_parameters"].update(rope_type="linear", factor=2.0,
+                                                                            rope_theta=500.0),
+                                                 c.update(rope_scaling={"rope_type": "default"})),
+    "dynamic-both-keys-null-scaling": lambda c: (c.update(max_position_embeddings=16, rope_scaling=None),
+                                                 c["rope_parameters"].update(rope_type="dynamic", factor=3.0)),
 }
 
 
@@ -134,6 +142,19 @@ def test_incomplete_or_unknown_rope_is_refused_by_name(rope, why):
     c["rope_parameters"].update(rope)
     with pytest.raises(CheckpointError, match=rf"m/config.json: {why}"):
         ModelConfig.from_dict(c, where="m/config.json")
+
+
+def test_llama_hidden_not_a_multiple_of_heads_is_refused_by_name():
+    """transformers' LlamaConfig refuses hidden_size % num_attention_heads != 0 even with an explicit head_dim, and
+    vLLM loads the config through it: the reference must not write goldens for a model no target can load."""
+    from reference.checkpoint import CheckpointError
+    from reference.make_model import config_dict
+    c = config_dict(Preset("llama", 70, 102, 2, 3, 1, 67, False, head_dim=32, eps=1e-5, seed=12))
+    with pytest.raises(CheckpointError, match=r"m/config.json: hidden_size 70 is not a multiple of "
+                                              r"num_attention_heads 3.*head_dim \(32\)"):
+        ModelConfig.from_dict(c, where="m/config.json")
+    c["architectures"], c["model_type"] = ["BitNetForCausalLM"], "bitnet"  # BitNetConfig has no such check
+    assert ModelConfig.from_dict(c, where="m/config.json").head_dim == 32
 
 
 def test_bitnet_head_dim_not_hidden_over_heads(tmp_path):

@@ -236,6 +236,19 @@ def test_yarn_rope(arch, tmp_path):
     _vllm_vs_reference(d, 89, 2, arch)
 
 
+@pytest.mark.vllm
+@pytest.mark.parametrize("arch", ["llama", "bitnet"])
+def test_rope_scaling_beside_rope_parameters(arch, tmp_path):
+    """A config.json with both keys (rope_parameters default, rope_scaling linear x4): transformers, hence vLLM,
+    takes rope_scaling; the reference did the opposite and every golden from layer 0's attention on was wrong (vLLM
+    failed 22 of 27 tensors with a "wrong weights or wiring" hint)."""
+    d = write_model(Preset(arch, 128, 200, 2, 4, 2, 89, arch == "bitnet", seed=46), tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "linear", "factor": 4.0}
+    (d / "config.json").write_text(json.dumps(cfg))
+    _vllm_vs_reference(d, 89, 2, arch)
+
+
 def _float_down_proj(tmp_path, seed, patterns):
     """BitNet with both down_proj linears stored as plain floats (modules_to_not_convert = patterns)."""
     from reference.make_model import keep_float

@@ -44,7 +44,7 @@ import torch
 
 from parity.names import canonical_names
 from reference.checkpoint import gguf_source, load_config
-from reference.config import ARCHITECTURES, ModelConfig
+from reference.config import ARCHITECTURES, ModelConfig, rope_dict
 from reference.spec import SPEC_FILENAME, spec_for
 
 from .base import Target
@@ -201,9 +201,8 @@ class VllmTarget(Target):
                              f"(the reference and transformers compute {cfg.hidden_act!r}; BitNet's plugin takes "
                              f"every reference.config.MLP_ACTS)")
         raw = load_config(model_dir)
-        prf = (raw.get("rope_parameters") or raw.get("rope_scaling") or {}).get("partial_rotary_factor",
-                                                                                 raw.get("partial_rotary_factor"))
-        rope_type = (raw.get("rope_parameters") or raw.get("rope_scaling") or {}).get("rope_type", "default")
+        prf = rope_dict(raw).get("partial_rotary_factor", raw.get("partial_rotary_factor"))
+        rope_type = rope_dict(raw).get("rope_type", "default")
         # the BitNet plugin drops the key for default RoPE, as transformers' BitNet ignores it (trit.vllm.bitnet)
         if prf is not None and float(prf) != 1.0 and not (cfg.arch == "bitnet" and rope_type == "default"):
             # transformers' Llama / BitNet rotate every head_dim channel (default RoPE ignores the key); vLLM's
