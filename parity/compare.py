@@ -57,6 +57,9 @@ class TensorResult:
         if self.status in ("missing", "shape", "nonfinite"):
             return f"{self.name}: {self.status.upper()} {self.detail}"
         src = {"noise": ", noise floor", "override": ", --tol override"}.get(self.limit_source, "")
+        if self.status == "FAIL" and self.limit > 0 and math.isfinite(self.max_abs):
+            ratio = self.max_abs / self.limit  # 1.155e-01 over a limit of 1.155e-01 reads like a pass
+            src += f"; exceeded x{ratio:.6f}" if ratio < 1.01 else f"; exceeded x{ratio:.3g}"
         s = (f"{self.name} [{self.tier}] max_abs={self.max_abs:.3e} (limit {self.limit:.3e}{src}, "
              f"max|golden|={self.ref_absmax:.3g}) max_rel={self.max_rel:.2e} sqnr={self.sqnr_db:.1f}dB "
              f"cos={self.cosine:.6f} worst at {list(self.worst_index)}: target {self.worst_target:.6g} "

@@ -13,8 +13,19 @@ import torch
 from reference.model import Overrides
 
 
+class _Only:
+    """A hook that changes one module only; ``modules`` names it, so the model can refuse a name it does not have
+    (a misspelt module would otherwise plant nothing, and the run would pass)."""
+
+    def __init__(self, module: str, fn):
+        self.modules, self.fn = (module,), fn
+
+    def __call__(self, name, obj):
+        return self.fn(obj) if name == self.modules[0] else obj
+
+
 def _only(module: str, fn):
-    return lambda name, obj: fn(obj) if name == module else obj
+    return _Only(module, fn)
 
 
 def code_table_swapped(module: str) -> Overrides:
@@ -50,6 +61,12 @@ def wrong_qkv_split(layer: int) -> Overrides:
     harness names layer<L>.attn.v_proj."""
     state = {}
 
+    class Hook:
+        modules = (f"model.layers.{layer}.self_attn.k_proj", f"model.layers.{layer}.self_attn.v_proj")
+
+        def __call__(self, name, d):
+            return hook(name, d)
+
     def hook(name, d):
         p = f"model.layers.{layer}.self_attn."
         if name == p + "k_proj":
@@ -59,7 +76,7 @@ def wrong_qkv_split(layer: int) -> Overrides:
             state["swap"] = (d, k)
             return k
         return d
-    return Overrides(linear_hook=hook)
+    return Overrides(linear_hook=Hook())
 
 
 def residual_dropped(layer: int, branch: str) -> Overrides:

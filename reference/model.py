@@ -191,6 +191,27 @@ class Overrides:
 
 
 class ReferenceModel:
+    def _check_overrides(self) -> None:
+        """Names an override aims at that this model does not have (a planted fault that would plant nothing)."""
+        cfg, ov = self.cfg, self.ov
+        bad = []
+        mods = {f"model.layers.{L}.{n}" for L in range(cfg.num_layers) for n in (
+            "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")} | {"lm_head"}
+        for hook in (ov.spec_hook, ov.linear_hook):
+            bad += [f"module {m!r}" for m in getattr(hook, "modules", ()) if m not in mods]
+        subs = ("attn.sub_norm", "mlp.sub_norm") if cfg.arch == "bitnet" else ()  # the names forward() gives _norm
+        norms = {f"layer{L}.{n}" for L in range(cfg.num_layers) for n in ("input_norm", "post_attn_norm") + subs}
+        norms.add("final_norm")
+        bad += [f"norm {n!r}" for n in ov.norm_eps if n not in norms]
+        bad += [f"residual {r!r}" for r in ov.drop_residual
+                if not (isinstance(r, tuple) and len(r) == 2 and r[1] in ("attn", "mlp")
+                        and isinstance(r[0], int) and 0 <= r[0] < cfg.num_layers)]
+        if bad:
+            raise ValueError(f"overrides aim at what this model ({cfg.arch}, {cfg.num_layers} layers) does not have: "
+                             f"{', '.join(bad)}; modules are HF names (model.layers.3.self_attn.v_proj), norms "
+                             f"canonical names ({', '.join(sorted(norms)[:3])}, ...), residuals (layer, 'attn'|'mlp')")
+
     def __init__(self, cfg: ModelConfig, spec: CheckpointSpec, ckpt: Checkpoint, *,
                  dtype: torch.dtype = torch.float32, overrides: Optional[Overrides] = None,
                  validate: bool = True, device: str | torch.device = "cpu"):
@@ -199,6 +220,7 @@ class ReferenceModel:
         self.ov = overrides or Overrides()
         if validate:
             spec.validate(cfg, ckpt)
+        self._check_overrides()
         act_quant = spec.activation_quant == "int8_per_token"
         decoder = self.ov.decoder or decode_linear
 

@@ -1,5 +1,6 @@
 """Comparison mechanics: metrics, tiers and overrides, first divergence, jumps, top-10."""
 import math
+import re
 
 import pytest
 import torch
@@ -158,3 +159,17 @@ def test_unstructured_hint_bands_by_cosine():
     for scale, want in ((0.02, "noise-like"), (0.08, "close but drifted"), (3.0, "a different computation")):
         (h,) = structural_hints(g + scale * noise, g)
         assert want in h, (scale, h)
+
+
+def test_a_failing_line_says_how_far_over_the_limit():
+    """A failure 0.03% over its limit printed as max_abs=1.155e-01 (limit 1.155e-01), which reads like a pass."""
+    g = torch.ones(4, 8)
+    t = g.clone()
+    t[0, 0] += 1.0012e-3  # the fp32 operator tier: 1e-6 + 1e-3 * max|golden| = 1.001e-3
+    r = compare({"layer0.attn.q_proj": g}, {"layer0.attn.q_proj": t}, order=["layer0.attn.q_proj"], dtype="fp32").results[0]
+    assert r.status == "FAIL" and re.search(r"\(limit 1\.001e-03; exceeded x1\.000[1-3]\d\d,", r.line()), r.line()
+    t[0, 0] = 1.5
+    big = compare({"layer0.attn.q_proj": g}, {"layer0.attn.q_proj": t}, order=["layer0.attn.q_proj"], dtype="fp32")
+    assert "; exceeded x500," in big.results[0].line()
+    ok = compare({"layer0.attn.q_proj": g}, {"layer0.attn.q_proj": g}, order=["layer0.attn.q_proj"], dtype="fp32")
+    assert "exceeded" not in ok.results[0].line()

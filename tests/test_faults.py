@@ -129,3 +129,56 @@ def test_scale_fault_gets_no_depth_hint_and_eps_fault_names_the_first_nonzero(tm
                      golden_dir=local_golden)
     fd = res.comparison.first_divergence
     assert any("first nonzero difference" in h and "layer0.post_attn_norm" in h for h in fd.hints), fd.hints
+
+
+@pytest.mark.parametrize("ov,what", [
+    (faults.code_table_swapped("model.layers.3.self_attn.v_prj"), r"module 'model\.layers\.3\.self_attn\.v_prj'"),
+    (faults.scale_dropped("model.layers.9.mlp.down_proj"), r"module 'model\.layers\.9\.mlp\.down_proj'"),
+    (faults.wrong_qkv_split(7), r"module 'model\.layers\.7\.self_attn\.k_proj'"),
+    (faults.norm_eps(["layer2.post_attention_norm"], 1e-2), r"norm 'layer2\.post_attention_norm'"),
+    (faults.residual_dropped(4, "attn"), r"residual \(4, 'attn'\)")])
+def test_a_fault_aimed_at_nothing_is_refused(ov, what):
+    """A misspelt module / norm or a layer the model lacks planted nothing, and the run passed (the fault facility's
+    promise silently broken): the model names what it does not have."""
+    from reference.checkpoint import Checkpoint
+    from reference.model import ReferenceModel
+    from reference.spec import spec_for
+
+    cfg = ModelConfig.load(DEFAULT_MODEL)  # the bundled model: 4 layers
+    with pytest.raises(ValueError, match=r"overrides aim at what this model \(bitnet, 4 layers\) does not have: " + what):
+        ReferenceModel(cfg, spec_for(DEFAULT_MODEL, cfg), Checkpoint(DEFAULT_MODEL), overrides=ov)
+
+
+def test_a_scale_under_a_targets_own_rounding_is_named():
+    """x1.5 on a bf16-like target (the factor plus ~3% rounding noise of its own): the exact fit's 1e-2 residual
+    bound failed and the hint said "noise-like: accumulation / dtype", sending the user to the tolerances."""
+    from parity.diagnose import structural_hints
+    g = _gold(4, 32, 64, seed=1)
+    noisy = 1.5 * g + 3e-2 * _gold(4, 32, 64, seed=2)
+    h = structural_hints(noisy, g, "layer4.mlp.down_proj")[0]
+    assert "every element is about 1.5" in h and "scale" in h and "noise-like" not in h
+    drift = g + 3e-2 * _gold(4, 32, 64, seed=2)  # no factor: still read as drift, not as a scale
+    assert "noise-like" in structural_hints(drift, g, "layer4.mlp.down_proj")[0]
+    assert "about" not in structural_hints(1.5 * g + 3e-2 * _gold(4, 32, 64, seed=2), g, "layer4.mlp.down_proj",
+                                           exact=True)[0]  # exact targets keep the strict fit (and its wording)
+
+
+def test_a_dropped_residual_inside_its_tier_is_named_upstream(tmp_path):
+    """Layer 0's attention residual dropped in a BitNet model with a small embedding (std 0.02): norm(o_proj) is so
+    close to norm(embed + o_proj) that layer0.post_attn_norm stays inside its bf16 tier, the first failing tensor lies
+    layers later, and its hint said drift ("noise-like" / "close but drifted"), sending the user to the tolerances.
+    The wiring check of the stream before the failing tensor names the layer."""
+    from parity.dump import dump_reference
+    from parity.targets.reference import Bf16Target
+    from reference.make_model import Preset, write_model
+
+    d = write_model(Preset("bitnet", 64, 100, 11, 2, 1, 89, True, seed=5), tmp_path / "m")
+    gold = dump_reference(d, tmp_path / "g")
+    res = run_parity(Bf16Target(overrides=faults.residual_dropped(0, "attn")), model_dir=d, golden_dir=gold,
+                     runs_dir=tmp_path / "runs")
+    fd = res.comparison.first_divergence
+    assert fd is not None
+    joined = " | ".join(fd.hints)
+    assert ("layer0.post_attn_norm" in fd.name and "attention's residual add dropped" in joined) or (
+        "upstream, inside its tier: layer0.post_attn_norm" in joined and "attention's residual add dropped" in joined), \
+        res.comparison.summary()
