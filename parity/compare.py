@@ -91,6 +91,7 @@ class Comparison:
     tol: dict = field(default_factory=dict)
     noise_factor: Optional[float] = None  # set when limits may widen to a measured noise floor
     overrides: dict = field(default_factory=dict)  # --tol TIER[.atol|.rtol]=X given for this run (reported)
+    notes: list = field(default_factory=list)  # said after the summary line's verdict (e.g. sub-tier differences)
 
     @property
     def first_divergence(self) -> Optional[TensorResult]:
@@ -134,6 +135,8 @@ class Comparison:
             head += f"; FIRST DIVERGENCE: {fd.name} ({where}): {fd.line()}"
             if fd.hints:
                 head += " | hints: " + "; ".join(fd.hints)
+        for n in self.notes:
+            head += f"; NOTE: {n}"
         if self.jumps:
             j = self.jumps
             head += "; jumps inside tolerance: " + ", ".join(f"{r.name} (x{r.jump:.0f})" for r in j[:5]) + (

@@ -182,3 +182,16 @@ def test_a_dropped_residual_inside_its_tier_is_named_upstream(tmp_path):
     assert ("layer0.post_attn_norm" in fd.name and "attention's residual add dropped" in joined) or (
         "upstream, inside its tier: layer0.post_attn_norm" in joined and "attention's residual add dropped" in joined), \
         res.comparison.summary()
+
+
+def test_a_sub_tier_difference_of_a_bit_faithful_target_is_noted(tmp_path, local_golden):
+    """final_norm's eps doubled: every tensor stays inside the fp32 tier, and a target that claims the reference's
+    arithmetic bit for bit said "no divergence" with nothing else; now the summary notes the first nonzero
+    difference (the verdict stays the tiers')."""
+    eps = ModelConfig.load(DEFAULT_MODEL).rms_norm_eps
+    res = run_parity(FaultyTarget(faults.norm_eps(["final_norm"], 2 * eps)), runs_dir=tmp_path, golden_dir=local_golden)
+    cmp = res.comparison
+    assert cmp.first_divergence is None, cmp.summary()
+    assert "NOTE: " in cmp.summary() and "the first nonzero difference is final_norm" in cmp.summary()
+    clean = run_parity(FaultyTarget(faults.norm_eps([], eps)), runs_dir=tmp_path, golden_dir=local_golden).comparison
+    assert clean.passed and "NOTE" not in clean.summary()

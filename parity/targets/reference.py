@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from reference.checkpoint import Checkpoint
 from reference.config import ModelConfig
 from reference.formats import PackSpec, _narrow
-from reference.model import Overrides, ReferenceModel
+from reference.model import Linear, Overrides, ReferenceModel
 from reference.spec import DecodedLinear, LinearEntry, decode_linear, finish_linear, spec_for
 
 from .base import Target, as_dtype
@@ -40,7 +41,7 @@ class ReferenceTarget(Target):
     bit_faithful = True
 
     def __init__(self, overrides: Optional[Overrides] = None, dtype: torch.dtype = torch.float32,
-                 device: str = "cpu"):
+                 device: str = "cpu", act_quant: str = "multiply"):
         if overrides is not None and not isinstance(overrides, Overrides):
             raise ValueError(f"overrides must be a parity.targets.reference.Overrides (a Python API option, not a "
                              f"command-line value), got {overrides!r}")
@@ -49,9 +50,26 @@ class ReferenceTarget(Target):
             # the reference computed in a narrower dtype is no longer the golden's arithmetic: its dtype's tiers
             self.compute_dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
             self.bit_faithful = False
+        if act_quant not in ("multiply", "divide"):
+            raise ValueError(f"reference target: act_quant={act_quant!r}, expected 'multiply' (the golden's arithmetic) "
+                             f"or 'divide'")
+        self.act_quant = act_quant
+        if act_quant == "divide" and type(self) is ReferenceTarget:
+            # --target-opt act_quant=divide: the int8 activation quantiser as x / (absmax / 127) and the product
+            # rescaled by absmax / 127 - the same math with other roundings, so some x * 127 / absmax cross a .5
+            # boundary: an independent fp32 implementation of a W1.58A8 model built from the reference's own code
+            # (no trit op in it), the floor `parity.noise` needs for the fp32-a8 column (the kernel and vLLM targets
+            # share the trit ops, so neither can measure the other's)
+            if overrides is not None:
+                raise ValueError("reference target: act_quant=divide and overrides together are not supported")
+            self.bit_faithful = False
+            overrides = Overrides(linear_factory=lambda d, aq, dt, name: _DivideQuantLinear(d, aq, dt))
         self.overrides = overrides
         self.dtype = dtype
         self.device = device
+
+    def describe(self) -> str:
+        return super().describe() + (", act_quant=divide" if self.act_quant == "divide" else "")
 
     def model(self, model_dir: Path, spec_path=None) -> ReferenceModel:
         return ReferenceModel.from_dir(model_dir, spec_path=spec_path, dtype=self.dtype, overrides=self.overrides,
@@ -62,6 +80,25 @@ class ReferenceTarget(Target):
 
     def generate(self, model_dir, input_ids, max_new_tokens, *, spec_path=None):
         return self.model(Path(model_dir), spec_path).generate(input_ids, max_new_tokens)
+
+
+class _DivideQuantLinear(Linear):
+    """reference.model.Linear with the activation quantiser's other rounding order (ReferenceTarget act_quant=divide)."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.act_quant:
+            return super().__call__(x)
+        x = x.float()
+        step = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-5) / 127.0  # absmax / 127, divided by, not 127 / absmax
+        xq = (x / step).round().clamp(-128, 127)
+        y = F.linear((xq * step).to(self.dtype), self.w).float()
+        if self.div is not None:
+            y = y / self.div
+        elif self.mult is not None:
+            y = y * self.mult
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(self.dtype)
 
 
 class FaultyTarget(ReferenceTarget):
