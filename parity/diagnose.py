@@ -326,25 +326,29 @@ class Diagnoser:
             return []
         self.left -= 1
         hints = []
+        first = not getattr(self, "_scanned", False)
+        self._scanned = True  # the upstream scan belongs to the first failing tensor only
         if self.probe is not None and N.hf_module(name):
             hints += self.probe.hints(name, t, target)
         wiring = residual_hints(name, t, target, self.probe)
         if wiring:  # the structure of a dropped branch reads as "unstructured: wrong weights"; this says more
             return hints + wiring
-        return hints + self._upstream_wiring(name, target) + structural_hints(t, g, name, exact=self.exact)
+        up = self._upstream_wiring(name, target) if first else []
+        return hints + up + structural_hints(t, g, name, exact=self.exact)
 
     def _upstream_wiring(self, name: str, target: dict) -> list[str]:
         """A residual add dropped upstream whose own tensor stayed inside its tier: in layer 0 of a model with a small
         embedding (std 0.02) norm(o_proj) is close to norm(embed + o_proj), so the first tensor out of tolerance
         lies layers later and read as drift. The wiring check of every earlier layer's stream (the target's own
         captures, no golden needed) names it. Once per run: the first failing tensor."""
-        if getattr(self, "_scanned", False):
-            return []
-        self._scanned = True
         layer, op_here = N.split(name)
         rank = {o: i for i, (o, _) in enumerate(N.LAYER_OPS)}
-        last = layer if layer is not None else (max((N.split(n)[0] for n in target if N.split(n)[0] is not None),
-                                                     default=-1))
+        if layer is not None:
+            last = layer
+        elif name == "embed":  # before every layer: nothing upstream
+            last = -1
+        else:  # final_norm / logits: after every layer
+            last = max((N.split(n)[0] for n in target if N.split(n)[0] is not None), default=-1)
         for L in range(last + 1):
             for op in ("post_attn_norm", "output"):
                 n = f"layer{L}.{op}"

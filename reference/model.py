@@ -195,11 +195,11 @@ class ReferenceModel:
         """Names an override aims at that this model does not have (a planted fault that would plant nothing)."""
         cfg, ov = self.cfg, self.ov
         bad = []
-        mods = {f"model.layers.{L}.{n}" for L in range(cfg.num_layers) for n in (
-            "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")} | {"lm_head"}
+        mods = set(self.spec.linears)  # the hooks see only these: a tied / float head or a float linear is never hooked
         for hook in (ov.spec_hook, ov.linear_hook):
-            bad += [f"module {m!r}" for m in getattr(hook, "modules", ()) if m not in mods]
+            aimed = getattr(hook, "modules", ())
+            if isinstance(aimed, (tuple, list, set, frozenset)):  # (an nn.Module hook's .modules is its method)
+                bad += [f"module {m!r} (not a quantised linear of this checkpoint)" for m in aimed if m not in mods]
         subs = ("attn.sub_norm", "mlp.sub_norm") if cfg.arch == "bitnet" else ()  # the names forward() gives _norm
         norms = {f"layer{L}.{n}" for L in range(cfg.num_layers) for n in ("input_norm", "post_attn_norm") + subs}
         norms.add("final_norm")

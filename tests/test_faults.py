@@ -136,7 +136,9 @@ def test_scale_fault_gets_no_depth_hint_and_eps_fault_names_the_first_nonzero(tm
     (faults.scale_dropped("model.layers.9.mlp.down_proj"), r"module 'model\.layers\.9\.mlp\.down_proj'"),
     (faults.wrong_qkv_split(7), r"module 'model\.layers\.7\.self_attn\.k_proj'"),
     (faults.norm_eps(["layer2.post_attention_norm"], 1e-2), r"norm 'layer2\.post_attention_norm'"),
-    (faults.residual_dropped(4, "attn"), r"residual \(4, 'attn'\)")])
+    (faults.residual_dropped(4, "attn"), r"residual \(4, 'attn'\)"),
+    # the bundled model ties its head to the embedding: no hook ever sees an lm_head to change
+    (faults.scale_dropped("lm_head"), r"module 'lm_head' \(not a quantised linear of this checkpoint\)")])
 def test_a_fault_aimed_at_nothing_is_refused(ov, what):
     """A misspelt module / norm or a layer the model lacks planted nothing, and the run passed (the fault facility's
     promise silently broken): the model names what it does not have."""
@@ -195,3 +197,28 @@ def test_a_sub_tier_difference_of_a_bit_faithful_target_is_noted(tmp_path, local
     assert "NOTE: " in cmp.summary() and "the first nonzero difference is final_norm" in cmp.summary()
     clean = run_parity(FaultyTarget(faults.norm_eps([], eps)), runs_dir=tmp_path, golden_dir=local_golden).comparison
     assert clean.passed and "NOTE" not in clean.summary()
+
+
+def test_the_upstream_scan_never_names_a_tensor_that_failed_itself(tmp_path, local_golden):
+    """Layer 1's attention residual dropped: layer1.post_attn_norm fails with its own wiring hint; the next failing
+    tensor's diagnosis used to run the upstream scan and call that failed tensor "inside its tier"."""
+    res = run_parity(FaultyTarget(faults.residual_dropped(1, "attn")), runs_dir=tmp_path, golden_dir=local_golden)
+    fd = res.comparison.first_divergence
+    assert fd.name == "layer1.post_attn_norm" and "attention's residual add dropped" in " ".join(fd.hints)
+    assert not [r.name for r in res.comparison.results if any(h.startswith("upstream") for h in r.hints)]
+
+
+def test_a_hook_object_with_a_modules_method_is_not_read_as_names():
+    """An nn.Module used as a hook has a .modules() method: it must not be iterated as the names it aims at."""
+    import torch
+
+    from reference.checkpoint import Checkpoint
+    from reference.model import Overrides, ReferenceModel
+    from reference.spec import spec_for
+
+    class Hook(torch.nn.Module):
+        def forward(self, name, d):
+            return d
+
+    cfg = ModelConfig.load(DEFAULT_MODEL)
+    ReferenceModel(cfg, spec_for(DEFAULT_MODEL, cfg), Checkpoint(DEFAULT_MODEL), overrides=Overrides(linear_hook=Hook()))

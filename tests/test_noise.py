@@ -11,7 +11,7 @@ from parity import compare as C
 from parity.golden import GoldenError
 from parity.noise import NOISE_FACTOR, load_noise, measure_noise, noise_path
 from parity.run import run_parity
-from parity.targets.reference import Bf16Target
+from parity.targets.reference import Bf16Target, FaultyTarget
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "tiny-bitnet"
@@ -118,15 +118,26 @@ def test_an_fp32_a8_floor_from_the_reference_with_the_other_quantiser_rounding(t
     code: not bit-faithful, judged in the fp32-a8 column, and its error is the int8 boundary flips alone."""
     from parity.targets import get_target
     t = get_target("reference", act_quant="divide")
-    assert not t.bit_faithful and "act_quant=divide" in t.describe()
+    assert not t.bit_faithful and t.name == "reference-divide"  # its own name in noise files
     with pytest.raises(ValueError, match="act_quant='halve'"):
         get_target("reference", act_quant="halve")
+    with pytest.raises(ValueError, match="plain reference target"):
+        FaultyTarget(act_quant="divide")
     d = tmp_path / "tiny-bitnet"
     shutil.copytree(GOLDEN, d)
     measure_noise(MODEL, d, target="reference", target_options={"act_quant": "divide"})
     rec = json.loads(noise_path(d, "fp32-a8").read_text())
-    assert rec["target"] == "reference" and rec["column"] == "fp32-a8"
+    assert rec["target"] == "reference-divide" and rec["column"] == "fp32-a8"
     floors = load_noise(d, "fp32-a8")
+    assert load_noise(d, "fp32-a8", exclude_target="reference") == floors  # the plain reference may use it
     assert max(floors.values()) > 0 and floors["embed"] == 0  # flips only behind the first quantiser
     res = run_parity("kernel", model_dir=MODEL, golden_dir=d, runs_dir=None, diagnose=False)
     assert res.comparison.noise_factor == NOISE_FACTOR and res.comparison.passed
+
+
+def test_the_divide_reference_puts_its_weights_on_the_target_device():
+    """act_quant=divide builds its linears through a factory, which got the decoded weights on the CPU whatever the
+    device option (parity.noise --target-opt device=cuda then failed at the first matmul)."""
+    from parity.targets import get_target
+    m = get_target("reference", act_quant="divide", device="meta").model(MODEL)
+    assert m.layers[0]["self_attn.q_proj"].w.device.type == "meta"

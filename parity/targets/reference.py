@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from reference.checkpoint import Checkpoint
 from reference.config import ModelConfig
 from reference.formats import PackSpec, _narrow
-from reference.model import Linear, Overrides, ReferenceModel
+from reference.model import Linear, Overrides, ReferenceModel, _to
 from reference.spec import DecodedLinear, LinearEntry, decode_linear, finish_linear, spec_for
 
 from .base import Target, as_dtype
@@ -54,7 +54,9 @@ class ReferenceTarget(Target):
             raise ValueError(f"reference target: act_quant={act_quant!r}, expected 'multiply' (the golden's arithmetic) "
                              f"or 'divide'")
         self.act_quant = act_quant
-        if act_quant == "divide" and type(self) is ReferenceTarget:
+        if act_quant == "divide" and type(self) is not ReferenceTarget:
+            raise ValueError(f"{type(self).__name__}: act_quant=divide is an option of the plain reference target")
+        if act_quant == "divide":
             # --target-opt act_quant=divide: the int8 activation quantiser as x / (absmax / 127) and the product
             # rescaled by absmax / 127 - the same math with other roundings, so some x * 127 / absmax cross a .5
             # boundary: an independent fp32 implementation of a W1.58A8 model built from the reference's own code
@@ -63,13 +65,11 @@ class ReferenceTarget(Target):
             if overrides is not None:
                 raise ValueError("reference target: act_quant=divide and overrides together are not supported")
             self.bit_faithful = False
-            overrides = Overrides(linear_factory=lambda d, aq, dt, name: _DivideQuantLinear(d, aq, dt))
+            self.name = "reference-divide"  # its own name in noise files: never excluded as the plain reference's floor
+            overrides = Overrides(linear_factory=lambda d, aq, dt, name: _DivideQuantLinear(_to(d, torch.device(device)), aq, dt))
         self.overrides = overrides
         self.dtype = dtype
         self.device = device
-
-    def describe(self) -> str:
-        return super().describe() + (", act_quant=divide" if self.act_quant == "divide" else "")
 
     def model(self, model_dir: Path, spec_path=None) -> ReferenceModel:
         return ReferenceModel.from_dir(model_dir, spec_path=spec_path, dtype=self.dtype, overrides=self.overrides,
