@@ -85,11 +85,18 @@ class Linear:
             else:
                 y = F.linear((xq / xs).to(self.dtype), self.w).float()
         else:
-            y = F.linear(x.to(self.dtype), self.w).float()
-            if self.div is not None:
-                y = y / self.div
-            elif self.mult is not None:
-                y = y * self.mult
+            return self.finish(F.linear(x.to(self.dtype), self.w).float())
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(self.dtype)
+
+    def finish(self, y: torch.Tensor) -> torch.Tensor:
+        """The per-tensor / per-channel scale (divided or multiplied) and the bias on an fp32 product of the
+        unscaled activations (x, or dequantised int8 x) with the stored values."""
+        if self.div is not None:
+            y = y / self.div
+        elif self.mult is not None:
+            y = y * self.mult
         if self.bias is not None:
             y = y + self.bias
         return y.to(self.dtype)

@@ -91,14 +91,7 @@ class _DivideQuantLinear(Linear):
         x = x.float()
         step = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-5) / 127.0  # absmax / 127, divided by, not 127 / absmax
         xq = (x / step).round().clamp(-128, 127)
-        y = F.linear((xq * step).to(self.dtype), self.w).float()
-        if self.div is not None:
-            y = y / self.div
-        elif self.mult is not None:
-            y = y * self.mult
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(self.dtype)
+        return self.finish(F.linear((xq * step).to(self.dtype), self.w).float())
 
 
 class FaultyTarget(ReferenceTarget):
