@@ -320,14 +320,14 @@ class Diagnoser:
         self.probe = probe
         self.left = max_tensors
         self.exact = exact  # the target claims the reference's arithmetic bit for bit (structural_hints)
+        self.scanned = False  # the upstream wiring scan ran (it belongs to the first failing tensor only)
 
     def __call__(self, name, t, g, target) -> list[str]:
         if self.left <= 0:
             return []
         self.left -= 1
         hints = []
-        first = not getattr(self, "_scanned", False)
-        self._scanned = True  # the upstream scan belongs to the first failing tensor only
+        first, self.scanned = not self.scanned, True
         if self.probe is not None and N.hf_module(name):
             hints += self.probe.hints(name, t, target)
         wiring = residual_hints(name, t, target, self.probe)

@@ -13,19 +13,13 @@ import torch
 from reference.model import Overrides
 
 
-class _Only:
-    """A hook that changes one module only; ``modules`` names it, so the model can refuse a name it does not have
-    (a misspelt module would otherwise plant nothing, and the run would pass)."""
-
-    def __init__(self, module: str, fn):
-        self.modules, self.fn = (module,), fn
-
-    def __call__(self, name, obj):
-        return self.fn(obj) if name == self.modules[0] else obj
-
-
 def _only(module: str, fn):
-    return _Only(module, fn)
+    """A hook that changes one module only; its ``modules`` names it, so the model refuses a name it does not have
+    (a misspelt module would otherwise plant nothing, and the run would pass)."""
+    def hook(name, obj):
+        return fn(obj) if name == module else obj
+    hook.modules = (module,)
+    return hook
 
 
 def code_table_swapped(module: str) -> Overrides:
@@ -61,12 +55,6 @@ def wrong_qkv_split(layer: int) -> Overrides:
     harness names layer<L>.attn.v_proj."""
     state = {}
 
-    class Hook:
-        modules = (f"model.layers.{layer}.self_attn.k_proj", f"model.layers.{layer}.self_attn.v_proj")
-
-        def __call__(self, name, d):
-            return hook(name, d)
-
     def hook(name, d):
         p = f"model.layers.{layer}.self_attn."
         if name == p + "k_proj":
@@ -76,7 +64,8 @@ def wrong_qkv_split(layer: int) -> Overrides:
             state["swap"] = (d, k)
             return k
         return d
-    return Overrides(linear_hook=Hook())
+    hook.modules = (f"model.layers.{layer}.self_attn.k_proj", f"model.layers.{layer}.self_attn.v_proj")
+    return Overrides(linear_hook=hook)
 
 
 def residual_dropped(layer: int, branch: str) -> Overrides:

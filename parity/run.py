@@ -112,26 +112,23 @@ def run_parity(target: Target | str, *, target_options: Optional[dict] = None, m
     cmp = compare(gs.tensors, captured, order=gs.order, dtype=col, target_name=target.name,
                   tol_overrides=tol_overrides, diagnose=diag, noise=noise)
     fd = cmp.first_divergence
+    # any nonzero error of a bit-faithful target is real: the earliest one is where to look
+    first = next((r for r in cmp.results if r.max_abs == r.max_abs and r.max_abs > 0), None) if faithful else None
     if fd is not None:
         h = depth_hint(cmp.results)
         # growth with depth is what one broken operator also shows downstream: only beside an unexplained error
         if h and all(x.startswith("unstructured error") for x in fd.hints):
             fd.hints.append(h)
-        if faithful:  # any nonzero error of a bit-faithful target is real: the earliest one is where to look
-            first = next((r for r in cmp.results if r.max_abs == r.max_abs and r.max_abs > 0), None)
-            if first is not None and first.order < fd.order:
-                fd.hints.insert(0, f"the first nonzero difference (this target claims the reference's arithmetic bit "
-                                   f"for bit) is at {first.name}, max_abs {first.max_abs:.3g} within its limit "
-                                   f"{first.limit:.3g}: the fault is there or between it and {fd.name}")
-    elif faithful:  # every tensor within its tier, yet a target that claims bit-for-bit arithmetic differs: say so
-        diff = [r for r in cmp.results if r.max_abs == r.max_abs and r.max_abs > 0]
-        if diff:
-            f = diff[0]
-            cmp.notes.append(f"{len(diff)} tensors differ from the goldens, each within its tier, although this target "
-                             f"claims the reference's arithmetic bit for bit (golden set made on this kind of host); "
-                             f"the first nonzero difference is {f.name}, max_abs {f.max_abs:.3g} (limit "
-                             f"{f.limit:.3g}): a real difference too small for the fp32 tier (an eps, an operation "
-                             f"order) starts there")
+        if first is not None and first.order < fd.order:
+            fd.hints.insert(0, f"the first nonzero difference (this target claims the reference's arithmetic bit "
+                               f"for bit) is at {first.name}, max_abs {first.max_abs:.3g} within its limit "
+                               f"{first.limit:.3g}: the fault is there or between it and {fd.name}")
+    elif first is not None:  # every tensor within its tier, yet a target that claims bit-for-bit arithmetic differs
+        n = sum(r.max_abs == r.max_abs and r.max_abs > 0 for r in cmp.results)
+        cmp.notes.append(f"{n} tensors differ from the goldens, each within its tier, although this target claims the "
+                         f"reference's arithmetic bit for bit (golden set made on this kind of host); the first nonzero "
+                         f"difference is {first.name}, max_abs {first.max_abs:.3g} (limit {first.limit:.3g}): a real "
+                         f"difference too small for the fp32 tier (an eps, an operation order) starts there")
     run_dir = None
     if runs_dir is not None:
         run_dir = new_run_dir(runs_dir, target.name)

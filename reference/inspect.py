@@ -2498,6 +2498,7 @@ def op_candidates(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, fin
                                 f"{qm!r} defines the op of weight_scale, and an inverse scale may be its reciprocal or "
                                 f"the multiplier itself; magnitudes, then the loss decide", "n/a"))
         qm = None
+
     def magnitudes():
         # effective weights of a linear with fan-in K have RMS ~ 1/sqrt(K) (within ~10x)
         score = {"multiply": 0.0, "divide": 0.0}
@@ -2514,9 +2515,11 @@ def op_candidates(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, fin
               f"divide {score['divide']:.2f} (0 = the 1/sqrt(fan-in) a trained linear has)")
         return best, abs(score["multiply"] - score["divide"]), ev
 
-    def config_op(op: str, why: str, check: bool) -> list[str]:
-        findings.append(Finding("scale op", op, why, "high (config)"))
-        best, gap, ev = magnitudes() if check else (op, 0.0, "")
+    if qm == "bitnet":
+        lc = bitnet_linear_class(q)
+        op = "divide" if lc == "bitlinear" else "multiply"
+        findings.append(Finding("scale op", op, f"config.json quantization_config.linear_class={lc!r}", "high (config)"))
+        best, gap, ev = magnitudes()
         if best != op and gap > 3.0:
             # the config decides (transformers and vLLM read it and would compute the same), but the tensors look
             # like the other op's: a converter that wrote multipliers under a divide config, or the reverse
@@ -2525,14 +2528,10 @@ def op_candidates(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, fin
                                     f"do - if this checkpoint's converter stored the other kind, every effective "
                                     f"weight is off by s^2 (check the report's decode quality)", "low (magnitudes)"))
         return [op]
-
-    if qm == "bitnet":
-        lc = bitnet_linear_class(q)
-        return config_op("divide" if lc == "bitlinear" else "multiply",
-                         f"config.json quantization_config.linear_class={lc!r}", True)
     if qm in ("gptq", "compressed-tensors", "awq"):
-        # (their scales multiply codes q - z of several bits: the ternary magnitude rule does not apply)
-        return config_op("multiply", f"config.json quant_method={qm!r} defines W = s * (q - z)", False)
+        findings.append(Finding("scale op", "multiply", f"config.json quant_method={qm!r} defines W = s * (q - z)",
+                                "high (config)"))
+        return ["multiply"]
     best, gap, ev = magnitudes()
     if gap > 3.0 and not inv and not widen:  # (widen: the magnitudes' choice gave no working model: both scored)
         findings.append(Finding("scale op", best, ev + "; no config hint", "high (magnitudes)"))
@@ -2757,9 +2756,8 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
             suffixes[suf] = suffixes.get(suf, 0) + 1
         # a packed linear with no scale where the others have one: its multiplier would silently be 1 (a missing
         # tensor, e.g. a conversion that skipped a module). Formats whose scales live inside the weight (llama.cpp
-        # records) or in meta tensors (HQQ) have none beside any weight, so they never mix
-        unscaled = [m for m in modules if m.packed and m.scale is None and m.record is None and not m.hqq_meta
-                    and m.stored_as is None]
+        # records) have none beside any weight, so they never mix; HQQ keeps its scale among a W_q's meta tensors
+        unscaled = [m for m in modules if m.packed and m.scale is None and not m.hqq_meta]
         if unscaled:
             suf = max(sorted(suffixes), key=lambda k: suffixes[k])
             miss = ", ".join(f"{m.prefix}.{suf!s}" for m in unscaled[:4]) + (
