@@ -106,6 +106,9 @@ _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        # 32 < M <= 64 (a 33 - 64-token prefill) with the MT = 8 GEMV only on layers of <= 16 Mi weights, the GEMM
        # kernel above: the route before H200 run 50 (TRIT_A8_MT8_MAXW, default 64 since): its TTFT against the default
        "-mt8w16": {"TRIT_A8_MT8_MAXW": "16"},
+       # the v4 a8 route's quantizer (M > 64 on layers below the GEMM kernel's, 65 - 256 tokens) as before session 47:
+       # one element per load and no PDL (TRIT_A8_V4Q=0; a tree before it ignores the variable: runs the default)
+       "-v4q0": {"TRIT_A8_V4Q": "0"},
        "-fnorm": {"TRIT_FUSED_NORM_QUANT": "1"}, "-pro": {"TRIT_A8_PROLOGUE": "1"},
        # the fused norm + quantizer with the GEMV reading its quantization up to M = 32 (B = 32 decode steps;
        # TRIT_A8_PRE_MAXM is 32 by default since H200 run 38: pinned here so the label means the same in old trees)

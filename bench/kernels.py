@@ -259,7 +259,7 @@ GEMM_KS = (1, 2, 4, 8)
 
 
 def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, small_variants=None,
-                cfg_sweep=(), experimental=True, pf_heads=(), pf_head_ms=(), only=None):
+                cfg_sweep=(), experimental=True, pf_heads=(), pf_head_ms=(), only=None, humming_ms=HUMMING_MS):
     from trit import ops
 
     dev = "cuda"
@@ -394,6 +394,9 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             # where the default takes no GEMM kernel (v4, int8 cuBLAS) they time the same op
             for n in ("0", "1", "8"):
                 variants[f"a8_gqcl{n}"] = with_env({"TRIT_A8_GEMM_QCL": n}, variants["a8"])
+        if M > 16:  # the v4 route's (and int8 cuBLAS's) quantizer before session 47: one element per load, the v4
+            # route without PDL (TRIT_A8_V4Q=0); where the default takes neither route it times the same op
+            variants["a8_v4q0"] = with_env({"TRIT_A8_V4Q": "0"}, variants["a8"])
         if 16 < M <= 256:  # the three a8 routes, each forced (the default picks by shape: a8_gemm_on)
             # its mma.sync main loop (TRIT_A8_GEMM_WG=0; the wgmma loops below)
             gemm = {"TRIT_A8_GEMM": "1", "TRIT_A8_DENSE_MIN_M": str(1 << 30), "TRIT_A8_GEMM_WG": "0"}
@@ -452,7 +455,7 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
             for name, at_m in EXPERIMENTAL.items():
                 if at_m(M):
                     variants.pop(name, None)
-        if hum_layers and M in HUMMING_MS:
+        if hum_layers and M in humming_ms:
             variants["humming"] = lambda i: hum_layers[i % len(hum_layers)](x)
         if M >= 1024:  # the default once more, last: run 20 timed `a8` 7-25% slower at M = 4096 than
             variants["a8_last"] = variants["a8"]  # the same kernel later in the row (order / clocks?)
@@ -472,7 +475,7 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                 y = y0.float()
                 if name in ("a8_bp", "a8_noxi", "a8_xqloop", "a8_xqcl8", "a8_xqcl1", "a8_mt8", "a8_mt8_noxi",
                             "a8_mt8_xqloop", "a8_mt8_xqcl1", "a8_mt8_xqcl8", "a8_split64", "a8_gqcl0", "a8_gqcl1",
-                            "a8_gqcl8", "a8_gemmq0", "a8_gemmq1", "a8_gemmq8") \
+                            "a8_gqcl8", "a8_gemmq0", "a8_gemmq1", "a8_gemmq8", "a8_v4q0") \
                         and "a8" in variants:  # the default's result bit for bit (same sums)
                     row[f"{name}_equal"] = bool(torch.equal(y0, variants["a8"](0)))
                 if name == "a8_fnorm_t" and "a8_fnorm" in variants:  # the row-major route's, bit for bit
@@ -718,6 +721,9 @@ def main(argv=None):
     ap.add_argument("--humming-budget", type=float, default=Humming.BUDGET_S,
                     help="seconds of humming setup / JIT before it is skipped for the remaining shapes "
                          "(run 21: 150 s ended before 6144x4096 and 28672x4096)")
+    ap.add_argument("--humming-ms", default=",".join(map(str, HUMMING_MS)),
+                    help="comma list of M at which humming is timed (each M bucket is a JIT compile per shape; "
+                         "default %(default)s)")
     ap.add_argument("--ks-sweep", action="store_true", help="M=1: time every split-K choice (TRIT_KS)")
     ap.add_argument("--no-experimental", action="store_true",
                     help="leave out the variants not yet validated on a GPU: " + (", ".join(EXPERIMENTAL) or "none now"))
@@ -770,7 +776,8 @@ def main(argv=None):
                             experimental=not args.no_experimental,
                             pf_heads=[int(h) for h in args.pf_head.split(",") if h],
                             pf_head_ms={int(m) for m in args.pf_head_ms.split(",") if m},
-                            only=set(args.only.split(",")) if args.only else None)
+                            only=set(args.only.split(",")) if args.only else None,
+                            humming_ms={int(m) for m in args.humming_ms.split(",") if m})
                 write_partial(Path(args.out), stem, {"meta": meta, "rows": rows})
     except KeyboardInterrupt:
         meta["incomplete"] = f"interrupted after {len(rows)} rows (time limit or Ctrl-C)"

@@ -539,6 +539,23 @@ __global__ void __launch_bounds__(Shape<MT>::kMaxThreads)
   tile_epilogue<T, false, WN, MT, kChains>(acc, red, m0, M, N, n_tiles, scale, bias, y, nullptr, nullptr);
 }
 
+// Programmatic dependent launch (Hopper): a kernel launched with programmatic stream
+// serialization (launch_ex, pdl = true) may start while its predecessor in the stream is still
+// running. It may read only what no earlier kernel writes (the packed weights, scales, bias)
+// before pdl_wait(), which returns once every predecessor grid has finished and its memory is
+// visible. Without the launch attribute pdl_wait() returns at once. pdl_trigger() lets this
+// kernel's own dependents start launching (they still pdl_wait() for its completion).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------- W1.58A8
 // Activation quantizer, exactly BitNet's: xs = 127 / max(|x_row|).clamp(min=1e-5),
 // xq = rint(x * xs).clamp(-128, 127) in fp32. Also the row sum of xq, because the GEMM
@@ -670,6 +687,7 @@ __global__ void __launch_bounds__(Shape<MT>::kMaxThreads)
 
   int4 a0[kU][WN], a1[kU][WN];
   load_chunk<WN, kU>(a0, wtile, kb_begin, kb_end);
+  pdl_wait();  // launched with PDL (TRIT_A8_V4Q): the first weights are in flight, xq comes from the quantizer
   for (int kb = kb_begin; kb < kb_end; kb += 2 * kU) {
     load_chunk<WN, kU>(a1, wtile, kb + kU, kb_end);
     process_chunk(a0, kb);
@@ -761,22 +779,6 @@ __device__ __forceinline__ uint32_t opaque(uint32_t v) {
   return r;
 }
 
-// Programmatic dependent launch (Hopper): a kernel launched with programmatic stream
-// serialization (launch_ex, pdl = true) may start while its predecessor in the stream is still
-// running. It may read only what no earlier kernel writes (the packed weights, scales, bias)
-// before pdl_wait(), which returns once every predecessor grid has finished and its memory is
-// visible. Without the launch attribute pdl_wait() returns at once. pdl_trigger() lets this
-// kernel's own dependents start launching (they still pdl_wait() for its completion).
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 // One instruction asks the memory system to stream a contiguous range into L2 (Hopper bulk
 // prefetch; a hint: no register or smem cost, no effect on results). bytes % 16 == 0, p 16-aligned.
 __device__ __forceinline__ void l2_prefetch(const void* p, uint32_t bytes) {
@@ -1837,7 +1839,9 @@ __device__ __forceinline__ size_t xi_offset(int m, int k, int Mp) {
   if (Mp == 64) return tile + 256 * ((kk >> 3) & 3) + 32 * (m & 7) + 8 * (kk >> 5);
   return tile + 512 * ((kk >> 4) & 1) + 64 * (m & 7) + 16 * (kk >> 5) + 8 * ((kk >> 3) & 1);
 }
-template <typename T, bool kWG = false, bool kXI = false>
+// kNat: the v4 a8_kernel's layout (row-major [M, Kp], Mp = 0) in natural byte order - quant_rows_kernel's bytes, with
+// 16-byte loads and the PDL trigger / wait (TRIT_A8_V4Q, default 1; the v4 route at M > 64 and a8_dense's quantizer).
+template <typename T, bool kWG = false, bool kXI = false, bool kNat = false>
 __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
                                                               float* __restrict__ xs_out,
                                                               int32_t* __restrict__ rowsum, int M, int K, int Kp,
@@ -1853,7 +1857,7 @@ __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restric
   if (m == 0)
     for (int i = threadIdx.x; i < n_zero; i += blockDim.x) zero[i] = 0;
   // Mp == 0: row-major [M, Kp]; else k-block-major [Kp/128][Mp][128] (a8_small_kernel, MT >= 2)
-  static_assert(!(kWG && kXI), "one k-block order");
+  static_assert(!(kWG && kXI) && !(kNat && (kWG || kXI)), "one k-block order");
   auto dst = [&](int k) {
     if constexpr (kXI) return reinterpret_cast<uint2*>(xq + xi_offset(m, k, Mp));
     return reinterpret_cast<uint2*>(Mp > 0 ? xq + ((size_t)(k >> 7) * Mp + m) * kBlockK + (k & (kBlockK - 1))
@@ -1871,6 +1875,8 @@ __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restric
       const int grp = (k & (kBlockK - 1)) >> 3, cc = grp >> 2, ii = grp & 3;
       *reinterpret_cast<uint32_t*>(rb + 32 * ii + 4 * cc) = v.x;
       *reinterpret_cast<uint32_t*>(rb + 32 * ii + 16 + 4 * cc) = v.y;
+    } else if constexpr (kNat) {  // quant_group8's {0,4,1,5 | 2,6,3,7} back to 0..7
+      *dst(k) = make_uint2(__byte_perm(v.x, v.y, 0x6420), __byte_perm(v.x, v.y, 0x7531));
     } else {
       *dst(k) = v;
     }
@@ -2248,6 +2254,9 @@ int env_int(const char* name, int dflt) {
   const char* e = getenv(name);
   return (e != nullptr && *e != '\0') ? atoi(e) : dflt;
 }
+// TRIT_A8_V4Q (read per call, default 1): the v4 a8 route's and a8_dense's quantizer with 16-byte loads, the v4
+// route under PDL (dispatch_a8); 0: quant_rows_kernel and plain launches
+bool a8_v4q_on() { return env_int("TRIT_A8_V4Q", 1) != 0; }
 Knobs knobs() {
   const char* k = getenv("TRIT_KERNEL");
   Knobs n;
@@ -2485,14 +2494,13 @@ cudaError_t dispatch_tmm(const T* x, const int32_t* wp, const float* scale, cons
 template <typename T, int MT, int WN>
 cudaError_t launch_a8(const Cfg& cfg, const int8_t* xq, const float* xs, const int32_t* rowsum,
                       const int32_t* wp, const float* scale, const T* bias, T* y, int M, int N,
-                      int K, cudaStream_t st) {
+                      int K, cudaStream_t st, bool pdl = false) {
   const int n_tiles = (N + kTileN - 1) / kTileN, KB = (K + kBlockK - 1) / kBlockK;
   dim3 grid((n_tiles + WN * cfg.nw - 1) / (WN * cfg.nw), (M + 8 * MT - 1) / (8 * MT));
   dim3 block(cfg.ks * 32, cfg.nw);
   const size_t smem = (size_t)cfg.nw * cfg.ks * WN * MT * 128 * sizeof(int);
-  a8_kernel<T, MT, WN><<<grid, block, smem, st>>>(xq, xs, rowsum, reinterpret_cast<const int4*>(wp), scale,
-                                                  bias, y, M, N, KB, n_tiles);
-  return cudaGetLastError();
+  return launch_ex(a8_kernel<T, MT, WN>, grid, block, smem, st, pdl, xq, xs, rowsum,
+                   reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB, n_tiles);
 }
 
 // Shared memory of the fused-quantizer a8 kernel beyond its split-K buffer (see a8_small_kernel).
@@ -2836,15 +2844,29 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
       default: return launch_a8_small_mt<T, 8>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
     }
   }
-  quant_rows_kernel<T><<<M, 256, 0, st>>>(x, xq, xs, rowsum, K, KB * kBlockK);
-  cudaError_t e = cudaGetLastError();
+  // the v4 route (M > 64 below the GEMM kernel's layers, or TRIT_KERNEL=v4): quantizer + a8_kernel. TRIT_A8_V4Q
+  // (default 1): the quantizer with 16-byte loads (quant_rows_perm_kernel kNat: quant_rows_kernel's bytes) and both
+  // launched with PDL (a8_kernel streams its first weights before its wait); 0: quant_rows_kernel (one element per
+  // thread and load) and plain launches, the route before session 47. The same values either way (tests).
+  const bool v4q = a8_v4q_on();
+  const bool pdl = v4q && env_int("TRIT_PDL", 1) != 0 && pdl_supported();
+  const int Kp = KB * kBlockK;
+  cudaError_t e;
+  if (v4q) {
+    const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
+    e = launch_ex(quant_rows_perm_kernel<T, false, false, true>, dim3(M), dim3(256), 0, st, pdl, x, xq, xs, rowsum,
+                  M, K, Kp, 0, vec, (int32_t*)nullptr, 0);
+  } else {
+    quant_rows_kernel<T><<<M, 256, 0, st>>>(x, xq, xs, rowsum, K, Kp);
+    e = cudaGetLastError();
+  }
   if (e != cudaSuccess) return e;
   const Cfg cfg = choose_cfg(M, N, K);
   switch (cfg.mt) {
-    case 1: return launch_a8<T, 1, 1>(cfg, xq, xs, rowsum, wp, scale, bias, y, M, N, K, st);
-    case 2: return launch_a8<T, 2, 2>(cfg, xq, xs, rowsum, wp, scale, bias, y, M, N, K, st);
-    case 4: return launch_a8<T, 4, 2>(cfg, xq, xs, rowsum, wp, scale, bias, y, M, N, K, st);
-    default: return launch_a8<T, 8, 2>(cfg, xq, xs, rowsum, wp, scale, bias, y, M, N, K, st);
+    case 1: return launch_a8<T, 1, 1>(cfg, xq, xs, rowsum, wp, scale, bias, y, M, N, K, st, pdl);
+    case 2: return launch_a8<T, 2, 2>(cfg, xq, xs, rowsum, wp, scale, bias, y, M, N, K, st, pdl);
+    case 4: return launch_a8<T, 4, 2>(cfg, xq, xs, rowsum, wp, scale, bias, y, M, N, K, st, pdl);
+    default: return launch_a8<T, 8, 2>(cfg, xq, xs, rowsum, wp, scale, bias, y, M, N, K, st, pdl);
   }
 }
 
@@ -4025,6 +4047,12 @@ extern "C" int trit_a8_quant(int dtype, const void* x, int8_t* xq, float* xs, in
   return visit_float_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int Kp = (K + kBlockK - 1) / kBlockK * kBlockK;
+    if (a8_v4q_on()) {  // the 16-byte-load quantizer (TRIT_A8_V4Q), same bytes; no PDL: decode / cuBLAS follow
+      const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
+      return (int)launch_ex(quant_rows_perm_kernel<T, false, false, true>, dim3(M), dim3(256), 0,
+                            (cudaStream_t)stream, false, (const T*)x, xq, xs, rowsum, M, K, Kp, 0, vec,
+                            (int32_t*)nullptr, 0);
+    }
     quant_rows_kernel<T><<<M, 256, 0, (cudaStream_t)stream>>>((const T*)x, xq, xs, rowsum, K, Kp);
     return (int)cudaGetLastError();
   });

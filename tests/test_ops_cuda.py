@@ -404,15 +404,19 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
 
 
 @pytest.mark.parametrize("graph", [False, True])
-@pytest.mark.parametrize("kernel", ["v4", "v5", "v5-nofuseq", "v5-fuseq", "v5-wn2", "v5-gemm", "v5-gemm2",
+@pytest.mark.parametrize("kernel", ["v4", "v4-q0", "v5", "v5-nofuseq", "v5-fuseq", "v5-wn2", "v5-gemm", "v5-gemm2",
                                     "v5-gemm-late", "v5-gemm-wg", "v5-gemm-wg2", "v5-gemm-wg-ov",
                                     "v5-gemm-wg-deep", "v5-gemm-wg2-deep", "v5-qcl"])
-@pytest.mark.parametrize("M", [1, 24, 64])
+@pytest.mark.parametrize("M", [1, 24, 64, 128])
 def test_dependent_chain(monkeypatch, graph, kernel, M):
     """Each layer reads the previous layer's output: with PDL, a kernel that read x (or wrote y)
     before its griddepcontrol.wait would see stale data here. Our kernels back to back, a torch
-    kernel in between, and the a8 workspace reused from layer to layer; eager and CUDA graph."""
+    kernel in between, and the a8 workspace reused from layer to layer; eager and CUDA graph.
+    M = 128: the v4 route every default takes there on these layers (the quantizer and a8_kernel under PDL,
+    TRIT_A8_V4Q), v4-q0 its plain launches."""
     monkeypatch.setenv("TRIT_KERNEL", kernel.split("-")[0])
+    if kernel.endswith("-q0"):  # the v4 route's quantizer before TRIT_A8_V4Q: one element per load, no PDL
+        monkeypatch.setenv("TRIT_A8_V4Q", "0")
     if kernel.endswith("fuseq"):  # plain v5: the default (fuseq_auto fuses the quantizer at M = 1 on these layers)
         monkeypatch.setenv("TRIT_A8_FUSEQ", "0" if kernel.endswith("nofuseq") else "1")
     if kernel.endswith("qcl"):  # the cluster quantizer (M <= 8; one CTA per row at D = 1024), under PDL
@@ -475,6 +479,43 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
         torch.cuda.synchronize()
         # per-layer ops are checked elsewhere; here a stale read shows up as a gross error
         assert_close_rel(y, forward_ref(xin), 3e-2, f"chain {kernel} graph={graph} seed={seed}")
+
+
+# ------------------------------------------------------------------ the v4 route's quantizer (TRIT_A8_V4Q)
+# Default 1: quant_rows_perm_kernel in natural byte order (16-byte loads where K % 8 == 0 and x is 16-byte aligned,
+# scalar loads else) and a8_kernel launched under PDL; 0: quant_rows_kernel and plain launches. The same xq, xs and
+# row sums, so the a8 outputs bit for bit: on the v4 route (GEMM kernel and int8 cuBLAS off) at every M, and on
+# a8_dense's int8 cuBLAS route (its quantizer is the same kernel, without PDL), for every activation dtype, odd K
+# (the scalar path and the zero padding to 128), zero rows (the 1e-5 floor) and an x 16-byte misaligned.
+@pytest.mark.parametrize("M", [1, 9, 33, 65, 100, 128, 256, 300])
+@pytest.mark.parametrize("NK", [(64, 1000), (2560, 2560), (1000, 4104), (24, 8200), (100, 300), (130, 520),
+                                (48, 1001), (16, 7)])
+def test_a8_v4_quantizer_matches_old(monkeypatch, M, NK):
+    N, K = NK
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        x, w, p, s, b = make_case(M, N, K, dtype, True, 17 + M + N + K, DEV)
+        x[M // 2].zero_()
+        xm = torch.empty(M * K + 1, dtype=dtype, device=DEV)[1:].view(M, K)  # 2 / 4 bytes off 16-byte alignment
+        xm.copy_(x)
+        routes = [{"TRIT_KERNEL": "v4", "TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}]
+        if N % 8 == 0 and M > 16:
+            routes.append({"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": "17"})  # int8 cuBLAS where M > 64
+        for route in routes:
+            for k, v in route.items():
+                monkeypatch.setenv(k, v)
+            for xin in (x, xm):
+                monkeypatch.setenv("TRIT_A8_V4Q", "0")
+                y0 = torch.ops.trit.ternary_mm_a8(xin, p, s, N, K, b)
+                monkeypatch.setenv("TRIT_A8_V4Q", "1")
+                y1 = torch.ops.trit.ternary_mm_a8(xin, p, s, N, K, b)
+                assert torch.equal(y1, y0), f"v4q 1 vs 0 M={M} N={N} K={K} {dtype} {route} aligned={xin is x}"
+                monkeypatch.setenv("TRIT_PDL", "0")  # the new quantizer without PDL: same values
+                assert torch.equal(torch.ops.trit.ternary_mm_a8(xin, p, s, N, K, b), y0), f"v4q pdl 0 M={M}"
+                monkeypatch.delenv("TRIT_PDL")
+            for k in route:
+                monkeypatch.delenv(k)
+        assert_close_rel(y1, ops.ternary_mm_a8_ref(x, p, s, N, K, b),
+                         {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}[dtype], "a8 v4q vs ref")
 
 
 # ------------------------------------------------------------------ the cluster quantizer
