@@ -141,3 +141,35 @@ def test_the_divide_reference_puts_its_weights_on_the_target_device():
     from parity.targets import get_target
     m = get_target("reference", act_quant="divide", device="meta").model(MODEL)
     assert m.layers[0]["self_attn.q_proj"].w.device.type == "meta"
+
+
+def test_dump_cli_measures_the_fp32_a8_floor(tmp_path, capsys, monkeypatch):
+    """`python -m parity.dump --ref` on an int8-activation model writes the set's fp32-a8 floor beside the goldens (the
+    divide reference: the int8 boundary flips alone), which the kernel target is then judged against; --no-floor
+    writes the goldens only; a floor that cannot be measured leaves the goldens written (exit 0, a note)."""
+    from parity.dump import main as dump_main
+    import parity.noise as noise
+
+    g = tmp_path / "g"
+    assert dump_main(["--ref", "--out", str(g)]) == 0
+    rec = json.loads(noise_path(g, "fp32-a8").read_text())
+    assert rec["target"] == "reference-divide" and rec["column"] == "fp32-a8" and rec["top10"]["unexplained"] == 0
+    assert "noise floor" in capsys.readouterr().out
+    res = run_parity("kernel", model_dir=MODEL, golden_dir=g, runs_dir=None, diagnose=False)
+    assert res.comparison.noise_factor == NOISE_FACTOR and res.comparison.passed
+    # the reference itself stays bit-faithful: strict fp32 column, no floor
+    res = run_parity("reference", model_dir=MODEL, golden_dir=g, runs_dir=None, diagnose=False)
+    assert res.comparison.passed and res.comparison.noise_factor is None
+    g2 = tmp_path / "g2"
+    assert dump_main(["--ref", "--out", str(g2), "--no-floor"]) == 0
+    assert (g2 / "manifest.json").exists() and not list(g2.glob("noise-*"))
+
+    def boom(*a, **k):
+        raise RuntimeError("no floor today")
+    monkeypatch.setattr(noise, "measure_noise", boom)
+    g3 = tmp_path / "g3"
+    capsys.readouterr()
+    assert dump_main(["--ref", "--out", str(g3)]) == 0
+    err = capsys.readouterr().err
+    assert "no fp32-a8 noise floor" in err and "RuntimeError: no floor today" in err and "act_quant=divide" in err
+    assert (g3 / "manifest.json").exists() and not list(g3.glob("noise-*"))
