@@ -126,7 +126,7 @@ for stage in "$@"; do
     scale)
       step "scale: bitnet-2b goldens + parity"
       M=$(gen bitnet-2b)
-      [ -f /tmp/golden/bitnet-2b/manifest.json ] || python3 -m parity.dump --ref --model "$M" --out /tmp/golden/bitnet-2b --device cuda || rc=1
+      [ -f /tmp/golden/bitnet-2b/manifest.json ] || python3 -m parity.dump --ref --model "$M" --out /tmp/golden/bitnet-2b --device cuda --no-floor || rc=1
       # the bf16 noise floor of this golden set (independent bf16 implementation), see parity/noise.py
       [ -f /tmp/golden/bitnet-2b/noise-bf16.json ] || python3 -m parity.noise --model "$M" --golden /tmp/golden/bitnet-2b --target-opt device=cuda || rc=1
       python3 -m bench.vllm_parity --model "$M" --golden /tmp/golden/bitnet-2b --out "$OUT" 2>&1 | quiet | tail -60 || rc=1
@@ -149,7 +149,7 @@ for stage in "$@"; do
     gold8b|scale8b)
       step "$stage: llama3-8b goldens + noise floor (scale8b: + parity)"
       M=$(gen llama3-8b)
-      [ -f /tmp/golden/llama3-8b/manifest.json ] || python3 -m parity.dump --ref --model "$M" --out /tmp/golden/llama3-8b --device cuda || rc=1
+      [ -f /tmp/golden/llama3-8b/manifest.json ] || python3 -m parity.dump --ref --model "$M" --out /tmp/golden/llama3-8b --device cuda --no-floor || rc=1
       [ -f /tmp/golden/llama3-8b/noise-bf16.json ] || python3 -m parity.noise --model "$M" --golden /tmp/golden/llama3-8b --target-opt device=cuda || rc=1
       [ $stage = gold8b ] && continue
       for tp in ${SCALE_TPS:-1 2}; do  # SCALE_TPS="2": the TP=2 record alone (TP=1 + goldens: ~585 s)
