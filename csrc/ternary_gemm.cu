@@ -1306,6 +1306,11 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
                          : xq + ((size_t)kb0 * Mp + g) * kBlockK + c * 32);
   constexpr int kHalf = kXI ? 32 : 1;  // uint4 h of a lane's 32 inputs at + kHalf * h
   const int kbs = (MT == 1 || kRM) ? 8 : Mp * 8;
+  // MT = 8 over more than 64 rows (TRIT_A8_MT8_ROWS2: Mp = 128, grid.y = 2): CTA row blockIdx.y owns rows r0 ..
+  // r0 + 63, 64 rows of every k-block further on; its outputs, xs and row sums from row r0 (a grid of one CTA row
+  // everywhere else: r0 = 0)
+  const int r0 = MT == 8 && !kFuseQ && !kRM ? (int)blockIdx.y * 64 : 0;
+  xp += r0 * (kBlockK / 16);
   // row tile mt of this lane as a uint4 offset from xp: 64 mt (k-block-major), or (kRM) row 8 mt + g clamped to
   // M - 1; kRM's offsets exist only in its own kernels (the others compile to the same code as without them)
   int toff[kRM ? MT : 1] = {};
@@ -1439,7 +1444,8 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
 #pragma unroll
     for (int t = 0; t < WN * MT; ++t) a8_rows4_fix(acc[t]);
   }
-  small_epilogue<T, true, MT, WN>(acc, redi, tile, M, N, scale, bias, y, kFuseQ ? sxs : xs, kFuseQ ? srs : rowsum);
+  small_epilogue<T, true, MT, WN>(acc, redi, tile, M - r0, N, scale, bias, y + (size_t)r0 * N,
+                                  kFuseQ ? sxs : xs + r0, kFuseQ ? srs : rowsum + r0);
 }
 
 
@@ -1832,11 +1838,12 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
 // 8 rows x 4 quarter-used sectors (32) and the 16-byte interleave above 16 half-used ones.
 // The interleaved layout's byte of row m at row-major offset k (k % 8 == 0) in a k-block-major xq of Mp rows:
 // quant_rows_perm_kernel kXI, quant_rows_cluster_kernel kXI and rms_norm_quant_kernel (layout 1, Mp 16 / 32
-// only) write it, a8_small_kernel kXI reads it. The piece size follows Mp: 8 bytes at Mp = 64, else 16.
+// only) write it, a8_small_kernel kXI reads it. The piece size follows Mp: 8 bytes at Mp >= 64 (the MT = 8 tiles: 64
+// rows, or 128 = two row tiles of 64, TRIT_A8_MT8_ROWS2), else 16.
 __device__ __forceinline__ size_t xi_offset(int m, int k, int Mp) {
   const int kk = k & (kBlockK - 1);
   const size_t tile = ((size_t)(k >> 7) * Mp + (m & ~7)) * kBlockK;
-  if (Mp == 64) return tile + 256 * ((kk >> 3) & 3) + 32 * (m & 7) + 8 * (kk >> 5);
+  if (Mp >= 64) return tile + 256 * ((kk >> 3) & 3) + 32 * (m & 7) + 8 * (kk >> 5);
   return tile + 512 * ((kk >> 4) & 1) + 64 * (m & 7) + 16 * (kk >> 5) + 8 * ((kk >> 3) & 1);
 }
 // kNat: the v4 a8_kernel's layout (row-major [M, Kp], Mp = 0) in natural byte order - quant_rows_kernel's bytes, with
@@ -2397,7 +2404,14 @@ int a8_tile_mp(int M) { return M > 8 && M <= 32 ? 8 * v5_mt(M) : 0; }
 // 18.8, 4096x14336 21.0 vs 26.8, 8192x8192 22.4 vs 23.7 (14336x4096 the exception: 23.5 vs 22.5, M = 40 22.3 vs
 // 21.3), and lost above (28672x4096 44.3 vs 27.9, 28672x8192 76.2 vs 48.0, 8192x28672 64.8 vs 54.2).
 long a8_mt8_maxw() { return (long)max(0, min(env_int("TRIT_A8_MT8_MAXW", 64), 1 << 20)) << 20; }
-bool a8_v5(int M, int N, int K) { return M <= 32 || (M <= kV5MaxMA8 && (long)N * K <= a8_mt8_maxw()); }
+// TRIT_A8_MT8_ROWS2=1 (read per call; default 0 until measured): the MT = 8 GEMV at 64 < M <= 128 too, on the same
+// layers as at M <= 64 - two CTA rows of 64 x rows each over one quantizer's xq of 128 rows (one launch of each; the
+// a8_split64 experiment of H200 run 71 ran two quantizers, two GEMVs and a cat), in place of the GEMM kernel / v4
+constexpr int kV5MaxMA8Rows2 = 128;
+bool a8_mt8_rows2() { return env_int("TRIT_A8_MT8_ROWS2", 0) == 1; }
+bool a8_v5(int M, int N, int K) {
+  return M <= 32 || ((M <= kV5MaxMA8 || (M <= kV5MaxMA8Rows2 && a8_mt8_rows2())) && (long)N * K <= a8_mt8_maxw());
+}
 
 // Split-K for the v5 kernels (ks warps along K per 16-row tile). Measured on the H200
 // (bench.kernels --ks-sweep, M = 1, ten shapes): the best ks makes n_tiles * ks reach ~1536-2048
@@ -2536,10 +2550,13 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
       smem += fuseq_smem(M, KB);
     }
   }
+  // MT = 8 past 64 rows (TRIT_A8_MT8_ROWS2): one CTA row per 64 rows of x, xq of Mp = 64 * row tiles rows
+  const int rows = MT == 8 ? (M + 63) / 64 : 1;
   // a warp with two tiles has its weights in two streams: the single-range L2 prefetch is off
-  return launch_ex(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw), dim3(cfg.ks * 32, cfg.nw), smem, st, pdl, xq, xs,
-                   rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB, n_tiles, kRM ? 0 : 8 * MT,
-                   cfg.wn == 1 ? flags : 0, x, K, A8Pro<T>{nullptr, nullptr, nullptr, 0.f, 0});  // no prologue
+  return launch_ex(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw, rows), dim3(cfg.ks * 32, cfg.nw), smem, st, pdl, xq,
+                   xs, rowsum, reinterpret_cast<const int4*>(wp), scale, bias, y, M, N, KB, n_tiles,
+                   kRM ? 0 : 8 * MT * rows, cfg.wn == 1 ? flags : 0, x, K,
+                   A8Pro<T>{nullptr, nullptr, nullptr, 0.f, 0});  // no prologue
 }
 
 // The GEMM kernel's quantizer by default (TRIT_A8_GEMM_QCL unset): the cluster kernel with one CTA per row
@@ -2791,7 +2808,8 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     if (fuseq) {
       cfg = fcfg;
     } else if (!pre) {
-      const int Mp = cfg.mt == 1 ? 0 : 8 * cfg.mt;  // k-block-major xq for MT >= 2, zero rows to 8 * MT
+      // k-block-major xq for MT >= 2, zero rows to 8 * MT (MT = 8: to a multiple of 64, TRIT_A8_MT8_ROWS2)
+      const int Mp = cfg.mt == 1 ? 0 : cfg.mt == 8 ? (M + 63) / 64 * 64 : 8 * cfg.mt;
       // the row-major layout (M <= 8): the cluster quantizer on long rows (or as TRIT_QUANT_CLUSTER asks)
       // and the interleaved xq's, Mp rows (TRIT_QUANT_CLUSTER_XI, default 1 since H200 run 45: 0.5-6.5 us a layer
       // less on rows longer than 4096, 8B e2e at B = 32 +1.5% over three engines; 0 keeps the loop kernel there)

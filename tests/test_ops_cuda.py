@@ -406,7 +406,7 @@ def test_small_m_knobs_do_not_change_results(monkeypatch, M, NK):
 @pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("kernel", ["v4", "v4-q0", "v5", "v5-nofuseq", "v5-fuseq", "v5-wn2", "v5-gemm", "v5-gemm2",
                                     "v5-gemm-late", "v5-gemm-wg", "v5-gemm-wg2", "v5-gemm-wg-ov",
-                                    "v5-gemm-wg-deep", "v5-gemm-wg2-deep", "v5-qcl"])
+                                    "v5-gemm-wg-deep", "v5-gemm-wg2-deep", "v5-qcl", "v5-rows2"])
 @pytest.mark.parametrize("M", [1, 24, 64, 128])
 def test_dependent_chain(monkeypatch, graph, kernel, M):
     """Each layer reads the previous layer's output: with PDL, a kernel that read x (or wrote y)
@@ -417,6 +417,8 @@ def test_dependent_chain(monkeypatch, graph, kernel, M):
     monkeypatch.setenv("TRIT_KERNEL", kernel.split("-")[0])
     if kernel.endswith("-q0"):  # the v4 route's quantizer before TRIT_A8_V4Q: one element per load, no PDL
         monkeypatch.setenv("TRIT_A8_V4Q", "0")
+    if kernel.endswith("rows2"):  # M = 128: the MT = 8 GEMV over two row tiles (TRIT_A8_MT8_ROWS2) under PDL
+        monkeypatch.setenv("TRIT_A8_MT8_ROWS2", "1")
     if kernel.endswith("fuseq"):  # plain v5: the default (fuseq_auto fuses the quantizer at M = 1 on these layers)
         monkeypatch.setenv("TRIT_A8_FUSEQ", "0" if kernel.endswith("nofuseq") else "1")
     if kernel.endswith("qcl"):  # the cluster quantizer (M <= 8; one CTA per row at D = 1024), under PDL
@@ -516,6 +518,48 @@ def test_a8_v4_quantizer_matches_old(monkeypatch, M, NK):
                 monkeypatch.delenv(k)
         assert_close_rel(y1, ops.ternary_mm_a8_ref(x, p, s, N, K, b),
                          {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}[dtype], "a8 v4q vs ref")
+
+
+# ------------------------------------------------------------------ the MT = 8 GEMV over two row tiles
+# TRIT_A8_MT8_ROWS2=1: at 64 < M <= 128 on the layers the MT = 8 GEMV takes at M = 64 (<= TRIT_A8_MT8_MAXW Mi weights),
+# that GEMV with two CTA rows of 64 x rows over one quantizer's xq of 128 rows (interleaved, or plain with
+# TRIT_A8_XI=0; the loop or the cluster quantizer) in place of the GEMM kernel / v4. Bit for bit the default's
+# results (exact int32 sums) at row counts around the tile edges, every dtype, odd K, a misaligned x, zero rows,
+# without PDL; the profiler sees the GEMV and neither other route.
+@pytest.mark.parametrize("M", [65, 72, 100, 127, 128])
+@pytest.mark.parametrize("NK", [(64, 1000), (2560, 2560), (1000, 4104), (24, 8200), (100, 300), (130, 520),
+                                (48, 1001), (6912, 2560), (2560, 6912)])
+def test_a8_mt8_two_row_tiles(monkeypatch, M, NK):
+    N, K = NK
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        x, w, p, s, b = make_case(M, N, K, dtype, True, 23 + M + N + K, DEV)
+        x[M - 1].zero_()
+        xm = torch.empty(M * K + 1, dtype=dtype, device=DEV)[1:].view(M, K)
+        xm.copy_(x)
+        y0 = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)  # the default route (GEMM kernel or v4)
+        monkeypatch.setenv("TRIT_A8_MT8_ROWS2", "1")
+        for env in ({}, {"TRIT_A8_XI": "0"}, {"TRIT_QUANT_CLUSTER": "8"}, {"TRIT_QUANT_CLUSTER_XI": "0"},
+                    {"TRIT_PDL": "0"}, {"TRIT_L2PF": "0"}):
+            for k, v in env.items():
+                monkeypatch.setenv(k, v)
+            for xin in (x, xm):
+                assert torch.equal(torch.ops.trit.ternary_mm_a8(xin, p, s, N, K, b), y0), \
+                    f"rows2 {env} M={M} N={N} K={K} {dtype} aligned={xin is x}"
+            for k in env:
+                monkeypatch.delenv(k)
+        monkeypatch.delenv("TRIT_A8_MT8_ROWS2")
+        assert_close_rel(y0, ops.ternary_mm_a8_ref(x, p, s, N, K, b),
+                         {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}[dtype], "a8 rows2 vs ref")
+    monkeypatch.setenv("TRIT_A8_MT8_ROWS2", "1")
+    x = x.to(torch.bfloat16)
+    torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)
+        torch.cuda.synchronize()
+    names = [e.key for e in prof.key_averages()]
+    assert any("a8_small_kernel" in n for n in names), names
+    assert not any("a8_gemm_kernel" in n or re.search(r"\ba8_kernel", n) for n in names), names
 
 
 # ------------------------------------------------------------------ the cluster quantizer
@@ -715,7 +759,8 @@ def test_a8_route_defaults_match_forced_routes(monkeypatch, M, N, K):
     y = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
     envs = [{"TRIT_A8_GEMM": "1"}, {"TRIT_A8_GEMM": "0"}, {"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": "17"},
             {"TRIT_A8_GEMM": "0", "TRIT_A8_DENSE_MIN_M": str(1 << 30)}, {"TRIT_A8_GEMM_WG": "0"},
-            {"TRIT_A8_MT8_MAXW": "4096"}, {"TRIT_A8_MT8_MAXW": "0"}]
+            {"TRIT_A8_MT8_MAXW": "4096"}, {"TRIT_A8_MT8_MAXW": "0"},
+            {"TRIT_A8_MT8_ROWS2": "1"}, {"TRIT_A8_MT8_ROWS2": "1", "TRIT_A8_XI": "0"}]
     if ops.WGMMA:
         envs += [{"TRIT_A8_GEMM": "1", "TRIT_A8_GEMM_WG": "2"}, {"TRIT_A8_GEMM_WG_OVERLAP": "0"},
                  {"TRIT_A8_GEMM_WG_DEEP": "1"}, {"TRIT_A8_GEMM_WG_DEEP": "0"}]
