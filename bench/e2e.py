@@ -109,9 +109,10 @@ _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        # the v4 a8 route's quantizer (M > 64 on layers below the GEMM kernel's, 65 - 256 tokens) as before session 47:
        # one element per load and no PDL (TRIT_A8_V4Q=0; a tree before it ignores the variable: runs the default)
        "-v4q0": {"TRIT_A8_V4Q": "0"},
-       # 65 - 128 tokens (B = 128 decode steps): the MT = 8 GEMV over two row tiles of 64 on the layers it takes at 64
-       # (TRIT_A8_MT8_ROWS2=1; a tree before it ignores the variable: runs the default)
-       "-rows2": {"TRIT_A8_MT8_ROWS2": "1"},
+       # 65 - 128 tokens (B = 128 decode steps): the MT = 8 GEMV over two row tiles of 64 on every layer it takes at 64
+       # (TRIT_A8_MT8_ROWS2=1; the default: <= 16 Mi weights) / on none (=0: the GEMM kernel / v4, before 94ef372; a
+       # tree before it ignores the variable: runs the default)
+       "-rows2": {"TRIT_A8_MT8_ROWS2": "1"}, "-rows2off": {"TRIT_A8_MT8_ROWS2": "0"},
        "-fnorm": {"TRIT_FUSED_NORM_QUANT": "1"}, "-pro": {"TRIT_A8_PROLOGUE": "1"},
        # the fused norm + quantizer with the GEMV reading its quantization up to M = 32 (B = 32 decode steps;
        # TRIT_A8_PRE_MAXM is 32 by default since H200 run 38: pinned here so the label means the same in old trees)

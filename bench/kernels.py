@@ -397,8 +397,10 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
         if M > 16:  # the v4 route's (and int8 cuBLAS's) quantizer before session 47: one element per load, the v4
             # route without PDL (TRIT_A8_V4Q=0); where the default takes neither route it times the same op
             variants["a8_v4q0"] = with_env({"TRIT_A8_V4Q": "0"}, variants["a8"])
-        if 64 < M <= 128:  # the MT = 8 GEMV over two row tiles of 64 (TRIT_A8_MT8_ROWS2=1) where it runs at M = 64
+        if 64 < M <= 128:  # the MT = 8 GEMV over two row tiles of 64: TRIT_A8_MT8_ROWS2=1 on every layer it takes at
+            # M = 64 (the default: <= 16 Mi weights), =0 never (the GEMM kernel / v4, before 94ef372)
             variants["a8_rows2"] = with_env({"TRIT_A8_MT8_ROWS2": "1"}, variants["a8"])
+            variants["a8_rows2off"] = with_env({"TRIT_A8_MT8_ROWS2": "0"}, variants["a8"])
         if 16 < M <= 256:  # the three a8 routes, each forced (the default picks by shape: a8_gemm_on)
             # its mma.sync main loop (TRIT_A8_GEMM_WG=0; the wgmma loops below)
             gemm = {"TRIT_A8_GEMM": "1", "TRIT_A8_DENSE_MIN_M": str(1 << 30), "TRIT_A8_GEMM_WG": "0"}
@@ -477,7 +479,8 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                 y = y0.float()
                 if name in ("a8_bp", "a8_noxi", "a8_xqloop", "a8_xqcl8", "a8_xqcl1", "a8_mt8", "a8_mt8_noxi",
                             "a8_mt8_xqloop", "a8_mt8_xqcl1", "a8_mt8_xqcl8", "a8_split64", "a8_gqcl0", "a8_gqcl1",
-                            "a8_gqcl8", "a8_gemmq0", "a8_gemmq1", "a8_gemmq8", "a8_v4q0", "a8_rows2") \
+                            "a8_gqcl8", "a8_gemmq0", "a8_gemmq1", "a8_gemmq8", "a8_v4q0", "a8_rows2",
+                            "a8_rows2off") \
                         and "a8" in variants:  # the default's result bit for bit (same sums)
                     row[f"{name}_equal"] = bool(torch.equal(y0, variants["a8"](0)))
                 if name == "a8_fnorm_t" and "a8_fnorm" in variants:  # the row-major route's, bit for bit
@@ -685,16 +688,20 @@ def markdown(meta, rows) -> str:
                          f"{_f(r.get('humming_us'), '.1f')} | {eq} |")
     r2 = [r for r in rows if r.get("a8_rows2_us") or r.get("a8_rows2_error")]
     if r2:
-        lines += ["", "64 < M <= 128: the default a8 route (the GEMM kernel, or v4 below 16 Mi weights) against the "
-                  "MT = 8 GEMV over two row tiles of 64 (TRIT_A8_MT8_ROWS2=1: one quantizer, one GEMV launch with two "
-                  "CTA rows; on layers of <= 64 Mi weights, elsewhere the same op). `equal`: bit for bit.", "",
-                  "| N x K | M | bf16 us | a8 us | rows2 us | rows2 / a8 | humming us | equal |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += ["", "64 < M <= 128: the MT = 8 GEMV over two row tiles of 64 (one quantizer, one GEMV launch with two "
+                  "CTA rows) forced on every layer it takes at M = 64 (TRIT_A8_MT8_ROWS2=1: <= 64 Mi weights, "
+                  "elsewhere the same op) against the GEMM kernel / v4 (=0); the default (`a8`) takes it on layers of "
+                  "<= 16 Mi weights since H100 run 84 (a record before it: `a8` = the GEMM kernel / v4, no `=0` "
+                  "column). `equal`: bit for bit.", "",
+                  "| N x K | M | bf16 us | a8 us | rows2 = 1 us | rows2 = 0 us | rows2 / GEMM-v4 | humming us | equal |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in r2:
             a, o = r.get("a8_us"), r.get("a8_rows2_us")
+            off = r.get("a8_rows2off_us") or (a if "a8_rows2off_us" not in r else None)
+            eq = all(r.get(f"{k}_equal", True) for k in ("a8_rows2", "a8_rows2off"))
             lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('bf16_us'), '.1f')} | {_f(a, '.1f')} | "
-                         f"{_f(o, '.1f')} | {_f(o / a if a and o else None, '.2f')} | "
-                         f"{_f(r.get('humming_us'), '.1f')} | {r.get('a8_rows2_equal', '-')} |")
+                         f"{_f(o, '.1f')} | {_f(r.get('a8_rows2off_us'), '.1f')} | "
+                         f"{_f(o / off if off and o else None, '.2f')} | {_f(r.get('humming_us'), '.1f')} | {eq} |")
     v4 = [r for r in rows if r.get("a8_v4q0_us") or r.get("a8_v4q0_error")]
     if v4:
         lines += ["", "The v4 a8 route's quantizer (M > 64 on the layers below the GEMM kernel's; a8_dense's too): the "

@@ -170,7 +170,8 @@ bool a8_gemm_on(int64_t M, int64_t N, int64_t K) {
   // 33-64: where the MT = 8 GEMV does not run: above 64 Mi weights since H200 run 49 (its interleaved xq), see
   // ternary_gemm.cu a8_mt8_maxw; TRIT_A8_MT8_MAXW moves the limit
   if (M <= 64) return trit_a8_v5_on((int)M, (int)N, (int)K) == 0;
-  // 65-128 with TRIT_A8_MT8_ROWS2=1: the MT = 8 GEMV over two row tiles where it runs at 64 (ternary_gemm.cu a8_v5)
+  // 65-128: the MT = 8 GEMV over two row tiles where ternary_gemm.cu a8_v5 takes it (<= 16 Mi weights by default,
+  // TRIT_A8_MT8_ROWS2=1 up to TRIT_A8_MT8_MAXW, =0 never)
   if (M <= 128 && trit_a8_v5_on((int)M, (int)N, (int)K) != 0) return false;
   if (M <= 128) return nk >= (int64_t(1) << 24);
   return nk > (int64_t(1) << 22);

@@ -1306,7 +1306,7 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
                          : xq + ((size_t)kb0 * Mp + g) * kBlockK + c * 32);
   constexpr int kHalf = kXI ? 32 : 1;  // uint4 h of a lane's 32 inputs at + kHalf * h
   const int kbs = (MT == 1 || kRM) ? 8 : Mp * 8;
-  // MT = 8 over more than 64 rows (TRIT_A8_MT8_ROWS2: Mp = 128, grid.y = 2): CTA row blockIdx.y owns rows r0 ..
+  // MT = 8 over more than 64 rows (a8_v5's 64 < M <= 128: Mp = 128, grid.y = 2): CTA row blockIdx.y owns rows r0 ..
   // r0 + 63, 64 rows of every k-block further on; its outputs, xs and row sums from row r0 (a grid of one CTA row
   // everywhere else: r0 = 0)
   const int r0 = MT == 8 && !kFuseQ && !kRM ? (int)blockIdx.y * 64 : 0;
@@ -2404,13 +2404,25 @@ int a8_tile_mp(int M) { return M > 8 && M <= 32 ? 8 * v5_mt(M) : 0; }
 // 18.8, 4096x14336 21.0 vs 26.8, 8192x8192 22.4 vs 23.7 (14336x4096 the exception: 23.5 vs 22.5, M = 40 22.3 vs
 // 21.3), and lost above (28672x4096 44.3 vs 27.9, 28672x8192 76.2 vs 48.0, 8192x28672 64.8 vs 54.2).
 long a8_mt8_maxw() { return (long)max(0, min(env_int("TRIT_A8_MT8_MAXW", 64), 1 << 20)) << 20; }
-// TRIT_A8_MT8_ROWS2=1 (read per call; default 0 until measured): the MT = 8 GEMV at 64 < M <= 128 too, on the same
-// layers as at M <= 64 - two CTA rows of 64 x rows each over one quantizer's xq of 128 rows (one launch of each; the
-// a8_split64 experiment of H200 run 71 ran two quantizers, two GEMVs and a cat), in place of the GEMM kernel / v4
+// 64 < M <= 128: the MT = 8 GEMV over two CTA rows of 64 x rows each, one quantizer's xq of 128 rows (one launch of
+// each; the a8_split64 experiment of H200 run 71 ran two quantizers, two GEMVs and a cat), in place of the GEMM
+// kernel / v4, on layers of <= 16 Mi weights (TRIT_A8_MT8_ROWS2 unset or -1; read per call). H100 run 84 (94ef372,
+// bench.kernels `a8_rows2` vs `a8`, us, bit for bit): it won on every layer up to 16 Mi weights - 640x2560 M = 72 /
+// 96 / 128 8.0 / 8.6 / 8.7 vs 14.2 / 14.3 / 15.1, 2560x2560 10.9 / 12.1 / 13.3 vs 14.8 / 14.8 / 15.2 (humming 13.1
+// at 128), 4096x4096 16.0 / 17.3 / 17.2 vs 18.3 / 19.0 / 19.6 (humming 16.5) - and was level to losing above
+// (6912x2560 18.5 / 19.1 / 20.3 vs 18.7 / 18.8 / 19.0, 2560x6912 20.1 / 20.8 / 22.2 vs 21.0 / 20.8 / 21.6, 6144x4096
+// 23.3 - 25.3 vs 21.5 - 21.7, 14336x4096 39.4 - 42.6 vs 27.4 - 27.6). =1: on every layer the GEMV takes at M = 64
+// (<= TRIT_A8_MT8_MAXW Mi weights); =0: never (the GEMM kernel / v4 at every 64 < M <= 128, before 94ef372).
 constexpr int kV5MaxMA8Rows2 = 128;
-bool a8_mt8_rows2() { return env_int("TRIT_A8_MT8_ROWS2", 0) == 1; }
+constexpr long kRows2AutoMaxW = 16L << 20;
 bool a8_v5(int M, int N, int K) {
-  return M <= 32 || ((M <= kV5MaxMA8 || (M <= kV5MaxMA8Rows2 && a8_mt8_rows2())) && (long)N * K <= a8_mt8_maxw());
+  if (M <= 32) return true;
+  const long nk = (long)N * K;
+  if (nk > a8_mt8_maxw()) return false;
+  if (M <= kV5MaxMA8) return true;
+  if (M > kV5MaxMA8Rows2) return false;
+  const int rows2 = env_int("TRIT_A8_MT8_ROWS2", -1);
+  return rows2 == 1 || (rows2 < 0 && nk <= kRows2AutoMaxW);
 }
 
 // Split-K for the v5 kernels (ks warps along K per 16-row tile). Measured on the H200
@@ -2550,7 +2562,7 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
       smem += fuseq_smem(M, KB);
     }
   }
-  // MT = 8 past 64 rows (TRIT_A8_MT8_ROWS2): one CTA row per 64 rows of x, xq of Mp = 64 * row tiles rows
+  // MT = 8 past 64 rows (a8_v5, TRIT_A8_MT8_ROWS2): one CTA row per 64 rows of x, xq of Mp = 64 * row tiles rows
   const int rows = MT == 8 ? (M + 63) / 64 : 1;
   // a warp with two tiles has its weights in two streams: the single-range L2 prefetch is off
   return launch_ex(kernel, dim3((n_warps + cfg.nw - 1) / cfg.nw, rows), dim3(cfg.ks * 32, cfg.nw), smem, st, pdl, xq,
@@ -2862,7 +2874,8 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
       default: return launch_a8_small_mt<T, 8>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
     }
   }
-  // the v4 route (M > 64 below the GEMM kernel's layers, or TRIT_KERNEL=v4): quantizer + a8_kernel. TRIT_A8_V4Q
+  // the v4 route (M > 64 where neither the GEMM kernel nor the MT = 8 GEMV runs, or TRIT_KERNEL=v4): quantizer +
+  // a8_kernel. TRIT_A8_V4Q
   // (default 1): the quantizer with 16-byte loads (quant_rows_perm_kernel kNat: quant_rows_kernel's bytes) and both
   // launched with PDL (a8_kernel streams its first weights before its wait); 0: quant_rows_kernel (one element per
   // thread and load) and plain launches, the route before session 47. The same values either way (tests).

@@ -521,14 +521,14 @@ def test_a8_v4_quantizer_matches_old(monkeypatch, M, NK):
 
 
 # ------------------------------------------------------------------ the MT = 8 GEMV over two row tiles
-# TRIT_A8_MT8_ROWS2=1: at 64 < M <= 128 on the layers the MT = 8 GEMV takes at M = 64 (<= TRIT_A8_MT8_MAXW Mi weights),
-# that GEMV with two CTA rows of 64 x rows over one quantizer's xq of 128 rows (interleaved, or plain with
-# TRIT_A8_XI=0; the loop or the cluster quantizer) in place of the GEMM kernel / v4. Bit for bit the default's
-# results (exact int32 sums) at row counts around the tile edges, every dtype, odd K, a misaligned x, zero rows,
-# without PDL; the profiler sees the GEMV and neither other route.
+# At 64 < M <= 128 the MT = 8 GEMV with two CTA rows of 64 x rows over one quantizer's xq of 128 rows (interleaved, or
+# plain with TRIT_A8_XI=0; the loop or the cluster quantizer): by default on layers of <= 16 Mi weights,
+# TRIT_A8_MT8_ROWS2=1 on every layer the GEMV takes at M = 64, =0 never (the GEMM kernel / v4). Bit for bit the other
+# routes' results (exact int32 sums) at row counts around the tile edges, every dtype, odd K, a misaligned x, zero
+# rows, without PDL; the profiler sees the route the rule names.
 @pytest.mark.parametrize("M", [65, 72, 100, 127, 128])
 @pytest.mark.parametrize("NK", [(64, 1000), (2560, 2560), (1000, 4104), (24, 8200), (100, 300), (130, 520),
-                                (48, 1001), (6912, 2560), (2560, 6912)])
+                                (48, 1001), (6912, 2560), (2560, 6912), (4096, 4096)])
 def test_a8_mt8_two_row_tiles(monkeypatch, M, NK):
     N, K = NK
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
@@ -536,7 +536,10 @@ def test_a8_mt8_two_row_tiles(monkeypatch, M, NK):
         x[M - 1].zero_()
         xm = torch.empty(M * K + 1, dtype=dtype, device=DEV)[1:].view(M, K)
         xm.copy_(x)
-        y0 = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)  # the default route (GEMM kernel or v4)
+        monkeypatch.setenv("TRIT_A8_MT8_ROWS2", "0")
+        y0 = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)  # the GEMM kernel or v4
+        monkeypatch.delenv("TRIT_A8_MT8_ROWS2")
+        assert torch.equal(torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b), y0), f"rows2 default M={M} N={N} {dtype}"
         monkeypatch.setenv("TRIT_A8_MT8_ROWS2", "1")
         for env in ({}, {"TRIT_A8_XI": "0"}, {"TRIT_QUANT_CLUSTER": "8"}, {"TRIT_QUANT_CLUSTER_XI": "0"},
                     {"TRIT_PDL": "0"}, {"TRIT_L2PF": "0"}):
@@ -550,16 +553,25 @@ def test_a8_mt8_two_row_tiles(monkeypatch, M, NK):
         monkeypatch.delenv("TRIT_A8_MT8_ROWS2")
         assert_close_rel(y0, ops.ternary_mm_a8_ref(x, p, s, N, K, b),
                          {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}[dtype], "a8 rows2 vs ref")
-    monkeypatch.setenv("TRIT_A8_MT8_ROWS2", "1")
     x = x.to(torch.bfloat16)
-    torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+
+    def kernels():
         torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)
         torch.cuda.synchronize()
-    names = [e.key for e in prof.key_averages()]
-    assert any("a8_small_kernel" in n for n in names), names
-    assert not any("a8_gemm_kernel" in n or re.search(r"\ba8_kernel", n) for n in names), names
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)
+            torch.cuda.synchronize()
+        names = [e.key for e in prof.key_averages()]
+        gemv = any("a8_small_kernel" in n for n in names)
+        other = any("a8_gemm_kernel" in n or re.search(r"\ba8_kernel", n) for n in names)
+        assert gemv != other, names
+        return gemv
+
+    assert kernels() == (N * K <= 16 << 20), "default: the two-row-tile GEMV on layers of <= 16 Mi weights only"
+    monkeypatch.setenv("TRIT_A8_MT8_ROWS2", "1")
+    assert kernels()
+    monkeypatch.setenv("TRIT_A8_MT8_ROWS2", "0")
+    assert not kernels()
 
 
 # ------------------------------------------------------------------ the cluster quantizer
@@ -1887,14 +1899,18 @@ def test_a8_gemm_cluster_quantizer_matches_the_loop_kernel(monkeypatch, M, N, K,
     (128, 4096, 14336, {}, "cluster"), (128, 4096, 14336, {"TRIT_A8_GEMM_QCL": "0"}, "perm"),
     (128, 4096, 8192, {}, "perm"), (128, 4096, 14336, {"TRIT_A8_GEMM_QCL": "1"}, "cluster"),
     (256, 2560, 6912, {"TRIT_A8_GEMM_QCL": "0"}, "perm"),
-    (128, 2560, 2560, {"TRIT_A8_GEMM_QCL": "8"}, None)])  # the v4 route there (a8_gemm_on): its own quantizer
+    # not the GEMM route there (a8_gemm_on): the knob changes nothing, each route's own loop quantizer runs
+    # (quant_rows_perm_kernel: the two-row-tile GEMV's interleaved xq by default, the v4 route's natural order)
+    (128, 2560, 2560, {"TRIT_A8_GEMM_QCL": "8"}, "perm"),
+    (128, 2560, 2560, {"TRIT_A8_GEMM_QCL": "8", "TRIT_A8_MT8_ROWS2": "0"}, "perm")])
 def test_a8_gemm_quantizer_route(monkeypatch, M, N, K, env, kernel):
     """Which quantizer runs in front of the GEMM kernel: by default the loop kernel on rows up to 8192 and the cluster
     kernel past them (gemm_qcl_auto, H100 run 73), the loop kernel with TRIT_A8_GEMM_QCL=0, the cluster kernel with
-    n > 0 (n = 1 on a 14336 row: 2 CTAs, the fewest that hold it in registers)."""
+    n > 0 (n = 1 on a 14336 row: 2 CTAs, the fewest that hold it in registers); off the GEMM route the knob does
+    nothing."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters: compute capability 9.0+")
-    for k in ("TRIT_A8_GEMM", "TRIT_A8_GEMM_QCL", "TRIT_A8_DENSE_MIN_M"):
+    for k in ("TRIT_A8_GEMM", "TRIT_A8_GEMM_QCL", "TRIT_A8_DENSE_MIN_M", "TRIT_A8_MT8_ROWS2"):
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
