@@ -704,7 +704,7 @@ def markdown(meta, rows) -> str:
                          f"{_f(o / off if off and o else None, '.2f')} | {_f(r.get('humming_us'), '.1f')} | {eq} |")
     v4 = [r for r in rows if r.get("a8_v4q0_us") or r.get("a8_v4q0_error")]
     if v4:
-        lines += ["", "The v4 a8 route's quantizer (M > 64 on the layers below the GEMM kernel's; a8_dense's too): the "
+        lines += ["", "The v4 a8 route's quantizer (M > 64 where neither the GEMM kernel nor the MT = 8 GEMV runs; a8_dense's too): the "
                   "default (TRIT_A8_V4Q=1: 16-byte loads, the quantizer and a8_kernel under PDL) against "
                   "TRIT_A8_V4Q=0 (one element per load, plain launches); where the default takes neither route both "
                   "time the same op. `equal`: bit for bit.", "",
