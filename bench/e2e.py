@@ -106,8 +106,9 @@ _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        # 32 < M <= 64 (a 33 - 64-token prefill) with the MT = 8 GEMV only on layers of <= 16 Mi weights, the GEMM
        # kernel above: the route before H200 run 50 (TRIT_A8_MT8_MAXW, default 64 since): its TTFT against the default
        "-mt8w16": {"TRIT_A8_MT8_MAXW": "16"},
-       # the v4 a8 route's quantizer (M > 64 on layers below the GEMM kernel's, 65 - 256 tokens) as before session 47:
-       # one element per load and no PDL (TRIT_A8_V4Q=0; a tree before it ignores the variable: runs the default)
+       # the v4 a8 route's quantizer (M > 64 where neither the GEMM kernel nor the MT = 8 GEMV runs; with -rows2off every
+       # 65 - 128-token step's small layers) as before session 47: one element per load and no PDL (TRIT_A8_V4Q=0; a
+       # tree before it ignores the variable: runs the default)
        "-v4q0": {"TRIT_A8_V4Q": "0"},
        # 65 - 128 tokens (B = 128 decode steps): the MT = 8 GEMV over two row tiles of 64 on every layer it takes at 64
        # (TRIT_A8_MT8_ROWS2=1; the default: <= 16 Mi weights) / on none (=0: the GEMM kernel / v4, before 94ef372; a

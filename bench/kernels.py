@@ -697,7 +697,7 @@ def markdown(meta, rows) -> str:
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in r2:
             a, o = r.get("a8_us"), r.get("a8_rows2_us")
-            off = r.get("a8_rows2off_us") or (a if "a8_rows2off_us" not in r else None)
+            off = r.get("a8_rows2off_us", a)  # run 84's record has no =0 column: its `a8` was that route
             eq = all(r.get(f"{k}_equal", True) for k in ("a8_rows2", "a8_rows2off"))
             lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('bf16_us'), '.1f')} | {_f(a, '.1f')} | "
                          f"{_f(o, '.1f')} | {_f(r.get('a8_rows2off_us'), '.1f')} | "

@@ -1309,7 +1309,7 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
   // MT = 8 over more than 64 rows (a8_v5's 64 < M <= 128: Mp = 128, grid.y = 2): CTA row blockIdx.y owns rows r0 ..
   // r0 + 63, 64 rows of every k-block further on; its outputs, xs and row sums from row r0 (a grid of one CTA row
   // everywhere else: r0 = 0)
-  const int r0 = MT == 8 && !kFuseQ && !kRM ? (int)blockIdx.y * 64 : 0;
+  const int r0 = MT == 8 ? (int)blockIdx.y * 64 : 0;  // (MT = 8 is never kFuseQ / kRM: static_asserts above)
   xp += r0 * (kBlockK / 16);
   // row tile mt of this lane as a uint4 offset from xp: 64 mt (k-block-major), or (kRM) row 8 mt + g clamped to
   // M - 1; kRM's offsets exist only in its own kernels (the others compile to the same code as without them)
@@ -1847,7 +1847,7 @@ __device__ __forceinline__ size_t xi_offset(int m, int k, int Mp) {
   return tile + 512 * ((kk >> 4) & 1) + 64 * (m & 7) + 16 * (kk >> 5) + 8 * ((kk >> 3) & 1);
 }
 // kNat: the v4 a8_kernel's layout (row-major [M, Kp], Mp = 0) in natural byte order - quant_rows_kernel's bytes, with
-// 16-byte loads and the PDL trigger / wait (TRIT_A8_V4Q, default 1; the v4 route at M > 64 and a8_dense's quantizer).
+// 16-byte loads and the PDL trigger / wait (TRIT_A8_V4Q, default 1; the v4 route's and a8_dense's quantizer).
 template <typename T, bool kWG = false, bool kXI = false, bool kNat = false>
 __global__ void __launch_bounds__(256) quant_rows_perm_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
                                                               float* __restrict__ xs_out,
@@ -2875,10 +2875,10 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     }
   }
   // the v4 route (M > 64 where neither the GEMM kernel nor the MT = 8 GEMV runs, or TRIT_KERNEL=v4): quantizer +
-  // a8_kernel. TRIT_A8_V4Q
-  // (default 1): the quantizer with 16-byte loads (quant_rows_perm_kernel kNat: quant_rows_kernel's bytes) and both
-  // launched with PDL (a8_kernel streams its first weights before its wait); 0: quant_rows_kernel (one element per
-  // thread and load) and plain launches, the route before session 47. The same values either way (tests).
+  // a8_kernel. TRIT_A8_V4Q (default 1): the quantizer with 16-byte loads (quant_rows_perm_kernel kNat:
+  // quant_rows_kernel's bytes) and both launched with PDL (a8_kernel streams its first weights before its wait); 0:
+  // quant_rows_kernel (one element per thread and load) and plain launches, the route before session 47. The same
+  // values either way (tests).
   const bool v4q = a8_v4q_on();
   const bool pdl = v4q && env_int("TRIT_PDL", 1) != 0 && pdl_supported();
   const int Kp = KB * kBlockK;
