@@ -15,7 +15,7 @@
 # bench.norm_quant, NORMC_ARGS: rms_norm_a8q's cluster variants against Inductor's norm + the a8 quantizer;
 # a8split: bench.a8_breakdown, A8SPLIT_ARGS: the a8 op's quantizer / GEMM kernel / rest at 16 < M <= 256;
 # export: the build and its manifest to $OUT/prebuilt, for TRIT_PREBUILT=DIR on a later cold machine);
-# BENCH_ARGS passes arguments to the bench. Wheels in .whl/ (pytest, hypothesis, humming...)
+# BENCH_ARGS passes arguments to the bench; TEST_K selects tests (-k), TEST_SHARD=i/n one of n slices of them (below). Wheels in .whl/ (pytest, hypothesis, humming...)
 # are installed to /tmp/site first when present (the GPU machine has no network). To make them,
 # on a networked machine: pip download --no-deps --only-binary=:all: --python-version 3.12
 #   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform any -d .whl
@@ -119,7 +119,29 @@ fi
 
 if has test; then
   step "tests"
-  timeout ${TEST_TIMEOUT:-400} $PY -m pytest -q -p no:cacheprovider tests/test_ops.py tests/test_ops_cuda.py tests/test_bitplane.py ${TEST_K:+-k "$TEST_K"} --junitxml="$OUT/junit.xml" --maxfail=25 || rc=1
+  test_files=(tests/test_ops.py tests/test_ops_cuda.py tests/test_bitplane.py)
+  # TEST_SHARD=i/n: the i-th of n contiguous slices of the collected tests (after TEST_K), so that the whole GPU
+  # suite (~10 min on an H100 in run 85, past one device call's 600 s) runs over n calls; junit-i-of-n.xml
+  if [ -n "${TEST_SHARD:-}" ]; then
+    if [[ ! "$TEST_SHARD" =~ ^([0-9]+)/([0-9]+)$ ]] || (( BASH_REMATCH[1] < 1 || BASH_REMATCH[1] > BASH_REMATCH[2] )); then
+      echo "TEST_SHARD=$TEST_SHARD: expected i/n with 1 <= i <= n"; rc=1
+    else
+      si=${BASH_REMATCH[1]} sn=${BASH_REMATCH[2]}
+      $PY -m pytest -q -p no:cacheprovider --collect-only "${test_files[@]}" ${TEST_K:+-k "$TEST_K"} \
+        | grep '::' > /tmp/trit-test-ids || true
+      total=$(wc -l < /tmp/trit-test-ids)
+      lo=$(( total * (si - 1) / sn )) hi=$(( total * si / sn ))
+      mapfile -t shard_ids < <(sed -n "$((lo + 1)),${hi}p" /tmp/trit-test-ids)
+      echo "shard $si/$sn: tests $((lo + 1))-$hi of $total"
+      if (( total == 0 )); then echo "no tests collected"; rc=1
+      elif (( ${#shard_ids[@]} > 0 )); then
+        timeout ${TEST_TIMEOUT:-540} $PY -m pytest -q -p no:cacheprovider "${shard_ids[@]}" --durations=15 \
+          --junitxml="$OUT/junit-$si-of-$sn.xml" --maxfail=25 || rc=1
+      fi
+    fi
+  else
+    timeout ${TEST_TIMEOUT:-400} $PY -m pytest -q -p no:cacheprovider "${test_files[@]}" ${TEST_K:+-k "$TEST_K"} --junitxml="$OUT/junit.xml" --maxfail=25 || rc=1
+  fi
 fi
 
 if has sanitize; then

@@ -187,3 +187,40 @@ def test_chain_stage_runs_this_tree_rounds_into_one_file(tree, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["calls.txt", "chain.txt"]
     r = run(repo, py, tmp_path / "out2", "", STAGES="chain", CHAIN_REPS="1", CHAIN_ARGS="--tails 2b --variants a8")
     assert "repo -m bench.chain --tails 2b --variants a8 --out" in (tmp_path / "out2" / "calls.txt").read_text()
+
+
+SHARD_PY = """#!/usr/bin/env bash
+# stands in for python3 running pytest: --collect-only lists 10 node ids (as pytest -q does, then a count),
+# a run records its arguments
+if [[ " $* " == *" --collect-only "* ]]; then
+  for i in $(seq 0 9); do echo "tests/test_ops_cuda.py::test_k[case $i]"; done
+  echo; echo "10 tests collected in 0.01s"; exit 0
+fi
+printf '%s\\n' "$@" > "$OUT/run-args.txt"
+"""
+
+
+@pytest.mark.parametrize("shard,want", [("1/3", [0, 1, 2]), ("2/3", [3, 4, 5]), ("3/3", [6, 7, 8, 9]),
+                                        ("1/1", list(range(10)))])
+def test_test_stage_runs_one_shard_of_the_collected_tests(tree, tmp_path, shard, want):
+    """TEST_SHARD=i/n runs the i-th contiguous slice of the collected node ids (ids with spaces kept whole); the n
+    slices cover every test once."""
+    repo, _ = tree
+    py = stand_in(tmp_path, "shardpy", SHARD_PY)
+    out = tmp_path / "out"
+    r = run(repo, py, out, "", STAGES="test", TEST_SHARD=shard)
+    assert r.returncode == 0, r.stdout + r.stderr
+    args = (out / "run-args.txt").read_text().splitlines()
+    assert [a for a in args if "::" in a] == [f"tests/test_ops_cuda.py::test_k[case {i}]" for i in want]
+    assert f"--junitxml={out}/junit-{shard.replace('/', '-of-')}.xml" in args
+    assert f"shard {shard}: tests {want[0] + 1}-{want[-1] + 1} of 10" in r.stdout
+
+
+@pytest.mark.parametrize("shard", ["0/2", "3/2", "2", "a/b", "1/0"])
+def test_test_stage_refuses_a_malformed_shard(tree, tmp_path, shard):
+    repo, _ = tree
+    py = stand_in(tmp_path, "shardpy", SHARD_PY)
+    out = tmp_path / "out"
+    r = run(repo, py, out, "", STAGES="test", TEST_SHARD=shard)
+    assert r.returncode == 1 and f"TEST_SHARD={shard}: expected i/n with 1 <= i <= n" in r.stdout
+    assert not (out / "run-args.txt").exists()
