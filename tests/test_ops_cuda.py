@@ -1812,21 +1812,28 @@ def test_quant_cluster_xi_matches_the_loop_kernel(monkeypatch, K, n):
     (32, 14336, {}, "cluster"), (32, 4096, {}, "perm"), (32, 14336, {"TRIT_QUANT_CLUSTER_XI": "0"}, "perm"),
     (24, 14336, {"TRIT_QUANT_CLUSTER_XI": "1", "TRIT_A8_XI": "0"}, "perm"),
     (40, 14336, {"TRIT_QUANT_CLUSTER_XI": "1"}, "cluster"), (64, 4096, {}, "perm"),
-    (40, 16400, {"TRIT_QUANT_CLUSTER_XI": "1"}, None)])
+    (40, 16400, {"TRIT_QUANT_CLUSTER_XI": "1", "TRIT_A8_GEMM_QCL": "0"}, None),
+    (40, 16400, {"TRIT_QUANT_CLUSTER_XI": "1"}, "gemm")])
 def test_quant_cluster_xi_route(monkeypatch, M, K, knobs, kernel):
     """Which quantizer the a8 op launches at 8 < M <= 32: the cluster kernel on rows longer than 4096 (by default
     and with TRIT_QUANT_CLUSTER_XI=1; every row with TRIT_QUANT_CLUSTER=8), the loop kernel on shorter rows, with
     TRIT_QUANT_CLUSTER_XI=0 and on the plain layout (TRIT_A8_XI=0); the same at 32 < M <= 64 where the MT = 8 GEMV
-    runs (4096 x K <= 64 Mi weights); neither on the GEMM routes (4096 x 16400)."""
+    runs (4096 x K <= 64 Mi weights); neither on the GEMM routes (4096 x 16400), where a cluster kernel runs only as
+    the GEMM kernel's own quantizer (kKbm, TRIT_A8_GEMM_QCL: by default past K = 8192; the case expected it absent
+    until H100 run 86 found it there)."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters: compute capability 9.0+")
     monkeypatch.setenv("TRIT_KERNEL", "v5")
-    for k in ("TRIT_QUANT_CLUSTER", "TRIT_QUANT_CLUSTER_XI", "TRIT_A8_XI"):
+    for k in ("TRIT_QUANT_CLUSTER", "TRIT_QUANT_CLUSTER_XI", "TRIT_A8_XI", "TRIT_A8_GEMM_QCL"):
         monkeypatch.delenv(k, raising=False)
     for k, v in knobs.items():
         monkeypatch.setenv(k, v)
     names = _quantizer_kernels(M, 4096, K)
-    assert any("quant_rows_cluster_kernel" in n for n in names) == (kernel == "cluster"), names
+    # the cluster kernel's template arguments <T, kXI, kAct, kKbm>: kKbm > 0 is the GEMM kernel's layout
+    kbm = [int(m.group(1)) for n in names for m in [re.search(r"quant_rows_cluster_kernel<[^<>]*, (\d+)>", n)] if m]
+    assert len(kbm) == sum("quant_rows_cluster_kernel" in n for n in names), names  # every name parsed
+    assert any(k == 0 for k in kbm) == (kernel == "cluster"), names
+    assert any(k > 0 for k in kbm) == (kernel == "gemm"), names
     if kernel == "perm":
         assert any("quant_rows_perm_kernel" in n for n in names), names
 
