@@ -122,7 +122,10 @@ class ModelConfig:
                 f"those models, set architectures to its class")
         if arch is None:
             arch = MODEL_TYPES.get(d.get("model_type", ""))
-        defaults = defaults or arch
+        # absent fields take the defaults of the config class model_type names: transformers' AutoConfig and vLLM
+        # build that class whatever architectures says (a BitNetForCausalLM with model_type llama gets
+        # LlamaConfig's rms_norm_eps 1e-6, rope_theta 1e4, hidden_act silu and num_key_value_heads = heads)
+        defaults = defaults or MODEL_TYPES.get(d.get("model_type", "")) or arch
         if arch is None:
             raise CheckpointError(
                 f"{where}: architectures={archs} model_type={d.get('model_type')!r}: only Llama-family and "
@@ -131,7 +134,10 @@ class ModelConfig:
         try:
             hidden = size("hidden_size")
             heads = size("num_attention_heads")
-            head_dim = int(d.get("head_dim") or hidden // heads)
+            # optional sizes: null (or no key) derives them as transformers does; any other value must be a
+            # positive integer (a fractional one was truncated, a negative one failed deep in the forward)
+            opt = lambda key: None if d.get(key) is None else size(key)  # noqa: E731
+            head_dim = opt("head_dim") or hidden // heads
             rp = rope_dict(d)
             theta = float(rp.get("rope_theta", d.get("rope_theta", 10000.0 if defaults == "llama" else 500000.0)))
             kind = rp.get("rope_type", rp.get("type", "default")) or "default"
@@ -181,9 +187,9 @@ class ModelConfig:
                 intermediate_size=size("intermediate_size"),
                 num_layers=size("num_hidden_layers"),
                 num_heads=heads,
-                num_kv_heads=int(d.get("num_key_value_heads") or
-                                 (BITNET_DEFAULT_KV_HEADS if defaults == "bitnet" and "num_key_value_heads" not in d
-                                  else heads)),
+                num_kv_heads=opt("num_key_value_heads") or
+                             (BITNET_DEFAULT_KV_HEADS if defaults == "bitnet" and "num_key_value_heads" not in d
+                              else heads),
                 head_dim=head_dim,
                 rms_norm_eps=float(d.get("rms_norm_eps", 1e-5 if defaults == "bitnet" else 1e-6)),
                 rope=rope,

@@ -154,6 +154,11 @@ def test_transformers_target_refuses_modules_to_not_convert_without_lm_head(tie,
     ("num_hidden_layers", None, r"num_hidden_layers is None"),
     ("intermediate_size", "abc", r"intermediate_size is 'abc'"),
     ("num_attention_heads", 12.5, r"num_attention_heads is 12.5"),  # was truncated to 12
+    ("num_key_value_heads", 2.5, r"num_key_value_heads is 2.5"),  # was truncated to 2
+    ("num_key_value_heads", -2, r"num_key_value_heads is -2"),  # passed the GQA check, failed in the forward
+    ("num_key_value_heads", "2", r"num_key_value_heads is '2'"),
+    ("head_dim", 32.5, r"head_dim is 32.5"),  # was truncated to 32
+    ("head_dim", -32, r"head_dim is -32"),
     ("vocab_size", 0, r"vocab_size is 0"),
     ("vocab_size", True, r"vocab_size is True"),
     ("max_position_embeddings", None, r"wrong type \(TypeError"),
@@ -194,3 +199,32 @@ def test_bitnet_ignores_mlp_bias_as_transformers_does():
             "num_key_value_heads": 1, "vocab_size": 97, "mlp_bias": True}
     assert not ModelConfig.from_dict({**base, "architectures": ["BitNetForCausalLM"]}).mlp_bias
     assert ModelConfig.from_dict({**base, "architectures": ["LlamaForCausalLM"]}).mlp_bias
+
+
+@pytest.mark.parametrize("arch,model_type", [("bitnet", "llama"), ("llama", "bitnet")])
+def test_absent_fields_take_the_defaults_of_model_types_config_class(arch, model_type, tmp_path):
+    """architectures and model_type of different families (BitNetForCausalLM with model_type llama, or the reverse)
+    and no rms_norm_eps / rope_theta / hidden_act / num_key_value_heads: transformers' AutoConfig and vLLM build
+    model_type's config class and take its defaults; the reference took the architecture's (vLLM passed 5 of 31
+    tensors, first divergence at layer0.attn.attn_out). transformers builds model_type's model class too: that
+    target names the mismatch instead of failing on a missing sub-norm mid-capture."""
+    from transformers import BitNetConfig, LlamaConfig
+
+    d = config_dict(Preset(arch, 160, 200, 1, 5, 5, 89, True))
+    for k in ("rms_norm_eps", "rope_parameters", "hidden_act", "num_key_value_heads"):
+        del d[k]
+    d["model_type"] = model_type
+    c = ModelConfig.from_dict(d)
+    t = {"llama": LlamaConfig, "bitnet": BitNetConfig}[model_type](hidden_size=160, num_attention_heads=5)
+    assert c.arch == arch
+    assert (c.rms_norm_eps, c.rope.theta, c.hidden_act, c.num_kv_heads) == (
+        t.rms_norm_eps, t.rope_parameters["rope_theta"], t.hidden_act, t.num_key_value_heads)
+    m = write_model(Preset(arch, 64, 96, 1, 2, 2, 67, True, seed=54), tmp_path / "m")
+    import json
+
+    cfg = json.loads((m / "config.json").read_text())
+    cfg["model_type"] = model_type
+    (m / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=rf"m/config\.json: architectures \[.*\] \(a {arch} model\) but model_type "
+                                         rf"'{model_type}': transformers builds its {model_type} class"):
+        get_target("transformers").capture(m, torch.arange(3, 9).reshape(1, -1))

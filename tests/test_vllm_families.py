@@ -63,6 +63,20 @@ def test_unquantized_and_model_type_only_checkpoints(preset, arch, tmp_path):
 
 
 @pytest.mark.vllm
+def test_bitnet_architecture_with_llama_model_type(tmp_path):
+    """BitNetForCausalLM with model_type llama and no rms_norm_eps / rope_parameters / hidden_act: vLLM runs the BitNet
+    class (architectures) on a LlamaConfig (model_type), so with LlamaConfig's defaults (eps 1e-6, theta 1e4, silu);
+    the reference took BitNet's and vLLM failed 26 of 31 tensors from layer0.attn.attn_out on."""
+    d = write_model(Preset("bitnet", 128, 200, 2, 4, 4, 89, True, seed=92), tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"] = "llama"
+    for k in ("rms_norm_eps", "rope_parameters", "hidden_act"):
+        del cfg[k]
+    (d / "config.json").write_text(json.dumps(cfg))
+    _vllm_vs_reference(d, 89, 2, "bitnet")
+
+
+@pytest.mark.vllm
 def test_bitnet_with_rope_inv_freq_buffers(tmp_path):
     """Older checkpoints carry ...rotary_emb.inv_freq buffers: the BitNet plugin skips them (vLLM's
     Llama and transformers do), as the reference does."""

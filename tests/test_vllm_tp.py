@@ -53,9 +53,41 @@ def test_unshardable_heads_named_before_any_worker_starts(tmp_path):
     with pytest.raises(ValueError, match=r"cannot shard 10 attention heads / 5 KV heads"):
         VllmTarget("fp32", tensor_parallel_size=2).topk_ids(d, torch.zeros(1, 4, dtype=torch.long), 10)
     check_tp_shardable(DEFAULT_MODEL, ModelConfig.load(DEFAULT_MODEL), 2)  # 4 / 2 heads: fine
-    check_tp_shardable(d, ModelConfig.load(d), 5)  # 10 / 5 at TP=5: fine
+    from trit.vllm import tp_heads_error
+
+    assert tp_heads_error(10, 5, 5) is None  # 10 / 5 heads at TP=5: fine; intermediate_size 344 is not
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=5 cannot split intermediate_size 344"):
+        check_tp_shardable(d, ModelConfig.load(d), 5)
     with pytest.raises(ValueError, match="tensor_parallel_size=4"):
         check_tp_shardable(d, ModelConfig.load(d), 4)
+
+
+@pytest.mark.parametrize("arch", ["bitnet", "llama"])
+def test_unsplittable_intermediate_size_named_before_any_worker_starts(arch, tmp_path):
+    """intermediate_size 101 at TP=2: vLLM's MergedColumnParallelLinear asserts an even split inside each worker (a
+    bare AssertionError; the caller saw only "WorkerProc initialization failed"). The target names the model, the
+    key and TP in this process; the BitNet plugin names them in the workers (the product path)."""
+    from types import SimpleNamespace
+
+    from parity.targets.vllm import check_tp_shardable
+    from reference.config import ModelConfig
+    from reference.make_model import Preset, write_model
+
+    d = write_model(Preset(arch, 128, 101, 1, 4, 2, 89, False, seed=75), tmp_path / "m")
+    with pytest.raises(ValueError, match=r"m: tensor_parallel_size=2 cannot split intermediate_size 101"):
+        VllmTarget("fp32", tensor_parallel_size=2).topk_ids(d, torch.zeros(1, 4, dtype=torch.long), 10)
+    check_tp_shardable(d, ModelConfig.load(d), 1)
+    if arch == "bitnet":
+        import trit.vllm.bitnet as bitnet
+
+        cfg = SimpleNamespace(hidden_size=128, intermediate_size=101, hidden_act="relu2", rms_norm_eps=1e-6)
+        real = bitnet.get_tensor_model_parallel_world_size
+        bitnet.get_tensor_model_parallel_world_size = lambda: 2
+        try:
+            with pytest.raises(ValueError, match=r"cannot split intermediate_size 101"):
+                bitnet.BitNetMLP(cfg, None, "model.layers.0.mlp")
+        finally:
+            bitnet.get_tensor_model_parallel_world_size = real
 
 
 def test_group_scales_that_tp_would_split_are_named_before_any_worker_starts(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from reference.checkpoint import Checkpoint, CheckpointError, gguf_source, load_config
-from reference.config import ONEBIT_LLM, ModelConfig
+from reference.config import MODEL_TYPES, ONEBIT_LLM, ModelConfig
 from reference.spec import not_converted, spec_from_hf_bitnet
 
 from .base import Target
@@ -71,6 +71,15 @@ class TransformersTarget(Target):
                              f"transformers does not implement; from model_type 'llama' it would build a float "
                              f"LlamaForCausalLM without the sub-norms or the ternarisation: transformers is no oracle "
                              f"for this checkpoint; use the reference, bf16 or vllm target")
+        model_type = load_config(model_dir).get("model_type")
+        if MODEL_TYPES.get(model_type, cfg.arch) != cfg.arch:
+            # AutoModelForCausalLM picks the class of model_type's config, not of architectures (which the reference
+            # and vLLM follow): a BitNet without its sub-norms, or a Llama with them left unloaded
+            raise ValueError(f"{model_dir}/config.json: architectures {archs} (a {cfg.arch} model) but model_type "
+                             f"{model_type!r}: transformers builds its {MODEL_TYPES[model_type]} class from "
+                             f"model_type, the reference and vLLM the {cfg.arch} one: transformers is no oracle for "
+                             f"this checkpoint; use the reference, bf16 or vllm target (or make model_type "
+                             f"{cfg.arch!r})")
         if (cfg.quantization or {}).get("quant_method") == "bitnet":
             # transformers' BitLinear unpacks 4 output rows per byte and keeps the padding rows
             try:

@@ -59,11 +59,12 @@ ROW_PARALLEL = ("self_attn.o_proj", "mlp.down_proj")
 def check_tp_shardable(model_dir: Path, cfg: ModelConfig, tp: int, spec_path=None) -> None:
     """Fail here, in this process, with the model's numbers, rather than as an assertion inside a
     vLLM worker ("5 is not divisible by 2") or a plugin error that only the worker processes print (the
-    caller sees "WorkerProc initialization failed"): the heads, and each row-parallel layer's K against
+    caller sees "WorkerProc initialization failed"): the heads, intermediate_size (vLLM's gate_up / down_proj
+    split it evenly: a bare AssertionError in the workers otherwise), and each row-parallel layer's K against
     its group-scale size (the plugin slices group scales along K, so K / TP must hold whole groups)."""
-    from trit.vllm import tp_heads_error
+    from trit.vllm import tp_heads_error, tp_intermediate_error
 
-    why = tp_heads_error(cfg.num_heads, cfg.num_kv_heads, tp)
+    why = tp_heads_error(cfg.num_heads, cfg.num_kv_heads, tp) or tp_intermediate_error(cfg.intermediate_size, tp)
     if why:
         raise ValueError(f"{model_dir}: {why}")
     try:

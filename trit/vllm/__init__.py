@@ -29,6 +29,16 @@ def tp_heads_error(num_heads: int, num_kv_heads: int, tp: int):
     return None
 
 
+def tp_intermediate_error(intermediate_size: int, tp: int):
+    """None when vLLM can split the MLP over ``tp`` ranks, else why not: gate_up_proj (column parallel) and
+    down_proj (row parallel) give each rank intermediate_size / tp columns, and vLLM's MergedColumnParallelLinear
+    asserts an even split (a bare AssertionError inside the workers)."""
+    if intermediate_size % tp:
+        return (f"tensor_parallel_size={tp} cannot split intermediate_size {intermediate_size} (vLLM's gate_up_proj / "
+                f"down_proj give each rank intermediate_size / tp columns: needs intermediate_size % tp == 0)")
+    return None
+
+
 def register() -> None:
     global _registered
     if _registered:

@@ -57,7 +57,7 @@ from reference.config import MLP_ACTS
 from reference.model import mlp_act
 from reference.spec import derived_buffer
 
-from . import tp_heads_error
+from . import tp_heads_error, tp_intermediate_error
 from .keymap import IGNORED, KeyMapError, build_key_map, check_coverage, expected_float_params
 
 
@@ -178,6 +178,9 @@ class BitNetMLP(nn.Module):
     def __init__(self, config, quant_config, prefix: str):
         super().__init__()
         h, i = config.hidden_size, config.intermediate_size
+        why = tp_intermediate_error(i, get_tensor_model_parallel_world_size())
+        if why:
+            raise ValueError(why)
         # transformers' BitNetMLP takes ACT2FN[hidden_act]; b1.58 checkpoints use relu2
         self.act = getattr(config, "hidden_act", "relu2")
         if self.act not in MLP_ACTS:
