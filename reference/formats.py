@@ -993,7 +993,7 @@ def write_record_scales(packed: torch.Tensor, scales: torch.Tensor, spec: ScaleS
     if tuple(scales.shape) != tuple(rec.shape[:2]):
         raise FormatError(f"write_record_scales: {tuple(rec.shape[:2])} scales needed, got {tuple(scales.shape)}")
     rec[:, :, spec.byte_offset:spec.byte_offset + width] = \
-        scales.to(dt).contiguous().view(torch.uint8).reshape(rec.shape[0], rec.shape[1], width)
+        scales.to(dt).reshape(-1).contiguous().view(torch.uint8).reshape(rec.shape[0], rec.shape[1], width)
     return out
 
 

@@ -2482,6 +2482,33 @@ def _integer_tables(hist, bits, significant, zero_hint, findings, shares) -> lis
 # scale op
 
 
+#: the weight leaf (``<module>.<leaf>``) each quant_method's loader reads: transformers' BitLinear ``weight``, AutoGPTQ /
+#: AutoAWQ ``qweight``, compressed-tensors ``weight_packed`` (pack-quantized) or ``weight`` (naive / int-quantized:
+#: one integer per element, the logical shape)
+METHOD_WEIGHT_LEAF = {"bitnet": ("weight",), "gptq": ("qweight",), "awq": ("qweight",),
+                      "compressed-tensors": ("weight_packed", "weight")}
+
+
+def _outside_method_layout(scaled: list[Module], qm: Optional[str]) -> Optional[str]:
+    """Why the scaled modules are not stored as quant_method ``qm``'s loader reads them (the first module whose weight
+    key is not that method's, or a compressed-tensors ``weight`` that is packed), else None."""
+    leaves = METHOD_WEIGHT_LEAF.get(qm)
+    if leaves is None:
+        return None
+    for m in scaled:
+        leaf = m.weight.name[len(m.prefix) + 1:] if m.weight.name.startswith(m.prefix + ".") else m.weight.name
+        packed_weight = (qm == "compressed-tensors" and leaf == "weight"
+                         and tuple(m.weight.shape) != tuple(m.logical))
+        if leaf not in leaves or packed_weight:
+            want = " or ".join(f"'<module>.{x}'" for x in leaves)
+            got = f"{m.weight.name!r} ({m.weight.dtype} {list(m.weight.shape)}, logical {list(m.logical)})"
+            return (f"config.json's quant_method {qm!r} stores {want}"
+                    + (" unpacked (the logical shape)" if qm == "compressed-tensors" else "")
+                    + f", but its loader could not read {got} in {m.weight.file}: the config describes other tensors "
+                    f"than these, so its op (W = s * q or q / s) is no evidence here; check config.json")
+    return None
+
+
 def op_candidates(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding],
                   widen: bool = False) -> list[str]:
     scaled = [m for m in modules if m.scale is not None]
@@ -2497,6 +2524,12 @@ def op_candidates(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, fin
                                 f"{len(inv)} scales stored as '*.weight_scale_inv' (e.g. {inv[0]!r}): quant_method "
                                 f"{qm!r} defines the op of weight_scale, and an inverse scale may be its reciprocal or "
                                 f"the multiplier itself; magnitudes, then the loss decide", "n/a"))
+        qm = None
+    foreign = _outside_method_layout(scaled, qm)
+    if foreign is not None:
+        # the config names the op of its own method's tensors; these are another writer's (a stale or copied
+        # quantization_config): its op is no evidence, so magnitudes, then the loss decide, as without a config
+        findings.append(Finding("config vs tensors", "scale op not taken from quantization_config", foreign, "n/a"))
         qm = None
 
     def magnitudes():

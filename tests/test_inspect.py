@@ -1993,6 +1993,37 @@ def test_scales_contradicting_the_config_op_are_a_finding(logical, tmp_path):
     assert not [f for f in inspect_dir(clean, use_loss=False).findings if f.what == "scale op vs config"]
 
 
+CT_CHANNEL_2BIT = {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
+                   "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                       "num_bits": 2, "type": "int", "symmetric": True, "strategy": "channel"}}}}
+
+
+@pytest.mark.parametrize("fmt,qc", [
+    ("hf-bitlinear", CT_CHANNEL_2BIT),
+    ("hf-bitlinear", {"quant_method": "gptq", "bits": 2, "group_size": 64, "sym": True, "desc_act": False}),
+    ("compressed-tensors", {"quant_method": "bitnet", "linear_class": "bitlinear", "quantization_mode": "offline"})],
+    ids=["ct-config-on-hf-bitnet", "gptq-config-on-hf-bitnet", "bitnet-config-on-ct"])
+def test_a_config_of_another_method_does_not_set_the_scale_op(fmt, qc, logical, tmp_path):
+    """A quantization_config copied from another method (compressed-tensors / GPTQ over HF-BitNet's `weight` +
+    divided `weight_scale`, or quant_method bitnet over compressed-tensors' `weight_packed`): that method's loader
+    could not read these tensors, so its op is no evidence.  The spec used to take it anyway ('high (config)') and
+    decode every effective weight off by s^2, exit 0; now the magnitudes decide and a finding names the tensor."""
+    lg = logical.with_channel_jitter(seed=1) if fmt.startswith("compressed") else logical
+    out = tmp_path / "x"
+    truth = synth.write(fmt, lg, out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"] = qc
+    (out / "config.json").write_text(json.dumps(cfg))
+    res = inspect_dir(out)
+    check_recovered(out, res.spec, truth, lg, 1e-3)
+    f = next(f for f in res.findings if f.what == "config vs tensors")
+    assert qc["quant_method"] in f.evidence and "model.layers." in f.evidence and str(out) in f.evidence
+    # the method's own tensors keep the config's op, with no such finding
+    own = tmp_path / "own"
+    synth.write("compressed-tensors" if fmt.startswith("hf") else "hf-bitlinear", logical, own)
+    assert not [f for f in inspect_dir(own, use_loss=False).findings if f.what == "config vs tensors"]
+
+
 @pytest.mark.parametrize("layout,why", [
     ("int32-unpacked", r"the shape is the logical matrix itself: one value per int32 \(unpacked integer weights are "
                        r"read from int8 / uint8 containers only"),

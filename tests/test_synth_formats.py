@@ -1137,6 +1137,26 @@ def test_tq2_0_trained_model_partial_blocks(logical, tmp_path):
         torch.testing.assert_close(dec.effective(), lg.effective(mod), rtol=1e-3, atol=0)
 
 
+@pytest.mark.parametrize("fmt", ["tq2_0", "tq1_0"])
+def test_llamacpp_blocks_from_channel_multipliers(fmt, logical, tmp_path):
+    """Per-channel multipliers (N, 1) in llama.cpp blocks, K = 128 <= 256 (one block a row): the d of each row's
+    block came as a stride-0 column (the multiplier expanded), which write_record_scales' byte view refused with a
+    torch RuntimeError; now every block holds its row's d."""
+    from reference.spec import LinearEntry, decode_linear
+    from reference.formats import TQ1_0, TQ2_0, tq1_0_scale, tq2_0_scale
+
+    lg = logical.with_channel_jitter(seed=3)
+    ck, truth = _write(fmt, lg, tmp_path)
+    pack_spec, scale = (TQ2_0, tq2_0_scale) if fmt == "tq2_0" else (TQ1_0, tq1_0_scale)
+    for mod in (Q, D):
+        key = f"{synth.rename(mod, 'gguf')}.weight"
+        n, k = lg.ternary[mod].shape
+        dec = decode_linear(ck, LinearEntry(weight_key=key, shape=(n, k), pack=pack_spec, scale=scale(key)), mod)
+        assert torch.equal(dec.values.to(torch.int8), lg.ternary[mod])
+        assert torch.equal(dec.effective(), truth.effective(mod))
+        torch.testing.assert_close(dec.effective(), lg.effective(mod), rtol=1e-3, atol=0)
+
+
 @settings(max_examples=40, deadline=None)
 @given(n=hst.integers(1, 12), k=hst.integers(1, 700), block=hst.sampled_from([8, 32, 128, 256]),
        order=hst.sampled_from(["lsb", "msb"]), rec_bytes=hst.integers(2, 8), seed=hst.integers(0, 2**16))
