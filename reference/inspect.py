@@ -199,6 +199,10 @@ class Module:
     def packed(self) -> bool:
         return self.weight.kind == "packed"
 
+    def leaf(self, t: TensorStats) -> str:
+        """t's name below this module's prefix (``weight_scale`` of ``<prefix>.weight_scale``), else its whole name."""
+        return t.name[len(self.prefix) + 1:] if t.name.startswith(self.prefix + ".") else t.name
+
     def where(self) -> str:
         return f"{self.weight.file}: tensor {self.weight.name!r}"
 
@@ -2496,7 +2500,7 @@ def _outside_method_layout(scaled: list[Module], qm: Optional[str]) -> Optional[
     if leaves is None:
         return None
     for m in scaled:
-        leaf = m.weight.name[len(m.prefix) + 1:] if m.weight.name.startswith(m.prefix + ".") else m.weight.name
+        leaf = m.leaf(m.weight)
         packed_weight = (qm == "compressed-tensors" and leaf == "weight"
                          and tuple(m.weight.shape) != tuple(m.logical))
         if leaf not in leaves or packed_weight:
@@ -2785,7 +2789,7 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     if scaled:
         suffixes: dict[str, int] = {}
         for m in scaled:
-            suf = m.scale.name[len(m.prefix) + 1:] if m.scale.name.startswith(m.prefix + ".") else m.scale.name
+            suf = m.leaf(m.scale)
             suffixes[suf] = suffixes.get(suf, 0) + 1
         # a packed linear with no scale where the others have one: its multiplier would silently be 1 (a missing
         # tensor, e.g. a conversion that skipped a module). Formats whose scales live inside the weight (llama.cpp

@@ -63,7 +63,7 @@ def test_unshardable_heads_named_before_any_worker_starts(tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["bitnet", "llama"])
-def test_unsplittable_intermediate_size_named_before_any_worker_starts(arch, tmp_path):
+def test_unsplittable_intermediate_size_named_before_any_worker_starts(arch, tmp_path, monkeypatch):
     """intermediate_size 101 at TP=2: vLLM's MergedColumnParallelLinear asserts an even split inside each worker (a
     bare AssertionError; the caller saw only "WorkerProc initialization failed"). The target names the model, the
     key and TP in this process; the BitNet plugin names them in the workers (the product path)."""
@@ -81,13 +81,9 @@ def test_unsplittable_intermediate_size_named_before_any_worker_starts(arch, tmp
         import trit.vllm.bitnet as bitnet
 
         cfg = SimpleNamespace(hidden_size=128, intermediate_size=101, hidden_act="relu2", rms_norm_eps=1e-6)
-        real = bitnet.get_tensor_model_parallel_world_size
-        bitnet.get_tensor_model_parallel_world_size = lambda: 2
-        try:
-            with pytest.raises(ValueError, match=r"cannot split intermediate_size 101"):
-                bitnet.BitNetMLP(cfg, None, "model.layers.0.mlp")
-        finally:
-            bitnet.get_tensor_model_parallel_world_size = real
+        monkeypatch.setattr(bitnet, "get_tensor_model_parallel_world_size", lambda: 2)
+        with pytest.raises(ValueError, match=r"cannot split intermediate_size 101"):
+            bitnet.BitNetMLP(cfg, None, "model.layers.0.mlp")
 
 
 def test_group_scales_that_tp_would_split_are_named_before_any_worker_starts(tmp_path):
