@@ -477,3 +477,38 @@ def test_chain_inductor_variants_run_the_same_tail_compiled(monkeypatch, act, su
             assert rel < 0.02, f"{base}: compiled glue differs from eager by {rel}"
     finally:
         chain._COMPILED_GLUE.clear()
+
+
+def test_e2e_profile_subtracts_the_prefill():
+    """The decode-step profile is the difference of two captures of the same prompts: steps + 1 tokens minus the
+    prefill alone. Kernels only the prefill runs drop out (their counts do not grow), shared kernels keep the decode
+    launches and time, wall / busy / overlap / idle and the host ops are differences too, all per decode step."""
+    from bench import e2e
+
+    gemm = "void (anonymous namespace)::a8_gemm_kernel<__nv_bfloat16, GemmCfg<2, 4, 4, 2>, false>"
+    gemv = "void (anonymous namespace)::a8_small_kernel<__nv_bfloat16, 4, 1, false, false>"
+    norm = "triton_red_fused_fused_add_rms_norm_ternary_mm_a8_2"
+    prefill = {"wall_s": 0.010, "events": [(gemm, 4000.0, 4), (norm, 30.0, 1)],
+               "host": [("cudaLaunchKernel", 50.0, 10)], "intervals": [(0.0, 3000.0), (2500.0, 4030.0)]}
+    # the longer capture: the same prefill (timing noise on its GEMM), then 2 decode steps of 2 GEMVs + 1 norm
+    full = {"wall_s": 0.014, "events": [(gemm, 4010.0, 4), (gemv, 400.0, 4), (norm, 50.0, 3)],
+            "host": [("cudaLaunchKernel", 90.0, 18), ("cudaGraphLaunch", 20.0, 2)],
+            "intervals": [(0.0, 3000.0), (2500.0, 4030.0), (5000.0, 5100.0), (5050.0, 5200.0), (5200.0, 5210.0),
+                          (6000.0, 6100.0), (6050.0, 6200.0), (6200.0, 6210.0)]}
+    out = e2e.profile_difference(full, prefill, steps=2)
+    cats = out["by_category"]
+    assert "dense_gemm" not in cats and [k["name"] for k in cats["ternary"]["kernels"]] == [gemv[:80]]
+    assert cats["ternary"]["ms_per_step"] == 0.2 and cats["ternary"]["launches_per_step"] == 2.0
+    assert cats["norm_elementwise"]["ms_per_step"] == 0.01 and cats["norm_elementwise"]["launches_per_step"] == 1.0
+    assert out["wall_ms_per_step"] == 2.0 and out["gpu_ms_per_step"] == 0.21
+    # busy: 4030 (prefill) vs 4030 + 2 x 210; overlap 500 vs 500 + 2 x 50; idle = wall - busy, differenced
+    assert out["gpu_busy_ms_per_step"] == 0.21 and out["gpu_overlap_ms_per_step"] == 0.05
+    assert out["gpu_idle_ms_per_step"] == 1.79  # ((14000 - 4450) - (10000 - 4030)) / 2 us
+    assert out["host"]["self_cpu_ms_per_step"] == 0.03  # (40 + 20) us / 2
+    assert out["prefill"]["wall_ms"] == 10.0 and out["prefill"]["gpu_ms"] == 4.03
+    # the prefill's kernel at the same count with a smaller time (noise) is dropped, not negative
+    out2 = e2e.profile_difference({**full, "events": [(gemm, 3990.0, 4), (gemv, 400.0, 4)]}, prefill, steps=2)
+    assert list(out2["by_category"]) == ["ternary"] and out2["by_category"]["ternary"]["launches_per_step"] == 2.0
+    import pytest
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        e2e.profile_difference(full, prefill, steps=0)
