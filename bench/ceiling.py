@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import shlex
 import sys
@@ -154,6 +155,9 @@ def parse_targets(s: str | None) -> dict[int, float]:
             out[int(b)] = float(v)
         except ValueError:
             raise SystemExit(f"--targets: expected B=RATIO[,B=RATIO...], got {part!r}") from None
+        if not (math.isfinite(out[int(b)]) and out[int(b)] > 0 and int(b) > 0):
+            # (1=nan was taken: every check against it read 'not met' with no word about the argument)
+            raise SystemExit(f"--targets: {part!r}: expected a batch size >= 1 and a finite ratio > 0") from None
     return out
 
 

@@ -43,15 +43,47 @@ TARGETS = [
 ]
 
 
+def _read_json(p, what: str):
+    """A record's JSON, or SystemExit naming the file (a broken record was a JSONDecodeError / UnicodeDecodeError
+    traceback)."""
+    try:
+        return json.loads(Path(p).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SystemExit(f"bench.targets: {p}: not a readable {what} JSON record ({e})") from None
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_row(p, i: int, r, keys, times) -> None:
+    """One record row: an object whose ``keys`` are integers and whose ``times`` (where present) are numbers - a
+    row without N or with "fast" for a time was a KeyError / TypeError traceback."""
+    if not isinstance(r, dict):
+        raise SystemExit(f"bench.targets: {p}: rows[{i}] is a {type(r).__name__}, expected an object")
+    for k in keys:
+        if not (isinstance(r.get(k), int) and not isinstance(r.get(k), bool) and r[k] > 0):
+            raise SystemExit(f"bench.targets: {p}: rows[{i}] has {k} = {r.get(k)!r}; expected a positive integer")
+    for k in times:
+        if r.get(k) is not None and not (_number(r[k]) and r[k] >= 0):
+            raise SystemExit(f"bench.targets: {p}: rows[{i}] ({', '.join(f'{k}={r[k]}' for k in keys)}) has {k} = "
+                             f"{r[k]!r}; expected a time in us (a number >= 0) or null")
+
+
 def load_rows(paths) -> tuple[dict, list[dict]]:
     """{(N, K, M): row} over the records (a later record's row wins), and the records' meta."""
     rows, metas = {}, []
     for p in paths:
-        d = json.loads(Path(p).read_text())
-        if "rows" not in d or "meta" not in d:
+        d = _read_json(p, "bench.kernels")
+        if not isinstance(d, dict) or "rows" not in d or "meta" not in d:
             raise SystemExit(f"bench.targets: {p}: not a bench.kernels record (no 'meta' / 'rows')")
+        if not isinstance(d["meta"], dict) or not isinstance(d["rows"], list):
+            raise SystemExit(f"bench.targets: {p}: 'meta' must be an object and 'rows' a list (a bench.kernels "
+                             f"record), got {type(d['meta']).__name__} / {type(d['rows']).__name__}")
         metas.append({**d["meta"], "file": Path(p).name})
-        for r in d["rows"]:
+        for i, r in enumerate(d["rows"]):
+            _check_row(p, i, r, ("N", "K", "M"), [k for k in (r if isinstance(r, dict) else ())
+                                                  if k.endswith("_us") or k == "packed_bytes"])
             rows[(r["N"], r["K"], r["M"])] = r
     devices = {m.get("device") for m in metas}
     if len(devices) > 1:
@@ -62,7 +94,12 @@ def load_rows(paths) -> tuple[dict, list[dict]]:
 
 def load_floor(path) -> dict:
     """{(N, K): read-floor us} from a bench.read_floor record."""
-    d = json.loads(Path(path).read_text())
+    d = _read_json(path, "bench.read_floor")
+    if not isinstance(d, dict) or not isinstance(d.get("rows", []), list):
+        raise SystemExit(f"bench.targets: {path}: not a bench.read_floor record (expected an object with a 'rows' "
+                         f"list)")
+    for i, r in enumerate(d.get("rows", [])):
+        _check_row(path, i, r, ("N", "K"), ("read_us",))
     return {(r["N"], r["K"]): r["read_us"] for r in d.get("rows", []) if r.get("read_us")}
 
 

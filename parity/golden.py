@@ -104,6 +104,19 @@ def _check_manifest(mf: Path, m: dict) -> None:
     if m["arch"] not in archs or m["num_layers"] < 1:
         raise GoldenError(f"{mf}: arch {m['arch']!r} / num_layers {m['num_layers']}: expected one of {archs} "
                           f"and >= 1 layer")
+    per_layer = len(N.canonical_names(1, m["arch"])) - len(N.canonical_names(0, m["arch"]))
+    if m["num_layers"] > max(len(m["order"]), 1024):
+        # every layer has names in 'order': listing those of 10**9 layers (to name the ones missing) never ended; a
+        # smaller count is cheap to list, and the comparison below names what differs
+        raise GoldenError(f"{mf}: num_layers {m['num_layers']} but 'order' holds {len(m['order'])} names; a "
+                          f"{m['arch']} golden set lists {per_layer} per layer (+ 3), so num_layers is at most "
+                          f"{max(0, (len(m['order']) - 3) // per_layer)} here; regenerate with "
+                          f"{regen_command(mf.parent, m)}")
+    shape = m["inputs"].get("shape")
+    if shape is not None and not (isinstance(shape, list) and len(shape) == 2 and
+                                  all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in shape)):
+        raise GoldenError(f"{mf}: inputs.shape is {shape!r}; expected [prompts, tokens] (two positive integers, "
+                          f"the shape of the input_ids the goldens were computed on)")
     want = N.canonical_names(m["num_layers"], m["arch"])
     if m["order"] != want:
         gone = [n for n in want if n not in m["order"]]
@@ -137,14 +150,25 @@ class GoldenSet:
             raise GoldenError(f"{path}: no golden set here (no {MANIFEST}); make one with "
                               f"`python -m parity.dump --ref --out {shlex.quote(str(path))}`")
         try:
-            manifest = json.loads(mf.read_text())
+            manifest = json.loads(mf.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
             raise GoldenError(f"{mf}: invalid JSON ({e})")
+        except OSError as e:  # a directory of that name, unreadable: golden_diff had a traceback
+            raise GoldenError(f"{mf}: cannot read the golden manifest ({e.strerror or e})") from None
+        except UnicodeDecodeError as e:  # (a ValueError: parity.run printed it without the file's name)
+            raise GoldenError(f"{mf}: not UTF-8 text ({e.reason} at byte {e.start}): a golden manifest is UTF-8 JSON; "
+                              f"regenerate the set with {regen_command(path)}") from None
         if not isinstance(manifest, dict):
             raise GoldenError(f"{mf}: expected a JSON object (format, order, tensors, model, inputs, ...), got a "
                               f"{type(manifest).__name__}; regenerate the set with {regen_command(path, manifest)}")
-        if manifest.get("format") != FORMAT:
-            raise StaleGolden(f"{mf}: golden format {manifest.get('format')}, this harness reads {FORMAT}")
+        fmt = manifest.get("format")
+        if fmt != FORMAT or isinstance(fmt, bool):
+            newer = isinstance(fmt, int) and not isinstance(fmt, bool) and fmt > FORMAT
+            # (a string "1" read as 'golden format 1, this harness reads 1')
+            raise StaleGolden(f"{mf}: golden format {fmt!r}, this harness reads format {FORMAT!r} only" +
+                              (": the set was written by a newer harness; update this checkout, or regenerate it "
+                               f"with {regen_command(path, manifest)}" if newer else
+                               f"; regenerate it with {regen_command(path, manifest)}"))
         _check_manifest(mf, manifest)
         from reference.checkpoint import read_header
 

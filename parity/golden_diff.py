@@ -11,6 +11,7 @@ last ulps differ, and with int8 activation quantisation that moves whole int8 st
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 import torch
@@ -56,11 +57,23 @@ def diff(new: GoldenSet, old: GoldenSet, rtol: float, cross_column: str = "fp32-
     return problems
 
 
+def _rtol(s: str) -> float:
+    """--rtol: a finite number >= 0 (nan passed every difference: `rel > nan` is False; a negative one failed equal
+    tensors)."""
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {s!r}")
+    return v
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m parity.golden_diff", description=__doc__.split("\n")[0])
     ap.add_argument("new", help="golden set directory to check (e.g. freshly dumped)")
     ap.add_argument("old", help="golden set directory to check it against (e.g. the committed one)")
-    ap.add_argument("--rtol", type=float, default=1e-6,
+    ap.add_argument("--rtol", type=_rtol, default=1e-6,
                     help="a difference within rtol of a tensor's max|value| is reported but passes (same hardware)")
     ap.add_argument("--cross-column", default="fp32-a8", choices=sorted(TABLE),
                     help="tolerance column (parity.tolerances) for sets computed on different hardware")

@@ -52,9 +52,13 @@ def load_noise(golden_dir: Path, column: str, *, exclude_target: Optional[str] =
     if not p.exists():
         return None
     try:
-        d = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:  # (UnicodeDecodeError printed without the file)
         raise GoldenError(f"{p}: unreadable noise file ({e})") from None
+    if not isinstance(d, dict):  # d.get raised AttributeError: a traceback from parity.run
+        raise GoldenError(f"{p}: a {type(d).__name__}, not a noise file (a JSON object with format {FORMAT}, column, "
+                          f"golden_manifest_sha256, max_abs); measure it again with `python -m parity.noise --golden "
+                          f"{shlex.quote(str(golden_dir))} ... --force`")
     if d.get("format") != FORMAT or not isinstance(d.get("max_abs"), dict):
         raise GoldenError(f"{p}: not a {FORMAT} noise file (format {d.get('format')!r})")
     if d.get("column") != column:
@@ -66,9 +70,10 @@ def load_noise(golden_dir: Path, column: str, *, exclude_target: Optional[str] =
                           f"`python -m parity.noise --golden {shlex.quote(str(golden_dir))} ...`")
     if exclude_target is not None and d.get("target") == exclude_target:
         return None
-    bad = [k for k, v in d["max_abs"].items() if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0)]
+    bad = [k for k, v in d["max_abs"].items()
+           if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0)]
     if bad:
-        raise GoldenError(f"{p}: non-finite or negative floors for {bad[:5]}")
+        raise GoldenError(f"{p}: non-finite, negative or non-numeric floors for {bad[:5]}; expected numbers >= 0")
     return {k: float(v) for k, v in d["max_abs"].items()}
 
 

@@ -42,6 +42,19 @@ def format_table(df: pd.DataFrame, *, only_layers=None) -> str:
         return d.to_string(index=False)
 
 
+def check_runs_root(root: Path) -> None:
+    """Before a run computes anything: ``root`` (``--runs``) can hold run directories - it is one, or does not exist
+    yet under a directory. A file there (or above it) failed only after the whole capture, as a bare
+    'FileExistsError: [Errno 17] File exists'."""
+    root = Path(root)
+    for p in (root, *root.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise NotADirectoryError(f"--runs {root}: {p} is a file, not a directory; the run's report directory "
+                                         f"goes under --runs (pass a directory, or a path that does not exist yet)")
+            return
+
+
 def new_run_dir(root: Path, target: str) -> Path:
     """A fresh directory per run: never reuses or overwrites an earlier run's snapshots."""
     root = Path(root)

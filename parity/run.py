@@ -27,7 +27,7 @@ from .diagnose import DecodeProbe, Diagnoser, depth_hint
 from .dump import DEFAULT_GOLDEN, DEFAULT_MODEL, ROOT
 from .golden import GoldenError, GoldenSet, StaleGolden, compute_fingerprint, regen_command, target_bit_faithful
 from .noise import load_noise
-from .report import format_table, new_run_dir, table, write_report
+from .report import check_runs_root, format_table, new_run_dir, table, write_report
 from .targets import Target, get_target, parse_options
 from .tolerances import column as tolerance_column, parse_overrides
 
@@ -57,6 +57,12 @@ def load_fresh_golden(golden_dir: Path, model_dir: Path, spec_path=None) -> Gold
     cfg = ModelConfig.load(model_dir)
     spec = spec_for(model_dir, cfg, spec_path)
     why = gs.staleness(model_dir, spec, REFERENCE_VERSION, cfg)
+    top = int(gs.input_ids.max()) if gs.input_ids.numel() else -1
+    if not why and top >= cfg.vocab_size:  # (an IndexError traceback from the target's embedding)
+        raise GoldenError(f"{Path(golden_dir) / 'tensors.safetensors'}: input_ids hold token {top}, but "
+                          f"{model_dir}/config.json has vocab_size {cfg.vocab_size}: expected ids < {cfg.vocab_size}; "
+                          f"the set was edited after it was written - regenerate it with "
+                          f"{regen_command(golden_dir, model=model_dir)}")
     if why:
         own = _own_model(gs)
         if own is not None and own.resolve() != Path(model_dir).resolve():
@@ -92,6 +98,8 @@ def run_parity(target: Target | str, *, target_options: Optional[dict] = None, m
     target = get_target(target, **(target_options or {})) if isinstance(target, str) else target
     gs = load_fresh_golden(golden_dir, model_dir, spec_path)
     spec = spec_for(model_dir, ModelConfig.load(model_dir), spec_path)
+    if runs_dir is not None:
+        check_runs_root(runs_dir)  # before the capture (minutes on a large model), not after it
     captured = target.capture(model_dir, gs.input_ids, spec_path=spec_path)
     # a bit-faithful target is so only where the golden set was computed the same way (golden.py)
     claimed = target.faithful_for(model_dir)
@@ -161,7 +169,8 @@ def main(argv=None) -> int:
         print(f"STALE GOLDEN: {e}", file=sys.stderr)
         return 2
     except (GoldenError, CheckpointError, KeyError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        # (str() of a KeyError is its repr: the message came out in quotes)
+        print(f"error: {e.args[0] if isinstance(e, KeyError) and e.args else e}", file=sys.stderr)
         return 2
     except (NotImplementedError, RuntimeError, AssertionError) as e:  # a target that cannot run this model (e.g.
         # the kernel target refusing group scales, vLLM an attention head size, torch without CUDA for device=cuda):

@@ -11,6 +11,7 @@ Tensors are read one at a time through memory maps.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -78,6 +79,12 @@ def read_header(path: Path) -> dict:
     spans = []
     for name, meta in header.items():
         if name == "__metadata__":
+            # safetensors' reader takes only string values here (a list, or a number among them, failed at the first
+            # read in its own words)
+            if meta is not None and (not isinstance(meta, dict) or
+                                     not all(isinstance(v, str) for v in meta.values())):
+                raise CheckpointError(f"{path}: __metadata__ is {json.dumps(meta)[:80]}; expected an object of "
+                                      f"string values (e.g. {{\"format\": \"pt\"}})")
             continue
         if not isinstance(meta, dict) or not {"dtype", "shape", "data_offsets"} <= set(meta):
             raise CheckpointError(f"{path}: tensor {name!r}: header entry lacks dtype/shape/data_offsets")
@@ -110,6 +117,21 @@ def read_header(path: Path) -> dict:
     for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
         if b1 < e0:
             raise CheckpointError(f"{path}: tensors {n0!r} and {n1!r} overlap in the data section (header lies)")
+    # safetensors stores the tensors back to back from byte 0 of the data section to the end of the file, and its
+    # reader refuses anything else - but only when a tensor is first read, in its own words (a gap was named after
+    # the tensor behind it, mid-scan): said here, with the header, naming both sides and the expected offset
+    pos, prev = 0, None
+    for b, e, n in spans:
+        if b != pos:
+            after = f"after tensor {prev!r}, which ends at byte {pos}" if prev else "at the start of the data section"
+            raise CheckpointError(f"{path}: tensor {n!r} starts at data byte {b}, expected {pos}: {b - pos} unused "
+                                  f"bytes {after} (safetensors stores tensors back to back; the header lies or the "
+                                  f"file was spliced)")
+        pos, prev = e, n
+    if pos != data_len:
+        raise CheckpointError(f"{path}: the tensors end at data byte {pos} but the file has {data_len} data bytes: "
+                              f"{data_len - pos} bytes past the last tensor{f' ({prev!r})' if prev else ''} "
+                              f"(safetensors refuses a file its header does not cover; appended to or spliced?)")
     return out
 
 
@@ -137,7 +159,7 @@ class Checkpoint:
     def _files(self) -> list[Path]:
         p = self.path
         if p.is_file():
-            if p.suffix in PICKLE_SUFFIXES:
+            if is_pickle(p):
                 raise refuse_pickle(p)
             return [p]
         if not p.is_dir():
@@ -149,7 +171,7 @@ class Checkpoint:
             return listed
         files = sorted(p.glob("*.safetensors"))
         if not files:
-            pickles = [f for f in sorted(p.iterdir()) if f.suffix in PICKLE_SUFFIXES]
+            pickles = [f for f in sorted(p.iterdir()) if is_pickle(f)]
             if pickles:
                 raise refuse_pickle(pickles[0])
             raise CheckpointError(f"{p}: no *.safetensors files in the directory")
@@ -161,9 +183,14 @@ class Checkpoint:
         if idx is None or not idx.exists():
             return None
         try:
-            wm = json.loads(idx.read_text())["weight_map"]
+            wm = json.loads(idx.read_text(encoding="utf-8"))["weight_map"]
         except (KeyError, TypeError, json.JSONDecodeError) as e:
             raise CheckpointError(f"{idx}: not a valid safetensors index ({e})")
+        except UnicodeDecodeError as e:  # (a ValueError: printed without the file's name)
+            raise CheckpointError(f"{idx}: not a valid safetensors index (not UTF-8 text: {e.reason} at byte "
+                                  f"{e.start}); expected a JSON object with a 'weight_map'") from None
+        except OSError as e:  # a directory of that name, unreadable
+            raise CheckpointError(f"{idx}: cannot read the safetensors index ({e.strerror or e})") from None
         if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
             raise CheckpointError(f"{idx}: weight_map must map tensor names to shard file names")
         return idx, wm
@@ -183,7 +210,7 @@ class Checkpoint:
                 names = [k for k, v in wm.items() if v == fname]
                 raise CheckpointError(f"{f}: shard listed in {idx.name} is missing ({len(names)} tensors mapped to "
                                       f"it, e.g. {names[0]!r}); download or restore that file")
-            if f.suffix in PICKLE_SUFFIXES:
+            if is_pickle(f):
                 raise refuse_pickle(f)
             out.append(f)
         if not out:
@@ -242,6 +269,11 @@ class Checkpoint:
             yield name, self.get(name)
 
 
+def is_pickle(path: Path) -> bool:
+    """A file named as a pickle checkpoint (pytorch_model.bin, consolidated.00.PTH, ...): never opened."""
+    return Path(path).suffix.lower() in PICKLE_SUFFIXES
+
+
 def refuse_pickle(path: Path) -> CheckpointError:
     return CheckpointError(
         f"{path}: refusing to load a pickle checkpoint — unpickling runs arbitrary code. Convert it once, in a "
@@ -285,6 +317,39 @@ def load_config(model_dir: str | os.PathLike) -> dict:
             return gguf_model(src).config()
         raise CheckpointError(f"{model_dir}: no config.json")
     try:
-        return json.loads(p.read_text())
+        d = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{p}: invalid JSON ({e})")
+    except UnicodeDecodeError as e:  # (a ValueError: the CLIs printed it without the file's name)
+        raise CheckpointError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}); config.json is UTF-8 "
+                              f"JSON") from None
+    check_config_values(d, p)
+    return d
+
+
+def _non_finite(x, where: str = ""):
+    """The key path of the first NaN / Infinity in a parsed JSON value (Python's json reads both), else None."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return where or "(top level)", x
+    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
+    for k, v in items:
+        got = _non_finite(v, f"{where}[{k}]" if isinstance(k, int) else f"{where}.{k}" if where else str(k))
+        if got is not None:
+            return got
+    return None
+
+
+def check_config_values(d, p) -> None:
+    """What no config.json holds, whatever its model: a NaN / Infinity (json reads them as floats: an Infinity
+    num_hidden_layers raised OverflowError, a NaN rms_norm_eps made every golden NaN) and a quantization_config that
+    is not an object (its readers call .get on it). Named by file, key and the expected value."""
+    if not isinstance(d, dict):
+        return  # ModelConfig.from_dict names a config that is not an object
+    got = _non_finite(d)
+    if got is not None:
+        raise CheckpointError(f"{p}: {got[0]} is {json.dumps(got[1])}; expected a finite number (a model config "
+                              f"holds no NaN / Infinity)")
+    q = d.get("quantization_config")
+    if q is not None and not isinstance(q, dict):
+        raise CheckpointError(f"{p}: quantization_config is a {type(q).__name__} ({q!r}); expected a JSON object "
+                              f"(e.g. {{\"quant_method\": \"bitnet\", ...}}) or null")

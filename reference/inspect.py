@@ -98,7 +98,7 @@ from .inspect_search import (BLOCKS, NAMED_MARGIN, TQ2_0_RECORD, UNTRAINED_BAND,
                              codes_str, confidence, declared_activation_quant, lane_options, per_part_options,
                              plain_float_linear, search)
 from .spec import (INVERSE_SCALE_SUFFIXES, SPEC_FILENAME, UNTIED_HEAD_HINT, CheckpointSpec, bitnet_linear_class,
-                   decode_linear, derived_buffer)
+                   check_layer_count, decode_linear, derived_buffer)
 
 
 class InspectError(CheckpointError):
@@ -2764,6 +2764,7 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
     model_dir = Path(model_dir)
     cfg = ModelConfig.load(model_dir)
     ckpt = Checkpoint(model_dir)
+    check_layer_count(cfg, ckpt, model_dir)
     stats = scan(ckpt)
     findings: list[Finding] = []
     cfg = _with_quantize_config(cfg, model_dir, findings)

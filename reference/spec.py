@@ -321,6 +321,7 @@ class CheckpointSpec:
     def validate(self, cfg: ModelConfig, ckpt: Checkpoint) -> None:
         """Every module the architecture needs is covered, shapes agree, every key exists,
         and every checkpoint key is used by something (an unknown key is an error)."""
+        check_layer_count(cfg, ckpt, ckpt.path)
         need = cfg.linear_shapes()
         if cfg.tie_word_embeddings and "lm_head" not in self.linears:
             need.pop("lm_head")  # a ternary lm_head stored although tied is untied (see tied_lm_head_key)
@@ -336,6 +337,7 @@ class CheckpointSpec:
                     if tuple(info.shape) != tuple(shape):
                         raise CheckpointError(f"{info.file}: tensor {key!r} ({mod}) has shape {list(info.shape)}, "
                                               f"config.json implies {list(shape)}")
+                    _check_float_dtype(info, mod)
                     used.add(key)
                     bkey = self.tensors.get(mod + ".bias")
                     if bkey is not None:
@@ -392,6 +394,7 @@ class CheckpointSpec:
             if tuple(info.shape) != tuple(shape):
                 raise CheckpointError(f"{info.file}: tensor {key!r} ({hf}) has shape {list(info.shape)}, "
                                       f"config.json implies {list(shape)}")
+            _check_float_dtype(info, hf)
             used.add(key)
         linear_params = {f"{m}.{w}" for m in need for w in ("weight", "bias")}
         if cfg.tie_word_embeddings:
@@ -412,6 +415,19 @@ class CheckpointSpec:
             raise CheckpointError(
                 f"{ckpt.path}: {len(unknown)} checkpoint tensors are not used by spec {self.name!r}: "
                 f"{unknown[:5]}{' ...' if len(unknown) > 5 else ''} (unknown keys; fix the spec's key mapping)")
+
+
+#: safetensors dtypes of float tensors (embeddings, norms, float linears): what the inspector accepts there too
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+
+
+def _check_float_dtype(info, what: str) -> None:
+    """A float parameter (embedding, norm weight, float linear) stored as a float: an integer or bool tensor there
+    is a mis-mapped key or a damaged file (its codes were read as values: an I8 embedding gave goldens, exit 0),
+    refused as the inspector refuses it."""
+    if info.dtype not in FLOAT_DTYPES:
+        raise CheckpointError(f"{info.file}: tensor {info.name!r} ({what}) is {info.dtype}, expected a float tensor "
+                              f"({' / '.join(FLOAT_DTYPES)})")
 
 
 def _check_input_norm(ckpt: Checkpoint, key: str, mod: str, k: int) -> None:
@@ -766,6 +782,18 @@ def bitnet_linear_class(q: dict) -> str:
     return lc
 
 
+def check_layer_count(cfg: ModelConfig, ckpt_keys, where) -> None:
+    """config.json's num_hidden_layers against the checkpoint, before anything lists the modules per layer: every layer
+    stores tensors of its own (norms, linears), so more layers than tensors is a config that does not describe these
+    weights (a num_hidden_layers of 10**23 listed modules until memory ran out, with no message)."""
+    n = len(ckpt_keys.keys() if isinstance(ckpt_keys, Checkpoint) else ckpt_keys)
+    if n and cfg.num_layers > n:
+        raise CheckpointError(f"{Path(where) / 'config.json' if where else 'config.json'}: num_hidden_layers is "
+                              f"{cfg.num_layers}, but the checkpoint holds "
+                              f"only {n} tensors; each layer stores its own norms and linears, so expected at most "
+                              f"{n} layers (the config does not describe these weights)")
+
+
 def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
     """The transformers ``quant_method: bitnet`` convention (BitLinear / AutoBitLinear).
 
@@ -776,6 +804,7 @@ def spec_from_hf_bitnet(cfg: ModelConfig, ckpt_keys=()) -> CheckpointSpec:
     it by magnitudes and loss."""
     ckpt = ckpt_keys if isinstance(ckpt_keys, Checkpoint) else None
     keys = set(ckpt.keys()) if ckpt is not None else set(ckpt_keys)
+    check_layer_count(cfg, keys, ckpt.path if ckpt is not None else "")
     q = cfg.quantization or {}
     if q.get("quant_method") != "bitnet":
         raise CheckpointError(f"quantization_config.quant_method is {q.get('quant_method')!r}, not 'bitnet'")
@@ -901,6 +930,18 @@ def _hf_bitnet_lm_head(cfg: ModelConfig, keys: set, ckpt: Optional[Checkpoint], 
     mtnc = q.get("modules_to_not_convert")
     key = "lm_head.weight"
     stored = key in keys
+    if mtnc is not None and _hf_converts("lm_head", mtnc) and mode == "online" and not stored \
+            and cfg.tie_word_embeddings:
+        # transformers builds lm_head as an online AutoBitLinear (an nn.Linear: its weight is the tied embedding's
+        # Parameter) and ternarizes the embedding matrix on the fly, with int8 activations: logits the float head
+        # the reference and vLLM tie would not give (0.86 relative on a 1-layer model)
+        raise CheckpointError(
+            f"{Path(ckpt.path) / 'config.json' if ckpt is not None else 'config.json'}: "
+            f"quantization_config.modules_to_not_convert is {mtnc!r} (no 'lm_head') with "
+            f"quantization_mode 'online' and tie_word_embeddings true, and the checkpoint stores no lm_head.weight: "
+            f"transformers then makes lm_head an online AutoBitLinear over the tied embedding (ternarized with its "
+            f"mean |W|, int8 activations), which the reference and vLLM do not compute (they tie a float head); "
+            f"add 'lm_head' to modules_to_not_convert (or set it to null) for a float tied head")
     if mtnc is not None and _hf_converts("lm_head", mtnc) and (stored or not cfg.tie_word_embeddings):
         shape = (cfg.vocab_size, cfg.hidden_size)
         if mode == "online":

@@ -92,8 +92,11 @@ class TransformersTarget(Target):
                                  f"(BitLinear keeps its weight as a buffer, which tie_weights cannot compare: "
                                  f"'`weight` is not an nn.Parameter'); the reference and vLLM use it untied: use the "
                                  f"reference or vllm target")
+            # quantization_mode online: AutoBitLinear is an nn.Linear over the float latent weight (any shape; the
+            # bias added by F.linear, no weight_scale), so neither the packing nor the offline bias rule below holds
+            online = (cfg.quantization or {}).get("quantization_mode") == "online"
             biased = [m for m, e in linears.items() if e.bias_key]
-            if biased and (cfg.quantization or {}).get("linear_class") == "autobitlinear":
+            if biased and (cfg.quantization or {}).get("linear_class") == "autobitlinear" and not online:
                 raise ValueError(f"{model_dir}: transformers' offline AutoBitLinear multiplies the bias by "
                                  f"weight_scale ((x T + b) * s, unlike its online mode and BitLinear), the reference "
                                  f"and vLLM add it after the scale ({biased[0]} and {len(biased) - 1} more): "
@@ -107,7 +110,7 @@ class TransformersTarget(Target):
                                  f"not list 'lm_head', so transformers converts lm_head to a BitLinear, unlike the "
                                  f"reference and vLLM (a float lm_head); add 'lm_head' to the list for transformers "
                                  f"to serve as the oracle")
-            odd = {m: e.shape[0] for m, e in linears.items() if e.shape[0] % 4}
+            odd = {} if online else {m: e.shape[0] for m, e in linears.items() if e.shape[0] % 4}
             if odd:
                 m, n = next(iter(odd.items()))
                 raise ValueError(f"{model_dir}: transformers' BitLinear cannot hold {m} ({n} output features, "
