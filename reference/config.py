@@ -209,6 +209,16 @@ class ModelConfig:
         except (TypeError, ValueError, AttributeError) as e:  # a field of the wrong type (null, a string, a list)
             raise CheckpointError(f"{where}: a field has a value of the wrong type ({type(e).__name__}: {e}); "
                                   f"expected the types of a transformers config.json") from None
+        # values no norm or rotary embedding can use (transformers takes them and computes NaN / inf: a negative
+        # eps in the rsqrt, theta <= 0 or a factor <= 0 in the frequencies); the dump named the first non-finite
+        # tensor, not the field
+        for key, val, ok, want in (("rms_norm_eps", cfg.rms_norm_eps, cfg.rms_norm_eps >= 0, ">= 0"),
+                                   ("rope_theta", cfg.rope.theta, cfg.rope.theta > 0, "> 0"),
+                                   ("rope factor", cfg.rope.factor, cfg.rope.factor > 0, "> 0"),
+                                   ("max_position_embeddings", cfg.max_position_embeddings,
+                                    cfg.max_position_embeddings > 0, "> 0")):
+            if not ok:
+                raise CheckpointError(f"{where}: {key} is {val}; expected a number {want}")
         if cfg.num_heads % cfg.num_kv_heads:
             why = (f" (config.json has no num_key_value_heads: transformers' BitNetConfig, and vLLM with it, then "
                    f"assume {BITNET_DEFAULT_KV_HEADS}; set it, = num_attention_heads for full multi-head attention)"

@@ -55,3 +55,27 @@ def test_online_tied_converted_head_is_refused_not_read_as_float(tmp_path):
     c["quantization_config"]["modules_to_not_convert"] = ["lm_head"]  # the float tied head: read as before
     (d / "config.json").write_text(json.dumps(c))
     assert "lm_head" not in spec_from_hf_bitnet(ModelConfig.load(d), Checkpoint(d)).linears
+
+
+@pytest.mark.parametrize("field,value,named", [("rms_norm_eps", -1e-6, "rms_norm_eps is -1e-06; expected a number >= 0"),
+                                               ("rope_theta", 0, "rope_theta is 0.0; expected a number > 0"),
+                                               ("rope_theta", -10000.0, "rope_theta is -10000.0"),
+                                               ("max_position_embeddings", 0, "max_position_embeddings is 0")])
+def test_config_values_no_norm_or_rope_can_use_are_named(field, value, named, tmp_path):
+    """A negative rms_norm_eps or a rope_theta <= 0 passed the config reader (transformers takes them too) and made
+    NaN / inf from the first norm or rotary embedding on: the dump named the first non-finite tensor, not the field."""
+    import json
+
+    from reference.checkpoint import CheckpointError
+    from reference.config import ModelConfig
+
+    p = Preset("bitnet", 64, 96, 1, 4, 2, 67, False, seed=3)
+    d = write_model(p, tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    where = cfg["rope_parameters"] if field == "rope_theta" else cfg  # the writer keeps theta in rope_parameters
+    where[field] = value
+    with pytest.raises(CheckpointError, match=named.replace("(", r"\(").replace(")", r"\)")) as e:
+        ModelConfig.from_dict(cfg, where=str(d / "config.json"))
+    assert "config.json" in str(e.value)
+    where[field] = {"rms_norm_eps": 0.0, "rope_theta": 10000.0, "max_position_embeddings": 64}[field]  # valid: accepted
+    ModelConfig.from_dict(cfg, where=str(d / "config.json"))
