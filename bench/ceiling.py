@@ -152,12 +152,13 @@ def parse_targets(s: str | None) -> dict[int, float]:
     for part in s.split(","):
         b, _, v = part.partition("=")
         try:
-            out[int(b)] = float(v)
+            batch, ratio = int(b), float(v)
         except ValueError:
             raise SystemExit(f"--targets: expected B=RATIO[,B=RATIO...], got {part!r}") from None
-        if not (math.isfinite(out[int(b)]) and out[int(b)] > 0 and int(b) > 0):
+        if not (batch > 0 and math.isfinite(ratio) and ratio > 0):
             # (1=nan was taken: every check against it read 'not met' with no word about the argument)
-            raise SystemExit(f"--targets: {part!r}: expected a batch size >= 1 and a finite ratio > 0") from None
+            raise SystemExit(f"--targets: {part!r}: expected a batch size >= 1 and a finite ratio > 0")
+        out[batch] = ratio
     return out
 
 

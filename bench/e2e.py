@@ -775,17 +775,16 @@ def main(argv=None) -> int:
     for r in rows:
         if "profile" in r:
             pr = r["profile"]
+            prefill = (f"The prefill is not in these figures: a profiled generation of the same prompts that stopped "
+                       f"after the prefill ({pr['prefill']['wall_ms']} ms wall, {pr['prefill']['gpu_ms']} ms GPU "
+                       f"kernels) is subtracted from one of {pr['steps']} + 1 tokens." if "prefill" in pr else
+                       f"These per-step figures include 1 / {pr['steps']} of the prefill (a row measured before "
+                       "bench.e2e subtracted it).")
             md += ["", f"## {r['label']}: batch-{pr.get('batch', 1)} decode step, {pr['wall_ms_per_step']} ms wall, "
                        f"{pr['gpu_ms_per_step']} ms GPU kernels"
                        + (f" (GPU busy {pr['gpu_busy_ms_per_step']} ms: {pr['gpu_overlap_ms_per_step']} ms of kernel time "
                           f"overlapped, as under PDL; idle {pr['gpu_idle_ms_per_step']} ms)" if "gpu_busy_ms_per_step" in pr
-                          else ""), *([""] + [f"The prefill is not in these figures: a profiled generation of the same prompts "
-                                           f"that stopped after the prefill ({pr['prefill']['wall_ms']} ms wall, "
-                                           f"{pr['prefill']['gpu_ms']} ms GPU kernels) is subtracted from one of "
-                                           f"{pr['steps']} + 1 tokens."] if "prefill" in pr else
-                                    ["", f"These per-step figures include 1 / {pr['steps']} of the prefill (a row "
-                                         "measured before bench.e2e subtracted it)."]),
-                   "", "| category | ms/step | launches/step | top kernels |",
+                          else ""), "", prefill, "", "| category | ms/step | launches/step | top kernels |",
                    "|---|---|---|---|"]
             md += [f"| {k} | {v['ms_per_step']} | {v['launches_per_step']} | {'; '.join(v['top'])} |"
                    for k, v in pr["by_category"].items()]

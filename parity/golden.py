@@ -104,8 +104,8 @@ def _check_manifest(mf: Path, m: dict) -> None:
     if m["arch"] not in archs or m["num_layers"] < 1:
         raise GoldenError(f"{mf}: arch {m['arch']!r} / num_layers {m['num_layers']}: expected one of {archs} "
                           f"and >= 1 layer")
-    per_layer = len(N.canonical_names(1, m["arch"])) - len(N.canonical_names(0, m["arch"]))
     if m["num_layers"] > max(len(m["order"]), 1024):
+        per_layer = len(N.canonical_names(1, m["arch"])) - len(N.canonical_names(0, m["arch"]))
         # every layer has names in 'order': listing those of 10**9 layers (to name the ones missing) never ended; a
         # smaller count is cheap to list, and the comparison below names what differs
         raise GoldenError(f"{mf}: num_layers {m['num_layers']} but 'order' holds {len(m['order'])} names; a "
