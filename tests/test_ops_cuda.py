@@ -2141,3 +2141,105 @@ def test_module_rows_of_one_packed_tensor(sizes, M, dtype):
         ref = (x.double() @ w.double().t()) * s.double()
         assert_close_rel(be.linear(x, view, s, n, K, None).double(), ref, TOL[dtype], f"w1.58a16 M={M} n={n}")
         p0 = p1
+
+
+# ------------------------------------------------------------------ the quantizer inside the GEMV (kPQ)
+# TRIT_A8_PQ=1: the v5 GEMV's first CTAs quantize x into the global xq / xs / rowsum (row-major at M <= 8, the
+# interleaved tiles above), every CTA waits on a self-resetting device counter, no quantizer launch. The same bytes
+# as the quantizer kernels, so the op's output bit for bit: every dtype, rows around the tile edges, grids with fewer
+# CTAs than rows (small N), odd K (a partial last k-block), zero rows and outliers, two tiles per warp, PDL off;
+# x misaligned or K % 8 != 0 falls back to the quantizer launch.
+def _a8_pq_cases():
+    return [(1, 2560, 2560), (1, 13824, 2560), (3, 640, 2560), (8, 6912, 2560), (9, 2560, 2560), (16, 8192, 8192),
+            (17, 64, 1000), (24, 3840, 2560), (32, 2560, 2560), (32, 13824, 2560), (32, 2560, 6912), (32, 48, 1000),
+            (33, 4096, 4096), (40, 96, 4104), (64, 2560, 2560), (64, 640, 2560), (64, 6144, 4096), (72, 2560, 2560),
+            (128, 640, 2560), (100, 4096, 4096)]
+
+
+@pytest.mark.parametrize("M,N,K", _a8_pq_cases())
+def test_a8_pq_matches_the_quantizer_launch(monkeypatch, M, N, K):
+    monkeypatch.setenv("TRIT_KERNEL", "v5")
+    for dtype in DTYPES:
+        x, w, p, s, b = make_case(M, N, K, dtype, True, 3 * M + N % 97 + K % 89, DEV)
+        if M > 2:
+            x[1].zero_()  # a row of zeros: xs from the 1e-5 floor, rowsum 0
+        x[M - 1, K // 2] = 1e4  # an outlier
+        monkeypatch.delenv("TRIT_A8_PQ", raising=False)
+        want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+        monkeypatch.setenv("TRIT_A8_PQ", "1")
+        for env in ({}, {"TRIT_PDL": "0"}, {"TRIT_WN": "2"}, {"TRIT_A8_FUSEQ": "0"}, {"TRIT_A8_MT8_ROWS2": "1"}):
+            for k, v in env.items():
+                monkeypatch.setenv(k, v)
+            for rep in range(3):  # the counters reset themselves: later calls see the same
+                got = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+                assert torch.equal(got, want), f"pq {env} M={M} N={N} K={K} {dtype} call {rep}"
+            for k in env:
+                monkeypatch.delenv(k)
+        xm = torch.empty(M * K + 1, dtype=dtype, device=DEV)[1:].view(M, K)  # misaligned: the quantizer launch
+        xm.copy_(x)
+        assert torch.equal(torch.ops.trit.ternary_mm_a8(xm, p, s, N, K, b), want), f"pq misaligned M={M} {dtype}"
+        assert_close_rel(want, ops.ternary_mm_a8_ref(x, p, s, N, K, b), TOL[dtype],
+                         "a8 vs ref")
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (8, 14336, 4096), (16, 8192, 8192), (32, 3840, 2560),
+                                   (64, 4096, 4096)])
+def test_a8_pq_routes(monkeypatch, M, N, K):
+    """TRIT_A8_PQ=1 launches the GEMV alone (no quantizer kernel) where it applies, and the default launches both."""
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, False, 5, DEV)
+    run = lambda: torch.ops.trit.ternary_mm_a8(x, p, s, N, K, None)  # noqa: E731
+    monkeypatch.setenv("TRIT_KERNEL", "v5")
+    monkeypatch.setenv("TRIT_A8_FUSEQ", "0")
+    monkeypatch.delenv("TRIT_A8_PQ", raising=False)
+    names = _cuda_kernels(run)
+    assert any("quant_rows" in n for n in names), names
+    monkeypatch.setenv("TRIT_A8_PQ", "1")
+    names = _cuda_kernels(run)
+    assert not any("quant" in n for n in names) and sum("a8_small_kernel" in n for n in names) == 1, names
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 2560, 2560), (32, 2560, 2560), (32, 13824, 2560), (64, 640, 2560)])
+def test_a8_pq_in_a_cuda_graph(monkeypatch, M, N, K):
+    """A chain of kPQ GEMVs (one counter pair, PDL between them) captured once and replayed on new inputs: the eager
+    quantizer-launch route's results, every replay."""
+    monkeypatch.setenv("TRIT_KERNEL", "v5")
+    x, w, p, s, b = make_case(M, N, K, torch.bfloat16, True, 17, DEV)
+    w2 = torch.randint(-1, 2, (K, N), generator=torch.Generator().manual_seed(3), dtype=torch.int8)
+    p2, s2 = ops.repack(w2).to(DEV), (torch.rand(K, generator=torch.Generator().manual_seed(4)) + 0.5).to(DEV)
+
+    def chain(sx):
+        h = sx
+        for _ in range(4):
+            h = torch.ops.trit.ternary_mm_a8(h, p, s, N, K, b)
+            h = torch.ops.trit.ternary_mm_a8(h, p2, s2, K, N, None)
+        return h
+
+    static_x = x.clone()
+    monkeypatch.setenv("TRIT_A8_PQ", "1")
+    g, out = capture(chain, static_x)
+    monkeypatch.delenv("TRIT_A8_PQ")
+    for seed in (1, 2, 3):
+        static_x.copy_(torch.randn(M, K, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(DEV))
+        poison(out)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, chain(static_x)), f"replay {seed}"
+
+
+@settings(max_examples=int(os.environ.get("TRIT_HYPOTHESIS_EXAMPLES", "60")), deadline=None,
+          suppress_health_check=list(HealthCheck))
+@given(M=st.integers(1, 128), N=AWKWARD_N, K=st.sampled_from([8, 128, 136, 1000, 2560, 4104]),
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
+def test_a8_pq_hypothesis(M, N, K, dtype, seed):
+    x, w, p, s, b = make_case(M, N, K, dtype, True, seed, DEV)
+    old = os.environ.get("TRIT_A8_PQ")
+    try:
+        os.environ.pop("TRIT_A8_PQ", None)
+        want = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+        os.environ["TRIT_A8_PQ"] = "1"
+        got = torch.ops.trit.ternary_mm_a8(x, p, s, N, K, b)
+    finally:
+        os.environ.pop("TRIT_A8_PQ", None)
+        if old is not None:
+            os.environ["TRIT_A8_PQ"] = old
+    assert torch.equal(got, want), f"pq M={M} N={N} K={K} {dtype}"
