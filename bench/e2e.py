@@ -114,9 +114,6 @@ _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        # (TRIT_A8_MT8_ROWS2=1; the default: <= 16 Mi weights) / on none (=0: the GEMM kernel / v4, before 94ef372; a
        # tree before it ignores the variable: runs the default)
        "-rows2": {"TRIT_A8_MT8_ROWS2": "1"}, "-rows2off": {"TRIT_A8_MT8_ROWS2": "0"},
-       # the quantizer inside the v5 GEMV (TRIT_A8_PQ=1: no quantizer launch in front of the layers whose input is raw
-       # x at M <= 128 on the GEMV route; a tree before it ignores the variable: runs the default)
-       "-pq": {"TRIT_A8_PQ": "1"},
        "-fnorm": {"TRIT_FUSED_NORM_QUANT": "1"}, "-pro": {"TRIT_A8_PROLOGUE": "1"},
        # the fused norm + quantizer with the GEMV reading its quantization up to M = 32 (B = 32 decode steps;
        # TRIT_A8_PRE_MAXM is 32 by default since H200 run 38: pinned here so the label means the same in old trees)

@@ -397,11 +397,6 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
         if M > 16:  # the v4 route's (and int8 cuBLAS's) quantizer before session 47: one element per load, the v4
             # route without PDL (TRIT_A8_V4Q=0); where the default takes neither route it times the same op
             variants["a8_v4q0"] = with_env({"TRIT_A8_V4Q": "0"}, variants["a8"])
-        if M <= 128:  # the quantizer inside the v5 GEMV (TRIT_A8_PQ=1, a8_small_kernel kPQ: no quantizer launch);
-            # where the op takes another route (GEMM kernel, v4) the same op
-            variants["a8_pq"] = with_env({"TRIT_A8_PQ": "1"}, variants["a8"])
-            if M == 1:  # the quantizer launch in front at M = 1 (the fused quantizer off), what kPQ replaces
-                variants["a8_fuseq0"] = with_env({"TRIT_A8_FUSEQ": "0"}, variants["a8"])
         if 64 < M <= 128:  # the MT = 8 GEMV over two row tiles of 64: TRIT_A8_MT8_ROWS2=1 on every layer it takes at
             # M = 64 (the default: <= 16 Mi weights), =0 never (the GEMM kernel / v4, before 94ef372)
             variants["a8_rows2"] = with_env({"TRIT_A8_MT8_ROWS2": "1"}, variants["a8"])
@@ -485,7 +480,7 @@ def bench_shape(N, K, ms, hum: Humming, out_rows, quick=False, ks_sweep=False, s
                 if name in ("a8_bp", "a8_noxi", "a8_xqloop", "a8_xqcl8", "a8_xqcl1", "a8_mt8", "a8_mt8_noxi",
                             "a8_mt8_xqloop", "a8_mt8_xqcl1", "a8_mt8_xqcl8", "a8_split64", "a8_gqcl0", "a8_gqcl1",
                             "a8_gqcl8", "a8_gemmq0", "a8_gemmq1", "a8_gemmq8", "a8_v4q0", "a8_rows2",
-                            "a8_rows2off", "a8_pq", "a8_fuseq0") \
+                            "a8_rows2off") \
                         and "a8" in variants:  # the default's result bit for bit (same sums)
                     row[f"{name}_equal"] = bool(torch.equal(y0, variants["a8"](0)))
                 if name == "a8_fnorm_t" and "a8_fnorm" in variants:  # the row-major route's, bit for bit
@@ -707,20 +702,6 @@ def markdown(meta, rows) -> str:
             lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('bf16_us'), '.1f')} | {_f(a, '.1f')} | "
                          f"{_f(o, '.1f')} | {_f(r.get('a8_rows2off_us'), '.1f')} | "
                          f"{_f(o / off if off and o else None, '.2f')} | {_f(r.get('humming_us'), '.1f')} | {eq} |")
-    pq = [r for r in rows if r.get("a8_pq_us") or r.get("a8_pq_error")]
-    if pq:
-        lines += ["", "The quantizer inside the v5 GEMV (TRIT_A8_PQ=1: the grid's first CTAs write xq, every CTA waits on "
-                  "a device counter; one launch) against the default (a quantizer launch in front, or at M = 1 on "
-                  "small layers the fused quantizer: every CTA quantizes x; `fuseq0` = the quantizer launch there); "
-                  "where the op takes the GEMM kernel / v4 both time the same op. `equal`: bit for bit.", "",
-                  "| N x K | M | bf16 us | a8 us | fuseq0 us | a8_pq us | pq gain us | humming us | equal |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for r in pq:
-            a, o = r.get("a8_us"), r.get("a8_pq_us")
-            eq = all(r.get(f"{k}_equal", True) for k in ("a8_pq", "a8_fuseq0"))
-            lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {_f(r.get('bf16_us'), '.1f')} | {_f(a, '.1f')} | "
-                         f"{_f(r.get('a8_fuseq0_us'), '.1f')} | {_f(o, '.1f')} | {_f(a - o if a and o else None, '+.1f')} | "
-                         f"{_f(r.get('humming_us'), '.1f')} | {eq} |")
     v4 = [r for r in rows if r.get("a8_v4q0_us") or r.get("a8_v4q0_error")]
     if v4:
         lines += ["", "The v4 a8 route's quantizer (M > 64 where neither the GEMM kernel nor the MT = 8 GEMV runs; a8_dense's too): the "

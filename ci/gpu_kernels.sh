@@ -183,10 +183,7 @@ SETS = ({}, {"TRIT_A8_FUSEQ": "1", "TRIT_WN": "2", "TRIT_A8_DENSE_MIN_M": "17"},
               # route forced at M <= 64 (split-K counters zeroed by the quantizer)
               {"TRIT_RNQ_CLUSTER": "", "TRIT_A8_GEMM_QCL": "1"}, {"TRIT_A8_GEMM_QCL": "8", "TRIT_A8_GEMM": "1"},
               # the MT = 8 GEMV over two row tiles at 64 < M <= 128 (M = 70 below: 6 zero rows in the second tile)
-              {"TRIT_A8_GEMM_QCL": "", "TRIT_A8_GEMM": "", "TRIT_A8_MT8_ROWS2": "1"},
-              # the quantizer inside the GEMV (kPQ: producer CTAs write the global xq, the grid waits on a counter),
-              # at every M <= 128 the GEMV takes, with one and two tiles per warp
-              {"TRIT_A8_PQ": "1", "TRIT_A8_FUSEQ": "0"}, {"TRIT_WN": "2"})
+              {"TRIT_A8_GEMM_QCL": "", "TRIT_A8_GEMM": "", "TRIT_A8_MT8_ROWS2": "1"})
 # SAN_LAST=n: the default set and the last n sets only (a quick check of the newest knobs)
 if int(os.environ.get("SAN_LAST", "0")) > 0:
   SETS = SETS[:1] + SETS[-int(os.environ["SAN_LAST"]):]

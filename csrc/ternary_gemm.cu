@@ -1041,14 +1041,12 @@ __device__ __forceinline__ uint2 quant_group8(const float (&e)[8], float xs, int
   const uint32_t hi = (q[2] & 0xFF) | ((q[6] & 0xFF) << 8) | ((q[3] & 0xFF) << 16) | ((uint32_t)(q[7] & 0xFF) << 24);
   return make_uint2(lo, hi);
 }
-// quantize_row_perm_t: the same with the CTA's threads given as (tid, nthr: a multiple of 32) - a 2-D CTA
-// (a8_small_kernel kPQ); max and integer sum are order-free, so any thread count gives the same bytes.
 template <typename T, typename Store>
-__device__ __forceinline__ float quantize_row_perm_t(const T* __restrict__ row, int K, int Kp, bool vec, int tid,
-                                                     int nthr, float* scr_f, int* scr_i, Store&& store, int& sum) {
-  const int lane = tid & 31, warp = tid >> 5, nwarps = nthr >> 5;
+__device__ __forceinline__ float quantize_row_perm(const T* __restrict__ row, int K, int Kp, bool vec, float* scr_f,
+                                                   int* scr_i, Store&& store, int& sum) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   float amax = 0.f;
-  for (int k = tid * 8; k < K; k += nthr * 8) {
+  for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
     float e[8];
     load8<T>(row, k, K, vec, e);
 #pragma unroll
@@ -1062,7 +1060,7 @@ __device__ __forceinline__ float quantize_row_perm_t(const T* __restrict__ row, 
   for (int w = 1; w < nwarps; ++w) amax = fmaxf(amax, scr_f[w]);
   const float xs = (1.f / fmaxf(amax, 1e-5f)) * 127.f;  // as torch: reciprocal(t) * 127
   int part = 0;
-  for (int k = tid * 8; k < Kp; k += nthr * 8) {
+  for (int k = threadIdx.x * 8; k < Kp; k += blockDim.x * 8) {
     float e[8];
     load8<T>(row, k, K, vec, e);  // zeros past K
     store(k, quant_group8(e, xs, part));
@@ -1072,15 +1070,9 @@ __device__ __forceinline__ float quantize_row_perm_t(const T* __restrict__ row, 
   if (lane == 0) scr_i[warp] = part;
   __syncthreads();
   sum = 0;
-  if (tid == 0)
+  if (threadIdx.x == 0)
     for (int w = 0; w < nwarps; ++w) sum += scr_i[w];
   return xs;
-}
-template <typename T, typename Store>
-__device__ __forceinline__ float quantize_row_perm(const T* __restrict__ row, int K, int Kp, bool vec, float* scr_f,
-                                                   int* scr_i, Store&& store, int& sum) {
-  return quantize_row_perm_t<T>(row, K, Kp, vec, (int)threadIdx.x, (int)blockDim.x, scr_f, scr_i,
-                                static_cast<Store&&>(store), sum);
 }
 
 // The layer input in front of the fused quantizer (trit::ternary_mm_a8_prologue; A8Pro): what vLLM's
@@ -1269,47 +1261,7 @@ __device__ __forceinline__ float pro_quantize_row(const T* __restrict__ x, const
 // M = 32): 26 sectors per global load request, the L1 at 68% of its peak, lg_throttle stalls; with kXI (run 40)
 // 14 sectors, 47%, no lg_throttle, 16.9 -> 13.5 us. Run 41: equal or faster at M = 12 - 32 on all 13 shapes
 // (28672x4096 M = 32 29.9 -> 21.6 us, 14336x4096 17.3 -> 13.6, 4096x14336 17.0 -> 14.2).
-// The interleaved layout's byte of row m at row-major offset k (k % 8 == 0) in a k-block-major xq of Mp rows:
-// quant_rows_perm_kernel kXI, quant_rows_cluster_kernel kXI and rms_norm_quant_kernel (layout 1, Mp 16 / 32
-// only) write it, a8_small_kernel kXI reads it. The piece size follows Mp: 8 bytes at Mp >= 64 (the MT = 8 tiles: 64
-// rows, or 128 = two row tiles of 64, TRIT_A8_MT8_ROWS2), else 16.
-__device__ __forceinline__ size_t xi_offset(int m, int k, int Mp) {
-  const int kk = k & (kBlockK - 1);
-  const size_t tile = ((size_t)(k >> 7) * Mp + (m & ~7)) * kBlockK;
-  if (Mp >= 64) return tile + 256 * ((kk >> 3) & 3) + 32 * (m & 7) + 8 * (kk >> 5);
-  return tile + 512 * ((kk >> 4) & 1) + 64 * (m & 7) + 16 * (kk >> 5) + 8 * ((kk >> 3) & 1);
-}
-// kPQ (TRIT_A8_PQ, see a8_pq_on; MT = 1 row-major or kXI, no prologue): the quantizer in front runs inside the GEMV
-// without the redundant work of kFuseQ - after the PDL wait the grid's first P = min(CTAs, rows) CTAs (linear index,
-// y-major: dispatched first) each quantize rows p, p + P, .. of x into the global xq / xs / rowsum that the separate
-// quantizer would have written (quantize_row_perm_t: the same bytes; kXI: zero rows M .. Mp - 1 too), and count
-// themselves in pq_sync[0] (release); every CTA then waits for the count P (acquire) and reads xq as the other
-// kernels do, but with coherent loads (__ldca / plain; not the read-only path: xq is written inside this grid).
-// The last CTA past the wait (pq_sync[1]) resets both counters, so every launch starts from zero; the next launch
-// touches them only after its own PDL wait, i.e. after this grid has finished. Two kPQ launches must not run
-// concurrently on one device (one pair of counters; vLLM runs its forward on one stream). Forward progress: the
-// waiting CTAs hold SMs while P of the lowest-indexed CTAs produce; CTAs are dispatched in index order (the
-// assumption single-pass scans make) and this kernel never triggers its dependents, so every producer is resident
-// or finished before a later kernel's CTAs can take an SM.
-__device__ int pq_sync[2];  // zero at module load; [0] producers done, [1] CTAs past the wait
-__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_release_gpu_add(int* p, int v) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-// a pointer the compiler cannot trace back to a const __restrict__ kernel parameter (whose loads it may turn into
-// read-only-path loads): kPQ's xs / rowsum are written by this grid
-template <typename P> __device__ __forceinline__ P* launder_ptr(P* p) {
-  uint64_t v;
-  asm volatile("mov.b64 %0, %1;" : "=l"(v) : "l"(reinterpret_cast<uint64_t>(p)));
-  return reinterpret_cast<P*>(v);
-}
-
-template <typename T, int MT, int WN, bool kFuseQ = false, bool kBP = false, bool kRM = false, bool kXI = false,
-          bool kPQ = false>
+template <typename T, int MT, int WN, bool kFuseQ = false, bool kBP = false, bool kRM = false, bool kXI = false>
 __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
     a8_small_kernel(const int8_t* __restrict__ xq, const float* __restrict__ xs, const int32_t* __restrict__ rowsum,
                     const int4* __restrict__ wp, const float* __restrict__ scale, const T* __restrict__ bias,
@@ -1318,7 +1270,6 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
   static_assert(!kFuseQ || (MT == 1 && WN == 1), "the fused quantizer is the M <= 8 single-tile kernel");
   static_assert(!kRM || (MT >= 2 && MT <= 4 && !kFuseQ), "row-major xq past M = 8: the MT = 2 / 4 kernels");
   static_assert(!kXI || (MT >= 2 && !kRM && !kFuseQ), "interleaved xq: the k-block-major MT = 2 / 4 / 8 kernels");
-  static_assert(!kPQ || (!kFuseQ && !kBP && !kRM && (MT == 1 || kXI)), "kPQ: the row-major MT = 1 or the kXI xq");
   extern __shared__ __align__(16) int redi[];  // [NW][KS][WN*MT][4][32] (+ the kFuseQ area)
   constexpr int kU = V5Chunk<MT * WN>::value;
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -1348,12 +1299,11 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
 
   // xp: this lane's 32 inputs of row g in k-block kb0; row tile mt at + 64 * mt (MT >= 2);
   // the next k-block at + kbs (uint4 units); kXI: the lane's first uint4 at 16 * lane, its second 512 bytes on
-  const int8_t* xqr = kPQ ? launder_ptr(xq) : xq;  // kPQ: xq is written by this grid (see launder_ptr)
   const uint4* xp = reinterpret_cast<const uint4*>(
       kFuseQ    ? sx + min(g, M - 1) * ld + kb0 * kBlockK + c * 32
-      : (MT == 1 || kRM) ? xqr + (size_t)min(g, M - 1) * KB * kBlockK + (size_t)kb0 * kBlockK + c * 32
-      : kXI              ? xqr + (size_t)kb0 * Mp * kBlockK + (MT == 8 ? 0 : lane * 16)
-                         : xqr + ((size_t)kb0 * Mp + g) * kBlockK + c * 32);
+      : (MT == 1 || kRM) ? xq + (size_t)min(g, M - 1) * KB * kBlockK + (size_t)kb0 * kBlockK + c * 32
+      : kXI              ? xq + (size_t)kb0 * Mp * kBlockK + (MT == 8 ? 0 : lane * 16)
+                         : xq + ((size_t)kb0 * Mp + g) * kBlockK + c * 32);
   constexpr int kHalf = kXI ? 32 : 1;  // uint4 h of a lane's 32 inputs at + kHalf * h
   const int kbs = (MT == 1 || kRM) ? 8 : Mp * 8;
   // MT = 8 over more than 64 rows (a8_v5's 64 < M <= 128: Mp = 128, grid.y = 2): CTA row blockIdx.y owns rows r0 ..
@@ -1372,9 +1322,8 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
     if constexpr (kRM) return toff[mt];
     else return 64 * mt;
   };
-  auto ldx = [](const auto* p) {  // x: shared memory (kFuseQ), coherent global (kPQ) or read-only global
+  auto ldx = [](const auto* p) {  // x: shared memory (kFuseQ) or read-only global
     if constexpr (kFuseQ) return *p;
-    else if constexpr (kPQ) return __ldca(p);
     else return __ldg(p);
   };
   const int4* wq = wp + ((size_t)tl * KB + kb0) * 32 + lane;
@@ -1472,60 +1421,10 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
     __syncthreads();  // xq, xs and rowsum of every row are in shared memory
   };
 
-  // kPQ: after the PDL wait the first P CTAs quantize x into the global xq / xs / rowsum, every CTA waits for them
-  // (see pq_sync); the quantizer's scratch is the split-K buffer's first 16 words (used again only in the epilogue)
-  auto pq_produce = [&]() {
-    const int nctas = gridDim.x * gridDim.y, cta = blockIdx.y * gridDim.x + blockIdx.x;
-    const int rows = MT == 1 ? M : Mp;  // kXI: zero rows M .. Mp - 1 as well
-    const int P = min(nctas, rows);
-    if (cta < P) {
-      const int Kp = KB * kBlockK;
-      int8_t* xw = launder_ptr(const_cast<int8_t*>(xq));
-      float* xsw = launder_ptr(const_cast<float*>(xs));
-      int32_t* rsw = launder_ptr(const_cast<int32_t*>(rowsum));
-      for (int m = cta; m < rows; m += P) {
-        auto dst = [&](int k) {
-          if constexpr (kXI) return reinterpret_cast<uint2*>(xw + xi_offset(m, k, Mp));
-          else return reinterpret_cast<uint2*>(xw + (size_t)m * Kp + k);
-        };
-        if (m >= M) {  // a zero row of the interleaved tiles (its outputs are never stored)
-          for (int k = ptid * 8; k < Kp; k += pnthr * 8) *dst(k) = make_uint2(0u, 0u);
-          continue;
-        }
-        int sum;
-        const float s = quantize_row_perm_t<T>(x + (size_t)m * K, K, Kp, true, ptid, pnthr,
-                                               reinterpret_cast<float*>(redi), redi + 8,
-                                               [&](int k, uint2 v) { *dst(k) = v; }, sum);
-        if (ptid == 0) {
-          rsw[m] = sum;
-          xsw[m] = s;
-        }
-      }
-      __syncthreads();  // every store of this CTA before its release (cumulative: the barrier orders them first)
-      if (ptid == 0) red_release_gpu_add(&pq_sync[0], 1);
-    }
-    if (ptid == 0) {
-      long long t0 = -1;  // a producer that never runs (the dispatch-order assumption broken): trap after 20 s, as
-      while (ld_acquire_gpu(&pq_sync[0]) < P) {  // chain_grid_sync does, instead of hanging the device
-        unsigned long long t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t0 < 0) t0 = (long long)t;
-        else if ((long long)t - t0 > 20000000000ll) __trap();
-      }
-      if (atomicAdd(&pq_sync[1], 1) == nctas - 1) {  // the last CTA past the wait: nobody reads them again
-        atomicExch(&pq_sync[1], 0);
-        atomicExch(&pq_sync[0], 0);
-      }
-    }
-    __syncthreads();  // the acquire above orders every thread's reads of xq / xs / rowsum after the producers' stores
-  };
-
   // chunk_loop loads weights only before pdl_wait (xq, or x, is written by the kernel launched before)
   const int nch = nk / kU;
   if constexpr (kFuseQ) {
     chunk_loop<kU, kU * WN>(wq, lane, nk, nch, flags, load_chunk, run_chunk, quantize);
-  } else if constexpr (kPQ) {
-    chunk_loop<kU, kU * WN>(wq, lane, nk, nch, flags, load_chunk, run_chunk, pq_produce);
   } else {
     chunk_loop<kU, kU * WN>(wq, lane, nk, nch, flags, load_chunk, run_chunk);
   }
@@ -1546,8 +1445,7 @@ __global__ void __launch_bounds__(kV5Threads, A8MinCtas<MT, WN>::value)
     for (int t = 0; t < WN * MT; ++t) a8_rows4_fix(acc[t]);
   }
   small_epilogue<T, true, MT, WN>(acc, redi, tile, M - r0, N, scale, bias, y + (size_t)r0 * N,
-                                  kFuseQ ? sxs : (kPQ ? launder_ptr(xs) : xs) + r0,
-                                  kFuseQ ? srs : (kPQ ? launder_ptr(rowsum) : rowsum) + r0);
+                                  kFuseQ ? sxs : xs + r0, kFuseQ ? srs : rowsum + r0);
 }
 
 
@@ -1938,6 +1836,16 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
 // the 8 bytes of row g at plain offset kk = 32c + 8i go to byte 256i + 32g + 8c of the tile, i.e. lane l = 4g + c's
 // word i at 256i + 8l, so that each warp load reads 256 contiguous bytes (8 sectors) where the plain order reads
 // 8 rows x 4 quarter-used sectors (32) and the 16-byte interleave above 16 half-used ones.
+// The interleaved layout's byte of row m at row-major offset k (k % 8 == 0) in a k-block-major xq of Mp rows:
+// quant_rows_perm_kernel kXI, quant_rows_cluster_kernel kXI and rms_norm_quant_kernel (layout 1, Mp 16 / 32
+// only) write it, a8_small_kernel kXI reads it. The piece size follows Mp: 8 bytes at Mp >= 64 (the MT = 8 tiles: 64
+// rows, or 128 = two row tiles of 64, TRIT_A8_MT8_ROWS2), else 16.
+__device__ __forceinline__ size_t xi_offset(int m, int k, int Mp) {
+  const int kk = k & (kBlockK - 1);
+  const size_t tile = ((size_t)(k >> 7) * Mp + (m & ~7)) * kBlockK;
+  if (Mp >= 64) return tile + 256 * ((kk >> 3) & 3) + 32 * (m & 7) + 8 * (kk >> 5);
+  return tile + 512 * ((kk >> 4) & 1) + 64 * (m & 7) + 16 * (kk >> 5) + 8 * ((kk >> 3) & 1);
+}
 // kNat: the v4 a8_kernel's layout (row-major [M, Kp], Mp = 0) in natural byte order - quant_rows_kernel's bytes, with
 // 16-byte loads and the PDL trigger / wait (TRIT_A8_V4Q, default 1; the v4 route's and a8_dense's quantizer).
 template <typename T, bool kWG = false, bool kXI = false, bool kNat = false>
@@ -2356,11 +2264,6 @@ int env_int(const char* name, int dflt) {
 // TRIT_A8_V4Q (read per call, default 1): the v4 a8 route's and a8_dense's quantizer with 16-byte loads, the v4
 // route under PDL (dispatch_a8); 0: quant_rows_kernel and plain launches
 bool a8_v4q_on() { return env_int("TRIT_A8_V4Q", 1) != 0; }
-// TRIT_A8_PQ (read per call, default 0): the v5 GEMV quantizes its own x (a8_small_kernel kPQ: the first CTAs of the
-// grid write xq, every CTA waits for them) in place of the quantizer launch in front, where the GEMV reads the
-// row-major (M <= 8) or the interleaved xq, x is raw (no prologue / act / pre), K % 8 == 0 and x 16-byte aligned;
-// it takes precedence over the auto fused quantizer at M = 1 (TRIT_A8_FUSEQ=1 still forces that one)
-bool a8_pq_on() { return env_int("TRIT_A8_PQ", 0) != 0; }
 Knobs knobs() {
   const char* k = getenv("TRIT_KERNEL");
   Knobs n;
@@ -2645,8 +2548,7 @@ bool fuseq_auto(int M, int N, int K) { return M == 1 && (long)N * K <= (32L << 2
 template <typename T, int MT, bool kBP = false, bool kRM = false, bool kXI = false>
 cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, const T* x, int K,
                                const int8_t* xq, const float* xs, const int32_t* rowsum, const int32_t* wp,
-                               const float* scale, const T* bias, T* y, int M, int N, int KB, cudaStream_t st,
-                               bool pq = false) {
+                               const float* scale, const T* bias, T* y, int M, int N, int KB, cudaStream_t st) {
   static_assert(!kRM || (MT >= 2 && MT <= 4 && !kBP), "row-major xq: the MT = 2 / 4 code-layout kernels");
   const int n_tiles = (N + kTileN - 1) / kTileN, n_warps = (n_tiles + cfg.wn - 1) / cfg.wn;
   size_t smem = (size_t)cfg.nw * cfg.ks * cfg.wn * MT * 128 * sizeof(int);
@@ -2658,17 +2560,6 @@ cudaError_t launch_a8_small_mt(const Cfg& cfg, bool pdl, bool fuseq, int flags, 
     if (fuseq) {
       kernel = a8_small_kernel<T, 1, 1, true, kBP>;
       smem += fuseq_smem(M, KB);
-    }
-  }
-  if (pq) {  // the quantizer inside (kPQ): the row-major MT = 1 or the interleaved xq, code layout
-    if constexpr (!kBP && !kRM && (MT == 1 || kXI)) {
-      if (fuseq) return cudaErrorInvalidValue;
-      kernel = a8_small_kernel<T, MT, 1, false, false, false, kXI, true>;
-      if constexpr (MT <= 4) {
-        if (cfg.wn == 2) kernel = a8_small_kernel<T, MT, 2, false, false, false, kXI, true>;
-      }
-    } else {
-      return cudaErrorInvalidValue;
     }
   }
   // MT = 8 past 64 rows (a8_v5, TRIT_A8_MT8_ROWS2): one CTA row per 64 rows of x, xq of Mp = 64 * row tiles rows
@@ -2911,12 +2802,8 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     const bool vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
     const bool pdl = kn.pdl && pdl_supported();
     Cfg cfg = small_cfg(kn, M, N, K, true);  // M <= 8: mt = 1, the layout pre's xq has (above: kRM)
-    // the quantizer inside the GEMV (TRIT_A8_PQ=1, a8_pq_on): raw x with vector loads, row-major (MT = 1) or
-    // interleaved xq
-    const bool pq_req = a8_pq_on() && !pre && !bp && act == 0 && vec && (cfg.mt == 1 || kn.xi);
     // the fused quantizer: M <= 8, vector loads of x, its shared memory within the default 48 KB
-    const bool want_fuseq = !pre && act == 0 &&
-                            (kn.fuseq == 1 || (kn.fuseq < 0 && !pq_req && cfg.wn == 1 && fuseq_auto(M, N, K)));
+    const bool want_fuseq = !pre && act == 0 && (kn.fuseq == 1 || (kn.fuseq < 0 && cfg.wn == 1 && fuseq_auto(M, N, K)));
     // the fused kernel: one tile per warp, ks as for a WN = 1 launch, one warp along N unless TRIT_NW asks for
     // more (every CTA quantizes the whole row: nw tiles per CTA divide that redundant work by nw)
     Cfg fcfg = cfg;
@@ -2930,10 +2817,9 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
                        (size_t)fcfg.nw * fcfg.ks * 512 + fuseq_smem(M, KB) <= 48 * 1024;
     // the interleaved xq (TRIT_A8_XI, default on): the code-layout MT = 2 / 4 / 8 kernels behind their own quantizer
     const bool xi = kn.xi && !pre && !bp && cfg.mt >= 2;
-    const bool pq = pq_req && !fuseq;
     if (fuseq) {
       cfg = fcfg;
-    } else if (!pre && !pq) {
+    } else if (!pre) {
       // k-block-major xq for MT >= 2, zero rows to 8 * MT (MT = 8: to a multiple of 64, TRIT_A8_MT8_ROWS2)
       const int Mp = cfg.mt == 1 ? 0 : cfg.mt == 8 ? (M + 63) / 64 * 64 : 8 * cfg.mt;
       // the row-major layout (M <= 8): the cluster quantizer on long rows (or as TRIT_QUANT_CLUSTER asks)
@@ -2976,13 +2862,13 @@ cudaError_t dispatch_a8(const T* x, const int32_t* wp, const float* scale, const
     }
     if (xi) {
       switch (cfg.mt) {
-        case 2: return launch_a8_small_mt<T, 2, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st, pq);
-        case 4: return launch_a8_small_mt<T, 4, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st, pq);
-        default: return launch_a8_small_mt<T, 8, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st, pq);
+        case 2: return launch_a8_small_mt<T, 2, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+        case 4: return launch_a8_small_mt<T, 4, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
+        default: return launch_a8_small_mt<T, 8, false, false, true>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
       }
     }
     switch (cfg.mt) {
-      case 1: return launch_a8_small_mt<T, 1>(cfg, pdl, fuseq, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st, pq);
+      case 1: return launch_a8_small_mt<T, 1>(cfg, pdl, fuseq, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
       case 2: return launch_a8_small_mt<T, 2>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
       case 4: return launch_a8_small_mt<T, 4>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
       default: return launch_a8_small_mt<T, 8>(cfg, pdl, false, flags, x, K, q, xs, rowsum, wp, scale, bias, y, M, N, KB, st);
