@@ -183,6 +183,7 @@ class Module:
     levels: Optional[str] = None  # LinearEntry.levels: "ternary" where the zero points were found to give ternary
     fields: Optional[int] = None  # PackSpec.fields: codes per container that do not tile it (HQQ 3bit_32)
     gguf_i2s: bool = False  # the weight is a GGUF I2_S tensor (its type names bitnet.cpp's layouts)
+    one_block: bool = False  # rows may be padded to exactly twice their length by one block (choose_bits)
     stored_as: Optional[str] = None  # PackSpec.stored_as: weight is the integer view of a float tensor (HQQ view_as_float)
     stored: Optional[TensorStats] = None  # the stored float tensor's stats where stored_as is set (weight: its view)
     hqq_meta: dict = field(default_factory=dict)  # HQQ meta key (HQQ_META) -> its TensorStats, next to a W_q
@@ -418,6 +419,18 @@ def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]
                 unique[b] = unique.get(b, 0) + 1
     if not fits:
         return _set_bits(modules, hint or 2)
+    one = _one_block_width(packed, fits, cfg)
+    if one is not None:
+        n_strict = fits.get(one, 0)
+        findings.append(Finding(
+            "code width", f"{one}-bit codes, rows padded to one block",
+            f"no width fits all {len(packed)} packed tensors as stored ({ {f'{b}-bit': n for b, n in fits.items()} }); "
+            f"{one}-bit codes fit {n_strict} and the other {len(packed) - n_strict} with each row padded to exactly "
+            f"twice its length (one block: rows shorter than the packing block) - also the size of an unpadded "
+            f"{2 * one}-bit packing of them, which would leave the rest without a width", "medium"))
+        for m in packed:
+            m.one_block = True
+        return _set_bits(modules, one)
     if GPTQ_STREAM_BITS in fits and not _declared_bits(cfg):
         _refuse_ambiguous_stream(packed, ok_of)
 
@@ -441,6 +454,21 @@ def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]
         + (f"; config.json says {hint} bits" if hint else ""),
         "high" if fits[best] == len(packed) and not any(n == fits[best] for n in others.values()) else "medium"))
     return _set_bits(modules, best)
+
+
+def _one_block_width(packed: list[Module], fits: dict, cfg: ModelConfig) -> Optional[int]:
+    """The one width that fits every packed byte tensor once rows shorter than a block may be padded to one block
+    (layout_options one_block), where no width fits them all as stored and config.json names none; else None.
+    A model of short rows (hidden 64) in a 128-input-block layout stores those rows as an unpadded packing at twice
+    the width would, while its longer rows fit only the real width: a vote without the padded reading splits the
+    model across two widths, and the decode fails or reads codes at the wrong width."""
+    if _declared_bits(cfg) or any(n == len(packed) for n in fits.values()):
+        return None
+    if any(INT_DTYPES[m.weight.dtype] != 8 for m in packed):
+        return None
+    full = [b for b in bits_options(8) if all(
+        layout_options(tuple(m.weight.shape), m.logical, 8, b, _part_rows(m), one_block=True) for m in packed)]
+    return full[0] if len(full) == 1 else None
 
 
 #: AutoGPTQ's bit-stream width (``QuantLinear.pack``'s bits == 3 branch: 32 codes in three int32, codes straddling
@@ -536,11 +564,14 @@ def _mixed_bits(modules, packed, ok_of, fits, rank, hint, findings) -> int:
     return main
 
 
-def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int, parts: tuple = ()
+def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int, parts: tuple = (), one_block: bool = False
                    ) -> list[tuple[bool, int]]:
     """(transposed, pack_axis) pairs under which ``stored`` can hold ``logical``.  ``parts``: the row
     counts of a fused tensor, whose parts may each have been packed (and padded) on their own along
-    axis 0 (PackSpec.segments)."""
+    axis 0 (PackSpec.segments).  ``one_block``: also an axis padded to exactly twice its length by one
+    block (a 64-input row in one 128-input block: bitnet.cpp I2_S of a hidden-64 model) - the size of an
+    unpadded packing at twice the width, so choose_bits asks for it only where no width fits every tensor
+    without it."""
     v = cbits // bits
     out = []
     for transposed in (False, True):
@@ -559,7 +590,8 @@ def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int, parts: 
                 lens.add(sum(-(-n // v) for n in parts))
             # a layout that pads the axis to twice its length or more is not one (a block longer than
             # the axis would let 2-bit codes "fit" an unpacked int8 matrix)
-            if packed in lens and (packed * v < 2 * length or packed == -(-length // v)):
+            if packed in lens and (packed * v < 2 * length or packed == -(-length // v)
+                                   or (one_block and packed * v == 2 * length)):
                 out.append((transposed, axis))
     return out
 
@@ -1932,7 +1964,7 @@ def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, find
                 raise InspectError(f"{m.where()}: {bits}-bit codes in {st.dtype}: {bits}-bit weights are read as "
                                    f"AutoGPTQ's bit stream in int32 qweights only (expected dtype I32)")
             m.codec = "bitstream"
-        opts = layout_options(tuple(st.shape), m.logical, cbits, bits, _part_rows(m))
+        opts = layout_options(tuple(st.shape), m.logical, cbits, bits, _part_rows(m), one_block=m.one_block)
         if cbits == bits:  # one value per element: no pack axis, only (maybe) transposed storage
             opts = sorted({(t, 1) for t, _ in opts})
         if not opts and m.codec == "bitstream":
