@@ -589,7 +589,7 @@ def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int, parts: 
             if axis == 0 and len(parts) > 1:
                 lens.add(sum(-(-n // v) for n in parts))
             # a layout that pads the axis to twice its length or more is not one (a block longer than
-            # the axis would let 2-bit codes "fit" an unpacked int8 matrix)
+            # the axis would let 2-bit codes "fit" an unpacked int8 matrix) - but for one_block's exactly 2x
             if packed in lens and (packed * v < 2 * length or packed == -(-length // v)
                                    or (one_block and packed * v == 2 * length)):
                 out.append((transposed, axis))

@@ -1,7 +1,7 @@
 """Rows shorter than a packing block: a 2-bit layout that pads each row to one block of 128 (or 256) inputs stores
-exactly twice the row's length in codes, which is also the size of an unpadded 4-bit packing of it. The inspector
-must keep both readings as candidates and let the trained model's loss decide (a bitnet.cpp I2_S-style tensor of a
-hidden-64 model was read as 4-bit codes, or refused when the other rows did not fit 4 bits)."""
+exactly twice the row's length in codes, which is also the size of an unpadded 4-bit packing of it. Where the longer
+rows of the same model fit only 2 bits, the code-width vote must take 2 bits for every tensor (a bitnet.cpp
+I2_S-style hidden-64 model was split across 2 and 4 bits and refused: "no candidate decodes cleanly")."""
 from __future__ import annotations
 
 from pathlib import Path
