@@ -115,6 +115,9 @@ _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        # tree before it ignores the variable: runs the default)
        "-rows2": {"TRIT_A8_MT8_ROWS2": "1"}, "-rows2off": {"TRIT_A8_MT8_ROWS2": "0"},
        "-fnorm": {"TRIT_FUSED_NORM_QUANT": "1"}, "-pro": {"TRIT_A8_PROLOGUE": "1"},
+       # the fused norm + quantizer only in one-token steps (B = 1 decode), vLLM's norm + the layer's quantizer
+       # elsewhere (TRIT_FUSED_NORM_QUANT=one, a torch.cond on the token count; a tree before it reads it as 1: -fnorm)
+       "-fnorm1": {"TRIT_FUSED_NORM_QUANT": "one"},
        # the fused norm + quantizer with the GEMV reading its quantization up to M = 32 (B = 32 decode steps;
        # TRIT_A8_PRE_MAXM is 32 by default since H200 run 38: pinned here so the label means the same in old trees)
        "-fnorm32": {"TRIT_FUSED_NORM_QUANT": "1", "TRIT_A8_PRE_MAXM": "32"},

@@ -176,6 +176,57 @@ def test_fused_norm_compiles_and_matches_default(tmp_path):
     _assert_own_compile_cache(tmp_path)
 
 
+def test_fused_norm_one_token_route(tmp_path):
+    """TRIT_FUSED_NORM_QUANT=one on a Llama-shaped ternary checkpoint: trit::rms_norm_a8q (input norm -> qkv_proj,
+    post-attention norm -> gate_up_proj) only where a step holds one token (route_tokens' torch.cond inside the graph
+    vLLM compiles once), vLLM's norm and the layers' own quantizer elsewhere. One prompt: two fused norms per layer in
+    every decode step, none in the prefill or the 48-token teacher-forced pass; two prompts (two-token decode steps):
+    none. Both within rounding of the default route (the fused norm's own arithmetic is checked under =1,
+    test_fused_norm_llama_compiles_and_matches_default); any other value is refused by name."""
+    from reference.make_model import Preset, write_model
+    from trit.vllm.quant import fused_norm_mode
+
+    assert [fused_norm_mode(v) for v in ("", "0", "1", "all", "one", " One ")] == ["", "", "all", "all", "one", "one"]
+    with pytest.raises(ValueError, match="TRIT_FUSED_NORM_QUANT='m1'"):
+        fused_norm_mode("m1")
+    d = write_model(Preset("llama", 128, 256, 2, 4, 2, 160, False, eps=1e-5, seed=23), tmp_path / "llama",
+                    dtype=torch.bfloat16)
+    n_layers = json.loads((d / "config.json").read_text())["num_hidden_layers"]
+    count = ("rms_norm_a8q",)
+    off1 = run(tmp_path, "0", attr="trit_fused_norm_one", model=d, count=count, prompts="one")
+    one = run(tmp_path, "0", "one", attr="trit_fused_norm_one", model=d, count=count, prompts="one")
+    assert all(not f for _, f in off1["flags"]) and one["flags"] and all(f for _, f in one["flags"]), (off1, one)
+    assert off1["calls"] == {"rms_norm_a8q": 0}, off1["calls"]
+    g = one["generate_calls"]["rms_norm_a8q"]
+    assert 0 < g <= 11 * 2 * n_layers and g % (2 * n_layers) == 0, one["generate_calls"]  # <= 11 decode steps
+    assert one["calls"]["rms_norm_a8q"] == g, one["calls"]  # the 48-token pass: vLLM's norms
+    _assert_within_rounding(one, off1)
+    off2 = run(tmp_path, "0", attr="trit_fused_norm_one", model=d, count=count)
+    two = run(tmp_path, "0", "one", attr="trit_fused_norm_one", model=d, count=count)
+    assert two["calls"] == {"rms_norm_a8q": 0}, two["calls"]
+    _assert_within_rounding(two, off2)
+
+
+def test_fused_norm_one_token_route_piecewise(tmp_path):
+    """TRIT_FUSED_NORM_QUANT=one under vLLM's piecewise compile (as on a GPU; see
+    test_chain_one_token_route_piecewise): the split-graph fix is installed for this route too, and one prompt
+    runs two fused norms per layer in every decode step and none in the prefill or the teacher-forced pass,
+    within rounding of the default under the same compile."""
+    from reference.make_model import Preset, write_model
+
+    d = write_model(Preset("llama", 128, 256, 2, 4, 2, 160, False, eps=1e-5, seed=23), tmp_path / "llama",
+                    dtype=torch.bfloat16)
+    n_layers = json.loads((d / "config.json").read_text())["num_hidden_layers"]
+    count = ("rms_norm_a8q",)
+    off = run(tmp_path, "0", attr="trit_fused_norm_one", model=d, count=count, prompts="one", piecewise=True)
+    one = run(tmp_path, "0", "one", attr="trit_fused_norm_one", model=d, count=count, prompts="one", piecewise=True)
+    assert one["split_fix"] and not off["split_fix"], (one["split_fix"], off["split_fix"])
+    g = one["generate_calls"]["rms_norm_a8q"]
+    assert 0 < g <= 11 * 2 * n_layers and g % (2 * n_layers) == 0, one["generate_calls"]
+    assert one["calls"]["rms_norm_a8q"] == g, one["calls"]
+    _assert_within_rounding(one, off)
+
+
 def test_prologue_compiles_and_matches_default(tmp_path):
     """TRIT_A8_PROLOGUE=1: every BitNet ternary layer flagged, its norm (and relu^2 * up before down_proj)
     computed by trit::ternary_mm_a8_prologue under vLLM's compiler; the default route's next-token choices

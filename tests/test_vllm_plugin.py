@@ -363,6 +363,41 @@ def test_chain_tail_is_the_prologue_route_as_one_op_or_falls_back(vllm_env, spec
     assert not calls
 
 
+def test_route_tokens_without_residual(vllm_env):
+    """route_tokens with residual None (the first decoder layer, where vLLM's norm has no residual stream): a
+    torch.cond takes tensors only, so x is routed alone and (y, None) comes back, decided per call in a graph
+    traced once at 8 tokens, as with a residual."""
+    from trit.vllm.bitnet import route_tokens
+
+    def one(x, r):
+        assert r is None
+        return x * 2, None
+
+    def many(x, r):
+        assert r is None
+        return x * 3, None
+
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    x8 = torch.ones(8, 4)
+    torch._dynamo.mark_dynamic(x8, 0)
+    y, r = torch.compile(lambda x: route_tokens(one, many, x, None), backend=backend, fullgraph=True)(x8)
+    assert r is None and y[0, 0].item() == 3.0
+    gm = graphs[0]
+    args = lambda m: [m if isinstance(n.meta.get("example_value"), torch.SymInt) else torch.ones(m, 4)  # noqa: E731
+                      for n in gm.graph.nodes if n.op == "placeholder"]
+    out = lambda m: gm(*args(m))  # noqa: E731
+    first = lambda o: (o[0] if isinstance(o, (tuple, list)) else o)[0, 0].item()  # noqa: E731
+    assert first(out(8)) == 3.0 and first(out(1)) == 2.0
+    assert route_tokens(one, many, torch.ones(1, 4), None)[0][0, 0].item() == 2.0  # eager: a Python branch
+    torch._dynamo.reset()
+
+
 def test_route_tokens_decides_per_call_in_a_graph_traced_once(vllm_env):
     """trit.vllm.bitnet.route_tokens under torch.compile: vLLM traces the model once with a dynamic token count
     and runs that graph at every batch size (its CUDA graphs included), so the one-token choice must stay in

@@ -8,7 +8,7 @@ vLLM calls ``register()`` in every process (API server, engine core, workers) th
 
 The method goes through ``register_quantization_config`` and the model through
 ``ModelRegistry.register_model``, the two public registries (same API in vLLM 0.26 and 0.32). One
-thing is patched, and only under TRIT_CHAIN=1 (the one-token routing's torch.cond): vLLM's
+thing is patched, and only under TRIT_CHAIN=1 or TRIT_FUSED_NORM_QUANT=one (the one-token routing's torch.cond): vLLM's
 ``split_graph`` is wrapped so that each cond keeps its predicate and each compiled piece its placeholders
 first (trit.vllm.fx_compat: with torch 2.11, vLLM 0.26 compiled such a piece with too few inputs).
 With TRIT_FUSED_NORM_QUANT, TRIT_A8_PROLOGUE, TRIT_ACT_QUANT or TRIT_CHAIN set when it registers, ``LlamaForCausalLM``
@@ -64,9 +64,10 @@ def register() -> None:
         from .bitnet import BitNetForCausalLM
 
         ModelRegistry.register_model(ONEBIT_LLM, BitNetForCausalLM)
-    from .quant import act_quant_selected, chain_mode, chain_selected, fused_norm_selected, prologue_selected
+    from .quant import (act_quant_selected, chain_mode, chain_selected, fused_norm_mode, fused_norm_selected,
+                        prologue_selected)
 
-    if chain_mode() == "one":
+    if chain_mode() == "one" or fused_norm_mode() == "one":
         # the one-token routing's torch.cond through vLLM's piecewise compile (fx_compat)
         from .fx_compat import install_split_graph_fix
 

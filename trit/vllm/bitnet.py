@@ -107,11 +107,21 @@ def norm_then_linear(norm: nn.Module, linear: nn.Module, x: torch.Tensor, residu
                                                     norm.variance_epsilon, 0, bias_of(linear))
         return y, (res if residual is not None else None)
     if getattr(linear, "trit_fused_norm", False) and isinstance(norm, RMSNorm) and x.dim() == 2:
-        layout = getattr(linear, "trit_fnorm_layout", 0)  # TRIT_FUSED_NORM_LAYOUT: 1 = the tiled xq
-        h, res, xq, xs, rowsum = torch.ops.trit.rms_norm_a8q(x.contiguous(), residual, norm_weight_as(norm, x),
-                                                            norm.variance_epsilon, layout)
-        y = linear.quant_method.apply_quantized(linear, h, xq, xs, rowsum, bias_of(linear), layout)
-        return y, (res if residual is not None else None)
+        def fused(x, residual):
+            layout = getattr(linear, "trit_fnorm_layout", 0)  # TRIT_FUSED_NORM_LAYOUT: 1 = the tiled xq
+            h, res, xq, xs, rowsum = torch.ops.trit.rms_norm_a8q(x.contiguous(), residual, norm_weight_as(norm, x),
+                                                                norm.variance_epsilon, layout)
+            y = linear.quant_method.apply_quantized(linear, h, xq, xs, rowsum, bias_of(linear), layout)
+            return y, (res if residual is not None else None)
+
+        if getattr(linear, "trit_fused_norm_one", False):  # TRIT_FUSED_NORM_QUANT=one: one-token steps only
+            return route_tokens(fused, lambda x, r: _norm_linear(norm, linear, x, r), x, residual)
+        return fused(x, residual)
+    return _norm_linear(norm, linear, x, residual)
+
+
+def _norm_linear(norm: nn.Module, linear: nn.Module, x: torch.Tensor, residual: Optional[torch.Tensor]):
+    """vLLM's (fused add +) norm, then the layer through its own forward: (y, residual_out or None)."""
     if residual is None:
         y, _ = linear(norm(x))
         return y, None
@@ -120,15 +130,19 @@ def norm_then_linear(norm: nn.Module, linear: nn.Module, x: torch.Tensor, residu
     return y, residual
 
 
-def route_tokens(one, many, x: torch.Tensor, residual: torch.Tensor):
+def route_tokens(one, many, x: torch.Tensor, residual: Optional[torch.Tensor]):
     """one(x, residual) where x holds one token (a decode step at batch 1), many(x, residual) at every other
-    token count; both return (y, residual_out) of the same shapes. vLLM traces the model once for a dynamic
-    token count, so a Python branch on it would be decided at trace time for every batch size: under
-    torch.compile the choice is a torch.cond on the symbolic count, kept in the graph and decided per call
-    (and per captured CUDA graph size)."""
-    if torch.compiler.is_compiling():
-        return tuple(torch.cond(x.shape[0] == 1, one, many, (x, residual)))
-    return one(x, residual) if x.shape[0] == 1 else many(x, residual)
+    token count; both return (y, residual_out) of the same shapes (residual_out None where residual is). vLLM
+    traces the model once for a dynamic token count, so a Python branch on it would be decided at trace time
+    for every batch size: under torch.compile the choice is a torch.cond on the symbolic count, kept in the
+    graph and decided per call (and per captured CUDA graph size). A cond's operands and outputs are tensors:
+    with residual None (the first decoder layer) it routes x alone and returns (y, None)."""
+    if not torch.compiler.is_compiling():
+        return one(x, residual) if x.shape[0] == 1 else many(x, residual)
+    if residual is None:
+        y = torch.cond(x.shape[0] == 1, lambda x: one(x, None)[0], lambda x: many(x, None)[0], (x,))
+        return y, None
+    return tuple(torch.cond(x.shape[0] == 1, one, many, (x, residual)))
 
 
 def chain_tail(x: torch.Tensor, residual: Optional[torch.Tensor], residual_stage: int, stages: list, other=None):

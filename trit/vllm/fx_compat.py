@@ -1,4 +1,5 @@
-"""A vLLM / torch.fx interaction the one-token routing (TRIT_CHAIN=1) runs into, and its fix.
+"""A vLLM / torch.fx interaction the one-token routings (TRIT_CHAIN=1, TRIT_FUSED_NORM_QUANT=one) run into, and
+its fix.
 
 vLLM compiles a model as pieces: ``vllm.compilation.backends.split_graph`` cuts the Dynamo graph at the
 attention ops with ``torch.fx.passes.split_module`` and compiles each piece with example inputs it reads

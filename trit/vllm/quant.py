@@ -583,6 +583,8 @@ class TernaryLinearMethod(_SpecLinearMethod):
         # TRIT_FUSED_NORM_QUANT: the RMSNorm in front computes this layer's activation quantization
         # (trit::rms_norm_a8q; the BitNet model's norm_then_linear)
         layer.trit_fused_norm = fusable and k_part <= RMS_NORM_A8Q_MAX_K and fused_norm_selected()
+        # TRIT_FUSED_NORM_QUANT=one: that route only in one-token steps (trit.vllm.bitnet.route_tokens)
+        layer.trit_fused_norm_one = layer.trit_fused_norm and fused_norm_mode() == "one"
         # TRIT_FUSED_NORM_LAYOUT: the xq layout the norm writes for this layer (fused_norm_layout)
         layer.trit_fnorm_layout = fused_norm_layout() if layer.trit_fused_norm else 0
         # TRIT_A8_PROLOGUE: the norm / activation in front of this layer runs inside its GEMV
@@ -596,12 +598,13 @@ class TernaryLinearMethod(_SpecLinearMethod):
         layer.trit_chain = fusable and chain_selected()
         # TRIT_CHAIN=all: the chain at every token count (else at one token only: trit.vllm.bitnet.route_tokens)
         layer.trit_chain_all = layer.trit_chain and chain_mode() == "all"
-        for flag in ("trit_fused_norm", "trit_prologue", "trit_act_quant", "trit_chain", "trit_chain_all"):
+        for flag in ("trit_fused_norm", "trit_fused_norm_one", "trit_prologue", "trit_act_quant", "trit_chain",
+                     "trit_chain_all"):
             if getattr(layer, flag):
                 key_compile_cache(self.prefix, flag)
         if layer.trit_fnorm_layout:  # the traced graph passes the layout to the two ops: its own cache entry
             key_compile_cache(self.prefix, f"trit_fnorm_layout{layer.trit_fnorm_layout}")
-        if layer.trit_chain and not layer.trit_chain_all:
+        if (layer.trit_chain and not layer.trit_chain_all) or layer.trit_fused_norm_one:
             # the one-token routing's torch.cond: vLLM 0.26 / torch 2.11 cannot serialize a compiled piece
             # holding it ("The compiled artifact is not serializable"), so this model compiles uncached
             disable_compile_cache()
@@ -810,8 +813,28 @@ def fused_norm_selected(setting: Optional[str] = None) -> bool:
     GEMV runs without a quantizer. Unset / 0 (default): vLLM's RMSNorm and the layer's own quantizer.
     Only where the layer runs the trit ops at TP = 1 with K <= 16384 (trit.ops.RMS_NORM_A8Q_MAX_K), and
     only where vLLM compiles the model (model_compiled): eager runs keep the norm and linear module
-    calls that the parity target's capture hooks observe."""
-    return _switch_on("TRIT_FUSED_NORM_QUANT", setting)
+    calls that the parity target's capture hooks observe. ``one``: that route only where a step holds one
+    token (fused_norm_mode)."""
+    return fused_norm_mode(setting) != ""
+
+
+def fused_norm_mode(setting: Optional[str] = None) -> str:
+    """TRIT_FUSED_NORM_QUANT's mode: "" (unset / 0: off), "all" (1 / all: the fused norm + quantizer at every token
+    count) or "one" (one: only where a step holds one token - a decode step at batch 1 - and vLLM's norm + the
+    layer's quantizer elsewhere, trit.vllm.bitnet.route_tokens). Why "one": on the 8B at B = 1 the fused route took
+    4% off the forward (H100 run 91b: 1.923 vs 2.002 ms), while at B >= 8 it measured level or behind (sessions 9 /
+    44), and vLLM compiles one graph for every batch size, so a per-size choice must sit inside that graph."""
+    import os
+
+    setting = (os.environ.get("TRIT_FUSED_NORM_QUANT", "") if setting is None else setting).strip().lower()
+    if setting in ("", "0"):
+        return ""
+    if setting in ("1", "all"):
+        return "all"
+    if setting == "one":
+        return "one"
+    raise ValueError(f"TRIT_FUSED_NORM_QUANT={setting!r}: expected 0 (off), 1 / all (every token count) or one "
+                     "(one-token steps only)")
 
 
 def fused_norm_layout(setting: Optional[str] = None) -> int:
@@ -869,10 +892,11 @@ def key_compile_cache(prefix: str, key: str = "trit_a8_prequant") -> None:
 
 
 def disable_compile_cache() -> Optional[str]:
-    """Turn vLLM's torch.compile cache off for the model being built. TRIT_CHAIN=1 needs it: on vLLM 0.26 /
-    torch 2.11 a piece compiled with a torch.cond has no serializable artifact and vLLM refuses to go on with
-    the cache on ("The compiled artifact is not serializable": seen on a CPU with vLLM 0.26 + torch 2.11 and
-    vLLM's piecewise backend forced, as tests/test_vllm_compiled.py's piecewise test forces it).
+    """Turn vLLM's torch.compile cache off for the model being built. The one-token routes (TRIT_CHAIN=1,
+    TRIT_FUSED_NORM_QUANT=one) need it: on vLLM 0.26 / torch 2.11 a piece compiled with a torch.cond has no
+    serializable artifact and vLLM refuses to go on with the cache on ("The compiled artifact is not
+    serializable": seen on a CPU with vLLM 0.26 + torch 2.11 and vLLM's piecewise backend forced, as
+    tests/test_vllm_compiled.py's piecewise test forces it).
 
     How: ``VLLM_DISABLE_COMPILE_CACHE=1`` in this process's environment, which vLLM's is_compile_cache_enabled
     reads (0.26 and 0.32). vLLM reads its variables lazily until the engine is up (``envs.enable_envs_cache``),
@@ -911,7 +935,7 @@ def disable_compile_cache() -> Optional[str]:
             return None
         icc["force_disable_caches"] = True
         how = "inductor"
-    logger.info("TRIT_CHAIN=1: vLLM's torch.compile cache is off for this model (%s; a torch.cond piece "
+    logger.info("one-token routing: vLLM's torch.compile cache is off for this model (%s; a torch.cond piece "
                 "cannot be serialized on every vLLM / torch)", "VLLM_DISABLE_COMPILE_CACHE=1" if how == "env"
                 else "inductor_compile_config force_disable_caches: vLLM's variables are cached already")
     return how
