@@ -8,7 +8,10 @@ Pipeline (each step records its evidence and a confidence for the report):
                ...); fused qkv / gate_up split by config.json sizes; missing or extra keys fail
   3. structure code width (2-bit, 4-bit nibbles or one value per 8-bit element, from the ratio of
                stored to config.json shapes; per module when no one width fits every packed tensor,
-               with zero points and code tables then inferred per width group), container, values per container, pack axis, transposed
+               with zero points and code tables then inferred per width group; where every tensor fits both an
+               unpadded packing and one at half the width with rows padded to one block, and config.json names
+               no width, the checkpoint is decoded both ways and the reading that decodes better kept),
+               container, values per container, pack axis, transposed
                storage and logical shape (square matrices follow the non-square ones), scale
                granularity / group size, zero-point and g_idx sanity, code table: three used codes
                = ternary (unused codes; the +-1 pair = the two used codes with the closest counts;
@@ -94,15 +97,26 @@ from .config import ModelConfig
 from .formats import (AWQ_GEMM, AWQ_GEMM_ZEROS, AWQ_ORDER, CT_PACK_ZP_STRATEGIES, FormatError, PackSpec, ScaleSpec,
                       ct_zero_pack_spec, group_index, offset_table, twos_complement_table, unpack_codes)
 from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
-from .inspect_search import (BLOCKS, NAMED_MARGIN, TQ2_0_RECORD, UNTRAINED_BAND, Candidate, axis_margins, build_spec,
-                             codes_str, confidence, declared_activation_quant, lane_options, per_part_options,
-                             plain_float_linear, search)
+from .inspect_search import (BLOCKS, NAMED_MARGIN, TQ2_0_RECORD, UNDECODABLE, UNTRAINED_BAND, Candidate,
+                             axis_margins, build_spec, codes_str, confidence, declared_activation_quant, lane_options,
+                             per_part_options, plain_float_linear, search)
 from .spec import (INVERSE_SCALE_SUFFIXES, SPEC_FILENAME, UNTIED_HEAD_HINT, CheckpointSpec, bitnet_linear_class,
                    check_layer_count, decode_linear, derived_buffer)
 
 
 class InspectError(CheckpointError):
     """The checkpoint cannot be described by a spec; the message names file, tensor, expectation."""
+
+
+class AmbiguousWidth(InspectError):
+    """choose_bits, not told which reading to take: every packed tensor's shape fits ``wide``-bit codes unpadded and
+    ``half``-bit codes with its rows padded to one block (twice their length), and config.json names no width.
+    ``inspect_dir`` catches it and decodes the checkpoint both ways (``_width_by_decode``)."""
+
+    def __init__(self, shapes: str, wide: int, half: int):
+        super().__init__(f"{shapes}; config.json names no width: expected quantization_config bits {wide} or {half} "
+                         f"(inspect_dir decodes both readings)")
+        self.shapes, self.wide, self.half = shapes, wide, half
 
 
 # ---------------------------------------------------------------------------------------
@@ -183,7 +197,9 @@ class Module:
     levels: Optional[str] = None  # LinearEntry.levels: "ternary" where the zero points were found to give ternary
     fields: Optional[int] = None  # PackSpec.fields: codes per container that do not tile it (HQQ 3bit_32)
     gguf_i2s: bool = False  # the weight is a GGUF I2_S tensor (its type names bitnet.cpp's layouts)
-    one_block: bool = False  # rows may be padded to exactly twice their length by one block (choose_bits)
+    # rows may be padded to exactly twice their length by one block (choose_bits); the padding must hold one code
+    # (DecodeCache.pad_code)
+    one_block: bool = False
     stored_as: Optional[str] = None  # PackSpec.stored_as: weight is the integer view of a float tensor (HQQ view_as_float)
     stored: Optional[TensorStats] = None  # the stored float tensor's stats where stored_as is set (weight: its view)
     hqq_meta: dict = field(default_factory=dict)  # HQQ meta key (HQQ_META) -> its TensorStats, next to a W_q
@@ -393,14 +409,19 @@ def bits_options(cbits: int) -> list[int]:
     return [b for b in BITS_TRIED if cbits % b == 0 and (b < 8 or cbits == 8)]
 
 
-def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]) -> int:
+def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding], one_block: Optional[bool] = None
+                ) -> int:
     """Code width(s) from the ratio of stored to config.json shapes; sets every module's ``bits``
     and returns the model's main width.  One width when it can hold every packed tensor's logical
     matrix (the config's bits break ties); otherwise, when each packed tensor fits some width
     (mixed precision: e.g. 2-bit layers next to 4-bit or one-value-per-byte ones), each module gets
     its own: the only width that fits it, or among several the one that fits the most modules --
     unless config.json names exactly one width, which then holds for every tensor (one that does
-    not fit it is named as a shape error rather than read at another width)."""
+    not fit it is named as a shape error rather than read at another width).
+    Where the shapes cannot tell an unpadded packing from one at half the width whose rows are padded
+    to one block (``_padded_width``: a model whose rows are all half a block long), config.json's bits
+    decide, else ``one_block`` (True: the padded reading); None raises AmbiguousWidth, for inspect_dir to
+    decode both."""
     packed = [m for m in modules if m.packed and m.weight.dtype in CONTAINER_OF]
     hint = _config_bits(cfg)
     if not packed:
@@ -419,6 +440,26 @@ def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]
                 unique[b] = unique.get(b, 0) + 1
     if not fits:
         return _set_bits(modules, hint or 2)
+    both = _padded_width(packed, fits)
+    declared = _declared_bits(cfg)
+    if both is not None and not declared and one_block is None:
+        wide, half = both
+        m = packed[0]
+        n, k = m.logical
+        raise AmbiguousWidth(
+            f"{m.where()}: shape {list(m.weight.shape)} {m.weight.dtype} holds the logical {n}x{k} matrix as "
+            f"{wide}-bit codes unpadded and as {half}-bit codes with each row padded to one block of {2 * k} inputs "
+            f"(twice its length), and so do all {len(packed)} packed tensors", wide, half)
+    if both is not None and (declared == {both[1]} if declared else one_block):
+        wide, half = both
+        findings.append(Finding(
+            "code width", f"{half}-bit codes, rows padded to one block",
+            f"all {len(packed)} packed tensors fit {half}-bit codes with each row padded to exactly twice its length "
+            f"(one block: rows shorter than the packing block) and {wide}-bit codes unpadded; read at {half} bits"
+            + (f": config.json says {half} bits" if declared else ""), "high (config)" if declared else "medium"))
+        for m in packed:
+            m.one_block = True
+        return _set_bits(modules, half)
     one = _one_block_width(packed, fits, cfg)
     if one is not None:
         n_strict = fits.get(one, 0)
@@ -427,7 +468,8 @@ def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]
             f"no width fits all {len(packed)} packed tensors as stored ({ {f'{b}-bit': n for b, n in fits.items()} }); "
             f"{one}-bit codes fit {n_strict} and the other {len(packed) - n_strict} with each row padded to exactly "
             f"twice its length (one block: rows shorter than the packing block) - also the size of an unpadded "
-            f"{2 * one}-bit packing of them, which would leave the rest without a width", "medium"))
+            f"{2 * one}-bit packing of them, which would leave the rest without a width"
+            + (f"; config.json says {one} bits" if hint else ""), "high (config)" if hint else "medium"))
         for m in packed:
             m.one_block = True
         return _set_bits(modules, one)
@@ -458,17 +500,36 @@ def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]
 
 def _one_block_width(packed: list[Module], fits: dict, cfg: ModelConfig) -> Optional[int]:
     """The one width that fits every packed byte tensor once rows shorter than a block may be padded to one block
-    (layout_options one_block), where no width fits them all as stored and config.json names none; else None.
-    A model of short rows (hidden 64) in a 128-input-block layout stores those rows as an unpadded packing at twice
-    the width would, while its longer rows fit only the real width: a vote without the padded reading splits the
-    model across two widths, and the decode fails or reads codes at the wrong width."""
-    if _declared_bits(cfg) or any(n == len(packed) for n in fits.values()):
+    (layout_options one_block), where no width fits them all as stored and config.json names none or that one;
+    else None.  A model of short rows (hidden 64) in a 128-input-block layout stores those rows as an unpadded
+    packing at twice the width would, while its longer rows fit only the real width: a vote without the padded
+    reading splits the model across two widths, and the decode fails or reads codes at the wrong width (with
+    config.json's bits 2, the short rows were refused as not holding 2-bit codes)."""
+    if any(n == len(packed) for n in fits.values()):
         return None
     if any(INT_DTYPES[m.weight.dtype] != 8 for m in packed):
         return None
     full = [b for b in bits_options(8) if all(
         layout_options(tuple(m.weight.shape), m.logical, 8, b, _part_rows(m), one_block=True) for m in packed)]
-    return full[0] if len(full) == 1 else None
+    declared = _declared_bits(cfg)
+    return full[0] if len(full) == 1 and declared <= set(full) else None
+
+
+def _padded_width(packed: list[Module], fits: dict) -> Optional[tuple[int, int]]:
+    """(wide, half) where one packed width fits every packed byte tensor as stored and half of it fits every one
+    only with rows padded to one block (layout_options one_block); else None.  A model whose every row is half a
+    block long (hidden and intermediate 64 in bitnet.cpp I2_S's 128-input blocks, 128 in 256-input ones) stores
+    each row of 2-bit codes in exactly the bytes an unpadded 4-bit packing of it takes: the shapes cannot tell the
+    two apart (config.json's bits can), and the vote alone read such an I2_S model as 4-bit codes."""
+    if any(INT_DTYPES[m.weight.dtype] != 8 for m in packed):
+        return None
+    for wide in (b for b, n in fits.items() if n == len(packed) and b < 8):
+        half = wide // 2
+        if half in bits_options(8) and fits.get(half, 0) < len(packed) and all(
+                layout_options(tuple(m.weight.shape), m.logical, 8, half, _part_rows(m), one_block=True)
+                for m in packed):
+            return wide, half
+    return None
 
 
 #: AutoGPTQ's bit-stream width (``QuantLinear.pack``'s bits == 3 branch: 32 codes in three int32, codes straddling
@@ -570,8 +631,8 @@ def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int, parts: 
     counts of a fused tensor, whose parts may each have been packed (and padded) on their own along
     axis 0 (PackSpec.segments).  ``one_block``: also an axis padded to exactly twice its length by one
     block (a 64-input row in one 128-input block: bitnet.cpp I2_S of a hidden-64 model) - the size of an
-    unpadded packing at twice the width, so choose_bits asks for it only where no width fits every tensor
-    without it."""
+    unpadded packing at twice the width, so choose_bits asks for it only where the shapes leave the width
+    open (``_one_block_width``, ``_padded_width``)."""
     v = cbits // bits
     out = []
     for transposed in (False, True):
@@ -1917,10 +1978,11 @@ def _config_exclusion_finding(modules: list[Module], kept: list[Module], cfg: Mo
         f"here reads them as stored", "medium (config contradicted)"))
 
 
-def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]
-                    ) -> Optional[str]:
+def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding],
+                    one_block: Optional[bool] = None) -> Optional[str]:
     """Per-module structure; returns the named convention found by its block structure
-    ('awq', 'ct_asym', 'tq2_0', 'tq1_0', 'hqq') or None."""
+    ('awq', 'ct_asym', 'tq2_0', 'tq1_0', 'hqq') or None.  ``one_block``: choose_bits' reading of a width the
+    shapes leave open."""
     _hqq_float_views(modules, ckpt)  # an HQQ view_as_float W_q: its integer view from here on
     for name, detect in (("awq", detect_awq), ("ct_asym", detect_ct_asym), ("tq2_0", detect_tq2_0),
                          ("tq1_0", detect_tq1_0), ("hqq", detect_hqq)):
@@ -1935,11 +1997,12 @@ def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, f
                 _scale_layout(m, ckpt)
         return name
     _refuse_stray_hqq_meta(modules)
-    return _infer_plain(modules, cfg, ckpt, findings)
+    return _infer_plain(modules, cfg, ckpt, findings, one_block)
 
 
-def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> None:
-    choose_bits(modules, cfg, findings)  # sets m.bits (one width, or one per module when mixed)
+def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding],
+                 one_block: Optional[bool] = None) -> None:
+    choose_bits(modules, cfg, findings, one_block)  # sets m.bits (one width, or one per module when mixed)
     votes: dict[tuple, int] = {}
     opts_of = {}
     for m in modules:
@@ -2793,6 +2856,71 @@ def _mark_gguf_i2s(model_dir: Path, modules: list) -> None:
 
 def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True, n_seq: int = 2,
                 seq_len: int = 64) -> Inspection:
+    """Inspect the checkpoint in ``model_dir`` (see the module docstring).  A code width its shapes leave open
+    (AmbiguousWidth: an unpadded packing, or one at half the width with rows padded to one block) is decided by
+    decoding the checkpoint both ways (``_width_by_decode``)."""
+    kw = dict(text=text, use_loss=use_loss, n_seq=n_seq, seq_len=seq_len)
+    try:
+        return _inspect_dir(model_dir, **kw)
+    except AmbiguousWidth as amb:
+        runs: dict = {}
+        for padded in (False, True):
+            try:
+                runs[padded] = _inspect_dir(model_dir, one_block=padded, **kw)
+            except (CheckpointError, FormatError) as e:
+                runs[padded] = e
+        return _width_by_decode(amb, runs)
+
+
+def _width_by_decode(amb: AmbiguousWidth, runs: dict) -> Inspection:
+    """The reading of an ambiguous code width (``runs``: one_block False / True -> its Inspection, or the error it
+    raised) that decodes better.  A reading that fails loses: the padded one fails where some tensor's padding holds
+    more than one code (``DecodeCache.pad_code``: a writer fills it with one, while the codes an unpadded packing
+    keeps there are half its weights).  Where both decode, the lower loss on text wins by PRIOR_MARGIN (NAMED_MARGIN
+    for an untrained model, whose decodes differ by noise); within it, or without text, the padded reading, whose
+    padding held one code in every tensor: an unpadded packing shows that only where half its weights are one value.
+    Its "code width" finding says the width was ambiguous, both readings' outcomes and what decided.  Before, the
+    vote read a bitnet.cpp I2_S model of 64-input rows as 4-bit codes (a working but wrong decode, +1 nat)."""
+    from .inspect_search import PRIOR_MARGIN
+
+    name = {False: f"{amb.wide}-bit unpadded", True: f"{amb.half}-bit padded to one block"}
+    ok = {r: x for r, x in runs.items() if isinstance(x, Inspection)}
+    if not ok:
+        raise InspectError(f"{amb.shapes}; config.json names no width, and neither reading decodes - "
+                           f"{name[False]}: {runs[False]}; {name[True]}: {runs[True]}")
+
+    def outcome(r: bool) -> str:
+        if r not in ok:
+            return f"{name[r]}: fails ({runs[r]})"
+        return f"{name[r]}: " + (f"loss {ok[r].loss:.4f} nats" if ok[r].loss is not None else "decodes")
+
+    losses = {r: x.loss for r, x in ok.items()}
+    prior = "the padding, one code in every tensor, decides"
+    if len(ok) == 1:
+        pick = next(iter(ok))
+        why, conf = f"the {name[not pick]} reading fails", "high"
+    elif None in losses.values():
+        pick, why, conf = True, f"no text to score on: {prior}", "medium (prior)"
+    else:
+        gap = losses[False] - losses[True]
+        untrained = min(losses.values()) > math.log(ok[True].cfg.vocab_size) - UNTRAINED_BAND
+        margin = NAMED_MARGIN if untrained else PRIOR_MARGIN
+        if abs(gap) >= margin:
+            pick, why, conf = gap > 0, f"the loss decides ({abs(gap):.4f} nats)", confidence(abs(gap))
+        else:
+            pick, why, conf = True, f"within {margin} nats: {prior}", "low (prior)"
+    res = ok[pick]
+    i = next(i for i, f in enumerate(res.findings) if f.what == "code width")
+    res.findings[i] = Finding(
+        "code width", f"{res.findings[i].decision} (ambiguous width, decided by decode)",
+        f"{amb.shapes}; config.json names no width: decoded both ways - {outcome(True)}; {outcome(False)}: {why}",
+        conf)
+    return res
+
+
+def _inspect_dir(model_dir, *, text: Optional[str], use_loss: bool, n_seq: int, seq_len: int,
+                 one_block: Optional[bool] = None) -> Inspection:
+    """inspect_dir, with ``one_block`` the reading of a code width the shapes leave open (choose_bits)."""
     model_dir = Path(model_dir)
     cfg = ModelConfig.load(model_dir)
     ckpt = Checkpoint(model_dir)
@@ -2852,7 +2980,7 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
             + ("; config.json ties the embeddings, but a stored head that differs from the input embedding is used "
                "untied (transformers' tie_weights, vLLM's maybe_untie_word_embeddings)" if cfg.tie_word_embeddings
                else "") + note, "high"))
-    convention = infer_structure(modules, cfg, ckpt, findings)
+    convention = infer_structure(modules, cfg, ckpt, findings, one_block)
     widen_codes = widen_ops = False  # statistics-made choices a failed search may revisit
     zero_code = None
     if convention == "hqq":  # codes decode to q, values = q - zero (detect_hqq decided whether they are ternary)
@@ -2991,7 +3119,9 @@ def inspect_dir(model_dir, *, text: Optional[str] = None, use_loss: bool = True,
                 cands = cands + extra
                 scored = sorted(scored + rescored, key=lambda r: r.loss)
     if not math.isfinite(scored[0].loss):
-        raise InspectError(f"{model_dir}: no candidate decodes cleanly; first failure: {scored[0].note}")
+        # a layout that fits the stored shapes but does not decode says more than the first shape mismatch
+        fail = next((s for s in scored if s.note.startswith(UNDECODABLE)), scored[0])
+        raise InspectError(f"{model_dir}: no candidate decodes cleanly; first failure: {fail.note}")
     best = scored[0].cand
     if ids is not None and len(cands) > 1:
         best = _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings)

@@ -170,7 +170,8 @@ def render(res) -> str:
         bad = [sc for sc in res.scored if not math.isfinite(sc.loss)]
         if bad:
             L += ["", f"{len(bad)} candidates were rejected without a forward pass (they do not fit the stored "
-                      f"shapes or decode an unused code), e.g. {bad[0].cand.label()}: {bad[0].note}"]
+                      f"shapes, or decode an unused code or one-block padding of more than one code), e.g. "
+                      f"{bad[0].cand.label()}: {bad[0].note}"]
     L += ["", "## Tensors", "", "| tensor | file | dtype | shape | bytes | kind | unique | 2-bit code counts | zero ratio |",
           "|---|---|---|---|---|---|---|---|---|"]
     for name, st in res.stats.items():

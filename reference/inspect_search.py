@@ -18,7 +18,7 @@ import torch
 
 from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig
-from .formats import FormatError, PackSpec, ScaleSpec, code_lut, group_index, unpack_codes
+from .formats import FormatError, PackSpec, ScaleSpec, code_lut, group_index, pack_codes, unpack_codes
 from .scan import CONTAINER_OF, INT_DTYPES
 from .spec import (CheckpointSpec, DecodedLinear, InputNorm, LinearEntry, decode_linear, finish_linear, subtract_zero,
                    zero_points)
@@ -259,6 +259,7 @@ class DecodeCache:
         self.codes: dict = {}
         self.vals: dict = {}
         self.zeros: dict = {}  # zero point key -> (N, K) float32 (spec.zero_points)
+        self.pads: dict = {}  # (key, layout) -> the code its padding holds (pad_code)
 
     def values(self, key: str, pack: PackSpec, shape: tuple, where: str) -> torch.Tensor:
         """(N, K) int8 values.  The lane/bit unpacking is shared by all code tables of one layout
@@ -284,11 +285,33 @@ class DecodeCache:
         self.vals[k] = lut.to(torch.int16 if int(lut.abs().max()) > 127 else torch.int8)[codes]
         return self.vals[k]
 
+    def pad_code(self, key: str, pack: PackSpec, shape: tuple, where: str) -> int:
+        """The one code that every padding slot of ``pack``'s layout holds in tensor ``key``: the stored tensor must
+        be exactly the packing of its codes with that pad code, else a FormatError names the tensor.  Asked of
+        the rows a layout pads to one block (Module.one_block), where it tells the padded reading from an unpadded
+        packing at twice the width: a writer fills the padding with one code, while the unpadded packing keeps
+        half its weights in those slots."""
+        layout = pack.replace(codes=tuple(range(1 << pack.bits)), pad_code=0)
+        if (key, layout) not in self.pads:
+            codes = unpack_codes(self.raw[key], layout, shape)
+            found = next((p for p in range(1 << pack.bits)
+                          if torch.equal(pack_codes(codes, layout.replace(pad_code=p)), self.raw[key])), None)
+            if found is None:
+                lanes = f"{pack.lanes}({pack.block})" if pack.block else pack.lanes
+                raise FormatError(f"{where}: the padding of its {shape[pack.pack_axis]}-long pack axis to {lanes} "
+                                  f"{pack.bit_order} holds more than one code: expected one pad code (what a writer "
+                                  f"pads with) in every padding slot")
+            self.pads[(key, layout)] = found
+        return self.pads[(key, layout)]
+
     def fingerprint(self, modules: list[Module], c: Candidate) -> str:
         h = hashlib.sha256(c.op.encode())
         for m in modules:
             if m.packed:
-                v = self.values(m.weight.name, pack_spec(m, c), m.logical, m.where())
+                pk = pack_spec(m, c)
+                v = self.values(m.weight.name, pk, m.logical, m.where())
+                if m.one_block:
+                    self.pad_code(m.weight.name, pk, m.logical, m.where())
                 if m.zero_kw:  # values = q - zero (ternary HQQ: must be ternary, or the candidate is invalid)
                     zs = zero_spec(m)
                     if m.zeros.name not in self.zeros:  # the same for every candidate: expanded once
@@ -318,9 +341,15 @@ class Scored:
     fp: str = ""  # fingerprint of the decoded values (equal -> identical decode)
 
 
+#: the note of a candidate that fits the stored shapes but does not decode (an unused code at a logical position,
+#: padding of more than one code): its failure says more about the checkpoint than a shape mismatch
+UNDECODABLE = "does not decode: "
+
+
 def search(modules, floats, cands: list[Candidate], cfg, ckpt, ids: Optional[torch.Tensor]) -> list[Scored]:
     """Score every candidate (identical decodes share one loss).  Sorted best first; candidates
-    that do not fit the stored shapes or decode an unused code are kept with loss inf."""
+    that do not fit the stored shapes ('invalid') or do not decode (UNDECODABLE: an unused code, padding of more
+    than one code where DecodeCache.pad_code is asked) are kept with loss inf."""
     from .decode import model_loss
     from .model import Overrides
 
@@ -334,9 +363,13 @@ def search(modules, floats, cands: list[Candidate], cfg, ckpt, ids: Optional[tor
     for i, c in enumerate(cands):
         try:
             spec = build_spec(modules, floats, c, cfg, "candidate")
-            fp = cache.fingerprint(modules, c)
         except (FormatError, CheckpointError) as e:
             out.append(Scored(c, float("inf"), f"invalid: {str(e)[-200:]}", screen=float("inf")))
+            continue
+        try:
+            fp = cache.fingerprint(modules, c)
+        except (FormatError, CheckpointError) as e:  # fits the stored shapes, but its codes do not decode
+            out.append(Scored(c, float("inf"), f"{UNDECODABLE}{c.label()}: {str(e)[-200:]}", screen=float("inf")))
             continue
         if fp in seen:
             out.append(Scored(c, seen[fp][0], f"identical decode to {seen[fp][1].label()}", screen=seen[fp][0], fp=fp))
