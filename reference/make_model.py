@@ -6,7 +6,8 @@ Weights are drawn from a seeded generator, ternarised by absmean (BitNet b1.58:
 s = 1/mean|W|, T = round(W*s).clamp(-1, 1)), packed with the HF-BitNet layout and saved as
 safetensors with a ``quantization_config`` (``quant_method: bitnet``) that transformers loads
 with its own BitLinear.  ``linear_class: bitlinear`` stores s and divides; ``autobitlinear``
-stores 1/s and multiplies.  ``--dtype bf16`` writes bf16 float tensors (large presets).
+stores 1/s and multiplies.  ``--dtype bf16`` / ``fp16`` writes bf16 / fp16 float tensors (large
+presets; the fp16 checkpoints some releases ship).
 Presets of real model shapes (BitNet-2B, Llama-3-8B) are here too, for the GPU benchmarks.
 """
 from __future__ import annotations
@@ -76,6 +77,27 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+def rope_parameters(p: Preset) -> dict:
+    """config.json's ``rope_parameters`` of a preset: ``Preset.rope_theta`` and the keys of ``Preset.rope_scaling``.
+    The scaling kind may be spelled ``type`` (configs written before transformers 4.45), which transformers'
+    standardize_rope_params reads only where ``rope_type`` is absent: written beside this writer's
+    ``rope_type: default`` it was ignored, and the model got plain RoPE (the reference and transformers agreed on
+    it, so nothing said so).  A ``rope_theta`` inside rope_scaling that differs from Preset.rope_theta is refused:
+    it was overwritten by the preset's (10000 unless set)."""
+    rs = dict(p.rope_scaling or {})
+    kind = rs.pop("type", None)
+    if kind is not None:
+        if rs.get("rope_type", kind) != kind:
+            raise ValueError(f"Preset.rope_scaling {p.rope_scaling}: 'type' {kind!r} and 'rope_type' "
+                             f"{rs['rope_type']!r} name different RoPE kinds; give one of them")
+        rs["rope_type"] = kind
+    theta = rs.pop("rope_theta", p.rope_theta)
+    if float(theta) != p.rope_theta:
+        raise ValueError(f"Preset.rope_scaling {p.rope_scaling}: rope_theta {theta} differs from Preset.rope_theta "
+                         f"{p.rope_theta}; set Preset(rope_theta={theta}) instead")
+    return {"rope_type": "default", "rope_theta": p.rope_theta, **rs}
+
+
 def config_dict(p: Preset) -> dict:
     head_dim = p.head_dim or p.hidden // p.heads
     d = {
@@ -86,13 +108,11 @@ def config_dict(p: Preset) -> dict:
         "head_dim": head_dim,
         "hidden_act": "relu2" if p.arch == "bitnet" else "silu",
         "max_position_embeddings": p.max_pos, "rms_norm_eps": p.eps,
-        "rope_parameters": {"rope_type": "default", "rope_theta": p.rope_theta, **(p.rope_scaling or {})},
+        "rope_parameters": rope_parameters(p),
         "tie_word_embeddings": p.tie, "attention_bias": p.bias, "initializer_range": 0.02,
         "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
         "torch_dtype": "float32", "use_cache": True,
     }
-    if p.rope_scaling:
-        d["rope_parameters"]["rope_theta"] = p.rope_theta
     if p.arch == "llama":
         d["mlp_bias"] = p.bias
     if p.quantized:
@@ -187,11 +207,20 @@ def train_tokenizer(vocab: int, out: Path) -> None:
         "pad_token": "<pad>", "model_max_length": 512, "add_bos_token": False}, indent=1))
 
 
+#: dtypes write_model stores the float tensors in -> config.json's torch_dtype (float16: the checkpoints of fp16
+#: releases, norms / embeddings / scales in fp16)
+TORCH_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+CLI_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def write_model(preset: str | Preset, out: str | Path, *, dtype: torch.dtype = torch.float32,
                 force: bool = False) -> Path:
     from safetensors.torch import save_file
 
     p = PRESETS[preset] if isinstance(preset, str) else preset
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"write_model: dtype {dtype} is not one of {list(TORCH_DTYPES)} (the float tensors' dtype, "
+                         f"config.json's torch_dtype)")
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not force:
         raise FileExistsError(f"{out} exists and is not empty; pass force=True / --force to replace it")
@@ -200,7 +229,7 @@ def write_model(preset: str | Preset, out: str | Path, *, dtype: torch.dtype = t
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     cfg = config_dict(p)
-    cfg["torch_dtype"] = {torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype]
+    cfg["torch_dtype"] = TORCH_DTYPES[dtype]
     (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
     (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
     sd = make_state_dict(p, dtype)
@@ -332,7 +361,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m reference.make_model", description=__doc__.split("\n")[0])
     ap.add_argument("--preset", required=True, choices=sorted(PRESETS))
     ap.add_argument("--out", required=True)
-    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--dtype", default="fp32", choices=list(CLI_DTYPES))
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--unquantized", action="store_true",
                     help="the same shapes and seed with plain float linears (the bf16 baseline of a benchmark)")
@@ -342,8 +371,7 @@ def main(argv=None):
     preset = PRESETS[a.preset]
     if a.unquantized:
         preset = dataclasses.replace(preset, quantized=False)
-    path = write_model(preset, a.out, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype],
-                       force=a.force)
+    path = write_model(preset, a.out, dtype=CLI_DTYPES[a.dtype], force=a.force)
     print(f"wrote {path}")
 
 

@@ -28,7 +28,17 @@ class KernelLinear:
         if d.mult.shape[-1] != 1:
             raise NotImplementedError(f"{name}: group-wise scales cannot be expressed as the kernel's per-channel "
                                       f"scale; dequantize or extend trit.ops")
-        n, k = d.values.shape
+        vals = d.values
+        whole = bool((vals == vals.round()).all())
+        if not whole or int(vals.abs().max()) > 1:
+            # the kernels hold {-1, 0, +1} only: int4 / int8 levels were refused by repack without the module's
+            # name, and non-integer values (q - z with float zero points, per-channel scale) were cut to int8
+            # (1.4 -> 1) without a word - a kernel "divergence" the kernel never made
+            raise NotImplementedError(f"{name}: values {float(vals.min()):g}..{float(vals.max()):g}"
+                                      f"{'' if whole else ', not all integers'}: the trit kernels hold ternary weights "
+                                      f"{{-1, 0, +1}} only; use the reference, bf16 or vllm target (vLLM's plugin runs "
+                                      f"other levels densely)")
+        n, k = vals.shape
         self.N, self.K = n, k
         self.ops = ops
         self.act_quant = act_quant
