@@ -452,27 +452,19 @@ def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]
             f"(twice its length), and so do all {len(packed)} packed tensors", wide, half)
     if both is not None and (declared == {both[1]} if declared else one_block):
         wide, half = both
-        findings.append(Finding(
-            "code width", f"{half}-bit codes, rows padded to one block",
-            f"all {len(packed)} packed tensors fit {half}-bit codes with each row padded to exactly twice its length "
-            f"(one block: rows shorter than the packing block) and {wide}-bit codes unpadded; read at {half} bits"
-            + (f": config.json says {half} bits" if declared else ""), "high (config)" if declared else "medium"))
-        for m in packed:
-            m.one_block = True
-        return _set_bits(modules, half)
+        return _take_padded(modules, packed, half, findings, bool(declared),
+                            f"all {len(packed)} packed tensors fit {half}-bit codes with each row padded to exactly "
+                            f"twice its length (one block: rows shorter than the packing block) and {wide}-bit codes "
+                            f"unpadded; read at {half} bits")
     one = _one_block_width(packed, fits, cfg)
     if one is not None:
         n_strict = fits.get(one, 0)
-        findings.append(Finding(
-            "code width", f"{one}-bit codes, rows padded to one block",
-            f"no width fits all {len(packed)} packed tensors as stored ({ {f'{b}-bit': n for b, n in fits.items()} }); "
-            f"{one}-bit codes fit {n_strict} and the other {len(packed) - n_strict} with each row padded to exactly "
-            f"twice its length (one block: rows shorter than the packing block) - also the size of an unpadded "
-            f"{2 * one}-bit packing of them, which would leave the rest without a width"
-            + (f"; config.json says {one} bits" if hint else ""), "high (config)" if hint else "medium"))
-        for m in packed:
-            m.one_block = True
-        return _set_bits(modules, one)
+        return _take_padded(modules, packed, one, findings, bool(hint),
+                            f"no width fits all {len(packed)} packed tensors as stored "
+                            f"({ {f'{b}-bit': n for b, n in fits.items()} }); {one}-bit codes fit {n_strict} and the "
+                            f"other {len(packed) - n_strict} with each row padded to exactly twice its length (one "
+                            f"block: rows shorter than the packing block) - also the size of an unpadded {2 * one}-bit "
+                            f"packing of them, which would leave the rest without a width")
     if GPTQ_STREAM_BITS in fits and not _declared_bits(cfg):
         _refuse_ambiguous_stream(packed, ok_of)
 
@@ -496,6 +488,18 @@ def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]
         + (f"; config.json says {hint} bits" if hint else ""),
         "high" if fits[best] == len(packed) and not any(n == fits[best] for n in others.values()) else "medium"))
     return _set_bits(modules, best)
+
+
+def _take_padded(modules: list[Module], packed: list[Module], bits: int, findings: list[Finding], config_says: bool,
+                 why: str) -> int:
+    """choose_bits' padded reading: every packed module at ``bits`` with rows padded to one block, and its finding
+    (``why``; high confidence where config.json's bits say the same)."""
+    findings.append(Finding("code width", f"{bits}-bit codes, rows padded to one block",
+                            why + (f"; config.json says {bits} bits" if config_says else ""),
+                            "high (config)" if config_says else "medium"))
+    for m in packed:
+        m.one_block = True
+    return _set_bits(modules, bits)
 
 
 def _one_block_width(packed: list[Module], fits: dict, cfg: ModelConfig) -> Optional[int]:
