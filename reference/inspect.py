@@ -448,8 +448,8 @@ def choose_bits(modules: list[Module], cfg: ModelConfig, findings: list[Finding]
         n, k = m.logical
         raise AmbiguousWidth(
             f"{m.where()}: shape {list(m.weight.shape)} {m.weight.dtype} holds the logical {n}x{k} matrix as "
-            f"{wide}-bit codes unpadded and as {half}-bit codes with each row padded to one block of {2 * k} inputs "
-            f"(twice its length), and so do all {len(packed)} packed tensors", wide, half)
+            f"{wide}-bit codes unpadded and as {half}-bit codes with each row padded to one block (twice its "
+            f"length), and so do all {len(packed)} packed tensors", wide, half)
     if both is not None and (declared == {both[1]} if declared else one_block):
         wide, half = both
         return _take_padded(modules, packed, half, findings, bool(declared),
@@ -2889,6 +2889,8 @@ def _width_by_decode(amb: AmbiguousWidth, runs: dict) -> Inspection:
 
     name = {False: f"{amb.wide}-bit unpadded", True: f"{amb.half}-bit padded to one block"}
     ok = {r: x for r, x in runs.items() if isinstance(x, Inspection)}
+    if not ok and str(runs[False]) == str(runs[True]):
+        raise runs[True]  # the same failure either way (e.g. a tokenizer of another model): not a width question
     if not ok:
         raise InspectError(f"{amb.shapes}; config.json names no width, and neither reading decodes - "
                            f"{name[False]}: {runs[False]}; {name[True]}: {runs[True]}")

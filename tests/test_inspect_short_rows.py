@@ -167,7 +167,7 @@ def test_all_short_rows_ambiguity_named_or_settled_by_config(all_short, tmp_path
     modules, _ = map_keys(scan(ck), cfg)
     with pytest.raises(AmbiguousWidth, match=r"model\.safetensors: tensor 'blk\.\d+\.\w+\.weight': shape \[\d+, 32\] "
                        r"U8 holds the logical \d+x64 matrix as 4-bit codes unpadded and as 2-bit codes with each row "
-                       r"padded to one block of 128 inputs .*; config\.json names no width: expected "
+                       r"padded to one block \(twice its length\).*; config\.json names no width: expected "
                        r"quantization_config bits 4 or 2"):
         infer_structure(modules, cfg, ck, [])
     # config.json's bits name the reading: nothing to decode twice
@@ -176,3 +176,18 @@ def test_all_short_rows_ambiguity_named_or_settled_by_config(all_short, tmp_path
     _assert_exact(res, out, truth, "i2s with config bits 2")
     f = _width(res)
     assert f.decision == "2-bit codes, rows padded to one block" and "config.json says 2 bits" in f.evidence, f
+
+
+def test_width_by_decode_passes_on_a_failure_both_readings_share():
+    """Where both readings fail with the same error (e.g. a tokenizer of another model, checked after the width), that
+    error is raised as it is, not as 'neither reading decodes' around two copies of it; different failures are named
+    per reading."""
+    from reference.inspect import InspectError, _width_by_decode
+
+    amb = AmbiguousWidth("m/model.safetensors: tensor 'w'", 4, 2)
+    same = {False: InspectError("tokenizer gives token id 900"), True: InspectError("tokenizer gives token id 900")}
+    with pytest.raises(InspectError, match=r"^tokenizer gives token id 900$"):
+        _width_by_decode(amb, same)
+    other = {False: InspectError("a"), True: InspectError("b")}
+    with pytest.raises(InspectError, match=r"neither reading decodes - 4-bit unpadded: a; 2-bit padded to one block: b"):
+        _width_by_decode(amb, other)

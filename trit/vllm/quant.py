@@ -829,7 +829,7 @@ def fused_norm_mode(setting: Optional[str] = None) -> str:
     setting = (os.environ.get("TRIT_FUSED_NORM_QUANT", "") if setting is None else setting).strip().lower()
     if setting in ("", "0"):
         return ""
-    if setting in ("1", "all"):
+    if setting in ("1", "all", "true", "on", "yes"):  # (any of these meant on when the switch was on / off)
         return "all"
     if setting == "one":
         return "one"
