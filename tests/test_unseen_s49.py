@@ -41,7 +41,6 @@ def test_online_tied_converted_head_is_refused_not_read_as_float(tmp_path):
     (logits 0.86 relative away from a float head).  The reference (and vLLM) tied a float head and dumped goldens of
     another model, exit 0; now the config path refuses it, naming the config and the fix."""
     import json
-    import re
 
     from reference.checkpoint import Checkpoint, CheckpointError
     from reference.config import ModelConfig
