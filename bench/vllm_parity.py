@@ -7,9 +7,10 @@ then the model-level checks with CUDA graphs on.
    fp32 goldens, bf16 tiers; the per-layer table goes into the record;
 2. CUDA graphs on (``enforce_eager=False``): top-10 next-token ids at every prompt position
    (prompt logprobs) against the golden top-10 — the check that runs through the graphs;
-3. greedy 32-token generations from the 4 prompts, graphs on, against the fp32 reference;
-   every differing position must be a near-tie of the reference (top-2 logit gap below the
-   model tier's limit).
+3. greedy 32-token generations from the 4 prompts, graphs on, against the fp32 reference, once
+   as one batch and once each prompt alone (one-token decode steps: the M = 1 routes); every
+   differing position must be a near-tie of the reference (top-2 logit gap below the model
+   tier's limit).
 Writes <date>-<device>-vllm-parity.{json,md} with device, date, commit, command and numbers.
 """
 from __future__ import annotations
@@ -27,10 +28,12 @@ import torch
 from bench.records import commit_id, write_record
 
 
-def generation_check(ref_model, ids, new_ids_target, limit: float) -> dict:
+def generation_check(ref_model, ids, new_ids_target, limit: float, ref_new=None) -> dict:
     """Greedy continuations: position-by-position agreement; a difference is explained when
-    the reference's top-2 logit gap at the first differing step is below ``limit``."""
-    ref_new = ref_model.generate(ids, new_ids_target.shape[1])
+    the reference's top-2 logit gap at the first differing step is below ``limit``. ``ref_new``: the
+    reference's own continuations of ``ids`` where already computed (else generated here)."""
+    if ref_new is None:
+        ref_new = ref_model.generate(ids, new_ids_target.shape[1])
     rows = []
     for b in range(ids.shape[0]):
         same = bool(torch.equal(ref_new[b], new_ids_target[b]))
@@ -107,13 +110,19 @@ def main(argv=None) -> int:
                           "unexplained": tk.unexplained, "worst": tk.worst, "per_prompt": per_prompt,
                           "limit": limit, "passed": tk.passed}
     new = graphs.generate(a.model, gs.input_ids, a.new_tokens)
+    # the same prompts one at a time: decode steps of one token, the M = 1 routes (the fused-quantizer GEMV, the
+    # one-token routings TRIT_CHAIN=1 / TRIT_FUSED_NORM_QUANT=one) that a batch of B prompts never runs
+    new1 = torch.cat([graphs.generate(a.model, gs.input_ids[b:b + 1], a.new_tokens) for b in range(B)])
     graphs.close()
     del graphs
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     ref = ReferenceModel.from_dir(a.model, device="cuda" if torch.cuda.is_available() else "cpu")
-    rec["graphs_generation"] = generation_check(ref, gs.input_ids, new, limit)
+    ref_new = ref.generate(gs.input_ids, a.new_tokens)
+    rec["graphs_generation"] = generation_check(ref, gs.input_ids, new, limit, ref_new)
+    rec["graphs_generation_b1"] = generation_check(ref, gs.input_ids, new1, limit, ref_new)
     rec["graphs_seconds"] = round(time.time() - t1, 1)
-    rec["passed"] = bool((cmp is None or cmp.passed) and tk.passed and rec["graphs_generation"]["passed"])
+    rec["passed"] = bool((cmp is None or cmp.passed) and tk.passed and rec["graphs_generation"]["passed"]
+                         and rec["graphs_generation_b1"]["passed"])
 
     stem = (f"{time.strftime('%Y-%m-%d')}-{dev.replace(' ', '-').lower()}-vllm-parity-{a.model.name}"
             + (f"-tp{a.tp}" if a.tp > 1 else ""))
@@ -132,7 +141,11 @@ def main(argv=None) -> int:
           f"(limit {limit:.3g})", "", "| prompt | top-1 | top-10 overlap | unexplained |", "|---|---|---|---|",
           *(f"| {p['prompt']} | {p['top1']:.1%} | {p['overlap']:.1%} | {p['unexplained']} |" for p in per_prompt),
           "", f"## CUDA graphs on: greedy {a.new_tokens}-token generations vs the fp32 reference", "",
-          *(f"- prompt {r['prompt']}: {'identical' if r['identical'] else r}" for r in rec["graphs_generation"]["rows"])]
+          f"The {B} prompts as one batch (decode steps of {B} tokens):", "",
+          *(f"- prompt {r['prompt']}: {'identical' if r['identical'] else r}" for r in rec["graphs_generation"]["rows"]),
+          "", "Each prompt alone (decode steps of one token):", "",
+          *(f"- prompt {r['prompt']}: {'identical' if r['identical'] else r}"
+            for r in rec["graphs_generation_b1"]["rows"])]
     write_record(a.out, stem, rec, "\n".join(md))
     print("\n".join(md))
     return 0 if rec["passed"] else 1
