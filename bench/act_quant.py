@@ -1,6 +1,7 @@
 """Llama's SiLU-mul inside down_proj's activation quantizer (TRIT_ACT_QUANT) against the kernels it replaces.
 
-    python -m bench.act_quant [--cases 32:4096x14336,1:2560x6912] [--out DIR] [--watchdog SECONDS]
+    python -m bench.act_quant [--cases 32:4096x14336,1:2560x6912] [--variant TRIT_ACT_QUANT_VECS=2] [--out DIR]
+                              [--watchdog SECONDS]
 
 In a Llama decoder layer the input of down_proj is silu(gate) * up: under vLLM's compiler one Inductor (Triton)
 kernel computes it, then ternary_mm_a8 runs its activation quantizer and its GEMV - three kernels. With
@@ -14,6 +15,7 @@ memory. Per case (M tokens, down_proj N x K, bf16), on rotated weights so L2 can
   ``actq_us``   the prologue op with TRIT_ACT_QUANT=1;
 - kernel times, CUPTI durations with PDL off (median): the Inductor kernel (``act_k_us``), the plain quantizer
   (``quant_us``), the act quantizer (``actq_quant_us``) and the GEMV behind each (``gemv_us``, ``actq_gemv_us``);
+- ``--variant``: the act-quant route again under each given environment (op time, its quantizer by CUPTI, exact);
 - ``exact``: the TRIT_ACT_QUANT op's output equals ternary_mm_a8 of torch's eager silu(gate) * up bit for bit
   (the route's contract; Inductor's one-rounding product is timed, not compared).
 
@@ -54,7 +56,27 @@ def kernel_medians(fn, n_calls: int, groups: dict) -> dict:
     return out
 
 
-def measure(M: int, N: int, K: int, n_calls: int = 30, min_bytes: int = 160 << 20) -> dict:
+def parse_variants(texts: list[str]) -> list[dict]:
+    """['KEY=VAL[,KEY=VAL]', ...] -> [{KEY: VAL}]: environments the act-quant route is also timed under (e.g.
+    TRIT_ACT_QUANT_VECS=2, the plain quantizer's CTAs per row); a clear error for anything else."""
+    out = []
+    for t in texts:
+        env = {}
+        for item in t.split(","):
+            k, sep, v = item.strip().partition("=")
+            if not sep or not k.startswith("TRIT_") or not v:
+                raise SystemExit(f"bench.act_quant: --variant {t!r}: expected TRIT_NAME=VALUE[,TRIT_NAME=VALUE], "
+                                 "e.g. TRIT_ACT_QUANT_VECS=2")
+            env[k] = v
+        out.append(env)
+    return out
+
+
+def variant_label(env: dict) -> str:
+    return ",".join(f"{k.removeprefix('TRIT_')}={v}" for k, v in env.items())
+
+
+def measure(M: int, N: int, K: int, n_calls: int = 30, min_bytes: int = 160 << 20, variants=()) -> dict:
     import torch
     import torch.nn.functional as F
 
@@ -92,16 +114,30 @@ def measure(M: int, N: int, K: int, n_calls: int = 30, min_bytes: int = 160 << 2
     k1 = kernel_medians(with_env({**on, "TRIT_PDL": "0"}, pro), n_calls, {"quant": quant, "gemv": gemv})
     r.update(act_k_us=k0["act"], quant_us=k0["quant"], gemv_us=k0["gemv"], actq_quant_us=k1["quant"],
              actq_gemv_us=k1["gemv"])
+    r["variants"] = []
+    for env in variants:  # the act-quant route under other settings: op time, its quantizer kernel, exactness
+        venv = {**on, **env}
+        kv = kernel_medians(with_env({**venv, "TRIT_PDL": "0"}, pro), n_calls, {"quant": quant})
+        r["variants"].append({"env": variant_label(env),
+                              "actq_us": time_graph([lambda i=i: with_env(venv, pro)(i) for i in range(calls)]),
+                              "actq_quant_us": kv["quant"],
+                              "exact": bool(torch.equal(with_env(venv, pro)(0),
+                                                        torch.ops.trit.ternary_mm_a8(eager_h, packs[0], scale, N, K,
+                                                                                     None)))})
     packs.clear()
     torch.cuda.empty_cache()
-    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}
+    rnd = lambda d: {k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items()}  # noqa: E731
+    r["variants"] = [rnd(v) for v in r["variants"]]
+    return rnd(r)
 
 
 def fmt(r: dict) -> str:
     return (f"M={r['M']:3d} {r['N']:6d}x{r['K']:<6d} exact={r['exact']}  op us: plain {r['plain_us']:.2f}  prologue "
             f"{r['pro_us']:.2f}  actq {r['actq_us']:.2f} ({r['plain_us'] / r['actq_us']:.2f}x)  kernels us: act "
             f"{_f(r['act_k_us'], '.2f')} + quant {_f(r['quant_us'], '.2f')} + gemv {_f(r['gemv_us'], '.2f')} | "
-            f"act-quant {_f(r['actq_quant_us'], '.2f')} + gemv {_f(r['actq_gemv_us'], '.2f')}")
+            f"act-quant {_f(r['actq_quant_us'], '.2f')} + gemv {_f(r['actq_gemv_us'], '.2f')}"
+            + "".join(f" | [{v['env']}] actq {v['actq_us']:.2f} act-quant {_f(v['actq_quant_us'], '.2f')}"
+                      f" exact={v['exact']}" for v in r.get("variants", [])))
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
@@ -117,6 +153,14 @@ def markdown(meta: dict, rows: list[dict]) -> str:
                      f"{r['plain_us'] / r['actq_us']:.2f}x | {_f(r['act_k_us'], '.2f')} + {_f(r['quant_us'], '.2f')} + "
                      f"{_f(r['gemv_us'], '.2f')} | {_f(r['actq_quant_us'], '.2f')} + {_f(r['actq_gemv_us'], '.2f')} | "
                      f"{r['exact']} |")
+    vrows = [(r, v) for r in rows for v in r.get("variants", [])]
+    if vrows:
+        lines += ["", "The act-quant route under other settings (op us as actq above; its quantizer kernel by CUPTI):",
+                  "", "| M | N x K | setting | actq us | plain / actq | act-quant kernel us | exact |",
+                  "|---|---|---|---|---|---|---|"]
+        for r, v in vrows:
+            lines.append(f"| {r['M']} | {r['N']}x{r['K']} | {v['env']} | {v['actq_us']:.2f} | "
+                         f"{r['plain_us'] / v['actq_us']:.2f}x | {_f(v['actq_quant_us'], '.2f')} | {v['exact']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -127,8 +171,12 @@ def main(argv=None) -> int:
     ap.add_argument("--watchdog", type=float, default=120.0,
                     help="seconds a case may take before every thread's stack is printed and the process exits "
                     "(0: off)")
+    ap.add_argument("--variant", action="append", default=[], metavar="TRIT_NAME=VALUE[,...]",
+                    help="also time the act-quant route under this environment (repeatable), e.g. "
+                    "TRIT_ACT_QUANT_VECS=2: the plain quantizer's CTAs per row")
     args = ap.parse_args(argv)
     cases = parse_cases(args.cases)
+    variants = parse_variants(args.variant)
     import torch
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
@@ -138,7 +186,7 @@ def main(argv=None) -> int:
     for M, N, K in cases:
         if args.watchdog > 0:
             faulthandler.dump_traceback_later(args.watchdog, exit=True)
-        r = measure(M, N, K)
+        r = measure(M, N, K, variants=variants)
         faulthandler.cancel_dump_traceback_later()
         rows.append(r)
         print(fmt(r), flush=True)
@@ -148,7 +196,7 @@ def main(argv=None) -> int:
     print(md)
     if args.out:
         write_record(args.out, "act-quant", {"meta": meta, "rows": rows}, md)
-    return 0 if all(r["exact"] for r in rows) else 1
+    return 0 if all(r["exact"] and all(v["exact"] for v in r["variants"]) for r in rows) else 1
 
 
 if __name__ == "__main__":

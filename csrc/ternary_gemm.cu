@@ -2018,9 +2018,14 @@ __global__ void __launch_bounds__(256) quant_rows_cluster_kernel(const T* __rest
 #pragma unroll
       for (int i = 0; i < 8; ++i) e[v][i] = to_f32<T>(h[i]);
       if constexpr (kAct) {
-        const T* hu = reinterpret_cast<const T*>(&raw[v][kR - 1][0]);
+        // the activation only on groups of the row (act(0) * 0 = +0 past it, as loaded): it is most of kAct's
+        // instructions (H100 run 93)
+        const int g = g0 + tid + v * 256;
+        if (g < g1 && g * 8 < K) {
+          const T* hu = reinterpret_cast<const T*>(&raw[v][kR - 1][0]);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) e[v][i] = chain_act<T>(act, e[v][i], to_f32<T>(hu[i]));  // 0 past K
+          for (int i = 0; i < 8; ++i) e[v][i] = chain_act<T>(act, e[v][i], to_f32<T>(hu[i]));
+        }
       }
     }
   } else {
@@ -2341,11 +2346,12 @@ cudaError_t launch_cluster_ex(void (*kernel)(KArgs...), dim3 grid, int S, cudaSt
 // way (5.6 -> 5.9 on 4096x4096, 13.8 -> 14.0 on 28672x4096), at 2560 equal (the fused quantizer wins
 // there at M = 1 anyway, fuseq_auto).
 int quant_cluster_auto(int Kp) { return Kp > 4096 ? 8 : 0; }
-int quant_cluster_size(int Kp, int n) {
+// vecs: the groups of 8 per thread the CTA count aims at (2 here; the act quantizer asks for 1, a8_act_cluster_size).
+int quant_cluster_size(int Kp, int n, int vecs = 2) {
   if (n < 0) n = quant_cluster_auto(Kp);
   if (n <= 0) return 0;
   const int G = Kp / 8;
-  const int need = (G + 256 * kQcVecs - 1) / (256 * kQcVecs), want = (G + 511) / 512;
+  const int need = (G + 256 * kQcVecs - 1) / (256 * kQcVecs), want = (G + 256 * vecs - 1) / (256 * vecs);
   const int S = max(need, min(want, min(n, 8)));  // n > 8: 8 (the portable limit), not the loop kernel
   return S <= 8 ? S : 0;
 }
@@ -2775,11 +2781,15 @@ bool a8_pre_ok(int M) { return M >= 1 && M <= a8_pre_maxm() && knobs().v5; }
 // GEMV the plain op runs at this M: one kernel where the model ran the act kernel and the quantizer. Where it runs
 // (a8_act_ok): the v5 GEMV route (M <= 64 within a8_v5), sm_90 (clusters), the interleaved xq at MT >= 2
 // (TRIT_A8_XI) and a cluster size for the row: TRIT_QUANT_CLUSTER's n, 8 when unset (so at every K, where the
-// plain op keeps the loop kernel up to K = 4096; S = 1 there: one CTA holding the row in registers), 0 = none.
-// Not yet measured on a GPU: see bench/results/NOTES.md.
+// plain op keeps the loop kernel up to K = 4096), 0 = none. The CTAs per row aim at one group of 8 per thread
+// (TRIT_ACT_QUANT_VECS, default 1; 2 = the plain quantizer's sizing): H100 run 93's ncu put kAct at 2x the plain
+// quantizer's time on the same grid (11.3 vs 5.8 us, M = 1, K = 6912, S = 2) with 3x its instructions - the
+// element-wise SiLU (expf, an IEEE division, four roundings) on every group a thread holds, in 2 warps per
+// scheduler - so the activation is spread over more CTAs (K = 6912: 4, 14336: 7) and computed only on the groups
+// in the row (before: on all kQcVecs, zeros past it included).
 int a8_act_cluster_size(int Kp) {
   const int n = env_int("TRIT_QUANT_CLUSTER", -1);
-  return quant_cluster_size(Kp, n < 0 ? 8 : n);
+  return quant_cluster_size(Kp, n < 0 ? 8 : n, max(1, min(kQcVecs, env_int("TRIT_ACT_QUANT_VECS", 1))));
 }
 bool a8_act_ok(int M, int N, int K) {
   const int Kp = (K + kBlockK - 1) / kBlockK * kBlockK;

@@ -28,3 +28,18 @@ def test_markdown_rows():
 def test_refuses_without_a_gpu(capsys):
     assert aq.main(["--cases", "32:4096x14336"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_variants_parse_and_table():
+    assert aq.parse_variants(["TRIT_ACT_QUANT_VECS=2", "TRIT_QUANT_CLUSTER=1, TRIT_PDL=0"]) == [
+        {"TRIT_ACT_QUANT_VECS": "2"}, {"TRIT_QUANT_CLUSTER": "1", "TRIT_PDL": "0"}]
+    for bad in ("VECS=2", "TRIT_ACT_QUANT_VECS", "TRIT_X=", "TRIT_A=1,B=2"):
+        with pytest.raises(SystemExit, match="--variant"):
+            aq.parse_variants([bad])
+    assert aq.variant_label({"TRIT_ACT_QUANT_VECS": "2", "TRIT_PDL": "0"}) == "ACT_QUANT_VECS=2,PDL=0"
+    row = dict(M=32, N=2560, K=6912, exact=True, plain_us=11.5, pro_us=15.1, actq_us=9.2, act_k_us=1.4, quant_us=3.7,
+               gemv_us=6.6, actq_quant_us=3.0, actq_gemv_us=6.6,
+               variants=[{"env": "ACT_QUANT_VECS=2", "actq_us": 14.4, "actq_quant_us": 8.8, "exact": True}])
+    md = aq.markdown({"device": "H100", "date": "d", "commit": "c"}, [row])
+    assert "| 32 | 2560x6912 | ACT_QUANT_VECS=2 | 14.40 | 0.80x | 8.80 | True |" in md
+    assert "[ACT_QUANT_VECS=2] actq 14.40" in aq.fmt(row)

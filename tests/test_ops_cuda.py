@@ -1546,7 +1546,7 @@ def test_act_quant_runs_two_kernels(M, N, K, fused, dtype):
 
 @pytest.mark.parametrize("knobs", [{"TRIT_QUANT_CLUSTER": "0"}, {"TRIT_QUANT_CLUSTER": "1"}, {"TRIT_A8_XI": "0"},
                                    {"TRIT_A8_GEMM": "1"}, {"TRIT_PDL": "0"}, {"TRIT_KERNEL": "v4"},
-                                   {"TRIT_A8_DENSE_MIN_M": "17"}, {"TRIT_ACT_MUL": "1"}])
+                                   {"TRIT_A8_DENSE_MIN_M": "17"}, {"TRIT_ACT_MUL": "1"}, {"TRIT_ACT_QUANT_VECS": "2"}])
 def test_act_quant_under_knobs(knobs):
     """The knobs that take the fused route away (no cluster kernel, the plain xq at MT >= 2, the GEMM / v4 / int8
     cuBLAS routes) or change its launch (one CTA per row, PDL off) leave the results those of the plain op."""
@@ -1555,6 +1555,30 @@ def test_act_quant_under_knobs(knobs):
         for M, N, K in ((1, 640, 6912), (9, 200, 2560), (24, 4096, 14336), (40, 1000, 4096)):
             for act in (1, 2):
                 _check_act_quant(M, N, K, torch.bfloat16, act, True, M + K + act, str(knobs))
+
+
+@pytest.mark.parametrize("vecs,M,K,S", [("", 1, 6912, 4), ("", 32, 6912, 4), ("", 1, 14336, 7), ("", 16, 2560, 2),
+                                         ("", 1, 28672, 8), ("", 1, 65536, 8), ("2", 1, 6912, 2), ("2", 32, 14336, 4),
+                                         ("4", 1, 14336, 2), ("0", 1, 6912, 4)])
+def test_act_quant_cluster_size(vecs, M, K, S):
+    """The act quantizer's CTAs per row (a8_act_cluster_size): aimed at one group of 8 per thread (K / 2048 CTAs,
+    at most 8, at least what holds the row in registers: 65536 -> 8), TRIT_ACT_QUANT_VECS=2 / 4 the plain
+    quantizer's sizing / fewer (values past 1 - 4 clamped); rows: M, or the interleaved tile's 16 / 32 at M = 16 /
+    32. Exact at each size (_check_act_quant)."""
+    from bench.kernels import cupti_kernel_events
+
+    _sm90()
+    N = 640
+    x = torch.randn(M, 2 * K, device=DEV).to(torch.bfloat16)
+    _, _, p, s, _ = make_case(M, N, K, torch.bfloat16, False, 5, device=DEV)
+    with _env(TRIT_ACT_QUANT="1", TRIT_ACT_QUANT_VECS=vecs):
+        ev = [e for e in cupti_kernel_events(
+            lambda i: torch.ops.trit.ternary_mm_a8_prologue(x, None, None, 0.0, 2, p, s, N, K, None), 2)
+            if e.get("cat") == "kernel" and "quant_rows_cluster_kernel" in e.get("name", "")]
+        assert len(ev) == 2, ev
+        grid = list(ev[0].get("args", {}).get("grid", []))
+        assert grid[0] == S and grid[1] >= M, grid
+        _check_act_quant(M, N, K, torch.bfloat16, 2, True, M + K, f"TRIT_ACT_QUANT_VECS={vecs!r}")
 
 
 @pytest.mark.parametrize("M", [1, 16, 32, 64])
