@@ -63,8 +63,8 @@ def parse_variants(texts: list[str]) -> list[dict]:
     for t in texts:
         env = {}
         for item in t.split(","):
-            k, sep, v = item.strip().partition("=")
-            if not sep or not k.startswith("TRIT_") or not v:
+            k, sep, v = (part.strip() for part in item.partition("="))
+            if not sep or not k.startswith("TRIT_") or k == "TRIT_" or not v:
                 raise SystemExit(f"bench.act_quant: --variant {t!r}: expected TRIT_NAME=VALUE[,TRIT_NAME=VALUE], "
                                  "e.g. TRIT_ACT_QUANT_VECS=2")
             env[k] = v

@@ -313,8 +313,10 @@ if has ncuactq && command -v ncu >/dev/null; then
   # TRIT_ACT_QUANT's cluster quantizer (quant_rows_cluster_kernel kAct: silu(gate) * up quantized in the kernel)
   # against the plain quantizer it replaces (TRIT_A8_FUSEQ=0: the quantizer its own launch at every M), on the
   # same rows: H200 run 62 timed kAct at 7.8 - 11.6 us by CUPTI where the plain one took 2.9 - 4.0 us (+ Inductor's
-  # SiLU-mul 0.9 - 2.4 us). Per launch: duration, registers, occupancy, memory throughput, warp stalls, and the
-  # source lines that stall (SourceCounters). Order per case: plain, then kAct (ncu -c counts both).
+  # SiLU-mul 0.9 - 2.4 us; H100 run 93: 2x on the same grid). Per launch: duration, registers, occupancy, memory
+  # throughput, issue rate, instruction counts (InstructionStats), branch counts (SourceCounters) and, with
+  # --print-details all, the warp stall breakdown. No per-line view: the prebuilt's source path does not exist on
+  # the device. Order per case: plain, then kAct (ncu -c counts both).
   step "ncu: the act quantizer (kAct) vs the plain a8 quantizer, M = 1 / 32"
   cat > /tmp/trit_ncu_actq.py <<'PYEOF'
 import os
@@ -335,9 +337,10 @@ for M, N, K in ((1, 2560, 6912), (32, 2560, 6912), (1, 4096, 14336), (32, 4096, 
     torch.cuda.synchronize()
 PYEOF
   TRIT_A8_FUSEQ=0 NCU_TIMEOUT=${NCU_TIMEOUT:-200} ncu_run ncu-actq.txt /tmp/trit_ncu_actq.py -k regex:quant_rows -c 8 \
-    --import-source yes --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
-    --section MemoryWorkloadAnalysis --section SourceCounters --section SchedulerStats
-  grep -E "quant_rows|Duration|Memory Throughput|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Stall|Local|Issued Warp|No Eligible" "$OUT/ncu-actq.txt" | head -120
+    --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+    --section MemoryWorkloadAnalysis --section SourceCounters --section SchedulerStats --section InstructionStats \
+    --print-details all
+  grep -E "quant_rows|Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Executed Instructions |Issued Warp|Branch Instructions  " "$OUT/ncu-actq.txt" | head -120
 fi
 
 if has ncunorm && command -v ncu >/dev/null; then

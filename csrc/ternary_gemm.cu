@@ -2783,9 +2783,9 @@ bool a8_pre_ok(int M) { return M >= 1 && M <= a8_pre_maxm() && knobs().v5; }
 // (TRIT_A8_XI) and a cluster size for the row: TRIT_QUANT_CLUSTER's n, 8 when unset (so at every K, where the
 // plain op keeps the loop kernel up to K = 4096), 0 = none. The CTAs per row aim at one group of 8 per thread
 // (TRIT_ACT_QUANT_VECS, default 1; 2 = the plain quantizer's sizing): H100 run 93's ncu put kAct at 2x the plain
-// quantizer's time on the same grid (11.3 vs 5.8 us, M = 1, K = 6912, S = 2) issuing 4.4x its instructions - the
-// element-wise SiLU (expf, an IEEE division, four roundings) on every group a thread holds, in 2 warps per
-// scheduler - so the activation is spread over more CTAs (K = 6912: 4, 14336: 7) and computed only on the groups
+// quantizer's time on the same grid (11.3 vs 5.8 us, M = 1, K = 6912, S = 2) issuing ~4.4x its instructions (issue
+// rate x active cycles; 8x the branches) in 2 warps per scheduler - by inference the element-wise SiLU (expf, an
+// IEEE division with its slow-path branch, four roundings) on every group a thread holds - so the activation is spread over more CTAs (K = 6912: 4, 14336: 7) and computed only on the groups
 // in the row (before: on all kQcVecs, zeros past it included). Not yet run on a GPU (NOTES session 52): the route
 // stays off by default.
 int a8_act_cluster_size(int Kp) {

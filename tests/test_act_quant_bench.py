@@ -33,7 +33,8 @@ def test_refuses_without_a_gpu(capsys):
 def test_variants_parse_and_table():
     assert aq.parse_variants(["TRIT_ACT_QUANT_VECS=2", "TRIT_QUANT_CLUSTER=1, TRIT_PDL=0"]) == [
         {"TRIT_ACT_QUANT_VECS": "2"}, {"TRIT_QUANT_CLUSTER": "1", "TRIT_PDL": "0"}]
-    for bad in ("VECS=2", "TRIT_ACT_QUANT_VECS", "TRIT_X=", "TRIT_A=1,B=2"):
+    assert aq.parse_variants([" TRIT_ACT_QUANT_VECS = 2 "]) == [{"TRIT_ACT_QUANT_VECS": "2"}]
+    for bad in ("VECS=2", "TRIT_ACT_QUANT_VECS", "TRIT_X=", "TRIT_A=1,B=2", "TRIT_=1"):
         with pytest.raises(SystemExit, match="--variant"):
             aq.parse_variants([bad])
     assert aq.variant_label({"TRIT_ACT_QUANT_VECS": "2", "TRIT_PDL": "0"}) == "ACT_QUANT_VECS=2,PDL=0"

@@ -1559,11 +1559,11 @@ def test_act_quant_under_knobs(knobs):
 
 @pytest.mark.parametrize("vecs,M,K,S", [("", 1, 6912, 4), ("", 32, 6912, 4), ("", 1, 14336, 7), ("", 16, 2560, 2),
                                          ("", 1, 28672, 8), ("", 1, 65536, 8), ("2", 1, 6912, 2), ("2", 32, 14336, 4),
-                                         ("4", 1, 14336, 2), ("0", 1, 6912, 4)])
+                                         ("4", 1, 14336, 2), ("9", 1, 14336, 2), ("0", 1, 6912, 4)])
 def test_act_quant_cluster_size(vecs, M, K, S):
     """The act quantizer's CTAs per row (a8_act_cluster_size): aimed at one group of 8 per thread (K / 2048 CTAs,
     at most 8, at least what holds the row in registers: 65536 -> 8), TRIT_ACT_QUANT_VECS=2 / 4 the plain
-    quantizer's sizing / fewer (values past 1 - 4 clamped); rows: M, or the interleaved tile's 16 / 32 at M = 16 /
+    quantizer's sizing / fewer (values outside 1 - 4 clamped: 0 -> 1, 9 -> 4); rows: M, or the interleaved tile's 16 / 32 at M = 16 /
     32. Exact at each size (_check_act_quant)."""
     from bench.kernels import cupti_kernel_events
 
