@@ -2018,8 +2018,8 @@ __global__ void __launch_bounds__(256) quant_rows_cluster_kernel(const T* __rest
 #pragma unroll
       for (int i = 0; i < 8; ++i) e[v][i] = to_f32<T>(h[i]);
       if constexpr (kAct) {
-        // the activation only on groups of the row (act(0) * 0 = +0 past it, as loaded): it is most of kAct's
-        // instructions (H100 run 93)
+        // the activation only on groups of the row (act(0) * 0 = +0 past it, as loaded): by inference most of
+        // kAct's instructions (H100 run 93, a8_act_cluster_size)
         const int g = g0 + tid + v * 256;
         if (g < g1 && g * 8 < K) {
           const T* hu = reinterpret_cast<const T*>(&raw[v][kR - 1][0]);
@@ -2785,9 +2785,9 @@ bool a8_pre_ok(int M) { return M >= 1 && M <= a8_pre_maxm() && knobs().v5; }
 // (TRIT_ACT_QUANT_VECS, default 1; 2 = the plain quantizer's sizing): H100 run 93's ncu put kAct at 2x the plain
 // quantizer's time on the same grid (11.3 vs 5.8 us, M = 1, K = 6912, S = 2) issuing ~4.4x its instructions (issue
 // rate x active cycles; 8x the branches) in 2 warps per scheduler - by inference the element-wise SiLU (expf, an
-// IEEE division with its slow-path branch, four roundings) on every group a thread holds - so the activation is spread over more CTAs (K = 6912: 4, 14336: 7) and computed only on the groups
-// in the row (before: on all kQcVecs, zeros past it included). Not yet run on a GPU (NOTES session 52): the route
-// stays off by default.
+// IEEE division with its slow-path branch, four roundings) on every group a thread holds - so the activation is
+// spread over more CTAs (K = 6912: 4, 14336: 7) and computed only on the groups in the row (before: on all
+// kQcVecs, zeros past it included). Not yet run on a GPU (NOTES session 52): the route stays off by default.
 int a8_act_cluster_size(int Kp) {
   const int n = env_int("TRIT_QUANT_CLUSTER", -1);
   return quant_cluster_size(Kp, n < 0 ? 8 : n, max(1, min(kQcVecs, env_int("TRIT_ACT_QUANT_VECS", 1))));
