@@ -133,6 +133,9 @@ _WG = {"-wg": {"TRIT_A8_GEMM_WG": "1", "TRIT_A8_GEMM_WG_OVERLAP": "1"},
        # Llama's SiLU-mul computed by down_proj's activation quantizer (TRIT_ACT_QUANT: one kernel where the
        # model runs the SiLU-mul kernel and the quantizer; a tree before it ignores the variable: runs the default)
        "-actq": {"TRIT_ACT_QUANT": "1"},
+       # the same with the act quantizer's CTAs per row sized as the plain quantizer's (TRIT_ACT_QUANT_VECS=2: two
+       # groups of 8 per thread, the sizing before session 52; a tree before it ignores the variable: runs -actq)
+       "-actq2": {"TRIT_ACT_QUANT": "1", "TRIT_ACT_QUANT_VECS": "2"},
        # with the fused norm + quantizer writing the tiled xq: 96 of the 128 quantizer launches of an 8B step gone
        "-actq-fnorm32-tiled": {"TRIT_ACT_QUANT": "1", "TRIT_FUSED_NORM_QUANT": "1", "TRIT_A8_PRE_MAXM": "32",
                                "TRIT_FUSED_NORM_LAYOUT": "1"}}

@@ -37,6 +37,7 @@ def test_wgmma_variants_follow_their_base_config():
     assert configs("8b", ["ours-mma"])[0][4] == {"TRIT_A8_GEMM_WG": "0"}
     assert configs("2b", ["ours-bitnet-deep"])[0][4] == {"TRIT_A8_GEMM_WG_DEEP": "1"}
     assert configs("8b", ["ours-nodeep"])[0][4] == {"TRIT_A8_GEMM_WG_DEEP": "0"}
+    assert configs("2b", ["ours-llama-actq2"])[0][4] == {"TRIT_ACT_QUANT": "1", "TRIT_ACT_QUANT_VECS": "2"}
 
 
 def test_graph_replay_picks_the_smallest_full_graph():
