@@ -10,7 +10,8 @@ then the model-level checks with CUDA graphs on.
 3. greedy 32-token generations from the 4 prompts, graphs on, against the fp32 reference, once
    as one batch and once each prompt alone (one-token decode steps: the M = 1 routes); every
    differing position must be a near-tie of the reference (top-2 logit gap below the model
-   tier's limit).
+   tier's limit); then what one such one-token step runs (step_counts: kernels / trit ops per step,
+   informative).
 Writes <date>-<device>-vllm-parity.{json,md} with device, date, commit, command and numbers.
 """
 from __future__ import annotations
@@ -47,6 +48,32 @@ def generation_check(ref_model, ids, new_ids_target, limit: float, ref_new=None)
             row.update(first_difference=first, ref_top2_gap=gap, explained=gap < limit)
         rows.append(row)
     return {"rows": rows, "passed": all(r["identical"] or r["explained"] for r in rows)}
+
+
+def step_counts(graphs, model_dir, ids: torch.Tensor, tokens: int = 4) -> dict:
+    """What one decode step of one prompt alone runs: {name: launches per step} of every CUDA kernel (on a GPU;
+    CUPTI sees the kernels inside CUDA graph replays) and every trit:: op the profiler records (on the CPU, where
+    the ops run as such), from two profiled generations of ``ids`` (one prompt) - 1 token (the prefill) and
+    1 + tokens - differenced and divided by ``tokens``, after a discarded warm-up capture. The record's evidence
+    of which route a one-token step took (e.g. TRIT_FUSED_NORM_QUANT=one: rms_norm_quant kernels per step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+
+    def counts(n: int) -> dict:
+        with profile(activities=acts) as prof:
+            graphs.generate(model_dir, ids, n)
+        out: dict = {}
+        for ev in prof.key_averages():
+            dev = getattr(getattr(ev, "device_type", None), "name", "CPU")
+            if dev == "CUDA" or ev.key.startswith("trit::"):
+                out[ev.key] = out.get(ev.key, 0) + ev.count
+        return out
+
+    counts(1)
+    pre, full = counts(1), counts(1 + tokens)
+    per = {k: round((v - pre.get(k, 0)) / tokens, 2) for k, v in full.items()}
+    return dict(sorted(((k, v) for k, v in per.items() if v > 0), key=lambda kv: (-kv[1], kv[0])))
 
 
 def main(argv=None) -> int:
@@ -113,6 +140,10 @@ def main(argv=None) -> int:
     # the same prompts one at a time: decode steps of one token, the M = 1 routes (the fused-quantizer GEMV, the
     # one-token routings TRIT_CHAIN=1 / TRIT_FUSED_NORM_QUANT=one) that a batch of B prompts never runs
     new1 = torch.cat([graphs.generate(a.model, gs.input_ids[b:b + 1], a.new_tokens) for b in range(B)])
+    try:  # evidence of the route a one-token step takes (informative: not part of `passed`)
+        rec["b1_step_counts"] = step_counts(graphs, a.model, gs.input_ids[:1])
+    except Exception as e:  # a profiler that cannot run here leaves the parity checks as they are
+        rec["b1_step_counts"] = {"error": f"{type(e).__name__}: {e}"}
     graphs.close()
     del graphs
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
@@ -145,7 +176,11 @@ def main(argv=None) -> int:
           *(f"- prompt {r['prompt']}: {'identical' if r['identical'] else r}" for r in rec["graphs_generation"]["rows"]),
           "", "Each prompt alone (decode steps of one token):", "",
           *(f"- prompt {r['prompt']}: {'identical' if r['identical'] else r}"
-            for r in rec["graphs_generation_b1"]["rows"])]
+            for r in rec["graphs_generation_b1"]["rows"]),
+          "", "## What one decode step of one prompt alone runs (profiled; CUDA kernels / trit ops, launches per step)",
+          "", *(["| kernel or op | per step |", "|---|---|",
+                 *(f"| `{k[:100]}` | {v} |" for k, v in list(rec["b1_step_counts"].items())[:40])]
+                if "error" not in rec["b1_step_counts"] else [f"not profiled: {rec['b1_step_counts']['error']}"])]
     write_record(a.out, stem, rec, "\n".join(md))
     print("\n".join(md))
     return 0 if rec["passed"] else 1
