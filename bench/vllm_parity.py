@@ -140,10 +140,13 @@ def main(argv=None) -> int:
     # the same prompts one at a time: decode steps of one token, the M = 1 routes (the fused-quantizer GEMV, the
     # one-token routings TRIT_CHAIN=1 / TRIT_FUSED_NORM_QUANT=one) that a batch of B prompts never runs
     new1 = torch.cat([graphs.generate(a.model, gs.input_ids[b:b + 1], a.new_tokens) for b in range(B)])
-    try:  # evidence of the route a one-token step takes (informative: not part of `passed`)
-        rec["b1_step_counts"] = step_counts(graphs, a.model, gs.input_ids[:1])
-    except Exception as e:  # a profiler that cannot run here leaves the parity checks as they are
-        rec["b1_step_counts"] = {"error": f"{type(e).__name__}: {e}"}
+    if a.tp > 1:  # the TP workers run in their own processes, out of this profiler's sight
+        rec["b1_step_counts"] = {"error": f"tensor_parallel_size={a.tp}: the workers run in other processes"}
+    else:
+        try:  # evidence of the route a one-token step takes (informative: not part of `passed`)
+            rec["b1_step_counts"] = step_counts(graphs, a.model, gs.input_ids[:1])
+        except Exception as e:  # a profiler that cannot run here leaves the parity checks as they are
+            rec["b1_step_counts"] = {"error": f"{type(e).__name__}: {e}"}
     graphs.close()
     del graphs
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
