@@ -8,6 +8,7 @@
 #   ci/gpu_e2e.sh probe      ci/chain_route_probe.py: TRIT_CHAIN=${PROBE_MODES:-1} against the default on the
 #                            tiny model (~1 min a mode): does the one-token routing compile on this vLLM
 #   ci/gpu_e2e.sh scale      BitNet-2B-shaped model: fp32 goldens + bf16 noise floor on the GPU, vLLM parity record
+#                            (SCALE_PRESET=llama-2b-twin: its Llama twin instead)
 #   ci/gpu_e2e.sh gen2b      generate the three 2B-shaped models (BitNet, its Llama twin, the bf16 twin) at
 #                            once (e2e2b generates what is missing one after the other: > 570 s with humming)
 #   ci/gpu_e2e.sh e2e2b      bench.e2e --shape 2b (ours on BitNet + Llama twin, bf16 twin)
@@ -124,12 +125,15 @@ for stage in "$@"; do
       python3 ci/chain_route_probe.py --out "$OUT" --modes ${PROBE_MODES:-1} 2>&1 | tail -8 || rc=1
       ;;
     scale)
-      step "scale: bitnet-2b goldens + parity"
-      M=$(gen bitnet-2b)
-      [ -f /tmp/golden/bitnet-2b/manifest.json ] || python3 -m parity.dump --ref --model "$M" --out /tmp/golden/bitnet-2b --device cuda --no-floor || rc=1
+      # SCALE_PRESET: the 2B-shaped model to check (default bitnet-2b; llama-2b-twin: the Llama twin, the
+      # architecture the Llama-only routes - TRIT_ACT_QUANT, the Llama chain - run on)
+      SP=${SCALE_PRESET:-bitnet-2b}
+      step "scale: $SP goldens + parity"
+      M=$(gen "$SP")
+      [ -f /tmp/golden/$SP/manifest.json ] || python3 -m parity.dump --ref --model "$M" --out /tmp/golden/$SP --device cuda --no-floor || rc=1
       # the bf16 noise floor of this golden set (independent bf16 implementation), see parity/noise.py
-      [ -f /tmp/golden/bitnet-2b/noise-bf16.json ] || python3 -m parity.noise --model "$M" --golden /tmp/golden/bitnet-2b --target-opt device=cuda || rc=1
-      python3 -m bench.vllm_parity --model "$M" --golden /tmp/golden/bitnet-2b --out "$OUT" 2>&1 | quiet | tail -60 || rc=1
+      [ -f /tmp/golden/$SP/noise-bf16.json ] || python3 -m parity.noise --model "$M" --golden /tmp/golden/$SP --target-opt device=cuda || rc=1
+      python3 -m bench.vllm_parity --model "$M" --golden /tmp/golden/$SP --out "$OUT" 2>&1 | quiet | tail -60 || rc=1
       ;;
     e2e2b)
       step "e2e 2b"
