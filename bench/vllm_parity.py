@@ -73,7 +73,11 @@ def step_counts(graphs, model_dir, ids: torch.Tensor, tokens: int = 4) -> dict:
     counts(1)
     pre, full = counts(1), counts(1 + tokens)
     per = {k: round((v - pre.get(k, 0)) / tokens, 2) for k, v in full.items()}
-    return dict(sorted(((k, v) for k, v in per.items() if v > 0), key=lambda kv: (-kv[1], kv[0])))
+    out = dict(sorted(((k, v) for k, v in per.items() if v > 0), key=lambda kv: (-kv[1], kv[0])))
+    if not out:  # nothing seen: the steps ran out of this profiler's sight
+        return {"error": "no CUDA kernel or trit op seen in the decode steps (is vLLM's engine core in another "
+                         "process? VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps it in this one)"}
+    return out
 
 
 def main(argv=None) -> int:

@@ -42,3 +42,8 @@ def test_generation_check_reuses_given_reference_continuations():
     assert res["passed"] and Ref.calls == 0 and all(r["identical"] for r in res["rows"])
     res = vp.generation_check(Ref(), ids, same, 0.5)
     assert res["passed"] and Ref.calls == 1
+
+
+def test_step_counts_says_when_it_saw_nothing():
+    got = vp.step_counts(_FakeGraphs(per_prefill=2, per_step=0), "m", torch.zeros(1, 5, dtype=torch.long), tokens=3)
+    assert list(got) == ["error"] and "VLLM_ENABLE_V1_MULTIPROCESSING=0" in got["error"]
