@@ -22,6 +22,10 @@
 #   ci/gpu_e2e.sh gen8b      generate the Llama-3-8B-shaped ternary + bf16 models, the two at once (its
 #                            own call: one e2e8b call that also generated them ran past 470 s)
 #   ci/gpu_e2e.sh e2e8b      bench.e2e --shape 8b (ours, bf16)
+#   ci/gpu_e2e.sh condcache  does vLLM's compile cache keep the one-token route's torch.cond piece here: the 2B
+#                            twin under ${CC_ONLY:-ours-llama-fnorm1} loaded twice (B = 1) from one fresh
+#                            VLLM_CACHE_ROOT with VLLM_USE_MEGA_AOT_ARTIFACT=${CC_MEGA:-1} (trit.vllm.quant.
+#                            cond_pieces_cacheable keeps the cache on under it); the two load times side by side
 # The e2e stages keep their rows in /tmp/e2e-state (bench.e2e --state): the same stage again, e.g.
 # with E2E_ONLY=ours,bf16,ours-gemm,humming (ours-gemm: TRIT_A8_GEMM=1; humming's JIT takes
 # minutes), measures only what is missing and writes one record with every config of this commit
@@ -188,6 +192,15 @@ for stage in "$@"; do
       step "floor: bench.e2e --shape tiny"
       python3 -m bench.e2e --shape tiny --only ${E2E_ONLY_TINY:-ours-bitnet,bf16-bitnet} --models /tmp/models \
         --out "$OUT" --state "${FLOOR_STATE:-/tmp/e2e-state-tiny}" ${E2E_ARGS:-} 2>&1 | quiet | tail -30 || rc=1
+      ;;
+    condcache)
+      step "condcache: ${CC_ONLY:-ours-llama-fnorm1} loaded twice from one compile cache, VLLM_USE_MEGA_AOT_ARTIFACT=${CC_MEGA:-1}"
+      rm -rf /tmp/cc-cache /tmp/cc-state-1 /tmp/cc-state-2
+      for i in 1 2; do
+        VLLM_CACHE_ROOT=/tmp/cc-cache VLLM_USE_MEGA_AOT_ARTIFACT=${CC_MEGA:-1} python3 -m bench.e2e --shape 2b \
+          --only ${CC_ONLY:-ours-llama-fnorm1} --batches 1 --models /tmp/models --out "$OUT/condcache-$i" \
+          --state /tmp/cc-state-$i 2>&1 | quiet | grep -E "^\| ${CC_ONLY:-ours-llama-fnorm1}|rror|serializ" | head -5 || rc=1
+      done
       ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
