@@ -3498,7 +3498,8 @@ def main(argv=None) -> int:
         except UnicodeDecodeError as e:
             raise CheckpointError(f"--text {a.text}: not UTF-8 text ({e.reason} at byte {e.start}); pass a UTF-8 "
                                   f"text file") from None
-        out = Path(a.out) if a.out else Path(a.dir) / SPEC_FILENAME
+        # a .gguf file: its spec beside it, where spec_for (and the vllm target) look for it
+        out = Path(a.out) if a.out else (Path(a.dir).parent if Path(a.dir).is_file() else Path(a.dir)) / SPEC_FILENAME
         rep = Path(a.report) if a.report else out.with_suffix(".md")
         if out.resolve() == rep.resolve():
             raise FormatError(f"--out {out} and the report {rep} are the same file; pass --report (or an --out "

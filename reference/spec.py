@@ -993,7 +993,8 @@ def spec_for(model_dir, cfg: Optional[ModelConfig] = None, spec_path=None) -> Ch
     cfg = cfg or ModelConfig.load(model_dir)
     if spec_path:
         return CheckpointSpec.load(spec_path)
-    p = Path(model_dir) / SPEC_FILENAME
+    here = Path(model_dir)
+    p = (here.parent if here.is_file() else here) / SPEC_FILENAME  # a .gguf file: the spec beside it
     if p.exists():
         return CheckpointSpec.load(p)
     q = cfg.quantization or {}
@@ -1007,6 +1008,14 @@ def spec_for(model_dir, cfg: Optional[ModelConfig] = None, spec_path=None) -> Ch
         if probe in ckpt and ckpt.info(probe).dtype in ("F32", "F16", "BF16") and \
                 tuple(ckpt.info(probe).shape) == cfg.linear_shapes()["model.layers.0.self_attn.q_proj"]:
             return spec_unquantized(cfg)
+    if q.get("quant_method") == "ternary" and q.get("trit_layout"):
+        # a trit.export directory without its spec: the inspector cannot work the tiles out (it guesses GPTQ-like
+        # packings of the int32 tensors and fails on the first padded one); the spec is the export's own file
+        raise CheckpointError(
+            f"{model_dir}: no {SPEC_FILENAME}, but config.json's quantization_config (trit_layout "
+            f"{q.get('trit_layout')!r}, source_spec {q.get('source_spec')!r}) says this is a trit.export directory, "
+            f"which is read through its {SPEC_FILENAME}: restore that file, or export the source again into a new "
+            f"directory (`python -m trit.export SRC --out NEWDIR`)")
     raise CheckpointError(
         f"{model_dir}: no {SPEC_FILENAME} and quantization_config is {q or None}; run "
         f"`python -m reference.inspect {shlex.quote(str(model_dir))}` to infer the format")

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import json
 import os
 import shutil
@@ -47,11 +48,12 @@ from typing import Optional
 
 import torch
 
-from reference.checkpoint import Checkpoint
+from reference.checkpoint import Checkpoint, CheckpointError, gguf_model, gguf_source, load_config
 from reference.config import ModelConfig
 from reference.formats import ScaleSpec
 from reference.io import umask_mode
-from reference.spec import SPEC_FILENAME, CheckpointSpec, LinearEntry, decode_linear, spec_for
+from reference.spec import (SPEC_FILENAME, CheckpointSpec, LinearEntry, decode_linear, spec_for,
+                            tied_lm_head_key)
 
 LAYOUT = "trit-tile16x128"
 #: files copied verbatim from the source directory (tokenizer, generation defaults, chat template)
@@ -197,7 +199,7 @@ def _is_export(d: Path) -> bool:
 def _drop_stale_tmp(out: Path) -> None:
     """Remove what an interrupted export into ``out`` left beside it (``.NAME.tmp-PID`` / ``.NAME.old-PID`` of a
     process that no longer runs): each would otherwise stay, a hidden copy the size of the model."""
-    for p in out.parent.glob(f".{out.name}.*-*"):
+    for p in out.parent.glob(f".{glob.escape(out.name)}.*-*"):  # escaped: `--out 'm?'` must not take .mz.old-PID
         kind, _, pid = p.name[len(out.name) + 2:].partition("-")
         if kind not in ("tmp", "old") or not pid.isdigit() or not p.is_dir():
             continue
@@ -239,6 +241,10 @@ def export(model_dir, out_dir, *, spec_path=None, force: bool = False, invert_sc
     spec = spec_for(src, cfg, spec_path)
     if any(e.layout is not None for e in spec.linears.values()):
         raise ExportError(f"{src}: spec {spec.name!r} is already in a kernel layout; nothing to export")
+    if not spec.linears:  # a float checkpoint: the "export" would be the same float model labelled ternary
+        raise ExportError(f"{src}: spec {spec.name!r} has no ternary linear, nothing to export (a float checkpoint; "
+                          f"if its weights are ternary values stored as floats, e.g. TriLM, run `python -m "
+                          f"reference.inspect {src}` first, which writes the {SPEC_FILENAME} to export through)")
     check_exportable(spec)
     ckpt = Checkpoint(src)
     spec.validate(cfg, ckpt)
@@ -269,11 +275,17 @@ def export(model_dir, out_dir, *, spec_path=None, force: bool = False, invert_sc
                 continue
             writer.add(hf, ckpt.get(key))
             tensors[hf] = first_of_key[key] = hf
+        head = tied_lm_head_key(cfg, spec, ckpt)
+        if head is not None and "lm_head.weight" not in tensors:
+            # tied in config.json, yet an lm_head is stored (not a spec tensor: the readers find it by name): the
+            # reference and vLLM use it untied where it differs from the embedding, so it must travel too
+            writer.add("lm_head.weight", ckpt.get(head))
+            tensors["lm_head.weight"] = "lm_head.weight"
         files = writer.finish()
         new_spec = CheckpointSpec(name=f"{spec.name}+{LAYOUT}", linears=linears, tensors=tensors,
                                   activation_quant=spec.activation_quant)
         new_spec.save(tmp / SPEC_FILENAME)
-        raw_cfg = json.loads((src / "config.json").read_text())
+        raw_cfg = load_config(src)  # a GGUF-only directory (which the reference reads): config.json from its metadata
         raw_cfg["quantization_config"] = {
             "quant_method": "ternary", "trit_layout": LAYOUT, "trit_scales": "inverted" if invert_scales else "kept",
             "source_spec": spec.name,
@@ -284,6 +296,12 @@ def export(model_dir, out_dir, *, spec_path=None, force: bool = False, invert_sc
             for f in sorted(src.glob(pat)):
                 if f.is_file():
                     shutil.copy2(f, tmp / f.name)
+        gguf = gguf_source(src)
+        if gguf is not None and not (tmp / "tokenizer.json").exists():  # as reference.gguf.convert writes it
+            try:
+                (tmp / "tokenizer.json").write_text(gguf_model(gguf).tokenizer().to_str())
+            except CheckpointError as e:
+                log(f"trit.export: note: no tokenizer.json written: {e}")
         new_spec.validate(ModelConfig.load(tmp), Checkpoint(tmp))  # headers + keys: the export is complete
         umask = os.umask(0)
         os.umask(umask)
@@ -317,6 +335,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "model reproduces the source bit for bit; vLLM computes the same 1/s at load either way)")
     ap.add_argument("--max-shard-gb", type=float, default=4.0, help="safetensors shard size limit (GiB)")
     a = ap.parse_args(argv)
+    if not (a.max_shard_gb > 0 and a.max_shard_gb != float("inf")):  # nan / inf / <= 0: no shard size at all
+        ap.error(f"--max-shard-gb {a.max_shard_gb}: expected a positive number of GiB")
     try:
         export(a.model_dir, a.out, spec_path=a.spec, force=a.force, invert_scales=a.invert_scales,
                max_shard_bytes=int(a.max_shard_gb * 2**30))

@@ -206,14 +206,21 @@ def checkpoint_renames(spec: CheckpointSpec) -> dict[str, str]:
     An act-order group index (``LinearEntry.g_idx``: GPTQ ``<module>.g_idx``) loads as ``<module>.weight_g_idx``,
     the dense fallback's parameter.  In-block scales (the weight's own key) keep their names."""
     out: dict[str, str] = {}
+    seen: dict[str, str] = {}  # every key's parameter, kept ones too: a key loads into one parameter only
 
     def put(key, want):
-        if key is None or key == want:
+        if key is None:
             return
-        if out.get(key, want) != want:
-            raise KeyMapError(f"spec {spec.name!r}: checkpoint key {key!r} would load as both {out[key]!r} "
-                              f"and {want!r}")
-        out[key] = want
+        if seen.get(key, want) != want:
+            # (one tensor serving two parameters, e.g. an untied lm_head.weight mapped to the embedding's key: a
+            # rename would load it into one of them and leave the other as allocated, a silently wrong model)
+            raise KeyMapError(f"spec {spec.name!r}: checkpoint key {key!r} would load as both {seen[key]!r} "
+                              f"and {want!r}; vLLM's Llama loads each checkpoint tensor into one parameter: serve "
+                              f"it with the BitNet architecture (trit's own model loads it through the spec), or "
+                              f"store the tensor once per parameter")
+        seen[key] = want
+        if key != want:
+            out[key] = want
 
     fused_on_disk: dict[str, list[str]] = {}  # weight key -> modules stored in it
     for mod, e in spec.linears.items():
@@ -495,6 +502,26 @@ def prepacked_route(entries: list[LinearEntry], output_partition_sizes: list[int
         return (f"the input partition ({input_size_per_partition} of {input_size}) is not a multiple of "
                 f"{TILE_K} (one k-block)")
     return None
+
+
+def check_tile_codes(raw: torch.Tensor, entry: LinearEntry, name: str) -> None:
+    """Refuse int32 tiles holding code 3 (a 2-bit field with both bits set) anywhere: trit.export writes codes 0 / 1 / 2
+    (= -1 / 0 / +1, padding 1) only, and the kernels would read a 3 as a weight of their own (a silently other
+    model; the reference's ``unpack_layout`` refuses the same tensor).  One pass of bit operations over the words."""
+    w = raw.detach()
+    bad = (w & (w >> 1) & 0x55555555) != 0
+    if not bool(bad.any()):
+        return
+    t, j = (int(v) for v in bad.nonzero()[0])
+    where = "in the padding"
+    if entry.shape is not None:
+        from trit.ops import unpack as trit_unpack
+
+        vals = trit_unpack(w.cpu().contiguous(), *entry.shape)
+        if bool((vals.abs() > 1).any()):
+            where = f"at logical index {tuple(int(i) for i in (vals.abs() > 1).nonzero()[0])}"
+    raise KeyMapError(f"tensor {entry.weight_key!r} ({name}): unused code 3 {where} (word [{t}, {j}]; layout "
+                      f"{entry.layout} holds codes 0/1/2 = -1/0/+1 only) — corrupt or not a trit export")
 
 
 def prepacked_shape(output_partition_sizes: list[int], k_part: int) -> tuple[int, int]:
