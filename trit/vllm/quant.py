@@ -657,7 +657,8 @@ class TernaryLinearMethod(_SpecLinearMethod):
                                   f"{list(loaded_weight.shape)}")
             # on the parameter's device: a CPU pass over an 8B model's 1.7 GB of tiles takes seconds (~60 ms per
             # 29 MB tensor on 2 cores), a GPU one a copy and a few microseconds
-            check_tile_codes(loaded_weight.to(param.device), entry, name)
+            dev = param.device if param.device.type != "meta" else loaded_weight.device
+            check_tile_codes(loaded_weight.to(dev), entry, name)
             layer.trit_loaded.add(("weight", shard_id))
             if shard_id is None:
                 vllm_loader(param, loaded_weight)
