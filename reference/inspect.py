@@ -101,7 +101,7 @@ from .inspect_search import (BLOCKS, NAMED_MARGIN, TQ2_0_RECORD, UNDECODABLE, UN
                              axis_margins, build_spec, codes_str, confidence, declared_activation_quant, lane_options,
                              per_part_options, plain_float_linear, search)
 from .spec import (INVERSE_SCALE_SUFFIXES, SPEC_FILENAME, UNTIED_HEAD_HINT, CheckpointSpec, bitnet_linear_class,
-                   check_layer_count, decode_linear, derived_buffer)
+                   check_layer_count, decode_linear, derived_buffer, spec_home)
 
 
 class InspectError(CheckpointError):
@@ -3498,8 +3498,7 @@ def main(argv=None) -> int:
         except UnicodeDecodeError as e:
             raise CheckpointError(f"--text {a.text}: not UTF-8 text ({e.reason} at byte {e.start}); pass a UTF-8 "
                                   f"text file") from None
-        # a .gguf file: its spec beside it, where spec_for (and the vllm target) look for it
-        out = Path(a.out) if a.out else (Path(a.dir).parent if Path(a.dir).is_file() else Path(a.dir)) / SPEC_FILENAME
+        out = Path(a.out) if a.out else spec_home(a.dir) / SPEC_FILENAME  # a .gguf file: the spec beside it
         rep = Path(a.report) if a.report else out.with_suffix(".md")
         if out.resolve() == rep.resolve():
             raise FormatError(f"--out {out} and the report {rep} are the same file; pass --report (or an --out "

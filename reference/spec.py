@@ -987,14 +987,20 @@ def spec_unquantized(cfg: ModelConfig) -> CheckpointSpec:
     return CheckpointSpec(name="unquantized", linears={}, tensors=tensors)
 
 
+def spec_home(path) -> Path:
+    """The directory a checkpoint path's ternary_spec.json lives in: the path itself, or for a file (a .gguf model)
+    the directory beside it."""
+    path = Path(path)
+    return path.parent if path.is_file() else path
+
+
 def spec_for(model_dir, cfg: Optional[ModelConfig] = None, spec_path=None) -> CheckpointSpec:
     """The spec of a model directory: an explicit file, the directory's ternary_spec.json,
     or one built from config.json's quantization_config."""
     cfg = cfg or ModelConfig.load(model_dir)
     if spec_path:
         return CheckpointSpec.load(spec_path)
-    here = Path(model_dir)
-    p = (here.parent if here.is_file() else here) / SPEC_FILENAME  # a .gguf file: the spec beside it
+    p = spec_home(model_dir) / SPEC_FILENAME
     if p.exists():
         return CheckpointSpec.load(p)
     q = cfg.quantization or {}

