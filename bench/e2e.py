@@ -44,6 +44,10 @@ SHAPES = {
     "tiny": [("ours-bitnet", "tiny-bitnet", None, False), ("bf16-bitnet", "tiny-bitnet", None, True)],
 }
 
+# vLLM's compile-cache variables, recorded with the trit ones where set: the one-token routes' load depends on them
+# (trit.vllm.quant.keep_cond_pieces_cacheable; run 95 set VLLM_USE_MEGA_AOT_ARTIFACT by hand)
+COMPILE_ENV = ("VLLM_USE_MEGA_AOT_ARTIFACT", "VLLM_USE_AOT_COMPILE", "VLLM_USE_STANDALONE_COMPILE",
+               "VLLM_DISABLE_COMPILE_CACHE")
 SMALL_BATCH_RUNS = 5  # runs per batch size <= 8 (3 before 2026-12-02 run 14)
 # runs per batch size > 8, each batch size after one untimed generation of its own (one run and no warm-up before
 # 2026-12-04: run 44's one-shot B = 32 figures of one config on one machine spread 9519 - 10033 tok/s)
@@ -236,7 +240,7 @@ def categorize(name: str) -> str:
 
 
 def run_one(label: str, d: Path, quantization, batches, prompt_len, gen_len, profile_steps, tp: int = 1,
-            profile_batch: int = 1) -> dict:
+            profile_batch: int = 1, replay_max: int = 8) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -307,7 +311,7 @@ def run_one(label: str, d: Path, quantization, batches, prompt_len, gen_len, pro
     res["engine"] = "inproc" if inproc else "mp"
     res["engine_settings"] = engine_settings(llm)
     if cuda and tp == 1 and inproc:  # the graphs live in this process only with the in-process engine at TP = 1
-        res["graph_replay"] = {str(b): graph_replay(b) for b in batches if b <= 8}
+        res["graph_replay"] = {str(b): graph_replay(b) for b in batches if b <= replay_max}
     if cuda and profile_steps and inproc:
         res["profile"] = _profile(llm, prompts, profile_steps, profile_batch)
     return res
@@ -602,6 +606,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--gen-len", type=int, default=256)
     ap.add_argument("--profile-steps", type=int, default=32)
+    ap.add_argument("--replay-max", type=int, default=8,
+                    help="the model forward alone (vLLM's full CUDA graph replayed) at every batch size up to this "
+                         "(default 8; e.g. 32 to A/B a route's forward at B = 32, where tok/s moves 5-7%% between rounds)")
     ap.add_argument("--profile-batch", type=int, default=None,
                     help="sequences in the profiled generation (one of --batches; default 1, or the smallest of "
                          "--batches where 1 is not one): where the time of a batch-B decode step goes, e.g. 32 for "
@@ -636,7 +643,7 @@ def main(argv=None) -> int:
     if a.one:
         label, d, q = a.one
         r = run_one(label, Path(d), None if q == "-" else q, batches, a.prompt_len, a.gen_len, a.profile_steps, a.tp,
-                    a.profile_batch)
+                    a.profile_batch, a.replay_max)
         print("RESULT " + json.dumps(r))
         return 0
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
@@ -650,7 +657,9 @@ def main(argv=None) -> int:
     partial = Path(a.out) / f"partial-{stem}.json"
     settings = {"shape": a.shape, "tp": a.tp, "engine": a.engine, "batches": a.batches, "prompt_len": a.prompt_len,
                 "gen_len": a.gen_len, "profile_steps": a.profile_steps, "profile_batch": a.profile_batch,
-                "rounds": a.rounds, "env": {k: v for k, v in os.environ.items() if k.startswith("TRIT_") and k != "TRIT_BUILD_DIR"}}
+                "rounds": a.rounds, "replay_max": a.replay_max,
+                "env": {k: v for k, v in os.environ.items() if (k.startswith("TRIT_") and k != "TRIT_BUILD_DIR")
+                        or k in COMPILE_ENV}}
     state = Path(a.state) / f"partial-{stem}.json" if a.state else None
     resumed = []
     if state is not None and state.exists():
@@ -686,7 +695,7 @@ def main(argv=None) -> int:
         d = model_dir(a.models, preset, unq)
         cmd = [sys.executable, "-m", "bench.e2e", "--batches", a.batches, "--prompt-len", str(a.prompt_len),
                "--gen-len", str(a.gen_len), "--profile-steps", str(a.profile_steps), "--tp", str(a.tp),
-               "--profile-batch", str(a.profile_batch),
+               "--profile-batch", str(a.profile_batch), "--replay-max", str(a.replay_max),
                "--one", run_label, str(d), quant or "-"]
         env = {**os.environ, **extra_env, "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if a.engine == "mp" else "0"}
         if a.engine == "mp":  # llm.apply_model(_weight_stats) sends the function to the engine process
@@ -719,7 +728,7 @@ def main(argv=None) -> int:
           f"tensor_parallel_size {a.tp}; engine core "
           + ("in its own process (vLLM's default; no profile or graph replay)" if a.engine == "mp"
              else "in the benchmark's process (VLLM_ENABLE_V1_MULTIPROCESSING=0)"),
-          f"- kernel environment: {({k: v for k, v in os.environ.items() if k.startswith('TRIT_')}) or 'defaults'}"]
+          f"- kernel environment: {({k: v for k, v in os.environ.items() if k.startswith('TRIT_') or k in COMPILE_ENV}) or 'defaults'}"]
     if a.rounds > 1:
         md.append(f"- {a.rounds} rounds, each the one before rotated by one config; rows in run order, each against "
                   "its own round's bf16")
@@ -766,7 +775,7 @@ def main(argv=None) -> int:
             f"{r['label']} " + ", ".join(f"{k}={v}" for k, v in r["engine_settings"].items()) for r in es)]
     gr = [r for r in rows if "error" not in r and r.get("graph_replay")]
     if gr:
-        small = [b for b in batches if b <= 8]
+        small = [b for b in batches if b <= a.replay_max]
         md += ["", "Decode step per token vs the model forward alone (vLLM's captured full CUDA graph replayed "
                    "back to back, without the engine, lm_head and sampler), ms:", "",
                "| config | " + " | ".join(f"B={b} step (B / tok/s) | B={b} forward (graph)" for b in small) + " |",

@@ -340,7 +340,7 @@ def test_e2e_profile_batch_default_follows_batches(monkeypatch, tmp_path):
 
     seen = []
 
-    def fake_run_one(label, d, q, batches, prompt_len, gen_len, profile_steps, tp=1, profile_batch=1):
+    def fake_run_one(label, d, q, batches, prompt_len, gen_len, profile_steps, tp=1, profile_batch=1, replay_max=8):
         seen.append((batches, profile_steps, profile_batch))
         return {}
 
@@ -512,3 +512,39 @@ def test_e2e_profile_subtracts_the_prefill():
     import pytest
     with pytest.raises(ValueError, match="steps must be >= 1"):
         e2e.profile_difference(full, prefill, steps=0)
+
+
+def test_e2e_replay_max_reaches_the_run_and_the_table(tmp_path, monkeypatch):
+    """--replay-max 32: each config's run replays the forward graph up to B = 32 (passed to the per-config
+    process) and the record's forward table has a B = 32 column - the A/B that resolves a route's cost above one
+    token, where tok/s moves 5-7% between rounds (run 94b). The default (8) leaves B = 32 out of both; the
+    compile-cache variables set for the call are in the record's environment (run 95 set one by hand)."""
+    import subprocess
+    import types
+
+    from bench import e2e
+
+    seen = []
+
+    def fake_run(cmd, **kw):
+        label, bs = cmd[cmd.index("--one") + 1], cmd[cmd.index("--batches") + 1].split(",")
+        rmax = int(cmd[cmd.index("--replay-max") + 1])
+        seen.append(rmax)
+        r = {"label": label, "throughput": {b: {"seconds": 0.1, "tok_s": 10.0 * int(b)} for b in bs},
+             "ttft_ms": 1.0, "weights": {"bits_per_weight": 2.0},
+             "graph_replay": {b: {"ms": 1.0 + int(b) / 100} for b in bs if int(b) <= rmax}}
+        return types.SimpleNamespace(stdout="RESULT " + json.dumps(r) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(e2e, "model_dir", lambda root, preset, unq: tmp_path / preset)
+    monkeypatch.setenv("TRIT_COMMIT", "c1")
+    monkeypatch.setenv("VLLM_USE_MEGA_AOT_ARTIFACT", "1")
+    for rmax, out in ((None, "o8"), ("32", "o32")):
+        extra = ["--replay-max", rmax] if rmax else []
+        assert e2e.main(["--shape", "tiny", "--batches", "1,32", "--models", str(tmp_path / "m"), "--out",
+                         str(tmp_path / out), "--only", "ours-bitnet", "--profile-steps", "0"] + extra) == 0
+        md = next((tmp_path / out).glob("*-e2e-tiny*.md")).read_text()
+        assert "| B=1 forward (graph)" in md
+        assert ("| B=32 forward (graph)" in md) == (rmax == "32"), md
+        assert "'VLLM_USE_MEGA_AOT_ARTIFACT': '1'" in md
+    assert seen == [8, 32]

@@ -195,3 +195,92 @@ def test_compile_cache_kept_where_the_mega_aot_artifact_keeps_a_cond(monkeypatch
     monkeypatch.setenv("VLLM_USE_MEGA_AOT_ARTIFACT", "1")
     monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "0")  # no AOT compile: no mega artifact either
     assert not cond_pieces_cacheable()
+
+
+def _mega_default(monkeypatch, default: str):
+    """vLLM's VLLM_USE_MEGA_AOT_ARTIFACT with this default where unset: "0" as with torch < 2.12 (the GPU image's
+    vLLM 0.26 + torch 2.11), "1" as with torch >= 2.12 (the CI's vLLM 0.32 + torch 2.13); the variable unset,
+    AOT and standalone compile at vLLM's defaults. monkeypatch undoes what the function writes."""
+    pytest.importorskip("vllm")
+    import os
+
+    from vllm import envs
+
+    monkeypatch.setitem(envs.environment_variables, "VLLM_USE_MEGA_AOT_ARTIFACT",
+                        lambda: os.environ.get("VLLM_USE_MEGA_AOT_ARTIFACT", default) == "1")
+    for name in ("VLLM_USE_MEGA_AOT_ARTIFACT", "VLLM_USE_AOT_COMPILE", "VLLM_USE_STANDALONE_COMPILE",
+                 "VLLM_DISABLE_COMPILE_CACHE"):
+        monkeypatch.setenv(name, "x")  # recorded as unset, so that the delenv below and any later set are undone
+        monkeypatch.delenv(name)
+    return envs
+
+
+def test_one_token_routes_turn_the_mega_artifact_on_where_its_default_is_off(monkeypatch):
+    """Under TRIT_FUSED_NORM_QUANT=one / TRIT_CHAIN=1 with VLLM_USE_MEGA_AOT_ARTIFACT unset and vLLM's default off
+    (torch < 2.12: the GPU image), the plugin sets it, so that the compile cache keeps the cond piece
+    (cond_pieces_cacheable) and disable_compile_cache leaves the cache on: on an H100 (run 95) the route's second
+    start read its compile back in 11.4 s instead of compiling again for 87 s. Without it the cache was off."""
+    import os
+
+    from trit.vllm.quant import cond_pieces_cacheable, keep_cond_pieces_cacheable
+
+    envs = _mega_default(monkeypatch, "0")
+    if not envs.VLLM_USE_AOT_COMPILE:
+        pytest.skip("vLLM's AOT compile is off by default here (torch < 2.10): no mega artifact to turn on")
+    assert not cond_pieces_cacheable()  # as on the GPU image before
+    assert keep_cond_pieces_cacheable()
+    assert os.environ["VLLM_USE_MEGA_AOT_ARTIFACT"] == "1" and envs.VLLM_USE_MEGA_AOT_ARTIFACT
+    assert cond_pieces_cacheable()
+    assert not keep_cond_pieces_cacheable()  # set once: nothing more to do
+    how, env_on, icc = _disable_in(monkeypatch, "VLLM_COMPILE", env_cached=False, mega="1")
+    assert how is None and not env_on and "force_disable_caches" not in icc, (how, env_on, icc)
+
+
+@pytest.mark.parametrize("case", ["user_off", "user_on", "default_on", "no_aot", "no_standalone", "env_cached"])
+def test_mega_artifact_left_alone(monkeypatch, case):
+    """The variable is the user's where they set it (0 keeps the cache off for the route, as before); vLLM's
+    default on (torch >= 2.12) needs nothing; without AOT compile or standalone compile there is no mega artifact
+    to save (vLLM asserts standalone compile under it); where vLLM has cached its variables (an engine started in
+    this process already) the environment cannot reach it and is left as it was."""
+    import os
+
+    from trit.vllm.quant import keep_cond_pieces_cacheable
+
+    envs = _mega_default(monkeypatch, "1" if case == "default_on" else "0")
+    if case in ("user_off", "user_on"):
+        monkeypatch.setenv("VLLM_USE_MEGA_AOT_ARTIFACT", "0" if case == "user_off" else "1")
+    if case == "no_aot":
+        monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "0")
+    if case == "no_standalone":
+        monkeypatch.setenv("VLLM_USE_STANDALONE_COMPILE", "0")
+    if case == "env_cached":
+        real = envs.__getattr__
+        monkeypatch.setattr(envs, "__getattr__", lambda name: False if name == "VLLM_USE_MEGA_AOT_ARTIFACT"
+                            else real(name))
+    before = os.environ.get("VLLM_USE_MEGA_AOT_ARTIFACT")
+    assert not keep_cond_pieces_cacheable()
+    assert os.environ.get("VLLM_USE_MEGA_AOT_ARTIFACT") == before
+
+
+def test_register_turns_the_mega_artifact_on_under_a_one_token_route(monkeypatch):
+    """trit.vllm.register() under TRIT_FUSED_NORM_QUANT=one sets the variable (where unset and off by default),
+    beside the split-graph fix; without a one-token route it leaves vLLM's variable alone."""
+    import os
+
+    import trit.vllm
+    from vllm import ModelRegistry
+    from vllm.compilation import backends
+
+    _mega_default(monkeypatch, "0")
+    orig_split = backends.split_graph
+    llama = ModelRegistry.models.get("LlamaForCausalLM") if hasattr(ModelRegistry, "models") else None
+    try:
+        for setting, expect in (("0", None), ("one", "1")):
+            monkeypatch.setenv("TRIT_FUSED_NORM_QUANT", setting)
+            monkeypatch.setattr(trit.vllm, "_registered", False)
+            trit.vllm.register()
+            assert os.environ.get("VLLM_USE_MEGA_AOT_ARTIFACT") == expect, setting
+    finally:
+        backends.split_graph = orig_split
+        if llama is not None:
+            ModelRegistry.models["LlamaForCausalLM"] = llama

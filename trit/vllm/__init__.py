@@ -10,7 +10,9 @@ The method goes through ``register_quantization_config`` and the model through
 ``ModelRegistry.register_model``, the two public registries (same API in vLLM 0.26 and 0.32). One
 thing is patched, and only under TRIT_CHAIN=1 or TRIT_FUSED_NORM_QUANT=one (the one-token routing's torch.cond): vLLM's
 ``split_graph`` is wrapped so that each cond keeps its predicate and each compiled piece its placeholders
-first (trit.vllm.fx_compat: with torch 2.11, vLLM 0.26 compiled such a piece with too few inputs).
+first (trit.vllm.fx_compat: with torch 2.11, vLLM 0.26 compiled such a piece with too few inputs); under the same
+two settings VLLM_USE_MEGA_AOT_ARTIFACT=1 is set where it is unset and off by default (quant.keep_cond_pieces_cacheable:
+vLLM's compile cache then keeps the cond piece).
 With TRIT_FUSED_NORM_QUANT, TRIT_A8_PROLOGUE, TRIT_ACT_QUANT or TRIT_CHAIN set when it registers, ``LlamaForCausalLM``
 is registered as trit.vllm.llama's subclass (vLLM's class unless a ternary layer is flagged for the fused norm).
 ``register()`` is idempotent: vLLM may call it more than once per process.
@@ -70,8 +72,11 @@ def register() -> None:
     if chain_mode() == "one" or fused_norm_mode() == "one":
         # the one-token routing's torch.cond through vLLM's piecewise compile (fx_compat)
         from .fx_compat import install_split_graph_fix
+        from .quant import keep_cond_pieces_cacheable
 
         install_split_graph_fix()
+        # and vLLM's compile cache keeps that piece (its mega AOT artifact) where its default would not
+        keep_cond_pieces_cacheable()
     if fused_norm_selected() or prologue_selected() or act_quant_selected() or chain_selected():
         # vLLM's Llama with the norms fused into the ternary layers (and its tail chained)
         from .llama import TritLlamaForCausalLM

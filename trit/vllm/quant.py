@@ -976,6 +976,44 @@ def cond_pieces_cacheable() -> bool:
         return False
 
 
+def keep_cond_pieces_cacheable() -> bool:
+    """Under a one-token route (TRIT_CHAIN=1, TRIT_FUSED_NORM_QUANT=one: registered by trit.vllm.register), turn
+    vLLM's mega AOT artifact on where the user left VLLM_USE_MEGA_AOT_ARTIFACT unset and vLLM's default is off
+    (torch < 2.12: the GPU image's vLLM 0.26 + torch 2.11), so that the compile cache keeps the route's
+    torch.cond piece (cond_pieces_cacheable) instead of being turned off for the model (disable_compile_cache).
+    Measured on an H100 (run 95, vLLM 0.26, torch 2.11, the 2B Llama twin under TRIT_FUSED_NORM_QUANT=one, the
+    variable set): the first start compiles and saves (load 86.8 s), a second start from the same cache reads it
+    back ("Directly load AOT compilation", load 11.4 s; the same tok/s and forward time), and the GPU parity record
+    of a start from that cache passed with the route's kernels in its one-token steps. Without it every start of
+    the route compiled uncached (76 - 90 s against the default's 11 - 60 s).
+    Only where vLLM has the variable, AOT compile and standalone compile are on (the mega artifact is saved
+    through both) and torch has standalone_compile's aot mode (>= 2.10); not where vLLM has cached its variables
+    already (the environment no longer reaches it: then the cache goes off as before). The variable stays set
+    for the process and the processes it starts (vLLM's own default on newer torch). Returns whether it set it."""
+    import os
+
+    from vllm import envs
+
+    name = "VLLM_USE_MEGA_AOT_ARTIFACT"
+    if name in os.environ:
+        return False  # the user's choice, either way
+    try:
+        from vllm.utils.torch_utils import is_torch_equal_or_newer
+
+        if (envs.VLLM_USE_MEGA_AOT_ARTIFACT or not envs.VLLM_USE_AOT_COMPILE or not envs.VLLM_USE_STANDALONE_COMPILE
+                or not is_torch_equal_or_newer("2.10.0")):
+            return False
+    except (AttributeError, KeyError, ImportError):
+        return False
+    os.environ[name] = "1"
+    if not envs.VLLM_USE_MEGA_AOT_ARTIFACT:  # vLLM's variables are cached: leave the environment as it was
+        del os.environ[name]
+        return False
+    logger.info("one-token routing: VLLM_USE_MEGA_AOT_ARTIFACT=1 (unset, vLLM's default off on this torch), so that "
+                "vLLM's compile cache keeps the route's torch.cond piece")
+    return True
+
+
 def disable_compile_cache() -> Optional[str]:
     """Turn vLLM's torch.compile cache off for the model being built. The one-token routes (TRIT_CHAIN=1,
     TRIT_FUSED_NORM_QUANT=one) need it: on vLLM 0.26 / torch 2.11 a piece compiled with a torch.cond has no
