@@ -832,18 +832,26 @@ def test_vllms_own_methods_refuse_act_order_groups():
     """Why the act-order tests have no cross-check against vLLM's own methods (as the compressed-tensors zero point
     tests have): vLLM 0.32 refuses both act-order forms when it reads the config (AutoGPTQ desc_act with groups,
     compressed-tensors actorder 'group'), while it still takes desc_act with group_size -1 (a trivial g_idx); if a
-    later vLLM takes them again, this fails and the cross-check should be added."""
+    later vLLM takes them again, this fails and the cross-check should be added. vLLM 0.26 (the GPU image's, before
+    gptq_utils.normalize_and_validate_gptq_desc_act) still reads both as act-order configs (no cross-check added)."""
     from vllm.model_executor.layers.quantization.auto_gptq import AutoGPTQConfig
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
+    from vllm.model_executor.layers.quantization.utils import gptq_utils
 
     base = {"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": True, "sym": True}
-    with pytest.raises(ValueError, match="desc_act=True.*no longer supported"):
-        AutoGPTQConfig.from_config(base)
-    assert AutoGPTQConfig.from_config(dict(base, group_size=-1)).desc_act is False
     lg = synth.Logical.from_dir(TRAINED)
     _, qc, _ = synth.w_compressed_tensors_asym(lg, 4, "group", 64, actorder="group")
-    with pytest.raises(ValueError, match="actorder='group'.*no longer supported"):
-        CompressedTensorsConfig.from_config(qc)
+    assert AutoGPTQConfig.from_config(dict(base, group_size=-1)).desc_act is False
+    if hasattr(gptq_utils, "normalize_and_validate_gptq_desc_act"):  # 0.32
+        with pytest.raises(ValueError, match="desc_act=True.*no longer supported"):
+            AutoGPTQConfig.from_config(base)
+        with pytest.raises(ValueError, match="actorder='group'.*no longer supported"):
+            CompressedTensorsConfig.from_config(qc)
+    else:  # 0.26: both read as act-order groups
+        assert AutoGPTQConfig.from_config(base).desc_act is True
+        schemes = CompressedTensorsConfig.from_config(qc).target_scheme_map
+        assert schemes and all(str(getattr(v["weights"].actorder, "value", v["weights"].actorder)) == "group"
+                               for v in schemes.values()), schemes
 
 
 def test_hqq_axis0_group_scale_expands_per_weight():

