@@ -55,10 +55,37 @@ def _header_int(x) -> int:
     return x
 
 
+#: the first line of a Git LFS pointer file (https://github.com/git-lfs/git-lfs/blob/main/docs/spec.md), which a
+#: repository cloned without git-lfs holds in place of each large file; the spec caps a pointer at 1024 bytes
+LFS_POINTER_PREFIX = b"version https://git-lfs.github.com/spec/"
+LFS_POINTER_MAX = 1024
+
+
+def lfs_pointer_error(path: Path, what: str):
+    """A CheckpointError for a Git LFS pointer file stored where ``what`` belongs (else None): it names the object's
+    size and how to fetch it, instead of reading the pointer's text as a header."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size > LFS_POINTER_MAX:
+        return None
+    with open(path, "rb") as f:
+        text = f.read(size)
+    if not text.startswith(LFS_POINTER_PREFIX):
+        return None
+    obj = next((ln.split(b" ", 1)[1].decode("ascii", "replace") for ln in text.splitlines()
+                if ln.startswith(b"size ")), "?")
+    return CheckpointError(f"{path}: a Git LFS pointer ({size} bytes of text naming a {obj}-byte object), not the "
+                           f"{what} itself: the repository was cloned without its LFS files; fetch them (`git lfs "
+                           f"pull` in the clone, or download the file) and run again")
+
+
 def read_header(path: Path) -> dict:
     """Parse and validate one safetensors header.  Returns {name: TensorInfo}."""
     path = Path(path)
     size = path.stat().st_size
+    lfs = lfs_pointer_error(path, "safetensors file")
+    if lfs is not None:
+        raise lfs
     if size < 8:
         raise CheckpointError(f"{path}: {size} bytes, too short for a safetensors file (needs an 8-byte header length)")
     with open(path, "rb") as f:
@@ -315,6 +342,10 @@ def load_config(model_dir: str | os.PathLike) -> dict:
         src = gguf_source(Path(model_dir))
         if src is not None:  # a GGUF model: config.json from its metadata
             return gguf_model(src).config()
+        if Path(model_dir).is_file():  # a weights file: its config.json is beside it, in the model directory
+            raise CheckpointError(f"{model_dir}: a file, not a model directory: pass the directory that holds "
+                                  f"config.json and the weights ({Path(model_dir).parent}; a .gguf file is read by "
+                                  f"itself)")
         raise CheckpointError(f"{model_dir}: no config.json")
     try:
         d = json.loads(p.read_text(encoding="utf-8"))

@@ -43,7 +43,7 @@ from typing import Any, Optional
 
 import torch
 
-from .checkpoint import CheckpointError, TensorInfo
+from .checkpoint import CheckpointError, TensorInfo, lfs_pointer_error
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -230,6 +230,9 @@ def read_gguf(path) -> GGUFFile:
     """Parse and validate a GGUF file's header, metadata and tensor infos (no tensor data is read)."""
     path = Path(path)
     size = path.stat().st_size
+    lfs = lfs_pointer_error(path, "GGUF file")
+    if lfs is not None:
+        raise lfs
     if size < 24:
         raise CheckpointError(f"{path}: {size} bytes, too short for a GGUF file (magic, version, two counts)")
     with open(path, "rb") as f:

@@ -2698,6 +2698,26 @@ class Inspection:
     zero_ratio: dict  # HF module -> zero ratio of the decoded values
 
 
+def _unit_multiplier_finding(modules: list[Module], findings: list[Finding]) -> None:
+    """No scale anywhere: integer codes (or floats of magnitude exactly 1) with no scale tensor beside any linear and
+    none inside the weight (llama.cpp records, HQQ's meta) decode to multiplier 1.  That may be the model, or its
+    scales were lost (another file, a key not read as a scale): nothing in the checkpoint says which, so the report
+    says so, with the magnitude a trained linear has (RMS(W_eff) ~ 1/sqrt(K), the scale-op rule's yardstick)."""
+    if any(m.scale is not None or m.record is not None or m.group_view or m.hqq_meta for m in modules):
+        return
+    unit = [m for m in modules if m.packed or (m.weight.kind == "ternary_float" and m.weight.magnitudes == [1.0])]
+    if not unit:
+        return
+    off = sum(abs(math.log(0.8 * math.sqrt(m.logical[1]))) for m in unit) / len(unit)
+    findings.append(Finding(
+        "scale", "none: multiplier 1",
+        f"no scale tensor beside any of {len(unit)} ternary linears (e.g. {unit[0].weight.name!r}, "
+        f"{unit[0].weight.dtype} {list(unit[0].weight.shape)}) and none inside the weights: every effective weight is "
+        f"its code; |ln(RMS(W_eff) * sqrt(K))| averages {off:.2f} (0 = the 1/sqrt(fan-in) a trained linear has) - if "
+        f"this checkpoint's scales are stored elsewhere (another file, a key not read as a scale), every weight is off "
+        f"by them", "low (nothing stored)"))
+
+
 def _prior_key(c: Candidate, modules: list, cfg: ModelConfig) -> tuple:
     """``prior_rank`` of a candidate for this model's structure (records, HQQ, majority pack axis)."""
     from .inspect_search import prior_rank
@@ -2707,7 +2727,10 @@ def _prior_key(c: Candidate, modules: list, cfg: ModelConfig) -> tuple:
     hqq = any(m.group_view for m in modules)
     axis0 = sum(m.pack_axis == 0 for m in packed) > len(packed) / 2
     i2s = bool(packed) and all(m.gguf_i2s for m in packed)
-    return prior_rank(c, cfg, record, hqq, axis0, i2s)
+    # one value per element of a signed dtype (int8 holding -1 / 0 / +1): two's complement before offset binary
+    signed = bool(packed) and all(m.weight.dtype.startswith("I") and INT_DTYPES[m.weight.dtype] == m.bits
+                                  for m in packed)
+    return prior_rank(c, cfg, record, hqq, axis0, i2s, signed)
 
 
 def _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings) -> Candidate:
@@ -2845,6 +2868,25 @@ def _check_norm_weights(stats: dict, ckpt: Checkpoint) -> None:
                            f"{float(w[i])} at index {i}); expected finite values")
 
 
+def _check_float_codes(modules: list[Module], ckpt: Checkpoint) -> None:
+    """Ternary codes stored as floats (-1 / 0 / +1 in bf16 / fp16 / fp32, the scale in a tensor beside them): where
+    most such linears hold nothing else, one that holds other values is a corrupt tensor, as a stray code in one int8
+    tensor is (``code_candidates``) - not weights to run as stored.  A value beyond -1 / 0 / +1 in most of them is
+    levels of their own (a symmetric integer grid stored as floats): read as stored."""
+    coded = [m for m in modules if m.scale is not None and m.weight.kind == "ternary_float"]
+    clean = [m for m in coded if m.weight.magnitudes == [1.0]]
+    stray = [m for m in coded if m not in clean and 1.0 in (m.weight.magnitudes or ())]
+    if not clean or not stray or len(stray) >= max(2, len(coded) / 2):
+        return
+    m = stray[0]
+    w = ckpt.get(m.weight.name).float()
+    bad = (w != 0) & (w.abs() != 1)
+    r, c = (int(i) for i in bad.nonzero()[0])
+    raise InspectError(f"{m.where()}: {int(bad.sum())} values outside -1 / 0 / +1 (first {float(w[r, c])} at "
+                       f"[{r}, {c}]) beside the scale {m.scale.name!r}, where {len(clean)} other linears stored as "
+                       f"floats hold only -1 / 0 / +1 beside theirs: expected ternary codes (corrupted weights)")
+
+
 def _mark_gguf_i2s(model_dir: Path, modules: list) -> None:
     """Module.gguf_i2s for the weights a GGUF model stores as I2_S (type 36): the type names bitnet.cpp's
     layouts, which prior_rank then puts first (without text to score on they are the decode kept)."""
@@ -2937,6 +2979,7 @@ def _inspect_dir(model_dir, *, text: Optional[str], use_loss: bool, n_seq: int, 
     modules, floats = map_keys(stats, cfg)
     _mark_gguf_i2s(model_dir, modules)
     _check_norm_weights(stats, ckpt)
+    _check_float_codes(modules, ckpt)
     fused = [m for m in modules if len(m.parts) > 1]
     findings.append(Finding("key mapping", f"{len(modules)} linear tensors, {len(floats)} float tensors",
                             f"{len(fused)} fused ({sorted({m.role for m in fused})}) split by config.json sizes"
@@ -2987,6 +3030,7 @@ def _inspect_dir(model_dir, *, text: Optional[str], use_loss: bool, n_seq: int, 
                "untied (transformers' tie_weights, vLLM's maybe_untie_word_embeddings)" if cfg.tie_word_embeddings
                else "") + note, "high"))
     convention = infer_structure(modules, cfg, ckpt, findings, one_block)
+    _unit_multiplier_finding(modules, findings)
     widen_codes = widen_ops = False  # statistics-made choices a failed search may revisit
     zero_code = None
     if convention == "hqq":  # codes decode to q, values = q - zero (detect_hqq decided whether they are ternary)
@@ -3407,9 +3451,13 @@ def _activation_finding(cfg, spec, modules, ckpt, ids) -> Finding:
     if q == "bitnet":
         return Finding("activation quantization", act, "config.json quant_method 'bitnet': per-token absmax int8 "
                        "(BitNet b1.58's W1.58A8)", "high (config)")
-    if cfg.arch == "bitnet":
+    if cfg.arch == "bitnet" and act == "int8_per_token":
         return Finding("activation quantization", act, "BitNet architecture: per-token absmax int8 in front of every "
                        "BitLinear (W1.58A8)", "high (architecture)")
+    if cfg.arch == "bitnet":  # build_spec: no linear holds codes (every weight an unconstrained float, scaled or not)
+        return Finding("activation quantization", act, "BitNet architecture, but no linear holds ternary or integer "
+                       "codes (unconstrained float weights): plain linears without activation quantisation, as "
+                       "transformers builds a BitNet model without a quantization_config", "high (architecture)")
     if act == "int8_per_token":
         return Finding("activation quantization", act, "config.json quantization_config declares dynamic per-token "
                        "int8 input_activations", "high (config)")

@@ -432,12 +432,14 @@ KNOWN_LAYOUTS = [("blocked", None, "lsb"),  # transformers HF-BitNet pack_weight
 
 
 def prior_rank(c: Candidate, cfg: ModelConfig, record: Optional[tuple] = None, hqq: bool = False,
-               axis0: bool = True, i2s: bool = False) -> tuple:
+               axis0: bool = True, i2s: bool = False, signed: bool = False) -> tuple:
     """Smaller = more plausible a priori.  A config that names transformers' bitnet method
     points at its layout first, llama.cpp TQ2_0 blocks (``record``) at theirs; codes increasing
     with value (-1 < 0 < +1) beat swapped tables.  ``axis0``: most packed tensors are packed along
     their output axis; when not, transformers' blocked layout (an axis-0 convention) ranks after the
-    consecutive-inputs one that every public axis-1 packer uses."""
+    consecutive-inputs one that every public axis-1 packer uses.  ``signed``: every packed tensor holds one
+    value per element of a signed integer dtype (int8 -1 / 0 / +1): its codes are read as two's complement
+    first (int8 0xFF is -1, not the largest code)."""
     q = (cfg.quantization or {}).get("quant_method")
     layout = (c.lanes, c.block, c.bit_order)
     order = KNOWN_LAYOUTS if axis0 else [KNOWN_LAYOUTS[1], KNOWN_LAYOUTS[0]] + KNOWN_LAYOUTS[2:]
@@ -458,21 +460,25 @@ def prior_rank(c: Candidate, cfg: ModelConfig, record: Optional[tuple] = None, h
     if (q in ("gptq", "awq", "compressed-tensors") or _table_bits(c.codes) == 4) and layout == ("interleaved", None, "lsb"):
         known = -1
     # mixed code widths: the least monotone of the widths' tables
-    return (known, max(_monotone(t) for t in (c.codes,) + tuple(c.extra)), c.per_part)
+    return (known, max(_monotone(t, signed) for t in (c.codes,) + tuple(c.extra)), c.per_part)
 
 
 def _table_bits(codes) -> int:
     return max(1, (len(codes) - 1).bit_length())
 
 
-def _monotone(codes) -> int:
+def _monotone(codes, signed_first: bool = False) -> int:
     """Codes increasing with value, read unsigned (offset binary: 0) or as two's complement (int8
-    {-1, 0, 1}: 1); else 2."""
+    {-1, 0, 1}: 1); else 2.  ``signed_first``: the codes are elements of a signed dtype, so two's complement
+    ranks 0 and offset binary 1."""
     bits = _table_bits(codes)
     vals = [v for v in codes if v is not None]
     signed = [v for _, v in sorted((code - (1 << bits) if code >= 1 << (bits - 1) else code, v)
                                    for code, v in enumerate(codes) if v is not None)]
-    return 0 if vals == sorted(vals) else (1 if signed == sorted(signed) else 2)
+    ranks = [vals == sorted(vals), signed == sorted(signed)]
+    if signed_first:
+        ranks.reverse()
+    return next((i for i, ok in enumerate(ranks) if ok), 2)
 
 
 def confidence(margin: float) -> str:

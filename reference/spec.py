@@ -340,6 +340,7 @@ class CheckpointSpec:
                     _check_float_dtype(info, mod)
                     used.add(key)
                     bkey = self.tensors.get(mod + ".bias")
+                    _check_bias_declared(cfg, ckpt, mod, bkey, key)
                     if bkey is not None:
                         _check_bias(ckpt, bkey, mod, shape[0])
                     continue
@@ -381,6 +382,7 @@ class CheckpointSpec:
             if e.input_norm is not None:
                 _check_input_norm(ckpt, e.input_norm.key, mod, shape[1])
                 used.add(e.input_norm.key)
+            _check_bias_declared(cfg, ckpt, mod, e.bias_key, e.weight_key)
             if e.bias_key:
                 _check_bias(ckpt, e.bias_key, mod, shape[0])
                 used.add(e.bias_key)
@@ -480,6 +482,31 @@ def _check_block_scale(e: LinearEntry) -> None:
     if sc.byte_offset < pk.code_bytes:
         raise FormatError(f"{where}: in-block scale at byte {sc.byte_offset} overlaps the {pk.code_bytes} code bytes "
                           f"of each record")
+
+
+def _check_bias_declared(cfg: ModelConfig, ckpt: Checkpoint, mod: str, bias_key: Optional[str],
+                         weight_key: str) -> None:
+    """A linear has a bias exactly where config.json builds one (attention_bias / mlp_bias; BitNet's MLP never), as
+    transformers and vLLM do: a declared bias the checkpoint lacks ran as no bias at all, and a stored one the config
+    does not declare was added although transformers drops it (unexpected key) and vLLM's loader has no such
+    parameter - either way another model than theirs, with no word.  (lm_head has no bias in either family.)"""
+    if mod == "lm_head":
+        return
+    attn = ".self_attn." in mod
+    flag = "attention_bias" if attn else "mlp_bias"
+    want = _has_bias(cfg, mod)
+    if want and bias_key is None:
+        info = ckpt.info(weight_key)
+        raise CheckpointError(f"{info.file}: no bias for {mod} (weight {weight_key!r}): config.json's {flag} is true, "
+                              f"so transformers and vLLM build {mod}.bias; expected a bias tensor beside the weight "
+                              f"(the spec's bias key), or {flag}: false if the model has none")
+    if not want and bias_key is not None:
+        flagged = attn or cfg.arch != "bitnet"  # (BitNet's MLP: no config key gives it a bias)
+        why = (f"{flag} is false" if flagged
+               else "the BitNet architecture's MLP has no bias (transformers' BitNetMLP, whatever mlp_bias says)")
+        raise CheckpointError(f"{ckpt.info(bias_key).file}: tensor {bias_key!r} (bias of {mod}): config.json's {why}, "
+                              f"so transformers drops this tensor as an unexpected key and vLLM has no parameter for "
+                              f"it; expected no bias" + (f", or {flag}: true if the model has one" if flagged else ""))
 
 
 def _check_bias(ckpt: Checkpoint, key: str, mod: str, n: int) -> None:

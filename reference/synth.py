@@ -192,6 +192,9 @@ class Logical:
             d = decode_linear(ck, e, mod)
             tern[mod], mult[mod] = d.values.to(torch.int8), d.mult.float()
         floats = {hf: ck.get(key) for hf, key in spec.tensors.items()}
+        for mod, e in spec.linears.items():  # a ternary linear's bias is a float tensor of its module (HF name)
+            if e.bias_key is not None:
+                floats[f"{mod}.bias"] = ck.get(e.bias_key)
         tok = model_dir if (model_dir / "tokenizer.json").exists() else None
         return cls(json.loads((model_dir / "config.json").read_text()), tern, mult, floats, tok)
 
@@ -349,7 +352,7 @@ def rename(hf: str, scheme: str) -> str:
     table = NAME_SCHEMES[scheme]
     m = re.match(r"model\.layers\.(\d+)\.(.*)$", hf)
     tmpl, layer = (f"model.layers.{{L}}.{m.group(2)}", m.group(1)) if m else (hf, "")
-    for suffix in ("", ".weight"):
+    for suffix in ("", ".weight", ".bias"):
         base = tmpl[: len(tmpl) - len(suffix)] if suffix else tmpl
         if (not suffix or tmpl.endswith(suffix)) and base in table:
             return table[base].replace("{L}", layer) + suffix

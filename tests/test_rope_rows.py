@@ -312,14 +312,16 @@ def test_online_mode_under_meta_names_is_refused_by_name(tmp_path):
 
 
 def _with_qkv_bias(out: Path, meta: bool = False) -> None:
-    """Zero q / k / v biases (attention_bias: true) on a written checkpoint: under transformers' or Meta's names."""
+    """Zero q / k / v / o biases (attention_bias: true, which gives o_proj a bias too in transformers and vLLM) on a
+    written checkpoint: under transformers' or Meta's names."""
     cfg = ModelConfig.load(out)
     sd = load_file(str(out / "model.safetensors"))
     for L in range(cfg.num_layers):
-        for m, wm, n in (("q_proj", "wq", cfg.num_heads), ("k_proj", "wk", cfg.num_kv_heads),
-                         ("v_proj", "wv", cfg.num_kv_heads)):
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        for m, wm, n in (("q_proj", "wq", q), ("k_proj", "wk", kv), ("v_proj", "wv", kv),
+                         ("o_proj", "wo", cfg.hidden_size)):
             key = f"layers.{L}.attention.{wm}.bias" if meta else f"model.layers.{L}.self_attn.{m}.bias"
-            sd[key] = torch.zeros(n * cfg.head_dim)
+            sd[key] = torch.zeros(n)
     save_file(sd, str(out / "model.safetensors"))
     c = json.loads((out / "config.json").read_text())
     c["attention_bias"] = True
