@@ -165,6 +165,10 @@ VARIANTS = {"ours-gemm": ("ours", {"TRIT_A8_GEMM": "1"}), "ours-bitnet-gemm": ("
             # run 13's profile) for a few hundred cached tokens; for ours and bf16 alike
             **{base + "-tattn": (base, {"TRIT_BENCH_ATTN_BACKEND": "TRITON_ATTN"})
                for base in ("ours", "ours-bitnet", "ours-llama", "bf16", "bf16-llama")},
+            # the bf16 model in a process whose plugin runs the one-token route (TRIT_FUSED_NORM_QUANT=one registers
+            # trit.vllm.llama's subclass and the split-graph fix for every Llama-family model, quantized or not):
+            # its load and tok/s against plain bf16, before that route can be the default
+            **{base + "-fnorm1": (base, {"TRIT_FUSED_NORM_QUANT": "one"}) for base in ("bf16", "bf16-llama")},
             # both: the one-token chain with the combine kernel gone too (fewer kernel nodes per B = 1 step)
             **{base + "-chain-split1": (base, {"TRIT_CHAIN": "1", "TRIT_BENCH_ATTN_SPLITS": "1"})
                for base in ("ours", "ours-bitnet", "ours-llama")}}
