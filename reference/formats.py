@@ -57,6 +57,20 @@ Where a logical element lands is fixed by three things:
   of ``lcm(bits, cbits) / bits`` codes (AutoGPTQ's K / 32 * 3 rows).  Containers of <= 32 bits,
   ``lanes`` interleaved, ``bit_order`` lsb, no fields / order / record / group view / segments; for
   bits dividing the container it is the interleaved lsb layout itself.
+  ``"base3"``: plain base-3 packing, five trits per byte (3^5 = 243 <= 256): a uint8 container holds the codes
+  (trits 0..2, 2-bit code table with code 3 unused) of its V = 5 lane elements as the digits of one number,
+  ``byte = sum_s t_s * 3^s`` where ``bit_order`` is the *digit* order: ``lsb``, slot s is digit s (slot 0 the
+  least significant, as bit fields are); ``msb``, slot 0 the most significant digit (``t_0 * 81 + t_1 * 27 +
+  ...``).  Lanes (interleaved: five consecutive elements a byte), pack axis, transposition, padding (``pad_code``
+  trits past the axis, cropped on unpack), group view, segments and ``stored_as`` apply as for bit fields; no
+  fields / order / record.  A byte >= 243 has no digits: unpacking one is a FormatError naming its position.
+  The densest byte packing of trits (1.6 bits a trit); llama.cpp's TQ1_0 keeps the same five digits (msb first)
+  in its ``qs`` bytes, scaled by 256/243 and inside 54-byte records: that is codec ``tq1_0``.
+  ``"float_codes"``: the stored tensor is a float tensor (float16 / bfloat16 / float32) whose elements *are* the
+  codes, one per element as exact small integers (ternary codes ``t = w + 1`` stored as 0.0 / 1.0 / 2.0 beside a
+  scale): read as its ``container`` integer tensor (``float_codes_container``: finite, integral and within the
+  code range, else a FormatError naming the first bad element), then decoded as one value per ``bits = 8``-bit
+  container (interleaved, lsb, no fields / order / record / group view / segments / stored_as).
 
 * ``group_view`` — ``G``: the packed matrix is not ``W[N, K]`` but a row-major view of it in
   which each group of G elements is one row or one column; everything above applies to the view.
@@ -221,7 +235,7 @@ class PackSpec:
     group_axis: int = 1  # 1: view W.reshape(N*K/G, G) (HQQ axis=1); 0: W.reshape(G, N*K/G) (HQQ axis=0)
     segments: Optional[tuple] = None  # lengths along the pack axis, each packed on its own; see module docstring
     fields: Optional[int] = None  # codes per container when they do not tile it (HQQ 3bit_32: 10); see docstring
-    codec: Optional[str] = None  # "tq1_0" (llama.cpp TQ1_0 records) or "bitstream" (AutoGPTQ 3-bit); see docstring
+    codec: Optional[str] = None  # "tq1_0", "bitstream" (AutoGPTQ 3-bit), "base3", "float_codes"; see docstring
     order: Optional[tuple] = None  # slot i holds the container's element order[i] (AutoAWQ); see docstring
     stored_as: Optional[str] = None  # float dtype whose bytes hold the containers (HQQ view_as_float); see docstring
 
@@ -240,6 +254,24 @@ class PackSpec:
                                   f"segments; got {self.bits}-bit {self.container}, lanes {self.lanes}, bit_order "
                                   f"{self.bit_order}, fields {self.fields}, order {self.order}, record "
                                   f"{self.record}, group_view {self.group_view}, segments {self.segments}")
+        elif self.codec == "base3":
+            if (self.bits != 2 or self.container != "uint8" or self.fields is not None or self.order is not None
+                    or self.record is not None or self.pad_code > 2):
+                raise FormatError(f"codec 'base3' packs five trits (2-bit code table, codes 0..2) per uint8 with no "
+                                  f"fields / order / record and a pad trit 0..2; got {self.bits}-bit {self.container}, "
+                                  f"fields {self.fields}, order {self.order}, record {self.record}, pad_code "
+                                  f"{self.pad_code}")
+        elif self.codec == "float_codes":
+            if (self.bits != cbits or self.container != "uint8" or self.lanes != "interleaved"
+                    or self.bit_order != "lsb" or self.fields is not None or self.order is not None
+                    or self.record is not None or self.group_view is not None or self.segments is not None
+                    or self.stored_as is not None):
+                raise FormatError(f"codec 'float_codes' reads one code per element of a float tensor into an 8-bit "
+                                  f"container (bits 8, uint8, interleaved, lsb, no fields / order / record / "
+                                  f"group_view / segments / stored_as); got {self.bits}-bit {self.container}, lanes "
+                                  f"{self.lanes}, bit_order {self.bit_order}, fields {self.fields}, order "
+                                  f"{self.order}, record {self.record}, group_view {self.group_view}, segments "
+                                  f"{self.segments}, stored_as {self.stored_as}")
         elif self.fields is not None:
             if self.bits < 1 or not 1 <= self.fields * self.bits <= cbits:
                 raise FormatError(f"{self.fields} fields of {self.bits} bits do not fit a {self.container} container")
@@ -308,6 +340,8 @@ class PackSpec:
     @property
     def values_per_container(self) -> int:
         """Codes per container (a bit stream: whole codes per container, rounded down; see ``period``)."""
+        if self.codec == "base3":
+            return BASE3_DIGITS
         return self.fields if self.fields is not None else CONTAINERS[self.container][1] // self.bits
 
     @property
@@ -513,6 +547,50 @@ def _shifts(spec: PackSpec) -> torch.Tensor:
     return s * spec.bits
 
 
+def _base3_powers(spec: PackSpec) -> torch.Tensor:
+    """codec 'base3': the place value of the lanes' element j (j < 5) in its byte: 3^j (``lsb`` digit order) or
+    3^(4 - j) (``msb``)."""
+    s = torch.arange(BASE3_DIGITS, dtype=torch.int64)
+    if spec.bit_order == "msb":
+        s = BASE3_DIGITS - 1 - s
+    return 3 ** s
+
+
+def _base3_digits(words: torch.Tensor, spec: PackSpec) -> torch.Tensor:
+    """codec 'base3': bytes (rows, C) int64, the pack axis last (``_oriented``) -> their five digits (rows, C, 5) in
+    lane order.  A byte >= 243 holds no five base-3 digits: a FormatError names its position in the stored tensor
+    and its value."""
+    bad = words >= BASE3_BYTES
+    if bool(bad.any()):
+        r, c = (int(i) for i in bad.nonzero()[0])
+        byte = int(words[r, c])
+        if spec.pack_axis == 0:  # (rows, C) is the stored tensor with its pack axis moved last: back
+            r, c = c, r
+        if spec.transposed:
+            r, c = c, r
+        raise FormatError(f"byte {byte} at stored position [{r}, {c}] ({int(bad.sum())} of {words.numel()} bytes >= "
+                          f"{BASE3_BYTES}): a base-3 byte holds five trits t as sum t_i * 3^i <= 242; expected every "
+                          f"byte < {BASE3_BYTES} (corrupt, or not base-3 packing)")
+    return (words.unsqueeze(-1) // _base3_powers(spec).to(words.device)) % 3
+
+
+def float_codes_container(stored: torch.Tensor, spec: PackSpec, name: str = "tensor") -> torch.Tensor:
+    """codec 'float_codes': the float tensor whose elements are the codes -> its ``spec.container`` tensor.  Every
+    element must be finite, integral and a code (0 <= c < 2^bits), else a FormatError names the first other one
+    with its position and count."""
+    if not stored.is_floating_point():
+        raise FormatError(f"{name}: dtype {stored.dtype}, format says codes stored as float values (codec "
+                          f"'float_codes'); expected float16 / bfloat16 / float32")
+    f = stored.detach().to(torch.float32)
+    bad = ~torch.isfinite(f) | (f != f.round()) | (f < 0) | (f >= (1 << spec.bits))
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise FormatError(f"{name}: value {float(f[idx])} at {list(idx)} ({int(bad.sum())} such values) is no code: "
+                          f"codes stored as floats are integers 0..{(1 << spec.bits) - 1} (e.g. trits t = w + 1 as "
+                          f"0.0 / 1.0 / 2.0)")
+    return f.to(spec.torch_dtype)
+
+
 def _to_container(x: torch.Tensor, spec: PackSpec) -> torch.Tensor:
     """int64 holding an unsigned bit pattern -> container dtype (two's complement wrap)."""
     cbits = CONTAINERS[spec.container][1]
@@ -611,10 +689,14 @@ def pack_codes(codes: torch.Tensor, spec: PackSpec) -> torch.Tensor:
         return pack_codes(codes.reshape(spec.view_shape((n, k))), spec.ungrouped())
     if spec.codec == "bitstream":
         return _bitstream_pack(codes, spec)
-    if spec.codec is not None:
+    if spec.codec == "float_codes":  # the container tensor's values as floats (exact: codes < 256)
+        return pack_codes(codes, spec.replace(codec=None)).to(torch.float32)
+    if spec.codec == "tq1_0":
         return _tq1_0_pack(codes, spec)
     if spec.record is not None:
         return _pack_records(codes, spec)
+    if spec.codec == "base3" and codes.numel() and int(codes.max()) > 2:
+        raise FormatError(f"codec 'base3' holds base-3 digits: code {int(codes.max())} has no digit (codes 0, 1, 2)")
     # containers of <= 16 bits are assembled in int32 (exact: words < 2**16), wider ones in int64;
     # the narrow path keeps multi-GB checkpoints (8B shapes) to seconds per layer
     wide = spec.bits * spec.values_per_container > 16
@@ -632,6 +714,8 @@ def pack_codes(codes: torch.Tensor, spec: PackSpec) -> torch.Tensor:
         word = torch.zeros(gathered.shape[:2], dtype=torch.int64)
         for s, sh in enumerate(_shifts(spec).tolist()):
             word |= gathered[:, :, s] << sh
+    elif spec.codec == "base3":  # digits, not bit fields: slot s times its place value
+        word = (gathered * _base3_powers(spec).to(work)).sum(-1, dtype=work)  # (rows, C), < 243
     else:
         word = (gathered << _shifts(spec).to(work)).sum(-1, dtype=work)  # (rows, C)
     packed = _to_container(word, spec)
@@ -698,7 +782,9 @@ def unpack_codes(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int]) -
         return unpack_codes(as_container(packed, spec, shape=shape), spec.replace(stored_as=None), shape)
     if spec.codec == "bitstream":
         return _bitstream_unpack(packed, spec, shape)
-    if spec.codec is not None:
+    if spec.codec == "float_codes":
+        return unpack_codes(float_codes_container(packed, spec), spec.replace(codec=None), shape)
+    if spec.codec == "tq1_0":
         return _tq1_0_unpack(packed, spec, shape)
     if spec.segments is not None:
         return _by_segment(packed, spec, shape, unpack_codes)
@@ -706,8 +792,11 @@ def unpack_codes(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int]) -
         return unpack_codes(packed, spec.ungrouped(), spec.view_shape(shape)).reshape(shape)
     p, length = _oriented(packed, spec, shape)
     words = _from_container(p, spec)  # (rows, C)
-    mask = (1 << spec.bits) - 1
-    fields = (words.unsqueeze(-1) >> _shifts(spec).to(words.device)) & mask  # (rows, C, V)
+    if spec.codec == "base3":
+        fields = _base3_digits(words, spec)
+    else:
+        mask = (1 << spec.bits) - 1
+        fields = (words.unsqueeze(-1) >> _shifts(spec).to(words.device)) & mask  # (rows, C, V)
     out = _place(fields, spec, length)
     if spec.pack_axis == 0:
         out = out.t()
@@ -762,13 +851,21 @@ def unpack(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int], *, name
     if spec.segments is not None:
         return _narrow(_by_segment(packed, spec, shape, lambda p, s, sh: unpack(p, s, sh, name=name, strict=strict),
                                    name=name))
+    if spec.codec == "float_codes":
+        return unpack(float_codes_container(packed, spec, name), spec.replace(codec=None), shape, name=name,
+                      strict=strict)
     vals, unused = code_lut(spec)
     if CONTAINERS[spec.container][1] == 8 and spec.codec is None:
         wide = bool((vals.abs() > 127).any())
         out, bad = _unpack_bytes(packed, spec, shape, torch.int16 if wide else torch.int8)
         if not (strict and bad):  # (an unused code under strict: the codes path below names it)
             return _narrow(out) if wide else out
-    codes = unpack_codes(packed, spec, shape)  # wider containers, and the error report below
+    try:
+        codes = unpack_codes(packed, spec, shape)  # wider containers, and the error report below
+    except FormatError as e:  # (a base-3 byte with no digits: its position, in the tensor named here)
+        if spec.codec != "base3" or name in str(e):
+            raise
+        raise FormatError(f"{name}: {e}") from None
     if strict and bool(unused.any()):
         bad = unused.to(codes.device)[codes]
         if bool(bad.any()):
@@ -1022,7 +1119,10 @@ TQ2_0 = PackSpec(bits=2, container="uint8", pack_axis=1, lanes="block_interleave
 #: 240 + 4n + j.
 TQ1_0_RECORD = (256, 54)
 TQ1_0_CODE_BYTES = 52
-CODECS = ("tq1_0", "bitstream")
+CODECS = ("tq1_0", "bitstream", "base3", "float_codes")
+#: codec 'base3': trits per byte (3^5 = 243 <= 256) and the bytes that hold five trits
+BASE3_DIGITS = 5
+BASE3_BYTES = 243
 TQ1_0 = PackSpec(bits=2, container="uint8", pack_axis=1, lanes="interleaved", bit_order="lsb",
                  codes=(-1, 0, 1, None), pad_code=1, record=TQ1_0_RECORD, codec="tq1_0")
 _POW3 = (1, 3, 9, 27, 81, 243)

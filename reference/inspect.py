@@ -12,7 +12,10 @@ Pipeline (each step records its evidence and a confidence for the report):
                unpadded packing and one at half the width with rows padded to one block, and config.json names
                no width, the checkpoint is decoded both ways and the reading that decodes better kept),
                container, values per container, pack axis, transposed
-               storage and logical shape (square matrices follow the non-square ones), scale
+               storage and logical shape (square matrices follow the non-square ones); uint8 weights that fit only
+               five trits a byte ([N, ceil(K/5)]) are plain base-3 packing (``_detect_base3``, PackSpec codec
+               'base3': digit order and trit table searched like bit order and code table), and float linears whose
+               values are exactly {0, 1, 2} hold codes t = w + 1 (``_float_codes``, codec 'float_codes'), scale
                granularity / group size, zero-point and g_idx sanity, code table: three used codes
                = ternary (unused codes; the +-1 pair = the two used codes with the closest counts;
                the third is 0), more = symmetric integer levels (int2 {-2..1}, int4 {-8..7}: offset
@@ -189,7 +192,9 @@ class Module:
     scale_kw: list = field(default_factory=list)  # per part: ScaleSpec kwargs (no key / op)
     bits: int = 2  # code width of a packed weight (2, 4, or 8 = one value per byte)
     record: Optional[tuple] = None  # (values, bytes) per record: llama.cpp TQ2_0 blocks (256, 66), TQ1_0 (256, 54)
-    codec: Optional[str] = None  # PackSpec.codec: "tq1_0" (base-3 digits in llama.cpp TQ1_0 blocks)
+    # PackSpec.codec: "tq1_0" (base-3 digits in llama.cpp TQ1_0 blocks), "bitstream" (AutoGPTQ 3-bit), "base3" (five
+    # trits per byte, _detect_base3), "float_codes" (codes stored as float values, _float_codes)
+    codec: Optional[str] = None
     group_view: Optional[int] = None  # G: codes packed as a group view (HQQ; see PackSpec.group_view)
     group_axis: int = 1  # 1: the [N*K/G, G] view (HQQ axis=1); 0: the [G, N*K/G] view (HQQ axis=0)
     zero_kw: Optional[dict] = None  # ScaleSpec kwargs of per-group zero points (HQQ, GPTQ sym=False)
@@ -308,11 +313,55 @@ ACT_SCALE_LEAVES = frozenset({"input_scale", "output_scale", "input_scale_inv", 
 _SLOT_SAYS = {"scale": "scale", "zeros": "zero point", "g_idx": "g_idx", "shape_t": "weight_shape", "bias": "bias"}
 
 
+#: leaf-name tokens of a sign-bitmask pair's two tensors (``<module>.weight_pos`` / ``.weight_neg``, ``.pos_mask`` /
+#: ``.neg_mask``, ``.plus`` / ``.minus``)
+SIGN_MASK_TOKENS = ({"pos", "positive", "plus"}, {"neg", "negative", "minus"})
+#: dtypes a bitmask is stored in: one flag per element (bool / uint8 / int8) or eight per byte (uint8)
+SIGN_MASK_DTYPES = ("BOOL", "U8", "I8")
+
+
+def _refuse_sign_masks(prefix, layer, role, mains: list, shapes) -> None:
+    """Two 2-D tensors of one linear named as a +1 / -1 pair (``weight_pos`` / ``weight_neg``, ``pos_mask`` /
+    ``neg_mask``, ...), both bool / uint8 / int8 of one shape: a ternary weight stored as two sign bitmasks, W = pos -
+    neg (an element set in both is corrupt), one flag per element or bit-packed eight per byte.  The spec holds one
+    weight tensor per linear, so the pair is refused, naming both tensors, what they look like and what is expected
+    (rather than the generic 'candidate weight tensors' error, which does not say what the checkpoint is)."""
+    import re
+
+    def sign(t) -> Optional[int]:
+        toks = set(re.split(r"[._\-]", t.name[len(prefix) + 1:].lower())) if t.name.startswith(prefix + ".") else set()
+        hits = [i for i, names in enumerate(SIGN_MASK_TOKENS) if toks & names]
+        return hits[0] if len(hits) == 1 else None
+
+    a, b = mains
+    if {sign(a), sign(b)} != {0, 1} or a.dtype != b.dtype or a.dtype not in SIGN_MASK_DTYPES \
+            or tuple(a.shape) != tuple(b.shape):
+        return
+    pos, neg = (a, b) if sign(a) == 0 else (b, a)
+    sizes = [shapes[p if role == "lm_head" else f"model.layers.{layer}.{p}"] for p in LINEAR_PARTS[role]]
+    n, k = sum(s[0] for s in sizes), sizes[0][1]
+    shp = tuple(pos.shape)
+    if shp in ((n, k), (k, n)):
+        how = "one flag per weight"
+    elif pos.dtype != "BOOL" and shp in ((n, -(-k // 8)), (-(-n // 8), k), (-(-k // 8), n), (k, -(-n // 8))):
+        how = "bit-packed, eight flags per byte"
+    else:
+        how = f"a shape that is neither one flag per weight nor eight per byte of the logical {n}x{k} matrix"
+    raise InspectError(
+        f"{pos.file}: module {prefix!r} ({role}) stores its weight as a sign-bitmask pair: {pos.name!r} (set where "
+        f"w = +1) and {neg.name!r} (set where w = -1), {pos.dtype} {list(shp)} each ({how}), W = pos - neg; a spec "
+        f"reads one weight tensor per linear, so the pair is not supported: expected one tensor {prefix}.weight "
+        f"holding the ternary weights (int8 pos - neg of the logical {n}x{k} matrix, or any packing of it), with no "
+        f"element set in both masks")
+
+
 def _linear_module(prefix, layer, role, members, cfg: ModelConfig, shapes) -> Module:
     mains = [m for m in members if m.kind in ("packed", "ternary_float", "float") and len(m.shape) == 2]
     if not mains:
         raise InspectError(f"{members[0].file}: missing key: module {prefix!r} ({role}) has "
                            f"{[m.name for m in members]} but no 2-D weight tensor")
+    if len(mains) == 2:
+        _refuse_sign_masks(prefix, layer, role, mains, shapes)
     if len(mains) != 1:
         raise InspectError(f"{members[0].file}: module {prefix!r} ({role}) has {len(mains)} candidate weight "
                            f"tensors {[m.name for m in mains]}, expected exactly one 2-D weight")
@@ -583,6 +632,84 @@ def _check_stream_k(modules: list[Module], findings: list[Finding]) -> None:
                                 f"{len(mods)} int32 qweights hold 32 codes of 32 consecutive inputs in 3 words, codes "
                                 f"straddling words (AutoGPTQ QuantLinear.pack, bits 3): K / 32 * 3 rows; qzeros the "
                                 f"same along N", "high (structure)"))
+
+
+#: codec 'base3' (reference.formats): five trits per uint8 byte, the digits of sum t_i * 3^i (3^5 = 243 <= 256)
+BASE3_V = 5
+
+
+def base3_layouts(stored: tuple, logical: tuple, parts: tuple = ()) -> list[tuple[bool, int]]:
+    """(transposed, pack_axis) pairs under which a uint8 ``stored`` holds ``logical`` as five trits per byte
+    (interleaved: ceil(L / 5) bytes along the pack axis of length L; ``parts``: the row counts of a fused tensor whose
+    parts may each have been packed on their own along axis 0)."""
+    out = []
+    for transposed in (False, True):
+        a, b = (stored[1], stored[0]) if transposed else stored
+        for axis in (0, 1):
+            if (a, b)[1 - axis] != logical[1 - axis]:
+                continue
+            lens = {-(-logical[axis] // BASE3_V)}
+            if axis == 0 and len(parts) > 1:
+                lens.add(sum(-(-n // BASE3_V) for n in parts))
+            if (a, b)[axis] in lens:
+                out.append((transposed, axis))
+    return out
+
+
+def _detect_base3(modules: list[Module], ckpt: Checkpoint, findings: list[Finding]) -> bool:
+    """Plain base-3 packing (``PackSpec`` codec 'base3'): uint8 weights [N, ceil(K/5)] (or [ceil(N/5), K], or either
+    transposed) that no 2-, 4- or 8-bit layout of the logical matrix fits.  The model is read as base-3 where most
+    packed weights fit only five trits a byte; then every packed weight must be uint8 of a base-3 shape and every
+    byte < 243 (a byte >= 243 holds no five trits), else an InspectError names the file, the tensor and, for a bad
+    byte, its position and value.  Sets ``bits`` 2 and ``codec`` 'base3' on the packed modules (their pack axis /
+    transposition: ``_infer_plain``); the digit order (``bit_order`` lsb / msb), the trit -> value table and the
+    scale op are then searched like any layout's (code counts, padding, loss)."""
+    packed = [m for m in modules if m.packed]
+    fit = {m.prefix: base3_layouts(tuple(m.weight.shape), m.logical, _part_rows(m)) for m in packed
+           if m.weight.dtype == "U8" and len(m.weight.shape) == 2}
+    only = [m for m in packed if fit.get(m.prefix) and not any(
+        layout_options(tuple(m.weight.shape), m.logical, 8, b, _part_rows(m)) for b in bits_options(8))]
+    if not packed or len(only) <= len(packed) / 2:
+        return False
+    for m in packed:
+        n, k = m.logical
+        if not fit.get(m.prefix):
+            raise InspectError(f"{m.where()}: shape {list(m.weight.shape)} {m.weight.dtype}; {len(only)} other packed "
+                               f"weights of this model hold five trits per byte (base-3), which would store the "
+                               f"logical {n}x{k} matrix of {[p for p, _ in m.parts]} as uint8 [{n}, "
+                               f"{-(-k // BASE3_V)}] (or [{-(-n // BASE3_V)}, {k}], or transposed)")
+        raw = ckpt.get(m.weight.name)
+        bad = raw >= 243
+        if bool(bad.any()):
+            r, c = (int(i) for i in bad.nonzero()[0])
+            raise InspectError(f"{m.where()}: byte {int(raw[r, c])} at [{r}, {c}] ({int(bad.sum())} of {raw.numel()} "
+                               f"bytes >= 243), but the model's packed weights hold five base-3 digits per byte "
+                               f"(sum t_i * 3^i <= 242, {len(only)} of {len(packed)} tensors fit no 2 / 4 / 8-bit "
+                               f"layout): expected every byte < 243 (corrupt weights)")
+    for m in packed:
+        m.bits, m.codec = 2, "base3"
+    findings.append(Finding(
+        "code width", "base-3: five trits per uint8 byte (PackSpec codec 'base3')",
+        f"{len(only)} of {len(packed)} packed uint8 weights fit [N, ceil(K/5)] (or the N-axis / transposed variants) "
+        f"and no 2 / 4 / 8-bit layout; every byte < 243 (3^5: five base-3 digits)", "high (structure)"))
+    return True
+
+
+def _base3_hist(m: Module, ckpt: Checkpoint) -> None:
+    """Trit counts of a base-3 weight (``code_hist``, code 3 never): its bytes that hold five logical elements, i.e.
+    all but the last partial byte of each line along the pack axis - which digits of that byte are padding depends
+    on the digit order, which is not known yet; the counts of a whole byte's digits do not."""
+    n, k = m.logical
+    raw = ckpt.get(m.weight.name).to(torch.int64)
+    p = raw.t() if m.transposed else raw
+    if m.pack_axis == 0:
+        p = p.t()
+    length = (n, k)[m.pack_axis]
+    if length % BASE3_V:
+        p = p[:, :-1]
+    digits = torch.stack([(p // 3 ** i) % 3 for i in range(BASE3_V)]).reshape(-1)
+    m.weight.slot_hist = [torch.bincount(digits, minlength=4).tolist()]
+    m.weight.field_hist[2] = list(m.weight.slot_hist[0])
 
 
 def _set_bits(modules: list[Module], bits: int) -> int:
@@ -2006,7 +2133,8 @@ def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, f
 
 def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding],
                  one_block: Optional[bool] = None) -> None:
-    choose_bits(modules, cfg, findings, one_block)  # sets m.bits (one width, or one per module when mixed)
+    if not _detect_base3(modules, ckpt, findings):  # five trits per byte: bits 2 and codec 'base3'
+        choose_bits(modules, cfg, findings, one_block)  # sets m.bits (one width, or one per module when mixed)
     votes: dict[tuple, int] = {}
     opts_of = {}
     for m in modules:
@@ -2026,6 +2154,11 @@ def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, find
                 raise InspectError(f"{m.shape_t.file}: tensor {m.shape_t.name!r} says logical shape {ws}, "
                                    f"config.json implies {list(m.logical)}")
         bits = m.bits
+        if m.codec == "base3":
+            opts_of[m.prefix] = opts = base3_layouts(tuple(st.shape), m.logical, _part_rows(m))
+            if len(opts) == 1:
+                votes[opts[0]] = votes.get(opts[0], 0) + 1
+            continue
         if cbits % bits:  # no whole number of codes per container: AutoGPTQ's 3-bit bit stream
             if cbits != 32:
                 raise InspectError(f"{m.where()}: {bits}-bit codes in {st.dtype}: {bits}-bit weights are read as "
@@ -2057,8 +2190,8 @@ def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, find
                         f"(unpacked integer weights are read from int8 / uint8 containers only: store them as int8)")
             elif cbits == 8 and shp in ((n, -(-k // 5)), (-(-n // 5), k), (-(-k // 5), n), (k, -(-n // 5))):
                 div += ("; 5 values per byte fits base-3 packing (3^5 = 243 <= 256, trits as digits of a byte), "
-                        "which is read only inside llama.cpp TQ1_0 records (uint8 [N, ceil(K/256) * 54]), not as "
-                        "a plain [N, ceil(K/5)] array")
+                        "read as such (PackSpec codec 'base3') where most packed weights of the model fit only it, "
+                        "which is not the case here")
             raise InspectError(
                 f"{m.where()}: shape {list(st.shape)} {st.dtype} cannot hold the logical {n}x{k} matrix that "
                 f"config.json implies for {[p for p, _ in m.parts]} at {v} {bits}-bit values per "
@@ -2075,6 +2208,8 @@ def _infer_plain(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, find
         m.transposed, m.pack_axis = best
         if m.codec == "bitstream":  # scan's field histograms cover whole-container fields only: count the stream
             _stream_hist(m, ckpt)
+        if m.codec == "base3":  # scan counted 2-bit fields: count the trits
+            _base3_hist(m, ckpt)
     _check_stream_k(modules, findings)
     if opts_of:
         amb = sum(len(o) > 1 for o in opts_of.values())
@@ -2540,7 +2675,7 @@ def _pads(m: Module) -> int:
     n, k = m.logical
     if m.record is not None:  # the records' code bytes only (their scale bytes are no fields)
         return n * (-(-k // m.record[0]) * m.record[0] - k)
-    if m.codec == "bitstream":  # _stream_hist counts the logical codes only
+    if m.codec in ("bitstream", "base3"):  # _stream_hist counts the logical codes only, _base3_hist whole bytes
         return 0
     return m.weight.numel * (INT_DTYPES[m.weight.dtype] // m.bits) - n * k
 
@@ -2897,6 +3032,51 @@ def _check_float_codes(modules: list[Module], ckpt: Checkpoint) -> None:
                        f"floats hold only -1 / 0 / +1 beside theirs: expected ternary codes (corrupted weights)")
 
 
+#: the value set of ternary codes t = w + 1 stored as floats (``PackSpec`` codec 'float_codes')
+FLOAT_TRITS = (0.0, 1.0, 2.0)
+
+
+def _float_codes(modules: list[Module], ckpt: Checkpoint, findings: list[Finding]) -> None:
+    """Ternary codes t = w + 1 stored as float values (bf16 / fp16 / fp32 0.0 / 1.0 / 2.0, a scale beside them or
+    not): read as codes (``PackSpec`` codec 'float_codes': the tensor's uint8 cast, one code per element; the trit ->
+    value table then comes from the code counts and the loss like any one-code-per-byte table's), not as weights
+    {0, 1, 2}.  The evidence is the value set: exactly {0, 1, 2} and nothing negative is a code set - a trained
+    linear's weights are centred on zero, and ternary values stored as floats are {-1, 0, +1} (read as stored), as an
+    int8 tensor of 0 / 1 / 2 holds codes.  Where the model also holds linears of signed ternary floats, or linears whose
+    values are only part of {0, 1, 2} (a level that never occurs), the evidence is mixed: those with the full set are
+    still read as codes (and the partial ones with them), under a low-confidence finding that names both kinds."""
+    from .scan import tensor_stats
+
+    stored = [m for m in modules if m.weight.kind in ("ternary_float", "float") and len(m.weight.shape) == 2]
+    small = [m for m in stored if 0 < m.weight.n_unique <= 3]
+    coded = [m for m in small if tuple(m.weight.unique) == FLOAT_TRITS]
+    if not coded:
+        return
+    partial = [m for m in small if m not in coded and set(m.weight.unique) <= set(FLOAT_TRITS)
+               and 2.0 in m.weight.unique]
+    signed = [m for m in stored if m.weight.kind == "ternary_float" and m not in coded + partial
+              and m.weight.unique and min(m.weight.unique) < 0]  # ternary values as floats: -1 / 0 / +1, -s / 0 / +s
+    for m in coded + partial:
+        st = m.weight
+        m.stored = st
+        m.weight = tensor_stats(ckpt.get(st.name).to(torch.uint8), st.name, st.file, "U8", st.numel)
+        m.codec = "float_codes"
+    mixed = bool(partial or signed)
+    ev = (f"{len(coded)} linears stored as {sorted({m.stored.dtype for m in coded})} hold exactly the values "
+          f"{{0, 1, 2}} (e.g. {coded[0].stored.name!r}), none negative: ternary codes t = w + 1 (a trained linear's "
+          f"weights are centred on zero; ternary values stored as floats are -1 / 0 / +1), read as one code per "
+          f"element (PackSpec codec 'float_codes'), the trit -> value table from the code counts")
+    if partial:
+        ev += (f"; {len(partial)} hold only {sorted({v for m in partial for v in m.stored.unique})} (a level never "
+               f"occurs, e.g. {partial[0].stored.name!r}): read as codes with them")
+    if signed:
+        ev += (f"; but {len(signed)} other linears hold signed ternary floats (-1 / 0 / +1 or -s / 0 / +s, e.g. "
+               f"{signed[0].weight.name!r}), read as values: one model storing both is unusual - check the decode "
+               f"quality")
+    findings.append(Finding("float-stored codes", f"{len(coded) + len(partial)} linears' float values read as codes "
+                            f"0 / 1 / 2", ev, "low (mixed value sets)" if mixed else "high (value set)"))
+
+
 def _mark_gguf_i2s(model_dir: Path, modules: list) -> None:
     """Module.gguf_i2s for the weights a GGUF model stores as I2_S (type 36): the type names bitnet.cpp's
     layouts, which prior_rank then puts first (without text to score on they are the decode kept)."""
@@ -2989,6 +3169,7 @@ def _inspect_dir(model_dir, *, text: Optional[str], use_loss: bool, n_seq: int, 
     modules, floats = map_keys(stats, cfg)
     _mark_gguf_i2s(model_dir, modules)
     _check_norm_weights(stats, ckpt)
+    _float_codes(modules, ckpt, findings)  # bf16 0 / 1 / 2: codes t = w + 1, read as such
     _check_float_codes(modules, ckpt)
     fused = [m for m in modules if len(m.parts) > 1]
     findings.append(Finding("key mapping", f"{len(modules)} linear tensors, {len(floats)} float tensors",
@@ -3119,11 +3300,13 @@ def _inspect_dir(model_dir, *, text: Optional[str], use_loss: bool, n_seq: int, 
         if tables:
             single = all(INT_DTYPES[m.weight.dtype] == m.bits for m in modules if m.packed)  # 1 value/element
             orders = ("lsb",) if single else (("msb", "lsb") if convention == "hqq" else ("lsb", "msb"))
-            # per-part packing of fused tensors only matters where lanes span more than one container
+            # per-part packing of fused tensors only matters where lanes span more than one container, or where
+            # parts need not fill whole containers (five trits a byte: 128 rows are 25.6 bytes)
+            b3 = any(m.codec == "base3" for m in modules if m.packed)
             return [Candidate(t[0], bo, ln, blk, op, t[1], per_part=pp) if isinstance(t, MixedTables)
                     else Candidate(t, bo, ln, blk, op, per_part=pp)
                     for ln, blk in lane_options(modules)
-                    for pp in (per_part_options(modules) if ln != "interleaved" else (False,))
+                    for pp in (per_part_options(modules) if ln != "interleaved" or b3 else (False,))
                     for bo in orders for t in tables for op in ops]  # by layout: DecodeCache unpacks each once
         return [Candidate((-1, 0, 1, None), op=op) for op in ops]
 

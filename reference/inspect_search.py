@@ -97,8 +97,8 @@ def per_part_options(modules: list[Module]) -> tuple:
 
 def lane_options(modules: list[Module]) -> list[tuple[str, Optional[int]]]:
     packed = [m for m in modules if m.packed]
-    if not packed:
-        return [("interleaved", None)]
+    if not packed or any(m.codec == "base3" for m in packed):
+        return [("interleaved", None)]  # (base-3: five consecutive elements a byte, digit order searched)
     # values per container of every packed module (several when code widths are mixed); a module
     # with one value per element has no lanes and does not constrain them
     vs = {INT_DTYPES[m.weight.dtype] // m.bits for m in packed} - {1}
@@ -294,7 +294,7 @@ class DecodeCache:
         layout = pack.replace(codes=tuple(range(1 << pack.bits)), pad_code=0)
         if (key, layout) not in self.pads:
             codes = unpack_codes(self.raw[key], layout, shape)
-            found = next((p for p in range(1 << pack.bits)
+            found = next((p for p in range(3 if pack.codec == "base3" else 1 << pack.bits)
                           if torch.equal(pack_codes(codes, layout.replace(pad_code=p)), self.raw[key])), None)
             if found is None:
                 lanes = f"{pack.lanes}({pack.block})" if pack.block else pack.lanes
@@ -310,7 +310,9 @@ class DecodeCache:
             if m.packed:
                 pk = pack_spec(m, c)
                 v = self.values(m.weight.name, pk, m.logical, m.where())
-                if m.one_block:
+                if m.one_block or (pk.codec == "base3" and pk.packed_len(m.logical[pk.pack_axis]) * 5
+                                   != m.logical[pk.pack_axis]):
+                    # base-3 with a partial last byte: only the right digit order leaves one trit in its padding
                     self.pad_code(m.weight.name, pk, m.logical, m.where())
                 if m.zero_kw:  # values = q - zero (ternary HQQ: must be ternary, or the candidate is invalid)
                     zs = zero_spec(m)

@@ -69,6 +69,13 @@ Conventions (``FORMATS`` keys):
   compressed-tensors-int4-ternary
                       pack-quantized num_bits=4: int32 [N, K/8], code v+8 (ternary uses 7, 8, 9),
                       group scales [N, K/64]
+  base3               plain base-3 packing (PackSpec codec 'base3'): uint8 [N, ceil(K/5)], five consecutive inputs
+                      per byte as the digits of sum t_i * 3^i (trit t = w + 1, digit i = input 5c + i: LSB-first),
+                      the last byte of a row padded with trit 1 (w = 0); per-channel fp16 ``weight_scale`` [N]
+                      multiplied (``w_base3``)
+  base3-msb-pad0      the same, MSB-first (t_0 * 81 + t_1 * 27 + ...), padded with trit 0
+  float-codes-bf16    unpacked codes stored as floats (PackSpec codec 'float_codes'): bf16 [N, K] holding t = w + 1
+                      (0.0 / 1.0 / 2.0), per-channel fp16 ``weight_scale`` [N] multiplied (``w_float_codes``)
   compressed-tensors-mixed
                       mixed code widths in one model: pack-quantized ternary, int-4 (int32 [N, K/8], codes
                       7 / 8 / 9) for layer 0 and every down_proj, int-2 (int32 [N, K/16]) elsewhere;
@@ -1221,6 +1228,38 @@ def w_unpacked_int(lg: Logical, codes: tuple, container: str = "int8", scale: st
 INT8_TERNARY = code_table(8, {255: -1, 0: 0, 1: 1})  # int8 holding -1 / 0 / +1 (-1 = 0xFF)
 UINT8_W1 = code_table(8, {0: -1, 1: 0, 2: 1})  # codes w + 1
 UINT8_PERM = code_table(8, {0: 0, 1: 1, 2: -1})  # the seed's code order, one per byte
+
+
+def base3_spec(bit_order: str = "lsb", pad_code: int = 1, pack_axis: int = 1, transposed: bool = False) -> PackSpec:
+    """Plain base-3 packing (``PackSpec`` codec 'base3'): five trits t = w + 1 per uint8 along ``pack_axis``,
+    ``bit_order`` the digit order (lsb: byte = sum t_i * 3^i), the last byte padded with trit ``pad_code``."""
+    return PackSpec(bits=2, container="uint8", pack_axis=pack_axis, lanes="interleaved", bit_order=bit_order,
+                    codes=(-1, 0, 1, None), transposed=transposed, pad_code=pad_code, codec="base3")
+
+
+def w_base3(lg: Logical, bit_order: str = "lsb", pad_code: int = 1, pack_axis: int = 1, transposed: bool = False):
+    """Plain base-3 packing (``base3_spec``) with a per-channel fp16 ``weight_scale`` [N], multiplied: the scale the
+    seed writes, so a model written both ways decodes to the same effective weights bit for bit."""
+    sd, truth = _packed_convention(lg, base3_spec(bit_order, pad_code, pack_axis, transposed), scale="channel",
+                                   op="multiply", scale_dtype=torch.float16, fmt="base3")
+    return sd, None, truth
+
+
+#: one code per element stored as a float value: trits t = w + 1 as 0.0 / 1.0 / 2.0 (``PackSpec`` codec 'float_codes')
+FLOAT_CODES = PackSpec(bits=8, container="uint8", codes=code_table(8, {0: -1, 1: 0, 2: 1}), pad_code=1,
+                       codec="float_codes")
+
+
+def w_float_codes(lg: Logical, dtype: torch.dtype = torch.bfloat16):
+    """Ternary codes t = w + 1 stored as a float tensor (``dtype`` [N, K] of 0.0 / 1.0 / 2.0), per-channel fp16
+    ``weight_scale`` [N] multiplied: values 0 / 1 / 2 that are codes, not weights."""
+    sd, truth = _packed_convention(lg, FLOAT_CODES, scale="channel", op="multiply", scale_dtype=torch.float16,
+                                   fmt="float-codes")
+    for mod in lg.ternary:  # pack gives the codes as float32 values: stored in ``dtype`` (exact)
+        sd[f"{mod}.weight"] = sd[f"{mod}.weight"].to(dtype)
+    return sd, None, truth
+
+
 NIBBLE_SPEC = PackSpec(bits=4, container="uint8", pack_axis=1, lanes="interleaved", bit_order="msb",
                        codes=code_table(4, {0: -1, 1: 0, 2: 1}), pad_code=1)
 
@@ -1336,6 +1375,9 @@ FORMATS: dict[str, Callable] = {
     "gptq-int4-ternary": lambda lg: w_gptq(lg, 64, bits=4),
     "gptq-int3-ternary": lambda lg: w_gptq(lg, 64, bits=3),
     "compressed-tensors-mixed": w_compressed_tensors_mixed,
+    "base3": w_base3,
+    "base3-msb-pad0": lambda lg: w_base3(lg, bit_order="msb", pad_code=0),
+    "float-codes-bf16": w_float_codes,
 }
 
 #: HQQ's quantizer on a float model (``w_hqq_quant``: asymmetric levels, not ternary; any ``Logical``)
