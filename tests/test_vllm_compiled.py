@@ -228,8 +228,9 @@ def test_fused_norm_one_token_route_bitnet(tmp_path):
     g = one["generate_calls"]["rms_norm_a8q"]
     assert 0 < g <= 11 * 4 * n_layers and g % (4 * n_layers) == 0, one["generate_calls"]
     assert one["calls"]["rms_norm_a8q"] == g, one["calls"]
-    # the 48-token pass runs the many-token branch, the default's code compiled as the cond's own subgraph (where
-    # Inductor no longer fuses relu^2(gate) * up into the sub-norm): rounding apart, and this random model's top
+    # the 48-token pass runs the many-token branch, the default's code compiled as the cond's own subgraphs (with
+    # relu^2(gate) * up inside the sub-norm's, fused into it as in the default, but the embedding no longer fused
+    # into the first norm, and each norm kernel compiled apart): rounding apart, and this random model's top
     # tokens sit within thousandths of a nat (a flip's other token may lie outside the two logprobs kept, where
     # _near_ties cannot see it), so the check is agreement and the logprobs where the choices agree
     n_ok, n, diff = _agree(one, off)

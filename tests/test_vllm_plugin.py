@@ -563,3 +563,78 @@ def test_chat_warmup_failure_is_dropped_only_for_engines_without_a_tokenizer(mon
     t.llm(with_tok)
     assert seen == [[False, True], [True, True]]
     assert tv._no_chat_warmup_failure not in log.filters
+
+
+def test_bitnet_mlp_act_runs_inside_the_one_token_cond(vllm_env, spec, ckpt, monkeypatch):
+    """TRIT_FUSED_NORM_QUANT=one routes ffn_sub_norm -> down_proj through a torch.cond on the token count
+    (route_tokens). relu^2(gate) * up must be computed inside the cond's branches (norm_then_linear's ``pre``), not in
+    front of it: a cond's operands are materialized, so outside it Inductor could not fuse the activation into the
+    sub-norm at other token counts - one more kernel and a round trip of its output per layer, the default route's
+    fusion lost (H100 run 96: the BitNet B = 32 forward 2.1% slower under the route). Checked on the graph Dynamo
+    traces (the second cond's operand is the first cond's output, gate_up_proj's), and the values: the many-token
+    branch is the default route's computation, bit for bit, the one-token branch the fused norm's."""
+    import operator
+
+    import trit.vllm.quant as q
+    from vllm.model_executor.layers.layernorm import RMSNorm
+
+    from trit.ops import PROLOGUE_ACTS
+    from trit.vllm.bitnet import BitNetMLP, _norm_linear
+    from reference.model import mlp_act
+
+    monkeypatch.setattr(q, "model_compiled", lambda: True)  # as inside a compiled LLM
+    monkeypatch.setenv("TRIT_FUSED_NORM_QUANT", "one")
+    qc = ternary_config(spec)
+    gu, down = build("gate_up", qc), build("down", qc)
+    key_map = km.build_key_map(spec, {})
+    for layer in (gu, down):
+        load_layer(layer, layer.quant_method.prefix, key_map, ckpt)
+    assert gu.trit_fused_norm_one and down.trit_fused_norm_one and not down.trit_prologue
+    g = torch.Generator().manual_seed(5)
+    pn, fn = RMSNorm(128, eps=1e-6), RMSNorm(344, eps=1e-6)
+    for n in (pn, fn):
+        n.weight.data = torch.rand(n.weight.shape, generator=g) + 0.5
+        n.weight.requires_grad_(False)  # as vLLM's loaded models (a cond refuses in-place ops on grad inputs)
+    mlp = BitNetMLP.__new__(BitNetMLP)
+    torch.nn.Module.__init__(mlp)
+    mlp.act, mlp.pro_act = "relu2", PROLOGUE_ACTS["relu2"]
+    mlp.gate_up_proj, mlp.ffn_sub_norm, mlp.down_proj = gu, fn, down
+
+    for t in (1, 3):  # eager: route_tokens decides in Python
+        x, res = torch.randn(t, 128, generator=g), torch.randn(t, 128, generator=g)
+        got, got_res = mlp(x, pn, res)
+        if t > 1:  # vLLM's norms and the layers' own quantizers
+            h, want_res = _norm_linear(pn, gu, x, res)
+            a, b = h.chunk(2, dim=-1)
+            want, _ = _norm_linear(fn, down, mlp_act("relu2", a) * b, None)
+        else:  # the fused norm + quantizer in front of both layers
+            h, want_res, xq, xs, rs = torch.ops.trit.rms_norm_a8q(x, res, pn.weight, 1e-6, 0)
+            h = gu.quant_method.apply_quantized(gu, h, xq, xs, rs)
+            a, b = h.chunk(2, dim=-1)
+            h2, _, xq, xs, rs = torch.ops.trit.rms_norm_a8q((mlp_act("relu2", a) * b).contiguous(), None, fn.weight,
+                                                            1e-6, 0)
+            want = down.quant_method.apply_quantized(down, h2, xq, xs, rs)
+        assert torch.equal(got, want) and torch.equal(got_res, want_res), t
+
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    x, res = torch.randn(3, 128, generator=g), torch.randn(3, 128, generator=g)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.mark_dynamic(res, 0)
+    f = torch.compile(lambda x, r: mlp(x, pn, r), backend=capture, fullgraph=True)
+    with torch.no_grad():  # (vLLM runs the model under inference mode)
+        got, _ = f(x, res)
+        want, _ = mlp(x, pn, res)
+    assert torch.equal(got, want)
+    conds = [n for n in graphs[-1].graph.nodes if n.target is torch.ops.higher_order.cond]
+    assert len(conds) == 2, graphs[-1].graph  # post-attention norm -> gate_up_proj, ffn_sub_norm -> down_proj
+    outer = [n for n in graphs[-1].graph.nodes if n.op == "call_function"]
+    assert not [n for n in outer if "relu" in str(n.target)], graphs[-1].graph  # the activation: in the branches
+    taken = [o for o in conds[1].args[3] if isinstance(o, torch.fx.Node) and o.target is operator.getitem
+             and o.args[0] is conds[0]]
+    assert taken, (f"down_proj's cond takes {[str(o) for o in conds[1].args[3]]}, not gate_up_proj's output: the "
+                   f"activation runs outside it")
