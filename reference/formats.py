@@ -601,9 +601,16 @@ def _to_container(x: torch.Tensor, spec: PackSpec) -> torch.Tensor:
     return x.to(spec.torch_dtype)
 
 
+#: unsigned tensors that carry a signed container's bits (safetensors U16 / U32 / U64): viewed as it, bit for bit
+UNSIGNED_VIEWS = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
 def _from_container(x: torch.Tensor, spec: PackSpec) -> torch.Tensor:
-    """container dtype -> int64 unsigned bit pattern."""
+    """container dtype -> int64 unsigned bit pattern (an unsigned 16 / 32 / 64-bit tensor is read as its bits:
+    ``UNSIGNED_VIEWS``; a conversion would wrap uint64 values >= 2^63)."""
     cbits = CONTAINERS[spec.container][1]
+    if x.dtype in UNSIGNED_VIEWS:
+        x = x.view(UNSIGNED_VIEWS[x.dtype])
     x = x.to(torch.int64)
     if spec.container != "uint8" and cbits < 64:
         x = x & ((1 << cbits) - 1)
@@ -754,6 +761,8 @@ def _oriented(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int]) -> t
                 f"{spec.period[0]} codes per {spec.period[1]} containers" if spec.codec == "bitstream"
                 else f"{spec.values_per_container}/container") +
             f"{rec})")
+    if UNSIGNED_VIEWS.get(packed.dtype) == spec.torch_dtype:  # safetensors U16 / U32 / U64: the same bits
+        packed = packed.view(spec.torch_dtype)
     if packed.dtype != spec.torch_dtype:
         raise FormatError(f"packed tensor has dtype {packed.dtype}, format says {spec.container}")
     p = packed.t() if spec.transposed else packed

