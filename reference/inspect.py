@@ -643,16 +643,12 @@ def base3_layouts(stored: tuple, logical: tuple, parts: tuple = ()) -> list[tupl
     (interleaved: ceil(L / 5) bytes along the pack axis of length L; ``parts``: the row counts of a fused tensor whose
     parts may each have been packed on their own along axis 0)."""
     out = []
-    for transposed in (False, True):
-        a, b = (stored[1], stored[0]) if transposed else stored
-        for axis in (0, 1):
-            if (a, b)[1 - axis] != logical[1 - axis]:
-                continue
-            lens = {-(-logical[axis] // BASE3_V)}
-            if axis == 0 and len(parts) > 1:
-                lens.add(sum(-(-n // BASE3_V) for n in parts))
-            if (a, b)[axis] in lens:
-                out.append((transposed, axis))
+    for transposed, axis, length, packed in _orientations(stored, logical):
+        lens = {-(-length // BASE3_V)}
+        if axis == 0 and len(parts) > 1:
+            lens.add(sum(-(-n // BASE3_V) for n in parts))
+        if packed in lens:
+            out.append((transposed, axis))
     return out
 
 
@@ -766,26 +762,31 @@ def layout_options(stored: tuple, logical: tuple, cbits: int, bits: int, parts: 
     open (``_one_block_width``, ``_padded_width``)."""
     v = cbits // bits
     out = []
+    for transposed, axis, length, packed in _orientations(stored, logical):
+        if cbits % bits:  # a bit stream (AutoGPTQ 3-bit): whole periods of lcm(bits, cbits) bits, nothing else
+            per, conts = math.lcm(bits, cbits) // bits, math.lcm(bits, cbits) // cbits
+            if packed == -(-length // per) * conts:
+                out.append((transposed, axis))
+            continue
+        lens = {-(-length // v)} | {-(-length // blk) * (blk // v) for blk in BLOCKS if blk % v == 0 and blk > v}
+        if axis == 0 and len(parts) > 1:
+            lens.add(sum(-(-n // v) for n in parts))
+        # a layout that pads the axis to twice its length or more is not one (a block longer than
+        # the axis would let 2-bit codes "fit" an unpacked int8 matrix) - but for one_block's exactly 2x
+        if packed in lens and (packed * v < 2 * length or packed == -(-length // v)
+                               or (one_block and packed * v == 2 * length)):
+            out.append((transposed, axis))
+    return out
+
+
+def _orientations(stored: tuple, logical: tuple):
+    """(transposed, pack_axis, logical length of that axis, stored length of it) for each way a 2-D ``stored``
+    shape can carry ``logical`` with the other axis unchanged (layout_options, base3_layouts)."""
     for transposed in (False, True):
         a, b = (stored[1], stored[0]) if transposed else stored
         for axis in (0, 1):
-            if (a, b)[1 - axis] != logical[1 - axis]:
-                continue
-            length, packed = logical[axis], (a, b)[axis]
-            if cbits % bits:  # a bit stream (AutoGPTQ 3-bit): whole periods of lcm(bits, cbits) bits, nothing else
-                per, conts = math.lcm(bits, cbits) // bits, math.lcm(bits, cbits) // cbits
-                if packed == -(-length // per) * conts:
-                    out.append((transposed, axis))
-                continue
-            lens = {-(-length // v)} | {-(-length // blk) * (blk // v) for blk in BLOCKS if blk % v == 0 and blk > v}
-            if axis == 0 and len(parts) > 1:
-                lens.add(sum(-(-n // v) for n in parts))
-            # a layout that pads the axis to twice its length or more is not one (a block longer than
-            # the axis would let 2-bit codes "fit" an unpacked int8 matrix) - but for one_block's exactly 2x
-            if packed in lens and (packed * v < 2 * length or packed == -(-length // v)
-                                   or (one_block and packed * v == 2 * length)):
-                out.append((transposed, axis))
-    return out
+            if (a, b)[1 - axis] == logical[1 - axis]:
+                yield transposed, axis, logical[axis], (a, b)[axis]
 
 
 def _part_rows(m: Module) -> tuple:
