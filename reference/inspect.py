@@ -636,6 +636,7 @@ def _check_stream_k(modules: list[Module], findings: list[Finding]) -> None:
 
 #: codec 'base3' (reference.formats): five trits per uint8 byte, the digits of sum t_i * 3^i (3^5 = 243 <= 256)
 BASE3_V = 5
+BASE3_BYTES = 243  # the bytes that hold five trits: 0 .. 242
 
 
 def base3_layouts(stored: tuple, logical: tuple, parts: tuple = ()) -> list[tuple[bool, int]]:
@@ -674,8 +675,10 @@ def _detect_base3(modules: list[Module], ckpt: Checkpoint, findings: list[Findin
                                f"weights of this model hold five trits per byte (base-3), which would store the "
                                f"logical {n}x{k} matrix of {[p for p, _ in m.parts]} as uint8 [{n}, "
                                f"{-(-k // BASE3_V)}] (or [{-(-n // BASE3_V)}, {k}], or transposed)")
-        raw = ckpt.get(m.weight.name)
-        bad = raw >= 243
+        if m.weight.absmax < BASE3_BYTES:  # the scan's largest byte: no byte without five digits, nothing to read
+            continue
+        raw = ckpt.get(m.weight.name)  # (a corrupt one: read to name the first such byte's position)
+        bad = raw >= BASE3_BYTES
         if bool(bad.any()):
             r, c = (int(i) for i in bad.nonzero()[0])
             raise InspectError(f"{m.where()}: byte {int(raw[r, c])} at [{r}, {c}] ({int(bad.sum())} of {raw.numel()} "
