@@ -71,6 +71,18 @@ Where a logical element lands is fixed by three things:
   scale): read as its ``container`` integer tensor (``float_codes_container``: finite, integral and within the
   code range, else a FormatError naming the first bad element), then decoded as one value per ``bits = 8``-bit
   container (interleaved, lsb, no fields / order / record / group view / segments / stored_as).
+  ``"sign_masks"``: the weight is stored as *two* tensors of this one layout, a +1 mask (the linear's ``weight_key``)
+  and a -1 mask (``LinearEntry.neg_key``), W = pos - neg; the PackSpec says how each mask holds its flags.  ``bits``
+  8: one flag per element, a bool / uint8 / int8 [N, K] tensor (or its transpose) holding 0 / 1, code table
+  ``SIGN_FLAGS_BYTE`` (every other byte unused: a FormatError names the tensor, position and value).  ``bits`` 1:
+  eight flags per byte of a uint8 / int8 container, eight consecutive elements along the pack axis (interleaved
+  lanes), ``bit_order`` lsb = element 0 in bit 0 (numpy ``packbits(..., bitorder="little")``, shift-and-or packers),
+  msb = element 0 in bit 7 (``np.packbits``' default), the last byte of an axis that is no multiple of 8 padded
+  with ``pad_code`` (flag 0) and cropped; code table ``SIGN_FLAGS_BIT``.  Pack axis, transposition and segments
+  apply as for bit fields; no fields / order / record / group view / stored_as.  One tensor is half a weight:
+  ``pack_codes`` / ``unpack_codes`` read and write one mask's flag codes, ``pack_sign_masks`` /
+  ``unpack_sign_masks`` the pair (``pack`` / ``unpack`` refuse it); an element set in both masks is a FormatError
+  naming both tensors and its position.
 
 * ``group_view`` — ``G``: the packed matrix is not ``W[N, K]`` but a row-major view of it in
   which each group of G elements is one row or one column; everything above applies to the view.
@@ -235,7 +247,8 @@ class PackSpec:
     group_axis: int = 1  # 1: view W.reshape(N*K/G, G) (HQQ axis=1); 0: W.reshape(G, N*K/G) (HQQ axis=0)
     segments: Optional[tuple] = None  # lengths along the pack axis, each packed on its own; see module docstring
     fields: Optional[int] = None  # codes per container when they do not tile it (HQQ 3bit_32: 10); see docstring
-    codec: Optional[str] = None  # "tq1_0", "bitstream" (AutoGPTQ 3-bit), "base3", "float_codes"; see docstring
+    # "tq1_0", "bitstream" (AutoGPTQ 3-bit), "base3", "float_codes", "sign_masks" (a +1 / -1 mask pair); see docstring
+    codec: Optional[str] = None
     order: Optional[tuple] = None  # slot i holds the container's element order[i] (AutoAWQ); see docstring
     stored_as: Optional[str] = None  # float dtype whose bytes hold the containers (HQQ view_as_float); see docstring
 
@@ -272,6 +285,22 @@ class PackSpec:
                                   f"{self.lanes}, bit_order {self.bit_order}, fields {self.fields}, order "
                                   f"{self.order}, record {self.record}, group_view {self.group_view}, segments "
                                   f"{self.segments}, stored_as {self.stored_as}")
+        elif self.codec == "sign_masks":
+            flags = {v for v in self.codes if v is not None}
+            if (self.bits not in (1, 8) or self.container not in ("uint8", "int8") or self.lanes != "interleaved"
+                    or (self.bits == 8 and self.bit_order != "lsb") or self.fields is not None
+                    or self.order is not None or self.record is not None or self.group_view is not None
+                    or self.stored_as is not None or flags != {0, 1} or len(self.codes) != 1 << self.bits
+                    or not 0 <= self.pad_code < len(self.codes) or self.codes[self.pad_code] != 0):
+                raise FormatError(f"codec 'sign_masks' stores each mask of a +1 / -1 pair as one flag per element "
+                                  f"(bits 8, lsb) or eight per byte (bits 1), in a uint8 / int8 container with "
+                                  f"interleaved lanes, a flag table of 0 / 1 (code table SIGN_FLAGS_BYTE / "
+                                  f"SIGN_FLAGS_BIT), padding flag 0 and no fields / order / record / group_view / "
+                                  f"stored_as; got {self.bits}-bit {self.container}, lanes {self.lanes}, bit_order "
+                                  f"{self.bit_order}, codes {list(self.codes)[:4]}"
+                                  f"{' ...' if len(self.codes) > 4 else ''}, pad_code {self.pad_code}, fields "
+                                  f"{self.fields}, order {self.order}, record {self.record}, group_view "
+                                  f"{self.group_view}, stored_as {self.stored_as}")
         elif self.fields is not None:
             if self.bits < 1 or not 1 <= self.fields * self.bits <= cbits:
                 raise FormatError(f"{self.fields} fields of {self.bits} bits do not fit a {self.container} container")
@@ -851,6 +880,10 @@ def unpack(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int], *, name
            strict: bool = True) -> torch.Tensor:
     """packed -> logical integer values int8 [N, K] (int16 when a value does not fit int8), on
     the device of ``packed``.  An unused code is an error if ``strict``."""
+    if spec.codec == "sign_masks":  # (its flags read as values would be a silently other weight: pos alone)
+        raise FormatError(f"{name}: codec 'sign_masks' stores a weight as two masks (+1 and -1), and one tensor is "
+                          f"half of it: decode the pair with unpack_sign_masks (the spec entry's neg_key names the "
+                          f"-1 mask)")
     if spec.stored_as is not None:
         return unpack(as_container(packed, spec, name, shape), spec.replace(stored_as=None), shape, name=name,
                       strict=strict)
@@ -887,6 +920,9 @@ def unpack(packed: torch.Tensor, spec: PackSpec, shape: tuple[int, int], *, name
 
 def pack(values: torch.Tensor, spec: PackSpec) -> torch.Tensor:
     """logical integer values [N, K] -> packed container tensor (exact inverse of ``unpack``)."""
+    if spec.codec == "sign_masks":
+        raise FormatError("codec 'sign_masks' stores a weight as two masks (+1 and -1): pack the pair with "
+                          "pack_sign_masks")
     if values.dim() != 2:
         raise FormatError(f"pack expects a 2-D matrix, got shape {tuple(values.shape)}")
     # value -> code through a table over the values' range (one gather, int32 work: a 2-bit
@@ -911,6 +947,81 @@ def pack(values: torch.Tensor, spec: PackSpec) -> torch.Tensor:
         bad = sorted(set(v[codes < 0].tolist()))[:8]
         raise FormatError(f"values {bad} have no code in table {list(spec.codes)}")
     return pack_codes(codes, spec)
+
+
+# ---------------------------------------------------------------------------------------
+# sign-mask pairs (codec 'sign_masks')
+
+
+def _check_sign_masks(spec: PackSpec) -> None:
+    if spec.codec != "sign_masks":
+        raise FormatError(f"a sign-mask pair needs a PackSpec of codec 'sign_masks', got codec {spec.codec!r}")
+
+
+def pack_sign_masks(values: torch.Tensor, spec: PackSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ternary values [N, K] -> (pos, neg): the +1 and the -1 mask, each stored in ``spec``'s layout (codec
+    'sign_masks'; a one-flag-per-element mask as its container dtype, ``.bool()`` for a bool tensor)."""
+    _check_sign_masks(spec)
+    if values.dim() != 2:
+        raise FormatError(f"pack_sign_masks expects a 2-D matrix, got shape {tuple(values.shape)}")
+    v = values.to(torch.int64)
+    bad = (v < -1) | (v > 1)
+    if bool(bad.any()):
+        raise FormatError(f"values {sorted(set(v[bad].tolist()))[:8]} are not ternary: a sign-mask pair holds -1 / 0 / "
+                          f"+1 (W = pos - neg)")
+    on, off = spec.code_of(1), spec.code_of(0)
+    return tuple(pack_codes(torch.where(v == sign, on, off), spec) for sign in (1, -1))
+
+
+def _mask_flags(t: torch.Tensor, spec: PackSpec, shape: tuple[int, int], name: str) -> torch.Tensor:
+    """One mask of a sign-mask pair -> its flags, bool [N, K]: the dtype (bool for one flag per element, else uint8 /
+    int8: the same bits), the shape and, one flag per element, every value 0 / 1 checked (a FormatError names the
+    tensor, the stored position and the value)."""
+    n, k = shape
+    if t.dtype == torch.bool:
+        if spec.bits != 8:
+            raise FormatError(f"{name}: a bool tensor holds one flag per element, but the format packs eight flags "
+                              f"per byte (bits 1); expected {spec.container}")
+        stored = t.view(spec.torch_dtype)  # (False / True: bytes 0 / 1)
+    elif t.dtype in (torch.uint8, torch.int8):
+        stored = t.view(spec.torch_dtype)  # the same bits either way (flags 0 / 1, or bit fields)
+    else:
+        raise FormatError(f"{name}: dtype {t.dtype}; a sign mask is bool, uint8 or int8")
+    want = spec.packed_shape(shape)
+    if tuple(t.shape) != want:
+        how = "one flag per element" if spec.bits == 8 else f"eight flags per byte along axis {spec.pack_axis}"
+        raise FormatError(f"{name}: shape {list(t.shape)}, a logical {n}x{k} matrix as a sign mask ({how}"
+                          f"{', stored transposed' if spec.transposed else ''}) needs {list(want)}")
+    codes = unpack_codes(stored, spec, shape)
+    vals, unused = code_lut(spec)
+    if bool(unused.any()):
+        bad = unused.to(codes.device)[codes]
+        if bool(bad.any()):
+            r, c = (int(i) for i in bad.nonzero()[0])
+            sr, sc = (c, r) if spec.transposed else (r, c)  # one flag per element: the stored element itself
+            raise FormatError(f"{name}: value {int(t[sr, sc])} at [{sr}, {sc}] ({int(bad.sum())} such values): a "
+                              f"one-flag-per-element sign mask holds flags 0 / 1 (bool, or uint8 / int8 0 / 1); "
+                              f"expected every value 0 or 1")
+    return vals.to(codes.device)[codes].bool()
+
+
+def unpack_sign_masks(pos: torch.Tensor, neg: torch.Tensor, spec: PackSpec, shape: tuple[int, int], *,
+                      name: str = "pos", neg_name: str = "neg") -> torch.Tensor:
+    """A +1 mask and a -1 mask (codec 'sign_masks', both in ``spec``'s layout) -> ternary values int8 [N, K] = pos -
+    neg, on the masks' device.  ``name`` / ``neg_name`` name the two tensors (file and key) in errors: a wrong dtype
+    or shape (with the shape expected), a flag other than 0 / 1, and an element set in both masks (its logical
+    row and column, and how many)."""
+    _check_sign_masks(spec)
+    p = _mask_flags(pos, spec, shape, name)
+    n = _mask_flags(neg.to(pos.device), spec, shape, neg_name)
+    both = p & n
+    if bool(both.any()):
+        r, c = (int(i) for i in both.nonzero()[0])
+        raise FormatError(f"{name}: element [{r}, {c}] (logical row {r}, column {c}) is set both in this +1 mask and "
+                          f"in the -1 mask {neg_name} ({int(both.sum())} of {both.numel()} elements): a sign-mask "
+                          f"pair holds at most one sign per weight (W = pos - neg); expected no element set in both "
+                          f"(corrupt, or the two tensors are not a +1 / -1 pair)")
+    return (p.to(torch.int8) - n.to(torch.int8)).contiguous()
 
 
 # ---------------------------------------------------------------------------------------
@@ -1128,7 +1239,7 @@ TQ2_0 = PackSpec(bits=2, container="uint8", pack_axis=1, lanes="block_interleave
 #: 240 + 4n + j.
 TQ1_0_RECORD = (256, 54)
 TQ1_0_CODE_BYTES = 52
-CODECS = ("tq1_0", "bitstream", "base3", "float_codes")
+CODECS = ("tq1_0", "bitstream", "base3", "float_codes", "sign_masks")
 #: codec 'base3': trits per byte (3^5 = 243 <= 256) and the bytes that hold five trits
 BASE3_DIGITS = 5
 BASE3_BYTES = 243
@@ -1316,6 +1427,23 @@ def offset_table(bits: int, offset: int) -> tuple:
 def twos_complement_table(bits: int) -> tuple:
     """Every code decodes to its two's-complement value in ``bits`` bits."""
     return tuple(c - (1 << bits) if c >= 1 << (bits - 1) else c for c in range(1 << bits))
+
+
+#: codec 'sign_masks' flag tables (code -> flag): eight flags per byte (bits 1), and one flag per element (bits 8:
+#: bytes 0 / 1, every other byte unused - a bool mask viewed as uint8 holds only these)
+SIGN_FLAGS_BIT = (0, 1)
+SIGN_FLAGS_BYTE = code_table(8, {0: 0, 1: 1})
+
+
+def sign_mask_spec(packed: bool, bit_order: str = "lsb", pack_axis: int = 1, transposed: bool = False,
+                   container: str = "uint8", segments: Optional[tuple] = None) -> PackSpec:
+    """The layout of both masks of a sign-mask pair (codec 'sign_masks'): eight flags per byte along ``pack_axis``
+    in ``bit_order`` (``packed``; the last byte padded with flag 0), or one flag per element (``bit_order`` and
+    ``pack_axis`` then do not apply)."""
+    return PackSpec(bits=1 if packed else 8, container=container, pack_axis=pack_axis if packed else 1,
+                    lanes="interleaved", bit_order=bit_order if packed else "lsb",
+                    codes=SIGN_FLAGS_BIT if packed else SIGN_FLAGS_BYTE, transposed=transposed, pad_code=0,
+                    codec="sign_masks", segments=segments)
 
 
 def dumps(spec: PackSpec) -> str:

@@ -15,7 +15,10 @@ Pipeline (each step records its evidence and a confidence for the report):
                storage and logical shape (square matrices follow the non-square ones); uint8 weights that fit only
                five trits a byte ([N, ceil(K/5)]) are plain base-3 packing (``_detect_base3``, PackSpec codec
                'base3': digit order and trit table searched like bit order and code table), and float linears whose
-               values are exactly {0, 1, 2} hold codes t = w + 1 (``_float_codes``, codec 'float_codes'), scale
+               values are exactly {0, 1, 2} hold codes t = w + 1 (``_float_codes``, codec 'float_codes'), a linear
+               stored as a +1 / -1 sign-bitmask pair (two masks, W = pos - neg) is codec 'sign_masks' with the -1
+               mask as the spec's neg_key (``detect_sign_masks``: one flag per element or eight per byte from the
+               shapes, the bit order by padding / loss like any layout's), scale
                granularity / group size, zero-point and g_idx sanity, code table: three used codes
                = ternary (unused codes; the +-1 pair = the two used codes with the closest counts;
                the third is 0), more = symmetric integer levels (int2 {-2..1}, int4 {-8..7}: offset
@@ -97,8 +100,9 @@ import torch
 
 from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig
-from .formats import (AWQ_GEMM, AWQ_GEMM_ZEROS, AWQ_ORDER, CT_PACK_ZP_STRATEGIES, FormatError, PackSpec, ScaleSpec,
-                      ct_zero_pack_spec, group_index, offset_table, twos_complement_table, unpack_codes)
+from .formats import (AWQ_GEMM, AWQ_GEMM_ZEROS, AWQ_ORDER, CT_PACK_ZP_STRATEGIES, SIGN_FLAGS_BIT, SIGN_FLAGS_BYTE,
+                      FormatError, PackSpec, ScaleSpec, ct_zero_pack_spec, group_index, offset_table,
+                      twos_complement_table, unpack_codes)
 from .scan import CONTAINER_OF, INT_DTYPES, TensorStats, scan
 from .inspect_search import (BLOCKS, NAMED_MARGIN, TQ2_0_RECORD, UNDECODABLE, UNTRAINED_BAND, Candidate,
                              axis_margins, build_spec, codes_str, confidence, declared_activation_quant, lane_options,
@@ -216,6 +220,8 @@ class Module:
     in_norm: Optional[TensorStats] = None  # ``<module>.rms_norm.weight``: an input RMSNorm inside the linear
     rope: bool = False  # q / k rows stored in interleaved-RoPE order (LinearEntry.rope_interleave; Meta-style names)
     group_sizes: tuple = ()  # the sizes a group scale's shape leaves open, prior first (_group_size_options): by loss
+    # the -1 mask of a sign-bitmask pair (``weight``: the +1 mask; LinearEntry.neg_key, codec 'sign_masks')
+    neg: Optional[TensorStats] = None
 
     @property
     def packed(self) -> bool:
@@ -316,16 +322,18 @@ _SLOT_SAYS = {"scale": "scale", "zeros": "zero point", "g_idx": "g_idx", "shape_
 #: leaf-name tokens of a sign-bitmask pair's two tensors (``<module>.weight_pos`` / ``.weight_neg``, ``.pos_mask`` /
 #: ``.neg_mask``, ``.plus`` / ``.minus``)
 SIGN_MASK_TOKENS = ({"pos", "positive", "plus"}, {"neg", "negative", "minus"})
-#: dtypes a bitmask is stored in: one flag per element (bool / uint8 / int8) or eight per byte (uint8)
+#: dtypes a bitmask is stored in: one flag per element (bool / uint8 / int8) or eight per byte (uint8 / int8)
 SIGN_MASK_DTYPES = ("BOOL", "U8", "I8")
 
 
-def _refuse_sign_masks(prefix, layer, role, mains: list, shapes) -> None:
-    """Two 2-D tensors of one linear named as a +1 / -1 pair (``weight_pos`` / ``weight_neg``, ``pos_mask`` /
-    ``neg_mask``, ...), both bool / uint8 / int8 of one shape: a ternary weight stored as two sign bitmasks, W = pos -
-    neg (an element set in both is corrupt), one flag per element or bit-packed eight per byte.  The spec holds one
-    weight tensor per linear, so the pair is refused, naming both tensors, what they look like and what is expected
-    (rather than the generic 'candidate weight tensors' error, which does not say what the checkpoint is)."""
+def _sign_mask_pair(prefix, layer, role, mains: list, shapes) -> Optional[tuple[TensorStats, TensorStats]]:
+    """(pos, neg) where a linear's two 2-D tensors are named as a +1 / -1 pair (``weight_pos`` / ``weight_neg``,
+    ``pos_mask`` / ``neg_mask``, ``plus`` / ``minus``): a ternary weight stored as two sign bitmasks, W = pos - neg,
+    one flag per element or bit-packed eight per byte (read as PackSpec codec 'sign_masks', the spec entry's
+    ``neg_key`` naming the -1 mask; ``detect_sign_masks`` finds the layout).  None where the names are no such pair.
+    A pair the spec cannot read - the two of different dtypes or shapes, or a dtype no mask is stored in - is an
+    InspectError naming both tensors, what they look like and what is expected (rather than the generic 'candidate
+    weight tensors' error, which does not say what the checkpoint is)."""
     import re
 
     def sign(t) -> Optional[int]:
@@ -334,25 +342,19 @@ def _refuse_sign_masks(prefix, layer, role, mains: list, shapes) -> None:
         return hits[0] if len(hits) == 1 else None
 
     a, b = mains
-    if {sign(a), sign(b)} != {0, 1} or a.dtype != b.dtype or a.dtype not in SIGN_MASK_DTYPES \
-            or tuple(a.shape) != tuple(b.shape):
-        return
+    if {sign(a), sign(b)} != {0, 1}:
+        return None
     pos, neg = (a, b) if sign(a) == 0 else (b, a)
+    if pos.dtype == neg.dtype and pos.dtype in SIGN_MASK_DTYPES and tuple(pos.shape) == tuple(neg.shape):
+        return pos, neg
     sizes = [shapes[p if role == "lm_head" else f"model.layers.{layer}.{p}"] for p in LINEAR_PARTS[role]]
     n, k = sum(s[0] for s in sizes), sizes[0][1]
-    shp = tuple(pos.shape)
-    if shp in ((n, k), (k, n)):
-        how = "one flag per weight"
-    elif pos.dtype != "BOOL" and shp in ((n, -(-k // 8)), (-(-n // 8), k), (-(-k // 8), n), (k, -(-n // 8))):
-        how = "bit-packed, eight flags per byte"
-    else:
-        how = f"a shape that is neither one flag per weight nor eight per byte of the logical {n}x{k} matrix"
     raise InspectError(
         f"{pos.file}: module {prefix!r} ({role}) stores its weight as a sign-bitmask pair: {pos.name!r} (set where "
-        f"w = +1) and {neg.name!r} (set where w = -1), {pos.dtype} {list(shp)} each ({how}), W = pos - neg; a spec "
-        f"reads one weight tensor per linear, so the pair is not supported: expected one tensor {prefix}.weight "
-        f"holding the ternary weights (int8 pos - neg of the logical {n}x{k} matrix, or any packing of it), with no "
-        f"element set in both masks")
+        f"w = +1) and {neg.name!r} (set where w = -1), {pos.dtype} {list(pos.shape)} and {neg.dtype} "
+        f"{list(neg.shape)}, W = pos - neg; expected both masks of one dtype (bool / uint8 / int8) and one shape: "
+        f"[{n}, {k}] one flag per weight, or [{n}, {-(-k // 8)}] / [{-(-n // 8)}, {k}] eight flags per byte (uint8 / "
+        f"int8), or transposed, with no element set in both masks")
 
 
 def _linear_module(prefix, layer, role, members, cfg: ModelConfig, shapes) -> Module:
@@ -360,14 +362,13 @@ def _linear_module(prefix, layer, role, members, cfg: ModelConfig, shapes) -> Mo
     if not mains:
         raise InspectError(f"{members[0].file}: missing key: module {prefix!r} ({role}) has "
                            f"{[m.name for m in members]} but no 2-D weight tensor")
-    if len(mains) == 2:
-        _refuse_sign_masks(prefix, layer, role, mains, shapes)
-    if len(mains) != 1:
+    pair = _sign_mask_pair(prefix, layer, role, mains, shapes) if len(mains) == 2 else None
+    if len(mains) != 1 and pair is None:
         raise InspectError(f"{members[0].file}: module {prefix!r} ({role}) has {len(mains)} candidate weight "
                            f"tensors {[m.name for m in mains]}, expected exactly one 2-D weight")
-    mod = Module(prefix, layer, role, mains[0])
+    mod = Module(prefix, layer, role, mains[0]) if pair is None else Module(prefix, layer, role, pair[0], neg=pair[1])
     for m in members:
-        if m is mod.weight:
+        if m is mod.weight or m is mod.neg:
             continue
         leaf = m.name.rsplit(".", 1)[-1]
         if mod.weight.name.endswith(".W_q") and leaf in HQQ_META and m.name == f"{prefix}.{leaf}":
@@ -709,6 +710,131 @@ def _base3_hist(m: Module, ckpt: Checkpoint) -> None:
     digits = torch.stack([(p // 3 ** i) % 3 for i in range(BASE3_V)]).reshape(-1)
     m.weight.slot_hist = [torch.bincount(digits, minlength=4).tolist()]
     m.weight.field_hist[2] = list(m.weight.slot_hist[0])
+
+
+def sign_mask_layouts(stored: tuple, logical: tuple, dtype: str, parts: tuple = ()) -> list[tuple[int, bool, int]]:
+    """(bits, transposed, pack_axis) under which one mask of a sign-bitmask pair (safetensors ``dtype``) holds the
+    ``logical`` matrix: bits 8, one flag per element ([N, K] or [K, N]), else bits 1, eight consecutive flags per
+    byte along the pack axis (uint8 / int8 only: ceil(L / 8) bytes for an axis of L; ``parts``: the row counts of a
+    fused tensor whose parts may each have been packed on their own along axis 0)."""
+    out = []
+    for transposed, axis, length, packed in _orientations(stored, logical):
+        if packed == length and (8, transposed, 1) not in out:
+            out.append((8, transposed, 1))
+        lens = {-(-length // 8)} | ({sum(-(-n // 8) for n in parts)} if axis == 0 and len(parts) > 1 else set())
+        if dtype != "BOOL" and packed in lens and packed != length:
+            out.append((1, transposed, axis))
+    return out
+
+
+def _sign_mask_bytes(modules: list[Module], ckpt: Checkpoint) -> None:
+    """A sign-bitmask pair stored as bool: both masks read as their uint8 bytes (flags 0 / 1, the same bits) from here
+    on, a packed weight of one flag per byte (``stored`` keeps the bool tensor's stats for the findings)."""
+    from .scan import tensor_stats
+
+    for m in modules:
+        if m.neg is not None and m.weight.dtype == "BOOL":
+            m.stored = m.weight
+            m.weight, m.neg = (tensor_stats(ckpt.get(st.name).view(torch.uint8), st.name, st.file, "U8", st.nbytes)
+                               for st in (m.weight, m.neg))
+
+
+def _mask_byte_range(m: Module, r: int, c: int) -> str:
+    """The logical elements byte [r, c] of a bit-packed mask of ``m`` holds (its eight flags along the pack axis)."""
+    a, b = (c, r) if m.transposed else (r, c)
+    n, k = m.logical
+    if m.pack_axis == 1:
+        return f"row {a}, columns {8 * b}..{min(8 * b + 7, k - 1)}"
+    return f"rows {8 * a}..{min(8 * a + 7, n - 1)}, column {b}"
+
+
+def _check_sign_mask_values(m: Module, ckpt: Checkpoint) -> None:
+    """A pair's stored flags, before any decode (its errors name the file, both tensors and the position; a decode
+    that failed in the search would be one truncated note among the candidates'): a one-flag-per-element mask holds
+    only 0 / 1 (read only where the scan's largest magnitude, ``TensorStats.absmax``, or its values show another:
+    an int8 -1), and no weight is flagged in both masks - a byte-wise AND of the two, which needs no bit order."""
+    for st in (m.weight, m.neg):
+        if m.bits == 8 and (st.absmax > 1 or any(v not in (0, 1) for v in st.unique)):
+            raw = ckpt.get(st.name)
+            bad = (raw != 0) & (raw != 1)
+            r, c = (int(i) for i in bad.nonzero()[0])
+            raise InspectError(f"{st.file}: tensor {st.name!r}: value {int(raw[r, c])} at [{r}, {c}] "
+                               f"({int(bad.sum())} such values), but it is one mask of a sign-bitmask pair with "
+                               f"one flag per weight (W = pos - neg, {m.weight.name!r} / {m.neg.name!r}): expected "
+                               f"every value 0 or 1")
+    pos, neg = (ckpt.get(st.name).view(torch.uint8) for st in (m.weight, m.neg))  # (bool, int8: the same bytes)
+    both = pos & neg
+    hit = both != 0
+    if not bool(hit.any()):
+        return
+    r, c = (int(i) for i in hit.nonzero()[0])
+    if m.bits == 8:
+        lr, lc = (c, r) if m.transposed else (r, c)
+        at = f"element [{r}, {c}] (logical row {lr}, column {lc}) is set in both masks ({int(hit.sum())} such elements)"
+    else:
+        at = (f"byte [{r}, {c}] holds flags (bits 0b{int(both[r, c]):08b}) set in both masks, for weights of "
+              f"{_mask_byte_range(m, r, c)} ({int(hit.sum())} such bytes)")
+    raise InspectError(f"{m.weight.file}: sign-bitmask pair {m.weight.name!r} (+1) / {m.neg.name!r} (-1) of "
+                       f"module {m.prefix!r}: {at}; a pair holds at most one sign per weight (W = pos - neg): "
+                       f"expected no element set in both masks (corrupt, or not a +1 / -1 pair)")
+
+
+def detect_sign_masks(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, findings: list[Finding]) -> bool:
+    """Sign-bitmask pairs (``_sign_mask_pair``: two masks per linear, W = pos - neg; PackSpec codec 'sign_masks').
+    The layout comes from the stored shape against config.json's logical [N, K] (``sign_mask_layouts``: one flag per
+    element, or eight per byte along N or K, transposed or not; square matrices follow the others' vote); the bit
+    order of bit-packed masks is what the search decides, from the padding of an axis that is no multiple of 8 (only
+    the right order leaves zero flags there: ``DecodeCache.fingerprint``), the loss on text, else the prior
+    (``np.packbits``' msb first).  The code table is fixed (flags), the scales are read like any packed weight's.
+    A model of pairs holds no other packed weight (named, with what is expected), and a pair whose shape fits no
+    layout, a flag other than 0 / 1 or a weight flagged in both masks is an InspectError naming file and tensors."""
+    pairs = [m for m in modules if m.neg is not None]
+    if not pairs:
+        return False
+    for m in modules:
+        if m.packed and m.neg is None:
+            n, k = m.logical
+            raise InspectError(f"{m.where()}: {m.weight.dtype} {list(m.weight.shape)}, one packed weight, but "
+                               f"{len(pairs)} other linears of this model store theirs as sign-bitmask pairs (e.g. "
+                               f"{pairs[0].weight.name!r} / {pairs[0].neg.name!r}): expected a +1 / -1 pair "
+                               f"{m.prefix}.weight_pos / .weight_neg of the logical {n}x{k} matrix here too")
+    votes: dict[tuple, int] = {}
+    opts_of = {}
+    for m in pairs:
+        dt, (n, k) = (m.stored or m.weight).dtype, m.logical
+        opts = sign_mask_layouts(tuple(m.weight.shape), m.logical, dt, _part_rows(m))
+        if not opts:
+            raise InspectError(
+                f"{m.where()}: sign-bitmask pair {m.weight.name!r} / {m.neg.name!r}, {dt} {list(m.weight.shape)} "
+                f"each, fits no layout of the logical {n}x{k} matrix that config.json implies for "
+                f"{[p for p, _ in m.parts]}: expected [{n}, {k}] (one flag per weight; bool / uint8 / int8), "
+                f"[{n}, {-(-k // 8)}] or [{-(-n // 8)}, {k}] (eight flags per byte; uint8 / int8), or transposed")
+        opts = [o for o in opts if o[0] == 8] or opts  # (a one-element axis fits both: one flag per element)
+        opts_of[m.prefix] = opts
+        if len(opts) == 1:
+            votes[opts[0]] = votes.get(opts[0], 0) + 1
+    for m in pairs:
+        m.bits, m.transposed, m.pack_axis = max(opts_of[m.prefix], key=lambda o: (votes.get(o, 0), o[1:] == (False, 1)))
+        m.codec, m.pad_code = "sign_masks", 0
+        m.codes = SIGN_FLAGS_BYTE if m.bits == 8 else SIGN_FLAGS_BIT
+        _check_sign_mask_values(m, ckpt)
+    hint = _config_group_size(cfg)
+    for m in pairs:
+        _scale_layout(m, ckpt, hint)
+    if hint is None:
+        _group_size_consensus(modules, findings)
+    how = {8: "one flag per weight", 1: "eight flags per byte"}
+    ex = pairs[0]
+    findings.append(Finding(
+        "code width", "sign-bitmask pairs: a +1 and a -1 mask per linear, W = pos - neg (PackSpec codec "
+        f"'sign_masks', {' and '.join(how[b] for b in sorted({m.bits for m in pairs}, reverse=True))})",
+        f"{len(pairs)} linears store two tensors named as a +1 / -1 pair, "
+        f"{sorted({(m.stored or m.weight).dtype for m in pairs})} (e.g. {ex.weight.name!r} / {ex.neg.name!r}, "
+        f"{list(ex.weight.shape)} each for the logical {ex.logical[0]}x{ex.logical[1]} matrix: {how[ex.bits]}"
+        + (f" along axis {ex.pack_axis}" if ex.bits == 1 else "") + (", stored transposed" if ex.transposed else "")
+        + f"); {sum(m.bits == 1 for m in pairs)} bit-packed (bit order: the padding, the loss, else np.packbits' "
+        f"msb first); no weight is flagged in both masks", "high (structure)"))
+    return True
 
 
 def _set_bits(modules: list[Module], bits: int) -> int:
@@ -2119,8 +2245,8 @@ def infer_structure(modules: list[Module], cfg: ModelConfig, ckpt: Checkpoint, f
     ('awq', 'ct_asym', 'tq2_0', 'tq1_0', 'hqq') or None.  ``one_block``: choose_bits' reading of a width the
     shapes leave open."""
     _hqq_float_views(modules, ckpt)  # an HQQ view_as_float W_q: its integer view from here on
-    for name, detect in (("awq", detect_awq), ("ct_asym", detect_ct_asym), ("tq2_0", detect_tq2_0),
-                         ("tq1_0", detect_tq1_0), ("hqq", detect_hqq)):
+    for name, detect in (("sign_masks", detect_sign_masks), ("awq", detect_awq), ("ct_asym", detect_ct_asym),
+                         ("tq2_0", detect_tq2_0), ("tq1_0", detect_tq1_0), ("hqq", detect_hqq)):
         if not detect(modules, cfg, ckpt, findings):
             continue
         _refuse_stray_hqq_meta(modules)
@@ -2879,7 +3005,8 @@ def _prior_key(c: Candidate, modules: list, cfg: ModelConfig) -> tuple:
     # one value per element of a signed dtype (int8 holding -1 / 0 / +1): two's complement before offset binary
     signed = bool(packed) and all(m.weight.dtype.startswith("I") and INT_DTYPES[m.weight.dtype] == m.bits
                                   for m in packed)
-    return prior_rank(c, cfg, record, hqq, axis0, i2s, signed)
+    masks = bool(packed) and all(m.codec == "sign_masks" for m in packed)
+    return prior_rank(c, cfg, record, hqq, axis0, i2s, signed, masks)
 
 
 def _prior_tie_break(scored, modules, floats, cfg, ckpt, ids, findings) -> Candidate:
@@ -3171,6 +3298,7 @@ def _inspect_dir(model_dir, *, text: Optional[str], use_loss: bool, n_seq: int, 
     findings: list[Finding] = []
     cfg = _with_quantize_config(cfg, model_dir, findings)
     modules, floats = map_keys(stats, cfg)
+    _sign_mask_bytes(modules, ckpt)  # bool sign masks: their bytes, flags 0 / 1
     _mark_gguf_i2s(model_dir, modules)
     _check_norm_weights(stats, ckpt)
     _float_codes(modules, ckpt, findings)  # bf16 0 / 1 / 2: codes t = w + 1, read as such
@@ -3244,6 +3372,11 @@ def _inspect_dir(model_dir, *, text: Optional[str], use_loss: bool, n_seq: int, 
         findings.append(Finding("code table", "offset binary (stored c -> q = c - 2^(b-1)), values q - zero",
                                 "compressed-tensors: unpack_from_int32 subtracts 2^(b-1), dequantize (q - z) * s "
                                 "(naive-quantized: the int8 q itself)", "high (structure)"))
+    elif convention == "sign_masks":  # flags, W = pos - neg: no code table to infer (Module.codes fixes each)
+        tables = [SIGN_FLAGS_BIT]
+        findings.append(Finding("code table", "flags 0 / 1 in each mask, W = pos - neg",
+                                "a sign-bitmask pair holds no codes: a set flag in the +1 mask is w = +1, in the -1 "
+                                "mask w = -1, in neither w = 0", "high (structure)"))
     elif convention == "tq1_0":  # trit - 1 by the format's definition (dequantize_row_tq1_0: xi - 1)
         tables = [(-1, 0, 1, None)]
         findings.append(Finding("code table", "trit t -> t - 1", "llama.cpp TQ1_0: W = (t - 1) * d",
@@ -3306,7 +3439,7 @@ def _inspect_dir(model_dir, *, text: Optional[str], use_loss: bool, n_seq: int, 
             orders = ("lsb",) if single else (("msb", "lsb") if convention == "hqq" else ("lsb", "msb"))
             # per-part packing of fused tensors only matters where lanes span more than one container, or where
             # parts need not fill whole containers (five trits a byte: 128 rows are 25.6 bytes)
-            b3 = any(m.codec == "base3" for m in modules if m.packed)
+            b3 = any(m.codec in ("base3", "sign_masks") for m in modules if m.packed)
             return [Candidate(t[0], bo, ln, blk, op, t[1], per_part=pp) if isinstance(t, MixedTables)
                     else Candidate(t, bo, ln, blk, op, per_part=pp)
                     for ln, blk in lane_options(modules)

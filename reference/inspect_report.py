@@ -54,7 +54,9 @@ def mapping_rows(res) -> list[str]:
                 ops.append("stored transposed")
             e = res.spec.linears.get(hf)  # None: a float linear kept as a plain tensor
             pk = e.pack if e is not None else None
-            ops.append("unpack " + (f"{pk.container} axis{pk.pack_axis}" if pk else "none (float)"))
+            ops.append("unpack " + (f"{pk.container} axis{pk.pack_axis}" if pk else "none (float)")
+                       + (f" - its -1 mask `{e.neg_key}` too (W = pos - neg) -> `{p}.weight_neg`, paired on load"
+                          if e is not None and e.neg_key is not None else ""))
             if e is not None and e.scale is not None and e.scale.granularity == "block":
                 ops.append(f"in-block {e.scale.dtype} scale per {e.scale.group_size} values -> "
                            f"`{p}.weight_scale` (dense fallback in vLLM)")
@@ -133,7 +135,9 @@ def render(res) -> str:
                  + (f", records of {p.record[0]} values in {p.record[1]} bytes" if p.record else "")
                  + ((f", packed as the [N*K/{p.group_view}, {p.group_view}] group view (HQQ axis=1)" if p.group_axis == 1
                      else f", packed as the [{p.group_view}, N*K/{p.group_view}] group view (HQQ axis=0)")
-                    if p.group_view else ""))
+                    if p.group_view else "")
+                 + (f"; a codec {p.codec!r} pair: +1 mask `{first.weight_key}`, -1 mask `{first.neg_key}`, "
+                    f"W = pos - neg" if first.neg_key is not None else ""))
     widths: dict[int, list] = {}
     for e in s.linears.values():
         if e.pack is not None:

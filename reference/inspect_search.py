@@ -18,7 +18,8 @@ import torch
 
 from .checkpoint import Checkpoint, CheckpointError
 from .config import ModelConfig
-from .formats import FormatError, PackSpec, ScaleSpec, code_lut, group_index, pack_codes, unpack_codes
+from .formats import (FormatError, PackSpec, ScaleSpec, code_lut, group_index, pack_codes, unpack_codes,
+                      unpack_sign_masks)
 from .scan import CONTAINER_OF, INT_DTYPES
 from .spec import (CheckpointSpec, DecodedLinear, InputNorm, LinearEntry, decode_linear, finish_linear, subtract_zero,
                    zero_points)
@@ -97,8 +98,9 @@ def per_part_options(modules: list[Module]) -> tuple:
 
 def lane_options(modules: list[Module]) -> list[tuple[str, Optional[int]]]:
     packed = [m for m in modules if m.packed]
-    if not packed or any(m.codec == "base3" for m in packed):
-        return [("interleaved", None)]  # (base-3: five consecutive elements a byte, digit order searched)
+    if not packed or any(m.codec in ("base3", "sign_masks") for m in packed):
+        # (base-3: five consecutive elements a byte, digit order searched; sign masks: eight consecutive flags a byte)
+        return [("interleaved", None)]
     # values per container of every packed module (several when code widths are mixed); a module
     # with one value per element has no lanes and does not constrain them
     vs = {INT_DTYPES[m.weight.dtype] // m.bits for m in packed} - {1}
@@ -202,7 +204,7 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
                                       input_norm=InputNorm(m.in_norm.name, in_norm_eps(cfg))
                                       if m.in_norm is not None else None,
                                       rope_interleave=cfg.head_dim if m.rope and hf.endswith(("q_proj", "k_proj"))
-                                      else None)
+                                      else None, neg_key=m.neg.name if m.neg is not None else None)
     # BitNet b1.58 quantises activations to int8, unless no linear is ternary / packed at all: a float
     # checkpoint (every weight an unconstrained float) runs plain linears, as transformers does and as
     # spec_for's "unquantized" spec says
@@ -256,16 +258,24 @@ class DecodeCache:
     def __init__(self, ckpt: Checkpoint, modules: list[Module]):
         self.ckpt = ckpt
         self.raw = {m.weight.name: ckpt.get(m.weight.name) for m in modules if m.packed}
+        self.raw.update({m.neg.name: ckpt.get(m.neg.name) for m in modules if m.neg is not None})  # -1 masks
         self.codes: dict = {}
         self.vals: dict = {}
         self.zeros: dict = {}  # zero point key -> (N, K) float32 (spec.zero_points)
         self.pads: dict = {}  # (key, layout) -> the code its padding holds (pad_code)
 
-    def values(self, key: str, pack: PackSpec, shape: tuple, where: str) -> torch.Tensor:
+    def values(self, key: str, pack: PackSpec, shape: tuple, where: str, neg: Optional[str] = None) -> torch.Tensor:
         """(N, K) int8 values.  The lane/bit unpacking is shared by all code tables of one layout
-        (candidates arrive grouped by layout, so only the current layout's codes are kept)."""
+        (candidates arrive grouped by layout, so only the current layout's codes are kept).  ``neg``: the -1 mask
+        of a sign-mask pair whose +1 mask is ``key`` (codec 'sign_masks': W = pos - neg, no code table)."""
         k = (key, pack)
         if k in self.vals:
+            return self.vals[k]
+        if neg is not None:
+            if len(self.vals) >= 2 * len(self.raw):
+                self.vals.clear()
+            self.vals[k] = unpack_sign_masks(self.raw[key], self.raw[neg], pack, shape, name=where,
+                                             neg_name=f"tensor {neg!r}")
             return self.vals[k]
         ncodes = 1 << pack.bits
         layout = pack.replace(codes=tuple(range(ncodes)), pad_code=0)
@@ -304,16 +314,35 @@ class DecodeCache:
             self.pads[(key, layout)] = found
         return self.pads[(key, layout)]
 
+    def zero_padded(self, key: str, pack: PackSpec, shape: tuple, where: str) -> None:
+        """A bit-packed sign mask (codec 'sign_masks', bits 1) whose pack axis is no multiple of 8: the stored tensor
+        must be exactly the packing of its flags with 0 in every padding bit (numpy's packbits and shift-and-or
+        packers pad with zeros), else a FormatError names the tensor.  Under the wrong bit order the padding bits are
+        read as flags and real flags land in the padding, which a mask of any density does not leave all zero."""
+        if (key, pack) not in self.pads:
+            raw = self.raw[key]
+            if not torch.equal(pack_codes(unpack_codes(raw, pack, shape), pack), raw):
+                raise FormatError(f"{where}: the padding bits of its {shape[pack.pack_axis]}-long pack axis (eight "
+                                  f"flags per byte, {pack.bit_order} first) are not all 0: expected the writer's zero "
+                                  f"padding (wrong bit order?)")
+            self.pads[(key, pack)] = 0
+
     def fingerprint(self, modules: list[Module], c: Candidate) -> str:
         h = hashlib.sha256(c.op.encode())
         for m in modules:
             if m.packed:
                 pk = pack_spec(m, c)
-                v = self.values(m.weight.name, pk, m.logical, m.where())
+                v = self.values(m.weight.name, pk, m.logical, m.where(), m.neg.name if m.neg is not None else None)
                 if m.one_block or (pk.codec == "base3" and pk.packed_len(m.logical[pk.pack_axis]) * 5
                                    != m.logical[pk.pack_axis]):
                     # base-3 with a partial last byte: only the right digit order leaves one trit in its padding
                     self.pad_code(m.weight.name, pk, m.logical, m.where())
+                if pk.codec == "sign_masks" and pk.bits == 1 and pk.packed_len(m.logical[pk.pack_axis]) * 8 \
+                        != m.logical[pk.pack_axis]:
+                    # bit-packed masks with a partial last byte: only the right bit order leaves the writer's one
+                    # padding flag (0) in both masks' padding bits
+                    for key in (m.weight.name, m.neg.name):
+                        self.zero_padded(key, pk, m.logical, f"{m.weight.file}: tensor {key!r}")
                 if m.zero_kw:  # values = q - zero (ternary HQQ: must be ternary, or the candidate is invalid)
                     zs = zero_spec(m)
                     if m.zeros.name not in self.zeros:  # the same for every candidate: expanded once
@@ -329,7 +358,7 @@ class DecodeCache:
     def decoder(self, ckpt: Checkpoint, entry: LinearEntry, name: str) -> DecodedLinear:
         if entry.pack is None:
             return decode_linear(ckpt, entry, name)
-        vals = self.values(entry.weight_key, entry.pack, entry.shape, entry.weight_key)
+        vals = self.values(entry.weight_key, entry.pack, entry.shape, entry.weight_key, entry.neg_key)
         return finish_linear(ckpt, entry, vals, name)
 
 
@@ -434,14 +463,15 @@ KNOWN_LAYOUTS = [("blocked", None, "lsb"),  # transformers HF-BitNet pack_weight
 
 
 def prior_rank(c: Candidate, cfg: ModelConfig, record: Optional[tuple] = None, hqq: bool = False,
-               axis0: bool = True, i2s: bool = False, signed: bool = False) -> tuple:
+               axis0: bool = True, i2s: bool = False, signed: bool = False, masks: bool = False) -> tuple:
     """Smaller = more plausible a priori.  A config that names transformers' bitnet method
     points at its layout first, llama.cpp TQ2_0 blocks (``record``) at theirs; codes increasing
     with value (-1 < 0 < +1) beat swapped tables.  ``axis0``: most packed tensors are packed along
     their output axis; when not, transformers' blocked layout (an axis-0 convention) ranks after the
     consecutive-inputs one that every public axis-1 packer uses.  ``signed``: every packed tensor holds one
     value per element of a signed integer dtype (int8 -1 / 0 / +1): its codes are read as two's complement
-    first (int8 0xFF is -1, not the largest code)."""
+    first (int8 0xFF is -1, not the largest code).  ``masks``: bit-packed sign-bitmask pairs (codec 'sign_masks'),
+    whose usual writer is numpy's ``packbits`` - element 0 in the high bit (bitorder 'big', its default) - msb first."""
     q = (cfg.quantization or {}).get("quant_method")
     layout = (c.lanes, c.block, c.bit_order)
     order = KNOWN_LAYOUTS if axis0 else [KNOWN_LAYOUTS[1], KNOWN_LAYOUTS[0]] + KNOWN_LAYOUTS[2:]
@@ -458,6 +488,8 @@ def prior_rank(c: Candidate, cfg: ModelConfig, record: Optional[tuple] = None, h
         known = -1
     if i2s and layout == ("block_interleaved", 64, "msb"):
         known = -0.5
+    if masks and layout == ("interleaved", None, "msb"):
+        known = -1
     # GPTQ / AWQ / compressed-tensors, and 4-bit packers in general, put consecutive inputs low bits first
     if (q in ("gptq", "awq", "compressed-tensors") or _table_bits(c.codes) == 4) and layout == ("interleaved", None, "lsb"):
         known = -1

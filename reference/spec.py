@@ -24,6 +24,8 @@ tensors and odd key names need no special cases:
                                          # optional, absent = none: an RMSNorm of the input inside the
                                          # linear, before its activation quantization (transformers'
                                          # use_rms_norm; InputNorm)
+         "neg_key": "model...q_proj.weight_neg",  # optional, absent = none: the -1 mask of a sign-mask pair
+                                         # (pack codec 'sign_masks'; weight_key holds the +1 mask, W = pos - neg)
          "rope_interleave": 64},         # optional, absent = none (q / k only): the module's rows are
                                          # stored in interleaved-RoPE order with heads of 64 rows (Meta's
                                          # consolidated checkpoints, Microsoft BitNet's GPU converter:
@@ -57,7 +59,7 @@ def derived_buffer(key: str) -> bool:
     frequencies older Llama checkpoints carry (``model.layers.N.self_attn.rotary_emb.inv_freq``).
     transformers and vLLM skip them on load; the reference, the inspector and the BitNet plugin do too."""
     return key.endswith("rotary_emb.inv_freq")
-from .formats import HF_BITNET, FormatError, PackSpec, ScaleSpec, expand_scale, group_index, unpack
+from .formats import HF_BITNET, FormatError, PackSpec, ScaleSpec, expand_scale, group_index, unpack, unpack_sign_masks
 
 SPEC_VERSION = 1
 ACT_QUANT = ("none", "int8_per_token")
@@ -135,9 +137,22 @@ class LinearEntry:
     # convert_llama_weights_to_hf undoes it with its permute()).  Every reader puts the rows back in transformers'
     # order (rope_rows_index) after decoding, with the row scales; None (the default, omitted from JSON) = as stored
     rope_interleave: Optional[int] = None
+    # a weight stored as two sign masks (pack codec 'sign_masks': '<module>.weight_pos' / '.weight_neg', bool / uint8
+    # / int8, one flag per element or eight per byte): the key of the -1 mask, ``weight_key`` the +1 mask's, W = pos -
+    # neg (formats.unpack_sign_masks); both masks share the PackSpec.  None (the default, omitted from JSON) = one
+    # weight tensor
+    neg_key: Optional[str] = None
 
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        masks = self.pack is not None and self.pack.codec == "sign_masks"
+        if masks != (self.neg_key is not None) or (masks and (
+                not isinstance(self.neg_key, str) or not self.neg_key or self.neg_key == self.weight_key
+                or self.layout is not None or self.zero is not None or self.online is not None)):
+            raise FormatError(f"linear {self.weight_key!r}: a sign-mask pair is pack codec 'sign_masks' with neg_key, "
+                              f"the -1 mask's key (not the weight's own), and no layout / zero / online; got pack "
+                              f"codec {self.pack.codec if self.pack is not None else None!r}, neg_key "
+                              f"{self.neg_key!r}")
         if isinstance(self.input_norm, dict):
             object.__setattr__(self, "input_norm", InputNorm(**self.input_norm))
         if self.online is not None and (self.online != "absmean" or self.pack is not None or self.scale is not None
@@ -215,6 +230,7 @@ class LinearEntry:
             **({"g_idx": self.g_idx} if self.g_idx is not None else {}),  # likewise
             **({"input_norm": self.input_norm.to_dict()} if self.input_norm is not None else {}),  # likewise
             **({"rope_interleave": self.rope_interleave} if self.rope_interleave is not None else {}),  # likewise
+            **({"neg_key": self.neg_key} if self.neg_key is not None else {}),  # likewise
         }
 
     @classmethod
@@ -240,7 +256,7 @@ class LinearEntry:
             zero=ScaleSpec(**d["zero"]) if d.get("zero") else None, online=d.get("online"), levels=d.get("levels"),
             zero_pack=PackSpec.from_dict(d["zero_pack"]) if d.get("zero_pack") else None, g_idx=d.get("g_idx"),
             input_norm=InputNorm(**d["input_norm"]) if d.get("input_norm") else None,
-            rope_interleave=d.get("rope_interleave"))
+            rope_interleave=d.get("rope_interleave"), neg_key=d.get("neg_key"))
 
 
 @dataclass(frozen=True)
@@ -361,11 +377,17 @@ class CheckpointSpec:
                         f"{list(e.shape)} matrix in layout {e.layout} needs {list(want)}")
             elif e.pack is not None:
                 want = e.pack.packed_shape(e.shape)
-                if tuple(info.shape) != want:
-                    raise CheckpointError(
-                        f"{info.file}: tensor {e.weight_key!r} has shape {list(info.shape)}, a logical "
-                        f"{list(e.shape)} matrix in format {e.pack.container}/{e.pack.lanes}/axis{e.pack.pack_axis} "
-                        f"needs {list(want)}")
+                for key in (e.weight_key, e.neg_key) if e.neg_key is not None else (e.weight_key,):
+                    got = ckpt.info(key)
+                    if tuple(got.shape) != want:
+                        what = (f"the {'+1' if key == e.weight_key else '-1'} mask of a sign-mask pair "
+                                f"({'one flag per element' if e.pack.bits == 8 else 'eight flags per byte'})"
+                                if e.neg_key is not None else
+                                f"format {e.pack.container}/{e.pack.lanes}/axis{e.pack.pack_axis}")
+                        raise CheckpointError(f"{got.file}: tensor {key!r} has shape {list(got.shape)}, a logical "
+                                              f"{list(e.shape)} matrix in {what} needs {list(want)}")
+                if e.neg_key is not None:
+                    used.add(e.neg_key)
             elif tuple(info.shape) != e.shape:
                 raise CheckpointError(f"{info.file}: tensor {e.weight_key!r} has shape {list(info.shape)}, "
                                       f"expected {list(e.shape)}")
@@ -574,7 +596,11 @@ def decode_linear(ckpt: Checkpoint, entry: LinearEntry, name: str, *, strict: bo
         vals = unpack_layout(raw, entry.layout, entry.shape, where=where, strict=strict)
     elif entry.pack is not None:
         try:
-            vals = unpack(raw, entry.pack, entry.shape, name=where, strict=strict)
+            if entry.neg_key is not None:  # a sign-mask pair: W = pos (this tensor) - neg
+                vals = unpack_sign_masks(raw, ckpt.get(entry.neg_key), entry.pack, entry.shape, name=where,
+                                         neg_name=f"{ckpt.info(entry.neg_key).file}: tensor {entry.neg_key!r}")
+            else:
+                vals = unpack(raw, entry.pack, entry.shape, name=where, strict=strict)
         except FormatError as e:
             raise CheckpointError(str(e) if where in str(e) else f"{where}: {e}") from None
     else:

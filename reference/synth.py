@@ -76,6 +76,15 @@ Conventions (``FORMATS`` keys):
   base3-msb-pad0      the same, MSB-first (t_0 * 81 + t_1 * 27 + ...), padded with trit 0
   float-codes-bf16    unpacked codes stored as floats (PackSpec codec 'float_codes'): bf16 [N, K] holding t = w + 1
                       (0.0 / 1.0 / 2.0), per-channel fp16 ``weight_scale`` [N] multiplied (``w_float_codes``)
+  sign-masks-bool     a +1 / -1 sign-bitmask pair per linear (PackSpec codec 'sign_masks', LinearEntry.neg_key):
+                      ``<module>.weight_pos`` set where w = +1 and ``.weight_neg`` where w = -1, bool [N, K] (one
+                      flag per weight), per-channel fp16 ``weight_scale`` [N] multiplied (``w_sign_masks``)
+  sign-masks-u8       the same as uint8 0 / 1 [N, K]
+  sign-masks-u8-packed
+                      eight flags per byte, uint8 [N, ceil(K/8)], input 8c + i at bit 7 - i (``np.packbits``' default
+                      bit order, msb first), the last byte padded with 0 flags
+  sign-masks-u8-packed-lsb
+                      the same with input 8c + i at bit i (``np.packbits(..., bitorder="little")``)
   compressed-tensors-mixed
                       mixed code widths in one model: pack-quantized ternary, int-4 (int32 [N, K/8], codes
                       7 / 8 / 9) for layer 0 and every down_proj, int-2 (int32 [N, K/16]) elsewhere;
@@ -168,8 +177,8 @@ import torch
 from .checkpoint import Checkpoint
 from .config import ModelConfig
 from .formats import (AWQ_GEMM, AWQ_GEMM_ZEROS, CT_PACK_ZP_STRATEGIES, HF_BITNET, SEED, TQ1_0, TQ2_0, PackSpec,
-                      code_table, ct_pack_spec, ct_zero_pack_spec, offset_table, pack, tq1_0_scale, tq2_0_scale,
-                      write_record_scales)
+                      code_table, ct_pack_spec, ct_zero_pack_spec, offset_table, pack, pack_sign_masks, sign_mask_spec,
+                      tq1_0_scale, tq2_0_scale, write_record_scales)
 from .io import atomic_write_text
 from .spec import decode_linear, spec_for
 
@@ -1260,6 +1269,28 @@ def w_float_codes(lg: Logical, dtype: torch.dtype = torch.bfloat16):
     return sd, None, truth
 
 
+def w_sign_masks(lg: Logical, packed: bool, bit_order: str = "msb", transposed: bool = False, pack_axis: int = 1,
+                 dtype: torch.dtype = torch.uint8, names: tuple = ("weight_pos", "weight_neg"),
+                 neg_first: bool = False, scale: str = "channel", group_size: int = 64):
+    """A +1 / -1 sign-bitmask pair per linear (``formats.pack_sign_masks``, PackSpec codec 'sign_masks'):
+    ``<module>.<names[0]>`` flags w = +1, ``<module>.<names[1]>`` w = -1, W = pos - neg.  One flag per element
+    (``packed`` False: ``dtype`` bool / uint8 / int8 [N, K]) or eight per byte (uint8 / int8 [N, ceil(K/8)] along
+    ``pack_axis``, ``bit_order`` msb = ``np.packbits``' default, the last byte padded with 0 flags); ``transposed``:
+    each mask stored as its transpose.  An fp16 ``weight_scale``, multiplied, per channel [N] (``scale`` 'group':
+    [N, ceil(K / group_size)]): the scale of synth's int8 twin ``w_unpacked_int(lg, INT8_TERNARY, scale=scale,
+    scale_dtype=torch.float16)``, so the two decode to the same effective weights bit for bit.  ``neg_first``: each
+    -1 mask written before its +1 mask (a loader must pair them in either order)."""
+    spec = sign_mask_spec(packed, bit_order, pack_axis, transposed, "int8" if dtype == torch.int8 else "uint8")
+    sd, truth = _packed_convention(lg, PackSpec(bits=8, container="int8", codes=INT8_TERNARY), scale=scale,
+                                   op="multiply", scale_dtype=torch.float16, group_size=group_size, fmt="sign-masks")
+    for mod, t in lg.ternary.items():
+        del sd[f"{mod}.weight"]  # (the int8 weight _packed_convention wrote beside the scale)
+        masks = [m.bool() if dtype == torch.bool else m for m in pack_sign_masks(t, spec)]
+        for i in ((1, 0) if neg_first else (0, 1)):
+            sd[f"{mod}.{names[i]}"] = masks[i]
+    return sd, None, truth
+
+
 NIBBLE_SPEC = PackSpec(bits=4, container="uint8", pack_axis=1, lanes="interleaved", bit_order="msb",
                        codes=code_table(4, {0: -1, 1: 0, 2: 1}), pad_code=1)
 
@@ -1378,6 +1409,10 @@ FORMATS: dict[str, Callable] = {
     "base3": w_base3,
     "base3-msb-pad0": lambda lg: w_base3(lg, bit_order="msb", pad_code=0),
     "float-codes-bf16": w_float_codes,
+    "sign-masks-bool": lambda lg: w_sign_masks(lg, False, dtype=torch.bool),
+    "sign-masks-u8": lambda lg: w_sign_masks(lg, False),
+    "sign-masks-u8-packed": lambda lg: w_sign_masks(lg, True),
+    "sign-masks-u8-packed-lsb": lambda lg: w_sign_masks(lg, True, bit_order="lsb"),
 }
 
 #: HQQ's quantizer on a float model (``w_hqq_quant``: asymmetric levels, not ternary; any ``Logical``)

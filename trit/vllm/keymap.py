@@ -40,7 +40,7 @@ from typing import Optional, Union
 
 import torch
 
-from reference.formats import FormatError, expand_scale, record_scales, unpack, unpad_groups
+from reference.formats import FormatError, expand_scale, record_scales, unpack, unpack_sign_masks, unpad_groups
 from reference.spec import CheckpointSpec, LinearEntry, unpack_layout
 
 ShardId = Union[str, int, None]
@@ -106,7 +106,7 @@ class Target:
 
     param: str  # e.g. "model.layers.0.self_attn.qkv_proj.weight"
     shard_id: ShardId
-    kind: str  # "weight" | "scale" | "zero" | "g_idx" | "bias" | "in_norm" | "float"
+    kind: str  # "weight" | "weight_neg" | "scale" | "zero" | "g_idx" | "bias" | "in_norm" | "float"
     hf_module: Optional[str] = None  # the spec's module name (linears only)
 
 
@@ -130,6 +130,8 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
     for mod, e in spec.linears.items():
         layer, sid = vllm_target(mod)
         add(e.weight_key, Target(f"{layer}.weight", sid, "weight", mod))
+        if e.neg_key is not None:  # a sign-mask pair's -1 mask: the layer's weight_neg, paired with it on load
+            add(e.neg_key, Target(f"{layer}.weight_neg", sid, "weight_neg", mod))
         if e.scale is not None and e.scale.key != e.weight_key:  # in-block scales: the weight's loader fills them
             add(e.scale.key, Target(f"{layer}.weight_scale", sid, "scale", mod))
         if e.zero is not None:
@@ -204,7 +206,9 @@ def checkpoint_renames(spec: CheckpointSpec) -> dict[str, str]:
       (``KeyMapError`` naming it: the BitNet architecture loads it, through ``build_key_map``).
 
     An act-order group index (``LinearEntry.g_idx``: GPTQ ``<module>.g_idx``) loads as ``<module>.weight_g_idx``,
-    the dense fallback's parameter.  In-block scales (the weight's own key) keep their names."""
+    the dense fallback's parameter, and the -1 mask of a sign-mask pair (``LinearEntry.neg_key``) as
+    ``<module>.weight_neg`` (the +1 mask as ``<module>.weight``; the layer's loader pairs them).  In-block scales
+    (the weight's own key) keep their names."""
     out: dict[str, str] = {}
     seen: dict[str, str] = {}  # every key's parameter, kept ones too: a key loads into one parameter only
 
@@ -231,6 +235,7 @@ def checkpoint_renames(spec: CheckpointSpec) -> dict[str, str]:
             continue
         scale = e.scale.key if e.scale is not None and e.scale.key != e.weight_key else None
         put(e.weight_key, f"{mod}.weight")
+        put(e.neg_key, f"{mod}.weight_neg")
         put(scale, f"{mod}.weight_scale")
         put(e.zero.key if e.zero is not None else None, f"{mod}.weight_zero")
         put(e.g_idx, f"{mod}.weight_g_idx")
@@ -248,6 +253,12 @@ def checkpoint_renames(spec: CheckpointSpec) -> dict[str, str]:
                 f"the spec), or split the tensor per module")
         entries = [spec.linears[m] for m in whole.values()]  # vLLM's shard order (q|k|v, gate|up)
         put(key, f"{layer}.weight")
+        negs = {e.neg_key for e in entries}
+        if negs != {None}:  # a sign-mask pair fused on disk: its -1 mask holds the same rows
+            if len(negs) != 1:
+                raise KeyMapError(f"spec {spec.name!r}: the modules {sorted(mods)} of the fused +1 mask {key!r} name "
+                                  f"different -1 masks {sorted(map(str, negs))}; expected one fused -1 mask")
+            put(next(iter(negs)), f"{layer}.weight_neg")
         scales = {e.scale.key for e in entries if e.scale is not None and e.scale.key != e.weight_key}
         if len(scales) == 1:  # one scale tensor for the fused layer (a scalar per module, or per-channel rows)
             put(next(iter(scales)), f"{layer}.weight_scale")
@@ -325,10 +336,12 @@ def check_coverage(key_map: dict[str, list[Target]], checkpoint_keys, where: str
 # decode one shard through the spec
 
 
-def decode_weight(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bool = False) -> torch.Tensor:
+def decode_weight(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bool = False,
+                  neg: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Checkpoint tensor -> int8 (n, K) ternary values of module ``name`` (its ``rows`` of a
-    fused tensor, or the whole fused tensor when ``fused``): ``decode_levels`` + the ternary check."""
-    vals = decode_levels(raw, entry, name, fused=fused)
+    fused tensor, or the whole fused tensor when ``fused``): ``decode_levels`` + the ternary check.
+    ``neg``: the -1 mask of a sign-mask pair whose +1 mask is ``raw`` (``LinearEntry.neg_key``)."""
+    vals = decode_levels(raw, entry, name, fused=fused, neg=neg)
     if vals.numel() and int(vals.abs().max()) > 1:
         raise FormatError(f"tensor {entry.weight_key!r} ({name}): values outside {{-1, 0, 1}}; the trit ops are "
                           f"ternary only (the dense fallback takes other integer levels)")
@@ -379,11 +392,12 @@ def dense_reason(entry: LinearEntry) -> Optional[str]:
 
 
 def decode_levels(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bool = False,
-                  floats: bool = False) -> torch.Tensor:
+                  floats: bool = False, neg: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Checkpoint tensor -> int8 (n, K) integer values of module ``name`` (its ``rows`` of a fused
     tensor, or the whole fused tensor when ``fused``); any levels that fit int8. ``floats``: an undecoded
     float-valued module (``float_valued``) -> its fp32 values as stored.  A module with zero points: its
-    codes q as fp32 (the dense fallback subtracts the zero points once every tensor has arrived)."""
+    codes q as fp32 (the dense fallback subtracts the zero points once every tensor has arrived).  A sign-mask
+    pair (``LinearEntry.neg_key``): ``raw`` is its +1 mask and ``neg`` its -1 mask, W = pos - neg."""
     where = f"tensor {entry.weight_key!r} ({name})"
     raw = raw.detach()  # unpack runs where raw is: the loaders hand it over on the layer's device
     if entry.online is not None:  # its multiplier comes with the values: online_decode, in the ternary loader
@@ -395,6 +409,12 @@ def decode_levels(raw: torch.Tensor, entry: LinearEntry, name: str, *, fused: bo
             vals = unpack_layout(raw, entry.layout, entry.shape, where=where)
         except ValueError as e:
             raise FormatError(str(e)) from None
+    elif entry.neg_key is not None:  # a sign-mask pair (the layer's loader holds the first mask until both arrived)
+        if neg is None:
+            raise FormatError(f"{where}: the +1 mask of a sign-mask pair, decoded without its -1 mask "
+                              f"{entry.neg_key!r}; W = pos - neg needs both")
+        vals = unpack_sign_masks(raw, neg.detach(), entry.pack, entry.shape, name=where,
+                                 neg_name=f"tensor {entry.neg_key!r} ({name})")
     elif entry.pack is not None:
         try:
             vals = unpack(raw, entry.pack, entry.shape, name=where)

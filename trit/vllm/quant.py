@@ -20,6 +20,12 @@ Life of a ternary linear layer:
                    all-gather or not) is fixed at load time: no host sync, no value-dependent
                    branch, so CUDA graphs capture it.
 
+Sign-mask pairs (spec entries with ``neg_key``: a module's weight stored as a +1 and a -1 mask, PackSpec codec
+'sign_masks'): the -1 mask loads into ``weight_neg``, a placeholder parameter whose loader only takes the tensor
+(``_SpecLinearMethod._pair_loader``); whichever mask arrives first is held until its partner does, in any order and
+from any shard file, then the pair is decoded and handed to vLLM's loader of ``weight`` as one shard - fused layers
+and tensor parallelism as for every other format.  A mask whose partner never arrives is named after loading.
+
 Dense fallback (``DenseFallbackLinearMethod``): a layer with a module the trit ops cannot express
 (``keymap.dense_reason``: group-wise scales, stored apart or in-block as llama.cpp TQ2_0 keeps them,
 integer levels beyond ternary, HQQ's per-group zero points) is decoded at load into
@@ -257,7 +263,7 @@ class TernaryConfig(QuantizationConfig):
         stored = set(self.spec.tensors.values()) if self.spec is not None else set()
         if self.spec is not None:
             for e in self.spec.linears.values():
-                stored.update(k for k in (e.weight_key, e.scale.key if e.scale else None, e.bias_key,
+                stored.update(k for k in (e.weight_key, e.neg_key, e.scale.key if e.scale else None, e.bias_key,
                                           e.input_norm.key if e.input_norm else None) if k)
         hf_names = set(renames.values()) | {k for k in stored if k not in renames}
         inner = {n[len("model."):] for n in hf_names if n.startswith("model.")}
@@ -375,25 +381,28 @@ class _SpecLinearMethod(LinearMethodBase):
         module's rows; post(rows, param) -> what vLLM's own loader receives."""
         key = {"weight": "weight_key", "scale": "scale", "zero": "zero"}[what]
 
-        def rows_of(raw, e, m):  # one row per module output, in transformers' order (q / k rows stored
+        def rows_of(raw, e, m, kw):  # one row per module output, in transformers' order (q / k rows stored
             # in interleaved-RoPE order: LinearEntry.rope_interleave; before vLLM narrows them to this rank's heads)
-            return rope_rows(convert(raw, e, m), e)
+            return rope_rows(convert(raw, e, m, **kw), e)
 
-        def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
+        def load(param: Parameter, loaded_weight: torch.Tensor, shard_id=None, neg: Optional[torch.Tensor] = None):
+            # neg: the -1 mask of a sign-mask pair whose +1 mask is loaded_weight (_pair_loader), for convert
             if what == "weight" and param.device.type == "cuda":
                 # decode where the layer lives: the packed tensor is 2 bits a weight, and on the GPU
                 # the unpack takes milliseconds where the CPU took seconds per matrix (an 8B model
                 # loaded in 187 s against bf16's 54 s; TP workers, with one torch thread each, longer)
                 loaded_weight = loaded_weight.to(param.device)
+                neg = neg.to(param.device) if neg is not None else None
+            kw = {} if neg is None else {"neg": neg}
             if shard_id is None and len(self.modules) > 1:
                 # fused on disk: every sub-module's entry names this one tensor with its rows;
                 # convert each and concatenate in vLLM's shard order (q|k|v, gate|up), whatever
                 # order the checkpoint keeps them in
-                t = torch.cat([rows_of(loaded_weight, e, m) for m, e in self._fused_entries(key)])
+                t = torch.cat([rows_of(loaded_weight, e, m, kw) for m, e in self._fused_entries(key)])
                 layer.trit_loaded.update((what, sid) for sid in self.modules)
             else:
                 name, entry = self._entry(shard_id)
-                t = rows_of(loaded_weight, entry, name)
+                t = rows_of(loaded_weight, entry, name, kw)
                 layer.trit_loaded.add((what, shard_id))
             t = post(t, param)
             if shard_id is None:
@@ -401,6 +410,62 @@ class _SpecLinearMethod(LinearMethodBase):
             else:
                 vllm_loader(param, t, shard_id)
         return load
+
+    def _pair_loader(self, layer, load):
+        """The ``weight`` loader of a layer with sign-mask pairs (``LinearEntry.neg_key``: a module's weight stored as
+        a +1 and a -1 mask, W = pos - neg), or ``load`` itself where it has none.  vLLM hands checkpoint tensors over
+        one at a time, in the checkpoint's order - either mask first, the two possibly in different shard files - the
+        +1 mask to ``weight`` (``<module>.weight`` after the spec's renames / the BitNet key map) and the -1 mask to
+        ``weight_neg``, a placeholder parameter registered here that only takes its tensor.  Whichever mask arrives
+        first is kept (a copy, as read) until its partner does; the pair then goes through ``load`` (the loader of
+        ``weight``) as one shard: decoded to the module's values and handed to vLLM's loader, which places it (q / k /
+        v, gate / up, by the same shard id) and slices it for tensor parallelism like every other format's.  A pair
+        fused on disk (shard id None) is paired whole, every module's rows cut from it afterwards.  A mask whose
+        partner never arrives is named by ``_check_loaded``."""
+        pairs = {sid for sid, m in self.modules.items() if self.spec.linears[m].neg_key is not None}
+        if not pairs:
+            return load
+        layer.trit_pending = {}
+        sign_of = {"pos": "+1", "neg": "-1"}
+
+        def arrive(sign: str):
+            def take(param: Parameter, loaded_weight: torch.Tensor, shard_id=None):
+                whole = shard_id is None and len(self.modules) > 1  # fused on disk: every module's rows in one tensor
+                if not whole and shard_id not in pairs:
+                    if sign == "neg":
+                        raise KeyMapError(f"vLLM layer {self.prefix!r}: a -1 mask arrived for shard {shard_id!r} "
+                                          f"({self.modules.get(shard_id)}), whose spec entry is no sign-mask pair")
+                    return load(param, loaded_weight, shard_id)
+                slot = layer.trit_pending.setdefault(shard_id, {})
+                if sign in slot:
+                    raise KeyMapError(f"vLLM layer {self.prefix!r}: the {sign_of[sign]} mask of "
+                                      f"{self.modules.get(shard_id, list(self.modules.values()))} arrived twice")
+                slot[sign] = loaded_weight.detach().clone()  # (the reader may reuse its buffer for the next tensor)
+                if len(slot) == 2:
+                    del layer.trit_pending[shard_id]
+                    load(layer.weight, slot["pos"], shard_id, neg=slot["neg"])
+            return take
+
+        neg = Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+        set_weight_attrs(neg, {"weight_loader": arrive("neg")})
+        layer.register_parameter("weight_neg", neg)
+        return arrive("pos")
+
+    def _check_pairs(self, layer) -> None:
+        """After loading: every sign-mask pair complete (a mask still waiting for its partner is a KeyMapError naming
+        the missing tensor and the one that arrived); the ``weight_neg`` placeholder dropped."""
+        for sid, slot in getattr(layer, "trit_pending", {}).items():
+            name = self.modules.get(sid) or next(iter(self.modules.values()))  # (fused on disk: one pair for all)
+            e = self.spec.linears[name]
+            have = next(iter(slot))
+            missing, got = (e.neg_key, e.weight_key) if have == "pos" else (e.weight_key, e.neg_key)
+            raise KeyMapError(f"missing checkpoint tensor {missing!r}: the {'-1' if have == 'pos' else '+1'} mask of "
+                              f"the sign-mask pair of {name if sid in self.modules else list(self.modules.values())} "
+                              f"(vLLM {self.prefix}.weight{'' if sid is None else f', shard {sid!r}'}) never arrived, "
+                              f"its partner {got!r} did; W = pos - neg needs both")
+        if hasattr(layer, "weight_neg"):
+            del layer.weight_neg
+            del layer.trit_pending
 
     def _scale_loader_with(self, layer, vllm_loader, convert):
         """vLLM loader for the scale parameter; convert(raw, entry, module) -> this shard's scale."""
@@ -497,6 +562,7 @@ class _SpecLinearMethod(LinearMethodBase):
                 for i, eps in enumerate(layer.trit_in_norm_eps)]
 
     def _check_loaded(self, layer, what: str = "ternary weight") -> None:
+        self._check_pairs(layer)
         for sid, name in self.modules.items():
             e = self.spec.linears[name]
             if e.input_norm is not None and ("in_norm", sid) not in layer.trit_loaded:
@@ -568,7 +634,8 @@ class TernaryLinearMethod(_SpecLinearMethod):
                 self.quant_config.note_decode_fallback(self.prefix, why_not)
             weight = Parameter(torch.empty(n_part // f, k_part, dtype=torch.uint8), requires_grad=False)
             set_weight_attrs(weight, {"output_dim": 0, "input_dim": 1, "packed_dim": 0, "packed_factor": f,
-                                      "weight_loader": self._weight_loader(layer, vllm_loader, f)})
+                                      "weight_loader": self._pair_loader(layer,
+                                                                         self._weight_loader(layer, vllm_loader, f))})
         set_weight_attrs(weight, extra_weight_attrs)
         # ones: a module without a scale in the spec keeps multiplier 1
         scale = Parameter(torch.ones(n_part, dtype=torch.float32), requires_grad=False)
@@ -634,20 +701,20 @@ class TernaryLinearMethod(_SpecLinearMethod):
         # the weight's loader also fills this shard's rows of weight_scale, from the same quantization
         mults = {}
 
-        def convert(raw, entry, name):
+        def convert(raw, entry, name, neg=None):
             if not entry.online:
-                return decode_weight(raw, entry, name)
+                return decode_weight(raw, entry, name, neg=neg)
             d = online_decode(raw, entry, name)
             mults[name] = d.mult.reshape(-1).expand(d.values.shape[0]).contiguous()
             return d.values
 
         load = self._shard_loader(layer, vllm_loader, "weight", convert, post)
 
-        def load_online(param, loaded_weight, shard_id=None):
+        def load_online(param, loaded_weight, shard_id=None, **kw):
             if shard_id is None and len(self.modules) > 1:
                 raise KeyMapError(f"{self.prefix}: one fused float tensor for modules quantized online; "
                                   f"transformers' online mode stores each projection on its own")
-            load(param, loaded_weight, shard_id)
+            load(param, loaded_weight, shard_id, **kw)
             name, entry = self._entry(shard_id)
             if entry.online:
                 s = mults.pop(name).to(layer.weight_scale.device)
@@ -1220,8 +1287,8 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         values = Parameter(torch.zeros(n_part, k_part, dtype=torch.float32 if self.floats or self.zeros
                                        else torch.int8), requires_grad=False)
         scale_loader = self._scale_loader(layer, vllm_loader)
-        set_weight_attrs(values, {"output_dim": 0, "input_dim": 1,
-                                  "weight_loader": self._weight_loader(layer, vllm_loader, scale_loader)})
+        set_weight_attrs(values, {"output_dim": 0, "input_dim": 1, "weight_loader": self._pair_loader(
+            layer, self._weight_loader(layer, vllm_loader, scale_loader))})
         set_weight_attrs(values, extra_weight_attrs)
         scale = Parameter(torch.ones(n_part, cols, dtype=torch.float32), requires_grad=False)
         set_weight_attrs(scale, {"output_dim": 0, "weight_loader": scale_loader})
@@ -1249,7 +1316,7 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         self._create_in_norm(layer, input_size, k_part)
 
     def _weight_loader(self, layer, vllm_loader, scale_loader=None):
-        convert = lambda raw, e, m: decode_levels(raw, e, m, floats=m in self.floats)  # noqa: E731
+        convert = lambda raw, e, m, **kw: decode_levels(raw, e, m, floats=m in self.floats, **kw)  # noqa: E731
         load = self._shard_loader(layer, vllm_loader, "weight", convert, lambda w, p: w.to(p.device))
         # in-block scales (llama.cpp TQ2_0: the scale key is the weight's own): vLLM's own Llama hands each
         # checkpoint tensor to one parameter, so the weight's loader fills the scale from the same tensor (our
@@ -1259,8 +1326,8 @@ class DenseFallbackLinearMethod(_SpecLinearMethod):
         if not inblock or scale_loader is None:
             return load
 
-        def load_with_scale(param, loaded_weight, shard_id=None):
-            load(param, loaded_weight, shard_id)
+        def load_with_scale(param, loaded_weight, shard_id=None, **kw):
+            load(param, loaded_weight, shard_id, **kw)
             if shard_id in inblock or (shard_id is None and len(inblock) == len(self.modules)):
                 scale_loader(layer.weight_scale, loaded_weight, shard_id)
         return load_with_scale
