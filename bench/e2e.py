@@ -302,11 +302,15 @@ def run_one(label: str, d: Path, quantization, batches, prompt_len, gen_len, pro
         # the median beside it), of LARGE_BATCH_RUNS at large batches; first an untimed short generation
         # at this batch size (its prefill shape and decode graph used once before the clock starts)
         gen(b, WARMUP_TOKENS)
+        h0 = host_sample()
         dts = [gen(b, gen_len) for _ in range(SMALL_BATCH_RUNS if b <= 8 else LARGE_BATCH_RUNS)]
+        host = host_load(h0, host_sample())
         dt = min(dts)
         med = sorted(dts)[len(dts) // 2]
         res["throughput"][b] = {"seconds": round(dt, 3), "tok_s": round(b * gen_len / dt, 1),
-                                "median_tok_s": round(b * gen_len / med, 1), "runs_s": [round(t, 3) for t in dts]}
+                                "median_tok_s": round(b * gen_len / med, 1), "runs_s": [round(t, 3) for t in dts],
+                                **({"host": host} if host else {})}
+    res["placement"] = placement()
     # by its importable name: run as `python -m bench.e2e`, this module is __main__, and an engine core
     # in another process (--engine mp, TP workers) unpickles the function by module and name
     from bench.e2e import _weight_stats as weight_stats
@@ -319,6 +323,128 @@ def run_one(label: str, d: Path, quantization, batches, prompt_len, gen_len, pro
     if cuda and profile_steps and inproc:
         res["profile"] = _profile(llm, prompts, profile_steps, profile_batch)
     return res
+
+
+def _proc_stat(path: str):
+    """(comm, cpu jiffies = utime + stime, last CPU) of one /proc/<pid>[/task/<tid>]/stat, or None (gone)."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    head, _, rest = text.rpartition(")")
+    f = rest.split()  # f[0] is field 3 (state): field n is f[n - 3]
+    return head.partition("(")[2], int(f[11]) + int(f[12]), int(f[36])
+
+
+def host_sample() -> dict | None:
+    """What the host's CPUs have done so far, for ``host_load``: the machine's busy and total jiffies
+    (/proc/stat), every thread of this process and every other process's CPU time (/proc/<pid>/stat),
+    and the clock.  None where /proc is not Linux's."""
+    try:
+        with open("/proc/stat") as f:
+            cpu = [int(v) for v in f.readline().split()[1:]]
+    except OSError:
+        return None
+    me = os.getpid()
+    threads, procs = {}, {}
+    for tid in os.listdir(f"/proc/{me}/task"):
+        st = _proc_stat(f"/proc/{me}/task/{tid}/stat")
+        if st:
+            threads[int(tid)] = st
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != me:
+            st = _proc_stat(f"/proc/{pid}/stat")
+            if st:
+                procs[int(pid)] = st
+    idle = cpu[3] + (cpu[4] if len(cpu) > 4 else 0)  # idle + iowait
+    own = _proc_stat(f"/proc/{me}/stat")  # the whole process: threads that have exited too
+    return {"t": time.perf_counter(), "busy": sum(cpu[:8]) - idle, "own": own[1] if own else 0, "threads": threads,
+            "procs": procs}
+
+
+def host_load(before: dict | None, after: dict | None, top: int = 3) -> dict | None:
+    """The host CPU between two ``host_sample`` calls, as cores busy on average over the wall time: the whole
+    machine, this process (all its threads: the engine core runs in it with VLLM_ENABLE_V1_MULTIPROCESSING=0),
+    everything else (machine minus this process: a compile worker or an earlier call's leftover process competing
+    for the host-bound engine loop shows here), this process's busiest threads and the busiest other processes, and
+    the CPUs this process's threads last ran on.  Run 97: the same engine ops per step took 10 - 40% longer in one
+    engine instance than another (the profiler's host self time), with nothing in the record to tell why."""
+    if not before or not after:
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    wall = after["t"] - before["t"]
+    if wall <= 0:
+        return None
+
+    def delta(a: dict, b: dict):
+        return sorted(((b[k][1] - a.get(k, (None, b[k][1]))[1], b[k][0], k) for k in b), reverse=True)
+
+    threads, procs = delta(before["threads"], after["threads"]), delta(before["procs"], after["procs"])
+    own = after["own"] - before["own"]
+    # a process that started inside the window counts from its start (its whole CPU time)
+    procs = [(b[1] if k not in before["procs"] else d, c, k) for (d, c, k), b in
+             ((p, after["procs"][p[2]]) for p in procs)]
+    procs.sort(reverse=True)
+    cores = lambda j: round(j / hz / wall, 3)  # noqa: E731
+    return {"wall_s": round(wall, 3), "machine_cores": cores(after["busy"] - before["busy"]), "own_cores": cores(own),
+            "other_cores": cores(max(0, after["busy"] - before["busy"] - own)),
+            "own_threads": [{"thread": c, "cores": cores(d)} for d, c, _ in threads[:top] if d > 0],
+            "other_procs": [{"pid": k, "comm": c, "cores": cores(d)} for d, c, k in procs[:top] if d > 0],
+            "own_last_cpus": sorted({after["threads"][k][2] for _, _, k in threads[:top]})}
+
+
+def placement() -> dict:
+    """Where this process may run and where the GPU sits: the CPUs of its affinity mask, their NUMA nodes
+    (/sys/devices/system/cpu/cpuN/nodeM) and the GPU's NUMA node (its PCI device's numa_node; -1 where the
+    firmware does not say).  A host-bound engine on a node away from the GPU pays a remote hop per transfer."""
+    out: dict = {}
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return out
+    out["cpus"] = len(cpus)
+    nodes = set()
+    for c in cpus:
+        try:
+            nodes |= {int(n[4:]) for n in os.listdir(f"/sys/devices/system/cpu/cpu{c}") if re.fullmatch(r"node\d+", n)}
+        except OSError:
+            pass
+    out["cpu_numa_nodes"] = sorted(nodes)
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        if all(hasattr(p, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
+            bus = f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+            try:
+                out["gpu_numa_node"] = int(Path(f"/sys/bus/pci/devices/{bus}/numa_node").read_text())
+            except (OSError, ValueError):
+                out["gpu_numa_node"] = None
+            out["gpu_pci"] = bus
+    return out
+
+
+def host_markdown(rows: list, batches) -> list:
+    """The host CPU during each config's timed runs (``host_load`` per batch size), as Markdown lines."""
+    hr = [r for r in rows if "error" not in r and any(
+        isinstance(t, dict) and t.get("host") for t in r.get("throughput", {}).values())]
+    if not hr:
+        return []
+    md = ["", "Host CPU during the timed runs, cores busy on average (this engine's process / other processes; "
+              "its busiest threads and the busiest other process at the last batch size; CPU placement):", "",
+          "| config | " + " | ".join(f"B={b} own / other" for b in batches) + " | busiest threads | other process "
+          "| placement |", "|---" * (len(batches) + 4) + "|"]
+    for r in hr:
+        tp = r["throughput"]
+        hs = [(tp.get(b) or tp.get(str(b)) or {}).get("host") for b in batches]
+        cells = [f"{h['own_cores']:.2f} / {h['other_cores']:.2f}" if h else "-" for h in hs]
+        last = next((h for h in reversed(hs) if h), None)
+        thr = ", ".join(f"{t['thread']} {t['cores']:.2f}" for t in last["own_threads"]) if last else "-"
+        oth = ", ".join(f"{p['comm']} {p['cores']:.2f}" for p in last["other_procs"][:1]) if last else "-"
+        pl = r.get("placement") or {}
+        where = (f"{pl.get('cpus', '?')} CPUs on node(s) {pl.get('cpu_numa_nodes', '?')}, GPU node "
+                 f"{pl.get('gpu_numa_node', '?')}, last CPUs {last['own_last_cpus'] if last else '?'}") if pl else "-"
+        md.append(f"| {r['label']} | " + " | ".join(cells) + f" | {thr} | {oth or '-'} | {where} |")
+    return md
 
 
 def engine_settings(llm) -> dict:
@@ -777,6 +903,7 @@ def main(argv=None) -> int:
     if es:
         md += ["", "Engine settings as vLLM resolved them: " + "; ".join(
             f"{r['label']} " + ", ".join(f"{k}={v}" for k, v in r["engine_settings"].items()) for r in es)]
+    md += host_markdown(rows, batches)
     gr = [r for r in rows if "error" not in r and r.get("graph_replay")]
     if gr:
         small = [b for b in batches if b <= a.replay_max]

@@ -1,5 +1,7 @@
 """Benchmark records: never written over an earlier record; the commit field says what ran."""
 import json
+import sys
+import time
 
 import pytest
 
@@ -548,3 +550,44 @@ def test_e2e_replay_max_reaches_the_run_and_the_table(tmp_path, monkeypatch):
         assert ("| B=32 forward (graph)" in md) == (rmax == "32"), md
         assert "'VLLM_USE_MEGA_AOT_ARTIFACT': '1'" in md
     assert seen == [8, 32]
+
+
+def test_host_load_counts_own_threads_and_other_processes():
+    """bench.e2e's host sampler around the timed runs: a thread of this process that burns 0.3 s of CPU shows in
+    own_cores, a child process that burns 0.3 s in other_cores and other_procs (by pid) - measured by CPU time, so
+    the assertions hold however loaded the machine is; placement names the CPUs this process may run on."""
+    import subprocess
+    import threading
+
+    from bench.e2e import host_load, host_markdown, host_sample, placement
+
+    if host_sample() is None:
+        pytest.skip("no Linux /proc")
+
+    def burn():
+        t = time.thread_time()
+        while time.thread_time() - t < 0.3:
+            pass
+
+    s0 = host_sample()
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass\nprint('done', flush=True)\n"
+                              "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    th = threading.Thread(target=burn)
+    th.start()
+    th.join()  # (the thread has exited: its CPU time counts in the process's)
+    assert child.stdout.readline().strip() == "done"
+    s1 = host_sample()  # (the child is alive, waiting on its stdin)
+    child.communicate("")
+    h = host_load(s0, s1, top=100)
+    own_s, other_s = h["own_cores"] * h["wall_s"], h["other_cores"] * h["wall_s"]
+    assert own_s >= 0.25 and other_s >= 0.25, h
+    kid = [p for p in h["other_procs"] if p["pid"] == child.pid]
+    assert kid and kid[0]["cores"] * h["wall_s"] >= 0.25, h["other_procs"][:5]
+    assert h["machine_cores"] >= h["own_cores"] and isinstance(h["own_threads"], list)
+    pl = placement()
+    assert pl["cpus"] >= 1 and isinstance(pl["cpu_numa_nodes"], list)
+    row = {"label": "ours-x", "throughput": {"1": {"tok_s": 1.0, "host": h}}, "placement": pl}
+    md = "\n".join(host_markdown([row, {"label": "no-host", "throughput": {"1": {"tok_s": 1.0}}}], [1]))
+    assert f"| ours-x | {h['own_cores']:.2f} / {h['other_cores']:.2f} |" in md and "no-host" not in md
+    assert host_load(None, s1) is None and host_markdown([], [1]) == []
