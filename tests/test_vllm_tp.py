@@ -19,6 +19,17 @@ from reference.model import ReferenceModel  # noqa: E402
 from reference.spec import spec_for  # noqa: E402
 
 
+def tp2_top10_matches_reference(d, vocab: int = 89) -> None:
+    """TP = 2 through vLLM on model dir ``d``: the top-10 next-token ids at every position of two random prompts
+    against the fp32 reference's logits, with the model tier's limit (near-ties explained), top-1 above 95%."""
+    ids = torch.randint(3, vocab, (2, 16), generator=torch.Generator().manual_seed(0))
+    logits = ReferenceModel.from_dir(d).forward(ids)
+    col = column("fp32", spec_for(d).activation_quant, bit_faithful=False)
+    limit = resolve(col)["model"].limit(float(logits.abs().max()))
+    tk = topk_ids_agreement(VllmTarget("fp32", tensor_parallel_size=2).topk_ids(d, ids, 10), logits, limit)
+    assert tk.passed and tk.top1_agree > 0.95, tk
+
+
 @pytest.mark.vllm
 def test_tp2_matches_goldens_at_model_level():
     gs = GoldenSet.load(DEFAULT_GOLDEN)
@@ -122,12 +133,7 @@ def test_tp2_fused_on_disk_meta_names(tmp_path):
     d = tmp_path / "bitnet-gpu"
     synth.write("bitnet-gpu", synth.Logical.from_dir(base), d)
     assert inspect_main([str(d), "--no-loss"]) == 0
-    ids = torch.randint(3, 89, (2, 16), generator=torch.Generator().manual_seed(0))
-    logits = ReferenceModel.from_dir(d).forward(ids)
-    col = column("fp32", spec_for(d).activation_quant, bit_faithful=False)
-    limit = resolve(col)["model"].limit(float(logits.abs().max()))
-    tk = topk_ids_agreement(VllmTarget("fp32", tensor_parallel_size=2).topk_ids(d, ids, 10), logits, limit)
-    assert tk.passed and tk.top1_agree > 0.95, tk
+    tp2_top10_matches_reference(d)
 
 
 @pytest.mark.vllm
@@ -152,9 +158,4 @@ def test_tp2_act_order_splits_k_inside_a_group(tmp_path):
     d = tmp_path / "gptq-asym-int4-actorder"
     assert spec_for(d).linears["model.layers.0.mlp.down_proj"].g_idx == "model.layers.0.mlp.down_proj.g_idx"
     check_tp_shardable(d, ModelConfig.load(d), 2)
-    ids = torch.randint(3, 89, (2, 16), generator=torch.Generator().manual_seed(0))
-    logits = ReferenceModel.from_dir(d).forward(ids)
-    col = column("fp32", spec_for(d).activation_quant, bit_faithful=False)
-    limit = resolve(col)["model"].limit(float(logits.abs().max()))
-    tk = topk_ids_agreement(VllmTarget("fp32", tensor_parallel_size=2).topk_ids(d, ids, 10), logits, limit)
-    assert tk.passed and tk.top1_agree > 0.95, tk
+    tp2_top10_matches_reference(d)
