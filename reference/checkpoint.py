@@ -22,6 +22,7 @@ import torch
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"  # transformers' SAFE_WEIGHTS_NAME: a one-file checkpoint
 
 DTYPE_BYTES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
@@ -193,8 +194,16 @@ class Checkpoint:
             raise CheckpointError(f"{p}: no such checkpoint file or directory")
         listed = self._index_files()
         if listed is not None:
-            # with an index, the checkpoint is the files it lists (as transformers and vLLM read it): a stray
-            # *.safetensors beside them (a consolidated copy, an adapter) is not part of it
+            # with an index, the checkpoint is the files it lists (as vLLM reads it): a stray *.safetensors beside
+            # them (a consolidated copy, an adapter) is not part of it - but for a file named model.safetensors,
+            # which transformers loads *before* looking for the index (modeling_utils: SAFE_WEIGHTS_NAME first)
+            single = p / SINGLE_NAME
+            if single.is_file() and single not in listed:
+                raise CheckpointError(
+                    f"{p}: holds both {SINGLE_NAME} and {INDEX_NAME} (shards {', '.join(f.name for f in listed[:3])}"
+                    f"{', ...' if len(listed) > 3 else ''}): transformers loads {SINGLE_NAME} and ignores the index, "
+                    f"vLLM and this harness load the index's shards, so the targets would run different weights; "
+                    f"expected one checkpoint: remove the stale one (or list {SINGLE_NAME} in the index)")
             return listed
         files = sorted(p.glob("*.safetensors"))
         if not files:

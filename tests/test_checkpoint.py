@@ -135,8 +135,9 @@ def test_sharded_index_names_a_missing_shard(tmp_path):
 
 
 def test_sharded_index_ignores_files_it_does_not_list(tmp_path):
-    """With an index, the checkpoint is the shards it lists (transformers and vLLM read it so): a
-    consolidated copy of the same tensors beside the shards is not a duplicate-tensor error."""
+    """With an index, the checkpoint is the shards it lists (vLLM reads it so, and transformers where no
+    model.safetensors exists): a consolidated copy of the same tensors beside the shards is not a duplicate-tensor
+    error."""
     save_file({"a": torch.zeros(2)}, str(tmp_path / "model-00001-of-00002.safetensors"))
     save_file({"b": torch.ones(2)}, str(tmp_path / "model-00002-of-00002.safetensors"))
     save_file({"a": torch.zeros(2), "b": torch.ones(2)}, str(tmp_path / "consolidated.safetensors"))
@@ -144,6 +145,26 @@ def test_sharded_index_ignores_files_it_does_not_list(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(idx))
     ck = Checkpoint(tmp_path)
     assert sorted(ck.keys()) == ["a", "b"] and ck.info("b").file.name == "model-00002-of-00002.safetensors"
+
+
+def test_a_stale_single_file_beside_an_index_is_named(tmp_path):
+    """model.safetensors beside a sharded index that does not list it: transformers loads model.safetensors (it looks
+    for it before the index), vLLM and the harness the index's shards - the targets would run different weights (a
+    stale one-file copy with other scales decoded silently before).  Named, with both files."""
+    save_file({"a": torch.zeros(2)}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file({"b": torch.ones(2)}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    save_file({"a": torch.zeros(2), "b": 2 * torch.ones(2)}, str(tmp_path / "model.safetensors"))
+    idx = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(idx))
+    with pytest.raises(CheckpointError, match=r"holds both model\.safetensors and model\.safetensors\.index\.json "
+                                              r"\(shards model-00001-of-00002\.safetensors, model-00002-of-00002\."
+                                              r"safetensors\): transformers loads model\.safetensors"):
+        Checkpoint(tmp_path)
+    idx["weight_map"]["b"] = "model.safetensors"  # listed by the index: one checkpoint (a shard named so)
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(idx))
+    (tmp_path / "model-00002-of-00002.safetensors").unlink()
+    save_file({"b": 2 * torch.ones(2)}, str(tmp_path / "model.safetensors"))
+    assert sorted(Checkpoint(tmp_path).keys()) == ["a", "b"]
 
 
 @pytest.mark.parametrize("quantized", [True, False])
