@@ -360,6 +360,13 @@ def _sign_mask_pair(prefix, layer, role, mains: list, shapes) -> Optional[tuple[
 def _linear_module(prefix, layer, role, members, cfg: ModelConfig, shapes) -> Module:
     mains = [m for m in members if m.kind in ("packed", "ternary_float", "float") and len(m.shape) == 2]
     if not mains:
+        stacked = [m for m in members if len(m.shape) == 3 and m.shape[0] == 2]
+        if stacked:  # e.g. a +1 / -1 sign-mask pair stacked into one tensor: say what was seen, not just what is missing
+            t = stacked[0]
+            raise InspectError(f"{t.file}: module {prefix!r} ({role}): tensor {t.name!r} is {t.dtype} "
+                               f"{list(t.shape)}, two matrices stacked in one tensor (a +1 / -1 sign-mask pair?), "
+                               f"which is not read: expected one 2-D weight {prefix}.weight, or the two masks as 2-D "
+                               f"tensors {prefix}.weight_pos / {prefix}.weight_neg (W = pos - neg)")
         raise InspectError(f"{members[0].file}: missing key: module {prefix!r} ({role}) has "
                            f"{[m.name for m in members]} but no 2-D weight tensor")
     pair = _sign_mask_pair(prefix, layer, role, mains, shapes) if len(mains) == 2 else None

@@ -505,3 +505,24 @@ def test_sign_mask_pairs_fused_on_disk_generate_like_the_int8_twin_in_vllm(logic
     for d in (pair, twin):
         assert inspect_main([str(d), "--no-loss"]) == 0
     _same_greedy_tokens_in_vllm(pair, twin, seed=5)
+
+
+# ---------------------------------------------------------------------------------------- 5. a pair stacked in one tensor
+
+
+def test_a_pair_stacked_in_one_tensor_is_named_with_its_shape(logical, tmp_path):
+    """Both masks stacked into one 3-D tensor (``weight_masks`` [2, N, K]) were refused as 'no 2-D weight tensor',
+    which does not say what the checkpoint holds; now the message names the tensor, its dtype and 3-D shape, and the
+    two layouts that are read."""
+    out = tmp_path / "m"
+
+    def stacked(lg):
+        sd, q, truth = synth.w_sign_masks(lg, False, dtype=torch.bool)
+        for mod in lg.ternary:
+            sd[f"{mod}.weight_masks"] = torch.stack([sd.pop(f"{mod}.weight_pos"), sd.pop(f"{mod}.weight_neg")])
+        return sd, q, truth
+    synth.write(stacked, logical, out)
+    with pytest.raises(InspectError, match=r"model\.safetensors: module '[^']+' \(\w+\): tensor '[^']+\.weight_masks' "
+                                           r"is BOOL \[2, \d+, \d+\], two matrices stacked in one tensor .*expected "
+                                           r"one 2-D weight .*\.weight_pos / .*\.weight_neg"):
+        inspect_dir(out, use_loss=False)
