@@ -377,15 +377,12 @@ def host_load(before: dict | None, after: dict | None, top: int = 3) -> dict | N
     if wall <= 0:
         return None
 
-    def delta(a: dict, b: dict):
-        return sorted(((b[k][1] - a.get(k, (None, b[k][1]))[1], b[k][0], k) for k in b), reverse=True)
+    def delta(a: dict, b: dict):  # (jiffies in the window, name, id), busiest first; one started inside the
+        # window (absent from a) counts from its start: its whole CPU time
+        return sorted(((b[k][1] - (a[k][1] if k in a else 0), b[k][0], k) for k in b), reverse=True)
 
     threads, procs = delta(before["threads"], after["threads"]), delta(before["procs"], after["procs"])
     own = after["own"] - before["own"]
-    # a process that started inside the window counts from its start (its whole CPU time)
-    procs = [(b[1] if k not in before["procs"] else d, c, k) for (d, c, k), b in
-             ((p, after["procs"][p[2]]) for p in procs)]
-    procs.sort(reverse=True)
     cores = lambda j: round(j / hz / wall, 3)  # noqa: E731
     return {"wall_s": round(wall, 3), "machine_cores": cores(after["busy"] - before["busy"]), "own_cores": cores(own),
             "other_cores": cores(max(0, after["busy"] - before["busy"] - own)),
