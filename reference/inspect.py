@@ -734,16 +734,16 @@ def sign_mask_layouts(stored: tuple, logical: tuple, dtype: str, parts: tuple = 
     return out
 
 
-def _sign_mask_bytes(modules: list[Module], ckpt: Checkpoint) -> None:
+def _sign_mask_bytes(modules: list[Module]) -> None:
     """A sign-bitmask pair stored as bool: both masks read as their uint8 bytes (flags 0 / 1, the same bits) from here
-    on, a packed weight of one flag per byte (``stored`` keeps the bool tensor's stats for the findings)."""
-    from .scan import tensor_stats
+    on, a packed weight of one flag per byte (``stored`` keeps the bool tensor's stats for the findings). The byte
+    statistics come from the scan's (``bool_as_u8_stats``): the masks are not read again."""
+    from .scan import bool_as_u8_stats
 
     for m in modules:
         if m.neg is not None and m.weight.dtype == "BOOL":
             m.stored = m.weight
-            m.weight, m.neg = (tensor_stats(ckpt.get(st.name).view(torch.uint8), st.name, st.file, "U8", st.nbytes)
-                               for st in (m.weight, m.neg))
+            m.weight, m.neg = (bool_as_u8_stats(st) for st in (m.weight, m.neg))
 
 
 def _mask_byte_range(m: Module, r: int, c: int) -> str:
@@ -3305,7 +3305,7 @@ def _inspect_dir(model_dir, *, text: Optional[str], use_loss: bool, n_seq: int, 
     findings: list[Finding] = []
     cfg = _with_quantize_config(cfg, model_dir, findings)
     modules, floats = map_keys(stats, cfg)
-    _sign_mask_bytes(modules, ckpt)  # bool sign masks: their bytes, flags 0 / 1
+    _sign_mask_bytes(modules)  # bool sign masks: their bytes, flags 0 / 1
     _mark_gguf_i2s(model_dir, modules)
     _check_norm_weights(stats, ckpt)
     _float_codes(modules, ckpt, findings)  # bf16 0 / 1 / 2: codes t = w + 1, read as such

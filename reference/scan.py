@@ -156,6 +156,26 @@ def tensor_stats(t: torch.Tensor, name: str, file: str, dtype: str, nbytes: int)
     return st
 
 
+def bool_as_u8_stats(st: TensorStats) -> TensorStats:
+    """The statistics ``tensor_stats`` takes of a BOOL tensor's bytes read as U8 (``t.view(torch.uint8)``), derived
+    from its BOOL scan without reading it again: every byte is 0 or 1, so the zero count decides every field
+    histogram (an inspector reading a sign-bitmask pair of bool masks as one flag per byte)."""
+    if st.dtype != "BOOL":
+        raise ValueError(f"{st.file}: tensor {st.name!r}: dtype {st.dtype}, expected BOOL")
+    n = st.numel
+    zero, one = st.n_zero, n - st.n_zero
+    out = TensorStats(st.name, st.file, "U8", st.shape, st.nbytes)
+    out.unique = [int(v) for v in st.unique]
+    out.n_unique, out.n_zero = st.n_unique, zero
+    out.absmax = 1.0 if one else 0.0
+    out.slot_hist = [[zero, one, 0, 0]] + [[n, 0, 0, 0] for _ in range(3)]
+    out.field_hist[2] = [zero + 3 * n, one, 0, 0]
+    out.field_hist[4] = [zero + n, one] + [0] * 14
+    out.field_hist[8] = [zero, one] + [0] * 254
+    out.kind = classify(out)
+    return out
+
+
 def _float_structure(t: torch.Tensor, st: TensorStats) -> None:
     """Distinct non-zero magnitudes (capped) and whether each row has a single one."""
     head = t[: min(4, t.shape[0])].to(torch.float32).abs()
