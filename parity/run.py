@@ -104,7 +104,8 @@ def run_parity(target: Target | str, *, target_options: Optional[dict] = None, m
     # a bit-faithful target is so only where the golden set was computed the same way (golden.py)
     claimed = target.faithful_for(model_dir)
     faithful = target_bit_faithful(target, gs.manifest, model_dir)
-    diag = Diagnoser(DecodeProbe(model_dir, spec_path), exact=faithful) if diagnose else None
+    diag = Diagnoser(DecodeProbe(model_dir, spec_path), exact=faithful,
+                     fp32=target.compute_dtype == "fp32") if diagnose else None
     col = tolerance_column(target.compute_dtype, spec.activation_quant, faithful)
     note = None
     if target.bit_faithful and not claimed:

@@ -189,6 +189,9 @@ class Module:
     g_idx: Optional[TensorStats] = None
     shape_t: Optional[TensorStats] = None
     bias: Optional[TensorStats] = None
+    # a fused-on-disk tensor whose modules keep their own biases (``<layer>.self_attn.k_proj.bias`` beside a
+    # ``qkv_proj.weight``): hf module -> its bias (``bias``: one bias for the fused rows)
+    part_bias: dict = field(default_factory=dict)
     parts: list = field(default_factory=list)  # [(hf module, (row0, row1))]
     logical: tuple = (0, 0)  # (N, K) of the stored (fused) matrix
     transposed: bool = False
@@ -274,6 +277,7 @@ def map_keys(stats: dict[str, TensorStats], cfg: ModelConfig) -> tuple[list[Modu
                            f"{sorted(set().union(*ALIASES.values()))})")
     shapes = cfg.linear_shapes()
     modules, floats = [], {}
+    part_biases = _part_biases(groups, roles)
     for prefix, members in groups.items():
         layer, role = roles[prefix]
         if role in LINEAR_PARTS:
@@ -290,6 +294,12 @@ def map_keys(stats: dict[str, TensorStats], cfg: ModelConfig) -> tuple[list[Modu
         if hf in floats:
             raise InspectError(f"{st.file}: tensors {floats[hf]!r} and {st.name!r} both map to {hf}")
         floats[hf] = st.name
+    for m in modules:
+        for hf, b in part_biases.pop((m.layer, m.role), {}).items():
+            if m.bias is not None:
+                raise InspectError(f"{b.file}: module {m.prefix!r} ({m.role}) has a bias for its fused rows, "
+                                   f"{m.bias.name!r}, and {b.name!r} for {hf}'s; expected one of the two (extra key)")
+            m.part_bias[hf] = b
     for m in modules:
         m.in_norm = in_norms.pop(m.prefix, None)
         if m.in_norm is not None and (m.in_norm.dtype in INT_DTYPES or tuple(m.in_norm.shape) != (m.logical[1],)):
@@ -355,6 +365,25 @@ def _sign_mask_pair(prefix, layer, role, mains: list, shapes) -> Optional[tuple[
         f"{list(neg.shape)}, W = pos - neg; expected both masks of one dtype (bool / uint8 / int8) and one shape: "
         f"[{n}, {k}] one flag per weight, or [{n}, {-(-k // 8)}] / [{-(-n // 8)}, {k}] eight flags per byte (uint8 / "
         f"int8), or transposed, with no element set in both masks")
+
+
+def _part_biases(groups: dict, roles: dict) -> dict:
+    """{(layer, fused role): {hf module: its bias}}: the biases a writer kept per module beside a weight it fused on
+    disk (``k_proj.bias`` next to ``qkv_proj.weight``), taken out of ``groups``.  Before, such a bias, alone under its
+    module's name, was refused as a module with 'no 2-D weight tensor', though the spec (each fused part its own
+    bias_key) and vLLM's loaders read it."""
+    fused = {(roles[p][0], r) for p in groups for r in ("qkv", "gate_up") if roles[p][1] == r}
+    out: dict = {}
+    for prefix in list(groups):
+        layer, role = roles[prefix]
+        members = groups[prefix]
+        if role in LINEAR_PARTS and len(LINEAR_PARTS[role]) == 1 and all(m.leaf == "bias" for m in members):
+            owner = next((r for r in ("qkv", "gate_up") if (layer, r) in fused and
+                          LINEAR_PARTS[role][0] in LINEAR_PARTS[r]), None)
+            if owner is not None and len(members) == 1:
+                out.setdefault((layer, owner), {})[f"model.layers.{layer}.{LINEAR_PARTS[role][0]}"] = members[0]
+                del groups[prefix]
+    return out
 
 
 def _linear_module(prefix, layer, role, members, cfg: ModelConfig, shapes) -> Module:
@@ -3711,7 +3740,7 @@ META_QK = ("wq", "wk", "wqkv")  # the Meta-style q / k module names whose rows M
 def _rope_expressible(m: Module) -> bool:
     """Whether a q / k module's rows can be put back in transformers' order by the spec (LinearEntry.rope_interleave):
     not with a bias (vLLM's own loader reads it) nor for a linear kept in float (a plain tensor, no entry)."""
-    return m.bias is None and not plain_float_linear(m)
+    return m.bias is None and not m.part_bias and not plain_float_linear(m)
 
 
 def _rope_rows_finding(modules, floats, top, cfg, ckpt, ids, meta) -> tuple[Optional[Finding], bool]:

@@ -406,7 +406,7 @@ class CheckpointSpec:
                 used.add(e.input_norm.key)
             _check_bias_declared(cfg, ckpt, mod, e.bias_key, e.weight_key)
             if e.bias_key:
-                _check_bias(ckpt, e.bias_key, mod, shape[0])
+                _check_bias(ckpt, e.bias_key, mod, shape[0], fused=e if e.rows is not None else None)
                 used.add(e.bias_key)
         for extra in set(self.linears) - set(need):
             raise CheckpointError(f"spec {self.name!r}: module {extra!r} is not part of this architecture")
@@ -531,12 +531,18 @@ def _check_bias_declared(cfg: ModelConfig, ckpt: Checkpoint, mod: str, bias_key:
                               f"it; expected no bias" + (f", or {flag}: true if the model has one" if flagged else ""))
 
 
-def _check_bias(ckpt: Checkpoint, key: str, mod: str, n: int) -> None:
-    """A linear's bias holds one value per output feature (a [1] bias would broadcast silently), all finite."""
+def _check_bias(ckpt: Checkpoint, key: str, mod: str, n: int, fused: Optional["LinearEntry"] = None) -> None:
+    """A linear's bias holds one value per output feature (a [1] bias would broadcast silently), all finite.  A
+    module of a fused-on-disk tensor (``fused``: its entry, with ``rows``) may keep its own bias or share the fused
+    tensor's, one value per row of the fused tensor, in the weight's row order (``module_bias`` slices it)."""
     info = ckpt.info(key)
-    if tuple(info.shape) != (n,):
+    if fused is not None and tuple(info.shape) == (fused.shape[0],):
+        pass
+    elif tuple(info.shape) != (n,):
+        also = (f" (or [{fused.shape[0]}], the rows of the fused tensor {fused.weight_key!r})"
+                if fused is not None else "")
         raise CheckpointError(f"{info.file}: tensor {key!r} (bias of {mod}) has shape {list(info.shape)}, "
-                              f"config.json implies [{n}]")
+                              f"config.json implies [{n}]{also}")
     b = ckpt.get(key)
     if b.is_floating_point() and not bool(torch.isfinite(b).all()):  # every output NaN otherwise, named nowhere
         raise CheckpointError(f"{info.file}: tensor {key!r} (bias of {mod}) has {int((~torch.isfinite(b)).sum())} "
@@ -732,6 +738,19 @@ def rope_rows(t: Optional[torch.Tensor], entry: LinearEntry) -> Optional[torch.T
     return t[rope_rows_index(n, entry.rope_interleave).to(t.device)]
 
 
+def module_bias(ckpt: Checkpoint, entry: LinearEntry) -> Optional[torch.Tensor]:
+    """The bias of one module as stored, or None: its own tensor, or - a module of a fused-on-disk tensor whose bias is
+    fused too (one value per row of the fused tensor, as a writer that fuses q / k / v stores their biases) - its
+    ``rows`` of that bias.  Before, the fused bias was taken whole: refused as misshapen by the spec's validation,
+    while vLLM's own loader splits such a bias."""
+    if not entry.bias_key:
+        return None
+    b = ckpt.get(entry.bias_key)
+    if entry.rows is not None and b.dim() == 1 and b.shape[0] == entry.shape[0] != entry.out_shape[0]:
+        b = b[entry.rows[0]:entry.rows[1]].contiguous()
+    return b
+
+
 def finish_linear(ckpt: Checkpoint, entry: LinearEntry, vals: torch.Tensor, where: str) -> DecodedLinear:
     """The shared tail of every decoder: zero points (values = code - z), the fused-row slice, the scale (and the stored divisor
     of a 'divide' format, so the reference can follow its arithmetic order) and the bias.  An act-order group index
@@ -765,7 +784,8 @@ def finish_linear(ckpt: Checkpoint, entry: LinearEntry, vals: torch.Tensor, wher
             raise CheckpointError(str(e)) from None
     else:
         mult = torch.ones(1, 1)
-    bias = ckpt.get(entry.bias_key).to(torch.float32) if entry.bias_key else None
+    bias = module_bias(ckpt, entry)
+    bias = bias.to(torch.float32) if bias is not None else None
     if entry.rope_interleave is not None:  # q / k rows of an interleaved-RoPE writer: transformers' order
         vals, mult, div = rope_rows(vals, entry), rope_rows(mult, entry), rope_rows(div, entry)
     return DecodedLinear(vals.contiguous(), mult, bias, div)

@@ -52,7 +52,7 @@ from reference.checkpoint import Checkpoint, CheckpointError, gguf_model, gguf_s
 from reference.config import ModelConfig
 from reference.formats import ScaleSpec
 from reference.io import umask_mode
-from reference.spec import (SPEC_FILENAME, CheckpointSpec, LinearEntry, decode_linear, spec_for,
+from reference.spec import (SPEC_FILENAME, CheckpointSpec, LinearEntry, decode_linear, module_bias, spec_for,
                             tied_lm_head_key)
 
 LAYOUT = "trit-tile16x128"
@@ -130,7 +130,7 @@ def export_linear(ckpt: Checkpoint, entry: LinearEntry, mod: str, *, invert_scal
                               f"takes one multiplier per output channel")
         scale = m.reshape(-1).expand(n).contiguous().clone()
         op = "divide" if keep_div else "multiply"
-    bias = ckpt.get(entry.bias_key) if entry.bias_key else None
+    bias = module_bias(ckpt, entry)  # (its rows of a fused tensor's bias)
     norm = None
     if entry.input_norm is not None:  # use_rms_norm: the module's input RMSNorm weight, carried as stored
         norm = dataclasses.replace(entry.input_norm, key=f"{mod}.rms_norm.weight")

@@ -472,10 +472,11 @@ class BitNetForCausalLM(nn.Module):
                                       f"model does not have")
                 p = params[t.param]
                 loader = getattr(p, "weight_loader", default_weight_loader)
+                part = tensor[t.rows[0]:t.rows[1]] if t.rows is not None else tensor  # its rows of a fused bias
                 if t.shard_id is None:
-                    loader(p, tensor)
+                    loader(p, part)
                 else:
-                    loader(p, tensor, t.shard_id)
+                    loader(p, part, t.shard_id)
                 loaded.add(t.param)
         check_coverage({k: v for k, v in key_map.items()}, seen, where="BitNet checkpoint")
         if getattr(self.config, "tie_word_embeddings", False):

@@ -108,6 +108,7 @@ class Target:
     shard_id: ShardId
     kind: str  # "weight" | "weight_neg" | "scale" | "zero" | "g_idx" | "bias" | "in_norm" | "float"
     hf_module: Optional[str] = None  # the spec's module name (linears only)
+    rows: Optional[tuple[int, int]] = None  # a bias: this module's rows of a fused tensor's bias (else all of it)
 
 
 #: ``Target.kind`` of a checkpoint key the spec lists under ``ignored`` (a trivial GPTQ g_idx, constant qzeros,
@@ -127,6 +128,13 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
         out.setdefault(key, []).append(t)
 
     refuse_zero_points(spec)
+    # a bias key shared by the modules of a fused-on-disk tensor is that tensor's bias, one value per fused row: each
+    # module loads its own rows of it (vLLM's loader, given the whole of it with a shard id, narrows it to its first
+    # rows: k / v / up got q's / gate's biases, with no error)
+    bias_users: dict[str, int] = {}
+    for e in spec.linears.values():
+        if e.bias_key:
+            bias_users[e.bias_key] = bias_users.get(e.bias_key, 0) + 1
     for mod, e in spec.linears.items():
         layer, sid = vllm_target(mod)
         add(e.weight_key, Target(f"{layer}.weight", sid, "weight", mod))
@@ -139,7 +147,8 @@ def build_key_map(spec: CheckpointSpec, float_params: dict[str, str]) -> dict[st
         if e.g_idx is not None:  # act-order group index: the dense fallback's weight_g_idx
             add(e.g_idx, Target(f"{layer}.weight_g_idx", sid, "g_idx", mod))
         if e.bias_key:
-            add(e.bias_key, Target(f"{layer}.bias", sid, "bias", mod))
+            fused = e.rows is not None and bias_users[e.bias_key] > 1
+            add(e.bias_key, Target(f"{layer}.bias", sid, "bias", mod, e.rows if fused else None))
         if e.input_norm is not None:  # use_rms_norm: the module's own input RMSNorm weight
             add(e.input_norm.key, Target(f"{layer}.weight_in_norm", sid, "in_norm", mod))
     for hf, vname in float_params.items():
