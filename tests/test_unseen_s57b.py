@@ -13,19 +13,10 @@ from reference.config import ModelConfig
 from reference.inspect import inspect_dir
 from reference.model import ReferenceModel
 
-try:
-    from .test_unseen_s55 import _same_greedy_tokens_in_vllm  # two inspected dirs, one engine, 16 greedy tokens
+try:  # two inspected dirs, one engine, 16 greedy tokens; the tiny-trained model fixture; down_proj
+    from .test_unseen_s55 import DOWN, _same_greedy_tokens_in_vllm, logical  # noqa: F401 (fixture)
 except ImportError:
-    from test_unseen_s55 import _same_greedy_tokens_in_vllm
-
-ROOT = Path(__file__).resolve().parent.parent
-TRAINED = ROOT / "models" / "tiny-trained"
-DOWN = "model.layers.1.mlp.down_proj"  # (128, 384)
-
-
-@pytest.fixture(scope="module")
-def logical():
-    return synth.Logical.from_dir(TRAINED)
+    from test_unseen_s55 import DOWN, _same_greedy_tokens_in_vllm, logical  # noqa: F401
 
 
 def _inspected(fmt, lg, out: Path):
