@@ -236,32 +236,28 @@ class DecodeProbe:
             return None
         return Linear(d, self.spec.activation_quant == "int8_per_token", torch.float32)(x.float())
 
-    def op_error(self, name: str, t: torch.Tensor, target: dict) -> Optional[float]:
-        """max_rel of a linear's captured output ``t`` against the spec's decode run on the target's own captured
-        input (None where the operator cannot be recomputed): ~1e-7 for a right operator whatever drifted upstream
-        (README: per operator, on identical inputs, the targets agree to ~1e-7)."""
+    def spec_error(self, name: str, t: torch.Tensor, target: dict) -> Optional[tuple]:
+        """(hf module, entry, input name, input, max_rel of ``t`` against the spec's decode run on the target's own
+        captured input), or None where the operator cannot be recomputed: ~1e-7 for a right operator whatever drifted
+        upstream (README: per operator, on identical inputs, the targets agree to ~1e-7).  ``hints`` takes it as is,
+        so an operator is decoded once."""
         mod = N.hf_module(name)
         entry = self.spec.linears.get(mod) if mod else None
         x_name = N.linear_input(name, target)
         if entry is None or x_name is None:
             return None
-        y = self._run(entry, mod, target[x_name])
+        x = target[x_name]
+        y = self._run(entry, mod, x)
         if y is None or y.shape != t.shape:
             return None
-        return float((y - t).abs().max()) / (float(t.abs().max()) or 1.0)
+        return mod, entry, x_name, x, float((y - t).abs().max()) / (float(t.abs().max()) or 1.0)
 
-    def hints(self, name: str, t: torch.Tensor, target: dict) -> list[str]:
-        mod = N.hf_module(name)
-        entry = self.spec.linears.get(mod) if mod else None
-        x_name = N.linear_input(name, target)
-        if entry is None or x_name is None:
+    def hints(self, name: str, t: torch.Tensor, target: dict, spec_error: Optional[tuple] = None) -> list[str]:
+        se = spec_error or self.spec_error(name, t, target)
+        if se is None:
             return []
-        x = target[x_name]
+        mod, entry, x_name, x, err_spec = se
         scale = float(t.abs().max()) or 1.0
-        y = self._run(entry, mod, x)
-        if y is None:
-            return []
-        err_spec = float((y - t).abs().max()) / scale
         best, best_err = None, err_spec
         for desc, e in decode_variants(entry).items():
             yv = self._run(e, mod, x)
@@ -373,11 +369,12 @@ class Diagnoser:
                 if L < 0 or n == name or n not in target or N.hf_module(n) is None or \
                         (L == layer and rank[op] >= rank.get(op_here, -1)):
                     continue
-                err = self.probe.op_error(n, target[n], target)
-                if err is not None and err > self.OP_WRONG:
-                    more = self.probe.hints(n, target[n], target)
-                    return [f"upstream, inside its tier: {n} differs from the spec's {N.hf_module(n)} run on the "
-                            f"target's own input {N.linear_input(n, target)} (max_rel {err:.1e}; a right operator "
+                se = self.probe.spec_error(n, target[n], target)
+                if se is not None and se[-1] > self.OP_WRONG:
+                    mod, _, x_name, _, err = se
+                    more = self.probe.hints(n, target[n], target, se)
+                    return [f"upstream, inside its tier: {n} differs from the spec's {mod} run on the "
+                            f"target's own input {x_name} (max_rel {err:.1e}; a right operator "
                             f"agrees to ~1e-7): the error enters there - wrong weights, scale or bias in that "
                             f"operator, not drift" + (f"; {more[0]}" if more else "")]
         return []

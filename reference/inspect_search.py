@@ -198,8 +198,8 @@ def build_spec(modules: list[Module], floats: dict, c: Candidate, cfg: ModelConf
             sc = ScaleSpec(key=key, op=c.op, **kw) if kw else None
             linears[hf] = LinearEntry(weight_key=m.weight.name, shape=m.logical, pack=pk, scale=sc,
                                       rows=rows if len(m.parts) > 1 else None,
-                                      bias_key=m.bias.name if m.bias is not None else
-                                      m.part_bias[hf].name if hf in m.part_bias else None, zero=zero_spec(m),
+                                      bias_key=getattr(m.bias or m.part_bias.get(hf), "name", None),
+                                      zero=zero_spec(m),
                                       levels=m.levels, zero_pack=m.zero_pack,
                                       g_idx=m.g_idx.name if m.act_order else None,
                                       input_norm=InputNorm(m.in_norm.name, in_norm_eps(cfg))
